@@ -1,0 +1,25 @@
+// The flexh2o command line. Errors inside are exceptions; here they become one line on
+// stderr and a non-zero exit.
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <fmt/format.h>
+
+#include "engine/cli/run_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"flexh2o: throughput-oriented offline LLM inference with offloading and KV eviction"};
+  app.require_subcommand(0, 1);
+  flexh2o::cli::RunOptions run;
+  CLI::App* run_cmd = flexh2o::cli::add_run_command(app, run);
+  try {
+    app.parse(argc, argv);
+    // No subcommand runs the embedded default model.
+    if (run_cmd->parsed() || app.get_subcommands().empty()) return flexh2o::cli::run_command(run);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "flexh2o: error: {}\n", e.what());
+    return 1;
+  }
+}

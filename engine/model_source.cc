@@ -1,0 +1,94 @@
+#include "engine/model_source.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/embedded.h"
+#include "engine/loaders/dummy_weights.h"
+#include "engine/loaders/hf_checkpoint.h"
+#include "engine/loaders/llama2c_checkpoint.h"
+
+namespace flexh2o::engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::unique_ptr<Tokenizer> hf_dir_tokenizer(const fs::path& dir) {
+  if (fs::exists(dir / "tokenizer.json")) return load_hf_tokenizer((dir / "tokenizer.json").string());
+  if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt"))
+    return load_gpt2_tokenizer((dir / "vocab.json").string(), (dir / "merges.txt").string());
+  return nullptr;
+}
+
+// An explicit --tokenizer: tokenizer.json, a llama2.c tok*.bin, or a directory with vocab.json + merges.txt.
+std::unique_ptr<Tokenizer> explicit_tokenizer(const std::string& path, const ModelConfig& cfg) {
+  const fs::path p(path);
+  if (fs::is_directory(p)) {
+    auto t = hf_dir_tokenizer(p);
+    if (!t) throw std::runtime_error(path + ": no tokenizer.json or vocab.json + merges.txt in this directory");
+    return t;
+  }
+  if (p.extension() == ".json") return load_hf_tokenizer(path);
+  return load_llama2c_tokenizer_file(path, static_cast<std::int32_t>(cfg.vocab_size));
+}
+
+}  // namespace
+
+ModelSource open_model(const ModelOptions& opt) {
+  ModelSource m;
+  const fs::path path(opt.model);
+  if (opt.model.empty()) {
+    auto ckpt = std::make_unique<Llama2cCheckpoint>(embedded_stories260k_model(), "stories260K.bin (embedded)");
+    m.config = ckpt->config();
+    m.config.name = "stories260k";
+    m.tokenizer = load_llama2c_tokenizer(embedded_stories260k_tokenizer(), 512, "tok512.bin (embedded)");
+    m.description = "stories260K (embedded llama2.c checkpoint)";
+    m.weights = std::move(ckpt);
+  } else if (fs::is_directory(path)) {
+    auto ckpt = std::make_unique<HfCheckpoint>(opt.model);
+    m.config = ckpt->config();
+    m.tokenizer = hf_dir_tokenizer(path);
+    m.description = opt.model;
+    m.weights = std::move(ckpt);
+  } else if (fs::is_regular_file(path) && (path.extension() == ".yaml" || path.extension() == ".yml")) {
+    m.config = load_model_yaml(read_text(opt.model), opt.model);
+    m.description = opt.model;
+  } else if (fs::is_regular_file(path)) {
+    auto ckpt = std::make_unique<Llama2cCheckpoint>(opt.model);
+    m.config = ckpt->config();
+    m.config.name = path.stem().string();
+    const fs::path sibling = path.parent_path() / "tokenizer.bin";
+    if (opt.tokenizer.empty() && fs::exists(sibling))
+      m.tokenizer = load_llama2c_tokenizer_file(sibling.string(), static_cast<std::int32_t>(m.config.vocab_size));
+    m.description = opt.model;
+    m.weights = std::move(ckpt);
+  } else if (opt.model.find('/') == std::string::npos) {
+    m.config = builtin_model(opt.model);
+    m.description = opt.model + " (built-in config)";
+  } else {
+    throw std::runtime_error(opt.model + ": no such file or directory");
+  }
+  if (!opt.tokenizer.empty()) m.tokenizer = explicit_tokenizer(opt.tokenizer, m.config);
+  if (opt.dtype) m.config.dtype = *opt.dtype;
+  if (opt.dummy) {
+    m.weights = std::make_unique<DummyWeights>(m.config, opt.seed);
+    m.description += ", dummy weights";
+  } else if (!m.weights) {
+    throw std::runtime_error("model '" + opt.model + "' is a config without weights; add --dummy for random weights "
+                             "or give a checkpoint directory or file");
+  }
+  return m;
+}
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,32 @@
+// Resolves what `--model` names into a config, a weight source and a tokenizer:
+// nothing (the embedded stories260K), a Hugging Face directory, a llama2.c .bin file,
+// a model YAML, or a built-in config name (the last two need --dummy).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/model_config.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "engine/weights.h"
+
+namespace flexh2o::engine {
+
+struct ModelOptions {
+  std::string model;      // empty: the embedded stories260K
+  std::string tokenizer;  // optional explicit tokenizer file
+  bool dummy = false;     // random weights of the model's shape
+  std::uint64_t seed = 0;
+  std::optional<kernels::DType> dtype;  // storage dtype override for the weight matrices
+};
+
+struct ModelSource {
+  ModelConfig config;
+  std::unique_ptr<WeightSource> weights;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when the model ships none
+  std::string description;               // for reports
+};
+
+ModelSource open_model(const ModelOptions& opt);
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,43 @@
+// Batch job input and output: JSON lines.
+//   in.jsonl:  {"id": ..., "prompt": "text"}  or  {"id": ..., "tokens": [1, 2, 3]}
+//   out.jsonl: {"id": ..., "text": "generated text", "tokens": [...]}
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/tokenizer/tokenizer.h"
+
+namespace flexh2o::engine {
+
+struct PromptItem {
+  std::string id_json;  // the id exactly as given (a JSON number or string), echoed in the output
+  std::optional<std::string> text;
+  std::vector<std::int32_t> tokens;  // filled by tokenize_prompts when text is given
+};
+
+// Throws naming the file, line and field on malformed input.
+std::vector<PromptItem> read_prompts_jsonl(const std::string& path);
+// Encodes every text prompt (with BOS); needs a tokenizer when any prompt is text.
+void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, const std::string& model_name);
+
+// Appends whole lines to a JSONL file; each flush() writes and fsyncs what was added, so a
+// killed job leaves only complete lines behind.
+class JsonlWriter {
+ public:
+  explicit JsonlWriter(const std::string& path);  // truncates
+  ~JsonlWriter();
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  void add(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens);
+  void flush();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::string pending_;
+};
+
+}  // namespace flexh2o::engine

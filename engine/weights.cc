@@ -1,0 +1,92 @@
+#include "engine/weights.h"
+
+#include <tbb/parallel_for.h>
+
+#include <stdexcept>
+
+namespace flexh2o::engine {
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
+  std::vector<WeightSpec> s;
+  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  auto mat = [&](std::string name, std::int64_t rows, std::int64_t cols, std::int64_t layer) {
+    s.push_back({std::move(name), rows, cols, true, layer});
+  };
+  auto vec = [&](std::string name, std::int64_t n, std::int64_t layer) { s.push_back({std::move(name), n, 1, false, layer}); };
+  const bool opt = c.family == Family::Opt;
+  mat("tok_embed", c.vocab_size, c.hidden, -1);
+  if (opt) mat("pos_embed", c.max_positions + 2, c.hidden, -1);
+  for (std::int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    vec(p + "attn_norm.weight", c.hidden, i);
+    if (opt) vec(p + "attn_norm.bias", c.hidden, i);
+    mat(p + "wq", q, c.hidden, i);
+    mat(p + "wk", kv, c.hidden, i);
+    mat(p + "wv", kv, c.hidden, i);
+    mat(p + "wo", c.hidden, q, i);
+    if (opt) {
+      vec(p + "bq", q, i);
+      vec(p + "bk", kv, i);
+      vec(p + "bv", kv, i);
+      vec(p + "bo", c.hidden, i);
+    }
+    vec(p + "mlp_norm.weight", c.hidden, i);
+    if (opt) {
+      vec(p + "mlp_norm.bias", c.hidden, i);
+      mat(p + "fc1", c.ffn, c.hidden, i);
+      vec(p + "fc1_bias", c.ffn, i);
+      mat(p + "fc2", c.hidden, c.ffn, i);
+      vec(p + "fc2_bias", c.hidden, i);
+    } else {
+      mat(p + "w_gate", c.ffn, c.hidden, i);
+      mat(p + "w_up", c.ffn, c.hidden, i);
+      mat(p + "w_down", c.hidden, c.ffn, i);
+    }
+  }
+  vec("final_norm.weight", c.hidden, -1);
+  if (opt) vec("final_norm.bias", c.hidden, -1);
+  if (!c.tie_embeddings) mat("lm_head", c.vocab_size, c.hidden, -1);
+  return s;
+}
+
+namespace {
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+void check_one(const WeightSpec& w, const WeightSource& source) {
+  const auto shape = source.shape(w.name);
+  if (!shape) throw std::runtime_error("missing tensor " + source.origin(w.name));
+  const std::vector<std::int64_t> want = w.matrix ? std::vector<std::int64_t>{w.rows, w.cols} : std::vector<std::int64_t>{w.rows};
+  if (*shape != want)
+    throw std::runtime_error("tensor " + source.origin(w.name) + " has shape " + shape_str(*shape) +
+                             ", the model config needs " + shape_str(want));
+}
+
+}  // namespace
+
+void check_weights(const ModelConfig& cfg, const WeightSource& source) {
+  for (const auto& w : weight_specs(cfg)) check_one(w, source);
+}
+
+HostWeights load_weights(const ModelConfig& cfg, const WeightSource& source) {
+  const auto specs = weight_specs(cfg);
+  for (const auto& w : specs) check_one(w, source);
+  HostWeights out;
+  for (const auto& w : specs) {
+    HostTensor t{w.dtype(cfg), w.rows, w.cols, nullptr};
+    t.data = std::shared_ptr<std::byte[]>(new std::byte[static_cast<std::size_t>(w.numel()) * kernels::dtype_size(t.dtype)]);
+    out.emplace(w.name, std::move(t));
+  }
+  tbb::parallel_for(std::size_t{0}, specs.size(), [&](std::size_t i) {
+    const auto& w = specs[i];
+    HostTensor& t = out.at(w.name);
+    source.read_rows(w.name, 0, w.rows, t.data.get(), t.dtype);
+  });
+  return out;
+}
+
+}  // namespace flexh2o::engine

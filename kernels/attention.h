@@ -1,0 +1,60 @@
+// Causal multi-head attention with grouped KV heads (GQA), for prefill and decode.
+// Both passes can also report the attention mass every cached token received, which
+// KV eviction policies consume (H2O's accumulated scores) without a second pass.
+#pragma once
+#include <cstdint>
+#include <span>
+
+namespace flexh2o::kernels {
+
+struct AttentionShape {
+  std::int64_t n_heads = 0;     // query heads
+  std::int64_t n_kv_heads = 0;  // divides n_heads; query head h reads kv head h / (n_heads / n_kv_heads)
+  std::int64_t head_dim = 0;
+  float scale = 1.0f;  // usually 1/sqrt(head_dim)
+};
+
+// Prefill of a ragged batch: the prompt rows of all sequences, concatenated.
+// Sequence b owns rows [seq_offsets[b], seq_offsets[b+1]) and attends causally within them.
+struct AttentionPrefillArgs {
+  AttentionShape shape;
+  const float* q = nullptr;  // [T, n_heads * head_dim]
+  const float* k = nullptr;  // [T, n_kv_heads * head_dim]
+  const float* v = nullptr;  // [T, n_kv_heads * head_dim]
+  float* out = nullptr;      // [T, n_heads * head_dim]
+  std::span<const std::int64_t> seq_offsets;  // host, [B + 1], seq_offsets[0] == 0
+  // Optional column sums: for sequence b (length n), kv head h, key j:
+  // col_sums[seq_offsets[b] * n_kv_heads + h * n + j] = sum over the group's query heads
+  // and all queries i >= j of softmax probability p(i, j).  Size [T * n_kv_heads].
+  float* col_sums = nullptr;
+};
+
+// One new query per sequence against its cache. Slots [0, lens[b]) of sequence b are valid
+// (the new token's K/V already written); slot order does not matter, so evicted slots can
+// be reused by later tokens.
+struct AttentionDecodeArgs {
+  AttentionShape shape;
+  const float* q = nullptr;        // [B, n_heads * head_dim]
+  const float* k_cache = nullptr;  // [B, n_kv_heads, capacity, head_dim]
+  const float* v_cache = nullptr;  // same layout
+  std::int64_t capacity = 0;
+  std::span<const std::int64_t> lens;  // host, [B]
+  float* out = nullptr;                // [B, n_heads * head_dim]
+  // Optional: probs[(b * n_kv_heads + h) * capacity + s] = sum over the group's query
+  // heads of the probability slot s received; slots >= lens[b] are left untouched.
+  float* probs = nullptr;
+};
+
+// Writes rows of new keys or values into a cache laid out like AttentionDecodeArgs::k_cache:
+// row r of src goes to sequence seq[r], slot slot[r], for every kv head.
+struct KvWriteArgs {
+  const float* src = nullptr;  // [rows, n_kv_heads * head_dim]
+  float* cache = nullptr;      // [B, n_kv_heads, capacity, head_dim]
+  std::int64_t n_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t capacity = 0;
+  std::span<const std::int64_t> seq;   // host, [rows]
+  std::span<const std::int64_t> slot;  // host, [rows]
+};
+
+}  // namespace flexh2o::kernels

@@ -1,0 +1,95 @@
+// The compute device interface. The engine calls only this; kernels/cpu and kernels/cuda
+// implement it. The CPU backend is also the reference the GPU backend is tested against.
+// Pointers in op arguments are device memory of this backend; small index arrays
+// (positions, offsets, ids) are host spans.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/sampling.h"
+
+namespace flexh2o::kernels {
+
+enum class DeviceKind : std::uint8_t { Cpu, Cuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;
+
+  // Device memory. alloc throws std::bad_alloc-derived errors when out of memory.
+  virtual void* alloc(std::size_t bytes) = 0;
+  virtual void free(void* p) noexcept = 0;
+  virtual void copy_to_device(void* dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, std::size_t bytes) = 0;
+  // Waits for all work issued to this backend.
+  virtual void synchronize() = 0;
+
+  virtual void gemm(const GemmArgs& a) = 0;
+  virtual void layer_norm(const NormArgs& a) = 0;
+  virtual void rms_norm(const NormArgs& a) = 0;
+  virtual void rope(const RopeArgs& a) = 0;
+  virtual void activation(Activation act, float* x, std::int64_t n) = 0;
+  // out = silu(gate) * up (SwiGLU); out may alias gate or up.
+  virtual void silu_mul(const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  // x += y
+  virtual void add(float* x, const float* y, std::int64_t n) = 0;
+  virtual void embedding(const EmbeddingArgs& a) = 0;
+  virtual void attention_prefill(const AttentionPrefillArgs& a) = 0;
+  virtual void attention_decode(const AttentionDecodeArgs& a) = 0;
+  virtual void kv_write(const KvWriteArgs& a) = 0;
+  virtual void sample(const SampleArgs& a) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+// Device memory owned by a backend, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& b, std::size_t bytes) : backend_(&b), bytes_(bytes), ptr_(bytes ? b.alloc(bytes) : nullptr) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      backend_ = o.backend_;
+      bytes_ = o.bytes_;
+      ptr_ = o.ptr_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { reset(); }
+
+  void reset() noexcept {
+    if (ptr_) backend_->free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  std::size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+}  // namespace flexh2o::kernels

@@ -1,0 +1,129 @@
+// Attention on the CPU. Work is split by (sequence, kv head) so that the optional score
+// outputs, which sum over the query heads of a group, are written by one task only.
+// Scores and outputs are computed with single-threaded BLAS calls on tiles.
+#include <cblas.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace flexh2o::kernels {
+
+namespace {
+
+void check_shape(const AttentionShape& s) {
+  if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.head_dim <= 0 || s.n_heads % s.n_kv_heads != 0)
+    throw std::invalid_argument("attention: n_heads must be a positive multiple of n_kv_heads");
+}
+
+// In-place softmax of x[0, n); returns nothing, x sums to 1.
+void softmax(float* x, std::int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+constexpr std::int64_t kQueryTile = 64;
+
+}  // namespace
+
+void CpuBackend::attention_prefill(const AttentionPrefillArgs& a) {
+  const AttentionShape& s = a.shape;
+  check_shape(s);
+  const std::int64_t B = static_cast<std::int64_t>(a.seq_offsets.size()) - 1;
+  if (B < 0) throw std::invalid_argument("attention_prefill: seq_offsets must have B + 1 entries");
+  const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads;
+  const std::int64_t q_stride = s.n_heads * D, kv_stride = s.n_kv_heads * D;
+
+  tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
+    const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
+    const std::int64_t t0 = a.seq_offsets[b], n = a.seq_offsets[b + 1] - t0;
+    if (n <= 0) return;
+    const float* k = a.k + t0 * kv_stride + g * D;
+    const float* v = a.v + t0 * kv_stride + g * D;
+    float* col = a.col_sums ? a.col_sums + t0 * s.n_kv_heads + g * n : nullptr;
+    if (col) std::fill_n(col, n, 0.0f);
+    std::vector<float> scores(static_cast<std::size_t>(kQueryTile * n));
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+      for (std::int64_t i0 = 0; i0 < n; i0 += kQueryTile) {
+        const std::int64_t rows = std::min(kQueryTile, n - i0);
+        const std::int64_t keys = i0 + rows;  // causal: the tile sees keys [0, i0 + rows)
+        const float* q = a.q + (t0 + i0) * q_stride + h * D;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(keys),
+                    static_cast<int>(D), s.scale, q, static_cast<int>(q_stride), k, static_cast<int>(kv_stride), 0.0f,
+                    scores.data(), static_cast<int>(keys));
+        for (std::int64_t r = 0; r < rows; ++r) {
+          float* row = scores.data() + r * keys;
+          const std::int64_t visible = i0 + r + 1;
+          softmax(row, visible);
+          std::fill(row + visible, row + keys, 0.0f);
+          if (col)
+            for (std::int64_t j = 0; j < visible; ++j) col[j] += row[j];
+        }
+        float* out = a.out + (t0 + i0) * q_stride + h * D;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(D),
+                    static_cast<int>(keys), 1.0f, scores.data(), static_cast<int>(keys), v,
+                    static_cast<int>(kv_stride), 0.0f, out, static_cast<int>(q_stride));
+      }
+    }
+  });
+}
+
+void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
+  const AttentionShape& s = a.shape;
+  check_shape(s);
+  const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
+  const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads, cap = a.capacity;
+  for (std::int64_t b = 0; b < B; ++b)
+    if (a.lens[b] <= 0 || a.lens[b] > cap)
+      throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
+
+  tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
+    const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
+    const std::int64_t n = a.lens[b];
+    const float* k = a.k_cache + task * cap * D;
+    const float* v = a.v_cache + task * cap * D;
+    float* probs = a.probs ? a.probs + task * cap : nullptr;
+    if (probs) std::fill_n(probs, n, 0.0f);
+    std::vector<float> p(static_cast<std::size_t>(n));
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const float* q = a.q + (b * s.n_heads + h) * D;
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(D), s.scale, k,
+                  static_cast<int>(D), q, 1, 0.0f, p.data(), 1);
+      softmax(p.data(), n);
+      if (probs)
+        for (std::int64_t j = 0; j < n; ++j) probs[j] += p[j];
+      float* out = a.out + (b * s.n_heads + h) * D;
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(n), static_cast<int>(D), 1.0f, v, static_cast<int>(D),
+                  p.data(), 1, 0.0f, out, 1);
+    }
+  });
+}
+
+void CpuBackend::kv_write(const KvWriteArgs& a) {
+  const std::int64_t rows = static_cast<std::int64_t>(a.seq.size());
+  if (static_cast<std::int64_t>(a.slot.size()) != rows) throw std::invalid_argument("kv_write: seq and slot differ in size");
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (a.slot[r] < 0 || a.slot[r] >= a.capacity || a.seq[r] < 0)
+      throw std::out_of_range("kv_write: slot outside the cache capacity");
+  const std::int64_t D = a.head_dim;
+  tbb::parallel_for(std::int64_t{0}, rows, [&](std::int64_t r) {
+    for (std::int64_t g = 0; g < a.n_kv_heads; ++g) {
+      float* dst = a.cache + ((a.seq[r] * a.n_kv_heads + g) * a.capacity + a.slot[r]) * D;
+      std::copy_n(a.src + r * a.n_kv_heads * D + g * D, D, dst);
+    }
+  });
+}
+
+}  // namespace flexh2o::kernels

@@ -1,0 +1,35 @@
+// CPU implementation of Backend: oneTBB for parallel loops, OpenBLAS for GEMM.
+// Each op family lives in its own *_cpu.cc next to this header.
+#pragma once
+#include "kernels/backend.h"
+
+namespace flexh2o::kernels {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend();
+  DeviceKind kind() const override { return DeviceKind::Cpu; }
+  std::string name() const override { return "cpu"; }
+
+  void* alloc(std::size_t bytes) override;
+  void free(void* p) noexcept override;
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
+  void copy_on_device(void* dst, const void* src, std::size_t bytes) override;
+  void synchronize() override {}
+
+  void gemm(const GemmArgs& a) override;
+  void layer_norm(const NormArgs& a) override;
+  void rms_norm(const NormArgs& a) override;
+  void rope(const RopeArgs& a) override;
+  void activation(Activation act, float* x, std::int64_t n) override;
+  void silu_mul(const float* gate, const float* up, float* out, std::int64_t n) override;
+  void add(float* x, const float* y, std::int64_t n) override;
+  void embedding(const EmbeddingArgs& a) override;
+  void attention_prefill(const AttentionPrefillArgs& a) override;
+  void attention_decode(const AttentionDecodeArgs& a) override;
+  void kv_write(const KvWriteArgs& a) override;
+  void sample(const SampleArgs& a) override;
+};
+
+}  // namespace flexh2o::kernels

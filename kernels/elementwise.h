@@ -1,0 +1,12 @@
+// Activations and element-wise arithmetic on fp32 vectors.
+#pragma once
+#include <cstdint>
+
+namespace flexh2o::kernels {
+
+enum class Activation : std::uint8_t {
+  Relu,  // OPT
+  Gelu,  // exact erf form
+};
+
+}  // namespace flexh2o::kernels

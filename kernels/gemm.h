@@ -1,0 +1,27 @@
+// Matrix multiply of activations by a weight matrix (the Linear layer).
+#pragma once
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace flexh2o::kernels {
+
+// A row-major matrix [rows, cols] in device memory, in any storage dtype.
+struct MatrixRef {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+
+// y[m, n] = x[m, k] @ w[n, k]^T + bias[n] + beta * y   (PyTorch Linear layout, fp32 compute).
+struct GemmArgs {
+  const float* x = nullptr;
+  std::int64_t m = 0;
+  MatrixRef w;                  // n = w.rows, k = w.cols
+  const float* bias = nullptr;  // optional, [n]
+  float* y = nullptr;
+  float beta = 0.0f;  // 1 adds the product into y (residual connections)
+};
+
+}  // namespace flexh2o::kernels
