@@ -1,5 +1,6 @@
 #include "kernels/dtype.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <stdexcept>
@@ -45,7 +46,12 @@ __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* s, std::ui
   for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
 }
 
-const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  return (c & bit_F16C) && (c & bit_AVX) && (c & bit_OSXSAVE);
+}
+const bool kHaveF16c = cpu_has_f16c();
 
 }  // namespace
 

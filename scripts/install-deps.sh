@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs flexh2o's build and test dependencies from Debian 12 packages.
+# The CUDA toolkit is optional: when nvcc is on PATH the CUDA backend is built too.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libtbb-dev            # oneTBB: CPU parallelism
+  libopenblas-dev       # OpenBLAS: CPU GEMM
+  liburing-dev          # io_uring: the disk tier
+  libfmt-dev            # text formatting
+  libyaml-cpp-dev       # model/hardware/run configs
+  nlohmann-json3-dev    # safetensors headers, config.json, JSONL, metrics
+  libpcre2-dev          # the GPT-2 pre-tokenizer regex (Unicode classes)
+  libglpk-dev           # the planner's LP
+  libcli11-dev          # the command line
+  libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
+  clang libclang-rt-14-dev                     # libFuzzer target (optional build)
+  fio                                          # disk benchmark reference
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,94 @@
+// The flexh2o binary end to end: outputs, exit codes and error lines.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/support/test_models.h"
+
+namespace flexh2o {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result run(const std::string& args) {
+  testing::TempDir dir;
+  const std::string cmd = std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("out") + " 2>" + dir.file("err") + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), testing::read_file(dir.file("out")),
+          testing::read_file(dir.file("err"))};
+}
+
+void expect_clean_error(const Result& r, const std::string& mention) {
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128) << "killed by a signal";
+  EXPECT_THAT(r.err, StartsWith("flexh2o: error: "));
+  EXPECT_THAT(r.err, HasSubstr(mention));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST(Cli, NoArgumentsRunsTheEmbeddedModel) {
+  const Result r = run("");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith("Once upon a time, there was a little girl named Lily."));
+  EXPECT_THAT(r.err, HasSubstr("tok/s"));
+}
+
+TEST(Cli, BatchJobWritesOneLinePerPrompt) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"),
+                      "{\"id\": \"a\", \"prompt\": \"Once upon a time\"}\n\n"
+                      "{\"id\": 7, \"tokens\": [1, 403, 407]}\n"
+                      "{\"id\": \"c\", \"prompt\": \"The dog\"}\n");
+  const Result r = run("run --prompts " + dir.file("in.jsonl") + " --out " + dir.file("out.jsonl") +
+                       " --batch 2 --gen-len 20");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream lines(testing::read_file(dir.file("out.jsonl")));
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0]["id"], "a");
+  EXPECT_EQ(rows[1]["id"], 7);
+  EXPECT_EQ(rows[2]["id"], "c");
+  for (const auto& row : rows) {
+    EXPECT_FALSE(row["text"].get<std::string>().empty());
+    EXPECT_GE(row["tokens"].size(), 1u);
+    EXPECT_LE(row["tokens"].size(), 20u);
+  }
+}
+
+TEST(Cli, DummyModelOfAnyConfiguredShape) {
+  const Result r = run("run --model opt-125m --dummy --batch 2 --prompt-len 5 --gen-len 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("dummy weights"));
+}
+
+TEST(Cli, BadInputGivesOneClearError) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("bad.jsonl"), "{\"id\": 1, \"prompt\": \"ok\"}\n{\"id\": 2, \"prompt\": \n");
+  expect_clean_error(run("run --prompts " + dir.file("bad.jsonl")), "bad.jsonl:2");
+  testing::write_file(dir.file("noid.jsonl"), "{\"prompt\": \"x\"}\n");
+  expect_clean_error(run("run --prompts " + dir.file("noid.jsonl")), "'id'");
+  expect_clean_error(run("run --gen-len 600"), "positions");
+  expect_clean_error(run("run --model /nonexistent/model"), "/nonexistent/model");
+  expect_clean_error(run("run --model opt-125m"), "--dummy");
+  testing::write_file(dir.file("config.json"), "{\"model_type\": \"bloom\"}");
+  expect_clean_error(run("run --model " + dir.path()), "bloom");
+  expect_clean_error(run("run --out /nonexistent-dir/out.jsonl --gen-len 2"), "/nonexistent-dir/out.jsonl");
+  const Result unknown = run("run --no-such-flag");
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_LT(unknown.code, 128);
+}
+
+}  // namespace
+}  // namespace flexh2o

@@ -1,0 +1,233 @@
+// The engine's forward pass and generation against independent references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "engine/generator.h"
+#include "engine/loaders/dummy_weights.h"
+#include "engine/loaders/hf_checkpoint.h"
+#include "engine/loaders/llama2c_checkpoint.h"
+#include "engine/model_source.h"
+#include "tests/support/test_models.h"
+
+namespace flexh2o {
+namespace {
+
+using engine::GenerationRequest;
+using engine::Generator;
+using engine::HostWeights;
+using engine::ModelConfig;
+
+// Logits of every step of a greedy generation, flattened per step [batch * vocab].
+std::vector<std::vector<float>> step_logits(Generator& gen, const std::vector<std::vector<std::int32_t>>& prompts,
+                                            std::int64_t new_tokens, std::vector<std::vector<std::int32_t>>* out = nullptr) {
+  std::vector<std::vector<float>> logits;
+  GenerationRequest req;
+  req.prompts = prompts;
+  req.max_new_tokens = new_tokens;
+  req.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
+  auto r = gen.generate(req);
+  if (out) *out = r.tokens;
+  return logits;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+TEST(Stories260k, GreedyMatchesPublishedSample) {
+  auto m = engine::open_model({});
+  auto be = kernels::make_cpu_backend();
+  const HostWeights w = engine::load_weights(m.config, *m.weights);
+  Generator gen(*be, m.config, w);
+  GenerationRequest req;
+  req.prompts = {m.tokenizer->encode("", true)};
+  req.max_new_tokens = 256;
+  auto r = gen.generate(req);
+  ASSERT_EQ(r.tokens[0].size(), 256u);
+  std::vector<std::int32_t> all = req.prompts[0];
+  all.insert(all.end(), r.tokens[0].begin(), r.tokens[0].end());
+  const std::string text = m.tokenizer->decode(all);
+  const std::string published =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
+      "big, red ball. She wanted to play with it, but it was too high.\nLily's mom said, \"Lily, let's go to the "
+      "park.\" Lily was sad and didn't know what to do.";
+  EXPECT_EQ(text.substr(0, published.size()), published) << text;
+}
+
+TEST(Stories260k, SafetensorsExportGivesTheSameLogits) {
+  auto m = engine::open_model({});
+  const HostWeights w = engine::load_weights(m.config, *m.weights);
+  auto be = kernels::make_cpu_backend();
+  const std::vector<std::vector<std::int32_t>> prompts = {m.tokenizer->encode("Once upon a time", true),
+                                                          m.tokenizer->encode("Lily and Ben went to the park.", true)};
+  Generator native(*be, m.config, w);
+  std::vector<std::vector<std::int32_t>> native_tokens, hf_tokens;
+  const auto expected = step_logits(native, prompts, 12, &native_tokens);
+
+  for (int shards : {1, 3}) {
+    SCOPED_TRACE("shards " + std::to_string(shards));
+    testing::TempDir dir;
+    testing::export_hf_checkpoint(dir.path(), m.config, w, kernels::DType::F32, /*from_interleaved=*/true, shards);
+    engine::HfCheckpoint hf(dir.path());
+    EXPECT_EQ(hf.config().rope_layout, kernels::RopeLayout::RotateHalf);
+    const HostWeights hw = engine::load_weights(hf.config(), hf);
+    Generator gen(*be, hf.config(), hw);
+    const auto got = step_logits(gen, prompts, 12, &hf_tokens);
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t s = 0; s < got.size(); ++s) EXPECT_LT(max_abs_diff(got[s], expected[s]), 1e-5) << "step " << s;
+    EXPECT_EQ(hf_tokens, native_tokens);
+  }
+}
+
+TEST(Stories260k, HalfPrecisionCheckpointsStayClose) {
+  auto m = engine::open_model({});
+  const HostWeights w = engine::load_weights(m.config, *m.weights);
+  auto be = kernels::make_cpu_backend();
+  const std::vector<std::vector<std::int32_t>> prompts = {m.tokenizer->encode("The cat sat", true)};
+  Generator native(*be, m.config, w);
+  const auto expected = step_logits(native, prompts, 4);
+  for (auto dt : {kernels::DType::F16, kernels::DType::BF16}) {
+    SCOPED_TRACE(std::string(kernels::dtype_name(dt)));
+    testing::TempDir dir;
+    testing::export_hf_checkpoint(dir.path(), m.config, w, dt, true);
+    engine::HfCheckpoint hf(dir.path());
+    EXPECT_EQ(hf.config().dtype, dt);
+    const HostWeights hw = engine::load_weights(hf.config(), hf);
+    Generator gen(*be, hf.config(), hw);
+    const auto got = step_logits(gen, prompts, 4);
+    // Rounded weights move logits by a little, not by a lot.
+    EXPECT_LT(max_abs_diff(got[0], expected[0]), dt == kernels::DType::F16 ? 0.05 : 0.3);
+  }
+}
+
+// Checks every step's logits of a greedy generation against the reference forward pass over
+// the whole sequence so far (no KV cache), for a ragged batch.
+void expect_matches_reference(const ModelConfig& cfg, const HostWeights& w, double tol) {
+  auto be = kernels::make_cpu_backend();
+  Generator gen(*be, cfg, w);
+  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
+  std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(cfg.vocab_size - 1));
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int len : {1, 5, 13}) {
+    prompts.emplace_back();
+    for (int i = 0; i < len; ++i) prompts.back().push_back(tok(rng));
+  }
+  std::vector<std::vector<std::int32_t>> generated;
+  const std::int64_t steps = 6;
+  const auto logits = step_logits(gen, prompts, steps, &generated);
+  ASSERT_EQ(static_cast<std::int64_t>(logits.size()), steps);
+  for (std::size_t b = 0; b < prompts.size(); ++b) {
+    std::vector<std::int32_t> seq = prompts[b];
+    seq.insert(seq.end(), generated[b].begin(), generated[b].end() - 1);
+    const auto ref = testing::reference_logits(cfg, w, seq);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const auto& want = ref[prompts[b].size() - 1 + static_cast<std::size_t>(s)];
+      double worst = 0;
+      std::size_t argmax = 0;
+      for (std::int64_t v = 0; v < cfg.vocab_size; ++v) {
+        const double got = logits[s][b * cfg.vocab_size + v];
+        worst = std::max(worst, std::abs(got - want[v]));
+        if (want[v] > want[argmax]) argmax = static_cast<std::size_t>(v);
+      }
+      EXPECT_LT(worst, tol) << "sequence " << b << " step " << s;
+      EXPECT_EQ(generated[b][s], static_cast<std::int32_t>(argmax)) << "sequence " << b << " step " << s;
+    }
+  }
+}
+
+TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {
+  const ModelConfig cfg = testing::tiny_opt_config();
+  // Larger weights than the dummy default so that attention is far from uniform.
+  engine::DummyWeights src(cfg, 7);
+  HostWeights w = engine::load_weights(cfg, src);
+  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
+  std::normal_distribution<float> nd(0.0f, 0.15f);
+  for (auto& [name, t] : w)
+    if (t.cols > 1)
+      for (std::int64_t i = 0; i < t.rows * t.cols; ++i) reinterpret_cast<float*>(t.data.get())[i] = nd(rng);
+  testing::TempDir dir;
+  testing::export_hf_checkpoint(dir.path(), cfg, w, kernels::DType::F32, false);
+  engine::HfCheckpoint hf(dir.path());
+  ASSERT_EQ(hf.config().family, engine::Family::Opt);
+  const HostWeights loaded = engine::load_weights(hf.config(), hf);
+  expect_matches_reference(hf.config(), loaded, 1e-4);
+}
+
+TEST(RandomLlama, GqaModelMatchesStraightforwardImplementation) {
+  ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 11);
+  HostWeights w = engine::load_weights(cfg, src);
+  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
+  std::normal_distribution<float> nd(0.0f, 0.2f);
+  for (auto& [name, t] : w)
+    if (t.cols > 1)
+      for (std::int64_t i = 0; i < t.rows * t.cols; ++i) reinterpret_cast<float*>(t.data.get())[i] = nd(rng);
+  expect_matches_reference(cfg, w, 1e-4);
+  cfg.rope_layout = kernels::RopeLayout::Interleaved;
+  expect_matches_reference(cfg, w, 1e-4);
+}
+
+TEST(Generation, RaggedBatchEqualsEachPromptAlone) {
+  auto m = engine::open_model({});
+  const HostWeights w = engine::load_weights(m.config, *m.weights);
+  auto be = kernels::make_cpu_backend();
+  Generator gen(*be, m.config, w);
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      m.tokenizer->encode("Tom had a red ball.", true), m.tokenizer->encode("", true),
+      m.tokenizer->encode("The sun was shining and the birds were singing in the tall trees.", true)};
+  GenerationRequest batch;
+  batch.prompts = prompts;
+  batch.max_new_tokens = 40;
+  batch.sampling = {0.8f, 0.9f, 42};
+  const auto together = gen.generate(batch).tokens;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest one;
+    one.prompts = {prompts[i]};
+    one.streams = {i};  // the same sampling stream as in the batch
+    one.max_new_tokens = 40;
+    one.sampling = batch.sampling;
+    EXPECT_EQ(gen.generate(one).tokens[0], together[i]) << "prompt " << i;
+  }
+}
+
+TEST(Generation, StopsAtStopTokenAndRejectsBadPrompts) {
+  ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 3);
+  const HostWeights w = engine::load_weights(cfg, src);
+  auto be = kernels::make_cpu_backend();
+  {
+    Generator probe(*be, cfg, w);
+    GenerationRequest req;
+    req.prompts = {{1, 2, 3}};
+    req.max_new_tokens = 5;
+    const auto first = probe.generate(req).tokens[0];
+    cfg.stop_ids = {first[2]};  // make the third generated token a stop token
+  }
+  Generator gen(*be, cfg, w);
+  GenerationRequest req;
+  req.prompts = {{1, 2, 3}};
+  req.max_new_tokens = 5;
+  const auto r = gen.generate(req);
+  ASSERT_LE(r.tokens[0].size(), 3u);
+  EXPECT_EQ(r.tokens[0].back(), cfg.stop_ids[0]);
+
+  req.prompts = {{}};
+  EXPECT_THROW(gen.generate(req), std::invalid_argument);
+  req.prompts = {{1, 500}};
+  EXPECT_THROW(gen.generate(req), std::invalid_argument);
+  req.prompts = {std::vector<std::int32_t>(60, 1)};
+  try {
+    gen.generate(req);
+    FAIL() << "a prompt beyond max positions must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("positions"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flexh2o
