@@ -14,11 +14,11 @@ double now_seconds() {
 }  // namespace
 
 void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int32_t>> prompts,
-                   std::int64_t max_new_tokens) {
+                   std::int64_t max_new_tokens, std::span<const std::string> names) {
   if (max_new_tokens < 1) throw std::invalid_argument("--gen-len must be at least 1");
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const auto& p = prompts[i];
-    const std::string which = "prompt " + std::to_string(i);
+    const std::string which = "prompt " + (i < names.size() ? names[i] : std::to_string(i));
     if (p.empty()) throw std::invalid_argument(which + " has no tokens");
     for (auto t : p)
       if (t < 0 || t >= cfg.vocab_size)

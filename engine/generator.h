@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/layers.h"
@@ -48,8 +49,9 @@ class Generator {
 };
 
 // Throws a clear error when a prompt is empty, holds an id outside the vocabulary, or
-// prompt + max_new_tokens exceeds the model's positions.
+// prompt + max_new_tokens exceeds the model's positions. `names` (optional, one per
+// prompt) say which prompt in the message; otherwise its index does.
 void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int32_t>> prompts,
-                   std::int64_t max_new_tokens);
+                   std::int64_t max_new_tokens, std::span<const std::string> names = {});
 
 }  // namespace flexh2o::engine

@@ -49,12 +49,16 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
   return items;
 }
 
-void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, const std::string& model_name) {
+void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t bos_id,
+                      const std::string& model_name) {
   for (auto& it : items) {
     if (!it.text) continue;
     if (!tok)
       throw std::runtime_error("model '" + model_name + "' has no tokenizer; give prompts as \"tokens\" or pass --tokenizer");
-    it.tokens = tok->encode(*it.text, true);
+    it.tokens.clear();
+    if (bos_id >= 0) it.tokens.push_back(bos_id);
+    const auto ids = tok->encode(*it.text, false);
+    it.tokens.insert(it.tokens.end(), ids.begin(), ids.end());
   }
 }
 

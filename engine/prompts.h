@@ -20,8 +20,11 @@ struct PromptItem {
 
 // Throws naming the file, line and field on malformed input.
 std::vector<PromptItem> read_prompts_jsonl(const std::string& path);
-// Encodes every text prompt (with BOS); needs a tokenizer when any prompt is text.
-void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, const std::string& model_name);
+// Encodes every text prompt, preceded by the model's BOS id (from the model config, which
+// is authoritative: OPT starts with </s>, not the tokenizer's <s>). Needs a tokenizer when
+// any prompt is text.
+void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t bos_id,
+                      const std::string& model_name);
 
 // Appends whole lines to a JSONL file; each flush() writes and fsyncs what was added, so a
 // killed job leaves only complete lines behind.

@@ -58,7 +58,7 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
       items.push_back(std::move(it));
     }
   }
-  tokenize_prompts(items, m.tokenizer.get(), m.config.name);
+  tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name);
   return items;
 }
 
@@ -76,8 +76,12 @@ int run_command(const RunOptions& o) {
 
   std::vector<PromptItem> items = gather_prompts(o, m);
   std::vector<std::vector<std::int32_t>> all_prompts;
-  for (const auto& it : items) all_prompts.push_back(it.tokens);
-  check_prompts(m.config, all_prompts, gen_len);  // fail before loading weights
+  std::vector<std::string> ids;
+  for (const auto& it : items) {
+    all_prompts.push_back(it.tokens);
+    ids.push_back("id " + it.id_json);
+  }
+  check_prompts(m.config, all_prompts, gen_len, ids);  // fail before loading weights
 
   auto backend = kernels::make_cpu_backend();
   const HostWeights weights = load_weights(m.config, *m.weights);

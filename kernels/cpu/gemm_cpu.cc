@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -16,10 +17,16 @@ namespace flexh2o::kernels {
 
 namespace {
 
-// Rows per panel: ~256 KiB of fp32 weight, at least 16 rows so that BLAS has work.
-std::int64_t panel_rows(std::int64_t n, std::int64_t k) {
-  const std::int64_t by_cache = std::max<std::int64_t>(16, (256 * 1024 / 4) / std::max<std::int64_t>(k, 1));
-  return std::min(n, by_cache);
+// Rows per panel. Few activation rows (decode): ~256 KiB of fp32 weight, so a converted
+// panel stays in L2 while BLAS streams it. Many rows (prefill): BLAS re-packs x for every
+// panel, so use few large panels (about four per thread, at most 16 MiB of scratch).
+std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k) {
+  k = std::max<std::int64_t>(k, 1);
+  if (m <= 16) return std::min(n, std::max<std::int64_t>(16, (256 * 1024 / 4) / k));
+  const std::int64_t threads = tbb::this_task_arena::max_concurrency();
+  const std::int64_t even = (n + 4 * threads - 1) / (4 * threads);
+  const std::int64_t cap = std::max<std::int64_t>(16, (16 << 20) / 4 / k);
+  return std::min(n, std::clamp<std::int64_t>(even, 64, cap));
 }
 
 }  // namespace
@@ -28,7 +35,7 @@ void CpuBackend::gemm(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative dimension");
   if (m == 0 || n == 0) return;
-  const std::int64_t panel = panel_rows(n, k);
+  const std::int64_t panel = panel_rows(m, n, k);
   const std::int64_t panels = (n + panel - 1) / panel;
   const std::size_t esize = dtype_size(a.w.dtype);
   static tbb::enumerable_thread_specific<std::vector<float>> scratch_tls;

@@ -1,0 +1,453 @@
+// Tokenizers: GPT-2 byte-level BPE against known ids and round trips, the tokenizer.json
+// loader against the vocab.json + merges.txt one, llama2.c's tok*.bin against a direct port of
+// run.c's encoder, and malformed inputs.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/tokenizer/tokenizer.h"
+
+namespace flexh2o::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using Ids = std::vector<std::int32_t>;
+
+const std::string kGpt2Dir = std::string(FLEXH2O_TEST_DATA_DIR) + "/gpt2";
+const std::string kTok512 = std::string(FLEXH2O_SOURCE_DIR) + "/models/stories260K/tok512.bin";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// Printable form of arbitrary bytes for failure messages.
+std::string escaped(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b < 0x7F && c != '"' && c != '\\') {
+      out += c;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", b);
+      out += buf;
+    }
+  }
+  return out + "\"";
+}
+
+// The message of the std::runtime_error `fn` throws ("" with a test failure if none).
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected std::runtime_error";
+  return "";
+}
+
+// A directory under the system temp dir, removed again at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("flexh2o_" + std::string(info->name()) + "_" + std::to_string(std::random_device{}()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+// Random text from a fixed menu of pieces.
+std::string random_text(std::mt19937& rng, const std::vector<std::string>& pieces, std::size_t max_pieces) {
+  std::uniform_int_distribution<std::size_t> count(0, max_pieces);
+  std::uniform_int_distribution<std::size_t> pick(0, pieces.size() - 1);
+  std::string s;
+  for (std::size_t n = count(rng); n > 0; --n) s += pieces[pick(rng)];
+  return s;
+}
+
+// ---- GPT-2 ----
+
+const Tokenizer& gpt2() {
+  static const std::unique_ptr<Tokenizer> tok = load_gpt2_tokenizer(kGpt2Dir + "/vocab.json", kGpt2Dir + "/merges.txt");
+  return *tok;
+}
+
+TEST(Gpt2Tokenizer, KnownIds) {
+  const Tokenizer& tok = gpt2();
+  EXPECT_EQ(tok.vocab_size(), 50257);
+  EXPECT_EQ(tok.bos_id(), 50256);
+  EXPECT_EQ(tok.eos_id(), 50256);
+  EXPECT_EQ(tok.encode("Hello world", false), (Ids{15496, 995}));
+  EXPECT_EQ(tok.encode(" the", false), (Ids{262}));
+  EXPECT_EQ(tok.encode("Hello world", true), (Ids{50256, 15496, 995}));
+  EXPECT_EQ(tok.encode("", false), Ids{});
+  // Ids from GPT-2's reference encoder.py (regex module + the same vocab/merges).
+  EXPECT_EQ(tok.encode("I'm here, aren't you? It's 2024!!\n\n  Done.", false),
+            (Ids{40, 1101, 994, 11, 3588, 470, 345, 30, 632, 338, 48609, 3228, 628, 220, 24429, 13}));
+  EXPECT_EQ(tok.encode("  leading spaces\tand\ttabs\r\n", false),
+            (Ids{220, 3756, 9029, 197, 392, 197, 8658, 82, 201, 198}));
+  EXPECT_EQ(tok.encode("naïve café 中文 😀 👍🏽", false),
+            (Ids{2616, 38776, 40304, 220, 40792, 23877, 229, 30325, 222, 50169, 235, 8582, 237, 121}));
+  EXPECT_EQ(tok.encode("The QUICK brown fox's 12345 jumps.", false),
+            (Ids{464, 19604, 11860, 7586, 21831, 338, 17031, 2231, 18045, 13}));
+}
+
+TEST(Gpt2Tokenizer, EndOfTextIsSpecial) {
+  const Tokenizer& tok = gpt2();
+  const Ids ids = tok.encode("a<|endoftext|>b", false);
+  EXPECT_EQ(ids, (Ids{64, 50256, 65}));
+  EXPECT_EQ(tok.decode(ids), "ab");
+  EXPECT_THROW(tok.decode(Ids{50257}), std::runtime_error);
+  EXPECT_THROW(tok.decode(Ids{-1}), std::runtime_error);
+}
+
+TEST(Gpt2Tokenizer, RandomUtf8RoundTrips) {
+  // clang-format off
+  const std::vector<std::string> pieces = {
+      "the", "The", "quick", "fox", "a", "Z", "hello", "world", "x", "qwzj", "42", "7", "2024", "3.14",
+      ".", ",", "!", "?", "...", "--", "(", ")", "\"", "#", "@", "$", "%", "&", "*", "+", "=", "<", ">", "/", "\\",
+      " ", " ", " ", "  ", "    ", "\n", "\n\n", " \n ", "\t", "\r\n", "   \n",
+      "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'", "don't", "we'll",
+      "é", "naïve", "Ünïcödé", "ñ", "ß", "e\xCC\x81", "Ωμέγα", "привет",
+      "中文", "日本語", "한국어", "\xE3\x80\x80", "\xC2\xA0",
+      "😀", "👍🏽", "🇺🇸", "🐶", "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x92\xBB"};
+  // clang-format on
+  const Tokenizer& tok = gpt2();
+  constexpr unsigned kSeed = 20240521;
+  std::mt19937 rng(kSeed);
+  for (int i = 0; i < 2000; ++i) {
+    const std::string s = random_text(rng, pieces, 24);
+    const Ids ids = tok.encode(s, false);
+    ASSERT_EQ(tok.decode(ids), s) << "seed " << kSeed << ", string #" << i << ": " << escaped(s);
+  }
+}
+
+TEST(Gpt2Tokenizer, InvalidUtf8RoundTrips) {
+  const Tokenizer& tok = gpt2();
+  constexpr unsigned kSeed = 7;
+  std::mt19937 rng(kSeed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_int_distribution<std::size_t> length(1, 40);
+  const std::vector<std::string> fixed = {
+      "\xFF",        "abc\x80", "\xC3", "x\xE4\xB8 y", "\xF0\x9F\x98", std::string("a\0b", 3), "caf\xC3\xA9\xC3 ok",
+      "\xED\xA0\x80"};
+  for (const std::string& s : fixed) EXPECT_EQ(tok.decode(tok.encode(s, false)), s) << escaped(s);
+  for (int i = 0; i < 200; ++i) {
+    std::string s(length(rng), '\0');
+    for (char& c : s) c = static_cast<char>(byte(rng));
+    ASSERT_EQ(tok.decode(tok.encode(s, false)), s) << "seed " << kSeed << ", string #" << i << ": " << escaped(s);
+  }
+}
+
+TEST(Gpt2Tokenizer, DecodeIsPrefixConsistent) {
+  const Tokenizer& tok = gpt2();
+  const Ids ids = tok.encode("Grüße, 世界! 😀 It's fine.", true);
+  const std::string full = tok.decode(ids);
+  for (std::size_t i = 0; i <= ids.size(); ++i) {
+    const std::string prefix = tok.decode(std::span(ids).first(i));
+    EXPECT_EQ(full.substr(0, prefix.size()), prefix) << i;
+  }
+}
+
+// ---- Hugging Face tokenizer.json ----
+
+// GPT-2's tokenizer.json rebuilt from vocab.json + merges.txt, merges as ["a", "b"] pairs,
+// with an extra special "</s>". Spliced as text: parsing and re-dumping the vocab is slow
+// under sanitizers.
+std::string gpt2_tokenizer_json() {
+  std::string merges;
+  std::istringstream lines(read_file(kGpt2Dir + "/merges.txt"));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line.starts_with("#version")) continue;
+    const std::size_t space = line.find(' ');
+    merges += merges.empty() ? "[" : ",[";
+    merges += nlohmann::json(line.substr(0, space)).dump() + "," + nlohmann::json(line.substr(space + 1)).dump() + "]";
+  }
+  return R"({"version": "1.0", "added_tokens": [)"
+         R"({"id": 50256, "content": "<|endoftext|>", "special": true},)"
+         R"({"id": 50257, "content": "</s>", "special": true}],)"
+         R"("normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},)"
+         R"("model": {"type": "BPE", "vocab": )" +
+         read_file(kGpt2Dir + "/vocab.json") + R"(, "merges": [)" + merges + "]}}";
+}
+
+TEST(HfTokenizer, MatchesVocabAndMerges) {
+  TempDir dir;
+  write_file(dir / "tokenizer.json", gpt2_tokenizer_json());
+  const auto tok = load_hf_tokenizer((dir / "tokenizer.json").string());
+  EXPECT_EQ(tok->vocab_size(), 50258);
+  EXPECT_EQ(tok->bos_id(), 50256);
+  EXPECT_EQ(tok->eos_id(), 50257);
+  for (const std::string text : {"Hello world", " the", "I'm here, aren't you?\n\n  x", "naïve 中文 😀", "a\xFF b"}) {
+    EXPECT_EQ(tok->encode(text, false), gpt2().encode(text, false)) << escaped(text);
+  }
+  const Ids ids = tok->encode("Hi</s> there</s>", false);
+  EXPECT_EQ(ids, (Ids{17250, 50257, 612, 50257}));
+  EXPECT_EQ(tok->decode(ids), "Hi there");
+}
+
+TEST(HfTokenizer, StringMergesAndNonSpecialAddedToken) {
+  TempDir dir;
+  nlohmann::json j = {{"model",
+                       {{"type", "BPE"},
+                        {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}, {"Ġ", 3}, {"Ġab", 4}}},
+                        {"merges", {"a b", "Ġ ab"}}}},
+                      {"added_tokens", {{{"id", 5}, {"content", "[X]"}, {"special", false}}}}};
+  write_file(dir / "tokenizer.json", j.dump());
+  const auto tok = load_hf_tokenizer((dir / "tokenizer.json").string());
+  EXPECT_EQ(tok->encode("ab ab[X]ba", false), (Ids{2, 4, 5, 1, 0}));
+  EXPECT_EQ(tok->decode(Ids{2, 4, 5, 1, 0}), "ab ab[X]ba");
+  EXPECT_EQ(tok->bos_id(), std::nullopt);
+  EXPECT_EQ(tok->encode("ab", true), (Ids{2}));
+}
+
+// ---- llama2.c ----
+
+constexpr std::int32_t kTok512Vocab = 512;
+
+const Tokenizer& tok512() {
+  static const std::unique_ptr<Tokenizer> tok = load_llama2c_tokenizer_file(kTok512, kTok512Vocab);
+  return *tok;
+}
+
+// Straight port of llama2.c run.c's encode(): linear vocab search, O(n^2) merge loop.
+class Llama2cReference {
+ public:
+  explicit Llama2cReference(const std::string& path) {
+    const std::string data = read_file(path);
+    std::size_t pos = 4;  // skip max_token_length
+    for (int i = 0; i < kTok512Vocab; ++i) {
+      float score = 0;
+      std::int32_t len = 0;
+      std::memcpy(&score, data.data() + pos, 4);
+      std::memcpy(&len, data.data() + pos + 4, 4);
+      vocab.push_back(data.substr(pos + 8, static_cast<std::size_t>(len)));
+      scores.push_back(score);
+      pos += 8 + static_cast<std::size_t>(len);
+    }
+  }
+
+  std::int32_t lookup(const std::string& s) const {
+    for (std::size_t i = 0; i < vocab.size(); ++i) {
+      if (vocab[i] == s) return static_cast<std::int32_t>(i);
+    }
+    return -1;
+  }
+
+  Ids encode(const std::string& text, bool bos) const {
+    Ids tokens;
+    if (bos) tokens.push_back(1);
+    if (!text.empty()) tokens.push_back(lookup(" "));
+    std::string buf;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) buf.clear();
+      buf += text[i];
+      if (i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80 && buf.size() < 4) continue;
+      const std::int32_t id = lookup(buf);
+      if (id != -1) {
+        tokens.push_back(id);
+      } else {
+        for (const char c : buf) tokens.push_back(static_cast<unsigned char>(c) + 3);
+      }
+      buf.clear();
+    }
+    while (true) {
+      float best_score = -1e10f;
+      std::int32_t best_id = -1;
+      std::size_t best_idx = 0;
+      for (std::size_t i = 0; i + 1 < tokens.size(); ++i) {
+        const std::int32_t id =
+            lookup(vocab[static_cast<std::size_t>(tokens[i])] + vocab[static_cast<std::size_t>(tokens[i + 1])]);
+        if (id != -1 && scores[static_cast<std::size_t>(id)] > best_score) {
+          best_score = scores[static_cast<std::size_t>(id)];
+          best_id = id;
+          best_idx = i;
+        }
+      }
+      if (best_id == -1) break;
+      tokens[best_idx] = best_id;
+      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+    }
+    return tokens;
+  }
+
+  std::vector<std::string> vocab;
+  std::vector<float> scores;
+};
+
+// clang-format off
+const std::vector<std::string> kLlamaPieces = {
+    "Once", "upon", "a", "time", "there", "was", "little", "girl", "named", "Lily", "She", "loved", "play", "the",
+    "outside", "friends", "together", "wanted", "everyone", "garden", "ball", "tree", "went", "park", "with", "and",
+    "xyzzy", "Tim", "dog", "happy", "said", "q", "ZZ", "0", "123",
+    " ", " ", " ", "  ", "\n", "\n\n", ".", ",", "!", "?", "\"", "'", "-", ":", ";", "(", ")",
+    "é", "ñ", "ü", "à", "café", "ß", "Ω", "中", "😀", "🐶", "👍🏽"};
+// clang-format on
+
+TEST(Llama2cTokenizer, MatchesRunCReference) {
+  const Llama2cReference ref(kTok512);
+  const Tokenizer& tok = tok512();
+  constexpr unsigned kSeed = 1234;
+  std::mt19937 rng(kSeed);
+  for (int i = 0; i < 300; ++i) {
+    const std::string s = random_text(rng, kLlamaPieces, 12);
+    const bool bos = i % 2 == 0;
+    ASSERT_EQ(tok.encode(s, bos), ref.encode(s, bos)) << "seed " << kSeed << ", string #" << i << ": " << escaped(s);
+  }
+  const std::string story = "Once upon a time, there was a little girl named Lily. She loved to play outside.";
+  EXPECT_EQ(tok.encode(story, true), ref.encode(story, true));
+}
+
+TEST(Llama2cTokenizer, RandomTextRoundTrips) {
+  const Tokenizer& tok = tok512();
+  constexpr unsigned kSeed = 99;
+  std::mt19937 rng(kSeed);
+  for (int i = 0; i < 300; ++i) {
+    const std::string s = random_text(rng, kLlamaPieces, 16);
+    const Ids ids = tok.encode(s, true);
+    ASSERT_EQ(tok.decode(ids), s) << "seed " << kSeed << ", string #" << i << ": " << escaped(s);
+  }
+}
+
+TEST(Llama2cTokenizer, OnceUponATime) {
+  const Tokenizer& tok = tok512();
+  EXPECT_EQ(tok.vocab_size(), 512);
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  const Ids ids = tok.encode("Once upon a time", true);
+  EXPECT_EQ(ids, (Ids{1, 403, 407, 261, 378}));
+  EXPECT_EQ(tok.decode(ids), "Once upon a time");
+  EXPECT_EQ(tok.encode("", true), (Ids{1}));
+  EXPECT_EQ(tok.encode("", false), Ids{});
+}
+
+TEST(Llama2cTokenizer, ByteFallback) {
+  const Llama2cReference ref(kTok512);
+  const std::string emoji = "\xF0\x9F\x98\x80";  // U+1F600, not in the 512-token vocab
+  ASSERT_EQ(ref.lookup(emoji), -1);
+  const Tokenizer& tok = tok512();
+  EXPECT_EQ(tok.encode(emoji, false), (Ids{ref.lookup(" "), 3 + 0xF0, 3 + 0x9F, 3 + 0x98, 3 + 0x80}));
+  EXPECT_EQ(tok.decode(tok.encode(emoji, true)), emoji);
+}
+
+TEST(Llama2cTokenizer, DecodeStripsSpaceAfterBosAndSpecialsPrintNothing) {
+  const Llama2cReference ref(kTok512);
+  const Tokenizer& tok = tok512();
+  const std::int32_t once = ref.lookup(" Once");
+  ASSERT_NE(once, -1);
+  EXPECT_EQ(tok.decode(Ids{1, once}), "Once");
+  EXPECT_EQ(tok.decode(Ids{once}), " Once");
+  EXPECT_EQ(tok.decode(Ids{once, 2, 1, once, 0}), " OnceOnce");
+  // A space byte token after BOS is not a leading-space piece, as in run.c.
+  EXPECT_EQ(tok.decode(Ids{1, 3 + ' ', once}), "  Once");
+  EXPECT_THROW(tok.decode(Ids{512}), std::runtime_error);
+}
+
+TEST(Llama2cTokenizer, TruncatedOrMalformedData) {
+  const std::string data = read_file(kTok512);
+  const auto load = [](std::string_view bytes, std::int32_t vocab) {
+    return [bytes, vocab] { load_llama2c_tokenizer(std::as_bytes(std::span(bytes)), vocab, "tok512.bin"); };
+  };
+  std::string message = error_of(load(std::string_view(data).substr(0, 100), kTok512Vocab));
+  EXPECT_TRUE(message.starts_with("tok512.bin: truncated")) << message;
+  EXPECT_NE(message.find("of 512"), std::string::npos) << message;
+
+  message = error_of(load(std::string_view(data).substr(0, 2), kTok512Vocab));
+  EXPECT_TRUE(message.starts_with("tok512.bin: truncated at max_token_length")) << message;
+  // The file holds 512 tokens; asking for more runs off its end.
+  message = error_of(load(data, 1000));
+  EXPECT_NE(message.find("tok512.bin: truncated at token 512 of 1000"), std::string::npos) << message;
+
+  std::string bad = data;
+  const std::int32_t negative = -5;
+  std::memcpy(bad.data() + 4 + 4, &negative, 4);  // length of token 0
+  message = error_of(load(bad, kTok512Vocab));
+  EXPECT_NE(message.find("tok512.bin: negative length"), std::string::npos) << message;
+
+  message = error_of(load(data, 100));
+  EXPECT_TRUE(message.starts_with("tok512.bin")) << message;
+
+  message = error_of([] { load_llama2c_tokenizer_file("/nonexistent/tok.bin", kTok512Vocab); });
+  EXPECT_NE(message.find("/nonexistent/tok.bin"), std::string::npos) << message;
+}
+
+// ---- malformed GPT-2 / Hugging Face files ----
+
+TEST(BpeTokenizer, MalformedFilesNameThePath) {
+  TempDir dir;
+  const std::string merges = kGpt2Dir + "/merges.txt";
+  const std::string vocab = (dir / "vocab.json").string();
+
+  write_file(vocab, "{\"a\": 0, ");
+  std::string message = error_of([&] { load_gpt2_tokenizer(vocab, merges); });
+  EXPECT_TRUE(message.starts_with(vocab)) << message;
+
+  write_file(vocab, "{\"a\": \"zero\"}");
+  message = error_of([&] { load_gpt2_tokenizer(vocab, merges); });
+  EXPECT_TRUE(message.starts_with(vocab)) << message;
+
+  write_file(vocab, "{\"a\": 0, \"b\": 1, \"ab\": 2}");
+  const std::string bad_merges = (dir / "merges.txt").string();
+  write_file(bad_merges, "#version: 0.2\na b\nab\n");
+  message = error_of([&] { load_gpt2_tokenizer(vocab, bad_merges); });
+  EXPECT_TRUE(message.starts_with(bad_merges + ": line 3")) << message;
+  write_file(bad_merges, "a c\n");
+  message = error_of([&] { load_gpt2_tokenizer(vocab, bad_merges); });
+  EXPECT_TRUE(message.starts_with(bad_merges + ": line 1")) << message;
+
+  message = error_of([&] { load_gpt2_tokenizer((dir / "missing.json").string(), merges); });
+  EXPECT_NE(message.find("missing.json"), std::string::npos) << message;
+
+  const std::string tj = (dir / "tokenizer.json").string();
+  const auto hf_error = [&](const std::string& text) {
+    write_file(tj, text);
+    return error_of([&] { load_hf_tokenizer(tj); });
+  };
+  message = hf_error("{\"model\": ");
+  EXPECT_TRUE(message.starts_with(tj)) << message;
+  message = hf_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}}})");
+  EXPECT_TRUE(message.starts_with(tj)) << message;
+  EXPECT_NE(message.find("model.merges"), std::string::npos) << message;
+  message = hf_error(R"({"model": {"type": "Unigram", "vocab": {}, "merges": []}})");
+  EXPECT_NE(message.find("model.type"), std::string::npos) << message;
+  message = hf_error(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": [["a", "b"]]}})");
+  EXPECT_NE(message.find("model.merges[0]"), std::string::npos) << message;
+  message = hf_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [7]}})");
+  EXPECT_NE(message.find("model.merges[0]"), std::string::npos) << message;
+  message = hf_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": 1}]})");
+  EXPECT_NE(message.find("added_tokens[0].content"), std::string::npos) << message;
+  message = hf_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "byte_fallback": "yes"}})");
+  EXPECT_TRUE(message.starts_with(tj)) << message;
+}
+
+}  // namespace
+}  // namespace flexh2o::engine
