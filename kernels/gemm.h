@@ -21,7 +21,7 @@ struct GemmArgs {
   MatrixRef w;                  // n = w.rows, k = w.cols
   const float* bias = nullptr;  // optional, [n]
   float* y = nullptr;
-  float beta = 0.0f;  // 1 adds the product into y (residual connections)
+  float beta = 0.0f;  // 1 adds the product into y (residual connections); with 0, y is not read
 };
 
 }  // namespace flexh2o::kernels

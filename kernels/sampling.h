@@ -11,8 +11,10 @@ struct SamplingParams {
   std::uint64_t seed = 0;
 };
 
-// Sampling is counter-based: the random draw of row r is a hash of (seed, streams[r], step),
-// so a sequence's tokens do not depend on which batch it ran in or on the backend.
+// Sampling is counter-based: the random draw u of row r is a hash of (seed, streams[r], step),
+// so a sequence's tokens do not depend on which batch it ran in or on the backend. Every
+// backend maps u to a token the same way: walk the nucleus in descending probability (lowest
+// id first on ties) and take the first token whose cumulative mass exceeds u * nucleus mass.
 struct SampleArgs {
   const float* logits = nullptr;  // [batch, vocab]
   std::int64_t batch = 0;

@@ -1,0 +1,943 @@
+// Op tests of the compute backends against the double-precision references in
+// reference_ops.h. Every test runs once per backend in backend_factories(), on fresh random
+// data (mostly odd sizes, so that tile and vector widths leave remainders) from a seed that
+// failure messages show; rerun a failure with --gtest_random_seed=N. Data moves through
+// Backend::alloc and the copy calls only, so the same tests hold for a GPU backend.
+// Outputs start as NaN wherever the op must write them, so unwritten elements fail.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "tests/kernels/reference_ops.h"
+
+namespace flexh2o::kernels {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr DType kDTypes[] = {DType::F32, DType::F16, DType::BF16};
+
+// A backend under test. `make` returns nullptr when the backend has no device on this
+// machine (a CUDA build without a GPU): its instances skip.
+struct BackendFactory {
+  const char* name;
+  std::unique_ptr<Backend> (*make)();
+};
+
+const std::vector<BackendFactory>& backend_factories() {
+  static const std::vector<BackendFactory> factories = {{"cpu", &make_cpu_backend}};
+  return factories;
+}
+
+void PrintTo(const BackendFactory& f, std::ostream* os) { *os << f.name; }
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+std::vector<float> random_floats(std::mt19937& rng, std::int64_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(sz(n));
+  for (float& e : v) e = dist(rng);
+  return v;
+}
+
+// A weight matrix in its storage dtype, plus the fp32 values that storage holds. The
+// reference reads the latter, so fp16/bf16 rounding is not counted as kernel error and
+// the fp32 tolerances apply to every dtype.
+struct StoredMatrix {
+  std::vector<std::uint8_t> bytes;
+  std::vector<float> values;
+};
+
+StoredMatrix store(std::span<const float> w, DType dtype) {
+  StoredMatrix s{std::vector<std::uint8_t>(w.size() * dtype_size(dtype)), std::vector<float>(w.size())};
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (dtype == DType::F32) {
+      s.values[i] = w[i];
+      std::memcpy(s.bytes.data() + 4 * i, &w[i], 4);
+      continue;
+    }
+    const std::uint16_t h = dtype == DType::F16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
+    s.values[i] = dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
+    std::memcpy(s.bytes.data() + 2 * i, &h, 2);
+  }
+  return s;
+}
+
+// Passes when |got[i] - ref[i]| <= tol(i) everywhere. A NaN reference marks an element the
+// op must leave alone (it holds NaN poison), so the result must be NaN there too.
+template <class Tol>
+::testing::AssertionResult near_all(std::span<const float> got, std::span<const double> ref, Tol tol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << ", reference size " << ref.size();
+  std::size_t bad = 0, first = 0;
+  double worst = 0.0;  // largest error / tolerance, to show how far off it is
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool ok = std::isnan(ref[i]) ? std::isnan(got[i]) : std::abs(got[i] - ref[i]) <= tol(i);
+    if (ok) continue;
+    if (bad++ == 0) first = i;
+    if (!std::isnan(ref[i]) && tol(i) > 0.0) worst = std::max(worst, std::abs(got[i] - ref[i]) / tol(i));
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream msg;
+  msg << std::setprecision(9) << bad << " of " << got.size() << " elements off; first [" << first << "]: got "
+      << got[first] << ", want ";
+  if (std::isnan(ref[first])) {
+    msg << "NaN (left untouched)";
+  } else {
+    msg << ref[first] << " +- " << tol(first);
+  }
+  if (worst > 0.0) msg << "; worst error/tolerance " << worst;
+  return ::testing::AssertionFailure() << msg.str();
+}
+
+// |got - ref| <= rel * max(1, |ref|): relative for large values, absolute near zero where
+// relative error is meaningless after cancellation.
+::testing::AssertionResult near_all(std::span<const float> got, std::span<const double> ref, double rel) {
+  return near_all(got, ref, [&](std::size_t i) { return rel * std::max(1.0, std::abs(ref[i])); });
+}
+
+// For ops whose every output is one correctly rounded fp32 operation (or a copy): the
+// result must be the reference rounded to fp32, bit for bit.
+::testing::AssertionResult exact_all(std::span<const float> got, std::span<const double> ref) {
+  std::vector<double> rounded(ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) rounded[i] = static_cast<float>(ref[i]);
+  return near_all(got, rounded, [](std::size_t) { return 0.0; });
+}
+
+// Random data seeded from gtest's random seed: a new one each run, or the one given with
+// --gtest_random_seed. The seed stays on the failure trace for the whole test (a
+// SCOPED_TRACE that lives as long as the fixture).
+class SeededTest : public ::testing::Test {
+ protected:
+  const unsigned seed_ = static_cast<unsigned>(::testing::UnitTest::GetInstance()->random_seed());
+  const ::testing::ScopedTrace seed_trace_{
+      __FILE__, __LINE__,
+      "random seed " + std::to_string(seed_) + " (reproduce with --gtest_random_seed=" + std::to_string(seed_) + ")"};
+  std::mt19937 rng_{seed_};
+};
+
+class OpsTest : public SeededTest, public ::testing::WithParamInterface<BackendFactory> {
+ protected:
+  void SetUp() override {
+    backend_ = GetParam().make();
+    if (!backend_) GTEST_SKIP() << GetParam().name << ": no device";
+  }
+
+  template <class T>
+  DeviceBuffer upload(const std::vector<T>& host) {
+    DeviceBuffer buf(*backend_, host.size() * sizeof(T));
+    backend_->copy_to_device(buf.data(), host.data(), buf.bytes());
+    return buf;
+  }
+
+  template <class T = float>
+  std::vector<T> download(const DeviceBuffer& buf) {
+    backend_->synchronize();
+    std::vector<T> host(buf.bytes() / sizeof(T));
+    backend_->copy_to_host(host.data(), buf.data(), buf.bytes());
+    return host;
+  }
+
+  void check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias, float beta);
+  std::vector<std::int32_t> sample(const DeviceBuffer& logits, std::int64_t vocab, const SamplingParams& p,
+                                   const std::vector<std::uint64_t>& streams, std::uint64_t step);
+  std::vector<std::int32_t> draw_20000(const std::vector<float>& row, const SamplingParams& p);
+
+  std::unique_ptr<Backend> backend_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpsTest, ::testing::ValuesIn(backend_factories()),
+                         [](const ::testing::TestParamInfo<BackendFactory>& info) {
+                           return std::string(info.param.name);
+                         });
+
+// ---------------------------------------------------------------------------- gemm
+
+void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias, float beta) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " m=" << m << " k=" << k << " n=" << n
+                                    << (with_bias ? " bias" : " no bias") << " beta=" << beta);
+  const std::vector<float> x = random_floats(rng_, m * k);
+  const StoredMatrix w = store(random_floats(rng_, n * k), dtype);
+  const std::vector<float> bias = with_bias ? random_floats(rng_, n) : std::vector<float>{};
+  // beta = 0 must not read y (BLAS convention), so y starts as poison; beta = 1 adds to it.
+  const std::vector<float> y0 = beta == 0.0f ? std::vector<float>(sz(m * n), kNaN) : random_floats(rng_, m * n);
+  const DeviceBuffer dx = upload(x), dw = upload(w.bytes), dy = upload(y0);
+  const DeviceBuffer db = with_bias ? upload(bias) : DeviceBuffer{};
+
+  GemmArgs a;
+  a.x = dx.as<float>();
+  a.m = m;
+  a.w = {dw.data(), dtype, n, k};
+  a.bias = db.as<float>();
+  a.y = dy.as<float>();
+  a.beta = beta;
+  backend_->gemm(a);
+
+  // The rounding error of an fp32 dot product of length k grows like sqrt(k) * 2^-24 times
+  // the size of its terms (random-walk rounding). With inputs in [-1, 1] that is about
+  // 1e-7 * sqrt(k) * max(1, |y|); 1e-5 * sqrt(k) covers any summation order (blocked BLAS,
+  // GPU split-k) and the bias and beta additions with a wide margin, while a wrong index
+  // or a skipped term is off by O(1).
+  const std::vector<double> ref = ref::gemm(x, m, w.values, n, k, bias, beta, y0);
+  EXPECT_TRUE(near_all(download(dy), ref, 1e-5 * std::sqrt(static_cast<double>(k))));
+}
+
+TEST_P(OpsTest, Gemm) {
+  // m = 1 takes the CPU's matrix-vector path, m > 1 the GEMM path.
+  for (const DType dtype : kDTypes)
+    for (const std::int64_t m : {1, 3, 17, 65})
+      for (const std::int64_t k : {7, 33, 129})
+        for (const std::int64_t n : {5, 31, 257})
+          for (const bool with_bias : {false, true})
+            for (const float beta : {0.0f, 1.0f}) check_gemm(dtype, m, k, n, with_bias, beta);
+}
+
+TEST_P(OpsTest, GemmAcrossPanels) {
+  // n = 1000 rows of k = 300 split into several weight panels whichever way the CPU sizes
+  // them (from m: small panels for few rows, large ones for m > 16), so panel offsets into
+  // w, y and bias are exercised.
+  for (const DType dtype : kDTypes)
+    for (const std::int64_t m : {1, 4, 33})
+      for (const bool with_bias : {false, true})
+        for (const float beta : {0.0f, 1.0f}) check_gemm(dtype, m, 300, 1000, with_bias, beta);
+}
+
+// ---------------------------------------------------------------------------- norms
+
+// Each output is a few fp32 operations on the row statistics. Mean and variance reduce
+// over at most 1000 elements, whose fp32 error (any order) stays below ~1e-6 relative, and
+// the per-row offset in [-4, 4] costs at most 2^-24 * 4 / std(x) ~ 4e-7 in x - mean; hence
+// 1e-5 relative.
+constexpr double kNormTol = 1e-5;
+
+TEST_P(OpsTest, LayerNorm) {
+  for (const std::int64_t rows : {1, 3, 17})
+    for (const std::int64_t cols : {7, 33, 257, 1000})
+      for (const bool with_bias : {false, true})
+        for (const bool in_place : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "rows=" << rows << " cols=" << cols << (with_bias ? " bias" : "")
+                                            << (in_place ? " in place" : ""));
+          std::vector<float> x = random_floats(rng_, rows * cols);
+          std::uniform_real_distribution<float> offset(-4.0f, 4.0f);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const float o = offset(rng_);
+            for (std::int64_t c = 0; c < cols; ++c) x[sz(r * cols + c)] += o;
+          }
+          const std::vector<float> weight = random_floats(rng_, cols, 0.5f, 1.5f);
+          const std::vector<float> bias = with_bias ? random_floats(rng_, cols) : std::vector<float>{};
+          const DeviceBuffer dx = upload(x), dw = upload(weight);
+          const DeviceBuffer db = with_bias ? upload(bias) : DeviceBuffer{};
+          const DeviceBuffer dy = in_place ? DeviceBuffer{} : upload(std::vector<float>(x.size(), kNaN));
+          const DeviceBuffer& out = in_place ? dx : dy;
+
+          NormArgs a;
+          a.x = dx.as<float>();
+          a.y = out.as<float>();
+          a.rows = rows;
+          a.cols = cols;
+          a.weight = dw.as<float>();
+          a.bias = db.as<float>();
+          a.eps = 1e-5f;
+          backend_->layer_norm(a);
+          EXPECT_TRUE(near_all(download(out), ref::layer_norm(x, rows, cols, weight, bias, a.eps), kNormTol));
+        }
+}
+
+TEST_P(OpsTest, RmsNorm) {
+  for (const std::int64_t rows : {1, 3, 17})
+    for (const std::int64_t cols : {7, 33, 257, 1000})
+      for (const bool in_place : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "rows=" << rows << " cols=" << cols << (in_place ? " in place" : ""));
+        const std::vector<float> x = random_floats(rng_, rows * cols, -3.0f, 3.0f);
+        const std::vector<float> weight = random_floats(rng_, cols, 0.5f, 1.5f);
+        const DeviceBuffer dx = upload(x), dw = upload(weight);
+        const DeviceBuffer dy = in_place ? DeviceBuffer{} : upload(std::vector<float>(x.size(), kNaN));
+        const DeviceBuffer& out = in_place ? dx : dy;
+
+        NormArgs a;
+        a.x = dx.as<float>();
+        a.y = out.as<float>();
+        a.rows = rows;
+        a.cols = cols;
+        a.weight = dw.as<float>();
+        a.eps = 1e-6f;
+        backend_->rms_norm(a);
+        EXPECT_TRUE(near_all(download(out), ref::rms_norm(x, rows, cols, weight, a.eps), kNormTol));
+      }
+}
+
+// ---------------------------------------------------------------------------- rope
+
+TEST_P(OpsTest, Rope) {
+  for (const RopeLayout layout : {RopeLayout::RotateHalf, RopeLayout::Interleaved})
+    for (const std::int64_t tokens : {1, 5, 33})
+      for (const std::int64_t heads : {1, 3})
+        for (const std::int64_t head_dim : {8, 16, 64})
+          for (const float theta : {10000.0f, 500000.0f}) {
+            SCOPED_TRACE(::testing::Message()
+                         << (layout == RopeLayout::Interleaved ? "interleaved" : "rotate-half") << " tokens=" << tokens
+                         << " heads=" << heads << " head_dim=" << head_dim << " theta=" << theta);
+            const std::vector<float> x = random_floats(rng_, tokens * heads * head_dim);
+            std::uniform_int_distribution<std::int32_t> pos(0, 4095);
+            std::vector<std::int32_t> positions(sz(tokens));
+            for (std::int32_t& p : positions) p = pos(rng_);
+            positions[0] = 0;  // the identity rotation
+            const DeviceBuffer dx = upload(x);
+
+            RopeArgs a;
+            a.x = dx.as<float>();
+            a.tokens = tokens;
+            a.heads = heads;
+            a.head_dim = head_dim;
+            a.positions = positions;
+            a.theta = theta;
+            a.layout = layout;
+            backend_->rope(a);
+
+            // An fp32 angle p * theta^(-2i/d) is off by up to 2^-23 relative (rounded
+            // frequency, rounded product), i.e. p * 1.2e-7 rad, which moves an element by
+            // up to |pair| <= sqrt(2) times that: allow p * 4e-7 on top of 1e-5 relative.
+            const std::vector<double> ref = ref::rope(x, tokens, heads, head_dim, positions, theta, layout);
+            EXPECT_TRUE(near_all(download(dx), ref, [&](std::size_t i) {
+              return 1e-5 * std::max(1.0, std::abs(ref[i])) + 4e-7 * positions[i / sz(heads * head_dim)];
+            }));
+          }
+}
+
+// ---------------------------------------------------------------------------- element-wise
+
+// Sizes around the CPU's 16384-element chunks and a GPU's block widths.
+constexpr std::int64_t kElementwiseSizes[] = {1, 7, 1000, 2 * 16384 + 5};
+
+TEST_P(OpsTest, Activations) {
+  for (const std::int64_t n : kElementwiseSizes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const std::vector<float> x = random_floats(rng_, n, -6.0f, 6.0f);
+    const DeviceBuffer relu = upload(x), gelu = upload(x);
+    backend_->activation(Activation::Relu, relu.as<float>(), n);
+    backend_->activation(Activation::Gelu, gelu.as<float>(), n);
+    EXPECT_TRUE(exact_all(download(relu), ref::activation(Activation::Relu, x)));
+    // A few fp32 operations and erf (accurate to a few ulp): 1e-5 relative.
+    EXPECT_TRUE(near_all(download(gelu), ref::activation(Activation::Gelu, x), 1e-5));
+  }
+}
+
+TEST_P(OpsTest, SiluMul) {
+  enum class Alias { None, Gate, Up };
+  constexpr const char* kAliasNames[] = {"nothing", "gate", "up"};
+  for (const std::int64_t n : kElementwiseSizes)
+    for (const Alias alias : {Alias::None, Alias::Gate, Alias::Up}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " out aliases " << kAliasNames[static_cast<int>(alias)]);
+      const std::vector<float> gate = random_floats(rng_, n, -8.0f, 8.0f), up = random_floats(rng_, n, -2.0f, 2.0f);
+      const DeviceBuffer dg = upload(gate), du = upload(up);
+      const DeviceBuffer dout = alias == Alias::None ? upload(std::vector<float>(sz(n), kNaN)) : DeviceBuffer{};
+      const DeviceBuffer& out = alias == Alias::Gate ? dg : alias == Alias::Up ? du : dout;
+      backend_->silu_mul(dg.as<float>(), du.as<float>(), out.as<float>(), n);
+      // exp, a division and a product, each within a few ulp: 1e-5 relative.
+      EXPECT_TRUE(near_all(download(out), ref::silu_mul(gate, up), 1e-5));
+    }
+}
+
+TEST_P(OpsTest, Add) {
+  for (const std::int64_t n : kElementwiseSizes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const std::vector<float> x = random_floats(rng_, n, -4.0f, 4.0f), y = random_floats(rng_, n, -4.0f, 4.0f);
+    const DeviceBuffer dx = upload(x), dy = upload(y);
+    backend_->add(dx.as<float>(), dy.as<float>(), n);
+    // One fp32 addition: the exact double sum rounded to fp32.
+    EXPECT_TRUE(exact_all(download(dx), ref::add(x, y)));
+  }
+}
+
+// ---------------------------------------------------------------------------- embedding
+
+TEST_P(OpsTest, Embedding) {
+  constexpr std::int64_t kRows = 50, kOffset = 2;  // OPT's learned positions start at row 2
+  for (const DType dtype : kDTypes)
+    for (const std::int64_t cols : {7, 64, 129})
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " cols=" << cols << (accumulate ? " accumulate" : ""));
+        const StoredMatrix table = store(random_floats(rng_, kRows * cols), dtype);
+        // Both ends of the valid range, a repeat, and random ids.
+        std::vector<std::int32_t> ids = {0, kRows - kOffset - 1, 5, 5};
+        std::uniform_int_distribution<std::int32_t> id(0, kRows - kOffset - 1);
+        for (int i = 0; i < 5; ++i) ids.push_back(id(rng_));
+        const std::int64_t n = static_cast<std::int64_t>(ids.size());
+        const std::vector<float> out0 =
+            accumulate ? random_floats(rng_, n * cols) : std::vector<float>(sz(n * cols), kNaN);
+        const DeviceBuffer dt = upload(table.bytes), dout = upload(out0);
+
+        EmbeddingArgs a;
+        a.ids = ids;
+        a.offset = kOffset;
+        a.table = {dt.data(), dtype, kRows, cols};
+        a.out = dout.as<float>();
+        a.accumulate = accumulate;
+        backend_->embedding(a);
+        // A copy, or one fp32 addition: exact.
+        EXPECT_TRUE(exact_all(download(dout), ref::embedding(ids, kOffset, table.values, cols, accumulate, out0)));
+      }
+}
+
+TEST_P(OpsTest, EmbeddingOutOfRangeThrows) {
+  constexpr std::int64_t kRows = 10, kCols = 4;
+  const StoredMatrix table = store(random_floats(rng_, kRows * kCols), DType::F32);
+  const DeviceBuffer dt = upload(table.bytes), dout = upload(std::vector<float>(2 * kCols, kNaN));
+  // Row ids[i] + offset: 8 + 2 is one past the end, -3 + 2 is before the start.
+  for (const std::int32_t bad : {8, -3}) {
+    SCOPED_TRACE(::testing::Message() << "id " << bad);
+    const std::vector<std::int32_t> ids = {0, bad};
+    EmbeddingArgs a;
+    a.ids = ids;
+    a.offset = 2;
+    a.table = {dt.data(), DType::F32, kRows, kCols};
+    a.out = dout.as<float>();
+    EXPECT_THROW(backend_->embedding(a), std::out_of_range);
+  }
+}
+
+// ---------------------------------------------------------------------------- attention
+
+struct AttentionConfig {
+  std::int64_t n_heads, n_kv_heads, head_dim;
+};
+// GQA groups of 1, 2 and 4 query heads per kv head, and a single kv head (MQA).
+constexpr AttentionConfig kAttentionConfigs[] = {{2, 2, 8}, {4, 2, 16}, {8, 2, 64}, {4, 1, 16}};
+
+AttentionShape shape_of(const AttentionConfig& c) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+}
+
+// Scores are fp32 dot products over head_dim <= 64, outputs fp32 sums of p * v over up to
+// 150 keys (|v| <= 1, sum p = 1), column sums fp32 sums of up to group * 150 probabilities.
+// Their rounding grows like sqrt(reduction length) * 2^-24, a few 1e-6 at most;
+// 1e-5 * sqrt(64) relative also leaves room for a GPU's fast exp and summation order.
+constexpr double kAttentionTol = 8e-5;
+
+TEST_P(OpsTest, AttentionPrefill) {
+  // Ragged lengths, incl. length 1 and sequences across the CPU's 64-query tiles.
+  const std::vector<std::int64_t> lens = {1, 150, 5, 64, 65, 1};
+  std::vector<std::int64_t> offsets = {0};
+  for (const std::int64_t n : lens) offsets.push_back(offsets.back() + n);
+  const std::int64_t T = offsets.back();
+
+  for (const AttentionConfig& c : kAttentionConfigs)
+    for (const bool with_col_sums : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << " kv_heads=" << c.n_kv_heads
+                                        << " head_dim=" << c.head_dim << (with_col_sums ? " col_sums" : ""));
+      const AttentionShape s = shape_of(c);
+      // q in [-3, 3] gives peaked as well as flat softmax rows.
+      const std::vector<float> q = random_floats(rng_, T * c.n_heads * c.head_dim, -3.0f, 3.0f);
+      const std::vector<float> k = random_floats(rng_, T * c.n_kv_heads * c.head_dim);
+      const std::vector<float> v = random_floats(rng_, T * c.n_kv_heads * c.head_dim);
+      const DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v);
+      const DeviceBuffer dout = upload(std::vector<float>(q.size(), kNaN));
+      const DeviceBuffer dcol = with_col_sums ? upload(std::vector<float>(sz(T * c.n_kv_heads), kNaN)) : DeviceBuffer{};
+
+      AttentionPrefillArgs a;
+      a.shape = s;
+      a.q = dq.as<float>();
+      a.k = dk.as<float>();
+      a.v = dv.as<float>();
+      a.out = dout.as<float>();
+      a.seq_offsets = offsets;
+      a.col_sums = dcol.as<float>();
+      backend_->attention_prefill(a);
+
+      const ref::PrefillResult ref = ref::attention_prefill(s, q, k, v, offsets);
+      EXPECT_TRUE(near_all(download(dout), ref.out, kAttentionTol));
+      if (with_col_sums) {
+        EXPECT_TRUE(near_all(download(dcol), ref.col_sums, kAttentionTol));
+      }
+    }
+}
+
+TEST_P(OpsTest, AttentionDecode) {
+  const std::vector<std::int64_t> lens = {1, 17, 64, 100, 150};
+  constexpr std::int64_t kCapacity = 160;
+  const std::int64_t B = static_cast<std::int64_t>(lens.size());
+
+  for (const AttentionConfig& c : kAttentionConfigs)
+    for (const bool with_probs : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << " kv_heads=" << c.n_kv_heads
+                                        << " head_dim=" << c.head_dim << (with_probs ? " probs" : ""));
+      const AttentionShape s = shape_of(c);
+      const std::int64_t D = c.head_dim, cache_size = B * c.n_kv_heads * kCapacity * D;
+      const std::vector<float> q = random_floats(rng_, B * c.n_heads * D, -3.0f, 3.0f);
+      std::vector<float> k = random_floats(rng_, cache_size), v = random_floats(rng_, cache_size);
+      // Slots >= len hold no token (old or uninitialised data): NaN there must not leak.
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t g = 0; g < c.n_kv_heads; ++g) {
+          const std::int64_t begin = ((b * c.n_kv_heads + g) * kCapacity + lens[sz(b)]) * D;
+          const std::int64_t end = (b * c.n_kv_heads + g + 1) * kCapacity * D;
+          std::fill(k.begin() + begin, k.begin() + end, kNaN);
+          std::fill(v.begin() + begin, v.begin() + end, kNaN);
+        }
+      // All NaN: slots < len must be written, slots >= len left untouched.
+      const std::vector<float> probs0(sz(B * c.n_kv_heads * kCapacity), kNaN);
+      const DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v);
+      const DeviceBuffer dout = upload(std::vector<float>(q.size(), kNaN));
+      const DeviceBuffer dprobs = with_probs ? upload(probs0) : DeviceBuffer{};
+
+      AttentionDecodeArgs a;
+      a.shape = s;
+      a.q = dq.as<float>();
+      a.k_cache = dk.as<float>();
+      a.v_cache = dv.as<float>();
+      a.capacity = kCapacity;
+      a.lens = lens;
+      a.out = dout.as<float>();
+      a.probs = dprobs.as<float>();
+      backend_->attention_decode(a);
+
+      const ref::DecodeResult ref = ref::attention_decode(s, q, k, v, kCapacity, lens, probs0);
+      EXPECT_TRUE(near_all(download(dout), ref.out, kAttentionTol));
+      if (with_probs) {
+        EXPECT_TRUE(near_all(download(dprobs), ref.probs, kAttentionTol));
+      }
+    }
+}
+
+TEST_P(OpsTest, KvWrite) {
+  constexpr std::int64_t kSeqs = 3, kCapacity = 13, kRows = 10;
+  for (const std::int64_t n_kv_heads : {1, 2})
+    for (const std::int64_t head_dim : {8, 64}) {
+      SCOPED_TRACE(::testing::Message() << "kv_heads=" << n_kv_heads << " head_dim=" << head_dim);
+      // Distinct random (sequence, slot) targets.
+      std::vector<std::int64_t> targets(sz(kSeqs * kCapacity));
+      std::iota(targets.begin(), targets.end(), 0);
+      std::shuffle(targets.begin(), targets.end(), rng_);
+      std::vector<std::int64_t> seq, slot;
+      for (std::int64_t r = 0; r < kRows; ++r) {
+        seq.push_back(targets[sz(r)] / kCapacity);
+        slot.push_back(targets[sz(r)] % kCapacity);
+      }
+      const std::vector<float> src = random_floats(rng_, kRows * n_kv_heads * head_dim);
+      const std::vector<float> cache0 = random_floats(rng_, kSeqs * n_kv_heads * kCapacity * head_dim);
+      const DeviceBuffer dsrc = upload(src), dcache = upload(cache0);
+
+      KvWriteArgs a;
+      a.src = dsrc.as<float>();
+      a.cache = dcache.as<float>();
+      a.n_kv_heads = n_kv_heads;
+      a.head_dim = head_dim;
+      a.capacity = kCapacity;
+      a.seq = seq;
+      a.slot = slot;
+      backend_->kv_write(a);
+      EXPECT_TRUE(exact_all(download(dcache), ref::kv_write(src, cache0, n_kv_heads, head_dim, kCapacity, seq, slot)));
+    }
+}
+
+// ---------------------------------------------------------------------------- sampling
+
+std::vector<std::int32_t> OpsTest::sample(const DeviceBuffer& logits, std::int64_t vocab, const SamplingParams& p,
+                                          const std::vector<std::uint64_t>& streams, std::uint64_t step) {
+  std::vector<std::int32_t> out(streams.size(), -1);
+  SampleArgs a;
+  a.logits = logits.as<float>();
+  a.batch = static_cast<std::int64_t>(streams.size());
+  a.vocab = vocab;
+  a.params = p;
+  a.streams = streams;
+  a.step = step;
+  a.out = out;
+  backend_->sample(a);
+  return out;
+}
+
+std::vector<std::uint64_t> iota_streams(std::size_t n) {
+  std::vector<std::uint64_t> s(n);
+  std::iota(s.begin(), s.end(), std::uint64_t{0});
+  return s;
+}
+
+std::int32_t argmax(std::span<const float> row) {
+  return static_cast<std::int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+TEST_P(OpsTest, SampleGreedy) {
+  constexpr std::int64_t kVocab = 1000;
+  std::vector<float> logits = random_floats(rng_, 4 * kVocab);
+  logits[kVocab + 17] = logits[kVocab + 500] = 5.0f;                           // row 1: tie, lowest id wins
+  std::fill(logits.begin() + 2 * kVocab, logits.begin() + 3 * kVocab, 0.25f);  // row 2: all tied
+  logits[4 * kVocab - 1] = 5.0f;                                               // row 3: maximum at the end
+  const std::vector<std::int32_t> want = {argmax(std::span(logits).first(kVocab)), 17, 0, kVocab - 1};
+  const DeviceBuffer d = upload(logits);
+  for (const float temperature : {0.0f, -1.0f}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.seed = rng_();
+    EXPECT_EQ(sample(d, kVocab, p, iota_streams(4), 3), want) << "temperature " << temperature;
+  }
+}
+
+TEST_P(OpsTest, SampleIsCounterBased) {
+  // 64 rows of the same nearly flat distribution over 1000 tokens: two independent draws
+  // coincide with probability ~1e-3, so rows of different streams, steps or seeds differ.
+  constexpr std::int64_t kVocab = 1000, kBatch = 64;
+  const std::vector<float> row = random_floats(rng_, kVocab, 0.0f, 1.0f);
+  std::vector<float> logits;
+  for (std::int64_t r = 0; r < kBatch; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  const DeviceBuffer d = upload(logits);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = rng_();
+  std::vector<std::uint64_t> streams(kBatch);
+  for (std::uint64_t& s : streams) s = (std::uint64_t{rng_()} << 32) | rng_();
+
+  const std::vector<std::int32_t> first = sample(d, kVocab, p, streams, 7);
+  EXPECT_EQ(sample(d, kVocab, p, streams, 7), first) << "same (seed, stream, step), same token";
+  // A stream's token does not depend on its row in the batch.
+  std::vector<std::uint64_t> reversed(streams.rbegin(), streams.rend());
+  std::vector<std::int32_t> back = sample(d, kVocab, p, reversed, 7);
+  std::reverse(back.begin(), back.end());
+  EXPECT_EQ(back, first) << "batch position changed the tokens";
+
+  const auto count_differing = [&](const std::vector<std::int32_t>& other) {
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < first.size(); ++i) n += other[i] != first[i];
+    return n;
+  };
+  EXPECT_GE(std::set<std::int32_t>(first.begin(), first.end()).size(), 48u) << "streams should draw independently";
+  EXPECT_GE(count_differing(sample(d, kVocab, p, streams, 8)), 56) << "steps should draw independently";
+  SamplingParams other_seed = p;
+  other_seed.seed = p.seed + 1;
+  EXPECT_GE(count_differing(sample(d, kVocab, other_seed, streams, 7)), 56) << "seeds should draw independently";
+}
+
+TEST_P(OpsTest, SampleTinyTopPIsArgmax) {
+  constexpr std::int64_t kVocab = 257, kBatch = 32;
+  const std::vector<float> logits = random_floats(rng_, kBatch * kVocab, -3.0f, 3.0f);
+  std::vector<std::int32_t> want;
+  for (std::int64_t r = 0; r < kBatch; ++r) want.push_back(argmax(std::span(logits).subspan(sz(r * kVocab), kVocab)));
+  const DeviceBuffer d = upload(logits);
+  for (const float temperature : {0.5f, 1.0f, 2.0f}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.top_p = 1e-6f;  // the nucleus is the most likely token alone
+    p.seed = rng_();
+    for (std::uint64_t step = 0; step < 10; ++step)
+      EXPECT_EQ(sample(d, kVocab, p, iota_streams(kBatch), step), want)
+          << "temperature " << temperature << " step " << step;
+  }
+}
+
+// How often each token came up in `draws`.
+std::vector<double> token_frequencies(const std::vector<std::int32_t>& draws, std::int64_t vocab) {
+  std::vector<double> freq(sz(vocab), 0.0);
+  for (const std::int32_t t : draws) {
+    if (t < 0 || t >= vocab) {
+      ADD_FAILURE() << "token " << t << " outside the vocabulary";
+      continue;
+    }
+    freq[sz(t)] += 1.0 / static_cast<double>(draws.size());
+  }
+  return freq;
+}
+
+// 20000 draws from one logits row: 100 copies of it (streams 0..99) at steps 0..199. A
+// frequency over 20000 draws has standard deviation <= 0.0036, so 0.02 is > 5 sigma.
+std::vector<std::int32_t> OpsTest::draw_20000(const std::vector<float>& row, const SamplingParams& p) {
+  constexpr std::int64_t kBatch = 100, kSteps = 200;
+  std::vector<float> logits;
+  for (std::int64_t r = 0; r < kBatch; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  const DeviceBuffer d = upload(logits);
+  std::vector<std::int32_t> draws;
+  for (std::uint64_t step = 0; step < kSteps; ++step) {
+    const std::vector<std::int32_t> out =
+        sample(d, static_cast<std::int64_t>(row.size()), p, iota_streams(kBatch), step);
+    draws.insert(draws.end(), out.begin(), out.end());
+  }
+  return draws;
+}
+
+TEST_P(OpsTest, SampleFrequencies) {
+  const std::vector<float> row = random_floats(rng_, 5, -1.5f, 1.5f);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = rng_();
+  const std::vector<double> freq = token_frequencies(draw_20000(row, p), 5);
+  const std::vector<double> want = ref::sampling_distribution(row, 1.0f, 1.0f);
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(freq[i], want[i], 0.02) << "token " << i;
+}
+
+TEST_P(OpsTest, SampleNucleus) {
+  // Probabilities {0.4, 0.3, 0.2, 0.1} at top_p 0.5: the nucleus is {0, 1} (0.4 < 0.5 <= 0.7),
+  // renormalised to {4/7, 3/7}.
+  const std::vector<float> row = {std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.5f;
+  p.seed = rng_();
+  const std::vector<double> freq = token_frequencies(draw_20000(row, p), 4);
+  EXPECT_EQ(freq[2], 0.0);
+  EXPECT_EQ(freq[3], 0.0);
+  EXPECT_NEAR(freq[0], 4.0 / 7.0, 0.02);
+  EXPECT_NEAR(freq[1], 3.0 / 7.0, 0.02);
+}
+
+TEST_P(OpsTest, SampleMatchesReference) {
+  // Tokens must not depend on the backend: every backend maps the draw
+  // sampling_uniform(seed, stream, step) to a token as the reference does.
+  constexpr std::int64_t kVocab = 300, kBatch = 64;
+  const std::vector<float> logits = random_floats(rng_, kBatch * kVocab, -4.0f, 4.0f);
+  const DeviceBuffer d = upload(logits);
+  std::vector<std::uint64_t> streams(kBatch);
+  for (std::uint64_t& s : streams) s = (std::uint64_t{rng_()} << 32) | rng_();
+  const std::pair<float, float> settings[] = {{0.0f, 1.0f}, {0.7f, 0.9f}, {1.0f, 1.0f}, {1.5f, 0.3f}};
+  for (const auto& [temperature, top_p] : settings) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.top_p = top_p;
+    p.seed = rng_();
+    const std::uint64_t step = rng_();
+    const std::vector<std::int32_t> got = sample(d, kVocab, p, streams, step);
+    for (std::int64_t r = 0; r < kBatch; ++r) {
+      const double u = sampling_uniform(p.seed, streams[sz(r)], step);
+      EXPECT_EQ(got[sz(r)], ref::sample_token(std::span(logits).subspan(sz(r * kVocab), kVocab), p, u))
+          << "row " << r << " temperature " << temperature << " top_p " << top_p;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- dtype.h
+
+using DtypeTest = SeededTest;
+
+// The value of half-precision bits per IEEE 754 binary16, independent of f16_to_f32.
+double half_value(std::uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double mag = e == 0 ? std::ldexp(m, -24)
+                     : e == 31
+                         ? (m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity())
+                         : std::ldexp(1024 + m, e - 25);
+  return (h & 0x8000) ? -mag : mag;
+}
+
+// Whether `bits` (f16 or bf16, given by value() and the bits of +inf) is x rounded to
+// nearest, ties to even. Rounding past the largest finite value gives inf exactly where
+// rounding with an unbounded exponent would reach 2^(emax+1), so +inf takes that value.
+template <class Value>
+::testing::AssertionResult rounds_to_nearest_even(float x, std::uint16_t bits, std::uint16_t inf_bits,
+                                                  double overflow_value, Value value) {
+  const auto fail = [&] {
+    return ::testing::AssertionFailure() << std::hexfloat << x << " gave 0x" << std::hex << bits;
+  };
+  if (((bits & 0x8000) != 0) != std::signbit(x)) return fail() << " (sign)";
+  const std::uint16_t mag = bits & 0x7fff;
+  if (mag > inf_bits) return fail() << " (NaN)";
+  const auto val = [&](int b) { return b == inf_bits ? overflow_value : value(static_cast<std::uint16_t>(b)); };
+  const double a = std::abs(static_cast<double>(x)), d = std::abs(a - val(mag));
+  for (const int nb : {mag - 1, mag + 1}) {
+    if (nb < 0 || nb > inf_bits) continue;
+    const double dn = std::abs(a - val(nb));
+    if (dn < d || (dn == d && (mag & 1))) return fail() << " (0x" << nb << " is nearer or even)";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult f16_ok(float x) {
+  return rounds_to_nearest_even(x, f32_to_f16(x), 0x7c00, 65536.0, half_value);
+}
+::testing::AssertionResult bf16_ok(float x) {
+  return rounds_to_nearest_even(x, f32_to_bf16(x), 0x7f80, std::ldexp(1.0, 128),
+                                [](std::uint16_t b) { return static_cast<double>(bf16_to_f32(b)); });
+}
+
+// The values where rounding is hardest: every midpoint between two adjacent finite
+// positive values of a 16-bit type (value(b), value(b+1)) and the floats either side of
+// it, both signs. Midpoints have one more significant bit than the type, so fp32 holds them.
+template <class Value>
+std::vector<float> midpoints(std::uint16_t inf_bits, double overflow_value, Value value) {
+  std::vector<float> xs;
+  for (int b = 0; b < inf_bits; ++b) {
+    const double next = b + 1 == inf_bits ? overflow_value : value(static_cast<std::uint16_t>(b + 1));
+    const float mid = static_cast<float>((value(static_cast<std::uint16_t>(b)) + next) / 2);
+    for (const float x :
+         {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, std::numeric_limits<float>::infinity())}) {
+      xs.push_back(x);
+      xs.push_back(-x);
+    }
+  }
+  return xs;
+}
+
+// Random floats with exponents in [lo, hi], random mantissas and signs.
+std::vector<float> random_floats_by_exponent(std::mt19937& rng, std::size_t n, int lo, int hi) {
+  std::uniform_int_distribution<int> exp(lo, hi);
+  std::vector<float> xs(n);
+  for (float& x : xs) {
+    const std::uint32_t bits = (rng() & 0x807fffffu) | (static_cast<std::uint32_t>(exp(rng) + 127) << 23);
+    x = std::bit_cast<float>(bits);
+  }
+  return xs;
+}
+
+TEST_F(DtypeTest, F16RoundTripsEveryHalf) {
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const auto h = static_cast<std::uint16_t>(i);
+    const float f = f16_to_f32(h);
+    if (std::isnan(half_value(h))) {
+      EXPECT_TRUE(std::isnan(f)) << std::hex << i;
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f)))) << "NaN 0x" << std::hex << i << " did not stay NaN";
+      continue;
+    }
+    EXPECT_EQ(f, half_value(h)) << "0x" << std::hex << i;
+    EXPECT_EQ(std::signbit(f), (h & 0x8000) != 0) << "0x" << std::hex << i;
+    EXPECT_EQ(f32_to_f16(f), h) << "0x" << std::hex << i;
+  }
+}
+
+TEST_F(DtypeTest, F16RoundingHandPicked) {
+  const std::pair<float, std::uint16_t> cases[] = {
+      {1.0f, 0x3c00},
+      {-2.0f, 0xc000},
+      {0.1f, 0x2e66},
+      {0x1.002p0f, 0x3c00},     // 1 + half an ulp: tie, to even (down)
+      {0x1.006p0f, 0x3c02},     // 1 + 3 half ulps: tie, to even (up)
+      {0x1.00201p0f, 0x3c01},   // just above the tie
+      {0x1.001ffep0f, 0x3c00},  // just below the tie
+      {65504.0f, 0x7bff},       // largest half
+      {65519.0f, 0x7bff},
+      {std::nextafter(65520.0f, 0.0f), 0x7bff},
+      {65520.0f, 0x7c00},  // tie between 65504 and 2^16: to even, i.e. overflow to inf
+      {-65520.0f, 0xfc00},
+      {1e10f, 0x7c00},
+      {std::numeric_limits<float>::infinity(), 0x7c00},
+      {-std::numeric_limits<float>::infinity(), 0xfc00},
+      {0.0f, 0x0000},
+      {-0.0f, 0x8000},
+      {0x1p-14f, 0x0400},      // smallest normal
+      {0x1.ffcp-15f, 0x0400},  // tie between the largest subnormal and it: to even
+      {0x1.ff8p-15f, 0x03ff},  // largest subnormal
+      {0x1p-24f, 0x0001},      // smallest subnormal
+      {0x1.8p-24f, 0x0002},    // 1.5 ulp: tie, to even (up)
+      {0x1.4p-23f, 0x0002},    // 2.5 ulp: tie, to even (down)
+      {0x1p-25f, 0x0000},      // half the smallest subnormal: tie, to even (zero)
+      {-0x1p-25f, 0x8000},
+      {std::nextafter(0x1p-25f, 1.0f), 0x0001},
+      {std::numeric_limits<float>::denorm_min(), 0x0000},
+  };
+  for (const auto& [x, want] : cases)
+    EXPECT_EQ(f32_to_f16(x), want) << std::hexfloat << x << ": got 0x" << std::hex << f32_to_f16(x);
+  const std::uint16_t nan = f32_to_f16(kNaN);
+  EXPECT_TRUE((nan & 0x7c00) == 0x7c00 && (nan & 0x3ff) != 0) << std::hex << nan;
+}
+
+TEST_F(DtypeTest, F16RoundsToNearestEven) {
+  for (const float x : midpoints(0x7c00, 65536.0, half_value)) EXPECT_TRUE(f16_ok(x));
+  // Exponents from below half's subnormals (2^-26) to beyond its range (2^17).
+  for (const float x : random_floats_by_exponent(rng_, 1 << 18, -26, 17)) EXPECT_TRUE(f16_ok(x));
+}
+
+TEST_F(DtypeTest, Bf16Rounding) {
+  const auto bf16_value = [](std::uint16_t b) { return static_cast<double>(bf16_to_f32(b)); };
+  const std::pair<float, std::uint16_t> cases[] = {
+      {1.0f, 0x3f80},
+      {-2.0f, 0xc000},
+      {0x1.01p0f, 0x3f80},                          // tie, to even (down)
+      {0x1.03p0f, 0x3f82},                          // tie, to even (up)
+      {0x1.01001p0f, 0x3f81},                       // just above the tie
+      {std::bit_cast<float>(0x7f7f7fffu), 0x7f7f},  // just below the tie with overflow
+      {std::bit_cast<float>(0x7f7f8000u), 0x7f80},  // tie between the largest bf16 and 2^128: inf
+      {std::numeric_limits<float>::max(), 0x7f80},
+      {std::numeric_limits<float>::infinity(), 0x7f80},
+      {-std::numeric_limits<float>::infinity(), 0xff80},
+      {-0.0f, 0x8000},
+      {std::bit_cast<float>(0x00008000u), 0x0000},  // subnormal tie, to even (zero)
+      {std::bit_cast<float>(0x00018000u), 0x0002},  // subnormal tie, to even (up)
+  };
+  for (const auto& [x, want] : cases)
+    EXPECT_EQ(f32_to_bf16(x), want) << std::hexfloat << x << ": got 0x" << std::hex << f32_to_bf16(x);
+  const std::uint16_t nan = f32_to_bf16(kNaN);
+  EXPECT_TRUE((nan & 0x7f80) == 0x7f80 && (nan & 0x7f) != 0) << std::hex << nan;
+  // A signalling NaN whose payload lies only in the low 16 bits must not become inf.
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::bit_cast<float>(0x7f800001u)))));
+
+  // Round trip of a random sample of bf16 values (every bf16 is an fp32 value).
+  for (int i = 0; i < 4096; ++i) {
+    const auto b = static_cast<std::uint16_t>(rng_());
+    if (std::isnan(bf16_to_f32(b))) continue;
+    EXPECT_EQ(f32_to_bf16(bf16_to_f32(b)), b) << std::hex << b;
+  }
+  for (const float x : midpoints(0x7f80, std::ldexp(1.0, 128), bf16_value)) EXPECT_TRUE(bf16_ok(x));
+  for (const float x : random_floats_by_exponent(rng_, 1 << 18, -127, 127)) EXPECT_TRUE(bf16_ok(x));
+}
+
+// Bit-equal, or both NaN (the F16C path may quieten signalling NaNs).
+::testing::AssertionResult same_float(float got, float want) {
+  if (std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want) || (std::isnan(got) && std::isnan(want)))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << std::hexfloat << got << " != " << want;
+}
+
+TEST_F(DtypeTest, ConvertToF32MatchesScalar) {
+  // 7 is all tail, 1000 all 8-wide vectors, 1001 both.
+  for (const std::size_t n : {7u, 1000u, 1001u}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    std::vector<std::uint16_t> bits(n);  // every kind of value: zeros, subnormals, inf, NaN
+    for (std::uint16_t& b : bits) b = static_cast<std::uint16_t>(rng_());
+    std::vector<float> got(n);
+    convert_to_f32(bits.data(), DType::F16, got.data(), n);
+    for (std::size_t i = 0; i < n; ++i) EXPECT_TRUE(same_float(got[i], f16_to_f32(bits[i]))) << "f16 [" << i << "]";
+    convert_to_f32(bits.data(), DType::BF16, got.data(), n);
+    for (std::size_t i = 0; i < n; ++i) EXPECT_TRUE(same_float(got[i], bf16_to_f32(bits[i]))) << "bf16 [" << i << "]";
+    const std::vector<float> xs = random_floats(rng_, static_cast<std::int64_t>(n));
+    convert_to_f32(xs.data(), DType::F32, got.data(), n);
+    EXPECT_EQ(got, xs);
+  }
+}
+
+TEST_F(DtypeTest, ConvertFromF32MatchesScalar) {
+  // Values over half's whole range incl. subnormals, overflow and rounding ties.
+  std::vector<float> pool = random_floats_by_exponent(rng_, 2000, -26, 17);
+  const std::vector<float> ties = midpoints(0x7c00, 65536.0, half_value);
+  std::sample(ties.begin(), ties.end(), std::back_inserter(pool), 2000, rng_);
+  pool.insert(pool.end(), {0.0f, -0.0f, 65520.0f, std::numeric_limits<float>::infinity(), kNaN});
+  std::shuffle(pool.begin(), pool.end(), rng_);
+  for (const std::size_t n : {7u, 1000u, 1001u}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const std::vector<float> xs(pool.end() - static_cast<std::ptrdiff_t>(n), pool.end());
+    std::vector<std::uint16_t> got(n);
+    convert_from_f32(xs.data(), DType::F16, got.data(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      EXPECT_TRUE(same_float(f16_to_f32(got[i]), f16_to_f32(f32_to_f16(xs[i])))) << "f16 of " << xs[i];
+    convert_from_f32(xs.data(), DType::BF16, got.data(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      EXPECT_TRUE(same_float(bf16_to_f32(got[i]), bf16_to_f32(f32_to_bf16(xs[i])))) << "bf16 of " << xs[i];
+  }
+}
+
+TEST_F(DtypeTest, ConvertBetweenHalfTypes) {
+  // f16 -> bf16 goes through fp32 in chunks of 4096: 5000 elements cross a chunk.
+  constexpr std::size_t kN = 5000;
+  std::vector<std::uint16_t> f16(kN), bf16(kN), back(kN);
+  for (std::uint16_t& b : f16) b = static_cast<std::uint16_t>(rng_());
+  convert(f16.data(), DType::F16, bf16.data(), DType::BF16, kN);
+  for (std::size_t i = 0; i < kN; ++i)
+    EXPECT_TRUE(same_float(bf16_to_f32(bf16[i]), bf16_to_f32(f32_to_bf16(f16_to_f32(f16[i]))))) << i;
+  convert(bf16.data(), DType::BF16, back.data(), DType::F16, kN);
+  for (std::size_t i = 0; i < kN; ++i)
+    EXPECT_TRUE(same_float(f16_to_f32(back[i]), f16_to_f32(f32_to_f16(bf16_to_f32(bf16[i]))))) << i;
+}
+
+}  // namespace
+}  // namespace flexh2o::kernels
