@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Newcomer command 2: run the test suite (unit + e2e; gpu tests skip without a GPU),
-# then the file parsers' tests again under AddressSanitizer + UBSan.
+# Newcomer command 2: the code that parses untrusted files or does raw disk I/O, under
+# AddressSanitizer + UBSan; then the whole suite (unit + e2e; gpu tests skip without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
+
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLEXH2O_SANITIZE=ON -DFLEXH2O_CUDA=OFF \
+  -DFLEXH2O_BENCH=OFF >/dev/null
+sanitized=(test_safetensors test_tokenizer test_loaders test_offload)
+cmake --build build-asan -j"$jobs" --target "${sanitized[@]}"
+for t in "${sanitized[@]}"; do
+  echo "== $t (AddressSanitizer + UBSan)"
+  ./build-asan/tests/"$t" --gtest_brief=1
+done
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXH2O_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs" -L 'unit|e2e|gpu'
-
-# Everything that parses untrusted files, rebuilt with sanitizers.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLEXH2O_SANITIZE=ON -DFLEXH2O_CUDA=OFF \
-  -DFLEXH2O_BENCH=OFF >/dev/null
-cmake --build build-asan -j"$jobs" --target test_safetensors test_tokenizer test_loaders
-ctest --test-dir build-asan --output-on-failure -j"$jobs" -L parsers
