@@ -1,17 +1,13 @@
 #include "engine/loaders/dummy_weights.h"
 
+#include "kernels/hash.h"
+
 #include <stdexcept>
 #include <vector>
 
 namespace flexh2o::engine {
 
 namespace {
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 // FNV-1a: a name hash that is the same with every standard library.
 std::uint64_t name_hash(const std::string& s) {
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -41,14 +37,14 @@ void DummyWeights::read_rows(const std::string& name, std::int64_t row_begin, st
   // Matrices: uniform with std 0.02 (OPT's init); norm weights near 1; biases small.
   const float scale = s.matrix ? 0.02f * 1.7320508f : (norm_weight ? 0.1f : 0.01f);
   const float base = norm_weight ? 1.0f : 0.0f;
-  const std::uint64_t key = mix(seed_ ^ name_hash(name));
+  const std::uint64_t key = kernels::splitmix64(seed_ ^ name_hash(name));
   const std::int64_t first = row_begin * s.cols, count = (row_end - row_begin) * s.cols;
   constexpr std::int64_t kChunk = 1 << 16;
   std::vector<float> buf(static_cast<std::size_t>(std::min(count, kChunk)));
   for (std::int64_t i = 0; i < count; i += kChunk) {
     const std::int64_t n = std::min(kChunk, count - i);
     for (std::int64_t e = 0; e < n; ++e) {
-      const double u = static_cast<double>(mix(key + static_cast<std::uint64_t>(first + i + e)) >> 11) * 0x1.0p-53;
+      const double u = kernels::unit_interval(kernels::splitmix64(key + static_cast<std::uint64_t>(first + i + e)));
       buf[e] = base + scale * static_cast<float>(2.0 * u - 1.0);
     }
     kernels::convert_from_f32(buf.data(), to, static_cast<char*>(dst) + i * kernels::dtype_size(to),

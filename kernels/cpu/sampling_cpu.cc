@@ -7,21 +7,13 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/hash.h"
 
 namespace flexh2o::kernels {
 
-namespace {
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
 double sampling_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t step) {
   const std::uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ step);
-  return static_cast<double>(h >> 11) * 0x1.0p-53;  // 53 random bits -> [0, 1)
+  return unit_interval(h);
 }
 
 void CpuBackend::sample(const SampleArgs& a) {

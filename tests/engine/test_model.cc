@@ -140,16 +140,22 @@ void expect_matches_reference(const ModelConfig& cfg, const HostWeights& w, doub
   }
 }
 
-TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {
-  const ModelConfig cfg = testing::tiny_opt_config();
-  // Larger weights than the dummy default so that attention is far from uniform.
+// fp32 weights of the config's shape; matrices drawn from N(0, stddev) with the test's seed,
+// larger than the dummy default so that attention is far from uniform.
+HostWeights random_fp32_weights(const ModelConfig& cfg, float stddev) {
   engine::DummyWeights src(cfg, 7);
   HostWeights w = engine::load_weights(cfg, src);
   std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
-  std::normal_distribution<float> nd(0.0f, 0.15f);
+  std::normal_distribution<float> nd(0.0f, stddev);
   for (auto& [name, t] : w)
     if (t.cols > 1)
       for (std::int64_t i = 0; i < t.rows * t.cols; ++i) reinterpret_cast<float*>(t.data.get())[i] = nd(rng);
+  return w;
+}
+
+TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {
+  const ModelConfig cfg = testing::tiny_opt_config();
+  const HostWeights w = random_fp32_weights(cfg, 0.15f);
   testing::TempDir dir;
   testing::export_hf_checkpoint(dir.path(), cfg, w, kernels::DType::F32, false);
   engine::HfCheckpoint hf(dir.path());
@@ -160,13 +166,7 @@ TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {
 
 TEST(RandomLlama, GqaModelMatchesStraightforwardImplementation) {
   ModelConfig cfg = testing::tiny_llama_config();
-  engine::DummyWeights src(cfg, 11);
-  HostWeights w = engine::load_weights(cfg, src);
-  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
-  std::normal_distribution<float> nd(0.0f, 0.2f);
-  for (auto& [name, t] : w)
-    if (t.cols > 1)
-      for (std::int64_t i = 0; i < t.rows * t.cols; ++i) reinterpret_cast<float*>(t.data.get())[i] = nd(rng);
+  const HostWeights w = random_fp32_weights(cfg, 0.2f);
   expect_matches_reference(cfg, w, 1e-4);
   cfg.rope_layout = kernels::RopeLayout::Interleaved;
   expect_matches_reference(cfg, w, 1e-4);
