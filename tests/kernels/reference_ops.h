@@ -141,6 +141,14 @@ inline std::vector<double> embedding(std::span<const std::int32_t> ids, std::int
   return out;
 }
 
+// Softmax of attention scores, max-subtracted.
+inline void softmax_in_place(std::vector<double>& p) {
+  const double mx = *std::max_element(p.begin(), p.end());
+  double sum = 0.0;
+  for (double& e : p) sum += e = std::exp(e - mx);
+  for (double& e : p) e /= sum;
+}
+
 struct PrefillResult {
   std::vector<double> out;       // [T, n_heads * head_dim]
   std::vector<double> col_sums;  // [T * n_kv_heads], layout of AttentionPrefillArgs::col_sums
@@ -166,10 +174,7 @@ inline PrefillResult attention_prefill(const AttentionShape& s, std::span<const 
                 static_cast<double>(q[sz((t0 + i) * q_stride + h * D + d)]) * k[sz((t0 + j) * kv_stride + g * D + d)];
           p[sz(j)] = s.scale * dot;
         }
-        const double mx = *std::max_element(p.begin(), p.end());
-        double sum = 0.0;
-        for (double& e : p) sum += e = std::exp(e - mx);
-        for (double& e : p) e /= sum;
+        softmax_in_place(p);
         for (std::int64_t d = 0; d < D; ++d) {
           double acc = 0.0;
           for (std::int64_t j = 0; j <= i; ++j) acc += p[sz(j)] * v[sz((t0 + j) * kv_stride + g * D + d)];
@@ -208,10 +213,7 @@ inline DecodeResult attention_decode(const AttentionShape& s, std::span<const fl
           dot += static_cast<double>(q[sz((b * s.n_heads + h) * D + d)]) * k_cache[sz(cache + j * D + d)];
         p[sz(j)] = s.scale * dot;
       }
-      const double mx = *std::max_element(p.begin(), p.end());
-      double sum = 0.0;
-      for (double& e : p) sum += e = std::exp(e - mx);
-      for (double& e : p) e /= sum;
+      softmax_in_place(p);
       for (std::int64_t d = 0; d < D; ++d) {
         double acc = 0.0;
         for (std::int64_t j = 0; j < n; ++j) acc += p[sz(j)] * v_cache[sz(cache + j * D + d)];
