@@ -65,14 +65,11 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     res.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
   const std::int64_t capacity = max_prompt + req.max_new_tokens;
-  std::vector<KvCache> caches(static_cast<std::size_t>(cfg_.n_layers));
-  const std::size_t cache_bytes = static_cast<std::size_t>(B * cfg_.n_kv_heads * capacity * cfg_.head_dim) * sizeof(float);
-  for (auto& c : caches) {
-    c.k = {be_, cache_bytes};
-    c.v = {be_, cache_bytes};
-    c.capacity = capacity;
-  }
+  std::vector<KvCache> caches;
+  for (std::int64_t l = 0; l < cfg_.n_layers; ++l) caches.emplace_back(be_, cfg_, B, capacity);
   Activations act(be_, cfg_, res.prompt_tokens, B);
+  kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(res.prompt_tokens * cfg_.hidden) * sizeof(float));
+  act.hidden = hidden.as<float>();
 
   std::vector<std::int32_t> next(static_cast<std::size_t>(B));
   std::vector<float> host_logits;
@@ -82,7 +79,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
   auto run_step = [&](const StepBatch& s, std::int64_t step) {
     for (const auto& layer : layers_) {
       const std::int64_t c = layer->cache_index();
-      layer->forward(be_, weights_, s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)]);
+      layer->forward(be_, weights_, s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
     }
     if (req.on_logits) {
       host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));

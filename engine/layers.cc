@@ -36,8 +36,8 @@ class InputEmbed final : public Layer {
     return {"tok_embed"};
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
-               KvCache*) const override {
-    float* h = act.hidden.as<float>();
+               const KvView*) const override {
+    float* h = act.hidden;
     be.embedding({s.token_ids, 0, get(w, "tok_embed"), h, false});
     if (cfg_.family == Family::Opt) be.embedding({s.positions, 2, get(w, "pos_embed"), h, true});
   }
@@ -58,12 +58,12 @@ class Attention final : public Layer {
     return n;
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
-               KvCache* cache) const override {
+               const KvView* cache) const override {
     if (!cache) throw std::logic_error("attention layer run without a KV cache");
     const std::int64_t rows = s.rows();
     const bool bias = cfg_.has_bias();
     auto b = [&](const char* n) { return bias ? vec(w, p_ + n) : nullptr; };
-    float* h = act.hidden.as<float>();
+    float* h = act.hidden;
     float* x = act.normed.as<float>();
     norm(be, cfg_, w, p_ + "attn_norm", h, x, rows);
     float *q = act.q.as<float>(), *k = act.k.as<float>(), *v = act.v.as<float>();
@@ -74,15 +74,22 @@ class Attention final : public Layer {
       be.rope({q, rows, cfg_.n_heads, cfg_.head_dim, s.positions, cfg_.rope_theta, cfg_.rope_layout});
       be.rope({k, rows, cfg_.n_kv_heads, cfg_.head_dim, s.positions, cfg_.rope_theta, cfg_.rope_layout});
     }
-    be.kv_write({k, cache->k.as<float>(), cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, s.row_seq, s.row_slot});
-    be.kv_write({v, cache->v.as<float>(), cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, s.row_seq, s.row_slot});
     const kernels::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                                         1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     float* o = act.attn.as<float>();
-    if (s.prefill) {
-      be.attention_prefill({shape, q, k, v, o, s.seq_offsets, nullptr});
-    } else {
-      be.attention_decode({shape, q, cache->k.as<float>(), cache->v.as<float>(), cache->capacity, s.lens, o, nullptr});
+    const std::int64_t qw = cfg_.n_heads * cfg_.head_dim, kw = cfg_.n_kv_heads * cfg_.head_dim;
+    for (const KvPart& part : cache->parts) {
+      // Each run of sequences attends over its own part of the cache: rows [r0, ...) of the step.
+      const bool whole = part.seq_begin == 0 && part.seq_end == s.batch();
+      const StepBatch sub = whole ? StepBatch{} : s.slice(part.seq_begin, part.seq_end);
+      const StepBatch& p = whole ? s : sub;
+      const std::int64_t r0 = whole ? 0 : s.first_row(part.seq_begin);
+      be.kv_write({k + r0 * kw, part.k, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot});
+      be.kv_write({v + r0 * kw, part.v, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot});
+      if (s.prefill)
+        be.attention_prefill({shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, p.seq_offsets, nullptr});
+      else
+        be.attention_decode({shape, q + r0 * qw, part.k, part.v, cache->capacity, p.lens, o + r0 * qw, nullptr});
     }
     be.gemm({o, rows, get(w, p_ + "wo"), b("bo"), h, 1.0f});  // residual: h += o @ wo^T
   }
@@ -103,9 +110,9 @@ class Mlp final : public Layer {
     return {p_ + "mlp_norm.weight", p_ + "w_gate", p_ + "w_up", p_ + "w_down"};
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
-               KvCache*) const override {
+               const KvView*) const override {
     const std::int64_t rows = s.rows();
-    float* h = act.hidden.as<float>();
+    float* h = act.hidden;
     float* x = act.normed.as<float>();
     float *a = act.ffn_a.as<float>(), *b = act.ffn_b.as<float>();
     norm(be, cfg_, w, p_ + "mlp_norm", h, x, rows);
@@ -137,9 +144,9 @@ class OutputEmbed final : public Layer {
     return n;
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
-               KvCache*) const override {
+               const KvView*) const override {
     const std::int64_t B = s.batch(), H = cfg_.hidden;
-    const float* h = act.hidden.as<float>();
+    const float* h = act.hidden;
     float* last = act.last.as<float>();
     for (std::int64_t b = 0; b < B; ++b)
       be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>(H) * sizeof(float));
@@ -157,7 +164,6 @@ Activations::Activations(kernels::Backend& be, const ModelConfig& c, std::int64_
     : max_rows(rows), max_batch(batch) {
   const auto f = sizeof(float);
   const auto r = static_cast<std::size_t>(rows);
-  hidden = {be, r * c.hidden * f};
   normed = {be, r * c.hidden * f};
   q = {be, r * c.n_heads * c.head_dim * f};
   attn = {be, r * c.n_heads * c.head_dim * f};
@@ -167,6 +173,19 @@ Activations::Activations(kernels::Backend& be, const ModelConfig& c, std::int64_
   ffn_b = {be, c.family == Family::Llama ? r * c.ffn * f : 0};
   last = {be, static_cast<std::size_t>(batch) * c.hidden * f};
   logits = {be, static_cast<std::size_t>(batch) * c.vocab_size * f};
+}
+
+std::int64_t Activations::bytes(const ModelConfig& c, std::int64_t rows, std::int64_t batch) {
+  const std::int64_t per_row = 2 * c.hidden + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim +
+                               (c.family == Family::Llama ? 2 : 1) * c.ffn;
+  return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + batch * (c.hidden + c.vocab_size));
+}
+
+KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity) {
+  const auto bytes = static_cast<std::size_t>(batch * cfg.n_kv_heads * capacity * cfg.head_dim) * sizeof(float);
+  k = {be, bytes};
+  v = {be, bytes};
+  view = {capacity, {{0, batch, k.as<float>(), v.as<float>()}}};
 }
 
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg) {

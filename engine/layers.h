@@ -16,17 +16,33 @@ namespace flexh2o::engine {
 // Weights on the compute device, by canonical name (vectors as [n, 1] fp32 matrices).
 using DeviceWeights = std::unordered_map<std::string, kernels::MatrixRef>;
 
-// The keys and values of one decoder layer for a batch: [B, kv_heads, capacity, head_dim].
-struct KvCache {
-  kernels::DeviceBuffer k, v;
+// The keys and values of one decoder layer for a batch, as the compute device sees them:
+// consecutive runs of sequences, each laid out [seqs, kv_heads, capacity, head_dim]. A run
+// can be resident (gpu tier), staged from cpu/disk, or (cpu_cache_compute) host memory
+// computed on by `backend`.
+struct KvPart {
+  std::int64_t seq_begin = 0, seq_end = 0;
+  float* k = nullptr;
+  float* v = nullptr;
+};
+struct KvView {
   std::int64_t capacity = 0;
+  std::vector<KvPart> parts;
+};
+
+// A cache owned in device memory, all sequences in one part (the plain in-memory run).
+struct KvCache {
+  KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity);
+  kernels::DeviceBuffer k, v;
+  KvView view;
 };
 
 // Device buffers for one batch's step, sized for at most `max_rows` rows and `max_batch` sequences.
 struct Activations {
   Activations(kernels::Backend& be, const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
+  static std::int64_t bytes(const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
   std::int64_t max_rows, max_batch;
-  kernels::DeviceBuffer hidden;  // [rows, hidden]: the residual stream between layers
+  float* hidden = nullptr;       // [rows, hidden]: the residual stream, owned by the caller
   kernels::DeviceBuffer normed;  // [rows, hidden]
   kernels::DeviceBuffer q, k, v, attn;  // [rows, heads * head_dim] (k, v: kv heads)
   kernels::DeviceBuffer ffn_a, ffn_b;   // [rows, ffn]
@@ -43,7 +59,7 @@ class Layer {
   virtual std::int64_t cache_index() const { return -1; }
   // `cache` is this layer's KV cache (Attention only; null for the others).
   virtual void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& step, Activations& act,
-                       KvCache* cache) const = 0;
+                       const KvView* cache) const = 0;
 };
 
 // The model as a flat list of layers in execution order.

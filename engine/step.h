@@ -20,6 +20,11 @@ struct StepBatch {
   std::int64_t rows() const { return static_cast<std::int64_t>(token_ids.size()); }
   std::int64_t batch() const { return static_cast<std::int64_t>(lens.size()); }
 
+  // The first row of sequence b.
+  std::int64_t first_row(std::int64_t b) const { return prefill ? seq_offsets[b] : b; }
+  // Sequences [b0, b1) as a batch of their own (rows, offsets and sequence indices rebased).
+  StepBatch slice(std::int64_t b0, std::int64_t b1) const;
+
   // Prefill of whole prompts into an empty cache.
   static StepBatch make_prefill(std::span<const std::vector<std::int32_t>> prompts);
   // One new token per sequence; `lens` are the cache lengths before the step.

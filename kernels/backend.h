@@ -34,6 +34,10 @@ class Backend {
   virtual void copy_on_device(void* dst, const void* src, std::size_t bytes) = 0;
   // Waits for all work issued to this backend.
   virtual void synchronize() = 0;
+  // Page-locks host memory so copies to and from the device can run asynchronously
+  // (cudaHostRegister). Returns false where the backend gains nothing from it (CPU).
+  virtual bool pin_host(void* /*p*/, std::size_t /*bytes*/) { return false; }
+  virtual void unpin_host(void* /*p*/) noexcept {}
 
   virtual void gemm(const GemmArgs& a) = 0;
   virtual void layer_norm(const NormArgs& a) = 0;

@@ -38,7 +38,7 @@ std::string_view trim(std::string_view s) {
 }
 
 [[noreturn]] void bad_size(std::string_view text, std::string_view why) {
-  throw std::invalid_argument("flexh2o: invalid size '" + std::string(text) + "': " + std::string(why) +
+  throw std::invalid_argument("invalid size '" + std::string(text) + "': " + std::string(why) +
                               " (expected e.g. 123, 512MiB, 16GiB, 1.5GB)");
 }
 
@@ -130,19 +130,19 @@ void Reservation::reset() noexcept {
 
 Budget::Budget(Tier tier, std::int64_t capacity) : tier_(tier), capacity_(capacity) {
   if (capacity < 0) {
-    throw std::invalid_argument("flexh2o: " + std::string(tier_name(tier)) + " tier: negative capacity " +
+    throw std::invalid_argument(std::string(tier_name(tier)) + " tier: negative capacity " +
                                 std::to_string(capacity));
   }
 }
 
 void Budget::reserve(std::int64_t bytes, std::string_view what) {
   if (bytes < 0) {
-    throw std::invalid_argument("flexh2o: " + std::string(tier_name(tier_)) + " tier: negative reservation " +
+    throw std::invalid_argument(std::string(tier_name(tier_)) + " tier: negative reservation " +
                                 std::to_string(bytes) + " for '" + std::string(what) + "'");
   }
   std::lock_guard lock(mu_);
   if (bytes > capacity_ - used_) {
-    throw BudgetExceeded("flexh2o: " + std::string(tier_name(tier_)) + " tier: cannot reserve " +
+    throw BudgetExceeded(std::string(tier_name(tier_)) + " tier: cannot reserve " +
                          format_bytes(bytes) + " for '" + std::string(what) + "': " + format_bytes(used_) +
                          " of " + format_bytes(capacity_) + " in use; " + hint_for(tier_));
   }

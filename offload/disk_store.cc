@@ -53,9 +53,10 @@ constexpr std::int64_t kBlock = DiskStore::kAlignment;
 // bounce buffer of this size, so kSlots bounds both memory and queue occupancy. 16 x 256 KiB
 // stays under the common 8 MiB RLIMIT_MEMLOCK that registered buffers are charged to.
 constexpr std::int64_t kChunkBytes = std::int64_t{256} << 10;
-// Transfers straight from/to the caller's aligned memory need no bounce buffer, so they
-// may be larger.
-constexpr std::int64_t kDirectChunkBytes = std::int64_t{1} << 20;
+// Transfers straight from/to the caller's aligned memory need no bounce buffer, so they may
+// be larger: kSlots requests of up to 64 MiB keep as many bytes queued as fio at the same block
+// size and depth (the block layer splits them further). io_uring lengths are 32-bit.
+constexpr std::int64_t kDirectChunkBytes = std::int64_t{64} << 20;
 constexpr int kSlots = 16;
 // Each chunk has at most two operations in flight, so the ring never fills.
 constexpr unsigned kQueueDepth = 64;
@@ -174,9 +175,12 @@ struct Op {
   Chunk* chunk = nullptr;
 };
 
+// A read reached the end of the file at op.offset + op.done (not an errno value).
+constexpr int kEndOfFile = -1;
+
 class CompletionSink {
  public:
-  // err is 0 or an errno value; called once per submitted op, on an engine thread.
+  // err is 0, an errno value or kEndOfFile; called once per submitted op, on an engine thread.
   virtual void on_complete(Op& op, int err) noexcept = 0;
 
  protected:
@@ -237,7 +241,8 @@ class ThreadPoolEngine final : public IoEngine {
     }
   }
 
-  // Resumes short transfers and retries EINTR; reading past the end of the file yields zeros.
+  // Resumes short transfers and retries EINTR; a read that reaches the end of the file stops
+  // there and reports kEndOfFile.
   static int execute(Op& op) {
     while (op.done < op.len) {
       std::byte* p = op.buf + op.done;
@@ -248,12 +253,7 @@ class ThreadPoolEngine final : public IoEngine {
         if (errno == EINTR) continue;
         return errno;
       }
-      if (r == 0) {
-        if (op.write) return EIO;
-        std::memset(p, 0, n);
-        op.done = op.len;
-        break;
-      }
+      if (r == 0) return op.write ? EIO : kEndOfFile;
       op.done += r;
     }
     return 0;
@@ -380,12 +380,8 @@ class UringEngine final : public IoEngine {
         continue;
       }
       if (res == 0) {
-        if (op->write) {
-          sink_.on_complete(*op, EIO);
-          continue;
-        }
-        std::memset(op->buf + op->done, 0, static_cast<std::size_t>(op->len - op->done));  // past EOF
-        op->done = op->len;
+        sink_.on_complete(*op, op->write ? EIO : kEndOfFile);
+        continue;
       } else {
         op->done += res;
       }
@@ -435,9 +431,11 @@ struct Chunk {
 };
 
 std::string io_error_message(const std::string& path, const Op& op, int err) {
-  std::string msg = "flexh2o: disk store: " + std::string(op.write ? "write" : "read") + " of " +
+  std::string msg = "disk store: " + std::string(op.write ? "write" : "read") + " of " +
                     std::to_string(op.len) + " bytes at offset " + std::to_string(op.offset) + " in " + path +
-                    " failed: " + errno_text(err);
+                    " failed: " +
+                    (err == kEndOfFile ? "the file ends before data written to it (truncated by someone else?)"
+                                       : errno_text(err));
   if (err == ENOSPC || err == EFBIG) {
     msg += "; the offload directory's disk is full";
     if (err == EFBIG) msg += " or the file size limit (ulimit -f) was reached";
@@ -447,7 +445,7 @@ std::string io_error_message(const std::string& path, const Op& op, int err) {
 }
 
 std::string invalid_region_message(const std::string& path, std::int64_t extent_offset) {
-  return "flexh2o: disk store: cannot read the extent at offset " + std::to_string(extent_offset) + " in " + path +
+  return "disk store: cannot read the extent at offset " + std::to_string(extent_offset) + " in " + path +
          ": an earlier write to it failed, so its contents are invalid";
 }
 
@@ -524,7 +522,7 @@ struct DiskStore::Impl final : CompletionSink {
       const std::string base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
       std::string tmpl = base + "/flexh2o-XXXXXX";
       if (::mkdtemp(tmpl.data()) == nullptr) {
-        throw std::runtime_error("flexh2o: cannot create an offload directory under " + base + ": " +
+        throw std::runtime_error("cannot create an offload directory under " + base + ": " +
                                  errno_text(errno) + "; set TMPDIR or use --offload-dir");
       }
       files.dir = tmpl;
@@ -534,7 +532,7 @@ struct DiskStore::Impl final : CompletionSink {
       if (::mkdir(requested.c_str(), 0700) == 0) {
         files.owns_dir = true;
       } else if (errno != EEXIST) {
-        throw std::runtime_error("flexh2o: cannot create offload directory " + requested + ": " + errno_text(errno) +
+        throw std::runtime_error("cannot create offload directory " + requested + ": " + errno_text(errno) +
                                  "; use --offload-dir with an existing writable directory");
       }
     }
@@ -543,7 +541,7 @@ struct DiskStore::Impl final : CompletionSink {
     std::string tmpl = files.dir + "/flexh2o-offload-XXXXXX";
     const int fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
     if (fd < 0) {
-      throw std::runtime_error("flexh2o: cannot create a file in offload directory " + files.dir + ": " +
+      throw std::runtime_error("cannot create a file in offload directory " + files.dir + ": " +
                                errno_text(errno) + "; use --offload-dir with a writable directory");
     }
     files.fd = fd;
@@ -552,20 +550,20 @@ struct DiskStore::Impl final : CompletionSink {
 
     // O_DIRECT keeps streamed weights/KV out of the page cache; some filesystems refuse it.
     const int fl = ::fcntl(fd, F_GETFL);
-    if (fl < 0) throw std::runtime_error("flexh2o: fcntl on " + files.path + ": " + errno_text(errno));
+    if (fl < 0) throw std::runtime_error("fcntl on " + files.path + ": " + errno_text(errno));
     if (::fcntl(fd, F_SETFL, fl | O_DIRECT) == 0) {
       direct = true;
     } else if (errno == EINVAL) {
       note_once(g_said_no_direct, "the filesystem of " + files.dir +
                                       " refuses O_DIRECT (e.g. tmpfs); using buffered disk I/O");
     } else {
-      throw std::runtime_error("flexh2o: cannot enable O_DIRECT on " + files.path + ": " + errno_text(errno));
+      throw std::runtime_error("cannot enable O_DIRECT on " + files.path + ": " + errno_text(errno));
     }
   }
 
   Extent allocate(std::int64_t bytes, std::string_view what) {
     if (bytes < 0 || bytes > std::numeric_limits<std::int64_t>::max() - kBlock) {
-      throw std::invalid_argument("flexh2o: disk store: invalid extent size " + std::to_string(bytes));
+      throw std::invalid_argument("disk store: invalid extent size " + std::to_string(bytes));
     }
     if (bytes == 0) return Extent{};
     const std::int64_t size = align_up(bytes);
@@ -598,7 +596,7 @@ struct DiskStore::Impl final : CompletionSink {
       std::lock_guard lock(mu);
       const auto it = live_extents.find(e.offset);
       if (it == live_extents.end() || it->second != e.bytes) {
-        throw std::invalid_argument("flexh2o: disk store: free of an extent that is not allocated (offset " +
+        throw std::invalid_argument("disk store: free of an extent that is not allocated (offset " +
                                     std::to_string(e.offset) + ", " + std::to_string(e.bytes) + " bytes)");
       }
       live_extents.erase(it);
@@ -629,20 +627,20 @@ struct DiskStore::Impl final : CompletionSink {
   Ticket submit(bool write, Extent e, std::int64_t offset, const std::byte* src, std::byte* dst, std::int64_t bytes) {
     const char* op_name = write ? "write" : "read";
     if (offset < 0 || bytes < 0 || offset > e.bytes - bytes) {
-      throw std::out_of_range("flexh2o: disk store: " + std::string(op_name) + " of " + std::to_string(bytes) +
+      throw std::out_of_range("disk store: " + std::string(op_name) + " of " + std::to_string(bytes) +
                               " bytes at offset " + std::to_string(offset) + " is outside the extent of " +
                               std::to_string(e.bytes) + " bytes");
     }
     auto state = std::make_shared<TicketState>();
     if (bytes == 0) return Ticket(state);
     if ((write ? static_cast<const void*>(src) : dst) == nullptr) {
-      throw std::invalid_argument("flexh2o: disk store: null buffer for a " + std::string(op_name));
+      throw std::invalid_argument("disk store: null buffer for a " + std::string(op_name));
     }
     {
       std::lock_guard lock(mu);
       const auto it = live_extents.find(e.offset);
       if (it == live_extents.end() || it->second != e.bytes) {
-        throw std::invalid_argument("flexh2o: disk store: " + std::string(op_name) +
+        throw std::invalid_argument("disk store: " + std::string(op_name) +
                                     " on an extent that is not allocated (offset " + std::to_string(e.offset) + ")");
       }
       if (!write && poisoned.count(e.offset) != 0) {
@@ -754,6 +752,19 @@ struct DiskStore::Impl final : CompletionSink {
 
   void on_complete(Op& op, int err) noexcept override {
     Chunk& c = *op.chunk;
+    if (err == kEndOfFile) {
+      // Past everything written so far the file may legitimately end (e.g. the head block of
+      // a fresh extent): that reads as zeros. Below it, the file was truncated under us.
+      if (op.offset + op.done >= written_end.load()) {
+        std::memset(op.buf + op.done, 0, static_cast<std::size_t>(op.len - op.done));
+        op.done = op.len;
+        err = 0;
+      }
+    } else if (err == 0 && op.write) {
+      std::int64_t end = op.offset + op.len, seen = written_end.load();
+      while (seen < end && !written_end.compare_exchange_weak(seen, end)) {
+      }
+    }
     if (err != 0) {
       int expected = 0;
       if (c.err.compare_exchange_strong(expected, err)) c.failed = &op;
@@ -812,6 +823,7 @@ struct DiskStore::Impl final : CompletionSink {
   std::map<std::int64_t, std::int64_t> free_ranges;   // offset -> aligned size, coalesced
   std::map<std::int64_t, std::int64_t> live_extents;  // offset -> requested bytes
   std::set<std::int64_t> poisoned;               // extents whose write failed
+  std::atomic<std::int64_t> written_end{0};      // end of the furthest successful write
   std::set<std::int64_t> locked_blocks;          // blocks under a read-modify-write
   std::vector<int> free_slots;
   std::array<Chunk, kSlots> chunks;

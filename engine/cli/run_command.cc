@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <random>
 
-#include "engine/generator.h"
+#include <nlohmann/json.hpp>
+
+#include "engine/block_scheduler.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
@@ -26,7 +29,8 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--out", o.out_file, "JSONL output of {\"id\", \"text\", \"tokens\"}, one line per prompt");
   run->add_option("--gen-len", o.gen_len, "new tokens per prompt (default 256 for the embedded model, else 32)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  run->add_option("--batch", o.batch, "sequences per batch")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  run->add_option("--batch", o.batch, "number of prompts for --prompt or synthetic prompts (default: one block)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   run->add_option("--prompt-len", o.prompt_len, "length of synthetic random prompts")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   run->add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
@@ -35,24 +39,55 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_flag("--dummy", o.dummy, "random weights of the model's shape (no checkpoint needed)");
   run->add_option("--dtype", o.dtype, "storage dtype of weight matrices: f32, f16 or bf16")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+
+  const char* sched = "Placement and schedule";
+  run->add_option("--policy", o.policy_file, "policy YAML (flags below override its fields)")->group(sched);
+  run->add_option("--percent", o.percent,
+                  "WG WC CG CC AG AC: percent of weights, KV cache and activations on gpu and cpu (the rest on disk)")
+      ->expected(6)
+      ->group(sched);
+  run->add_option("--gpu-batch-size", o.gpu_batch_size, "sequences per GPU batch")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->group(sched);
+  run->add_option("--num-gpu-batches", o.num_gpu_batches, "GPU batches per block (zig-zag)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->group(sched);
+  run->add_option("--overlap", o.overlap, "1: overlap transfers with compute (default), 0: run them in line")
+      ->check(CLI::Range(0, 1))
+      ->group(sched);
+  run->add_option("--sep-layer", o.sep_layer, "1: attention and MLP load separately (default), 0: together")
+      ->check(CLI::Range(0, 1))
+      ->group(sched);
+  run->add_option("--pin-weight", o.pin_weight, "1: pin cpu-tier memory (default), 0: pageable")
+      ->check(CLI::Range(0, 1))
+      ->group(sched);
+  run->add_flag("--cpu-cache-compute", o.cpu_cache_compute, "attend over a cpu-homed KV cache on the CPU")->group(sched);
+  run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
+  run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
+  run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
+  run->add_option("--offload-dir", o.offload_dir, "directory of the disk tier (default: a fresh temp directory)")
+      ->group(sched);
+  run->add_option("--metrics", o.metrics_file, "write throughput, peak bytes per tier and time per primitive as JSON");
+  run->add_option("--trace", o.trace_file, "write a Chrome trace (open in Perfetto), one track per stream");
   return run;
 }
 
 namespace {
 
-std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m) {
+// `count` prompts when none are given: --prompt repeated, or synthetic ones.
+std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m, std::int64_t count) {
   std::vector<PromptItem> items;
   if (!o.prompts_file.empty()) {
     items = read_prompts_jsonl(o.prompts_file);
     if (items.empty()) throw std::runtime_error(o.prompts_file + ": no prompts in the file");
   } else if (!o.prompt.empty() || m.tokenizer) {
     // A text prompt (empty: start from BOS), repeated to fill one batch.
-    for (std::int64_t i = 0; i < o.batch; ++i) items.push_back({std::to_string(i), o.prompt, {}});
+    for (std::int64_t i = 0; i < count; ++i) items.push_back({std::to_string(i), o.prompt, {}});
   } else {
     // No tokenizer and no prompts: random token prompts, as FlexGen's synthetic benchmarks use.
     std::mt19937_64 rng(o.seed);
     std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(m.config.vocab_size - 1));
-    for (std::int64_t i = 0; i < o.batch; ++i) {
+    for (std::int64_t i = 0; i < count; ++i) {
       PromptItem it{std::to_string(i), std::nullopt, {}};
       for (std::int64_t t = 0; t < o.prompt_len; ++t) it.tokens.push_back(tok(rng));
       items.push_back(std::move(it));
@@ -60,6 +95,49 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
   }
   tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name);
   return items;
+}
+
+
+policy::Policy make_policy(const RunOptions& o) {
+  policy::Policy p = o.policy_file.empty() ? policy::Policy{} : policy::load_policy_file(o.policy_file);
+  if (!o.percent.empty()) p.set_percent({o.percent[0], o.percent[1], o.percent[2], o.percent[3], o.percent[4], o.percent[5]});
+  // Without a policy file or --gpu-batch-size, all prompts of --batch form one GPU batch.
+  if (o.gpu_batch_size) p.gpu_batch_size = *o.gpu_batch_size;
+  else if (o.policy_file.empty()) p.gpu_batch_size = o.batch.value_or(1);
+  if (o.num_gpu_batches) p.num_gpu_batches = *o.num_gpu_batches;
+  if (o.overlap) p.overlap = *o.overlap != 0;
+  if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
+  if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
+  if (o.cpu_cache_compute) p.cpu_cache_compute = true;
+  p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
+  return p;
+}
+
+std::int64_t capacity(const std::string& text, const char* flag) {
+  if (text.empty()) return offload::Budget::kUnlimited;
+  try {
+    return offload::parse_bytes(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(flag) + ": " + e.what());
+  }
+}
+
+// Writes through a temporary file and a rename, so a killed run leaves no half-written file.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f != nullptr && std::fclose(f) != 0) f = nullptr;
+  if (!ok || f == nullptr || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + path);
+  }
+}
+
+std::int64_t tensor_bytes(const ModelConfig& c) {
+  std::int64_t b = 0;
+  for (const auto& w : weight_specs(c)) b += w.numel() * static_cast<std::int64_t>(kernels::dtype_size(w.dtype(c)));
+  return b;
 }
 
 }  // namespace
@@ -71,10 +149,18 @@ int run_command(const RunOptions& o) {
   mo.dummy = o.dummy;
   mo.seed = o.seed;
   if (!o.dtype.empty()) mo.dtype = kernels::parse_dtype(o.dtype);
+  const policy::Policy pol = make_policy(o);
+  offload::TierOptions to;
+  to.gpu_bytes = capacity(o.gpu_mem, "--gpu-mem");
+  to.cpu_bytes = capacity(o.cpu_mem, "--cpu-mem");
+  to.disk_bytes = capacity(o.disk_mem, "--disk-mem");
+  to.offload_dir = o.offload_dir;
+  to.pin_host = pol.pin_weight;
   ModelSource m = open_model(mo);
   const std::int64_t gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
 
-  std::vector<PromptItem> items = gather_prompts(o, m);
+  const std::int64_t count = o.batch.value_or(o.gpu_batch_size || !o.policy_file.empty() ? pol.block_size() : 1);
+  std::vector<PromptItem> items = gather_prompts(o, m, count);
   std::vector<std::vector<std::int32_t>> all_prompts;
   std::vector<std::string> ids;
   for (const auto& it : items) {
@@ -84,14 +170,17 @@ int run_command(const RunOptions& o) {
   check_prompts(m.config, all_prompts, gen_len, ids);  // fail before loading weights
 
   auto backend = kernels::make_cpu_backend();
-  const HostWeights weights = load_weights(m.config, *m.weights);
-  Generator gen(*backend, m.config, weights);
+  offload::Tiers tiers(*backend, to);
+  std::optional<offload::Trace> trace;
+  if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
+  BlockScheduler sched(*backend, tiers, m.config, *m.weights, pol, trace ? &*trace : nullptr);
   std::optional<JsonlWriter> out;
   if (!o.out_file.empty()) out.emplace(o.out_file);
 
   GenerationResult total;
-  for (std::size_t first = 0; first < items.size(); first += static_cast<std::size_t>(o.batch)) {
-    const std::size_t last = std::min(items.size(), first + static_cast<std::size_t>(o.batch));
+  const auto block = static_cast<std::size_t>(pol.block_size());
+  for (std::size_t first = 0; first < items.size(); first += block) {
+    const std::size_t last = std::min(items.size(), first + block);
     GenerationRequest req;
     req.max_new_tokens = gen_len;
     req.sampling = {o.temperature, o.top_p, o.seed};
@@ -99,7 +188,7 @@ int run_command(const RunOptions& o) {
       req.prompts.push_back(items[i].tokens);
       req.streams.push_back(i);
     }
-    GenerationResult r = gen.generate(req);
+    GenerationResult r = sched.generate(req);
     for (std::size_t i = first; i < last; ++i) {
       const auto& new_tokens = r.tokens[i - first];
       std::string text;
@@ -124,16 +213,63 @@ int run_command(const RunOptions& o) {
     total.generated_tokens += r.generated_tokens;
   }
   std::fflush(stdout);
+
+  // FlexGen's report: sizes, peak memory per tier, latency and throughput.
+  const ModelConfig& c = m.config;
   const double all_s = total.prefill_seconds + total.decode_seconds;
   const std::int64_t decoded = total.generated_tokens - static_cast<std::int64_t>(items.size());
+  const double prefill_tput = total.prompt_tokens / std::max(total.prefill_seconds, 1e-9);
+  const double decode_tput = decoded / std::max(total.decode_seconds, 1e-9);
+  const double total_tput = total.generated_tokens / std::max(all_s, 1e-9);
+  const std::int64_t max_prompt = std::ranges::max(all_prompts, {}, &std::vector<std::int32_t>::size).size();
+  const std::int64_t cache_bytes =
+      2 * c.n_layers * pol.block_size() * (max_prompt + gen_len) * c.n_kv_heads * c.head_dim * 4;
+  const std::int64_t hidden_bytes = pol.block_size() * max_prompt * c.hidden * 4;
+  using offload::Tier;
+  auto peak = [&](Tier t) { return tiers.budget(t).peak(); };
+  const auto pct = pol.percent();
   fmt::print(stderr,
              "model: {} ({} layers, hidden {}, {} weights)\n"
-             "prompts: {}, batch: {}, prompt tokens: {}, generated tokens: {}\n"
-             "prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.1f} tok/s\n",
-             m.description, m.config.n_layers, m.config.hidden, kernels::dtype_name(m.config.dtype), items.size(),
-             o.batch, total.prompt_tokens, total.generated_tokens, total.prefill_seconds,
-             total.prompt_tokens / std::max(total.prefill_seconds, 1e-9), total.decode_seconds,
-             decoded / std::max(total.decode_seconds, 1e-9), total.generated_tokens / std::max(all_s, 1e-9));
+             "model size: {} | cache size: {} | hidden size (prefill): {}\n"
+             "policy: gpu batch {} x {} batches, percent [{:g} {:g} {:g} {:g} {:g} {:g}], overlap {}, sep_layer {}, "
+             "cpu_cache_compute {}\n"
+             "peak memory: gpu {} | cpu {} | disk {}\n"
+             "prompts: {}, prompt tokens: {}, generated tokens: {}\n"
+             "prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
+             m.description, c.n_layers, c.hidden, kernels::dtype_name(c.dtype),
+             offload::format_bytes(tensor_bytes(c)), offload::format_bytes(cache_bytes),
+             offload::format_bytes(hidden_bytes), pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2],
+             pct[3], pct[4], pct[5], pol.overlap, pol.sep_layer, pol.cpu_cache_compute,
+             offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
+             offload::format_bytes(peak(Tier::Disk)), items.size(), total.prompt_tokens, total.generated_tokens,
+             total.prefill_seconds, prefill_tput, total.decode_seconds, decode_tput, all_s, total_tput);
+  if (!o.metrics_file.empty()) {
+    nlohmann::json j = {{"model", m.description},
+                        {"policy",
+                         {{"gpu_batch_size", pol.gpu_batch_size},
+                          {"num_gpu_batches", pol.num_gpu_batches},
+                          {"percent", pct},
+                          {"overlap", pol.overlap},
+                          {"sep_layer", pol.sep_layer},
+                          {"pin_weight", pol.pin_weight},
+                          {"cpu_cache_compute", pol.cpu_cache_compute},
+                          {"kv", pol.kv}}},
+                        {"prompts", items.size()},
+                        {"prompt_tokens", total.prompt_tokens},
+                        {"generated_tokens", total.generated_tokens},
+                        {"prefill_seconds", total.prefill_seconds},
+                        {"decode_seconds", total.decode_seconds},
+                        {"prefill_throughput", prefill_tput},
+                        {"decode_throughput", decode_tput},
+                        {"total_throughput", total_tput},
+                        {"model_bytes", tensor_bytes(c)},
+                        {"cache_bytes", cache_bytes},
+                        {"hidden_bytes", hidden_bytes},
+                        {"peak_bytes", {{"gpu", peak(Tier::Gpu)}, {"cpu", peak(Tier::Cpu)}, {"disk", peak(Tier::Disk)}}},
+                        {"time_by_primitive", trace->time_by_primitive()}};
+    write_file_atomically(o.metrics_file, j.dump(2) + "\n");
+  }
+  if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);
   return 0;
 }
 

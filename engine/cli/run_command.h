@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace flexh2o::cli {
 
@@ -14,13 +15,27 @@ struct RunOptions {
   std::string prompts_file;
   std::string out_file;
   std::optional<std::int64_t> gen_len;
-  std::int64_t batch = 1;
+  std::optional<std::int64_t> batch;
   std::int64_t prompt_len = 8;  // synthetic prompts (no --prompt/--prompts, model without tokenizer)
   float temperature = 0.0f;
   float top_p = 1.0f;
   std::uint64_t seed = 0;
   bool dummy = false;
   std::string dtype;
+
+  // Placement and schedule (FlexGen's flags); a --policy file first, then these override it.
+  std::string policy_file;
+  std::vector<double> percent;  // WG WC CG CC AG AC
+  std::optional<std::int64_t> gpu_batch_size;
+  std::optional<std::int64_t> num_gpu_batches;
+  std::optional<int> overlap, sep_layer, pin_weight;
+  bool cpu_cache_compute = false;
+  // Tier capacities and where the disk tier lives.
+  std::string gpu_mem, cpu_mem, disk_mem;
+  std::string offload_dir;
+  // Reports.
+  std::string metrics_file;
+  std::string trace_file;
 };
 
 CLI::App* add_run_command(CLI::App& app, RunOptions& opt);

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -88,6 +90,55 @@ TEST(Cli, BadInputGivesOneClearError) {
   const Result unknown = run("run --no-such-flag");
   EXPECT_NE(unknown.code, 0);
   EXPECT_LT(unknown.code, 128);
+}
+
+TEST(Cli, TieredRunGeneratesWhatTheInMemoryRunDoes) {
+  testing::TempDir dir;
+  const std::string offload = dir.file("offload");
+  ASSERT_EQ(std::system(("mkdir " + offload).c_str()), 0);
+  const Result plain = run("run --gen-len 40");
+  const Result tiered = run("run --gen-len 40 --percent 30 30 30 30 100 0 --offload-dir " + offload + " --metrics " +
+                            dir.file("m.json") + " --trace " + dir.file("t.json"));
+  ASSERT_EQ(tiered.code, 0) << tiered.err;
+  EXPECT_EQ(tiered.out, plain.out);
+  EXPECT_TRUE(std::filesystem::is_empty(offload)) << "offload files left behind";
+  const auto m = nlohmann::json::parse(testing::read_file(dir.file("m.json")));
+  for (const char* key : {"prefill_throughput", "decode_throughput", "total_throughput", "time_by_primitive"})
+    EXPECT_TRUE(m.contains(key)) << key;
+  EXPECT_GT(m["peak_bytes"]["disk"].get<std::int64_t>(), 0);
+  EXPECT_GT(m["peak_bytes"]["cpu"].get<std::int64_t>(), 0);
+  EXPECT_GT(m["time_by_primitive"]["load_weight"].get<double>(), 0.0);
+  const auto t = nlohmann::json::parse(testing::read_file(dir.file("t.json")));
+  std::set<std::string> tracks;
+  for (const auto& e : t["traceEvents"])
+    if (e["ph"] == "M") tracks.insert(e["args"]["name"].get<std::string>());
+  EXPECT_TRUE(tracks.count("compute") && tracks.count("copy: weights in")) << t.dump().substr(0, 400);
+}
+
+TEST(Cli, ZigZagBlocksGenerateWhatOneBatchDoes) {
+  const std::string common = "run --prompt 'The dog' --temperature 0.8 --gen-len 30 --batch 5";
+  const Result plain = run(common);
+  const Result zigzag = run(common + " --gpu-batch-size 2 --num-gpu-batches 2 --percent 50 20 40 30 60 20 --overlap 1");
+  const Result inline_ = run(common + " --gpu-batch-size 3 --num-gpu-batches 1 --percent 0 100 0 100 0 100 --overlap 0 "
+                                      "--sep-layer 0 --cpu-cache-compute");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(zigzag.out, plain.out) << zigzag.err;
+  EXPECT_EQ(inline_.out, plain.out) << inline_.err;
+  EXPECT_THAT(zigzag.err, HasSubstr("gpu batch 2 x 2 batches"));
+}
+
+TEST(Cli, BadPlacementGivesOneClearError) {
+  testing::TempDir dir;
+  expect_clean_error(run("run --gpu-mem 10KiB"), "gpu tier");
+  expect_clean_error(run("run --percent 0 10 100 0 100 0 --cpu-mem 20KiB"), "cpu tier");
+  expect_clean_error(run("run --percent 80 30 100 0 100 0"), "percent");
+  expect_clean_error(run("run --gpu-mem 12XB"), "--gpu-mem");
+  testing::write_file(dir.file("typo.yaml"), "gpu_batch_size: 4\nnum_gpu_batchs: 2\n");
+  expect_clean_error(run("run --policy " + dir.file("typo.yaml")), "num_gpu_batchs");
+  testing::write_file(dir.file("compress.yaml"), "compress_weight: true\n");
+  expect_clean_error(run("run --policy " + dir.file("compress.yaml")), "compress_weight");
+  testing::write_file(dir.file("file"), "x");
+  expect_clean_error(run("run --percent 0 0 100 0 100 0 --offload-dir " + dir.file("file") + "/sub"), dir.file("file"));
 }
 
 }  // namespace

@@ -1,0 +1,423 @@
+#include "engine/block_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+
+namespace flexh2o::engine {
+
+using offload::CopyPiece;
+using offload::CopyTicket;
+using offload::Place;
+using offload::Tier;
+using offload::TieredTensor;
+
+namespace {
+
+constexpr std::int64_t kAlign = 256;  // device sub-allocations stay aligned for vector loads
+std::int64_t aligned(std::int64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void wait_all(const std::vector<CopyTicket>& ts) {
+  for (const auto& t : ts) t.wait();
+}
+
+// A device buffer charged to the gpu-tier budget.
+struct GpuBuffer {
+  GpuBuffer() = default;
+  GpuBuffer(offload::Tiers& tiers, std::int64_t bytes, const std::string& what)
+      : reserved(tiers.budget(Tier::Gpu).reserve_scoped(bytes, what)),
+        buf(tiers.backend(), static_cast<std::size_t>(bytes)) {}
+  offload::Reservation reserved;
+  kernels::DeviceBuffer buf;
+  std::byte* data() const { return static_cast<std::byte*>(buf.data()); }
+};
+
+}  // namespace
+
+struct BlockScheduler::Unit {
+  std::string name;
+  std::vector<const Layer*> layers;
+  std::vector<std::string> weights;
+  std::int64_t cache_layer = -1;
+  bool first = false, last = false;
+};
+
+struct BlockScheduler::WeightSlot {
+  GpuBuffer buf;
+  std::int64_t seq = -1;  // which unit instance (step * units + unit) it holds or is fetching
+  DeviceWeights view;
+  CopyTicket ready;
+};
+
+// Device buffers of one compute in flight: its hidden states and its staged KV sequences.
+struct BlockScheduler::RingSlot {
+  GpuBuffer hidden, k, v;
+  std::vector<CopyTicket> loads;   // fetches into this slot for the compute it is assigned to
+  std::vector<CopyTicket> stores;  // write-backs reading this slot
+  std::int64_t assigned = -1;      // compute counter of its loads
+};
+
+struct BlockScheduler::Batch {
+  std::int64_t seq0 = 0, n = 0;  // sequences [seq0, seq0 + n) of the block
+  std::vector<std::vector<std::int32_t>> prompts;
+  StepBatch step;
+  std::unique_ptr<TieredTensor> hidden;       // [max rows, hidden]
+  std::vector<std::unique_ptr<TieredTensor>> k, v;  // per decoder layer: [n, kv_heads * capacity * head_dim]
+  std::int64_t resident_end = 0;  // sequences [0, resident_end) are attended where they live
+  CopyTicket hidden_stored;
+  std::vector<CopyTicket> cache_stored;
+};
+
+struct BlockScheduler::BlockState {
+  std::vector<Batch> batches;
+  std::vector<RingSlot> ring;
+  std::unique_ptr<Activations> act;
+  GpuBuffer act_buf;
+  std::int64_t capacity = 0;
+  std::int64_t staged_max = 0;  // most staged sequences of any batch
+  std::int64_t step = 0;
+  bool hidden_resident = true;
+  const GenerationRequest* req = nullptr;
+  std::vector<std::uint64_t> streams;
+  std::vector<std::int32_t> next;  // per block sequence
+  std::vector<float> host_logits;
+  // Outstanding copies touch the buffers above: wait for all of them before those go,
+  // also when a compute threw.
+  ~BlockState() {
+    for (auto& b : batches) {
+      for (const auto* t : {&b.hidden_stored}) try { t->wait(); } catch (...) {}
+      for (const auto& t : b.cache_stored) try { t.wait(); } catch (...) {}
+    }
+    for (auto& s : ring)
+      for (const auto* list : {&s.loads, &s.stores})
+        for (const auto& t : *list) try { t.wait(); } catch (...) {}
+  }
+};
+
+BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg,
+                               const WeightSource& source, const policy::Policy& policy, offload::Trace* trace,
+                               offload::CopyOptions copy)
+    : be_(be), tiers_(tiers), cfg_(cfg), policy_(policy), trace_(trace), layers_(build_layers(cfg_)) {
+  policy_.validate();
+  // Scheduling units: with sep_layer off, a decoder block's attention and MLP load together.
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const Layer* l = layers_[i].get();
+    const bool merge = !policy_.sep_layer && !units_.empty() && units_.back().cache_layer >= 0 &&
+                       units_.back().layers.size() == 1 && l->cache_index() < 0 && l->name().rfind("mlp.", 0) == 0;
+    if (!merge) units_.push_back({l->name(), {}, {}, l->cache_index(), false, false});
+    Unit& u = units_.back();
+    if (merge) u.name = "layer." + std::to_string(u.cache_layer);
+    u.layers.push_back(l);
+    for (auto& w : l->weight_names())
+      if (std::find(u.weights.begin(), u.weights.end(), w) == u.weights.end()) u.weights.push_back(w);
+  }
+  units_.front().first = true;
+  units_.back().last = true;
+
+  weights_ = load_tiered_weights(cfg_, source, tiers_, policy_.weights);
+  std::int64_t slot_bytes = 0;
+  for (const auto& u : units_) {
+    std::int64_t b = 0;
+    for (const auto& name : u.weights) {
+      const TieredTensor& t = *weights_.at(name);
+      if (t.entirely_on(Tier::Gpu))
+        resident_[name] = {t.place(0).ptr, t.dtype(), t.rows(), t.cols()};
+      else
+        b += aligned(t.bytes());
+    }
+    slot_bytes = std::max(slot_bytes, b);
+  }
+  if (slot_bytes > 0)
+    for (int i = 0; i < 2; ++i)
+      weight_slots_.push_back({GpuBuffer(tiers_, slot_bytes, "weight staging slot " + std::to_string(i)), -1, {}, {}});
+
+  copies_ = std::make_unique<offload::CopyEngine>(tiers_, copy, trace_);
+  lane_weights_ = copies_->add_lane("copy: weights in");
+  lane_cache_in_ = copies_->add_lane("copy: cache in");
+  lane_cache_out_ = copies_->add_lane("copy: cache out");
+  lane_hidden_in_ = copies_->add_lane("copy: hidden in");
+  lane_hidden_out_ = copies_->add_lane("copy: hidden out");
+}
+
+BlockScheduler::~BlockScheduler() = default;
+
+void BlockScheduler::issue_weights(std::int64_t unit, std::int64_t seq) {
+  if (weight_slots_.empty()) return;
+  WeightSlot& slot = weight_slots_[static_cast<std::size_t>(seq % 2)];
+  if (slot.seq == seq) return;
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  slot.seq = seq;
+  slot.view.clear();
+  std::vector<CopyPiece> pieces;
+  std::int64_t off = 0;
+  for (const auto& name : u.weights) {
+    if (auto it = resident_.find(name); it != resident_.end()) {
+      slot.view[name] = it->second;
+      continue;
+    }
+    const TieredTensor& t = *weights_.at(name);
+    std::byte* dst = slot.buf.data() + off;
+    slot.view[name] = {dst, t.dtype(), t.rows(), t.cols()};
+    auto p = t.pieces(0, t.rows(), Place::gpu(dst), false);
+    pieces.insert(pieces.end(), p.begin(), p.end());
+    off += aligned(t.bytes());
+  }
+  slot.ready = copies_->copy(lane_weights_, std::move(pieces), {"load_weight", u.name});
+}
+
+void BlockScheduler::issue_loads(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot) {
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  Batch& b = st.batches[static_cast<std::size_t>(k)];
+  const std::int64_t row_floats = cfg_.hidden;
+  // The slot's previous write-backs read its buffers: they must finish before it is refilled.
+  std::vector<CopyTicket> before = std::move(slot.stores);
+  slot.stores.clear();
+  slot.loads.clear();
+  if (!st.hidden_resident && !u.first) {
+    auto pieces = b.hidden->pieces(0, b.step.rows(), Place::gpu(slot.hidden.data()), false);
+    std::vector<CopyTicket> deps = before;
+    deps.push_back(b.hidden_stored);
+    slot.loads.push_back(copies_->submit(
+        lane_hidden_in_,
+        [this, deps, pieces = std::move(pieces)](offload::Staging& s) {
+          wait_all(deps);
+          offload::copy_pieces_now(tiers_, pieces, s, copies_->options());
+        },
+        {"load_hidden", u.name + " b" + std::to_string(k)}, b.step.rows() * row_floats * 4));
+  }
+  const std::int64_t staged = b.n - b.resident_end;
+  if (u.cache_layer >= 0 && staged > 0 && !b.step.prefill) {
+    // Only the valid slots of each (sequence, kv head): lens before this step's token.
+    const TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
+    const TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
+    const std::int64_t slot_bytes = cfg_.head_dim * 4, head_bytes = st.capacity * slot_bytes;
+    std::vector<CopyPiece> pieces;
+    std::int64_t bytes = 0;
+    for (std::int64_t s = b.resident_end; s < b.n; ++s) {
+      const std::int64_t valid = (b.step.lens[s] - 1) * slot_bytes;
+      const std::int64_t row_off = (s - b.resident_end) * kt.row_bytes();
+      for (std::int64_t h = 0; h < cfg_.n_kv_heads; ++h)
+        for (auto [t, base] : {std::pair{&kt, slot.k.data()}, std::pair{&vt, slot.v.data()}}) {
+          auto p = t->pieces(s, s + 1, Place::gpu(base + row_off), false, h * head_bytes, h * head_bytes + valid);
+          pieces.insert(pieces.end(), p.begin(), p.end());
+          bytes += valid;
+        }
+    }
+    std::vector<CopyTicket> deps = before;
+    deps.push_back(b.cache_stored[static_cast<std::size_t>(u.cache_layer)]);
+    slot.loads.push_back(copies_->submit(
+        lane_cache_in_,
+        [this, deps, pieces = std::move(pieces)](offload::Staging& s) {
+          wait_all(deps);
+          offload::copy_pieces_now(tiers_, pieces, s, copies_->options());
+        },
+        {"load_cache", u.name + " b" + std::to_string(k)}, bytes));
+  }
+  if (slot.loads.empty()) wait_all(before);  // nothing queued behind them: settle here
+}
+
+void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot,
+                             std::int64_t weight_seq) {
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  Batch& b = st.batches[static_cast<std::size_t>(k)];
+  const DeviceWeights* w = &resident_;
+  if (!weight_slots_.empty()) {
+    WeightSlot& ws = weight_slots_[static_cast<std::size_t>(weight_seq % 2)];
+    ws.ready.wait();
+    w = &ws.view;
+  }
+  wait_all(slot.loads);
+  Activations& act = *st.act;
+  act.hidden = st.hidden_resident ? static_cast<float*>(b.hidden->place(0).ptr)
+                                  : reinterpret_cast<float*>(slot.hidden.data());
+  KvView view{st.capacity, {}};
+  if (u.cache_layer >= 0) {
+    const TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
+    const TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
+    for (Tier t : {Tier::Gpu, Tier::Cpu}) {
+      const std::int64_t s0 = kt.split().begin[static_cast<int>(t)];
+      const std::int64_t s1 = std::min(kt.split().end[static_cast<int>(t)], b.resident_end);
+      if (s0 < s1) view.parts.push_back({s0, s1, static_cast<float*>(kt.place(s0).ptr), static_cast<float*>(vt.place(s0).ptr)});
+    }
+    if (b.resident_end < b.n)
+      view.parts.push_back({b.resident_end, b.n, reinterpret_cast<float*>(slot.k.data()),
+                            reinterpret_cast<float*>(slot.v.data())});
+  }
+  {
+    offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
+    for (const Layer* l : u.layers) l->forward(be_, *w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
+    if (u.last) {
+      const GenerationRequest& req = *st.req;
+      std::span<std::int32_t> next(st.next.data() + b.seq0, static_cast<std::size_t>(b.n));
+      std::span<const std::uint64_t> streams(st.streams.data() + b.seq0, static_cast<std::size_t>(b.n));
+      be_.sample({act.logits.as<float>(), b.n, cfg_.vocab_size, req.sampling, streams,
+                  static_cast<std::uint64_t>(st.step), next});
+      if (req.on_logits)
+        be_.copy_to_host(st.host_logits.data() + b.seq0 * cfg_.vocab_size, act.logits.data(),
+                         static_cast<std::size_t>(b.n * cfg_.vocab_size) * sizeof(float));
+    }
+  }
+}
+
+void BlockScheduler::issue_stores(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot) {
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  Batch& b = st.batches[static_cast<std::size_t>(k)];
+  if (!st.hidden_resident && !u.last) {
+    auto pieces = b.hidden->pieces(0, b.step.rows(), Place::gpu(slot.hidden.data()), true);
+    b.hidden_stored = copies_->copy(lane_hidden_out_, std::move(pieces), {"store_hidden", u.name + " b" + std::to_string(k)});
+    slot.stores.push_back(b.hidden_stored);
+  }
+  if (u.cache_layer >= 0 && b.resident_end < b.n) {
+    TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
+    TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
+    const std::int64_t slot_bytes = cfg_.head_dim * 4, head_bytes = st.capacity * slot_bytes;
+    std::vector<CopyPiece> pieces;
+    for (std::int64_t s = b.resident_end; s < b.n; ++s) {
+      const std::int64_t row_off = (s - b.resident_end) * kt.row_bytes();
+      // Prefill wrote slots [0, len); a decode step wrote slot len - 1.
+      const std::int64_t from = b.step.prefill ? 0 : (b.step.lens[s] - 1) * slot_bytes;
+      const std::int64_t to = b.step.lens[s] * slot_bytes;
+      for (std::int64_t h = 0; h < cfg_.n_kv_heads; ++h)
+        for (auto [t, base] : {std::pair{&kt, slot.k.data()}, std::pair{&vt, slot.v.data()}}) {
+          auto p = t->pieces(s, s + 1, Place::gpu(base + row_off), true, h * head_bytes + from, h * head_bytes + to);
+          pieces.insert(pieces.end(), p.begin(), p.end());
+        }
+    }
+    auto& stored = b.cache_stored[static_cast<std::size_t>(u.cache_layer)];
+    stored = copies_->copy(lane_cache_out_, std::move(pieces), {"store_cache", u.name + " b" + std::to_string(k)});
+    slot.stores.push_back(stored);
+  }
+  if (!policy_.overlap) wait_all(slot.stores);
+}
+
+GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
+  check_prompts(cfg_, req.prompts, req.max_new_tokens);
+  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
+  if (B > policy_.block_size())
+    throw std::invalid_argument("a block holds at most gpu_batch_size x num_gpu_batches = " +
+                                std::to_string(policy_.block_size()) + " prompts, got " + std::to_string(B));
+  GenerationResult res;
+  res.tokens.resize(static_cast<std::size_t>(B));
+  if (B == 0) return res;
+
+  BlockState st;
+  st.req = &req;
+  st.streams = req.streams;
+  if (st.streams.empty()) {
+    st.streams.resize(static_cast<std::size_t>(B));
+    std::iota(st.streams.begin(), st.streams.end(), 0);
+  }
+  st.next.resize(static_cast<std::size_t>(B));
+  if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
+  std::int64_t max_prompt = 0;
+  for (const auto& p : req.prompts) {
+    max_prompt = std::max<std::int64_t>(max_prompt, static_cast<std::int64_t>(p.size()));
+    res.prompt_tokens += static_cast<std::int64_t>(p.size());
+  }
+  st.capacity = max_prompt + req.max_new_tokens;
+  const std::int64_t kv_row = cfg_.n_kv_heads * st.capacity * cfg_.head_dim;
+  std::int64_t max_rows = 0;
+  const std::int64_t gbs = policy_.gpu_batch_size;
+  for (std::int64_t s0 = 0; s0 < B; s0 += gbs) {
+    Batch b;
+    b.seq0 = s0;
+    b.n = std::min(gbs, B - s0);
+    b.prompts.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
+    b.step = StepBatch::make_prefill(b.prompts);
+    const std::int64_t rows = std::max(b.step.rows(), b.n);
+    max_rows = std::max(max_rows, rows);
+    const std::string tag = " of batch " + std::to_string(st.batches.size());
+    b.hidden = std::make_unique<TieredTensor>(tiers_, "hidden states" + tag, kernels::DType::F32, rows, cfg_.hidden,
+                                              policy_.activations);
+    for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+      const std::string name = "KV cache of layer " + std::to_string(l) + tag;
+      b.k.push_back(std::make_unique<TieredTensor>(tiers_, "K " + name, kernels::DType::F32, b.n, kv_row, policy_.cache));
+      b.v.push_back(std::make_unique<TieredTensor>(tiers_, "V " + name, kernels::DType::F32, b.n, kv_row, policy_.cache));
+    }
+    const auto& split = b.k.front()->split();
+    b.resident_end = policy_.cpu_cache_compute ? split.end[1] : split.end[0];
+    b.cache_stored.resize(static_cast<std::size_t>(cfg_.n_layers));
+    st.hidden_resident = st.hidden_resident && b.hidden->entirely_on(Tier::Gpu);
+    st.staged_max = std::max(st.staged_max, b.n - b.resident_end);
+    st.batches.push_back(std::move(b));
+  }
+  st.act_buf = GpuBuffer(tiers_, Activations::bytes(cfg_, max_rows, gbs), "activation scratch");
+  st.act = std::make_unique<Activations>(be_, cfg_, max_rows, gbs);
+  st.ring.resize(3);
+  for (std::size_t i = 0; i < st.ring.size(); ++i) {
+    const std::string n = " (ring slot " + std::to_string(i) + ")";
+    if (!st.hidden_resident) st.ring[i].hidden = GpuBuffer(tiers_, max_rows * cfg_.hidden * 4, "hidden staging" + n);
+    if (st.staged_max > 0) {
+      st.ring[i].k = GpuBuffer(tiers_, st.staged_max * kv_row * 4, "K staging" + n);
+      st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row * 4, "V staging" + n);
+    }
+  }
+
+  const std::int64_t K = static_cast<std::int64_t>(st.batches.size());
+  const std::int64_t U = static_cast<std::int64_t>(units_.size());
+  std::vector<bool> done(static_cast<std::size_t>(B), false);
+  std::int64_t active = B;
+  std::int64_t counter = 0;  // computes so far: compute c uses ring slot c % 3
+  double t0 = now_seconds();
+  for (st.step = 0; active > 0; ++st.step) {
+    if (st.step > 0)
+      for (auto& b : st.batches) {
+        std::vector<std::int64_t> lens = b.step.lens;
+        b.step = StepBatch::make_decode(std::span(st.next).subspan(static_cast<std::size_t>(b.seq0), static_cast<std::size_t>(b.n)), lens);
+      }
+    for (std::int64_t u = 0; u < U; ++u) {
+      const std::int64_t wseq = st.step * U + u;
+      issue_weights(u, wseq);
+      for (std::int64_t k = 0; k < K; ++k, ++counter) {
+        RingSlot& slot = st.ring[static_cast<std::size_t>(counter % 3)];
+        if (slot.assigned != counter) {
+          issue_loads(st, u, k, slot);
+          slot.assigned = counter;
+        }
+        if (policy_.overlap) {
+          // Next unit's weights while this unit's K batches compute (the next step's first
+          // unit at the end; fetched in vain only after the very last step).
+          if (k == 0) issue_weights((u + 1) % U, wseq + 1);
+          // Next batch's activations and KV, when they do not depend on this compute.
+          const bool next_in_unit = k + 1 < K, next_unit = k + 1 == K && u + 1 < U && K > 1;
+          if (next_in_unit || next_unit) {
+            RingSlot& ns = st.ring[static_cast<std::size_t>((counter + 1) % 3)];
+            issue_loads(st, next_in_unit ? u : u + 1, next_in_unit ? k + 1 : 0, ns);
+            ns.assigned = counter + 1;
+          }
+        }
+        compute(st, u, k, slot, wseq);
+        issue_stores(st, u, k, slot);
+      }
+    }
+    if (req.on_logits) req.on_logits(st.step, st.host_logits);
+    for (std::int64_t s = 0; s < B; ++s) {
+      if (done[s]) continue;
+      res.tokens[s].push_back(st.next[s]);
+      const bool stop = std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), st.next[s]) != cfg_.stop_ids.end();
+      if (stop || static_cast<std::int64_t>(res.tokens[s].size()) >= req.max_new_tokens) {
+        done[s] = true;
+        --active;
+      }
+    }
+    if (st.step == 0) {
+      be_.synchronize();
+      res.prefill_seconds = now_seconds() - t0;
+      t0 = now_seconds();
+    } else {
+      ++res.decode_steps;
+    }
+  }
+  be_.synchronize();
+  res.decode_seconds = now_seconds() - t0;
+  for (const auto& t : res.tokens) res.generated_tokens += static_cast<std::int64_t>(t.size());
+  return res;
+}
+
+}  // namespace flexh2o::engine

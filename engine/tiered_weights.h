@@ -1,0 +1,20 @@
+// The model's weights placed across the tiers: every tensor a TieredTensor split by the
+// policy's weight fractions, read from the checkpoint straight into its home tiers.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine/weights.h"
+#include "offload/tiered_tensor.h"
+
+namespace flexh2o::engine {
+
+using TieredWeights = std::map<std::string, std::unique_ptr<offload::TieredTensor>>;
+
+// Checks shapes, then loads tensor by tensor in parallel through bounded host buffers (a few
+// MiB per task), so the model is never held whole in RAM. Throws naming the tensor.
+TieredWeights load_tiered_weights(const ModelConfig& cfg, const WeightSource& source, offload::Tiers& tiers,
+                                  const offload::TierFractions& fractions);
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,58 @@
+#include "offload/trace.h"
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace flexh2o::offload {
+
+void Trace::record(Span s) {
+  std::lock_guard lock(mu_);
+  spans_.push_back(std::move(s));
+}
+
+std::vector<Span> Trace::spans() const {
+  std::lock_guard lock(mu_);
+  return spans_;
+}
+
+std::map<std::string, double> Trace::time_by_primitive() const {
+  std::map<std::string, double> out;
+  std::lock_guard lock(mu_);
+  for (const auto& s : spans_) out[s.primitive] += s.t1 - s.t0;
+  return out;
+}
+
+void Trace::write_chrome_json(const std::string& path) const {
+  // One "thread" per track, named with metadata events so Perfetto shows the track names.
+  std::map<std::string, int> tids;
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& s : spans()) {
+    auto [it, added] = tids.emplace(s.track, static_cast<int>(tids.size()) + 1);
+    if (added)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", it->second},
+                        {"args", {{"name", s.track}}}});
+    nlohmann::json e = {{"ph", "X"}, {"pid", 1}, {"tid", it->second}, {"name", s.name}, {"cat", s.primitive},
+                        {"ts", s.t0 * 1e6}, {"dur", (s.t1 - s.t0) * 1e6}};
+    if (s.bytes > 0) e["args"] = {{"bytes", s.bytes}};
+    events.push_back(std::move(e));
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+    if (!out.flush()) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error("cannot write trace file " + path);
+    }
+  }
+  // Rename so a killed run never leaves a half-written trace under the requested name.
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write trace file " + path);
+  }
+}
+
+}  // namespace flexh2o::offload

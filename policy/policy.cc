@@ -1,0 +1,131 @@
+#include "policy/policy.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace flexh2o::policy {
+
+namespace {
+
+offload::TierFractions from_percent(double gpu, double cpu) {
+  return {gpu / 100.0, cpu / 100.0, std::max(0.0, (100.0 - gpu - cpu) / 100.0)};
+}
+
+void check_pair(double gpu, double cpu, const std::string& what, const std::string& source) {
+  if (gpu < 0 || cpu < 0 || gpu > 100 || cpu > 100 || gpu + cpu > 100 + 1e-9)
+    throw std::invalid_argument(source + ": " + what + " percentages " + std::to_string(gpu) + " (gpu) and " +
+                                std::to_string(cpu) + " (cpu) must each be in [0, 100] and sum to at most 100; " +
+                                "the rest goes to disk");
+}
+
+}  // namespace
+
+void Policy::set_percent(const std::array<double, 6>& p) {
+  check_pair(p[0], p[1], "weight", "--percent");
+  check_pair(p[2], p[3], "cache", "--percent");
+  check_pair(p[4], p[5], "activation", "--percent");
+  weights = from_percent(p[0], p[1]);
+  cache = from_percent(p[2], p[3]);
+  activations = from_percent(p[4], p[5]);
+}
+
+std::array<double, 6> Policy::percent() const {
+  return {weights.gpu * 100, weights.cpu * 100, cache.gpu * 100, cache.cpu * 100, activations.gpu * 100,
+          activations.cpu * 100};
+}
+
+void Policy::validate(const std::string& source) const {
+  if (gpu_batch_size < 1) throw std::invalid_argument(source + ": gpu_batch_size must be at least 1");
+  if (num_gpu_batches < 1) throw std::invalid_argument(source + ": num_gpu_batches must be at least 1");
+  weights.validate(source + ": weights");
+  cache.validate(source + ": cache");
+  activations.validate(source + ": activations");
+  if (compress_weight || compress_cache)
+    throw std::invalid_argument(source + ": compress_weight/compress_cache are reserved until 4-bit compression "
+                                         "is implemented; set them to false");
+  if (kv.empty()) throw std::invalid_argument(source + ": kv must name a KV policy (e.g. full)");
+}
+
+Policy load_policy_yaml(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw std::invalid_argument(source + ": not valid YAML: " + e.what());
+  }
+  if (!root.IsMap()) throw std::invalid_argument(source + ": expected a mapping of policy fields");
+  Policy p;
+  static const std::set<std::string> known = {"gpu_batch_size", "num_gpu_batches", "percent",    "overlap",
+                                              "sep_layer",      "pin_weight",      "cpu_cache_compute",
+                                              "compress_weight", "compress_cache", "kv"};
+  for (const auto& kv : root) {
+    const auto key = kv.first.as<std::string>();
+    if (!known.count(key)) throw std::invalid_argument(source + ": unknown field '" + key + "'");
+  }
+  auto get = [&](const char* key, auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    if (!root[key]) return;
+    try {
+      field = root[key].template as<T>();
+    } catch (const YAML::Exception&) {
+      throw std::invalid_argument(source + ": field '" + key + "' has the wrong type");
+    }
+  };
+  get("gpu_batch_size", p.gpu_batch_size);
+  get("num_gpu_batches", p.num_gpu_batches);
+  get("overlap", p.overlap);
+  get("sep_layer", p.sep_layer);
+  get("pin_weight", p.pin_weight);
+  get("cpu_cache_compute", p.cpu_cache_compute);
+  get("compress_weight", p.compress_weight);
+  get("compress_cache", p.compress_cache);
+  get("kv", p.kv);
+  if (root["percent"]) {
+    std::vector<double> pct;
+    get("percent", pct);
+    if (pct.size() != 6)
+      throw std::invalid_argument(source + ": field 'percent' needs 6 numbers [WG, WC, CG, CC, AG, AC], got " +
+                                  std::to_string(pct.size()));
+    try {
+      p.set_percent({pct[0], pct[1], pct[2], pct[3], pct[4], pct[5]});
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(source + ": field 'percent': " + e.what());
+    }
+  }
+  p.validate(source);
+  return p;
+}
+
+Policy load_policy_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read policy file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return load_policy_yaml(ss.str(), path);
+}
+
+std::string policy_to_yaml(const Policy& p) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "gpu_batch_size" << YAML::Value << p.gpu_batch_size;
+  out << YAML::Key << "num_gpu_batches" << YAML::Value << p.num_gpu_batches;
+  out << YAML::Key << "percent" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double v : p.percent()) out << std::round(v * 1e6) / 1e6;
+  out << YAML::EndSeq;
+  out << YAML::Key << "overlap" << YAML::Value << p.overlap;
+  out << YAML::Key << "sep_layer" << YAML::Value << p.sep_layer;
+  out << YAML::Key << "pin_weight" << YAML::Value << p.pin_weight;
+  out << YAML::Key << "cpu_cache_compute" << YAML::Value << p.cpu_cache_compute;
+  out << YAML::Key << "compress_weight" << YAML::Value << p.compress_weight;
+  out << YAML::Key << "compress_cache" << YAML::Value << p.compress_cache;
+  out << YAML::Key << "kv" << YAML::Value << p.kv;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace flexh2o::policy

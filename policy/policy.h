@@ -1,0 +1,42 @@
+// How a run places and schedules a model (FlexGen's Policy): GPU batch size and number of
+// GPU batches per block, the gpu/cpu/disk fractions of weights, KV cache and activations,
+// and the scheduling switches. Loaded from YAML (`--policy FILE`) or CLI flags (`--percent`).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "offload/tiered_tensor.h"
+
+namespace flexh2o::policy {
+
+struct Policy {
+  std::int64_t gpu_batch_size = 1;
+  std::int64_t num_gpu_batches = 1;
+  offload::TierFractions weights{1, 0, 0};
+  offload::TierFractions cache{1, 0, 0};
+  offload::TierFractions activations{1, 0, 0};
+  bool overlap = true;            // prefetch/write back while computing
+  bool sep_layer = true;          // attention and MLP are separate scheduling units
+  bool pin_weight = true;         // pin cpu-tier memory (costs RAM that cannot be paged)
+  bool cpu_cache_compute = false; // decode attention over a cpu-homed KV runs on the CPU
+  bool compress_weight = false;   // reserved until 4-bit compression lands
+  bool compress_cache = false;    // reserved until 4-bit compression lands
+  std::string kv = "full";        // KV policy spec (eviction)
+
+  std::int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
+  // FlexGen's --percent WG WC CG CC AG AC (disk gets the rest of each pair).
+  void set_percent(const std::array<double, 6>& percent);
+  std::array<double, 6> percent() const;
+  // Throws std::invalid_argument naming `source` and the field.
+  void validate(const std::string& source = "policy") const;
+};
+
+// Keys: gpu_batch_size, num_gpu_batches, percent: [WG, WC, CG, CC, AG, AC], overlap,
+// sep_layer, pin_weight, cpu_cache_compute, compress_weight, compress_cache, kv. Missing keys
+// keep their defaults; unknown keys are errors (a typo must not silently change a run).
+Policy load_policy_yaml(const std::string& yaml_text, const std::string& source);
+Policy load_policy_file(const std::string& path);
+std::string policy_to_yaml(const Policy& p);
+
+}  // namespace flexh2o::policy

@@ -1,0 +1,63 @@
+#include "policy/policy.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace flexh2o::policy {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Policy, PercentSplitsEachPairWithTheRestOnDisk) {
+  Policy p;
+  p.set_percent({20, 30, 0, 100, 100, 0});
+  EXPECT_DOUBLE_EQ(p.weights.gpu, 0.2);
+  EXPECT_DOUBLE_EQ(p.weights.cpu, 0.3);
+  EXPECT_DOUBLE_EQ(p.weights.disk, 0.5);
+  EXPECT_DOUBLE_EQ(p.cache.cpu, 1.0);
+  EXPECT_DOUBLE_EQ(p.cache.disk, 0.0);
+  EXPECT_THROW(p.set_percent({80, 30, 0, 0, 0, 0}), std::invalid_argument);
+  EXPECT_THROW(p.set_percent({-1, 30, 0, 0, 0, 0}), std::invalid_argument);
+}
+
+TEST(Policy, YamlRoundTrips) {
+  Policy p;
+  p.gpu_batch_size = 48;
+  p.num_gpu_batches = 3;
+  p.set_percent({20, 80, 0, 100, 100, 0});
+  p.overlap = false;
+  p.sep_layer = false;
+  p.pin_weight = false;
+  p.cpu_cache_compute = true;
+  const Policy q = load_policy_yaml(policy_to_yaml(p), "roundtrip");
+  EXPECT_EQ(q.gpu_batch_size, 48);
+  EXPECT_EQ(q.num_gpu_batches, 3);
+  EXPECT_EQ(q.percent(), p.percent());
+  EXPECT_FALSE(q.overlap);
+  EXPECT_FALSE(q.sep_layer);
+  EXPECT_FALSE(q.pin_weight);
+  EXPECT_TRUE(q.cpu_cache_compute);
+}
+
+TEST(Policy, BadYamlNamesTheFileAndField) {
+  auto error_of = [](const std::string& text) {
+    try {
+      load_policy_yaml(text, "p.yaml");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THAT(error_of("gpu_batch_size: [1"), HasSubstr("p.yaml: not valid YAML"));
+  EXPECT_THAT(error_of("- 1\n- 2\n"), HasSubstr("p.yaml: expected a mapping"));
+  EXPECT_THAT(error_of("gpu_batch_sise: 4\n"), HasSubstr("unknown field 'gpu_batch_sise'"));
+  EXPECT_THAT(error_of("gpu_batch_size: many\n"), HasSubstr("'gpu_batch_size' has the wrong type"));
+  EXPECT_THAT(error_of("gpu_batch_size: 0\n"), HasSubstr("gpu_batch_size must be at least 1"));
+  EXPECT_THAT(error_of("percent: [1, 2, 3]\n"), HasSubstr("needs 6 numbers"));
+  EXPECT_THAT(error_of("percent: [90, 20, 0, 0, 0, 0]\n"), HasSubstr("weight percentages"));
+  EXPECT_THAT(error_of("compress_cache: true\n"), HasSubstr("reserved"));
+  EXPECT_EQ(error_of("num_gpu_batches: 2\n"), "no error");
+}
+
+}  // namespace
+}  // namespace flexh2o::policy
