@@ -90,13 +90,20 @@ struct BlockScheduler::BlockState {
   // Outstanding copies touch the buffers above: wait for all of them before those go,
   // also when a compute threw.
   ~BlockState() {
+    auto settle = [](const CopyTicket& t) {
+      try {
+        t.wait();
+      } catch (...) {  // the error was reported where it was first waited on
+      }
+    };
     for (auto& b : batches) {
-      for (const auto* t : {&b.hidden_stored}) try { t->wait(); } catch (...) {}
-      for (const auto& t : b.cache_stored) try { t.wait(); } catch (...) {}
+      settle(b.hidden_stored);
+      for (const auto& t : b.cache_stored) settle(t);
     }
-    for (auto& s : ring)
-      for (const auto* list : {&s.loads, &s.stores})
-        for (const auto& t : *list) try { t.wait(); } catch (...) {}
+    for (auto& s : ring) {
+      for (const auto& t : s.loads) settle(t);
+      for (const auto& t : s.stores) settle(t);
+    }
   }
 };
 

@@ -53,23 +53,34 @@ void copy_staged(Tiers& tiers, Place dst, Place src, std::int64_t bytes, Staging
     else
       copy_in_memory(be, Place::cpu(buf), from, size_of(c));
   };
-  get(0);
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    const int b = static_cast<int>(c % 2);
-    disk.wait(got[b]);
-    if (c + 1 < chunks) {
-      disk.wait(put[1 - b]);  // the other buffer is free once its write-out finished
-      get(c + 1);
+  try {
+    get(0);
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const int b = static_cast<int>(c % 2);
+      disk.wait(got[b]);
+      if (c + 1 < chunks) {
+        disk.wait(put[1 - b]);  // the other buffer is free once its write-out finished
+        get(c + 1);
+      }
+      const Place to = dst.advanced(c * chunk);
+      void* buf = staging.buffer(b).data();
+      if (to.tier == Tier::Disk)
+        put[b] = disk.write(to.extent, to.offset, buf, size_of(c));
+      else
+        copy_in_memory(be, to, Place::cpu(buf), size_of(c));
     }
-    const Place to = dst.advanced(c * chunk);
-    void* buf = staging.buffer(b).data();
-    if (to.tier == Tier::Disk)
-      put[b] = disk.write(to.extent, to.offset, buf, size_of(c));
-    else
-      copy_in_memory(be, to, Place::cpu(buf), size_of(c));
+    disk.wait(put[0]);
+    disk.wait(put[1]);
+  } catch (...) {
+    // Nothing may still read or fill a staging buffer once this returns.
+    for (const Ticket& t : {got[0], got[1], put[0], put[1]}) {
+      try {
+        disk.wait(t);
+      } catch (...) {  // the first error is the one reported
+      }
+    }
+    throw;
   }
-  disk.wait(put[0]);
-  disk.wait(put[1]);
 }
 
 // The disk store reads into and writes from host memory itself, no staging needed.

@@ -171,6 +171,9 @@ struct Op {
   std::byte* buf = nullptr;
   std::int64_t len = 0;
   int fixed_index = -1;  // registered buffer, or -1 for plain I/O
+  // Reads: written_end when the read was issued. The file was at least this long then, so
+  // reaching its end below this means it was truncated; a later write does not count.
+  std::int64_t valid_end = 0;
   std::int64_t done = 0;
   Chunk* chunk = nullptr;
 };
@@ -715,6 +718,7 @@ struct DiskStore::Impl final : CompletionSink {
     op.len = len;
     op.fixed_index = c.staged ? c.slot : -1;  // staged ops always use the slot's bounce buffer
     op.chunk = &c;
+    if (!write) op.valid_end = written_end.load();
   }
 
   void start(Chunk& c, bool head_rmw, bool tail_rmw) {
@@ -755,7 +759,7 @@ struct DiskStore::Impl final : CompletionSink {
     if (err == kEndOfFile) {
       // Past everything written so far the file may legitimately end (e.g. the head block of
       // a fresh extent): that reads as zeros. Below it, the file was truncated under us.
-      if (op.offset + op.done >= written_end.load()) {
+      if (op.offset + op.done >= op.valid_end) {
         std::memset(op.buf + op.done, 0, static_cast<std::size_t>(op.len - op.done));
         op.done = op.len;
         err = 0;

@@ -1,5 +1,6 @@
 #include "offload/tiered_tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -22,8 +23,10 @@ RowSplit RowSplit::of(std::int64_t rows, const TierFractions& f) {
   auto at = [&](double frac) {
     return std::clamp<std::int64_t>(std::llround(static_cast<double>(rows) * frac), 0, rows);
   };
-  const std::int64_t g = at(f.gpu);
-  const std::int64_t c = std::max(g, at(f.gpu + f.cpu));
+  // Fractions sum to 1 only within validate()'s tolerance: a tier whose fraction is 0 gets
+  // no row, even where rounding the others would leave one over.
+  const std::int64_t g = f.cpu == 0 && f.disk == 0 ? rows : at(f.gpu);
+  const std::int64_t c = f.disk == 0 ? rows : std::max(g, at(f.gpu + f.cpu));
   RowSplit s;
   s.begin = {0, g, c};
   s.end = {g, c, rows};
