@@ -78,7 +78,7 @@ struct BlockScheduler::BlockState {
   std::vector<Batch> batches;
   std::vector<RingSlot> ring;
   std::unique_ptr<Activations> act;
-  GpuBuffer act_buf;
+  offload::Reservation act_reserved;  // its charge to the gpu-tier budget
   std::int64_t capacity = 0;
   std::int64_t staged_max = 0;  // most staged sequences of any batch
   std::int64_t step = 0;
@@ -159,7 +159,7 @@ void BlockScheduler::issue_weights(std::int64_t unit, std::int64_t seq) {
   WeightSlot& slot = weight_slots_[static_cast<std::size_t>(seq % 2)];
   if (slot.seq == seq) return;
   const Unit& u = units_[static_cast<std::size_t>(unit)];
-  slot.seq = seq;
+  slot.seq = -1;  // set once the fetch is queued, so a failure here never looks loaded
   slot.view.clear();
   std::vector<CopyPiece> pieces;
   std::int64_t off = 0;
@@ -176,6 +176,7 @@ void BlockScheduler::issue_weights(std::int64_t unit, std::int64_t seq) {
     off += aligned(t.bytes());
   }
   slot.ready = copies_->copy(lane_weights_, std::move(pieces), {"load_weight", u.name});
+  slot.seq = seq;
 }
 
 void BlockScheduler::issue_loads(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot) {
@@ -313,6 +314,11 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
   res.tokens.resize(static_cast<std::size_t>(B));
   if (B == 0) return res;
 
+  if (!req.streams.empty() && req.streams.size() != static_cast<std::size_t>(B))
+    throw std::invalid_argument("a request needs one sampling stream per prompt: " + std::to_string(B) +
+                                " prompts, " + std::to_string(req.streams.size()) + " streams");
+  // Unit instances count from 0 again: nothing a previous call fetched (or failed to) is reused.
+  for (auto& ws : weight_slots_) ws.seq = -1;
   BlockState st;
   st.req = &req;
   st.streams = req.streams;
@@ -354,7 +360,7 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
     st.staged_max = std::max(st.staged_max, b.n - b.resident_end);
     st.batches.push_back(std::move(b));
   }
-  st.act_buf = GpuBuffer(tiers_, Activations::bytes(cfg_, max_rows, gbs), "activation scratch");
+  st.act_reserved = tiers_.budget(Tier::Gpu).reserve_scoped(Activations::bytes(cfg_, max_rows, gbs), "activation scratch");
   st.act = std::make_unique<Activations>(be_, cfg_, max_rows, gbs);
   st.ring.resize(3);
   for (std::size_t i = 0; i < st.ring.size(); ++i) {

@@ -10,7 +10,8 @@
 // slots (the unit computing and the one being fetched). KV is split by sequence: gpu-homed
 // sequences are attended in place, cpu/disk-homed ones are staged through a ring of three
 // device slots (fetching, computing, writing back); with cpu_cache_compute the cpu-homed
-// sequences are attended in host memory by the CPU backend instead.
+// sequences are attended where they live, in host memory. (On the CPU backend that is the
+// compute backend itself; a device backend will hand those parts to a CPU backend.)
 #pragma once
 #include <memory>
 #include <string>

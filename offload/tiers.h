@@ -19,7 +19,7 @@ namespace flexh2o::offload {
 struct TierOptions {
   std::int64_t gpu_bytes = Budget::kUnlimited;  // --gpu-mem
   std::int64_t cpu_bytes = Budget::kUnlimited;  // --cpu-mem
-  std::int64_t disk_bytes = Budget::kUnlimited; // --disk-mem
+  std::int64_t disk_bytes = Budget::kUnlimited; // --disk-mem; unlimited: the free space there
   std::string offload_dir;                      // --offload-dir; empty: a fresh temp directory
   bool pin_host = false;                        // pin cpu-tier memory (policy pin_weight)
   bool force_disk_threads = disk_io_threads_forced_by_env();

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Newcomer command 2: the code that parses untrusted files or does raw disk I/O, under
+# Newcomer command 2: the code that parses untrusted files, does raw disk I/O or orders
+# asynchronous copies (the scheduler), under
 # AddressSanitizer + UBSan; then the whole suite (unit + e2e; gpu tests skip without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,7 +8,7 @@ jobs="$(nproc)"
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLEXH2O_SANITIZE=ON -DFLEXH2O_CUDA=OFF \
   -DFLEXH2O_BENCH=OFF >/dev/null
-sanitized=(test_safetensors test_tokenizer test_loaders test_offload)
+sanitized=(test_safetensors test_tokenizer test_loaders test_offload test_scheduler)
 cmake --build build-asan -j"$jobs" --target "${sanitized[@]}"
 for t in "${sanitized[@]}"; do
   echo "== $t (AddressSanitizer + UBSan)"
