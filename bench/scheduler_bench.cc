@@ -29,36 +29,47 @@ struct Measured {
   std::int64_t gpu_peak = 0;
 };
 
-Measured run_once(const engine::ModelSource& m, const Variant& v, std::int64_t prompt_len, std::int64_t gen_len) {
-  auto be = kernels::make_cpu_backend();
-  offload::Tiers tiers(*be, {});
+// One loaded scheduler per variant, so the repetitions measure generation, not loading.
+struct Runner {
+  Runner(const engine::ModelSource& m, const Variant& v)
+      : model(m), variant(v), be(kernels::make_cpu_backend()), tiers(*be, {}),
+        sched(*be, tiers, m.config, *m.weights, v.policy, &trace) {}
+  const engine::ModelSource& model;
+  const Variant& variant;
+  std::unique_ptr<kernels::Backend> be;
+  offload::Tiers tiers;
   offload::Trace trace;
-  engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, v.policy, &trace);
+  engine::BlockScheduler sched;
+};
+
+Measured run_once(Runner& run, std::int64_t prompt_len, std::int64_t gen_len) {
+  const auto& cfg = run.model.config;
+  const auto& policy = run.variant.policy;
   engine::GenerationRequest req;
-  for (std::int64_t b = 0; b < v.policy.block_size(); ++b) {
+  for (std::int64_t b = 0; b < policy.block_size(); ++b) {
     req.prompts.emplace_back();
     for (std::int64_t t = 0; t < prompt_len; ++t)
-      req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % m.config.vocab_size));
+      req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % cfg.vocab_size));
   }
   req.max_new_tokens = gen_len;
-  const double decode_start = trace.now();
-  const auto r = sched.generate(req);
-  // Only decode spans count for (b): prefill is compute-bound and runs once.
-  const double t_decode0 = decode_start + r.prefill_seconds;
+  const double start = run.trace.now();
+  const auto r = run.sched.generate(req);
+  // Only this run's decode spans count for (b): prefill is compute-bound and runs once.
+  const double decode_start = start + r.prefill_seconds;
   std::map<std::string, double> busy;
   double compute = 0;
-  for (const auto& s : trace.spans()) {
-    if (s.t0 < t_decode0) continue;
+  for (const auto& s : run.trace.spans()) {
+    if (s.t0 < decode_start) continue;
     (s.track == "compute" ? compute : busy[s.track]) += s.t1 - s.t0;
   }
   double transfer = 0;
   for (const auto& [track, t] : busy) transfer = std::max(transfer, t);
   Measured out;
-  out.decode_tok_s = static_cast<double>(r.generated_tokens - v.policy.block_size()) / r.decode_seconds;
+  out.decode_tok_s = static_cast<double>(r.generated_tokens - policy.block_size()) / r.decode_seconds;
   out.compute_s = compute;
   out.transfer_s = transfer;
   out.efficiency = r.decode_seconds / std::max(compute, transfer);
-  out.gpu_peak = tiers.budget(offload::Tier::Gpu).peak();
+  out.gpu_peak = run.tiers.budget(offload::Tier::Gpu).peak();
   return out;
 }
 
@@ -87,9 +98,12 @@ int main(int argc, char** argv) {
   };
   const std::vector<Variant> variants = {make("gbs 8 x K 4, overlap", 8, 4, true), make("gbs 8 x K 4, no overlap", 8, 4, false),
                                          make("gbs 1 x K 1, overlap", 1, 1, true), make("gbs 32 x K 1, overlap", 32, 1, true)};
+  std::vector<std::unique_ptr<Runner>> runners;
+  for (const auto& v : variants) runners.push_back(std::make_unique<Runner>(m, v));
   std::vector<std::vector<Measured>> all(variants.size());
+  for (auto& r : runners) run_once(*r, prompt_len, 2);  // warm-up: page faults, thread pools
   for (int r = 0; r < reps; ++r)
-    for (std::size_t i = 0; i < variants.size(); ++i) all[i].push_back(run_once(m, variants[i], prompt_len, gen_len));
+    for (std::size_t i = 0; i < variants.size(); ++i) all[i].push_back(run_once(*runners[i], prompt_len, gen_len));
   std::vector<Measured> med;
   for (auto& runs : all) {
     std::sort(runs.begin(), runs.end(), [](auto& a, auto& b) { return a.decode_tok_s < b.decode_tok_s; });

@@ -419,6 +419,7 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
         --active;
       }
     }
+    if (req.on_step) req.on_step(st.step, req.max_new_tokens);
     if (st.step == 0) {
       be_.synchronize();
       res.prefill_seconds = now_seconds() - t0;

@@ -96,6 +96,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
         --active;
       }
     }
+    if (req.on_step) req.on_step(step, req.max_new_tokens);
   };
 
   double t0 = now_seconds();

@@ -22,6 +22,9 @@ struct GenerationRequest {
   // Called after every step with that step's logits [batch, vocab] (host copy), for tests
   // and quality evaluation; step 0 is the prefill.
   std::function<void(std::int64_t step, std::span<const float> logits)> on_logits;
+  // Called after every step (0 is the prefill) with the number of steps the request can take;
+  // progress reports, and cancellation by throwing.
+  std::function<void(std::int64_t step, std::int64_t max_steps)> on_step;
 };
 
 struct GenerationResult {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,10 +28,15 @@ void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std:
                       const std::string& model_name);
 
 // Appends whole lines to a JSONL file; each flush() writes and fsyncs what was added, so a
-// killed job leaves only complete lines behind.
+// killed job leaves only complete lines behind (a kill inside write() can leave a torn last
+// line, which resuming cuts off).
 class JsonlWriter {
  public:
-  explicit JsonlWriter(const std::string& path);  // truncates
+  // resume: keep the lines already there (their ids are in done_ids()) and append;
+  // otherwise truncate.
+  explicit JsonlWriter(const std::string& path, bool resume = false);
+  // Ids (as compact JSON) of the complete lines found when resuming.
+  const std::set<std::string>& done_ids() const { return done_ids_; }
   ~JsonlWriter();
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
@@ -41,6 +47,7 @@ class JsonlWriter {
   std::string path_;
   int fd_ = -1;
   std::string pending_;
+  std::set<std::string> done_ids_;
 };
 
 }  // namespace flexh2o::engine

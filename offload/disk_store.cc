@@ -90,18 +90,11 @@ struct sigaction g_prev_int;
 struct sigaction g_prev_term;
 std::once_flag g_handlers_once;
 
+std::atomic<bool> g_signals_external{false};
+
 void on_fatal_signal(int sig, siginfo_t* info, void* ctx) {
   const int saved_errno = errno;
-  for (bool dirs : {false, true}) {  // files first so their directories are empty
-    for (LivePath& p : g_live) {
-      if (p.state.load() != 2 || p.is_dir != dirs) continue;
-      if (dirs) {
-        ::rmdir(p.path);
-      } else {
-        ::unlink(p.path);
-      }
-    }
-  }
+  remove_offload_files_now();
   const struct sigaction& prev = sig == SIGINT ? g_prev_int : g_prev_term;
   // A handler installed before ours still runs (e.g. a graceful-stop handler).
   if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
@@ -140,7 +133,7 @@ void install_signal_handlers() {
 // Returns the slot, or -1 when the path cannot be registered (it is then only removed by
 // the destructor).
 int register_live_path(const std::string& path, bool is_dir) {
-  std::call_once(g_handlers_once, install_signal_handlers);
+  if (!g_signals_external.load()) std::call_once(g_handlers_once, install_signal_handlers);
   if (path.size() >= PATH_MAX) return -1;
   for (int i = 0; i < kMaxLivePaths; ++i) {
     int expected = 0;
@@ -158,6 +151,25 @@ int register_live_path(const std::string& path, bool is_dir) {
 void unregister_live_path(int slot) {
   if (slot >= 0) g_live[slot].state.store(0);
 }
+
+}  // namespace
+
+void remove_offload_files_now() noexcept {
+  for (bool dirs : {false, true}) {  // files first so their directories are empty
+    for (LivePath& p : g_live) {
+      if (p.state.load() != 2 || p.is_dir != dirs) continue;
+      if (dirs) {
+        ::rmdir(p.path);
+      } else {
+        ::unlink(p.path);
+      }
+    }
+  }
+}
+
+void leave_signals_to_caller() { g_signals_external.store(true); }
+
+namespace {
 
 // ---- I/O engines ---------------------------------------------------------------------------
 

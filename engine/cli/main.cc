@@ -4,6 +4,7 @@
 #include <exception>
 #include <fmt/format.h>
 
+#include "engine/cli/interrupts.h"
 #include "engine/cli/run_command.h"
 
 int main(int argc, char** argv) {
@@ -18,6 +19,9 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const flexh2o::cli::Interrupted& e) {
+    fmt::print(stderr, "flexh2o: {}\n", e.what());
+    return 130;
   } catch (const std::exception& e) {
     fmt::print(stderr, "flexh2o: error: {}\n", e.what());
     return 1;

@@ -9,7 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include "engine/block_scheduler.h"
+#include "engine/cli/interrupts.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
@@ -67,6 +70,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
   run->add_option("--offload-dir", o.offload_dir, "directory of the disk tier (default: a fresh temp directory)")
       ->group(sched);
+  run->add_flag("--resume", o.resume, "skip prompts whose ids are already in --out and append the rest");
   run->add_option("--metrics", o.metrics_file, "write throughput, peak bytes per tier and time per primitive as JSON");
   run->add_option("--trace", o.trace_file, "write a Chrome trace (open in Perfetto), one track per stream");
   return run;
@@ -143,6 +147,8 @@ std::int64_t tensor_bytes(const ModelConfig& c) {
 }  // namespace
 
 int run_command(const RunOptions& o) {
+  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
+  const InterruptWatch interrupts;  // before any thread starts
   ModelOptions mo;
   mo.model = o.model;
   mo.tokenizer = o.tokenizer;
@@ -169,28 +175,52 @@ int run_command(const RunOptions& o) {
   }
   check_prompts(m.config, all_prompts, gen_len, ids);  // fail before loading weights
 
+  std::optional<JsonlWriter> out;
+  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume);
+  // Prompts still to do, by index (the index is the sampling stream, so a resumed job
+  // samples exactly what the uninterrupted one would have).
+  std::vector<std::size_t> todo;
+  for (std::size_t i = 0; i < items.size(); ++i)
+    if (!out || !out->done_ids().count(items[i].id_json)) todo.push_back(i);
+  if (o.resume) fmt::print(stderr, "resuming: {} of {} prompts already in {}\n", items.size() - todo.size(), items.size(), o.out_file);
+
   auto backend = kernels::make_cpu_backend();
   offload::Tiers tiers(*backend, to);
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
   BlockScheduler sched(*backend, tiers, m.config, *m.weights, pol, trace ? &*trace : nullptr);
-  std::optional<JsonlWriter> out;
-  if (!o.out_file.empty()) out.emplace(o.out_file);
 
   GenerationResult total;
   const auto block = static_cast<std::size_t>(pol.block_size());
-  for (std::size_t first = 0; first < items.size(); first += block) {
-    const std::size_t last = std::min(items.size(), first + block);
+  const std::size_t blocks = (todo.size() + block - 1) / block;
+  const bool progress = ::isatty(STDERR_FILENO) == 1;
+  bool stopped = false;
+  std::size_t done_blocks = 0;
+  for (std::size_t first = 0; first < todo.size(); first += block) {
+    if (interrupts.stop_requested()) {
+      stopped = true;
+      break;
+    }
+    const std::size_t last = std::min(todo.size(), first + block);
     GenerationRequest req;
     req.max_new_tokens = gen_len;
     req.sampling = {o.temperature, o.top_p, o.seed};
-    for (std::size_t i = first; i < last; ++i) {
-      req.prompts.push_back(items[i].tokens);
-      req.streams.push_back(i);
+    for (std::size_t t = first; t < last; ++t) {
+      req.prompts.push_back(items[todo[t]].tokens);
+      req.streams.push_back(todo[t]);
     }
+    req.on_step = [&, b = first / block](std::int64_t step, std::int64_t steps) {
+      if (interrupts.abandon_requested())
+        throw Interrupted("interrupted: the unfinished block was abandoned; finished blocks are in " +
+                          (o.out_file.empty() ? std::string("the output") : o.out_file) +
+                          (o.out_file.empty() ? std::string() : "; rerun with --resume to continue"));
+      if (progress) fmt::print(stderr, "\rblock {}/{}, step {}/{}   ", b + 1, blocks, step + 1, steps);
+    };
     GenerationResult r = sched.generate(req);
-    for (std::size_t i = first; i < last; ++i) {
-      const auto& new_tokens = r.tokens[i - first];
+    if (progress) fmt::print(stderr, "\r\033[K");
+    for (std::size_t t = first; t < last; ++t) {
+      const std::size_t i = todo[t];
+      const auto& new_tokens = r.tokens[t - first];
       std::string text;
       if (m.tokenizer) {
         std::vector<std::int32_t> all = items[i].tokens;
@@ -211,8 +241,13 @@ int run_command(const RunOptions& o) {
     total.decode_seconds += r.decode_seconds;
     total.prompt_tokens += r.prompt_tokens;
     total.generated_tokens += r.generated_tokens;
+    ++done_blocks;
   }
   std::fflush(stdout);
+  if (stopped) {
+    fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} blocks{}\n", done_blocks, blocks,
+               o.out_file.empty() ? "" : "; rerun with --resume to continue");
+  }
 
   // FlexGen's report: sizes, peak memory per tier, latency and throughput.
   const ModelConfig& c = m.config;
@@ -270,7 +305,7 @@ int run_command(const RunOptions& o) {
     write_file_atomically(o.metrics_file, j.dump(2) + "\n");
   }
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);
-  return 0;
+  return stopped ? 130 : 0;
 }
 
 }  // namespace flexh2o::cli

@@ -14,6 +14,7 @@ struct RunOptions {
   std::string prompt;
   std::string prompts_file;
   std::string out_file;
+  bool resume = false;
   std::optional<std::int64_t> gen_len;
   std::optional<std::int64_t> batch;
   std::int64_t prompt_len = 8;  // synthetic prompts (no --prompt/--prompts, model without tokenizer)

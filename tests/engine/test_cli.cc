@@ -2,6 +2,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
 
 #include <cstdlib>
 #include <filesystem>
@@ -139,6 +143,73 @@ TEST(Cli, BadPlacementGivesOneClearError) {
   expect_clean_error(run("run --policy " + dir.file("compress.yaml")), "compress_weight");
   testing::write_file(dir.file("file"), "x");
   expect_clean_error(run("run --percent 0 0 100 0 100 0 --offload-dir " + dir.file("file") + "/sub"), dir.file("file"));
+}
+
+// Starts the binary with `args` (split on spaces), stdout and stderr to files in `dir`.
+pid_t spawn(const std::string& args, const testing::TempDir& dir) {
+  const std::string cmd = "exec " + std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("spawn.out") + " 2>" +
+                          dir.file("spawn.err") + " </dev/null";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+std::vector<std::string> sorted_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+TEST(Cli, InterruptedJobResumesToTheUninterruptedResult) {
+  testing::TempDir dir;
+  std::string in;
+  for (int i = 0; i < 12; ++i) in += "{\"id\": \"p" + std::to_string(i) + "\", \"tokens\": [2, " + std::to_string(100 + i) + ", 7, 9]}\n";
+  testing::write_file(dir.file("in.jsonl"), in);
+  // A model small enough to be quick, large enough that a block takes a few tens of ms.
+  testing::write_file(dir.file("model.yaml"),
+                      "name: small-opt\nfamily: opt\nnum_layers: 6\nhidden_size: 512\nffn_size: 2048\n"
+                      "num_heads: 8\nvocab_size: 8000\nmax_positions: 256\ndtype: f16\ntie_embeddings: true\n"
+                      "bos_token_id: 2\neos_token_id: []\n");
+  const std::string offload = dir.file("offload");
+  std::filesystem::create_directory(offload);
+  const std::string job = "run --model " + dir.file("model.yaml") + " --dummy --prompts " + dir.file("in.jsonl") +
+                          " --gen-len 16 --gpu-batch-size 1 --percent 80 10 100 0 100 0 --offload-dir " + offload +
+                          " --out ";
+  ASSERT_EQ(run(job + dir.file("full.jsonl")).code, 0);
+  const auto full = sorted_lines(testing::read_file(dir.file("full.jsonl")));
+  ASSERT_EQ(full.size(), 12u);
+
+  // One signal finishes the block under way; two abandon it. Either way only whole lines.
+  for (const int signals : {1, 2}) {
+    SCOPED_TRACE(std::to_string(signals) + " signal(s)");
+    const std::string out = dir.file("part" + std::to_string(signals) + ".jsonl");
+    const pid_t pid = spawn(job + out, dir);
+    while (!std::filesystem::exists(out) || std::filesystem::file_size(out) == 0) ::usleep(20000);
+    for (int s = 0; s < signals; ++s) {
+      ::kill(pid, s == 0 ? SIGINT : SIGTERM);
+      ::usleep(50000);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 130) << testing::read_file(dir.file("spawn.err"));
+    EXPECT_THAT(testing::read_file(dir.file("spawn.err")), HasSubstr("--resume"));
+    const std::string partial = testing::read_file(out);
+    EXPECT_EQ(partial.back(), '\n');
+    EXPECT_LT(sorted_lines(partial).size(), 12u);
+    EXPECT_TRUE(std::filesystem::is_empty(offload)) << "offload files left behind";
+    // A torn line, as a kill inside write() would leave, is cut off on resume.
+    testing::write_file(out, partial + "{\"id\": \"p7\", \"te");
+    const Result resumed = run(job + out + " --resume");
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    EXPECT_THAT(resumed.err, HasSubstr("resuming:"));
+    EXPECT_EQ(sorted_lines(testing::read_file(out)), full);
+  }
 }
 
 }  // namespace
