@@ -25,8 +25,11 @@ struct AttentionPrefillArgs {
   std::span<const std::int64_t> seq_offsets;  // host, [B + 1], seq_offsets[0] == 0
   // Optional column sums: for sequence b (length n), kv head h, key j:
   // col_sums[seq_offsets[b] * n_kv_heads + h * n + j] = sum over the group's query heads
-  // and all queries i >= j of softmax probability p(i, j).  Size [T * n_kv_heads].
+  // and all queries i >= j of w_i * p(i, j).  Size [T * n_kv_heads].
   float* col_sums = nullptr;
+  // host, [T]: w_i of each query row (an eviction policy's observers, e.g. SnapKV's last
+  // window); empty means 1 for every row.
+  std::span<const float> query_weights;
 };
 
 // One new query per sequence against its cache. Slots [0, lens[b]) of sequence b are valid
@@ -55,6 +58,23 @@ struct KvWriteArgs {
   std::int64_t capacity = 0;
   std::span<const std::int64_t> seq;   // host, [rows]
   std::span<const std::int64_t> slot;  // host, [rows]
+  // host, [rows * n_kv_heads]: when given, the slot of each (row, kv head) instead of `slot`;
+  // -1 drops that head's key/value (evicted at prefill).
+  std::span<const std::int64_t> head_slot;
+};
+
+// Moves cached tokens of one (sequence, kv head) between slots, e.g. to close the holes a
+// multi-token eviction left, so every head keeps its tokens in slots [0, len). Sources and
+// destinations of one call must be pairwise distinct.
+struct KvMove {
+  std::int64_t seq = 0, head = 0, from = 0, to = 0;
+};
+struct KvMoveArgs {
+  float* cache = nullptr;  // [B, n_kv_heads, capacity, head_dim]
+  std::int64_t n_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t capacity = 0;
+  std::span<const KvMove> moves;  // host
 };
 
 }  // namespace flexh2o::kernels

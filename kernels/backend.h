@@ -52,6 +52,7 @@ class Backend {
   virtual void attention_prefill(const AttentionPrefillArgs& a) = 0;
   virtual void attention_decode(const AttentionDecodeArgs& a) = 0;
   virtual void kv_write(const KvWriteArgs& a) = 0;
+  virtual void kv_move(const KvMoveArgs& a) = 0;
   virtual void sample(const SampleArgs& a) = 0;
 };
 

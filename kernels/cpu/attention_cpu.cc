@@ -45,6 +45,9 @@ void CpuBackend::attention_prefill(const AttentionPrefillArgs& a) {
   if (B < 0) throw std::invalid_argument("attention_prefill: seq_offsets must have B + 1 entries");
   const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const std::int64_t q_stride = s.n_heads * D, kv_stride = s.n_kv_heads * D;
+  const bool weighted = !a.query_weights.empty();
+  if (weighted && static_cast<std::int64_t>(a.query_weights.size()) != a.seq_offsets[B])
+    throw std::invalid_argument("attention_prefill: query_weights needs one weight per row");
 
   tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
     const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
@@ -68,8 +71,10 @@ void CpuBackend::attention_prefill(const AttentionPrefillArgs& a) {
           const std::int64_t visible = i0 + r + 1;
           softmax(row, visible);
           std::fill(row + visible, row + keys, 0.0f);
-          if (col)
-            for (std::int64_t j = 0; j < visible; ++j) col[j] += row[j];
+          if (col) {
+            const float w = weighted ? a.query_weights[t0 + i0 + r] : 1.0f;
+            for (std::int64_t j = 0; j < visible; ++j) col[j] += w * row[j];
+          }
         }
         float* out = a.out + (t0 + i0) * q_stride + h * D;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(D),
@@ -112,18 +117,35 @@ void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
 }
 
 void CpuBackend::kv_write(const KvWriteArgs& a) {
-  const std::int64_t rows = static_cast<std::int64_t>(a.seq.size());
-  if (static_cast<std::int64_t>(a.slot.size()) != rows) throw std::invalid_argument("kv_write: seq and slot differ in size");
+  const std::int64_t rows = static_cast<std::int64_t>(a.seq.size()), H = a.n_kv_heads;
+  const bool per_head = !a.head_slot.empty();
+  if (per_head ? static_cast<std::int64_t>(a.head_slot.size()) != rows * H
+               : static_cast<std::int64_t>(a.slot.size()) != rows)
+    throw std::invalid_argument("kv_write: slots do not match the rows");
+  auto slot_of = [&](std::int64_t r, std::int64_t g) { return per_head ? a.head_slot[r * H + g] : a.slot[r]; };
   for (std::int64_t r = 0; r < rows; ++r)
-    if (a.slot[r] < 0 || a.slot[r] >= a.capacity || a.seq[r] < 0)
-      throw std::out_of_range("kv_write: slot outside the cache capacity");
+    for (std::int64_t g = 0; g < (per_head ? H : 1); ++g)
+      if (slot_of(r, g) < (per_head ? -1 : 0) || slot_of(r, g) >= a.capacity || a.seq[r] < 0)
+        throw std::out_of_range("kv_write: slot outside the cache capacity");
   const std::int64_t D = a.head_dim;
   tbb::parallel_for(std::int64_t{0}, rows, [&](std::int64_t r) {
-    for (std::int64_t g = 0; g < a.n_kv_heads; ++g) {
-      float* dst = a.cache + ((a.seq[r] * a.n_kv_heads + g) * a.capacity + a.slot[r]) * D;
-      std::copy_n(a.src + r * a.n_kv_heads * D + g * D, D, dst);
+    for (std::int64_t g = 0; g < H; ++g) {
+      const std::int64_t slot = slot_of(r, g);
+      if (slot < 0) continue;
+      std::copy_n(a.src + r * H * D + g * D, D, a.cache + ((a.seq[r] * H + g) * a.capacity + slot) * D);
     }
   });
+}
+
+void CpuBackend::kv_move(const KvMoveArgs& a) {
+  const std::int64_t D = a.head_dim;
+  for (const KvMove& m : a.moves) {
+    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
+        m.head >= a.n_kv_heads || m.seq < 0)
+      throw std::out_of_range("kv_move: slot outside the cache capacity");
+    const float* src = a.cache + ((m.seq * a.n_kv_heads + m.head) * a.capacity + m.from) * D;
+    std::copy_n(src, D, a.cache + ((m.seq * a.n_kv_heads + m.head) * a.capacity + m.to) * D);
+  }
 }
 
 }  // namespace flexh2o::kernels

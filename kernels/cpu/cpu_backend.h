@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
   void attention_prefill(const AttentionPrefillArgs& a) override;
   void attention_decode(const AttentionDecodeArgs& a) override;
   void kv_write(const KvWriteArgs& a) override;
+  void kv_move(const KvMoveArgs& a) override;
   void sample(const SampleArgs& a) override;
 };
 

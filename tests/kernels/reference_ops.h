@@ -157,7 +157,8 @@ struct PrefillResult {
 // Causal attention within each sequence of a ragged batch; query head h reads kv head
 // h / (n_heads / n_kv_heads).
 inline PrefillResult attention_prefill(const AttentionShape& s, std::span<const float> q, std::span<const float> k,
-                                       std::span<const float> v, std::span<const std::int64_t> seq_offsets) {
+                                       std::span<const float> v, std::span<const std::int64_t> seq_offsets,
+                                       std::span<const float> query_weights = {}) {
   const std::int64_t T = seq_offsets.back(), D = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const std::int64_t q_stride = s.n_heads * D, kv_stride = s.n_kv_heads * D;
   PrefillResult r{std::vector<double>(sz(T * q_stride)), std::vector<double>(sz(T * s.n_kv_heads))};
@@ -180,7 +181,8 @@ inline PrefillResult attention_prefill(const AttentionShape& s, std::span<const 
           for (std::int64_t j = 0; j <= i; ++j) acc += p[sz(j)] * v[sz((t0 + j) * kv_stride + g * D + d)];
           r.out[sz((t0 + i) * q_stride + h * D + d)] = acc;
         }
-        for (std::int64_t j = 0; j <= i; ++j) r.col_sums[sz(t0 * s.n_kv_heads + g * n + j)] += p[sz(j)];
+        const double w = query_weights.empty() ? 1.0 : query_weights[sz(t0 + i)];
+        for (std::int64_t j = 0; j <= i; ++j) r.col_sums[sz(t0 * s.n_kv_heads + g * n + j)] += w * p[sz(j)];
       }
     }
   }
@@ -236,6 +238,22 @@ inline std::vector<double> kv_write(std::span<const float> src, std::span<const 
       for (std::int64_t d = 0; d < head_dim; ++d)
         cache[sz(((seq[r] * n_kv_heads + g) * capacity + slot[r]) * head_dim + d)] =
             src[r * sz(n_kv_heads * head_dim) + sz(g * head_dim + d)];
+  return cache;
+}
+
+// kv_write with a slot per (row, kv head), -1 = not stored.
+inline std::vector<double> kv_write_per_head(std::span<const float> src, std::span<const float> cache_prior,
+                                             std::int64_t n_kv_heads, std::int64_t head_dim, std::int64_t capacity,
+                                             std::span<const std::int64_t> seq, std::span<const std::int64_t> head_slot) {
+  std::vector<double> cache(cache_prior.begin(), cache_prior.end());
+  for (std::size_t r = 0; r < seq.size(); ++r)
+    for (std::int64_t g = 0; g < n_kv_heads; ++g) {
+      const std::int64_t slot = head_slot[r * sz(n_kv_heads) + sz(g)];
+      if (slot < 0) continue;
+      for (std::int64_t d = 0; d < head_dim; ++d)
+        cache[sz(((seq[r] * n_kv_heads + g) * capacity + slot) * head_dim + d)] =
+            src[r * sz(n_kv_heads * head_dim) + sz(g * head_dim + d)];
+    }
   return cache;
 }
 

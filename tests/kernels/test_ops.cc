@@ -439,9 +439,10 @@ TEST_P(OpsTest, AttentionPrefill) {
   const std::int64_t T = offsets.back();
 
   for (const AttentionConfig& c : kAttentionConfigs)
-    for (const bool with_col_sums : {false, true}) {
+    for (const int col_mode : {0, 1, 2}) {  // no column sums, plain, weighted by query
+      const bool with_col_sums = col_mode > 0;
       SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << " kv_heads=" << c.n_kv_heads
-                                        << " head_dim=" << c.head_dim << (with_col_sums ? " col_sums" : ""));
+                                        << " head_dim=" << c.head_dim << " col_mode " << col_mode);
       const AttentionShape s = shape_of(c);
       // q in [-3, 3] gives peaked as well as flat softmax rows.
       const std::vector<float> q = random_floats(rng_, T * c.n_heads * c.head_dim, -3.0f, 3.0f);
@@ -459,9 +460,14 @@ TEST_P(OpsTest, AttentionPrefill) {
       a.out = dout.as<float>();
       a.seq_offsets = offsets;
       a.col_sums = dcol.as<float>();
+      // Observer weights as eviction policies use them: zeros among a random ramp.
+      std::vector<float> weights;
+      if (col_mode == 2) weights = random_floats(rng_, T, 0.0f, 1.2f);
+      for (std::size_t i = 0; i < weights.size(); i += 3) weights[i] = 0.0f;
+      a.query_weights = weights;
       backend_->attention_prefill(a);
 
-      const ref::PrefillResult ref = ref::attention_prefill(s, q, k, v, offsets);
+      const ref::PrefillResult ref = ref::attention_prefill(s, q, k, v, offsets, weights);
       EXPECT_TRUE(near_all(download(dout), ref.out, kAttentionTol));
       if (with_col_sums) {
         EXPECT_TRUE(near_all(download(dcol), ref.col_sums, kAttentionTol));
@@ -543,7 +549,41 @@ TEST_P(OpsTest, KvWrite) {
       a.slot = slot;
       backend_->kv_write(a);
       EXPECT_TRUE(exact_all(download(dcache), ref::kv_write(src, cache0, n_kv_heads, head_dim, kCapacity, seq, slot)));
+
+      // A slot per (row, kv head), some dropped: what an eviction policy keeps at prefill.
+      // Shifting the distinct targets by the head keeps them distinct within every head.
+      std::vector<std::int64_t> head_slot;
+      for (std::int64_t r = 0; r < kRows; ++r)
+        for (std::int64_t g = 0; g < n_kv_heads; ++g)
+          head_slot.push_back(rng_() % 4 == 0 ? -1 : static_cast<std::int64_t>((slot[sz(r)] + g) % kCapacity));
+      const DeviceBuffer dcache2 = upload(cache0);
+      a.cache = dcache2.as<float>();
+      a.head_slot = head_slot;
+      backend_->kv_write(a);
+      EXPECT_TRUE(exact_all(download(dcache2),
+                            ref::kv_write_per_head(src, cache0, n_kv_heads, head_dim, kCapacity, seq, head_slot)));
     }
+}
+
+TEST_P(OpsTest, KvMove) {
+  constexpr std::int64_t kSeqs = 2, kHeads = 3, kCapacity = 9, kDim = 16;
+  const std::vector<float> cache0 = random_floats(rng_, kSeqs * kHeads * kCapacity * kDim);
+  // Every (seq, head) moves its last slot into a random lower one, as compaction does.
+  std::vector<KvMove> moves;
+  std::vector<double> want(cache0.begin(), cache0.end());
+  for (std::int64_t b = 0; b < kSeqs; ++b)
+    for (std::int64_t g = 0; g < kHeads; ++g) {
+      const std::int64_t to = static_cast<std::int64_t>(rng_() % (kCapacity - 1));
+      moves.push_back({b, g, kCapacity - 1, to});
+      const std::int64_t base = (b * kHeads + g) * kCapacity;
+      for (std::int64_t d = 0; d < kDim; ++d)
+        want[sz((base + to) * kDim + d)] = cache0[sz((base + kCapacity - 1) * kDim + d)];
+    }
+  const DeviceBuffer dcache = upload(cache0);
+  backend_->kv_move({dcache.as<float>(), kHeads, kDim, kCapacity, moves});
+  EXPECT_TRUE(exact_all(download(dcache), want));
+  moves[0].to = kCapacity;
+  EXPECT_THROW(backend_->kv_move({dcache.as<float>(), kHeads, kDim, kCapacity, moves}), std::out_of_range);
 }
 
 // ---------------------------------------------------------------------------- sampling

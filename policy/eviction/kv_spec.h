@@ -1,0 +1,65 @@
+// KV eviction policy specs: the text users write after --kv (`h2o:0.2`, `local:128`,
+// `h2o:heavy=0.1,recent=0.1`, `scissorhands:0.2,history=400`), parsed and validated.
+//
+// Grammar:  spec := name [':' item (',' item)*]      item := number | key '=' number
+// The optional first bare number is the budget: a number with a decimal point or exponent is a
+// fraction of the sequence in (0, 1] (`h2o:0.2`), a whole number is a token count >= 1
+// (`h2o:128`). Every policy except `full` needs a budget; h2o may instead name both parts,
+// `heavy=` and `recent=`, each a fraction below 1 or a whole number of tokens.
+//
+// Parameters (defaults are filled into KvSpec::params by the parser):
+//   full          (none; keeps every token)
+//   local         (budget only)
+//   streaming     sink=4            attention sinks (first tokens) always kept
+//   h2o           heavy=, recent=   instead of a budget; default split recent = floor(B/2)
+//   tova          (budget only)
+//   scissorhands  history=400       steps of "below the uniform share" bits kept per token
+//                 recent=10         newest tokens never dropped
+//                 drop=1            tokens dropped when the cache is full: a whole number, or a
+//                                   fraction below 1 of the budget (0.1 = 10% of B at a time)
+//   pyramid       r=0.9             PyramidInfer's per-layer retention floor ratio
+//                 sink=4            first tokens always kept
+//                 recent=0.2        fraction of the prompt that is observers / recent window
+//                 floor=64          smallest per-layer budget (never above the layer-0 budget)
+//   snapkv        window=32         observation window: last queries of the prompt
+//                 kernel=5          pooling kernel (odd), average pooling as in SnapKV
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flexh2o::policy {
+
+struct KvSpec {
+  std::string name;  // full|local|streaming|h2o|tova|scissorhands|pyramid|snapkv
+  std::string text;  // as given (trimmed), for messages and reports
+  std::optional<double> fraction;     // budget as a fraction of the sequence, 0 < f <= 1
+  std::optional<std::int64_t> tokens; // budget as a token count >= 1
+  // Named parameters, defaults filled in. For h2o's heavy/recent and scissorhands' drop a
+  // value below 1 is a fraction and a value >= 1 a whole number of tokens (0 = none).
+  std::map<std::string, double> params;
+
+  bool is_full() const { return name == "full"; }
+  double param(const std::string& key) const;  // throws std::out_of_range when absent
+};
+
+// The policy names parse_kv_spec accepts, in the order above.
+const std::vector<std::string>& kv_policy_names();
+
+// Throws std::invalid_argument naming the text and saying what is valid.
+KvSpec parse_kv_spec(std::string_view text);
+
+// A comma-separated list: "full,local:0.2,h2o:heavy=0.1,recent=0.1,tova:0.2". A comma followed
+// by `word=` continues the current spec's parameters; otherwise it starts a new spec.
+std::vector<KvSpec> parse_kv_specs(std::string_view list);
+
+// Budget in tokens for a sequence of n tokens (BOS included): fraction f -> max(8, round(f*n)),
+// tokens B -> B, h2o heavy+recent -> the sum (floor 8 when either part is a fraction), full -> n;
+// never more than n. (ALGORITHMS.md section 5.) Pyramid's per-layer budget is
+// KvPolicy::budget(layer, n); this is its layer-0 budget.
+std::int64_t budget_tokens(const KvSpec& spec, std::int64_t n);
+
+}  // namespace flexh2o::policy
