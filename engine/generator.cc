@@ -1,5 +1,7 @@
 #include "engine/generator.h"
 
+#include "engine/kv_eviction.h"
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -64,9 +66,22 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     max_prompt = std::max<std::int64_t>(max_prompt, static_cast<std::int64_t>(p.size()));
     res.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
-  const std::int64_t capacity = max_prompt + req.max_new_tokens;
+  std::int64_t capacity = max_prompt + req.max_new_tokens;
+  std::vector<std::unique_ptr<KvEvictionLayer>> eviction;
+  if (req.kv) {
+    std::vector<std::int64_t> total;
+    for (std::size_t b = 0; b < req.prompts.size(); ++b)
+      total.push_back(static_cast<std::int64_t>(req.prompts[b].size()) +
+                      (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : req.max_new_tokens));
+    eviction = make_kv_eviction(be_, *req.kv, cfg_, total, res.prompt_tokens);
+    capacity = 0;
+    for (const auto& e : eviction) capacity = std::max(capacity, e->capacity());
+  }
   std::vector<KvCache> caches;
-  for (std::int64_t l = 0; l < cfg_.n_layers; ++l) caches.emplace_back(be_, cfg_, B, capacity);
+  for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+    caches.emplace_back(be_, cfg_, B, capacity);
+    if (req.kv) caches.back().view.eviction = eviction[static_cast<std::size_t>(l)].get();
+  }
   Activations act(be_, cfg_, res.prompt_tokens, B);
   kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(res.prompt_tokens * cfg_.hidden) * sizeof(float));
   act.hidden = hidden.as<float>();
@@ -90,12 +105,18 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     for (std::int64_t b = 0; b < B; ++b) {
       if (done[b]) continue;
       res.tokens[b].push_back(next[b]);
-      const bool stop = std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
+      // A forced sequence runs until its forced tokens are used up, whatever it samples.
+      const bool forcing = b < static_cast<std::int64_t>(req.forced.size()) &&
+                           step < static_cast<std::int64_t>(req.forced[b].size());
+      const bool stop =
+          !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
       if (stop || static_cast<std::int64_t>(res.tokens[b].size()) >= req.max_new_tokens) {
         done[b] = true;
         --active;
       }
     }
+    for (std::int64_t b = 0; b < std::min<std::int64_t>(B, static_cast<std::int64_t>(req.forced.size())); ++b)
+      if (step < static_cast<std::int64_t>(req.forced[b].size())) next[b] = req.forced[b][step];
     if (req.on_step) req.on_step(step, req.max_new_tokens);
   };
 

@@ -11,6 +11,7 @@
 #include "engine/layers.h"
 #include "engine/weights.h"
 #include "kernels/backend.h"
+#include "policy/eviction/kv_policy.h"
 
 namespace flexh2o::engine {
 
@@ -25,6 +26,12 @@ struct GenerationRequest {
   // Called after every step (0 is the prefill) with the number of steps the request can take;
   // progress reports, and cancellation by throwing.
   std::function<void(std::int64_t step, std::int64_t max_steps)> on_step;
+  // KV eviction (null: the full cache). The budget of a sequence is taken of its prompt +
+  // max_new_tokens (+ its forced tokens instead, when forced).
+  const policy::KvPolicy* kv = nullptr;
+  // Teacher forcing (evaluation): when given, the input after step i of sequence b is
+  // forced[b][i] instead of the sampled token, while forced[b] lasts.
+  std::vector<std::vector<std::int32_t>> forced;
 };
 
 struct GenerationResult {

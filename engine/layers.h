@@ -25,9 +25,13 @@ struct KvPart {
   float* k = nullptr;
   float* v = nullptr;
 };
+class KvEvictionLayer;  // engine/kv_eviction.h
 struct KvView {
   std::int64_t capacity = 0;
   std::vector<KvPart> parts;
+  // Set when a KV policy evicts: the cache then holds only the kept tokens of each
+  // (sequence, kv head), in slots the policy picks. Needs a single part.
+  KvEvictionLayer* eviction = nullptr;
 };
 
 // A cache owned in device memory, all sequences in one part (the plain in-memory run).

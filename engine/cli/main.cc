@@ -4,6 +4,7 @@
 #include <exception>
 #include <fmt/format.h>
 
+#include "engine/cli/eval_command.h"
 #include "engine/cli/interrupts.h"
 #include "engine/cli/run_command.h"
 
@@ -12,9 +13,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   flexh2o::cli::RunOptions run;
   CLI::App* run_cmd = flexh2o::cli::add_run_command(app, run);
+  flexh2o::cli::EvalOptions eval;
+  CLI::App* eval_cmd = flexh2o::cli::add_eval_command(app, eval);
   try {
     app.parse(argc, argv);
     // No subcommand runs the embedded default model.
+    if (eval_cmd->parsed()) return flexh2o::cli::eval_command(eval);
     if (run_cmd->parsed() || app.get_subcommands().empty()) return flexh2o::cli::run_command(run);
     return 0;
   } catch (const CLI::ParseError& e) {

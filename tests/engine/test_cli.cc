@@ -145,6 +145,24 @@ TEST(Cli, BadPlacementGivesOneClearError) {
   expect_clean_error(run("run --percent 0 0 100 0 100 0 --offload-dir " + dir.file("file") + "/sub"), dir.file("file"));
 }
 
+TEST(Cli, EvalComparesPoliciesWithTheFullCache) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("text.txt"),
+                      "Once upon a time, there was a little dog named Max. Max liked to run in the park with his "
+                      "friend Tom. One day they found a big red ball under a tree.\n\n  \n"
+                      "Lily had a cat. The cat was very soft and liked to sleep in the sun all day long.\n");
+  const Result r = run("eval --text " + dir.file("text.txt") + " --kv full,h2o:0.5,local:8 --csv " + dir.file("q.csv"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("2 chunks"));
+  EXPECT_THAT(r.out, HasSubstr("| full | "));
+  EXPECT_THAT(r.out, HasSubstr("| 1.0000 | 0.00000 |"));  // full against itself
+  EXPECT_THAT(r.out, HasSubstr("| h2o:0.5 | "));
+  const std::string csv = testing::read_file(dir.file("q.csv"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;
+  expect_clean_error(run("eval --text " + dir.file("text.txt") + " --kv h2o:fast"), "h2o:fast");
+  expect_clean_error(run("eval --text " + dir.file("missing.txt")), "missing.txt");
+}
+
 // Starts the binary with `args` (split on spaces), stdout and stderr to files in `dir`.
 pid_t spawn(const std::string& args, const testing::TempDir& dir) {
   const std::string cmd = "exec " + std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("spawn.out") + " 2>" +

@@ -1,0 +1,22 @@
+// `flexh2o eval`: teacher-forced quality of KV eviction policies against the full cache.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace flexh2o::cli {
+
+struct EvalOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string text_file;
+  std::string kv = "full,local:0.2,streaming:0.2,h2o:0.2,tova:0.2,scissorhands:0.2,pyramid:0.2,snapkv:0.2";
+  std::int64_t chunks = 64;
+  std::int64_t batch = 16;
+  std::string csv_file;
+};
+
+CLI::App* add_eval_command(CLI::App& app, EvalOptions& opt);
+int eval_command(const EvalOptions& opt);
+
+}  // namespace flexh2o::cli

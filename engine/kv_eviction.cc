@@ -1,0 +1,114 @@
+#include "engine/kv_eviction.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace flexh2o::engine {
+
+KvEvictionLayer::KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& policy, const ModelConfig& cfg,
+                                 std::int64_t layer, std::span<const std::int64_t> total_len,
+                                 std::int64_t max_prompt_rows)
+    : policy_(policy), layer_(layer), n_kv_heads_(cfg.n_kv_heads), head_dim_(cfg.head_dim) {
+  const std::int64_t B = static_cast<std::int64_t>(total_len.size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    // A budget at or above the sequence never evicts; its slots need not exceed the tokens.
+    budget_.push_back(std::min(policy.budget(layer, total_len[b]), total_len[b]));
+    capacity_ = std::max(capacity_, policy::kv_slot_capacity(budget_.back()));
+  }
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t g = 0; g < n_kv_heads_; ++g) states_.push_back(policy.make_state(policy::kv_slot_capacity(budget_[b])));
+  const auto f = sizeof(float);
+  if (policy.uses_prefill_scores()) col_sums_ = {be, static_cast<std::size_t>(max_prompt_rows * n_kv_heads_) * f};
+  if (policy.uses_decode_probs()) probs_ = {be, static_cast<std::size_t>(B * n_kv_heads_ * capacity_) * f};
+}
+
+void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape,
+                              const float* q, const float* k, const float* v, float* out, float* k_cache,
+                              float* v_cache, std::int64_t capacity) {
+  const std::int64_t B = s.batch(), H = n_kv_heads_, T = s.rows();
+  const bool scores = policy_.uses_prefill_scores();
+  std::vector<float> weights;
+  if (scores)
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto w = policy_.prefill_query_weights(layer_, s.seq_offsets[b + 1] - s.seq_offsets[b]);
+      weights.insert(weights.end(), w.begin(), w.end());
+    }
+  be.attention_prefill({shape, q, k, v, out, s.seq_offsets, scores ? col_sums_.as<float>() : nullptr, weights});
+  if (scores) {
+    host_scores_.resize(static_cast<std::size_t>(T * H));
+    be.copy_to_host(host_scores_.data(), col_sums_.data(), host_scores_.size() * sizeof(float));
+  }
+  // The policy keeps positions per head; only those rows are written, to the slots it chose.
+  head_slot_.assign(static_cast<std::size_t>(T * H), -1);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t t0 = s.seq_offsets[b], n = s.seq_offsets[b + 1] - t0;
+    for (std::int64_t g = 0; g < H; ++g) {
+      policy::KvHeadState& st = states_[static_cast<std::size_t>(b * H + g)];
+      const std::span<const float> col = scores ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>(t0 * H + g * n), static_cast<std::size_t>(n))
+                                                : std::span<const float>{};
+      policy_.on_prefill(layer_, n, col, budget_[static_cast<std::size_t>(b)], st);
+      for (std::int64_t slot = 0; slot < st.capacity(); ++slot)
+        if (st.occupied(slot)) head_slot_[static_cast<std::size_t>((t0 + st.position(slot)) * H + g)] = slot;
+    }
+  }
+  be.kv_write({k, k_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
+  be.kv_write({v, v_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
+}
+
+void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape,
+                             const float* q, const float* k, const float* v, float* out, float* k_cache,
+                             float* v_cache, std::int64_t capacity) {
+  const std::int64_t B = s.batch(), H = n_kv_heads_;
+  head_slot_.assign(static_cast<std::size_t>(B * H), -1);
+  lens_.assign(static_cast<std::size_t>(B), 0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t g = 0; g < H; ++g) {
+      const policy::KvHeadState& st = states_[static_cast<std::size_t>(b * H + g)];
+      const std::int64_t slot = st.free_slot();
+      // The occupied slots and the new one are [0, size + 1) (compaction keeps it so), the
+      // same count for every head, so one length per sequence covers them.
+      if (slot < 0 || slot > st.size() || (g > 0 && lens_[b] != st.size() + 1))
+        throw std::logic_error("KV eviction: the slots of a sequence's heads are out of step");
+      head_slot_[static_cast<std::size_t>(b * H + g)] = slot;
+      lens_[static_cast<std::size_t>(b)] = st.size() + 1;
+    }
+  be.kv_write({k, k_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
+  be.kv_write({v, v_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
+  const bool probs = policy_.uses_decode_probs();
+  be.attention_decode({shape, q, k_cache, v_cache, capacity, lens_, out, probs ? probs_.as<float>() : nullptr});
+  if (probs) {
+    host_scores_.resize(static_cast<std::size_t>(B * H * capacity_));
+    be.copy_to_host(host_scores_.data(), probs_.data(), host_scores_.size() * sizeof(float));
+  }
+  moves_.clear();
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t g = 0; g < H; ++g) {
+      policy::KvHeadState& st = states_[static_cast<std::size_t>(b * H + g)];
+      const std::span<const float> p = probs ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>((b * H + g) * capacity_), static_cast<std::size_t>(capacity_))
+                                             : std::span<const float>{};
+      policy_.on_decode_step(st, head_slot_[static_cast<std::size_t>(b * H + g)], s.positions[b], p,
+                             budget_[static_cast<std::size_t>(b)], evicted_);
+      // One eviction leaves the freed slot for the next token; more leave holes to close.
+      if (evicted_.size() > 1) {
+        slot_moves_.clear();
+        st.compact(slot_moves_);
+        for (const auto& m : slot_moves_) moves_.push_back({b, g, m.from, m.to});
+      }
+    }
+  if (!moves_.empty()) {
+    be.kv_move({k_cache, H, head_dim_, capacity, moves_});
+    be.kv_move({v_cache, H, head_dim_, capacity, moves_});
+  }
+}
+
+std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction(kernels::Backend& be, const policy::KvPolicy& policy,
+                                                               const ModelConfig& cfg,
+                                                               std::span<const std::int64_t> total_len,
+                                                               std::int64_t max_prompt_rows) {
+  std::vector<std::unique_ptr<KvEvictionLayer>> out;
+  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
+    out.push_back(std::make_unique<KvEvictionLayer>(be, policy, cfg, l, total_len, max_prompt_rows));
+  return out;
+}
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,49 @@
+// KV eviction around one attention layer (policy/eviction decides, this moves the data):
+// at prefill the kernel's (query-weighted) column sums go to the policy, which keeps at most
+// the budget of each (sequence, kv head); each decode step writes the new token into a free
+// slot per head, attends over the occupied slots with per-slot probabilities, and lets the
+// policy evict. The cache holds kv_slot_capacity(budget) slots per (sequence, kv head).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/layers.h"
+#include "policy/eviction/kv_policy.h"
+
+namespace flexh2o::engine {
+
+class KvEvictionLayer {
+ public:
+  // total_len[b]: prompt + new tokens of sequence b, which the budget is a fraction of.
+  KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& policy, const ModelConfig& cfg, std::int64_t layer,
+                  std::span<const std::int64_t> total_len, std::int64_t max_prompt_rows);
+  // Slots per (sequence, kv head) this layer needs.
+  std::int64_t capacity() const { return capacity_; }
+
+  // Attention::forward calls these around its kernels.
+  void prefill(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape, const float* q,
+               const float* k, const float* v, float* out, float* k_cache, float* v_cache, std::int64_t capacity);
+  void decode(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape, const float* q,
+              const float* k, const float* v, float* out, float* k_cache, float* v_cache, std::int64_t capacity);
+
+ private:
+  const policy::KvPolicy& policy_;
+  std::int64_t layer_, n_kv_heads_, head_dim_, capacity_ = 0;
+  std::vector<std::int64_t> budget_;          // per sequence
+  std::vector<policy::KvHeadState> states_;   // [B * n_kv_heads]
+  kernels::DeviceBuffer col_sums_, probs_;    // kernel outputs the policy reads
+  std::vector<float> host_scores_;
+  std::vector<std::int64_t> head_slot_, lens_, evicted_;
+  std::vector<policy::KvSlotMove> slot_moves_;
+  std::vector<kernels::KvMove> moves_;
+};
+
+// One KvEvictionLayer per decoder layer.
+std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction(kernels::Backend& be, const policy::KvPolicy& policy,
+                                                               const ModelConfig& cfg,
+                                                               std::span<const std::int64_t> total_len,
+                                                               std::int64_t max_prompt_rows);
+
+}  // namespace flexh2o::engine
