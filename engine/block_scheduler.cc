@@ -1,5 +1,7 @@
 #include "engine/block_scheduler.h"
 
+#include "engine/kv_eviction.h"
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -70,6 +72,7 @@ struct BlockScheduler::Batch {
   std::unique_ptr<TieredTensor> hidden;       // [max rows, hidden]
   std::vector<std::unique_ptr<TieredTensor>> k, v;  // per decoder layer: [n, kv_heads * capacity * head_dim]
   std::int64_t resident_end = 0;  // sequences [0, resident_end) are attended where they live
+  std::vector<std::unique_ptr<KvEvictionLayer>> eviction;  // per decoder layer, with a KV policy
   CopyTicket hidden_stored;
   std::vector<CopyTicket> cache_stored;
 };
@@ -127,6 +130,7 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
   units_.front().first = true;
   units_.back().last = true;
 
+  if (policy_.kv != "full") kv_policy_ = policy::make_kv_policy(policy::parse_kv_spec(policy_.kv), cfg_.n_layers);
   weights_ = load_tiered_weights(cfg_, source, tiers_, policy_.weights);
   std::int64_t slot_bytes = 0;
   for (const auto& u : units_) {
@@ -201,14 +205,15 @@ void BlockScheduler::issue_loads(BlockState& st, std::int64_t unit, std::int64_t
   }
   const std::int64_t staged = b.n - b.resident_end;
   if (u.cache_layer >= 0 && staged > 0 && !b.step.prefill) {
-    // Only the valid slots of each (sequence, kv head): lens before this step's token.
+    // Only the valid slots of each (sequence, kv head): lens before this step's token. Under
+    // eviction the policy's slots fill the (budget-sized) rows: all of them.
     const TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
     const TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
     const std::int64_t slot_bytes = cfg_.head_dim * 4, head_bytes = st.capacity * slot_bytes;
     std::vector<CopyPiece> pieces;
     std::int64_t bytes = 0;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
-      const std::int64_t valid = (b.step.lens[s] - 1) * slot_bytes;
+      const std::int64_t valid = b.eviction.empty() ? (b.step.lens[s] - 1) * slot_bytes : head_bytes;
       const std::int64_t row_off = (s - b.resident_end) * kt.row_bytes();
       for (std::int64_t h = 0; h < cfg_.n_kv_heads; ++h)
         for (auto [t, base] : {std::pair{&kt, slot.k.data()}, std::pair{&vt, slot.v.data()}}) {
@@ -244,8 +249,9 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
   Activations& act = *st.act;
   act.hidden = st.hidden_resident ? static_cast<float*>(b.hidden->place(0).ptr)
                                   : reinterpret_cast<float*>(slot.hidden.data());
-  KvView view{st.capacity, {}};
+  KvView view{st.capacity, {}, nullptr};
   if (u.cache_layer >= 0) {
+    if (!b.eviction.empty()) view.eviction = b.eviction[static_cast<std::size_t>(u.cache_layer)].get();
     const TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
     const TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
     for (Tier t : {Tier::Gpu, Tier::Cpu}) {
@@ -288,9 +294,11 @@ void BlockScheduler::issue_stores(BlockState& st, std::int64_t unit, std::int64_
     std::vector<CopyPiece> pieces;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
       const std::int64_t row_off = (s - b.resident_end) * kt.row_bytes();
-      // Prefill wrote slots [0, len); a decode step wrote slot len - 1.
-      const std::int64_t from = b.step.prefill ? 0 : (b.step.lens[s] - 1) * slot_bytes;
-      const std::int64_t to = b.step.lens[s] * slot_bytes;
+      // Prefill wrote slots [0, len); a decode step wrote slot len - 1; under eviction the
+      // policy's slots anywhere in the row.
+      const bool all = !b.eviction.empty();
+      const std::int64_t from = b.step.prefill || all ? 0 : (b.step.lens[s] - 1) * slot_bytes;
+      const std::int64_t to = all ? head_bytes : b.step.lens[s] * slot_bytes;
       for (std::int64_t h = 0; h < cfg_.n_kv_heads; ++h)
         for (auto [t, base] : {std::pair{&kt, slot.k.data()}, std::pair{&vt, slot.v.data()}}) {
           auto p = t->pieces(s, s + 1, Place::gpu(base + row_off), true, h * head_bytes + from, h * head_bytes + to);
@@ -333,12 +341,26 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
     max_prompt = std::max<std::int64_t>(max_prompt, static_cast<std::int64_t>(p.size()));
     res.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
-  st.capacity = max_prompt + req.max_new_tokens;
+  const std::int64_t gbs = policy_.gpu_batch_size;
+  // With a KV policy the cache holds each (sequence, kv head)'s budget + 1 slots, not all tokens.
+  const policy::KvPolicy* kv = req.kv ? req.kv : kv_policy_.get();
+  std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
+  st.capacity = kv ? 0 : max_prompt + req.max_new_tokens;
+  for (std::int64_t s0 = 0; kv && s0 < B; s0 += gbs) {
+    std::vector<std::int64_t> total;
+    std::int64_t rows = 0;
+    for (std::int64_t s = s0; s < std::min(B, s0 + gbs); ++s) {
+      total.push_back(static_cast<std::int64_t>(req.prompts[s].size()) + req.max_new_tokens);
+      rows += static_cast<std::int64_t>(req.prompts[s].size());
+    }
+    evictions.push_back(make_kv_eviction(be_, *kv, cfg_, total, rows));
+    for (const auto& e : evictions.back()) st.capacity = std::max(st.capacity, e->capacity());
+  }
   const std::int64_t kv_row = cfg_.n_kv_heads * st.capacity * cfg_.head_dim;
   std::int64_t max_rows = 0;
-  const std::int64_t gbs = policy_.gpu_batch_size;
   for (std::int64_t s0 = 0; s0 < B; s0 += gbs) {
     Batch b;
+    if (kv) b.eviction = std::move(evictions[static_cast<std::size_t>(s0 / gbs)]);
     b.seq0 = s0;
     b.n = std::min(gbs, B - s0);
     b.prompts.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);

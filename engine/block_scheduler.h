@@ -62,6 +62,7 @@ class BlockScheduler {
   TieredWeights weights_;
   DeviceWeights resident_;  // tensors wholly on the gpu tier, used in place
   std::vector<WeightSlot> weight_slots_;
+  std::unique_ptr<policy::KvPolicy> kv_policy_;  // from policy_.kv; null for the full cache
   // Declared last: destroyed first, so queued copies finish before the memory they touch goes.
   std::unique_ptr<offload::CopyEngine> copies_;
   int lane_weights_ = 0, lane_cache_in_ = 0, lane_cache_out_ = 0, lane_hidden_in_ = 0, lane_hidden_out_ = 0;

@@ -22,9 +22,9 @@ KvEvictionLayer::KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& p
   if (policy.uses_decode_probs()) probs_ = {be, static_cast<std::size_t>(B * n_kv_heads_ * capacity_) * f};
 }
 
-void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape,
-                              const float* q, const float* k, const float* v, float* out, float* k_cache,
-                              float* v_cache, std::int64_t capacity) {
+void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int64_t seq0,
+                              const kernels::AttentionShape& shape, const float* q, const float* k, const float* v,
+                              float* out, float* k_cache, float* v_cache, std::int64_t capacity) {
   const std::int64_t B = s.batch(), H = n_kv_heads_, T = s.rows();
   const bool scores = policy_.uses_prefill_scores();
   std::vector<float> weights;
@@ -43,10 +43,10 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, const ke
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t t0 = s.seq_offsets[b], n = s.seq_offsets[b + 1] - t0;
     for (std::int64_t g = 0; g < H; ++g) {
-      policy::KvHeadState& st = states_[static_cast<std::size_t>(b * H + g)];
+      policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + b) * H + g)];
       const std::span<const float> col = scores ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>(t0 * H + g * n), static_cast<std::size_t>(n))
                                                 : std::span<const float>{};
-      policy_.on_prefill(layer_, n, col, budget_[static_cast<std::size_t>(b)], st);
+      policy_.on_prefill(layer_, n, col, budget_[static_cast<std::size_t>(seq0 + b)], st);
       for (std::int64_t slot = 0; slot < st.capacity(); ++slot)
         if (st.occupied(slot)) head_slot_[static_cast<std::size_t>((t0 + st.position(slot)) * H + g)] = slot;
     }
@@ -55,15 +55,15 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, const ke
   be.kv_write({v, v_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
 }
 
-void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape,
-                             const float* q, const float* k, const float* v, float* out, float* k_cache,
-                             float* v_cache, std::int64_t capacity) {
+void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int64_t seq0,
+                             const kernels::AttentionShape& shape, const float* q, const float* k, const float* v,
+                             float* out, float* k_cache, float* v_cache, std::int64_t capacity) {
   const std::int64_t B = s.batch(), H = n_kv_heads_;
   head_slot_.assign(static_cast<std::size_t>(B * H), -1);
   lens_.assign(static_cast<std::size_t>(B), 0);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t g = 0; g < H; ++g) {
-      const policy::KvHeadState& st = states_[static_cast<std::size_t>(b * H + g)];
+      const policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + b) * H + g)];
       const std::int64_t slot = st.free_slot();
       // The occupied slots and the new one are [0, size + 1) (compaction keeps it so), the
       // same count for every head, so one length per sequence covers them.
@@ -83,11 +83,11 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, const ker
   moves_.clear();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t g = 0; g < H; ++g) {
-      policy::KvHeadState& st = states_[static_cast<std::size_t>(b * H + g)];
+      policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + b) * H + g)];
       const std::span<const float> p = probs ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>((b * H + g) * capacity_), static_cast<std::size_t>(capacity_))
                                              : std::span<const float>{};
       policy_.on_decode_step(st, head_slot_[static_cast<std::size_t>(b * H + g)], s.positions[b], p,
-                             budget_[static_cast<std::size_t>(b)], evicted_);
+                             budget_[static_cast<std::size_t>(seq0 + b)], evicted_);
       // One eviction leaves the freed slot for the next token; more leave holes to close.
       if (evicted_.size() > 1) {
         slot_moves_.clear();

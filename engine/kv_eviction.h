@@ -22,11 +22,14 @@ class KvEvictionLayer {
   // Slots per (sequence, kv head) this layer needs.
   std::int64_t capacity() const { return capacity_; }
 
-  // Attention::forward calls these around its kernels.
-  void prefill(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape, const float* q,
-               const float* k, const float* v, float* out, float* k_cache, float* v_cache, std::int64_t capacity);
-  void decode(kernels::Backend& be, const StepBatch& s, const kernels::AttentionShape& shape, const float* q,
-              const float* k, const float* v, float* out, float* k_cache, float* v_cache, std::int64_t capacity);
+  // Attention::forward calls these instead of its kernels, for the run of sequences starting
+  // at `seq0` that `s` holds (rebased to 0) and whose cache is at k_cache/v_cache.
+  void prefill(kernels::Backend& be, const StepBatch& s, std::int64_t seq0, const kernels::AttentionShape& shape,
+               const float* q, const float* k, const float* v, float* out, float* k_cache, float* v_cache,
+               std::int64_t capacity);
+  void decode(kernels::Backend& be, const StepBatch& s, std::int64_t seq0, const kernels::AttentionShape& shape,
+              const float* q, const float* k, const float* v, float* out, float* k_cache, float* v_cache,
+              std::int64_t capacity);
 
  private:
   const policy::KvPolicy& policy_;

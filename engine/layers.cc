@@ -80,28 +80,25 @@ class Attention final : public Layer {
                                         1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     float* o = act.attn.as<float>();
     const std::int64_t qw = cfg_.n_heads * cfg_.head_dim, kw = cfg_.n_kv_heads * cfg_.head_dim;
-    if (cache->eviction) {
-      if (cache->parts.size() != 1 || cache->parts[0].seq_begin != 0 || cache->parts[0].seq_end != s.batch())
-        throw std::logic_error("KV eviction needs the whole batch's cache in one place");
-      const KvPart& part = cache->parts[0];
-      if (s.prefill)
-        cache->eviction->prefill(be, s, shape, q, k, v, o, part.k, part.v, cache->capacity);
-      else
-        cache->eviction->decode(be, s, shape, q, k, v, o, part.k, part.v, cache->capacity);
-    } else {
-      for (const KvPart& part : cache->parts) {
-        // Each run of sequences attends over its own part of the cache: rows [r0, ...) of the step.
-        const bool whole = part.seq_begin == 0 && part.seq_end == s.batch();
-        const StepBatch sub = whole ? StepBatch{} : s.slice(part.seq_begin, part.seq_end);
-        const StepBatch& p = whole ? s : sub;
-        const std::int64_t r0 = whole ? 0 : s.first_row(part.seq_begin);
-        be.kv_write({k + r0 * kw, part.k, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}});
-        be.kv_write({v + r0 * kw, part.v, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}});
-        if (s.prefill)
-          be.attention_prefill({shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, p.seq_offsets, nullptr, {}});
-        else
-          be.attention_decode({shape, q + r0 * qw, part.k, part.v, cache->capacity, p.lens, o + r0 * qw, nullptr});
+    for (const KvPart& part : cache->parts) {
+      // Each run of sequences attends over its own part of the cache: rows [r0, ...) of the step.
+      const bool whole = part.seq_begin == 0 && part.seq_end == s.batch();
+      const StepBatch sub = whole ? StepBatch{} : s.slice(part.seq_begin, part.seq_end);
+      const StepBatch& p = whole ? s : sub;
+      const std::int64_t r0 = whole ? 0 : s.first_row(part.seq_begin);
+      if (KvEvictionLayer* ev = cache->eviction) {
+        // The policy picks the slots: writes, attention and evictions go through it.
+        const auto run = s.prefill ? &KvEvictionLayer::prefill : &KvEvictionLayer::decode;
+        (ev->*run)(be, p, part.seq_begin, shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, part.k, part.v,
+                   cache->capacity);
+        continue;
       }
+      be.kv_write({k + r0 * kw, part.k, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}});
+      be.kv_write({v + r0 * kw, part.v, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}});
+      if (s.prefill)
+        be.attention_prefill({shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, p.seq_offsets, nullptr, {}});
+      else
+        be.attention_decode({shape, q + r0 * qw, part.k, part.v, cache->capacity, p.lens, o + r0 * qw, nullptr});
     }
     be.gemm({o, rows, get(w, p_ + "wo"), b("bo"), h, 1.0f});  // residual: h += o @ wo^T
   }

@@ -1,5 +1,7 @@
 #include "policy/policy.h"
 
+#include "policy/eviction/kv_spec.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -48,7 +50,11 @@ void Policy::validate(const std::string& source) const {
   if (compress_weight || compress_cache)
     throw std::invalid_argument(source + ": compress_weight/compress_cache are reserved until 4-bit compression "
                                          "is implemented; set them to false");
-  if (kv.empty()) throw std::invalid_argument(source + ": kv must name a KV policy (e.g. full)");
+  try {
+    parse_kv_spec(kv);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(source + ": kv: " + e.what());
+  }
 }
 
 Policy load_policy_yaml(const std::string& yaml_text, const std::string& source) {

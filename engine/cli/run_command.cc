@@ -65,6 +65,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(CLI::Range(0, 1))
       ->group(sched);
   run->add_flag("--cpu-cache-compute", o.cpu_cache_compute, "attend over a cpu-homed KV cache on the CPU")->group(sched);
+  run->add_option("--kv", o.kv, "KV eviction policy, e.g. h2o:0.2, h2o:128, h2o:heavy=0.1,recent=0.1, local:0.2 "
+                                "(default full); the KV tier then holds only the budget")
+      ->group(sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
   run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
   run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
@@ -113,6 +116,7 @@ policy::Policy make_policy(const RunOptions& o) {
   if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
   if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
   if (o.cpu_cache_compute) p.cpu_cache_compute = true;
+  if (!o.kv.empty()) p.kv = o.kv;
   p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
   return p;
 }

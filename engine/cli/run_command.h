@@ -31,6 +31,7 @@ struct RunOptions {
   std::optional<std::int64_t> num_gpu_batches;
   std::optional<int> overlap, sep_layer, pin_weight;
   bool cpu_cache_compute = false;
+  std::string kv;  // KV eviction spec
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string offload_dir;

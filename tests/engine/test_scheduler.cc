@@ -8,6 +8,7 @@
 #include "engine/block_scheduler.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model_source.h"
+#include "policy/eviction/kv_spec.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -52,6 +53,10 @@ Case random_case(std::uint64_t seed) {
   p.sep_layer = rng() % 2;
   p.cpu_cache_compute = rng() % 2;
   p.pin_weight = rng() % 2;
+  // Half the cases evict: the scheduler must make the same (lossy) choices as the plain run.
+  const char* kv[] = {"full", "h2o:0.3", "local:0.3", "tova:0.3", "scissorhands:0.3", "pyramid:0.3", "snapkv:0.3",
+                      "streaming:0.3"};
+  p.kv = rng() % 2 ? "full" : kv[rng() % 8];
   c.always_stage = rng() % 2;
   c.force_threads = rng() % 4 == 0;
   return c;
@@ -67,7 +72,7 @@ std::string describe(const Case& c) {
          }() +
          "] overlap " + std::to_string(p.overlap) + " sep_layer " + std::to_string(p.sep_layer) +
          " cpu_cache_compute " + std::to_string(p.cpu_cache_compute) + " stage " + std::to_string(c.always_stage) +
-         " threads " + std::to_string(c.force_threads);
+         " threads " + std::to_string(c.force_threads) + " kv " + p.kv;
 }
 
 std::vector<std::vector<std::int32_t>> random_prompts(const ModelConfig& cfg, std::int64_t n, std::uint64_t seed) {
@@ -86,13 +91,17 @@ void expect_same_tokens(const ModelConfig& cfg, const engine::WeightSource& src,
   SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c));
   GenerationRequest req;
   req.prompts = random_prompts(cfg, c.policy.block_size(), seed);
-  req.max_new_tokens = 4;
+  req.max_new_tokens = 8;
   req.sampling = {temperature, 0.9f, seed};
 
   auto be = kernels::make_cpu_backend();
   const auto host = engine::load_weights(cfg, src);
   engine::Generator plain(*be, cfg, host);
+  const auto kv = c.policy.kv == "full" ? nullptr
+                                        : policy::make_kv_policy(policy::parse_kv_spec(c.policy.kv), cfg.n_layers);
+  req.kv = kv.get();
   const auto want = plain.generate(req).tokens;
+  req.kv = nullptr;  // the scheduler takes it from its policy
 
   testing::TempDir dir;
   offload::TierOptions to;
