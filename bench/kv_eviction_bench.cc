@@ -58,7 +58,7 @@ Result measure(const engine::ModelSource& m, const std::string& kv, std::int64_t
     p.gpu_batch_size = r.batch + 1;
     engine::BlockScheduler sched(*be, tiers, c, *m.weights, p);
     try {
-      sched.generate(request(c, r.batch + 1, 1));
+      sched.generate(request(c, r.batch + 1, kGen));
       throw std::runtime_error("batch " + std::to_string(r.batch + 1) + " fit the cpu budget unexpectedly");
     } catch (const offload::BudgetExceeded&) {
     }

@@ -19,7 +19,6 @@ KvEvictionLayer::KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& p
     for (std::int64_t g = 0; g < n_kv_heads_; ++g) states_.push_back(policy.make_state(policy::kv_slot_capacity(budget_[b])));
   const auto f = sizeof(float);
   if (policy.uses_prefill_scores()) col_sums_ = {be, static_cast<std::size_t>(max_prompt_rows * n_kv_heads_) * f};
-  if (policy.uses_decode_probs()) probs_ = {be, static_cast<std::size_t>(B * n_kv_heads_ * capacity_) * f};
 }
 
 void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int64_t seq0,
@@ -75,16 +74,19 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
   be.kv_write({k, k_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
   be.kv_write({v, v_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
   const bool probs = policy_.uses_decode_probs();
+  // The cache may be wider than this layer needs (pyramid: layers differ); probs follow its stride.
+  const auto probs_bytes = static_cast<std::size_t>(B * H * capacity) * sizeof(float);
+  if (probs && probs_.bytes() < probs_bytes) probs_ = {be, probs_bytes};
   be.attention_decode({shape, q, k_cache, v_cache, capacity, lens_, out, probs ? probs_.as<float>() : nullptr});
   if (probs) {
-    host_scores_.resize(static_cast<std::size_t>(B * H * capacity_));
+    host_scores_.resize(static_cast<std::size_t>(B * H * capacity));
     be.copy_to_host(host_scores_.data(), probs_.data(), host_scores_.size() * sizeof(float));
   }
   moves_.clear();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t g = 0; g < H; ++g) {
       policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + b) * H + g)];
-      const std::span<const float> p = probs ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>((b * H + g) * capacity_), static_cast<std::size_t>(capacity_))
+      const std::span<const float> p = probs ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>((b * H + g) * capacity), static_cast<std::size_t>(capacity))
                                              : std::span<const float>{};
       policy_.on_decode_step(st, head_slot_[static_cast<std::size_t>(b * H + g)], s.positions[b], p,
                              budget_[static_cast<std::size_t>(seq0 + b)], evicted_);

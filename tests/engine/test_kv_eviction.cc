@@ -48,16 +48,18 @@ TEST(KvEviction, SmallBudgetsEvictAndKeepGenerating) {
   auto be = kernels::make_cpu_backend();
   const auto w = engine::load_weights(m.config, *m.weights);
   engine::Generator gen(*be, m.config, w);
-  auto req = request(m.config, 40);
+  // Long enough (> 64 tokens) that pyramid's budgets differ between layers.
+  auto req = request(m.config, 120);
   const auto full = gen.generate(req).tokens;
-  for (const char* name : kPolicies) {
-    SCOPED_TRACE(name);
-    const auto policy = policy::make_kv_policy(policy::parse_kv_spec(std::string(name) + ":0.2"), m.config.n_layers);
-    req.kv = policy.get();
-    const auto got = gen.generate(req).tokens;
-    ASSERT_EQ(got.size(), full.size());
-    for (const auto& t : got) EXPECT_FALSE(t.empty());
-  }
+  for (const char* name : kPolicies)
+    for (const char* budget : {":0.2", ":0.6"}) {
+      SCOPED_TRACE(std::string(name) + budget);
+      const auto policy = policy::make_kv_policy(policy::parse_kv_spec(std::string(name) + budget), m.config.n_layers);
+      req.kv = policy.get();
+      const auto got = gen.generate(req).tokens;
+      ASSERT_EQ(got.size(), full.size());
+      for (const auto& t : got) EXPECT_FALSE(t.empty());
+    }
 }
 
 }  // namespace
