@@ -4,8 +4,10 @@
 #include <exception>
 #include <fmt/format.h>
 
+#include "engine/cli/calibrate_command.h"
 #include "engine/cli/eval_command.h"
 #include "engine/cli/interrupts.h"
+#include "engine/cli/plan_command.h"
 #include "engine/cli/run_command.h"
 
 int main(int argc, char** argv) {
@@ -15,10 +17,16 @@ int main(int argc, char** argv) {
   CLI::App* run_cmd = flexh2o::cli::add_run_command(app, run);
   flexh2o::cli::EvalOptions eval;
   CLI::App* eval_cmd = flexh2o::cli::add_eval_command(app, eval);
+  flexh2o::cli::PlanCliOptions plan;
+  CLI::App* plan_cmd = flexh2o::cli::add_plan_command(app, plan);
+  flexh2o::cli::CalibrateOptions calibrate;
+  CLI::App* calibrate_cmd = flexh2o::cli::add_calibrate_command(app, calibrate);
   try {
     app.parse(argc, argv);
     // No subcommand runs the embedded default model.
     if (eval_cmd->parsed()) return flexh2o::cli::eval_command(eval);
+    if (plan_cmd->parsed()) return flexh2o::cli::plan_command(plan);
+    if (calibrate_cmd->parsed()) return flexh2o::cli::calibrate_command(calibrate);
     if (run_cmd->parsed() || app.get_subcommands().empty()) return flexh2o::cli::run_command(run);
     return 0;
   } catch (const CLI::ParseError& e) {

@@ -13,6 +13,7 @@
 
 #include "engine/block_scheduler.h"
 #include "engine/cli/interrupts.h"
+#include "engine/model_shape.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
@@ -44,7 +45,10 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
 
   const char* sched = "Placement and schedule";
-  run->add_option("--policy", o.policy_file, "policy YAML (flags below override its fields)")->group(sched);
+  run->add_option("--policy", o.policy_file,
+                  "policy YAML (flags below override its fields), or auto: plan with --hardware, then run")
+      ->group(sched);
+  run->add_option("--hardware", o.hardware, "hardware profile for --policy auto")->group(sched);
   run->add_option("--percent", o.percent,
                   "WG WC CG CC AG AC: percent of weights, KV cache and activations on gpu and cpu (the rest on disk)")
       ->expected(6)
@@ -159,18 +163,52 @@ int run_command(const RunOptions& o) {
   mo.dummy = o.dummy;
   mo.seed = o.seed;
   if (!o.dtype.empty()) mo.dtype = kernels::parse_dtype(o.dtype);
-  const policy::Policy pol = make_policy(o);
+  const bool auto_policy = o.policy_file == "auto";
+  if (auto_policy && o.hardware.empty())
+    throw std::invalid_argument("--policy auto plans for a machine: pass --hardware FILE (configs/hardware/*.yaml or "
+                                "the output of flexh2o calibrate)");
+  policy::Policy pol = auto_policy ? policy::Policy{} : make_policy(o);
   offload::TierOptions to;
   to.gpu_bytes = capacity(o.gpu_mem, "--gpu-mem");
   to.cpu_bytes = capacity(o.cpu_mem, "--cpu-mem");
   to.disk_bytes = capacity(o.disk_mem, "--disk-mem");
   to.offload_dir = o.offload_dir;
-  to.pin_host = pol.pin_weight;
   ModelSource m = open_model(mo);
   const std::int64_t gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
 
-  const std::int64_t count = o.batch.value_or(o.gpu_batch_size || !o.policy_file.empty() ? pol.block_size() : 1);
-  std::vector<PromptItem> items = gather_prompts(o, m, count);
+  std::vector<PromptItem> items;
+  if (auto_policy) {
+    // Plan for the prompts' length (synthetic prompts: --prompt-len), then run the plan within
+    // the profile's capacities unless --*-mem say otherwise.
+    const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !m.tokenizer;
+    std::int64_t prompt_len = o.prompt_len;
+    if (!synthetic) {
+      items = gather_prompts(o, m, o.batch.value_or(1));
+      prompt_len = 0;
+      for (const auto& it : items) prompt_len = std::max<std::int64_t>(prompt_len, static_cast<std::int64_t>(it.tokens.size()));
+    }
+    policy::HardwareProfile hw = policy::load_hardware_file(o.hardware);
+    for (auto [bytes, field] : {std::pair{to.gpu_bytes, &hw.gpu_mem}, std::pair{to.cpu_bytes, &hw.cpu_mem},
+                                std::pair{to.disk_bytes, &hw.disk_mem}})
+      if (bytes != offload::Budget::kUnlimited) *field = bytes;
+    policy::PlanOptions po;
+    po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
+    const policy::Estimate e = policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, po);
+    pol = e.policy;
+    to.gpu_bytes = hw.gpu_mem;
+    to.cpu_bytes = hw.cpu_mem;
+    to.disk_bytes = hw.disk_mem;
+    const auto pct = pol.percent();
+    fmt::print(stderr, "planned for {}: gpu batch {} x {}, percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
+                       "cpu_cache_compute {}; predicted total {:.2f} tok/s\n",
+               hw.name, pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
+               pol.cpu_cache_compute, e.total_throughput);
+  }
+  to.pin_host = pol.pin_weight;
+
+  const std::int64_t count =
+      o.batch.value_or(o.gpu_batch_size || !o.policy_file.empty() ? pol.block_size() : 1);
+  if (items.empty()) items = gather_prompts(o, m, count);
   std::vector<std::vector<std::int32_t>> all_prompts;
   std::vector<std::string> ids;
   for (const auto& it : items) {

@@ -25,7 +25,8 @@ struct RunOptions {
   std::string dtype;
 
   // Placement and schedule (FlexGen's flags); a --policy file first, then these override it.
-  std::string policy_file;
+  std::string policy_file;  // a YAML file, or "auto"
+  std::string hardware;     // profile for --policy auto
   std::vector<double> percent;  // WG WC CG CC AG AC
   std::optional<std::int64_t> gpu_batch_size;
   std::optional<std::int64_t> num_gpu_batches;

@@ -163,6 +163,35 @@ TEST(Cli, EvalComparesPoliciesWithTheFullCache) {
   expect_clean_error(run("eval --text " + dir.file("missing.txt")), "missing.txt");
 }
 
+TEST(Cli, PlanIsADryRunWhosePolicyRunAccepts) {
+  testing::TempDir dir;
+  const std::string t4 = std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/t4-gcp.yaml";
+  const Result r = run("plan --model opt-30b --hardware " + t4 + " --prompt-len 512 --gen-len 32 --explain --out " +
+                       dir.file("p.yaml"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("policy: gpu batch"));
+  EXPECT_THAT(r.out, HasSubstr("predicted:"));
+  EXPECT_THAT(r.out, HasSubstr("bottleneck:"));
+  // The written policy is what run --policy reads (on a small model here).
+  const Result ran = run("run --policy " + dir.file("p.yaml") + " --batch 2 --gen-len 4");
+  EXPECT_EQ(ran.code, 0) << ran.err;
+  const Result again = run("plan --model opt-30b --hardware " + t4 + " --policy " + dir.file("p.yaml"));
+  EXPECT_EQ(again.code, 0) << again.err;
+  expect_clean_error(run("plan --model opt-175b --hardware " + t4 + " --cpu-mem 16GB --disk-mem 100GB"), "--disk-mem >=");
+  expect_clean_error(run("plan --model opt-30b --hardware " + dir.file("nope.yaml")), "nope.yaml");
+}
+
+TEST(Cli, CalibrateWritesAProfilePlanReads) {
+  testing::TempDir dir;
+  const Result c = run("calibrate --quick --offload-dir " + dir.path() + " --out " + dir.file("hw.yaml"));
+  ASSERT_EQ(c.code, 0) << c.err;
+  const Result p = run("plan --model opt-125m --hardware " + dir.file("hw.yaml") + " --prompt-len 64 --gen-len 8");
+  EXPECT_EQ(p.code, 0) << p.err;
+  const Result a = run("run --policy auto --hardware " + dir.file("hw.yaml") + " --gen-len 8");
+  EXPECT_EQ(a.code, 0) << a.err;
+  EXPECT_THAT(a.err, HasSubstr("planned for"));
+}
+
 // Starts the binary with `args` (split on spaces), stdout and stderr to files in `dir`.
 pid_t spawn(const std::string& args, const testing::TempDir& dir) {
   const std::string cmd = "exec " + std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("spawn.out") + " 2>" +

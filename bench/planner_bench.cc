@@ -1,0 +1,84 @@
+// The cost model against the engine on this machine: for several policies of a dummy model on
+// the CPU backend, the planner's predicted total throughput next to the measured one (target:
+// within +-25% once `flexh2o calibrate` has measured the machine), and how long planning
+// OPT-175B takes. Usage: bench_planner [profile.yaml] [model] [prompt_len] [gen_len]
+//   defaults: configs/hardware/ci-cpu.yaml opt-125m 64 8
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "engine/block_scheduler.h"
+#include "engine/model_shape.h"
+#include "engine/model_source.h"
+#include "policy/cost_model.h"
+
+using namespace flexh2o;
+
+int main(int argc, char** argv) {
+  const std::string profile = argc > 1 ? argv[1] : std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml";
+  engine::ModelOptions mo;
+  mo.model = argc > 2 ? argv[2] : "opt-125m";
+  mo.dummy = true;
+  mo.dtype = kernels::DType::F16;
+  const std::int64_t prompt = argc > 3 ? std::atoll(argv[3]) : 64, gen = argc > 4 ? std::atoll(argv[4]) : 8;
+  const policy::HardwareProfile hw = policy::load_hardware_file(profile);
+  auto m = engine::open_model(mo);
+  m.config.stop_ids.clear();
+  const policy::ModelShape shape = engine::model_shape(m.config);
+  const policy::Workload w{prompt, gen};
+
+  struct Case {
+    std::string name;
+    std::int64_t gbs, k;
+    std::array<double, 6> percent;
+    bool ccc;
+  };
+  const std::vector<Case> cases = {
+      {"all gpu, batch 4", 4, 1, {100, 0, 100, 0, 100, 0}, false},
+      {"all gpu, 8 x 2", 8, 2, {100, 0, 100, 0, 100, 0}, false},
+      {"weights 50/50 gpu/cpu", 8, 1, {50, 50, 100, 0, 100, 0}, false},
+      {"weights cpu, KV cpu", 8, 2, {0, 100, 0, 100, 100, 0}, false},
+      {"weights cpu, KV cpu, ccc", 8, 2, {0, 100, 0, 100, 100, 0}, true},
+      {"weights 20/50/30, KV 50/50", 4, 2, {20, 50, 50, 50, 100, 0}, false},
+  };
+  fmt::print("profile {}, model {} (f16 dummy), prompt {} + gen {}\n\n", hw.name, m.config.name, prompt, gen);
+  fmt::print("| policy | gbs x K | predicted tok/s | measured tok/s | predicted / measured |\n|---|---|---|---|---|\n");
+  double worst = 0;
+  for (const Case& c : cases) {
+    policy::Policy p;
+    p.gpu_batch_size = c.gbs;
+    p.num_gpu_batches = c.k;
+    p.set_percent(c.percent);
+    p.cpu_cache_compute = c.ccc;
+    const auto est = policy::estimate(shape, hw, w, p);
+    auto be = kernels::make_cpu_backend();
+    offload::Tiers tiers(*be, {});
+    engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, p);
+    engine::GenerationRequest req;
+    for (std::int64_t b = 0; b < p.block_size(); ++b) {
+      req.prompts.emplace_back();
+      for (std::int64_t t = 0; t < prompt; ++t)
+        req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % m.config.vocab_size));
+    }
+    req.max_new_tokens = gen;
+    sched.generate(req);  // warm-up
+    const auto r = sched.generate(req);
+    const double measured = static_cast<double>(r.generated_tokens) / (r.prefill_seconds + r.decode_seconds);
+    const double predicted = est ? est->total_throughput : 0;
+    worst = std::max(worst, std::abs(predicted / measured - 1));
+    fmt::print("| {} | {} x {} | {:.2f} | {:.2f} | {:.2f} |\n", c.name, c.gbs, c.k, predicted, measured,
+               predicted / measured);
+  }
+  fmt::print("\nworst relative error: {:.0f}% (target <= 25%)\n", worst * 100);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto big = engine::model_shape(engine::builtin_model("opt-175b"));
+  policy::HardwareProfile t4 = policy::load_hardware_file(std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/t4-gcp.yaml");
+  const auto e = policy::plan(big, t4, {512, 32});
+  fmt::print("plan OPT-175B on t4-gcp: {:.3f} s (block {}, {:.2f} tok/s predicted)\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), e.policy.block_size(),
+             e.total_throughput);
+  return 0;
+}

@@ -1,0 +1,415 @@
+#include "engine/cli/calibrate_command.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "kernels/backend.h"
+#include "offload/budget.h"
+#include "offload/copy_engine.h"
+#include "offload/host_memory.h"
+#include "offload/tiers.h"
+#include "policy/hardware_profile.h"
+
+namespace flexh2o::cli {
+
+CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& o) {
+  auto* cal = app.add_subcommand("calibrate", "Measure this machine and write a hardware profile YAML for the planner");
+  cal->add_option("--backend", o.backend, "compute backend to measure")->check(CLI::IsMember({"cpu", "cuda"}));
+  cal->add_option("--offload-dir", o.offload_dir, "directory whose disk is measured (default: a fresh temp directory)");
+  cal->add_option("--out", o.out_file, "write the profile here (default: stdout)");
+  cal->add_option("--name", o.name, "profile name (default: <hostname>-<backend>)");
+  cal->add_flag("--quick", o.quick, "smaller sizes and shorter timings (a few seconds, rougher numbers)");
+  return cal;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kernels::Backend;
+using kernels::DeviceBuffer;
+namespace off = flexh2o::offload;
+
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+// Copies move in chunks of this size, like the engine's weight and KV transfers.
+constexpr std::int64_t kChunk = 64 * kMiB;
+
+// How long and how large each measurement is.
+struct Plan {
+  double min_seconds;                   // each rate is timed over at least this long
+  std::vector<std::int64_t> prefill_m;  // GEMM rows at prefill (tokens of a batch)
+  std::vector<std::int64_t> decode_m;   // GEMM rows at decode (sequences of a batch)
+  std::int64_t gemm_n, gemm_k;          // weight [n, k], fp16
+  std::int64_t attn_prefill_seqs, attn_prefill_len;
+  std::int64_t attn_decode_seqs, attn_decode_len;
+  std::int64_t heads, head_dim;
+  std::int64_t memory_bytes;  // cpu <-> gpu copies per pass
+  std::int64_t disk_bytes;    // disk <-> cpu, one pass each way
+};
+
+Plan make_plan(bool quick) {
+  if (quick) return {0.05, {512}, {16}, 2048, 2048, 2, 256, 8, 512, 16, 128, 128 * kMiB, 128 * kMiB};
+  return {0.4, {512, 1024, 2048}, {8, 16, 32}, 2048, 2048, 4, 512, 16, 1024, 16, 128, 512 * kMiB, 512 * kMiB};
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Seconds per call of fn: one warm-up call, then calls until min_seconds have passed.
+template <class F>
+double time_per_call(F&& fn, double min_seconds) {
+  fn();
+  int calls = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = seconds_since(t0);
+  } while (elapsed < min_seconds);
+  return elapsed / calls;
+}
+
+// Keeps 4 significant digits, so the profile reads like a measurement, not noise.
+double round_sig(double v) {
+  if (!(v > 0) || !std::isfinite(v)) return v;
+  const double scale = std::pow(10.0, 3 - std::floor(std::log10(v)));
+  return std::round(v * scale) / scale;
+}
+
+std::string mib(std::int64_t bytes) { return fmt::format("{} MiB", bytes / kMiB); }
+
+// One line per measurement on stderr, e.g. "calibrate: disk->cpu 512 MiB ... 0.91 GB/s".
+void progress(const std::string& what, const std::string& result) {
+  fmt::print(stderr, "calibrate: {} ... {}\n", what, result);
+}
+
+std::string gflops(double flops_per_s) { return fmt::format("{:.3g} GFLOP/s", flops_per_s / 1e9); }
+std::string gbps(double bytes_per_s) { return fmt::format("{:.3g} GB/s", bytes_per_s / 1e9); }
+
+// Small deterministic values with some spread (a repeated pseudo-random pattern; cheap to
+// fill hundreds of MiB and free of denormals).
+void fill(float* p, std::int64_t n, std::uint32_t seed) {
+  std::array<float, 4093> pattern{};
+  std::uint32_t s = seed * 2654435761u + 1;
+  for (float& v : pattern) {
+    s = s * 1664525u + 1013904223u;
+    v = static_cast<float>(s >> 8) / static_cast<float>(1u << 24) - 0.5f;
+  }
+  for (std::int64_t i = 0; i < n; ++i) p[i] = pattern[static_cast<std::size_t>(i) % pattern.size()];
+}
+
+DeviceBuffer device_floats(Backend& be, std::int64_t n, std::uint32_t seed) {
+  std::vector<float> host(static_cast<std::size_t>(n));
+  fill(host.data(), n, seed);
+  DeviceBuffer d(be, host.size() * sizeof(float));
+  be.copy_to_device(d.data(), host.data(), d.bytes());
+  return d;
+}
+
+// ---- Compute -----------------------------------------------------------------------------
+
+// flop/s of y[m, n] = x[m, k] @ w[n, k]^T over the given row counts, with fp16 weights (as
+// the engine stores them): total flops over total time.
+double gemm_rate(Backend& be, const Plan& plan, const std::vector<std::int64_t>& ms, const char* phase) {
+  const std::int64_t n = plan.gemm_n, k = plan.gemm_k;
+  std::vector<float> wf(static_cast<std::size_t>(n * k));
+  fill(wf.data(), n * k, 1);
+  std::vector<std::uint16_t> wh(wf.size());
+  kernels::convert_from_f32(wf.data(), kernels::DType::F16, wh.data(), wh.size());
+  DeviceBuffer w(be, wh.size() * sizeof(std::uint16_t));
+  be.copy_to_device(w.data(), wh.data(), w.bytes());
+  const std::int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  DeviceBuffer x = device_floats(be, max_m * k, 2);
+  DeviceBuffer y(be, static_cast<std::size_t>(max_m * n) * sizeof(float));
+
+  double flops = 0, seconds = 0;
+  for (std::int64_t m : ms) {
+    kernels::GemmArgs a;
+    a.x = x.as<float>();
+    a.m = m;
+    a.w = {w.data(), kernels::DType::F16, n, k};
+    a.y = y.as<float>();
+    const double t = time_per_call(
+        [&] {
+          be.gemm(a);
+          be.synchronize();
+        },
+        plan.min_seconds);
+    const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    progress(fmt::format("gemm {} m={} n=k={} f16", phase, m, n), gflops(f / t));
+    flops += f;
+    seconds += t;
+  }
+  return flops / seconds;
+}
+
+// flop/s of causal prefill attention, counted as FlexGen does: 4 * s^2 * h per sequence
+// (QK^T and PV over the full square, though causal attention computes about half of it).
+double attention_prefill_rate(Backend& be, const Plan& plan) {
+  const std::int64_t b = plan.attn_prefill_seqs, s = plan.attn_prefill_len, h = plan.heads * plan.head_dim;
+  const std::int64_t rows = b * s;
+  DeviceBuffer q = device_floats(be, rows * h, 3), k = device_floats(be, rows * h, 4),
+               v = device_floats(be, rows * h, 5);
+  DeviceBuffer out(be, static_cast<std::size_t>(rows * h) * sizeof(float));
+  std::vector<std::int64_t> offsets;
+  for (std::int64_t i = 0; i <= b; ++i) offsets.push_back(i * s);
+  kernels::AttentionPrefillArgs a;
+  a.shape = {plan.heads, plan.heads, plan.head_dim, 1.0f / std::sqrt(static_cast<float>(plan.head_dim))};
+  a.q = q.as<float>();
+  a.k = k.as<float>();
+  a.v = v.as<float>();
+  a.out = out.as<float>();
+  a.seq_offsets = offsets;
+  const double t = time_per_call(
+      [&] {
+        be.attention_prefill(a);
+        be.synchronize();
+      },
+      plan.min_seconds);
+  const double rate =
+      4.0 * static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(h) / t;
+  progress(fmt::format("attention prefill {} x {} tokens, h={}", b, s, h), gflops(rate));
+  return rate;
+}
+
+// flop/s of decode attention, counted as FlexGen does: 4 * len * h per new token.
+double attention_decode_rate(Backend& be, const Plan& plan) {
+  const std::int64_t b = plan.attn_decode_seqs, len = plan.attn_decode_len, h = plan.heads * plan.head_dim;
+  DeviceBuffer q = device_floats(be, b * h, 6);
+  DeviceBuffer kc = device_floats(be, b * len * h, 7), vc = device_floats(be, b * len * h, 8);
+  DeviceBuffer out(be, static_cast<std::size_t>(b * h) * sizeof(float));
+  const std::vector<std::int64_t> lens(static_cast<std::size_t>(b), len);
+  kernels::AttentionDecodeArgs a;
+  a.shape = {plan.heads, plan.heads, plan.head_dim, 1.0f / std::sqrt(static_cast<float>(plan.head_dim))};
+  a.q = q.as<float>();
+  a.k_cache = kc.as<float>();
+  a.v_cache = vc.as<float>();
+  a.capacity = len;
+  a.lens = lens;
+  a.out = out.as<float>();
+  const double t = time_per_call(
+      [&] {
+        be.attention_decode(a);
+        be.synchronize();
+      },
+      plan.min_seconds);
+  const double rate = 4.0 * static_cast<double>(b) * static_cast<double>(len) * static_cast<double>(h) / t;
+  progress(fmt::format("attention decode {} seqs x {} cached, h={}", b, len, h), gflops(rate));
+  return rate;
+}
+
+// ---- Transfers ---------------------------------------------------------------------------
+
+// Bytes/s of moving `bytes` in kChunk copies through one CopyEngine lane (the engine's
+// transfer path): `place_dst/place_src(offset)` name the two ends of each chunk.
+template <class Dst, class Src>
+double lane_pass(off::CopyEngine& engine, int lane, std::int64_t bytes, Dst place_dst, Src place_src) {
+  std::vector<off::CopyTicket> tickets;
+  const auto t0 = Clock::now();
+  for (std::int64_t o = 0; o < bytes; o += kChunk)
+    tickets.push_back(engine.copy(lane, place_dst(o), place_src(o), std::min(kChunk, bytes - o), {"calibrate", ""}));
+  // Every ticket is waited on, even after an error, so no copy outlives the buffers.
+  std::exception_ptr error;
+  for (const auto& t : tickets) {
+    try {
+      t.wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return seconds_since(t0);
+}
+
+// cpu <-> gpu: repeated passes over `bytes` (memcpy on the CPU backend).
+double memory_rate(off::CopyEngine& engine, int lane, void* dst, off::Tier dst_tier, const void* src,
+                   off::Tier src_tier, std::int64_t bytes, double min_seconds) {
+  auto place = [](off::Tier t, const void* base) {
+    return [t, base](std::int64_t o) {
+      void* p = const_cast<std::byte*>(static_cast<const std::byte*>(base) + o);
+      return t == off::Tier::Gpu ? off::Place::gpu(p) : off::Place::cpu(p);
+    };
+  };
+  lane_pass(engine, lane, bytes, place(dst_tier, dst), place(src_tier, src));  // warm-up
+  int passes = 0;
+  double seconds = 0;
+  do {
+    seconds += lane_pass(engine, lane, bytes, place(dst_tier, dst), place(src_tier, src));
+    ++passes;
+  } while (seconds < min_seconds);
+  return static_cast<double>(bytes) * passes / seconds;
+}
+
+std::int64_t free_bytes_at(const std::string& dir) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0)
+    throw std::runtime_error("cannot read the free space of " + dir + ": " + std::strerror(errno));
+  return static_cast<std::int64_t>(st.f_bavail) * static_cast<std::int64_t>(st.f_frsize);
+}
+
+// Physical memory, or the container's memory limit when that is lower (cgroup v2).
+std::int64_t host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) throw std::runtime_error("cannot read the physical memory size (sysconf)");
+  std::int64_t bytes = static_cast<std::int64_t>(pages) * page;
+  std::ifstream limit("/sys/fs/cgroup/memory.max");
+  std::int64_t cg = 0;
+  if (limit >> cg && cg > 0) bytes = std::min(bytes, cg);
+  return bytes;
+}
+
+std::string host_name() {
+  std::array<char, 256> buf{};
+  if (::gethostname(buf.data(), buf.size() - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf.data();
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  std::array<char, 32> buf{};
+  std::strftime(buf.data(), buf.size(), "%Y-%m-%d %H:%M UTC", &tm);
+  return buf.data();
+}
+
+// Writes through a temporary file and a rename, so an interrupted run leaves no half-written file.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f != nullptr && std::fclose(f) != 0) f = nullptr;
+  if (!ok || f == nullptr || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
+  }
+}
+
+}  // namespace
+
+int calibrate_command(const CalibrateOptions& o) {
+  if (o.backend == "cuda")
+    throw std::invalid_argument("--backend cuda: this build has no CUDA backend; use --backend cpu");
+  if (o.backend != "cpu") throw std::invalid_argument("--backend " + o.backend + ": unknown backend; use cpu or cuda");
+  if (!o.out_file.empty()) {  // fail before measuring, not after
+    const std::filesystem::path dir = std::filesystem::path(o.out_file).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir))
+      throw std::invalid_argument("--out " + o.out_file + ": directory " + dir.string() + " does not exist");
+  }
+  const Plan plan = make_plan(o.quick);
+  const auto started = Clock::now();
+  auto be = kernels::make_cpu_backend();
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  fmt::print(stderr, "calibrate: {} backend, {} hardware threads{}\n", be->name(), threads, o.quick ? ", --quick" : "");
+
+  off::TierOptions to;
+  to.offload_dir = o.offload_dir;
+  off::Tiers tiers(*be, to);
+  off::DiskStore& disk = tiers.disk();  // opened now, so a bad --offload-dir fails at once
+  off::CopyEngine engine(tiers);
+  const int lane = engine.add_lane("calibrate");
+
+  policy::HardwareProfile hw;
+  hw.name = o.name.empty() ? host_name() + "-" + o.backend : o.name;
+
+  // Compute rates. FlexGen fits GEMM and attention matmul rates separately for prefill
+  // (compute-bound) and decode (memory-bound); the same split is measured here.
+  hw.gpu_gemm_prefill = round_sig(gemm_rate(*be, plan, plan.prefill_m, "prefill"));
+  hw.gpu_gemm_decode = round_sig(gemm_rate(*be, plan, plan.decode_m, "decode"));
+  hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan));
+  hw.gpu_attn_decode = round_sig(attention_decode_rate(*be, plan));
+  // On the CPU build the "gpu" backend is this CPU, so the cpu-side rates (attention over a
+  // cpu-homed cache with cpu_cache_compute) are the same device at decode shapes.
+  hw.cpu_gemm = hw.gpu_gemm_decode;
+  hw.cpu_attn_decode = hw.gpu_attn_decode;
+
+  // cpu <-> gpu. On the CPU backend the gpu tier is host memory and these are memcpy.
+  {
+    off::HostBuffer host(static_cast<std::size_t>(plan.memory_bytes), be.get());
+    DeviceBuffer dev(*be, static_cast<std::size_t>(plan.memory_bytes));
+    std::memset(host.data(), 0x5a, host.bytes());
+    const double c2g = memory_rate(engine, lane, dev.data(), off::Tier::Gpu, host.data(), off::Tier::Cpu,
+                                   plan.memory_bytes, plan.min_seconds);
+    progress("cpu->gpu " + mib(plan.memory_bytes), gbps(c2g));
+    const double g2c = memory_rate(engine, lane, host.data(), off::Tier::Cpu, dev.data(), off::Tier::Gpu,
+                                   plan.memory_bytes, plan.min_seconds);
+    progress("gpu->cpu " + mib(plan.memory_bytes), gbps(g2c));
+    hw.cpu_to_gpu = round_sig(c2g);
+    hw.gpu_to_cpu = round_sig(g2c);
+  }
+
+  // disk <-> cpu through the disk store (O_DIRECT where the filesystem allows it), one pass
+  // each way over a fresh extent: written first (as the engine offloads), then read back.
+  {
+    hw.disk_mem = free_bytes_at(disk.dir());
+    if (hw.disk_mem < 2 * plan.disk_bytes)
+      throw std::runtime_error("offload directory " + disk.dir() + " has only " + off::format_bytes(hw.disk_mem) +
+                               " free; calibrate writes " + off::format_bytes(plan.disk_bytes) +
+                               "; use --offload-dir on a larger disk");
+    const std::string how =
+        disk.uses_direct_io() ? "" : " (buffered: the filesystem refuses O_DIRECT, reads may hit the page cache)";
+    off::HostBuffer host(static_cast<std::size_t>(plan.disk_bytes), be.get());
+    std::uint32_t s = 12345;
+    for (std::size_t i = 0; i < host.bytes() / 4; ++i) {
+      s = s * 1664525u + 1013904223u;
+      host.as<std::uint32_t>()[i] = s;
+    }
+    const off::Extent e = disk.allocate(plan.disk_bytes, "calibrate");
+    auto at_disk = [e](std::int64_t offset) { return off::Place::disk(e, offset); };
+    auto at_host = [&host](std::int64_t offset) { return off::Place::cpu(host.as<std::byte>() + offset); };
+    try {
+      const double c2d =
+          static_cast<double>(plan.disk_bytes) / lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host);
+      progress("cpu->disk " + mib(plan.disk_bytes), gbps(c2d) + how);
+      const double d2c =
+          static_cast<double>(plan.disk_bytes) / lane_pass(engine, lane, plan.disk_bytes, at_host, at_disk);
+      progress("disk->cpu " + mib(plan.disk_bytes), gbps(d2c) + how);
+      hw.cpu_to_disk = round_sig(c2d);
+      hw.disk_to_cpu = round_sig(d2c);
+    } catch (...) {
+      disk.free(e);
+      throw;
+    }
+    disk.free(e);
+  }
+
+  // Capacities. On the CPU build the gpu tier is host memory too, so both are the RAM.
+  hw.cpu_mem = host_memory_bytes();
+  hw.gpu_mem = hw.cpu_mem;
+  progress("memory", off::format_bytes(hw.cpu_mem) + " (physical RAM; the gpu tier of the cpu build is host memory)");
+  progress("disk", off::format_bytes(hw.disk_mem) + " free under " + disk.dir());
+
+  hw.source = fmt::format(
+      "measured by flexh2o calibrate{} on {}, {}: {} backend, {} hardware threads; the gpu tier is host "
+      "memory (gpu_mem = cpu_mem = RAM) and cpu rates equal the gpu decode rates",
+      o.quick ? " --quick" : "", host_name(), utc_now(), be->name(), threads);
+  const std::string yaml = policy::hardware_to_yaml(hw);
+  // What we write must load; a failure here is a bug, caught before the file exists.
+  policy::load_hardware_yaml(yaml, "calibrate output");
+  if (o.out_file.empty())
+    fmt::print("{}", yaml);
+  else
+    write_file_atomically(o.out_file, yaml);
+  fmt::print(stderr, "calibrate: done in {:.1f} s{}\n", seconds_since(started),
+             o.out_file.empty() ? "" : ", wrote " + o.out_file);
+  return 0;
+}
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,105 @@
+#include "engine/cli/plan_command.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "engine/model_shape.h"
+#include "engine/model_source.h"
+#include "offload/budget.h"
+#include "policy/eviction/kv_spec.h"
+
+namespace flexh2o::cli {
+
+engine::ModelConfig model_config_of(const std::string& model) {
+  engine::ModelOptions mo;
+  mo.model = model;
+  mo.dummy = true;  // only the shape is needed; nothing is read
+  return engine::open_model(mo).config;
+}
+
+CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
+  auto* plan = app.add_subcommand("plan", "Choose placement and batch sizes with the cost model (dry run, no GPU needed)");
+  plan->add_option("--model", o.model, "built-in config name (opt-30b, llama-2-70b, ...), model YAML or checkpoint")->required();
+  plan->add_option("--hardware", o.hardware, "hardware profile YAML (configs/hardware/*.yaml or from flexh2o calibrate)")
+      ->required();
+  plan->add_option("--prompt-len", o.prompt_len, "prompt tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  plan->add_option("--gen-len", o.gen_len, "new tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  plan->add_option("--kv", o.kv, "KV eviction policy, e.g. h2o:0.2 (default full)");
+  plan->add_option("--gpu-mem", o.gpu_mem, "override the profile's GPU memory");
+  plan->add_option("--cpu-mem", o.cpu_mem, "override the profile's CPU memory");
+  plan->add_option("--disk-mem", o.disk_mem, "override the profile's disk space");
+  plan->add_option("--out", o.out_file, "write the chosen policy as YAML (for flexh2o run --policy)");
+  plan->add_flag("--explain", o.explain, "also print the cost terms and memory per tier");
+  plan->add_option("--policy", o.policy_file, "predict this policy YAML instead of searching (placement and batch)");
+  return plan;
+}
+
+int plan_command(const PlanCliOptions& o) {
+  const engine::ModelConfig cfg = model_config_of(o.model);
+  policy::HardwareProfile hw = policy::load_hardware_file(o.hardware);
+  auto override_mem = [](const std::string& text, std::int64_t& field, const char* flag) {
+    if (text.empty()) return;
+    try {
+      field = offload::parse_bytes(text);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(flag) + ": " + e.what());
+    }
+  };
+  override_mem(o.gpu_mem, hw.gpu_mem, "--gpu-mem");
+  override_mem(o.cpu_mem, hw.cpu_mem, "--cpu-mem");
+  override_mem(o.disk_mem, hw.disk_mem, "--disk-mem");
+  policy::PlanOptions po;
+  po.kv = policy::parse_kv_spec(o.kv);
+  const policy::ModelShape shape = engine::model_shape(cfg);
+  const policy::Workload w{o.prompt_len, o.gen_len};
+  policy::Estimate e;
+  if (o.policy_file.empty()) {
+    e = policy::plan(shape, hw, w, po);
+  } else {
+    policy::Policy fixed = policy::load_policy_file(o.policy_file);
+    if (o.kv != "full") fixed.kv = o.kv;
+    po.kv = policy::parse_kv_spec(fixed.kv);
+    const auto est = policy::estimate(shape, hw, w, fixed, po);
+    if (!est)
+      throw std::invalid_argument(o.policy_file + ": this policy does not fit " + hw.name +
+                                  "'s memory; run flexh2o plan without --policy for one that does");
+    e = *est;
+  }
+  const auto& p = e.policy;
+  const auto pct = p.percent();
+  fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}\n", cfg.name, hw.name, hw.source, o.prompt_len, o.gen_len,
+             o.kv);
+  fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
+             "cpu_cache_compute {}\n",
+             p.gpu_batch_size, p.num_gpu_batches, p.block_size(), pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
+             p.cpu_cache_compute);
+  fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per block)\n",
+             e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds);
+  fmt::print("memory: gpu {} | cpu {} | disk {}\nbottleneck: {}\n", offload::format_bytes(e.peak_bytes[0]),
+             offload::format_bytes(e.peak_bytes[1]), offload::format_bytes(e.peak_bytes[2]), e.bottleneck);
+  if (o.explain) {
+    const auto z = policy::model_sizes(shape);
+    fmt::print("sizes: weights {} ({} per layer, embeddings {}), KV {} per token per layer, KV tokens per sequence {}\n",
+               offload::format_bytes(z.total_weights), offload::format_bytes(z.layer_weights),
+               offload::format_bytes(z.embedding_weights), offload::format_bytes(z.kv_per_token_layer),
+               policy::kv_tokens(shape, w, po.kv));
+    fmt::print("capacities (x{} safety): gpu {} | cpu {} | disk {}\n", po.memory_safety, offload::format_bytes(hw.gpu_mem),
+               offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem));
+    fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
+  }
+  if (!o.out_file.empty()) {
+    const std::string tmp = o.out_file + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    const std::string text = policy::policy_to_yaml(p);
+    const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (f != nullptr && std::fclose(f) != 0) f = nullptr;
+    if (!ok || f == nullptr || std::rename(tmp.c_str(), o.out_file.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error("cannot write " + o.out_file);
+    }
+  }
+  return 0;
+}
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,30 @@
+// `flexh2o plan`: the cost-model planner as a dry run (no GPU, no weights needed).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "engine/model_config.h"
+#include "policy/cost_model.h"
+
+namespace flexh2o::cli {
+
+struct PlanCliOptions {
+  std::string model;
+  std::string hardware;
+  std::int64_t prompt_len = 512;
+  std::int64_t gen_len = 32;
+  std::string kv = "full";
+  std::string gpu_mem, cpu_mem, disk_mem;
+  std::string out_file;
+  bool explain = false;
+  std::string policy_file;  // predict this policy instead of searching
+};
+
+CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& opt);
+int plan_command(const PlanCliOptions& opt);
+
+// A model config from a built-in name, a model YAML, a Hugging Face directory or a llama2.c file.
+engine::ModelConfig model_config_of(const std::string& model);
+
+}  // namespace flexh2o::cli

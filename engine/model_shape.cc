@@ -1,0 +1,22 @@
+#include "engine/model_shape.h"
+
+namespace flexh2o::engine {
+
+policy::ModelShape model_shape(const ModelConfig& c) {
+  policy::ModelShape m;
+  m.name = c.name;
+  m.layers = c.n_layers;
+  m.hidden = c.hidden;
+  m.ffn = c.ffn;
+  m.heads = c.n_heads;
+  m.kv_heads = c.n_kv_heads;
+  m.head_dim = c.head_dim;
+  m.vocab = c.vocab_size;
+  m.gated_mlp = c.family == Family::Llama;
+  m.tied_embeddings = c.tie_embeddings;
+  m.weight_bytes = static_cast<std::int64_t>(kernels::dtype_size(c.dtype));
+  m.extra_embedding_rows = c.family == Family::Opt ? c.max_positions + 2 : 0;
+  return m;
+}
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,69 @@
+// FlexGen's cost model and placement search (ALGORITHMS.md section 3), extended with what
+// flexh2o runs: exact row-split fractions, the KV eviction budget (KV term sized by the budget
+// plus the policy's score arrays), cpu_cache_compute, embeddings, and the engine's own
+// working set (two weight staging slots, KV/hidden staging rings, activation scratch).
+// For one (gbs, K) the placement is a small LP solved with GLPK; the search walks gbs and K.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "policy/eviction/kv_spec.h"
+#include "policy/hardware_profile.h"
+#include "policy/policy.h"
+
+namespace flexh2o::policy {
+
+// The model as the planner sees it (engine::ModelConfig provides it).
+struct ModelShape {
+  std::string name;
+  std::int64_t layers = 0, hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
+  bool gated_mlp = false;        // LLaMA: gate, up, down; OPT: fc1, fc2
+  bool tied_embeddings = false;  // the output head reuses the input embedding
+  std::int64_t weight_bytes = 2; // bytes per weight element (fp16)
+  std::int64_t extra_embedding_rows = 0;  // OPT's learned positions
+};
+
+struct Workload {
+  std::int64_t prompt_len = 512;
+  std::int64_t gen_len = 32;
+};
+
+// Sizes the engine allocates, in bytes (unit tests check them by hand).
+struct ModelSizes {
+  std::int64_t layer_weights = 0;      // one decoder layer (attention + MLP)
+  std::int64_t embedding_weights = 0;  // input embedding (+ positions) + untied head
+  std::int64_t total_weights = 0;
+  std::int64_t largest_unit = 0;       // the biggest scheduling unit: what a staging slot holds
+  std::int64_t kv_per_token_layer = 0; // K and V, fp32, one token, one layer
+  std::int64_t hidden_per_token = 0;   // fp32 residual stream
+};
+ModelSizes model_sizes(const ModelShape& m);
+// Tokens a sequence's KV occupies per head: prompt + gen, or the eviction budget's slots.
+std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv);
+
+struct Estimate {
+  Policy policy;
+  double prefill_seconds = 0, decode_seconds = 0;  // one block
+  double prefill_throughput = 0, decode_throughput = 0, total_throughput = 0;  // tokens/s
+  std::array<std::int64_t, 3> peak_bytes{};  // gpu, cpu, disk
+  std::string bottleneck;                    // the decode term that sets the step time
+};
+
+struct PlanOptions {
+  KvSpec kv = parse_kv_spec("full");
+  bool allow_cpu_cache_compute = true;
+  double memory_safety = 0.9;  // fraction of each tier the plan may use
+  std::int64_t max_block = 1 << 14;
+};
+
+// The cost of one fixed policy (the fractions as given); nullopt when it does not fit.
+std::optional<Estimate> estimate(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
+                                 const Policy& p, const PlanOptions& o = {});
+
+// The best policy found. Throws std::invalid_argument naming the smallest change that fits
+// when nothing does (more memory on a tier, --disk-mem, or a KV budget).
+Estimate plan(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o = {});
+
+}  // namespace flexh2o::policy

@@ -1,0 +1,32 @@
+// What a machine can hold and move, for the cost model (FlexGen's constants, ALGORITHMS.md
+// section 3): tier capacities, link bandwidths and compute rates. Loaded from
+// configs/hardware/*.yaml or written by `flexh2o calibrate`.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace flexh2o::policy {
+
+struct HardwareProfile {
+  std::string name;
+  std::string source;  // "measured by flexh2o calibrate on ...", "FlexGen's fitted T4 constants", "datasheet estimate"
+  // Capacities in bytes.
+  std::int64_t gpu_mem = 0, cpu_mem = 0, disk_mem = 0;
+  // Bandwidths in bytes/s.
+  double cpu_to_gpu = 0, gpu_to_cpu = 0, disk_to_cpu = 0, cpu_to_disk = 0;
+  // Rates in flop/s: dense GEMM and batched attention matmuls, prefill and decode, on the
+  // gpu (the compute backend) and on the cpu (cpu_cache_compute attention).
+  double gpu_gemm_prefill = 0, gpu_gemm_decode = 0, gpu_attn_prefill = 0, gpu_attn_decode = 0;
+  double cpu_gemm = 0, cpu_attn_decode = 0;
+};
+
+// Keys: name, source, gpu_mem/cpu_mem/disk_mem (sizes like "15GiB" or bytes), bandwidths in
+// GB/s (cpu_to_gpu_gbps, gpu_to_cpu_gbps, disk_to_cpu_gbps, cpu_to_disk_gbps), rates in
+// TFLOP/s (gpu_gemm_prefill_tflops, gpu_gemm_decode_tflops, gpu_attn_prefill_tflops,
+// gpu_attn_decode_tflops, cpu_gemm_tflops, cpu_attn_decode_tflops). Every key is required;
+// unknown keys and non-positive values are errors naming the file and key.
+HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::string& source);
+HardwareProfile load_hardware_file(const std::string& path);
+std::string hardware_to_yaml(const HardwareProfile& h);
+
+}  // namespace flexh2o::policy

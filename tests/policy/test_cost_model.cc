@@ -1,0 +1,98 @@
+// The planner's size formulas against sizes computed by hand, and its search on FlexGen's T4.
+#include "policy/cost_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace flexh2o::policy {
+namespace {
+
+ModelShape opt_175b() {
+  return {"opt-175b", 96, 12288, 49152, 96, 96, 128, 50272, false, true, 2, 2050};
+}
+ModelShape llama_2_70b() {
+  return {"llama-2-70b", 80, 8192, 28672, 64, 8, 128, 32000, true, false, 2, 0};
+}
+
+TEST(CostModel, Opt175bSizesByHand) {
+  const ModelSizes z = model_sizes(opt_175b());
+  // FlexGen's wi = 8 h^2 + 4 h ffn bytes at fp16.
+  EXPECT_EQ(z.layer_weights, 8LL * 12288 * 12288 + 4LL * 12288 * 49152);
+  EXPECT_EQ(z.layer_weights, 3'623'878'656LL);
+  EXPECT_EQ(z.embedding_weights, (50272LL + 2050) * 12288 * 2);  // tokens + learned positions, head tied
+  EXPECT_EQ(z.total_weights, 96 * 3'623'878'656LL + 1'285'865'472LL);
+  EXPECT_EQ(z.kv_per_token_layer, 2 * 12288 * 4);  // K and V in fp32
+  EXPECT_EQ(z.largest_unit, 2LL * 12288 * 49152 * 2);  // the MLP
+}
+
+TEST(CostModel, Llama2_70bSizesByHand) {
+  const ModelSizes z = model_sizes(llama_2_70b());
+  const std::int64_t attn = (2LL * 8192 * 8192 + 2LL * 8192 * 1024) * 2;  // q, o full; k, v for 8 kv heads
+  const std::int64_t mlp = 3LL * 8192 * 28672 * 2;
+  EXPECT_EQ(z.layer_weights, attn + mlp);
+  EXPECT_EQ(z.layer_weights, 1'711'276'032LL);
+  EXPECT_EQ(z.embedding_weights, 2LL * 32000 * 8192 * 2);  // untied head
+  EXPECT_EQ(z.total_weights, 80 * 1'711'276'032LL + 1'048'576'000LL);
+  EXPECT_EQ(z.kv_per_token_layer, 2 * 1024 * 4);  // GQA: 8 kv heads x 128
+}
+
+TEST(CostModel, KvTokensFollowTheEvictionBudget) {
+  const Workload w{512, 32};
+  EXPECT_EQ(kv_tokens(opt_175b(), w, parse_kv_spec("full")), 544);
+  EXPECT_EQ(kv_tokens(opt_175b(), w, parse_kv_spec("h2o:0.2")), 110);  // round(0.2 * 544) + the incoming slot
+  EXPECT_EQ(kv_tokens(opt_175b(), w, parse_kv_spec("local:64")), 65);
+}
+
+HardwareProfile t4() {
+  HardwareProfile h;
+  h.name = "t4";
+  h.gpu_mem = 15'000'000'000;
+  h.cpu_mem = 204'000'000'000;
+  h.disk_mem = 1'500'000'000'000;
+  h.cpu_to_gpu = 12.89e9;
+  h.gpu_to_cpu = 0.97e9;
+  h.disk_to_cpu = 0.473e9;
+  h.cpu_to_disk = 0.746e9;
+  h.gpu_gemm_prefill = 21.24e12;
+  h.gpu_gemm_decode = 4.3e12;
+  h.gpu_attn_prefill = 9.97e12;
+  h.gpu_attn_decode = 0.079e12;
+  h.cpu_gemm = h.cpu_attn_decode = 0.0123e12;
+  return h;
+}
+
+TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
+  const Workload w{512, 32};
+  const ModelShape m{"opt-30b", 48, 7168, 28672, 56, 56, 128, 50272, false, true, 2, 2050};
+  const Estimate full = plan(m, t4(), w);
+  const Estimate h2o = plan(m, t4(), w, {parse_kv_spec("h2o:0.2")});
+  for (const Estimate* e : {&full, &h2o}) {
+    EXPECT_LE(e->peak_bytes[0], 15'000'000'000 * 0.9 + 1);
+    EXPECT_LE(e->peak_bytes[1], 204'000'000'000 * 0.9 + 1);
+    EXPECT_GT(e->total_throughput, 0);
+    // A fixed policy's estimate agrees with what the search reported for it.
+    const auto again = estimate(m, t4(), w, e->policy, {e == &h2o ? parse_kv_spec("h2o:0.2") : parse_kv_spec("full")});
+    ASSERT_TRUE(again.has_value());
+    EXPECT_NEAR(again->total_throughput, e->total_throughput, 1e-6 * e->total_throughput);
+  }
+  EXPECT_GT(h2o.policy.block_size(), full.policy.block_size());
+  EXPECT_GT(h2o.total_throughput, full.total_throughput);
+}
+
+TEST(CostModel, InfeasibleRequestsNameTheChange) {
+  HardwareProfile small = t4();
+  small.cpu_mem = 16'000'000'000;
+  small.disk_mem = 100'000'000'000;
+  try {
+    plan(opt_175b(), small, {512, 32});
+    FAIL() << "OPT-175B fit 16 GB of CPU memory and 100 GB of disk";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--disk-mem >="));
+  }
+  small = t4();
+  small.gpu_mem = 100'000'000;
+  EXPECT_THROW(plan(opt_175b(), small, {512, 32}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace flexh2o::policy
