@@ -1,7 +1,7 @@
 #include "offload/trace.h"
 
-#include <cstdio>
-#include <fstream>
+#include "offload/atomic_file.h"
+
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -39,20 +39,7 @@ void Trace::write_chrome_json(const std::string& path) const {
     if (s.bytes > 0) e["args"] = {{"bytes", s.bytes}};
     events.push_back(std::move(e));
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
-    if (!out.flush()) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("cannot write trace file " + path);
-    }
-  }
-  // Rename so a killed run never leaves a half-written trace under the requested name.
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write trace file " + path);
-  }
+  write_file_atomically(path, nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump());
 }
 
 }  // namespace flexh2o::offload

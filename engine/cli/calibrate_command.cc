@@ -1,5 +1,7 @@
 #include "engine/cli/calibrate_command.h"
 
+#include "offload/atomic_file.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -289,19 +291,6 @@ std::string utc_now() {
   return buf.data();
 }
 
-// Writes through a temporary file and a rename, so an interrupted run leaves no half-written file.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (f != nullptr && std::fclose(f) != 0) f = nullptr;
-  if (!ok || f == nullptr || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
-  }
-}
-
 }  // namespace
 
 int calibrate_command(const CalibrateOptions& o) {
@@ -406,7 +395,7 @@ int calibrate_command(const CalibrateOptions& o) {
   if (o.out_file.empty())
     fmt::print("{}", yaml);
   else
-    write_file_atomically(o.out_file, yaml);
+    offload::write_file_atomically(o.out_file, yaml);
   fmt::print(stderr, "calibrate: done in {:.1f} s{}\n", seconds_since(started),
              o.out_file.empty() ? "" : ", wrote " + o.out_file);
   return 0;

@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <cstdio>
 
 #include "engine/model_shape.h"
 #include "engine/model_source.h"
+#include "offload/atomic_file.h"
 #include "offload/budget.h"
 #include "policy/eviction/kv_spec.h"
 
@@ -88,17 +88,7 @@ int plan_command(const PlanCliOptions& o) {
                offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem));
     fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
   }
-  if (!o.out_file.empty()) {
-    const std::string tmp = o.out_file + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    const std::string text = policy::policy_to_yaml(p);
-    const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (f != nullptr && std::fclose(f) != 0) f = nullptr;
-    if (!ok || f == nullptr || std::rename(tmp.c_str(), o.out_file.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("cannot write " + o.out_file);
-    }
-  }
+  if (!o.out_file.empty()) offload::write_file_atomically(o.out_file, policy::policy_to_yaml(p));
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "engine/block_scheduler.h"
 #include "engine/cli/interrupts.h"
 #include "engine/model_shape.h"
+#include "offload/atomic_file.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
@@ -131,18 +132,6 @@ std::int64_t capacity(const std::string& text, const char* flag) {
     return offload::parse_bytes(text);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string(flag) + ": " + e.what());
-  }
-}
-
-// Writes through a temporary file and a rename, so a killed run leaves no half-written file.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (f != nullptr && std::fclose(f) != 0) f = nullptr;
-  if (!ok || f == nullptr || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write " + path);
   }
 }
 
@@ -344,7 +333,7 @@ int run_command(const RunOptions& o) {
                         {"hidden_bytes", hidden_bytes},
                         {"peak_bytes", {{"gpu", peak(Tier::Gpu)}, {"cpu", peak(Tier::Cpu)}, {"disk", peak(Tier::Disk)}}},
                         {"time_by_primitive", trace->time_by_primitive()}};
-    write_file_atomically(o.metrics_file, j.dump(2) + "\n");
+    offload::write_file_atomically(o.metrics_file, j.dump(2) + "\n");
   }
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);
   return stopped ? 130 : 0;
