@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
       {"weights 20/50/30, KV 50/50", 4, 2, {20, 50, 50, 50, 100, 0}, false},
   };
   fmt::print("profile {}, model {} (f16 dummy), prompt {} + gen {}\n\n", hw.name, m.config.name, prompt, gen);
-  fmt::print("| policy | gbs x K | predicted tok/s | measured tok/s | predicted / measured |\n|---|---|---|---|---|\n");
+  fmt::print("| policy | gbs x K | predicted tok/s | measured tok/s | predicted / measured | prefill s pred / meas | decode s pred / meas |\n"
+             "|---|---|---|---|---|---|---|\n");
   double worst = 0;
   for (const Case& c : cases) {
     policy::Policy p;
@@ -68,8 +69,9 @@ int main(int argc, char** argv) {
     const double measured = static_cast<double>(r.generated_tokens) / (r.prefill_seconds + r.decode_seconds);
     const double predicted = est ? est->total_throughput : 0;
     worst = std::max(worst, std::abs(predicted / measured - 1));
-    fmt::print("| {} | {} x {} | {:.2f} | {:.2f} | {:.2f} |\n", c.name, c.gbs, c.k, predicted, measured,
-               predicted / measured);
+    fmt::print("| {} | {} x {} | {:.2f} | {:.2f} | {:.2f} | {:.3f} / {:.3f} | {:.3f} / {:.3f} |\n", c.name, c.gbs, c.k,
+               predicted, measured, predicted / measured, est ? est->prefill_seconds : 0.0, r.prefill_seconds,
+               est ? est->decode_seconds : 0.0, r.decode_seconds);
   }
   fmt::print("\nworst relative error: {:.0f}% (target <= 25%)\n", worst * 100);
 

@@ -96,7 +96,12 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   t.dtoc_pre = lin(0, {{WN, wl / dc_bw}, {HN, hid_pre / dc_bw}});
   t.gtoc_pre = lin(0, {{CC, kv_pre / gc_bw}, {CN, kv_pre / gc_bw}, {HC, hid_pre / gc_bw}, {HN, hid_pre / gc_bw}});
   t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw}, {HN, hid_pre / cd_bw}});
-  t.comp_pre = lin(bls * s * gemm_flops_tok / hw.gpu_gemm_prefill + bls * 4 * s * s * h1 / hw.gpu_attn_prefill, {});
+  // GEMMs run per GPU batch: gbs * s rows at prefill, gbs at decode. The output head runs
+  // once per step for the last row of every sequence (spread over the layers here).
+  const double g = static_cast<double>(gbs);
+  const double head_flops = 2.0 * bls * static_cast<double>(m.vocab) * h1 / l;
+  const double rate_pre = hw.gemm_rate(g * s, hw.gpu_gemm_prefill), rate_gen = hw.gemm_rate(g, hw.gpu_gemm_decode);
+  t.comp_pre = lin(bls * s * gemm_flops_tok / rate_pre + head_flops / rate_gen + bls * 4 * s * s * h1 / hw.gpu_attn_prefill, {});
 
   const double cache_in = ccc ? 0 : kv_read / cg_bw;
   t.ctog_gen = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
@@ -108,7 +113,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw}, {HN, hid_gen / cd_bw}});
   const double attn_flops = 4 * bls * kv_len * h1;
   const double gpu_attn = attn_flops / hw.gpu_attn_decode, cpu_attn = attn_flops / hw.cpu_attn_decode;
-  t.comp_gen = lin(bls * gemm_flops_tok / hw.gpu_gemm_decode,
+  t.comp_gen = lin(bls * gemm_flops_tok / rate_gen + head_flops / rate_gen,
                    {{CG, gpu_attn}, {CC, ccc ? cpu_attn : gpu_attn}, {CN, ccc ? cpu_attn : gpu_attn}});
 
   // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler).

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -117,7 +118,7 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     throw std::invalid_argument(source + ": not valid YAML: " + e.what());
   }
   if (!root.IsMap()) throw std::invalid_argument(source + ": expected a mapping of hardware fields");
-  std::set<std::string> known = {"name", "source"};
+  std::set<std::string> known = {"name", "source", "gemm_tflops_by_rows"};
   for (const auto& f : kSizes) known.insert(f.key);
   for (const auto& f : kRates) known.insert(f.key);
   for (const auto& kv : root) {
@@ -131,7 +132,38 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
   h.source = scalar_of(root, source, "source");
   for (const auto& f : kSizes) h.*f.field = size_of(root, source, f.key);
   for (const auto& f : kRates) h.*f.field = rate_of(root, source, f.key) * f.scale;
+  if (const YAML::Node curve = root["gemm_tflops_by_rows"]) {
+    const std::string key = "gemm_tflops_by_rows";
+    if (!curve.IsMap() || curve.size() == 0) fail(source, key, "must map rows to TFLOP/s, e.g. {1: 0.01, 512: 0.08}");
+    for (const auto& kv : curve) {
+      std::int64_t rows = 0;
+      double tflops = 0;
+      try {
+        rows = kv.first.as<std::int64_t>();
+        tflops = kv.second.as<double>();
+      } catch (const YAML::Exception&) {
+        fail(source, key, "must map whole row counts to numbers");
+      }
+      if (rows < 1 || !std::isfinite(tflops) || tflops <= 0) fail(source, key, "needs rows >= 1 and positive rates");
+      h.gemm_by_rows.emplace_back(rows, tflops * kTera);
+    }
+    std::sort(h.gemm_by_rows.begin(), h.gemm_by_rows.end());
+  }
   return h;
+}
+
+double HardwareProfile::gemm_rate(double rows, double fallback) const {
+  if (gemm_by_rows.empty()) return fallback;
+  if (rows <= static_cast<double>(gemm_by_rows.front().first)) return gemm_by_rows.front().second;
+  if (rows >= static_cast<double>(gemm_by_rows.back().first)) return gemm_by_rows.back().second;
+  for (std::size_t i = 1; i < gemm_by_rows.size(); ++i) {
+    const auto [r1, v1] = gemm_by_rows[i];
+    if (rows > static_cast<double>(r1)) continue;
+    const auto [r0, v0] = gemm_by_rows[i - 1];
+    const double t = std::log(rows / static_cast<double>(r0)) / std::log(static_cast<double>(r1) / static_cast<double>(r0));
+    return std::exp(std::log(v0) + t * (std::log(v1) - std::log(v0)));
+  }
+  return gemm_by_rows.back().second;
 }
 
 HardwareProfile load_hardware_file(const std::string& path) {
@@ -153,6 +185,11 @@ std::string hardware_to_yaml(const HardwareProfile& h) {
   }
   for (const auto& f : kRates) {
     out << YAML::Key << f.key << YAML::Value << shortest(h.*f.field / f.scale);
+  }
+  if (!h.gemm_by_rows.empty()) {
+    out << YAML::Key << "gemm_tflops_by_rows" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    for (const auto& [rows, rate] : h.gemm_by_rows) out << YAML::Key << rows << YAML::Value << shortest(rate / kTera);
+    out << YAML::EndMap;
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

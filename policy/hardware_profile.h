@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace flexh2o::policy {
 
@@ -18,13 +20,21 @@ struct HardwareProfile {
   // gpu (the compute backend) and on the cpu (cpu_cache_compute attention).
   double gpu_gemm_prefill = 0, gpu_gemm_decode = 0, gpu_attn_prefill = 0, gpu_attn_decode = 0;
   double cpu_gemm = 0, cpu_attn_decode = 0;
+  // Optional: measured GEMM rate (flop/s) by rows of the activation matrix, ascending. A
+  // GEMM's efficiency grows with its rows (batch x tokens); when given, the cost model reads
+  // the rate at each policy's rows instead of the two constants above.
+  std::vector<std::pair<std::int64_t, double>> gemm_by_rows;
+  // The GEMM rate at `rows` from gemm_by_rows (log-log interpolation, clamped to the ends),
+  // or `fallback` when there is no curve.
+  double gemm_rate(double rows, double fallback) const;
 };
 
 // Keys: name, source, gpu_mem/cpu_mem/disk_mem (sizes like "15GiB" or bytes), bandwidths in
 // GB/s (cpu_to_gpu_gbps, gpu_to_cpu_gbps, disk_to_cpu_gbps, cpu_to_disk_gbps), rates in
 // TFLOP/s (gpu_gemm_prefill_tflops, gpu_gemm_decode_tflops, gpu_attn_prefill_tflops,
 // gpu_attn_decode_tflops, cpu_gemm_tflops, cpu_attn_decode_tflops). Every key is required;
-// unknown keys and non-positive values are errors naming the file and key.
+// unknown keys and non-positive values are errors naming the file and key. Optional:
+// gemm_tflops_by_rows, a mapping {rows: TFLOP/s} (what calibrate measures).
 HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_file(const std::string& path);
 std::string hardware_to_yaml(const HardwareProfile& h);

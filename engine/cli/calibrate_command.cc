@@ -1,5 +1,6 @@
 #include "engine/cli/calibrate_command.h"
 
+#include "engine/cli/plan_command.h"
 #include "offload/atomic_file.h"
 
 #include <fmt/format.h>
@@ -38,6 +39,7 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& o) {
   cal->add_option("--out", o.out_file, "write the profile here (default: stdout)");
   cal->add_option("--name", o.name, "profile name (default: <hostname>-<backend>)");
   cal->add_flag("--quick", o.quick, "smaller sizes and shorter timings (a few seconds, rougher numbers)");
+  cal->add_option("--model", o.model, "measure the GEMM rate curve at this model's hidden width (default 2048)");
   return cal;
 }
 
@@ -302,7 +304,8 @@ int calibrate_command(const CalibrateOptions& o) {
     if (!dir.empty() && !std::filesystem::is_directory(dir))
       throw std::invalid_argument("--out " + o.out_file + ": directory " + dir.string() + " does not exist");
   }
-  const Plan plan = make_plan(o.quick);
+  Plan plan = make_plan(o.quick);
+  if (!o.model.empty()) plan.gemm_n = plan.gemm_k = model_config_of(o.model).hidden;
   const auto started = Clock::now();
   auto be = kernels::make_cpu_backend();
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
@@ -322,6 +325,11 @@ int calibrate_command(const CalibrateOptions& o) {
   // (compute-bound) and decode (memory-bound); the same split is measured here.
   hw.gpu_gemm_prefill = round_sig(gemm_rate(*be, plan, plan.prefill_m, "prefill"));
   hw.gpu_gemm_decode = round_sig(gemm_rate(*be, plan, plan.decode_m, "decode"));
+  // The rate by rows, which the cost model reads at each policy's batch (efficiency grows with rows).
+  for (std::int64_t m = 1; m <= (o.quick ? 256 : 4096); m *= 4) {
+    const double r = gemm_rate(*be, plan, {m}, "curve");
+    hw.gemm_by_rows.emplace_back(m, round_sig(r));
+  }
   hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan));
   hw.gpu_attn_decode = round_sig(attention_decode_rate(*be, plan));
   // On the CPU build the "gpu" backend is this CPU, so the cpu-side rates (attention over a

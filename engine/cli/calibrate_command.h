@@ -13,6 +13,7 @@ struct CalibrateOptions {
   std::string out_file;         // empty: stdout
   std::string name;             // profile name; empty: "<hostname>-<backend>"
   bool quick = false;           // smaller sizes and shorter timings (a few seconds)
+  std::string model;            // measure GEMMs at this model's width (default 2048)
 };
 
 CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& opt);

@@ -96,3 +96,21 @@ TEST(CostModel, InfeasibleRequestsNameTheChange) {
 
 }  // namespace
 }  // namespace flexh2o::policy
+
+namespace flexh2o::policy {
+namespace {
+
+TEST(CostModel, GemmRateCurveInterpolatesAndRoundTrips) {
+  HardwareProfile h = t4();
+  EXPECT_EQ(h.gemm_rate(64, 7.0), 7.0);  // no curve: the fallback
+  h.gemm_by_rows = {{1, 1e10}, {16, 1.6e11}, {256, 2.56e11}};
+  EXPECT_DOUBLE_EQ(h.gemm_rate(1, 0), 1e10);
+  EXPECT_NEAR(h.gemm_rate(4, 0), 4e10, 1e3);  // log-log: halfway between 1 and 16 rows
+  EXPECT_DOUBLE_EQ(h.gemm_rate(1024, 0), 2.56e11);  // clamped to the ends
+  const HardwareProfile back = load_hardware_yaml(hardware_to_yaml(h), "roundtrip");
+  EXPECT_EQ(back.gemm_by_rows, h.gemm_by_rows);
+  EXPECT_THROW(load_hardware_yaml(hardware_to_yaml(h) + "gemm_tflops_by_rows_x: 1\n", "x"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace flexh2o::policy
