@@ -16,6 +16,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
   clang libclang-rt-14-dev                     # libFuzzer target (optional build)
   fio                                          # disk benchmark reference
+  gnuplot-nox                                  # flexh2o bench's chart
 )
 missing=()
 for p in "${packages[@]}"; do

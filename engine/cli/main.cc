@@ -4,6 +4,7 @@
 #include <exception>
 #include <fmt/format.h>
 
+#include "engine/cli/bench_command.h"
 #include "engine/cli/calibrate_command.h"
 #include "engine/cli/eval_command.h"
 #include "engine/cli/interrupts.h"
@@ -21,12 +22,15 @@ int main(int argc, char** argv) {
   CLI::App* plan_cmd = flexh2o::cli::add_plan_command(app, plan);
   flexh2o::cli::CalibrateOptions calibrate;
   CLI::App* calibrate_cmd = flexh2o::cli::add_calibrate_command(app, calibrate);
+  flexh2o::cli::BenchOptions bench;
+  CLI::App* bench_cmd = flexh2o::cli::add_bench_command(app, bench);
   try {
     app.parse(argc, argv);
     // No subcommand runs the embedded default model.
     if (eval_cmd->parsed()) return flexh2o::cli::eval_command(eval);
     if (plan_cmd->parsed()) return flexh2o::cli::plan_command(plan);
     if (calibrate_cmd->parsed()) return flexh2o::cli::calibrate_command(calibrate);
+    if (bench_cmd->parsed()) return flexh2o::cli::bench_command(bench);
     if (run_cmd->parsed() || app.get_subcommands().empty()) return flexh2o::cli::run_command(run);
     return 0;
   } catch (const CLI::ParseError& e) {

@@ -192,6 +192,28 @@ TEST(Cli, CalibrateWritesAProfilePlanReads) {
   EXPECT_THAT(a.err, HasSubstr("planned for"));
 }
 
+TEST(Cli, BenchComparesSystemsOnOneWorkload) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("model.yaml"),
+                      "name: bench-opt\nfamily: opt\nnum_layers: 2\nhidden_size: 128\nffn_size: 512\n"
+                      "num_heads: 4\nvocab_size: 1000\nmax_positions: 128\ndtype: f16\ntie_embeddings: true\n"
+                      "bos_token_id: 2\neos_token_id: []\n");
+  const Result r = run("bench --model " + dir.file("model.yaml") + " --prompt-len 16 --gen-len 4 --gpu-mem 2MiB " +
+                       "--max-batch 8 --hardware " + std::string(FLEXH2O_SOURCE_DIR) +
+                       "/configs/hardware/ci-cpu.yaml --out-dir " + dir.file("out"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* system : {"| accelerate |", "| zero |", "| flexgen |", "| flexgen+h2o |"})
+    EXPECT_THAT(r.out, HasSubstr(system));
+  const std::string csv = testing::read_file(dir.file("out/results.csv"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_GT(std::filesystem::file_size(dir.file("out/throughput.png")), 1000u);
+  }
+  expect_clean_error(run("bench --model " + dir.file("model.yaml") + " --systems vllm --hardware " +
+                         std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml --out-dir " + dir.file("o2")),
+                     "vllm");
+}
+
 // Starts the binary with `args` (split on spaces), stdout and stderr to files in `dir`.
 pid_t spawn(const std::string& args, const testing::TempDir& dir) {
   const std::string cmd = "exec " + std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("spawn.out") + " 2>" +

@@ -1,0 +1,203 @@
+#include "engine/cli/bench_command.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "engine/block_scheduler.h"
+#include "engine/model_shape.h"
+#include "engine/model_source.h"
+#include "offload/atomic_file.h"
+#include "policy/cost_model.h"
+
+namespace flexh2o::cli {
+
+namespace {
+
+struct SystemRun {
+  std::string system;
+  policy::Policy policy;
+  engine::GenerationResult result;
+  std::array<std::int64_t, 3> peak{};
+  double prefill_tput = 0, decode_tput = 0, total_tput = 0;
+};
+
+// The largest gbs in [1, max] whose policy fits the profile's memory (the cost model's sizes).
+std::int64_t largest_batch(const policy::ModelShape& m, const policy::HardwareProfile& hw, const policy::Workload& w,
+                           policy::Policy p, const policy::PlanOptions& o, std::int64_t max) {
+  auto fits = [&](std::int64_t gbs) {
+    p.gpu_batch_size = gbs;
+    return policy::estimate(m, hw, w, p, o).has_value();
+  };
+  if (!fits(1)) throw std::invalid_argument("not even one sequence fits this system's placement; raise --gpu-mem");
+  std::int64_t lo = 1, hi = 2;
+  while (hi <= max && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, max + 1);
+  while (hi - lo > 1) {
+    const std::int64_t mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+// The policy each system would run with on these limits.
+policy::Policy policy_for(const std::string& system, const policy::ModelShape& m, const policy::HardwareProfile& hw,
+                          const policy::Workload& w, std::int64_t max_batch) {
+  policy::Policy p;
+  policy::PlanOptions o;
+  if (system == "accelerate") {
+    // Layer-by-layer weight streaming from CPU for one small batch, KV on the GPU, no overlap.
+    p.set_percent({0, 100, 100, 0, 100, 0});
+    p.overlap = false;
+    p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
+  } else if (system == "zero") {
+    // ZeRO-Inference: weights streamed per layer, KV on the CPU (moved in for attention), one
+    // batch, no compute/IO overlap scheduler.
+    p.set_percent({0, 100, 0, 100, 100, 0});
+    p.overlap = false;
+    p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
+  } else if (system == "flexgen" || system == "flexgen+h2o") {
+    if (system == "flexgen+h2o") o.kv = policy::parse_kv_spec("h2o:0.2");
+    o.max_block = max_batch;
+    p = policy::plan(m, hw, w, o).policy;
+  } else {
+    throw std::invalid_argument("--systems: unknown system '" + system + "' (accelerate, zero, flexgen, flexgen+h2o)");
+  }
+  return p;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string percent_text(const policy::Policy& p) {
+  const auto v = p.percent();
+  return fmt::format("{:.0f} {:.0f} {:.0f} {:.0f} {:.0f} {:.0f}", v[0], v[1], v[2], v[3], v[4], v[5]);
+}
+
+// A bar chart of total throughput per system with gnuplot (Debian gnuplot-nox), if present.
+bool plot(const std::string& dir, const std::vector<SystemRun>& runs, const std::string& title) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) return false;
+  std::string data;
+  for (const auto& r : runs) data += fmt::format("\"{}\\n(batch {})\" {:.4f}\n", r.system, r.policy.block_size(), r.total_tput);
+  offload::write_file_atomically(dir + "/throughput.dat", data);
+  const std::string script = fmt::format(
+      "set terminal pngcairo size 900,540 font 'sans,12'\n"
+      "set output '{0}/throughput.png'\n"
+      "set title \"{1}\"\n"
+      "set ylabel 'total throughput (generated tokens/s)'\n"
+      "set xlabel 'system (effective batch)' offset 0,-1\n"
+      "set bmargin 6\n"
+      "set style fill solid 0.8\nset boxwidth 0.6\nset grid ytics\nset yrange [0:*]\nunset key\n"
+      "plot '{0}/throughput.dat' using 0:2:xtic(1) with boxes lc rgb '#3b75af', "
+      "'' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,1 notitle\n",
+      dir, title);
+  offload::write_file_atomically(dir + "/throughput.gp", script);
+  return std::system(("gnuplot '" + dir + "/throughput.gp' 2>/dev/null").c_str()) == 0;
+}
+
+}  // namespace
+
+CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
+  auto* b = app.add_subcommand("bench", "Throughput of one workload under Accelerate-, ZeRO- and FlexGen-style schedules");
+  b->add_option("--model", o.model, "built-in config name, model YAML or checkpoint (default opt-125m)");
+  b->add_option("--dummy", o.dummy, "random weights (default 1; 0 reads the checkpoint)");
+  b->add_option("--dtype", o.dtype, "weight dtype with --dummy")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  b->add_option("--prompt-len", o.prompt_len)->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  b->add_option("--gen-len", o.gen_len)->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  b->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity for every system (default 256MiB)");
+  b->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: the profile's)");
+  b->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: the profile's)");
+  b->add_option("--systems", o.systems, "comma list of accelerate, zero, flexgen, flexgen+h2o");
+  b->add_option("--hardware", o.hardware, "profile the planner and batch choices use (default configs/hardware/ci-cpu.yaml)");
+  b->add_option("--out-dir", o.out_dir, "where table.md, results.csv and throughput.png go");
+  b->add_option("--max-batch", o.max_batch, "largest effective batch tried")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  return b;
+}
+
+int bench_command(const BenchOptions& o) {
+  engine::ModelOptions mo;
+  mo.model = o.model;
+  mo.dummy = o.dummy;
+  mo.dtype = kernels::parse_dtype(o.dtype);
+  auto m = engine::open_model(mo);
+  m.config.stop_ids.clear();  // every sequence generates gen_len tokens
+  policy::HardwareProfile hw = policy::load_hardware_file(o.hardware);
+  hw.gpu_mem = offload::parse_bytes(o.gpu_mem);
+  if (!o.cpu_mem.empty()) hw.cpu_mem = offload::parse_bytes(o.cpu_mem);
+  if (!o.disk_mem.empty()) hw.disk_mem = offload::parse_bytes(o.disk_mem);
+  const policy::ModelShape shape = engine::model_shape(m.config);
+  const policy::Workload w{o.prompt_len, o.gen_len};
+  std::filesystem::create_directories(o.out_dir);
+
+  std::vector<SystemRun> runs;
+  for (const std::string& system : split_list(o.systems)) {
+    SystemRun r;
+    r.system = system;
+    r.policy = policy_for(system, shape, hw, w, o.max_batch);
+    fmt::print(stderr, "bench: {}: gpu batch {} x {}, percent [{}], overlap {}\n", system, r.policy.gpu_batch_size,
+               r.policy.num_gpu_batches, percent_text(r.policy), r.policy.overlap);
+    auto be = kernels::make_cpu_backend();
+    offload::TierOptions to;
+    to.gpu_bytes = hw.gpu_mem;
+    to.cpu_bytes = hw.cpu_mem;
+    to.disk_bytes = hw.disk_mem;
+    offload::Tiers tiers(*be, to);
+    engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, r.policy);
+    engine::GenerationRequest req;
+    for (std::int64_t b = 0; b < r.policy.block_size(); ++b) {
+      req.prompts.emplace_back();
+      for (std::int64_t t = 0; t < o.prompt_len; ++t)
+        req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % m.config.vocab_size));
+    }
+    req.max_new_tokens = o.gen_len;
+    r.result = sched.generate(req);
+    const auto& g = r.result;
+    const double B = static_cast<double>(r.policy.block_size());
+    r.prefill_tput = static_cast<double>(g.prompt_tokens) / g.prefill_seconds;
+    r.decode_tput = B * static_cast<double>(o.gen_len - 1) / std::max(g.decode_seconds, 1e-9);
+    r.total_tput = static_cast<double>(g.generated_tokens) / (g.prefill_seconds + g.decode_seconds);
+    for (int t = 0; t < 3; ++t) r.peak[static_cast<std::size_t>(t)] = tiers.budget(static_cast<offload::Tier>(t)).peak();
+    runs.push_back(std::move(r));
+  }
+
+  const double base = runs.front().total_tput;
+  std::string table = fmt::format("model {} ({} dummy weights), prompt {} + gen {}, gpu {} | cpu {} | disk {}\n\n",
+                                  m.config.name, o.dtype, o.prompt_len, o.gen_len, offload::format_bytes(hw.gpu_mem),
+                                  offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem));
+  table += "| system | batch (gbs x K) | policy (WG WC CG CC AG AC) | prefill tok/s | decode tok/s | total tok/s | "
+           "peak gpu / cpu / disk | vs " + runs.front().system + " |\n|---|---|---|---|---|---|---|---|\n";
+  std::string csv = "system,gpu_batch_size,num_gpu_batches,percent,kv,prefill_tok_s,decode_tok_s,total_tok_s,peak_gpu,peak_cpu,peak_disk\n";
+  for (const auto& r : runs) {
+    table += fmt::format("| {} | {} x {} | {}{}{} | {:.1f} | {:.2f} | {:.2f} | {} / {} / {} | {:.2f}x |\n", r.system,
+                         r.policy.gpu_batch_size, r.policy.num_gpu_batches, percent_text(r.policy),
+                         r.policy.cpu_cache_compute ? ", ccc" : "", r.policy.kv == "full" ? "" : ", kv " + r.policy.kv,
+                         r.prefill_tput, r.decode_tput, r.total_tput, offload::format_bytes(r.peak[0]),
+                         offload::format_bytes(r.peak[1]), offload::format_bytes(r.peak[2]), r.total_tput / base);
+    csv += fmt::format("{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{}\n", r.system, r.policy.gpu_batch_size,
+                       r.policy.num_gpu_batches, percent_text(r.policy), r.policy.kv, r.prefill_tput, r.decode_tput,
+                       r.total_tput, r.peak[0], r.peak[1], r.peak[2]);
+  }
+  fmt::print("{}", table);
+  offload::write_file_atomically(o.out_dir + "/table.md", table);
+  offload::write_file_atomically(o.out_dir + "/results.csv", csv);
+  const std::string title = fmt::format("{} on the CPU backend, {} + {} tokens, gpu tier {}", m.config.name, o.prompt_len,
+                                        o.gen_len, offload::format_bytes(hw.gpu_mem));
+  if (plot(o.out_dir, runs, title))
+    fmt::print("\nchart: {}/throughput.png\n", o.out_dir);
+  else
+    fmt::print(stderr, "flexh2o: note: gnuplot not found; no chart (install gnuplot-nox)\n");
+  return 0;
+}
+
+}  // namespace flexh2o::cli
