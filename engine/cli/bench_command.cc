@@ -99,6 +99,7 @@ bool plot(const std::string& dir, const std::vector<SystemRun>& runs, const std:
       "set xlabel 'system (effective batch)' offset 0,-1\n"
       "set bmargin 6\n"
       "set style fill solid 0.8\nset boxwidth 0.6\nset grid ytics\nset yrange [0:*]\nunset key\n"
+      "set offsets 0, 0, graph 0.12, 0\n"
       "plot '{0}/throughput.dat' using 0:2:xtic(1) with boxes lc rgb '#3b75af', "
       "'' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,1 notitle\n",
       dir, title);
