@@ -3,8 +3,6 @@
 #include "engine/kv_eviction.h"
 
 #include <algorithm>
-#include <chrono>
-#include <numeric>
 #include <set>
 #include <stdexcept>
 
@@ -20,10 +18,6 @@ namespace {
 
 constexpr std::int64_t kAlign = 256;  // device sub-allocations stay aligned for vector loads
 std::int64_t aligned(std::int64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void wait_all(const std::vector<CopyTicket>& ts) {
   for (const auto& t : ts) t.wait();
@@ -87,7 +81,7 @@ struct BlockScheduler::BlockState {
   std::int64_t step = 0;
   bool hidden_resident = true;
   const GenerationRequest* req = nullptr;
-  std::vector<std::uint64_t> streams;
+  std::span<const std::uint64_t> streams;  // the GenerationLog's
   std::vector<std::int32_t> next;  // per block sequence
   std::vector<float> host_logits;
   // Outstanding copies touch the buffers above: wait for all of them before those go,
@@ -313,44 +307,30 @@ void BlockScheduler::issue_stores(BlockState& st, std::int64_t unit, std::int64_
 }
 
 GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
-  check_prompts(cfg_, req.prompts, req.max_new_tokens);
+  GenerationLog log(be_, cfg_, req);
   const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
   if (B > policy_.block_size())
     throw std::invalid_argument("a block holds at most gpu_batch_size x num_gpu_batches = " +
                                 std::to_string(policy_.block_size()) + " prompts, got " + std::to_string(B));
-  GenerationResult res;
-  res.tokens.resize(static_cast<std::size_t>(B));
-  if (B == 0) return res;
+  if (B == 0) return log.finish();
 
-  if (!req.streams.empty() && req.streams.size() != static_cast<std::size_t>(B))
-    throw std::invalid_argument("a request needs one sampling stream per prompt: " + std::to_string(B) +
-                                " prompts, " + std::to_string(req.streams.size()) + " streams");
   // Unit instances count from 0 again: nothing a previous call fetched (or failed to) is reused.
   for (auto& ws : weight_slots_) ws.seq = -1;
   BlockState st;
   st.req = &req;
-  st.streams = req.streams;
-  if (st.streams.empty()) {
-    st.streams.resize(static_cast<std::size_t>(B));
-    std::iota(st.streams.begin(), st.streams.end(), 0);
-  }
+  st.streams = log.streams();
   st.next.resize(static_cast<std::size_t>(B));
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
-  std::int64_t max_prompt = 0;
-  for (const auto& p : req.prompts) {
-    max_prompt = std::max<std::int64_t>(max_prompt, static_cast<std::int64_t>(p.size()));
-    res.prompt_tokens += static_cast<std::int64_t>(p.size());
-  }
   const std::int64_t gbs = policy_.gpu_batch_size;
   // With a KV policy the cache holds each (sequence, kv head)'s budget + 1 slots, not all tokens.
   const policy::KvPolicy* kv = req.kv ? req.kv : kv_policy_.get();
   std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
-  st.capacity = kv ? 0 : max_prompt + req.max_new_tokens;
+  st.capacity = kv ? 0 : log.max_prompt() + req.max_new_tokens;
   for (std::int64_t s0 = 0; kv && s0 < B; s0 += gbs) {
     std::vector<std::int64_t> total;
     std::int64_t rows = 0;
     for (std::int64_t s = s0; s < std::min(B, s0 + gbs); ++s) {
-      total.push_back(static_cast<std::int64_t>(req.prompts[s].size()) + req.max_new_tokens);
+      total.push_back(sequence_tokens(req, static_cast<std::size_t>(s)));
       rows += static_cast<std::int64_t>(req.prompts[s].size());
     }
     evictions.push_back(make_kv_eviction(be_, *kv, cfg_, total, rows));
@@ -396,11 +376,8 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
 
   const std::int64_t K = static_cast<std::int64_t>(st.batches.size());
   const std::int64_t U = static_cast<std::int64_t>(units_.size());
-  std::vector<bool> done(static_cast<std::size_t>(B), false);
-  std::int64_t active = B;
   std::int64_t counter = 0;  // computes so far: compute c uses ring slot c % 3
-  double t0 = now_seconds();
-  for (st.step = 0; active > 0; ++st.step) {
+  for (st.step = 0; log.active(); ++st.step) {
     if (st.step > 0)
       for (auto& b : st.batches) {
         std::vector<std::int64_t> lens = b.step.lens;
@@ -432,28 +409,9 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
       }
     }
     if (req.on_logits) req.on_logits(st.step, st.host_logits);
-    for (std::int64_t s = 0; s < B; ++s) {
-      if (done[s]) continue;
-      res.tokens[s].push_back(st.next[s]);
-      const bool stop = std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), st.next[s]) != cfg_.stop_ids.end();
-      if (stop || static_cast<std::int64_t>(res.tokens[s].size()) >= req.max_new_tokens) {
-        done[s] = true;
-        --active;
-      }
-    }
-    if (req.on_step) req.on_step(st.step, req.max_new_tokens);
-    if (st.step == 0) {
-      be_.synchronize();
-      res.prefill_seconds = now_seconds() - t0;
-      t0 = now_seconds();
-    } else {
-      ++res.decode_steps;
-    }
+    log.record(st.step, st.next);
   }
-  be_.synchronize();
-  res.decode_seconds = now_seconds() - t0;
-  for (const auto& t : res.tokens) res.generated_tokens += static_cast<std::int64_t>(t.size());
-  return res;
+  return log.finish();
 }
 
 }  // namespace flexh2o::engine

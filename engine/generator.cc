@@ -49,31 +49,75 @@ Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWei
   }
 }
 
-GenerationResult Generator::generate(const GenerationRequest& req) {
-  check_prompts(cfg_, req.prompts, req.max_new_tokens);
-  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
-  GenerationResult res;
-  res.tokens.resize(static_cast<std::size_t>(B));
-  if (B == 0) return res;
+std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
+  return static_cast<std::int64_t>(req.prompts[b].size()) +
+         (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : req.max_new_tokens);
+}
 
-  std::vector<std::uint64_t> streams = req.streams;
-  if (streams.empty()) {
-    streams.resize(static_cast<std::size_t>(B));
-    std::iota(streams.begin(), streams.end(), 0);
+GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req)
+    : be_(be), cfg_(cfg), req_(req), streams_(req.streams), t0_(now_seconds()) {
+  check_prompts(cfg, req.prompts, req.max_new_tokens);
+  const std::size_t B = req.prompts.size();
+  if (!streams_.empty() && streams_.size() != B)
+    throw std::invalid_argument("a request needs one sampling stream per prompt: " + std::to_string(B) +
+                                " prompts, " + std::to_string(streams_.size()) + " streams");
+  if (streams_.empty()) {
+    streams_.resize(B);
+    std::iota(streams_.begin(), streams_.end(), 0);
   }
-  std::int64_t max_prompt = 0;
   for (const auto& p : req.prompts) {
-    max_prompt = std::max<std::int64_t>(max_prompt, static_cast<std::int64_t>(p.size()));
-    res.prompt_tokens += static_cast<std::int64_t>(p.size());
+    max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(p.size()));
+    res_.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
-  std::int64_t capacity = max_prompt + req.max_new_tokens;
+  res_.tokens.resize(B);
+  done_.assign(B, false);
+  active_ = static_cast<std::int64_t>(B);
+}
+
+void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
+  for (std::size_t b = 0; b < done_.size(); ++b) {
+    if (done_[b]) continue;
+    res_.tokens[b].push_back(next[b]);
+    // A forced sequence runs until its forced tokens are used up, whatever it samples.
+    const bool forcing = b < req_.forced.size() && step < static_cast<std::int64_t>(req_.forced[b].size());
+    const bool stop =
+        !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
+    if (stop || static_cast<std::int64_t>(res_.tokens[b].size()) >= req_.max_new_tokens) {
+      done_[b] = true;
+      --active_;
+    }
+  }
+  for (std::size_t b = 0; b < std::min(done_.size(), req_.forced.size()); ++b)
+    if (step < static_cast<std::int64_t>(req_.forced[b].size())) next[b] = req_.forced[b][step];
+  if (req_.on_step) req_.on_step(step, req_.max_new_tokens);
+  if (step == 0) {
+    be_.synchronize();
+    res_.prefill_seconds = now_seconds() - t0_;
+    t0_ = now_seconds();
+  } else {
+    ++res_.decode_steps;
+  }
+}
+
+GenerationResult GenerationLog::finish() {
+  be_.synchronize();
+  if (res_.decode_steps > 0) res_.decode_seconds = now_seconds() - t0_;
+  for (const auto& t : res_.tokens) res_.generated_tokens += static_cast<std::int64_t>(t.size());
+  return std::move(res_);
+}
+
+GenerationResult Generator::generate(const GenerationRequest& req) {
+  GenerationLog log(be_, cfg_, req);
+  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
+  if (B == 0) return log.finish();
+
+  const std::int64_t prompt_tokens = log.prompt_tokens();
+  std::int64_t capacity = log.max_prompt() + req.max_new_tokens;
   std::vector<std::unique_ptr<KvEvictionLayer>> eviction;
   if (req.kv) {
     std::vector<std::int64_t> total;
-    for (std::size_t b = 0; b < req.prompts.size(); ++b)
-      total.push_back(static_cast<std::int64_t>(req.prompts[b].size()) +
-                      (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : req.max_new_tokens));
-    eviction = make_kv_eviction(be_, *req.kv, cfg_, total, res.prompt_tokens);
+    for (std::size_t b = 0; b < req.prompts.size(); ++b) total.push_back(sequence_tokens(req, b));
+    eviction = make_kv_eviction(be_, *req.kv, cfg_, total, prompt_tokens);
     capacity = 0;
     for (const auto& e : eviction) capacity = std::max(capacity, e->capacity());
   }
@@ -82,15 +126,12 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     caches.emplace_back(be_, cfg_, B, capacity);
     if (req.kv) caches.back().view.eviction = eviction[static_cast<std::size_t>(l)].get();
   }
-  Activations act(be_, cfg_, res.prompt_tokens, B);
-  kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(res.prompt_tokens * cfg_.hidden) * sizeof(float));
+  Activations act(be_, cfg_, prompt_tokens, B);
+  kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(prompt_tokens * cfg_.hidden) * sizeof(float));
   act.hidden = hidden.as<float>();
 
   std::vector<std::int32_t> next(static_cast<std::size_t>(B));
   std::vector<float> host_logits;
-  std::vector<bool> done(static_cast<std::size_t>(B), false);
-  std::int64_t active = B;
-
   auto run_step = [&](const StepBatch& s, std::int64_t step) {
     for (const auto& layer : layers_) {
       const std::int64_t c = layer->cache_index();
@@ -101,44 +142,19 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
       be_.copy_to_host(host_logits.data(), act.logits.data(), host_logits.size() * sizeof(float));
       req.on_logits(step, host_logits);
     }
-    be_.sample({act.logits.as<float>(), B, cfg_.vocab_size, req.sampling, streams, static_cast<std::uint64_t>(step), next});
-    for (std::int64_t b = 0; b < B; ++b) {
-      if (done[b]) continue;
-      res.tokens[b].push_back(next[b]);
-      // A forced sequence runs until its forced tokens are used up, whatever it samples.
-      const bool forcing = b < static_cast<std::int64_t>(req.forced.size()) &&
-                           step < static_cast<std::int64_t>(req.forced[b].size());
-      const bool stop =
-          !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
-      if (stop || static_cast<std::int64_t>(res.tokens[b].size()) >= req.max_new_tokens) {
-        done[b] = true;
-        --active;
-      }
-    }
-    for (std::int64_t b = 0; b < std::min<std::int64_t>(B, static_cast<std::int64_t>(req.forced.size())); ++b)
-      if (step < static_cast<std::int64_t>(req.forced[b].size())) next[b] = req.forced[b][step];
-    if (req.on_step) req.on_step(step, req.max_new_tokens);
+    be_.sample({act.logits.as<float>(), B, cfg_.vocab_size, req.sampling, log.streams(),
+                static_cast<std::uint64_t>(step), next});
+    log.record(step, next);
   };
 
-  double t0 = now_seconds();
   StepBatch s = StepBatch::make_prefill(req.prompts);
   run_step(s, 0);
-  be_.synchronize();
-  res.prefill_seconds = now_seconds() - t0;
-
-  t0 = now_seconds();
-  std::vector<std::int64_t> lens = s.lens;
-  for (std::int64_t step = 1; active > 0; ++step) {
+  for (std::int64_t step = 1; log.active(); ++step) {
     // Finished sequences keep their slot in the batch (its shape is fixed); their tokens are dropped.
-    s = StepBatch::make_decode(next, lens);
+    s = StepBatch::make_decode(next, s.lens);
     run_step(s, step);
-    lens = s.lens;
-    ++res.decode_steps;
   }
-  be_.synchronize();
-  res.decode_seconds = now_seconds() - t0;
-  for (const auto& t : res.tokens) res.generated_tokens += static_cast<std::int64_t>(t.size());
-  return res;
+  return log.finish();
 }
 
 }  // namespace flexh2o::engine

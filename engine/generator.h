@@ -43,6 +43,40 @@ struct GenerationResult {
   std::int64_t decode_steps = 0;
 };
 
+// Tokens sequence b of a request holds at most: its prompt plus its forced tokens when forced,
+// else plus max_new_tokens. A KV eviction budget is a fraction of this.
+std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
+
+// What a generation records between steps, shared by Generator and BlockScheduler so that both
+// end, force and time sequences identically.
+class GenerationLog {
+ public:
+  // Checks the request (prompts, streams) and starts the prefill clock.
+  GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req);
+  // The sampling stream of every prompt: req.streams, or the prompt's index.
+  const std::vector<std::uint64_t>& streams() const { return streams_; }
+  std::int64_t max_prompt() const { return max_prompt_; }
+  std::int64_t prompt_tokens() const { return res_.prompt_tokens; }
+  // After sampling step `step` (0 is the prefill) into next[0, B): records the tokens of the
+  // unfinished sequences, ends those that sampled a stop token (unless still forced) or are
+  // full, puts the forced inputs into next, and calls on_step.
+  void record(std::int64_t step, std::span<std::int32_t> next);
+  bool active() const { return active_ > 0; }
+  // Stops the decode clock; the result.
+  GenerationResult finish();
+
+ private:
+  kernels::Backend& be_;
+  const ModelConfig& cfg_;
+  const GenerationRequest& req_;
+  std::vector<std::uint64_t> streams_;
+  std::int64_t max_prompt_ = 0;
+  std::vector<bool> done_;
+  std::int64_t active_ = 0;
+  double t0_ = 0;
+  GenerationResult res_;
+};
+
 class Generator {
  public:
   // Weights stay where they are on a CPU backend; other backends get a device copy.
