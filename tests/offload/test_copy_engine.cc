@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+
+#include "tests/offload/offload_test_util.h"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -36,53 +38,10 @@
 namespace flexh2o::offload {
 namespace {
 
+using namespace test_util;
+
 using Bytes = std::vector<unsigned char>;
 constexpr std::array<Tier, 3> kEveryTier{Tier::Gpu, Tier::Cpu, Tier::Disk};
-
-// A fresh directory, removed (with anything left in it) at the end of the test.
-class CopyScratchDir {
- public:
-  CopyScratchDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/flexh2o-copy-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp: " + std::string(std::strerror(errno)));
-    path_ = tmpl;
-  }
-  CopyScratchDir(const CopyScratchDir&) = delete;
-  CopyScratchDir& operator=(const CopyScratchDir&) = delete;
-  ~CopyScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::vector<std::string> copy_list_dir(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
-  return names;
-}
-
-Bytes copy_random_bytes(std::mt19937_64& rng, std::int64_t n) {
-  Bytes v(static_cast<std::size_t>(n));
-  std::size_t i = 0;
-  for (; i + 8 <= v.size(); i += 8) {
-    const std::uint64_t x = rng();
-    std::memcpy(v.data() + i, &x, 8);
-  }
-  for (; i < v.size(); ++i) v[i] = static_cast<unsigned char>(rng());
-  return v;
-}
-
-TierOptions copy_tier_options(const std::string& dir, bool threads) {
-  TierOptions o;
-  o.offload_dir = dir;
-  o.force_disk_threads = threads;
-  return o;
-}
 
 // Releases a gate on scope exit, so a failed assertion cannot leave a lane blocked forever
 // (the engine's destructor joins its lanes).
@@ -235,23 +194,23 @@ class CopyModes : public ::testing::TestWithParam<CopyMode> {
   void SetUp() override {
     backend_ = kernels::make_cpu_backend();
     if (!GetParam().threads) {
-      Tiers probe(*backend_, copy_tier_options(dir_.path(), false));
+      Tiers probe(*backend_, tier_options(dir_.path(), false));
       if (!probe.disk().uses_io_uring()) GTEST_SKIP() << "io_uring is unavailable here; the thread-pool params still run";
     }
   }
-  void TearDown() override { EXPECT_TRUE(copy_list_dir(dir_.path()).empty()) << "files left in the offload dir"; }
+  void TearDown() override { EXPECT_TRUE(list_dir(dir_.path()).empty()) << "files left in the offload dir"; }
   CopyOptions copy_options() const {
     CopyOptions o;
     o.always_stage = GetParam().always_stage;
     return o;
   }
 
-  CopyScratchDir dir_;
+  ScratchDir dir_;
   std::unique_ptr<kernels::Backend> backend_;
 };
 
 TEST_P(CopyModes, EveryTierPairCopiesExactly) {
-  Tiers tiers(*backend_, copy_tier_options(dir_.path(), GetParam().threads));
+  Tiers tiers(*backend_, tier_options(dir_.path(), GetParam().threads));
   EXPECT_EQ(tiers.disk().uses_io_uring(), !GetParam().threads);
   CopyEngine engine(tiers, copy_options());
   const int lane = engine.add_lane("copy: pairs");
@@ -270,7 +229,7 @@ TEST_P(CopyModes, EveryTierPairCopiesExactly) {
                      " bytes, shifts " + std::to_string(src_shift) + "/" + std::to_string(dst_shift));
         Region src(tiers, from, n, src_shift, 0xa5);
         Region dst(tiers, to, n, dst_shift, 0x3c);
-        const Bytes data = copy_random_bytes(rng, n);
+        const Bytes data = random_bytes(rng, n);
         src.set(data);
         switch (round++ % 3) {
           case 0: copy_now(tiers, dst.place(), src.place(), n, staging, copy_options()); break;
@@ -292,7 +251,7 @@ TEST_P(CopyModes, EveryTierPairCopiesExactly) {
 }
 
 TEST_P(CopyModes, PiecesMixingTiersInOneJob) {
-  Tiers tiers(*backend_, copy_tier_options(dir_.path(), GetParam().threads));
+  Tiers tiers(*backend_, tier_options(dir_.path(), GetParam().threads));
   CopyEngine engine(tiers, copy_options());
   const int lane = engine.add_lane("copy: mixed");
   std::mt19937_64 rng(77);
@@ -305,7 +264,7 @@ TEST_P(CopyModes, PiecesMixingTiersInOneJob) {
       const auto n = static_cast<std::int64_t>(1 + rng() % 200000);
       srcs.push_back(std::make_unique<Region>(tiers, from, n, static_cast<std::int64_t>(rng() % 5000), 0x11));
       dsts.push_back(std::make_unique<Region>(tiers, to, n, static_cast<std::int64_t>(rng() % 5000), 0x22));
-      data.push_back(copy_random_bytes(rng, n));
+      data.push_back(random_bytes(rng, n));
       srcs.back()->set(data.back());
       pieces.push_back({dsts.back()->place(), srcs.back()->place(), n});
     }
@@ -330,10 +289,10 @@ INSTANTIATE_TEST_SUITE_P(Modes, CopyModes,
 class CopyEngineTest : public ::testing::Test {
  protected:
   void SetUp() override { backend_ = kernels::make_cpu_backend(); }
-  void TearDown() override { EXPECT_TRUE(copy_list_dir(dir_.path()).empty()) << "files left in the offload dir"; }
-  TierOptions options() const { return copy_tier_options(dir_.path(), false); }
+  void TearDown() override { EXPECT_TRUE(list_dir(dir_.path()).empty()) << "files left in the offload dir"; }
+  TierOptions options() const { return tier_options(dir_.path(), false); }
 
-  CopyScratchDir dir_;
+  ScratchDir dir_;
   std::unique_ptr<kernels::Backend> backend_;
 };
 
@@ -344,7 +303,7 @@ class CopyEngineTest : public ::testing::Test {
 TEST_F(CopyEngineTest, ManyTicketsInFlightOnSeveralLanes) {
   for (const bool threads : {false, true}) {
     SCOPED_TRACE(threads ? "thread pool" : "io_uring (or its fallback)");
-    Tiers tiers(*backend_, copy_tier_options(dir_.path(), threads));
+    Tiers tiers(*backend_, tier_options(dir_.path(), threads));
     CopyOptions stage;
     stage.always_stage = true;
     CopyEngine engine(tiers, stage);
@@ -354,7 +313,7 @@ TEST_F(CopyEngineTest, ManyTicketsInFlightOnSeveralLanes) {
     std::mt19937_64 rng(2024);
     constexpr int kJobs = 240;
     constexpr std::int64_t kStride = 9001;
-    const Bytes data = copy_random_bytes(rng, kJobs * kStride);
+    const Bytes data = random_bytes(rng, kJobs * kStride);
     DiskStore& disk = tiers.disk();
     const Extent e = disk.allocate(kJobs * kStride, "shared extent");
     std::vector<CopyTicket> tickets;
@@ -445,7 +404,7 @@ TEST_F(CopyEngineTest, JobsRunInFifoOrderWithinALane) {
 
   // A write to disk and a read of the same bytes, queued back to back: the read sees the write.
   std::mt19937_64 rng(8);
-  const Bytes data = copy_random_bytes(rng, 70001);
+  const Bytes data = random_bytes(rng, 70001);
   Bytes back(data.size(), 0);
   const Extent e = tiers.disk().allocate(80000);
   engine.copy(lane, Place::disk(e, 999), Place::cpu(const_cast<unsigned char*>(data.data())), 70001);

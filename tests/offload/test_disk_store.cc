@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/offload/offload_test_util.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -25,41 +27,9 @@
 namespace flexh2o::offload {
 namespace {
 
+using namespace test_util;
+
 constexpr std::int64_t kMiB = 1 << 20;
-
-// A fresh directory, removed (with anything left in it) at the end of the test.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/flexh2o-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp: " + std::string(std::strerror(errno)));
-    path_ = tmpl;
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::permissions(path_, std::filesystem::perms::owner_all, ec);
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
-  return names;
-}
-
-std::vector<unsigned char> random_bytes(std::mt19937_64& rng, std::size_t n) {
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
 
 struct AlignedFree {
   void operator()(unsigned char* p) const { std::free(p); }

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/offload/offload_test_util.h"
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -39,56 +41,13 @@
 namespace flexh2o::offload {
 namespace {
 
+using namespace test_util;
+
 using Bytes = std::vector<unsigned char>;
 constexpr std::array<Tier, 3> kAllTiers{Tier::Gpu, Tier::Cpu, Tier::Disk};
 
-// A fresh directory, removed (with anything left in it) at the end of the test.
-class TieredScratchDir {
- public:
-  TieredScratchDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/flexh2o-tt-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp: " + std::string(std::strerror(errno)));
-    path_ = tmpl;
-  }
-  TieredScratchDir(const TieredScratchDir&) = delete;
-  TieredScratchDir& operator=(const TieredScratchDir&) = delete;
-  ~TieredScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::vector<std::string> tt_list_dir(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
-  return names;
-}
-
-Bytes tt_random_bytes(std::mt19937_64& rng, std::int64_t n) {
-  Bytes v(static_cast<std::size_t>(n));
-  std::size_t i = 0;
-  for (; i + 8 <= v.size(); i += 8) {
-    const std::uint64_t x = rng();
-    std::memcpy(v.data() + i, &x, 8);
-  }
-  for (; i < v.size(); ++i) v[i] = static_cast<unsigned char>(rng());
-  return v;
-}
-
 std::int64_t disk_charge(std::int64_t bytes) {
   return (bytes + DiskStore::kAlignment - 1) / DiskStore::kAlignment * DiskStore::kAlignment;
-}
-
-TierOptions tt_options(const std::string& dir, bool threads) {
-  TierOptions o;
-  o.offload_dir = dir;
-  o.force_disk_threads = threads;
-  return o;
 }
 
 std::string describe(const TierFractions& f) {
@@ -223,9 +182,9 @@ TEST(TierFractions, ValidateNamesTheProblem) {
 
 TEST(TieredTensor, RejectsBadShapeAndFractionsNamingTheTensor) {
   auto backend = kernels::make_cpu_backend();
-  TieredScratchDir dir;
+  ScratchDir dir;
   {
-    Tiers tiers(*backend, tt_options(dir.path(), false));
+    Tiers tiers(*backend, tier_options(dir.path(), false));
     try {
       TieredTensor t(tiers, "w.neg", kernels::DType::F32, -1, 4, {1, 0, 0});
       ADD_FAILURE() << "negative shape accepted";
@@ -241,13 +200,13 @@ TEST(TieredTensor, RejectsBadShapeAndFractionsNamingTheTensor) {
     for (Tier t : kAllTiers) EXPECT_EQ(tiers.budget(t).used(), 0);
     EXPECT_FALSE(tiers.disk_open());
   }
-  EXPECT_TRUE(tt_list_dir(dir.path()).empty());
+  EXPECT_TRUE(list_dir(dir.path()).empty());
 }
 
 TEST(TieredTensor, EmptyTensorsAllocateNothing) {
   auto backend = kernels::make_cpu_backend();
-  TieredScratchDir dir;
-  Tiers tiers(*backend, tt_options(dir.path(), false));
+  ScratchDir dir;
+  Tiers tiers(*backend, tier_options(dir.path(), false));
   Staging staging;
   TieredTensor no_rows(tiers, "e.rows", kernels::DType::F16, 0, 100, {0.2, 0.3, 0.5});
   TieredTensor no_cols(tiers, "e.cols", kernels::DType::F32, 5, 0, {0.2, 0.3, 0.5});
@@ -265,8 +224,8 @@ TEST(TieredTensor, EmptyTensorsAllocateNothing) {
 
 TEST(TieredTensor, PiecesShapeAndArgumentChecks) {
   auto backend = kernels::make_cpu_backend();
-  TieredScratchDir dir;
-  Tiers tiers(*backend, tt_options(dir.path(), false));
+  ScratchDir dir;
+  Tiers tiers(*backend, tier_options(dir.path(), false));
   // 10 rows of 1000 bytes: 3 gpu, 4 cpu, 3 disk.
   TieredTensor t(tiers, "w.pieces", kernels::DType::BF16, 10, 500, {0.3, 0.4, 0.3});
   ASSERT_EQ(t.row_bytes(), 1000);
@@ -334,12 +293,12 @@ class TieredIo : public ::testing::TestWithParam<IoMode> {
   void SetUp() override {
     backend_ = kernels::make_cpu_backend();
     if (!threads()) {
-      Tiers probe(*backend_, tt_options(dir_.path(), false));
+      Tiers probe(*backend_, tier_options(dir_.path(), false));
       if (!probe.disk().uses_io_uring()) GTEST_SKIP() << "io_uring is unavailable here; the thread-pool params still run";
     }
   }
   void TearDown() override {
-    EXPECT_TRUE(tt_list_dir(dir_.path()).empty()) << "files left in the offload dir";
+    EXPECT_TRUE(list_dir(dir_.path()).empty()) << "files left in the offload dir";
   }
   bool threads() const { return GetParam().threads; }
   CopyOptions copy_options() const {
@@ -347,9 +306,9 @@ class TieredIo : public ::testing::TestWithParam<IoMode> {
     o.always_stage = GetParam().always_stage;
     return o;
   }
-  TierOptions options() const { return tt_options(dir_.path(), threads()); }
+  TierOptions options() const { return tier_options(dir_.path(), threads()); }
 
-  TieredScratchDir dir_;
+  ScratchDir dir_;
   std::unique_ptr<kernels::Backend> backend_;
 };
 
@@ -479,14 +438,14 @@ TEST_P(TieredIo, RandomShapesSurviveEveryTierRoundTrip) {
       }
 
       // Whole-tensor writes of known bytes, then sub-range overwrites from unaligned memory.
-      Bytes ref_a = tt_random_bytes(rng, a.bytes());
-      Bytes ref_b = tt_random_bytes(rng, b.bytes());
+      Bytes ref_a = random_bytes(rng, a.bytes());
+      Bytes ref_b = random_bytes(rng, b.bytes());
       a.write_rows(0, a.rows(), ref_a.data(), staging);
       b.write_rows(0, b.rows(), ref_b.data(), staging);
       for (int i = 0; i < 3; ++i) {
         const auto [r0, r1] = random_rows(rng, a.rows());
         const auto shift = static_cast<std::size_t>(rng() % 8);
-        Bytes src = tt_random_bytes(rng, (r1 - r0) * rb + static_cast<std::int64_t>(shift));
+        Bytes src = random_bytes(rng, (r1 - r0) * rb + static_cast<std::int64_t>(shift));
         a.write_rows(r0, r1, src.data() + shift, staging);
         std::copy(src.begin() + static_cast<std::ptrdiff_t>(shift), src.end(), ref_a.begin() + r0 * rb);
       }
@@ -520,7 +479,7 @@ TEST_P(TieredIo, RandomShapesSurviveEveryTierRoundTrip) {
           }
           case 3: {  // unaligned host memory -> A
             const auto shift = static_cast<std::size_t>(rng() % 64);
-            Bytes host = tt_random_bytes(rng, n + static_cast<std::int64_t>(shift));
+            Bytes host = random_bytes(rng, n + static_cast<std::int64_t>(shift));
             engine.copy(lane(), a.pieces(r0, r1, Place::cpu(host.data() + shift), true)).wait();
             std::copy(host.begin() + static_cast<std::ptrdiff_t>(shift), host.end(), ref_a.begin() + r0 * rb);
             break;
@@ -550,7 +509,7 @@ TEST_P(TieredIo, RandomShapesSurviveEveryTierRoundTrip) {
             break;
           }
           case 6: {  // synchronous partial write and read of B
-            Bytes src = tt_random_bytes(rng, n);
+            Bytes src = random_bytes(rng, n);
             b.write_rows(r0, r1, src.data(), staging);
             std::copy(src.begin(), src.end(), ref_b.begin() + r0 * rb);
             Bytes back(static_cast<std::size_t>(n), 0);
@@ -597,11 +556,11 @@ TEST_P(TieredStagedIo, LargeTensorSpansSeveralStagingChunks) {
   TieredTensor on_disk(tiers, "big.disk", kernels::DType::F16, rows, cols, {0, 0, 1});
   TieredTensor on_gpu(tiers, "big.gpu", kernels::DType::BF16, rows, cols, {1, 0, 0});
   TieredTensor on_disk2(tiers, "big.disk2", kernels::DType::F16, rows, cols, {0, 0, 1});
-  const Bytes ref = tt_random_bytes(rng, on_disk.bytes());
+  const Bytes ref = random_bytes(rng, on_disk.bytes());
   on_disk.write_rows(0, rows, ref.data(), staging);
   engine.copy(lane, rows_between(on_disk, on_gpu, 0, rows)).wait();  // disk -> gpu
   ASSERT_TRUE(read_all(on_gpu, staging) == ref);
-  const Bytes ref2 = tt_random_bytes(rng, on_gpu.bytes());
+  const Bytes ref2 = random_bytes(rng, on_gpu.bytes());
   on_gpu.write_rows(0, rows, ref2.data(), staging);
   engine.copy(lane, rows_between(on_gpu, on_disk2, 0, rows)).wait();  // gpu -> disk
   engine.copy(lane, rows_between(on_disk2, on_disk, 1, rows - 1)).wait();  // disk -> disk, unaligned start
@@ -621,7 +580,7 @@ TEST_P(TieredIo, AlignedRowsRoundTrip) {
   std::mt19937_64 rng(5);
   TieredTensor a(tiers, "aligned.a", kernels::DType::F32, 300, 1024, {0.2, 0.3, 0.5});
   TieredTensor b(tiers, "aligned.b", kernels::DType::F32, 300, 1024, {0.5, 0, 0.5});
-  const Bytes ref = tt_random_bytes(rng, a.bytes());
+  const Bytes ref = random_bytes(rng, a.bytes());
   HostBuffer host(static_cast<std::size_t>(a.bytes()));
   std::copy(ref.begin(), ref.end(), host.as<unsigned char>());
   engine.copy(lane, a.pieces(0, 300, Place::cpu(host.data()), true)).wait();
@@ -648,7 +607,7 @@ TEST_P(TieredIo, ColumnBandTouchesOnlyTheBand) {
     const std::int64_t rb = t.row_bytes();
     SCOPED_TRACE("seed " + std::to_string(seed) + ": [" + std::to_string(rows) + ", " + std::to_string(cols) + "] " +
                  std::string(kernels::dtype_name(dtype)) + ", " + describe(f));
-    Bytes ref = tt_random_bytes(rng, t.bytes());
+    Bytes ref = random_bytes(rng, t.bytes());
     t.write_rows(0, rows, ref.data(), staging);
     for (int round = 0; round < 5; ++round) {
       const auto [r0, r1] = random_rows(rng, rows);
@@ -661,7 +620,7 @@ TEST_P(TieredIo, ColumnBandTouchesOnlyTheBand) {
       SCOPED_TRACE("round " + std::to_string(round) + ": rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
                    "), bytes [" + std::to_string(b0) + ", " + std::to_string(b1) + ")");
       // The band source is laid out like full rows; only its band bytes may be read.
-      Bytes src = tt_random_bytes(rng, (r1 - r0) * rb);
+      Bytes src = random_bytes(rng, (r1 - r0) * rb);
       const bool via_device = round % 2 == 1;
       kernels::DeviceBuffer dev(*backend_, src.size());
       Place from = Place::cpu(src.data());
@@ -711,15 +670,15 @@ class TieredFaults : public ::testing::TestWithParam<bool> {
   void SetUp() override {
     backend_ = kernels::make_cpu_backend();
     if (!threads()) {
-      Tiers probe(*backend_, tt_options(dir_.path(), false));
+      Tiers probe(*backend_, tier_options(dir_.path(), false));
       if (!probe.disk().uses_io_uring()) GTEST_SKIP() << "io_uring is unavailable here; the thread-pool param still runs";
     }
   }
-  void TearDown() override { EXPECT_TRUE(tt_list_dir(dir_.path()).empty()) << "files left in the scratch dir"; }
+  void TearDown() override { EXPECT_TRUE(list_dir(dir_.path()).empty()) << "files left in the scratch dir"; }
   bool threads() const { return GetParam(); }
-  TierOptions options() const { return tt_options(dir_.path(), threads()); }
+  TierOptions options() const { return tier_options(dir_.path(), threads()); }
 
-  TieredScratchDir dir_;
+  ScratchDir dir_;
   std::unique_ptr<kernels::Backend> backend_;
 };
 
@@ -754,7 +713,7 @@ TEST_P(TieredFaults, BudgetExceededNamesTierAndTensor) {
       for (Tier t : kAllTiers) EXPECT_EQ(tiers.budget(t).used(), before[static_cast<std::size_t>(t)]) << tier_name(t);
       // The resident tensor is intact.
       std::mt19937_64 rng(1);
-      const Bytes data = tt_random_bytes(rng, resident.bytes());
+      const Bytes data = random_bytes(rng, resident.bytes());
       resident.write_rows(0, resident.rows(), data.data(), staging);
       EXPECT_TRUE(read_all(resident, staging) == data);
     }
@@ -845,7 +804,7 @@ TEST_P(TieredFaults, DiskFullGivesClearErrorAndCleansUp) {
           // 512 rows of 2002 bytes, half on disk: ~500 KiB there, far over the 64 KiB limit.
           TieredTensor t(tiers, "kv.full", kernels::DType::F16, 512, 1001, {0.25, 0.25, 0.5});
           std::mt19937_64 rng(3);
-          const Bytes data = tt_random_bytes(rng, t.bytes());
+          const Bytes data = random_bytes(rng, t.bytes());
           try {
             t.write_rows(0, t.rows(), data.data(), staging);
             code = kChildNoError;
@@ -897,7 +856,7 @@ TEST_P(TieredFaults, TruncatedOffloadFileIsAnErrorNotGarbage) {
     std::mt19937_64 rng(11);
     TieredTensor t(tiers, "w.trunc", kernels::DType::BF16, 64, 3001, {0.25, 0.25, 0.5});
     ASSERT_GT(t.bytes_on(Tier::Disk), 0);
-    const Bytes data = tt_random_bytes(rng, t.bytes());
+    const Bytes data = random_bytes(rng, t.bytes());
     t.write_rows(0, t.rows(), data.data(), staging);
     ASSERT_TRUE(read_all(t, staging) == data);
 
@@ -922,7 +881,7 @@ TEST_P(TieredFaults, TruncatedOffloadFileIsAnErrorNotGarbage) {
     engine.copy(lane, t.pieces(0, t.split().end[0], Place::cpu(gpu_rows.data()), false)).wait();
     EXPECT_TRUE(std::equal(gpu_rows.begin(), gpu_rows.end(), data.begin()));
   }
-  EXPECT_TRUE(tt_list_dir(dir_.path()).empty());
+  EXPECT_TRUE(list_dir(dir_.path()).empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, TieredFaults, ::testing::Values(false, true),
