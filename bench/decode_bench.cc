@@ -7,6 +7,7 @@
 
 #include "engine/generator.h"
 #include "engine/model_source.h"
+#include "engine/prompts.h"
 
 using namespace flexh2o;
 
@@ -19,11 +20,7 @@ void measure(const engine::ModelOptions& opt, std::int64_t batch, std::int64_t p
   const auto w = engine::load_weights(m.config, *m.weights);
   engine::Generator gen(*be, m.config, w);
   engine::GenerationRequest req;
-  for (std::int64_t b = 0; b < batch; ++b) {
-    req.prompts.emplace_back();
-    for (std::int64_t t = 0; t < prompt_len; ++t)
-      req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % m.config.vocab_size));
-  }
+  req.prompts = engine::synthetic_prompts(batch, prompt_len, m.config.vocab_size);
   req.max_new_tokens = gen_len;
   gen.generate(req);  // warm-up: thread pools, page faults
   const auto r = gen.generate(req);

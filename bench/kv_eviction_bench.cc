@@ -9,6 +9,7 @@
 
 #include "engine/block_scheduler.h"
 #include "engine/model_source.h"
+#include "engine/prompts.h"
 
 using namespace flexh2o;
 
@@ -18,11 +19,7 @@ constexpr std::int64_t kPrompt = 512, kGen = 32;
 
 engine::GenerationRequest request(const engine::ModelConfig& cfg, std::int64_t batch, std::int64_t gen) {
   engine::GenerationRequest req;
-  for (std::int64_t b = 0; b < batch; ++b) {
-    req.prompts.emplace_back();
-    for (std::int64_t t = 0; t < kPrompt; ++t)
-      req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % cfg.vocab_size));
-  }
+  req.prompts = engine::synthetic_prompts(batch, kPrompt, cfg.vocab_size);
   req.max_new_tokens = gen;
   return req;
 }

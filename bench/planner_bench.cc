@@ -12,6 +12,7 @@
 #include "engine/block_scheduler.h"
 #include "engine/model_shape.h"
 #include "engine/model_source.h"
+#include "engine/prompts.h"
 #include "policy/cost_model.h"
 
 using namespace flexh2o;
@@ -58,11 +59,7 @@ int main(int argc, char** argv) {
     offload::Tiers tiers(*be, {});
     engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, p);
     engine::GenerationRequest req;
-    for (std::int64_t b = 0; b < p.block_size(); ++b) {
-      req.prompts.emplace_back();
-      for (std::int64_t t = 0; t < prompt; ++t)
-        req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % m.config.vocab_size));
-    }
+    req.prompts = engine::synthetic_prompts(p.block_size(), prompt, m.config.vocab_size);
     req.max_new_tokens = gen;
     sched.generate(req);  // warm-up
     const auto r = sched.generate(req);

@@ -14,6 +14,7 @@
 #include "bench/timing.h"
 #include "engine/block_scheduler.h"
 #include "engine/model_source.h"
+#include "engine/prompts.h"
 
 using namespace flexh2o;
 
@@ -46,11 +47,7 @@ Measured run_once(Runner& run, std::int64_t prompt_len, std::int64_t gen_len) {
   const auto& cfg = run.model.config;
   const auto& policy = run.variant.policy;
   engine::GenerationRequest req;
-  for (std::int64_t b = 0; b < policy.block_size(); ++b) {
-    req.prompts.emplace_back();
-    for (std::int64_t t = 0; t < prompt_len; ++t)
-      req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % cfg.vocab_size));
-  }
+  req.prompts = engine::synthetic_prompts(policy.block_size(), prompt_len, cfg.vocab_size);
   req.max_new_tokens = gen_len;
   const double start = run.trace.now();
   const auto r = run.sched.generate(req);

@@ -1,8 +1,7 @@
 #include "engine/model_source.h"
+#include "offload/text_file.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include "engine/embedded.h"
@@ -17,11 +16,9 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto text = offload::read_text_file(path);
+  if (!text) throw std::runtime_error(path + ": cannot open");
+  return std::move(*text);
 }
 
 std::unique_ptr<Tokenizer> hf_dir_tokenizer(const fs::path& dir) {

@@ -62,6 +62,14 @@ void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std:
   }
 }
 
+std::vector<std::vector<std::int32_t>> synthetic_prompts(std::int64_t count, std::int64_t len, std::int64_t vocab) {
+  std::vector<std::vector<std::int32_t>> out(static_cast<std::size_t>(count));
+  for (std::int64_t b = 0; b < count; ++b)
+    for (std::int64_t t = 0; t < len; ++t)
+      out[static_cast<std::size_t>(b)].push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % vocab));
+  return out;
+}
+
 JsonlWriter::JsonlWriter(const std::string& path, bool resume) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | (resume ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
   if (fd_ < 0) throw std::runtime_error(path + ": cannot open for writing: " + std::strerror(errno));

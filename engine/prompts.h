@@ -27,6 +27,10 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path);
 void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t bos_id,
                       const std::string& model_name);
 
+// `count` deterministic prompts of `len` token ids below `vocab`, different per prompt: the
+// fixed workload the benchmarks compare systems and policies on.
+std::vector<std::vector<std::int32_t>> synthetic_prompts(std::int64_t count, std::int64_t len, std::int64_t vocab);
+
 // Appends whole lines to a JSONL file; each flush() writes and fsyncs what was added, so a
 // killed job leaves only complete lines behind (a kill inside write() can leave a torn last
 // line, which resuming cuts off).

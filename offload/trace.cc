@@ -1,6 +1,6 @@
 #include "offload/trace.h"
 
-#include "offload/atomic_file.h"
+#include "offload/text_file.h"
 
 #include <stdexcept>
 

@@ -1,4 +1,5 @@
 #include "policy/hardware_profile.h"
+#include "offload/text_file.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -6,9 +7,7 @@
 #include <array>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -167,11 +166,9 @@ double HardwareProfile::gemm_rate(double rows, double fallback) const {
 }
 
 HardwareProfile load_hardware_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot read hardware profile " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return load_hardware_yaml(ss.str(), path);
+  const auto text = offload::read_text_file(path);
+  if (!text) throw std::invalid_argument("cannot read hardware profile " + path);
+  return load_hardware_yaml(*text, path);
 }
 
 std::string hardware_to_yaml(const HardwareProfile& h) {

@@ -1,13 +1,12 @@
 #include "policy/policy.h"
+#include "offload/text_file.h"
 
 #include "policy/eviction/kv_spec.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 namespace flexh2o::policy {
@@ -108,11 +107,9 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
 }
 
 Policy load_policy_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read policy file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return load_policy_yaml(ss.str(), path);
+  const auto text = offload::read_text_file(path);
+  if (!text) throw std::invalid_argument("cannot read policy file " + path);
+  return load_policy_yaml(*text, path);
 }
 
 std::string policy_to_yaml(const Policy& p) {

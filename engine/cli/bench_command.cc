@@ -10,7 +10,8 @@
 #include "engine/block_scheduler.h"
 #include "engine/model_shape.h"
 #include "engine/model_source.h"
-#include "offload/atomic_file.h"
+#include "engine/prompts.h"
+#include "offload/text_file.h"
 #include "policy/cost_model.h"
 
 namespace flexh2o::cli {
@@ -156,11 +157,7 @@ int bench_command(const BenchOptions& o) {
     offload::Tiers tiers(*be, to);
     engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, r.policy);
     engine::GenerationRequest req;
-    for (std::int64_t b = 0; b < r.policy.block_size(); ++b) {
-      req.prompts.emplace_back();
-      for (std::int64_t t = 0; t < o.prompt_len; ++t)
-        req.prompts.back().push_back(static_cast<std::int32_t>((b * 131 + t * 17 + 3) % m.config.vocab_size));
-    }
+    req.prompts = engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size);
     req.max_new_tokens = o.gen_len;
     r.result = sched.generate(req);
     const auto& g = r.result;

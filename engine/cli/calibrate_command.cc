@@ -1,7 +1,7 @@
 #include "engine/cli/calibrate_command.h"
 
 #include "engine/cli/plan_command.h"
-#include "offload/atomic_file.h"
+#include "offload/text_file.h"
 
 #include <fmt/format.h>
 

@@ -2,11 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
-#include <sstream>
 
 #include "engine/kv_quality.h"
 #include "engine/model_source.h"
+#include "offload/text_file.h"
 
 namespace flexh2o::cli {
 
@@ -31,12 +30,10 @@ int eval_command(const EvalOptions& o) {
   mo.tokenizer = o.tokenizer;
   ModelSource m = open_model(mo);
   if (!m.tokenizer) throw std::invalid_argument("eval needs a tokenizer for the text; pass --tokenizer");
-  std::ifstream in(o.text_file, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot read --text file " + o.text_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const auto text = offload::read_text_file(o.text_file);
+  if (!text) throw std::invalid_argument("cannot read --text file " + o.text_file);
   std::vector<std::vector<std::int32_t>> chunks;
-  for (const auto& para : split_paragraphs(ss.str())) {
+  for (const auto& para : split_paragraphs(*text)) {
     if (static_cast<std::int64_t>(chunks.size()) >= o.chunks) break;
     std::vector<std::int32_t> ids;
     if (m.config.bos_id >= 0) ids.push_back(m.config.bos_id);
@@ -59,12 +56,11 @@ int eval_command(const EvalOptions& o) {
     fmt::print("| {} | {:.4f} | {:.3f} | {:.4f} | {:.5f} |\n", r.spec.text, r.mean_nll, r.perplexity, r.top1_agreement,
                r.mean_kl);
   if (!o.csv_file.empty()) {
-    std::ofstream csv(o.csv_file, std::ios::trunc);
-    csv << "policy,tokens,mean_nll,perplexity,top1_agreement,mean_kl\n";
+    std::string csv = "policy,tokens,mean_nll,perplexity,top1_agreement,mean_kl\n";
     for (const auto& r : results)
-      csv << '"' << r.spec.text << "\"," << r.tokens << ',' << r.mean_nll << ',' << r.perplexity << ','
-          << r.top1_agreement << ',' << r.mean_kl << '\n';
-    if (!csv.flush()) throw std::runtime_error("cannot write " + o.csv_file);
+      csv += fmt::format("\"{}\",{},{},{},{},{}\n", r.spec.text, r.tokens, r.mean_nll, r.perplexity, r.top1_agreement,
+                         r.mean_kl);
+    offload::write_file_atomically(o.csv_file, csv);
   }
   return 0;
 }

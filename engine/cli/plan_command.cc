@@ -5,7 +5,7 @@
 
 #include "engine/model_shape.h"
 #include "engine/model_source.h"
-#include "offload/atomic_file.h"
+#include "offload/text_file.h"
 #include "offload/budget.h"
 #include "policy/eviction/kv_spec.h"
 

@@ -14,7 +14,7 @@
 #include "engine/block_scheduler.h"
 #include "engine/cli/interrupts.h"
 #include "engine/model_shape.h"
-#include "offload/atomic_file.h"
+#include "offload/text_file.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"

@@ -1,10 +1,9 @@
 #include "engine/loaders/hf_checkpoint.h"
+#include "offload/text_file.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "engine/loaders/read_rows.h"
@@ -16,11 +15,9 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error(p.string() + ": cannot open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto text = offload::read_text_file(p.string());
+  if (!text) throw std::runtime_error(p.string() + ": cannot open");
+  return std::move(*text);
 }
 
 // Splits "layers.7.wq" into 7 and "wq"; returns -1 for non-layer names.

@@ -1,11 +1,21 @@
-#include "offload/atomic_file.h"
+#include "offload/text_file.h"
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 namespace flexh2o::offload {
+
+std::optional<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 void write_file_atomically(const std::string& path, std::string_view text) {
   const std::string tmp = path + ".tmp";
