@@ -44,21 +44,7 @@ TEST(CostModel, KvTokensFollowTheEvictionBudget) {
 }
 
 HardwareProfile t4() {
-  HardwareProfile h;
-  h.name = "t4";
-  h.gpu_mem = 15'000'000'000;
-  h.cpu_mem = 204'000'000'000;
-  h.disk_mem = 1'500'000'000'000;
-  h.cpu_to_gpu = 12.89e9;
-  h.gpu_to_cpu = 0.97e9;
-  h.disk_to_cpu = 0.473e9;
-  h.cpu_to_disk = 0.746e9;
-  h.gpu_gemm_prefill = 21.24e12;
-  h.gpu_gemm_decode = 4.3e12;
-  h.gpu_attn_prefill = 9.97e12;
-  h.gpu_attn_decode = 0.079e12;
-  h.cpu_gemm = h.cpu_attn_decode = 0.0123e12;
-  return h;
+  return load_hardware_file(std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/t4-gcp.yaml");
 }
 
 TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
