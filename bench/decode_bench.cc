@@ -25,7 +25,7 @@ void measure(const engine::ModelOptions& opt, std::int64_t batch, std::int64_t p
   gen.generate(req);  // warm-up: thread pools, page faults
   const auto r = gen.generate(req);
   fmt::print("| {} | {} | {} | {} | {:.1f} | {:.1f} |\n", m.config.name, kernels::dtype_name(m.config.dtype), batch,
-             gen_len, batch * (gen_len - 1) / r.decode_seconds, r.prompt_tokens / r.prefill_seconds);
+             gen_len, r.decode_throughput(), r.prefill_throughput());
 }
 
 }  // namespace

@@ -64,8 +64,8 @@ Result measure(const engine::ModelSource& m, const std::string& kv, std::int64_t
   p.gpu_batch_size = r.batch;
   engine::BlockScheduler sched(*be, tiers, c, *m.weights, p);
   const auto res = sched.generate(request(c, r.batch, kGen));
-  r.decode_tok_s = static_cast<double>(res.generated_tokens - r.batch) / res.decode_seconds;
-  r.total_tok_s = static_cast<double>(res.generated_tokens) / (res.prefill_seconds + res.decode_seconds);
+  r.decode_tok_s = res.decode_throughput();
+  r.total_tok_s = res.total_throughput();
   r.cpu_peak = tiers.budget(offload::Tier::Cpu).peak();
   return r;
 }

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     req.max_new_tokens = gen;
     sched.generate(req);  // warm-up
     const auto r = sched.generate(req);
-    const double measured = static_cast<double>(r.generated_tokens) / (r.prefill_seconds + r.decode_seconds);
+    const double measured = r.total_throughput();
     const double predicted = est ? est->total_throughput : 0;
     worst = std::max(worst, std::abs(predicted / measured - 1));
     fmt::print("| {} | {} x {} | {:.2f} | {:.2f} | {:.2f} | {:.3f} / {:.3f} | {:.3f} / {:.3f} |\n", c.name, c.gbs, c.k,

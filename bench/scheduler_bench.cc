@@ -62,7 +62,7 @@ Measured run_once(Runner& run, std::int64_t prompt_len, std::int64_t gen_len) {
   double transfer = 0;
   for (const auto& [track, t] : busy) transfer = std::max(transfer, t);
   Measured out;
-  out.decode_tok_s = static_cast<double>(r.generated_tokens - policy.block_size()) / r.decode_seconds;
+  out.decode_tok_s = r.decode_throughput();
   out.compute_s = compute;
   out.transfer_s = transfer;
   out.efficiency = r.decode_seconds / std::max(compute, transfer);

@@ -49,6 +49,24 @@ Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWei
   }
 }
 
+double GenerationResult::prefill_throughput() const {
+  return static_cast<double>(prompt_tokens) / std::max(prefill_seconds, 1e-9);
+}
+double GenerationResult::decode_throughput() const {
+  return static_cast<double>(generated_tokens - sequences) / std::max(decode_seconds, 1e-9);
+}
+double GenerationResult::total_throughput() const {
+  return static_cast<double>(generated_tokens) / std::max(prefill_seconds + decode_seconds, 1e-9);
+}
+void GenerationResult::add(const GenerationResult& r) {
+  prefill_seconds += r.prefill_seconds;
+  decode_seconds += r.decode_seconds;
+  prompt_tokens += r.prompt_tokens;
+  generated_tokens += r.generated_tokens;
+  decode_steps += r.decode_steps;
+  sequences += r.sequences;
+}
+
 std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
   return static_cast<std::int64_t>(req.prompts[b].size()) +
          (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : req.max_new_tokens);
@@ -70,6 +88,7 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
     res_.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
   res_.tokens.resize(B);
+  res_.sequences = static_cast<std::int64_t>(B);
   done_.assign(B, false);
   active_ = static_cast<std::int64_t>(B);
 }

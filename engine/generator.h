@@ -41,6 +41,15 @@ struct GenerationResult {
   std::int64_t prompt_tokens = 0;     // sum of prompt lengths
   std::int64_t generated_tokens = 0;  // sum of generated lengths
   std::int64_t decode_steps = 0;
+  std::int64_t sequences = 0;
+
+  // Tokens/s as FlexGen reports them (ALGORITHMS.md section 1): prompt tokens over the prefill,
+  // tokens after each sequence's first over the decode, all generated tokens over both.
+  double prefill_throughput() const;
+  double decode_throughput() const;
+  double total_throughput() const;
+  // Adds another block's counts and times (a run's totals); tokens are not kept.
+  void add(const GenerationResult& r);
 };
 
 // Tokens sequence b of a request holds at most: its prompt plus its forced tokens when forced,

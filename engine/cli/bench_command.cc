@@ -160,11 +160,9 @@ int bench_command(const BenchOptions& o) {
     req.prompts = engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size);
     req.max_new_tokens = o.gen_len;
     r.result = sched.generate(req);
-    const auto& g = r.result;
-    const double B = static_cast<double>(r.policy.block_size());
-    r.prefill_tput = static_cast<double>(g.prompt_tokens) / g.prefill_seconds;
-    r.decode_tput = B * static_cast<double>(o.gen_len - 1) / std::max(g.decode_seconds, 1e-9);
-    r.total_tput = static_cast<double>(g.generated_tokens) / (g.prefill_seconds + g.decode_seconds);
+    r.prefill_tput = r.result.prefill_throughput();
+    r.decode_tput = r.result.decode_throughput();
+    r.total_tput = r.result.total_throughput();
     for (int t = 0; t < 3; ++t) r.peak[static_cast<std::size_t>(t)] = tiers.budget(static_cast<offload::Tier>(t)).peak();
     runs.push_back(std::move(r));
   }

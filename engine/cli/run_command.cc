@@ -268,10 +268,7 @@ int run_command(const RunOptions& o) {
       }
     }
     if (out) out->flush();
-    total.prefill_seconds += r.prefill_seconds;
-    total.decode_seconds += r.decode_seconds;
-    total.prompt_tokens += r.prompt_tokens;
-    total.generated_tokens += r.generated_tokens;
+    total.add(r);
     ++done_blocks;
   }
   std::fflush(stdout);
@@ -283,10 +280,8 @@ int run_command(const RunOptions& o) {
   // FlexGen's report: sizes, peak memory per tier, latency and throughput.
   const ModelConfig& c = m.config;
   const double all_s = total.prefill_seconds + total.decode_seconds;
-  const std::int64_t decoded = total.generated_tokens - static_cast<std::int64_t>(items.size());
-  const double prefill_tput = total.prompt_tokens / std::max(total.prefill_seconds, 1e-9);
-  const double decode_tput = decoded / std::max(total.decode_seconds, 1e-9);
-  const double total_tput = total.generated_tokens / std::max(all_s, 1e-9);
+  const double prefill_tput = total.prefill_throughput(), decode_tput = total.decode_throughput(),
+               total_tput = total.total_throughput();
   const std::int64_t max_prompt = std::ranges::max(all_prompts, {}, &std::vector<std::int32_t>::size).size();
   const std::int64_t cache_bytes =
       2 * c.n_layers * pol.block_size() * (max_prompt + gen_len) * c.n_kv_heads * c.head_dim * 4;
