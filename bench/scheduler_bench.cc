@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   }
   std::int64_t weight_bytes = 0;
   for (const auto& w : engine::weight_specs(m.config))
-    weight_bytes += w.numel() * static_cast<std::int64_t>(kernels::dtype_size(w.dtype(m.config)));
+    weight_bytes += w.rows * kernels::row_bytes(w.dtype(m.config), w.cols);
   fmt::print("model {} (f16 dummy, {} of weights), prompt {} + gen {}, weights 0/70/30 gpu/cpu/disk, {} reps (median)\n\n",
              m.config.name, offload::format_bytes(weight_bytes), prompt_len, gen_len, reps);
   fmt::print("| variant | decode tok/s | compute s | busiest copy lane s | efficiency | gpu peak |\n|---|---|---|---|---|---|\n");

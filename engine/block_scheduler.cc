@@ -107,7 +107,13 @@ struct BlockScheduler::BlockState {
 BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg,
                                const WeightSource& source, const policy::Policy& policy, offload::Trace* trace,
                                offload::CopyOptions copy)
-    : be_(be), tiers_(tiers), cfg_(cfg), policy_(policy), trace_(trace), layers_(build_layers(cfg_)) {
+    : be_(be),
+      tiers_(tiers),
+      cfg_(with_weight_dtype(cfg, policy.weight_dtype(cfg.dtype))),
+      policy_(policy),
+      cache_dtype_(policy.cache_dtype()),
+      trace_(trace),
+      layers_(build_layers(cfg_)) {
   policy_.validate();
   // Scheduling units: with sep_layer off, a decoder block's attention and MLP load together.
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -203,7 +209,8 @@ void BlockScheduler::issue_loads(BlockState& st, std::int64_t unit, std::int64_t
     // eviction the policy's slots fill the (budget-sized) rows: all of them.
     const TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
     const TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
-    const std::int64_t slot_bytes = cfg_.head_dim * 4, head_bytes = st.capacity * slot_bytes;
+    const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+    const std::int64_t head_bytes = st.capacity * slot_bytes;
     std::vector<CopyPiece> pieces;
     std::int64_t bytes = 0;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
@@ -243,7 +250,7 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
   Activations& act = *st.act;
   act.hidden = st.hidden_resident ? static_cast<float*>(b.hidden->place(0).ptr)
                                   : reinterpret_cast<float*>(slot.hidden.data());
-  KvView view{st.capacity, {}, nullptr};
+  KvView view{st.capacity, cache_dtype_, {}, nullptr};
   if (u.cache_layer >= 0) {
     if (!b.eviction.empty()) view.eviction = b.eviction[static_cast<std::size_t>(u.cache_layer)].get();
     const TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
@@ -251,11 +258,9 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
     for (Tier t : {Tier::Gpu, Tier::Cpu}) {
       const std::int64_t s0 = kt.split().begin[static_cast<int>(t)];
       const std::int64_t s1 = std::min(kt.split().end[static_cast<int>(t)], b.resident_end);
-      if (s0 < s1) view.parts.push_back({s0, s1, static_cast<float*>(kt.place(s0).ptr), static_cast<float*>(vt.place(s0).ptr)});
+      if (s0 < s1) view.parts.push_back({s0, s1, kt.place(s0).ptr, vt.place(s0).ptr});
     }
-    if (b.resident_end < b.n)
-      view.parts.push_back({b.resident_end, b.n, reinterpret_cast<float*>(slot.k.data()),
-                            reinterpret_cast<float*>(slot.v.data())});
+    if (b.resident_end < b.n) view.parts.push_back({b.resident_end, b.n, slot.k.data(), slot.v.data()});
   }
   {
     offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
@@ -284,7 +289,8 @@ void BlockScheduler::issue_stores(BlockState& st, std::int64_t unit, std::int64_
   if (u.cache_layer >= 0 && b.resident_end < b.n) {
     TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
     TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
-    const std::int64_t slot_bytes = cfg_.head_dim * 4, head_bytes = st.capacity * slot_bytes;
+    const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+    const std::int64_t head_bytes = st.capacity * slot_bytes;
     std::vector<CopyPiece> pieces;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
       const std::int64_t row_off = (s - b.resident_end) * kt.row_bytes();
@@ -336,7 +342,9 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
     evictions.push_back(make_kv_eviction(be_, *kv, cfg_, total, rows));
     for (const auto& e : evictions.back()) st.capacity = std::max(st.capacity, e->capacity());
   }
+  // A KV row: one sequence's kv_heads x capacity slots.
   const std::int64_t kv_row = cfg_.n_kv_heads * st.capacity * cfg_.head_dim;
+  const std::int64_t kv_row_bytes = cfg_.n_kv_heads * st.capacity * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
   std::int64_t max_rows = 0;
   for (std::int64_t s0 = 0; s0 < B; s0 += gbs) {
     Batch b;
@@ -352,8 +360,8 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
                                               policy_.activations);
     for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
       const std::string name = "KV cache of layer " + std::to_string(l) + tag;
-      b.k.push_back(std::make_unique<TieredTensor>(tiers_, "K " + name, kernels::DType::F32, b.n, kv_row, policy_.cache));
-      b.v.push_back(std::make_unique<TieredTensor>(tiers_, "V " + name, kernels::DType::F32, b.n, kv_row, policy_.cache));
+      b.k.push_back(std::make_unique<TieredTensor>(tiers_, "K " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes));
+      b.v.push_back(std::make_unique<TieredTensor>(tiers_, "V " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes));
     }
     const auto& split = b.k.front()->split();
     b.resident_end = policy_.cpu_cache_compute ? split.end[1] : split.end[0];
@@ -369,8 +377,8 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
     const std::string n = " (ring slot " + std::to_string(i) + ")";
     if (!st.hidden_resident) st.ring[i].hidden = GpuBuffer(tiers_, max_rows * cfg_.hidden * 4, "hidden staging" + n);
     if (st.staged_max > 0) {
-      st.ring[i].k = GpuBuffer(tiers_, st.staged_max * kv_row * 4, "K staging" + n);
-      st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row * 4, "V staging" + n);
+      st.ring[i].k = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "K staging" + n);
+      st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "V staging" + n);
     }
   }
 

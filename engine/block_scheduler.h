@@ -5,6 +5,9 @@
 // own copy lane; tickets order them (no global barrier). With overlap off the same copies
 // run in line before and after each compute (the ablation baseline).
 //
+// Compression (compress_weight / compress_cache): weight matrices and KV slots are stored as
+// 4-bit groups in every tier, copied compressed, and dequantized by the compute kernels.
+//
 // Placement: weights, each batch's KV cache and its hidden states are TieredTensors split
 // by the policy's fractions. Weights not wholly on the gpu tier are staged into two device
 // slots (the unit computing and the one being fetched). KV is split by sequence: gpu-homed
@@ -54,8 +57,9 @@ class BlockScheduler {
 
   kernels::Backend& be_;
   offload::Tiers& tiers_;
-  ModelConfig cfg_;
+  ModelConfig cfg_;  // weight matrices in q4 under compress_weight
   policy::Policy policy_;
+  kernels::DType cache_dtype_;  // q4 under compress_cache
   offload::Trace* trace_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Unit> units_;

@@ -35,14 +35,15 @@ void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int3
   }
 }
 
-Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights)
-    : be_(be), cfg_(cfg), layers_(build_layers(cfg_)) {
+Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
+                     kernels::DType cache_dtype)
+    : be_(be), cfg_(cfg), cache_dtype_(cache_dtype), layers_(build_layers(cfg_)) {
   for (const auto& [name, t] : weights) {
     if (be.kind() == kernels::DeviceKind::Cpu) {
       weights_[name] = t.ref();
       continue;
     }
-    const std::size_t bytes = static_cast<std::size_t>(t.rows * t.cols) * kernels::dtype_size(t.dtype);
+    const auto bytes = static_cast<std::size_t>(t.rows * kernels::row_bytes(t.dtype, t.cols));
     device_copies_.emplace_back(be, bytes);
     be.copy_to_device(device_copies_.back().data(), t.data.get(), bytes);
     weights_[name] = {device_copies_.back().data(), t.dtype, t.rows, t.cols};
@@ -142,7 +143,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
   }
   std::vector<KvCache> caches;
   for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
-    caches.emplace_back(be_, cfg_, B, capacity);
+    caches.emplace_back(be_, cfg_, B, capacity, cache_dtype_);
     if (req.kv) caches.back().view.eviction = eviction[static_cast<std::size_t>(l)].get();
   }
   Activations act(be_, cfg_, prompt_tokens, B);

@@ -88,14 +88,18 @@ class GenerationLog {
 
 class Generator {
  public:
-  // Weights stay where they are on a CPU backend; other backends get a device copy.
-  Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights);
+  // Weights stay where they are on a CPU backend; other backends get a device copy. The KV
+  // cache is kept in `cache_dtype` (q4/q8: compress_cache).
+  Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
+            kernels::DType cache_dtype = kernels::DType::F32);
   GenerationResult generate(const GenerationRequest& req);
   const ModelConfig& config() const { return cfg_; }
+  kernels::DType cache_dtype() const { return cache_dtype_; }
 
  private:
   kernels::Backend& be_;
   ModelConfig cfg_;
+  kernels::DType cache_dtype_;
   std::vector<kernels::DeviceBuffer> device_copies_;
   DeviceWeights weights_;
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -23,8 +23,8 @@ KvEvictionLayer::KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& p
 
 void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int64_t seq0,
                               const kernels::AttentionShape& shape, const float* q, const float* k, const float* v,
-                              float* out, float* k_cache, float* v_cache, std::int64_t capacity) {
-  const std::int64_t B = s.batch(), H = n_kv_heads_, T = s.rows();
+                              float* out, const KvPart& part, const KvView& cache) {
+  const std::int64_t B = s.batch(), H = n_kv_heads_, T = s.rows(), capacity = cache.capacity;
   const bool scores = policy_.uses_prefill_scores();
   std::vector<float> weights;
   if (scores)
@@ -50,14 +50,14 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int
         if (st.occupied(slot)) head_slot_[static_cast<std::size_t>((t0 + st.position(slot)) * H + g)] = slot;
     }
   }
-  be.kv_write({k, k_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
-  be.kv_write({v, v_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
+  be.kv_write({k, part.k, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
+  be.kv_write({v, part.v, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
 }
 
 void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int64_t seq0,
                              const kernels::AttentionShape& shape, const float* q, const float* k, const float* v,
-                             float* out, float* k_cache, float* v_cache, std::int64_t capacity) {
-  const std::int64_t B = s.batch(), H = n_kv_heads_;
+                             float* out, const KvPart& part, const KvView& cache) {
+  const std::int64_t B = s.batch(), H = n_kv_heads_, capacity = cache.capacity;
   head_slot_.assign(static_cast<std::size_t>(B * H), -1);
   lens_.assign(static_cast<std::size_t>(B), 0);
   for (std::int64_t b = 0; b < B; ++b)
@@ -71,13 +71,14 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
       head_slot_[static_cast<std::size_t>(b * H + g)] = slot;
       lens_[static_cast<std::size_t>(b)] = st.size() + 1;
     }
-  be.kv_write({k, k_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
-  be.kv_write({v, v_cache, H, head_dim_, capacity, s.row_seq, {}, head_slot_});
+  be.kv_write({k, part.k, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
+  be.kv_write({v, part.v, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
   const bool probs = policy_.uses_decode_probs();
   // The cache may be wider than this layer needs (pyramid: layers differ); probs follow its stride.
   const auto probs_bytes = static_cast<std::size_t>(B * H * capacity) * sizeof(float);
   if (probs && probs_.bytes() < probs_bytes) probs_ = {be, probs_bytes};
-  be.attention_decode({shape, q, k_cache, v_cache, capacity, lens_, out, probs ? probs_.as<float>() : nullptr});
+  be.attention_decode(
+      {shape, q, part.k, part.v, capacity, lens_, out, probs ? probs_.as<float>() : nullptr, cache.dtype});
   if (probs) {
     host_scores_.resize(static_cast<std::size_t>(B * H * capacity));
     be.copy_to_host(host_scores_.data(), probs_.data(), host_scores_.size() * sizeof(float));
@@ -98,8 +99,8 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
       }
     }
   if (!moves_.empty()) {
-    be.kv_move({k_cache, H, head_dim_, capacity, moves_});
-    be.kv_move({v_cache, H, head_dim_, capacity, moves_});
+    be.kv_move({part.k, H, head_dim_, capacity, moves_, cache.dtype});
+    be.kv_move({part.v, H, head_dim_, capacity, moves_, cache.dtype});
   }
 }
 

@@ -23,13 +23,11 @@ class KvEvictionLayer {
   std::int64_t capacity() const { return capacity_; }
 
   // Attention::forward calls these instead of its kernels, for the run of sequences starting
-  // at `seq0` that `s` holds (rebased to 0) and whose cache is at k_cache/v_cache.
+  // at `seq0` that `s` holds (rebased to 0), whose cache is `part` of `cache`.
   void prefill(kernels::Backend& be, const StepBatch& s, std::int64_t seq0, const kernels::AttentionShape& shape,
-               const float* q, const float* k, const float* v, float* out, float* k_cache, float* v_cache,
-               std::int64_t capacity);
+               const float* q, const float* k, const float* v, float* out, const KvPart& part, const KvView& cache);
   void decode(kernels::Backend& be, const StepBatch& s, std::int64_t seq0, const kernels::AttentionShape& shape,
-              const float* q, const float* k, const float* v, float* out, float* k_cache, float* v_cache,
-              std::int64_t capacity);
+              const float* q, const float* k, const float* v, float* out, const KvPart& part, const KvView& cache);
 
  private:
   const policy::KvPolicy& policy_;

@@ -89,16 +89,16 @@ class Attention final : public Layer {
       if (KvEvictionLayer* ev = cache->eviction) {
         // The policy picks the slots: writes, attention and evictions go through it.
         const auto run = s.prefill ? &KvEvictionLayer::prefill : &KvEvictionLayer::decode;
-        (ev->*run)(be, p, part.seq_begin, shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, part.k, part.v,
-                   cache->capacity);
+        (ev->*run)(be, p, part.seq_begin, shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, part, *cache);
         continue;
       }
-      be.kv_write({k + r0 * kw, part.k, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}});
-      be.kv_write({v + r0 * kw, part.v, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}});
+      const auto dt = cache->dtype;
+      be.kv_write({k + r0 * kw, part.k, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}, dt});
+      be.kv_write({v + r0 * kw, part.v, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}, dt});
       if (s.prefill)
         be.attention_prefill({shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, p.seq_offsets, nullptr, {}});
       else
-        be.attention_decode({shape, q + r0 * qw, part.k, part.v, cache->capacity, p.lens, o + r0 * qw, nullptr});
+        be.attention_decode({shape, q + r0 * qw, part.k, part.v, cache->capacity, p.lens, o + r0 * qw, nullptr, dt});
     }
     be.gemm({o, rows, get(w, p_ + "wo"), b("bo"), h, 1.0f});  // residual: h += o @ wo^T
   }
@@ -190,11 +190,12 @@ std::int64_t Activations::bytes(const ModelConfig& c, std::int64_t rows, std::in
   return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + batch * (c.hidden + c.vocab_size));
 }
 
-KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity) {
-  const auto bytes = static_cast<std::size_t>(batch * cfg.n_kv_heads * capacity * cfg.head_dim) * sizeof(float);
+KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity,
+                 kernels::DType dtype) {
+  const auto bytes = static_cast<std::size_t>(batch * cfg.n_kv_heads * capacity * kernels::kv_slot_bytes(dtype, cfg.head_dim));
   k = {be, bytes};
   v = {be, bytes};
-  view = {capacity, {{0, batch, k.as<float>(), v.as<float>()}}};
+  view = {capacity, dtype, {{0, batch, k.data(), v.data()}}};
 }
 
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg) {

@@ -17,17 +17,19 @@ namespace flexh2o::engine {
 using DeviceWeights = std::unordered_map<std::string, kernels::MatrixRef>;
 
 // The keys and values of one decoder layer for a batch, as the compute device sees them:
-// consecutive runs of sequences, each laid out [seqs, kv_heads, capacity, head_dim]. A run
+// consecutive runs of sequences, each laid out [seqs, kv_heads, capacity, slot] (slots of
+// kernels::kv_slot_bytes(dtype, head_dim): fp32, or compressed with compress_cache). A run
 // can be resident (gpu tier), staged from cpu/disk, or (cpu_cache_compute) host memory
 // computed on by `backend`.
 struct KvPart {
   std::int64_t seq_begin = 0, seq_end = 0;
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
 };
 class KvEvictionLayer;  // engine/kv_eviction.h
 struct KvView {
   std::int64_t capacity = 0;
+  kernels::DType dtype = kernels::DType::F32;
   std::vector<KvPart> parts;
   // Set when a KV policy evicts: the cache then holds only the kept tokens of each
   // (sequence, kv head), in slots the policy picks. Needs a single part.
@@ -36,7 +38,8 @@ struct KvView {
 
 // A cache owned in device memory, all sequences in one part (the plain in-memory run).
 struct KvCache {
-  KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity);
+  KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity,
+          kernels::DType dtype = kernels::DType::F32);
   kernels::DeviceBuffer k, v;
   KvView view;
 };

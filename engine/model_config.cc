@@ -52,15 +52,16 @@ T json_get(const nlohmann::json& j, const char* key, const std::string& source, 
 }  // namespace
 
 std::int64_t ModelConfig::weight_bytes() const {
-  const std::int64_t es = static_cast<std::int64_t>(kernels::dtype_size(dtype));
+  // Matrices are [out, in] rows in `dtype`; vectors fp32.
+  auto mat = [&](std::int64_t rows, std::int64_t cols) { return rows * kernels::row_bytes(dtype, cols); };
   const std::int64_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
-  std::int64_t per_layer = (hidden * q * 2 + hidden * kv * 2) * es;  // q, o, k, v
-  per_layer += (family == Family::Opt ? 2 : 3) * hidden * ffn * es;
+  std::int64_t per_layer = mat(q, hidden) + mat(hidden, q) + 2 * mat(kv, hidden);  // q, o, k, v
+  per_layer += (family == Family::Opt ? 1 : 2) * mat(ffn, hidden) + mat(hidden, ffn);
   per_layer += (has_bias() ? 4 : 2) * hidden * 4;  // norms (weight, bias)
   if (has_bias()) per_layer += (q + 2 * kv + hidden + ffn + hidden) * 4;
-  std::int64_t total = n_layers * per_layer + vocab_size * hidden * es * (tie_embeddings ? 1 : 2);
+  std::int64_t total = n_layers * per_layer + mat(vocab_size, hidden) * (tie_embeddings ? 1 : 2);
   total += (has_bias() ? 2 : 1) * hidden * 4;
-  if (family == Family::Opt) total += (max_positions + 2) * hidden * es;
+  if (family == Family::Opt) total += mat(max_positions + 2, hidden);
   return total;
 }
 

@@ -40,6 +40,12 @@ struct ModelConfig {
   void validate(const std::string& source) const;
 };
 
+// The same model with its weight matrices stored as `dtype` (compress_weight: q4).
+inline ModelConfig with_weight_dtype(ModelConfig c, kernels::DType dtype) {
+  c.dtype = dtype;
+  return c;
+}
+
 std::string family_name(Family f);
 
 // A model config YAML (configs/models/*.yaml). Throws naming the file and the field.

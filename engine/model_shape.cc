@@ -14,7 +14,7 @@ policy::ModelShape model_shape(const ModelConfig& c) {
   m.vocab = c.vocab_size;
   m.gated_mlp = c.family == Family::Llama;
   m.tied_embeddings = c.tie_embeddings;
-  m.weight_bytes = static_cast<std::int64_t>(kernels::dtype_size(c.dtype));
+  m.weight_dtype = c.dtype;
   m.extra_embedding_rows = c.family == Family::Opt ? c.max_positions + 2 : 0;
   return m;
 }

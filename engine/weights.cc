@@ -78,7 +78,7 @@ HostWeights load_weights(const ModelConfig& cfg, const WeightSource& source) {
   HostWeights out;
   for (const auto& w : specs) {
     HostTensor t{w.dtype(cfg), w.rows, w.cols, nullptr};
-    t.data = std::shared_ptr<std::byte[]>(new std::byte[static_cast<std::size_t>(w.numel()) * kernels::dtype_size(t.dtype)]);
+    t.data = std::shared_ptr<std::byte[]>(new std::byte[static_cast<std::size_t>(w.rows * kernels::row_bytes(t.dtype, w.cols))]);
     out.emplace(w.name, std::move(t));
   }
   tbb::parallel_for(std::size_t{0}, specs.size(), [&](std::size_t i) {

@@ -5,7 +5,14 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/dtype.h"
+
 namespace flexh2o::kernels {
+
+// A KV cache is laid out [B, n_kv_heads, capacity, slot], a slot holding one token's key (or
+// value) of one head: head_dim values in the cache's dtype (f32, f16, or q4/q8 grouped along
+// head_dim, kernels/quantize.h). Writes convert into it; attention reads convert back.
+inline std::int64_t kv_slot_bytes(DType cache_dtype, std::int64_t head_dim) { return row_bytes(cache_dtype, head_dim); }
 
 struct AttentionShape {
   std::int64_t n_heads = 0;     // query heads
@@ -34,25 +41,27 @@ struct AttentionPrefillArgs {
 
 // One new query per sequence against its cache. Slots [0, lens[b]) of sequence b are valid
 // (the new token's K/V already written); slot order does not matter, so evicted slots can
-// be reused by later tokens.
+// be reused by later tokens. A compressed cache is dequantized as it is read.
 struct AttentionDecodeArgs {
   AttentionShape shape;
-  const float* q = nullptr;        // [B, n_heads * head_dim]
-  const float* k_cache = nullptr;  // [B, n_kv_heads, capacity, head_dim]
-  const float* v_cache = nullptr;  // same layout
+  const float* q = nullptr;       // [B, n_heads * head_dim]
+  const void* k_cache = nullptr;  // [B, n_kv_heads, capacity, slot]
+  const void* v_cache = nullptr;  // same layout
   std::int64_t capacity = 0;
   std::span<const std::int64_t> lens;  // host, [B]
   float* out = nullptr;                // [B, n_heads * head_dim]
   // Optional: probs[(b * n_kv_heads + h) * capacity + s] = sum over the group's query
   // heads of the probability slot s received; slots >= lens[b] are left untouched.
   float* probs = nullptr;
+  DType cache_dtype = DType::F32;
 };
 
 // Writes rows of new keys or values into a cache laid out like AttentionDecodeArgs::k_cache:
-// row r of src goes to sequence seq[r], slot slot[r], for every kv head.
+// row r of src goes to sequence seq[r], slot slot[r], for every kv head (converted to the
+// cache's dtype).
 struct KvWriteArgs {
   const float* src = nullptr;  // [rows, n_kv_heads * head_dim]
-  float* cache = nullptr;      // [B, n_kv_heads, capacity, head_dim]
+  void* cache = nullptr;       // [B, n_kv_heads, capacity, slot]
   std::int64_t n_kv_heads = 0;
   std::int64_t head_dim = 0;
   std::int64_t capacity = 0;
@@ -61,6 +70,7 @@ struct KvWriteArgs {
   // host, [rows * n_kv_heads]: when given, the slot of each (row, kv head) instead of `slot`;
   // -1 drops that head's key/value (evicted at prefill).
   std::span<const std::int64_t> head_slot;
+  DType cache_dtype = DType::F32;
 };
 
 // Moves cached tokens of one (sequence, kv head) between slots, e.g. to close the holes a
@@ -70,11 +80,12 @@ struct KvMove {
   std::int64_t seq = 0, head = 0, from = 0, to = 0;
 };
 struct KvMoveArgs {
-  float* cache = nullptr;  // [B, n_kv_heads, capacity, head_dim]
+  void* cache = nullptr;  // [B, n_kv_heads, capacity, slot]
   std::int64_t n_kv_heads = 0;
   std::int64_t head_dim = 0;
   std::int64_t capacity = 0;
   std::span<const KvMove> moves;  // host
+  DType cache_dtype = DType::F32;
 };
 
 }  // namespace flexh2o::kernels

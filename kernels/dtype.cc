@@ -1,10 +1,13 @@
 #include "kernels/dtype.h"
 
+#include "kernels/quantize.h"
+
 #include <cpuid.h>
 #include <immintrin.h>
 
 #include <stdexcept>
 #include <algorithm>
+#include <vector>
 
 namespace flexh2o::kernels {
 
@@ -13,15 +16,23 @@ std::string_view dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::F16: return "f16";
     case DType::BF16: return "bf16";
+    case DType::Q4: return "q4";
+    case DType::Q8: return "q8";
   }
   return "?";
+}
+
+std::int64_t row_bytes(DType t, std::int64_t cols) {
+  return is_quantized(t) ? quantized_row_bytes(t, cols) : cols * static_cast<std::int64_t>(dtype_size(t));
 }
 
 DType parse_dtype(std::string_view s) {
   if (s == "f32" || s == "fp32" || s == "float32" || s == "F32") return DType::F32;
   if (s == "f16" || s == "fp16" || s == "float16" || s == "F16") return DType::F16;
   if (s == "bf16" || s == "bfloat16" || s == "BF16") return DType::BF16;
-  throw std::invalid_argument("unknown dtype '" + std::string(s) + "' (expected f32, f16 or bf16)");
+  if (s == "q4" || s == "Q4") return DType::Q4;
+  if (s == "q8" || s == "Q8") return DType::Q8;
+  throw std::invalid_argument("unknown dtype '" + std::string(s) + "' (expected f32, f16, bf16, q4 or q8)");
 }
 
 namespace {
@@ -69,9 +80,15 @@ bool cpu_has_avx2() {
 const bool kHaveF16c = cpu_has_f16c();
 const bool kHaveAvx2 = cpu_has_avx2();
 
+void require_float(DType t) {
+  if (is_quantized(t))
+    throw std::logic_error("element-wise conversion of a quantized dtype; use convert_rows");
+}
+
 }  // namespace
 
 void convert_to_f32(const void* src, DType from, float* dst, std::size_t n) {
+  require_float(from);
   switch (from) {
     case DType::F32:
       std::memcpy(dst, src, n * 4);
@@ -94,10 +111,14 @@ void convert_to_f32(const void* src, DType from, float* dst, std::size_t n) {
       }
       return;
     }
+    case DType::Q4:
+    case DType::Q8:
+      break;
   }
 }
 
 void convert_from_f32(const float* src, DType to, void* dst, std::size_t n) {
+  require_float(to);
   switch (to) {
     case DType::F32:
       std::memcpy(dst, src, n * 4);
@@ -116,10 +137,15 @@ void convert_from_f32(const float* src, DType to, void* dst, std::size_t n) {
       for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
       return;
     }
+    case DType::Q4:
+    case DType::Q8:
+      break;
   }
 }
 
 void convert(const void* src, DType from, void* dst, DType to, std::size_t n) {
+  require_float(from);
+  require_float(to);
   if (from == to) {
     std::memcpy(dst, src, n * dtype_size(from));
     return;
@@ -133,6 +159,41 @@ void convert(const void* src, DType from, void* dst, DType to, std::size_t n) {
     const std::size_t c = std::min(kChunk, n - i);
     convert_to_f32(static_cast<const char*>(src) + i * 2, from, tmp, c);
     convert_from_f32(tmp, to, static_cast<char*>(dst) + i * 2, c);
+  }
+}
+
+void convert_rows(const void* src, DType from, void* dst, DType to, std::int64_t rows, std::int64_t cols) {
+  if (!is_quantized(from) && !is_quantized(to))
+    return convert(src, from, dst, to, static_cast<std::size_t>(rows * cols));
+  const std::int64_t in_bytes = row_bytes(from, cols), out_bytes = row_bytes(to, cols);
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<std::size_t>(rows * in_bytes));
+    return;
+  }
+  auto to_f32 = [&](const void* in, float* x) {
+    if (is_quantized(from))
+      dequantize_row(in, cols, from, x);
+    else
+      convert_to_f32(in, from, x, static_cast<std::size_t>(cols));
+  };
+  auto from_f32 = [&](const float* x, void* out) {
+    if (is_quantized(to))
+      quantize_row(x, cols, to, out);
+    else
+      convert_from_f32(x, to, out, static_cast<std::size_t>(cols));
+  };
+  std::vector<float> row(from != DType::F32 && to != DType::F32 ? static_cast<std::size_t>(cols) : 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto* in = static_cast<const std::byte*>(src) + r * in_bytes;
+    auto* out = static_cast<std::byte*>(dst) + r * out_bytes;
+    if (to == DType::F32) {
+      to_f32(in, reinterpret_cast<float*>(out));
+    } else if (from == DType::F32) {
+      from_f32(reinterpret_cast<const float*>(in), out);
+    } else {
+      to_f32(in, row.data());
+      from_f32(row.data(), out);
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // Element types of stored tensors and conversions between them.
-// Compute is fp32 everywhere; weights may be stored as fp32, fp16 or bf16.
+// Compute is fp32 everywhere; weights may be stored as fp32, fp16 or bf16, or group-wise
+// quantized to 4 or 8 bits (kernels/quantize.h), where a row is the unit of storage.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,11 +10,17 @@
 
 namespace flexh2o::kernels {
 
-enum class DType : std::uint8_t { F32, F16, BF16 };
+// Q4/Q8: group-wise asymmetric min-max quantization (kernels/quantize.h).
+enum class DType : std::uint8_t { F32, F16, BF16, Q4, Q8 };
 
+constexpr bool is_quantized(DType t) { return t == DType::Q4 || t == DType::Q8; }
+// Bytes per element of the float types (quantized types have no per-element size: use row_bytes).
 constexpr std::size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+// Bytes of one row of `cols` elements, the quantized types' group scales included.
+std::int64_t row_bytes(DType t, std::int64_t cols);
 std::string_view dtype_name(DType t);
-// Parses "f32"/"fp32"/"float32", "f16"/"fp16"/"float16", "bf16"/"bfloat16"; throws on others.
+// Parses "f32"/"fp32"/"float32", "f16"/"fp16"/"float16", "bf16"/"bfloat16", "q4", "q8";
+// throws on others.
 DType parse_dtype(std::string_view s);
 
 inline float f16_to_f32(std::uint16_t h) {
@@ -82,11 +89,15 @@ inline std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>(x >> 16);
 }
 
+// Element-wise conversions between the float types (not the quantized ones):
 // dst[i] = float(src[i]) for n elements of type `from`.
 void convert_to_f32(const void* src, DType from, float* dst, std::size_t n);
 // dst[i] = to(src[i]) for n fp32 elements.
 void convert_from_f32(const float* src, DType to, void* dst, std::size_t n);
-// Converts between any two dtypes (memcpy when they are equal).
+// Converts between any two float types (memcpy when they are equal).
 void convert(const void* src, DType from, void* dst, DType to, std::size_t n);
+// Converts `rows` rows of `cols` elements between any two dtypes, quantized ones included
+// (rows of row_bytes(t, cols) bytes each).
+void convert_rows(const void* src, DType from, void* dst, DType to, std::int64_t rows, std::int64_t cols);
 
 }  // namespace flexh2o::kernels

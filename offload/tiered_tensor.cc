@@ -40,13 +40,13 @@ Tier RowSplit::tier_of(std::int64_t row) const {
 }
 
 TieredTensor::TieredTensor(Tiers& tiers, std::string name, kernels::DType dtype, std::int64_t rows, std::int64_t cols,
-                           const TierFractions& fractions)
+                           const TierFractions& fractions, std::int64_t row_bytes)
     : tiers_(tiers),
       name_(std::move(name)),
       dtype_(dtype),
       rows_(rows),
       cols_(cols),
-      row_bytes_(cols * static_cast<std::int64_t>(kernels::dtype_size(dtype))) {
+      row_bytes_(row_bytes >= 0 ? row_bytes : kernels::row_bytes(dtype, cols)) {
   if (rows < 0 || cols < 0) throw std::invalid_argument("tensor " + name_ + " has a negative shape");
   fractions.validate("placement of " + name_);
   split_ = RowSplit::of(rows, fractions);

@@ -33,8 +33,10 @@ struct RowSplit {
 
 class TieredTensor {
  public:
+  // A row is `cols` values of `dtype` (kernels::row_bytes), or `row_bytes` when given: a row
+  // holding several separately quantized vectors (a KV row: kv_heads x capacity slots).
   TieredTensor(Tiers& tiers, std::string name, kernels::DType dtype, std::int64_t rows, std::int64_t cols,
-               const TierFractions& fractions);
+               const TierFractions& fractions, std::int64_t row_bytes = -1);
   TieredTensor(const TieredTensor&) = delete;
   TieredTensor& operator=(const TieredTensor&) = delete;
   ~TieredTensor();

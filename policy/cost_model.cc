@@ -16,17 +16,26 @@ namespace flexh2o::policy {
 
 ModelSizes model_sizes(const ModelShape& m) {
   ModelSizes s;
-  const std::int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, wb = m.weight_bytes;
-  const std::int64_t attn = (2 * m.hidden * q + 2 * m.hidden * kv) * wb;
-  const std::int64_t mlp = (m.gated_mlp ? 3 : 2) * m.hidden * m.ffn * wb;
+  const std::int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  // A matrix is `rows` output rows of `cols` inputs (quantization groups run along a row).
+  auto mat = [&](std::int64_t rows, std::int64_t cols) { return rows * kernels::row_bytes(m.weight_dtype, cols); };
+  const std::int64_t attn = mat(q, m.hidden) + mat(m.hidden, q) + 2 * mat(kv, m.hidden);
+  const std::int64_t mlp = (m.gated_mlp ? 2 : 1) * mat(m.ffn, m.hidden) + mat(m.hidden, m.ffn);
   s.layer_weights = attn + mlp;
-  const std::int64_t embed = (m.vocab + m.extra_embedding_rows) * m.hidden * wb;
-  s.embedding_weights = embed + (m.tied_embeddings ? 0 : m.vocab * m.hidden * wb);
+  s.layer_params = 2 * m.hidden * q + 2 * m.hidden * kv + (m.gated_mlp ? 3 : 2) * m.hidden * m.ffn;
+  const std::int64_t embed = mat(m.vocab + m.extra_embedding_rows, m.hidden);
+  s.embedding_weights = embed + (m.tied_embeddings ? 0 : mat(m.vocab, m.hidden));
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
-  s.largest_unit = std::max({attn, mlp, embed, m.vocab * m.hidden * wb});
-  s.kv_per_token_layer = 2 * kv * 4;  // the engine keeps K and V in fp32
+  s.largest_unit = std::max({attn, mlp, embed, mat(m.vocab, m.hidden)});
+  s.kv_per_token_layer = 2 * m.kv_heads * kernels::row_bytes(m.cache_dtype, m.head_dim);
   s.hidden_per_token = m.hidden * 4;
   return s;
+}
+
+ModelShape with_compression(ModelShape m, const Policy& p) {
+  m.weight_dtype = p.weight_dtype(m.weight_dtype);
+  if (p.compress_cache) m.cache_dtype = p.cache_dtype();
+  return m;
 }
 
 std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv) {
@@ -82,7 +91,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // Under eviction the engine writes back whole budget-sized rows of staged sequences.
   const double kv_store = evicting ? kv_read : kvt * bls;
   const double cg_bw = hw.cpu_to_gpu, gc_bw = hw.gpu_to_cpu, dc_bw = hw.disk_to_cpu, cd_bw = hw.cpu_to_disk;
-  const double gemm_flops_tok = 2.0 * static_cast<double>(z.layer_weights) / static_cast<double>(m.weight_bytes);
+  const double gemm_flops_tok = 2.0 * static_cast<double>(z.layer_params);
   const double h1 = static_cast<double>(m.hidden);
 
   Terms t;
@@ -267,6 +276,9 @@ std::optional<Estimate> best_for(const ModelShape& m, const HardwareProfile& hw,
       p.num_gpu_batches = k;
       p.cpu_cache_compute = ccc;
       p.kv = o.kv.text.empty() ? o.kv.name : o.kv.text;
+      p.compress_weight = o.compress_weight;
+      p.compress_cache = o.compress_cache;
+      p.compress_bits = o.compress_bits;
       Estimate e = make_estimate(m, w, t, sol->x, p);
       if (!best || e.total_throughput > best->total_throughput) best = e;
     }
@@ -276,8 +288,9 @@ std::optional<Estimate> best_for(const ModelShape& m, const HardwareProfile& hw,
 
 }  // namespace
 
-std::optional<Estimate> estimate(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const Policy& p,
-                                 const PlanOptions& o) {
+std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
+                                 const Policy& p, const PlanOptions& o) {
+  const ModelShape m = with_compression(shape, p);
   const Fractions x = fractions_of(p);
   const Terms t = build_terms(m, hw, w, o, p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute,
                               p.weights.gpu < 1.0);
@@ -288,7 +301,12 @@ std::optional<Estimate> estimate(const ModelShape& m, const HardwareProfile& hw,
   return make_estimate(m, w, t, x, p);
 }
 
-Estimate plan(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o) {
+Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload& w, const PlanOptions& o) {
+  Policy compression;
+  compression.compress_weight = o.compress_weight;
+  compression.compress_cache = o.compress_cache;
+  compression.compress_bits = o.compress_bits;
+  const ModelShape m = with_compression(shape, compression);
   std::optional<Estimate> best;
   for (std::int64_t gbs : {1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}) {
     // The largest feasible K by doubling and bisection, then upward while throughput improves.

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/dtype.h"
 #include "policy/eviction/kv_spec.h"
 #include "policy/hardware_profile.h"
 #include "policy/policy.h"
@@ -21,7 +22,8 @@ struct ModelShape {
   std::int64_t layers = 0, hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
   bool gated_mlp = false;        // LLaMA: gate, up, down; OPT: fc1, fc2
   bool tied_embeddings = false;  // the output head reuses the input embedding
-  std::int64_t weight_bytes = 2; // bytes per weight element (fp16)
+  kernels::DType weight_dtype = kernels::DType::F16;  // storage of the matrices (q4: compress_weight)
+  kernels::DType cache_dtype = kernels::DType::F32;   // storage of the KV cache (q4: compress_cache)
   std::int64_t extra_embedding_rows = 0;  // OPT's learned positions
 };
 
@@ -36,10 +38,13 @@ struct ModelSizes {
   std::int64_t embedding_weights = 0;  // input embedding (+ positions) + untied head
   std::int64_t total_weights = 0;
   std::int64_t largest_unit = 0;       // the biggest scheduling unit: what a staging slot holds
-  std::int64_t kv_per_token_layer = 0; // K and V, fp32, one token, one layer
+  std::int64_t layer_params = 0;       // elements of one decoder layer's matrices
+  std::int64_t kv_per_token_layer = 0; // K and V, one token, one layer, in the cache dtype
   std::int64_t hidden_per_token = 0;   // fp32 residual stream
 };
 ModelSizes model_sizes(const ModelShape& m);
+// The shape as stored under the policy's compress_weight / compress_cache.
+ModelShape with_compression(ModelShape m, const Policy& p);
 // Tokens a sequence's KV occupies per head: prompt + gen, or the eviction budget's slots.
 std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv);
 
@@ -56,9 +61,12 @@ struct PlanOptions {
   bool allow_cpu_cache_compute = true;
   double memory_safety = 0.9;  // fraction of each tier the plan may use
   std::int64_t max_block = 1 << 14;
+  // Plan for compressed weights / KV (the chosen policy carries the same flags).
+  bool compress_weight = false, compress_cache = false;
+  int compress_bits = 4;
 };
 
-// The cost of one fixed policy (the fractions as given); nullopt when it does not fit.
+// The cost of one fixed policy (the fractions and compression as given); nullopt when it does not fit.
 std::optional<Estimate> estimate(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
                                  const Policy& p, const PlanOptions& o = {});
 

@@ -46,9 +46,8 @@ void Policy::validate(const std::string& source) const {
   weights.validate(source + ": weights");
   cache.validate(source + ": cache");
   activations.validate(source + ": activations");
-  if (compress_weight || compress_cache)
-    throw std::invalid_argument(source + ": compress_weight/compress_cache are reserved until 4-bit compression "
-                                         "is implemented; set them to false");
+  if (compress_bits != 4 && compress_bits != 8)
+    throw std::invalid_argument(source + ": compress_bits must be 4 or 8, got " + std::to_string(compress_bits));
   try {
     parse_kv_spec(kv);
   } catch (const std::invalid_argument& e) {
@@ -67,7 +66,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   Policy p;
   static const std::set<std::string> known = {"gpu_batch_size", "num_gpu_batches", "percent",    "overlap",
                                               "sep_layer",      "pin_weight",      "cpu_cache_compute",
-                                              "compress_weight", "compress_cache", "kv"};
+                                              "compress_weight", "compress_cache", "compress_bits", "kv"};
   for (const auto& kv : root) {
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) throw std::invalid_argument(source + ": unknown field '" + key + "'");
@@ -89,6 +88,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   get("cpu_cache_compute", p.cpu_cache_compute);
   get("compress_weight", p.compress_weight);
   get("compress_cache", p.compress_cache);
+  get("compress_bits", p.compress_bits);
   get("kv", p.kv);
   if (root["percent"]) {
     std::vector<double> pct;
@@ -126,6 +126,7 @@ std::string policy_to_yaml(const Policy& p) {
   out << YAML::Key << "cpu_cache_compute" << YAML::Value << p.cpu_cache_compute;
   out << YAML::Key << "compress_weight" << YAML::Value << p.compress_weight;
   out << YAML::Key << "compress_cache" << YAML::Value << p.compress_cache;
+  out << YAML::Key << "compress_bits" << YAML::Value << p.compress_bits;
   out << YAML::Key << "kv" << YAML::Value << p.kv;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

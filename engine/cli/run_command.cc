@@ -137,7 +137,7 @@ std::int64_t capacity(const std::string& text, const char* flag) {
 
 std::int64_t tensor_bytes(const ModelConfig& c) {
   std::int64_t b = 0;
-  for (const auto& w : weight_specs(c)) b += w.numel() * static_cast<std::int64_t>(kernels::dtype_size(w.dtype(c)));
+  for (const auto& w : weight_specs(c)) b += w.rows * kernels::row_bytes(w.dtype(c), w.cols);
   return b;
 }
 

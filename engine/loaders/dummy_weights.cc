@@ -2,6 +2,7 @@
 
 #include "kernels/hash.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -38,17 +39,18 @@ void DummyWeights::read_rows(const std::string& name, std::int64_t row_begin, st
   const float scale = s.matrix ? 0.02f * 1.7320508f : (norm_weight ? 0.1f : 0.01f);
   const float base = norm_weight ? 1.0f : 0.0f;
   const std::uint64_t key = kernels::splitmix64(seed_ ^ name_hash(name));
-  const std::int64_t first = row_begin * s.cols, count = (row_end - row_begin) * s.cols;
-  constexpr std::int64_t kChunk = 1 << 16;
-  std::vector<float> buf(static_cast<std::size_t>(std::min(count, kChunk)));
-  for (std::int64_t i = 0; i < count; i += kChunk) {
-    const std::int64_t n = std::min(kChunk, count - i);
-    for (std::int64_t e = 0; e < n; ++e) {
-      const double u = kernels::unit_interval(kernels::splitmix64(key + static_cast<std::uint64_t>(first + i + e)));
-      buf[e] = base + scale * static_cast<float>(2.0 * u - 1.0);
+  // Whole rows at a time (a quantized row is converted as one).
+  const std::int64_t chunk = std::max<std::int64_t>(1, (1 << 16) / s.cols), out_row = kernels::row_bytes(to, s.cols);
+  std::vector<float> buf(static_cast<std::size_t>(std::min(row_end - row_begin, chunk) * s.cols));
+  for (std::int64_t r = row_begin; r < row_end; r += chunk) {
+    const std::int64_t n = std::min(chunk, row_end - r);
+    for (std::int64_t e = 0; e < n * s.cols; ++e) {
+      const auto index = static_cast<std::uint64_t>(r * s.cols + e);
+      const double u = kernels::unit_interval(kernels::splitmix64(key + index));
+      buf[static_cast<std::size_t>(e)] = base + scale * static_cast<float>(2.0 * u - 1.0);
     }
-    kernels::convert_from_f32(buf.data(), to, static_cast<char*>(dst) + i * kernels::dtype_size(to),
-                              static_cast<std::size_t>(n));
+    kernels::convert_rows(buf.data(), kernels::DType::F32, static_cast<std::byte*>(dst) + (r - row_begin) * out_row, to,
+                          n, s.cols);
   }
 }
 

@@ -31,19 +31,21 @@ void read_converted_rows(const std::function<void(std::uint64_t, void*, std::uin
   if (row_begin < 0 || row_end < row_begin || row_end > rows)
     throw std::out_of_range(what + ": rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) +
                             ") outside the tensor's " + std::to_string(rows) + " rows");
-  const std::size_t in_size = kernels::dtype_size(from), out_size = kernels::dtype_size(to);
-  const std::uint64_t first = static_cast<std::uint64_t>(row_begin * cols);
-  const std::uint64_t count = static_cast<std::uint64_t>((row_end - row_begin) * cols);
+  const std::uint64_t in_row = static_cast<std::uint64_t>(kernels::row_bytes(from, cols));
+  const std::int64_t out_row = kernels::row_bytes(to, cols);
+  const std::uint64_t first = static_cast<std::uint64_t>(row_begin) * in_row;
+  const std::int64_t count = row_end - row_begin;
   if (from == to) {
-    read(first * in_size, dst, count * in_size);
+    read(first, dst, static_cast<std::uint64_t>(count) * in_row);
     return;
   }
-  constexpr std::uint64_t kChunk = 1 << 20;  // elements per read: bounded staging memory
-  std::vector<std::byte> buf(static_cast<std::size_t>(std::min(count, kChunk)) * in_size);
-  for (std::uint64_t i = 0; i < count; i += kChunk) {
-    const std::uint64_t n = std::min(kChunk, count - i);
-    read((first + i) * in_size, buf.data(), n * in_size);
-    kernels::convert(buf.data(), from, static_cast<char*>(dst) + i * out_size, to, n);
+  // About a million elements per read, whole rows (quantization groups never cross a row).
+  const std::int64_t chunk = std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(cols, 1));
+  std::vector<std::byte> buf(static_cast<std::size_t>(std::min(count, chunk) * static_cast<std::int64_t>(in_row)));
+  for (std::int64_t r = 0; r < count; r += chunk) {
+    const std::int64_t n = std::min(chunk, count - r);
+    read(first + static_cast<std::uint64_t>(r) * in_row, buf.data(), static_cast<std::uint64_t>(n) * in_row);
+    kernels::convert_rows(buf.data(), from, static_cast<std::byte*>(dst) + r * out_row, to, n, cols);
   }
 }
 

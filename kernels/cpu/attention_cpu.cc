@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -94,11 +95,25 @@ void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
     if (a.lens[b] <= 0 || a.lens[b] > cap)
       throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
 
+  const std::int64_t slot = kv_slot_bytes(a.cache_dtype, D);
+  const bool convert = a.cache_dtype != DType::F32;
   tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
     const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
     const std::int64_t n = a.lens[b];
-    const float* k = a.k_cache + task * cap * D;
-    const float* v = a.v_cache + task * cap * D;
+    const auto* k_src = static_cast<const std::byte*>(a.k_cache) + task * cap * slot;
+    const auto* v_src = static_cast<const std::byte*>(a.v_cache) + task * cap * slot;
+    const float* k = reinterpret_cast<const float*>(k_src);
+    const float* v = reinterpret_cast<const float*>(v_src);
+    // A compressed cache: this head's n slots, dequantized once for all its query heads.
+    std::vector<float> k_f32, v_f32;
+    if (convert) {
+      k_f32.resize(static_cast<std::size_t>(n * D));
+      v_f32.resize(k_f32.size());
+      convert_rows(k_src, a.cache_dtype, k_f32.data(), DType::F32, n, D);
+      convert_rows(v_src, a.cache_dtype, v_f32.data(), DType::F32, n, D);
+      k = k_f32.data();
+      v = v_f32.data();
+    }
     float* probs = a.probs ? a.probs + task * cap : nullptr;
     if (probs) std::fill_n(probs, n, 0.0f);
     std::vector<float> p(static_cast<std::size_t>(n));
@@ -127,24 +142,27 @@ void CpuBackend::kv_write(const KvWriteArgs& a) {
     for (std::int64_t g = 0; g < (per_head ? H : 1); ++g)
       if (slot_of(r, g) < (per_head ? -1 : 0) || slot_of(r, g) >= a.capacity || a.seq[r] < 0)
         throw std::out_of_range("kv_write: slot outside the cache capacity");
-  const std::int64_t D = a.head_dim;
+  const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
   tbb::parallel_for(std::int64_t{0}, rows, [&](std::int64_t r) {
     for (std::int64_t g = 0; g < H; ++g) {
       const std::int64_t slot = slot_of(r, g);
       if (slot < 0) continue;
-      std::copy_n(a.src + r * H * D + g * D, D, a.cache + ((a.seq[r] * H + g) * a.capacity + slot) * D);
+      auto* dst = static_cast<std::byte*>(a.cache) + ((a.seq[r] * H + g) * a.capacity + slot) * slot_bytes;
+      convert_rows(a.src + r * H * D + g * D, DType::F32, dst, a.cache_dtype, 1, D);
     }
   });
 }
 
 void CpuBackend::kv_move(const KvMoveArgs& a) {
-  const std::int64_t D = a.head_dim;
+  const std::int64_t slot_bytes = kv_slot_bytes(a.cache_dtype, a.head_dim);
+  auto* cache = static_cast<std::byte*>(a.cache);
   for (const KvMove& m : a.moves) {
     if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
         m.head >= a.n_kv_heads || m.seq < 0)
       throw std::out_of_range("kv_move: slot outside the cache capacity");
-    const float* src = a.cache + ((m.seq * a.n_kv_heads + m.head) * a.capacity + m.from) * D;
-    std::copy_n(src, D, a.cache + ((m.seq * a.n_kv_heads + m.head) * a.capacity + m.to) * D);
+    const std::int64_t head = (m.seq * a.n_kv_heads + m.head) * a.capacity;
+    std::memcpy(cache + (head + m.to) * slot_bytes, cache + (head + m.from) * slot_bytes,
+                static_cast<std::size_t>(slot_bytes));
   }
 }
 

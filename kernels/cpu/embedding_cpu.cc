@@ -17,16 +17,16 @@ void CpuBackend::embedding(const EmbeddingArgs& a) {
       throw std::out_of_range("embedding: id " + std::to_string(a.ids[i]) + " (row " + std::to_string(row) +
                               ") outside a table of " + std::to_string(a.table.rows) + " rows");
   }
-  const std::size_t esize = dtype_size(a.table.dtype);
+  const std::int64_t rbytes = row_bytes(a.table.dtype, cols);
   tbb::parallel_for(std::int64_t{0}, n, [&](std::int64_t i) {
-    const auto* src = static_cast<const char*>(a.table.data) + static_cast<std::size_t>((a.ids[i] + a.offset) * cols) * esize;
+    const auto* src = static_cast<const char*>(a.table.data) + (a.ids[i] + a.offset) * rbytes;
     float* out = a.out + i * cols;
     if (!a.accumulate) {
-      convert_to_f32(src, a.table.dtype, out, static_cast<std::size_t>(cols));
+      convert_rows(src, a.table.dtype, out, DType::F32, 1, cols);
       return;
     }
     std::vector<float> row(static_cast<std::size_t>(cols));
-    convert_to_f32(src, a.table.dtype, row.data(), row.size());
+    convert_rows(src, a.table.dtype, row.data(), DType::F32, 1, cols);
     for (std::int64_t c = 0; c < cols; ++c) out[c] += row[c];
   });
 }

@@ -1,5 +1,6 @@
 // GEMM on the CPU: the weight's output rows are cut into panels; each oneTBB task converts
-// its panel to fp32 (when stored as fp16/bf16) into thread-local scratch and multiplies it
+// its panel to fp32 (when stored as fp16/bf16, or dequantizes it when stored as q4/q8) into
+// thread-local scratch and multiplies it
 // with a single-threaded OpenBLAS call. Conversion thus happens once per panel and stays
 // in cache, and the weight is never expanded whole.
 #include <cblas.h>
@@ -37,18 +38,18 @@ void CpuBackend::gemm(const GemmArgs& a) {
   if (m == 0 || n == 0) return;
   const std::int64_t panel = panel_rows(m, n, k);
   const std::int64_t panels = (n + panel - 1) / panel;
-  const std::size_t esize = dtype_size(a.w.dtype);
+  const std::int64_t wrow = row_bytes(a.w.dtype, k);
   static tbb::enumerable_thread_specific<std::vector<float>> scratch_tls;
 
   tbb::parallel_for(std::int64_t{0}, panels, [&](std::int64_t p) {
     const std::int64_t n0 = p * panel;
     const std::int64_t rows = std::min(panel, n - n0);
-    const char* wsrc = static_cast<const char*>(a.w.data) + static_cast<std::size_t>(n0 * k) * esize;
+    const char* wsrc = static_cast<const char*>(a.w.data) + n0 * wrow;
     const float* w = reinterpret_cast<const float*>(wsrc);
     if (a.w.dtype != DType::F32) {
       auto& scratch = scratch_tls.local();
       scratch.resize(static_cast<std::size_t>(rows * k));
-      convert_to_f32(wsrc, a.w.dtype, scratch.data(), scratch.size());
+      convert_rows(wsrc, a.w.dtype, scratch.data(), DType::F32, rows, k);
       w = scratch.data();
     }
     float* y = a.y + n0;

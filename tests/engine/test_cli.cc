@@ -139,8 +139,8 @@ TEST(Cli, BadPlacementGivesOneClearError) {
   expect_clean_error(run("run --gpu-mem 12XB"), "--gpu-mem");
   testing::write_file(dir.file("typo.yaml"), "gpu_batch_size: 4\nnum_gpu_batchs: 2\n");
   expect_clean_error(run("run --policy " + dir.file("typo.yaml")), "num_gpu_batchs");
-  testing::write_file(dir.file("compress.yaml"), "compress_weight: true\n");
-  expect_clean_error(run("run --policy " + dir.file("compress.yaml")), "compress_weight");
+  testing::write_file(dir.file("compress.yaml"), "compress_weight: true\ncompress_bits: 2\n");
+  expect_clean_error(run("run --policy " + dir.file("compress.yaml")), "compress_bits");
   testing::write_file(dir.file("file"), "x");
   expect_clean_error(run("run --percent 0 0 100 0 100 0 --offload-dir " + dir.file("file") + "/sub"), dir.file("file"));
 }

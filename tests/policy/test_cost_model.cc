@@ -8,10 +8,10 @@ namespace flexh2o::policy {
 namespace {
 
 ModelShape opt_175b() {
-  return {"opt-175b", 96, 12288, 49152, 96, 96, 128, 50272, false, true, 2, 2050};
+  return {"opt-175b", 96, 12288, 49152, 96, 96, 128, 50272, false, true, kernels::DType::F16, kernels::DType::F32, 2050};
 }
 ModelShape llama_2_70b() {
-  return {"llama-2-70b", 80, 8192, 28672, 64, 8, 128, 32000, true, false, 2, 0};
+  return {"llama-2-70b", 80, 8192, 28672, 64, 8, 128, 32000, true, false, kernels::DType::F16, kernels::DType::F32, 0};
 }
 
 TEST(CostModel, Opt175bSizesByHand) {
@@ -36,6 +36,21 @@ TEST(CostModel, Llama2_70bSizesByHand) {
   EXPECT_EQ(z.kv_per_token_layer, 2 * 1024 * 4);  // GQA: 8 kv heads x 128
 }
 
+TEST(CostModel, CompressedSizesByHand) {
+  Policy p;
+  p.compress_weight = p.compress_cache = true;
+  const ModelSizes z = model_sizes(with_compression(opt_175b(), p));
+  // A row of 12288 inputs: 6144 bytes of 4-bit codes + 192 groups x (fp16 scale, fp16 min).
+  const std::int64_t row_h = 6144 + 192 * 4, row_ffn = 24576 + 768 * 4;
+  EXPECT_EQ(z.layer_weights, 4 * 12288 * row_h + 49152 * row_h + 12288 * row_ffn);
+  EXPECT_EQ(z.layer_params, 4LL * 12288 * 12288 + 2LL * 12288 * 49152);  // the flops do not shrink
+  EXPECT_EQ(z.embedding_weights, (50272LL + 2050) * row_h);
+  // K and V of 96 heads, each head_dim 128: 64 bytes of codes + 2 groups x 4 bytes.
+  EXPECT_EQ(z.kv_per_token_layer, 2 * 96 * (64 + 2 * 4));
+  p.compress_bits = 8;
+  EXPECT_EQ(model_sizes(with_compression(opt_175b(), p)).kv_per_token_layer, 2 * 96 * (128 + 2 * 4));
+}
+
 TEST(CostModel, KvTokensFollowTheEvictionBudget) {
   const Workload w{512, 32};
   EXPECT_EQ(kv_tokens(opt_175b(), w, parse_kv_spec("full")), 544);
@@ -49,7 +64,7 @@ HardwareProfile t4() {
 
 TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
   const Workload w{512, 32};
-  const ModelShape m{"opt-30b", 48, 7168, 28672, 56, 56, 128, 50272, false, true, 2, 2050};
+  const ModelShape m{"opt-30b", 48, 7168, 28672, 56, 56, 128, 50272, false, true, kernels::DType::F16, kernels::DType::F32, 2050};
   const Estimate full = plan(m, t4(), w);
   const Estimate h2o = plan(m, t4(), w, {parse_kv_spec("h2o:0.2")});
   for (const Estimate* e : {&full, &h2o}) {
@@ -63,6 +78,17 @@ TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
   }
   EXPECT_GT(h2o.policy.block_size(), full.policy.block_size());
   EXPECT_GT(h2o.total_throughput, full.total_throughput);
+
+  // Compression shrinks weights and KV: a larger block, faster, and the plan says so.
+  PlanOptions o;
+  o.compress_weight = o.compress_cache = true;
+  const Estimate q4 = plan(m, t4(), w, o);
+  EXPECT_TRUE(q4.policy.compress_weight && q4.policy.compress_cache);
+  EXPECT_GT(q4.policy.block_size(), full.policy.block_size());
+  EXPECT_GT(q4.total_throughput, full.total_throughput);
+  const auto again = estimate(m, t4(), w, q4.policy, o);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_NEAR(again->total_throughput, q4.total_throughput, 1e-6 * q4.total_throughput);
 }
 
 TEST(CostModel, InfeasibleRequestsNameTheChange) {

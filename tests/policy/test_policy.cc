@@ -55,7 +55,8 @@ TEST(Policy, BadYamlNamesTheFileAndField) {
   EXPECT_THAT(error_of("gpu_batch_size: 0\n"), HasSubstr("gpu_batch_size must be at least 1"));
   EXPECT_THAT(error_of("percent: [1, 2, 3]\n"), HasSubstr("needs 6 numbers"));
   EXPECT_THAT(error_of("percent: [90, 20, 0, 0, 0, 0]\n"), HasSubstr("weight percentages"));
-  EXPECT_THAT(error_of("compress_cache: true\n"), HasSubstr("reserved"));
+  EXPECT_THAT(error_of("compress_bits: 3\n"), HasSubstr("compress_bits must be 4 or 8"));
+  EXPECT_EQ(error_of("compress_cache: true\ncompress_bits: 8\n"), "no error");
   EXPECT_EQ(error_of("num_gpu_batches: 2\n"), "no error");
 }
 

@@ -1,0 +1,40 @@
+// Group-wise asymmetric min-max quantization (FlexGen's --compress-weight/--compress-cache,
+// ALGORITHMS.md section 2), the storage format of DType::Q4 and DType::Q8.
+//
+// A row of n values (a weight row, grouped along the input dimension, or one head's key or
+// value, grouped along head_dim) is cut into groups of kQuantGroup consecutive values (the
+// last one may be shorter). Each group stores an fp16 scale s and an fp16 minimum m, and every
+// value x as a code q in [0, 2^bits - 1] with x ~ q * s + m. Layout of a row:
+//   codes: ceil(n * bits / 8) bytes (Q4: two codes per byte, the even element in the low nibble)
+//   then per group: fp16 s, fp16 m (4 bytes)
+// so a row is self-contained: rows split across tiers, copies and slot moves stay byte copies.
+//
+// m is the group minimum rounded down to fp16 and s the step rounded up, so every value lies
+// in [m, m + (2^bits - 1) s] and |x - q s - m| <= s / 2 (plus fp32 rounding) for finite x of
+// magnitude below 65504 (fp16's range).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace flexh2o::kernels {
+
+constexpr std::int64_t kQuantGroup = 64;
+
+constexpr int quant_bits(DType t) { return t == DType::Q4 ? 4 : 8; }
+constexpr std::int64_t quant_groups(std::int64_t n) { return (n + kQuantGroup - 1) / kQuantGroup; }
+constexpr std::int64_t quant_code_bytes(DType t, std::int64_t n) { return (n * quant_bits(t) + 7) / 8; }
+constexpr std::int64_t quantized_row_bytes(DType t, std::int64_t n) { return quant_code_bytes(t, n) + 4 * quant_groups(n); }
+
+// One row: x[n] -> row_bytes(t, n) bytes at out; and back.
+void quantize_row(const float* x, std::int64_t n, DType t, void* out);
+void dequantize_row(const void* in, std::int64_t n, DType t, float* x);
+
+// The (scale, min) of group g of a quantized row, as stored (for tests and error bounds).
+struct QuantGroupParams {
+  float scale = 0, min = 0;
+};
+QuantGroupParams quant_group_params(const void* row, std::int64_t n, DType t, std::int64_t g);
+
+}  // namespace flexh2o::kernels
