@@ -48,14 +48,15 @@ std::size_t argmax(std::span<const float> row) {
 
 }  // namespace
 
-std::vector<KvQuality> evaluate_kv_policies(Generator& gen, const std::vector<std::vector<std::int32_t>>& chunks,
-                                            const std::vector<policy::KvSpec>& specs, std::int64_t batch) {
-  const ModelConfig& cfg = gen.config();
+std::vector<KvQuality> evaluate_variants(Generator& reference, const std::vector<std::vector<std::int32_t>>& chunks,
+                                         const std::vector<EvalVariant>& variants, std::int64_t batch) {
+  const ModelConfig& cfg = reference.config();
   const auto V = static_cast<std::size_t>(cfg.vocab_size);
   std::vector<KvQuality> out;
-  for (const auto& s : specs) out.push_back({s, 0, 0, 0, 0, 0});
+  for (const auto& v : variants) out.push_back({v.label, v.kv, 0, 0, 0, 0, 0});
   std::vector<std::unique_ptr<policy::KvPolicy>> policies;
-  for (const auto& s : specs) policies.push_back(s.name == "full" ? nullptr : policy::make_kv_policy(s, cfg.n_layers));
+  for (const auto& v : variants)
+    policies.push_back(v.kv.name == "full" ? nullptr : policy::make_kv_policy(v.kv, cfg.n_layers));
   std::vector<double> lp_full, lp_pol;
   for (std::size_t first = 0; first < chunks.size(); first += static_cast<std::size_t>(batch)) {
     const std::size_t last = std::min(chunks.size(), first + static_cast<std::size_t>(batch));
@@ -70,16 +71,17 @@ std::vector<KvQuality> evaluate_kv_policies(Generator& gen, const std::vector<st
     req.max_new_tokens = longest;
     const std::size_t B = last - first;
     // logits[step][b * V + v]: step t predicts token t + 1 of the chunk.
-    auto run = [&](const policy::KvPolicy* kv) {
+    auto run = [&](Generator& gen, const policy::KvPolicy* kv) {
       std::vector<std::vector<float>> logits;
       req.kv = kv;
       req.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
       gen.generate(req);
       return logits;
     };
-    const auto full = run(nullptr);
-    for (std::size_t p = 0; p < specs.size(); ++p) {
-      const auto pol = policies[p] ? run(policies[p].get()) : full;
+    const auto full = run(reference, nullptr);
+    for (std::size_t p = 0; p < variants.size(); ++p) {
+      const bool same = !policies[p] && variants[p].generator == &reference;
+      const auto pol = same ? full : run(*variants[p].generator, policies[p].get());
       KvQuality& q = out[p];
       for (std::size_t b = 0; b < B; ++b) {
         const auto& chunk = chunks[first + b];

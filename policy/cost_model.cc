@@ -34,7 +34,7 @@ ModelSizes model_sizes(const ModelShape& m) {
 
 ModelShape with_compression(ModelShape m, const Policy& p) {
   m.weight_dtype = p.weight_dtype(m.weight_dtype);
-  if (p.compress_cache) m.cache_dtype = p.cache_dtype();
+  m.cache_dtype = p.cache_dtype();
   return m;
 }
 
@@ -279,6 +279,7 @@ std::optional<Estimate> best_for(const ModelShape& m, const HardwareProfile& hw,
       p.compress_weight = o.compress_weight;
       p.compress_cache = o.compress_cache;
       p.compress_bits = o.compress_bits;
+      p.cache_storage = o.cache_storage;
       Estimate e = make_estimate(m, w, t, sol->x, p);
       if (!best || e.total_throughput > best->total_throughput) best = e;
     }
@@ -306,6 +307,7 @@ Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload
   compression.compress_weight = o.compress_weight;
   compression.compress_cache = o.compress_cache;
   compression.compress_bits = o.compress_bits;
+  compression.cache_storage = o.cache_storage;
   const ModelShape m = with_compression(shape, compression);
   std::optional<Estimate> best;
   for (std::int64_t gbs : {1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}) {

@@ -23,7 +23,7 @@ struct ModelShape {
   bool gated_mlp = false;        // LLaMA: gate, up, down; OPT: fc1, fc2
   bool tied_embeddings = false;  // the output head reuses the input embedding
   kernels::DType weight_dtype = kernels::DType::F16;  // storage of the matrices (q4: compress_weight)
-  kernels::DType cache_dtype = kernels::DType::F32;   // storage of the KV cache (q4: compress_cache)
+  kernels::DType cache_dtype = kernels::DType::F32;   // storage of the KV cache (with_compression sets it)
   std::int64_t extra_embedding_rows = 0;  // OPT's learned positions
 };
 
@@ -43,7 +43,7 @@ struct ModelSizes {
   std::int64_t hidden_per_token = 0;   // fp32 residual stream
 };
 ModelSizes model_sizes(const ModelShape& m);
-// The shape as stored under the policy's compress_weight / compress_cache.
+// The shape as stored under the policy's compress_weight / compress_cache / cache_dtype.
 ModelShape with_compression(ModelShape m, const Policy& p);
 // Tokens a sequence's KV occupies per head: prompt + gen, or the eviction budget's slots.
 std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv);
@@ -61,9 +61,10 @@ struct PlanOptions {
   bool allow_cpu_cache_compute = true;
   double memory_safety = 0.9;  // fraction of each tier the plan may use
   std::int64_t max_block = 1 << 14;
-  // Plan for compressed weights / KV (the chosen policy carries the same flags).
+  // Plan for compressed weights / KV, or an fp16 KV (the chosen policy carries the same).
   bool compress_weight = false, compress_cache = false;
   int compress_bits = 4;
+  kernels::DType cache_storage = kernels::DType::F32;
 };
 
 // The cost of one fixed policy (the fractions and compression as given); nullopt when it does not fit.

@@ -46,6 +46,8 @@ void Policy::validate(const std::string& source) const {
   weights.validate(source + ": weights");
   cache.validate(source + ": cache");
   activations.validate(source + ": activations");
+  if (kernels::is_quantized(cache_storage))
+    throw std::invalid_argument(source + ": cache_dtype must be f32, f16 or bf16 (compress_cache quantizes)");
   if (compress_bits != 4 && compress_bits != 8)
     throw std::invalid_argument(source + ": compress_bits must be 4 or 8, got " + std::to_string(compress_bits));
   try {
@@ -66,7 +68,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   Policy p;
   static const std::set<std::string> known = {"gpu_batch_size", "num_gpu_batches", "percent",    "overlap",
                                               "sep_layer",      "pin_weight",      "cpu_cache_compute",
-                                              "compress_weight", "compress_cache", "compress_bits", "kv"};
+                                              "compress_weight", "compress_cache", "compress_bits", "cache_dtype", "kv"};
   for (const auto& kv : root) {
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) throw std::invalid_argument(source + ": unknown field '" + key + "'");
@@ -89,6 +91,15 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   get("compress_weight", p.compress_weight);
   get("compress_cache", p.compress_cache);
   get("compress_bits", p.compress_bits);
+  if (root["cache_dtype"]) {
+    std::string dtype;
+    get("cache_dtype", dtype);
+    try {
+      p.cache_storage = kernels::parse_dtype(dtype);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(source + ": field 'cache_dtype': " + e.what());
+    }
+  }
   get("kv", p.kv);
   if (root["percent"]) {
     std::vector<double> pct;
@@ -127,6 +138,7 @@ std::string policy_to_yaml(const Policy& p) {
   out << YAML::Key << "compress_weight" << YAML::Value << p.compress_weight;
   out << YAML::Key << "compress_cache" << YAML::Value << p.compress_cache;
   out << YAML::Key << "compress_bits" << YAML::Value << p.compress_bits;
+  out << YAML::Key << "cache_dtype" << YAML::Value << std::string(kernels::dtype_name(p.cache_storage));
   out << YAML::Key << "kv" << YAML::Value << p.kv;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

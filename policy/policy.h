@@ -23,12 +23,13 @@ struct Policy {
   bool compress_weight = false;   // weight matrices stored group-quantized (kernels/quantize.h)
   bool compress_cache = false;    // KV cache stored group-quantized
   int compress_bits = 4;          // 4 or 8 bits per value when compressing
+  kernels::DType cache_storage = kernels::DType::F32;  // the KV cache's float dtype when not compressed
   std::string kv = "full";        // KV policy spec (eviction)
 
   kernels::DType compressed_dtype() const { return compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4; }
   // Storage of weight matrices (`stored`: the model's dtype) and of the KV cache under this policy.
   kernels::DType weight_dtype(kernels::DType stored) const { return compress_weight ? compressed_dtype() : stored; }
-  kernels::DType cache_dtype() const { return compress_cache ? compressed_dtype() : kernels::DType::F32; }
+  kernels::DType cache_dtype() const { return compress_cache ? compressed_dtype() : cache_storage; }
 
   std::int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
   // FlexGen's --percent WG WC CG CC AG AC (disk gets the rest of each pair).
@@ -39,7 +40,8 @@ struct Policy {
 };
 
 // Keys: gpu_batch_size, num_gpu_batches, percent: [WG, WC, CG, CC, AG, AC], overlap,
-// sep_layer, pin_weight, cpu_cache_compute, compress_weight, compress_cache, compress_bits, kv. Missing keys
+// sep_layer, pin_weight, cpu_cache_compute, compress_weight, compress_cache, compress_bits,
+// cache_dtype (f32, f16 or bf16), kv. Missing keys
 // keep their defaults; unknown keys are errors (a typo must not silently change a run).
 Policy load_policy_yaml(const std::string& yaml_text, const std::string& source);
 Policy load_policy_file(const std::string& path);

@@ -47,6 +47,16 @@ std::int64_t largest_batch(const policy::ModelShape& m, const policy::HardwarePr
   return lo;
 }
 
+std::vector<std::string> split_list(const std::string& s, char sep = ',') {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+constexpr const char* kSystems = " (accelerate, zero, flexgen, flexgen+h2o, flexgen+4bit, flexgen+4bit+h2o)";
+
 // The policy each system would run with on these limits.
 policy::Policy policy_for(const std::string& system, const policy::ModelShape& m, const policy::HardwareProfile& hw,
                           const policy::Workload& w, std::int64_t max_batch) {
@@ -63,22 +73,26 @@ policy::Policy policy_for(const std::string& system, const policy::ModelShape& m
     p.set_percent({0, 100, 0, 100, 100, 0});
     p.overlap = false;
     p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
-  } else if (system == "flexgen" || system == "flexgen+h2o") {
-    if (system == "flexgen+h2o") o.kv = policy::parse_kv_spec("h2o:0.2");
+  } else if (system.starts_with("flexgen")) {
+    // flexgen[+h2o][+4bit]: the planner's policy, for the smaller KV (h2o:0.2) and/or 4-bit
+    // weights and KV (planner re-run for each).
+    const std::string mods = system.substr(7);
+    if (!mods.empty() && mods[0] != '+') throw std::invalid_argument("--systems: unknown system '" + system + "'" + kSystems);
+    for (const std::string& mod : split_list(mods, '+')) {
+      if (mod == "h2o") {
+        o.kv = policy::parse_kv_spec("h2o:0.2");
+      } else if (mod == "4bit") {
+        o.compress_weight = o.compress_cache = true;
+      } else {
+        throw std::invalid_argument("--systems: unknown system '" + system + "'" + kSystems);
+      }
+    }
     o.max_block = max_batch;
     p = policy::plan(m, hw, w, o).policy;
   } else {
-    throw std::invalid_argument("--systems: unknown system '" + system + "' (accelerate, zero, flexgen, flexgen+h2o)");
+    throw std::invalid_argument("--systems: unknown system '" + system + "'" + kSystems);
   }
   return p;
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 std::string percent_text(const policy::Policy& p) {
@@ -120,7 +134,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity for every system (default 256MiB)");
   b->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: the profile's)");
   b->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: the profile's)");
-  b->add_option("--systems", o.systems, "comma list of accelerate, zero, flexgen, flexgen+h2o");
+  b->add_option("--systems", o.systems, "comma list of accelerate, zero, flexgen, flexgen+h2o, flexgen+4bit, flexgen+4bit+h2o");
   b->add_option("--hardware", o.hardware, "profile the planner and batch choices use (default configs/hardware/ci-cpu.yaml)");
   b->add_option("--out-dir", o.out_dir, "where table.md, results.csv and throughput.png go");
   b->add_option("--max-batch", o.max_batch, "largest effective batch tried")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
@@ -147,8 +161,9 @@ int bench_command(const BenchOptions& o) {
     SystemRun r;
     r.system = system;
     r.policy = policy_for(system, shape, hw, w, o.max_batch);
-    fmt::print(stderr, "bench: {}: gpu batch {} x {}, percent [{}], overlap {}\n", system, r.policy.gpu_batch_size,
-               r.policy.num_gpu_batches, percent_text(r.policy), r.policy.overlap);
+    fmt::print(stderr, "bench: {}: gpu batch {} x {}, percent [{}], overlap {}{}\n", system, r.policy.gpu_batch_size,
+               r.policy.num_gpu_batches, percent_text(r.policy), r.policy.overlap,
+               r.policy.compress_weight ? ", 4-bit weights and KV" : "");
     auto be = kernels::make_cpu_backend();
     offload::TierOptions to;
     to.gpu_bytes = hw.gpu_mem;
@@ -173,15 +188,17 @@ int bench_command(const BenchOptions& o) {
                                   offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem));
   table += "| system | batch (gbs x K) | policy (WG WC CG CC AG AC) | prefill tok/s | decode tok/s | total tok/s | "
            "peak gpu / cpu / disk | vs " + runs.front().system + " |\n|---|---|---|---|---|---|---|---|\n";
-  std::string csv = "system,gpu_batch_size,num_gpu_batches,percent,kv,prefill_tok_s,decode_tok_s,total_tok_s,peak_gpu,peak_cpu,peak_disk\n";
+  std::string csv = "system,gpu_batch_size,num_gpu_batches,percent,kv,compressed,prefill_tok_s,decode_tok_s,total_tok_s,peak_gpu,peak_cpu,peak_disk\n";
   for (const auto& r : runs) {
-    table += fmt::format("| {} | {} x {} | {}{}{} | {:.1f} | {:.2f} | {:.2f} | {} / {} / {} | {:.2f}x |\n", r.system,
+    table += fmt::format("| {} | {} x {} | {}{}{}{} | {:.1f} | {:.2f} | {:.2f} | {} / {} / {} | {:.2f}x |\n", r.system,
                          r.policy.gpu_batch_size, r.policy.num_gpu_batches, percent_text(r.policy),
                          r.policy.cpu_cache_compute ? ", ccc" : "", r.policy.kv == "full" ? "" : ", kv " + r.policy.kv,
+                         r.policy.compress_weight ? ", 4-bit" : "",
                          r.prefill_tput, r.decode_tput, r.total_tput, offload::format_bytes(r.peak[0]),
                          offload::format_bytes(r.peak[1]), offload::format_bytes(r.peak[2]), r.total_tput / base);
-    csv += fmt::format("{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{}\n", r.system, r.policy.gpu_batch_size,
-                       r.policy.num_gpu_batches, percent_text(r.policy), r.policy.kv, r.prefill_tput, r.decode_tput,
+    csv += fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{}\n", r.system, r.policy.gpu_batch_size,
+                       r.policy.num_gpu_batches, percent_text(r.policy), r.policy.kv, r.policy.compress_weight,
+                       r.prefill_tput, r.decode_tput,
                        r.total_tput, r.peak[0], r.peak[1], r.peak[2]);
   }
   fmt::print("{}", table);

@@ -15,7 +15,7 @@ struct BenchOptions {
   std::int64_t prompt_len = 64;
   std::int64_t gen_len = 8;
   std::string gpu_mem = "256MiB", cpu_mem, disk_mem;
-  std::string systems = "accelerate,zero,flexgen,flexgen+h2o";
+  std::string systems = "accelerate,zero,flexgen,flexgen+h2o,flexgen+4bit";
   std::string hardware = "configs/hardware/ci-cpu.yaml";
   std::string out_dir = "bench-out";
   std::int64_t max_batch = 64;

@@ -3,6 +3,11 @@
 #include <fmt/format.h>
 
 
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <sstream>
+
 #include "engine/kv_quality.h"
 #include "engine/model_source.h"
 #include "offload/text_file.h"
@@ -12,11 +17,16 @@ namespace flexh2o::cli {
 using namespace flexh2o::engine;
 
 CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
-  auto* eval = app.add_subcommand("eval", "Quality of KV eviction policies against the full cache (teacher-forced)");
+  auto* eval = app.add_subcommand(
+      "eval", "Quality of KV eviction policies and compression against the full, uncompressed model (teacher-forced)");
   eval->add_option("--model", o.model, "as for run (default: the embedded stories260K)");
   eval->add_option("--tokenizer", o.tokenizer, "as for run");
   eval->add_option("--text", o.text_file, "text file; its blank-line-separated paragraphs are the chunks")->required();
   eval->add_option("--kv", o.kv, "comma-separated KV policy specs, e.g. full,local:0.2,h2o:0.2 (full is the reference)");
+  eval->add_option("--compress", o.compress,
+                   "comma list of none, cache, weight, both: each KV policy is evaluated under each (default none)");
+  eval->add_option("--compress-bits", o.compress_bits, "bits per value when compressing: 4 or 8")
+      ->check(CLI::IsMember({4, 8}));
   eval->add_option("--chunks", o.chunks, "evaluate the first N paragraphs")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   eval->add_option("--batch", o.batch, "chunks per batch")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   eval->add_option("--csv", o.csv_file, "also write the table as CSV");
@@ -44,21 +54,45 @@ int eval_command(const EvalOptions& o) {
   }
   if (chunks.empty()) throw std::invalid_argument(o.text_file + ": no paragraph of at least 2 tokens");
 
+  // One generator per (weights, cache) storage the --compress list asks for.
+  const kernels::DType q = o.compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4;
+  std::vector<std::string> modes;
+  std::stringstream list(o.compress);
+  for (std::string spec; std::getline(list, spec, ',');) {
+    if (spec != "none" && spec != "cache" && spec != "weight" && spec != "both")
+      throw std::invalid_argument("--compress: unknown mode '" + spec + "' (expected none, cache, weight or both)");
+    modes.push_back(spec);
+  }
+  if (modes.empty()) throw std::invalid_argument("--compress: give at least one of none, cache, weight, both");
   auto be = kernels::make_cpu_backend();
   const HostWeights weights = load_weights(m.config, *m.weights);
-  Generator gen(*be, m.config, weights);
-  const auto results = evaluate_kv_policies(gen, chunks, specs, o.batch);
+  Generator reference(*be, m.config, weights);
+  const bool any_weight = std::ranges::any_of(modes, [](const auto& s) { return s == "weight" || s == "both"; });
+  const HostWeights qweights = any_weight ? load_weights(with_weight_dtype(m.config, q), *m.weights) : HostWeights{};
+  std::map<std::string, std::unique_ptr<Generator>> generators;
+  std::vector<EvalVariant> variants;
+  for (const auto& spec : specs)
+    for (const auto& mode : modes) {
+      const bool cw = mode == "weight" || mode == "both", cc = mode == "cache" || mode == "both";
+      auto& g = generators[mode];
+      if (!g && mode != "none")
+        g = std::make_unique<Generator>(*be, cw ? with_weight_dtype(m.config, q) : m.config, cw ? qweights : weights,
+                                        cc ? q : kernels::DType::F32);
+      const std::string suffix = mode == "none" ? "" : fmt::format(" + {}-bit {}", o.compress_bits, mode);
+      variants.push_back({spec.text + suffix, spec, mode == "none" ? &reference : g.get()});
+    }
+  const auto results = evaluate_variants(reference, chunks, variants, o.batch);
 
   fmt::print("model: {} | text: {} | {} chunks, {} predicted tokens\n\n", m.description, o.text_file, chunks.size(),
              results.front().tokens);
   fmt::print("| kv policy | mean NLL | perplexity | top-1 agreement | mean KL(full \\|\\| policy) |\n|---|---|---|---|---|\n");
   for (const auto& r : results)
-    fmt::print("| {} | {:.4f} | {:.3f} | {:.4f} | {:.5f} |\n", r.spec.text, r.mean_nll, r.perplexity, r.top1_agreement,
+    fmt::print("| {} | {:.4f} | {:.3f} | {:.4f} | {:.5f} |\n", r.label, r.mean_nll, r.perplexity, r.top1_agreement,
                r.mean_kl);
   if (!o.csv_file.empty()) {
     std::string csv = "policy,tokens,mean_nll,perplexity,top1_agreement,mean_kl\n";
     for (const auto& r : results)
-      csv += fmt::format("\"{}\",{},{},{},{},{}\n", r.spec.text, r.tokens, r.mean_nll, r.perplexity, r.top1_agreement,
+      csv += fmt::format("\"{}\",{},{},{},{},{}\n", r.label, r.tokens, r.mean_nll, r.perplexity, r.top1_agreement,
                          r.mean_kl);
     offload::write_file_atomically(o.csv_file, csv);
   }

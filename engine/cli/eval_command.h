@@ -1,4 +1,5 @@
-// `flexh2o eval`: teacher-forced quality of KV eviction policies against the full cache.
+// `flexh2o eval`: teacher-forced quality of KV eviction policies and 4-bit compression against
+// the full, uncompressed model.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -11,6 +12,8 @@ struct EvalOptions {
   std::string tokenizer;
   std::string text_file;
   std::string kv = "full,local:0.2,streaming:0.2,h2o:0.2,tova:0.2,scissorhands:0.2,pyramid:0.2,snapkv:0.2";
+  std::string compress = "none";  // comma list of none, cache, weight, both
+  int compress_bits = 4;
   std::int64_t chunks = 64;
   std::int64_t batch = 16;
   std::string csv_file;

@@ -32,6 +32,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   plan->add_option("--out", o.out_file, "write the chosen policy as YAML (for flexh2o run --policy)");
   plan->add_flag("--explain", o.explain, "also print the cost terms and memory per tier");
   plan->add_option("--policy", o.policy_file, "predict this policy YAML instead of searching (placement and batch)");
+  o.compress.add_to(plan, "Compression");
   return plan;
 }
 
@@ -51,6 +52,7 @@ int plan_command(const PlanCliOptions& o) {
   override_mem(o.disk_mem, hw.disk_mem, "--disk-mem");
   policy::PlanOptions po;
   po.kv = policy::parse_kv_spec(o.kv);
+  o.compress.apply(po);
   const policy::ModelShape shape = engine::model_shape(cfg);
   const policy::Workload w{o.prompt_len, o.gen_len};
   policy::Estimate e;
@@ -59,6 +61,8 @@ int plan_command(const PlanCliOptions& o) {
   } else {
     policy::Policy fixed = policy::load_policy_file(o.policy_file);
     if (o.kv != "full") fixed.kv = o.kv;
+    o.compress.apply(fixed);
+    fixed.validate(o.policy_file);
     po.kv = policy::parse_kv_spec(fixed.kv);
     const auto est = policy::estimate(shape, hw, w, fixed, po);
     if (!est)
@@ -68,8 +72,9 @@ int plan_command(const PlanCliOptions& o) {
   }
   const auto& p = e.policy;
   const auto pct = p.percent();
-  fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}\n", cfg.name, hw.name, hw.source, o.prompt_len, o.gen_len,
-             o.kv);
+  fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source,
+             o.prompt_len, o.gen_len, p.kv, kernels::dtype_name(p.weight_dtype(cfg.dtype)),
+             kernels::dtype_name(p.cache_dtype()));
   fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
              "cpu_cache_compute {}\n",
              p.gpu_batch_size, p.num_gpu_batches, p.block_size(), pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
@@ -79,7 +84,7 @@ int plan_command(const PlanCliOptions& o) {
   fmt::print("memory: gpu {} | cpu {} | disk {}\nbottleneck: {}\n", offload::format_bytes(e.peak_bytes[0]),
              offload::format_bytes(e.peak_bytes[1]), offload::format_bytes(e.peak_bytes[2]), e.bottleneck);
   if (o.explain) {
-    const auto z = policy::model_sizes(shape);
+    const auto z = policy::model_sizes(policy::with_compression(shape, p));
     fmt::print("sizes: weights {} ({} per layer, embeddings {}), KV {} per token per layer, KV tokens per sequence {}\n",
                offload::format_bytes(z.total_weights), offload::format_bytes(z.layer_weights),
                offload::format_bytes(z.embedding_weights), offload::format_bytes(z.kv_per_token_layer),

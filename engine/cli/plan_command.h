@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/cli/compression_flags.h"
 #include "engine/model_config.h"
 #include "policy/cost_model.h"
 
@@ -19,6 +20,7 @@ struct PlanCliOptions {
   std::string out_file;
   bool explain = false;
   std::string policy_file;  // predict this policy instead of searching
+  CompressionFlags compress;
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& opt);

@@ -73,6 +73,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--kv", o.kv, "KV eviction policy, e.g. h2o:0.2, h2o:128, h2o:heavy=0.1,recent=0.1, local:0.2 "
                                 "(default full); the KV tier then holds only the budget")
       ->group(sched);
+  o.compress.add_to(run, sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
   run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
   run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
@@ -122,6 +123,7 @@ policy::Policy make_policy(const RunOptions& o) {
   if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
   if (o.cpu_cache_compute) p.cpu_cache_compute = true;
   if (!o.kv.empty()) p.kv = o.kv;
+  o.compress.apply(p);
   p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
   return p;
 }
@@ -182,6 +184,7 @@ int run_command(const RunOptions& o) {
       if (bytes != offload::Budget::kUnlimited) *field = bytes;
     policy::PlanOptions po;
     po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
+    o.compress.apply(po);
     const policy::Estimate e = policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, po);
     pol = e.policy;
     to.gpu_bytes = hw.gpu_mem;
@@ -277,14 +280,14 @@ int run_command(const RunOptions& o) {
                o.out_file.empty() ? "" : "; rerun with --resume to continue");
   }
 
-  // FlexGen's report: sizes, peak memory per tier, latency and throughput.
-  const ModelConfig& c = m.config;
+  // FlexGen's report: sizes (as stored), peak memory per tier, latency and throughput.
+  const ModelConfig c = with_weight_dtype(m.config, pol.weight_dtype(m.config.dtype));
   const double all_s = total.prefill_seconds + total.decode_seconds;
   const double prefill_tput = total.prefill_throughput(), decode_tput = total.decode_throughput(),
                total_tput = total.total_throughput();
   const std::int64_t max_prompt = std::ranges::max(all_prompts, {}, &std::vector<std::int32_t>::size).size();
-  const std::int64_t cache_bytes =
-      2 * c.n_layers * pol.block_size() * (max_prompt + gen_len) * c.n_kv_heads * c.head_dim * 4;
+  const std::int64_t cache_bytes = 2 * c.n_layers * pol.block_size() * (max_prompt + gen_len) * c.n_kv_heads *
+                                   kernels::kv_slot_bytes(pol.cache_dtype(), c.head_dim);
   const std::int64_t hidden_bytes = pol.block_size() * max_prompt * c.hidden * 4;
   using offload::Tier;
   auto peak = [&](Tier t) { return tiers.budget(t).peak(); };
@@ -293,15 +296,15 @@ int run_command(const RunOptions& o) {
              "model: {} ({} layers, hidden {}, {} weights)\n"
              "model size: {} | cache size: {} | hidden size (prefill): {}\n"
              "policy: gpu batch {} x {} batches, percent [{:g} {:g} {:g} {:g} {:g} {:g}], overlap {}, sep_layer {}, "
-             "cpu_cache_compute {}\n"
+             "cpu_cache_compute {}, kv {}, cache {}\n"
              "peak memory: gpu {} | cpu {} | disk {}\n"
              "prompts: {}, prompt tokens: {}, generated tokens: {}\n"
              "prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
              m.description, c.n_layers, c.hidden, kernels::dtype_name(c.dtype),
              offload::format_bytes(tensor_bytes(c)), offload::format_bytes(cache_bytes),
              offload::format_bytes(hidden_bytes), pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2],
-             pct[3], pct[4], pct[5], pol.overlap, pol.sep_layer, pol.cpu_cache_compute,
-             offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
+             pct[3], pct[4], pct[5], pol.overlap, pol.sep_layer, pol.cpu_cache_compute, pol.kv,
+             kernels::dtype_name(pol.cache_dtype()), offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
              offload::format_bytes(peak(Tier::Disk)), items.size(), total.prompt_tokens, total.generated_tokens,
              total.prefill_seconds, prefill_tput, total.decode_seconds, decode_tput, all_s, total_tput);
   if (!o.metrics_file.empty()) {
@@ -314,7 +317,10 @@ int run_command(const RunOptions& o) {
                           {"sep_layer", pol.sep_layer},
                           {"pin_weight", pol.pin_weight},
                           {"cpu_cache_compute", pol.cpu_cache_compute},
-                          {"kv", pol.kv}}},
+                          {"kv", pol.kv},
+                          {"compress_weight", pol.compress_weight},
+                          {"compress_cache", pol.compress_cache},
+                          {"compress_bits", pol.compress_bits}}},
                         {"prompts", items.size()},
                         {"prompt_tokens", total.prompt_tokens},
                         {"generated_tokens", total.generated_tokens},

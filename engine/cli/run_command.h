@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/cli/compression_flags.h"
+
 namespace flexh2o::cli {
 
 struct RunOptions {
@@ -33,6 +35,7 @@ struct RunOptions {
   std::optional<int> overlap, sep_layer, pin_weight;
   bool cpu_cache_compute = false;
   std::string kv;  // KV eviction spec
+  CompressionFlags compress;
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string offload_dir;

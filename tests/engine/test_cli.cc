@@ -119,6 +119,32 @@ TEST(Cli, TieredRunGeneratesWhatTheInMemoryRunDoes) {
   EXPECT_TRUE(tracks.count("compute") && tracks.count("copy: weights in")) << t.dump().substr(0, 400);
 }
 
+// 4-bit weights and KV with eviction: lossy against fp32, but the tiered run with the same
+// compression generates exactly what the all-in-memory one does, and leaves no files.
+TEST(Cli, CompressedTieredRunGeneratesWhatTheCompressedInMemoryRunDoes) {
+  testing::TempDir dir;
+  const std::string offload = dir.file("offload");
+  ASSERT_EQ(std::system(("mkdir " + offload).c_str()), 0);
+  const std::string common = "run --gen-len 40 --batch 3 --compress-weight --compress-cache --kv h2o:0.5";
+  const Result plain = run(common);
+  const Result tiered = run(common + " --gpu-batch-size 2 --num-gpu-batches 2 --percent 20 40 30 30 100 0 "
+                            "--offload-dir " + offload + " --metrics " + dir.file("m.json"));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(tiered.code, 0) << tiered.err;
+  EXPECT_EQ(tiered.out, plain.out);
+  EXPECT_THAT(plain.err, HasSubstr("q4 weights"));
+  EXPECT_THAT(plain.err, HasSubstr("cache q4"));
+  EXPECT_TRUE(std::filesystem::is_empty(offload)) << "offload files left behind";
+  const auto m = nlohmann::json::parse(testing::read_file(dir.file("m.json")));
+  EXPECT_TRUE(m["policy"]["compress_weight"].get<bool>());
+  // Compression changes the text of the tiny model, but it still generates 40 tokens a prompt.
+  const Result full = run("run --gen-len 40 --batch 3");
+  EXPECT_NE(full.out, plain.out);
+  const Result bits = run("run --compress-bits 3");
+  EXPECT_NE(bits.code, 0);
+  EXPECT_THAT(bits.err, HasSubstr("--compress-bits: 3 not in {4,8}"));
+}
+
 TEST(Cli, ZigZagBlocksGenerateWhatOneBatchDoes) {
   const std::string common = "run --prompt 'The dog' --temperature 0.8 --gen-len 30 --batch 5";
   const Result plain = run(common);
@@ -159,6 +185,12 @@ TEST(Cli, EvalComparesPoliciesWithTheFullCache) {
   EXPECT_THAT(r.out, HasSubstr("| h2o:0.5 | "));
   const std::string csv = testing::read_file(dir.file("q.csv"));
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;
+  // Each policy under each compression mode; the reference stays the uncompressed full cache.
+  const Result c = run("eval --text " + dir.file("text.txt") + " --kv full,h2o:0.5 --compress none,cache,both");
+  ASSERT_EQ(c.code, 0) << c.err;
+  for (const char* row : {"| full | ", "| full + 4-bit cache | ", "| full + 4-bit both | ", "| h2o:0.5 + 4-bit cache | "})
+    EXPECT_THAT(c.out, HasSubstr(row));
+  expect_clean_error(run("eval --text " + dir.file("text.txt") + " --compress zip"), "zip");
   expect_clean_error(run("eval --text " + dir.file("text.txt") + " --kv h2o:fast"), "h2o:fast");
   expect_clean_error(run("eval --text " + dir.file("missing.txt")), "missing.txt");
 }
@@ -178,6 +210,12 @@ TEST(Cli, PlanIsADryRunWhosePolicyRunAccepts) {
   const Result again = run("plan --model opt-30b --hardware " + t4 + " --policy " + dir.file("p.yaml"));
   EXPECT_EQ(again.code, 0) << again.err;
   expect_clean_error(run("plan --model opt-175b --hardware " + t4 + " --cpu-mem 16GB --disk-mem 100GB"), "--disk-mem >=");
+  // Compressed: the plan says so, and writes it into the policy.
+  const Result q4 = run("plan --model opt-30b --hardware " + t4 + " --compress-weight --compress-cache --out " +
+                        dir.file("q4.yaml"));
+  ASSERT_EQ(q4.code, 0) << q4.err;
+  EXPECT_THAT(q4.out, HasSubstr("weights q4, cache q4"));
+  EXPECT_THAT(testing::read_file(dir.file("q4.yaml")), HasSubstr("compress_weight: true"));
   expect_clean_error(run("plan --model opt-30b --hardware " + dir.file("nope.yaml")), "nope.yaml");
 }
 
@@ -202,13 +240,16 @@ TEST(Cli, BenchComparesSystemsOnOneWorkload) {
                        "--max-batch 8 --hardware " + std::string(FLEXH2O_SOURCE_DIR) +
                        "/configs/hardware/ci-cpu.yaml --out-dir " + dir.file("out"));
   ASSERT_EQ(r.code, 0) << r.err;
-  for (const char* system : {"| accelerate |", "| zero |", "| flexgen |", "| flexgen+h2o |"})
+  for (const char* system : {"| accelerate |", "| zero |", "| flexgen |", "| flexgen+h2o |", "| flexgen+4bit |"})
     EXPECT_THAT(r.out, HasSubstr(system));
   const std::string csv = testing::read_file(dir.file("out/results.csv"));
-  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 6) << csv;
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
     EXPECT_GT(std::filesystem::file_size(dir.file("out/throughput.png")), 1000u);
   }
+  expect_clean_error(run("bench --model " + dir.file("model.yaml") + " --systems flexgen+8bit --hardware " +
+                         std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml --out-dir " + dir.file("o3")),
+                     "flexgen+8bit");
   expect_clean_error(run("bench --model " + dir.file("model.yaml") + " --systems vllm --hardware " +
                          std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml --out-dir " + dir.file("o2")),
                      "vllm");

@@ -1,6 +1,7 @@
 // The block scheduler against the plain in-memory run: for random policies (tier fractions
 // including disk, GPU batch size, number of GPU batches, overlap, sep_layer,
-// cpu_cache_compute, staged copies) the generated tokens must be identical.
+// cpu_cache_compute, staged copies, KV eviction, 4/8-bit compression of weights and KV) the
+// generated tokens must be identical to the plain run with the same eviction and compression.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -59,6 +60,9 @@ Case random_case(std::uint64_t seed) {
   p.kv = rng() % 2 ? "full" : kv[rng() % 8];
   c.always_stage = rng() % 2;
   c.force_threads = rng() % 4 == 0;
+  p.compress_weight = rng() % 3 == 0;
+  p.compress_cache = rng() % 3 == 0;
+  p.compress_bits = rng() % 4 == 0 ? 8 : 4;
   return c;
 }
 
@@ -72,7 +76,9 @@ std::string describe(const Case& c) {
          }() +
          "] overlap " + std::to_string(p.overlap) + " sep_layer " + std::to_string(p.sep_layer) +
          " cpu_cache_compute " + std::to_string(p.cpu_cache_compute) + " stage " + std::to_string(c.always_stage) +
-         " threads " + std::to_string(c.force_threads) + " kv " + p.kv;
+         " threads " + std::to_string(c.force_threads) + " kv " + p.kv + " compress weight/cache " +
+         std::to_string(p.compress_weight) + "/" + std::to_string(p.compress_cache) + " bits " +
+         std::to_string(p.compress_bits);
 }
 
 std::vector<std::vector<std::int32_t>> random_prompts(const ModelConfig& cfg, std::int64_t n, std::uint64_t seed) {
@@ -95,8 +101,9 @@ void expect_same_tokens(const ModelConfig& cfg, const engine::WeightSource& src,
   req.sampling = {temperature, 0.9f, seed};
 
   auto be = kernels::make_cpu_backend();
-  const auto host = engine::load_weights(cfg, src);
-  engine::Generator plain(*be, cfg, host);
+  const ModelConfig stored = engine::with_weight_dtype(cfg, c.policy.weight_dtype(cfg.dtype));
+  const auto host = engine::load_weights(stored, src);
+  engine::Generator plain(*be, stored, host, c.policy.cache_dtype());
   const auto kv = c.policy.kv == "full" ? nullptr
                                         : policy::make_kv_policy(policy::parse_kv_spec(c.policy.kv), cfg.n_layers);
   req.kv = kv.get();

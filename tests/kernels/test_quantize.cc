@@ -1,0 +1,214 @@
+// The 4/8-bit group format (kernels/quantize.h) and the ops that read and write it: exact
+// byte sizes, the per-group round-trip bound on fresh random rows, the nibble layout, and
+// GEMM, embedding and KV-cache ops on compressed storage against the fp32 references run on
+// the dequantized values (so only the kernel's own error is measured).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/quantize.h"
+#include "tests/kernels/reference_ops.h"
+
+namespace flexh2o::kernels {
+namespace {
+
+constexpr DType kQuantized[] = {DType::Q4, DType::Q8};
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<float> random_floats(std::mt19937& rng, std::int64_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Rows of `cols` values stored as `t`, and the values that storage decodes to.
+struct Stored {
+  std::vector<std::byte> bytes;
+  std::vector<float> values;
+};
+Stored store(const std::vector<float>& x, std::int64_t rows, std::int64_t cols, DType t) {
+  Stored s{std::vector<std::byte>(static_cast<std::size_t>(rows * row_bytes(t, cols))), std::vector<float>(x.size())};
+  convert_rows(x.data(), DType::F32, s.bytes.data(), t, rows, cols);
+  convert_rows(s.bytes.data(), t, s.values.data(), DType::F32, rows, cols);
+  return s;
+}
+
+class Quantize : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const unsigned seed = std::random_device{}();
+    rng_.seed(seed);
+    RecordProperty("seed", static_cast<int>(seed));
+    SCOPED_TRACE(seed);
+  }
+  std::mt19937 rng_;
+};
+
+TEST(QuantizeFormat, ExactByteSizes) {
+  // Codes (two per byte at 4 bits), then 4 bytes (fp16 scale + fp16 min) per group of 64.
+  EXPECT_EQ(row_bytes(DType::Q4, 64), 32 + 4);
+  EXPECT_EQ(row_bytes(DType::Q4, 128), 64 + 8);
+  EXPECT_EQ(row_bytes(DType::Q4, 65), 33 + 8);  // a short last group
+  EXPECT_EQ(row_bytes(DType::Q4, 1), 1 + 4);
+  EXPECT_EQ(row_bytes(DType::Q4, 8), 4 + 4);  // stories260K's head_dim: one group per head
+  EXPECT_EQ(row_bytes(DType::Q4, 12288), 6144 + 192 * 4);
+  EXPECT_EQ(row_bytes(DType::Q8, 64), 64 + 4);
+  EXPECT_EQ(row_bytes(DType::Q8, 129), 129 + 12);
+  EXPECT_EQ(row_bytes(DType::F16, 10), 20);
+  // fp16 of a 128-wide head vs 4-bit: 256 / 72 bytes, the 3.56x FlexGen's format gives.
+  EXPECT_NEAR(static_cast<double>(row_bytes(DType::F16, 128)) / static_cast<double>(row_bytes(DType::Q4, 128)), 3.56, 0.01);
+}
+
+TEST(QuantizeFormat, NibbleLayoutAndParams) {
+  // 0..15 in one group: min 0, scale 1, codes = values, element 2i in the low nibble.
+  std::vector<float> x(16);
+  for (int i = 0; i < 16; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes(DType::Q4, 16)));
+  quantize_row(x.data(), 16, DType::Q4, row.data());
+  EXPECT_EQ(row[0], 0x10);  // elements 0 (low) and 1 (high)
+  EXPECT_EQ(row[7], 0xfe);  // elements 14 and 15
+  const auto p = quant_group_params(row.data(), 16, DType::Q4, 0);
+  EXPECT_EQ(p.scale, 1.0f);
+  EXPECT_EQ(p.min, 0.0f);
+  std::vector<float> back(16);
+  dequantize_row(row.data(), 16, DType::Q4, back.data());
+  EXPECT_EQ(back, x);
+}
+
+TEST_F(Quantize, RoundTripWithinHalfAStepPerGroup) {
+  std::uniform_int_distribution<std::int64_t> len(1, 300);
+  std::uniform_real_distribution<float> spread(1e-3f, 50.0f), center(-100.0f, 100.0f);
+  for (const DType t : kQuantized)
+    for (int trial = 0; trial < 400; ++trial) {
+      const std::int64_t n = len(rng_);
+      const float c = center(rng_), r = spread(rng_);
+      std::vector<float> x = random_floats(rng_, n, c - r, c + r);
+      if (trial % 7 == 0) std::fill(x.begin(), x.begin() + std::min<std::int64_t>(n, 70), c);  // a constant group
+      std::vector<std::byte> row(static_cast<std::size_t>(row_bytes(t, n)));
+      quantize_row(x.data(), n, t, row.data());
+      std::vector<float> back(x.size());
+      dequantize_row(row.data(), n, t, back.data());
+      const int levels = (1 << quant_bits(t)) - 1;
+      for (std::int64_t g = 0; g < quant_groups(n); ++g) {
+        const auto p = quant_group_params(row.data(), n, t, g);
+        const auto first = x.begin() + g * kQuantGroup, last = x.begin() + std::min(n, (g + 1) * kQuantGroup);
+        const auto [lo, hi] = std::minmax_element(first, last);
+        // The stored range covers the group: min rounded down, scale rounded up.
+        ASSERT_LE(p.min, *lo);
+        ASSERT_GE(static_cast<double>(p.min) + levels * static_cast<double>(p.scale),
+                  static_cast<double>(*hi) - 1e-6 * (std::abs(*hi) + 1));
+        // No wider than needed: one fp16 rounding step on each.
+        ASSERT_LE(static_cast<double>(p.scale), (static_cast<double>(*hi) - p.min) / levels * (1 + 1e-3) + 1e-7);
+        for (auto it = first; it != last; ++it) {
+          const std::size_t i = static_cast<std::size_t>(it - x.begin());
+          const double err = std::abs(static_cast<double>(back[i]) - x[i]);
+          // Half a step, plus fp32 rounding of q * s + m.
+          const double bound = p.scale / 2 + 1e-6 * (std::abs(x[i]) + 1) + (p.scale == 0 ? *lo - p.min : 0);
+          ASSERT_LE(err, bound) << dtype_name(t) << " n=" << n << " group " << g << " element " << i;
+        }
+      }
+    }
+}
+
+TEST_F(Quantize, ConvertRowsBetweenAllDtypes) {
+  const std::int64_t rows = 5, cols = 97;
+  const std::vector<float> x = random_floats(rng_, rows * cols, -2, 2);
+  for (const DType t : {DType::F16, DType::BF16, DType::Q4, DType::Q8}) {
+    const Stored s = store(x, rows, cols, t);
+    // Rows are independent: row 3 alone converts to the same bytes.
+    std::vector<std::byte> one(static_cast<std::size_t>(row_bytes(t, cols)));
+    convert_rows(x.data() + 3 * cols, DType::F32, one.data(), t, 1, cols);
+    EXPECT_EQ(0, std::memcmp(one.data(), s.bytes.data() + 3 * row_bytes(t, cols), one.size())) << dtype_name(t);
+    // Quantized -> f16 -> f32 equals quantized -> f32 up to fp16 rounding.
+    std::vector<std::uint16_t> h(x.size());
+    convert_rows(s.bytes.data(), t, h.data(), DType::F16, rows, cols);
+    for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(f16_to_f32(h[i]), s.values[i], 1e-3 * (std::abs(s.values[i]) + 1));
+  }
+  EXPECT_THROW(convert_to_f32(x.data(), DType::Q4, nullptr, 0), std::logic_error);
+}
+
+TEST_F(Quantize, GemmOnCompressedWeights) {
+  auto be = make_cpu_backend();
+  for (const DType t : kQuantized)
+    for (const std::int64_t m : {1, 5, 33})
+      for (const std::int64_t k : {63, 64, 200})
+        for (const std::int64_t n : {7, 300}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " m=" << m << " k=" << k << " n=" << n);
+          const std::vector<float> x = random_floats(rng_, m * k, -1, 1), w = random_floats(rng_, n * k, -1, 1);
+          const std::vector<float> bias = random_floats(rng_, n, -1, 1);
+          const Stored sw = store(w, n, k, t);
+          std::vector<float> y(static_cast<std::size_t>(m * n), kNaN);
+          be->gemm({x.data(), m, {sw.bytes.data(), t, n, k}, bias.data(), y.data(), 0.0f});
+          const auto ref = ref::gemm(x, m, sw.values, n, k, bias, 0.0f, {});
+          for (std::size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-5 * (std::abs(ref[i]) + 1)) << i;
+        }
+}
+
+TEST_F(Quantize, EmbeddingOfCompressedRows) {
+  auto be = make_cpu_backend();
+  const std::int64_t rows = 50, cols = 130;
+  const std::vector<float> table = random_floats(rng_, rows * cols, -1, 1);
+  const std::vector<std::int32_t> ids = {3, 0, 47, 3, 12};
+  for (const DType t : kQuantized) {
+    const Stored s = store(table, rows, cols, t);
+    std::vector<float> out(ids.size() * cols, kNaN);
+    be->embedding({ids, 2, {s.bytes.data(), t, rows, cols}, out.data(), false});
+    const auto ref = ref::embedding(ids, 2, s.values, cols, false, {});
+    for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<float>(ref[i])) << dtype_name(t) << " " << i;
+  }
+}
+
+// kv_write converts into the cache's slots; attention_decode reads them back dequantized;
+// kv_move moves whole slots. Checked against the reference on the decoded cache.
+TEST_F(Quantize, KvCacheOpsOnCompressedSlots) {
+  auto be = make_cpu_backend();
+  const AttentionShape shape{6, 2, 40, 1.0f / std::sqrt(40.0f)};  // head_dim 40: one short group
+  const std::int64_t B = 3, cap = 24, H = shape.n_kv_heads, D = shape.head_dim;
+  const std::vector<std::int64_t> lens = {1, 13, 24};
+  for (const DType t : {DType::F16, DType::Q4, DType::Q8}) {
+    SCOPED_TRACE(dtype_name(t));
+    const std::int64_t slot = kv_slot_bytes(t, D);
+    std::vector<std::byte> kc(static_cast<std::size_t>(B * H * cap * slot)), vc(kc.size());
+    // Fill every valid slot with rows written one token at a time, as decode does.
+    std::vector<float> k_ref(static_cast<std::size_t>(B * H * cap * D), 0.0f), v_ref(k_ref.size(), 0.0f);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < lens[static_cast<std::size_t>(b)]; ++s) {
+        const std::vector<float> k = random_floats(rng_, H * D, -2, 2), v = random_floats(rng_, H * D, -2, 2);
+        const std::vector<std::int64_t> seq = {b}, sl = {s};
+        be->kv_write({k.data(), kc.data(), H, D, cap, seq, sl, {}, t});
+        be->kv_write({v.data(), vc.data(), H, D, cap, seq, sl, {}, t});
+        for (std::int64_t g = 0; g < H; ++g) {
+          const std::size_t at = static_cast<std::size_t>(((b * H + g) * cap + s) * D);
+          std::vector<std::byte> one(static_cast<std::size_t>(slot));
+          convert_rows(k.data() + g * D, DType::F32, one.data(), t, 1, D);
+          convert_rows(one.data(), t, k_ref.data() + at, DType::F32, 1, D);
+          convert_rows(v.data() + g * D, DType::F32, one.data(), t, 1, D);
+          convert_rows(one.data(), t, v_ref.data() + at, DType::F32, 1, D);
+        }
+      }
+    const std::vector<float> q = random_floats(rng_, B * shape.n_heads * D, -1, 1);
+    std::vector<float> out(q.size(), kNaN), probs(static_cast<std::size_t>(B * H * cap), -7.0f);
+    be->attention_decode({shape, q.data(), kc.data(), vc.data(), cap, lens, out.data(), probs.data(), t});
+    const auto ref = ref::attention_decode(shape, q, k_ref, v_ref, cap, lens,
+                                                 std::vector<float>(probs.size(), -7.0f));
+    for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], 1e-5 * (std::abs(ref.out[i]) + 1)) << i;
+    for (std::size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], ref.probs[i], 1e-5) << i;
+
+    // Move slot 5 of (sequence 1, head 1) to slot 0: the bytes travel unchanged.
+    const std::vector<KvMove> moves = {{1, 1, 5, 0}};
+    const std::size_t head = static_cast<std::size_t>((1 * H + 1) * cap * slot);
+    std::vector<std::byte> before(kc.begin() + head + 5 * slot, kc.begin() + head + 6 * slot);
+    be->kv_move({kc.data(), H, D, cap, moves, t});
+    EXPECT_EQ(0, std::memcmp(kc.data() + head, before.data(), before.size()));
+  }
+}
+
+}  // namespace
+}  // namespace flexh2o::kernels
