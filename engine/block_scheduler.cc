@@ -115,6 +115,9 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
       trace_(trace),
       layers_(build_layers(cfg_)) {
   policy_.validate();
+  if (policy_.cpu_cache_compute && be_.kind() != kernels::DeviceKind::Cpu)
+    throw std::invalid_argument("cpu_cache_compute is not supported on the " + be_.name() +
+                                " backend yet (it needs a CPU backend beside it); run without --cpu-cache-compute");
   // Scheduling units: with sep_layer off, a decoder block's attention and MLP load together.
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer* l = layers_[i].get();

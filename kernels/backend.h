@@ -58,6 +58,17 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend();
 
+// Whether this build contains the CUDA backend (FLEXH2O_CUDA).
+bool cuda_compiled();
+// Empty when the CUDA backend can run here; otherwise why not (not compiled in, no driver,
+// no device, a GPU this build has no kernels for). Probed once per process.
+std::string cuda_unavailable_reason();
+// A backend by name: "cpu", "cuda" (throws std::invalid_argument saying why when CUDA is
+// not compiled in or no device is usable), or "auto" (CUDA when usable, else CPU; a CUDA
+// build without a usable device says so once on stderr). Other names throw
+// std::invalid_argument.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
 // Device memory owned by a backend, freed on destruction.
 class DeviceBuffer {
  public:

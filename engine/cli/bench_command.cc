@@ -55,23 +55,48 @@ std::vector<std::string> split_list(const std::string& s, char sep = ',') {
   return out;
 }
 
+// When the weights do not fit the cpu tier next to one sequence: Accelerate's offload folder
+// takes the smallest share to disk that fits; ZeRO-Inference (`whole`) offloads them all to NVMe.
+void spill_weights_to_disk(const policy::ModelShape& m, const policy::HardwareProfile& hw, const policy::Workload& w,
+                           policy::Policy& p, const policy::PlanOptions& o, bool whole) {
+  auto fits = [&](double cpu) {
+    policy::Policy q = p;
+    q.gpu_batch_size = 1;
+    q.weights = {0, cpu, 1 - cpu};
+    return policy::estimate(m, hw, w, q, o).has_value();
+  };
+  if (fits(1)) return;
+  if (whole) {
+    p.weights = {0, 0, 1};
+    return;
+  }
+  double lo = 0, hi = 1;  // fits(lo), !fits(hi)
+  if (!fits(lo)) return;  // largest_batch reports what does not fit
+  for (int i = 0; i < 30; ++i) (fits((lo + hi) / 2) ? lo : hi) = (lo + hi) / 2;
+  p.weights = {0, lo, 1 - lo};
+}
+
 constexpr const char* kSystems = " (accelerate, zero, flexgen, flexgen+h2o, flexgen+4bit, flexgen+4bit+h2o)";
 
 // The policy each system would run with on these limits.
 policy::Policy policy_for(const std::string& system, const policy::ModelShape& m, const policy::HardwareProfile& hw,
-                          const policy::Workload& w, std::int64_t max_batch) {
+                          const policy::Workload& w, std::int64_t max_batch, bool allow_ccc) {
   policy::Policy p;
   policy::PlanOptions o;
+  o.allow_cpu_cache_compute = allow_ccc;
   if (system == "accelerate") {
-    // Layer-by-layer weight streaming from CPU for one small batch, KV on the GPU, no overlap.
+    // Layer-by-layer weight streaming for one small batch, KV on the GPU, no overlap; weights
+    // that do not fit CPU memory are offloaded to disk (device_map with an offload folder).
     p.set_percent({0, 100, 100, 0, 100, 0});
     p.overlap = false;
+    spill_weights_to_disk(m, hw, w, p, o, false);
     p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
   } else if (system == "zero") {
-    // ZeRO-Inference: weights streamed per layer, KV on the CPU (moved in for attention), one
-    // batch, no compute/IO overlap scheduler.
+    // ZeRO-Inference: weights streamed per layer from CPU memory (or NVMe when they do not
+    // fit), KV on the CPU (moved in for attention), one batch, no compute/IO overlap.
     p.set_percent({0, 100, 0, 100, 100, 0});
     p.overlap = false;
+    spill_weights_to_disk(m, hw, w, p, o, true);
     p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
   } else if (system.starts_with("flexgen")) {
     // flexgen[+h2o][+4bit]: the planner's policy, for the smaller KV (h2o:0.2) and/or 4-bit
@@ -137,6 +162,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("--systems", o.systems, "comma list of accelerate, zero, flexgen, flexgen+h2o, flexgen+4bit, flexgen+4bit+h2o");
   b->add_option("--hardware", o.hardware, "profile the planner and batch choices use (default configs/hardware/ci-cpu.yaml)");
   b->add_option("--out-dir", o.out_dir, "where table.md, results.csv and throughput.png go");
+  b->add_option("--backend", o.backend, "compute backend: auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   b->add_option("--max-batch", o.max_batch, "largest effective batch tried")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   return b;
 }
@@ -156,15 +182,17 @@ int bench_command(const BenchOptions& o) {
   const policy::Workload w{o.prompt_len, o.gen_len};
   std::filesystem::create_directories(o.out_dir);
 
+  auto be = kernels::make_backend(o.backend);
+  // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
+  const bool allow_ccc = be->kind() == kernels::DeviceKind::Cpu;
   std::vector<SystemRun> runs;
   for (const std::string& system : split_list(o.systems)) {
     SystemRun r;
     r.system = system;
-    r.policy = policy_for(system, shape, hw, w, o.max_batch);
+    r.policy = policy_for(system, shape, hw, w, o.max_batch, allow_ccc);
     fmt::print(stderr, "bench: {}: gpu batch {} x {}, percent [{}], overlap {}{}\n", system, r.policy.gpu_batch_size,
                r.policy.num_gpu_batches, percent_text(r.policy), r.policy.overlap,
                r.policy.compress_weight ? ", 4-bit weights and KV" : "");
-    auto be = kernels::make_cpu_backend();
     offload::TierOptions to;
     to.gpu_bytes = hw.gpu_mem;
     to.cpu_bytes = hw.cpu_mem;
@@ -204,7 +232,7 @@ int bench_command(const BenchOptions& o) {
   fmt::print("{}", table);
   offload::write_file_atomically(o.out_dir + "/table.md", table);
   offload::write_file_atomically(o.out_dir + "/results.csv", csv);
-  const std::string title = fmt::format("{} on the CPU backend, {} + {} tokens, gpu tier {}", m.config.name, o.prompt_len,
+  const std::string title = fmt::format("{} on the {} backend, {} + {} tokens, gpu tier {}", m.config.name, be->name(), o.prompt_len,
                                         o.gen_len, offload::format_bytes(hw.gpu_mem));
   if (plot(o.out_dir, runs, title))
     fmt::print("\nchart: {}/throughput.png\n", o.out_dir);

@@ -19,6 +19,7 @@ struct BenchOptions {
   std::string hardware = "configs/hardware/ci-cpu.yaml";
   std::string out_dir = "bench-out";
   std::int64_t max_batch = 64;
+  std::string backend = "auto";
 };
 
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& opt);

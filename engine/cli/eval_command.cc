@@ -27,6 +27,7 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
                    "comma list of none, cache, weight, both: each KV policy is evaluated under each (default none)");
   eval->add_option("--compress-bits", o.compress_bits, "bits per value when compressing: 4 or 8")
       ->check(CLI::IsMember({4, 8}));
+  eval->add_option("--backend", o.backend, "compute backend: auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   eval->add_option("--chunks", o.chunks, "evaluate the first N paragraphs")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   eval->add_option("--batch", o.batch, "chunks per batch")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   eval->add_option("--csv", o.csv_file, "also write the table as CSV");
@@ -64,7 +65,7 @@ int eval_command(const EvalOptions& o) {
     modes.push_back(spec);
   }
   if (modes.empty()) throw std::invalid_argument("--compress: give at least one of none, cache, weight, both");
-  auto be = kernels::make_cpu_backend();
+  auto be = kernels::make_backend(o.backend);
   const HostWeights weights = load_weights(m.config, *m.weights);
   Generator reference(*be, m.config, weights);
   const bool any_weight = std::ranges::any_of(modes, [](const auto& s) { return s == "weight" || s == "both"; });

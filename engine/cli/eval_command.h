@@ -15,6 +15,7 @@ struct EvalOptions {
   std::string compress = "none";  // comma list of none, cache, weight, both
   int compress_bits = 4;
   std::int64_t chunks = 64;
+  std::string backend = "auto";
   std::int64_t batch = 16;
   std::string csv_file;
 };

@@ -44,6 +44,8 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_flag("--dummy", o.dummy, "random weights of the model's shape (no checkpoint needed)");
   run->add_option("--dtype", o.dtype, "storage dtype of weight matrices: f32, f16 or bf16")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  run->add_option("--backend", o.backend, "compute backend: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   const char* sched = "Placement and schedule";
   run->add_option("--policy", o.policy_file,
@@ -185,6 +187,7 @@ int run_command(const RunOptions& o) {
     policy::PlanOptions po;
     po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
     o.compress.apply(po);
+    po.allow_cpu_cache_compute = o.backend == "cpu" || !kernels::cuda_unavailable_reason().empty();
     const policy::Estimate e = policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, po);
     pol = e.policy;
     to.gpu_bytes = hw.gpu_mem;
@@ -218,7 +221,7 @@ int run_command(const RunOptions& o) {
     if (!out || !out->done_ids().count(items[i].id_json)) todo.push_back(i);
   if (o.resume) fmt::print(stderr, "resuming: {} of {} prompts already in {}\n", items.size() - todo.size(), items.size(), o.out_file);
 
-  auto backend = kernels::make_cpu_backend();
+  auto backend = kernels::make_backend(o.backend);
   offload::Tiers tiers(*backend, to);
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();

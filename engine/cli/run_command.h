@@ -25,6 +25,7 @@ struct RunOptions {
   std::uint64_t seed = 0;
   bool dummy = false;
   std::string dtype;
+  std::string backend = "auto";  // auto, cpu or cuda
 
   // Placement and schedule (FlexGen's flags); a --policy file first, then these override it.
   std::string policy_file;  // a YAML file, or "auto"

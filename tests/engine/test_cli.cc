@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/backend.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -20,6 +21,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+
+constexpr std::string_view kCpuFallbackNotice = "flexh2o: no usable CUDA device (";
 
 struct Result {
   int code;
@@ -30,8 +33,11 @@ Result run(const std::string& args) {
   testing::TempDir dir;
   const std::string cmd = std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("out") + " 2>" + dir.file("err") + " </dev/null";
   const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), testing::read_file(dir.file("out")),
-          testing::read_file(dir.file("err"))};
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), testing::read_file(dir.file("out")),
+           testing::read_file(dir.file("err"))};
+  // A CUDA build on a machine without a GPU says once that it uses the CPU (tested below).
+  if (r.err.starts_with(kCpuFallbackNotice)) r.err.erase(0, r.err.find('\n') + 1);
+  return r;
 }
 
 void expect_clean_error(const Result& r, const std::string& mention) {
@@ -70,6 +76,27 @@ TEST(Cli, BatchJobWritesOneLinePerPrompt) {
     EXPECT_GE(row["tokens"].size(), 1u);
     EXPECT_LE(row["tokens"].size(), 20u);
   }
+}
+
+TEST(Cli, BackendChoiceWithoutAGpu) {
+  const std::string why = kernels::cuda_unavailable_reason();
+  if (why.empty()) GTEST_SKIP() << "a CUDA device is usable here";
+  const std::string cmd = std::string(FLEXH2O_BINARY) + " run --gen-len 2 --batch 2 2>&1 >/dev/null";
+  std::string err;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f)) err += buf;
+    ASSERT_EQ(::pclose(f), 0) << err;
+  }
+  // auto: the CPU, said once when CUDA is compiled in, not at all otherwise.
+  const auto notices = [&] {
+    std::size_t n = 0;
+    for (auto at = err.find(kCpuFallbackNotice); at != std::string::npos; at = err.find(kCpuFallbackNotice, at + 1)) ++n;
+    return n;
+  }();
+  EXPECT_EQ(notices, kernels::cuda_compiled() ? 1u : 0u) << err;
+  expect_clean_error(run("run --backend cuda --gen-len 2"), "cuda");
+  EXPECT_EQ(run("run --backend cpu --gen-len 2").code, 0);
 }
 
 TEST(Cli, DummyModelOfAnyConfiguredShape) {

@@ -1,0 +1,222 @@
+// CudaBackend: device setup, memory, copies and pinning; probe_device and make_cuda_backend.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_entry.h"
+
+namespace flexh2o::kernels::cuda {
+
+namespace {
+
+constexpr std::size_t kCopyChunk = std::size_t{64} << 20;  // large copies go in 64 MiB pieces
+constexpr std::size_t kMinAlloc = 256;                      // alloc(0) still returns a pointer
+
+// A do-nothing kernel: probe_device asks the runtime whether this binary has code for the GPU.
+__global__ void probe_kernel() {}
+
+std::string error_text(const std::string& what, cudaError_t e) {
+  return what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+std::string probe_once() {
+  int driver = 0, runtime = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+  (void)cudaGetLastError();
+  if (driver == 0) return "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)";
+  if (runtime != 0 && driver < runtime)
+    return "the NVIDIA driver supports CUDA " + cuda_version(driver) + " but this build needs CUDA " +
+           cuda_version(runtime) + "; update the driver";
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return error_text("cudaGetDeviceCount", e);
+  }
+  if (count <= 0) return "no CUDA device found";
+  if ((e = cudaSetDevice(0)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return error_text("cudaSetDevice(0)", e);
+  }
+  int major = 0, minor = 0, pools = 0;
+  if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return error_text("cudaDeviceGetAttribute", e);
+  }
+  cudaFuncAttributes attr{};
+  if ((e = cudaFuncGetAttributes(&attr, probe_kernel)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return error_text("the GPU (compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+                          ") cannot run this build's kernels; rebuild with -DCMAKE_CUDA_ARCHITECTURES=" +
+                          std::to_string(major) + std::to_string(minor),
+                      e);
+  }
+  if (!pools) return "the GPU does not support stream-ordered memory pools (cudaMallocAsync)";
+  return {};
+}
+
+}  // namespace
+
+std::string probe_device() {
+  static const std::string reason = probe_once();
+  return reason;
+}
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  const std::string why = probe_device();
+  if (!why.empty()) throw std::runtime_error("no usable CUDA device: " + why);
+  return std::make_unique<CudaBackend>(0);
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  FLEXH2O_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  FLEXH2O_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  name_ = std::string("cuda (") + prop.name + ")";
+  try {
+    FLEXH2O_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    FLEXH2O_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    // Keep freed memory in the pool instead of returning it to the driver at every
+    // synchronisation: steady-state steps then allocate without cudaMalloc.
+    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+    FLEXH2O_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    FLEXH2O_CUBLAS_CHECK(cublasCreate(&cublas_));
+    FLEXH2O_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // Plain fp32 GEMMs stay fp32 (no TF32); fp16/bf16 GemmEx calls use tensor cores anyway.
+    FLEXH2O_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  } catch (...) {
+    if (cublas_) cublasDestroy(cublas_);
+    if (pool_) cudaMemPoolDestroy(pool_);
+    if (stream_) cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  // Errors cannot be reported from here; a failed call only leaks.
+  (void)cudaSetDevice(device_);
+  (void)cudaStreamSynchronize(stream_);
+  for (auto& [id, l] : lanes_) {
+    (void)cudaStreamSynchronize(l.stream);
+    (void)cudaEventDestroy(l.compute_done);
+    (void)cudaStreamDestroy(l.stream);
+  }
+  (void)cublasDestroy(cublas_);
+  // Memory still allocated keeps the pool alive until it is freed (cudaMemPoolDestroy).
+  (void)cudaMemPoolDestroy(pool_);
+  (void)cudaStreamDestroy(stream_);
+  (void)cudaGetLastError();
+}
+
+void* CudaBackend::alloc(std::size_t bytes) {
+  bytes = std::max(bytes, kMinAlloc);
+  void* p = nullptr;
+  cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
+  if (e == cudaErrorMemoryAllocation) {
+    // Frees still pending on the stream may make room: wait for them and try once more.
+    (void)cudaGetLastError();
+    FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
+  }
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    std::size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    throw CudaOutOfMemory("CUDA out of memory: allocating " + std::to_string(bytes) + " bytes on " + name_ + " (" +
+                          std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + " MiB)");
+  }
+  FLEXH2O_CUDA_CHECK(e);
+  return p;
+}
+
+void CudaBackend::free(void* p) noexcept {
+  if (p == nullptr) return;
+  const cudaError_t e = cudaFreeAsync(p, stream_);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "flexh2o: cudaFreeAsync failed: %s\n", cudaGetErrorString(e));
+  }
+}
+
+CudaBackend::CopyLane& CudaBackend::lane() {
+  std::lock_guard lock(lanes_mu_);
+  auto it = lanes_.find(std::this_thread::get_id());
+  if (it != lanes_.end()) return it->second;
+  FLEXH2O_CUDA_CHECK(cudaSetDevice(device_));
+  CopyLane l;
+  FLEXH2O_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+  if (const cudaError_t e = cudaEventCreateWithFlags(&l.compute_done, cudaEventDisableTiming); e != cudaSuccess) {
+    (void)cudaStreamDestroy(l.stream);
+    throw_cuda_error(e, "cudaEventCreateWithFlags(&l.compute_done, cudaEventDisableTiming)", __FILE__, __LINE__);
+  }
+  return lanes_.emplace(std::this_thread::get_id(), l).first->second;
+}
+
+void CudaBackend::copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return;
+  CopyLane& l = lane();  // map nodes are stable, and only this thread uses its lane
+  FLEXH2O_CUDA_CHECK(cudaEventRecord(l.compute_done, stream_));
+  FLEXH2O_CUDA_CHECK(cudaStreamWaitEvent(l.stream, l.compute_done, 0));
+  const auto* s = static_cast<const std::byte*>(src);
+  auto* d = static_cast<std::byte*>(dst);
+  for (std::size_t off = 0; off < bytes; off += kCopyChunk) {
+    const std::size_t n = std::min(kCopyChunk, bytes - off);
+    FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(d + off, s + off, n, kind, l.stream));
+  }
+  FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* host_src, std::size_t bytes) {
+  copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+  copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+void CudaBackend::copy_on_device(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  const auto d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
+  const bool overlap = d < s + bytes && s < d + bytes;
+  if (!overlap) return copy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  // memmove semantics (as the CPU backend): overlapping ranges go through a temporary.
+  DeviceBuffer tmp(*this, bytes);
+  copy(tmp.data(), src, bytes, cudaMemcpyDeviceToDevice);
+  copy(dst, tmp.data(), bytes, cudaMemcpyDeviceToDevice);
+}
+
+void CudaBackend::synchronize() { FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+bool CudaBackend::pin_host(void* p, std::size_t bytes) {
+  if (p == nullptr || bytes == 0) return false;
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+  if (e == cudaSuccess) return true;
+  // Pinning is an optimisation: without it copies still work, only slower.
+  (void)cudaGetLastError();
+  std::call_once(pin_warning_, [&] {
+    std::fprintf(stderr, "flexh2o: cannot pin %zu bytes of host memory (%s); copies use pageable memory\n", bytes,
+                 cudaGetErrorString(e));
+  });
+  return false;
+}
+
+void CudaBackend::unpin_host(void* p) noexcept {
+  if (p == nullptr) return;
+  if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+}  // namespace flexh2o::kernels::cuda

@@ -1,0 +1,46 @@
+// Embedding lookup: one thread per output element, reading table rows of any dtype
+// (quantized rows dequantized bit for bit as the CPU does). Ids are checked on the host
+// with embedding_cpu.cc's message, then uploaded.
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_common.cuh"
+
+namespace flexh2o::kernels::cuda {
+
+namespace {
+
+__global__ void embedding_kernel(const std::int32_t* ids, std::int64_t n, std::int64_t offset,
+                                 const std::uint8_t* table, std::int64_t rbytes, DType dtype, std::int64_t cols,
+                                 float* out, bool accumulate) {
+  const std::int64_t total = n * cols;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = e / cols, c = e % cols;
+    const std::int64_t row = static_cast<std::int64_t>(ids[i]) + offset;
+    const float v = load_elem(table + row * rbytes, dtype, cols, c);
+    out[e] = accumulate ? out[e] + v : v;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::embedding(const EmbeddingArgs& a) {
+  const std::int64_t n = static_cast<std::int64_t>(a.ids.size());
+  const std::int64_t cols = a.table.cols;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t row = a.ids[static_cast<std::size_t>(i)] + a.offset;
+    if (row < 0 || row >= a.table.rows)
+      throw std::out_of_range("embedding: id " + std::to_string(a.ids[static_cast<std::size_t>(i)]) + " (row " +
+                              std::to_string(row) + ") outside a table of " + std::to_string(a.table.rows) + " rows");
+  }
+  if (n == 0 || cols <= 0) return;
+  const DeviceBuffer ids = upload(a.ids);
+  embedding_kernel<<<blocks_for(n * cols), kThreads, 0, stream_>>>(
+      ids.as<std::int32_t>(), n, a.offset, static_cast<const std::uint8_t*>(a.table.data),
+      row_bytes(a.table.dtype, cols), a.table.dtype, cols, a.out, a.accumulate);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace flexh2o::kernels::cuda

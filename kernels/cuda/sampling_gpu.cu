@@ -1,0 +1,26 @@
+// Sampling: the logits are copied to the host and CpuBackend::sample picks the tokens.
+// A step samples batch x vocab values once, so the copy is small next to the step, and the
+// draws are the CPU backend's bit for bit (counter-based streams, same ordering and sums).
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+
+namespace flexh2o::kernels::cuda {
+
+void CudaBackend::sample(const SampleArgs& a) {
+  if (static_cast<std::int64_t>(a.out.size()) != a.batch || static_cast<std::int64_t>(a.streams.size()) != a.batch)
+    throw std::invalid_argument("sample: out and streams need one entry per row");
+  if (a.vocab <= 0) throw std::invalid_argument("sample: empty vocabulary");
+  if (a.batch <= 0) return;
+  std::vector<float> logits(static_cast<std::size_t>(a.batch * a.vocab));
+  // On the compute stream, after the ops that produced the logits.
+  FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(logits.data(), a.logits, logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_));
+  FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  SampleArgs host = a;
+  host.logits = logits.data();
+  cpu_.sample(host);
+}
+
+}  // namespace flexh2o::kernels::cuda
