@@ -1,11 +1,13 @@
-// KV eviction on the CPU backend with the KV cache homed on the cpu tier and that tier's
-// budget fixed (--cpu-mem): the largest batch that fits and its throughput, full cache vs an
-// eviction policy, at prompt 512 + gen 32 (FlexGen's setting). The largest batch is found by
-// asking the scheduler: one more sequence must be refused by the cpu budget.
+// Smaller KV on the CPU backend with the KV cache homed on the cpu tier and that tier's budget
+// fixed (--cpu-mem): the largest batch that fits and its throughput for the full fp32 cache,
+// an eviction policy, the 4-bit compressed cache, and both, at prompt 512 + gen 32 (FlexGen's
+// setting). The largest batch is found by asking the scheduler: one more sequence must be
+// refused by the cpu budget.
 // Usage: bench_kv_eviction [model] [cpu_mem] [policy]   (defaults: opt-125m 128MiB h2o:0.2)
 #include <fmt/format.h>
 
 #include <string>
+#include <vector>
 
 #include "engine/block_scheduler.h"
 #include "engine/model_source.h"
@@ -30,10 +32,11 @@ struct Result {
   std::int64_t cpu_peak = 0;
 };
 
-Result measure(const engine::ModelSource& m, const std::string& kv, std::int64_t cpu_mem) {
+Result measure(const engine::ModelSource& m, const std::string& kv, bool compress, std::int64_t cpu_mem) {
   policy::Policy p;
   p.set_percent({100, 0, 0, 100, 100, 0});  // KV on the cpu tier, the rest on "gpu"
   p.kv = kv;
+  p.compress_cache = compress;
   // Bytes of one sequence's KV: the capacity the scheduler gives it, over all layers.
   const auto& c = m.config;
   std::int64_t slots = kPrompt + kGen;
@@ -43,7 +46,7 @@ Result measure(const engine::ModelSource& m, const std::string& kv, std::int64_t
     for (std::int64_t l = 0; l < c.n_layers; ++l)
       slots = std::max(slots, policy::kv_slot_capacity(std::min(pol->budget(l, kPrompt + kGen), kPrompt + kGen)));
   }
-  const std::int64_t per_seq = 2 * c.n_layers * c.n_kv_heads * slots * c.head_dim * 4;
+  const std::int64_t per_seq = 2 * c.n_layers * c.n_kv_heads * slots * kernels::kv_slot_bytes(p.cache_dtype(), c.head_dim);
   Result r;
   r.batch = cpu_mem / per_seq;
   auto be = kernels::make_cpu_backend();
@@ -81,15 +84,22 @@ int main(int argc, char** argv) {
   const std::string kv = argc > 3 ? argv[3] : "h2o:0.2";
   auto m = engine::open_model(mo);
   m.config.stop_ids.clear();
-  const Result full = measure(m, "full", cpu_mem), ev = measure(m, kv, cpu_mem);
+  struct Row {
+    std::string name;
+    Result r;
+  };
+  std::vector<Row> rows;
+  for (const bool compress : {false, true})
+    for (const std::string& policy : {std::string("full"), kv})
+      rows.push_back({policy + (compress ? " + 4-bit cache" : ""), measure(m, policy, compress, cpu_mem)});
   fmt::print("model {} (f16 dummy), prompt {} + gen {}, KV on the cpu tier, --cpu-mem {}\n\n", m.config.name, kPrompt,
              kGen, offload::format_bytes(cpu_mem));
-  fmt::print("| kv | largest batch | cpu peak | decode tok/s | total tok/s |\n|---|---|---|---|---|\n");
-  for (const auto& [name, r] : {std::pair{std::string("full"), full}, std::pair{kv, ev}})
-    fmt::print("| {} | {} | {} | {:.1f} | {:.1f} |\n", name, r.batch, offload::format_bytes(r.cpu_peak), r.decode_tok_s,
-               r.total_tok_s);
-  fmt::print("\n{} / full: batch {:.2f}x, decode throughput {:.2f}x, total throughput {:.2f}x\n", kv,
-             static_cast<double>(ev.batch) / full.batch, ev.decode_tok_s / full.decode_tok_s,
-             ev.total_tok_s / full.total_tok_s);
+  fmt::print("| kv | largest batch | cpu peak | decode tok/s | total tok/s | batch vs full | total tok/s vs full |\n"
+             "|---|---|---|---|---|---|---|\n");
+  const Result& full = rows.front().r;
+  for (const auto& [name, r] : rows)
+    fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.2f}x | {:.2f}x |\n", name, r.batch,
+               offload::format_bytes(r.cpu_peak), r.decode_tok_s, r.total_tok_s,
+               static_cast<double>(r.batch) / static_cast<double>(full.batch), r.total_tok_s / full.total_tok_s);
   return 0;
 }

@@ -34,6 +34,8 @@ class Backend {
   virtual void copy_on_device(void* dst, const void* src, std::size_t bytes) = 0;
   // Waits for all work issued to this backend.
   virtual void synchronize() = 0;
+  // Bytes of device memory, or -1 where the device is host memory (CPU).
+  virtual std::int64_t memory_capacity() const { return -1; }
   // Page-locks host memory so copies to and from the device can run asynchronously
   // (cudaHostRegister). Returns false where the backend gains nothing from it (CPU).
   virtual bool pin_host(void* /*p*/, std::size_t /*bytes*/) { return false; }

@@ -43,8 +43,14 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   }
   if (name == "auto") {
     if (!cuda_compiled()) return make_cpu_backend();
-    const std::string why = cuda_unavailable_reason();
-    if (why.empty()) return make_backend("cuda");
+    std::string why = cuda_unavailable_reason();
+    if (why.empty()) {
+      try {
+        return make_backend("cuda");
+      } catch (const std::exception& e) {  // e.g. cuBLAS or the memory pool could not start
+        why = e.what();
+      }
+    }
     static std::once_flag told;
     std::call_once(told, [&] {
       std::fprintf(stderr, "flexh2o: no usable CUDA device (%s); using the CPU backend\n", why.c_str());

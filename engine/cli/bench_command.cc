@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -92,9 +93,10 @@ policy::Policy policy_for(const std::string& system, const policy::ModelShape& m
     spill_weights_to_disk(m, hw, w, p, o, false);
     p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
   } else if (system == "zero") {
-    // ZeRO-Inference: weights streamed per layer from CPU memory (or NVMe when they do not
-    // fit), KV on the CPU (moved in for attention), one batch, no compute/IO overlap.
-    p.set_percent({0, 100, 0, 100, 100, 0});
+    // ZeRO-Inference as the FlexGen paper ran it: weights streamed per layer from CPU memory
+    // (or all from NVMe when they do not fit), KV and activations on the GPU, one batch, no
+    // compute/IO overlap.
+    p.set_percent({0, 100, 100, 0, 100, 0});
     p.overlap = false;
     spill_weights_to_disk(m, hw, w, p, o, true);
     p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
@@ -132,7 +134,7 @@ bool plot(const std::string& dir, const std::vector<SystemRun>& runs, const std:
   for (const auto& r : runs) data += fmt::format("\"{}\\n(batch {})\" {:.4f}\n", r.system, r.policy.block_size(), r.total_tput);
   offload::write_file_atomically(dir + "/throughput.dat", data);
   const std::string script = fmt::format(
-      "set terminal pngcairo size 900,540 font 'sans,12'\n"
+      "set terminal pngcairo size {2},540 font 'sans,12'\n"
       "set output '{0}/throughput.png'\n"
       "set title \"{1}\"\n"
       "set ylabel 'total throughput (generated tokens/s)'\n"
@@ -142,7 +144,7 @@ bool plot(const std::string& dir, const std::vector<SystemRun>& runs, const std:
       "set offsets 0, 0, graph 0.12, 0\n"
       "plot '{0}/throughput.dat' using 0:2:xtic(1) with boxes lc rgb '#3b75af', "
       "'' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,1 notitle\n",
-      dir, title);
+      dir, title, std::max<std::size_t>(900, 170 * runs.size()));
   offload::write_file_atomically(dir + "/throughput.gp", script);
   return std::system(("gnuplot '" + dir + "/throughput.gp' 2>/dev/null").c_str()) == 0;
 }
@@ -232,8 +234,10 @@ int bench_command(const BenchOptions& o) {
   fmt::print("{}", table);
   offload::write_file_atomically(o.out_dir + "/table.md", table);
   offload::write_file_atomically(o.out_dir + "/results.csv", csv);
-  const std::string title = fmt::format("{} on the {} backend, {} + {} tokens, gpu tier {}", m.config.name, be->name(), o.prompt_len,
-                                        o.gen_len, offload::format_bytes(hw.gpu_mem));
+  const std::string title =
+      fmt::format("{} on the {} backend, {} + {} tokens, gpu {} / cpu {} / disk {}", m.config.name, be->name(),
+                  o.prompt_len, o.gen_len, offload::format_bytes(hw.gpu_mem), offload::format_bytes(hw.cpu_mem),
+                  offload::format_bytes(hw.disk_mem));
   if (plot(o.out_dir, runs, title))
     fmt::print("\nchart: {}/throughput.png\n", o.out_dir);
   else

@@ -296,9 +296,6 @@ std::string utc_now() {
 }  // namespace
 
 int calibrate_command(const CalibrateOptions& o) {
-  if (o.backend == "cuda")
-    throw std::invalid_argument("--backend cuda: this build has no CUDA backend; use --backend cpu");
-  if (o.backend != "cpu") throw std::invalid_argument("--backend " + o.backend + ": unknown backend; use cpu or cuda");
   if (!o.out_file.empty()) {  // fail before measuring, not after
     const std::filesystem::path dir = std::filesystem::path(o.out_file).parent_path();
     if (!dir.empty() && !std::filesystem::is_directory(dir))
@@ -307,7 +304,8 @@ int calibrate_command(const CalibrateOptions& o) {
   Plan plan = make_plan(o.quick);
   if (!o.model.empty()) plan.gemm_n = plan.gemm_k = model_config_of(o.model).hidden;
   const auto started = Clock::now();
-  auto be = kernels::make_cpu_backend();
+  auto be = kernels::make_backend(o.backend);
+  const bool on_cpu = be->kind() == kernels::DeviceKind::Cpu;
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   fmt::print(stderr, "calibrate: {} backend, {} hardware threads{}\n", be->name(), threads, o.quick ? ", --quick" : "");
 
@@ -332,10 +330,16 @@ int calibrate_command(const CalibrateOptions& o) {
   }
   hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan));
   hw.gpu_attn_decode = round_sig(attention_decode_rate(*be, plan));
-  // On the CPU build the "gpu" backend is this CPU, so the cpu-side rates (attention over a
-  // cpu-homed cache with cpu_cache_compute) are the same device at decode shapes.
-  hw.cpu_gemm = hw.gpu_gemm_decode;
-  hw.cpu_attn_decode = hw.gpu_attn_decode;
+  // The cpu-side rates (attention over a cpu-homed cache with cpu_cache_compute) at decode
+  // shapes: on the CPU backend the "gpu" is this CPU, so they are the same measurements.
+  if (on_cpu) {
+    hw.cpu_gemm = hw.gpu_gemm_decode;
+    hw.cpu_attn_decode = hw.gpu_attn_decode;
+  } else {
+    auto cpu = kernels::make_cpu_backend();
+    hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode"));
+    hw.cpu_attn_decode = round_sig(attention_decode_rate(*cpu, plan));
+  }
 
   // cpu <-> gpu. On the CPU backend the gpu tier is host memory and these are memcpy.
   {
@@ -387,16 +391,18 @@ int calibrate_command(const CalibrateOptions& o) {
     disk.free(e);
   }
 
-  // Capacities. On the CPU build the gpu tier is host memory too, so both are the RAM.
+  // Capacities. On the CPU backend the gpu tier is host memory too, so both are the RAM.
   hw.cpu_mem = host_memory_bytes();
-  hw.gpu_mem = hw.cpu_mem;
-  progress("memory", off::format_bytes(hw.cpu_mem) + " (physical RAM; the gpu tier of the cpu build is host memory)");
+  hw.gpu_mem = on_cpu ? hw.cpu_mem : be->memory_capacity();
+  progress("memory", on_cpu ? off::format_bytes(hw.cpu_mem) + " (physical RAM; on the cpu backend the gpu tier is host memory)"
+                            : "gpu " + off::format_bytes(hw.gpu_mem) + ", cpu " + off::format_bytes(hw.cpu_mem));
   progress("disk", off::format_bytes(hw.disk_mem) + " free under " + disk.dir());
 
-  hw.source = fmt::format(
-      "measured by flexh2o calibrate{} on {}, {}: {} backend, {} hardware threads; the gpu tier is host "
-      "memory (gpu_mem = cpu_mem = RAM) and cpu rates equal the gpu decode rates",
-      o.quick ? " --quick" : "", host_name(), utc_now(), be->name(), threads);
+  hw.source = fmt::format("measured by flexh2o calibrate{} on {}, {}: {} backend, {} hardware threads{}",
+                          o.quick ? " --quick" : "", host_name(), utc_now(), be->name(), threads,
+                          on_cpu ? "; the gpu tier is host memory (gpu_mem = cpu_mem = RAM) and cpu rates equal "
+                                   "the gpu decode rates"
+                                 : "");
   const std::string yaml = policy::hardware_to_yaml(hw);
   // What we write must load; a failure here is a bug, caught before the file exists.
   policy::load_hardware_yaml(yaml, "calibrate output");

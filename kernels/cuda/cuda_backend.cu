@@ -1,5 +1,6 @@
 // CudaBackend: device setup, memory, copies and pinning; probe_device and make_cuda_backend.
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -31,7 +32,8 @@ std::string probe_once() {
   if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
   (void)cudaGetLastError();
   if (driver == 0) return "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)";
-  if (runtime != 0 && driver < runtime)
+  // Minor-version compatibility runs a newer 13.x runtime on any 13.x driver; only the major must match.
+  if (runtime != 0 && driver / 1000 < runtime / 1000)
     return "the NVIDIA driver supports CUDA " + cuda_version(driver) + " but this build needs CUDA " +
            cuda_version(runtime) + "; update the driver";
   int count = 0;
@@ -115,6 +117,10 @@ CudaBackend::~CudaBackend() {
     (void)cudaEventDestroy(l.compute_done);
     (void)cudaStreamDestroy(l.stream);
   }
+  for (auto& s : stages_) {
+    if (s.done) (void)cudaEventDestroy(s.done);
+    if (s.host) (void)cudaFreeHost(s.host);
+  }
   (void)cublasDestroy(cublas_);
   // Memory still allocated keeps the pool alive until it is freed (cudaMemPoolDestroy).
   (void)cudaMemPoolDestroy(pool_);
@@ -141,6 +147,13 @@ void* CudaBackend::alloc(std::size_t bytes) {
   }
   FLEXH2O_CUDA_CHECK(e);
   return p;
+}
+
+std::int64_t CudaBackend::memory_capacity() const {
+  FLEXH2O_CUDA_CHECK(cudaSetDevice(device_));
+  std::size_t free_b = 0, total_b = 0;
+  FLEXH2O_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<std::int64_t>(total_b);
 }
 
 void CudaBackend::free(void* p) noexcept {
@@ -188,15 +201,41 @@ void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t byte
   copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
+// Device-to-device copies are queued on the compute stream, ordered with the ops like one: no
+// host wait (the engine copies per sequence inside a step). Later host copies wait for them
+// through the compute-stream event every copy lane takes.
 void CudaBackend::copy_on_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
   const auto d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
   const bool overlap = d < s + bytes && s < d + bytes;
-  if (!overlap) return copy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  if (!overlap) {
+    FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
   // memmove semantics (as the CPU backend): overlapping ranges go through a temporary.
   DeviceBuffer tmp(*this, bytes);
-  copy(tmp.data(), src, bytes, cudaMemcpyDeviceToDevice);
-  copy(dst, tmp.data(), bytes, cudaMemcpyDeviceToDevice);
+  FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(tmp.data(), src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(dst, tmp.data(), bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void* CudaBackend::stage_for_upload(const void* host, std::size_t bytes) {
+  Stage& s = stages_[next_stage_++ % stages_.size()];
+  if (s.done) FLEXH2O_CUDA_CHECK(cudaEventSynchronize(s.done));  // its previous upload has been read
+  else FLEXH2O_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  if (s.capacity < bytes) {
+    if (s.host) FLEXH2O_CUDA_CHECK(cudaFreeHost(s.host));
+    s.host = nullptr;
+    s.capacity = 0;
+    FLEXH2O_CUDA_CHECK(cudaMallocHost(&s.host, bytes));
+    s.capacity = bytes;
+  }
+  std::memcpy(s.host, host, bytes);
+  return s.host;
+}
+
+void CudaBackend::staged_upload_queued() {
+  Stage& s = stages_[(next_stage_ - 1) % stages_.size()];
+  FLEXH2O_CUDA_CHECK(cudaEventRecord(s.done, stream_));
 }
 
 void CudaBackend::synchronize() { FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_)); }

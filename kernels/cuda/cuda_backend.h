@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -50,6 +51,7 @@ class CudaBackend final : public Backend {
 
   DeviceKind kind() const override { return DeviceKind::Cuda; }
   std::string name() const override { return name_; }
+  std::int64_t memory_capacity() const override;
 
   void* alloc(std::size_t bytes) override;
   void free(void* p) noexcept override;
@@ -93,6 +95,19 @@ class CudaBackend final : public Backend {
   // Pool scratch holding a copy of a host array (enqueued on the compute stream).
   template <class T>
   DeviceBuffer upload(std::span<const T> host);
+  // Small host arrays (positions, slots, lens) go to the device through pinned staging
+  // buffers, so the caller may reuse its array as soon as the op returns: a copy from
+  // pageable memory is not guaranteed to have read it by then. Callers hold stage_mu_.
+  struct Stage {
+    void* host = nullptr;
+    std::size_t capacity = 0;
+    cudaEvent_t done = nullptr;  // recorded after the upload that read it
+  };
+  void* stage_for_upload(const void* host, std::size_t bytes);
+  void staged_upload_queued();
+  std::array<Stage, 16> stages_{};
+  std::size_t next_stage_ = 0;
+  std::mutex stage_mu_;
 
   int device_ = 0;
   std::string name_;
@@ -109,8 +124,11 @@ class CudaBackend final : public Backend {
 template <class T>
 DeviceBuffer CudaBackend::upload(std::span<const T> host) {
   DeviceBuffer buf(*this, host.size_bytes());
-  if (!host.empty())
-    FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(buf.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream_));
+  if (host.empty()) return buf;
+  std::lock_guard lock(stage_mu_);
+  const void* staged = stage_for_upload(host.data(), host.size_bytes());
+  FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(buf.data(), staged, host.size_bytes(), cudaMemcpyHostToDevice, stream_));
+  staged_upload_queued();
   return buf;
 }
 
