@@ -92,6 +92,11 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double kv_store = evicting ? kv_read : kvt * bls;
   const double cg_bw = hw.cpu_to_gpu, gc_bw = hw.gpu_to_cpu, dc_bw = hw.disk_to_cpu, cd_bw = hw.cpu_to_disk;
   const double gemm_flops_tok = 2.0 * static_cast<double>(z.layer_params);
+  // Dequantization where the profile measures it: compressed weights are expanded by every
+  // GEMM call (once per GPU batch), a compressed cache by every decode step that reads it.
+  const double dq = hw.dequant > 0 ? 1.0 / hw.dequant : 0.0;
+  const double w_dequant = kernels::is_quantized(m.weight_dtype) ? static_cast<double>(k) * wl * dq : 0.0;
+  const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? kv_read * dq : 0.0;
   const double h1 = static_cast<double>(m.hidden);
 
   Terms t;
@@ -110,7 +115,9 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double g = static_cast<double>(gbs);
   const double head_flops = 2.0 * bls * static_cast<double>(m.vocab) * h1 / l;
   const double rate_pre = hw.gemm_rate(g * s, hw.gpu_gemm_prefill), rate_gen = hw.gemm_rate(g, hw.gpu_gemm_decode);
-  t.comp_pre = lin(bls * s * gemm_flops_tok / rate_pre + head_flops / rate_gen + bls * 4 * s * s * h1 / hw.gpu_attn_prefill, {});
+  t.comp_pre = lin(bls * s * gemm_flops_tok / rate_pre + head_flops / rate_gen + bls * 4 * s * s * h1 / hw.gpu_attn_prefill +
+                       w_dequant,
+                   {});
 
   const double cache_in = ccc ? 0 : kv_read / cg_bw;
   t.ctog_gen = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
@@ -121,8 +128,9 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw}, {HN, hid_gen / dc_bw}, {WN, wl / (0.95 * dc_bw)}});
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw}, {HN, hid_gen / cd_bw}});
   const double attn_flops = 4 * bls * kv_len * h1;
-  const double gpu_attn = attn_flops / hw.gpu_attn_decode, cpu_attn = attn_flops / hw.cpu_attn_decode;
-  t.comp_gen = lin(bls * gemm_flops_tok / rate_gen + head_flops / rate_gen,
+  const double gpu_attn = attn_flops / hw.gpu_attn_decode + kv_dequant;
+  const double cpu_attn = attn_flops / hw.cpu_attn_decode + kv_dequant;
+  t.comp_gen = lin(bls * gemm_flops_tok / rate_gen + head_flops / rate_gen + w_dequant,
                    {{CG, gpu_attn}, {CC, ccc ? cpu_attn : gpu_attn}, {CN, ccc ? cpu_attn : gpu_attn}});
 
   // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler).

@@ -117,7 +117,7 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     throw std::invalid_argument(source + ": not valid YAML: " + e.what());
   }
   if (!root.IsMap()) throw std::invalid_argument(source + ": expected a mapping of hardware fields");
-  std::set<std::string> known = {"name", "source", "gemm_tflops_by_rows"};
+  std::set<std::string> known = {"name", "source", "gemm_tflops_by_rows", "dequant_gbps"};
   for (const auto& f : kSizes) known.insert(f.key);
   for (const auto& f : kRates) known.insert(f.key);
   for (const auto& kv : root) {
@@ -148,6 +148,7 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     }
     std::sort(h.gemm_by_rows.begin(), h.gemm_by_rows.end());
   }
+  if (root["dequant_gbps"]) h.dequant = rate_of(root, source, "dequant_gbps") * kGiga;
   return h;
 }
 
@@ -188,6 +189,7 @@ std::string hardware_to_yaml(const HardwareProfile& h) {
     for (const auto& [rows, rate] : h.gemm_by_rows) out << YAML::Key << rows << YAML::Value << shortest(rate / kTera);
     out << YAML::EndMap;
   }
+  if (h.dequant > 0) out << YAML::Key << "dequant_gbps" << YAML::Value << shortest(h.dequant / kGiga);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -24,6 +24,10 @@ struct HardwareProfile {
   // GEMM's efficiency grows with its rows (batch x tokens); when given, the cost model reads
   // the rate at each policy's rows instead of the two constants above.
   std::vector<std::pair<std::int64_t, double>> gemm_by_rows;
+  // Optional: bytes/s of 4-bit groups the compute device expands to fp32 (0: not modelled,
+  // i.e. free, as on a GPU where it hides behind PCIe). The CPU pays for it per GEMM call
+  // and per decode step of a compressed cache.
+  double dequant = 0;
   // The GEMM rate at `rows` from gemm_by_rows (log-log interpolation, clamped to the ends),
   // or `fallback` when there is no curve.
   double gemm_rate(double rows, double fallback) const;
@@ -34,7 +38,8 @@ struct HardwareProfile {
 // TFLOP/s (gpu_gemm_prefill_tflops, gpu_gemm_decode_tflops, gpu_attn_prefill_tflops,
 // gpu_attn_decode_tflops, cpu_gemm_tflops, cpu_attn_decode_tflops). Every key is required;
 // unknown keys and non-positive values are errors naming the file and key. Optional:
-// gemm_tflops_by_rows, a mapping {rows: TFLOP/s} (what calibrate measures).
+// gemm_tflops_by_rows, a mapping {rows: TFLOP/s} (what calibrate measures), and
+// dequant_gbps (GB/s of q4 input).
 HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_file(const std::string& path);
 std::string hardware_to_yaml(const HardwareProfile& h);

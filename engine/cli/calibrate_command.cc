@@ -23,7 +23,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <tbb/parallel_for.h>
+
 #include "kernels/backend.h"
+#include "kernels/quantize.h"
 #include "offload/budget.h"
 #include "offload/copy_engine.h"
 #include "offload/host_memory.h"
@@ -241,6 +244,31 @@ double lane_pass(off::CopyEngine& engine, int lane, std::int64_t bytes, Dst plac
   return seconds_since(t0);
 }
 
+// Bytes/s of 4-bit rows (of the GEMM width) expanded to fp32 by all threads, a panel of 64
+// rows per task into thread-local scratch, as the CPU GEMM does with compressed weights.
+double dequant_rate(const Plan& plan) {
+  const std::int64_t cols = plan.gemm_k, rows = std::max<std::int64_t>(64, plan.memory_bytes / 8 / cols);
+  const std::int64_t row_bytes = kernels::row_bytes(kernels::DType::Q4, cols);
+  std::vector<float> x(static_cast<std::size_t>(cols));
+  for (std::int64_t i = 0; i < cols; ++i) x[static_cast<std::size_t>(i)] = std::sin(static_cast<float>(i));
+  std::vector<std::byte> q(static_cast<std::size_t>(rows * row_bytes));
+  for (std::int64_t r = 0; r < rows; ++r) kernels::quantize_row(x.data(), cols, kernels::DType::Q4, q.data() + r * row_bytes);
+  const double s = time_per_call(
+      [&] {
+        tbb::parallel_for(std::int64_t{0}, (rows + 63) / 64, [&](std::int64_t p) {
+          thread_local std::vector<float> scratch;
+          const std::int64_t n = std::min<std::int64_t>(64, rows - p * 64);
+          scratch.resize(static_cast<std::size_t>(n * cols));
+          kernels::convert_rows(q.data() + p * 64 * row_bytes, kernels::DType::Q4, scratch.data(), kernels::DType::F32,
+                                n, cols);
+        });
+      },
+      plan.min_seconds);
+  const double rate = static_cast<double>(q.size()) / s;
+  progress("dequantize q4 " + mib(static_cast<std::int64_t>(q.size())), gbps(rate));
+  return rate;
+}
+
 // cpu <-> gpu: repeated passes over `bytes` (memcpy on the CPU backend).
 double memory_rate(off::CopyEngine& engine, int lane, void* dst, off::Tier dst_tier, const void* src,
                    off::Tier src_tier, std::int64_t bytes, double min_seconds) {
@@ -335,6 +363,8 @@ int calibrate_command(const CalibrateOptions& o) {
   if (on_cpu) {
     hw.cpu_gemm = hw.gpu_gemm_decode;
     hw.cpu_attn_decode = hw.gpu_attn_decode;
+    // What compressed weights and KV cost the CPU to expand (a GPU hides it behind PCIe).
+    hw.dequant = round_sig(dequant_rate(plan));
   } else {
     auto cpu = kernels::make_cpu_backend();
     hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode"));

@@ -89,6 +89,16 @@ TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
   const auto again = estimate(m, t4(), w, q4.policy, o);
   ASSERT_TRUE(again.has_value());
   EXPECT_NEAR(again->total_throughput, q4.total_throughput, 1e-6 * q4.total_throughput);
+
+  // Where the profile says dequantization costs (a CPU), the same policy predicts slower, and
+  // the profile round-trips the rate.
+  HardwareProfile slow = t4();
+  slow.dequant = 2e9;
+  const auto paid = estimate(m, slow, w, q4.policy, o);
+  ASSERT_TRUE(paid.has_value());
+  EXPECT_LT(paid->total_throughput, q4.total_throughput);
+  EXPECT_EQ(load_hardware_yaml(hardware_to_yaml(slow), "roundtrip").dequant, 2e9);
+  EXPECT_EQ(estimate(m, slow, w, full.policy)->total_throughput, full.total_throughput);  // nothing to expand
 }
 
 TEST(CostModel, InfeasibleRequestsNameTheChange) {
