@@ -64,7 +64,7 @@ struct BlockScheduler::Batch {
   std::vector<std::vector<std::int32_t>> prompts;
   StepBatch step;
   std::unique_ptr<TieredTensor> hidden;       // [max rows, hidden]
-  std::vector<std::unique_ptr<TieredTensor>> k, v;  // per decoder layer: [n, kv_heads * capacity * head_dim]
+  std::vector<std::unique_ptr<TieredTensor>> k, v;  // per decoder layer: n rows of kv_heads x capacity slots
   std::int64_t resident_end = 0;  // sequences [0, resident_end) are attended where they live
   std::vector<std::unique_ptr<KvEvictionLayer>> eviction;  // per decoder layer, with a KV policy
   CopyTicket hidden_stored;

@@ -6,7 +6,7 @@
 // run in line before and after each compute (the ablation baseline).
 //
 // Compression (compress_weight / compress_cache): weight matrices and KV slots are stored as
-// 4-bit groups in every tier, copied compressed, and dequantized by the compute kernels.
+// 4- or 8-bit groups in every tier, copied compressed, and dequantized by the compute kernels.
 //
 // Placement: weights, each batch's KV cache and its hidden states are TieredTensors split
 // by the policy's fractions. Weights not wholly on the gpu tier are staged into two device

@@ -116,7 +116,7 @@ ModelConfig load_model_yaml(const std::string& yaml_text, const std::string& sou
   }
   c.tie_embeddings = yaml_get<bool>(root, "tie_embeddings", source, c.family == Family::Opt);
   try {
-    c.dtype = kernels::parse_dtype(yaml_get<std::string>(root, "dtype", source, "f16"));
+    c.dtype = kernels::parse_float_dtype(yaml_get<std::string>(root, "dtype", source, "f16"));
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(source + ": field 'dtype': " + e.what());
   }
@@ -151,7 +151,7 @@ ModelConfig load_hf_config(const std::string& json_text, const std::string& sour
   c.head_dim = c.n_heads > 0 ? c.hidden / c.n_heads : 0;
   const std::string torch_dtype = json_get<std::string>(j, "torch_dtype", source, std::string("float16"));
   try {
-    c.dtype = kernels::parse_dtype(torch_dtype);
+    c.dtype = kernels::parse_float_dtype(torch_dtype);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(source + ": field 'torch_dtype': " + e.what());
   }

@@ -22,6 +22,14 @@ std::string_view dtype_name(DType t) {
   return "?";
 }
 
+DType parse_float_dtype(std::string_view s) {
+  const DType t = parse_dtype(s);
+  if (is_quantized(t))
+    throw std::invalid_argument("'" + std::string(s) + "' is a compression, not a model dtype (expected f32, f16 or bf16; "
+                                "use --compress-weight for 4-bit weights)");
+  return t;
+}
+
 std::int64_t row_bytes(DType t, std::int64_t cols) {
   return is_quantized(t) ? quantized_row_bytes(t, cols) : cols * static_cast<std::int64_t>(dtype_size(t));
 }

@@ -22,6 +22,9 @@ std::string_view dtype_name(DType t);
 // Parses "f32"/"fp32"/"float32", "f16"/"fp16"/"float16", "bf16"/"bfloat16", "q4", "q8";
 // throws on others.
 DType parse_dtype(std::string_view s);
+// parse_dtype for the float types only: a model's or checkpoint's dtype (q4/q8 are a
+// compression the policy chooses, not a stored model dtype).
+DType parse_float_dtype(std::string_view s);
 
 inline float f16_to_f32(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;

@@ -71,7 +71,9 @@ void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
     std::memcpy(params + 4 * g + 2, &min_h, 2);
     const float inv = s > 0 ? 1.0f / s : 0.0f;
     for (std::int64_t i = g0; i < g1; ++i) {
-      const int q = std::clamp(static_cast<int>((x[i] - m) * inv + 0.5f), 0, levels);
+      // Clamped as a float, so no value (huge, inf, NaN: unspecified codes) converts out of range.
+      const float v = (x[i] - m) * inv + 0.5f;
+      const int q = v >= static_cast<float>(levels) ? levels : v > 0.0f ? static_cast<int>(v) : 0;
       if (t == DType::Q8)
         codes[i] = static_cast<std::uint8_t>(q);
       else

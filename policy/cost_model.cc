@@ -92,11 +92,17 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double kv_store = evicting ? kv_read : kvt * bls;
   const double cg_bw = hw.cpu_to_gpu, gc_bw = hw.gpu_to_cpu, dc_bw = hw.disk_to_cpu, cd_bw = hw.cpu_to_disk;
   const double gemm_flops_tok = 2.0 * static_cast<double>(z.layer_params);
-  // Dequantization where the profile measures it: compressed weights are expanded by every
-  // GEMM call (once per GPU batch), a compressed cache by every decode step that reads it.
-  const double dq = hw.dequant > 0 ? 1.0 / hw.dequant : 0.0;
-  const double w_dequant = kernels::is_quantized(m.weight_dtype) ? static_cast<double>(k) * wl * dq : 0.0;
-  const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? kv_read * dq : 0.0;
+  // Dequantization where the profile measures it (bytes/s of q4 = 2 values per byte): every
+  // GEMM call (once per GPU batch) expands its weight matrices, the head's included (embedding
+  // lookups only gather rows); every decode step expands the compressed KV it reads. Writing
+  // (quantizing) the cache is left out: one new token per step.
+  const double dq_per_value = hw.dequant > 0 ? 0.5 / hw.dequant : 0.0;
+  const double head_values = static_cast<double>(m.vocab) * static_cast<double>(m.hidden) / l;
+  const double w_dequant = kernels::is_quantized(m.weight_dtype)
+                               ? static_cast<double>(k) * (static_cast<double>(z.layer_params) + head_values) * dq_per_value
+                               : 0.0;
+  const double kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * kv_len;
+  const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? kv_values_read * dq_per_value : 0.0;
   const double h1 = static_cast<double>(m.hidden);
 
   Terms t;

@@ -24,7 +24,7 @@ struct HardwareProfile {
   // GEMM's efficiency grows with its rows (batch x tokens); when given, the cost model reads
   // the rate at each policy's rows instead of the two constants above.
   std::vector<std::pair<std::int64_t, double>> gemm_by_rows;
-  // Optional: bytes/s of 4-bit groups the compute device expands to fp32 (0: not modelled,
+  // Optional: bytes/s of 4-bit groups (2 values per byte) the compute device expands to fp32 (0: not modelled,
   // i.e. free, as on a GPU where it hides behind PCIe). The CPU pays for it per GEMM call
   // and per decode step of a compressed cache.
   double dequant = 0;

@@ -48,6 +48,10 @@ void Policy::validate(const std::string& source) const {
   activations.validate(source + ": activations");
   if (kernels::is_quantized(cache_storage))
     throw std::invalid_argument(source + ": cache_dtype must be f32, f16 or bf16 (compress_cache quantizes)");
+  if (compress_cache && cache_storage != kernels::DType::F32)
+    throw std::invalid_argument(source + ": cache_dtype " + std::string(kernels::dtype_name(cache_storage)) +
+                                " has no effect with compress_cache (the cache is stored as q" +
+                                std::to_string(compress_bits) + "); drop one of them");
   if (compress_bits != 4 && compress_bits != 8)
     throw std::invalid_argument(source + ": compress_bits must be 4 or 8, got " + std::to_string(compress_bits));
   try {

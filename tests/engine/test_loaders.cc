@@ -183,6 +183,13 @@ TEST(ModelYaml, MalformedOrIncomplete) {
                                         "m.yaml");
               }),
               AllOf(HasSubstr("m.yaml"), HasSubstr("num_kv_heads")));
+  // 4-bit is a compression the policy picks, not a model dtype.
+  EXPECT_THAT(error_of([] {
+                engine::load_model_yaml("name: x\nfamily: llama\nnum_layers: 2\nhidden_size: 8\nffn_size: 8\n"
+                                        "num_heads: 2\nvocab_size: 4\nmax_positions: 8\ndtype: q4\n",
+                                        "m.yaml");
+              }),
+              AllOf(HasSubstr("m.yaml"), HasSubstr("'dtype'"), HasSubstr("--compress-weight")));
 }
 
 TEST(BuiltinConfigs, PublishedShapes) {

@@ -92,8 +92,8 @@ std::vector<std::vector<std::int32_t>> random_prompts(const ModelConfig& cfg, st
   return out;
 }
 
-void expect_same_tokens(const ModelConfig& cfg, const engine::WeightSource& src, std::uint64_t seed, float temperature) {
-  const Case c = random_case(seed);
+void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::WeightSource& src, std::uint64_t seed,
+                        float temperature) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c));
   GenerationRequest req;
   req.prompts = random_prompts(cfg, c.policy.block_size(), seed);
@@ -122,6 +122,31 @@ void expect_same_tokens(const ModelConfig& cfg, const engine::WeightSource& src,
   }
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
     EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
+}
+
+void expect_same_tokens(const ModelConfig& cfg, const engine::WeightSource& src, std::uint64_t seed, float temperature) {
+  expect_same_tokens(random_case(seed), cfg, src, seed, temperature);
+}
+
+// Compressed weights and KV without eviction, the KV staged from cpu and disk (partial slot
+// loads, one slot written back per step), with heads of 128 values: two groups per slot.
+TEST(Scheduler, CompressedStagedCacheMatchesInMemoryRun) {
+  ModelConfig cfg = testing::tiny_opt_config();
+  cfg.hidden = 256;
+  cfg.n_heads = cfg.n_kv_heads = 2;
+  cfg.head_dim = 128;
+  engine::DummyWeights src(cfg, 13);
+  for (const int bits : {4, 8}) {
+    Case c;
+    c.policy.gpu_batch_size = 2;
+    c.policy.num_gpu_batches = 2;
+    c.policy.weights = {0.3, 0.4, 0.3};
+    c.policy.cache = {0.25, 0.25, 0.5};
+    c.policy.compress_weight = c.policy.compress_cache = true;
+    c.policy.compress_bits = bits;
+    c.always_stage = true;
+    expect_same_tokens(c, cfg, src, 300 + static_cast<std::uint64_t>(bits), 0.0f);
+  }
 }
 
 TEST(Scheduler, RandomPoliciesMatchInMemoryRunOpt) {

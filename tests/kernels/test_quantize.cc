@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -46,7 +48,7 @@ class Quantize : public ::testing::Test {
     const unsigned seed = std::random_device{}();
     rng_.seed(seed);
     RecordProperty("seed", static_cast<int>(seed));
-    SCOPED_TRACE(seed);
+    std::printf("random seed %u\n", seed);  // in the log next to a failure
   }
   std::mt19937 rng_;
 };
@@ -117,6 +119,25 @@ TEST_F(Quantize, RoundTripWithinHalfAStepPerGroup) {
     }
 }
 
+// The q4 expansion (AVX2 where the CPU has it) equals q * scale + min computed one value at a
+// time from the stored nibbles and parameters, bit for bit.
+TEST_F(Quantize, Q4ExpansionIsBitExact) {
+  for (const std::int64_t n : {1, 15, 16, 17, 63, 64, 65, 100, 128, 200, 1000}) {
+    const std::vector<float> x = random_floats(rng_, n, -3, 5);
+    std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes(DType::Q4, n)));
+    quantize_row(x.data(), n, DType::Q4, row.data());
+    std::vector<float> got(static_cast<std::size_t>(n));
+    dequantize_row(row.data(), n, DType::Q4, got.data());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto p = quant_group_params(row.data(), n, DType::Q4, i / kQuantGroup);
+      const int q = (row[static_cast<std::size_t>(i / 2)] >> (4 * (i % 2))) & 0xf;
+      volatile float prod = static_cast<float>(q) * p.scale;  // no fused multiply-add
+      const float want = prod + p.min;
+      ASSERT_EQ(std::memcmp(&got[static_cast<std::size_t>(i)], &want, 4), 0) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
 TEST_F(Quantize, ConvertRowsBetweenAllDtypes) {
   const std::int64_t rows = 5, cols = 97;
   const std::vector<float> x = random_floats(rng_, rows * cols, -2, 2);
@@ -169,11 +190,13 @@ TEST_F(Quantize, EmbeddingOfCompressedRows) {
 // kv_move moves whole slots. Checked against the reference on the decoded cache.
 TEST_F(Quantize, KvCacheOpsOnCompressedSlots) {
   auto be = make_cpu_backend();
-  const AttentionShape shape{6, 2, 40, 1.0f / std::sqrt(40.0f)};  // head_dim 40: one short group
-  const std::int64_t B = 3, cap = 24, H = shape.n_kv_heads, D = shape.head_dim;
-  const std::vector<std::int64_t> lens = {1, 13, 24};
+  // head_dim 40: one short group; 128: two groups per slot (OPT-30B/LLaMA heads).
+  for (const std::int64_t head_dim : {40, 128})
   for (const DType t : {DType::F16, DType::Q4, DType::Q8}) {
-    SCOPED_TRACE(dtype_name(t));
+    const AttentionShape shape{6, 2, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim))};
+    const std::int64_t B = 3, cap = 24, H = shape.n_kv_heads, D = shape.head_dim;
+    const std::vector<std::int64_t> lens = {1, 13, 24};
+    SCOPED_TRACE(::testing::Message() << dtype_name(t) << " head_dim " << head_dim);
     const std::int64_t slot = kv_slot_bytes(t, D);
     std::vector<std::byte> kc(static_cast<std::size_t>(B * H * cap * slot)), vc(kc.size());
     // Fill every valid slot with rows written one token at a time, as decode does.
@@ -201,12 +224,13 @@ TEST_F(Quantize, KvCacheOpsOnCompressedSlots) {
     for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], 1e-5 * (std::abs(ref.out[i]) + 1)) << i;
     for (std::size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], ref.probs[i], 1e-5) << i;
 
-    // Move slot 5 of (sequence 1, head 1) to slot 0: the bytes travel unchanged.
+    // Move slot 5 of (sequence 1, head 1) to slot 0: exactly those bytes travel, nothing else changes.
     const std::vector<KvMove> moves = {{1, 1, 5, 0}};
     const std::size_t head = static_cast<std::size_t>((1 * H + 1) * cap * slot);
-    std::vector<std::byte> before(kc.begin() + head + 5 * slot, kc.begin() + head + 6 * slot);
+    std::vector<std::byte> want(kc);
+    std::memcpy(want.data() + head, kc.data() + head + 5 * slot, static_cast<std::size_t>(slot));
     be->kv_move({kc.data(), H, D, cap, moves, t});
-    EXPECT_EQ(0, std::memcmp(kc.data() + head, before.data(), before.size()));
+    EXPECT_TRUE(kc == want);
   }
 }
 

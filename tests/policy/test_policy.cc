@@ -57,6 +57,9 @@ TEST(Policy, BadYamlNamesTheFileAndField) {
   EXPECT_THAT(error_of("percent: [90, 20, 0, 0, 0, 0]\n"), HasSubstr("weight percentages"));
   EXPECT_THAT(error_of("compress_bits: 3\n"), HasSubstr("compress_bits must be 4 or 8"));
   EXPECT_EQ(error_of("compress_cache: true\ncompress_bits: 8\n"), "no error");
+  EXPECT_THAT(error_of("cache_dtype: q4\n"), HasSubstr("cache_dtype must be f32, f16 or bf16"));
+  EXPECT_THAT(error_of("cache_dtype: f16\ncompress_cache: true\n"), HasSubstr("no effect with compress_cache"));
+  EXPECT_THAT(error_of("cache_dtype: f8\n"), HasSubstr("field 'cache_dtype'"));
   EXPECT_EQ(error_of("num_gpu_batches: 2\n"), "no error");
 }
 
