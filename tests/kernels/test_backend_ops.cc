@@ -34,6 +34,7 @@
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 #include "kernels/quantize.h"
+#include "tests/kernels/seeded_test.h"
 
 #if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -95,14 +96,7 @@ template <class T>
                                        << ", cpu " << int(a[first]);
 }
 
-// Rows of `cols` random values stored as `t` (any dtype, quantized included).
-std::vector<std::uint8_t> stored_rows(const std::vector<float>& values, DType t, std::int64_t rows, std::int64_t cols) {
-  std::vector<std::uint8_t> bytes(sz(rows * row_bytes(t, cols)));
-  convert_rows(values.data(), DType::F32, bytes.data(), t, rows, cols);
-  return bytes;
-}
-
-class BackendOpsTest : public ::testing::TestWithParam<std::string> {
+class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
     const std::string why = unavailable(GetParam());
@@ -136,33 +130,12 @@ class BackendOpsTest : public ::testing::TestWithParam<std::string> {
     return {download<T>(*cpu_, t.cpu), download<T>(*dev_, t.dev)};
   }
 
-  std::vector<float> random_floats(std::int64_t n, float lo = -1.0f, float hi = 1.0f) {
-    std::uniform_real_distribution<float> dist(lo, hi);
-    std::vector<float> v(sz(n));
-    for (float& e : v) e = dist(rng_);
-    return v;
-  }
-  std::vector<std::uint8_t> random_bytes(std::int64_t n) {
-    std::uniform_int_distribution<int> dist(0, 255);
-    std::vector<std::uint8_t> v(sz(n));
-    for (auto& e : v) e = static_cast<std::uint8_t>(dist(rng_));
-    return v;
-  }
-  std::int64_t random_int(std::int64_t lo, std::int64_t hi) {  // [lo, hi]
-    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_);
-  }
-
   void check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool bias, float beta);
   void check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D, const std::vector<std::int64_t>& lens,
                      bool col_sums, bool weighted);
   void check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t capacity,
                     const std::vector<std::int64_t>& lens, bool probs);
 
-  const unsigned seed_ = static_cast<unsigned>(::testing::UnitTest::GetInstance()->random_seed());
-  const ::testing::ScopedTrace seed_trace_{
-      __FILE__, __LINE__,
-      "random seed " + std::to_string(seed_) + " (reproduce with --gtest_random_seed=" + std::to_string(seed_) + ")"};
-  std::mt19937 rng_{seed_};
   std::unique_ptr<Backend> cpu_, dev_;
 };
 

@@ -26,6 +26,7 @@
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/reference_ops.h"
+#include "tests/kernels/seeded_test.h"
 
 namespace flexh2o::kernels {
 namespace {
@@ -48,13 +49,6 @@ const std::vector<BackendFactory>& backend_factories() {
 void PrintTo(const BackendFactory& f, std::ostream* os) { *os << f.name; }
 
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
-std::vector<float> random_floats(std::mt19937& rng, std::int64_t n, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(sz(n));
-  for (float& e : v) e = dist(rng);
-  return v;
-}
 
 // A weight matrix in its storage dtype, plus the fp32 values that storage holds. The
 // reference reads the latter, so fp16/bf16 rounding is not counted as kernel error and
@@ -120,18 +114,6 @@ template <class Tol>
   return near_all(got, rounded, [](std::size_t) { return 0.0; });
 }
 
-// Random data seeded from gtest's random seed: a new one each run, or the one given with
-// --gtest_random_seed. The seed stays on the failure trace for the whole test (a
-// SCOPED_TRACE that lives as long as the fixture).
-class SeededTest : public ::testing::Test {
- protected:
-  const unsigned seed_ = static_cast<unsigned>(::testing::UnitTest::GetInstance()->random_seed());
-  const ::testing::ScopedTrace seed_trace_{
-      __FILE__, __LINE__,
-      "random seed " + std::to_string(seed_) + " (reproduce with --gtest_random_seed=" + std::to_string(seed_) + ")"};
-  std::mt19937 rng_{seed_};
-};
-
 class OpsTest : public SeededTest, public ::testing::WithParamInterface<BackendFactory> {
  protected:
   void SetUp() override {
@@ -172,11 +154,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpsTest, ::testing::ValuesIn(backend_factorie
 void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias, float beta) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " m=" << m << " k=" << k << " n=" << n
                                     << (with_bias ? " bias" : " no bias") << " beta=" << beta);
-  const std::vector<float> x = random_floats(rng_, m * k);
-  const StoredMatrix w = store(random_floats(rng_, n * k), dtype);
-  const std::vector<float> bias = with_bias ? random_floats(rng_, n) : std::vector<float>{};
+  const std::vector<float> x = random_floats(m * k);
+  const StoredMatrix w = store(random_floats(n * k), dtype);
+  const std::vector<float> bias = with_bias ? random_floats(n) : std::vector<float>{};
   // beta = 0 must not read y (BLAS convention), so y starts as poison; beta = 1 adds to it.
-  const std::vector<float> y0 = beta == 0.0f ? std::vector<float>(sz(m * n), kNaN) : random_floats(rng_, m * n);
+  const std::vector<float> y0 = beta == 0.0f ? std::vector<float>(sz(m * n), kNaN) : random_floats(m * n);
   const DeviceBuffer dx = upload(x), dw = upload(w.bytes), dy = upload(y0);
   const DeviceBuffer db = with_bias ? upload(bias) : DeviceBuffer{};
 
@@ -233,14 +215,14 @@ TEST_P(OpsTest, LayerNorm) {
         for (const bool in_place : {false, true}) {
           SCOPED_TRACE(::testing::Message() << "rows=" << rows << " cols=" << cols << (with_bias ? " bias" : "")
                                             << (in_place ? " in place" : ""));
-          std::vector<float> x = random_floats(rng_, rows * cols);
+          std::vector<float> x = random_floats(rows * cols);
           std::uniform_real_distribution<float> offset(-4.0f, 4.0f);
           for (std::int64_t r = 0; r < rows; ++r) {
             const float o = offset(rng_);
             for (std::int64_t c = 0; c < cols; ++c) x[sz(r * cols + c)] += o;
           }
-          const std::vector<float> weight = random_floats(rng_, cols, 0.5f, 1.5f);
-          const std::vector<float> bias = with_bias ? random_floats(rng_, cols) : std::vector<float>{};
+          const std::vector<float> weight = random_floats(cols, 0.5f, 1.5f);
+          const std::vector<float> bias = with_bias ? random_floats(cols) : std::vector<float>{};
           const DeviceBuffer dx = upload(x), dw = upload(weight);
           const DeviceBuffer db = with_bias ? upload(bias) : DeviceBuffer{};
           const DeviceBuffer dy = in_place ? DeviceBuffer{} : upload(std::vector<float>(x.size(), kNaN));
@@ -264,8 +246,8 @@ TEST_P(OpsTest, RmsNorm) {
     for (const std::int64_t cols : {7, 33, 257, 1000})
       for (const bool in_place : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "rows=" << rows << " cols=" << cols << (in_place ? " in place" : ""));
-        const std::vector<float> x = random_floats(rng_, rows * cols, -3.0f, 3.0f);
-        const std::vector<float> weight = random_floats(rng_, cols, 0.5f, 1.5f);
+        const std::vector<float> x = random_floats(rows * cols, -3.0f, 3.0f);
+        const std::vector<float> weight = random_floats(cols, 0.5f, 1.5f);
         const DeviceBuffer dx = upload(x), dw = upload(weight);
         const DeviceBuffer dy = in_place ? DeviceBuffer{} : upload(std::vector<float>(x.size(), kNaN));
         const DeviceBuffer& out = in_place ? dx : dy;
@@ -293,7 +275,7 @@ TEST_P(OpsTest, Rope) {
             SCOPED_TRACE(::testing::Message()
                          << (layout == RopeLayout::Interleaved ? "interleaved" : "rotate-half") << " tokens=" << tokens
                          << " heads=" << heads << " head_dim=" << head_dim << " theta=" << theta);
-            const std::vector<float> x = random_floats(rng_, tokens * heads * head_dim);
+            const std::vector<float> x = random_floats(tokens * heads * head_dim);
             std::uniform_int_distribution<std::int32_t> pos(0, 4095);
             std::vector<std::int32_t> positions(sz(tokens));
             for (std::int32_t& p : positions) p = pos(rng_);
@@ -328,7 +310,7 @@ constexpr std::int64_t kElementwiseSizes[] = {1, 7, 1000, 2 * 16384 + 5};
 TEST_P(OpsTest, Activations) {
   for (const std::int64_t n : kElementwiseSizes) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
-    const std::vector<float> x = random_floats(rng_, n, -6.0f, 6.0f);
+    const std::vector<float> x = random_floats(n, -6.0f, 6.0f);
     const DeviceBuffer relu = upload(x), gelu = upload(x);
     backend_->activation(Activation::Relu, relu.as<float>(), n);
     backend_->activation(Activation::Gelu, gelu.as<float>(), n);
@@ -344,7 +326,7 @@ TEST_P(OpsTest, SiluMul) {
   for (const std::int64_t n : kElementwiseSizes)
     for (const Alias alias : {Alias::None, Alias::Gate, Alias::Up}) {
       SCOPED_TRACE(::testing::Message() << "n=" << n << " out aliases " << kAliasNames[static_cast<int>(alias)]);
-      const std::vector<float> gate = random_floats(rng_, n, -8.0f, 8.0f), up = random_floats(rng_, n, -2.0f, 2.0f);
+      const std::vector<float> gate = random_floats(n, -8.0f, 8.0f), up = random_floats(n, -2.0f, 2.0f);
       const DeviceBuffer dg = upload(gate), du = upload(up);
       const DeviceBuffer dout = alias == Alias::None ? upload(std::vector<float>(sz(n), kNaN)) : DeviceBuffer{};
       const DeviceBuffer& out = alias == Alias::Gate ? dg : alias == Alias::Up ? du : dout;
@@ -357,7 +339,7 @@ TEST_P(OpsTest, SiluMul) {
 TEST_P(OpsTest, Add) {
   for (const std::int64_t n : kElementwiseSizes) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
-    const std::vector<float> x = random_floats(rng_, n, -4.0f, 4.0f), y = random_floats(rng_, n, -4.0f, 4.0f);
+    const std::vector<float> x = random_floats(n, -4.0f, 4.0f), y = random_floats(n, -4.0f, 4.0f);
     const DeviceBuffer dx = upload(x), dy = upload(y);
     backend_->add(dx.as<float>(), dy.as<float>(), n);
     // One fp32 addition: the exact double sum rounded to fp32.
@@ -374,14 +356,14 @@ TEST_P(OpsTest, Embedding) {
       for (const bool accumulate : {false, true}) {
         SCOPED_TRACE(::testing::Message()
                      << dtype_name(dtype) << " cols=" << cols << (accumulate ? " accumulate" : ""));
-        const StoredMatrix table = store(random_floats(rng_, kRows * cols), dtype);
+        const StoredMatrix table = store(random_floats(kRows * cols), dtype);
         // Both ends of the valid range, a repeat, and random ids.
         std::vector<std::int32_t> ids = {0, kRows - kOffset - 1, 5, 5};
         std::uniform_int_distribution<std::int32_t> id(0, kRows - kOffset - 1);
         for (int i = 0; i < 5; ++i) ids.push_back(id(rng_));
         const std::int64_t n = static_cast<std::int64_t>(ids.size());
         const std::vector<float> out0 =
-            accumulate ? random_floats(rng_, n * cols) : std::vector<float>(sz(n * cols), kNaN);
+            accumulate ? random_floats(n * cols) : std::vector<float>(sz(n * cols), kNaN);
         const DeviceBuffer dt = upload(table.bytes), dout = upload(out0);
 
         EmbeddingArgs a;
@@ -398,7 +380,7 @@ TEST_P(OpsTest, Embedding) {
 
 TEST_P(OpsTest, EmbeddingOutOfRangeThrows) {
   constexpr std::int64_t kRows = 10, kCols = 4;
-  const StoredMatrix table = store(random_floats(rng_, kRows * kCols), DType::F32);
+  const StoredMatrix table = store(random_floats(kRows * kCols), DType::F32);
   const DeviceBuffer dt = upload(table.bytes), dout = upload(std::vector<float>(2 * kCols, kNaN));
   // Row ids[i] + offset: 8 + 2 is one past the end, -3 + 2 is before the start.
   for (const std::int32_t bad : {8, -3}) {
@@ -445,9 +427,9 @@ TEST_P(OpsTest, AttentionPrefill) {
                                         << " head_dim=" << c.head_dim << " col_mode " << col_mode);
       const AttentionShape s = shape_of(c);
       // q in [-3, 3] gives peaked as well as flat softmax rows.
-      const std::vector<float> q = random_floats(rng_, T * c.n_heads * c.head_dim, -3.0f, 3.0f);
-      const std::vector<float> k = random_floats(rng_, T * c.n_kv_heads * c.head_dim);
-      const std::vector<float> v = random_floats(rng_, T * c.n_kv_heads * c.head_dim);
+      const std::vector<float> q = random_floats(T * c.n_heads * c.head_dim, -3.0f, 3.0f);
+      const std::vector<float> k = random_floats(T * c.n_kv_heads * c.head_dim);
+      const std::vector<float> v = random_floats(T * c.n_kv_heads * c.head_dim);
       const DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v);
       const DeviceBuffer dout = upload(std::vector<float>(q.size(), kNaN));
       const DeviceBuffer dcol = with_col_sums ? upload(std::vector<float>(sz(T * c.n_kv_heads), kNaN)) : DeviceBuffer{};
@@ -462,7 +444,7 @@ TEST_P(OpsTest, AttentionPrefill) {
       a.col_sums = dcol.as<float>();
       // Observer weights as eviction policies use them: zeros among a random ramp.
       std::vector<float> weights;
-      if (col_mode == 2) weights = random_floats(rng_, T, 0.0f, 1.2f);
+      if (col_mode == 2) weights = random_floats(T, 0.0f, 1.2f);
       for (std::size_t i = 0; i < weights.size(); i += 3) weights[i] = 0.0f;
       a.query_weights = weights;
       backend_->attention_prefill(a);
@@ -486,8 +468,8 @@ TEST_P(OpsTest, AttentionDecode) {
                                         << " head_dim=" << c.head_dim << (with_probs ? " probs" : ""));
       const AttentionShape s = shape_of(c);
       const std::int64_t D = c.head_dim, cache_size = B * c.n_kv_heads * kCapacity * D;
-      const std::vector<float> q = random_floats(rng_, B * c.n_heads * D, -3.0f, 3.0f);
-      std::vector<float> k = random_floats(rng_, cache_size), v = random_floats(rng_, cache_size);
+      const std::vector<float> q = random_floats(B * c.n_heads * D, -3.0f, 3.0f);
+      std::vector<float> k = random_floats(cache_size), v = random_floats(cache_size);
       // Slots >= len hold no token (old or uninitialised data): NaN there must not leak.
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t g = 0; g < c.n_kv_heads; ++g) {
@@ -535,8 +517,8 @@ TEST_P(OpsTest, KvWrite) {
         seq.push_back(targets[sz(r)] / kCapacity);
         slot.push_back(targets[sz(r)] % kCapacity);
       }
-      const std::vector<float> src = random_floats(rng_, kRows * n_kv_heads * head_dim);
-      const std::vector<float> cache0 = random_floats(rng_, kSeqs * n_kv_heads * kCapacity * head_dim);
+      const std::vector<float> src = random_floats(kRows * n_kv_heads * head_dim);
+      const std::vector<float> cache0 = random_floats(kSeqs * n_kv_heads * kCapacity * head_dim);
       const DeviceBuffer dsrc = upload(src), dcache = upload(cache0);
 
       KvWriteArgs a;
@@ -567,7 +549,7 @@ TEST_P(OpsTest, KvWrite) {
 
 TEST_P(OpsTest, KvMove) {
   constexpr std::int64_t kSeqs = 2, kHeads = 3, kCapacity = 9, kDim = 16;
-  const std::vector<float> cache0 = random_floats(rng_, kSeqs * kHeads * kCapacity * kDim);
+  const std::vector<float> cache0 = random_floats(kSeqs * kHeads * kCapacity * kDim);
   // Every (seq, head) moves its last slot into a random lower one, as compaction does.
   std::vector<KvMove> moves;
   std::vector<double> want(cache0.begin(), cache0.end());
@@ -615,7 +597,7 @@ std::int32_t argmax(std::span<const float> row) {
 
 TEST_P(OpsTest, SampleGreedy) {
   constexpr std::int64_t kVocab = 1000;
-  std::vector<float> logits = random_floats(rng_, 4 * kVocab);
+  std::vector<float> logits = random_floats(4 * kVocab);
   logits[kVocab + 17] = logits[kVocab + 500] = 5.0f;                           // row 1: tie, lowest id wins
   std::fill(logits.begin() + 2 * kVocab, logits.begin() + 3 * kVocab, 0.25f);  // row 2: all tied
   logits[4 * kVocab - 1] = 5.0f;                                               // row 3: maximum at the end
@@ -633,7 +615,7 @@ TEST_P(OpsTest, SampleIsCounterBased) {
   // 64 rows of the same nearly flat distribution over 1000 tokens: two independent draws
   // coincide with probability ~1e-3, so rows of different streams, steps or seeds differ.
   constexpr std::int64_t kVocab = 1000, kBatch = 64;
-  const std::vector<float> row = random_floats(rng_, kVocab, 0.0f, 1.0f);
+  const std::vector<float> row = random_floats(kVocab, 0.0f, 1.0f);
   std::vector<float> logits;
   for (std::int64_t r = 0; r < kBatch; ++r) logits.insert(logits.end(), row.begin(), row.end());
   const DeviceBuffer d = upload(logits);
@@ -665,7 +647,7 @@ TEST_P(OpsTest, SampleIsCounterBased) {
 
 TEST_P(OpsTest, SampleTinyTopPIsArgmax) {
   constexpr std::int64_t kVocab = 257, kBatch = 32;
-  const std::vector<float> logits = random_floats(rng_, kBatch * kVocab, -3.0f, 3.0f);
+  const std::vector<float> logits = random_floats(kBatch * kVocab, -3.0f, 3.0f);
   std::vector<std::int32_t> want;
   for (std::int64_t r = 0; r < kBatch; ++r) want.push_back(argmax(std::span(logits).subspan(sz(r * kVocab), kVocab)));
   const DeviceBuffer d = upload(logits);
@@ -710,7 +692,7 @@ std::vector<std::int32_t> OpsTest::draw_20000(const std::vector<float>& row, con
 }
 
 TEST_P(OpsTest, SampleFrequencies) {
-  const std::vector<float> row = random_floats(rng_, 5, -1.5f, 1.5f);
+  const std::vector<float> row = random_floats(5, -1.5f, 1.5f);
   SamplingParams p;
   p.temperature = 1.0f;
   p.seed = rng_();
@@ -738,7 +720,7 @@ TEST_P(OpsTest, SampleMatchesReference) {
   // Tokens must not depend on the backend: every backend maps the draw
   // sampling_uniform(seed, stream, step) to a token as the reference does.
   constexpr std::int64_t kVocab = 300, kBatch = 64;
-  const std::vector<float> logits = random_floats(rng_, kBatch * kVocab, -4.0f, 4.0f);
+  const std::vector<float> logits = random_floats(kBatch * kVocab, -4.0f, 4.0f);
   const DeviceBuffer d = upload(logits);
   std::vector<std::uint64_t> streams(kBatch);
   for (std::uint64_t& s : streams) s = (std::uint64_t{rng_()} << 32) | rng_();
@@ -940,7 +922,7 @@ TEST_F(DtypeTest, ConvertToF32MatchesScalar) {
     for (std::size_t i = 0; i < n; ++i) EXPECT_TRUE(same_float(got[i], f16_to_f32(bits[i]))) << "f16 [" << i << "]";
     convert_to_f32(bits.data(), DType::BF16, got.data(), n);
     for (std::size_t i = 0; i < n; ++i) EXPECT_TRUE(same_float(got[i], bf16_to_f32(bits[i]))) << "bf16 [" << i << "]";
-    const std::vector<float> xs = random_floats(rng_, static_cast<std::int64_t>(n));
+    const std::vector<float> xs = random_floats(static_cast<std::int64_t>(n));
     convert_to_f32(xs.data(), DType::F32, got.data(), n);
     EXPECT_EQ(got, xs);
   }

@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -16,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/reference_ops.h"
+#include "tests/kernels/seeded_test.h"
 
 namespace flexh2o::kernels {
 namespace {
@@ -23,35 +22,18 @@ namespace {
 constexpr DType kQuantized[] = {DType::Q4, DType::Q8};
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::vector<float> random_floats(std::mt19937& rng, std::int64_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 // Rows of `cols` values stored as `t`, and the values that storage decodes to.
 struct Stored {
-  std::vector<std::byte> bytes;
+  std::vector<std::uint8_t> bytes;
   std::vector<float> values;
 };
 Stored store(const std::vector<float>& x, std::int64_t rows, std::int64_t cols, DType t) {
-  Stored s{std::vector<std::byte>(static_cast<std::size_t>(rows * row_bytes(t, cols))), std::vector<float>(x.size())};
-  convert_rows(x.data(), DType::F32, s.bytes.data(), t, rows, cols);
+  Stored s{stored_rows(x, t, rows, cols), std::vector<float>(x.size())};
   convert_rows(s.bytes.data(), t, s.values.data(), DType::F32, rows, cols);
   return s;
 }
 
-class Quantize : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const unsigned seed = std::random_device{}();
-    rng_.seed(seed);
-    RecordProperty("seed", static_cast<int>(seed));
-    std::printf("random seed %u\n", seed);  // in the log next to a failure
-  }
-  std::mt19937 rng_;
-};
+using Quantize = SeededTest;
 
 TEST(QuantizeFormat, ExactByteSizes) {
   // Codes (two per byte at 4 bits), then 4 bytes (fp16 scale + fp16 min) per group of 64.
@@ -91,7 +73,7 @@ TEST_F(Quantize, RoundTripWithinHalfAStepPerGroup) {
     for (int trial = 0; trial < 400; ++trial) {
       const std::int64_t n = len(rng_);
       const float c = center(rng_), r = spread(rng_);
-      std::vector<float> x = random_floats(rng_, n, c - r, c + r);
+      std::vector<float> x = random_floats(n, c - r, c + r);
       if (trial % 7 == 0) std::fill(x.begin(), x.begin() + std::min<std::int64_t>(n, 70), c);  // a constant group
       std::vector<std::byte> row(static_cast<std::size_t>(row_bytes(t, n)));
       quantize_row(x.data(), n, t, row.data());
@@ -123,7 +105,7 @@ TEST_F(Quantize, RoundTripWithinHalfAStepPerGroup) {
 // time from the stored nibbles and parameters, bit for bit.
 TEST_F(Quantize, Q4ExpansionIsBitExact) {
   for (const std::int64_t n : {1, 15, 16, 17, 63, 64, 65, 100, 128, 200, 1000}) {
-    const std::vector<float> x = random_floats(rng_, n, -3, 5);
+    const std::vector<float> x = random_floats(n, -3, 5);
     std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes(DType::Q4, n)));
     quantize_row(x.data(), n, DType::Q4, row.data());
     std::vector<float> got(static_cast<std::size_t>(n));
@@ -140,7 +122,7 @@ TEST_F(Quantize, Q4ExpansionIsBitExact) {
 
 TEST_F(Quantize, ConvertRowsBetweenAllDtypes) {
   const std::int64_t rows = 5, cols = 97;
-  const std::vector<float> x = random_floats(rng_, rows * cols, -2, 2);
+  const std::vector<float> x = random_floats(rows * cols, -2, 2);
   for (const DType t : {DType::F16, DType::BF16, DType::Q4, DType::Q8}) {
     const Stored s = store(x, rows, cols, t);
     // Rows are independent: row 3 alone converts to the same bytes.
@@ -162,8 +144,8 @@ TEST_F(Quantize, GemmOnCompressedWeights) {
       for (const std::int64_t k : {63, 64, 200})
         for (const std::int64_t n : {7, 300}) {
           SCOPED_TRACE(::testing::Message() << dtype_name(t) << " m=" << m << " k=" << k << " n=" << n);
-          const std::vector<float> x = random_floats(rng_, m * k, -1, 1), w = random_floats(rng_, n * k, -1, 1);
-          const std::vector<float> bias = random_floats(rng_, n, -1, 1);
+          const std::vector<float> x = random_floats(m * k, -1, 1), w = random_floats(n * k, -1, 1);
+          const std::vector<float> bias = random_floats(n, -1, 1);
           const Stored sw = store(w, n, k, t);
           std::vector<float> y(static_cast<std::size_t>(m * n), kNaN);
           be->gemm({x.data(), m, {sw.bytes.data(), t, n, k}, bias.data(), y.data(), 0.0f});
@@ -175,7 +157,7 @@ TEST_F(Quantize, GemmOnCompressedWeights) {
 TEST_F(Quantize, EmbeddingOfCompressedRows) {
   auto be = make_cpu_backend();
   const std::int64_t rows = 50, cols = 130;
-  const std::vector<float> table = random_floats(rng_, rows * cols, -1, 1);
+  const std::vector<float> table = random_floats(rows * cols, -1, 1);
   const std::vector<std::int32_t> ids = {3, 0, 47, 3, 12};
   for (const DType t : kQuantized) {
     const Stored s = store(table, rows, cols, t);
@@ -203,7 +185,7 @@ TEST_F(Quantize, KvCacheOpsOnCompressedSlots) {
     std::vector<float> k_ref(static_cast<std::size_t>(B * H * cap * D), 0.0f), v_ref(k_ref.size(), 0.0f);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t s = 0; s < lens[static_cast<std::size_t>(b)]; ++s) {
-        const std::vector<float> k = random_floats(rng_, H * D, -2, 2), v = random_floats(rng_, H * D, -2, 2);
+        const std::vector<float> k = random_floats(H * D, -2, 2), v = random_floats(H * D, -2, 2);
         const std::vector<std::int64_t> seq = {b}, sl = {s};
         be->kv_write({k.data(), kc.data(), H, D, cap, seq, sl, {}, t});
         be->kv_write({v.data(), vc.data(), H, D, cap, seq, sl, {}, t});
@@ -216,7 +198,7 @@ TEST_F(Quantize, KvCacheOpsOnCompressedSlots) {
           convert_rows(one.data(), t, v_ref.data() + at, DType::F32, 1, D);
         }
       }
-    const std::vector<float> q = random_floats(rng_, B * shape.n_heads * D, -1, 1);
+    const std::vector<float> q = random_floats(B * shape.n_heads * D, -1, 1);
     std::vector<float> out(q.size(), kNaN), probs(static_cast<std::size_t>(B * H * cap), -7.0f);
     be->attention_decode({shape, q.data(), kc.data(), vc.data(), cap, lens, out.data(), probs.data(), t});
     const auto ref = ref::attention_decode(shape, q, k_ref, v_ref, cap, lens,
