@@ -167,6 +167,7 @@ int run_command(const RunOptions& o) {
   to.disk_bytes = capacity(o.disk_mem, "--disk-mem");
   to.offload_dir = o.offload_dir;
   ModelSource m = open_model(mo);
+  auto backend = kernels::make_backend(o.backend);
   const std::int64_t gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
 
   std::vector<PromptItem> items;
@@ -187,7 +188,8 @@ int run_command(const RunOptions& o) {
     policy::PlanOptions po;
     po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
     o.compress.apply(po);
-    po.allow_cpu_cache_compute = o.backend == "cpu" || !kernels::cuda_unavailable_reason().empty();
+    // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
+    po.allow_cpu_cache_compute = backend->kind() == kernels::DeviceKind::Cpu;
     const policy::Estimate e = policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, po);
     pol = e.policy;
     to.gpu_bytes = hw.gpu_mem;
@@ -221,7 +223,6 @@ int run_command(const RunOptions& o) {
     if (!out || !out->done_ids().count(items[i].id_json)) todo.push_back(i);
   if (o.resume) fmt::print(stderr, "resuming: {} of {} prompts already in {}\n", items.size() - todo.size(), items.size(), o.out_file);
 
-  auto backend = kernels::make_backend(o.backend);
   offload::Tiers tiers(*backend, to);
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
