@@ -1,7 +1,9 @@
 #include "engine/model_source.h"
 #include "offload/text_file.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 
 #include "engine/embedded.h"
@@ -40,7 +42,39 @@ std::unique_ptr<Tokenizer> explicit_tokenizer(const std::string& path, const Mod
   return load_llama2c_tokenizer_file(path, static_cast<std::int32_t>(cfg.vocab_size));
 }
 
+// llama2.c's tokenizer next to its checkpoint: tokenizer.bin, else the one tok*.bin there
+// (llama2.c names them tok512.bin, tok4096.bin, ...).
+std::optional<fs::path> llama2c_tokenizer_beside(const fs::path& model) {
+  const fs::path dir = model.has_parent_path() ? model.parent_path() : fs::path(".");
+  if (fs::exists(dir / "tokenizer.bin")) return dir / "tokenizer.bin";
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.starts_with("tok") && e.path().extension() == ".bin" &&
+        e.path().filename() != model.filename())
+      found.push_back(e.path());
+  }
+  if (found.size() > 1) {
+    std::ranges::sort(found);
+    std::string names;
+    for (const auto& f : found) names += (names.empty() ? "" : ", ") + f.filename().string();
+    throw std::runtime_error(model.string() + ": several tokenizers beside it (" + names +
+                             "); pick one with --tokenizer");
+  }
+  if (found.empty()) return std::nullopt;
+  return found.front();
+}
+
+bool is_model_yaml(const fs::path& p) {
+  return fs::is_regular_file(p) && (p.extension() == ".yaml" || p.extension() == ".yml");
+}
+
 }  // namespace
+
+bool names_weights(const std::string& model) {
+  const fs::path p(model);
+  return model.empty() || fs::is_directory(p) || (fs::is_regular_file(p) && !is_model_yaml(p));
+}
 
 ModelSource open_model(const ModelOptions& opt) {
   ModelSource m;
@@ -58,16 +92,16 @@ ModelSource open_model(const ModelOptions& opt) {
     m.tokenizer = hf_dir_tokenizer(path);
     m.description = opt.model;
     m.weights = std::move(ckpt);
-  } else if (fs::is_regular_file(path) && (path.extension() == ".yaml" || path.extension() == ".yml")) {
+  } else if (is_model_yaml(path)) {
     m.config = load_model_yaml(read_text(opt.model), opt.model);
     m.description = opt.model;
   } else if (fs::is_regular_file(path)) {
     auto ckpt = std::make_unique<Llama2cCheckpoint>(opt.model);
     m.config = ckpt->config();
     m.config.name = path.stem().string();
-    const fs::path sibling = path.parent_path() / "tokenizer.bin";
-    if (opt.tokenizer.empty() && fs::exists(sibling))
-      m.tokenizer = load_llama2c_tokenizer_file(sibling.string(), static_cast<std::int32_t>(m.config.vocab_size));
+    if (opt.tokenizer.empty())
+      if (const auto sibling = llama2c_tokenizer_beside(path))
+        m.tokenizer = load_llama2c_tokenizer_file(sibling->string(), static_cast<std::int32_t>(m.config.vocab_size));
     m.description = opt.model;
     m.weights = std::move(ckpt);
   } else if (opt.model.find('/') == std::string::npos) {

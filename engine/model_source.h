@@ -28,5 +28,8 @@ struct ModelSource {
 };
 
 ModelSource open_model(const ModelOptions& opt);
+// Whether `model` (as --model takes it) names weights: the embedded default, a checkpoint
+// directory or file; not a model YAML or a built-in config name.
+bool names_weights(const std::string& model);
 
 }  // namespace flexh2o::engine

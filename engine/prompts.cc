@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -15,6 +16,7 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open prompts file");
   std::vector<PromptItem> items;
+  std::map<std::string, std::int64_t> line_of_id;  // --resume keys on ids: they must be unique
   std::string line;
   for (std::int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -30,6 +32,9 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
     if (!j.contains("id") || !(j["id"].is_string() || j["id"].is_number_integer()))
       throw std::runtime_error(where + ": field 'id' is missing or not a string/integer");
     item.id_json = j["id"].dump();
+    if (const auto [it, fresh] = line_of_id.emplace(item.id_json, lineno); !fresh)
+      throw std::runtime_error(where + ": id " + item.id_json + " was already used on line " + std::to_string(it->second) +
+                               "; ids must be unique (the output and --resume go by id)");
     if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) throw std::runtime_error(where + ": field 'prompt' must be a string");
       item.text = j["prompt"].get<std::string>();

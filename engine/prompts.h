@@ -19,7 +19,7 @@ struct PromptItem {
   std::vector<std::int32_t> tokens;  // filled by tokenize_prompts when text is given
 };
 
-// Throws naming the file, line and field on malformed input.
+// Throws naming the file, line and field on malformed input, and both lines of a repeated id.
 std::vector<PromptItem> read_prompts_jsonl(const std::string& path);
 // Encodes every text prompt, preceded by the model's BOS id (from the model config, which
 // is authoritative: OPT starts with </s>, not the tokenizer's <s>). Needs a tokenizer when

@@ -42,7 +42,9 @@ std::string_view trim(std::string_view s) {
                               " (expected e.g. 123, 512MiB, 16GiB, 1.5GB)");
 }
 
-std::string hint_for(Tier t) {
+}  // namespace
+
+std::string tier_hint(Tier t) {
   switch (t) {
     case Tier::Gpu: return "raise --gpu-mem or move more to cpu/disk";
     case Tier::Cpu: return "raise --cpu-mem or move more to disk";
@@ -50,8 +52,6 @@ std::string hint_for(Tier t) {
   }
   return "";
 }
-
-}  // namespace
 
 std::int64_t parse_bytes(std::string_view text) {
   const std::string_view s = trim(text);
@@ -142,9 +142,9 @@ void Budget::reserve(std::int64_t bytes, std::string_view what) {
   }
   std::lock_guard lock(mu_);
   if (bytes > capacity_ - used_) {
-    throw BudgetExceeded(std::string(tier_name(tier_)) + " tier: cannot reserve " +
-                         format_bytes(bytes) + " for '" + std::string(what) + "': " + format_bytes(used_) +
-                         " of " + format_bytes(capacity_) + " in use; " + hint_for(tier_));
+    throw BudgetExceeded(std::string(tier_name(tier_)) + " tier: cannot reserve " + format_bytes(bytes) + " for '" +
+                         std::string(what) + "': " + format_bytes(capacity_ - used_) + " of " + format_bytes(capacity_) +
+                         " free (" + format_bytes(used_) + " in use); " + tier_hint(tier_));
   }
   used_ += bytes;
   peak_ = std::max(peak_, used_);

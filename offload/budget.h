@@ -18,6 +18,8 @@ namespace flexh2o::offload {
 std::int64_t parse_bytes(std::string_view text);
 // 1610612736 -> "1.50 GiB"; below 1 KiB -> "123 B".
 std::string format_bytes(std::int64_t bytes);
+// What to change when a tier is full, e.g. "raise --gpu-mem or move more to cpu/disk".
+std::string tier_hint(Tier t);
 
 class BudgetExceeded : public std::runtime_error {
  public:

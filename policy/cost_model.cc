@@ -65,12 +65,29 @@ struct Linear {
   }
 };
 
+// Bytes one named thing takes on a tier, as a linear form of the fractions.
+struct MemoryItem {
+  const char* name;
+  Linear bytes;
+};
+
 struct Terms {
   // Per layer: prefill and decode transfer and compute times (seconds).
   Linear ctog_pre, gtoc_pre, dtoc_pre, ctod_pre, comp_pre;
   Linear ctog_gen, gtoc_gen, dtoc_gen, ctod_gen, comp_gen;
-  std::array<Linear, 3> memory;  // bytes per tier
-  std::array<double, 3> capacity{};
+  std::array<std::vector<MemoryItem>, 3> memory_items;  // per tier: what lives or is staged there
+  std::array<double, 3> capacity{};          // what a plan may use: safety x the tier's size
+  std::array<std::int64_t, 3> hw_capacity{};  // the tier's size
+  double safety = 1;
+
+  Linear memory(int tier) const {
+    Linear sum;
+    for (const MemoryItem& item : memory_items[static_cast<std::size_t>(tier)]) {
+      sum.c0 += item.bytes.c0;
+      for (std::size_t i = 0; i < 9; ++i) sum.a[i] += item.bytes.a[i];
+    }
+    return sum;
+  }
 };
 
 // The model of one (gbs, K, cpu_cache_compute) block, as linear forms of the fractions.
@@ -150,12 +167,23 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double kv_ring = 3 * static_cast<double>(gbs) * kvt * kvtok;  // per staged fraction
   const double h_ring = 3 * hid * rows;
   const double scores = evicting ? l * bls * static_cast<double>(m.kv_heads) * kvtok * 8 : 0;  // position + score per slot
-  t.memory[0] = lin(staging + scratch, {{WG, w_all}, {CG, kv_all}, {HG, h_all}, {CC, ccc ? 0 : kv_ring},
-                                        {CN, kv_ring}, {HC, h_ring}, {HN, h_ring}});
-  t.memory[1] = lin(scores, {{WC, w_all}, {CC, kv_all}, {HC, h_all}});
-  t.memory[2] = lin(0, {{WN, w_all}, {CN, kv_all}, {HN, h_all}});
-  t.capacity = {o.memory_safety * static_cast<double>(hw.gpu_mem), o.memory_safety * static_cast<double>(hw.cpu_mem),
-                o.memory_safety * static_cast<double>(hw.disk_mem)};
+  t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
+                       {"KV cache", lin(0, {{CG, kv_all}})},
+                       {"hidden states", lin(0, {{HG, h_all}})},
+                       {"weight staging slots", lin(staging, {})},
+                       {"activation scratch", lin(scratch, {})},
+                       {"KV staging ring", lin(0, {{CC, ccc ? 0 : kv_ring}, {CN, kv_ring}})},
+                       {"hidden staging ring", lin(0, {{HC, h_ring}, {HN, h_ring}})}};
+  t.memory_items[1] = {{"weights", lin(0, {{WC, w_all}})},
+                       {"KV cache", lin(0, {{CC, kv_all}})},
+                       {"hidden states", lin(0, {{HC, h_all}})},
+                       {"eviction scores", lin(scores, {})}};
+  t.memory_items[2] = {{"weights", lin(0, {{WN, w_all}})},
+                       {"KV cache", lin(0, {{CN, kv_all}})},
+                       {"hidden states", lin(0, {{HN, h_all}})}};
+  t.hw_capacity = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
+  t.safety = o.memory_safety;
+  for (std::size_t i = 0; i < 3; ++i) t.capacity[i] = o.memory_safety * static_cast<double>(t.hw_capacity[i]);
   return t;
 }
 
@@ -226,7 +254,11 @@ std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool 
   time_row({&t.gtoc_pre, &t.ctod_pre}, TPRE);
   time_row({&t.comp_pre}, TPRE);
   for (const Linear* other : {&t.gtoc_gen, &t.dtoc_gen, &t.ctod_gen, &t.comp_gen}) time_row({&t.ctog_gen, other}, TGEN);
-  for (int tier = 0; tier < 3; ++tier) add({&t.memory[static_cast<std::size_t>(tier)]}, TPRE, 0.0, GLP_UP, t.capacity[static_cast<std::size_t>(tier)]);
+  std::array<Linear, 3> memory;
+  for (int tier = 0; tier < 3; ++tier) {
+    memory[static_cast<std::size_t>(tier)] = t.memory(tier);
+    add({&memory[static_cast<std::size_t>(tier)]}, TPRE, 0.0, GLP_UP, t.capacity[static_cast<std::size_t>(tier)]);
+  }
   for (Var first : {WG, CG, HG}) {
     Linear sum;
     for (int i = 0; i < 3; ++i) sum.a[static_cast<std::size_t>(first + i)] = 1;
@@ -270,7 +302,7 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
   e.decode_throughput = e.decode_seconds > 0 ? bls * static_cast<double>(w.gen_len - 1) / e.decode_seconds : 0;
   e.total_throughput = bls * static_cast<double>(w.gen_len) / (e.prefill_seconds + e.decode_seconds);
   for (int tier = 0; tier < 3; ++tier)
-    e.peak_bytes[static_cast<std::size_t>(tier)] = static_cast<std::int64_t>(t.memory[static_cast<std::size_t>(tier)].at(x));
+    e.peak_bytes[static_cast<std::size_t>(tier)] = static_cast<std::int64_t>(t.memory(tier).at(x));
   e.bottleneck = bottleneck_of(t, x);
   return e;
 }
@@ -301,6 +333,26 @@ std::optional<Estimate> best_for(const ModelShape& m, const HardwareProfile& hw,
   return best;
 }
 
+// The first tier whose memory exceeds its capacity at fractions x, with its items largest first.
+std::optional<Shortfall> first_shortfall(const Terms& t, const Fractions& x) {
+  for (int tier = 0; tier < 3; ++tier) {
+    const double need = t.memory(tier).at(x), cap = t.capacity[static_cast<std::size_t>(tier)];
+    // A planned policy read back from YAML (fractions rounded) sits on the limit: allow for that.
+    if (need <= cap * (1 + 1e-5)) continue;
+    Shortfall s;
+    s.tier = static_cast<offload::Tier>(tier);
+    s.need = static_cast<std::int64_t>(need);
+    s.available = static_cast<std::int64_t>(cap);
+    s.safety = t.safety;
+    s.capacity = t.hw_capacity[static_cast<std::size_t>(tier)];
+    for (const MemoryItem& item : t.memory_items[static_cast<std::size_t>(tier)])
+      s.items.emplace_back(item.name, static_cast<std::int64_t>(item.bytes.at(x)));
+    std::ranges::stable_sort(s.items, std::greater<>{}, &std::pair<std::string, std::int64_t>::second);
+    return s;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
@@ -309,11 +361,33 @@ std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile&
   const Fractions x = fractions_of(p);
   const Terms t = build_terms(m, hw, w, o, p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute,
                               p.weights.gpu < 1.0);
-  for (int tier = 0; tier < 3; ++tier)
-    // A planned policy read back from YAML (fractions rounded) sits on the limit: allow for that.
-    if (t.memory[static_cast<std::size_t>(tier)].at(x) > t.capacity[static_cast<std::size_t>(tier)] * (1 + 1e-5))
-      return std::nullopt;
+  if (first_shortfall(t, x)) return std::nullopt;
   return make_estimate(m, w, t, x, p);
+}
+
+std::optional<Shortfall> shortfall(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
+                                   const Policy& p, const PlanOptions& o) {
+  const ModelShape m = with_compression(shape, p);
+  const Terms t = build_terms(m, hw, w, o, p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute,
+                              p.weights.gpu < 1.0);
+  return first_shortfall(t, fractions_of(p));
+}
+
+std::string Shortfall::describe() const {
+  std::string items_text;
+  for (const auto& [name, bytes] : items)
+    if (bytes > 0) items_text += (items_text.empty() ? "" : ", ") + name + " " + offload::format_bytes(bytes);
+  return std::string(offload::tier_name(tier)) + " tier needs " + offload::format_bytes(need) + " (" + items_text +
+         ") but has " + offload::format_bytes(available) + " (" + std::to_string(static_cast<int>(safety * 100 + 0.5)) +
+         "% of " + offload::format_bytes(capacity) + ")";
+}
+
+Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const Policy& p,
+                           const PlanOptions& o, const std::string& what) {
+  if (const auto e = estimate(m, hw, w, p, o)) return *e;
+  const auto s = shortfall(m, hw, w, p, o);
+  throw std::invalid_argument(what + " does not fit " + hw.name + ": " + (s ? s->describe() : "no tier is short") + "; " +
+                              offload::tier_hint(s ? s->tier : offload::Tier::Gpu));
 }
 
 Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload& w, const PlanOptions& o) {
@@ -351,13 +425,13 @@ Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload
   const double safety = o.memory_safety;
   const Terms t = build_terms(m, hw, w, o, 1, 1, false, true);
   Fractions off_gpu{0, 0, 1, 0, 0, 1, 0, 0, 1};
-  const double gpu_need = t.memory[0].at(off_gpu);
+  const double gpu_need = t.memory(0).at(off_gpu);
   std::string msg = "no placement of " + m.name + " fits " + hw.name + ": ";
   if (gpu_need > t.capacity[0]) {
     msg += "even with everything off the gpu it needs " + offload::format_bytes(static_cast<std::int64_t>(gpu_need / safety)) +
            " of GPU memory (has " + offload::format_bytes(hw.gpu_mem) + "); use a larger GPU or --gpu-mem";
   } else {
-    const double need = t.memory[1].at(Fractions{0, 1, 0, 0, 1, 0, 0, 1, 0});
+    const double need = t.memory(1).at(Fractions{0, 1, 0, 0, 1, 0, 0, 1, 0});
     const double short_by = need - t.capacity[1] - t.capacity[2];
     msg += "weights, KV and activations need " + offload::format_bytes(static_cast<std::int64_t>(need)) +
            " but cpu + disk allow " + offload::format_bytes(static_cast<std::int64_t>(t.capacity[1] + t.capacity[2])) +

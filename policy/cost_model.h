@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/dtype.h"
+#include "offload/tier.h"
 #include "policy/eviction/kv_spec.h"
 #include "policy/hardware_profile.h"
 #include "policy/policy.h"
@@ -70,6 +73,23 @@ struct PlanOptions {
 // The cost of one fixed policy (the fractions and compression as given); nullopt when it does not fit.
 std::optional<Estimate> estimate(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
                                  const Policy& p, const PlanOptions& o = {});
+
+// Why a fixed policy does not fit: the first tier over its share, what it would hold there
+// (largest first) and what it may use (the plan's safety fraction of the tier).
+struct Shortfall {
+  offload::Tier tier = offload::Tier::Gpu;
+  std::int64_t need = 0, available = 0, capacity = 0;
+  double safety = 1;
+  std::vector<std::pair<std::string, std::int64_t>> items;
+  // "gpu tier needs 1.20 GiB (weights 800 MiB, KV cache 300 MiB, ...) but has 460 MiB (90% of 512 MiB)"
+  std::string describe() const;
+};
+// nullopt when the policy fits.
+std::optional<Shortfall> shortfall(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const Policy& p,
+                                   const PlanOptions& o = {});
+// estimate(), or std::invalid_argument "<what> does not fit <profile>: <shortfall>; <what to change>".
+Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const Policy& p,
+                           const PlanOptions& o, const std::string& what);
 
 // The best policy found. Throws std::invalid_argument naming the smallest change that fits
 // when nothing does (more memory on a tier, --disk-mem, or a KV budget).

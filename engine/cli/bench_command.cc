@@ -28,13 +28,16 @@ struct SystemRun {
 };
 
 // The largest gbs in [1, max] whose policy fits the profile's memory (the cost model's sizes).
-std::int64_t largest_batch(const policy::ModelShape& m, const policy::HardwareProfile& hw, const policy::Workload& w,
-                           policy::Policy p, const policy::PlanOptions& o, std::int64_t max) {
+std::int64_t largest_batch(const std::string& system, const policy::ModelShape& m, const policy::HardwareProfile& hw,
+                           const policy::Workload& w, policy::Policy p, const policy::PlanOptions& o, std::int64_t max) {
   auto fits = [&](std::int64_t gbs) {
     p.gpu_batch_size = gbs;
     return policy::estimate(m, hw, w, p, o).has_value();
   };
-  if (!fits(1)) throw std::invalid_argument("not even one sequence fits this system's placement; raise --gpu-mem");
+  if (!fits(1)) {
+    p.gpu_batch_size = 1;
+    policy::estimate_or_throw(m, hw, w, p, o, "system '" + system + "' with one sequence");
+  }
   std::int64_t lo = 1, hi = 2;
   while (hi <= max && fits(hi)) {
     lo = hi;
@@ -91,7 +94,7 @@ policy::Policy policy_for(const std::string& system, const policy::ModelShape& m
     p.set_percent({0, 100, 100, 0, 100, 0});
     p.overlap = false;
     spill_weights_to_disk(m, hw, w, p, o, false);
-    p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
+    p.gpu_batch_size = largest_batch(system, m, hw, w, p, o, max_batch);
   } else if (system == "zero") {
     // ZeRO-Inference as the FlexGen paper ran it: weights streamed per layer from CPU memory
     // (or all from NVMe when they do not fit), KV and activations on the GPU, one batch, no
@@ -99,7 +102,7 @@ policy::Policy policy_for(const std::string& system, const policy::ModelShape& m
     p.set_percent({0, 100, 100, 0, 100, 0});
     p.overlap = false;
     spill_weights_to_disk(m, hw, w, p, o, true);
-    p.gpu_batch_size = largest_batch(m, hw, w, p, o, max_batch);
+    p.gpu_batch_size = largest_batch(system, m, hw, w, p, o, max_batch);
   } else if (system.starts_with("flexgen")) {
     // flexgen[+h2o][+4bit]: the planner's policy, for the smaller KV (h2o:0.2) and/or 4-bit
     // weights and KV (planner re-run for each).
@@ -154,7 +157,7 @@ bool plot(const std::string& dir, const std::vector<SystemRun>& runs, const std:
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
   auto* b = app.add_subcommand("bench", "Throughput of one workload under Accelerate-, ZeRO- and FlexGen-style schedules");
   b->add_option("--model", o.model, "built-in config name, model YAML or checkpoint (default opt-125m)");
-  b->add_option("--dummy", o.dummy, "random weights (default 1; 0 reads the checkpoint)");
+  b->add_flag("--dummy", o.dummy, "random weights of the model's shape (implied for a built-in config or model YAML)");
   b->add_option("--dtype", o.dtype, "weight dtype with --dummy")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   b->add_option("--prompt-len", o.prompt_len)->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   b->add_option("--gen-len", o.gen_len)->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
@@ -172,7 +175,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
 int bench_command(const BenchOptions& o) {
   engine::ModelOptions mo;
   mo.model = o.model;
-  mo.dummy = o.dummy;
+  // Throughput does not depend on the weights' values: a config without weights runs random ones.
+  mo.dummy = o.dummy || !engine::names_weights(o.model);
   mo.dtype = kernels::parse_dtype(o.dtype);
   auto m = engine::open_model(mo);
   m.config.stop_ids.clear();  // every sequence generates gen_len tokens

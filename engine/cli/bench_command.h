@@ -10,7 +10,7 @@ namespace flexh2o::cli {
 
 struct BenchOptions {
   std::string model = "opt-125m";
-  bool dummy = true;
+  bool dummy = false;
   std::string dtype = "f16";
   std::int64_t prompt_len = 64;
   std::int64_t gen_len = 8;

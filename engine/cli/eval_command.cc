@@ -21,6 +21,7 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
       "eval", "Quality of KV eviction policies and compression against the full, uncompressed model (teacher-forced)");
   eval->add_option("--model", o.model, "as for run (default: the embedded stories260K)");
   eval->add_option("--tokenizer", o.tokenizer, "as for run");
+  eval->add_flag("--dummy", o.dummy, "random weights of the model's shape (the model's tokenizer still reads the text)");
   eval->add_option("--text", o.text_file, "text file; its blank-line-separated paragraphs are the chunks")->required();
   eval->add_option("--kv", o.kv, "comma-separated KV policy specs, e.g. full,local:0.2,h2o:0.2 (full is the reference)");
   eval->add_option("--compress", o.compress,
@@ -39,6 +40,7 @@ int eval_command(const EvalOptions& o) {
   ModelOptions mo;
   mo.model = o.model;
   mo.tokenizer = o.tokenizer;
+  mo.dummy = o.dummy;
   ModelSource m = open_model(mo);
   if (!m.tokenizer) throw std::invalid_argument("eval needs a tokenizer for the text; pass --tokenizer");
   const auto text = offload::read_text_file(o.text_file);

@@ -10,6 +10,7 @@ namespace flexh2o::cli {
 struct EvalOptions {
   std::string model;
   std::string tokenizer;
+  bool dummy = false;
   std::string text_file;
   std::string kv = "full,local:0.2,streaming:0.2,h2o:0.2,tova:0.2,scissorhands:0.2,pyramid:0.2,snapkv:0.2";
   std::string compress = "none";  // comma list of none, cache, weight, both

@@ -64,11 +64,7 @@ int plan_command(const PlanCliOptions& o) {
     o.compress.apply(fixed);
     fixed.validate(o.policy_file);
     po.kv = policy::parse_kv_spec(fixed.kv);
-    const auto est = policy::estimate(shape, hw, w, fixed, po);
-    if (!est)
-      throw std::invalid_argument(o.policy_file + ": this policy does not fit " + hw.name +
-                                  "'s memory; run flexh2o plan without --policy for one that does");
-    e = *est;
+    e = policy::estimate_or_throw(shape, hw, w, fixed, po, "the policy in " + o.policy_file);
   }
   const auto& p = e.policy;
   const auto pct = p.percent();

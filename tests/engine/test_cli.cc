@@ -277,6 +277,67 @@ TEST(Cli, BenchComparesSystemsOnOneWorkload) {
                      "vllm");
 }
 
+TEST(Cli, Llama2cModelFindsItsTokenizerBesideIt) {
+  testing::TempDir dir;
+  const std::string models = std::string(FLEXH2O_SOURCE_DIR) + "/models/stories260K/";
+  std::filesystem::copy_file(models + "stories260K.bin", dir.file("stories260K.bin"));
+  std::filesystem::copy_file(models + "tok512.bin", dir.file("tok512.bin"));  // llama2.c's own name
+  const Result r = run("run --model " + dir.file("stories260K.bin") + " --prompt Once --gen-len 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith("Once"));
+  // Two candidates: the error names both and the flag that picks one.
+  std::filesystem::copy_file(models + "tok512.bin", dir.file("tok4096.bin"));
+  const Result two = run("run --model " + dir.file("stories260K.bin") + " --prompt Once --gen-len 8");
+  expect_clean_error(two, "tok4096.bin");
+  EXPECT_THAT(two.err, HasSubstr("tok512.bin"));
+  EXPECT_THAT(two.err, HasSubstr("--tokenizer"));
+  // tokenizer.bin (llama2.c's default name) wins over the others.
+  std::filesystem::copy_file(models + "tok512.bin", dir.file("tokenizer.bin"));
+  EXPECT_EQ(run("run --model " + dir.file("stories260K.bin") + " --prompt Once --gen-len 8").code, 0);
+}
+
+TEST(Cli, DummyIsAFlagInEverySubcommand) {
+  const std::string hw = " --hardware " + std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml";
+  testing::TempDir dir;
+  const Result b = run("bench --dummy --model opt-125m --prompt-len 8 --gen-len 2 --max-batch 2 --systems flexgen" + hw +
+                       " --out-dir " + dir.file("out"));
+  EXPECT_EQ(b.code, 0) << b.err;
+  testing::write_file(dir.file("text.txt"), "Once upon a time there was a dog.\n");
+  const Result e = run("eval --dummy --text " + dir.file("text.txt") + " --kv full");
+  EXPECT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(run("run --dummy --model opt-125m --gen-len 2 --prompt-len 4").code, 0);
+}
+
+TEST(Cli, RepeatedPromptIdIsAnError) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"),
+                      "{\"id\": 1, \"prompt\": \"a\"}\n{\"id\": \"x\", \"prompt\": \"b\"}\n"
+                      "{\"id\": 1, \"prompt\": \"c\"}\n");
+  const Result r = run("run --prompts " + dir.file("in.jsonl") + " --out " + dir.file("out.jsonl"));
+  expect_clean_error(r, "in.jsonl:3");
+  EXPECT_THAT(r.err, HasSubstr("line 1"));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.jsonl"))) << "nothing is written before the input is checked";
+}
+
+TEST(Cli, DoesNotFitNamesSystemTierAndBytes) {
+  const std::string hw = " --hardware " + std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml";
+  testing::TempDir dir;
+  const Result b = run("bench --model opt-1.3b --gpu-mem 128MiB --cpu-mem 8GiB --systems accelerate" + hw +
+                       " --out-dir " + dir.file("out"));
+  expect_clean_error(b, "system 'accelerate'");
+  EXPECT_THAT(b.err, HasSubstr("gpu tier needs"));
+  EXPECT_THAT(b.err, HasSubstr("but has"));
+  EXPECT_THAT(b.err, HasSubstr("128.00 MiB"));
+  // A fixed policy that does not fit a profile: the plan names it the same way.
+  testing::write_file(dir.file("p.yaml"), "gpu_batch_size: 4096\npercent: [100, 0, 100, 0, 100, 0]\n");
+  const Result p = run("plan --model opt-1.3b --policy " + dir.file("p.yaml") + hw + " --gpu-mem 1GiB");
+  expect_clean_error(p, "p.yaml does not fit");
+  EXPECT_THAT(p.err, HasSubstr("gpu tier needs"));
+  EXPECT_THAT(p.err, HasSubstr("weights"));
+  // At run time the budget says what it could not place and how much was free.
+  expect_clean_error(run("run --gpu-mem 10KiB"), "free");
+}
+
 // Starts the binary with `args` (split on spaces), stdout and stderr to files in `dir`.
 pid_t spawn(const std::string& args, const testing::TempDir& dir) {
   const std::string cmd = "exec " + std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("spawn.out") + " 2>" +

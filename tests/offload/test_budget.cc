@@ -81,7 +81,7 @@ TEST(Budget, OverBudgetMessageSaysWhatToDo) {
     FAIL() << "over-budget reservation succeeded";
   } catch (const BudgetExceeded& e) {
     EXPECT_STREQ(e.what(),
-                 "gpu tier: cannot reserve 1.00 GiB for 'layers.3.wq': 15.20 GiB of 16.00 GiB in use; "
+                 "gpu tier: cannot reserve 1.00 GiB for 'layers.3.wq': 819.20 MiB of 16.00 GiB free (15.20 GiB in use); "
                  "raise --gpu-mem or move more to cpu/disk");
   }
   EXPECT_EQ(b.used(), before);  // a refused reservation changes nothing

@@ -12,6 +12,7 @@
 
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/safetensors.h"
+#include "tests/support/fp_tolerance.h"
 
 namespace flexh2o::testing {
 
@@ -269,6 +270,15 @@ std::vector<std::vector<double>> reference_logits(const ModelConfig& c, const Ho
   }
   h = normalize(h, "final_norm");
   return linear(h, c.tie_embeddings ? "tok_embed" : "lm_head", "", c.vocab_size, H);
+}
+
+double forward_tolerance(const ModelConfig& c, std::int64_t tokens, std::span<const float> logits) {
+  const std::int64_t longest = std::max({c.hidden, c.ffn, c.n_heads * c.head_dim, tokens});
+  return sum_tolerance(kF32Eps, 4 * (2 * c.n_layers + 1) * longest, max_abs(logits));
+}
+
+double rounded_weights_tolerance(const ModelConfig& c, double u_w, std::span<const float> logits) {
+  return kSlack * u_w * std::sqrt(static_cast<double>(2 * c.n_layers + 1)) * std::max(1.0, max_abs(logits));
 }
 
 }  // namespace flexh2o::testing

@@ -1,6 +1,7 @@
 // Test helpers shared by the engine tests: temp dirs, tiny model configs, a Hugging Face
 // exporter, and an independent straightforward forward pass to check the engine against.
 #pragma once
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,5 +39,19 @@ void export_hf_checkpoint(const std::string& dir, const engine::ModelConfig& cfg
 // (no KV cache, no batching), written from the model definitions, not from engine code.
 std::vector<std::vector<double>> reference_logits(const engine::ModelConfig& cfg, const engine::HostWeights& w,
                                                   const std::vector<std::int32_t>& tokens);
+
+// Tolerances of whole forward passes (tests/support/fp_tolerance.h for the arithmetic).
+// Two passes of the same fp32 model that differ only in the order of their sums (another BLAS
+// kernel, the rotate-half vs interleaved RoPE layout, a double reference): each of the
+// 2 * layers + 1 sublayers (attention, MLP, head) chains about four reductions (norm
+// statistics, projection, scores, weighted values) of length at most
+// max(hidden, ffn, q width, tokens), each adding an independent relative error of about
+// u * sqrt(length) to the residual stream, so they add in quadrature. Compared at the
+// logits' own magnitude: a logit's error comes from the whole stream, not from its size.
+double forward_tolerance(const engine::ModelConfig& cfg, std::int64_t tokens, std::span<const float> logits);
+// The same model with its weights rounded to a type of unit roundoff u_w (fp16, bf16): each
+// sublayer's output moves by about u_w relative (independent roundings of its weights), and
+// the 2 * layers + 1 sublayers add in quadrature; the fp32 arithmetic on top is far smaller.
+double rounded_weights_tolerance(const engine::ModelConfig& cfg, double u_w, std::span<const float> logits);
 
 }  // namespace flexh2o::testing
