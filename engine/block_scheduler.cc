@@ -1,6 +1,7 @@
 #include "engine/block_scheduler.h"
 
 #include "engine/kv_eviction.h"
+#include "engine/rope_scaling.h"
 
 #include <algorithm>
 #include <set>
@@ -61,7 +62,7 @@ struct BlockScheduler::RingSlot {
 
 struct BlockScheduler::Batch {
   std::int64_t seq0 = 0, n = 0;  // sequences [seq0, seq0 + n) of the block
-  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<std::vector<std::int32_t>> tokens;  // each sequence's tokens so far (prompt first)
   StepBatch step;
   std::unique_ptr<TieredTensor> hidden;       // [max rows, hidden]
   std::vector<std::unique_ptr<TieredTensor>> k, v;  // per decoder layer: n rows of kv_heads x capacity slots
@@ -335,6 +336,7 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
   const policy::KvPolicy* kv = req.kv ? req.kv : kv_policy_.get();
   std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
   st.capacity = kv ? 0 : log.max_prompt() + req.max_new_tokens;
+  if (kv) check_kv_policy_fits(cfg_, log.max_prompt() + req.max_new_tokens);
   for (std::int64_t s0 = 0; kv && s0 < B; s0 += gbs) {
     std::vector<std::int64_t> total;
     std::int64_t rows = 0;
@@ -354,9 +356,9 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
     if (kv) b.eviction = std::move(evictions[static_cast<std::size_t>(s0 / gbs)]);
     b.seq0 = s0;
     b.n = std::min(gbs, B - s0);
-    b.prompts.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
-    b.step = StepBatch::make_prefill(b.prompts);
-    const std::int64_t rows = std::max(b.step.rows(), b.n);
+    b.tokens.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
+    b.step = StepBatch::make_prefill(b.tokens);
+    const std::int64_t rows = std::max(rows_for_batch(cfg_, b.tokens, req.max_new_tokens), b.n);
     max_rows = std::max(max_rows, rows);
     const std::string tag = " of batch " + std::to_string(st.batches.size());
     b.hidden = std::make_unique<TieredTensor>(tiers_, "hidden states" + tag, kernels::DType::F32, rows, cfg_.hidden,
@@ -391,8 +393,11 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
   for (st.step = 0; log.active(); ++st.step) {
     if (st.step > 0)
       for (auto& b : st.batches) {
-        std::vector<std::int64_t> lens = b.step.lens;
-        b.step = StepBatch::make_decode(std::span(st.next).subspan(static_cast<std::size_t>(b.seq0), static_cast<std::size_t>(b.n)), lens);
+        const auto next = std::span(st.next).subspan(static_cast<std::size_t>(b.seq0), static_cast<std::size_t>(b.n));
+        for (std::size_t i = 0; i < next.size(); ++i) b.tokens[i].push_back(next[i]);
+        // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
+        b.step = rope_reprefills(cfg_, b.step.lens) ? StepBatch::make_prefill(b.tokens)
+                                                     : StepBatch::make_decode(next, b.step.lens);
       }
     for (std::int64_t u = 0; u < U; ++u) {
       const std::int64_t wseq = st.step * U + u;

@@ -1,6 +1,7 @@
 #include "engine/generator.h"
 
 #include "engine/kv_eviction.h"
+#include "engine/rope_scaling.h"
 
 #include <algorithm>
 #include <chrono>
@@ -27,12 +28,24 @@ void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int3
         throw std::invalid_argument(which + " holds token id " + std::to_string(t) + " outside the vocabulary [0, " +
                                     std::to_string(cfg.vocab_size) + ")");
     const auto need = static_cast<std::int64_t>(p.size()) + max_new_tokens;
-    if (need > cfg.max_positions)
+    if (need > cfg.position_limit())
       throw std::invalid_argument(which + " has " + std::to_string(p.size()) + " tokens; with " +
                                   std::to_string(max_new_tokens) + " new tokens it needs " + std::to_string(need) +
-                                  " positions but the model has " + std::to_string(cfg.max_positions) +
+                                  " positions but the model has " + std::to_string(cfg.position_limit()) +
                                   "; shorten the prompt or lower --gen-len");
   }
+}
+
+void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens) {
+  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
+    if (cfg.window(l) > 0 && cfg.window(l) < tokens)
+      throw std::invalid_argument("KV eviction on a model with a sliding window of " + std::to_string(cfg.window(l)) +
+                                  " tokens (layer " + std::to_string(l) + ") over sequences of up to " +
+                                  std::to_string(tokens) + " tokens is not supported; use --kv full or shorter runs");
+  if (cfg.rope.reprefill_on_long && tokens > cfg.rope.original_max_positions)
+    throw std::invalid_argument("KV eviction on a LongRoPE model that re-prefills sequences growing past " +
+                                std::to_string(cfg.rope.original_max_positions) +
+                                " tokens (Phi-3) is not supported; use --kv full or shorter runs");
 }
 
 Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
@@ -135,6 +148,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
   std::int64_t capacity = log.max_prompt() + req.max_new_tokens;
   std::vector<std::unique_ptr<KvEvictionLayer>> eviction;
   if (req.kv) {
+    check_kv_policy_fits(cfg_, log.max_prompt() + req.max_new_tokens);
     std::vector<std::int64_t> total;
     for (std::size_t b = 0; b < req.prompts.size(); ++b) total.push_back(sequence_tokens(req, b));
     eviction = make_kv_eviction(be_, *req.kv, cfg_, total, prompt_tokens);
@@ -146,8 +160,9 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     caches.emplace_back(be_, cfg_, B, capacity, cache_dtype_);
     if (req.kv) caches.back().view.eviction = eviction[static_cast<std::size_t>(l)].get();
   }
-  Activations act(be_, cfg_, prompt_tokens, B);
-  kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(prompt_tokens * cfg_.hidden) * sizeof(float));
+  const std::int64_t rows = rows_for_batch(cfg_, req.prompts, req.max_new_tokens);
+  Activations act(be_, cfg_, rows, B);
+  kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(rows * cfg_.hidden) * sizeof(float));
   act.hidden = hidden.as<float>();
 
   std::vector<std::int32_t> next(static_cast<std::size_t>(B));
@@ -169,9 +184,12 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
 
   StepBatch s = StepBatch::make_prefill(req.prompts);
   run_step(s, 0);
+  // Every sequence's tokens so far, for a re-prefill (rope_reprefills).
+  std::vector<std::vector<std::int32_t>> history = req.prompts;
   for (std::int64_t step = 1; log.active(); ++step) {
+    for (std::int64_t b = 0; b < B; ++b) history[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
     // Finished sequences keep their slot in the batch (its shape is fixed); their tokens are dropped.
-    s = StepBatch::make_decode(next, s.lens);
+    s = rope_reprefills(cfg_, s.lens) ? StepBatch::make_prefill(history) : StepBatch::make_decode(next, s.lens);
     run_step(s, step);
   }
   return log.finish();

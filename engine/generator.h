@@ -105,6 +105,11 @@ class Generator {
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 
+// Throws naming the reason when a KV eviction policy cannot run this model over sequences of
+// `tokens` tokens: a sliding window shorter than them (the cache then keeps slot = position),
+// or Phi-3's re-prefill past the original context.
+void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens);
+
 // Throws a clear error when a prompt is empty, holds an id outside the vocabulary, or
 // prompt + max_new_tokens exceeds the model's positions. `names` (optional, one per
 // prompt) say which prompt in the message; otherwise its index does.

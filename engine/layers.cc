@@ -1,9 +1,11 @@
 #include "engine/layers.h"
 
-#include "engine/kv_eviction.h"
-
-#include <cmath>
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
+
+#include "engine/kv_eviction.h"
+#include "engine/rope_scaling.h"
 
 namespace flexh2o::engine {
 
@@ -17,15 +19,41 @@ const MatrixRef& get(const DeviceWeights& w, const std::string& name) {
   return it->second;
 }
 const float* vec(const DeviceWeights& w, const std::string& name) { return static_cast<const float*>(get(w, name).data); }
+const float* maybe_vec(const DeviceWeights& w, const std::string& name, bool present) {
+  return present ? vec(w, name) : nullptr;
+}
 
+// y = norm(x) with the weights under `prefix` (rows of cfg.hidden; x may equal y).
 void norm(kernels::Backend& be, const ModelConfig& cfg, const DeviceWeights& w, const std::string& prefix,
           const float* x, float* y, std::int64_t rows) {
-  kernels::NormArgs a{x, y, rows, cfg.hidden, vec(w, prefix + ".weight"), nullptr, cfg.norm_eps};
-  if (cfg.family == Family::Opt) {
+  kernels::NormArgs a{x, y, rows, cfg.hidden, vec(w, prefix + ".weight"), nullptr, cfg.norm_eps, cfg.norm_weight_offset};
+  if (cfg.norm_has_bias()) {
     a.bias = vec(w, prefix + ".bias");
     be.layer_norm(a);
   } else {
     be.rms_norm(a);
+  }
+}
+
+// A sublayer's output `out` (rows of hidden, from `project`) joins the residual stream h as
+// the norm placement says: h += out (pre); h = norm(h + out) (post); h += norm(out) (sandwich).
+// `scratch` holds `out` when it must be normed before the add.
+template <class Project>
+void add_to_stream(kernels::Backend& be, const ModelConfig& cfg, const DeviceWeights& w, const std::string& in_norm,
+                   const std::string& out_norm, float* h, float* scratch, std::int64_t rows, Project project) {
+  switch (cfg.norm_placement) {
+    case NormPlacement::Pre:
+      project(h, 1.0f);
+      return;
+    case NormPlacement::Post:
+      project(h, 1.0f);
+      norm(be, cfg, w, in_norm, h, h, rows);
+      return;
+    case NormPlacement::Sandwich:
+      project(scratch, 0.0f);
+      norm(be, cfg, w, out_norm, scratch, scratch, rows);
+      be.add(h, scratch, rows * cfg.hidden);
+      return;
   }
 }
 
@@ -34,14 +62,22 @@ class InputEmbed final : public Layer {
   explicit InputEmbed(const ModelConfig& cfg) : cfg_(cfg) {}
   std::string name() const override { return "input_embed"; }
   std::vector<std::string> weight_names() const override {
-    if (cfg_.family == Family::Opt) return {"tok_embed", "pos_embed"};
-    return {"tok_embed"};
+    std::vector<std::string> n = {"tok_embed"};
+    if (cfg_.learned_positions) n.push_back("pos_embed");
+    if (cfg_.embedding_width() != cfg_.hidden) n.push_back("project_in");
+    return n;
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
                const KvView*) const override {
     float* h = act.hidden;
-    be.embedding({s.token_ids, 0, get(w, "tok_embed"), h, false});
-    if (cfg_.family == Family::Opt) be.embedding({s.positions, 2, get(w, "pos_embed"), h, true});
+    if (cfg_.embedding_width() != cfg_.hidden) {  // a narrower embedding, projected in (OPT-350m)
+      float* e = act.embed.as<float>();
+      be.embedding({s.token_ids, 0, get(w, "tok_embed"), e, false, cfg_.embed_scale});
+      be.gemm({e, s.rows(), get(w, "project_in"), nullptr, h, 0.0f});
+    } else {
+      be.embedding({s.token_ids, 0, get(w, "tok_embed"), h, false, cfg_.embed_scale});
+    }
+    if (cfg_.learned_positions) be.embedding({s.positions, cfg_.position_offset, get(w, "pos_embed"), h, true});
   }
 
  private:
@@ -50,34 +86,47 @@ class InputEmbed final : public Layer {
 
 class Attention final : public Layer {
  public:
-  Attention(const ModelConfig& cfg, std::int64_t layer) : cfg_(cfg), p_("layers." + std::to_string(layer) + "."), layer_(layer) {}
+  Attention(const ModelConfig& cfg, std::int64_t layer)
+      : cfg_(cfg), p_("layers." + std::to_string(layer) + "."), layer_(layer) {
+    if (cfg_.rotary() && !rope_depends_on_length(cfg_.rope)) fixed_rope_ = rope_frequencies(cfg_, 0);
+  }
   std::string name() const override { return "attention." + std::to_string(layer_); }
   std::int64_t cache_index() const override { return layer_; }
   std::vector<std::string> weight_names() const override {
     std::vector<std::string> n = {p_ + "attn_norm.weight", p_ + "wq", p_ + "wk", p_ + "wv", p_ + "wo"};
-    if (cfg_.has_bias())
-      for (const char* b : {"attn_norm.bias", "bq", "bk", "bv", "bo"}) n.push_back(p_ + b);
+    if (cfg_.norm_has_bias()) n.push_back(p_ + "attn_norm.bias");
+    if (cfg_.qkv_bias) n.insert(n.end(), {p_ + "bq", p_ + "bk", p_ + "bv"});
+    if (cfg_.o_bias) n.push_back(p_ + "bo");
+    if (cfg_.qk_norm) n.insert(n.end(), {p_ + "q_norm", p_ + "k_norm"});
+    if (cfg_.norm_placement == NormPlacement::Sandwich) n.push_back(p_ + "attn_out_norm.weight");
     return n;
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
                const KvView* cache) const override {
     if (!cache) throw std::logic_error("attention layer run without a KV cache");
     const std::int64_t rows = s.rows();
-    const bool bias = cfg_.has_bias();
-    auto b = [&](const char* n) { return bias ? vec(w, p_ + n) : nullptr; };
     float* h = act.hidden;
     float* x = act.normed.as<float>();
-    norm(be, cfg_, w, p_ + "attn_norm", h, x, rows);
+    if (cfg_.norm_placement == NormPlacement::Post)
+      x = h;  // OPT-350m norms after the residual add: the sublayer reads the stream itself
+    else
+      norm(be, cfg_, w, p_ + "attn_norm", h, x, rows);
     float *q = act.q.as<float>(), *k = act.k.as<float>(), *v = act.v.as<float>();
-    be.gemm({x, rows, get(w, p_ + "wq"), b("bq"), q, 0.0f});
-    be.gemm({x, rows, get(w, p_ + "wk"), b("bk"), k, 0.0f});
-    be.gemm({x, rows, get(w, p_ + "wv"), b("bv"), v, 0.0f});
-    if (cfg_.family == Family::Llama) {
-      be.rope({q, rows, cfg_.n_heads, cfg_.head_dim, s.positions, cfg_.rope_theta, cfg_.rope_layout});
-      be.rope({k, rows, cfg_.n_kv_heads, cfg_.head_dim, s.positions, cfg_.rope_theta, cfg_.rope_layout});
+    be.gemm({x, rows, get(w, p_ + "wq"), maybe_vec(w, p_ + "bq", cfg_.qkv_bias), q, 0.0f});
+    be.gemm({x, rows, get(w, p_ + "wk"), maybe_vec(w, p_ + "bk", cfg_.qkv_bias), k, 0.0f});
+    be.gemm({x, rows, get(w, p_ + "wv"), maybe_vec(w, p_ + "bv", cfg_.qkv_bias), v, 0.0f});
+    if (cfg_.qk_norm) {  // per head, before RoPE (Qwen3)
+      be.rms_norm({q, q, rows * cfg_.n_heads, cfg_.head_dim, vec(w, p_ + "q_norm"), nullptr, cfg_.norm_eps,
+                   cfg_.norm_weight_offset});
+      be.rms_norm({k, k, rows * cfg_.n_kv_heads, cfg_.head_dim, vec(w, p_ + "k_norm"), nullptr, cfg_.norm_eps,
+                   cfg_.norm_weight_offset});
     }
-    const kernels::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
-                                        1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+    if (cfg_.rotary()) {
+      rope(be, s, q, cfg_.n_heads);
+      rope(be, s, k, cfg_.n_kv_heads);
+    }
+    const kernels::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.attention_scale(),
+                                        cfg_.attn_softcap, cfg_.window(layer_)};
     float* o = act.attn.as<float>();
     const std::int64_t qw = cfg_.n_heads * cfg_.head_dim, kw = cfg_.n_kv_heads * cfg_.head_dim;
     for (const KvPart& part : cache->parts) {
@@ -100,13 +149,50 @@ class Attention final : public Layer {
       else
         be.attention_decode({shape, q + r0 * qw, part.k, part.v, cache->capacity, p.lens, o + r0 * qw, nullptr, dt});
     }
-    be.gemm({o, rows, get(w, p_ + "wo"), b("bo"), h, 1.0f});  // residual: h += o @ wo^T
+    add_to_stream(be, cfg_, w, p_ + "attn_norm", p_ + "attn_out_norm", h, act.normed.as<float>(), rows,
+                  [&](float* y, float beta) {
+                    be.gemm({o, rows, get(w, p_ + "wo"), maybe_vec(w, p_ + "bo", cfg_.o_bias), y, beta});
+                  });
   }
 
  private:
+  // RoPE on rows of `heads` heads. Frequencies that depend on a sequence's length (dynamic,
+  // LongRoPE) follow each sequence's longest position in this step, as transformers takes
+  // max(position_ids) + 1 of its batch of one; runs of sequences that share them go together.
+  void rope(kernels::Backend& be, const StepBatch& s, float* x, std::int64_t heads) const {
+    auto apply = [&](std::int64_t r0, std::int64_t r1, const RopeFrequencies& f) {
+      be.rope({x + r0 * heads * cfg_.head_dim, r1 - r0, heads, cfg_.head_dim, cfg_.rotary_dim(),
+               std::span(s.positions).subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(r1 - r0)),
+               f.inv_freq, f.attention_factor, cfg_.rope.layout});
+    };
+    if (fixed_rope_) return apply(0, s.rows(), *fixed_rope_);
+    std::int64_t run_begin = 0, run_len = -1;
+    RopeFrequencies run_freq;
+    for (std::int64_t b = 0; b < s.batch(); ++b) {
+      const std::int64_t r0 = s.first_row(b), r1 = b + 1 < s.batch() ? s.first_row(b + 1) : s.rows();
+      if (r0 == r1) continue;
+      // Sequences whose lengths give the same frequencies share a call.
+      const std::int64_t len = rope_length_class(s.positions[static_cast<std::size_t>(r1 - 1)] + 1);
+      if (len != run_len) {
+        if (run_len >= 0) apply(run_begin, r0, run_freq);
+        run_begin = r0;
+        run_len = len;
+        run_freq = rope_frequencies(cfg_, len);
+      }
+    }
+    if (run_len >= 0) apply(run_begin, s.rows(), run_freq);
+  }
+  // A length that gives the same frequencies as seq_len (every length up to the point where
+  // the frequencies start to change maps to that point).
+  std::int64_t rope_length_class(std::int64_t seq_len) const {
+    if (cfg_.rope.type == RopeType::LongRope) return rope_uses_long_factors(cfg_, seq_len) ? cfg_.max_positions + 1 : 0;
+    return std::max(seq_len, cfg_.max_positions);  // dynamic NTK
+  }
+
   const ModelConfig& cfg_;
   std::string p_;
   std::int64_t layer_;
+  std::optional<RopeFrequencies> fixed_rope_;
 };
 
 class Mlp final : public Layer {
@@ -114,27 +200,37 @@ class Mlp final : public Layer {
   Mlp(const ModelConfig& cfg, std::int64_t layer) : cfg_(cfg), p_("layers." + std::to_string(layer) + "."), layer_(layer) {}
   std::string name() const override { return "mlp." + std::to_string(layer_); }
   std::vector<std::string> weight_names() const override {
-    if (cfg_.family == Family::Opt)
-      return {p_ + "mlp_norm.weight", p_ + "mlp_norm.bias", p_ + "fc1", p_ + "fc1_bias", p_ + "fc2", p_ + "fc2_bias"};
-    return {p_ + "mlp_norm.weight", p_ + "w_gate", p_ + "w_up", p_ + "w_down"};
+    std::vector<std::string> n = {p_ + "mlp_norm.weight", p_ + "w_up", p_ + "w_down"};
+    if (cfg_.norm_has_bias()) n.push_back(p_ + "mlp_norm.bias");
+    if (cfg_.gated_mlp) n.push_back(p_ + "w_gate");
+    if (cfg_.mlp_bias) n.insert(n.end(), {p_ + "b_up", p_ + "b_down"});
+    if (cfg_.mlp_bias && cfg_.gated_mlp) n.push_back(p_ + "b_gate");
+    if (cfg_.norm_placement == NormPlacement::Sandwich) n.push_back(p_ + "mlp_out_norm.weight");
+    return n;
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
                const KvView*) const override {
     const std::int64_t rows = s.rows();
     float* h = act.hidden;
     float* x = act.normed.as<float>();
+    if (cfg_.norm_placement == NormPlacement::Post)
+      x = h;
+    else
+      norm(be, cfg_, w, p_ + "mlp_norm", h, x, rows);
     float *a = act.ffn_a.as<float>(), *b = act.ffn_b.as<float>();
-    norm(be, cfg_, w, p_ + "mlp_norm", h, x, rows);
-    if (cfg_.family == Family::Opt) {
-      be.gemm({x, rows, get(w, p_ + "fc1"), vec(w, p_ + "fc1_bias"), a, 0.0f});
-      be.activation(kernels::Activation::Relu, a, rows * cfg_.ffn);
-      be.gemm({a, rows, get(w, p_ + "fc2"), vec(w, p_ + "fc2_bias"), h, 1.0f});
+    const bool bias = cfg_.mlp_bias;
+    if (cfg_.gated_mlp) {
+      be.gemm({x, rows, get(w, p_ + "w_gate"), maybe_vec(w, p_ + "b_gate", bias), a, 0.0f});
+      be.gemm({x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), b, 0.0f});
+      be.glu(cfg_.mlp_act, a, b, a, rows * cfg_.ffn);
     } else {
-      be.gemm({x, rows, get(w, p_ + "w_gate"), nullptr, a, 0.0f});
-      be.gemm({x, rows, get(w, p_ + "w_up"), nullptr, b, 0.0f});
-      be.silu_mul(a, b, a, rows * cfg_.ffn);
-      be.gemm({a, rows, get(w, p_ + "w_down"), nullptr, h, 1.0f});
+      be.gemm({x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), a, 0.0f});
+      be.activation(cfg_.mlp_act, a, rows * cfg_.ffn);
     }
+    add_to_stream(be, cfg_, w, p_ + "mlp_norm", p_ + "mlp_out_norm", h, act.normed.as<float>(), rows,
+                  [&](float* y, float beta) {
+                    be.gemm({a, rows, get(w, p_ + "w_down"), maybe_vec(w, p_ + "b_down", bias), y, beta});
+                  });
   }
 
  private:
@@ -148,8 +244,10 @@ class OutputEmbed final : public Layer {
   explicit OutputEmbed(const ModelConfig& cfg) : cfg_(cfg) {}
   std::string name() const override { return "output_embed"; }
   std::vector<std::string> weight_names() const override {
-    std::vector<std::string> n = {"final_norm.weight", cfg_.tie_embeddings ? "tok_embed" : "lm_head"};
-    if (cfg_.has_bias()) n.push_back("final_norm.bias");
+    std::vector<std::string> n = {cfg_.tie_embeddings ? "tok_embed" : "lm_head"};
+    if (cfg_.final_norm) n.push_back("final_norm.weight");
+    if (cfg_.final_norm && cfg_.norm_has_bias()) n.push_back("final_norm.bias");
+    if (cfg_.embedding_width() != cfg_.hidden) n.push_back("project_out");
     return n;
   }
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
@@ -159,8 +257,15 @@ class OutputEmbed final : public Layer {
     float* last = act.last.as<float>();
     for (std::int64_t b = 0; b < B; ++b)
       be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>(H) * sizeof(float));
-    norm(be, cfg_, w, "final_norm", last, last, B);
-    be.gemm({last, B, get(w, cfg_.tie_embeddings ? "tok_embed" : "lm_head"), nullptr, act.logits.as<float>(), 0.0f});
+    if (cfg_.final_norm) norm(be, cfg_, w, "final_norm", last, last, B);
+    const float* head_in = last;
+    if (cfg_.embedding_width() != H) {  // back to the embedding's width (OPT-350m)
+      be.gemm({last, B, get(w, "project_out"), nullptr, act.embed.as<float>(), 0.0f});
+      head_in = act.embed.as<float>();
+    }
+    float* logits = act.logits.as<float>();
+    be.gemm({head_in, B, get(w, cfg_.tie_embeddings ? "tok_embed" : "lm_head"), nullptr, logits, 0.0f});
+    if (cfg_.final_softcap > 0) be.softcap(logits, B * cfg_.vocab_size, cfg_.final_softcap);
   }
 
  private:
@@ -179,15 +284,17 @@ Activations::Activations(kernels::Backend& be, const ModelConfig& c, std::int64_
   k = {be, r * c.n_kv_heads * c.head_dim * f};
   v = {be, r * c.n_kv_heads * c.head_dim * f};
   ffn_a = {be, r * c.ffn * f};
-  ffn_b = {be, c.family == Family::Llama ? r * c.ffn * f : 0};
+  ffn_b = {be, c.gated_mlp ? r * c.ffn * f : 0};
+  embed = {be, c.embedding_width() != c.hidden ? std::max(r, static_cast<std::size_t>(batch)) * c.embedding_width() * f : 0};
   last = {be, static_cast<std::size_t>(batch) * c.hidden * f};
   logits = {be, static_cast<std::size_t>(batch) * c.vocab_size * f};
 }
 
 std::int64_t Activations::bytes(const ModelConfig& c, std::int64_t rows, std::int64_t batch) {
   const std::int64_t per_row = 2 * c.hidden + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim +
-                               (c.family == Family::Llama ? 2 : 1) * c.ffn;
-  return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + batch * (c.hidden + c.vocab_size));
+                               (c.gated_mlp ? 2 : 1) * c.ffn;
+  const std::int64_t embed = c.embedding_width() != c.hidden ? std::max(rows, batch) * c.embedding_width() : 0;
+  return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + embed + batch * (c.hidden + c.vocab_size));
 }
 
 KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity,

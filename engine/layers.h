@@ -52,7 +52,8 @@ struct Activations {
   float* hidden = nullptr;       // [rows, hidden]: the residual stream, owned by the caller
   kernels::DeviceBuffer normed;  // [rows, hidden]
   kernels::DeviceBuffer q, k, v, attn;  // [rows, heads * head_dim] (k, v: kv heads)
-  kernels::DeviceBuffer ffn_a, ffn_b;   // [rows, ffn]
+  kernels::DeviceBuffer ffn_a, ffn_b;   // [rows, ffn] (ffn_b: gated MLPs)
+  kernels::DeviceBuffer embed;          // [max(rows, batch), embedding width] when it is not hidden
   kernels::DeviceBuffer last;           // [batch, hidden]
   kernels::DeviceBuffer logits;         // [batch, vocab]
 };

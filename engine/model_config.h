@@ -1,22 +1,57 @@
-// The shape and conventions of a decoder-only transformer: the OPT and LLaMA families.
+// A decoder-only transformer described by what changes its math, not by who the model is
+// (CTranslate2's decoder spec): norm kind and placement, positions (learned or RoPE with its
+// scaling), MLP kind, which projections have biases, q/k norm, attention scale, soft-caps,
+// embedding scale, sliding windows and a tied head. A family (engine/families/) is a
+// converter that reads one family's config.json and tensor names onto these fields; layers,
+// weight sizes and the planner read the fields only.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/elementwise.h"
 #include "kernels/rope.h"
 
 namespace flexh2o::engine {
 
-enum class Family : std::uint8_t {
-  Opt,    // learned positions (offset 2), LayerNorm, ReLU MLP, MHA, biases, tied lm_head
-  Llama,  // RoPE, RMSNorm, SwiGLU MLP, GQA, no biases
+enum class NormKind : std::uint8_t {
+  LayerNorm,  // (x - mean) / std * w + b
+  RmsNorm,    // x / rms * w (Gemma: * (1 + w), weight_offset 1)
+};
+
+// Where a decoder block's norms sit around each of its two sublayers (attention, MLP).
+enum class NormPlacement : std::uint8_t {
+  Pre,       // h += f(norm(h))                       (LLaMA, OPT)
+  Post,      // h = norm(h + f(h))                     (OPT-350m: do_layer_norm_before false)
+  Sandwich,  // h += norm_out(f(norm(h)))              (Gemma-2)
+};
+
+// RoPE and its context-extension variants (transformers' modeling_rope_utils.py).
+enum class RopeType : std::uint8_t { Default, Linear, Dynamic, Llama3, Yarn, LongRope };
+
+struct RopeConfig {
+  RopeType type = RopeType::Default;
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;  // rotary_dim = int(head_dim * factor): the rest passes through
+  kernels::RopeLayout layout = kernels::RopeLayout::RotateHalf;
+  // Scaling parameters, as the config names them; 0 where a type does not use them.
+  double factor = 0;                          // linear, dynamic, llama3, yarn, longrope (0: derived)
+  double low_freq_factor = 0, high_freq_factor = 0;  // llama3
+  std::int64_t original_max_positions = 0;    // llama3, yarn, longrope (0: max_positions)
+  double attention_factor = 0;                // yarn, longrope: cos/sin multiplier (0: derived)
+  double beta_fast = 32, beta_slow = 1;       // yarn
+  double mscale = 0, mscale_all_dim = 0;      // yarn
+  bool truncate = true;                       // yarn
+  std::vector<double> short_factor, long_factor;  // longrope, one per rotated pair
+  // Phi-3: when a sequence first grows past original_max_positions, HF drops its KV cache and
+  // prefills the whole sequence again with the long factors (prepare_inputs_for_generation).
+  bool reprefill_on_long = false;
 };
 
 struct ModelConfig {
   std::string name;
-  Family family = Family::Llama;
+  std::string family;  // the converter that read it (reports only; nothing branches on it)
   std::int64_t n_layers = 0;
   std::int64_t hidden = 0;
   std::int64_t ffn = 0;
@@ -25,15 +60,52 @@ struct ModelConfig {
   std::int64_t head_dim = 0;
   std::int64_t vocab_size = 0;
   std::int64_t max_positions = 0;
+  std::int64_t embed_dim = 0;  // width of the token embedding when not hidden (OPT-350m: project_in/out); 0 = hidden
+
+  // Norms.
+  NormKind norm = NormKind::RmsNorm;
+  NormPlacement norm_placement = NormPlacement::Pre;
   float norm_eps = 1e-5f;
-  float rope_theta = 10000.0f;
-  kernels::RopeLayout rope_layout = kernels::RopeLayout::RotateHalf;
+  float norm_weight_offset = 0.0f;  // Gemma's RMSNorm multiplies by (1 + w)
+  bool final_norm = true;
+
+  // Positions: learned rows added to the embedding (OPT, offset 2), or rotary.
+  bool learned_positions = false;
+  std::int64_t position_offset = 0;
+  RopeConfig rope;
+
+  // Attention.
+  bool qkv_bias = false, o_bias = false;
+  bool qk_norm = false;          // RMSNorm over head_dim of every q and k head before RoPE (Qwen3)
+  float attn_scale = 0.0f;       // 0: 1/sqrt(head_dim)
+  float attn_softcap = 0.0f;     // scores -> c * tanh(scores / c) before the softmax; 0: none
+  std::vector<std::int64_t> layer_window;  // per layer: keys within the last W positions; 0 = all
+
+  // MLP: down(act(gate(x)) * up(x)) when gated, else down(act(up(x))).
+  bool gated_mlp = true;
+  kernels::Activation mlp_act = kernels::Activation::Silu;
+  bool mlp_bias = false;
+
+  // Embedding and head.
   bool tie_embeddings = false;
+  float embed_scale = 1.0f;       // Gemma: sqrt(hidden), rounded to the weight dtype
+  float final_softcap = 0.0f;     // logits -> c * tanh(logits / c); 0: none
+
   kernels::DType dtype = kernels::DType::F16;  // storage dtype of the weight matrices
   std::int32_t bos_id = -1;                    // -1: none
   std::vector<std::int32_t> stop_ids;          // generation ends at any of these
 
-  bool has_bias() const { return family == Family::Opt; }
+  std::int64_t embedding_width() const { return embed_dim > 0 ? embed_dim : hidden; }
+  bool norm_has_bias() const { return norm == NormKind::LayerNorm; }
+  bool rotary() const { return !learned_positions; }
+  std::int64_t rotary_dim() const { return static_cast<std::int64_t>(head_dim * rope.partial_rotary_factor); }
+  float attention_scale() const;
+  // Positions a sequence may reach: the learned table's rows, the trained context for RoPE,
+  // stretched by the factor of linear and YaRN scaling (as vLLM takes it); dynamic NTK
+  // rescales to any length.
+  std::int64_t position_limit() const;
+  // The sliding window of decoder layer `layer` (0: none).
+  std::int64_t window(std::int64_t layer) const;
   // Bytes of all weights at `dtype` (matrices) and fp32 (vectors).
   std::int64_t weight_bytes() const;
   // Throws std::invalid_argument naming `source` and the field that is inconsistent.
@@ -46,12 +118,9 @@ inline ModelConfig with_weight_dtype(ModelConfig c, kernels::DType dtype) {
   return c;
 }
 
-std::string family_name(Family f);
-
-// A model config YAML (configs/models/*.yaml). Throws naming the file and the field.
+// A model config YAML (configs/models/*.yaml): a family preset plus shape fields. Throws
+// naming the file and the field.
 ModelConfig load_model_yaml(const std::string& yaml_text, const std::string& source);
-// A Hugging Face config.json (model_type opt or llama).
-ModelConfig load_hf_config(const std::string& json_text, const std::string& source);
 // The configs compiled into the binary from configs/models/, by name (e.g. "opt-30b").
 std::vector<std::string> builtin_model_names();
 // Throws listing the known names when `name` is unknown.

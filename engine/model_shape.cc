@@ -12,10 +12,10 @@ policy::ModelShape model_shape(const ModelConfig& c) {
   m.kv_heads = c.n_kv_heads;
   m.head_dim = c.head_dim;
   m.vocab = c.vocab_size;
-  m.gated_mlp = c.family == Family::Llama;
+  m.gated_mlp = c.gated_mlp;
   m.tied_embeddings = c.tie_embeddings;
   m.weight_dtype = c.dtype;
-  m.extra_embedding_rows = c.family == Family::Opt ? c.max_positions + 2 : 0;
+  m.extra_embedding_rows = c.learned_positions ? c.max_positions + c.position_offset : 0;
   return m;
 }
 

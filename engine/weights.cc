@@ -8,44 +8,51 @@ namespace flexh2o::engine {
 
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   std::vector<WeightSpec> s;
-  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, width = c.embedding_width();
   auto mat = [&](std::string name, std::int64_t rows, std::int64_t cols, std::int64_t layer) {
     s.push_back({std::move(name), rows, cols, true, layer});
   };
   auto vec = [&](std::string name, std::int64_t n, std::int64_t layer) { s.push_back({std::move(name), n, 1, false, layer}); };
-  const bool opt = c.family == Family::Opt;
-  mat("tok_embed", c.vocab_size, c.hidden, -1);
-  if (opt) mat("pos_embed", c.max_positions + 2, c.hidden, -1);
+  auto norm = [&](const std::string& name, std::int64_t layer) {
+    vec(name + ".weight", c.hidden, layer);
+    if (c.norm_has_bias()) vec(name + ".bias", c.hidden, layer);
+  };
+  mat("tok_embed", c.vocab_size, width, -1);
+  if (c.learned_positions) mat("pos_embed", c.max_positions + c.position_offset, c.hidden, -1);
+  if (width != c.hidden) mat("project_in", c.hidden, width, -1);
+  const bool sandwich = c.norm_placement == NormPlacement::Sandwich;
   for (std::int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    vec(p + "attn_norm.weight", c.hidden, i);
-    if (opt) vec(p + "attn_norm.bias", c.hidden, i);
+    norm(p + "attn_norm", i);
     mat(p + "wq", q, c.hidden, i);
     mat(p + "wk", kv, c.hidden, i);
     mat(p + "wv", kv, c.hidden, i);
     mat(p + "wo", c.hidden, q, i);
-    if (opt) {
+    if (c.qkv_bias) {
       vec(p + "bq", q, i);
       vec(p + "bk", kv, i);
       vec(p + "bv", kv, i);
-      vec(p + "bo", c.hidden, i);
     }
-    vec(p + "mlp_norm.weight", c.hidden, i);
-    if (opt) {
-      vec(p + "mlp_norm.bias", c.hidden, i);
-      mat(p + "fc1", c.ffn, c.hidden, i);
-      vec(p + "fc1_bias", c.ffn, i);
-      mat(p + "fc2", c.hidden, c.ffn, i);
-      vec(p + "fc2_bias", c.hidden, i);
-    } else {
-      mat(p + "w_gate", c.ffn, c.hidden, i);
-      mat(p + "w_up", c.ffn, c.hidden, i);
-      mat(p + "w_down", c.hidden, c.ffn, i);
+    if (c.o_bias) vec(p + "bo", c.hidden, i);
+    if (c.qk_norm) {
+      vec(p + "q_norm", c.head_dim, i);
+      vec(p + "k_norm", c.head_dim, i);
     }
+    if (sandwich) norm(p + "attn_out_norm", i);
+    norm(p + "mlp_norm", i);
+    if (c.gated_mlp) mat(p + "w_gate", c.ffn, c.hidden, i);
+    mat(p + "w_up", c.ffn, c.hidden, i);
+    mat(p + "w_down", c.hidden, c.ffn, i);
+    if (c.mlp_bias) {
+      if (c.gated_mlp) vec(p + "b_gate", c.ffn, i);
+      vec(p + "b_up", c.ffn, i);
+      vec(p + "b_down", c.hidden, i);
+    }
+    if (sandwich) norm(p + "mlp_out_norm", i);
   }
-  vec("final_norm.weight", c.hidden, -1);
-  if (opt) vec("final_norm.bias", c.hidden, -1);
-  if (!c.tie_embeddings) mat("lm_head", c.vocab_size, c.hidden, -1);
+  if (c.final_norm) norm("final_norm", -1);
+  if (width != c.hidden) mat("project_out", width, c.hidden, -1);
+  if (!c.tie_embeddings) mat("lm_head", c.vocab_size, width, -1);
   return s;
 }
 

@@ -1,10 +1,14 @@
 // The weights a model needs, where they come from, and how they are loaded.
-// Tensors have canonical names (below) independent of any checkpoint's naming:
-//   tok_embed [vocab, hidden]          pos_embed [max_positions + 2, hidden] (OPT)
-//   layers.N.attn_norm.{weight,bias}   layers.N.{wq,wk,wv,wo} (+ .bias for OPT: bq, ...)
-//   layers.N.mlp_norm.{weight,bias}    OPT: layers.N.{fc1,fc2} (+ biases)
-//   LLaMA: layers.N.{w_gate,w_up,w_down}   final_norm.{weight,bias}   lm_head (untied)
-// Matrices are stored in ModelConfig::dtype, vectors (norms, biases) in fp32.
+// Tensors have canonical names (below) independent of any checkpoint's naming; which exist
+// follows the config's features:
+//   tok_embed [vocab, embedding width]     pos_embed [max_positions + offset, hidden] (learned positions)
+//   project_in [hidden, width], project_out [width, hidden] (embedding width != hidden)
+//   layers.N.attn_norm.{weight,bias}       layers.N.attn_out_norm.weight (sandwich norms)
+//   layers.N.{wq,wk,wv,wo}, {bq,bk,bv} (qkv bias), bo (o bias), q_norm, k_norm [head_dim] (q/k norm)
+//   layers.N.mlp_norm.{weight,bias}        layers.N.mlp_out_norm.weight (sandwich norms)
+//   layers.N.{w_gate (gated), w_up, w_down}, {b_gate, b_up, b_down} (mlp bias)
+//   final_norm.{weight,bias}               lm_head [vocab, width] (untied)
+// Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype, vectors in fp32.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -19,6 +19,11 @@ struct AttentionShape {
   std::int64_t n_kv_heads = 0;  // divides n_heads; query head h reads kv head h / (n_heads / n_kv_heads)
   std::int64_t head_dim = 0;
   float scale = 1.0f;  // usually 1/sqrt(head_dim)
+  // Scaled scores become softcap * tanh(score / softcap) before the softmax (Gemma-2); 0: off.
+  float softcap = 0.0f;
+  // Sliding window: a query at position p sees keys at positions > p - window; 0: all. In a
+  // decode cache this needs slot s to hold position s (no eviction): the last `window` slots.
+  std::int64_t window = 0;
 };
 
 // Prefill of a ragged batch: the prompt rows of all sequences, concatenated.

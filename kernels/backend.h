@@ -46,8 +46,10 @@ class Backend {
   virtual void rms_norm(const NormArgs& a) = 0;
   virtual void rope(const RopeArgs& a) = 0;
   virtual void activation(Activation act, float* x, std::int64_t n) = 0;
-  // out = silu(gate) * up (SwiGLU); out may alias gate or up.
-  virtual void silu_mul(const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  // out = act(gate) * up (SwiGLU, GeGLU); out may alias gate or up.
+  virtual void glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  // x = cap * tanh(x / cap) (Gemma-2's final-logit soft-cap).
+  virtual void softcap(float* x, std::int64_t n, float cap) = 0;
   // x += y
   virtual void add(float* x, const float* y, std::int64_t n) = 0;
   virtual void embedding(const EmbeddingArgs& a) = 0;

@@ -92,6 +92,15 @@ inline std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>(x >> 16);
 }
 
+// f rounded to a float type and back (the value a tensor of that type would hold).
+inline float round_to(DType t, float f) {
+  switch (t) {
+    case DType::F16: return f16_to_f32(f32_to_f16(f));
+    case DType::BF16: return bf16_to_f32(f32_to_bf16(f));
+    default: return f;
+  }
+}
+
 // Element-wise conversions between the float types (not the quantized ones):
 // dst[i] = float(src[i]) for n elements of type `from`.
 void convert_to_f32(const void* src, DType from, float* dst, std::size_t n);

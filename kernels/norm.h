@@ -1,10 +1,10 @@
-// Row normalisations: LayerNorm (OPT) and RMSNorm (LLaMA).
+// Row normalisations: LayerNorm (OPT) and RMSNorm (LLaMA; Gemma's (1 + w) form).
 #pragma once
 #include <cstdint>
 
 namespace flexh2o::kernels {
 
-// y[r, :] = norm(x[r, :]) * weight + bias, for `rows` rows of `cols` elements.
+// y[r, :] = norm(x[r, :]) * (weight + weight_offset) + bias, for `rows` rows of `cols` elements.
 // layer_norm: (x - mean) / sqrt(var + eps); rms_norm: x / sqrt(mean(x^2) + eps), bias unused.
 struct NormArgs {
   const float* x = nullptr;
@@ -14,6 +14,7 @@ struct NormArgs {
   const float* weight = nullptr;  // [cols]
   const float* bias = nullptr;    // [cols], optional
   float eps = 1e-5f;
+  float weight_offset = 0.0f;  // Gemma's RMSNorm scales by (1 + w)
 };
 
 }  // namespace flexh2o::kernels

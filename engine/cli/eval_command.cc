@@ -52,7 +52,8 @@ int eval_command(const EvalOptions& o) {
     if (m.config.bos_id >= 0) ids.push_back(m.config.bos_id);
     const auto t = m.tokenizer->encode(para, false);
     ids.insert(ids.end(), t.begin(), t.end());
-    if (static_cast<std::int64_t>(ids.size()) > m.config.max_positions) ids.resize(static_cast<std::size_t>(m.config.max_positions));
+    if (static_cast<std::int64_t>(ids.size()) > m.config.position_limit())
+      ids.resize(static_cast<std::size_t>(m.config.position_limit()));
     if (ids.size() >= 2) chunks.push_back(std::move(ids));
   }
   if (chunks.empty()) throw std::invalid_argument(o.text_file + ": no paragraph of at least 2 tokens");

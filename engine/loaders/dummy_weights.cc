@@ -17,7 +17,8 @@ std::uint64_t name_hash(const std::string& s) {
 }
 }  // namespace
 
-DummyWeights::DummyWeights(const ModelConfig& cfg, std::uint64_t seed) : seed_(seed) {
+DummyWeights::DummyWeights(const ModelConfig& cfg, std::uint64_t seed)
+    : seed_(seed), norm_weight_offset_(cfg.norm_weight_offset) {
   for (auto& s : weight_specs(cfg)) specs_.emplace(s.name, s);
 }
 
@@ -34,10 +35,10 @@ void DummyWeights::read_rows(const std::string& name, std::int64_t row_begin, st
   if (it == specs_.end()) throw std::runtime_error("missing tensor " + origin(name));
   const WeightSpec& s = it->second;
   if (row_begin < 0 || row_end < row_begin || row_end > s.rows) throw std::out_of_range("dummy weights: bad row range");
-  const bool norm_weight = name.ends_with("norm.weight");
-  // Matrices: uniform with std 0.02 (OPT's init); norm weights near 1; biases small.
+  const bool norm_weight = name.ends_with("norm.weight") || name.ends_with("_norm");
+  // Matrices: uniform with std 0.02 (OPT's init); norm scales near 1; biases small.
   const float scale = s.matrix ? 0.02f * 1.7320508f : (norm_weight ? 0.1f : 0.01f);
-  const float base = norm_weight ? 1.0f : 0.0f;
+  const float base = norm_weight ? 1.0f - norm_weight_offset_ : 0.0f;
   const std::uint64_t key = kernels::splitmix64(seed_ ^ name_hash(name));
   // Whole rows at a time (a quantized row is converted as one).
   const std::int64_t chunk = std::max<std::int64_t>(1, (1 << 16) / s.cols), out_row = kernels::row_bytes(to, s.cols);

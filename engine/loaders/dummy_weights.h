@@ -18,6 +18,7 @@ class DummyWeights final : public WeightSource {
  private:
   std::map<std::string, WeightSpec> specs_;
   std::uint64_t seed_;
+  float norm_weight_offset_;  // (1 + w) norms: stored w near 0 so the scale is near 1
 };
 
 }  // namespace flexh2o::engine

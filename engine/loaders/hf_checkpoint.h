@@ -1,6 +1,7 @@
-// Hugging Face checkpoint directories: config.json plus model.safetensors, or shards
-// listed in model.safetensors.index.json. OPT and LLaMA tensor names are mapped to the
-// canonical names of engine/weights.h.
+// Hugging Face checkpoint directories: config.json (through its family's converter,
+// engine/families/), generation_config.json's stop ids, and model.safetensors or shards
+// listed in model.safetensors.index.json, whose tensor names the family maps to the
+// canonical names of engine/weights.h (fused projections as row ranges).
 #pragma once
 #include <map>
 #include <memory>
@@ -11,6 +12,8 @@
 #include "engine/weights.h"
 
 namespace flexh2o::engine {
+
+struct Family;
 
 class HfCheckpoint final : public WeightSource {
  public:
@@ -28,16 +31,17 @@ class HfCheckpoint final : public WeightSource {
   struct Located {
     const SafetensorsFile* file;
     const SafetensorsEntry* entry;
+    bool part;                // of a fused tensor, from row_offset on
+    std::int64_t row_offset;
   };
   std::optional<Located> locate(const std::string& canonical) const;
 
   std::string dir_;
   ModelConfig config_;
+  const Family* family_ = nullptr;
+  std::map<std::string, WeightSpec> specs_;  // the canonical tensors the config needs
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Located> by_hf_name_;
 };
-
-// The Hugging Face name(s) a canonical tensor may have, most common first.
-std::vector<std::string> hf_tensor_names(Family family, const std::string& canonical);
 
 }  // namespace flexh2o::engine

@@ -64,7 +64,7 @@ void Llama2cCheckpoint::parse(std::uint64_t file_size) {
   }
   ModelConfig& c = config_;
   c.name = "llama2c";
-  c.family = Family::Llama;
+  c.family = "llama";
   c.hidden = h[0];
   c.ffn = h[1];
   c.n_layers = h[2];
@@ -76,8 +76,8 @@ void Llama2cCheckpoint::parse(std::uint64_t file_size) {
   if (c.hidden % c.n_heads != 0) throw std::runtime_error(name_ + ": dim is not a multiple of n_heads");
   c.head_dim = c.hidden / c.n_heads;
   c.norm_eps = 1e-5f;
-  c.rope_theta = 10000.0f;
-  c.rope_layout = kernels::RopeLayout::Interleaved;
+  c.rope.theta = 10000.0;
+  c.rope.layout = kernels::RopeLayout::Interleaved;
   c.dtype = kernels::DType::F32;
   c.bos_id = 1;
   c.stop_ids = {1};  // llama2.c: BOS delimits sequences

@@ -22,6 +22,15 @@ void check_shape(const AttentionShape& s) {
     throw std::invalid_argument("attention: n_heads must be a positive multiple of n_kv_heads");
 }
 
+// Scaled scores -> cap * tanh(score / cap) (Gemma-2); nothing when cap is 0.
+void soft_cap(float* x, std::int64_t n, float cap) {
+  if (cap == 0.0f) return;
+  for (std::int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+// The first key a query at position p sees under a sliding window (0 without one).
+std::int64_t first_visible(std::int64_t p, std::int64_t window) { return window > 0 ? std::max<std::int64_t>(0, p - window + 1) : 0; }
+
 // In-place softmax of x[0, n); returns nothing, x sums to 1.
 void softmax(float* x, std::int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
@@ -69,12 +78,15 @@ void CpuBackend::attention_prefill(const AttentionPrefillArgs& a) {
                     scores.data(), static_cast<int>(keys));
         for (std::int64_t r = 0; r < rows; ++r) {
           float* row = scores.data() + r * keys;
-          const std::int64_t visible = i0 + r + 1;
-          softmax(row, visible);
+          // Causal, and within the window: keys [first, visible).
+          const std::int64_t visible = i0 + r + 1, first = first_visible(i0 + r, s.window);
+          soft_cap(row + first, visible - first, s.softcap);
+          softmax(row + first, visible - first);
+          std::fill(row, row + first, 0.0f);
           std::fill(row + visible, row + keys, 0.0f);
           if (col) {
             const float w = weighted ? a.query_weights[t0 + i0 + r] : 1.0f;
-            for (std::int64_t j = 0; j < visible; ++j) col[j] += w * row[j];
+            for (std::int64_t j = first; j < visible; ++j) col[j] += w * row[j];
           }
         }
         float* out = a.out + (t0 + i0) * q_stride + h * D;
@@ -116,17 +128,20 @@ void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
     }
     float* probs = a.probs ? a.probs + task * cap : nullptr;
     if (probs) std::fill_n(probs, n, 0.0f);
-    std::vector<float> p(static_cast<std::size_t>(n));
+    // Under a window the newest `window` slots (slot = position without eviction).
+    const std::int64_t first = first_visible(n - 1, s.window), m = n - first;
+    std::vector<float> p(static_cast<std::size_t>(m));
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
       const float* q = a.q + (b * s.n_heads + h) * D;
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(D), s.scale, k,
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(m), static_cast<int>(D), s.scale, k + first * D,
                   static_cast<int>(D), q, 1, 0.0f, p.data(), 1);
-      softmax(p.data(), n);
+      soft_cap(p.data(), m, s.softcap);
+      softmax(p.data(), m);
       if (probs)
-        for (std::int64_t j = 0; j < n; ++j) probs[j] += p[j];
+        for (std::int64_t j = 0; j < m; ++j) probs[first + j] += p[static_cast<std::size_t>(j)];
       float* out = a.out + (b * s.n_heads + h) * D;
-      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(n), static_cast<int>(D), 1.0f, v, static_cast<int>(D),
-                  p.data(), 1, 0.0f, out, 1);
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(m), static_cast<int>(D), 1.0f, v + first * D,
+                  static_cast<int>(D), p.data(), 1, 0.0f, out, 1);
     }
   });
 }

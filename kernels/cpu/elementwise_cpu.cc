@@ -18,22 +18,29 @@ void for_chunks(std::int64_t n, F&& f) {
 }
 }  // namespace
 
-void CpuBackend::activation(Activation act, float* x, std::int64_t n) {
+namespace {
+// One activation of x, in fp32 as transformers computes it.
+inline float activate(Activation act, float x) {
   switch (act) {
-    case Activation::Relu:
-      for_chunks(n, [x](std::int64_t i) { x[i] = x[i] > 0.0f ? x[i] : 0.0f; });
-      return;
-    case Activation::Gelu:
-      for_chunks(n, [x](std::int64_t i) { x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f)); });
-      return;
+    case Activation::Relu: return x > 0.0f ? x : 0.0f;
+    case Activation::Gelu: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case Activation::GeluTanh: return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case Activation::Silu: return x / (1.0f + std::exp(-x));
   }
+  return x;
+}
+}  // namespace
+
+void CpuBackend::activation(Activation act, float* x, std::int64_t n) {
+  for_chunks(n, [=](std::int64_t i) { x[i] = activate(act, x[i]); });
 }
 
-void CpuBackend::silu_mul(const float* gate, const float* up, float* out, std::int64_t n) {
-  for_chunks(n, [=](std::int64_t i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  });
+void CpuBackend::glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) {
+  for_chunks(n, [=](std::int64_t i) { out[i] = activate(act, gate[i]) * up[i]; });
+}
+
+void CpuBackend::softcap(float* x, std::int64_t n, float cap) {
+  for_chunks(n, [=](std::int64_t i) { x[i] = cap * std::tanh(x[i] / cap); });
 }
 
 void CpuBackend::add(float* x, const float* y, std::int64_t n) {

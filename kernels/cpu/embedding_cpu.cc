@@ -23,11 +23,13 @@ void CpuBackend::embedding(const EmbeddingArgs& a) {
     float* out = a.out + i * cols;
     if (!a.accumulate) {
       convert_rows(src, a.table.dtype, out, DType::F32, 1, cols);
+      if (a.scale != 1.0f)
+        for (std::int64_t c = 0; c < cols; ++c) out[c] *= a.scale;
       return;
     }
     std::vector<float> row(static_cast<std::size_t>(cols));
     convert_rows(src, a.table.dtype, row.data(), DType::F32, 1, cols);
-    for (std::int64_t c = 0; c < cols; ++c) out[c] += row[c];
+    for (std::int64_t c = 0; c < cols; ++c) out[c] += a.scale * row[c];
   });
 }
 

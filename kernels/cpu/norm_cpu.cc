@@ -20,7 +20,7 @@ void CpuBackend::layer_norm(const NormArgs& a) {
     }
     const float inv = 1.0f / std::sqrt(static_cast<float>(var / static_cast<double>(a.cols)) + a.eps);
     for (std::int64_t c = 0; c < a.cols; ++c) {
-      const float v = (x[c] - mean) * inv * a.weight[c];
+      const float v = (x[c] - mean) * inv * (a.weight[c] + a.weight_offset);
       y[c] = a.bias ? v + a.bias[c] : v;
     }
   });
@@ -33,7 +33,7 @@ void CpuBackend::rms_norm(const NormArgs& a) {
     double ss = 0.0;
     for (std::int64_t c = 0; c < a.cols; ++c) ss += static_cast<double>(x[c]) * x[c];
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(a.cols)) + a.eps);
-    for (std::int64_t c = 0; c < a.cols; ++c) y[c] = x[c] * inv * a.weight[c];
+    for (std::int64_t c = 0; c < a.cols; ++c) y[c] = x[c] * inv * (a.weight[c] + a.weight_offset);
   });
 }
 

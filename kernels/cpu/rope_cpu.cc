@@ -1,28 +1,21 @@
 #include <tbb/parallel_for.h>
 
 #include <cmath>
-#include <stdexcept>
-#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 
 namespace flexh2o::kernels {
 
 void CpuBackend::rope(const RopeArgs& a) {
-  if (a.head_dim % 2 != 0) throw std::invalid_argument("rope: head_dim must be even");
-  if (static_cast<std::int64_t>(a.positions.size()) != a.tokens)
-    throw std::invalid_argument("rope: positions must have one entry per token");
-  const std::int64_t half = a.head_dim / 2;
-  std::vector<float> inv_freq(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i)
-    inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(a.theta), -2.0 * i / a.head_dim));
+  check_rope_args(a);
+  const std::int64_t half = a.rotary_dim / 2;
   // Pair i of a head: (first, second) element offsets in the chosen layout.
   const bool interleaved = a.layout == RopeLayout::Interleaved;
   tbb::parallel_for(std::int64_t{0}, a.tokens, [&](std::int64_t t) {
     const float pos = static_cast<float>(a.positions[t]);
     for (std::int64_t i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq[i];
-      const float c = std::cos(angle), s = std::sin(angle);
+      const float angle = pos * a.inv_freq[i];
+      const float c = std::cos(angle) * a.attention_factor, s = std::sin(angle) * a.attention_factor;
       const std::int64_t i0 = interleaved ? 2 * i : i;
       const std::int64_t i1 = interleaved ? 2 * i + 1 : i + half;
       for (std::int64_t h = 0; h < a.heads; ++h) {

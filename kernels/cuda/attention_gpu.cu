@@ -50,25 +50,33 @@ struct CacheKv {
   }
 };
 
+// A scaled score after Gemma-2's soft-cap (none when cap is 0), as attention_cpu.cc.
+__device__ float capped(float s, float cap) { return cap == 0.0f ? s : cap * tanhf(s / cap); }
+
+// The first key a query at position p sees under a sliding window (0 without one).
+__device__ std::int64_t first_visible(std::int64_t p, std::int64_t window) {
+  return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
+
 // Block-wide attention of the query in q_sh[D] (shared, loaded by the caller and
-// synchronised) over keys [0, n), n >= 1. Writes out[d] (global) and returns the softmax's
+// synchronised) over keys [first, n), n > first. Writes out[d] (global) and returns the softmax's
 // maximum m and normaliser l (every thread gets the same values): p_j = exp(s_j - m) / l.
 // acc_sh[D] and tile_sh[kTile] are shared scratch.
 template <class Kv>
-__device__ void attend(const Kv& kv, std::int64_t n, std::int64_t D, float scale, const float* q_sh, float* acc_sh,
-                       float* tile_sh, float* out, float& m_out, float& l_out) {
+__device__ void attend(const Kv& kv, std::int64_t first, std::int64_t n, std::int64_t D, float scale, float softcap,
+                       const float* q_sh, float* acc_sh, float* tile_sh, float* out, float& m_out, float& l_out) {
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int warps = static_cast<int>(blockDim.x) >> 5;
   for (std::int64_t d = tid; d < D; d += blockDim.x) acc_sh[d] = 0.0f;
   float m_run = -INFINITY, l_run = 0.0f;  // identical in every thread
-  for (std::int64_t j0 = 0; j0 < n; j0 += kTile) {
+  for (std::int64_t j0 = first; j0 < n; j0 += kTile) {
     const int cnt = static_cast<int>(n - j0 < kTile ? n - j0 : kTile);
     // Scores of this tile: warp w takes keys w, w + warps, ...
     for (int jj = warp; jj < cnt; jj += warps) {
       float dot = 0.0f;
       for (std::int64_t d = lane; d < D; d += 32) dot += q_sh[d] * kv.key(j0 + jj, d);
       dot = warp_sum(dot);
-      if (lane == 0) tile_sh[jj] = scale * dot;
+      if (lane == 0) tile_sh[jj] = capped(scale * dot, softcap);
     }
     __syncthreads();
     float tile_max = -INFINITY;
@@ -99,7 +107,8 @@ __device__ void attend(const Kv& kv, std::int64_t n, std::int64_t D, float scale
 // stats is not null.
 __global__ void prefill_kernel(const float* q, const float* k, const float* v, float* out, float* stats,
                                const std::int64_t* row_seq, const std::int64_t* offsets, std::int64_t T,
-                               std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale) {
+                               std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale, float softcap,
+                               std::int64_t window) {
   extern __shared__ float sh[];
   float* q_sh = sh;
   float* acc_sh = sh + D;
@@ -113,7 +122,8 @@ __global__ void prefill_kernel(const float* q, const float* k, const float* v, f
     __syncthreads();
     const RowsKv kv{k + t0 * kv_stride + g * D, v + t0 * kv_stride + g * D, kv_stride};
     float m = 0.0f, l = 0.0f;
-    attend(kv, i + 1, D, scale, q_sh, acc_sh, tile_sh, out + t * q_stride + h * D, m, l);
+    attend(kv, first_visible(i, window), i + 1, D, scale, softcap, q_sh, acc_sh, tile_sh, out + t * q_stride + h * D,
+           m, l);
     if (stats != nullptr && threadIdx.x == 0) {
       stats[2 * task] = m;
       stats[2 * task + 1] = l;
@@ -125,14 +135,16 @@ __global__ void prefill_kernel(const float* q, const float* k, const float* v, f
 // heads h and queries i >= j of w_i * p_h(i, j), with p recomputed from the saved stats.
 __global__ void col_sums_kernel(const float* q, const float* k, const float* stats, const std::int64_t* row_seq,
                                 const std::int64_t* offsets, const float* query_weights, float* col_sums,
-                                std::int64_t T, std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale) {
+                                std::int64_t T, std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale,
+                                float softcap, std::int64_t window) {
   __shared__ float scratch[32];
   const std::int64_t group = H / Hkv, q_stride = H * D, kv_stride = Hkv * D;
   for (std::int64_t task = blockIdx.x; task < T * Hkv; task += gridDim.x) {
     const std::int64_t t = task / Hkv, g = task % Hkv;
     const std::int64_t b = row_seq[t], t0 = offsets[b], n = offsets[b + 1] - t0, j = t - t0;
     const float* key = k + t * kv_stride + g * D;
-    const std::int64_t queries = n - j;  // i in [j, n)
+    // Queries i in [j, n) that see key j: all, or those within the window.
+    const std::int64_t queries = window > 0 && n - j > window ? window : n - j;
     float acc = 0.0f;
     for (std::int64_t p = threadIdx.x; p < group * queries; p += blockDim.x) {
       const std::int64_t h = g * group + p / queries, row = t0 + j + p % queries;
@@ -141,7 +153,7 @@ __global__ void col_sums_kernel(const float* q, const float* k, const float* sta
       for (std::int64_t d = 0; d < D; ++d) dot += qr[d] * key[d];
       const float m = stats[2 * (row * H + h)], l = stats[2 * (row * H + h) + 1];
       const float w = query_weights != nullptr ? query_weights[row] : 1.0f;
-      acc += w * (expf(scale * dot - m) / l);
+      acc += w * (expf(capped(scale * dot, softcap) - m) / l);
     }
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) col_sums[t0 * Hkv + g * n + j] = acc;
@@ -153,7 +165,7 @@ __global__ void col_sums_kernel(const float* q, const float* k, const float* sta
 __global__ void decode_kernel(const float* q, const std::uint8_t* k_cache, const std::uint8_t* v_cache, float* out,
                               float* probs, const std::int64_t* lens, std::int64_t B, std::int64_t H, std::int64_t Hkv,
                               std::int64_t D, std::int64_t capacity, std::int64_t slot_bytes, DType dtype,
-                              float scale) {
+                              float scale, float softcap, std::int64_t window) {
   extern __shared__ float sh[];
   float* q_sh = sh;
   float* acc_sh = sh + D;
@@ -161,7 +173,7 @@ __global__ void decode_kernel(const float* q, const std::uint8_t* k_cache, const
   float* ml_sh = sh + 2 * D + kTile;  // (max, sum) per head of the group
   const std::int64_t group = H / Hkv;
   for (std::int64_t task = blockIdx.x; task < B * Hkv; task += gridDim.x) {
-    const std::int64_t b = task / Hkv, g = task % Hkv, n = lens[b];
+    const std::int64_t b = task / Hkv, g = task % Hkv, n = lens[b], first = first_visible(n - 1, window);
     const CacheKv kv{k_cache + task * capacity * slot_bytes, v_cache + task * capacity * slot_bytes, slot_bytes, D,
                      dtype};
     for (std::int64_t hh = 0; hh < group; ++hh) {
@@ -170,7 +182,7 @@ __global__ void decode_kernel(const float* q, const std::uint8_t* k_cache, const
       for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) q_sh[d] = q[(b * H + h) * D + d];
       __syncthreads();
       float m = 0.0f, l = 0.0f;
-      attend(kv, n, D, scale, q_sh, acc_sh, tile_sh, out + (b * H + h) * D, m, l);
+      attend(kv, first, n, D, scale, softcap, q_sh, acc_sh, tile_sh, out + (b * H + h) * D, m, l);
       if (threadIdx.x == 0) {
         ml_sh[2 * hh] = m;
         ml_sh[2 * hh + 1] = l;
@@ -179,12 +191,16 @@ __global__ void decode_kernel(const float* q, const std::uint8_t* k_cache, const
     if (probs != nullptr) {
       __syncthreads();  // ml_sh complete
       for (std::int64_t s = threadIdx.x; s < n; s += blockDim.x) {
+        if (s < first) {  // outside the window: no attention
+          probs[task * capacity + s] = 0.0f;
+          continue;
+        }
         float total = 0.0f;
         for (std::int64_t hh = 0; hh < group; ++hh) {
           const float* qr = q + (b * H + g * group + hh) * D;
           float dot = 0.0f;
           for (std::int64_t d = 0; d < D; ++d) dot += qr[d] * kv.key(s, d);
-          total += expf(scale * dot - ml_sh[2 * hh]) / ml_sh[2 * hh + 1];
+          total += expf(capped(scale * dot, softcap) - ml_sh[2 * hh]) / ml_sh[2 * hh + 1];
         }
         probs[task * capacity + s] = total;
       }
@@ -275,14 +291,14 @@ void CudaBackend::attention_prefill(const AttentionPrefillArgs& a) {
   if (a.col_sums != nullptr) stats = DeviceBuffer(*this, static_cast<std::size_t>(T * H) * 2 * sizeof(float));
   prefill_kernel<<<blocks_for(T * H, 1), kAttnThreads, shared, stream_>>>(
       a.q, a.k, a.v, a.out, stats.as<float>(), rows.as<std::int64_t>(), offsets.as<std::int64_t>(), T, H, Hkv, D,
-      s.scale);
+      s.scale, s.softcap, s.window);
   FLEXH2O_CUDA_CHECK_LAUNCH();
   if (a.col_sums != nullptr) {
     DeviceBuffer weights;
     if (weighted) weights = upload(a.query_weights);
     col_sums_kernel<<<blocks_for(T * Hkv, 1), kAttnThreads, 0, stream_>>>(
         a.q, a.k, stats.as<float>(), rows.as<std::int64_t>(), offsets.as<std::int64_t>(),
-        weighted ? weights.as<float>() : nullptr, a.col_sums, T, H, Hkv, D, s.scale);
+        weighted ? weights.as<float>() : nullptr, a.col_sums, T, H, Hkv, D, s.scale, s.softcap, s.window);
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
 }
@@ -300,7 +316,8 @@ void CudaBackend::attention_decode(const AttentionDecodeArgs& a) {
   const DeviceBuffer lens = upload(a.lens);
   decode_kernel<<<blocks_for(B * Hkv, 1), kAttnThreads, shared, stream_>>>(
       a.q, static_cast<const std::uint8_t*>(a.k_cache), static_cast<const std::uint8_t*>(a.v_cache), a.out, a.probs,
-      lens.as<std::int64_t>(), B, H, Hkv, D, a.capacity, kv_slot_bytes(a.cache_dtype, D), a.cache_dtype, s.scale);
+      lens.as<std::int64_t>(), B, H, Hkv, D, a.capacity, kv_slot_bytes(a.cache_dtype, D), a.cache_dtype, s.scale,
+      s.softcap, s.window);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 

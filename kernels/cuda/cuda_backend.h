@@ -67,7 +67,8 @@ class CudaBackend final : public Backend {
   void rms_norm(const NormArgs& a) override;
   void rope(const RopeArgs& a) override;
   void activation(Activation act, float* x, std::int64_t n) override;
-  void silu_mul(const float* gate, const float* up, float* out, std::int64_t n) override;
+  void glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) override;
+  void softcap(float* x, std::int64_t n, float cap) override;
   void add(float* x, const float* y, std::int64_t n) override;
   void embedding(const EmbeddingArgs& a) override;
   void attention_prefill(const AttentionPrefillArgs& a) override;

@@ -13,13 +13,13 @@ namespace {
 
 __global__ void embedding_kernel(const std::int32_t* ids, std::int64_t n, std::int64_t offset,
                                  const std::uint8_t* table, std::int64_t rbytes, DType dtype, std::int64_t cols,
-                                 float* out, bool accumulate) {
+                                 float* out, bool accumulate, float scale) {
   const std::int64_t total = n * cols;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t i = e / cols, c = e % cols;
     const std::int64_t row = static_cast<std::int64_t>(ids[i]) + offset;
-    const float v = load_elem(table + row * rbytes, dtype, cols, c);
+    const float v = scale * load_elem(table + row * rbytes, dtype, cols, c);
     out[e] = accumulate ? out[e] + v : v;
   }
 }
@@ -39,7 +39,7 @@ void CudaBackend::embedding(const EmbeddingArgs& a) {
   const DeviceBuffer ids = upload(a.ids);
   embedding_kernel<<<blocks_for(n * cols), kThreads, 0, stream_>>>(
       ids.as<std::int32_t>(), n, a.offset, static_cast<const std::uint8_t*>(a.table.data),
-      row_bytes(a.table.dtype, cols), a.table.dtype, cols, a.out, a.accumulate);
+      row_bytes(a.table.dtype, cols), a.table.dtype, cols, a.out, a.accumulate, a.scale);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,7 +9,7 @@ namespace flexh2o::kernels::cuda {
 namespace {
 
 __global__ void layer_norm_kernel(const float* x, float* y, std::int64_t rows, std::int64_t cols, const float* weight,
-                                  const float* bias, float eps) {
+                                  const float* bias, float eps, float offset) {
   __shared__ double scratch[32];
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
@@ -26,14 +26,14 @@ __global__ void layer_norm_kernel(const float* x, float* y, std::int64_t rows, s
     var = block_sum(var, scratch);
     const float inv = 1.0f / sqrtf(static_cast<float>(var / static_cast<double>(cols)) + eps);
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float v = (xr[c] - mean) * inv * weight[c];
+      const float v = (xr[c] - mean) * inv * (weight[c] + offset);
       yr[c] = bias ? v + bias[c] : v;
     }
   }
 }
 
 __global__ void rms_norm_kernel(const float* x, float* y, std::int64_t rows, std::int64_t cols, const float* weight,
-                                float eps) {
+                                float eps, float offset) {
   __shared__ double scratch[32];
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
@@ -42,7 +42,7 @@ __global__ void rms_norm_kernel(const float* x, float* y, std::int64_t rows, std
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += static_cast<double>(xr[c]) * xr[c];
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(cols)) + eps);
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * weight[c];
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * (weight[c] + offset);
   }
 }
 
@@ -51,13 +51,14 @@ __global__ void rms_norm_kernel(const float* x, float* y, std::int64_t rows, std
 void CudaBackend::layer_norm(const NormArgs& a) {
   if (a.rows <= 0 || a.cols <= 0) return;
   layer_norm_kernel<<<blocks_for(a.rows, 1), kThreads, 0, stream_>>>(a.x, a.y, a.rows, a.cols, a.weight, a.bias,
-                                                                      a.eps);
+                                                                      a.eps, a.weight_offset);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::rms_norm(const NormArgs& a) {
   if (a.rows <= 0 || a.cols <= 0) return;
-  rms_norm_kernel<<<blocks_for(a.rows, 1), kThreads, 0, stream_>>>(a.x, a.y, a.rows, a.cols, a.weight, a.eps);
+  rms_norm_kernel<<<blocks_for(a.rows, 1), kThreads, 0, stream_>>>(a.x, a.y, a.rows, a.cols, a.weight, a.eps,
+                                                                    a.weight_offset);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 

@@ -76,7 +76,7 @@ TEST(Stories260k, SafetensorsExportGivesTheSameLogits) {
     testing::TempDir dir;
     testing::export_hf_checkpoint(dir.path(), m.config, w, kernels::DType::F32, /*from_interleaved=*/true, shards);
     engine::HfCheckpoint hf(dir.path());
-    EXPECT_EQ(hf.config().rope_layout, kernels::RopeLayout::RotateHalf);
+    EXPECT_EQ(hf.config().rope.layout, kernels::RopeLayout::RotateHalf);
     const HostWeights hw = engine::load_weights(hf.config(), hf);
     Generator gen(*be, hf.config(), hw);
     const auto got = step_logits(gen, prompts, 12, &hf_tokens);
@@ -168,7 +168,7 @@ TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {
   testing::TempDir dir;
   testing::export_hf_checkpoint(dir.path(), cfg, w, kernels::DType::F32, false);
   engine::HfCheckpoint hf(dir.path());
-  ASSERT_EQ(hf.config().family, engine::Family::Opt);
+  ASSERT_EQ(hf.config().family, "opt");
   const HostWeights loaded = engine::load_weights(hf.config(), hf);
   expect_matches_reference(hf.config(), loaded);
 }
@@ -177,7 +177,7 @@ TEST(RandomLlama, GqaModelMatchesStraightforwardImplementation) {
   ModelConfig cfg = testing::tiny_llama_config();
   const HostWeights w = random_fp32_weights(cfg, 0.2f);
   expect_matches_reference(cfg, w);
-  cfg.rope_layout = kernels::RopeLayout::Interleaved;
+  cfg.rope.layout = kernels::RopeLayout::Interleaved;
   expect_matches_reference(cfg, w);
 }
 

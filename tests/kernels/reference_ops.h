@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <numbers>
 #include <span>
 #include <vector>
 
@@ -61,61 +62,75 @@ inline std::vector<double> layer_norm(std::span<const float> x, std::int64_t row
   return y;
 }
 
-// x / sqrt(mean(x^2) + eps) * weight per row.
+// x / sqrt(mean(x^2) + eps) * (weight + offset) per row.
 inline std::vector<double> rms_norm(std::span<const float> x, std::int64_t rows, std::int64_t cols,
-                                    std::span<const float> weight, float eps) {
+                                    std::span<const float> weight, float eps, float offset = 0.0f) {
   std::vector<double> y(sz(rows * cols));
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = x.data() + r * cols;
     double ss = 0.0;
     for (std::int64_t c = 0; c < cols; ++c) ss += static_cast<double>(row[c]) * row[c];
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + eps);
-    for (std::int64_t c = 0; c < cols; ++c) y[sz(r * cols + c)] = row[c] * inv * weight[sz(c)];
+    for (std::int64_t c = 0; c < cols; ++c) y[sz(r * cols + c)] = row[c] * inv * (weight[sz(c)] + static_cast<double>(offset));
   }
   return y;
 }
 
-// Pair i of every head of token t rotates by positions[t] * theta^(-2i/head_dim); the pair
-// is (i, i + head_dim/2) for RotateHalf and (2i, 2i+1) for Interleaved.
+// Pair i of every head of token t rotates by positions[t] * inv_freq[i], cos and sin scaled by
+// attention_factor; the pair is (i, i + rotary_dim/2) for RotateHalf and (2i, 2i+1) for
+// Interleaved; elements from rotary_dim on pass through.
 inline std::vector<double> rope(std::span<const float> x, std::int64_t tokens, std::int64_t heads,
-                                std::int64_t head_dim, std::span<const std::int32_t> positions, float theta,
-                                RopeLayout layout) {
+                                std::int64_t head_dim, std::int64_t rotary_dim, std::span<const std::int32_t> positions,
+                                std::span<const float> inv_freq, float attention_factor, RopeLayout layout) {
   std::vector<double> y(x.begin(), x.end());
-  const std::int64_t half = head_dim / 2;
+  const std::int64_t half = rotary_dim / 2;
   for (std::int64_t t = 0; t < tokens; ++t) {
     for (std::int64_t h = 0; h < heads; ++h) {
       const std::int64_t base = (t * heads + h) * head_dim;
       for (std::int64_t i = 0; i < half; ++i) {
-        const double angle = positions[sz(t)] * std::pow(static_cast<double>(theta),
-                                                         -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+        const double angle = positions[sz(t)] * static_cast<double>(inv_freq[sz(i)]);
+        const double c = std::cos(angle) * attention_factor, sn = std::sin(angle) * attention_factor;
         const std::int64_t i0 = base + (layout == RopeLayout::Interleaved ? 2 * i : i);
         const std::int64_t i1 = base + (layout == RopeLayout::Interleaved ? 2 * i + 1 : i + half);
         const double x0 = x[sz(i0)], x1 = x[sz(i1)];
-        y[sz(i0)] = x0 * std::cos(angle) - x1 * std::sin(angle);
-        y[sz(i1)] = x0 * std::sin(angle) + x1 * std::cos(angle);
+        y[sz(i0)] = x0 * c - x1 * sn;
+        y[sz(i1)] = x0 * sn + x1 * c;
       }
     }
   }
   return y;
 }
 
-// relu(x) = max(x, 0); gelu(x) = x/2 * (1 + erf(x / sqrt 2)), the exact form.
+// One activation in double: relu, exact gelu x/2 (1 + erf(x / sqrt 2)), tanh gelu
+// x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), silu x / (1 + e^-x).
+inline double activate(Activation act, double v) {
+  switch (act) {
+    case Activation::Relu: return std::max(v, 0.0);
+    case Activation::Gelu: return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    case Activation::GeluTanh:
+      return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
+    case Activation::Silu: return v / (1.0 + std::exp(-v));
+  }
+  return v;
+}
+
 inline std::vector<double> activation(Activation act, std::span<const float> x) {
   std::vector<double> y(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double v = x[i];
-    y[i] = act == Activation::Relu ? std::max(v, 0.0) : 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-  }
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = activate(act, x[i]);
   return y;
 }
 
-// silu(gate) * up, silu(g) = g / (1 + e^-g).
-inline std::vector<double> silu_mul(std::span<const float> gate, std::span<const float> up) {
+// act(gate) * up.
+inline std::vector<double> glu(Activation act, std::span<const float> gate, std::span<const float> up) {
   std::vector<double> y(gate.size());
-  for (std::size_t i = 0; i < gate.size(); ++i) {
-    const double g = gate[i];
-    y[i] = g / (1.0 + std::exp(-g)) * up[i];
-  }
+  for (std::size_t i = 0; i < gate.size(); ++i) y[i] = activate(act, gate[i]) * up[i];
+  return y;
+}
+
+// cap * tanh(x / cap).
+inline std::vector<double> softcap(std::span<const float> x, double cap) {
+  std::vector<double> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = cap * std::tanh(x[i] / cap);
   return y;
 }
 
@@ -125,17 +140,18 @@ inline std::vector<double> add(std::span<const float> x, std::span<const float> 
   return z;
 }
 
-// out[i, :] = (accumulate ? out_prior[i, :] : 0) + table[ids[i] + offset, :], for a table
-// of `cols` columns given as its fp32 values.
+// out[i, :] = (accumulate ? out_prior[i, :] : 0) + scale * table[ids[i] + offset, :], for a
+// table of `cols` columns given as its fp32 values.
 inline std::vector<double> embedding(std::span<const std::int32_t> ids, std::int64_t offset,
                                      std::span<const float> table, std::int64_t cols, bool accumulate,
-                                     std::span<const float> out_prior) {
+                                     std::span<const float> out_prior, float scale = 1.0f) {
   std::vector<double> out(ids.size() * sz(cols));
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const std::int64_t row = ids[i] + offset;
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::size_t o = i * sz(cols) + sz(c);
-      out[o] = (accumulate ? static_cast<double>(out_prior[o]) : 0.0) + table[sz(row * cols + c)];
+      out[o] = (accumulate ? static_cast<double>(out_prior[o]) : 0.0) +
+               static_cast<double>(scale) * table[sz(row * cols + c)];
     }
   }
   return out;
@@ -154,8 +170,17 @@ struct PrefillResult {
   std::vector<double> col_sums;  // [T * n_kv_heads], layout of AttentionPrefillArgs::col_sums
 };
 
-// Causal attention within each sequence of a ragged batch; query head h reads kv head
-// h / (n_heads / n_kv_heads).
+// A scaled score after the shape's soft-cap (none when 0).
+inline double capped_score(const AttentionShape& s, double x) {
+  return s.softcap == 0.0f ? x : s.softcap * std::tanh(x / s.softcap);
+}
+// The first key position a query at position i sees under the shape's window.
+inline std::int64_t first_key(const AttentionShape& s, std::int64_t i) {
+  return s.window > 0 ? std::max<std::int64_t>(0, i - s.window + 1) : 0;
+}
+
+// Causal attention within each sequence of a ragged batch, within the shape's window; query
+// head h reads kv head h / (n_heads / n_kv_heads).
 inline PrefillResult attention_prefill(const AttentionShape& s, std::span<const float> q, std::span<const float> k,
                                        std::span<const float> v, std::span<const std::int64_t> seq_offsets,
                                        std::span<const float> query_weights = {}) {
@@ -167,22 +192,23 @@ inline PrefillResult attention_prefill(const AttentionShape& s, std::span<const 
     for (std::int64_t h = 0; h < s.n_heads; ++h) {
       const std::int64_t g = h / group;
       for (std::int64_t i = 0; i < n; ++i) {
-        std::vector<double> p(sz(i + 1));
-        for (std::int64_t j = 0; j <= i; ++j) {
+        const std::int64_t j0 = first_key(s, i);
+        std::vector<double> p(sz(i + 1 - j0));
+        for (std::int64_t j = j0; j <= i; ++j) {
           double dot = 0.0;
           for (std::int64_t d = 0; d < D; ++d)
             dot +=
                 static_cast<double>(q[sz((t0 + i) * q_stride + h * D + d)]) * k[sz((t0 + j) * kv_stride + g * D + d)];
-          p[sz(j)] = s.scale * dot;
+          p[sz(j - j0)] = capped_score(s, s.scale * dot);
         }
         softmax_in_place(p);
         for (std::int64_t d = 0; d < D; ++d) {
           double acc = 0.0;
-          for (std::int64_t j = 0; j <= i; ++j) acc += p[sz(j)] * v[sz((t0 + j) * kv_stride + g * D + d)];
+          for (std::int64_t j = j0; j <= i; ++j) acc += p[sz(j - j0)] * v[sz((t0 + j) * kv_stride + g * D + d)];
           r.out[sz((t0 + i) * q_stride + h * D + d)] = acc;
         }
         const double w = query_weights.empty() ? 1.0 : query_weights[sz(t0 + i)];
-        for (std::int64_t j = 0; j <= i; ++j) r.col_sums[sz(t0 * s.n_kv_heads + g * n + j)] += w * p[sz(j)];
+        for (std::int64_t j = j0; j <= i; ++j) r.col_sums[sz(t0 * s.n_kv_heads + g * n + j)] += w * p[sz(j - j0)];
       }
     }
   }
@@ -194,8 +220,9 @@ struct DecodeResult {
   std::vector<double> probs;  // [B, n_kv_heads, capacity], layout of AttentionDecodeArgs::probs
 };
 
-// One query per sequence against slots [0, lens[b]) of its cache; probs_prior is the
-// prior content of the probs buffer, kept in slots >= lens[b].
+// One query per sequence against slots [0, lens[b]) of its cache (slot = position: the
+// window keeps the last `window`); probs_prior is the prior content of the probs buffer, kept
+// in slots >= lens[b].
 inline DecodeResult attention_decode(const AttentionShape& s, std::span<const float> q, std::span<const float> k_cache,
                                      std::span<const float> v_cache, std::int64_t capacity,
                                      std::span<const std::int64_t> lens, std::span<const float> probs_prior) {
@@ -208,20 +235,21 @@ inline DecodeResult attention_decode(const AttentionShape& s, std::span<const fl
       std::fill_n(r.probs.begin() + (b * s.n_kv_heads + g) * capacity, n, 0.0);
     for (std::int64_t h = 0; h < s.n_heads; ++h) {
       const std::int64_t g = h / group, cache = (b * s.n_kv_heads + g) * capacity * D;
-      std::vector<double> p(sz(n));
-      for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t j0 = first_key(s, n - 1);
+      std::vector<double> p(sz(n - j0));
+      for (std::int64_t j = j0; j < n; ++j) {
         double dot = 0.0;
         for (std::int64_t d = 0; d < D; ++d)
           dot += static_cast<double>(q[sz((b * s.n_heads + h) * D + d)]) * k_cache[sz(cache + j * D + d)];
-        p[sz(j)] = s.scale * dot;
+        p[sz(j - j0)] = capped_score(s, s.scale * dot);
       }
       softmax_in_place(p);
       for (std::int64_t d = 0; d < D; ++d) {
         double acc = 0.0;
-        for (std::int64_t j = 0; j < n; ++j) acc += p[sz(j)] * v_cache[sz(cache + j * D + d)];
+        for (std::int64_t j = j0; j < n; ++j) acc += p[sz(j - j0)] * v_cache[sz(cache + j * D + d)];
         r.out[sz((b * s.n_heads + h) * D + d)] = acc;
       }
-      for (std::int64_t j = 0; j < n; ++j) r.probs[sz((b * s.n_kv_heads + g) * capacity + j)] += p[sz(j)];
+      for (std::int64_t j = j0; j < n; ++j) r.probs[sz((b * s.n_kv_heads + g) * capacity + j)] += p[sz(j - j0)];
     }
   }
   return r;

@@ -132,9 +132,9 @@ class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<s
 
   void check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool bias, float beta);
   void check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D, const std::vector<std::int64_t>& lens,
-                     bool col_sums, bool weighted);
+                     bool col_sums, bool weighted, float softcap = 0.0f, std::int64_t window = 0);
   void check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t capacity,
-                    const std::vector<std::int64_t>& lens, bool probs);
+                    const std::vector<std::int64_t>& lens, bool probs, float softcap = 0.0f, std::int64_t window = 0);
 
   std::unique_ptr<Backend> cpu_, dev_;
 };
@@ -212,9 +212,14 @@ TEST_P(BackendOpsTest, Norms) {
 TEST_P(BackendOpsTest, RopeBothLayouts) {
   for (RopeLayout layout : {RopeLayout::RotateHalf, RopeLayout::Interleaved})
     for (float theta : {10000.0f, 500000.0f})
-      for (std::int64_t head_dim : {2, 64, 130}) {
+      for (std::int64_t head_dim : {2, 64, 130})
+      for (bool partial : {false, true}) {
+        const std::int64_t rotary_dim = partial && head_dim % 4 == 0 ? head_dim / 2 : head_dim;
         SCOPED_TRACE(::testing::Message() << "layout " << static_cast<int>(layout) << " theta " << theta
-                                          << " head_dim " << head_dim);
+                                          << " head_dim " << head_dim << " rotary_dim " << rotary_dim);
+        std::vector<float> inv_freq(sz(rotary_dim / 2));
+        for (std::int64_t i = 0; i < rotary_dim / 2; ++i)
+          inv_freq[sz(i)] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim)));
         const std::int64_t tokens = 11, heads = 3;
         std::vector<std::int32_t> positions(sz(tokens));
         for (auto& p : positions) p = static_cast<std::int32_t>(random_int(0, 4096));
@@ -225,8 +230,10 @@ TEST_P(BackendOpsTest, RopeBothLayouts) {
           a.tokens = tokens;
           a.heads = heads;
           a.head_dim = head_dim;
+          a.rotary_dim = rotary_dim;
           a.positions = positions;
-          a.theta = theta;
+          a.inv_freq = inv_freq;
+          a.attention_factor = partial ? 1.19f : 1.0f;
           a.layout = layout;
           (on_cpu ? *cpu_ : *dev_).rope(a);
         }
@@ -238,7 +245,7 @@ TEST_P(BackendOpsTest, RopeBothLayouts) {
 // ---------------------------------------------------------------------------- element-wise
 
 TEST_P(BackendOpsTest, Activations) {
-  for (Activation act : {Activation::Relu, Activation::Gelu}) {
+  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::GeluTanh, Activation::Silu}) {
     SCOPED_TRACE(static_cast<int>(act));
     const Twin x = upload(random_floats(10001, -6.0f, 6.0f));
     cpu_->activation(act, x.cpu.as<float>(), 10001);
@@ -248,21 +255,27 @@ TEST_P(BackendOpsTest, Activations) {
   }
 }
 
-TEST_P(BackendOpsTest, SiluMulAndAdd) {
+TEST_P(BackendOpsTest, GatedActivationsSoftcapAndAdd) {
   const std::int64_t n = 70001;
+  for (Activation act : {Activation::Silu, Activation::GeluTanh})
   for (int alias : {0, 1, 2}) {  // out separate, out == gate, out == up
-    SCOPED_TRACE(alias);
+    SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(act) << " alias " << alias);
     const Twin gate = upload(random_floats(n, -8.0f, 8.0f)), up = upload(random_floats(n));
     const Twin out = upload(std::vector<float>(sz(n), kNaN));
     auto target = [&](bool on_cpu) -> float* {
       const Twin& t = alias == 0 ? out : alias == 1 ? gate : up;
       return (on_cpu ? t.cpu : t.dev).as<float>();
     };
-    cpu_->silu_mul(gate.cpu.as<float>(), up.cpu.as<float>(), target(true), n);
-    dev_->silu_mul(gate.dev.as<float>(), up.dev.as<float>(), target(false), n);
+    cpu_->glu(act, gate.cpu.as<float>(), up.cpu.as<float>(), target(true), n);
+    dev_->glu(act, gate.dev.as<float>(), up.dev.as<float>(), target(false), n);
     const auto [want, got] = download(alias == 0 ? out : alias == 1 ? gate : up);
     EXPECT_TRUE(close(want, got, kF32Tol));
   }
+  const Twin capped = upload(random_floats(n, -100.0f, 100.0f));
+  cpu_->softcap(capped.cpu.as<float>(), n, 30.0f);
+  dev_->softcap(capped.dev.as<float>(), n, 30.0f);
+  const auto [want_capped, got_capped] = download(capped);
+  EXPECT_TRUE(close(want_capped, got_capped, kF32Tol));
   const Twin x = upload(random_floats(n)), y = upload(random_floats(n));
   cpu_->add(x.cpu.as<float>(), y.cpu.as<float>(), n);
   dev_->add(x.dev.as<float>(), y.dev.as<float>(), n);
@@ -310,9 +323,11 @@ TEST_P(BackendOpsTest, EmbeddingOutOfRangeThrows) {
 // ---------------------------------------------------------------------------- attention prefill
 
 void BackendOpsTest::check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D,
-                                   const std::vector<std::int64_t>& lens, bool with_col_sums, bool weighted) {
+                                   const std::vector<std::int64_t>& lens, bool with_col_sums, bool weighted,
+                                   float softcap, std::int64_t window) {
   SCOPED_TRACE(::testing::Message() << "prefill H=" << H << " Hkv=" << Hkv << " D=" << D << " col_sums="
-                                    << with_col_sums << " weighted=" << weighted);
+                                    << with_col_sums << " weighted=" << weighted << " softcap=" << softcap
+                                    << " window=" << window);
   std::vector<std::int64_t> offsets{0};
   for (std::int64_t n : lens) offsets.push_back(offsets.back() + n);
   const std::int64_t T = offsets.back();
@@ -324,7 +339,7 @@ void BackendOpsTest::check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_
   const std::vector<float> weights = weighted ? random_floats(T, 0.0f, 2.0f) : std::vector<float>{};
   for (bool on_cpu : {true, false}) {
     AttentionPrefillArgs a;
-    a.shape = AttentionShape{H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+    a.shape = AttentionShape{H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window};
     a.q = (on_cpu ? q.cpu : q.dev).as<float>();
     a.k = (on_cpu ? k.cpu : k.dev).as<float>();
     a.v = (on_cpu ? v.cpu : v.dev).as<float>();
@@ -347,14 +362,18 @@ TEST_P(BackendOpsTest, AttentionPrefillRaggedGqa) {
   check_prefill(4, 4, 64, lens, true, false);   // MHA
   check_prefill(8, 1, 128, {17, 65}, true, true);  // MQA
   check_prefill(2, 1, 3, {9}, true, false);     // head_dim below a warp
+  check_prefill(6, 2, 40, lens, true, true, 3.0f, 0);  // Gemma-2's soft-capped scores
+  check_prefill(6, 2, 40, lens, true, true, 0.0f, 40);  // a sliding window
 }
 
 // ---------------------------------------------------------------------------- attention decode
 
 void BackendOpsTest::check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
-                                  std::int64_t capacity, const std::vector<std::int64_t>& lens, bool with_probs) {
+                                  std::int64_t capacity, const std::vector<std::int64_t>& lens, bool with_probs,
+                                  float softcap, std::int64_t window) {
   SCOPED_TRACE(::testing::Message() << "decode " << dtype_name(cache) << " H=" << H << " Hkv=" << Hkv << " D=" << D
-                                    << " capacity=" << capacity << " probs=" << with_probs);
+                                    << " capacity=" << capacity << " probs=" << with_probs << " softcap=" << softcap
+                                    << " window=" << window);
   const std::int64_t B = static_cast<std::int64_t>(lens.size());
   const std::int64_t slots = B * Hkv * capacity;
   const Twin q = upload(random_floats(B * H * D, -2.0f, 2.0f));
@@ -364,7 +383,7 @@ void BackendOpsTest::check_decode(DType cache, std::int64_t H, std::int64_t Hkv,
   const Twin probs = upload(std::vector<float>(sz(slots), kNaN));
   for (bool on_cpu : {true, false}) {
     AttentionDecodeArgs a;
-    a.shape = AttentionShape{H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D))};
+    a.shape = AttentionShape{H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window};
     a.q = (on_cpu ? q.cpu : q.dev).as<float>();
     a.k_cache = (on_cpu ? kc.cpu : kc.dev).data();
     a.v_cache = (on_cpu ? vc.cpu : vc.dev).data();
@@ -385,6 +404,7 @@ TEST_P(BackendOpsTest, AttentionDecodeAllCacheDtypes) {
   for (DType t : kAllDTypes) {
     check_decode(t, 8, 2, 72, 150, {1, 64, 65, 150, 97}, true);
     check_decode(t, 4, 4, 64, 40, {40, 3}, false);
+    check_decode(t, 8, 2, 72, 150, {1, 64, 65, 150, 97}, true, 5.0f, 70);
   }
   check_decode(DType::F32, 12, 3, 128, 300, {300, 129, 1}, true);
 }

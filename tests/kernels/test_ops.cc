@@ -27,6 +27,7 @@
 #include "kernels/dtype.h"
 #include "tests/kernels/reference_ops.h"
 #include "tests/kernels/seeded_test.h"
+#include "tests/support/fp_tolerance.h"
 
 namespace flexh2o::kernels {
 namespace {
@@ -49,6 +50,11 @@ const std::vector<BackendFactory>& backend_factories() {
 void PrintTo(const BackendFactory& f, std::ostream* os) { *os << f.name; }
 
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+std::vector<float> magnitudes(std::vector<float> v) {
+  for (float& e : v) e = std::abs(e);
+  return v;
+}
 
 // A weight matrix in its storage dtype, plus the fp32 values that storage holds. The
 // reference reads the latter, so fp16/bf16 rounding is not counted as kernel error and
@@ -244,8 +250,10 @@ TEST_P(OpsTest, LayerNorm) {
 TEST_P(OpsTest, RmsNorm) {
   for (const std::int64_t rows : {1, 3, 17})
     for (const std::int64_t cols : {7, 33, 257, 1000})
-      for (const bool in_place : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "rows=" << rows << " cols=" << cols << (in_place ? " in place" : ""));
+      for (const bool in_place : {false, true})
+      for (const float offset : {0.0f, 1.0f}) {  // Gemma's (1 + w)
+        SCOPED_TRACE(::testing::Message() << "rows=" << rows << " cols=" << cols << (in_place ? " in place" : "")
+                                          << " weight offset " << offset);
         const std::vector<float> x = random_floats(rows * cols, -3.0f, 3.0f);
         const std::vector<float> weight = random_floats(cols, 0.5f, 1.5f);
         const DeviceBuffer dx = upload(x), dw = upload(weight);
@@ -259,8 +267,9 @@ TEST_P(OpsTest, RmsNorm) {
         a.cols = cols;
         a.weight = dw.as<float>();
         a.eps = 1e-6f;
+        a.weight_offset = offset;
         backend_->rms_norm(a);
-        EXPECT_TRUE(near_all(download(out), ref::rms_norm(x, rows, cols, weight, a.eps), kNormTol));
+        EXPECT_TRUE(near_all(download(out), ref::rms_norm(x, rows, cols, weight, a.eps, offset), kNormTol));
       }
 }
 
@@ -271,35 +280,65 @@ TEST_P(OpsTest, Rope) {
     for (const std::int64_t tokens : {1, 5, 33})
       for (const std::int64_t heads : {1, 3})
         for (const std::int64_t head_dim : {8, 16, 64})
-          for (const float theta : {10000.0f, 500000.0f}) {
-            SCOPED_TRACE(::testing::Message()
-                         << (layout == RopeLayout::Interleaved ? "interleaved" : "rotate-half") << " tokens=" << tokens
-                         << " heads=" << heads << " head_dim=" << head_dim << " theta=" << theta);
-            const std::vector<float> x = random_floats(tokens * heads * head_dim);
-            std::uniform_int_distribution<std::int32_t> pos(0, 4095);
-            std::vector<std::int32_t> positions(sz(tokens));
-            for (std::int32_t& p : positions) p = pos(rng_);
-            positions[0] = 0;  // the identity rotation
-            const DeviceBuffer dx = upload(x);
+          for (const bool partial : {false, true})  // Phi-3 rotates the first half of a head
+            for (const float attention_factor : {1.0f, 1.19f}) {  // YaRN / LongRoPE scale cos and sin
+              const std::int64_t rotary_dim = partial ? head_dim / 2 : head_dim;
+              SCOPED_TRACE(::testing::Message()
+                           << (layout == RopeLayout::Interleaved ? "interleaved" : "rotate-half") << " tokens=" << tokens
+                           << " heads=" << heads << " head_dim=" << head_dim << " rotary_dim=" << rotary_dim
+                           << " attention_factor=" << attention_factor);
+              const std::vector<float> x = random_floats(tokens * heads * head_dim);
+              std::uniform_int_distribution<std::int32_t> pos(0, 4095);
+              std::vector<std::int32_t> positions(sz(tokens));
+              for (std::int32_t& p : positions) p = pos(rng_);
+              positions[0] = 0;  // the identity rotation (scaled)
+              // Frequencies of theta 10000 .. 500000, each scaled at random as the RoPE variants do.
+              const double theta = random_floats(1, 1e4f, 5e5f)[0];
+              std::vector<float> inv_freq(sz(rotary_dim / 2));
+              for (std::int64_t i = 0; i < rotary_dim / 2; ++i)
+                inv_freq[sz(i)] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim)) /
+                                                     random_floats(1, 1.0f, 8.0f)[0]);
+              const DeviceBuffer dx = upload(x);
 
-            RopeArgs a;
-            a.x = dx.as<float>();
-            a.tokens = tokens;
-            a.heads = heads;
-            a.head_dim = head_dim;
-            a.positions = positions;
-            a.theta = theta;
-            a.layout = layout;
-            backend_->rope(a);
+              RopeArgs a;
+              a.x = dx.as<float>();
+              a.tokens = tokens;
+              a.heads = heads;
+              a.head_dim = head_dim;
+              a.rotary_dim = rotary_dim;
+              a.positions = positions;
+              a.inv_freq = inv_freq;
+              a.attention_factor = attention_factor;
+              a.layout = layout;
+              backend_->rope(a);
 
-            // An fp32 angle p * theta^(-2i/d) is off by up to 2^-23 relative (rounded
-            // frequency, rounded product), i.e. p * 1.2e-7 rad, which moves an element by
-            // up to |pair| <= sqrt(2) times that: allow p * 4e-7 on top of 1e-5 relative.
-            const std::vector<double> ref = ref::rope(x, tokens, heads, head_dim, positions, theta, layout);
-            EXPECT_TRUE(near_all(download(dx), ref, [&](std::size_t i) {
-              return 1e-5 * std::max(1.0, std::abs(ref[i])) + 4e-7 * positions[i / sz(heads * head_dim)];
-            }));
-          }
+              // The fp32 angle p * inv_freq is off by up to 2^-24 relative (one rounded product),
+              // i.e. p * 6e-8 rad, which moves an element by up to |pair| <= sqrt(2) times that
+              // (and the factor): allow p * 4e-7 on top of 1e-5 relative.
+              const std::vector<double> ref =
+                  ref::rope(x, tokens, heads, head_dim, rotary_dim, positions, inv_freq, attention_factor, layout);
+              EXPECT_TRUE(near_all(download(dx), ref, [&](std::size_t i) {
+                return 1e-5 * std::max(1.0, std::abs(ref[i])) + 4e-7 * positions[i / sz(heads * head_dim)];
+              }));
+            }
+}
+
+TEST_P(OpsTest, RopeRejectsBadShapes) {
+  std::vector<float> x(8, 0.0f);
+  const std::vector<std::int32_t> positions = {0};
+  const std::vector<float> inv_freq = {1.0f, 0.5f};
+  const DeviceBuffer dx = upload(x);
+  RopeArgs a;
+  a.x = dx.as<float>();
+  a.tokens = 1;
+  a.heads = 1;
+  a.head_dim = 8;
+  a.positions = positions;
+  a.inv_freq = inv_freq;
+  for (const std::int64_t rotary_dim : {3, 10, 0, 6}) {  // odd, past head_dim, none, 3 pairs for 2 freqs
+    a.rotary_dim = rotary_dim;
+    EXPECT_THROW(backend_->rope(a), std::invalid_argument) << rotary_dim;
+  }
 }
 
 // ---------------------------------------------------------------------------- element-wise
@@ -307,32 +346,51 @@ TEST_P(OpsTest, Rope) {
 // Sizes around the CPU's 16384-element chunks and a GPU's block widths.
 constexpr std::int64_t kElementwiseSizes[] = {1, 7, 1000, 2 * 16384 + 5};
 
+constexpr Activation kSmoothActivations[] = {Activation::Gelu, Activation::GeluTanh, Activation::Silu};
+
 TEST_P(OpsTest, Activations) {
   for (const std::int64_t n : kElementwiseSizes) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
     const std::vector<float> x = random_floats(n, -6.0f, 6.0f);
-    const DeviceBuffer relu = upload(x), gelu = upload(x);
+    const DeviceBuffer relu = upload(x);
     backend_->activation(Activation::Relu, relu.as<float>(), n);
-    backend_->activation(Activation::Gelu, gelu.as<float>(), n);
     EXPECT_TRUE(exact_all(download(relu), ref::activation(Activation::Relu, x)));
-    // A few fp32 operations and erf (accurate to a few ulp): 1e-5 relative.
-    EXPECT_TRUE(near_all(download(gelu), ref::activation(Activation::Gelu, x), 1e-5));
+    for (const Activation act : kSmoothActivations) {
+      SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(act));
+      const DeviceBuffer d = upload(x);
+      backend_->activation(act, d.as<float>(), n);
+      // A few fp32 operations and one erf/tanh/exp (accurate to a few ulp): 1e-5 relative.
+      EXPECT_TRUE(near_all(download(d), ref::activation(act, x), 1e-5));
+    }
   }
 }
 
-TEST_P(OpsTest, SiluMul) {
+TEST_P(OpsTest, Softcap) {
+  for (const std::int64_t n : kElementwiseSizes) {
+    const std::vector<float> x = random_floats(n, -100.0f, 100.0f);
+    const DeviceBuffer d = upload(x);
+    backend_->softcap(d.as<float>(), n, 30.0f);
+    // A division, tanh and a product: a few ulp of results below 30, 1e-5 relative.
+    EXPECT_TRUE(near_all(download(d), ref::softcap(x, 30.0), 1e-5)) << "n=" << n;
+  }
+}
+
+TEST_P(OpsTest, GatedActivations) {
   enum class Alias { None, Gate, Up };
   constexpr const char* kAliasNames[] = {"nothing", "gate", "up"};
   for (const std::int64_t n : kElementwiseSizes)
     for (const Alias alias : {Alias::None, Alias::Gate, Alias::Up}) {
-      SCOPED_TRACE(::testing::Message() << "n=" << n << " out aliases " << kAliasNames[static_cast<int>(alias)]);
+      for (const Activation act : {Activation::Silu, Activation::GeluTanh}) {  // SwiGLU, GeGLU
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " out aliases " << kAliasNames[static_cast<int>(alias)]
+                                        << " activation " << static_cast<int>(act));
       const std::vector<float> gate = random_floats(n, -8.0f, 8.0f), up = random_floats(n, -2.0f, 2.0f);
       const DeviceBuffer dg = upload(gate), du = upload(up);
       const DeviceBuffer dout = alias == Alias::None ? upload(std::vector<float>(sz(n), kNaN)) : DeviceBuffer{};
       const DeviceBuffer& out = alias == Alias::Gate ? dg : alias == Alias::Up ? du : dout;
-      backend_->silu_mul(dg.as<float>(), du.as<float>(), out.as<float>(), n);
-      // exp, a division and a product, each within a few ulp: 1e-5 relative.
-      EXPECT_TRUE(near_all(download(out), ref::silu_mul(gate, up), 1e-5));
+      backend_->glu(act, dg.as<float>(), du.as<float>(), out.as<float>(), n);
+      // exp or tanh, a division and a product, each within a few ulp: 1e-5 relative.
+      EXPECT_TRUE(near_all(download(out), ref::glu(act, gate, up), 1e-5));
+      }
     }
 }
 
@@ -353,9 +411,10 @@ TEST_P(OpsTest, Embedding) {
   constexpr std::int64_t kRows = 50, kOffset = 2;  // OPT's learned positions start at row 2
   for (const DType dtype : kDTypes)
     for (const std::int64_t cols : {7, 64, 129})
-      for (const bool accumulate : {false, true}) {
+      for (const bool accumulate : {false, true})
+      for (const float scale : {1.0f, 48.0f}) {  // Gemma scales by sqrt(hidden): a power of two is exact
         SCOPED_TRACE(::testing::Message()
-                     << dtype_name(dtype) << " cols=" << cols << (accumulate ? " accumulate" : ""));
+                     << dtype_name(dtype) << " cols=" << cols << (accumulate ? " accumulate" : "") << " scale " << scale);
         const StoredMatrix table = store(random_floats(kRows * cols), dtype);
         // Both ends of the valid range, a repeat, and random ids.
         std::vector<std::int32_t> ids = {0, kRows - kOffset - 1, 5, 5};
@@ -372,9 +431,16 @@ TEST_P(OpsTest, Embedding) {
         a.table = {dt.data(), dtype, kRows, cols};
         a.out = dout.as<float>();
         a.accumulate = accumulate;
+        a.scale = scale;
         backend_->embedding(a);
-        // A copy, or one fp32 addition: exact.
-        EXPECT_TRUE(exact_all(download(dout), ref::embedding(ids, kOffset, table.values, cols, accumulate, out0)));
+        // A copy and one fp32 product, plus one fp32 addition: within a rounding of each.
+        const auto want = ref::embedding(ids, kOffset, table.values, cols, accumulate, out0, scale);
+        // Each rounding is at most 2^-24 of the size of the terms it combines.
+        const auto size = ref::embedding(ids, kOffset, magnitudes(table.values), cols, accumulate, magnitudes(out0), scale);
+        if (scale == 1.0f)
+          EXPECT_TRUE(exact_all(download(dout), want));
+        else
+          EXPECT_TRUE(near_all(download(dout), want, [&](std::size_t i) { return 2 * testing::kF32Eps * size[i]; }));
       }
 }
 
@@ -403,8 +469,17 @@ struct AttentionConfig {
 // GQA groups of 1, 2 and 4 query heads per kv head, and a single kv head (MQA).
 constexpr AttentionConfig kAttentionConfigs[] = {{2, 2, 8}, {4, 2, 16}, {8, 2, 64}, {4, 1, 16}};
 
-AttentionShape shape_of(const AttentionConfig& c) {
-  return {c.n_heads, c.n_kv_heads, c.head_dim, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+// Plain attention, Gemma-2's soft-capped scores, and a sliding window shorter than most
+// sequences (and crossing the CPU's 64-query tiles).
+struct AttentionVariant {
+  float softcap;
+  std::int64_t window;
+};
+constexpr AttentionVariant kAttentionVariants[] = {{0.0f, 0}, {3.0f, 0}, {0.0f, 40}, {5.0f, 70}};
+
+AttentionShape shape_of(const AttentionConfig& c, const AttentionVariant& v = {}) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))),
+          v.softcap, v.window};
 }
 
 // Scores are fp32 dot products over head_dim <= 64, outputs fp32 sums of p * v over up to
@@ -421,11 +496,13 @@ TEST_P(OpsTest, AttentionPrefill) {
   const std::int64_t T = offsets.back();
 
   for (const AttentionConfig& c : kAttentionConfigs)
-    for (const int col_mode : {0, 1, 2}) {  // no column sums, plain, weighted by query
+    for (const int col_mode : {0, 1, 2})  // no column sums, plain, weighted by query
+    for (const AttentionVariant& variant : kAttentionVariants) {
       const bool with_col_sums = col_mode > 0;
       SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << " kv_heads=" << c.n_kv_heads
-                                        << " head_dim=" << c.head_dim << " col_mode " << col_mode);
-      const AttentionShape s = shape_of(c);
+                                        << " head_dim=" << c.head_dim << " col_mode " << col_mode << " softcap "
+                                        << variant.softcap << " window " << variant.window);
+      const AttentionShape s = shape_of(c, variant);
       // q in [-3, 3] gives peaked as well as flat softmax rows.
       const std::vector<float> q = random_floats(T * c.n_heads * c.head_dim, -3.0f, 3.0f);
       const std::vector<float> k = random_floats(T * c.n_kv_heads * c.head_dim);
@@ -463,10 +540,12 @@ TEST_P(OpsTest, AttentionDecode) {
   const std::int64_t B = static_cast<std::int64_t>(lens.size());
 
   for (const AttentionConfig& c : kAttentionConfigs)
-    for (const bool with_probs : {false, true}) {
+    for (const bool with_probs : {false, true})
+    for (const AttentionVariant& variant : kAttentionVariants) {
       SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << " kv_heads=" << c.n_kv_heads
-                                        << " head_dim=" << c.head_dim << (with_probs ? " probs" : ""));
-      const AttentionShape s = shape_of(c);
+                                        << " head_dim=" << c.head_dim << (with_probs ? " probs" : "") << " softcap "
+                                        << variant.softcap << " window " << variant.window);
+      const AttentionShape s = shape_of(c, variant);
       const std::int64_t D = c.head_dim, cache_size = B * c.n_kv_heads * kCapacity * D;
       const std::vector<float> q = random_floats(B * c.n_heads * D, -3.0f, 3.0f);
       std::vector<float> k = random_floats(cache_size), v = random_floats(cache_size);

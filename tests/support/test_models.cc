@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/families/family.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/safetensors.h"
 #include "tests/support/fp_tolerance.h"
@@ -17,7 +18,6 @@
 namespace flexh2o::testing {
 
 namespace fs = std::filesystem;
-using engine::Family;
 using engine::HostWeights;
 using engine::ModelConfig;
 
@@ -47,7 +47,6 @@ std::string read_file(const std::string& path) {
 ModelConfig tiny_opt_config() {
   ModelConfig c;
   c.name = "tiny-opt";
-  c.family = Family::Opt;
   c.n_layers = 2;
   c.hidden = 64;
   c.ffn = 128;
@@ -56,8 +55,9 @@ ModelConfig tiny_opt_config() {
   c.head_dim = 16;
   c.vocab_size = 97;
   c.max_positions = 64;
-  c.tie_embeddings = true;
   c.dtype = kernels::DType::F32;
+  engine::find_family("opt", c.name).preset(c);
+  c.family = "opt";
   c.bos_id = 2;
   c.stop_ids = {};
   return c;
@@ -66,7 +66,6 @@ ModelConfig tiny_opt_config() {
 ModelConfig tiny_llama_config() {
   ModelConfig c;
   c.name = "tiny-llama";
-  c.family = Family::Llama;
   c.n_layers = 3;
   c.hidden = 48;
   c.ffn = 72;
@@ -75,10 +74,10 @@ ModelConfig tiny_llama_config() {
   c.head_dim = 8;
   c.vocab_size = 101;
   c.max_positions = 64;
-  c.norm_eps = 1e-5f;
-  c.rope_theta = 10000.0f;
-  c.tie_embeddings = false;
   c.dtype = kernels::DType::F32;
+  engine::find_family("llama", c.name).preset(c);
+  c.family = "llama";
+  c.norm_eps = 1e-5f;
   c.bos_id = 1;
   c.stop_ids = {};
   return c;
@@ -122,17 +121,16 @@ void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const 
   j["bos_token_id"] = cfg.bos_id;
   if (!cfg.stop_ids.empty()) j["eos_token_id"] = cfg.stop_ids.front();
   j["tie_word_embeddings"] = cfg.tie_embeddings;
-  if (cfg.family == Family::Opt) {
-    j["model_type"] = "opt";
+  j["model_type"] = cfg.family;
+  if (cfg.learned_positions) {
     j["ffn_dim"] = cfg.ffn;
     j["word_embed_proj_dim"] = cfg.hidden;
     j["do_layer_norm_before"] = true;
   } else {
-    j["model_type"] = "llama";
     j["intermediate_size"] = cfg.ffn;
     j["num_key_value_heads"] = cfg.n_kv_heads;
     j["rms_norm_eps"] = cfg.norm_eps;
-    j["rope_theta"] = cfg.rope_theta;
+    j["rope_theta"] = cfg.rope.theta;
   }
   write_file(dir + "/config.json", j.dump(2));
 
@@ -148,7 +146,7 @@ void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const 
     const bool is_q = spec.name.ends_with(".wq"), is_k = spec.name.ends_with(".wk");
     if (from_interleaved && (is_q || is_k))
       v = interleaved_to_rotate_half(v, is_q ? cfg.n_heads : cfg.n_kv_heads, cfg.head_dim, spec.cols);
-    Owned o{engine::hf_tensor_names(cfg.family, spec.name).front(),
+    Owned o{engine::find_family(cfg.family, "export").tensor_names(cfg, spec.name).front().name,
             spec.matrix ? std::vector<std::int64_t>{spec.rows, spec.cols} : std::vector<std::int64_t>{spec.rows},
             std::vector<std::byte>(v.size() * kernels::dtype_size(file_dtype))};
     kernels::convert_from_f32(v.data(), file_dtype, o.bytes.data(), v.size());
@@ -173,7 +171,8 @@ std::vector<std::vector<double>> reference_logits(const ModelConfig& c, const Ho
                                                   const std::vector<std::int32_t>& tokens) {
   auto W = [&](const std::string& n) { return as_f32(hw.at(n)); };
   const std::int64_t T = static_cast<std::int64_t>(tokens.size()), H = c.hidden, hd = c.head_dim;
-  const bool opt = c.family == Family::Opt;
+  // The OPT and Llama-2 shapes: LayerNorm + learned positions + ReLU, or RMSNorm + RoPE + SwiGLU.
+  const bool opt = c.learned_positions;
   using Mat = std::vector<std::vector<double>>;
   auto linear = [&](const Mat& x, const std::string& w, const std::string& b, std::int64_t out, std::int64_t in) {
     const auto wm = W(w);
@@ -205,8 +204,8 @@ std::vector<std::vector<double>> reference_logits(const ModelConfig& c, const Ho
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t h = 0; h < heads; ++h)
         for (std::int64_t i = 0; i < hd / 2; ++i) {
-          const double ang = t * std::pow(static_cast<double>(c.rope_theta), -2.0 * i / hd);
-          const bool inter = c.rope_layout == kernels::RopeLayout::Interleaved;
+          const double ang = t * std::pow(c.rope.theta, -2.0 * i / hd);
+          const bool inter = c.rope.layout == kernels::RopeLayout::Interleaved;
           const std::int64_t a = h * hd + (inter ? 2 * i : i), b = h * hd + (inter ? 2 * i + 1 : i + hd / 2);
           const double x0 = x[t][a], x1 = x[t][b];
           x[t][a] = x0 * std::cos(ang) - x1 * std::sin(ang);
@@ -255,10 +254,10 @@ std::vector<std::vector<double>> reference_logits(const ModelConfig& c, const Ho
     x = normalize(h, p + "mlp_norm");
     Mat m;
     if (opt) {
-      Mat a = linear(x, p + "fc1", p + "fc1_bias", c.ffn, H);
+      Mat a = linear(x, p + "w_up", p + "b_up", c.ffn, H);
       for (auto& row : a)
         for (auto& e : row) e = std::max(e, 0.0);
-      m = linear(a, p + "fc2", p + "fc2_bias", H, c.ffn);
+      m = linear(a, p + "w_down", p + "b_down", H, c.ffn);
     } else {
       Mat g = linear(x, p + "w_gate", "", c.ffn, H), u = linear(x, p + "w_up", "", c.ffn, H);
       for (std::int64_t t = 0; t < T; ++t)

@@ -1,0 +1,26 @@
+// The LLaMA-shaped decoder most families build on (Llama, Mistral, Qwen2/3, Phi-3, Gemma-2):
+// RMSNorm, RoPE, gated MLP, grouped KV heads, and the Hub's tensor names for it.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/families/family.h"
+
+namespace flexh2o::engine {
+
+// RMSNorm before each sublayer, rotate-half RoPE, SwiGLU, no biases.
+void llama_preset(ModelConfig& c);
+// Shape, norm eps, RoPE, MLP activation (`hidden_act`), dtype, tie (absent: `tie_default`),
+// BOS/EOS; head_dim absent or null is hidden / heads unless `head_dim_default` > 0.
+void read_llama_like(const HfConfig& j, ModelConfig& c, bool tie_default, std::int64_t head_dim_default = 0);
+
+// Canonical per-layer suffix (e.g. "wq") -> Hub suffix (e.g. "self_attn.q_proj.weight").
+using LayerNames = std::map<std::string, std::string>;
+// model.embed_tokens / model.norm / lm_head, and model.layers.N.<suffix> from `layer`.
+std::vector<HfTensorName> llama_like_names(const std::string& canonical, const LayerNames& layer);
+// The Llama table: self_attn.{q,k,v,o}_proj (+ .bias), self_attn.{q,k}_norm, mlp.{gate,up,down}_proj
+// (+ .bias), input_layernorm (attention), post_attention_layernorm (MLP).
+const LayerNames& llama_layer_names();
+
+}  // namespace flexh2o::engine
