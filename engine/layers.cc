@@ -23,6 +23,12 @@ const float* maybe_vec(const DeviceWeights& w, const std::string& name, bool pre
   return present ? vec(w, name) : nullptr;
 }
 
+// A projection, in the run's compute dtype.
+void linear(kernels::Backend& be, const ModelConfig& cfg, kernels::GemmArgs a) {
+  a.compute = cfg.compute_dtype;
+  be.gemm(a);
+}
+
 // y = norm(x) with the weights under `prefix` (rows of cfg.hidden; x may equal y).
 void norm(kernels::Backend& be, const ModelConfig& cfg, const DeviceWeights& w, const std::string& prefix,
           const float* x, float* y, std::int64_t rows) {
@@ -73,7 +79,7 @@ class InputEmbed final : public Layer {
     if (cfg_.embedding_width() != cfg_.hidden) {  // a narrower embedding, projected in (OPT-350m)
       float* e = act.embed.as<float>();
       be.embedding({s.token_ids, 0, get(w, "tok_embed"), e, false, cfg_.embed_scale});
-      be.gemm({e, s.rows(), get(w, "project_in"), nullptr, h, 0.0f});
+      linear(be, cfg_, {e, s.rows(), get(w, "project_in"), nullptr, h, 0.0f});
     } else {
       be.embedding({s.token_ids, 0, get(w, "tok_embed"), h, false, cfg_.embed_scale});
     }
@@ -112,9 +118,9 @@ class Attention final : public Layer {
     else
       norm(be, cfg_, w, p_ + "attn_norm", h, x, rows);
     float *q = act.q.as<float>(), *k = act.k.as<float>(), *v = act.v.as<float>();
-    be.gemm({x, rows, get(w, p_ + "wq"), maybe_vec(w, p_ + "bq", cfg_.qkv_bias), q, 0.0f});
-    be.gemm({x, rows, get(w, p_ + "wk"), maybe_vec(w, p_ + "bk", cfg_.qkv_bias), k, 0.0f});
-    be.gemm({x, rows, get(w, p_ + "wv"), maybe_vec(w, p_ + "bv", cfg_.qkv_bias), v, 0.0f});
+    linear(be, cfg_, {x, rows, get(w, p_ + "wq"), maybe_vec(w, p_ + "bq", cfg_.qkv_bias), q, 0.0f});
+    linear(be, cfg_, {x, rows, get(w, p_ + "wk"), maybe_vec(w, p_ + "bk", cfg_.qkv_bias), k, 0.0f});
+    linear(be, cfg_, {x, rows, get(w, p_ + "wv"), maybe_vec(w, p_ + "bv", cfg_.qkv_bias), v, 0.0f});
     if (cfg_.qk_norm) {  // per head, before RoPE (Qwen3)
       be.rms_norm({q, q, rows * cfg_.n_heads, cfg_.head_dim, vec(w, p_ + "q_norm"), nullptr, cfg_.norm_eps,
                    cfg_.norm_weight_offset});
@@ -151,7 +157,7 @@ class Attention final : public Layer {
     }
     add_to_stream(be, cfg_, w, p_ + "attn_norm", p_ + "attn_out_norm", h, act.normed.as<float>(), rows,
                   [&](float* y, float beta) {
-                    be.gemm({o, rows, get(w, p_ + "wo"), maybe_vec(w, p_ + "bo", cfg_.o_bias), y, beta});
+                    linear(be, cfg_, {o, rows, get(w, p_ + "wo"), maybe_vec(w, p_ + "bo", cfg_.o_bias), y, beta});
                   });
   }
 
@@ -220,16 +226,16 @@ class Mlp final : public Layer {
     float *a = act.ffn_a.as<float>(), *b = act.ffn_b.as<float>();
     const bool bias = cfg_.mlp_bias;
     if (cfg_.gated_mlp) {
-      be.gemm({x, rows, get(w, p_ + "w_gate"), maybe_vec(w, p_ + "b_gate", bias), a, 0.0f});
-      be.gemm({x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), b, 0.0f});
+      linear(be, cfg_, {x, rows, get(w, p_ + "w_gate"), maybe_vec(w, p_ + "b_gate", bias), a, 0.0f});
+      linear(be, cfg_, {x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), b, 0.0f});
       be.glu(cfg_.mlp_act, a, b, a, rows * cfg_.ffn);
     } else {
-      be.gemm({x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), a, 0.0f});
+      linear(be, cfg_, {x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), a, 0.0f});
       be.activation(cfg_.mlp_act, a, rows * cfg_.ffn);
     }
     add_to_stream(be, cfg_, w, p_ + "mlp_norm", p_ + "mlp_out_norm", h, act.normed.as<float>(), rows,
                   [&](float* y, float beta) {
-                    be.gemm({a, rows, get(w, p_ + "w_down"), maybe_vec(w, p_ + "b_down", bias), y, beta});
+                    linear(be, cfg_, {a, rows, get(w, p_ + "w_down"), maybe_vec(w, p_ + "b_down", bias), y, beta});
                   });
   }
 
@@ -260,11 +266,11 @@ class OutputEmbed final : public Layer {
     if (cfg_.final_norm) norm(be, cfg_, w, "final_norm", last, last, B);
     const float* head_in = last;
     if (cfg_.embedding_width() != H) {  // back to the embedding's width (OPT-350m)
-      be.gemm({last, B, get(w, "project_out"), nullptr, act.embed.as<float>(), 0.0f});
+      linear(be, cfg_, {last, B, get(w, "project_out"), nullptr, act.embed.as<float>(), 0.0f});
       head_in = act.embed.as<float>();
     }
     float* logits = act.logits.as<float>();
-    be.gemm({head_in, B, get(w, cfg_.tie_embeddings ? "tok_embed" : "lm_head"), nullptr, logits, 0.0f});
+    linear(be, cfg_, {head_in, B, get(w, cfg_.tie_embeddings ? "tok_embed" : "lm_head"), nullptr, logits, 0.0f});
     if (cfg_.final_softcap > 0) be.softcap(logits, B * cfg_.vocab_size, cfg_.final_softcap);
   }
 

@@ -92,6 +92,9 @@ struct ModelConfig {
   float final_softcap = 0.0f;     // logits -> c * tanh(logits / c); 0: none
 
   kernels::DType dtype = kernels::DType::F16;  // storage dtype of the weight matrices
+  // How projections multiply: F32, or BF16 (bf16 inputs, fp32 accumulation); a run setting
+  // (--compute-dtype), not part of the checkpoint.
+  kernels::DType compute_dtype = kernels::DType::F32;
   std::int32_t bos_id = -1;                    // -1: none
   std::vector<std::int32_t> stop_ids;          // generation ends at any of these
 

@@ -71,6 +71,13 @@ bool is_model_yaml(const fs::path& p) {
 
 }  // namespace
 
+kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be) {
+  if (flag == "f32") return kernels::DType::F32;
+  if (flag == "bf16") return kernels::DType::BF16;
+  if (flag != "auto") throw std::invalid_argument("--compute-dtype: '" + flag + "' is not one of auto, f32, bf16");
+  return weights != kernels::DType::F32 && be.native_bf16() ? kernels::DType::BF16 : kernels::DType::F32;
+}
+
 bool names_weights(const std::string& model) {
   const fs::path p(model);
   return model.empty() || fs::is_directory(p) || (fs::is_regular_file(p) && !is_model_yaml(p));

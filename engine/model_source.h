@@ -9,6 +9,7 @@
 #include "engine/model_config.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/weights.h"
+#include "kernels/backend.h"
 
 namespace flexh2o::engine {
 
@@ -28,6 +29,10 @@ struct ModelSource {
 };
 
 ModelSource open_model(const ModelOptions& opt);
+// --compute-dtype: "f32", "bf16", or "auto": bf16 for 16-bit weights where the backend
+// multiplies bf16 natively, else f32 (fp32 weights keep fp32: e.g. stories260K's exact text).
+kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be);
+
 // Whether `model` (as --model takes it) names weights: the embedded default, a checkpoint
 // directory or file; not a model YAML or a built-in config name.
 bool names_weights(const std::string& model);

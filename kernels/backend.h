@@ -40,6 +40,8 @@ class Backend {
   // (cudaHostRegister). Returns false where the backend gains nothing from it (CPU).
   virtual bool pin_host(void* /*p*/, std::size_t /*bytes*/) { return false; }
   virtual void unpin_host(void* /*p*/) noexcept {}
+  // Whether GEMMs with bf16 compute run natively (bf16 matrix units) rather than emulated.
+  virtual bool native_bf16() const = 0;
 
   virtual void gemm(const GemmArgs& a) = 0;
   virtual void layer_norm(const NormArgs& a) = 0;

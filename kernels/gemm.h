@@ -14,7 +14,9 @@ struct MatrixRef {
   std::int64_t cols = 0;
 };
 
-// y[m, n] = x[m, k] @ w[n, k]^T + bias[n] + beta * y   (PyTorch Linear layout, fp32 compute).
+// y[m, n] = x[m, k] @ w[n, k]^T + bias[n] + beta * y   (PyTorch Linear layout). `compute`
+// F32 multiplies in fp32; BF16 rounds x and w to bf16 and accumulates their (exact) products in
+// fp32, as bf16 matrix units do.
 struct GemmArgs {
   const float* x = nullptr;
   std::int64_t m = 0;
@@ -22,6 +24,7 @@ struct GemmArgs {
   const float* bias = nullptr;  // optional, [n]
   float* y = nullptr;
   float beta = 0.0f;  // 1 adds the product into y (residual connections); with 0, y is not read
+  DType compute = DType::F32;
 };
 
 }  // namespace flexh2o::kernels

@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtbb-dev            # oneTBB: CPU parallelism
-  libopenblas-dev       # OpenBLAS: CPU GEMM
+  libdnnl-dev           # oneDNN: CPU matmul (f32, bf16, int8)
+  libopenblas-dev       # OpenBLAS: attention's small products
   liburing-dev          # io_uring: the disk tier
   libfmt-dev            # text formatting
   libyaml-cpp-dev       # model/hardware/run configs

@@ -26,7 +26,9 @@ ctest --test-dir build --output-on-failure -j"$jobs" -L 'unit|e2e|gpu'
 own_core=$(OPENBLAS_VERBOSE=2 ./build/tests/test_kernels --gtest_list_tests 2>&1 | sed -n 's/^Core: //p' | head -n 1)
 other_core=Sandybridge
 [ "$own_core" = Sandybridge ] && other_core=Nehalem
-for core in Haswell "$other_core"; do
-  echo "== unit tests with OPENBLAS_CORETYPE=$core (this machine's own: ${own_core:-unknown})"
-  OPENBLAS_CORETYPE=$core ctest --test-dir build --output-on-failure -j"$jobs" -L unit
-done
+# The second run also holds oneDNN to AVX2, so that on a machine with AVX-512 BF16 both the
+# native and the emulated bf16 paths and both oneDNN kernel families are tested.
+echo "== unit tests with OPENBLAS_CORETYPE=Haswell"
+OPENBLAS_CORETYPE=Haswell ctest --test-dir build --output-on-failure -j"$jobs" -L unit
+echo "== unit tests with OPENBLAS_CORETYPE=$other_core ONEDNN_MAX_CPU_ISA=AVX2 (this machine's own: ${own_core:-unknown})"
+OPENBLAS_CORETYPE=$other_core ONEDNN_MAX_CPU_ISA=AVX2 ctest --test-dir build --output-on-failure -j"$jobs" -L unit

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "engine/block_scheduler.h"
+#include "engine/machine_profile.h"
 #include "engine/model_shape.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
@@ -165,9 +166,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: the profile's)");
   b->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: the profile's)");
   b->add_option("--systems", o.systems, "comma list of accelerate, zero, flexgen, flexgen+h2o, flexgen+4bit, flexgen+4bit+h2o");
-  b->add_option("--hardware", o.hardware, "profile the planner and batch choices use (default configs/hardware/ci-cpu.yaml)");
+  b->add_option("--hardware", o.hardware, "profile (file or built-in name) the planner and batch choices use (default ci-cpu)");
   b->add_option("--out-dir", o.out_dir, "where table.md, results.csv and throughput.png go");
   b->add_option("--backend", o.backend, "compute backend: auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  b->add_option("--compute-dtype", o.compute_dtype, "auto, f32 or bf16 (as for run)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   b->add_option("--max-batch", o.max_batch, "largest effective batch tried")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   return b;
 }
@@ -180,7 +183,7 @@ int bench_command(const BenchOptions& o) {
   mo.dtype = kernels::parse_dtype(o.dtype);
   auto m = engine::open_model(mo);
   m.config.stop_ids.clear();  // every sequence generates gen_len tokens
-  policy::HardwareProfile hw = policy::load_hardware_file(o.hardware);
+  policy::HardwareProfile hw = engine::hardware_profile(o.hardware);
   hw.gpu_mem = offload::parse_bytes(o.gpu_mem);
   if (!o.cpu_mem.empty()) hw.cpu_mem = offload::parse_bytes(o.cpu_mem);
   if (!o.disk_mem.empty()) hw.disk_mem = offload::parse_bytes(o.disk_mem);
@@ -189,6 +192,7 @@ int bench_command(const BenchOptions& o) {
   std::filesystem::create_directories(o.out_dir);
 
   auto be = kernels::make_backend(o.backend);
+  m.config.compute_dtype = engine::choose_compute_dtype(o.compute_dtype, m.config.dtype, *be);
   // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
   const bool allow_ccc = be->kind() == kernels::DeviceKind::Cpu;
   std::vector<SystemRun> runs;

@@ -16,10 +16,11 @@ struct BenchOptions {
   std::int64_t gen_len = 8;
   std::string gpu_mem = "256MiB", cpu_mem, disk_mem;
   std::string systems = "accelerate,zero,flexgen,flexgen+h2o,flexgen+4bit";
-  std::string hardware = "configs/hardware/ci-cpu.yaml";
+  std::string hardware = "ci-cpu";
   std::string out_dir = "bench-out";
   std::int64_t max_batch = 64;
   std::string backend = "auto";
+  std::string compute_dtype = "auto";
 };
 
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& opt);

@@ -28,6 +28,8 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
                    "comma list of none, cache, weight, both: each KV policy is evaluated under each (default none)");
   eval->add_option("--compress-bits", o.compress_bits, "bits per value when compressing: 4 or 8")
       ->check(CLI::IsMember({4, 8}));
+  eval->add_option("--compute-dtype", o.compute_dtypes,
+                   "comma list of f32, bf16: how projections multiply (the reference is always f32)");
   eval->add_option("--backend", o.backend, "compute backend: auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   eval->add_option("--chunks", o.chunks, "evaluate the first N paragraphs")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   eval->add_option("--batch", o.batch, "chunks per batch")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
@@ -73,17 +75,29 @@ int eval_command(const EvalOptions& o) {
   Generator reference(*be, m.config, weights);
   const bool any_weight = std::ranges::any_of(modes, [](const auto& s) { return s == "weight" || s == "both"; });
   const HostWeights qweights = any_weight ? load_weights(with_weight_dtype(m.config, q), *m.weights) : HostWeights{};
-  std::map<std::string, std::unique_ptr<Generator>> generators;
+  std::vector<kernels::DType> computes;
+  std::stringstream compute_list(o.compute_dtypes);
+  for (std::string c; std::getline(compute_list, c, ',');) {
+    if (c != "f32" && c != "bf16") throw std::invalid_argument("--compute-dtype: unknown '" + c + "' (expected f32 or bf16)");
+    computes.push_back(kernels::parse_dtype(c));
+  }
+  if (computes.empty()) throw std::invalid_argument("--compute-dtype: give f32, bf16 or both");
+  std::map<std::pair<std::string, kernels::DType>, std::unique_ptr<Generator>> generators;
   std::vector<EvalVariant> variants;
   for (const auto& spec : specs)
+    for (const auto compute : computes)
     for (const auto& mode : modes) {
       const bool cw = mode == "weight" || mode == "both", cc = mode == "cache" || mode == "both";
-      auto& g = generators[mode];
-      if (!g && mode != "none")
-        g = std::make_unique<Generator>(*be, cw ? with_weight_dtype(m.config, q) : m.config, cw ? qweights : weights,
-                                        cc ? q : kernels::DType::F32);
-      const std::string suffix = mode == "none" ? "" : fmt::format(" + {}-bit {}", o.compress_bits, mode);
-      variants.push_back({spec.text + suffix, spec, mode == "none" ? &reference : g.get()});
+      const bool plain = mode == "none" && compute == kernels::DType::F32;
+      auto& g = generators[{mode, compute}];
+      if (!g && !plain) {
+        ModelConfig c = cw ? with_weight_dtype(m.config, q) : m.config;
+        c.compute_dtype = compute;
+        g = std::make_unique<Generator>(*be, c, cw ? qweights : weights, cc ? q : kernels::DType::F32);
+      }
+      std::string suffix = mode == "none" ? "" : fmt::format(" + {}-bit {}", o.compress_bits, mode);
+      if (compute != kernels::DType::F32) suffix += " + bf16 compute";
+      variants.push_back({spec.text + suffix, spec, plain ? &reference : g.get()});
     }
   const auto results = evaluate_variants(reference, chunks, variants, o.batch);
 

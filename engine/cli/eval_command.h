@@ -14,6 +14,7 @@ struct EvalOptions {
   std::string text_file;
   std::string kv = "full,local:0.2,streaming:0.2,h2o:0.2,tova:0.2,scissorhands:0.2,pyramid:0.2,snapkv:0.2";
   std::string compress = "none";  // comma list of none, cache, weight, both
+  std::string compute_dtypes = "f32";  // comma list of f32, bf16
   int compress_bits = 4;
   std::int64_t chunks = 64;
   std::string backend = "auto";

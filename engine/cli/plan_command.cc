@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 
+#include "engine/machine_profile.h"
 #include "engine/model_shape.h"
 #include "engine/model_source.h"
 #include "offload/text_file.h"
@@ -21,7 +22,7 @@ engine::ModelConfig model_config_of(const std::string& model) {
 CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   auto* plan = app.add_subcommand("plan", "Choose placement and batch sizes with the cost model (dry run, no GPU needed)");
   plan->add_option("--model", o.model, "built-in config name (opt-30b, llama-2-70b, ...), model YAML or checkpoint")->required();
-  plan->add_option("--hardware", o.hardware, "hardware profile YAML (configs/hardware/*.yaml or from flexh2o calibrate)")
+  plan->add_option("--hardware", o.hardware, "hardware profile: a YAML file (from flexh2o calibrate) or a built-in name (t4-gcp, a100-80g, h100-pcie, h100-sxm, ci-cpu)")
       ->required();
   plan->add_option("--prompt-len", o.prompt_len, "prompt tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--gen-len", o.gen_len, "new tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
@@ -38,7 +39,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
 
 int plan_command(const PlanCliOptions& o) {
   const engine::ModelConfig cfg = model_config_of(o.model);
-  policy::HardwareProfile hw = policy::load_hardware_file(o.hardware);
+  policy::HardwareProfile hw = engine::hardware_profile(o.hardware);
   auto override_mem = [](const std::string& text, std::int64_t& field, const char* flag) {
     if (text.empty()) return;
     try {

@@ -13,6 +13,7 @@
 
 #include "engine/block_scheduler.h"
 #include "engine/cli/interrupts.h"
+#include "engine/machine_profile.h"
 #include "engine/model_shape.h"
 #include "offload/text_file.h"
 #include "engine/model_source.h"
@@ -46,12 +47,16 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   run->add_option("--backend", o.backend, "compute backend: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  run->add_option("--compute-dtype", o.compute_dtype,
+                  "how projections multiply: auto (bf16 for 16-bit weights where the hardware has bf16 units, else "
+                  "f32), f32 or bf16")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
 
   const char* sched = "Placement and schedule";
   run->add_option("--policy", o.policy_file,
                   "policy YAML (flags below override its fields), or auto: plan with --hardware, then run")
       ->group(sched);
-  run->add_option("--hardware", o.hardware, "hardware profile for --policy auto")->group(sched);
+  run->add_option("--hardware", o.hardware, "hardware profile (file or built-in name) to plan with; default: this machine's memory and disk with built-in rates")->group(sched);
   run->add_option("--percent", o.percent,
                   "WG WC CG CC AG AC: percent of weights, KV cache and activations on gpu and cpu (the rest on disk)")
       ->expected(6)
@@ -156,10 +161,12 @@ int run_command(const RunOptions& o) {
   mo.dummy = o.dummy;
   mo.seed = o.seed;
   if (!o.dtype.empty()) mo.dtype = kernels::parse_dtype(o.dtype);
-  const bool auto_policy = o.policy_file == "auto";
-  if (auto_policy && o.hardware.empty())
-    throw std::invalid_argument("--policy auto plans for a machine: pass --hardware FILE (configs/hardware/*.yaml or "
-                                "the output of flexh2o calibrate)");
+  // Throughput first: a batch job without placement flags runs the planner's policy (as large a
+  // batch as fits this machine or --hardware, and the --*-mem limits); so does --policy auto.
+  const bool placed = (!o.policy_file.empty() && o.policy_file != "auto") || !o.percent.empty() || o.gpu_batch_size ||
+                      o.num_gpu_batches;
+  const bool batch_job = !o.prompts_file.empty() || o.batch.value_or(1) > 1;
+  const bool auto_policy = o.policy_file == "auto" || (!placed && batch_job);
   policy::Policy pol = auto_policy ? policy::Policy{} : make_policy(o);
   offload::TierOptions to;
   to.gpu_bytes = capacity(o.gpu_mem, "--gpu-mem");
@@ -168,6 +175,7 @@ int run_command(const RunOptions& o) {
   to.offload_dir = o.offload_dir;
   ModelSource m = open_model(mo);
   auto backend = kernels::make_backend(o.backend);
+  m.config.compute_dtype = choose_compute_dtype(o.compute_dtype, m.config.dtype, *backend);
   const std::int64_t gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
 
   std::vector<PromptItem> items;
@@ -175,13 +183,15 @@ int run_command(const RunOptions& o) {
     // Plan for the prompts' length (synthetic prompts: --prompt-len), then run the plan within
     // the profile's capacities unless --*-mem say otherwise.
     const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !m.tokenizer;
-    std::int64_t prompt_len = o.prompt_len;
+    std::int64_t prompt_len = o.prompt_len, prompts = o.batch.value_or(1);
     if (!synthetic) {
-      items = gather_prompts(o, m, o.batch.value_or(1));
+      items = gather_prompts(o, m, prompts);
+      prompts = static_cast<std::int64_t>(items.size());
       prompt_len = 0;
       for (const auto& it : items) prompt_len = std::max<std::int64_t>(prompt_len, static_cast<std::int64_t>(it.tokens.size()));
     }
-    policy::HardwareProfile hw = policy::load_hardware_file(o.hardware);
+    policy::HardwareProfile hw =
+        o.hardware.empty() ? this_machine_profile(*backend, o.offload_dir) : hardware_profile(o.hardware);
     for (auto [bytes, field] : {std::pair{to.gpu_bytes, &hw.gpu_mem}, std::pair{to.cpu_bytes, &hw.cpu_mem},
                                 std::pair{to.disk_bytes, &hw.disk_mem}})
       if (bytes != offload::Budget::kUnlimited) *field = bytes;
@@ -190,8 +200,13 @@ int run_command(const RunOptions& o) {
     o.compress.apply(po);
     // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
     po.allow_cpu_cache_compute = backend->kind() == kernels::DeviceKind::Cpu;
+    po.max_block = std::max<std::int64_t>(prompts, 1);  // no block larger than the job
     const policy::Estimate e = policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, po);
     pol = e.policy;
+    // Schedule flags still apply to the planned placement.
+    if (o.overlap) pol.overlap = *o.overlap != 0;
+    if (o.sep_layer) pol.sep_layer = *o.sep_layer != 0;
+    if (o.pin_weight) pol.pin_weight = *o.pin_weight != 0;
     to.gpu_bytes = hw.gpu_mem;
     to.cpu_bytes = hw.cpu_mem;
     to.disk_bytes = hw.disk_mem;
@@ -203,8 +218,7 @@ int run_command(const RunOptions& o) {
   }
   to.pin_host = pol.pin_weight;
 
-  const std::int64_t count =
-      o.batch.value_or(o.gpu_batch_size || !o.policy_file.empty() ? pol.block_size() : 1);
+  const std::int64_t count = o.batch.value_or(placed ? pol.block_size() : 1);
   if (items.empty()) items = gather_prompts(o, m, count);
   std::vector<std::vector<std::int32_t>> all_prompts;
   std::vector<std::string> ids;
@@ -300,7 +314,7 @@ int run_command(const RunOptions& o) {
              "model: {} ({} layers, hidden {}, {} weights)\n"
              "model size: {} | cache size: {} | hidden size (prefill): {}\n"
              "policy: gpu batch {} x {} batches, percent [{:g} {:g} {:g} {:g} {:g} {:g}], overlap {}, sep_layer {}, "
-             "cpu_cache_compute {}, kv {}, cache {}\n"
+             "cpu_cache_compute {}, kv {}, cache {}, compute {}\n"
              "peak memory: gpu {} | cpu {} | disk {}\n"
              "prompts: {}, prompt tokens: {}, generated tokens: {}\n"
              "prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
@@ -308,7 +322,7 @@ int run_command(const RunOptions& o) {
              offload::format_bytes(tensor_bytes(c)), offload::format_bytes(cache_bytes),
              offload::format_bytes(hidden_bytes), pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2],
              pct[3], pct[4], pct[5], pol.overlap, pol.sep_layer, pol.cpu_cache_compute, pol.kv,
-             kernels::dtype_name(pol.cache_dtype()), offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
+             kernels::dtype_name(pol.cache_dtype()), kernels::dtype_name(c.compute_dtype), offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
              offload::format_bytes(peak(Tier::Disk)), items.size(), total.prompt_tokens, total.generated_tokens,
              total.prefill_seconds, prefill_tput, total.decode_seconds, decode_tput, all_s, total_tput);
   if (!o.metrics_file.empty()) {

@@ -26,6 +26,7 @@ struct RunOptions {
   bool dummy = false;
   std::string dtype;
   std::string backend = "auto";  // auto, cpu or cuda
+  std::string compute_dtype = "auto";
 
   // Placement and schedule (FlexGen's flags); a --policy file first, then these override it.
   std::string policy_file;  // a YAML file, or "auto"

@@ -1,6 +1,7 @@
 // Attention on the CPU. Work is split by (sequence, kv head) so that the optional score
-// outputs, which sum over the query heads of a group, are written by one task only.
-// Scores and outputs are computed with single-threaded BLAS calls on tiles.
+// outputs, which sum over the query heads of a group, are written by one task only. Prefill
+// computes scores and outputs with single-threaded BLAS calls on tiles; decode walks the
+// cache's slots in their stored dtype with vectorised dot products (kernels/cpu/vec.h).
 #include <cblas.h>
 #include <tbb/parallel_for.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/vec.h"
 
 namespace flexh2o::kernels {
 
@@ -107,42 +109,47 @@ void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
     if (a.lens[b] <= 0 || a.lens[b] > cap)
       throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
 
+  // One task per (sequence, kv head) walks its slots once for all the group's query heads,
+  // reading each key and value in the cache's dtype (an fp32 slot in place, others decoded
+  // into a buffer of one slot): no copy of the cache, and every slot is loaded once.
   const std::int64_t slot = kv_slot_bytes(a.cache_dtype, D);
-  const bool convert = a.cache_dtype != DType::F32;
+  const bool in_place = a.cache_dtype == DType::F32;
   tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
     const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
     const std::int64_t n = a.lens[b];
-    const auto* k_src = static_cast<const std::byte*>(a.k_cache) + task * cap * slot;
-    const auto* v_src = static_cast<const std::byte*>(a.v_cache) + task * cap * slot;
-    const float* k = reinterpret_cast<const float*>(k_src);
-    const float* v = reinterpret_cast<const float*>(v_src);
-    // A compressed cache: this head's n slots, dequantized once for all its query heads.
-    std::vector<float> k_f32, v_f32;
-    if (convert) {
-      k_f32.resize(static_cast<std::size_t>(n * D));
-      v_f32.resize(k_f32.size());
-      convert_rows(k_src, a.cache_dtype, k_f32.data(), DType::F32, n, D);
-      convert_rows(v_src, a.cache_dtype, v_f32.data(), DType::F32, n, D);
-      k = k_f32.data();
-      v = v_f32.data();
+    // Under a window the newest `window` slots (slot = position without eviction).
+    const std::int64_t first = first_visible(n - 1, s.window), m = n - first;
+    const auto* k_src = static_cast<const std::byte*>(a.k_cache) + (task * cap + first) * slot;
+    const auto* v_src = static_cast<const std::byte*>(a.v_cache) + (task * cap + first) * slot;
+    thread_local std::vector<float> scores, acc, buf;
+    scores.resize(static_cast<std::size_t>(group * m));
+    acc.assign(static_cast<std::size_t>(group * D), 0.0f);
+    buf.resize(static_cast<std::size_t>(D));
+    auto read_slot = [&](const std::byte* src) -> const float* {
+      if (in_place) return reinterpret_cast<const float*>(src);
+      convert_rows(src, a.cache_dtype, buf.data(), DType::F32, 1, D);
+      return buf.data();
+    };
+    const float* q = a.q + (b * s.n_heads + g * group) * D;
+    for (std::int64_t j = 0; j < m; ++j) {
+      const float* key = read_slot(k_src + j * slot);
+      for (std::int64_t h = 0; h < group; ++h) scores[static_cast<std::size_t>(h * m + j)] = s.scale * vec::dot(q + h * D, key, D);
     }
     float* probs = a.probs ? a.probs + task * cap : nullptr;
     if (probs) std::fill_n(probs, n, 0.0f);
-    // Under a window the newest `window` slots (slot = position without eviction).
-    const std::int64_t first = first_visible(n - 1, s.window), m = n - first;
-    std::vector<float> p(static_cast<std::size_t>(m));
-    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-      const float* q = a.q + (b * s.n_heads + h) * D;
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(m), static_cast<int>(D), s.scale, k + first * D,
-                  static_cast<int>(D), q, 1, 0.0f, p.data(), 1);
-      soft_cap(p.data(), m, s.softcap);
-      softmax(p.data(), m);
+    for (std::int64_t h = 0; h < group; ++h) {
+      float* p = scores.data() + h * m;
+      soft_cap(p, m, s.softcap);
+      softmax(p, m);
       if (probs)
-        for (std::int64_t j = 0; j < m; ++j) probs[first + j] += p[static_cast<std::size_t>(j)];
-      float* out = a.out + (b * s.n_heads + h) * D;
-      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(m), static_cast<int>(D), 1.0f, v + first * D,
-                  static_cast<int>(D), p.data(), 1, 0.0f, out, 1);
+        for (std::int64_t j = 0; j < m; ++j) probs[first + j] += p[j];
     }
+    for (std::int64_t j = 0; j < m; ++j) {
+      const float* value = read_slot(v_src + j * slot);
+      for (std::int64_t h = 0; h < group; ++h)
+        vec::axpy(scores[static_cast<std::size_t>(h * m + j)], value, acc.data() + h * D, D);
+    }
+    std::copy(acc.begin(), acc.end(), a.out + (b * s.n_heads + g * group) * D);
   });
 }
 

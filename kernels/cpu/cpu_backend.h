@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override {}
+  bool native_bf16() const override;
 
   void gemm(const GemmArgs& a) override;
   void layer_norm(const NormArgs& a) override;

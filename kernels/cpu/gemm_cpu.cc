@@ -1,10 +1,13 @@
-// GEMM on the CPU: the weight's output rows are cut into panels; each oneTBB task converts
-// its panel to fp32 (when stored as fp16/bf16, or dequantizes it when stored as q4/q8) into
-// thread-local scratch and multiplies it
-// with a single-threaded OpenBLAS call. Conversion thus happens once per panel and stays
-// in cache, and the weight is never expanded whole.
-#include <cblas.h>
+// GEMM on the CPU through oneDNN: the weight's output rows are cut into panels; each oneTBB
+// task brings its panel into the compute dtype in thread-local scratch where it is stored in
+// another (fp16/bf16 converted, q4/q8 dequantized; fp32 weights and bf16 weights under bf16
+// compute are used in place) and multiplies it with a single-threaded oneDNN matmul.
+// Conversion thus happens once per panel and stays in cache, and the weight is never expanded
+// whole. A few activation rows with 16-bit or fp32 weights take gemv_cpu.h's kernel instead,
+// which reads the weights in place. bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same
+// products are formed in fp32 from bf16-rounded inputs (exact: 8-bit significands).
 #include <tbb/enumerable_thread_specific.h>
+#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -13,30 +16,65 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemv_cpu.h"
+#include "kernels/cpu/onednn_matmul.h"
 
 namespace flexh2o::kernels {
 
 namespace {
 
-// Rows per panel. Few activation rows (decode): ~256 KiB of fp32 weight, so a converted
-// panel stays in L2 while BLAS streams it. Many rows (prefill): BLAS re-packs x for every
-// panel, so use few large panels (about four per thread, at most 16 MiB of scratch).
-std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k) {
+// Rows per panel. Weights used in place: a few large panels per thread (each panel is a
+// oneDNN call, whose fixed cost matters for one-row GEMVs). Converted weights with few
+// activation rows (decode): ~512 KiB of converted weight, so a panel stays in L2 while the
+// matmul streams it. Many rows (prefill): each panel re-packs x, so use few large panels
+// (about four per thread, at most 16 MiB of scratch).
+std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool converted) {
   k = std::max<std::int64_t>(k, 1);
-  if (m <= 16) return std::min(n, std::max<std::int64_t>(16, (256 * 1024 / 4) / k));
   const std::int64_t threads = tbb::this_task_arena::max_concurrency();
   const std::int64_t even = (n + 4 * threads - 1) / (4 * threads);
+  if (!converted) return std::min(n, std::max<std::int64_t>(even, 16));
+  if (m <= 16) return std::min(n, std::max<std::int64_t>(16, (512 * 1024 / 4) / k));
   const std::int64_t cap = std::max<std::int64_t>(16, (16 << 20) / 4 / k);
   return std::min(n, std::clamp<std::int64_t>(even, 64, cap));
 }
 
+// v rounded to bf16, kept in fp32 (the emulated bf16 path).
+void round_to_bf16(float* v, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+}
+
 }  // namespace
+
+bool CpuBackend::native_bf16() const { return onednn_native_bf16(); }
 
 void CpuBackend::gemm(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative dimension");
+  if (a.beta != 0.0f && a.beta != 1.0f) throw std::invalid_argument("gemm: beta must be 0 or 1");
+  if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
   if (m == 0 || n == 0) return;
-  const std::int64_t panel = panel_rows(m, n, k);
+  if (gemv_small_m_applies(a)) {  // memory-bound: read 16-bit weights as they are
+    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, 64),
+                      [&](const tbb::blocked_range<std::int64_t>& r) { gemv_small_m(a, r.begin(), r.end()); });
+    return;
+  }
+  const bool bf16 = a.compute == DType::BF16, native_bf16 = bf16 && onednn_native_bf16();
+  const DType inputs = native_bf16 ? DType::BF16 : DType::F32;
+  // x in the dtype the matmul reads: as given, or rounded to bf16 once for all panels.
+  const void* x = a.x;
+  std::vector<std::uint16_t> x_bf16;
+  std::vector<float> x_rounded;
+  if (native_bf16) {
+    x_bf16.resize(static_cast<std::size_t>(m * k));
+    convert_from_f32(a.x, DType::BF16, x_bf16.data(), x_bf16.size());
+    x = x_bf16.data();
+  } else if (bf16) {
+    x_rounded.assign(a.x, a.x + m * k);
+    round_to_bf16(x_rounded.data(), x_rounded.size());
+    x = x_rounded.data();
+  }
+  const bool converted = a.w.dtype != inputs || (bf16 && !native_bf16);
+  const std::int64_t panel = panel_rows(m, n, k, converted);
   const std::int64_t panels = (n + panel - 1) / panel;
   const std::int64_t wrow = row_bytes(a.w.dtype, k);
   static tbb::enumerable_thread_specific<std::vector<float>> scratch_tls;
@@ -45,29 +83,16 @@ void CpuBackend::gemm(const GemmArgs& a) {
     const std::int64_t n0 = p * panel;
     const std::int64_t rows = std::min(panel, n - n0);
     const char* wsrc = static_cast<const char*>(a.w.data) + n0 * wrow;
-    const float* w = reinterpret_cast<const float*>(wsrc);
-    if (a.w.dtype != DType::F32) {
-      auto& scratch = scratch_tls.local();
+    const void* w = wsrc;
+    if (converted) {
+      auto& scratch = scratch_tls.local();  // fp32 floats, or bf16 pairs packed in them
       scratch.resize(static_cast<std::size_t>(rows * k));
-      convert_rows(wsrc, a.w.dtype, scratch.data(), DType::F32, rows, k);
+      convert_rows(wsrc, a.w.dtype, scratch.data(), inputs, rows, k);
+      if (bf16 && !native_bf16 && a.w.dtype != DType::BF16) round_to_bf16(scratch.data(), scratch.size());
       w = scratch.data();
     }
-    float* y = a.y + n0;
-    if (a.beta == 0.0f) {
-      for (std::int64_t i = 0; i < m; ++i) std::fill_n(y + i * n, rows, 0.0f);
-    }
-    if (m == 1) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(rows), static_cast<int>(k), 1.0f, w,
-                  static_cast<int>(k), a.x, 1, a.beta, y, 1);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(rows),
-                  static_cast<int>(k), 1.0f, a.x, static_cast<int>(k), w, static_cast<int>(k),
-                  a.beta, y, static_cast<int>(n));
-    }
-    if (a.bias) {
-      for (std::int64_t i = 0; i < m; ++i)
-        for (std::int64_t j = 0; j < rows; ++j) y[i * n + j] += a.bias[n0 + j];
-    }
+    PanelShape shape{m, rows, k, n, inputs, a.bias != nullptr, a.beta != 0.0f};
+    onednn_matmul(shape, x, w, a.bias ? a.bias + n0 : nullptr, a.y + n0);
   });
 }
 

@@ -59,6 +59,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override;
+  bool native_bf16() const override { return true; }  // tensor cores (sm_80+)
   bool pin_host(void* p, std::size_t bytes) override;
   void unpin_host(void* p) noexcept override;
 

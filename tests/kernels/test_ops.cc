@@ -142,7 +142,8 @@ class OpsTest : public SeededTest, public ::testing::WithParamInterface<BackendF
     return host;
   }
 
-  void check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias, float beta);
+  void check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias, float beta,
+                  DType compute = DType::F32);
   std::vector<std::int32_t> sample(const DeviceBuffer& logits, std::int64_t vocab, const SamplingParams& p,
                                    const std::vector<std::uint64_t>& streams, std::uint64_t step);
   std::vector<std::int32_t> draw_20000(const std::vector<float>& row, const SamplingParams& p);
@@ -157,9 +158,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpsTest, ::testing::ValuesIn(backend_factorie
 
 // ---------------------------------------------------------------------------- gemm
 
-void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias, float beta) {
+void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias, float beta,
+                         DType compute) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " m=" << m << " k=" << k << " n=" << n
-                                    << (with_bias ? " bias" : " no bias") << " beta=" << beta);
+                                    << (with_bias ? " bias" : " no bias") << " beta=" << beta << " compute "
+                                    << dtype_name(compute));
   const std::vector<float> x = random_floats(m * k);
   const StoredMatrix w = store(random_floats(n * k), dtype);
   const std::vector<float> bias = with_bias ? random_floats(n) : std::vector<float>{};
@@ -175,6 +178,7 @@ void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64
   a.bias = db.as<float>();
   a.y = dy.as<float>();
   a.beta = beta;
+  a.compute = compute;
   backend_->gemm(a);
 
   // The rounding error of an fp32 dot product of length k grows like sqrt(k) * 2^-24 times
@@ -182,7 +186,14 @@ void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64
   // 1e-7 * sqrt(k) * max(1, |y|); 1e-5 * sqrt(k) covers any summation order (blocked BLAS,
   // GPU split-k) and the bias and beta additions with a wide margin, while a wrong index
   // or a skipped term is off by O(1).
-  const std::vector<double> ref = ref::gemm(x, m, w.values, n, k, bias, beta, y0);
+  // bf16 compute multiplies bf16-rounded x and w exactly (8-bit significands) and sums in
+  // fp32: the same sum of other terms, so the reference takes the rounded values.
+  auto as_compute = [&](std::vector<float> v) {
+    if (compute == DType::BF16)
+      for (float& e : v) e = bf16_to_f32(f32_to_bf16(e));
+    return v;
+  };
+  const std::vector<double> ref = ref::gemm(as_compute(x), m, as_compute(w.values), n, k, bias, beta, y0);
   EXPECT_TRUE(near_all(download(dy), ref, 1e-5 * std::sqrt(static_cast<double>(k))));
 }
 
@@ -193,7 +204,8 @@ TEST_P(OpsTest, Gemm) {
       for (const std::int64_t k : {7, 33, 129})
         for (const std::int64_t n : {5, 31, 257})
           for (const bool with_bias : {false, true})
-            for (const float beta : {0.0f, 1.0f}) check_gemm(dtype, m, k, n, with_bias, beta);
+            for (const float beta : {0.0f, 1.0f})
+              for (const DType compute : {DType::F32, DType::BF16}) check_gemm(dtype, m, k, n, with_bias, beta, compute);
 }
 
 TEST_P(OpsTest, GemmAcrossPanels) {

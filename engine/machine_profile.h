@@ -1,0 +1,26 @@
+// The hardware profile a run plans with: a --hardware file or built-in name, or this machine.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kernels/backend.h"
+#include "policy/hardware_profile.h"
+
+namespace flexh2o::engine {
+
+// A profile file, or a built-in one by name (configs/hardware/*.yaml: t4-gcp, ci-cpu, ...).
+policy::HardwareProfile hardware_profile(const std::string& name_or_path);
+
+// Memory this process may use now: MemAvailable, or its cgroup's limit (v1
+// memory.limit_in_bytes, v2 memory.max) where that is lower; the page cache counts against
+// a cgroup, so a run must stay within it whatever it reads from disk.
+std::int64_t available_memory();
+
+// This machine as the planner sees it: the rates of the built-in profile of the backend's kind
+// (ci-cpu for the CPU, h100-pcie for CUDA; `flexh2o calibrate` measures better ones), and the
+// capacities it has now: on the CPU backend, where the gpu and cpu tiers are both host
+// memory, each gets half of available_memory(); on CUDA the device's memory and the host's;
+// disk the free space where the offload directory goes.
+policy::HardwareProfile this_machine_profile(const kernels::Backend& be, const std::string& offload_dir);
+
+}  // namespace flexh2o::engine
