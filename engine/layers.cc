@@ -1,6 +1,7 @@
 #include "engine/layers.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <stdexcept>
 
@@ -245,6 +246,81 @@ class Mlp final : public Layer {
   std::int64_t layer_;
 };
 
+// A mixture-of-experts MLP (pre-norm): the router's top-k experts per row, plus Qwen2-MoE's
+// shared expert, which runs as one more expert every row is routed to with weight
+// sigmoid(shared_gate . x).
+class MoeMlp final : public Layer {
+ public:
+  MoeMlp(const ModelConfig& cfg, std::int64_t layer)
+      : cfg_(cfg), p_("layers." + std::to_string(layer) + "."), layer_(layer) {}
+  std::string name() const override { return "mlp." + std::to_string(layer_); }
+  std::vector<std::string> weight_names() const override {
+    std::vector<std::string> n = router_weight_names();
+    for (std::int64_t e = 0; e < cfg_.moe.experts; ++e)
+      for (const char* m : {"w_gate", "w_up", "w_down"}) n.push_back(expert_prefix(e) + m);
+    if (cfg_.moe.shared_ffn > 0)
+      n.insert(n.end(), {p_ + "shared.w_gate", p_ + "shared.w_up", p_ + "shared.w_down", p_ + "shared_gate"});
+    return n;
+  }
+  std::vector<std::string> router_weight_names() const { return {p_ + "mlp_norm.weight", p_ + "router"}; }
+  std::string expert_prefix(std::int64_t e) const { return p_ + "experts." + std::to_string(e) + "."; }
+
+  // The experts each row of the step goes to (with weights), from the router on norm(h).
+  void route(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+             std::vector<std::int32_t>& expert_of, std::vector<float>& weight_of) const {
+    const std::int64_t rows = s.rows(), k = cfg_.moe.top_k;
+    float* x = act.normed.as<float>();
+    norm(be, cfg_, w, p_ + "mlp_norm", act.hidden, x, rows);
+    linear(be, cfg_, {x, rows, get(w, p_ + "router"), nullptr, act.router.as<float>(), 0.0f});
+    expert_of.resize(static_cast<std::size_t>(rows * k));
+    weight_of.resize(expert_of.size());
+    be.route({act.router.as<float>(), rows, cfg_.moe.experts, k, cfg_.moe.norm_topk, expert_of, weight_of});
+  }
+
+  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+               const KvView*) const override {
+    const std::int64_t rows = s.rows(), k = cfg_.moe.top_k, E = cfg_.moe.experts;
+    std::vector<std::int32_t> routed;
+    std::vector<float> weights;
+    route(be, w, s, act, routed, weights);
+    const float* x = act.normed.as<float>();
+    std::vector<kernels::ExpertMatrices> experts(static_cast<std::size_t>(E));
+    for (std::int64_t e = 0; e < E; ++e) {  // only the routed ones are on the device when staged
+      const std::string p = expert_prefix(e);
+      if (const auto it = w.find(p + "w_gate"); it != w.end())
+        experts[static_cast<std::size_t>(e)] = {it->second, get(w, p + "w_up"), get(w, p + "w_down")};
+    }
+    std::int64_t per_row = k;
+    if (cfg_.moe.shared_ffn > 0) {
+      // The shared expert as expert E, weighted by sigmoid(shared_gate . x) per row.
+      experts.push_back({get(w, p_ + "shared.w_gate"), get(w, p_ + "shared.w_up"), get(w, p_ + "shared.w_down")});
+      std::vector<float> gate(static_cast<std::size_t>(rows));
+      linear(be, cfg_, {x, rows, get(w, p_ + "shared_gate"), nullptr, act.router.as<float>(), 0.0f});
+      be.copy_to_host(gate.data(), act.router.data(), gate.size() * sizeof(float));
+      std::vector<std::int32_t> e2;
+      std::vector<float> w2;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < k; ++j) {
+          e2.push_back(routed[static_cast<std::size_t>(r * k + j)]);
+          w2.push_back(weights[static_cast<std::size_t>(r * k + j)]);
+        }
+        e2.push_back(static_cast<std::int32_t>(E));
+        w2.push_back(1.0f / (1.0f + std::exp(-gate[static_cast<std::size_t>(r)])));
+      }
+      routed = std::move(e2);
+      weights = std::move(w2);
+      per_row = k + 1;
+    }
+    be.moe_experts({x, rows, cfg_.hidden, per_row, routed, weights, experts, cfg_.mlp_act, cfg_.compute_dtype,
+                    act.hidden});
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  std::string p_;
+  std::int64_t layer_;
+};
+
 class OutputEmbed final : public Layer {
  public:
   explicit OutputEmbed(const ModelConfig& cfg) : cfg_(cfg) {}
@@ -291,6 +367,7 @@ Activations::Activations(kernels::Backend& be, const ModelConfig& c, std::int64_
   v = {be, r * c.n_kv_heads * c.head_dim * f};
   ffn_a = {be, r * c.ffn * f};
   ffn_b = {be, c.gated_mlp ? r * c.ffn * f : 0};
+  router = {be, c.moe.experts > 0 ? r * static_cast<std::size_t>(c.moe.experts) * f : 0};
   embed = {be, c.embedding_width() != c.hidden ? std::max(r, static_cast<std::size_t>(batch)) * c.embedding_width() * f : 0};
   last = {be, static_cast<std::size_t>(batch) * c.hidden * f};
   logits = {be, static_cast<std::size_t>(batch) * c.vocab_size * f};
@@ -300,7 +377,8 @@ std::int64_t Activations::bytes(const ModelConfig& c, std::int64_t rows, std::in
   const std::int64_t per_row = 2 * c.hidden + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim +
                                (c.gated_mlp ? 2 : 1) * c.ffn;
   const std::int64_t embed = c.embedding_width() != c.hidden ? std::max(rows, batch) * c.embedding_width() : 0;
-  return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + embed + batch * (c.hidden + c.vocab_size));
+  const std::int64_t router = rows * c.moe.experts;
+  return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + embed + router + batch * (c.hidden + c.vocab_size));
 }
 
 KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity,
@@ -316,7 +394,10 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg) {
   layers.push_back(std::make_unique<InputEmbed>(cfg));
   for (std::int64_t i = 0; i < cfg.n_layers; ++i) {
     layers.push_back(std::make_unique<Attention>(cfg, i));
-    layers.push_back(std::make_unique<Mlp>(cfg, i));
+    if (cfg.moe_layer(i))
+      layers.push_back(std::make_unique<MoeMlp>(cfg, i));
+    else
+      layers.push_back(std::make_unique<Mlp>(cfg, i));
   }
   layers.push_back(std::make_unique<OutputEmbed>(cfg));
   return layers;

@@ -54,6 +54,7 @@ struct Activations {
   kernels::DeviceBuffer q, k, v, attn;  // [rows, heads * head_dim] (k, v: kv heads)
   kernels::DeviceBuffer ffn_a, ffn_b;   // [rows, ffn] (ffn_b: gated MLPs)
   kernels::DeviceBuffer embed;          // [max(rows, batch), embedding width] when it is not hidden
+  kernels::DeviceBuffer router;         // [rows, experts]: router logits (MoE)
   kernels::DeviceBuffer last;           // [batch, hidden]
   kernels::DeviceBuffer logits;         // [batch, vocab]
 };

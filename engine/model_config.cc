@@ -76,6 +76,13 @@ void ModelConfig::validate(const std::string& source) const {
   need(max_positions > 0, "max_positions must be positive");
   need(embed_dim >= 0, "the embedding width must not be negative");
   need(norm_eps > 0.0f, "norm_eps must be positive");
+  if (moe.experts > 0) {
+    need(moe.top_k > 0 && moe.top_k <= moe.experts, "experts per token must be in [1, experts]");
+    need(moe.expert_ffn > 0, "the experts' intermediate size must be positive");
+    need(static_cast<std::int64_t>(moe.layers.size()) == n_layers, "the MoE layer list needs one entry per layer");
+    need(gated_mlp && !mlp_bias, "experts are gated MLPs without biases");
+    need(norm_placement == NormPlacement::Pre, "MoE layers need norms before each sublayer");
+  }
   need(layer_window.empty() || static_cast<std::int64_t>(layer_window.size()) == n_layers,
        "the sliding-window list needs one entry per layer");
   for (const auto w : layer_window) need(w >= 0, "a sliding window must not be negative");
@@ -147,6 +154,14 @@ ModelConfig load_model_yaml(const std::string& yaml_text, const std::string& sou
     throw std::invalid_argument(source + ": field 'rope_layout' must be rotate_half or interleaved");
   }
   c.tie_embeddings = yaml_get<bool>(root, "tie_embeddings", source, c.tie_embeddings);
+  c.moe.experts = yaml_get<std::int64_t>(root, "num_experts", source, 0);
+  if (c.moe.experts > 0) {
+    c.moe.top_k = yaml_get<std::int64_t>(root, "experts_per_token", source, std::nullopt);
+    c.moe.expert_ffn = yaml_get<std::int64_t>(root, "expert_ffn_size", source, std::nullopt);
+    c.moe.norm_topk = yaml_get<bool>(root, "norm_topk_prob", source, true);
+    c.moe.shared_ffn = yaml_get<std::int64_t>(root, "shared_expert_ffn_size", source, 0);
+    c.moe.layers.assign(static_cast<std::size_t>(c.n_layers), true);
+  }
   c.bos_id = yaml_get<std::int32_t>(root, "bos_token_id", source, -1);
   const YAML::Node eos = root["eos_token_id"];
   if (eos && eos.IsSequence()) {

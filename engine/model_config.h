@@ -49,6 +49,18 @@ struct RopeConfig {
   bool reprefill_on_long = false;
 };
 
+// Mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks top_k of `experts`
+// gated MLPs per token (softmax over all router logits in fp32, then the top k, renormalised
+// when norm_topk); Qwen2-MoE adds an always-on shared expert scaled by sigmoid(gate . x).
+struct MoeConfig {
+  std::int64_t experts = 0;  // 0: every MLP is dense
+  std::int64_t top_k = 0;
+  std::int64_t expert_ffn = 0;
+  bool norm_topk = true;
+  std::int64_t shared_ffn = 0;     // 0: no shared expert
+  std::vector<bool> layers;        // which decoder layers are MoE (the others dense, of width ffn)
+};
+
 struct ModelConfig {
   std::string name;
   std::string family;  // the converter that read it (reports only; nothing branches on it)
@@ -81,10 +93,11 @@ struct ModelConfig {
   float attn_softcap = 0.0f;     // scores -> c * tanh(scores / c) before the softmax; 0: none
   std::vector<std::int64_t> layer_window;  // per layer: keys within the last W positions; 0 = all
 
-  // MLP: down(act(gate(x)) * up(x)) when gated, else down(act(up(x))).
+  // MLP: down(act(gate(x)) * up(x)) when gated, else down(act(up(x))); or mixture-of-experts.
   bool gated_mlp = true;
   kernels::Activation mlp_act = kernels::Activation::Silu;
   bool mlp_bias = false;
+  MoeConfig moe;
 
   // Embedding and head.
   bool tie_embeddings = false;
@@ -99,6 +112,9 @@ struct ModelConfig {
   std::vector<std::int32_t> stop_ids;          // generation ends at any of these
 
   std::int64_t embedding_width() const { return embed_dim > 0 ? embed_dim : hidden; }
+  bool moe_layer(std::int64_t layer) const {
+    return moe.experts > 0 && moe.layers[static_cast<std::size_t>(layer)];
+  }
   bool norm_has_bias() const { return norm == NormKind::LayerNorm; }
   bool rotary() const { return !learned_positions; }
   std::int64_t rotary_dim() const { return static_cast<std::int64_t>(head_dim * rope.partial_rotary_factor); }

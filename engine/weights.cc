@@ -40,6 +40,23 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
     }
     if (sandwich) norm(p + "attn_out_norm", i);
     norm(p + "mlp_norm", i);
+    if (c.moe_layer(i)) {
+      mat(p + "router", c.moe.experts, c.hidden, i);
+      for (std::int64_t e = 0; e < c.moe.experts; ++e) {
+        const std::string x = p + "experts." + std::to_string(e) + ".";
+        mat(x + "w_gate", c.moe.expert_ffn, c.hidden, i);
+        mat(x + "w_up", c.moe.expert_ffn, c.hidden, i);
+        mat(x + "w_down", c.hidden, c.moe.expert_ffn, i);
+      }
+      if (c.moe.shared_ffn > 0) {
+        mat(p + "shared.w_gate", c.moe.shared_ffn, c.hidden, i);
+        mat(p + "shared.w_up", c.moe.shared_ffn, c.hidden, i);
+        mat(p + "shared.w_down", c.hidden, c.moe.shared_ffn, i);
+        mat(p + "shared_gate", 1, c.hidden, i);
+      }
+      if (sandwich) norm(p + "mlp_out_norm", i);
+      continue;
+    }
     if (c.gated_mlp) mat(p + "w_gate", c.ffn, c.hidden, i);
     mat(p + "w_up", c.ffn, c.hidden, i);
     mat(p + "w_down", c.hidden, c.ffn, i);

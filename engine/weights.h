@@ -7,6 +7,8 @@
 //   layers.N.{wq,wk,wv,wo}, {bq,bk,bv} (qkv bias), bo (o bias), q_norm, k_norm [head_dim] (q/k norm)
 //   layers.N.mlp_norm.{weight,bias}        layers.N.mlp_out_norm.weight (sandwich norms)
 //   layers.N.{w_gate (gated), w_up, w_down}, {b_gate, b_up, b_down} (mlp bias)
+//   MoE layers instead: layers.N.router [experts, hidden], layers.N.experts.E.{w_gate, w_up, w_down},
+//   layers.N.shared.{w_gate, w_up, w_down} and layers.N.shared_gate [1, hidden] (shared expert)
 //   final_norm.{weight,bias}               lm_head [vocab, width] (untied)
 // Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype, vectors in fp32.
 #pragma once

@@ -12,6 +12,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/sampling.h"
@@ -60,6 +61,10 @@ class Backend {
   virtual void kv_write(const KvWriteArgs& a) = 0;
   virtual void kv_move(const KvMoveArgs& a) = 0;
   virtual void sample(const SampleArgs& a) = 0;
+  // Mixture-of-experts routing (results on the host: they decide which experts to load) and
+  // the routed experts' MLPs.
+  virtual void route(const RouteArgs& a) = 0;
+  virtual void moe_experts(const MoeArgs& a) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

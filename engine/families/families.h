@@ -11,5 +11,8 @@ extern const Family kQwen2Family;
 extern const Family kQwen3Family;
 extern const Family kPhi3Family;
 extern const Family kGemma2Family;
+extern const Family kMixtralFamily;
+extern const Family kQwen2MoeFamily;
+extern const Family kQwen3MoeFamily;
 
 }  // namespace flexh2o::engine

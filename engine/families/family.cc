@@ -8,9 +8,10 @@ namespace flexh2o::engine {
 
 namespace {
 
-const std::array<const Family*, 7>& all_families() {
-  static const std::array<const Family*, 7> all = {&kOptFamily,  &kLlamaFamily, &kMistralFamily, &kQwen2Family,
-                                                   &kQwen3Family, &kPhi3Family,  &kGemma2Family};
+const std::array<const Family*, 10>& all_families() {
+  static const std::array<const Family*, 10> all = {&kOptFamily,   &kLlamaFamily,   &kMistralFamily,  &kQwen2Family,
+                                                    &kQwen3Family, &kPhi3Family,    &kGemma2Family,   &kMixtralFamily,
+                                                    &kQwen2MoeFamily, &kQwen3MoeFamily};
   return all;
 }
 

@@ -1,5 +1,7 @@
 #include "engine/families/hf_config.h"
 
+#include <algorithm>
+
 namespace flexh2o::engine {
 
 kernels::DType read_dtype(const HfConfig& j) {
@@ -137,12 +139,29 @@ kernels::Activation read_activation(const HfConfig& j, const char* key, const st
   throw j.error("field '" + std::string(key) + "' = '" + a + "': activation not supported (silu, gelu, gelu_pytorch_tanh, relu)");
 }
 
-void refuse_unimplemented(const HfConfig& j) {
+MoeConfig read_moe(const HfConfig& j, std::int64_t layers, bool norm_default) {
+  MoeConfig m;
+  m.experts = j.has("num_local_experts") ? j.get<std::int64_t>("num_local_experts") : j.get<std::int64_t>("num_experts", 0);
+  if (m.experts <= 0) throw j.error("a mixture-of-experts family needs 'num_local_experts' or 'num_experts'");
+  m.top_k = j.get<std::int64_t>("num_experts_per_tok");
+  m.expert_ffn = j.has("moe_intermediate_size") ? j.get<std::int64_t>("moe_intermediate_size")
+                                                : j.get<std::int64_t>("intermediate_size");
+  m.norm_topk = j.get<bool>("norm_topk_prob", norm_default);
+  m.shared_ffn = j.get<std::int64_t>("shared_expert_intermediate_size", 0);
+  const auto dense = j.get<std::vector<std::int64_t>>("mlp_only_layers", std::vector<std::int64_t>{});
+  const std::int64_t step = j.get<std::int64_t>("decoder_sparse_step", 1);
+  if (step < 1) throw j.error("field 'decoder_sparse_step' must be at least 1");
+  for (std::int64_t l = 0; l < layers; ++l)
+    m.layers.push_back(std::ranges::find(dense, l) == dense.end() && (l + 1) % step == 0);
+  return m;
+}
+
+void refuse_unimplemented(const HfConfig& j, bool experts) {
   if (j.has("quantization_config"))
     throw j.error("field 'quantization_config' is set: pre-quantized checkpoints are not supported (use a float "
                   "checkpoint with --compress-weight, or its GGUF file)");
   for (const char* key : {"num_local_experts", "num_experts"})
-    if (j.has(key) && j.get<std::int64_t>(key) > 0)
+    if (!experts && j.has(key) && j.get<std::int64_t>(key) > 0)
       throw j.error("field '" + std::string(key) + "' is set: mixture-of-experts layers are not supported");
 }
 

@@ -59,7 +59,12 @@ RopeConfig read_rope(const HfConfig& j, double default_theta);
 std::vector<std::int64_t> read_layer_windows(const HfConfig& j, std::int64_t layers, bool (*is_sliding)(const HfConfig&, std::int64_t));
 // The activation of `key` (silu, gelu, gelu_pytorch_tanh, relu, ...), or an error naming it.
 kernels::Activation read_activation(const HfConfig& j, const char* key, const std::string& fallback);
-// Fields every family refuses until implemented (MoE experts, quantized checkpoints).
-void refuse_unimplemented(const HfConfig& j);
+// Fields every family refuses until implemented: quantized checkpoints, and MoE experts in a
+// family without them (`experts` false).
+void refuse_unimplemented(const HfConfig& j, bool experts = false);
+// Mixture-of-experts fields (num_local_experts or num_experts, num_experts_per_tok,
+// moe_intermediate_size (else intermediate_size), norm_topk_prob (default `norm_default`),
+// shared_expert_intermediate_size; MoE layers from mlp_only_layers and decoder_sparse_step).
+MoeConfig read_moe(const HfConfig& j, std::int64_t layers, bool norm_default);
 
 }  // namespace flexh2o::engine

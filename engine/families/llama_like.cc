@@ -11,8 +11,8 @@ void llama_preset(ModelConfig& c) {
   c.tie_embeddings = false;
 }
 
-void read_llama_like(const HfConfig& j, ModelConfig& c, bool tie_default, std::int64_t head_dim_default) {
-  refuse_unimplemented(j);
+void read_llama_like(const HfConfig& j, ModelConfig& c, bool tie_default, std::int64_t head_dim_default, bool experts) {
+  refuse_unimplemented(j, experts);
   llama_preset(c);
   c.hidden = j.get<std::int64_t>("hidden_size");
   c.n_layers = j.get<std::int64_t>("num_hidden_layers");
@@ -44,6 +44,22 @@ const LayerNames& llama_layer_names() {
       {"w_down", "mlp.down_proj.weight"},              {"b_down", "mlp.down_proj.bias"},
   };
   return names;
+}
+
+std::optional<std::vector<HfTensorName>> expert_names(const ModelConfig& c, const std::string& canonical,
+                                                     const std::array<const char*, 3>& hub, const std::string& prefix) {
+  std::string rest;
+  const std::int64_t l = split_layer_name(canonical, rest);
+  if (l < 0 || !rest.starts_with("experts.")) return std::nullopt;
+  const std::size_t dot = rest.find('.', 8);
+  const std::int64_t e = std::stoll(rest.substr(8, dot - 8));
+  const std::string matrix = rest.substr(dot + 1), layer = "model.layers." + std::to_string(l) + ".";
+  const int which = matrix == "w_gate" ? 0 : matrix == "w_up" ? 1 : 2;
+  const std::int64_t I = c.moe.expert_ffn;
+  const HfTensorName fused = which == 2 ? HfTensorName{layer + "mlp.experts.down_proj", true, e * c.hidden}
+                                        : HfTensorName{layer + "mlp.experts.gate_up_proj", true, e * 2 * I + which * I};
+  return std::vector<HfTensorName>{
+      {layer + prefix + std::to_string(e) + "." + hub[static_cast<std::size_t>(which)] + ".weight"}, fused};
 }
 
 std::vector<HfTensorName> llama_like_names(const std::string& canonical, const LayerNames& layer) {

@@ -96,16 +96,15 @@ std::optional<std::vector<std::int64_t>> HfCheckpoint::shape(const std::string& 
   if (!loc->entry->dtype)
     throw std::runtime_error("tensor " + origin(name) + " has dtype " + loc->entry->dtype_name +
                              "; supported: F32, F16, BF16");
-  std::vector<std::int64_t> shape = loc->entry->shape;
-  if (!loc->part) return shape;
-  // A part of a fused tensor: its rows must lie inside it.
+  const std::vector<std::int64_t>& stored = loc->entry->shape;
+  if (!loc->part) return stored;
+  // A part of a fused tensor (seen as rows of its last dimension): its rows must lie inside.
   const auto spec = specs_.find(name);
-  if (spec == specs_.end() || shape.size() != 2 || loc->row_offset + spec->second.rows > shape[0])
-    throw std::runtime_error("tensor " + origin(name) + " has shape [" +
-                             (shape.empty() ? std::string() : std::to_string(shape[0])) + ", ...]: too few rows for " +
-                             name + " at row " + std::to_string(loc->row_offset) + " of it");
-  shape[0] = spec->second.rows;
-  return shape;
+  const std::int64_t rows = stored.size() < 2 || stored.back() == 0 ? 0 : loc->entry->numel() / stored.back();
+  if (spec == specs_.end() || loc->row_offset + spec->second.rows > rows)
+    throw std::runtime_error("tensor " + origin(name) + " has " + std::to_string(rows) + " rows of its last dimension: "
+                             "too few for " + name + " at row " + std::to_string(loc->row_offset) + " of it");
+  return std::vector<std::int64_t>{spec->second.rows, stored.back()};
 }
 
 std::string HfCheckpoint::origin(const std::string& name) const {
@@ -120,8 +119,9 @@ void HfCheckpoint::read_rows(const std::string& name, std::int64_t row_begin, st
   const auto loc = locate(name);
   if (!loc || !loc->entry->dtype) throw std::runtime_error("missing or unsupported tensor " + origin(name));
   const auto& e = *loc->entry;
-  const std::int64_t rows = e.shape.empty() ? 1 : e.shape[0];
-  const std::int64_t cols = rows == 0 ? 0 : e.numel() / rows;
+  // Rows of the first dimension; a fused tensor's parts are rows of its last dimension.
+  const std::int64_t cols = loc->part ? e.shape.back() : e.shape.empty() || e.shape[0] == 0 ? 0 : e.numel() / e.shape[0];
+  const std::int64_t rows = loc->part ? (cols == 0 ? 0 : e.numel() / cols) : e.shape.empty() ? 1 : e.shape[0];
   read_converted_rows([&](std::uint64_t off, void* buf, std::uint64_t n) { loc->file->read(e, off, buf, n); },
                       *e.dtype, rows, cols, loc->row_offset + row_begin, loc->row_offset + row_end, dst, to,
                       origin(name));

@@ -33,6 +33,8 @@ class CpuBackend final : public Backend {
   void kv_write(const KvWriteArgs& a) override;
   void kv_move(const KvMoveArgs& a) override;
   void sample(const SampleArgs& a) override;
+  void route(const RouteArgs& a) override;
+  void moe_experts(const MoeArgs& a) override;
 };
 
 }  // namespace flexh2o::kernels

@@ -79,6 +79,8 @@ class CudaBackend final : public Backend {
   // Copies the logits to the host and runs CpuBackend::sample on them: sampling is a small
   // part of a step, and this keeps every backend's draws identical bit for bit.
   void sample(const SampleArgs& a) override;
+  void route(const RouteArgs& a) override;
+  void moe_experts(const MoeArgs& a) override;
 
   // Group-wise quantization of `rows` rows of n fp32 values (device memory) into Q4/Q8
   // rows of row_bytes(t, n) bytes, and back; bit for bit what kernels/quantize.cc does.

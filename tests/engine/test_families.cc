@@ -1,4 +1,4 @@
-// Every model family against Hugging Face transformers itself: small random checkpoints
+// Every model family (dense and mixture-of-experts) against Hugging Face transformers itself: small random checkpoints
 // written by transformers 5.23 and 4.57 `save_pretrained` (tests/hf_fixtures/), with HF's
 // greedy tokens and logits (fp32, eager attention, each prompt alone). The engine must pick
 // the same tokens, with logits within fp32 rounding of HF's, in memory; and the same tokens
@@ -187,21 +187,7 @@ std::string test_name(const ::testing::TestParamInfo<std::string>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::ValuesIn(fixture_names(false)), test_name);
-
-// Mixture-of-experts checkpoints are refused with a clear error naming their config.
-class HfRefused : public ::testing::TestWithParam<std::string> {};
-TEST_P(HfRefused, MixtureOfExpertsIsAClearError) {
-  const std::string dir = std::string(FLEXH2O_TEST_DATA_DIR) + "/hf/" + GetParam();
-  const auto config = nlohmann::json::parse(testing::read_file(dir + "/config.json"));
-  try {
-    engine::HfCheckpoint hf(dir);
-    FAIL() << "loaded";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(dir + "/config.json"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(config["model_type"].get<std::string>()), std::string::npos) << e.what();
-  }
-}
-INSTANTIATE_TEST_SUITE_P(Families, HfRefused, ::testing::ValuesIn(fixture_names(true)), test_name);
+INSTANTIATE_TEST_SUITE_P(MixtureOfExperts, HfParity, ::testing::ValuesIn(fixture_names(true)), test_name);
 
 }  // namespace
 }  // namespace flexh2o

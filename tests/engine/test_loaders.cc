@@ -205,7 +205,10 @@ TEST(BuiltinConfigs, PublishedShapes) {
   EXPECT_NEAR(static_cast<double>(l70.weight_bytes()) / 2e9, 69.0, 0.7);
   const auto opt13 = engine::builtin_model("opt-1.3b");
   EXPECT_NEAR(static_cast<double>(opt13.weight_bytes()) / 2e9, 1.3, 0.05);
-  EXPECT_EQ(engine::builtin_model_names().size(), 11u);
+  // Mixture of experts: all parameters counted (46.7B and 30.5B, within 1%).
+  EXPECT_NEAR(static_cast<double>(engine::builtin_model("mixtral-8x7b").weight_bytes()) / 2e9, 46.7, 0.47);
+  EXPECT_NEAR(static_cast<double>(engine::builtin_model("qwen3-30b-a3b").weight_bytes()) / 2e9, 30.5, 0.31);
+  EXPECT_EQ(engine::builtin_model_names().size(), 13u);
   EXPECT_THAT(error_of([] { engine::builtin_model("opt-7b"); }), AllOf(HasSubstr("opt-7b"), HasSubstr("opt-6.7b")));
 }
 
