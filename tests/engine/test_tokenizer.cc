@@ -180,9 +180,9 @@ TEST(Gpt2Tokenizer, DecodeIsPrefixConsistent) {
 
 // ---- Hugging Face tokenizer.json ----
 
-// GPT-2's tokenizer.json rebuilt from vocab.json + merges.txt, merges as ["a", "b"] pairs,
-// with an extra special "</s>". Spliced as text: parsing and re-dumping the vocab is slow
-// under sanitizers.
+// GPT-2's tokenizer.json as Hugging Face writes it, rebuilt from vocab.json + merges.txt, merges
+// as ["a", "b"] pairs, with an extra special "</s>". Spliced as text: parsing and re-dumping
+// the vocab is slow under sanitizers.
 std::string gpt2_tokenizer_json() {
   std::string merges;
   std::istringstream lines(read_file(kGpt2Dir + "/merges.txt"));
@@ -192,11 +192,16 @@ std::string gpt2_tokenizer_json() {
     merges += merges.empty() ? "[" : ",[";
     merges += nlohmann::json(line.substr(0, space)).dump() + "," + nlohmann::json(line.substr(space + 1)).dump() + "]";
   }
-  return R"({"version": "1.0", "added_tokens": [)"
-         R"({"id": 50256, "content": "<|endoftext|>", "special": true},)"
+  return R"({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [)"
+         R"({"id": 50256, "content": "<|endoftext|>", "single_word": false, "lstrip": false, "rstrip": false,)"
+         R"( "normalized": true, "special": true},)"
          R"({"id": 50257, "content": "</s>", "special": true}],)"
-         R"("normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},)"
-         R"("model": {"type": "BPE", "vocab": )" +
+         R"("normalizer": null,)"
+         R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},)"
+         R"("post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},)"
+         R"("decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},)"
+         R"("model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",)"
+         R"( "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "vocab": )" +
          read_file(kGpt2Dir + "/vocab.json") + R"(, "merges": [)" + merges + "]}}";
 }
 
@@ -205,8 +210,11 @@ TEST(HfTokenizer, MatchesVocabAndMerges) {
   write_file(dir / "tokenizer.json", gpt2_tokenizer_json());
   const auto tok = load_hf_tokenizer((dir / "tokenizer.json").string());
   EXPECT_EQ(tok->vocab_size(), 50258);
-  EXPECT_EQ(tok->bos_id(), 50256);
-  EXPECT_EQ(tok->eos_id(), 50257);
+  // Its post-processor adds no special tokens (GPT-2's vocab.json + merges.txt put
+  // <|endoftext|> first).
+  EXPECT_EQ(tok->bos_id(), std::nullopt);
+  EXPECT_EQ(tok->eos_id(), std::nullopt);
+  EXPECT_EQ(tok->encode("Hello world", true), (Ids{15496, 995}));
   for (const std::string text : {"Hello world", " the", "I'm here, aren't you?\n\n  x", "naïve 中文 😀", "a\xFF b"}) {
     EXPECT_EQ(tok->encode(text, false), gpt2().encode(text, false)) << escaped(text);
   }
@@ -221,6 +229,8 @@ TEST(HfTokenizer, StringMergesAndNonSpecialAddedToken) {
                        {{"type", "BPE"},
                         {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}, {"Ġ", 3}, {"Ġab", 4}}},
                         {"merges", {"a b", "Ġ ab"}}}},
+                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                      {"decoder", {{"type", "ByteLevel"}}},
                       {"added_tokens", {{{"id", 5}, {"content", "[X]"}, {"special", false}}}}};
   write_file(dir / "tokenizer.json", j.dump());
   const auto tok = load_hf_tokenizer((dir / "tokenizer.json").string());
@@ -228,6 +238,74 @@ TEST(HfTokenizer, StringMergesAndNonSpecialAddedToken) {
   EXPECT_EQ(tok->decode(Ids{2, 4, 5, 1, 0}), "ab ab[X]ba");
   EXPECT_EQ(tok->bos_id(), std::nullopt);
   EXPECT_EQ(tok->encode("ab", true), (Ids{2}));
+}
+
+// ---- real tokenizer.json files against Hugging Face tokenizers (tests/data/tokenizers) ----
+
+const std::string kTokenizersDir = std::string(FLEXH2O_TEST_DATA_DIR) + "/tokenizers";
+
+struct Case {
+  std::string text;
+  Ids ids, ids_with_special;
+  std::string decoded;
+};
+
+std::vector<Case> read_cases(const std::string& name) {
+  std::vector<Case> cases;
+  std::istringstream lines(read_file(kTokenizersDir + "/cases-" + name + ".jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    cases.push_back({j.at("text"), j.at("ids"), j.at("ids_with_special"), j.at("decoded")});
+  }
+  return cases;
+}
+
+// Every line: its ids without and with the special tokens, and the text its ids decode to
+// (Hugging Face's decode keeping special tokens). Returns the number of lines that match.
+std::size_t matching_cases(const Tokenizer& tok, const std::string& name, bool with_special = true) {
+  const std::vector<Case> cases = read_cases(name);
+  EXPECT_GT(cases.size(), 300u) << name;
+  std::size_t matching = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const std::string where = "cases-" + name + ".jsonl:" + std::to_string(i + 1) + " " + escaped(c.text.substr(0, 60));
+    const Ids ids = tok.encode(c.text, false);
+    const bool ok = ids == c.ids && (!with_special || tok.encode(c.text, true) == c.ids_with_special) &&
+                    tok.decode(c.ids, false) == c.decoded;
+    EXPECT_EQ(ids, c.ids) << where;
+    if (with_special) {
+      EXPECT_EQ(tok.encode(c.text, true), c.ids_with_special) << where;
+    }
+    EXPECT_EQ(tok.decode(c.ids, false), c.decoded) << where;
+    matching += ok ? 1 : 0;
+  }
+  return matching;
+}
+
+TEST(TokenizerCases, Phi3SentencePieceLegacyNormalizer) {
+  const auto tok = load_hf_tokenizer(kTokenizersDir + "/phi3/tokenizer.json");
+  EXPECT_EQ(matching_cases(*tok, "phi3"), 338u);
+}
+
+TEST(TokenizerCases, Phi3Metaspace) {
+  const auto tok = load_hf_tokenizer(kTokenizersDir + "/phi3-metaspace/tokenizer.json");
+  EXPECT_EQ(matching_cases(*tok, "phi3-metaspace"), 338u);
+}
+
+TEST(TokenizerCases, Qwen2ByteLevelSplitRegex) {
+  const auto tok = load_hf_tokenizer(kTokenizersDir + "/qwen2/tokenizer.json");
+  EXPECT_EQ(matching_cases(*tok, "qwen2"), 338u);
+}
+
+TEST(TokenizerCases, SmolLM2ByteLevel) {
+  const auto tok = load_hf_tokenizer(kTokenizersDir + "/smollm2/tokenizer.json");
+  EXPECT_EQ(matching_cases(*tok, "smollm2"), 338u);
+}
+
+TEST(TokenizerCases, Gpt2VocabAndMerges) {
+  // encode(text, true) of vocab.json + merges.txt puts <|endoftext|> first; HF's GPT-2
+  // tokenizer.json adds nothing (checked below).
+  EXPECT_EQ(matching_cases(gpt2(), "gpt2", /*with_special=*/false), 338u);
 }
 
 // ---- llama2.c ----
