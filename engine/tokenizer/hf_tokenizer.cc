@@ -138,6 +138,8 @@ class Parser {
     const json list = optional(root, "added_tokens");
     if (list.is_null()) return tokens;
     if (!list.is_array()) fail(path_, "added_tokens: expected an array");
+    std::map<std::string, std::int64_t> assigned;
+    std::int64_t next_id = vocab_count_;
     for (std::size_t i = 0; i < list.size(); ++i) {
       const std::string where = "added_tokens[" + std::to_string(i) + "]";
       const json& t = list[i];
@@ -153,10 +155,23 @@ class Parser {
       token.lstrip = bool_field(t, "lstrip", where, false);
       token.rstrip = bool_field(t, "rstrip", where, false);
       token.single_word = bool_field(t, "single_word", where, false);
-      // Hugging Face takes the id of a content the model has from the model.
-      if (const auto model_id = vocab_ids_->token_to_id(token.content); model_id && *model_id != token.id) {
-        fail(path_, where + ": \"" + token.content + "\" has id " + std::to_string(token.id) + " but " +
-                        std::to_string(*model_id) + " in model.vocab");
+      // Hugging Face does not read these ids: a content the model has takes the model's id,
+      // a new one the next id after the model's tokens. A file that says otherwise would
+      // encode differently there.
+      std::int64_t expected = 0;
+      if (const auto model_id = vocab_ids_->token_to_id(token.content)) {
+        expected = *model_id;
+      } else if (const auto it = assigned.find(token.content); it != assigned.end()) {
+        expected = it->second;
+      } else {
+        expected = next_id++;
+        assigned.emplace(token.content, expected);
+      }
+      if (expected != token.id) {
+        fail(path_, where + ".id: " + std::to_string(token.id) + ", but Hugging Face tokenizers gives \"" +
+                        token.content + "\" id " + std::to_string(expected) +
+                        " (its id in model.vocab, or the next after the model's " + std::to_string(vocab_count_) +
+                        " tokens)");
       }
       tokens.push_back(std::move(token));
     }
@@ -188,6 +203,7 @@ class Parser {
       options.unk_token = unk.get<std::string>();
     }
     Vocab vocab = parse_vocab(field(j, "vocab", path_, where + "."), path_, where + ".vocab");
+    vocab_count_ = static_cast<std::int64_t>(vocab.size());
 
     const json& merges = array_field(j, "merges", where);
     std::vector<MergeRule> rules;
@@ -441,7 +457,8 @@ class Parser {
   }
 
   std::string path_;
-  const Model* vocab_ids_ = nullptr;              // the model, once parsed
+  const Model* vocab_ids_ = nullptr;               // the model, once parsed
+  std::int64_t vocab_count_ = 0;                   // its tokens
   std::map<std::string, std::int32_t> token_ids_;  // added tokens
 };
 

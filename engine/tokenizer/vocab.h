@@ -29,6 +29,8 @@ class Vocab {
     return &tokens_[static_cast<std::size_t>(id)];
   }
   std::int32_t id_limit() const { return static_cast<std::int32_t>(tokens_.size()); }
+  // The number of distinct tokens.
+  std::size_t size() const { return ids_.size(); }
 
  private:
   std::vector<std::string> tokens_;  // by id
