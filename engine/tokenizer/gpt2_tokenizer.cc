@@ -23,12 +23,13 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& vocab_json_pat
   for (std::size_t line_no = 1; std::getline(in, line); ++line_no) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
-    const std::string where = "line " + std::to_string(line_no);
-    const auto [a, b] = split_merge(line, merges_path, where);
+    const auto where = [&] { return "line " + std::to_string(line_no); };
+    const auto pair = split_merge(line);
+    if (!pair) fail(merges_path, where() + ": " + bad_merge(line));
     try {
-      merges.push_back(resolve_merge(vocab, a, b));
+      merges.push_back(resolve_merge(vocab, pair->first, pair->second));
     } catch (const std::runtime_error& e) {
-      fail(merges_path, where + ": " + e.what());
+      fail(merges_path, where() + ": " + e.what());
     }
   }
   if (in.bad()) fail(merges_path, "read error");

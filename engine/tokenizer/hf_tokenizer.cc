@@ -209,20 +209,24 @@ class Parser {
     std::vector<MergeRule> rules;
     rules.reserve(merges.size());
     for (std::size_t i = 0; i < merges.size(); ++i) {
-      const std::string at = where + ".merges[" + std::to_string(i) + "]";
+      // The location string only on error: files have 10^5 merges.
+      const auto at = [&] { return where + ".merges[" + std::to_string(i) + "]"; };
       const json& m = merges[i];
       std::pair<std::string, std::string> pair;
       if (m.is_string()) {
-        pair = split_merge(m.get_ref<const std::string&>(), path_, at);
+        const std::string& line = m.get_ref<const std::string&>();
+        auto split = split_merge(line);
+        if (!split) fail(path_, at() + ": " + bad_merge(line));
+        pair = std::move(*split);
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
         pair = {m[0].get<std::string>(), m[1].get<std::string>()};
       } else {
-        fail(path_, at + ": expected \"a b\" or [\"a\", \"b\"], got " + m.dump());
+        fail(path_, at() + ": expected \"a b\" or [\"a\", \"b\"], got " + m.dump());
       }
       try {
         rules.push_back(resolve_merge(vocab, pair.first, pair.second));
       } catch (const std::runtime_error& e) {
-        fail(path_, at + ": " + e.what());
+        fail(path_, at() + ": " + e.what());
       }
     }
     try {

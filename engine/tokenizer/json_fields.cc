@@ -38,7 +38,11 @@ Vocab parse_vocab(const json& object, const std::string& path, const std::string
   std::vector<std::pair<std::string, std::int32_t>> entries;
   entries.reserve(object.size());
   for (const auto& [token, id] : object.items()) {
-    entries.emplace_back(token, parse_id(id, path, where + "[\"" + token + "\"]"));
+    // The location string only when needed: vocabs have 10^5 entries.
+    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() >= kMaxVocabSize) {
+      parse_id(id, path, where + "[\"" + token + "\"]");
+    }
+    entries.emplace_back(token, id.get<std::int32_t>());
   }
   try {
     return Vocab(std::move(entries));
@@ -47,14 +51,17 @@ Vocab parse_vocab(const json& object, const std::string& path, const std::string
   }
 }
 
-std::pair<std::string, std::string> split_merge(std::string_view line, const std::string& path,
-                                                const std::string& where) {
+std::optional<std::pair<std::string, std::string>> split_merge(std::string_view line) {
   const std::size_t space = line.find(' ');
   if (space == 0 || space == std::string_view::npos || space + 1 == line.size() ||
       line.find(' ', space + 1) != std::string_view::npos) {
-    fail(path, where + ": expected \"a b\" (two tokens separated by one space), got \"" + std::string(line) + "\"");
+    return std::nullopt;
   }
-  return {std::string(line.substr(0, space)), std::string(line.substr(space + 1))};
+  return std::pair{std::string(line.substr(0, space)), std::string(line.substr(space + 1))};
+}
+
+std::string bad_merge(std::string_view line) {
+  return "expected \"a b\" (two tokens separated by one space), got \"" + std::string(line) + "\"";
 }
 
 }  // namespace flexh2o::engine::tok

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -25,8 +26,9 @@ const nlohmann::json& field(const nlohmann::json& object, const char* name, cons
 std::int32_t parse_id(const nlohmann::json& value, const std::string& path, const std::string& where);
 // An object of token -> id.
 Vocab parse_vocab(const nlohmann::json& object, const std::string& path, const std::string& where);
-// "a b" with exactly one space between two non-empty tokens.
-std::pair<std::string, std::string> split_merge(std::string_view line, const std::string& path,
-                                                const std::string& where);
+// A merge written "a b": exactly one space between two non-empty tokens; nullopt otherwise.
+std::optional<std::pair<std::string, std::string>> split_merge(std::string_view line);
+// Why `line` is not a merge, for an error message.
+std::string bad_merge(std::string_view line);
 
 }  // namespace flexh2o::engine::tok

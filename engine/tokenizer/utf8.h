@@ -32,7 +32,9 @@ void append_utf8(std::string& out, char32_t cp);
 
 // Unicode White_Space, what `\s` matches in Rust's and Oniguruma's regexes.
 bool is_white_space(char32_t cp);
-// Rust regex's `\w`: letters, marks, decimal digits, connector punctuation, joiners.
+// Rust regex's `\w` (what single_word added tokens look at): letters, letter numbers, marks,
+// decimal digits, connector punctuation, joiners. By general category, so Alphabetic's few
+// symbols (circled letters) are not word characters here.
 bool is_word_char(char32_t cp);
 
 }  // namespace flexh2o::engine::tok

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -250,6 +251,14 @@ TEST(HfTokenizer, StringMergesAndNonSpecialAddedToken) {
 
 const std::string kTokenizersDir = std::string(FLEXH2O_TEST_DATA_DIR) + "/tokenizers";
 
+// Each file loaded once per process (loading 6 MB of JSON is slow under sanitizers).
+const Tokenizer& real_tokenizer(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
+  auto& tok = loaded[name];
+  if (!tok) tok = load_hf_tokenizer(kTokenizersDir + "/" + name + "/tokenizer.json");
+  return *tok;
+}
+
 struct Case {
   std::string text;
   Ids ids, ids_with_special;
@@ -289,23 +298,19 @@ std::size_t matching_cases(const Tokenizer& tok, const std::string& name, bool w
 }
 
 TEST(TokenizerCases, Phi3SentencePieceLegacyNormalizer) {
-  const auto tok = load_hf_tokenizer(kTokenizersDir + "/phi3/tokenizer.json");
-  EXPECT_EQ(matching_cases(*tok, "phi3"), 338u);
+  EXPECT_EQ(matching_cases(real_tokenizer("phi3"), "phi3"), 338u);
 }
 
 TEST(TokenizerCases, Phi3Metaspace) {
-  const auto tok = load_hf_tokenizer(kTokenizersDir + "/phi3-metaspace/tokenizer.json");
-  EXPECT_EQ(matching_cases(*tok, "phi3-metaspace"), 338u);
+  EXPECT_EQ(matching_cases(real_tokenizer("phi3-metaspace"), "phi3-metaspace"), 338u);
 }
 
 TEST(TokenizerCases, Qwen2ByteLevelSplitRegex) {
-  const auto tok = load_hf_tokenizer(kTokenizersDir + "/qwen2/tokenizer.json");
-  EXPECT_EQ(matching_cases(*tok, "qwen2"), 338u);
+  EXPECT_EQ(matching_cases(real_tokenizer("qwen2"), "qwen2"), 338u);
 }
 
 TEST(TokenizerCases, SmolLM2ByteLevel) {
-  const auto tok = load_hf_tokenizer(kTokenizersDir + "/smollm2/tokenizer.json");
-  EXPECT_EQ(matching_cases(*tok, "smollm2"), 338u);
+  EXPECT_EQ(matching_cases(real_tokenizer("smollm2"), "smollm2"), 338u);
 }
 
 TEST(TokenizerCases, Gpt2VocabAndMerges) {
@@ -324,14 +329,14 @@ TEST(TokenizerCases, Gpt2TokenizerJson) {
 // decoders (the CLI's generated text is decode(prompt + gen) minus decode(prompt)).
 TEST(TokenizerCases, DecodeIsPrefixConsistent) {
   for (const std::string name : {"phi3", "phi3-metaspace", "qwen2"}) {
-    const auto tok = load_hf_tokenizer(kTokenizersDir + "/" + name + "/tokenizer.json");
+    const Tokenizer& tok = real_tokenizer(name);
     const std::vector<Case> cases = read_cases(name);
     for (const std::size_t line : {300, 310, 320, 330}) {  // edge cases: accents, CJK, emoji, whitespace
-      const Ids ids = tok->encode(cases[line].text, true);
+      const Ids ids = tok.encode(cases[line].text, true);
       for (const bool skip : {true, false}) {
-        const std::string full = tok->decode(ids, skip);
+        const std::string full = tok.decode(ids, skip);
         for (std::size_t i = 0; i <= ids.size(); ++i) {
-          const std::string prefix = tok->decode(std::span(ids).first(i), skip);
+          const std::string prefix = tok.decode(std::span(ids).first(i), skip);
           ASSERT_EQ(full.substr(0, prefix.size()), prefix) << name << " line " << line + 1 << ", " << i << " ids";
         }
       }
