@@ -30,18 +30,6 @@ std::unique_ptr<Tokenizer> hf_dir_tokenizer(const fs::path& dir) {
   return nullptr;
 }
 
-// An explicit --tokenizer: tokenizer.json, a llama2.c tok*.bin, or a directory with vocab.json + merges.txt.
-std::unique_ptr<Tokenizer> explicit_tokenizer(const std::string& path, const ModelConfig& cfg) {
-  const fs::path p(path);
-  if (fs::is_directory(p)) {
-    auto t = hf_dir_tokenizer(p);
-    if (!t) throw std::runtime_error(path + ": no tokenizer.json or vocab.json + merges.txt in this directory");
-    return t;
-  }
-  if (p.extension() == ".json") return load_hf_tokenizer(path);
-  return load_llama2c_tokenizer_file(path, static_cast<std::int32_t>(cfg.vocab_size));
-}
-
 // llama2.c's tokenizer next to its checkpoint: tokenizer.bin, else the one tok*.bin there
 // (llama2.c names them tok512.bin, tok4096.bin, ...).
 std::optional<fs::path> llama2c_tokenizer_beside(const fs::path& model) {
@@ -76,6 +64,20 @@ kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weig
   if (flag == "bf16") return kernels::DType::BF16;
   if (flag != "auto") throw std::invalid_argument("--compute-dtype: '" + flag + "' is not one of auto, f32, bf16");
   return weights != kernels::DType::F32 && be.native_bf16() ? kernels::DType::BF16 : kernels::DType::F32;
+}
+
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional<std::int64_t> vocab_size) {
+  const fs::path p(path);
+  if (fs::is_directory(p)) {
+    auto t = hf_dir_tokenizer(p);
+    if (!t) throw std::runtime_error(path + ": no tokenizer.json or vocab.json + merges.txt in this directory");
+    return t;
+  }
+  if (p.extension() == ".json") return load_hf_tokenizer(path);
+  if (!vocab_size) {
+    throw std::runtime_error(path + ": a llama2.c tokenizer file does not store its vocab size; name its model with --model");
+  }
+  return load_llama2c_tokenizer_file(path, static_cast<std::int32_t>(*vocab_size));
 }
 
 bool names_weights(const std::string& model) {
@@ -117,7 +119,7 @@ ModelSource open_model(const ModelOptions& opt) {
   } else {
     throw std::runtime_error(opt.model + ": no such file or directory");
   }
-  if (!opt.tokenizer.empty()) m.tokenizer = explicit_tokenizer(opt.tokenizer, m.config);
+  if (!opt.tokenizer.empty()) m.tokenizer = open_tokenizer(opt.tokenizer, m.config.vocab_size);
   if (opt.dtype) m.config.dtype = *opt.dtype;
   if (opt.dummy) {
     m.weights = std::make_unique<DummyWeights>(m.config, opt.seed);

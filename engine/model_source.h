@@ -33,6 +33,9 @@ ModelSource open_model(const ModelOptions& opt);
 // multiplies bf16 natively, else f32 (fp32 weights keep fp32: e.g. stories260K's exact text).
 kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be);
 
+// A tokenizer file as --tokenizer names it: tokenizer.json, a directory with tokenizer.json or
+// vocab.json + merges.txt, or a llama2.c tok*.bin (which needs the model's vocab_size).
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional<std::int64_t> vocab_size);
 // Whether `model` (as --model takes it) names weights: the embedded default, a checkpoint
 // directory or file; not a model YAML or a built-in config name.
 bool names_weights(const std::string& model);

@@ -54,16 +54,22 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
   return items;
 }
 
-void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t bos_id,
+std::vector<std::int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, std::int32_t config_bos_id) {
+  if (tok.decides_special_tokens()) return tok.encode(text, true);
+  std::vector<std::int32_t> ids;
+  if (config_bos_id >= 0) ids.push_back(config_bos_id);
+  const auto encoded = tok.encode(text, false);
+  ids.insert(ids.end(), encoded.begin(), encoded.end());
+  return ids;
+}
+
+void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t config_bos_id,
                       const std::string& model_name) {
   for (auto& it : items) {
     if (!it.text) continue;
     if (!tok)
       throw std::runtime_error("model '" + model_name + "' has no tokenizer; give prompts as \"tokens\" or pass --tokenizer");
-    it.tokens.clear();
-    if (bos_id >= 0) it.tokens.push_back(bos_id);
-    const auto ids = tok->encode(*it.text, false);
-    it.tokens.insert(it.tokens.end(), ids.begin(), ids.end());
+    it.tokens = encode_prompt(*tok, *it.text, config_bos_id);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/tokenizer/tokenizer.h"
@@ -21,10 +22,13 @@ struct PromptItem {
 
 // Throws naming the file, line and field on malformed input, and both lines of a repeated id.
 std::vector<PromptItem> read_prompts_jsonl(const std::string& path);
-// Encodes every text prompt, preceded by the model's BOS id (from the model config, which
-// is authoritative: OPT starts with </s>, not the tokenizer's <s>). Needs a tokenizer when
-// any prompt is text.
-void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t bos_id,
+// The ids the model takes for a text: with the tokenizer's own special tokens where it decides
+// them (tokenizer.json's post-processor, as Hugging Face and vLLM encode; llama2.c's BOS);
+// otherwise (GPT-2's vocab.json + merges.txt) the model config's BOS id first, when it has one
+// (-1: none).
+std::vector<std::int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, std::int32_t config_bos_id);
+// Encodes every text prompt with encode_prompt. Needs a tokenizer when any prompt is text.
+void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t config_bos_id,
                       const std::string& model_name);
 
 // `count` deterministic prompts of `len` token ids below `vocab`, different per prompt: the

@@ -11,7 +11,8 @@ packages=(
   libfmt-dev            # text formatting
   libyaml-cpp-dev       # model/hardware/run configs
   nlohmann-json3-dev    # safetensors headers, config.json, JSONL, metrics
-  libpcre2-dev          # the GPT-2 pre-tokenizer regex (Unicode classes)
+  libpcre2-dev          # tokenizer regexes (Unicode classes, lookahead)
+  libutf8proc-dev       # tokenizer Unicode normalization (NFC, NFKC, ...)
   libglpk-dev           # the planner's LP
   libcli11-dev          # the command line
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks

@@ -10,6 +10,7 @@
 
 #include "engine/kv_quality.h"
 #include "engine/model_source.h"
+#include "engine/prompts.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::cli {
@@ -50,10 +51,7 @@ int eval_command(const EvalOptions& o) {
   std::vector<std::vector<std::int32_t>> chunks;
   for (const auto& para : split_paragraphs(*text)) {
     if (static_cast<std::int64_t>(chunks.size()) >= o.chunks) break;
-    std::vector<std::int32_t> ids;
-    if (m.config.bos_id >= 0) ids.push_back(m.config.bos_id);
-    const auto t = m.tokenizer->encode(para, false);
-    ids.insert(ids.end(), t.begin(), t.end());
+    std::vector<std::int32_t> ids = encode_prompt(*m.tokenizer, para, m.config.bos_id);
     if (static_cast<std::int64_t>(ids.size()) > m.config.position_limit())
       ids.resize(static_cast<std::size_t>(m.config.position_limit()));
     if (ids.size() >= 2) chunks.push_back(std::move(ids));

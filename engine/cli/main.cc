@@ -10,6 +10,7 @@
 #include "engine/cli/interrupts.h"
 #include "engine/cli/plan_command.h"
 #include "engine/cli/run_command.h"
+#include "engine/cli/tokenize_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"flexh2o: throughput-oriented offline LLM inference with offloading and KV eviction"};
@@ -24,6 +25,8 @@ int main(int argc, char** argv) {
   CLI::App* calibrate_cmd = flexh2o::cli::add_calibrate_command(app, calibrate);
   flexh2o::cli::BenchOptions bench;
   CLI::App* bench_cmd = flexh2o::cli::add_bench_command(app, bench);
+  flexh2o::cli::TokenizeOptions tokenize;
+  CLI::App* tokenize_cmd = flexh2o::cli::add_tokenize_command(app, tokenize);
   try {
     app.parse(argc, argv);
     // No subcommand runs the embedded default model.
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return flexh2o::cli::plan_command(plan);
     if (calibrate_cmd->parsed()) return flexh2o::cli::calibrate_command(calibrate);
     if (bench_cmd->parsed()) return flexh2o::cli::bench_command(bench);
+    if (tokenize_cmd->parsed()) return flexh2o::cli::tokenize_command(tokenize);
     if (run_cmd->parsed() || app.get_subcommands().empty()) return flexh2o::cli::run_command(run);
     return 0;
   } catch (const CLI::ParseError& e) {

@@ -3,13 +3,14 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
-#include <queue>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 
+#include "engine/tokenizer/normalizers.h"
+#include "engine/tokenizer/pipeline.h"
+#include "engine/tokenizer/post_processors.h"
+#include "engine/tokenizer/score_model.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace flexh2o::engine {
@@ -24,12 +25,6 @@ constexpr std::int32_t kMinVocabSize = kFirstByteId + 256;
 // run.c starts its best-merge search at this score with a strict '>', so merges scoring at or
 // below it (or NaN) never happen.
 constexpr float kMergeScoreFloor = -1e10f;
-
-// Transparent hash so string_view lookups do not allocate.
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -48,32 +43,47 @@ std::string piece_text(const std::string& piece) {
   return piece;
 }
 
+// Encoding is the pipeline Prepend(" ") -> score merges with byte fallback -> "<s> $A";
+// decoding keeps run.c's rule, which no Hugging Face decoder has: the leading space of the
+// piece right after a BOS goes.
 class Llama2cTokenizer final : public Tokenizer {
  public:
-  Llama2cTokenizer(std::vector<std::string> pieces, std::vector<float> scores)
-      : pieces_(std::move(pieces)), scores_(std::move(scores)) {
+  Llama2cTokenizer(std::vector<std::string> pieces, std::vector<float> scores, const std::string& name)
+      : pieces_(pieces), encoder_(encoder_parts(std::move(pieces), std::move(scores)), name), name_(name) {
     texts_.reserve(pieces_.size());
     for (std::size_t id = 0; id < pieces_.size(); ++id) {
-      // Equal strings: keep the lowest id (run.c's bsearch would pick an arbitrary one).
-      ids_.emplace(pieces_[id], static_cast<std::int32_t>(id));
       const bool special = id == kUnkId || id == kBosId || id == kEosId;
       texts_.push_back(special ? std::string() : piece_text(pieces_[id]));
     }
   }
 
-  std::vector<std::int32_t> encode(std::string_view text, bool add_bos) const override {
-    std::vector<std::int32_t> tokens;
-    if (add_bos) tokens.push_back(kBosId);
-    if (text.empty()) return tokens;
-    // run.c prepends the token for " " (sentencepiece's dummy prefix). Treating it as the first
-    // codepoint gives the same id and byte-falls-back sanely should a vocab lack " ".
-    append_codepoints(" ", tokens);
-    append_codepoints(text, tokens);
-    // Like run.c, BOS takes part in merging too (its piece "\n<s>\n" does not combine in practice).
-    return merge(std::move(tokens));
+  std::vector<std::int32_t> encode(std::string_view text, bool add_special) const override {
+    return encoder_.encode(text, add_special);
   }
 
-  std::string decode(std::span<const std::int32_t> tokens) const override {
+  std::int32_t vocab_size() const override { return static_cast<std::int32_t>(pieces_.size()); }
+  std::optional<std::int32_t> bos_id() const override { return kBosId; }
+  std::optional<std::int32_t> eos_id() const override { return kEosId; }
+  bool decides_special_tokens() const override { return true; }
+
+ private:
+  static tok::PipelineParts encoder_parts(std::vector<std::string> pieces, std::vector<float> scores) {
+    tok::ScoreModelOptions options;
+    for (int b = 0; b < 256; ++b) options.byte_ids[static_cast<std::size_t>(b)] = kFirstByteId + b;
+    options.min_score = kMergeScoreFloor;
+    tok::PipelineParts parts;
+    // run.c puts the token for " " (sentencepiece's dummy prefix) first. Making it the first
+    // character gives the same id and byte-falls-back sanely should a vocab lack " ".
+    parts.normalizer = std::make_unique<tok::PrependNormalizer>(" ");
+    // run.c lets BOS take part in merging too; its piece "\n<s>\n" combines with nothing.
+    parts.model = std::make_unique<tok::ScoreModel>(std::move(pieces), std::move(scores), options);
+    parts.post_processor = std::make_unique<tok::TemplateProcessor>(
+        std::vector<tok::TemplateProcessor::Item>{{false, {kBosId}}, {true, {}}});
+    return parts;
+  }
+
+  // Specials (unk, BOS, EOS) print nothing whether skipped or not, as in run.c.
+  std::string decode_ids(std::span<const std::int32_t> tokens, bool) const override {
     std::string out;
     std::int32_t prev = -1;
     for (const std::int32_t id : tokens) {
@@ -88,96 +98,17 @@ class Llama2cTokenizer final : public Tokenizer {
     return out;
   }
 
-  std::int32_t vocab_size() const override { return static_cast<std::int32_t>(pieces_.size()); }
-  std::optional<std::int32_t> bos_id() const override { return kBosId; }
-  std::optional<std::int32_t> eos_id() const override { return kEosId; }
-
- private:
   void check_id(std::int32_t id) const {
     if (id < 0 || id >= vocab_size()) {
-      throw std::runtime_error("llama2.c tokenizer: token id " + std::to_string(id) + " is outside the vocab (size " +
+      throw std::runtime_error(name_ + ": token id " + std::to_string(id) + " is outside the vocab (size " +
                                std::to_string(vocab_size()) + ")");
     }
   }
 
-  std::int32_t lookup(std::string_view s) const {
-    const auto it = ids_.find(s);
-    return it == ids_.end() ? -1 : it->second;
-  }
-
-  // One token per codepoint, or one byte-fallback token per byte when the codepoint is not in
-  // the vocab. Like run.c, a group is a byte plus up to three following continuation bytes,
-  // whether or not it is valid UTF-8. A NUL byte is an ordinary byte here (run.c stops at it).
-  void append_codepoints(std::string_view text, std::vector<std::int32_t>& tokens) const {
-    std::size_t i = 0;
-    while (i < text.size()) {
-      std::size_t len = 1;
-      while (len < 4 && i + len < text.size() && (static_cast<unsigned char>(text[i + len]) & 0xC0) == 0x80) ++len;
-      const std::string_view group = text.substr(i, len);
-      if (const std::int32_t id = lookup(group); id >= 0) {
-        tokens.push_back(id);
-      } else {
-        for (const char c : group) tokens.push_back(kFirstByteId + static_cast<unsigned char>(c));
-      }
-      i += len;
-    }
-  }
-
-  // run.c repeatedly merges the adjacent pair whose concatenated piece has the highest score,
-  // the leftmost on ties. A heap ordered by (score desc, position asc) over a linked list does
-  // the same in O(n log n); entries are checked for staleness when popped.
-  std::vector<std::int32_t> merge(std::vector<std::int32_t> tokens) const {
-    const std::size_t n = tokens.size();
-    std::vector<std::size_t> next(n), prev(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      next[i] = i + 1;  // n means none
-      prev[i] = i == 0 ? n : i - 1;
-    }
-    struct Candidate {
-      float score;
-      std::size_t left, right;
-      std::int32_t left_id, right_id, merged_id;
-    };
-    const auto worse = [](const Candidate& a, const Candidate& b) {
-      return a.score != b.score ? a.score < b.score : a.left > b.left;
-    };
-    std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
-    std::string buf;
-    const auto push = [&](std::size_t left, std::size_t right) {
-      if (left == n || right == n) return;
-      buf = pieces_[static_cast<std::size_t>(tokens[left])];
-      buf += pieces_[static_cast<std::size_t>(tokens[right])];
-      const std::int32_t id = lookup(buf);
-      if (id < 0) return;
-      const float score = scores_[static_cast<std::size_t>(id)];
-      if (score > kMergeScoreFloor) heap.push({score, left, right, tokens[left], tokens[right], id});
-    };
-    for (std::size_t i = 0; i + 1 < n; ++i) push(i, i + 1);
-
-    std::vector<bool> alive(n, true);
-    while (!heap.empty()) {
-      const Candidate c = heap.top();
-      heap.pop();
-      if (!alive[c.left] || next[c.left] != c.right || tokens[c.left] != c.left_id || tokens[c.right] != c.right_id) {
-        continue;  // stale: the left symbol was merged away or the pair changed
-      }
-      tokens[c.left] = c.merged_id;
-      alive[c.right] = false;
-      next[c.left] = next[c.right];
-      if (next[c.right] != n) prev[next[c.right]] = c.left;
-      push(prev[c.left], c.left);
-      push(c.left, next[c.left]);
-    }
-
-    std::vector<std::int32_t> out;
-    for (std::size_t i = 0; i < n; i = next[i]) out.push_back(tokens[i]);
-    return out;
-  }
-
   std::vector<std::string> pieces_;  // vocab strings as stored in the file
-  std::vector<float> scores_;
-  std::vector<std::string> texts_;  // what each id prints
-  std::unordered_map<std::string, std::int32_t, StringHash, std::equal_to<>> ids_;
+  std::vector<std::string> texts_;   // what each id prints
+  tok::Pipeline encoder_;
+  std::string name_;
 };
 
 // Little-endian reader over the file bytes that refuses to run past the end.
@@ -233,7 +164,7 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::span<const std::byte> dat
     pieces[i].resize(static_cast<std::size_t>(len));
     reader.read(pieces[i].data(), pieces[i].size(), where);
   }
-  return std::make_unique<Llama2cTokenizer>(std::move(pieces), std::move(scores));
+  return std::make_unique<Llama2cTokenizer>(std::move(pieces), std::move(scores), source_name);
 }
 
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer_file(const std::string& path, std::int32_t vocab_size) {

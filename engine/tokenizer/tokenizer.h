@@ -1,5 +1,7 @@
-// Text <-> token ids. Two families: llama2.c's score-merge BPE with byte fallback
-// (tok*.bin) and byte-level BPE (GPT-2/OPT: vocab.json + merges.txt or HF tokenizer.json).
+// Text <-> token ids. Hugging Face tokenizer.json pipelines (SentencePiece-style BPE with byte
+// fallback as in Llama-2/Mistral/Phi-3, byte-level BPE behind a regex as in GPT-2/Llama-3/
+// Qwen2), GPT-2's vocab.json + merges.txt, and llama2.c's tok*.bin; pipeline.h builds others
+// from their parts.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,15 +16,28 @@ namespace flexh2o::engine {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // Token ids of `text`. With add_bos the model's BOS id comes first (when it has one).
-  virtual std::vector<std::int32_t> encode(std::string_view text, bool add_bos) const = 0;
-  // The bytes the tokens stand for. Special tokens (BOS/EOS/pad) print nothing. The output
-  // is prefix-consistent: decode(t[0..i)) is a byte prefix of decode(t) for every i, so the
-  // text of generated tokens is decode(prompt + generated) minus decode(prompt).
-  virtual std::string decode(std::span<const std::int32_t> tokens) const = 0;
+  // Token ids of `text`. With add_special, the special tokens the tokenizer itself puts around
+  // a text (its post-processor's, e.g. BOS), as Hugging Face's encode(text) does.
+  virtual std::vector<std::int32_t> encode(std::string_view text, bool add_special) const = 0;
+  // The bytes the tokens stand for; special tokens print nothing unless skip_special is
+  // false. The output is prefix-consistent: decode(t[0..i)) is a byte prefix of decode(t) for
+  // every i, so the text of generated tokens is decode(prompt + generated) minus
+  // decode(prompt). So bytes that do not form UTF-8 (a character cut by the end of the ids)
+  // stay bytes where Hugging Face prints U+FFFD. Throws on an id the vocab does not have.
+  std::string decode(std::span<const std::int32_t> tokens, bool skip_special = true) const {
+    return decode_ids(tokens, skip_special);
+  }
   virtual std::int32_t vocab_size() const = 0;
+  // The token encode(text, true) puts first, and last after the text, if any.
   virtual std::optional<std::int32_t> bos_id() const = 0;
   virtual std::optional<std::int32_t> eos_id() const = 0;
+  // Whether encode(text, true) is what the model takes: tokenizer.json's post-processor and
+  // llama2.c's BOS decide. GPT-2's vocab.json + merges.txt carry no such rule; then the model
+  // config's BOS id applies (encode_prompt in engine/prompts.h).
+  virtual bool decides_special_tokens() const = 0;
+
+ private:
+  virtual std::string decode_ids(std::span<const std::int32_t> tokens, bool skip_special) const = 0;
 };
 
 // llama2.c tokenizer file (int32 max_token_length; per token: f32 score, i32 len, bytes).
@@ -33,8 +48,10 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::span<const std::byte> dat
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer_file(const std::string& path, std::int32_t vocab_size);
 
 // GPT-2 style byte-level BPE from vocab.json + merges.txt (optional "#version" line).
+// encode(text, true) puts "<|endoftext|>" first, GPT-2's document separator.
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& vocab_json_path, const std::string& merges_path);
-// Hugging Face tokenizer.json with a BPE model and ByteLevel pre-tokenizer (GPT-2, OPT, ...).
+// A Hugging Face tokenizer.json. Throws std::runtime_error naming the file and the field on
+// anything it does not implement (a stage type, an option), never a silent default.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& tokenizer_json_path);
 
 }  // namespace flexh2o::engine

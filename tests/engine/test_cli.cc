@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/loaders/dummy_weights.h"
+#include "engine/weights.h"
 #include "kernels/backend.h"
 #include "tests/support/test_models.h"
 
@@ -403,6 +405,82 @@ TEST(Cli, InterruptedJobResumesToTheUninterruptedResult) {
     EXPECT_THAT(resumed.err, HasSubstr("resuming:"));
     EXPECT_EQ(sorted_lines(testing::read_file(out)), full);
   }
+}
+
+TEST(Cli, TokenizeEncodesAndDecodes) {
+  // The embedded model's llama2.c tokenizer: BOS (1) only with --special.
+  Result r = run("tokenize --text \"Once upon a time\"");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "[403, 407, 261, 378]\n");
+  EXPECT_EQ(run("tokenize --text \"Once upon a time\" --special").out, "[1, 403, 407, 261, 378]\n");
+  EXPECT_EQ(run("tokenize --decode --text \"[1, 403, 407, 261, 378]\"").out, "Once upon a time\n");
+
+  // Phi-3's tokenizer.json alone; ids and texts from Hugging Face tokenizers.
+  const std::string phi3 = " --tokenizer " + std::string(FLEXH2O_TEST_DATA_DIR) + "/tokenizers/phi3/tokenizer.json";
+  EXPECT_EQ(run("tokenize" + phi3 + " --text \"Hello <|user|> world\" --special").out,
+            "[1, 15043, 29871, 32010, 29871, 3186]\n");
+  EXPECT_EQ(run("tokenize" + phi3 + " --text \"Hello <|user|> world\"").out, "[15043, 29871, 32010, 29871, 3186]\n");
+  EXPECT_EQ(run("tokenize" + phi3 + " --decode --text \"[1, 15043, 32010, 3186]\"").out, "Hello world\n");
+  EXPECT_EQ(run("tokenize" + phi3 + " --decode --special --text \"[1, 15043, 32010, 3186]\"").out,
+            "<s> Hello<|user|> world\n");
+  testing::TempDir dir;
+  testing::write_file(dir.file("text.txt"), "line one\nline two\n");
+  testing::write_file(dir.file("ids.json"), "[1, 1196, 697, 13, 1220, 1023, 13]");
+  r = run("tokenize" + phi3 + " --file " + dir.file("text.txt"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "[1196, 697, 13, 1220, 1023, 13]\n");
+  // The text, then the newline the command prints.
+  EXPECT_EQ(run("tokenize" + phi3 + " --decode --file " + dir.file("ids.json")).out, "line one\nline two\n\n");
+}
+
+// The BOS a text prompt gets: the tokenizer's own post-processor decides (as in Hugging Face
+// and vLLM), not config.json's bos_token_id; GPT-2's vocab.json + merges.txt decide nothing,
+// so there the config's BOS goes first.
+TEST(Cli, TokenizeSpecialFollowsTheTokenizerNotTheConfig) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();  // bos_token_id 1
+  ASSERT_EQ(cfg.bos_id, 1);
+  testing::TempDir dir;
+  testing::export_hf_checkpoint(dir.path(), cfg, engine::load_weights(cfg, engine::DummyWeights(cfg, 3)),
+                                kernels::DType::F32, false);
+  const nlohmann::json vocab = {{"a", 3}, {"b", 4}, {"ab", 5}, {"<s>", 1}};
+  nlohmann::json tokenizer = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b"}}}},
+      {"added_tokens", {{{"id", 1}, {"content", "<s>"}, {"special", true}}}},
+      {"post_processor", {{"type", "ByteLevel"}}}};
+  testing::write_file(dir.file("tokenizer.json"), tokenizer.dump());
+  EXPECT_EQ(run("tokenize --model " + dir.path() + " --text ab --special").out, "[5]\n");
+  tokenizer["post_processor"] = {{"type", "TemplateProcessing"},
+                                 {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                                 {"pair", nlohmann::json::array()},
+                                 {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
+  testing::write_file(dir.file("tokenizer.json"), tokenizer.dump());
+  EXPECT_EQ(run("tokenize --model " + dir.path() + " --text ab --special").out, "[1, 5]\n");
+  std::filesystem::remove(dir.file("tokenizer.json"));
+  testing::write_file(dir.file("vocab.json"), vocab.dump());
+  testing::write_file(dir.file("merges.txt"), "a b\n");
+  EXPECT_EQ(run("tokenize --model " + dir.path() + " --text ab --special").out, "[1, 5]\n");
+  EXPECT_EQ(run("tokenize --model " + dir.path() + " --text ab").out, "[5]\n");
+}
+
+TEST(Cli, TokenizeBadInputGivesOneClearError) {
+  const std::string phi3 = " --tokenizer " + std::string(FLEXH2O_TEST_DATA_DIR) + "/tokenizers/phi3/tokenizer.json";
+  expect_clean_error(run("tokenize"), "--text or --file");
+  expect_clean_error(run("tokenize --decode --text \"[1, 2,\""), "JSON array of token ids");
+  expect_clean_error(run("tokenize --decode --text \"[1, -2]\""), "-2");
+  expect_clean_error(run("tokenize" + phi3 + " --decode --text \"[40000]\""), "40000");
+  expect_clean_error(run("tokenize --file /nonexistent/text.txt"), "/nonexistent/text.txt");
+  expect_clean_error(run("tokenize --tokenizer /nonexistent/tokenizer.json --text a"), "/nonexistent/tokenizer.json");
+  expect_clean_error(run("tokenize --tokenizer " + std::string(FLEXH2O_SOURCE_DIR) +
+                         "/models/stories260K/tok512.bin --text a"),
+                     "--model");
+  testing::TempDir dir;
+  testing::write_file(dir.file("tokenizer.json"),
+                      R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},)"
+                      R"( "pre_tokenizer": {"type": "Whitespace"}})");
+  const Result r = run("tokenize --tokenizer " + dir.file("tokenizer.json") + " --text a");
+  expect_clean_error(r, dir.file("tokenizer.json") + ": pre_tokenizer.type");
+  EXPECT_THAT(r.err, HasSubstr("Whitespace"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -17,6 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/tokenizer/decoders.h"
+#include "engine/tokenizer/normalizers.h"
+#include "engine/tokenizer/pipeline.h"
+#include "engine/tokenizer/post_processors.h"
+#include "engine/tokenizer/pre_tokenizers.h"
+#include "engine/tokenizer/score_model.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace flexh2o::engine {
@@ -180,10 +187,10 @@ TEST(Gpt2Tokenizer, DecodeIsPrefixConsistent) {
 
 // ---- Hugging Face tokenizer.json ----
 
-// GPT-2's tokenizer.json rebuilt from vocab.json + merges.txt, merges as ["a", "b"] pairs,
-// with an extra special "</s>". Spliced as text: parsing and re-dumping the vocab is slow
-// under sanitizers.
-std::string gpt2_tokenizer_json() {
+// GPT-2's tokenizer.json as Hugging Face writes it, rebuilt from vocab.json + merges.txt, merges
+// as ["a", "b"] pairs, with an extra special "</s>". Spliced as text: parsing and re-dumping
+// the vocab is slow under sanitizers.
+std::string gpt2_tokenizer_json(bool extra_special = true) {
   std::string merges;
   std::istringstream lines(read_file(kGpt2Dir + "/merges.txt"));
   for (std::string line; std::getline(lines, line);) {
@@ -192,11 +199,16 @@ std::string gpt2_tokenizer_json() {
     merges += merges.empty() ? "[" : ",[";
     merges += nlohmann::json(line.substr(0, space)).dump() + "," + nlohmann::json(line.substr(space + 1)).dump() + "]";
   }
-  return R"({"version": "1.0", "added_tokens": [)"
-         R"({"id": 50256, "content": "<|endoftext|>", "special": true},)"
-         R"({"id": 50257, "content": "</s>", "special": true}],)"
-         R"("normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},)"
-         R"("model": {"type": "BPE", "vocab": )" +
+  return R"({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [)"
+         R"({"id": 50256, "content": "<|endoftext|>", "single_word": false, "lstrip": false, "rstrip": false,)"
+         R"( "normalized": true, "special": true})" +
+         std::string(extra_special ? R"(, {"id": 50257, "content": "</s>", "special": true})" : "") + "]," +
+         R"("normalizer": null,)"
+         R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},)"
+         R"("post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},)"
+         R"("decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},)"
+         R"("model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",)"
+         R"( "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "vocab": )" +
          read_file(kGpt2Dir + "/vocab.json") + R"(, "merges": [)" + merges + "]}}";
 }
 
@@ -205,8 +217,11 @@ TEST(HfTokenizer, MatchesVocabAndMerges) {
   write_file(dir / "tokenizer.json", gpt2_tokenizer_json());
   const auto tok = load_hf_tokenizer((dir / "tokenizer.json").string());
   EXPECT_EQ(tok->vocab_size(), 50258);
-  EXPECT_EQ(tok->bos_id(), 50256);
-  EXPECT_EQ(tok->eos_id(), 50257);
+  // Its post-processor adds no special tokens (GPT-2's vocab.json + merges.txt put
+  // <|endoftext|> first).
+  EXPECT_EQ(tok->bos_id(), std::nullopt);
+  EXPECT_EQ(tok->eos_id(), std::nullopt);
+  EXPECT_EQ(tok->encode("Hello world", true), (Ids{15496, 995}));
   for (const std::string text : {"Hello world", " the", "I'm here, aren't you?\n\n  x", "naïve 中文 😀", "a\xFF b"}) {
     EXPECT_EQ(tok->encode(text, false), gpt2().encode(text, false)) << escaped(text);
   }
@@ -221,6 +236,8 @@ TEST(HfTokenizer, StringMergesAndNonSpecialAddedToken) {
                        {{"type", "BPE"},
                         {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}, {"Ġ", 3}, {"Ġab", 4}}},
                         {"merges", {"a b", "Ġ ab"}}}},
+                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                      {"decoder", {{"type", "ByteLevel"}}},
                       {"added_tokens", {{{"id", 5}, {"content", "[X]"}, {"special", false}}}}};
   write_file(dir / "tokenizer.json", j.dump());
   const auto tok = load_hf_tokenizer((dir / "tokenizer.json").string());
@@ -228,6 +245,392 @@ TEST(HfTokenizer, StringMergesAndNonSpecialAddedToken) {
   EXPECT_EQ(tok->decode(Ids{2, 4, 5, 1, 0}), "ab ab[X]ba");
   EXPECT_EQ(tok->bos_id(), std::nullopt);
   EXPECT_EQ(tok->encode("ab", true), (Ids{2}));
+}
+
+// ---- real tokenizer.json files against Hugging Face tokenizers (tests/data/tokenizers) ----
+
+const std::string kTokenizersDir = std::string(FLEXH2O_TEST_DATA_DIR) + "/tokenizers";
+
+// Each file loaded once per process (loading 6 MB of JSON is slow under sanitizers).
+const Tokenizer& real_tokenizer(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
+  auto& tok = loaded[name];
+  if (!tok) tok = load_hf_tokenizer(kTokenizersDir + "/" + name + "/tokenizer.json");
+  return *tok;
+}
+
+struct Case {
+  std::string text;
+  Ids ids, ids_with_special;
+  std::string decoded;
+};
+
+std::vector<Case> read_cases(const std::string& name) {
+  std::vector<Case> cases;
+  std::istringstream lines(read_file(kTokenizersDir + "/cases-" + name + ".jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    cases.push_back({j.at("text"), j.at("ids"), j.at("ids_with_special"), j.at("decoded")});
+  }
+  return cases;
+}
+
+// Every line: its ids without and with the special tokens, and the text its ids decode to
+// (Hugging Face's decode keeping special tokens). Returns the number of lines that match.
+std::size_t matching_cases(const Tokenizer& tok, const std::string& name, bool with_special = true) {
+  const std::vector<Case> cases = read_cases(name);
+  EXPECT_GT(cases.size(), 300u) << name;
+  std::size_t matching = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const std::string where = "cases-" + name + ".jsonl:" + std::to_string(i + 1) + " " + escaped(c.text.substr(0, 60));
+    const Ids ids = tok.encode(c.text, false);
+    const bool ok = ids == c.ids && (!with_special || tok.encode(c.text, true) == c.ids_with_special) &&
+                    tok.decode(c.ids, false) == c.decoded;
+    EXPECT_EQ(ids, c.ids) << where;
+    if (with_special) {
+      EXPECT_EQ(tok.encode(c.text, true), c.ids_with_special) << where;
+    }
+    EXPECT_EQ(tok.decode(c.ids, false), c.decoded) << where;
+    matching += ok ? 1 : 0;
+  }
+  return matching;
+}
+
+TEST(TokenizerCases, Phi3SentencePieceLegacyNormalizer) {
+  EXPECT_EQ(matching_cases(real_tokenizer("phi3"), "phi3"), 338u);
+}
+
+TEST(TokenizerCases, Phi3Metaspace) {
+  EXPECT_EQ(matching_cases(real_tokenizer("phi3-metaspace"), "phi3-metaspace"), 338u);
+}
+
+TEST(TokenizerCases, Qwen2ByteLevelSplitRegex) {
+  EXPECT_EQ(matching_cases(real_tokenizer("qwen2"), "qwen2"), 338u);
+}
+
+TEST(TokenizerCases, SmolLM2ByteLevel) {
+  EXPECT_EQ(matching_cases(real_tokenizer("smollm2"), "smollm2"), 338u);
+}
+
+TEST(TokenizerCases, Gpt2VocabAndMerges) {
+  // encode(text, true) of vocab.json + merges.txt puts <|endoftext|> first; HF's GPT-2
+  // tokenizer.json adds nothing (checked below).
+  EXPECT_EQ(matching_cases(gpt2(), "gpt2", /*with_special=*/false), 338u);
+}
+
+TEST(TokenizerCases, Gpt2TokenizerJson) {
+  TempDir dir;
+  write_file(dir / "tokenizer.json", gpt2_tokenizer_json(/*extra_special=*/false));
+  EXPECT_EQ(matching_cases(*load_hf_tokenizer((dir / "tokenizer.json").string()), "gpt2"), 338u);
+}
+
+// Decoding stays prefix-consistent through Strip, Metaspace, ByteFallback and ByteLevel
+// decoders (the CLI's generated text is decode(prompt + gen) minus decode(prompt)).
+TEST(TokenizerCases, DecodeIsPrefixConsistent) {
+  for (const std::string name : {"phi3", "phi3-metaspace", "qwen2"}) {
+    const Tokenizer& tok = real_tokenizer(name);
+    const std::vector<Case> cases = read_cases(name);
+    for (const std::size_t line : {300, 310, 320, 330}) {  // edge cases: accents, CJK, emoji, whitespace
+      const Ids ids = tok.encode(cases[line].text, true);
+      for (const bool skip : {true, false}) {
+        const std::string full = tok.decode(ids, skip);
+        for (std::size_t i = 0; i <= ids.size(); ++i) {
+          const std::string prefix = tok.decode(std::span(ids).first(i), skip);
+          ASSERT_EQ(full.substr(0, prefix.size()), prefix) << name << " line " << line + 1 << ", " << i << " ids";
+        }
+      }
+    }
+  }
+}
+
+// ---- stages on small hand-made tokenizer.json files ----
+
+std::unique_ptr<Tokenizer> from_json(const TempDir& dir, const nlohmann::json& j) {
+  write_file(dir / "tokenizer.json", j.dump());
+  return load_hf_tokenizer((dir / "tokenizer.json").string());
+}
+
+std::string error_of_json(const TempDir& dir, const nlohmann::json& j) {
+  return error_of([&] { from_json(dir, j); });
+}
+
+nlohmann::json added(std::int32_t id, const std::string& content, nlohmann::json flags = nlohmann::json::object()) {
+  flags["id"] = id;
+  flags["content"] = content;
+  return flags;
+}
+
+// One id per character; "<", ">" and letters in the vocab so unmatched added tokens show.
+nlohmann::json char_model() {
+  nlohmann::json vocab;
+  const std::string chars = " abcmnpqwxy<>_";
+  for (std::size_t i = 0; i < chars.size(); ++i) vocab[std::string(1, chars[i])] = i;
+  return {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}};
+}
+
+TEST(AddedTokens, LstripRstripSingleWordLongest) {
+  TempDir dir;
+  const auto tok = from_json(
+      dir, {{"model", char_model()},
+            {"added_tokens",
+             {added(14, "<m>", {{"lstrip", true}, {"special", true}}), added(15, "<n>", {{"rstrip", true}, {"normalized", false}}),
+              added(16, "<w>", {{"single_word", true}, {"normalized", false}}), added(17, "<m>x", {{"normalized", false}}),
+              added(11, "<", {{"normalized", false}})}}});
+  // Model ids: ' ' 0, a 1, b 2, w 8, x 9, < 11, > 12. Ids as Hugging Face tokenizers gives them.
+  EXPECT_EQ(tok->encode("a  <m> b", false), (Ids{1, 14, 0, 2}));   // takes the spaces before it
+  EXPECT_EQ(tok->encode("a <n>  b", false), (Ids{1, 0, 15, 2}));   // and after it
+  // Not next to a word character; the search goes on after a match it turned down.
+  EXPECT_EQ(tok->encode("a<w> <w>", false), (Ids{1, 11, 8, 12, 0, 16}));
+  EXPECT_EQ(tok->encode("<m>xa", false), (Ids{17, 1}));            // the longest at the leftmost start
+  EXPECT_EQ(tok->encode("<<m>", false), (Ids{11, 14}));
+  // Decoding skips special tokens only.
+  // Without a decoder, token strings are joined with spaces (as Hugging Face does).
+  EXPECT_EQ(tok->decode(Ids{1, 14, 15, 11}), "a <n> <");
+  EXPECT_EQ(tok->decode(Ids{1, 14, 15, 11}, false), "a <m> <n> <");
+}
+
+TEST(AddedTokens, NormalizedOnesMatchTheNormalizedText) {
+  TempDir dir;
+  const auto tok = from_json(
+      dir, {{"model", char_model()},
+            {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "_"}}},
+            {"added_tokens", {added(14, "x y", {{"normalized", true}}), added(15, "p q", {{"normalized", false}})}}});
+  // "x y" is matched as "x_y" after normalization, "p q" before it.
+  EXPECT_EQ(tok->encode("x y p q", false), (Ids{14, 13, 15}));
+  EXPECT_EQ(tok->encode("x_y", false), (Ids{14}));
+  EXPECT_EQ(tok->decode(Ids{14, 15}), "x_y p q");  // a normalized token decodes to its normalized form
+}
+
+nlohmann::json metaspace_tokenizer(const std::string& scheme, bool split) {
+  return {{"model",
+           {{"type", "BPE"},
+            {"vocab", {{"▁", 0}, {"a", 1}, {"b", 2}, {"▁a", 3}, {"▁b", 4}, {"a▁", 5}, {"<s>", 6}}},
+            {"merges", {"a ▁", "▁ a", "▁ b"}}}},
+          {"pre_tokenizer",
+           {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", scheme}, {"split", split}}},
+          {"decoder", {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", scheme}, {"split", split}}},
+          {"added_tokens", {added(6, "<s>", {{"special", true}})}}};
+}
+
+TEST(Metaspace, PrependSchemesAndSplit) {
+  TempDir dir;
+  const auto first = from_json(dir, metaspace_tokenizer("first", false));
+  EXPECT_EQ(first->encode("a", false), (Ids{3}));
+  EXPECT_EQ(first->encode("<s>a", false), (Ids{6, 1}));  // not after a special token
+  EXPECT_EQ(first->encode("a b", false), (Ids{0, 5, 2}));  // one piece: "a▁" merges first
+  const auto always = from_json(dir, metaspace_tokenizer("always", false));
+  EXPECT_EQ(always->encode("<s>a", false), (Ids{6, 3}));
+  EXPECT_EQ(always->encode("▁a", false), (Ids{3}));  // already starts with one
+  const auto never = from_json(dir, metaspace_tokenizer("never", false));
+  EXPECT_EQ(never->encode("a", false), (Ids{1}));
+  const auto split = from_json(dir, metaspace_tokenizer("always", true));
+  EXPECT_EQ(split->encode("a b", false), (Ids{3, 4}));  // pieces "▁a", "▁b"
+  // The decoder drops the first token's prefix, unless the scheme is never.
+  EXPECT_EQ(always->decode(Ids{3, 4}), "a b");
+  EXPECT_EQ(never->decode(Ids{3, 4}), " a b");
+
+  nlohmann::json contradiction = metaspace_tokenizer("always", false);
+  contradiction["pre_tokenizer"]["add_prefix_space"] = false;
+  EXPECT_NE(error_of_json(dir, contradiction).find("pre_tokenizer.add_prefix_space"), std::string::npos);
+  // Old files: add_prefix_space instead of prepend_scheme.
+  nlohmann::json legacy = metaspace_tokenizer("always", false);
+  legacy["pre_tokenizer"].erase("prepend_scheme");
+  legacy["pre_tokenizer"]["add_prefix_space"] = false;
+  EXPECT_EQ(from_json(dir, legacy)->encode("a", false), (Ids{1}));
+}
+
+nlohmann::json byte_fallback_tokenizer(bool fuse_unk) {
+  return {{"model",
+           {{"type", "BPE"},
+            {"vocab", {{"<unk>", 0}, {"a", 1}, {"<0xC3>", 2}, {"<0xA9>", 3}}},
+            {"merges", nlohmann::json::array()},
+            {"unk_token", "<unk>"},
+            {"byte_fallback", true},
+            {"fuse_unk", fuse_unk}}},
+          {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}};
+}
+
+TEST(Bpe, ByteFallbackAndFusedUnk) {
+  TempDir dir;
+  const auto fused = from_json(dir, byte_fallback_tokenizer(true));
+  EXPECT_EQ(fused->encode("aéa", false), (Ids{1, 2, 3, 1}));  // é is C3 A9
+  EXPECT_EQ(fused->decode(Ids{1, 2, 3, 1}), "aéa");
+  // ü (C3 BC) lacks <0xBC>: unk, and two in a row fuse into one.
+  EXPECT_EQ(fused->encode("aüüa", false), (Ids{1, 0, 1}));
+  const auto unfused = from_json(dir, byte_fallback_tokenizer(false));
+  EXPECT_EQ(unfused->encode("aüüa", false), (Ids{1, 0, 0, 1}));
+  // A character cut after its first byte stays that byte (Hugging Face would print U+FFFD).
+  EXPECT_EQ(fused->decode(Ids{1, 2}), "a\xC3");
+
+  nlohmann::json bad_unk = byte_fallback_tokenizer(true);
+  bad_unk["model"]["unk_token"] = "<missing>";
+  EXPECT_NE(error_of_json(dir, bad_unk).find("unk_token"), std::string::npos);
+}
+
+TEST(Bpe, IgnoreMergesAndBothMergeSpellings) {
+  TempDir dir;
+  nlohmann::json j = {{"model",
+                       {{"type", "BPE"},
+                        {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}, {"a b", 5}, {" ", 6}}},
+                        {"merges", {"a b"}}}}};
+  // "abc" is in the vocab but no merge makes it.
+  EXPECT_EQ(from_json(dir, j)->encode("abc", false), (Ids{3, 2}));
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(from_json(dir, j)->encode("abc", false), (Ids{4}));
+  j["model"]["ignore_merges"] = false;
+  // Pairs can name tokens with a space in them; "a b" as a string is the pair (a, b).
+  j["model"]["merges"] = nlohmann::json::array(
+      {nlohmann::json::array({"a", "b"}), nlohmann::json::array({"a", " "}), nlohmann::json::array({"a ", "b"})});
+  j["model"]["vocab"]["a "] = 7;
+  EXPECT_EQ(from_json(dir, j)->encode("abc", false), (Ids{3, 2}));
+  EXPECT_EQ(from_json(dir, j)->encode("a b", false), (Ids{5}));
+  j["model"]["merges"] = {"a b c"};
+  EXPECT_NE(error_of_json(dir, j).find("model.merges[0]"), std::string::npos);
+}
+
+TEST(Normalizers, NfcPrependReplace) {
+  TempDir dir;
+  const std::string e_acute = "\xC3\xA9", e_combining = "e\xCC\x81";
+  const auto tok = from_json(
+      dir, {{"model",
+             {{"type", "BPE"}, {"vocab", {{e_acute, 0}, {"e", 1}, {"\xCC\x81", 2}, {"_", 3}}}, {"merges", nlohmann::json::array()}}},
+            {"normalizer",
+             {{"type", "Sequence"},
+              {"normalizers",
+               {{{"type", "NFC"}},
+                {{"type", "Prepend"}, {"prepend", "_"}},
+                {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", "_"}}}}}}});
+  EXPECT_EQ(tok->encode(e_combining, false), (Ids{3, 0}));
+  EXPECT_EQ(tok->encode(e_acute + " \t" + e_combining, false), (Ids{3, 0, 3, 0}));
+  EXPECT_EQ(tok->encode("", false), Ids{});  // Prepend leaves an empty text empty
+}
+
+TEST(PreTokenizers, SplitBehaviors) {
+  using tok::Piece;
+  using tok::SplitBehavior;
+  const tok::Regex dash("-", tok::Regex::Syntax::kLiteral);
+  const auto split = [&](SplitBehavior b, bool invert = false) {
+    std::vector<std::string> out;
+    for (const Piece& p : tok::split_piece({"the-final--countdown", true}, dash, b, invert)) out.push_back(p.text);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  // Hugging Face's documented example.
+  EXPECT_EQ(split(SplitBehavior::kRemoved), (V{"the", "final", "countdown"}));
+  EXPECT_EQ(split(SplitBehavior::kIsolated), (V{"the", "-", "final", "-", "-", "countdown"}));
+  EXPECT_EQ(split(SplitBehavior::kMergedWithPrevious), (V{"the-", "final-", "-", "countdown"}));
+  EXPECT_EQ(split(SplitBehavior::kMergedWithNext), (V{"the", "-final", "-", "-countdown"}));
+  EXPECT_EQ(split(SplitBehavior::kContiguous), (V{"the", "-", "final", "--", "countdown"}));
+  EXPECT_EQ(split(SplitBehavior::kRemoved, /*invert=*/true), (V{"-", "-", "-"}));
+  // Llama-3's regex: lookahead, Unicode classes, case-insensitive contractions, 1-3 digits.
+  const tok::Regex llama3(
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      tok::Regex::Syntax::kRegex);
+  std::vector<std::string> pieces;
+  for (const Piece& p : tok::split_piece({"I'M 12345 héllo  !!\n\n x", true}, llama3, SplitBehavior::kIsolated, false)) {
+    pieces.push_back(p.text);
+  }
+  EXPECT_EQ(pieces, (V{"I", "'M", " ", "123", "45", " héllo", " ", " !!\n\n", " x"}));
+}
+
+TEST(PostProcessors, TemplateRobertaSequence) {
+  TempDir dir;
+  nlohmann::json j = {{"model", char_model()},
+                      {"added_tokens", {added(14, "<s>", {{"special", true}}), added(15, "</s>", {{"special", true}})}}};
+  j["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"trim_offsets", false}},
+        {{"type", "TemplateProcessing"},
+         {"single",
+          {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+           {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
+         {"pair", nlohmann::json::array()},
+         {"special_tokens",
+          {{"<s>", {{"id", "<s>"}, {"ids", {14}}, {"tokens", {"<s>"}}}},
+           {"</s>", {{"id", "</s>"}, {"ids", {15}}, {"tokens", {"</s>"}}}}}}}}}};
+  auto tok = from_json(dir, j);
+  EXPECT_EQ(tok->encode("ab", true), (Ids{14, 1, 2, 15}));
+  EXPECT_EQ(tok->encode("ab", false), (Ids{1, 2}));
+  EXPECT_EQ(tok->bos_id(), 14);
+  EXPECT_EQ(tok->eos_id(), 15);
+  EXPECT_TRUE(tok->decides_special_tokens());
+  j["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 14}}, {"sep", {"</s>", 15}}};
+  EXPECT_EQ(from_json(dir, j)->encode("ab", true), (Ids{14, 1, 2, 15}));
+  j["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 3}}, {"sep", {"</s>", 15}}};
+  EXPECT_NE(error_of_json(dir, j).find("post_processor.cls"), std::string::npos);
+}
+
+// What a GGUF "llama" vocabulary becomes: SentencePiece scores with byte fallback, built in
+// code from the same stages as tokenizer.json's.
+TEST(Pipeline, SentencePieceScoresBuiltInCode) {
+  std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", "<0xC3>", "<0xA9>", "▁", "a", "b", "▁a", "ab", "▁ab"};
+  std::vector<float> scores = {0, 0, 0, 0, 0, -1, -2, -3, -4, -5, -6};
+  tok::ScoreModelOptions options;
+  options.byte_ids.fill(-1);
+  options.byte_ids[0xC3] = 3;
+  options.byte_ids[0xA9] = 4;
+  options.unk_id = 0;
+  tok::PipelineParts parts;
+  std::vector<std::unique_ptr<tok::Normalizer>> normalizers;
+  normalizers.push_back(std::make_unique<tok::PrependNormalizer>("▁"));
+  normalizers.push_back(std::make_unique<tok::ReplaceNormalizer>(tok::Regex(" ", tok::Regex::Syntax::kLiteral), "▁"));
+  parts.normalizer = std::make_unique<tok::SequenceNormalizer>(std::move(normalizers));
+  parts.model = std::make_unique<tok::ScoreModel>(std::move(pieces), std::move(scores), options);
+  parts.added_tokens = {{.id = 1, .content = "<s>", .special = true}, {.id = 2, .content = "</s>", .special = true}};
+  parts.post_processor =
+      std::make_unique<tok::TemplateProcessor>(std::vector<tok::TemplateProcessor::Item>{{false, {1}}, {true, {}}});
+  std::vector<std::unique_ptr<tok::Decoder>> decoders;
+  decoders.push_back(std::make_unique<tok::ReplaceDecoder>(tok::Regex("▁", tok::Regex::Syntax::kLiteral), " "));
+  decoders.push_back(std::make_unique<tok::ByteFallbackDecoder>());
+  decoders.push_back(std::make_unique<tok::FuseDecoder>());
+  decoders.push_back(std::make_unique<tok::StripDecoder>(" ", 1, 0));
+  parts.decoder = std::make_unique<tok::SequenceDecoder>(std::move(decoders));
+  const auto tok = tok::make_tokenizer(std::move(parts), {}, "test");
+  // "▁ab": ▁a (-4) merges before ab (-5), then ▁a + b makes ▁ab.
+  EXPECT_EQ(tok->encode("ab", true), (Ids{1, 10}));
+  EXPECT_EQ(tok->encode("a é", false), (Ids{8, 5, 3, 4}));  // é by its bytes
+  EXPECT_EQ(tok->encode("ü", false), (Ids{5, 0}));          // no bytes for it: unk
+  EXPECT_EQ(tok->decode(Ids{1, 8, 5, 3, 4}), "a é");
+  EXPECT_EQ(tok->vocab_size(), 11);
+}
+
+TEST(HfTokenizer, UnknownStagesAndOptionsNameTheField) {
+  TempDir dir;
+  const std::string path = (dir / "tokenizer.json").string();
+  const nlohmann::json base = {{"model", char_model()}};
+  const auto expect_error = [&](const char* key, const nlohmann::json& value, const std::string& field) {
+    nlohmann::json j = base;
+    j[key] = value;
+    const std::string message = error_of_json(dir, j);
+    EXPECT_TRUE(message.starts_with(path + ": " + field)) << message;
+  };
+  expect_error("normalizer", {{"type", "Lowercase"}}, "normalizer.type");
+  expect_error("normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Strip"}}}}},
+               "normalizer.normalizers[1].type");
+  expect_error("pre_tokenizer", {{"type", "Whitespace"}}, "pre_tokenizer.type");
+  expect_error("pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"shiny", true}},
+               "pre_tokenizer.shiny");
+  expect_error("pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "("}}}, {"behavior", "Isolated"}, {"invert", false}},
+               "pre_tokenizer.pattern.Regex");
+  expect_error("pre_tokenizer", {{"type", "Split"}, {"pattern", {{"String", "x"}}}, {"behavior", "Weird"}, {"invert", false}},
+               "pre_tokenizer.behavior");
+  expect_error("decoder", {{"type", "WordPiece"}}, "decoder.type");
+  expect_error("post_processor", {{"type", "BertProcessing"}}, "post_processor.type");
+  expect_error("truncation", {{"max_length", 512}}, "truncation");
+  nlohmann::json j = base;
+  j["model"]["dropout"] = 0.1;
+  EXPECT_TRUE(error_of_json(dir, j).starts_with(path + ": model.dropout")) << error_of_json(dir, j);
+  j = base;
+  j["model"]["continuing_subword_prefix"] = "##";
+  EXPECT_TRUE(error_of_json(dir, j).starts_with(path + ": model.continuing_subword_prefix"));
+  j = base;
+  j["added_tokens"] = {added(5, "c")};  // "c" is 3 in the model
+  EXPECT_TRUE(error_of_json(dir, j).starts_with(path + ": added_tokens[0].id"));
+  j["added_tokens"] = {added(20, "<x>")};  // Hugging Face would make it 14, after the model's 14 tokens
+  EXPECT_TRUE(error_of_json(dir, j).starts_with(path + ": added_tokens[0].id")) << error_of_json(dir, j);
 }
 
 // ---- llama2.c ----
