@@ -1,8 +1,10 @@
 #include "engine/layers.h"
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include "engine/kv_eviction.h"
 #include "engine/rope_scaling.h"
@@ -296,11 +298,26 @@ Activations::Activations(kernels::Backend& be, const ModelConfig& c, std::int64_
   logits = {be, static_cast<std::size_t>(batch) * c.vocab_size * f};
 }
 
-std::int64_t Activations::bytes(const ModelConfig& c, std::int64_t rows, std::int64_t batch) {
+std::int64_t Activations::buffer_bytes(const ModelConfig& c, std::int64_t rows, std::int64_t batch) {
   const std::int64_t per_row = 2 * c.hidden + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim +
                                (c.gated_mlp ? 2 : 1) * c.ffn;
   const std::int64_t embed = c.embedding_width() != c.hidden ? std::max(rows, batch) * c.embedding_width() : 0;
   return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + embed + batch * (c.hidden + c.vocab_size));
+}
+
+std::int64_t Activations::bytes(const kernels::Backend& be, const ModelConfig& c, std::int64_t rows,
+                                std::int64_t batch, std::int64_t capacity, bool scores) {
+  // Ops run one at a time on the step's stream, so the largest scratch of any op counts.
+  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, e = c.embedding_width();
+  using Gemm = std::array<std::int64_t, 3>;  // (m, k, n) of every projection a step runs
+  std::vector<Gemm> gemms = {{rows, c.hidden, q},     {rows, c.hidden, kv},    {rows, q, c.hidden},
+                             {rows, c.hidden, c.ffn}, {rows, c.ffn, c.hidden}, {batch, e, c.vocab_size}};
+  if (e != c.hidden) gemms.insert(gemms.end(), {Gemm{rows, e, c.hidden}, Gemm{batch, c.hidden, e}});
+  std::int64_t scratch = 0;
+  for (const auto& [m, k, n] : gemms) scratch = std::max(scratch, be.gemm_scratch_bytes(m, k, n, c.dtype, c.compute_dtype));
+  kernels::AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f};
+  scratch = std::max(scratch, be.attention_scratch_bytes(shape, rows, batch, capacity, scores));
+  return buffer_bytes(c, rows, batch) + scratch;
 }
 
 KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity,
