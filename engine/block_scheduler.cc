@@ -1,6 +1,7 @@
 #include "engine/block_scheduler.h"
 
 #include "engine/kv_eviction.h"
+#include "engine/kv_staging.h"
 #include "engine/rope_scaling.h"
 
 #include <algorithm>
@@ -215,18 +216,13 @@ void BlockScheduler::issue_loads(BlockState& st, std::int64_t unit, std::int64_t
     const TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
     const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
     const std::int64_t head_bytes = st.capacity * slot_bytes;
-    std::vector<CopyPiece> pieces;
+    std::vector<KvByteRange> ranges;
     std::int64_t bytes = 0;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
-      const std::int64_t valid = b.eviction.empty() ? (b.step.lens[s] - 1) * slot_bytes : head_bytes;
-      const std::int64_t row_off = (s - b.resident_end) * kt.row_bytes();
-      for (std::int64_t h = 0; h < cfg_.n_kv_heads; ++h)
-        for (auto [t, base] : {std::pair{&kt, slot.k.data()}, std::pair{&vt, slot.v.data()}}) {
-          auto p = t->pieces(s, s + 1, Place::gpu(base + row_off), false, h * head_bytes, h * head_bytes + valid);
-          pieces.insert(pieces.end(), p.begin(), p.end());
-          bytes += valid;
-        }
+      ranges.push_back({0, b.eviction.empty() ? (b.step.lens[s] - 1) * slot_bytes : head_bytes});
+      bytes += 2 * cfg_.n_kv_heads * ranges.back().to;
     }
+    auto pieces = kv_stage_pieces(kt, vt, cfg_.n_kv_heads, b.resident_end, ranges, slot.k.data(), slot.v.data(), false);
     std::vector<CopyTicket> deps = before;
     deps.push_back(b.cache_stored[static_cast<std::size_t>(u.cache_layer)]);
     slot.loads.push_back(copies_->submit(
@@ -291,24 +287,18 @@ void BlockScheduler::issue_stores(BlockState& st, std::int64_t unit, std::int64_
     slot.stores.push_back(b.hidden_stored);
   }
   if (u.cache_layer >= 0 && b.resident_end < b.n) {
-    TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
-    TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
+    const TieredTensor& kt = *b.k[static_cast<std::size_t>(u.cache_layer)];
+    const TieredTensor& vt = *b.v[static_cast<std::size_t>(u.cache_layer)];
     const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
     const std::int64_t head_bytes = st.capacity * slot_bytes;
-    std::vector<CopyPiece> pieces;
-    for (std::int64_t s = b.resident_end; s < b.n; ++s) {
-      const std::int64_t row_off = (s - b.resident_end) * kt.row_bytes();
-      // Prefill wrote slots [0, len); a decode step wrote slot len - 1; under eviction the
-      // policy's slots anywhere in the row.
-      const bool all = !b.eviction.empty();
-      const std::int64_t from = b.step.prefill || all ? 0 : (b.step.lens[s] - 1) * slot_bytes;
-      const std::int64_t to = all ? head_bytes : b.step.lens[s] * slot_bytes;
-      for (std::int64_t h = 0; h < cfg_.n_kv_heads; ++h)
-        for (auto [t, base] : {std::pair{&kt, slot.k.data()}, std::pair{&vt, slot.v.data()}}) {
-          auto p = t->pieces(s, s + 1, Place::gpu(base + row_off), true, h * head_bytes + from, h * head_bytes + to);
-          pieces.insert(pieces.end(), p.begin(), p.end());
-        }
-    }
+    // Prefill wrote slots [0, len); a decode step wrote slot len - 1; under eviction the
+    // policy's slots anywhere in the row.
+    const bool all = !b.eviction.empty();
+    std::vector<KvByteRange> ranges;
+    for (std::int64_t s = b.resident_end; s < b.n; ++s)
+      ranges.push_back({b.step.prefill || all ? 0 : (b.step.lens[s] - 1) * slot_bytes,
+                        all ? head_bytes : b.step.lens[s] * slot_bytes});
+    auto pieces = kv_stage_pieces(kt, vt, cfg_.n_kv_heads, b.resident_end, ranges, slot.k.data(), slot.v.data(), true);
     auto& stored = b.cache_stored[static_cast<std::size_t>(u.cache_layer)];
     stored = copies_->copy(lane_cache_out_, std::move(pieces), {"store_cache", u.name + " b" + std::to_string(k)});
     slot.stores.push_back(stored);
@@ -375,7 +365,8 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
     st.staged_max = std::max(st.staged_max, b.n - b.resident_end);
     st.batches.push_back(std::move(b));
   }
-  st.act_reserved = tiers_.budget(Tier::Gpu).reserve_scoped(Activations::bytes(cfg_, max_rows, gbs), "activation scratch");
+  st.act_reserved = tiers_.budget(Tier::Gpu).reserve_scoped(
+      Activations::bytes(be_, cfg_, max_rows, gbs, st.capacity, kv != nullptr), "activation scratch");
   st.act = std::make_unique<Activations>(be_, cfg_, max_rows, gbs);
   st.ring.resize(3);
   for (std::size_t i = 0; i < st.ring.size(); ++i) {

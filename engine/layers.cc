@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <array>
 #include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include "engine/kv_eviction.h"
 #include "engine/rope_scaling.h"
@@ -373,12 +375,34 @@ Activations::Activations(kernels::Backend& be, const ModelConfig& c, std::int64_
   logits = {be, static_cast<std::size_t>(batch) * c.vocab_size * f};
 }
 
-std::int64_t Activations::bytes(const ModelConfig& c, std::int64_t rows, std::int64_t batch) {
+std::int64_t Activations::buffer_bytes(const ModelConfig& c, std::int64_t rows, std::int64_t batch) {
   const std::int64_t per_row = 2 * c.hidden + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim +
                                (c.gated_mlp ? 2 : 1) * c.ffn;
   const std::int64_t embed = c.embedding_width() != c.hidden ? std::max(rows, batch) * c.embedding_width() : 0;
   const std::int64_t router = rows * c.moe.experts;
   return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + embed + router + batch * (c.hidden + c.vocab_size));
+}
+
+std::int64_t Activations::bytes(const kernels::Backend& be, const ModelConfig& c, std::int64_t rows,
+                                std::int64_t batch, std::int64_t capacity, bool scores) {
+  // Ops run one at a time on the step's stream, so the largest scratch of any op counts.
+  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, e = c.embedding_width();
+  using Gemm = std::array<std::int64_t, 3>;  // (m, k, n) of every projection a step runs
+  std::vector<Gemm> gemms = {{rows, c.hidden, q},     {rows, c.hidden, kv},    {rows, q, c.hidden},
+                             {rows, c.hidden, c.ffn}, {rows, c.ffn, c.hidden}, {batch, e, c.vocab_size}};
+  if (e != c.hidden) gemms.insert(gemms.end(), {Gemm{rows, e, c.hidden}, Gemm{batch, c.hidden, e}});
+  const std::int64_t I = c.moe.expert_ffn;
+  if (c.moe.experts > 0)
+    gemms.insert(gemms.end(), {Gemm{rows, c.hidden, c.moe.experts}, Gemm{rows, c.hidden, I}, Gemm{rows, I, c.hidden}});
+  std::int64_t scratch = 0;
+  for (const auto& [m, k, n] : gemms) scratch = std::max(scratch, be.gemm_scratch_bytes(m, k, n, c.dtype, c.compute_dtype));
+  // moe_experts holds, next to its GEMMs' scratch, an expert's gathered rows, gate, up and
+  // output ([rows, hidden] and [rows, expert_ffn] twice each) and the rows' indices and weights.
+  if (c.moe.experts > 0)
+    scratch += rows * (static_cast<std::int64_t>(sizeof(float)) * (2 * c.hidden + 2 * I) + 12);
+  kernels::AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f};
+  scratch = std::max(scratch, be.attention_scratch_bytes(shape, rows, batch, capacity, scores));
+  return buffer_bytes(c, rows, batch) + scratch;
 }
 
 KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity,

@@ -47,7 +47,13 @@ struct KvCache {
 // Device buffers for one batch's step, sized for at most `max_rows` rows and `max_batch` sequences.
 struct Activations {
   Activations(kernels::Backend& be, const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
-  static std::int64_t bytes(const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
+  // The buffers' bytes, plus the most scratch the backend's ops allocate while they run (GEMM
+  // conversion panels, attention partials) in such a step over a KV cache of `capacity` slots,
+  // with the eviction scores when `scores`.
+  static std::int64_t bytes(const kernels::Backend& be, const ModelConfig& cfg, std::int64_t max_rows,
+                            std::int64_t max_batch, std::int64_t capacity, bool scores);
+  // The buffers' bytes alone.
+  static std::int64_t buffer_bytes(const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
   std::int64_t max_rows, max_batch;
   float* hidden = nullptr;       // [rows, hidden]: the residual stream, owned by the caller
   kernels::DeviceBuffer normed;  // [rows, hidden]

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "kernels/attention.h"
@@ -21,6 +22,24 @@ namespace flexh2o::kernels {
 
 enum class DeviceKind : std::uint8_t { Cpu, Cuda };
 
+// A point in the order of the ops issued to a backend (Backend::fence): a copy ordered after it
+// waits for the ops issued before it was taken, and for no later one.
+class Fence {
+ public:
+  virtual ~Fence() = default;
+};
+
+// `rows` rows of `width` bytes, row i from src + i * src_pitch to dst + i * dst_pitch (one row:
+// a plain copy, the pitches unused).
+struct CopyRegion {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t width = 0;
+  std::size_t rows = 1;
+  std::size_t dst_pitch = 0, src_pitch = 0;
+};
+enum class CopyDirection : std::uint8_t { ToDevice, ToHost };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -35,6 +54,17 @@ class Backend {
   virtual void copy_on_device(void* dst, const void* src, std::size_t bytes) = 0;
   // Waits for all work issued to this backend.
   virtual void synchronize() = 0;
+  // A mark of the ops issued so far (from any thread), for copies that must see their results
+  // but must not wait for ops issued later. Null where every op has finished when it returns
+  // (CPU): there is nothing to wait for.
+  virtual std::shared_ptr<const Fence> fence() { return nullptr; }
+  // Host <-> device copies of strided regions, from any thread, all of one direction; returns
+  // when they are done, with one wait for the whole batch. With a fence (from this backend's
+  // fence()) they wait for the ops issued before it was taken and for no later one; without
+  // (null), for every op issued before the call, as copy_to_device/copy_to_host do. The default
+  // makes one copy_to_device/copy_to_host per region whose rows are contiguous on both sides,
+  // else one per row, and ignores the fence (right for backends whose fence() is null).
+  virtual void copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after);
   // Bytes of device memory, or -1 where the device is host memory (CPU).
   virtual std::int64_t memory_capacity() const { return -1; }
   // Page-locks host memory so copies to and from the device can run asynchronously
@@ -65,6 +95,22 @@ class Backend {
   // the routed experts' MLPs.
   virtual void route(const RouteArgs& a) = 0;
   virtual void moe_experts(const MoeArgs& a) = 0;
+
+  // Device memory an op allocates for itself while it runs (and frees before the next op can
+  // need it), at most, so that callers who budget device memory can count it; 0 where the op
+  // needs none. gemm: for x[m, k] @ w[n, k]^T with w stored as `w`, in `compute` (GemmArgs).
+  // Attention: the larger of a
+  // prefill of `rows` rows and a decode of `batch` sequences over `capacity` slots, with the
+  // score outputs (col_sums / probs) when `scores`.
+  virtual std::int64_t gemm_scratch_bytes(std::int64_t /*m*/, std::int64_t /*k*/, std::int64_t /*n*/,
+                                          DType /*w*/, DType /*compute*/) const {
+    return 0;
+  }
+  virtual std::int64_t attention_scratch_bytes(const AttentionShape& /*shape*/, std::int64_t /*rows*/,
+                                               std::int64_t /*batch*/, std::int64_t /*capacity*/,
+                                               bool /*scores*/) const {
+    return 0;
+  }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -1,5 +1,7 @@
 #include "kernels/quantize.h"
 
+#include "kernels/quantize_code.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -62,18 +64,17 @@ void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
   if (t == DType::Q4) std::memset(codes, 0, static_cast<std::size_t>(quant_code_bytes(t, n)));
   for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += kQuantGroup, ++g) {
     const std::int64_t g1 = std::min(n, g0 + kQuantGroup);
-    const auto [lo, hi] = std::minmax_element(x + g0, x + g1);
-    const std::uint16_t min_h = f16_down(*lo);
+    float lo = 0, hi = 0;
+    quant_group_range(x + g0, g1 - g0, lo, hi);
+    const std::uint16_t min_h = f16_down(lo);
     const float m = f16_to_f32(min_h);
-    const std::uint16_t scale_h = f16_up((*hi - m) / static_cast<float>(levels));
+    const std::uint16_t scale_h = f16_up((hi - m) / static_cast<float>(levels));
     const float s = f16_to_f32(scale_h);
     std::memcpy(params + 4 * g, &scale_h, 2);
     std::memcpy(params + 4 * g + 2, &min_h, 2);
     const float inv = s > 0 ? 1.0f / s : 0.0f;
     for (std::int64_t i = g0; i < g1; ++i) {
-      // Clamped as a float, so no value (huge, inf, NaN: unspecified codes) converts out of range.
-      const float v = (x[i] - m) * inv + 0.5f;
-      const int q = v >= static_cast<float>(levels) ? levels : v > 0.0f ? static_cast<int>(v) : 0;
+      const int q = quant_code(quant_position(x[i], m, inv), levels);
       if (t == DType::Q8)
         codes[i] = static_cast<std::uint8_t>(q);
       else

@@ -11,7 +11,8 @@
 //
 // m is the group minimum rounded down to fp16 and s the step rounded up, so every value lies
 // in [m, m + (2^bits - 1) s] and |x - q s - m| <= s / 2 (plus fp32 rounding) for finite x of
-// magnitude below 65504 (fp16's range); non-finite inputs give unspecified codes (never UB).
+// magnitude below 65504 (fp16's range). Any input, +-inf, huge and NaN included, gives valid
+// codes (never UB) and the same bytes on every backend (kernels/quantize_code.h).
 // The q4 expansion has an AVX2 path, bit-identical to q * s + m computed value by value.
 #pragma once
 #include <cstddef>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 
 namespace flexh2o::offload {
@@ -23,16 +24,51 @@ HostBuffer& Staging::buffer(int i) {
 
 namespace {
 
-void copy_in_memory(kernels::Backend& be, Place dst, Place src, std::int64_t bytes) {
-  const auto n = static_cast<std::size_t>(bytes);
-  if (src.tier == Tier::Gpu && dst.tier == Tier::Gpu)
-    be.copy_on_device(dst.ptr, src.ptr, n);
-  else if (dst.tier == Tier::Gpu)
-    be.copy_to_device(dst.ptr, src.ptr, n);
-  else if (src.tier == Tier::Gpu)
-    be.copy_to_host(dst.ptr, src.ptr, n);
-  else
-    std::memcpy(dst.ptr, src.ptr, n);
+using kernels::CopyDirection;
+using kernels::CopyRegion;
+
+kernels::CopyRegion region_of(const CopyPiece& p) {
+  return {p.dst.ptr, p.src.ptr, static_cast<std::size_t>(p.bytes), static_cast<std::size_t>(p.rows),
+          static_cast<std::size_t>(p.dst_pitch), static_cast<std::size_t>(p.src_pitch)};
+}
+
+// Row i of a piece as a plain copy.
+CopyPiece row_of(const CopyPiece& p, std::int64_t i) {
+  return {p.dst.advanced(i * p.dst_pitch), p.src.advanced(i * p.src_pitch), p.bytes};
+}
+
+// Rows of a piece as plain copies, whole when contiguous.
+std::vector<CopyPiece> rows_of(const CopyPiece& p) {
+  if (p.contiguous()) return {CopyPiece{p.dst, p.src, p.total()}};
+  std::vector<CopyPiece> out;
+  for (std::int64_t i = 0; i < p.rows; ++i) out.push_back(row_of(p, i));
+  return out;
+}
+
+// Copies between host and device memory (no disk side), by tier pair: host <-> device as
+// strided regions in one backend call per direction, device <-> device on the compute order,
+// host <-> host by memcpy per contiguous run.
+void copy_in_memory(kernels::Backend& be, std::span<const CopyPiece> pieces, const kernels::Fence* after) {
+  std::vector<CopyRegion> to_device, to_host;
+  for (const CopyPiece& p : pieces) {
+    if (p.bytes == 0 || p.rows == 0) continue;
+    if (p.src.tier == Tier::Gpu && p.dst.tier == Tier::Gpu) {
+      for (const CopyPiece& r : rows_of(p)) be.copy_on_device(r.dst.ptr, r.src.ptr, static_cast<std::size_t>(r.bytes));
+    } else if (p.dst.tier == Tier::Gpu) {
+      to_device.push_back(region_of(p));
+    } else if (p.src.tier == Tier::Gpu) {
+      to_host.push_back(region_of(p));
+    } else {
+      for (const CopyPiece& r : rows_of(p)) std::memcpy(r.dst.ptr, r.src.ptr, static_cast<std::size_t>(r.bytes));
+    }
+  }
+  if (!to_device.empty()) be.copy_regions(CopyDirection::ToDevice, to_device, after);
+  if (!to_host.empty()) be.copy_regions(CopyDirection::ToHost, to_host, after);
+}
+
+void copy_in_memory(kernels::Backend& be, Place dst, Place src, std::int64_t bytes, const kernels::Fence* after) {
+  const CopyPiece p{dst, src, bytes};
+  copy_in_memory(be, std::span<const CopyPiece>(&p, 1), after);
 }
 
 // Disk <-> gpu (or disk <-> disk) in chunks through two host buffers: the next chunk is
@@ -51,7 +87,7 @@ void copy_staged(Tiers& tiers, Place dst, Place src, std::int64_t bytes, Staging
     if (from.tier == Tier::Disk)
       got[b] = disk.read(from.extent, from.offset, buf, size_of(c));
     else
-      copy_in_memory(be, Place::cpu(buf), from, size_of(c));
+      copy_in_memory(be, Place::cpu(buf), from, size_of(c), staging.after);
   };
   try {
     get(0);
@@ -67,7 +103,7 @@ void copy_staged(Tiers& tiers, Place dst, Place src, std::int64_t bytes, Staging
       if (to.tier == Tier::Disk)
         put[b] = disk.write(to.extent, to.offset, buf, size_of(c));
       else
-        copy_in_memory(be, to, Place::cpu(buf), size_of(c));
+        copy_in_memory(be, to, Place::cpu(buf), size_of(c), staging.after);
     }
     disk.wait(put[0]);
     disk.wait(put[1]);
@@ -94,12 +130,14 @@ bool direct_disk(Tiers& tiers, const CopyPiece& p, const CopyOptions& opts) {
          (p.dst.tier == Tier::Disk && host_addressable(tiers, p.src.tier, opts));
 }
 
+bool touches_disk(const CopyPiece& p) { return p.src.tier == Tier::Disk || p.dst.tier == Tier::Disk; }
+
 }  // namespace
 
 void copy_now(Tiers& tiers, Place dst, Place src, std::int64_t bytes, Staging& staging, CopyOptions opts) {
   if (bytes < 0) throw std::invalid_argument("copy of a negative byte count");
   if (bytes == 0) return;
-  if (src.tier != Tier::Disk && dst.tier != Tier::Disk) return copy_in_memory(tiers.backend(), dst, src, bytes);
+  if (src.tier != Tier::Disk && dst.tier != Tier::Disk) return copy_in_memory(tiers.backend(), dst, src, bytes, staging.after);
   DiskStore& disk = tiers.disk();
   if (src.tier == Tier::Disk && host_addressable(tiers, dst.tier, opts)) return disk.wait(disk.read(src.extent, src.offset, dst.ptr, bytes));
   if (dst.tier == Tier::Disk && host_addressable(tiers, src.tier, opts)) return disk.wait(disk.write(dst.extent, dst.offset, src.ptr, bytes));
@@ -107,19 +145,32 @@ void copy_now(Tiers& tiers, Place dst, Place src, std::int64_t bytes, Staging& s
 }
 
 void copy_pieces_now(Tiers& tiers, const std::vector<CopyPiece>& pieces, Staging& staging, CopyOptions opts) {
-  // Direct disk transfers are issued first and waited last; the rest run in turn meanwhile.
+  for (const CopyPiece& p : pieces)
+    if (p.bytes < 0 || p.rows < 0) throw std::invalid_argument("copy of a negative byte or row count");
+  // Direct disk transfers are issued first and waited last; the rest run meanwhile: memory
+  // copies as one batch, then staged disk transfers row by row.
   std::vector<Ticket> pending;
   std::exception_ptr error;
   try {
+    std::vector<CopyPiece> memory;
     for (const auto& p : pieces) {
-      if (p.bytes == 0 || !direct_disk(tiers, p, opts)) continue;
-      if (p.src.tier == Tier::Disk)
-        pending.push_back(tiers.disk().read(p.src.extent, p.src.offset, p.dst.ptr, p.bytes));
-      else
-        pending.push_back(tiers.disk().write(p.dst.extent, p.dst.offset, p.src.ptr, p.bytes));
+      if (p.bytes == 0 || p.rows == 0) continue;
+      if (!touches_disk(p)) {
+        memory.push_back(p);
+        continue;
+      }
+      if (!direct_disk(tiers, p, opts)) continue;
+      for (const CopyPiece& r : rows_of(p)) {
+        if (r.src.tier == Tier::Disk)
+          pending.push_back(tiers.disk().read(r.src.extent, r.src.offset, r.dst.ptr, r.bytes));
+        else
+          pending.push_back(tiers.disk().write(r.dst.extent, r.dst.offset, r.src.ptr, r.bytes));
+      }
     }
+    copy_in_memory(tiers.backend(), memory, staging.after);
     for (const auto& p : pieces)
-      if (!direct_disk(tiers, p, opts)) copy_now(tiers, p.dst, p.src, p.bytes, staging, opts);
+      if (p.bytes > 0 && touches_disk(p) && !direct_disk(tiers, p, opts))
+        for (const CopyPiece& r : rows_of(p)) copy_staged(tiers, r.dst, r.src, r.bytes, staging);
   } catch (...) {
     error = std::current_exception();
   }
@@ -159,6 +210,7 @@ void CopyTicket::wait() const {
 struct CopyEngine::Lane {
   struct Job {
     std::function<void(Staging&)> fn;
+    std::shared_ptr<const kernels::Fence> after;  // the backend's fence at submission
     std::shared_ptr<CopyJobState> state;
     CopyLabel label;
     std::int64_t bytes;
@@ -207,11 +259,13 @@ void CopyEngine::run_lane(Lane& l) {
     {
       ScopedSpan span(trace_, l.name, job.label.primitive, job.label.name.empty() ? job.label.primitive : job.label.name,
                       job.bytes);
+      l.staging.after = job.after.get();
       try {
         job.fn(l.staging);
       } catch (...) {
         error = std::current_exception();
       }
+      l.staging.after = nullptr;
     }
     {
       std::lock_guard lock(job.state->mu);
@@ -226,9 +280,11 @@ CopyTicket CopyEngine::submit(int lane, std::function<void(Staging&)> fn, CopyLa
   if (lane < 0 || lane >= static_cast<int>(lanes_.size())) throw std::out_of_range("no such copy lane");
   auto state = std::make_shared<CopyJobState>();
   Lane& l = *lanes_[static_cast<std::size_t>(lane)];
+  // Taken now, on the submitting thread: the job waits for the ops issued so far, no later one.
+  std::shared_ptr<const kernels::Fence> after = tiers_.backend().fence();
   {
     std::lock_guard lock(l.mu);
-    l.queue.push_back({std::move(fn), state, std::move(label), bytes});
+    l.queue.push_back({std::move(fn), std::move(after), state, std::move(label), bytes});
   }
   l.cv.notify_one();
   return CopyTicket(state);
@@ -236,7 +292,7 @@ CopyTicket CopyEngine::submit(int lane, std::function<void(Staging&)> fn, CopyLa
 
 CopyTicket CopyEngine::copy(int lane, std::vector<CopyPiece> pieces, CopyLabel label) {
   std::int64_t total = 0;
-  for (const auto& p : pieces) total += p.bytes;
+  for (const auto& p : pieces) total += p.total();
   return submit(
       lane, [this, pieces = std::move(pieces)](Staging& staging) { copy_pieces_now(tiers_, pieces, staging, opts_); },
       std::move(label), total);

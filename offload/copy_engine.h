@@ -4,6 +4,11 @@
 // On the CPU backend the "gpu" tier is host memory and copies are memcpy/disk I/O; a CUDA
 // backend's copies go through the backend's copy functions (its own streams).
 //
+// Ordering with compute: a job takes the backend's fence when it is submitted, and its copies
+// to and from device memory wait for the ops issued before that and for no later one, so a
+// prefetch queued before compute(k) runs beside it instead of behind it. A job that needs the
+// results of later ops must be submitted after them.
+//
 // Disk <-> gpu goes through host staging buffers (pinned when the backend can pin) unless the
 // gpu tier is host-addressable (CPU backend), where the disk store reads straight into it.
 #pragma once
@@ -38,12 +43,17 @@ struct Place {
   Place advanced(std::int64_t bytes) const;
 };
 
-// Host buffers that disk <-> device copies pass through; one per lane (not thread-safe).
+// A lane's copy context (not thread-safe): the host buffers that disk <-> device copies pass
+// through, and the fence of the job it runs.
 class Staging {
  public:
   static constexpr std::int64_t kChunkBytes = std::int64_t{8} << 20;
   explicit Staging(kernels::Backend* pin_with = nullptr) : pin_with_(pin_with) {}
   HostBuffer& buffer(int i);
+  // The ops this job's device copies wait for (the backend's fence when the job was
+  // submitted), set by the lane per job; null outside a lane: a copy then waits for every op
+  // issued before it.
+  const kernels::Fence* after = nullptr;
 
  private:
   kernels::Backend* pin_with_;
@@ -59,11 +69,18 @@ struct CopyOptions {
 // Copies `bytes` from src to dst and returns when done. Throws on I/O errors.
 void copy_now(Tiers& tiers, Place dst, Place src, std::int64_t bytes, Staging& staging, CopyOptions opts = {});
 
+// `rows` rows of `bytes` bytes, row i from src + i * src_pitch to dst + i * dst_pitch (one
+// row: a plain copy). A 2-D piece between host and device memory is one strided copy.
 struct CopyPiece {
   Place dst, src;
   std::int64_t bytes = 0;
+  std::int64_t rows = 1;
+  std::int64_t dst_pitch = 0, src_pitch = 0;
+  std::int64_t total() const { return bytes * rows; }
+  bool contiguous() const { return rows == 1 || (dst_pitch == bytes && src_pitch == bytes); }
 };
-// Runs disjoint copies now; direct disk transfers are issued together so they overlap.
+// Runs disjoint copies now; direct disk transfers are issued together so they overlap, and the
+// copies between host and device memory go to the backend as one batch per direction (one wait).
 void copy_pieces_now(Tiers& tiers, const std::vector<CopyPiece>& pieces, Staging& staging, CopyOptions opts = {});
 
 // Names a job in the trace: its primitive ("load_weight") and this instance ("mlp.3").

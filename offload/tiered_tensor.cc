@@ -79,22 +79,43 @@ Place TieredTensor::place(std::int64_t row, std::int64_t byte_in_row) const {
 std::vector<CopyPiece> TieredTensor::pieces(std::int64_t r0, std::int64_t r1, Place other, bool to_tensor,
                                             std::int64_t b0, std::int64_t b1) const {
   if (b1 < 0) b1 = row_bytes_;
-  if (r0 < 0 || r1 > rows_ || r0 > r1 || b0 < 0 || b1 > row_bytes_ || b0 > b1)
+  if (b0 < 0 || b1 > row_bytes_ || b0 > b1)
+    throw std::out_of_range("bytes [" + std::to_string(b0) + ", " + std::to_string(b1) + ") outside a row of tensor " +
+                            name_);
+  return pieces(r0, r1, other, to_tensor, RowBands{b0, b1 - b0, 1, 0});
+}
+
+std::vector<CopyPiece> TieredTensor::pieces(std::int64_t r0, std::int64_t r1, Place other, bool to_tensor,
+                                            RowBands bands) const {
+  if (r0 < 0 || r1 > rows_ || r0 > r1)
     throw std::out_of_range("row range [" + std::to_string(r0) + ", " + std::to_string(r1) + ") outside tensor " + name_);
+  if (bands.width < 0) bands = {0, row_bytes_, 1, 0};
+  if (bands.count > 1 && bands.pitch == bands.width) bands = {bands.offset, bands.width * bands.count, 1, 0};
+  const std::int64_t span = bands.count < 1 ? 0 : (bands.count - 1) * bands.pitch + bands.width;
+  if (bands.offset < 0 || bands.count < 1 || (bands.count > 1 && bands.pitch < bands.width) ||
+      bands.offset + span > row_bytes_)
+    throw std::out_of_range("bands of " + std::to_string(bands.count) + " x " + std::to_string(bands.width) +
+                            " bytes at " + std::to_string(bands.offset) + " (pitch " + std::to_string(bands.pitch) +
+                            ") outside a row of tensor " + name_);
   std::vector<CopyPiece> out;
-  const bool whole_rows = b0 == 0 && b1 == row_bytes_;
+  auto add = [&](Place mine, Place theirs, std::int64_t bytes, std::int64_t rows, std::int64_t pitch) {
+    out.push_back(to_tensor ? CopyPiece{mine, theirs, bytes, rows, pitch, pitch}
+                            : CopyPiece{theirs, mine, bytes, rows, pitch, pitch});
+  };
+  const bool whole_rows = bands.count == 1 && bands.offset == 0 && bands.width == row_bytes_;
   for (int t = 0; t < 3; ++t) {
     const std::int64_t lo = std::max(r0, split_.begin[t]), hi = std::min(r1, split_.end[t]);
     if (lo >= hi) continue;
-    // Whole rows are contiguous in both places; a column band is one piece per row.
-    const std::int64_t n = whole_rows ? 1 : hi - lo;
-    const std::int64_t per = whole_rows ? (hi - lo) * row_bytes_ : b1 - b0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t row = lo + i;
-      const Place mine = place(row, b0);
-      const Place theirs = other.advanced((row - r0) * row_bytes_ + b0);
-      out.push_back(to_tensor ? CopyPiece{mine, theirs, per} : CopyPiece{theirs, mine, per});
-    }
+    const Place mine = place(lo, bands.offset);
+    const Place theirs = other.advanced((lo - r0) * row_bytes_ + bands.offset);
+    if (whole_rows)  // contiguous in both places
+      add(mine, theirs, (hi - lo) * row_bytes_, 1, 0);
+    else if (bands.count == 1)  // a column band: one row per tensor row
+      add(mine, theirs, bands.width, hi - lo, row_bytes_);
+    else  // separate bands: a row per band, per tensor row
+      for (std::int64_t row = lo; row < hi; ++row)
+        add(mine.advanced((row - lo) * row_bytes_), theirs.advanced((row - lo) * row_bytes_), bands.width, bands.count,
+            bands.pitch);
   }
   return out;
 }

@@ -31,6 +31,12 @@ struct RowSplit {
   Tier tier_of(std::int64_t row) const;
 };
 
+// The bytes of each row a copy moves: `count` bands of `width` bytes at `offset`, offset +
+// pitch, ... (a KV row's kv heads, each with its valid slots). width < 0: the whole row.
+struct RowBands {
+  std::int64_t offset = 0, width = -1, count = 1, pitch = 0;
+};
+
 class TieredTensor {
  public:
   // A row is `cols` values of `dtype` (kernels::row_bytes), or `row_bytes` when given: a row
@@ -55,9 +61,13 @@ class TieredTensor {
   Place place(std::int64_t row, std::int64_t byte_in_row = 0) const;
   // The copies between rows [r0, r1) (bytes [b0, b1) of each row; b1 < 0 means the whole row)
   // and memory laid out like those rows at `other`: to_tensor false reads the tensor into
-  // `other`, true writes `other` into the tensor. Contiguous spans become one piece.
+  // `other`, true writes `other` into the tensor. Per tier: whole rows are one piece, a band of
+  // each row one 2-D piece (a row per tensor row).
   std::vector<CopyPiece> pieces(std::int64_t r0, std::int64_t r1, Place other, bool to_tensor,
-                                        std::int64_t b0 = 0, std::int64_t b1 = -1) const;
+                                std::int64_t b0 = 0, std::int64_t b1 = -1) const;
+  // The same for several bands per row: bands that touch are merged; otherwise one 2-D piece
+  // per row (a row per band), so a KV row's heads move as one strided copy.
+  std::vector<CopyPiece> pieces(std::int64_t r0, std::int64_t r1, Place other, bool to_tensor, RowBands bands) const;
   // Synchronous copies of rows [r0, r1) from/to host memory (loading, tests).
   void write_rows(std::int64_t r0, std::int64_t r1, const void* host_src, Staging& staging);
   void read_rows(std::int64_t r0, std::int64_t r1, void* host_dst, Staging& staging) const;

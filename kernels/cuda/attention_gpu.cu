@@ -1,17 +1,23 @@
-// Attention on the GPU, written for clarity first: one block per (query row, query head) at
-// prefill and per (sequence, kv head) at decode, an online softmax over tiles of keys,
-// fp32 throughout, and no atomics, so every output is deterministic.
+// Attention on the GPU: fp32 throughout, no atomics, so every output is deterministic.
 //
-// attend() is the core: a block computes softmax(scale * q . k_j) . v_j over n keys with a
-// running maximum and sum, one tile of kTile scores at a time in shared memory; warps
-// compute scores (lanes split head_dim), then every thread owns output elements d.
+// Scores: every s = scale * (q . k) (soft-capped, Gemma-2) is computed by score(), one thread
+// running a sequential fmaf over head_dim on copies in shared memory. The eviction scores need each probability
+// p = exp(s - m) / l once the softmax's (m, l) are final, and use the very s the softmax did:
+// at decode the split pass keeps its scores; at prefill, where T^2 scores per head are too
+// many to keep, the column-sum pass calls score() on the same values, which gives the same
+// bits (the arithmetic is pinned by the intrinsics, nothing is left for the compiler to fuse).
 //
-// The score outputs need each probability p(i, j) after the softmax is complete, so they
-// are a second pass that recomputes scores from the saved (max, sum) of every query:
-//   prefill col_sums: a block per (key row, kv head) sums w_i * p(i, j) over the group's
-//                     query heads and queries i >= j;
-//   decode probs:     after the block's heads are done, a thread per slot sums p over them.
-// Each output element is written by exactly one thread, in a fixed order.
+// Prefill (tiled): a block per (tile of kQueryTile query rows of one sequence, query head)
+// keeps its queries in shared memory and streams the causal keys and values through it
+// kKeyTile at a time (those within the sliding window, if any), with an online softmax per
+// row; (m, l) per row go to `stats` when the column sums are wanted. Column sums: a block per (tile of keys, kv head) sums w_i * p(i, j)
+// over the group's heads and the queries i >= j, in a fixed order.
+//
+// Decode (flash-decoding, plan_decode): a block per (sequence, kv head, chunk of the group's
+// query heads, split of the keys) loads each K/V tile once for all the chunk's heads and
+// leaves an unnormalised partial (acc, m, l) per head and split; a combine block per
+// (sequence, head) merges the splits; the probs kernel sums the group's probabilities per
+// slot from the kept scores and the final (m, l).
 #include <algorithm>
 #include <stdexcept>
 #include <unordered_set>
@@ -25,188 +31,342 @@ namespace flexh2o::kernels::cuda {
 namespace {
 
 constexpr int kAttnThreads = 128;  // 4 warps
-constexpr int kTile = 64;          // keys per tile
-constexpr std::size_t kMaxShared = 48 * 1024;  // without opting in to more
+constexpr std::int64_t kQueryTile = 16;  // prefill: query rows per block
+constexpr std::int64_t kKeyTile = 32;    // keys per shared-memory tile (a warp's width)
+static_assert(kKeyTile == 32 && kDecodeKeyTile == kKeyTile, "the softmax update gives each key of a tile a lane");
+constexpr std::size_t kMinScratch = 256;  // CudaBackend::alloc's smallest allocation
 
-// Keys and values of one (sequence, kv head) at prefill: fp32 rows of the k/v projections.
-struct RowsKv {
-  const float* k;  // key j at k + j * stride
-  const float* v;
-  std::int64_t stride;
-  __device__ float key(std::int64_t j, std::int64_t d) const { return k[j * stride + d]; }
-  __device__ float value(std::int64_t j, std::int64_t d) const { return v[j * stride + d]; }
-};
-
-// Keys and values of one (sequence, kv head) in a cache: slots of slot_bytes in any dtype.
-struct CacheKv {
-  const std::uint8_t* k;  // slot j at k + j * slot_bytes
-  const std::uint8_t* v;
-  std::int64_t slot_bytes;
-  std::int64_t head_dim;
-  DType dtype;
-  __device__ float key(std::int64_t j, std::int64_t d) const { return load_elem(k + j * slot_bytes, dtype, head_dim, d); }
-  __device__ float value(std::int64_t j, std::int64_t d) const {
-    return load_elem(v + j * slot_bytes, dtype, head_dim, d);
-  }
-};
-
-// A scaled score after Gemma-2's soft-cap (none when cap is 0), as attention_cpu.cc.
-__device__ float capped(float s, float cap) { return cap == 0.0f ? s : cap * tanhf(s / cap); }
+// scale * (q . k) over d in [0, D), in this order, each step one rounding; then, with a
+// soft-cap (cap > 0), cap * tanh(s / cap) as attention_cpu.cc.
+__device__ __forceinline__ float score(const float* q, const float* k, std::int64_t D, float scale, float cap) {
+  float dot = 0.0f;
+  for (std::int64_t d = 0; d < D; ++d) dot = __fmaf_rn(q[d], k[d], dot);
+  const float s = __fmul_rn(scale, dot);
+  return cap == 0.0f ? s : __fmul_rn(cap, tanhf(__fdiv_rn(s, cap)));
+}
 
 // The first key a query at position p sees under a sliding window (0 without one).
-__device__ std::int64_t first_visible(std::int64_t p, std::int64_t window) {
+__host__ __device__ __forceinline__ std::int64_t first_visible(std::int64_t p, std::int64_t window) {
   return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
 }
 
-// Block-wide attention of the query in q_sh[D] (shared, loaded by the caller and
-// synchronised) over keys [first, n), n > first. Writes out[d] (global) and returns the softmax's
-// maximum m and normaliser l (every thread gets the same values): p_j = exp(s_j - m) / l.
-// acc_sh[D] and tile_sh[kTile] are shared scratch.
-template <class Kv>
-__device__ void attend(const Kv& kv, std::int64_t first, std::int64_t n, std::int64_t D, float scale, float softcap,
-                       const float* q_sh, float* acc_sh, float* tile_sh, float* out, float& m_out, float& l_out) {
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int warps = static_cast<int>(blockDim.x) >> 5;
-  for (std::int64_t d = tid; d < D; d += blockDim.x) acc_sh[d] = 0.0f;
-  float m_run = -INFINITY, l_run = 0.0f;  // identical in every thread
-  for (std::int64_t j0 = first; j0 < n; j0 += kTile) {
-    const int cnt = static_cast<int>(n - j0 < kTile ? n - j0 : kTile);
-    // Scores of this tile: warp w takes keys w, w + warps, ...
-    for (int jj = warp; jj < cnt; jj += warps) {
-      float dot = 0.0f;
-      for (std::int64_t d = lane; d < D; d += 32) dot += q_sh[d] * kv.key(j0 + jj, d);
-      dot = warp_sum(dot);
-      if (lane == 0) tile_sh[jj] = capped(scale * dot, softcap);
-    }
-    __syncthreads();
-    float tile_max = -INFINITY;
-    for (int jj = 0; jj < cnt; ++jj) tile_max = fmaxf(tile_max, tile_sh[jj]);
-    const float m_new = fmaxf(m_run, tile_max);
-    const float alpha = expf(m_run - m_new);  // 0 on the first tile (m_run = -inf)
-    __syncthreads();                          // all have read the scores before they become weights
-    for (int jj = tid; jj < cnt; jj += blockDim.x) tile_sh[jj] = expf(tile_sh[jj] - m_new);
-    __syncthreads();
-    float tile_sum = 0.0f;
-    for (int jj = 0; jj < cnt; ++jj) tile_sum += tile_sh[jj];
-    l_run = l_run * alpha + tile_sum;
-    m_run = m_new;
-    for (std::int64_t d = tid; d < D; d += blockDim.x) {
-      float acc = acc_sh[d] * alpha;
-      for (int jj = 0; jj < cnt; ++jj) acc += tile_sh[jj] * kv.value(j0 + jj, d);
-      acc_sh[d] = acc;
-    }
-    __syncthreads();  // the weights are read before the next tile overwrites them
-  }
-  const float inv = 1.0f / l_run;
-  for (std::int64_t d = tid; d < D; d += blockDim.x) out[d] = acc_sh[d] * inv;
-  m_out = m_run;
-  l_out = l_run;
+__device__ __forceinline__ float warp_max_all(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;  // in every lane
+}
+__device__ __forceinline__ float warp_sum_all(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;  // in every lane, the same bits
 }
 
-// Block per (query row t, query head h). stats[2 * (t * H + h) + {0, 1}] = (max, sum) when
-// stats is not null.
+// The online-softmax step of `rows` rows of a tile: scores s_sh[r * kKeyTile + j] (-inf for
+// keys a row does not see) become weights exp(s - m_new), and m, l and the factor alpha that
+// rescales the row's accumulator are updated. A warp per row.
+__device__ __forceinline__ void softmax_tile(float* s_sh, float* m_sh, float* l_sh, float* alpha_sh, std::int64_t rows) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  for (std::int64_t r = warp; r < rows; r += warps) {
+    const float s = s_sh[r * kKeyTile + lane];
+    const float m_old = m_sh[r];
+    const float m_new = fmaxf(m_old, warp_max_all(s));
+    // A row that has seen no key yet (m_new = -inf) keeps weight 0 and its accumulator.
+    const bool none = m_new == -INFINITY;
+    const float p = none || s == -INFINITY ? 0.0f : expf(s - m_new);
+    const float alpha = none ? 1.0f : expf(m_old - m_new);  // 0 on a row's first keys
+    const float sum = warp_sum_all(p);
+    s_sh[r * kKeyTile + lane] = p;
+    if (lane == 0) {
+      l_sh[r] = l_sh[r] * alpha + sum;
+      m_sh[r] = m_new;
+      alpha_sh[r] = alpha;
+    }
+  }
+}
+
+// acc[r][d] = acc[r][d] * alpha[r] + sum over the tile's cnt keys of p[r][j] * v[j][d].
+__device__ __forceinline__ void accumulate_tile(float* acc_sh, const float* p_sh, const float* v_sh,
+                                                const float* alpha_sh, std::int64_t rows, std::int64_t cnt,
+                                                std::int64_t D, std::int64_t pitch) {
+  for (std::int64_t e = threadIdx.x; e < rows * D; e += blockDim.x) {
+    const std::int64_t r = e / D, d = e % D;
+    float a = acc_sh[e] * alpha_sh[r];
+    for (std::int64_t j = 0; j < cnt; ++j) a += p_sh[r * kKeyTile + j] * v_sh[j * pitch + d];
+    acc_sh[e] = a;
+  }
+}
+
+// ------------------------------------------------------------------------------- prefill
+
+std::size_t prefill_shared_floats(std::int64_t D) {
+  return static_cast<std::size_t>((kQueryTile + kKeyTile) * (D + 1) + kQueryTile * D + kQueryTile * kKeyTile +
+                                  3 * kQueryTile);
+}
+
+// Block per (query tile, query head h). tiles[2 * t] = the tile's first row, tiles[2 * t + 1]
+// its sequence. stats[2 * (row * H + h) + {0, 1}] = the row's final (m, l) when not null.
 __global__ void prefill_kernel(const float* q, const float* k, const float* v, float* out, float* stats,
-                               const std::int64_t* row_seq, const std::int64_t* offsets, std::int64_t T,
-                               std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale, float softcap,
+                               const std::int64_t* tiles, std::int64_t n_tiles, const std::int64_t* offsets,
+                               std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale, float cap,
                                std::int64_t window) {
   extern __shared__ float sh[];
-  float* q_sh = sh;
-  float* acc_sh = sh + D;
-  float* tile_sh = sh + 2 * D;
+  const std::int64_t P = D + 1;  // padded rows: the lanes of a warp read different rows conflict-free
+  float* q_sh = sh;                            // [kQueryTile][P]
+  float* kv_sh = q_sh + kQueryTile * P;        // [kKeyTile][P]: keys, then values
+  float* acc_sh = kv_sh + kKeyTile * P;        // [kQueryTile][D]
+  float* p_sh = acc_sh + kQueryTile * D;       // [kQueryTile][kKeyTile]
+  float* m_sh = p_sh + kQueryTile * kKeyTile;  // [kQueryTile]
+  float* l_sh = m_sh + kQueryTile;
+  float* alpha_sh = l_sh + kQueryTile;
   const std::int64_t group = H / Hkv, q_stride = H * D, kv_stride = Hkv * D;
-  for (std::int64_t task = blockIdx.x; task < T * H; task += gridDim.x) {
-    const std::int64_t t = task / H, h = task % H, g = h / group;
-    const std::int64_t t0 = offsets[row_seq[t]], i = t - t0;
-    __syncthreads();  // the previous task is done with q_sh
-    for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) q_sh[d] = q[t * q_stride + h * D + d];
-    __syncthreads();
-    const RowsKv kv{k + t0 * kv_stride + g * D, v + t0 * kv_stride + g * D, kv_stride};
-    float m = 0.0f, l = 0.0f;
-    attend(kv, first_visible(i, window), i + 1, D, scale, softcap, q_sh, acc_sh, tile_sh, out + t * q_stride + h * D,
-           m, l);
-    if (stats != nullptr && threadIdx.x == 0) {
-      stats[2 * task] = m;
-      stats[2 * task + 1] = l;
+  for (std::int64_t task = blockIdx.x; task < n_tiles * H; task += gridDim.x) {
+    const std::int64_t tile = task / H, h = task % H, g = h / group;
+    const std::int64_t r0 = tiles[2 * tile], b = tiles[2 * tile + 1];
+    const std::int64_t t0 = offsets[b], n = offsets[b + 1] - t0, i0 = r0 - t0;
+    const std::int64_t rows = n - i0 < kQueryTile ? n - i0 : kQueryTile;
+    __syncthreads();  // the previous task is done with the shared arrays
+    for (std::int64_t e = threadIdx.x; e < kQueryTile * D; e += blockDim.x) {
+      const std::int64_t r = e / D, d = e % D;
+      q_sh[r * P + d] = r < rows ? q[(r0 + r) * q_stride + h * D + d] : 0.0f;
+      acc_sh[e] = 0.0f;
     }
-  }
-}
-
-// Block per (key row t, kv head g): col_sums[t0 * Hkv + g * n + j] = sum over the group's
-// heads h and queries i >= j of w_i * p_h(i, j), with p recomputed from the saved stats.
-__global__ void col_sums_kernel(const float* q, const float* k, const float* stats, const std::int64_t* row_seq,
-                                const std::int64_t* offsets, const float* query_weights, float* col_sums,
-                                std::int64_t T, std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale,
-                                float softcap, std::int64_t window) {
-  __shared__ float scratch[32];
-  const std::int64_t group = H / Hkv, q_stride = H * D, kv_stride = Hkv * D;
-  for (std::int64_t task = blockIdx.x; task < T * Hkv; task += gridDim.x) {
-    const std::int64_t t = task / Hkv, g = task % Hkv;
-    const std::int64_t b = row_seq[t], t0 = offsets[b], n = offsets[b + 1] - t0, j = t - t0;
-    const float* key = k + t * kv_stride + g * D;
-    // Queries i in [j, n) that see key j: all, or those within the window.
-    const std::int64_t queries = window > 0 && n - j > window ? window : n - j;
-    float acc = 0.0f;
-    for (std::int64_t p = threadIdx.x; p < group * queries; p += blockDim.x) {
-      const std::int64_t h = g * group + p / queries, row = t0 + j + p % queries;
-      const float* qr = q + row * q_stride + h * D;
-      float dot = 0.0f;
-      for (std::int64_t d = 0; d < D; ++d) dot += qr[d] * key[d];
-      const float m = stats[2 * (row * H + h)], l = stats[2 * (row * H + h) + 1];
-      const float w = query_weights != nullptr ? query_weights[row] : 1.0f;
-      acc += w * (expf(capped(scale * dot, softcap) - m) / l);
+    for (std::int64_t r = threadIdx.x; r < kQueryTile; r += blockDim.x) {
+      m_sh[r] = -INFINITY;
+      l_sh[r] = 0.0f;
     }
-    acc = block_sum(acc, scratch);
-    if (threadIdx.x == 0) col_sums[t0 * Hkv + g * n + j] = acc;
-  }
-}
-
-// Block per (sequence b, kv head g) = task, over the group's query heads; probs (optional)
-// for slots [0, lens[b]) of the task's row.
-__global__ void decode_kernel(const float* q, const std::uint8_t* k_cache, const std::uint8_t* v_cache, float* out,
-                              float* probs, const std::int64_t* lens, std::int64_t B, std::int64_t H, std::int64_t Hkv,
-                              std::int64_t D, std::int64_t capacity, std::int64_t slot_bytes, DType dtype,
-                              float scale, float softcap, std::int64_t window) {
-  extern __shared__ float sh[];
-  float* q_sh = sh;
-  float* acc_sh = sh + D;
-  float* tile_sh = sh + 2 * D;
-  float* ml_sh = sh + 2 * D + kTile;  // (max, sum) per head of the group
-  const std::int64_t group = H / Hkv;
-  for (std::int64_t task = blockIdx.x; task < B * Hkv; task += gridDim.x) {
-    const std::int64_t b = task / Hkv, g = task % Hkv, n = lens[b], first = first_visible(n - 1, window);
-    const CacheKv kv{k_cache + task * capacity * slot_bytes, v_cache + task * capacity * slot_bytes, slot_bytes, D,
-                     dtype};
-    for (std::int64_t hh = 0; hh < group; ++hh) {
-      const std::int64_t h = g * group + hh;
-      __syncthreads();  // the previous head (or task) is done with q_sh and ml_sh
-      for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) q_sh[d] = q[(b * H + h) * D + d];
+    // Causal: the tile's last query sees keys up to i0 + rows - 1; its first none before
+    // first_visible(i0) (tiles start there, aligned).
+    const std::int64_t keys = i0 + rows;
+    for (std::int64_t j0 = first_visible(i0, window) / kKeyTile * kKeyTile; j0 < keys; j0 += kKeyTile) {
+      const std::int64_t cnt = keys - j0 < kKeyTile ? keys - j0 : kKeyTile;
+      __syncthreads();  // the previous tile's readers are done with kv_sh and p_sh
+      for (std::int64_t e = threadIdx.x; e < cnt * D; e += blockDim.x) {
+        const std::int64_t j = e / D, d = e % D;
+        kv_sh[j * P + d] = k[(t0 + j0 + j) * kv_stride + g * D + d];
+      }
       __syncthreads();
-      float m = 0.0f, l = 0.0f;
-      attend(kv, first, n, D, scale, softcap, q_sh, acc_sh, tile_sh, out + (b * H + h) * D, m, l);
-      if (threadIdx.x == 0) {
-        ml_sh[2 * hh] = m;
-        ml_sh[2 * hh + 1] = l;
+      for (std::int64_t e = threadIdx.x; e < kQueryTile * kKeyTile; e += blockDim.x) {
+        const std::int64_t r = e / kKeyTile, j = e % kKeyTile;
+        const bool seen = r < rows && j < cnt && j0 + j <= i0 + r && j0 + j >= first_visible(i0 + r, window);
+        p_sh[e] = seen ? score(q_sh + r * P, kv_sh + j * P, D, scale, cap) : -INFINITY;
+      }
+      __syncthreads();
+      softmax_tile(p_sh, m_sh, l_sh, alpha_sh, rows);
+      __syncthreads();  // the keys are read: the values take their place
+      for (std::int64_t e = threadIdx.x; e < cnt * D; e += blockDim.x) {
+        const std::int64_t j = e / D, d = e % D;
+        kv_sh[j * P + d] = v[(t0 + j0 + j) * kv_stride + g * D + d];
+      }
+      __syncthreads();
+      accumulate_tile(acc_sh, p_sh, kv_sh, alpha_sh, rows, cnt, D, P);
+    }
+    __syncthreads();
+    for (std::int64_t e = threadIdx.x; e < rows * D; e += blockDim.x) {
+      const std::int64_t r = e / D, d = e % D;
+      out[(r0 + r) * q_stride + h * D + d] = acc_sh[e] / l_sh[r];
+    }
+    if (stats != nullptr)
+      for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+        stats[2 * ((r0 + r) * H + h)] = m_sh[r];
+        stats[2 * ((r0 + r) * H + h) + 1] = l_sh[r];
+      }
+  }
+}
+
+std::size_t col_sums_shared_floats(std::int64_t D) {
+  return static_cast<std::size_t>((kKeyTile + kQueryTile) * (D + 1) + kQueryTile * kKeyTile + 3 * kQueryTile +
+                                  kKeyTile);
+}
+
+// Block per (key tile, kv head g); tiles[2 * t] = the tile's first row, tiles[2 * t + 1] its
+// sequence. col_sums[t0 * Hkv + g * n + j] = sum over the group's heads h (in order) and the
+// queries i >= j (in order) of w_i * exp(s_h(i, j) - m_h(i)) / l_h(i).
+__global__ void col_sums_kernel(const float* q, const float* k, const float* stats, const std::int64_t* tiles,
+                                std::int64_t n_tiles, const std::int64_t* offsets, const float* query_weights,
+                                float* col_sums, std::int64_t H, std::int64_t Hkv, std::int64_t D, float scale,
+                                float cap, std::int64_t window) {
+  extern __shared__ float sh[];
+  const std::int64_t P = D + 1;
+  float* k_sh = sh;                            // [kKeyTile][P]
+  float* q_sh = k_sh + kKeyTile * P;           // [kQueryTile][P]
+  float* p_sh = q_sh + kQueryTile * P;         // [kQueryTile][kKeyTile]
+  float* m_sh = p_sh + kQueryTile * kKeyTile;  // [kQueryTile]
+  float* l_sh = m_sh + kQueryTile;
+  float* w_sh = l_sh + kQueryTile;
+  float* col_sh = w_sh + kQueryTile;  // [kKeyTile]
+  const std::int64_t group = H / Hkv, q_stride = H * D, kv_stride = Hkv * D;
+  for (std::int64_t task = blockIdx.x; task < n_tiles * Hkv; task += gridDim.x) {
+    const std::int64_t tile = task / Hkv, g = task % Hkv;
+    const std::int64_t r0 = tiles[2 * tile], b = tiles[2 * tile + 1];
+    const std::int64_t t0 = offsets[b], n = offsets[b + 1] - t0, j0 = r0 - t0;
+    const std::int64_t cnt = n - j0 < kKeyTile ? n - j0 : kKeyTile;
+    __syncthreads();  // the previous task is done with the shared arrays
+    for (std::int64_t e = threadIdx.x; e < cnt * D; e += blockDim.x) {
+      const std::int64_t j = e / D, d = e % D;
+      k_sh[j * P + d] = k[(r0 + j) * kv_stride + g * D + d];
+    }
+    for (std::int64_t j = threadIdx.x; j < kKeyTile; j += blockDim.x) col_sh[j] = 0.0f;
+    // Queries i >= j0 that see a key of the tile: under a window, up to its last key's window.
+    const std::int64_t i_end = window > 0 && j0 + cnt - 1 + window < n ? j0 + cnt - 1 + window : n;
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+      for (std::int64_t i0 = j0; i0 < i_end; i0 += kQueryTile) {
+        const std::int64_t rows = n - i0 < kQueryTile ? n - i0 : kQueryTile;
+        __syncthreads();  // the previous query tile's readers are done
+        for (std::int64_t e = threadIdx.x; e < rows * D; e += blockDim.x) {
+          const std::int64_t r = e / D, d = e % D;
+          q_sh[r * P + d] = q[(t0 + i0 + r) * q_stride + h * D + d];
+        }
+        for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+          const std::int64_t row = t0 + i0 + r;
+          m_sh[r] = stats[2 * (row * H + h)];
+          l_sh[r] = stats[2 * (row * H + h) + 1];
+          w_sh[r] = query_weights != nullptr ? query_weights[row] : 1.0f;
+        }
+        __syncthreads();
+        for (std::int64_t e = threadIdx.x; e < kQueryTile * kKeyTile; e += blockDim.x) {
+          const std::int64_t r = e / kKeyTile, j = e % kKeyTile;
+          const bool seen = r < rows && j < cnt && j0 + j <= i0 + r && j0 + j >= first_visible(i0 + r, window);
+          p_sh[e] = seen ? w_sh[r] * (expf(score(q_sh + r * P, k_sh + j * P, D, scale, cap) - m_sh[r]) / l_sh[r]) : 0.0f;
+        }
+        __syncthreads();
+        for (std::int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+          float acc = col_sh[j];
+          for (std::int64_t r = 0; r < rows; ++r) acc += p_sh[r * kKeyTile + j];
+          col_sh[j] = acc;
+        }
       }
     }
-    if (probs != nullptr) {
-      __syncthreads();  // ml_sh complete
-      for (std::int64_t s = threadIdx.x; s < n; s += blockDim.x) {
-        if (s < first) {  // outside the window: no attention
-          probs[task * capacity + s] = 0.0f;
-          continue;
-        }
-        float total = 0.0f;
-        for (std::int64_t hh = 0; hh < group; ++hh) {
-          const float* qr = q + (b * H + g * group + hh) * D;
-          float dot = 0.0f;
-          for (std::int64_t d = 0; d < D; ++d) dot += qr[d] * kv.key(s, d);
-          total += expf(capped(scale * dot, softcap) - ml_sh[2 * hh]) / ml_sh[2 * hh + 1];
-        }
-        probs[task * capacity + s] = total;
+    __syncthreads();
+    for (std::int64_t j = threadIdx.x; j < cnt; j += blockDim.x) col_sums[t0 * Hkv + g * n + j0 + j] = col_sh[j];
+  }
+}
+
+// -------------------------------------------------------------------------------- decode
+
+std::size_t decode_shared_floats(std::int64_t D, std::int64_t heads) {
+  return static_cast<std::size_t>((heads + kKeyTile) * (D + 1) + heads * D + heads * kKeyTile + 3 * heads);
+}
+
+// Block per (sequence b, kv head g, head chunk c, split sp): keys [first + sp * kps, + kps) of
+// the visible ones [first, lens[b]) (first > 0 under a sliding window: the cache's slot s holds
+// position s), query heads [g * group + c * hb, + hb) (fewer in the last chunk).
+// Writes per (head, split) the unnormalised acc (part_acc) and (m, l) (part_ml), and the raw
+// scores of its keys to scores[(b * H + h) * capacity + j] when not null.
+__global__ void decode_split_kernel(const float* q, const std::uint8_t* k_cache, const std::uint8_t* v_cache,
+                                    const std::int64_t* lens, std::int64_t B, std::int64_t H, std::int64_t Hkv,
+                                    std::int64_t D, std::int64_t capacity, std::int64_t slot_bytes, DType dtype,
+                                    float scale, float cap, std::int64_t window, std::int64_t hb, std::int64_t chunks,
+                                    std::int64_t splits, std::int64_t kps, float* part_acc, float* part_ml,
+                                    float* scores) {
+  extern __shared__ float sh[];
+  const std::int64_t P = D + 1;
+  float* q_sh = sh;                     // [hb][P]
+  float* kv_sh = q_sh + hb * P;         // [kKeyTile][P]: keys, then values
+  float* acc_sh = kv_sh + kKeyTile * P; // [hb][D]
+  float* p_sh = acc_sh + hb * D;        // [hb][kKeyTile]
+  float* m_sh = p_sh + hb * kKeyTile;   // [hb]
+  float* l_sh = m_sh + hb;
+  float* alpha_sh = l_sh + hb;
+  const std::int64_t group = H / Hkv;
+  for (std::int64_t task = blockIdx.x; task < B * Hkv * chunks * splits; task += gridDim.x) {
+    const std::int64_t sp = task % splits, c = (task / splits) % chunks, g = (task / (splits * chunks)) % Hkv;
+    const std::int64_t b = task / (splits * chunks * Hkv);
+    const std::int64_t h0 = g * group + c * hb, nh = group - c * hb < hb ? group - c * hb : hb;
+    const std::int64_t n = lens[b], k0 = first_visible(n - 1, window) + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
+    const std::uint8_t* k_head = k_cache + (b * Hkv + g) * capacity * slot_bytes;
+    const std::uint8_t* v_head = v_cache + (b * Hkv + g) * capacity * slot_bytes;
+    __syncthreads();  // the previous task is done with the shared arrays
+    for (std::int64_t e = threadIdx.x; e < nh * D; e += blockDim.x) {
+      const std::int64_t hh = e / D, d = e % D;
+      q_sh[hh * P + d] = q[(b * H + h0 + hh) * D + d];
+      acc_sh[e] = 0.0f;
+    }
+    for (std::int64_t hh = threadIdx.x; hh < nh; hh += blockDim.x) {
+      m_sh[hh] = -INFINITY;
+      l_sh[hh] = 0.0f;
+    }
+    for (std::int64_t j0 = k0; j0 < k1; j0 += kKeyTile) {
+      const std::int64_t cnt = k1 - j0 < kKeyTile ? k1 - j0 : kKeyTile;
+      __syncthreads();  // the previous tile's readers are done with kv_sh and p_sh
+      for (std::int64_t e = threadIdx.x; e < cnt * D; e += blockDim.x) {
+        const std::int64_t j = e / D, d = e % D;
+        kv_sh[j * P + d] = load_elem(k_head + (j0 + j) * slot_bytes, dtype, D, d);
       }
+      __syncthreads();
+      for (std::int64_t e = threadIdx.x; e < nh * kKeyTile; e += blockDim.x) {
+        const std::int64_t hh = e / kKeyTile, j = e % kKeyTile;
+        const float s = j < cnt ? score(q_sh + hh * P, kv_sh + j * P, D, scale, cap) : -INFINITY;
+        p_sh[e] = s;
+        if (scores != nullptr && j < cnt) scores[(b * H + h0 + hh) * capacity + j0 + j] = s;
+      }
+      __syncthreads();
+      softmax_tile(p_sh, m_sh, l_sh, alpha_sh, nh);
+      __syncthreads();  // the keys are read: the values take their place
+      for (std::int64_t e = threadIdx.x; e < cnt * D; e += blockDim.x) {
+        const std::int64_t j = e / D, d = e % D;
+        kv_sh[j * P + d] = load_elem(v_head + (j0 + j) * slot_bytes, dtype, D, d);
+      }
+      __syncthreads();
+      accumulate_tile(acc_sh, p_sh, kv_sh, alpha_sh, nh, cnt, D, P);
+    }
+    __syncthreads();
+    // An empty split (k0 >= n) leaves (m, l) = (-inf, 0) and acc = 0: it weighs nothing below.
+    for (std::int64_t e = threadIdx.x; e < nh * D; e += blockDim.x) {
+      const std::int64_t hh = e / D, d = e % D;
+      part_acc[((b * H + h0 + hh) * splits + sp) * D + d] = acc_sh[e];
+    }
+    for (std::int64_t hh = threadIdx.x; hh < nh; hh += blockDim.x) {
+      part_ml[2 * ((b * H + h0 + hh) * splits + sp)] = m_sh[hh];
+      part_ml[2 * ((b * H + h0 + hh) * splits + sp) + 1] = l_sh[hh];
     }
   }
 }
+
+// Block per (sequence, query head) = task: out = sum over splits of acc_s * exp(m_s - m) / l,
+// m the largest m_s and l = sum of l_s * exp(m_s - m), splits in order; (m, l) to ml when not
+// null.
+__global__ void decode_combine_kernel(const float* part_acc, const float* part_ml, std::int64_t tasks,
+                                      std::int64_t splits, std::int64_t D, float* out, float* ml) {
+  for (std::int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
+    const float* pm = part_ml + 2 * task * splits;
+    float m = -INFINITY;
+    for (std::int64_t sp = 0; sp < splits; ++sp) m = fmaxf(m, pm[2 * sp]);  // split 0 holds the first visible key: m is finite
+    float l = 0.0f;
+    for (std::int64_t sp = 0; sp < splits; ++sp) l += pm[2 * sp + 1] * expf(pm[2 * sp] - m);
+    for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      float o = 0.0f;
+      for (std::int64_t sp = 0; sp < splits; ++sp) o += part_acc[(task * splits + sp) * D + d] * expf(pm[2 * sp] - m);
+      out[task * D + d] = o / l;
+    }
+    if (ml != nullptr && threadIdx.x == 0) {
+      ml[2 * task] = m;
+      ml[2 * task + 1] = l;
+    }
+  }
+}
+
+// Thread per (sequence b, kv head g, slot j < lens[b]): probs = sum over the group's heads (in
+// order) of exp(s - m) / l, from the split pass's scores and the combined (m, l); 0 for slots
+// outside the sliding window.
+__global__ void decode_probs_kernel(const float* scores, const float* ml, const std::int64_t* lens, std::int64_t B,
+                                    std::int64_t H, std::int64_t Hkv, std::int64_t capacity, std::int64_t window,
+                                    float* probs) {
+  const std::int64_t group = H / Hkv, total = B * Hkv * capacity;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t j = e % capacity, bg = e / capacity, b = bg / Hkv, g = bg % Hkv;
+    if (j >= lens[b]) continue;  // left untouched
+    if (j < first_visible(lens[b] - 1, window)) {
+      probs[e] = 0.0f;
+      continue;
+    }
+    float p = 0.0f;
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h)
+      p += expf(scores[(b * H + h) * capacity + j] - ml[2 * (b * H + h)]) / ml[2 * (b * H + h) + 1];
+    probs[e] = p;
+  }
+}
+
+// --------------------------------------------------------------------------- KV cache ops
 
 // Float caches: one thread per (row, kv head, element).
 __global__ void kv_write_float_kernel(const float* src, std::uint8_t* cache, std::int64_t rows, std::int64_t Hkv,
@@ -257,14 +417,65 @@ void check_shape(const AttentionShape& s) {
     throw std::invalid_argument("attention: n_heads must be a positive multiple of n_kv_heads");
 }
 
-std::size_t shared_bytes(const char* op, std::int64_t floats) {
-  const std::size_t bytes = static_cast<std::size_t>(floats) * sizeof(float);
-  if (bytes > kMaxShared)
-    throw std::invalid_argument(std::string(op) + ": head_dim too large for the CUDA kernel's shared memory");
-  return bytes;
+// Tiles of `tile` rows of every sequence, as (first row, sequence) pairs.
+std::vector<std::int64_t> row_tiles(std::span<const std::int64_t> offsets, std::int64_t tile) {
+  std::vector<std::int64_t> tiles;
+  for (std::size_t b = 0; b + 1 < offsets.size(); ++b)
+    for (std::int64_t r = offsets[b]; r < offsets[b + 1]; r += tile) {
+      tiles.push_back(r);
+      tiles.push_back(static_cast<std::int64_t>(b));
+    }
+  return tiles;
+}
+
+std::size_t floats_bytes(std::size_t floats) { return floats * sizeof(float); }
+
+// Bytes a DeviceBuffer of `bytes` takes from the pool (none when empty).
+std::int64_t scratch_of(std::int64_t bytes) {
+  return bytes <= 0 ? 0 : std::max<std::int64_t>(bytes, static_cast<std::int64_t>(kMinScratch));
 }
 
 }  // namespace
+
+DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count) {
+  DecodePlan p;
+  const std::int64_t group = s.n_heads / s.n_kv_heads;
+  p.head_chunks = (group + kDecodeMaxHeadsPerBlock - 1) / kDecodeMaxHeadsPerBlock;
+  p.heads_per_block = (group + p.head_chunks - 1) / p.head_chunks;  // chunks of even size
+  max_len = std::max<std::int64_t>(max_len, 1);
+  const std::int64_t blocks = std::max<std::int64_t>(batch * s.n_kv_heads * p.head_chunks, 1);
+  const std::int64_t want = (2 * static_cast<std::int64_t>(std::max(sm_count, 1)) + blocks - 1) / blocks;
+  const std::int64_t most = (max_len + kDecodeMinKeys - 1) / kDecodeMinKeys;
+  const std::int64_t splits = std::clamp<std::int64_t>(want, 1, most);
+  const std::int64_t per = (max_len + splits - 1) / splits;
+  p.keys_per_split = (per + kDecodeKeyTile - 1) / kDecodeKeyTile * kDecodeKeyTile;
+  p.splits = (max_len + p.keys_per_split - 1) / p.keys_per_split;  // none empty for the longest sequence
+  return p;
+}
+
+std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::int64_t batch, std::int64_t capacity,
+                               bool scores, int sm_count) {
+  const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
+  rows = std::max<std::int64_t>(rows, 0);
+  batch = std::max<std::int64_t>(batch, 0);
+  // kv_write: sequence and slot per row (per row and head under eviction); kv_move: from and to
+  // per move, at most a slot per (row, head) at prefill or per (sequence, head, slot) at decode.
+  const std::int64_t kv_write = scratch_of(8 * rows) + scratch_of(8 * rows * (scores ? Hkv : 1));
+  const std::int64_t moves = scores ? std::max(rows, batch * capacity) * Hkv : 0;
+  const std::int64_t kv_ops = std::max(kv_write, 2 * scratch_of(8 * moves));
+  // Prefill of at most `rows` sequences: offsets, query tiles, and with the column sums the
+  // (m, l) of every row and head, the key tiles and the query weights.
+  const std::int64_t tiles = rows / kQueryTile + rows, key_tiles = rows / kKeyTile + rows;
+  std::int64_t prefill = scratch_of(8 * (rows + 1)) + scratch_of(16 * tiles);
+  if (scores) prefill += scratch_of(8 * rows * H) + scratch_of(16 * key_tiles) + scratch_of(4 * rows);
+  // Decode: lens, the partials of every (sequence, head, split), and with the probabilities
+  // the kept scores and the combined (m, l).
+  const DecodePlan plan = plan_decode(s, batch, capacity, sm_count);
+  std::int64_t decode = scratch_of(8 * batch) + scratch_of(4 * batch * H * plan.splits * D) +
+                        scratch_of(8 * batch * H * plan.splits);
+  if (scores) decode += scratch_of(4 * batch * H * capacity) + scratch_of(8 * batch * H);
+  return std::max({kv_ops, prefill, decode});
+}
 
 void CudaBackend::attention_prefill(const AttentionPrefillArgs& a) {
   const AttentionShape& s = a.shape;
@@ -276,29 +487,35 @@ void CudaBackend::attention_prefill(const AttentionPrefillArgs& a) {
   if (weighted && static_cast<std::int64_t>(a.query_weights.size()) != T)
     throw std::invalid_argument("attention_prefill: query_weights needs one weight per row");
   if (a.seq_offsets[0] != 0) throw std::invalid_argument("attention_prefill: seq_offsets[0] must be 0");
-  std::vector<std::int64_t> row_seq(static_cast<std::size_t>(std::max<std::int64_t>(T, 0)));
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t lo = a.seq_offsets[static_cast<std::size_t>(b)], hi = a.seq_offsets[static_cast<std::size_t>(b + 1)];
     if (hi < lo || hi > T) throw std::invalid_argument("attention_prefill: seq_offsets must be non-decreasing");
-    std::fill(row_seq.begin() + lo, row_seq.begin() + hi, b);
   }
   if (T <= 0) return;
   const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
-  const std::size_t shared = shared_bytes("attention_prefill", 2 * D + kTile);
+  const std::size_t shared = floats_bytes(prefill_shared_floats(D));
+  allow_shared(reinterpret_cast<const void*>(prefill_kernel), shared, "attention_prefill");
+  const std::vector<std::int64_t> tiles = row_tiles(a.seq_offsets, kQueryTile);
+  const std::int64_t n_tiles = static_cast<std::int64_t>(tiles.size()) / 2;
   const DeviceBuffer offsets = upload(a.seq_offsets);
-  const DeviceBuffer rows = upload(std::span<const std::int64_t>(row_seq));
+  const DeviceBuffer tiles_d = upload(std::span<const std::int64_t>(tiles));
   DeviceBuffer stats;
   if (a.col_sums != nullptr) stats = DeviceBuffer(*this, static_cast<std::size_t>(T * H) * 2 * sizeof(float));
-  prefill_kernel<<<blocks_for(T * H, 1), kAttnThreads, shared, stream_>>>(
-      a.q, a.k, a.v, a.out, stats.as<float>(), rows.as<std::int64_t>(), offsets.as<std::int64_t>(), T, H, Hkv, D,
-      s.scale, s.softcap, s.window);
+  prefill_kernel<<<blocks_for(n_tiles * H, 1), kAttnThreads, shared, stream_>>>(
+      a.q, a.k, a.v, a.out, stats.as<float>(), tiles_d.as<std::int64_t>(), n_tiles, offsets.as<std::int64_t>(), H, Hkv,
+      D, s.scale, s.softcap, s.window);
   FLEXH2O_CUDA_CHECK_LAUNCH();
   if (a.col_sums != nullptr) {
+    const std::size_t col_shared = floats_bytes(col_sums_shared_floats(D));
+    allow_shared(reinterpret_cast<const void*>(col_sums_kernel), col_shared, "attention_prefill");
+    const std::vector<std::int64_t> key_tiles = row_tiles(a.seq_offsets, kKeyTile);
+    const std::int64_t n_key_tiles = static_cast<std::int64_t>(key_tiles.size()) / 2;
+    const DeviceBuffer key_tiles_d = upload(std::span<const std::int64_t>(key_tiles));
     DeviceBuffer weights;
     if (weighted) weights = upload(a.query_weights);
-    col_sums_kernel<<<blocks_for(T * Hkv, 1), kAttnThreads, 0, stream_>>>(
-        a.q, a.k, stats.as<float>(), rows.as<std::int64_t>(), offsets.as<std::int64_t>(),
-        weighted ? weights.as<float>() : nullptr, a.col_sums, T, H, Hkv, D, s.scale, s.softcap, s.window);
+    col_sums_kernel<<<blocks_for(n_key_tiles * Hkv, 1), kAttnThreads, col_shared, stream_>>>(
+        a.q, a.k, stats.as<float>(), key_tiles_d.as<std::int64_t>(), n_key_tiles, offsets.as<std::int64_t>(),
+        weighted ? weights.as<float>() : nullptr, a.col_sums, H, Hkv, D, s.scale, s.softcap, s.window);
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
 }
@@ -307,18 +524,41 @@ void CudaBackend::attention_decode(const AttentionDecodeArgs& a) {
   const AttentionShape& s = a.shape;
   check_shape(s);
   const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
-  for (std::int64_t b = 0; b < B; ++b)
-    if (a.lens[static_cast<std::size_t>(b)] <= 0 || a.lens[static_cast<std::size_t>(b)] > a.capacity)
+  std::int64_t max_len = 0;  // the most keys a sequence sees
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t n = a.lens[static_cast<std::size_t>(b)];
+    if (n <= 0 || n > a.capacity)
       throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
+    max_len = std::max(max_len, n - first_visible(n - 1, s.window));
+  }
   if (B == 0) return;
-  const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim, group = H / Hkv;
-  const std::size_t shared = shared_bytes("attention_decode", 2 * D + kTile + 2 * group);
+  const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
+  const DecodePlan plan = plan_decode(s, B, max_len, sm_count_);
+  const std::size_t shared = floats_bytes(decode_shared_floats(D, plan.heads_per_block));
+  allow_shared(reinterpret_cast<const void*>(decode_split_kernel), shared, "attention_decode");
   const DeviceBuffer lens = upload(a.lens);
-  decode_kernel<<<blocks_for(B * Hkv, 1), kAttnThreads, shared, stream_>>>(
-      a.q, static_cast<const std::uint8_t*>(a.k_cache), static_cast<const std::uint8_t*>(a.v_cache), a.out, a.probs,
+  DeviceBuffer part_acc(*this, static_cast<std::size_t>(B * H * plan.splits * D) * sizeof(float));
+  DeviceBuffer part_ml(*this, static_cast<std::size_t>(B * H * plan.splits) * 2 * sizeof(float));
+  DeviceBuffer scores, ml;
+  if (a.probs != nullptr) {
+    scores = DeviceBuffer(*this, static_cast<std::size_t>(B * H * a.capacity) * sizeof(float));
+    ml = DeviceBuffer(*this, static_cast<std::size_t>(B * H) * 2 * sizeof(float));
+  }
+  const std::int64_t tasks = B * Hkv * plan.head_chunks * plan.splits;
+  decode_split_kernel<<<blocks_for(tasks, 1), kAttnThreads, shared, stream_>>>(
+      a.q, static_cast<const std::uint8_t*>(a.k_cache), static_cast<const std::uint8_t*>(a.v_cache),
       lens.as<std::int64_t>(), B, H, Hkv, D, a.capacity, kv_slot_bytes(a.cache_dtype, D), a.cache_dtype, s.scale,
-      s.softcap, s.window);
+      s.softcap, s.window, plan.heads_per_block, plan.head_chunks, plan.splits, plan.keys_per_split, part_acc.as<float>(),
+      part_ml.as<float>(), scores.as<float>());
   FLEXH2O_CUDA_CHECK_LAUNCH();
+  decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(part_acc.as<float>(), part_ml.as<float>(),
+                                                                             B * H, plan.splits, D, a.out, ml.as<float>());
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+  if (a.probs != nullptr) {
+    decode_probs_kernel<<<blocks_for(B * Hkv * a.capacity), kThreads, 0, stream_>>>(
+        scores.as<float>(), ml.as<float>(), lens.as<std::int64_t>(), B, H, Hkv, a.capacity, s.window, a.probs);
+    FLEXH2O_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void CudaBackend::kv_write(const KvWriteArgs& a) {

@@ -1,10 +1,13 @@
-// CudaBackend: device setup, memory, copies and pinning; probe_device and make_cuda_backend.
+// CudaBackend: device setup, memory, fences, copies and pinning; probe_device and make_cuda_backend.
 #include <algorithm>
 #include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <span>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -43,6 +46,12 @@ std::string probe_once() {
     return error_text("cudaGetDeviceCount", e);
   }
   if (count <= 0) return "no CUDA device found";
+  // Before anything creates the device's context: host threads waiting for the GPU (copy
+  // lanes, the compute thread) block instead of spinning on a core each.
+  // (Where something in this process already made the context, the flags cannot change: go on.)
+  e = cudaInitDevice(0, cudaDeviceScheduleBlockingSync, cudaInitDeviceFlagsAreValid);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  if (e != cudaSuccess && e != cudaErrorSetOnActiveProcess) return error_text("cudaInitDevice(0)", e);
   if ((e = cudaSetDevice(0)) != cudaSuccess) {
     (void)cudaGetLastError();
     return error_text("cudaSetDevice(0)", e);
@@ -63,7 +72,7 @@ std::string probe_once() {
                       e);
   }
   if (!pools) return "the GPU does not support stream-ordered memory pools (cudaMallocAsync)";
-  return {};
+  return cublas_unavailable_reason();
 }
 
 }  // namespace
@@ -79,11 +88,14 @@ std::unique_ptr<Backend> make_cuda_backend() {
   return std::make_unique<CudaBackend>(0);
 }
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device) : device_(device), blas_(&cublas()) {
   FLEXH2O_CUDA_CHECK(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   FLEXH2O_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   name_ = std::string("cuda (") + prop.name + ")";
+  sm_count_ = std::max(prop.multiProcessorCount, 1);
+  shared_optin_ = std::max(prop.sharedMemPerBlockOptin, prop.sharedMemPerBlock);
+  max_pitch_ = prop.memPitch;
   try {
     FLEXH2O_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cudaMemPoolProps props{};
@@ -95,12 +107,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     // synchronisation: steady-state steps then allocate without cudaMalloc.
     std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
     FLEXH2O_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
-    FLEXH2O_CUBLAS_CHECK(cublasCreate(&cublas_));
-    FLEXH2O_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    FLEXH2O_CUBLAS_CHECK(blas_->create(&cublas_));
+    FLEXH2O_CUBLAS_CHECK(blas_->set_stream(cublas_, stream_));
     // Plain fp32 GEMMs stay fp32 (no TF32); fp16/bf16 GemmEx calls use tensor cores anyway.
-    FLEXH2O_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    FLEXH2O_CUBLAS_CHECK(blas_->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));
   } catch (...) {
-    if (cublas_) cublasDestroy(cublas_);
+    if (cublas_) blas_->destroy(cublas_);
     if (pool_) cudaMemPoolDestroy(pool_);
     if (stream_) cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
@@ -121,7 +133,7 @@ CudaBackend::~CudaBackend() {
     if (s.done) (void)cudaEventDestroy(s.done);
     if (s.host) (void)cudaFreeHost(s.host);
   }
-  (void)cublasDestroy(cublas_);
+  (void)blas_->destroy(cublas_);
   // Memory still allocated keeps the pool alive until it is freed (cudaMemPoolDestroy).
   (void)cudaMemPoolDestroy(pool_);
   (void)cudaStreamDestroy(stream_);
@@ -133,9 +145,12 @@ void* CudaBackend::alloc(std::size_t bytes) {
   void* p = nullptr;
   cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
   if (e == cudaErrorMemoryAllocation) {
-    // Frees still pending on the stream may make room: wait for them and try once more.
+    // Frees still pending on the stream may make room, and the pool may hold memory it does
+    // not use (kept for reuse, but in pieces too small for this): wait for the frees, hand the
+    // unused memory back to the driver, and try once more.
     (void)cudaGetLastError();
     FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    FLEXH2O_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
     e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
   }
   if (e == cudaErrorMemoryAllocation) {
@@ -179,31 +194,90 @@ CudaBackend::CopyLane& CudaBackend::lane() {
   return lanes_.emplace(std::this_thread::get_id(), l).first->second;
 }
 
-void CudaBackend::copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-  if (bytes == 0) return;
-  CopyLane& l = lane();  // map nodes are stable, and only this thread uses its lane
-  FLEXH2O_CUDA_CHECK(cudaEventRecord(l.compute_done, stream_));
-  FLEXH2O_CUDA_CHECK(cudaStreamWaitEvent(l.stream, l.compute_done, 0));
-  const auto* s = static_cast<const std::byte*>(src);
-  auto* d = static_cast<std::byte*>(dst);
-  for (std::size_t off = 0; off < bytes; off += kCopyChunk) {
-    const std::size_t n = std::min(kCopyChunk, bytes - off);
-    FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(d + off, s + off, n, kind, l.stream));
+namespace {
+
+// A compute-stream event recorded by the thread that took the fence; destroyed with it.
+class CudaFence final : public Fence {
+ public:
+  explicit CudaFence(cudaStream_t compute) {
+    FLEXH2O_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    if (const cudaError_t e = cudaEventRecord(event_, compute); e != cudaSuccess) {
+      (void)cudaEventDestroy(event_);
+      throw_cuda_error(e, "cudaEventRecord(event_, compute)", __FILE__, __LINE__);
+    }
   }
-  FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  ~CudaFence() override { (void)cudaEventDestroy(event_); }
+  CudaFence(const CudaFence&) = delete;
+  CudaFence& operator=(const CudaFence&) = delete;
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace
+
+std::shared_ptr<const Fence> CudaBackend::fence() {
+  FLEXH2O_CUDA_CHECK(cudaSetDevice(device_));
+  return std::make_shared<CudaFence>(stream_);
+}
+
+void CudaBackend::copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) {
+  if (regions.empty()) return;
+  CopyLane& l = lane();  // map nodes are stable, and only this thread uses its lane
+  if (after != nullptr) {
+    const auto* f = dynamic_cast<const CudaFence*>(after);
+    if (f == nullptr) throw std::invalid_argument("copy_regions: the fence is not from this CUDA backend");
+    FLEXH2O_CUDA_CHECK(cudaStreamWaitEvent(l.stream, f->event(), 0));
+  } else {
+    FLEXH2O_CUDA_CHECK(cudaEventRecord(l.compute_done, stream_));
+    FLEXH2O_CUDA_CHECK(cudaStreamWaitEvent(l.stream, l.compute_done, 0));
+  }
+  const cudaMemcpyKind kind = dir == CopyDirection::ToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  auto linear = [&](void* dst, const void* src, std::size_t bytes) {
+    const auto* s = static_cast<const std::byte*>(src);
+    auto* d = static_cast<std::byte*>(dst);
+    for (std::size_t off = 0; off < bytes; off += kCopyChunk)
+      FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(d + off, s + off, std::min(kCopyChunk, bytes - off), kind, l.stream));
+  };
+  for (const CopyRegion& r : regions) {
+    if (r.width == 0 || r.rows == 0) continue;
+    if (r.rows == 1 || (r.dst_pitch == r.width && r.src_pitch == r.width)) {
+      linear(r.dst, r.src, r.width * r.rows);
+    } else if (r.dst_pitch <= max_pitch_ && r.src_pitch <= max_pitch_) {
+      // One strided copy for all rows (a KV row's heads), however many.
+      FLEXH2O_CUDA_CHECK(cudaMemcpy2DAsync(r.dst, r.dst_pitch, r.src, r.src_pitch, r.width, r.rows, kind, l.stream));
+    } else {
+      for (std::size_t i = 0; i < r.rows; ++i)
+        linear(static_cast<std::byte*>(r.dst) + i * r.dst_pitch, static_cast<const std::byte*>(r.src) + i * r.src_pitch,
+               r.width);
+    }
+  }
+  FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(l.stream));  // one wait for the whole batch
 }
 
 void CudaBackend::copy_to_device(void* dst, const void* host_src, std::size_t bytes) {
-  copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+  const CopyRegion r{dst, host_src, bytes};
+  copy_regions(CopyDirection::ToDevice, std::span<const CopyRegion>(&r, 1), nullptr);
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
-  copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+  const CopyRegion r{host_dst, src, bytes};
+  copy_regions(CopyDirection::ToHost, std::span<const CopyRegion>(&r, 1), nullptr);
+}
+
+void CudaBackend::allow_shared(const void* kernel, std::size_t bytes, const char* op) {
+  if (bytes > shared_optin_)
+    throw std::invalid_argument(std::string(op) + ": head_dim too large for the CUDA kernel's shared memory (" +
+                                std::to_string(bytes) + " bytes needed, " + std::to_string(shared_optin_) +
+                                " available per block)");
+  if (bytes > 48 * 1024)
+    FLEXH2O_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 // Device-to-device copies are queued on the compute stream, ordered with the ops like one: no
-// host wait (the engine copies per sequence inside a step). Later host copies wait for them
-// through the compute-stream event every copy lane takes.
+// host wait (the engine copies per sequence inside a step). Host copies queued later wait for
+// them like for any op: through their fence, or the compute-stream event a copy without one takes.
 void CudaBackend::copy_on_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
   const auto d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);

@@ -1,19 +1,24 @@
-// CUDA implementation of Backend: cuBLAS for GEMM, own kernels for everything else.
-// Each op family lives in its own *_gpu.cu next to this header; the CPU backend
-// (kernels/cpu) is the reference whose semantics every op follows.
+// CUDA implementation of Backend: cuBLAS (loaded at run time, cublas_api.h) for GEMM, own
+// kernels for everything else. Each op family lives in its own *_gpu.cu next to this header;
+// the CPU backend (kernels/cpu) is the reference whose semantics every op follows.
 //
 // Streams: all ops run in order on one compute stream, asynchronously to the host. Copies
 // are synchronous calls made from several host threads (the offload copy lanes): each
-// calling thread gets its own non-blocking stream, which first waits for everything
-// issued to the compute stream before the call, so a copy sees the results of all ops
-// launched before it, and an op launched after a copy returned sees the copied data.
+// calling thread gets its own non-blocking stream. A copy with a fence (Backend::fence, an
+// event recorded on the compute stream by the thread that queued the copy) first waits for
+// that event only, so a prefetch queued before an op runs beside it; a copy without one waits
+// for everything issued to the compute stream before the call. An op launched after a copy
+// returned sees the copied data. Host threads block (not spin) in waits: the device is
+// initialised with cudaDeviceScheduleBlockingSync.
 //
 // Memory: alloc/free and per-op scratch come from a stream-ordered memory pool on the
 // compute stream that keeps freed memory (release threshold: unlimited), so the decode
-// loop does not call cudaMalloc. Small host index arrays (positions, ids, lens, slots) are
-// uploaded into pool scratch with cudaMemcpyAsync on the compute stream.
+// loop does not call cudaMalloc; an allocation that fails waits for pending frees and trims
+// the pool's unused memory before it tries again. The scratch an op allocates is bounded and
+// reported by gemm_scratch_bytes/attention_scratch_bytes, for the caller's budget. Small host
+// index arrays (positions, ids, lens, slots) are uploaded into pool scratch with
+// cudaMemcpyAsync on the compute stream.
 #pragma once
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <array>
@@ -28,6 +33,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace flexh2o::kernels::cuda {
@@ -41,6 +47,37 @@ class CudaOutOfMemory : public std::bad_alloc {
  private:
   std::string what_;
 };
+
+// How gemm runs y[m, n] = x[m, k] @ w[n, k]^T for a weight dtype and a compute dtype, and the
+// device scratch it allocates: cuBLAS multiplies `inputs` (F32: cublasSgemm; BF16: GemmEx with
+// fp32 accumulation); under BF16, x is converted x_rows rows at a time; a weight not stored
+// as `inputs` is converted (dequantized) w_rows rows at a time (0: used in place).
+struct GemmPlan {
+  DType inputs = DType::F32;
+  std::int64_t x_rows = 0, w_rows = 0;
+  std::int64_t scratch_bytes = 0;
+};
+constexpr std::int64_t kGemmXPanelBytes = std::int64_t{32} << 20;  // converted x per cuBLAS call, at most
+constexpr std::int64_t kGemmWPanelBytes = std::int64_t{64} << 20;  // converted weight per cuBLAS call, at most
+GemmPlan plan_gemm(std::int64_t m, std::int64_t k, std::int64_t n, DType w, DType compute);
+
+// Flash-decoding: a block per (sequence, kv head, chunk of the group's query heads, split of
+// the keys), sharing each K/V tile across the chunk's heads; enough splits to give every SM
+// two blocks, each of at least kDecodeMinKeys keys.
+struct DecodePlan {
+  std::int64_t heads_per_block = 1, head_chunks = 1;
+  std::int64_t splits = 1, keys_per_split = 1;
+};
+constexpr std::int64_t kDecodeMaxHeadsPerBlock = 8;
+constexpr std::int64_t kDecodeKeyTile = 32;  // keys per shared-memory tile (a warp's width)
+constexpr std::int64_t kDecodeMinKeys = 64;
+DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count);
+
+// Device bytes the attention ops (KV writes and moves, prefill, decode) allocate, at most: the
+// larger of a prefill of `rows` rows (of at most `rows` sequences) and a decode of `batch`
+// sequences over `capacity` slots; `scores`: with the eviction scores and per-head slots.
+std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::int64_t batch, std::int64_t capacity,
+                               bool scores, int sm_count);
 
 class CudaBackend final : public Backend {
  public:
@@ -60,6 +97,8 @@ class CudaBackend final : public Backend {
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override;
   bool native_bf16() const override { return true; }  // tensor cores (sm_80+)
+  std::shared_ptr<const Fence> fence() override;
+  void copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) override;
   bool pin_host(void* p, std::size_t bytes) override;
   void unpin_host(void* p) noexcept override;
 
@@ -81,6 +120,14 @@ class CudaBackend final : public Backend {
   void sample(const SampleArgs& a) override;
   void route(const RouteArgs& a) override;
   void moe_experts(const MoeArgs& a) override;
+  std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, DType w,
+                                  DType compute) const override {
+    return plan_gemm(m, k, n, w, compute).scratch_bytes;
+  }
+  std::int64_t attention_scratch_bytes(const AttentionShape& s, std::int64_t rows, std::int64_t batch,
+                                       std::int64_t capacity, bool scores) const override {
+    return attention_scratch(s, rows, batch, capacity, scores, sm_count_);
+  }
 
   // Group-wise quantization of `rows` rows of n fp32 values (device memory) into Q4/Q8
   // rows of row_bytes(t, n) bytes, and back; bit for bit what kernels/quantize.cc does.
@@ -92,10 +139,12 @@ class CudaBackend final : public Backend {
  private:
   struct CopyLane {
     cudaStream_t stream = nullptr;
-    cudaEvent_t compute_done = nullptr;  // recorded on the compute stream at each copy
+    cudaEvent_t compute_done = nullptr;  // recorded on the compute stream by copies without a fence
   };
   CopyLane& lane();
-  void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+  // Dynamic shared memory for a kernel: opts in above the default 48 KiB; throws naming `op`
+  // when the GPU has less.
+  void allow_shared(const void* kernel, std::size_t bytes, const char* op);
   // Pool scratch holding a copy of a host array (enqueued on the compute stream).
   template <class T>
   DeviceBuffer upload(std::span<const T> host);
@@ -115,8 +164,12 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   std::string name_;
+  int sm_count_ = 1;
+  std::size_t shared_optin_ = 48 * 1024;  // most dynamic shared memory a block can opt in to
+  std::size_t max_pitch_ = 0;             // of a 2-D copy
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
+  const CublasApi* blas_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::mutex cublas_mu_;  // a cuBLAS handle must not be used by two threads at once
   std::mutex lanes_mu_;

@@ -2,11 +2,12 @@
 // macros, and every kernel launch is followed by FLEXH2O_CUDA_CHECK_LAUNCH(). A failure
 // throws std::runtime_error naming the call, file:line and the library's own message.
 #pragma once
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
 #include <string>
+
+#include "kernels/cuda/cublas_api.h"
 
 namespace flexh2o::kernels::cuda {
 
@@ -19,8 +20,10 @@ namespace flexh2o::kernels::cuda {
 }
 
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t s, const char* call, const char* file, int line) {
+  // Only reached after a cuBLAS call, so the library is loaded.
+  const CublasApi& api = cublas();
   throw std::runtime_error(std::string("cuBLAS error: ") + call + " failed at " + file + ":" + std::to_string(line) +
-                           ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")");
+                           ": " + api.status_name(s) + " (" + api.status_string(s) + ")");
 }
 
 }  // namespace flexh2o::kernels::cuda

@@ -10,10 +10,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/quantize_code.h"
 
 namespace flexh2o::kernels::cuda {
 
@@ -113,12 +113,6 @@ __device__ __forceinline__ std::uint16_t f16_up(float f) {
   return h;
 }
 
-// static_cast<int>(float) as x86-64 computes it (cvttss2si): truncation, and INT_MIN for
-// NaN and values outside int's range.
-__device__ __forceinline__ int trunc_to_int_x86(float v) {
-  return (v >= -2147483648.0f && v < 2147483648.0f) ? __float2int_rz(v) : INT_MIN;
-}
-
 // Quantizes group `grp` of the n-value fp32 row x into the quantized row `out`, exactly as
 // quantize_row does. Called by all kQuantThreads threads of a block (it synchronises);
 // xs, qs and params are __shared__ scratch of kQuantGroupSize, kQuantGroupSize and 2 entries.
@@ -132,12 +126,8 @@ __device__ __forceinline__ void quantize_group(const float* x, std::int64_t n, b
   if (t < len) xs[t] = x[g0 + t];
   __syncthreads();
   if (t == 0) {
-    // std::minmax_element: the first smallest and the last largest value.
-    float lo = xs[0], hi = xs[0];
-    for (int i = 1; i < len; ++i) {
-      if (xs[i] < lo) lo = xs[i];
-      if (!(xs[i] < hi)) hi = xs[i];
-    }
+    float lo = 0.0f, hi = 0.0f;
+    quant_group_range(xs, len, lo, hi);
     const std::uint16_t min_h = f16_down(lo);
     const float m = f16_bits_to_f32(min_h);
     const std::uint16_t scale_h = f16_up(__fdiv_rn(__fsub_rn(hi, m), static_cast<float>(levels)));
@@ -149,11 +139,7 @@ __device__ __forceinline__ void quantize_group(const float* x, std::int64_t n, b
     params[1] = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
   }
   __syncthreads();
-  if (t < len) {
-    const float v = __fadd_rn(__fmul_rn(__fsub_rn(xs[t], params[0]), params[1]), 0.5f);
-    const int q = trunc_to_int_x86(v);
-    qs[t] = q < 0 ? 0 : (q > levels ? levels : q);
-  }
+  if (t < len) qs[t] = quant_code(quant_position(xs[t], params[0], params[1]), levels);
   __syncthreads();
   if (t < len) {
     if (!q4) {
@@ -187,11 +173,5 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
   for (int w = 0; w < warps; ++w) total += scratch[w];
   return total;
 }
-
-// ---------------------------------------------------------------- shared launchers
-
-// Dequantizes rows [0, rows) of a Q4/Q8 matrix with n columns into fp16 (gemm's weights).
-void launch_dequantize_rows_f16(const void* in, DType t, __half* out, std::int64_t rows, std::int64_t n,
-                                cudaStream_t stream);
 
 }  // namespace flexh2o::kernels::cuda

@@ -1,9 +1,13 @@
 // GEMM on the GPU with cuBLAS. Row-major y[m, n] = x[m, k] @ w[n, k]^T is, in cuBLAS's
 // column-major terms, y^T (n x m, ld n) = op_T(w as k x n, ld k) * x^T (k x m, ld k).
-//   f32 weights:  cublasSgemm (default math mode: fp32, no TF32).
-//   f16/bf16:     x converted to the weight's type in scratch, cublasGemmEx with fp32
-//                 compute and fp32 output.
-//   q4/q8:        weight rows dequantized to fp16 scratch a panel at a time, then as f16.
+// The compute dtype (GemmArgs::compute) decides the arithmetic, as in gemm_cpu.cc:
+//   f32:   fp32 throughout, cublasSgemm (default math mode, no TF32); f16/bf16/q4/q8 weights
+//          are converted (dequantized) to fp32 a panel of rows at a time. Activations are
+//          never rounded: no inf beyond fp16's 65504, quantized weights multiply fp32.
+//   bf16:  x rounded to bf16 (a panel of rows at a time) and the weight too (bf16 weights in
+//          place, others converted a panel at a time); cublasGemmEx with bf16 inputs and fp32
+//          accumulation and output, as bf16 matrix units do.
+// The panels bound the device scratch (plan_gemm), which the caller's budget counts.
 // Bias and beta follow gemm_cpu.cc: y = x w^T + beta * y (y not read when beta == 0), then
 // y += bias.
 #include <algorithm>
@@ -18,18 +22,19 @@ namespace flexh2o::kernels::cuda {
 
 namespace {
 
-constexpr std::int64_t kPanelBytes = std::int64_t{64} << 20;  // dequantized fp16 weight rows per cuBLAS call
-
-__global__ void to_f16_kernel(const float* x, __half* out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2half_rn(x[i]);
-}
-
-__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(x[i]);
+// rows x n values of a matrix stored as `t` (row stride rbytes) -> fp32, or bf16 rounded as
+// kernels::f32_to_bf16 does.
+__global__ void convert_kernel(const std::uint8_t* in, DType t, std::int64_t rbytes, std::int64_t rows,
+                               std::int64_t n, void* out, bool to_bf16) {
+  const std::int64_t total = rows * n;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float v = load_elem(in + (e / n) * rbytes, t, n, e % n);
+    if (to_bf16)
+      static_cast<std::uint16_t*>(out)[e] = f32_to_bf16_bits(v);
+    else
+      static_cast<float*>(out)[e] = v;
+  }
 }
 
 // y[i, j] += bias[j] over an m x n row-major matrix.
@@ -47,53 +52,73 @@ __global__ void scale_kernel(float* y, float beta, std::int64_t total) {
     y[e] = beta == 0.0f ? 0.0f : beta * y[e];
 }
 
+void convert(const void* in, DType t, std::int64_t rows, std::int64_t n, void* out, bool to_bf16,
+             cudaStream_t stream) {
+  convert_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(static_cast<const std::uint8_t*>(in), t,
+                                                                row_bytes(t, n), rows, n, out, to_bf16);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
+
+GemmPlan plan_gemm(std::int64_t m, std::int64_t k, std::int64_t n, DType w, DType compute) {
+  GemmPlan p;
+  p.inputs = compute == DType::BF16 ? DType::BF16 : DType::F32;
+  if (m <= 0 || n <= 0 || k <= 0) return p;
+  const std::int64_t elem = p.inputs == DType::BF16 ? 2 : 4;
+  if (p.inputs == DType::BF16) p.x_rows = std::clamp<std::int64_t>(kGemmXPanelBytes / (2 * k), 1, m);
+  if (w != p.inputs) p.w_rows = std::clamp<std::int64_t>(kGemmWPanelBytes / (elem * k), 1, n);
+  p.scratch_bytes = (p.x_rows + p.w_rows) * k * elem;
+  return p;
+}
 
 void CudaBackend::gemm(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative dimension");
+  if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
   if (m == 0 || n == 0) return;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
     throw std::invalid_argument("gemm: a dimension exceeds 2^31 - 1 (cuBLAS's int sizes)");
-  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const int N = static_cast<int>(n), K = static_cast<int>(k);
   const float one = 1.0f, beta = a.beta;
+  const GemmPlan plan = plan_gemm(m, k, n, a.w.dtype, a.compute);
+  const bool bf16 = plan.inputs == DType::BF16;
+  const std::int64_t elem = bf16 ? 2 : 4;
 
   if (k == 0) {
     scale_kernel<<<blocks_for(m * n), kThreads, 0, stream_>>>(a.y, beta, m * n);
     FLEXH2O_CUDA_CHECK_LAUNCH();
-  } else if (a.w.dtype == DType::F32) {
-    std::lock_guard lock(cublas_mu_);
-    FLEXH2O_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one,
-                                     static_cast<const float*>(a.w.data), K, a.x, K, &beta, a.y, N));
   } else {
-    // Activations in the weight's 16-bit type (fp16 for the quantized types).
-    const bool bf16 = a.w.dtype == DType::BF16;
-    const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-    DeviceBuffer x16(*this, static_cast<std::size_t>(m * k) * 2);
-    if (bf16) {
-      to_bf16_kernel<<<blocks_for(m * k), kThreads, 0, stream_>>>(a.x, x16.as<__nv_bfloat16>(), m * k);
-    } else {
-      to_f16_kernel<<<blocks_for(m * k), kThreads, 0, stream_>>>(a.x, x16.as<__half>(), m * k);
-    }
-    FLEXH2O_CUDA_CHECK_LAUNCH();
-    if (!is_quantized(a.w.dtype)) {
-      std::lock_guard lock(cublas_mu_);
-      FLEXH2O_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, a.w.data, type, K,
-                                        x16.data(), type, K, &beta, a.y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
-    } else {
-      // Output columns [n0, n0 + rows) of y come from weight rows [n0, n0 + rows).
-      const std::int64_t panel = std::clamp<std::int64_t>(kPanelBytes / (2 * k), 1, n);
-      const std::int64_t wrow = row_bytes(a.w.dtype, k);
-      DeviceBuffer w16(*this, static_cast<std::size_t>(panel * k) * 2);
-      for (std::int64_t n0 = 0; n0 < n; n0 += panel) {
-        const std::int64_t rows = std::min(panel, n - n0);
-        launch_dequantize_rows_f16(static_cast<const std::uint8_t*>(a.w.data) + n0 * wrow, a.w.dtype,
-                                   w16.as<__half>(), rows, k, stream_);
+    DeviceBuffer scratch(*this, static_cast<std::size_t>(plan.scratch_bytes));
+    auto* x_panel = scratch.as<std::byte>();                     // plan.x_rows rows of bf16 x
+    auto* w_panel = x_panel + plan.x_rows * k * elem;             // plan.w_rows converted weight rows
+    const std::int64_t x_step = bf16 ? plan.x_rows : m, w_step = plan.w_rows > 0 ? plan.w_rows : n;
+    const std::int64_t wrow = row_bytes(a.w.dtype, k);
+    // Rows [m0, m0 + mr) of y from x's rows, columns [n0, n0 + nr) from the weight's rows.
+    for (std::int64_t m0 = 0; m0 < m; m0 += x_step) {
+      const std::int64_t mr = std::min(x_step, m - m0);
+      const void* x = a.x + m0 * k;
+      if (bf16) {
+        convert(a.x + m0 * k, DType::F32, mr, k, x_panel, true, stream_);
+        x = x_panel;
+      }
+      for (std::int64_t n0 = 0; n0 < n; n0 += w_step) {  // (re-converted per x panel: O(nk) beside O(mr nk))
+        const std::int64_t nr = std::min(w_step, n - n0);
+        const void* w = static_cast<const std::uint8_t*>(a.w.data) + n0 * wrow;
+        if (plan.w_rows > 0) {
+          convert(w, a.w.dtype, nr, k, w_panel, bf16, stream_);
+          w = w_panel;
+        }
+        float* y = a.y + m0 * n + n0;
         std::lock_guard lock(cublas_mu_);
-        FLEXH2O_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), M, K, &one,
-                                          w16.data(), CUDA_R_16F, K, x16.data(), CUDA_R_16F, K, &beta, a.y + n0,
-                                          CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (bf16)
+          FLEXH2O_CUBLAS_CHECK(blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr),
+                                              static_cast<int>(mr), K, &one, w, CUDA_R_16BF, K, x, CUDA_R_16BF, K,
+                                              &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        else
+          FLEXH2O_CUBLAS_CHECK(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr),
+                                            static_cast<int>(mr), K, &one, static_cast<const float*>(w), K,
+                                            static_cast<const float*>(x), K, &beta, y, N));
       }
     }
   }

@@ -23,16 +23,6 @@ __global__ void dequantize_f32_kernel(const std::uint8_t* in, std::int64_t rbyte
   }
 }
 
-__global__ void dequantize_f16_kernel(const std::uint8_t* in, std::int64_t rbytes, bool q4, __half* out,
-                                      std::int64_t rows, std::int64_t n) {
-  const std::int64_t total = rows * n;
-  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = e / n, i = e % n;
-    out[e] = __float2half_rn(dequant_at(in + r * rbytes, n, q4, i));
-  }
-}
-
 // Block (kQuantThreads threads) per (row, group).
 __global__ void quantize_kernel(const float* x, std::uint8_t* out, std::int64_t rbytes, bool q4, std::int64_t rows,
                                 std::int64_t n) {
@@ -47,15 +37,6 @@ __global__ void quantize_kernel(const float* x, std::uint8_t* out, std::int64_t 
 }
 
 }  // namespace
-
-void launch_dequantize_rows_f16(const void* in, DType t, __half* out, std::int64_t rows, std::int64_t n,
-                                cudaStream_t stream) {
-  require_quantized(t, "dequantize_rows_f16");
-  if (rows <= 0 || n <= 0) return;
-  dequantize_f16_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(
-      static_cast<const std::uint8_t*>(in), row_bytes(t, n), t == DType::Q4, out, rows, n);
-  FLEXH2O_CUDA_CHECK_LAUNCH();
-}
 
 void CudaBackend::dequantize_rows(const void* in, DType t, float* x, std::int64_t rows, std::int64_t n) {
   require_quantized(t, "dequantize_rows");

@@ -2,14 +2,20 @@
 // including disk, GPU batch size, number of GPU batches, overlap, sep_layer,
 // cpu_cache_compute, staged copies, KV eviction, 4/8-bit compression of weights and KV) the
 // generated tokens must be identical to the plain run with the same eviction and compression.
+// Also: the staged KV copies (one strided piece per sequence and K/V) and the device scratch
+// of the backend's ops counted in the gpu budget.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "engine/block_scheduler.h"
+#include "engine/kv_staging.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model_source.h"
 #include "policy/eviction/kv_spec.h"
+#include "tests/support/forwarding_backend.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -164,6 +170,161 @@ TEST(Scheduler, RandomPoliciesMatchInMemoryRunLlama) {
 TEST(Scheduler, RandomPoliciesMatchInMemoryRunStories260k) {
   auto m = engine::open_model({});
   for (std::uint64_t seed = 200; seed < 210; ++seed) expect_same_tokens(m.config, *m.weights, seed, 0.0f);
+}
+
+// ---- Staged KV copies ------------------------------------------------------------------------
+
+// One layer's K and V of 5 sequences (3 kv heads x 7 slots of 16 bytes), homed on cpu and disk,
+// staged into device slots and written back: each sequence's valid slots of all heads move as
+// one 2-D piece per K/V (not one piece per head), the bytes counted are the valid ones, and
+// exactly those bytes arrive, in both directions; whole heads (eviction) move as whole rows.
+TEST(KvStaging, OneStridedPiecePerSequenceAndKv) {
+  auto be = kernels::make_cpu_backend();
+  testing::TempDir dir;
+  offload::TierOptions to;
+  to.offload_dir = dir.path();
+  offload::Tiers tiers(*be, to);
+  const std::int64_t heads = 3, slots = 7, slot = 16, head = slots * slot, row = heads * head, seqs = 5;
+  offload::TieredTensor k(tiers, "K", kernels::DType::F32, seqs, heads * slots * 4, {0, 0.6, 0.4}, row);
+  offload::TieredTensor v(tiers, "V", kernels::DType::F32, seqs, heads * slots * 4, {0, 0.6, 0.4}, row);
+  std::mt19937_64 rng(5);
+  auto random_bytes = [&](std::int64_t n) {
+    std::vector<unsigned char> b(static_cast<std::size_t>(n));
+    for (auto& x : b) x = static_cast<unsigned char>(rng());
+    return b;
+  };
+  offload::Staging staging;
+  const auto k_home = random_bytes(seqs * row), v_home = random_bytes(seqs * row);
+  k.write_rows(0, seqs, k_home.data(), staging);
+  v.write_rows(0, seqs, v_home.data(), staging);
+  const std::vector<std::int64_t> lens = {1, 7, 4, 2, 6};  // valid slots per sequence
+  std::vector<engine::KvByteRange> load;
+  for (std::int64_t n : lens) load.push_back({0, n * slot});
+  // Sequences 1..4 staged (0 resident, say): device slots hold rows 1..4.
+  const std::span<const engine::KvByteRange> staged(load.data() + 1, 4);
+  kernels::DeviceBuffer kd(*be, static_cast<std::size_t>(4 * row)), vd(*be, static_cast<std::size_t>(4 * row));
+  std::memset(kd.data(), 0xee, kd.bytes());
+  std::memset(vd.data(), 0xee, vd.bytes());
+  auto pieces = engine::kv_stage_pieces(k, v, heads, 1, staged, kd.as<std::byte>(), vd.as<std::byte>(), false);
+  ASSERT_EQ(pieces.size(), 8u);  // per sequence: K and V, each one piece of 3 rows
+  std::int64_t bytes = 0;
+  for (const auto& p : pieces) {
+    if (p.bytes == row) {  // sequence 1 uses all 7 slots: its heads touch, one contiguous copy
+      EXPECT_TRUE(p.contiguous());
+    } else {
+      EXPECT_EQ(p.rows, heads);
+      EXPECT_EQ(p.src_pitch, head);
+      EXPECT_EQ(p.dst_pitch, head);
+    }
+    bytes += p.total();
+  }
+  EXPECT_EQ(bytes, 2 * heads * (7 + 4 + 2 + 6) * slot);
+  offload::copy_pieces_now(tiers, pieces, staging);
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t b = 0; b < head; ++b) {
+        const std::size_t dev = static_cast<std::size_t>(i * row + h * head + b);
+        const std::size_t home = static_cast<std::size_t>((i + 1) * row + h * head + b);
+        const bool valid = b < lens[static_cast<std::size_t>(i + 1)] * slot;
+        ASSERT_EQ(kd.as<unsigned char>()[dev], valid ? k_home[home] : 0xee) << i << " " << h << " " << b;
+        ASSERT_EQ(vd.as<unsigned char>()[dev], valid ? v_home[home] : 0xee) << i << " " << h << " " << b;
+      }
+
+  // Write back the last slot of each staged sequence: only those bytes of the homes change.
+  std::vector<engine::KvByteRange> last;
+  for (std::int64_t i = 1; i < seqs; ++i) last.push_back({(lens[static_cast<std::size_t>(i)] - 1) * slot, lens[static_cast<std::size_t>(i)] * slot});
+  std::memset(kd.data(), 0x11, kd.bytes());
+  std::memset(vd.data(), 0x22, vd.bytes());
+  pieces = engine::kv_stage_pieces(k, v, heads, 1, last, kd.as<std::byte>(), vd.as<std::byte>(), true);
+  EXPECT_EQ(pieces.size(), 8u);
+  offload::copy_pieces_now(tiers, pieces, staging);
+  std::vector<unsigned char> k_back(k_home.size()), v_back(v_home.size());
+  k.read_rows(0, seqs, k_back.data(), staging);
+  v.read_rows(0, seqs, v_back.data(), staging);
+  for (std::int64_t s = 0; s < seqs; ++s)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t b = 0; b < head; ++b) {
+        const std::size_t at = static_cast<std::size_t>(s * row + h * head + b);
+        const bool written = s > 0 && b / slot == lens[static_cast<std::size_t>(s)] - 1;
+        ASSERT_EQ(k_back[at], written ? 0x11 : k_home[at]) << s << " " << h << " " << b;
+        ASSERT_EQ(v_back[at], written ? 0x22 : v_home[at]) << s << " " << h << " " << b;
+      }
+
+  // Whole heads: whole rows, one piece per tier the sequences touch, per K/V.
+  const std::vector<engine::KvByteRange> whole(seqs, engine::KvByteRange{0, head});
+  kernels::DeviceBuffer kw(*be, static_cast<std::size_t>(seqs * row)), vw(*be, static_cast<std::size_t>(seqs * row));
+  pieces = engine::kv_stage_pieces(k, v, heads, 0, whole, kw.as<std::byte>(), vw.as<std::byte>(), false);
+  EXPECT_EQ(pieces.size(), 4u);  // cpu and disk parts of K and of V
+  for (const auto& p : pieces) EXPECT_TRUE(p.contiguous());
+  offload::copy_pieces_now(tiers, pieces, staging);
+  EXPECT_EQ(std::memcmp(kw.data(), k_back.data(), k_back.size()), 0);
+  EXPECT_EQ(std::memcmp(vw.data(), v_back.data(), v_back.size()), 0);
+}
+
+// ---- Op scratch in the gpu budget ----------------------------------------------------------
+
+// The CPU backend, reporting device scratch for its ops (as the CUDA backend does for its
+// conversion panels and attention partials) and recording the largest any call made needs.
+class ScratchReportingBackend final : public testing::ForwardingBackend {
+ public:
+  std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, kernels::DType,
+                                  kernels::DType) const override {
+    return 2 * m * k + n;
+  }
+  std::int64_t attention_scratch_bytes(const kernels::AttentionShape& s, std::int64_t rows, std::int64_t batch,
+                                       std::int64_t capacity, bool scores) const override {
+    return std::max(3 * rows * s.n_heads, 5 * batch * capacity * s.n_heads) + (scores ? 4096 : 0);
+  }
+  void gemm(const kernels::GemmArgs& a) override {
+    seen = std::max(seen, gemm_scratch_bytes(a.m, a.w.cols, a.w.rows, a.w.dtype, a.compute));
+    ForwardingBackend::gemm(a);
+  }
+  void attention_prefill(const kernels::AttentionPrefillArgs& a) override {
+    seen = std::max(seen, attention_scratch_bytes(a.shape, a.seq_offsets.back(), 0, 0, a.col_sums != nullptr));
+    ForwardingBackend::attention_prefill(a);
+  }
+  void attention_decode(const kernels::AttentionDecodeArgs& a) override {
+    seen = std::max(seen, attention_scratch_bytes(a.shape, 0, static_cast<std::int64_t>(a.lens.size()), a.capacity,
+                                                  a.probs != nullptr));
+    ForwardingBackend::attention_decode(a);
+  }
+  std::int64_t seen = 0;
+};
+
+// The gpu tier's peak grows by at least the largest scratch any op of the run asked for, and
+// a budget one byte short of it is refused.
+TEST(Scheduler, ReservesTheBackendsOpScratch) {
+  const ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 21);
+  for (const char* kv : {"full", "h2o:0.3"}) {
+    SCOPED_TRACE(kv);
+    policy::Policy p;
+    p.gpu_batch_size = 3;
+    p.num_gpu_batches = 2;
+    p.weights = {0.5, 0.5, 0};
+    p.cache = {0.5, 0.5, 0};
+    p.kv = kv;
+    GenerationRequest req;
+    req.prompts = random_prompts(cfg, p.block_size(), 7);
+    req.max_new_tokens = 4;
+    auto peak_with = [&](kernels::Backend& be, std::int64_t gpu_bytes) {
+      offload::TierOptions to;
+      to.gpu_bytes = gpu_bytes;
+      offload::Tiers tiers(be, to);
+      {
+        engine::BlockScheduler sched(be, tiers, cfg, src, p);
+        sched.generate(req);
+      }
+      return tiers.budget(offload::Tier::Gpu).peak();
+    };
+    auto plain = kernels::make_cpu_backend();
+    ScratchReportingBackend scratch;
+    const std::int64_t base = peak_with(*plain, offload::Budget::kUnlimited);
+    const std::int64_t with = peak_with(scratch, offload::Budget::kUnlimited);
+    EXPECT_GT(scratch.seen, 0);
+    EXPECT_GE(with - base, scratch.seen);
+    EXPECT_THROW(peak_with(scratch, with - 1), offload::BudgetExceeded);
+  }
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 // op fails to write show up, and elements it must leave alone (probs past a sequence's
 // length, cache slots not written) must keep their poison or bytes.
 //
-// Tolerances: fp32 paths |dev - cpu| <= 1e-5 * max(|cpu|, rms(cpu), 1); GEMM with
-// f16/bf16/q4/q8 weights 1e-2 (the GPU multiplies activations rounded to the weight's
-// 16-bit type); ops that are copies or single roundings (embedding, KV writes and moves,
+// Tolerances: element-wise fp32 ops |dev - cpu| <= 1e-5 * max(|cpu|, rms(cpu), 1); GEMM and
+// attention from the arithmetic (tests/support/fp_tolerance.h): sums of k terms in fp32 in
+// another order, plus for f16/bf16 weights the rounding of the activations to the weight's
+// type (the model's dtype class; q4/q8 weights are dequantized to fp32 and multiply fp32
+// activations); ops that are copies or single roundings (embedding, KV writes and moves,
 // quantization, sampling) must match bit for bit.
 //
 // Every case skips, with the reason, where the device backend is not compiled in or no
@@ -15,9 +17,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -35,6 +39,7 @@
 #include "kernels/dtype.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/seeded_test.h"
+#include "tests/support/fp_tolerance.h"
 
 #if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -46,7 +51,9 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr DType kAllDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4, DType::Q8};
 constexpr double kF32Tol = 1e-5;
-constexpr double kLowPrecisionTol = 1e-2;
+using flexh2o::testing::kBF16Eps;
+using flexh2o::testing::kF32Eps;
+using flexh2o::testing::sum_tolerance;
 
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 
@@ -79,6 +86,52 @@ std::string unavailable(const std::string& name) {
   msg << bad << " of " << cpu.size() << " elements differ; first [" << first << "]: device " << dev[first] << ", cpu "
       << cpu[first] << "; worst error / tolerance " << worst;
   return ::testing::AssertionFailure() << msg.str();
+}
+
+// |dev - cpu| <= abs_tol + rel_tol * |cpu| everywhere; NaN in cpu (poison) must be NaN on
+// the device too.
+::testing::AssertionResult within(const std::vector<float>& cpu, const std::vector<float>& dev, double abs_tol,
+                                  double rel_tol = 0.0) {
+  if (cpu.size() != dev.size()) return ::testing::AssertionFailure() << "sizes " << cpu.size() << " vs " << dev.size();
+  std::size_t bad = 0, first = 0;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    const double bound = abs_tol + rel_tol * std::abs(static_cast<double>(cpu[i]));
+    const double err = std::abs(static_cast<double>(dev[i]) - cpu[i]);
+    const bool ok = std::isnan(cpu[i]) ? std::isnan(dev[i]) : err <= bound;
+    if (!ok && bad++ == 0) first = i;
+    if (!std::isnan(cpu[i])) worst = std::max(worst, std::isnan(dev[i]) ? INFINITY : err / bound);
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream msg;
+  msg.precision(9);
+  msg << bad << " of " << cpu.size() << " elements differ; first [" << first << "]: device " << dev[first] << ", cpu "
+      << cpu[first] << "; worst error / tolerance " << worst << " (tolerance " << abs_tol << " + " << rel_tol
+      << " |cpu|)";
+  return ::testing::AssertionFailure() << msg.str();
+}
+
+double max_abs(const std::vector<float>& v) { return flexh2o::testing::max_abs(v); }
+
+// GEMM y = x w^T + beta y + bias with |x| <= xmax, |w| <= wmax. Both backends multiply the
+// same inputs (fp32, or under bf16 compute x and w rounded to bf16 the same way, whose
+// products are exact in fp32), so they differ only in the order of the k-term fp32 sums
+// (partial sums of random-walk size sqrt(k) xmax wmax, plus what beta y and the bias add).
+// Matrix units may truncate instead of round when they accumulate: a unit error of 2u there.
+double gemm_tolerance(DType compute, std::int64_t k, double xmax, double wmax, double ymax, double bmax) {
+  const double partial = std::sqrt(static_cast<double>(std::max<std::int64_t>(k, 1))) * xmax * wmax + ymax + bmax;
+  return sum_tolerance((compute == DType::BF16 ? 2 : 1) * kF32Eps, k + 2, partial);
+}
+
+// Attention over n keys with |q| <= qmax, |k| <= kmax, |v| <= vmax: a score (a sum of D
+// products, of random-walk size scale sqrt(D) qmax kmax) off by e changes its probability by
+// a factor exp(e) and the softmax's other probabilities through the normaliser, so by at most
+// 2e relative; the normaliser and the output are sums of n terms. Returns the relative error
+// of a probability: outputs are off by that times vmax, probability sums by that times
+// themselves.
+double attention_rel_error(std::int64_t D, std::int64_t n, double scale, double qmax, double kmax) {
+  const double score = scale * std::sqrt(static_cast<double>(D)) * qmax * kmax;
+  return 2 * sum_tolerance(kF32Eps, D, score) + sum_tolerance(kF32Eps, n, 1.0);
 }
 
 template <class T>
@@ -130,7 +183,8 @@ class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<s
     return {download<T>(*cpu_, t.cpu), download<T>(*dev_, t.dev)};
   }
 
-  void check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool bias, float beta);
+  void check_gemm(DType dtype, DType compute, std::int64_t m, std::int64_t k, std::int64_t n, bool bias,
+                  float beta, float xmax = 1.0f);
   void check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D, const std::vector<std::int64_t>& lens,
                      bool col_sums, bool weighted, float softcap = 0.0f, std::int64_t window = 0);
   void check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t capacity,
@@ -144,14 +198,17 @@ INSTANTIATE_TEST_SUITE_P(Devices, BackendOpsTest, ::testing::Values(std::string(
 
 // ---------------------------------------------------------------------------- gemm
 
-void BackendOpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64_t n, bool with_bias,
-                                float beta) {
-  SCOPED_TRACE(::testing::Message() << "gemm " << dtype_name(dtype) << " m=" << m << " k=" << k << " n=" << n
-                                    << " bias=" << with_bias << " beta=" << beta);
-  const Twin x = upload(random_floats(m * k));
+void BackendOpsTest::check_gemm(DType dtype, DType compute, std::int64_t m, std::int64_t k, std::int64_t n,
+                                bool with_bias, float beta, float xmax) {
+  SCOPED_TRACE(::testing::Message() << "gemm " << dtype_name(dtype) << " compute " << dtype_name(compute) << " m=" << m
+                                    << " k=" << k << " n=" << n << " bias=" << with_bias << " beta=" << beta
+                                    << " |x| <= " << xmax);
+  const std::vector<float> xh = random_floats(m * k, -xmax, xmax);
+  const Twin x = upload(xh);
   const Twin w = upload(stored_rows(random_floats(n * k), dtype, n, k));
   const Twin bias = upload(with_bias ? random_floats(n) : std::vector<float>{});
-  const Twin y = upload(beta == 0.0f ? std::vector<float>(sz(m * n), kNaN) : random_floats(m * n));
+  const std::vector<float> y0 = beta == 0.0f ? std::vector<float>(sz(m * n), kNaN) : random_floats(m * n);
+  const Twin y = upload(y0);
   auto args = [&](bool on_cpu) {
     GemmArgs a;
     a.x = (on_cpu ? x.cpu : x.dev).as<float>();
@@ -160,20 +217,46 @@ void BackendOpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std
     a.bias = with_bias ? (on_cpu ? bias.cpu : bias.dev).as<float>() : nullptr;
     a.y = (on_cpu ? y.cpu : y.dev).as<float>();
     a.beta = beta;
+    a.compute = compute;
     return a;
   };
   cpu_->gemm(args(true));
   dev_->gemm(args(false));
   const auto [want, got] = download(y);
-  EXPECT_TRUE(close(want, got, dtype == DType::F32 ? kF32Tol : kLowPrecisionTol));
+  // Stored weights decode to at most 1 in magnitude plus a quantization step; bf16 rounding
+  // adds at most 2^-8 relative to x and w.
+  const double round = compute == DType::BF16 ? 1.0 + kBF16Eps : 1.0;
+  const double wmax = (1.0 + (is_quantized(dtype) ? 2.0 / 15.0 : 0.0)) * round;
+  EXPECT_TRUE(within(want, got, gemm_tolerance(compute, k, max_abs(xh) * round, wmax, beta == 0.0f ? 0.0 : 1.0,
+                                               with_bias ? 1.0 : 0.0)));
 }
 
 TEST_P(BackendOpsTest, GemmAllWeightDtypes) {
-  for (DType t : kAllDTypes)
-    for (const auto& [m, k, n] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
-             {1, 77, 131}, {37, 200, 65}, {5, 1, 3}})
-      for (bool bias : {false, true})
-        for (float beta : {0.0f, 1.0f}) check_gemm(t, m, k, n, bias, beta);
+  for (DType compute : {DType::F32, DType::BF16})
+    for (DType t : kAllDTypes)
+      for (const auto& [m, k, n] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+               {1, 77, 131}, {37, 200, 65}, {5, 1, 3}})
+        for (bool bias : {false, true})
+          for (float beta : {0.0f, 1.0f}) check_gemm(t, compute, m, k, n, bias, beta);
+}
+
+// Activations beyond fp16's range (65504), with every weight dtype: nothing is rounded to fp16
+// (fp32 compute keeps x in fp32, q4/q8 weights included; bf16 compute keeps fp32's range), so
+// nothing turns into inf.
+TEST_P(BackendOpsTest, GemmKeepsActivationsBeyondFp16Range) {
+  for (DType compute : {DType::F32, DType::BF16})
+    for (DType t : kAllDTypes)
+      for (std::int64_t m : {1, 19}) check_gemm(t, compute, m, 300, 70, true, 0.0f, 2e5f);
+}
+
+// Shapes past one conversion panel (plan_gemm, k = 4096): under bf16 compute x in 4096-row
+// panels and converted weights in 8192-row ones; under fp32 compute converted weights in
+// 4096-row panels.
+TEST_P(BackendOpsTest, GemmAcrossConversionPanels) {
+  const std::int64_t k = 4096;
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) check_gemm(t, DType::BF16, 4100, k, 37, true, 1.0f);
+  for (DType t : {DType::F16, DType::BF16, DType::Q4, DType::Q8}) check_gemm(t, DType::F32, 3, k, 4100, true, 1.0f);
+  check_gemm(DType::Q8, DType::BF16, 3, k, 8200, true, 1.0f);
 }
 
 // ---------------------------------------------------------------------------- norms
@@ -349,10 +432,29 @@ void BackendOpsTest::check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_
     a.query_weights = weights;
     (on_cpu ? *cpu_ : *dev_).attention_prefill(a);
   }
+  const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
+  const double rel = attention_rel_error(D, longest, 1.0 / std::sqrt(static_cast<double>(D)), 2.0, 2.0);
   const auto [want, got] = download(out);
-  EXPECT_TRUE(close(want, got, kF32Tol));
+  EXPECT_TRUE(within(want, got, rel * 1.0));  // |v| <= 1
   const auto [want_cols, got_cols] = download(cols);
-  EXPECT_TRUE(close(want_cols, got_cols, kF32Tol));  // all NaN on both when not requested
+  // A column sum adds up to group * n probabilities (weights <= 2), each off by rel relative.
+  const double wmax = weighted ? 2.0 : 1.0;
+  const std::int64_t terms = H / Hkv * longest;
+  EXPECT_TRUE(within(want_cols, got_cols, sum_tolerance(kF32Eps, terms, wmax), rel + sum_tolerance(kF32Eps, terms, 1.0)));
+  // (all NaN on both when not requested)
+  if (with_col_sums && !weighted) {
+    // The probabilities of each query sum to 1, so a sequence's column sums add up to
+    // group * n: the sums use each query's final softmax (m, l), whatever the tiling.
+    for (std::size_t b = 0; b + 1 < offsets.size(); ++b)
+      for (std::int64_t g = 0; g < Hkv; ++g) {
+        const std::int64_t n = lens[b];
+        double total = 0;
+        for (std::int64_t j = 0; j < n; ++j) total += got_cols[sz(offsets[b] * Hkv + g * n + j)];
+        const double want_total = static_cast<double>(H / Hkv * n);
+        EXPECT_NEAR(total, want_total, (rel + sum_tolerance(kF32Eps, terms, 1.0)) * want_total)
+            << "sequence " << b << " kv head " << g;
+      }
+  }
 }
 
 TEST_P(BackendOpsTest, AttentionPrefillRaggedGqa) {
@@ -364,6 +466,15 @@ TEST_P(BackendOpsTest, AttentionPrefillRaggedGqa) {
   check_prefill(2, 1, 3, {9}, true, false);     // head_dim below a warp
   check_prefill(6, 2, 40, lens, true, true, 3.0f, 0);  // Gemma-2's soft-capped scores
   check_prefill(6, 2, 40, lens, true, true, 0.0f, 40);  // a sliding window
+}
+
+// Many query and key tiles per sequence (16 and 32 rows), odd lengths at tile edges, and a
+// head_dim whose tiles need more than 48 KiB of shared memory (the kernels opt in).
+TEST_P(BackendOpsTest, AttentionPrefillTiles) {
+  check_prefill(8, 2, 64, {300, 16, 17, 32, 33, 1}, true, false);
+  check_prefill(8, 2, 64, {129, 47}, true, true);
+  check_prefill(4, 1, 256, {70, 33}, true, false);
+  check_prefill(8, 2, 64, {300, 70, 5}, true, true, 30.0f, 100);  // a window across several key tiles
 }
 
 // ---------------------------------------------------------------------------- attention decode
@@ -394,10 +505,28 @@ void BackendOpsTest::check_decode(DType cache, std::int64_t H, std::int64_t Hkv,
     a.cache_dtype = cache;
     (on_cpu ? *cpu_ : *dev_).attention_decode(a);
   }
+  const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
+  // Stored keys and values decode to at most their fp32 range plus a quantization step.
+  const double step = is_quantized(cache) ? 4.0 / 15.0 : 0.0;
+  const double rel = attention_rel_error(D, longest, 1.0 / std::sqrt(static_cast<double>(D)), 2.0, 2.0 + step);
   const auto [want, got] = download(out);
-  EXPECT_TRUE(close(want, got, kF32Tol));
+  EXPECT_TRUE(within(want, got, rel * (1.0 + step)));
   const auto [want_p, got_p] = download(probs);
-  EXPECT_TRUE(close(want_p, got_p, kF32Tol));  // slots past lens keep their NaN
+  const double rel_p = rel + sum_tolerance(kF32Eps, H / Hkv, 1.0);  // a sum over the group's heads
+  // (Below the smallest normal float the relative precision of a probability is gone.)
+  EXPECT_TRUE(within(want_p, got_p, std::numeric_limits<float>::min(), rel_p));  // past lens: NaN
+  if (with_probs) {
+    // Each head's probabilities sum to 1, so the group's sum to group: the probabilities use
+    // the softmax's final (m, l) over all of the key splits.
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t g = 0; g < Hkv; ++g) {
+        double total = 0;
+        for (std::int64_t j = 0; j < lens[sz(b)]; ++j) total += got_p[sz((b * Hkv + g) * capacity + j)];
+        const double want_total = static_cast<double>(H / Hkv);
+        EXPECT_NEAR(total, want_total, (rel_p + sum_tolerance(kF32Eps, lens[sz(b)], 1.0)) * want_total)
+            << "sequence " << b << " kv head " << g;
+      }
+  }
 }
 
 TEST_P(BackendOpsTest, AttentionDecodeAllCacheDtypes) {
@@ -407,6 +536,19 @@ TEST_P(BackendOpsTest, AttentionDecodeAllCacheDtypes) {
     check_decode(t, 8, 2, 72, 150, {1, 64, 65, 150, 97}, true, 5.0f, 70);
   }
   check_decode(DType::F32, 12, 3, 128, 300, {300, 129, 1}, true);
+}
+
+// Flash-decoding: LLaMA-3-8B's shape at batch 1 (8 kv heads of 4 query heads) over 2048 keys
+// splits them across many blocks; a short sequence beside long ones leaves splits empty;
+// groups of more than 8 heads run in chunks; head_dim 256 opts in to more shared memory.
+TEST_P(BackendOpsTest, AttentionDecodeSplitsAndHeadChunks) {
+  check_decode(DType::F32, 32, 8, 128, 2048, {2048}, true);
+  check_decode(DType::Q4, 32, 8, 128, 2048, {1999}, true);
+  check_decode(DType::F16, 16, 2, 64, 1500, {1, 1500, 700, 65}, true);
+  check_decode(DType::F32, 24, 1, 64, 400, {400, 3}, true);  // one group of 24 heads: chunks of 8
+  check_decode(DType::BF16, 12, 1, 96, 257, {257, 256}, true);  // chunks of 6
+  check_decode(DType::Q8, 8, 2, 256, 300, {300, 31}, true);
+  check_decode(DType::F32, 32, 8, 128, 2048, {2048, 1500, 90}, true, 50.0f, 700);  // splits of the window only
 }
 
 TEST_P(BackendOpsTest, AttentionDecodeRejectsBadLengths) {
@@ -609,6 +751,15 @@ TEST_P(BackendOpsTest, QuantizeRowsBitExact) {
       for (std::int64_t i = 0; i < n; ++i) x[sz(2 * n + i)] = (i % 2 ? -0.0f : 0.0f);
       for (std::int64_t i = 0; i < n; ++i) x[sz(3 * n + i)] = (i % 3 ? 60000.0f : -65000.0f);
       for (std::int64_t i = 0; i < n; ++i) x[sz(4 * n + i)] = 1e-6f * static_cast<float>(i % 7);
+      // Non-finite and huge values: the shared code expression (kernels/quantize_code.h) gives
+      // the top code to +inf and to positions beyond int's range on both backends.
+      constexpr float kInf = std::numeric_limits<float>::infinity();
+      for (std::int64_t i = 0; i < n; i += 5) x[sz(5 * n + i)] = kInf;
+      for (std::int64_t i = 0; i < n; i += 3) x[sz(6 * n + i)] = i % 2 ? 3e38f : -1e30f;
+      for (std::int64_t i = 0; i < n; ++i) x[sz(7 * n + i)] = i % 4 == 1 ? -kInf : (i % 4 == 3 ? 1e20f : x[sz(7 * n + i)]);
+      // NaN inside groups (not first or last of one, where it would become the group's range).
+      for (std::int64_t i = 1; i + 1 < n; i += 7)
+        if (i % kQuantGroup != 0 && i % kQuantGroup != kQuantGroup - 1) x[sz(8 * n + i)] = kNaN;
       const std::vector<std::uint8_t> want = stored_rows(x, t, rows, n);
       DeviceBuffer xd(*dev_, x.size() * 4), qd(*dev_, want.size()), back(*dev_, x.size() * 4);
       dev_->copy_to_device(xd.data(), x.data(), xd.bytes());
@@ -621,6 +772,170 @@ TEST_P(BackendOpsTest, QuantizeRowsBitExact) {
       convert_rows(want.data(), t, want_f.data(), DType::F32, rows, n);
       EXPECT_TRUE(identical(want_f, download<float>(*dev_, back)));
     }
+}
+#endif
+
+// ---------------------------------------------------------------------------- strided copies, fences
+
+// copy_regions: strided 2-D regions both ways (a KV row's heads), plain ones, and rows that
+// are contiguous on both sides; only the regions' bytes change.
+TEST_P(BackendOpsTest, CopyRegionsStrided) {
+  const std::size_t heads = 7, head = 4096 + 12, width = 1000;
+  const std::vector<std::uint8_t> host = random_bytes(static_cast<std::int64_t>(heads * head));
+  const std::vector<std::uint8_t> fill = random_bytes(static_cast<std::int64_t>(heads * head));
+  DeviceBuffer dev(*dev_, heads * head);
+  dev_->copy_to_device(dev.data(), fill.data(), fill.size());
+  const CopyRegion to_dev[] = {
+      {static_cast<char*>(dev.data()) + 16, host.data() + 16, width, heads, head, head},  // strided
+      {static_cast<char*>(dev.data()) + 2000, host.data() + 2000, 50},                    // plain
+  };
+  dev_->copy_regions(CopyDirection::ToDevice, to_dev, nullptr);
+  std::vector<std::uint8_t> want = fill;
+  for (std::size_t h = 0; h < heads; ++h) std::memcpy(want.data() + h * head + 16, host.data() + h * head + 16, width);
+  std::memcpy(want.data() + 2000, host.data() + 2000, 50);
+  EXPECT_TRUE(identical(want, download<std::uint8_t>(*dev_, dev)));
+
+  std::vector<std::uint8_t> back(heads * head, 0x5a), back_want(heads * head, 0x5a);
+  const CopyRegion to_host[] = {
+      {back.data() + 3, static_cast<char*>(dev.data()) + 3, width, heads, head, head},
+      {back.data() + head * 2, static_cast<char*>(dev.data()) + head * 2, head, 3, head, head},  // contiguous rows
+  };
+  dev_->copy_regions(CopyDirection::ToHost, to_host, dev_->fence().get());
+  for (std::size_t h = 0; h < heads; ++h) std::memcpy(back_want.data() + h * head + 3, want.data() + h * head + 3, width);
+  std::memcpy(back_want.data() + head * 2, want.data() + head * 2, head * 3);
+  EXPECT_TRUE(identical(back_want, back));
+}
+
+#if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
+// A copy with a fence waits for the ops before the fence and for no later one: with the
+// compute stream held by a host function queued after the fence (and an add behind it), a
+// copy behind that fence finishes; one behind a fence taken after the add sees its result.
+TEST_P(BackendOpsTest, CopyWaitsForItsFenceOnly) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(dev_.get());
+  if (cuda == nullptr) GTEST_SKIP() << "not the CUDA backend";
+  const std::int64_t n = 4096;
+  const Twin x = upload(std::vector<float>(sz(n), 1.0f)), y = upload(std::vector<float>(sz(n), 2.0f));
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  struct Hold {
+    std::shared_future<void> opened;
+  } hold{opened};
+  const auto before = dev_->fence();
+  ASSERT_EQ(cudaLaunchHostFunc(cuda->stream(), [](void* h) { static_cast<Hold*>(h)->opened.wait(); }, &hold),
+            cudaSuccess);
+  dev_->add(x.dev.as<float>(), y.dev.as<float>(), n);
+  const auto after = dev_->fence();
+  std::vector<float> early(sz(n)), late(sz(n));
+  auto read = [&](std::vector<float>& out, const Fence* f) {
+    const CopyRegion r{out.data(), x.dev.data(), out.size() * sizeof(float)};
+    return std::async(std::launch::async, [&, r, f] { dev_->copy_regions(CopyDirection::ToHost, {&r, 1}, f); });
+  };
+  auto early_copy = read(early, before.get());
+  const bool early_done = early_copy.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  auto late_copy = read(late, after.get());
+  const bool late_waited = late_copy.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout;
+  gate.set_value();  // whatever happened, release the stream before the futures are joined
+  early_copy.get();
+  late_copy.get();
+  EXPECT_TRUE(early_done) << "a copy waited for an op queued after its fence";
+  EXPECT_TRUE(late_waited) << "a copy did not wait for an op queued before its fence";
+  EXPECT_EQ(std::count(early.begin(), early.end(), 1.0f), n);
+  EXPECT_EQ(std::count(late.begin(), late.end(), 3.0f), n);
+}
+#endif
+
+#if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
+// Host threads block in their waits instead of spinning.
+TEST_P(BackendOpsTest, DeviceUsesBlockingSync) {
+  unsigned flags = 0;
+  ASSERT_EQ(cudaGetDeviceFlags(&flags), cudaSuccess);
+  EXPECT_EQ(flags & cudaDeviceScheduleMask, static_cast<unsigned>(cudaDeviceScheduleBlockingSync));
+}
+
+// ---------------------------------------------------------------------------- CUDA plans (no GPU needed)
+
+// GEMM scratch is one conversion panel of x and of the weight, bounded whatever the shape, and
+// the panels cover it; nothing is converted that cuBLAS can read as it is.
+TEST(CudaPlans, GemmScratchIsBoundedPanels) {
+  for (const auto& [m, k, n] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {1, 4096, 4096}, {16384, 12288, 49152}, {3, 1, 5}, {100000, 3, 7}, {7, 1 << 26, 2}})
+    for (DType compute : {DType::F32, DType::BF16})
+      for (DType t : kAllDTypes) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " compute " << dtype_name(compute) << " m=" << m
+                                          << " k=" << k << " n=" << n);
+        const cuda::GemmPlan p = cuda::plan_gemm(m, k, n, t, compute);
+        const std::int64_t elem = compute == DType::BF16 ? 2 : 4;
+        EXPECT_EQ(p.inputs, compute);
+        EXPECT_EQ(p.x_rows, compute == DType::BF16 ? std::clamp<std::int64_t>(cuda::kGemmXPanelBytes / (2 * k), 1, m) : 0);
+        if (t == compute) {
+          EXPECT_EQ(p.w_rows, 0);  // read in place
+        } else {
+          EXPECT_GE(p.w_rows, 1);
+          EXPECT_LE(p.w_rows, n);
+          EXPECT_TRUE(p.w_rows * k * elem <= cuda::kGemmWPanelBytes || p.w_rows == 1);
+        }
+        EXPECT_TRUE(p.x_rows * k * 2 <= cuda::kGemmXPanelBytes || p.x_rows == 1);
+        EXPECT_EQ(p.scratch_bytes, (p.x_rows + p.w_rows) * k * elem);
+      }
+  // OPT-175B's prefill at gbs 32 x 512 tokens under bf16: x alone would be 400 MB in 16 bits.
+  EXPECT_EQ(cuda::plan_gemm(16384, 12288, 49152, DType::BF16, DType::BF16).scratch_bytes,
+            (32 << 20) / (2 * 12288) * 12288 * 2);
+}
+
+// Flash-decoding's plan: the splits cover the longest sequence with no empty one, each at
+// least kDecodeMinKeys keys (tile-aligned), and fill the GPU when the keys allow; head chunks
+// of at most kDecodeMaxHeadsPerBlock, of even size, cover the group.
+TEST(CudaPlans, DecodeSplitsFillTheGpu) {
+  for (const auto& [H, Hkv, B, len] : std::vector<std::array<std::int64_t, 4>>{
+           {32, 8, 1, 2048}, {32, 8, 1, 1}, {32, 8, 64, 2048}, {96, 96, 32, 544}, {24, 1, 2, 400}, {12, 1, 1, 257},
+           {64, 8, 1, 100000}})
+    for (int sms : {1, 132}) {
+      SCOPED_TRACE(::testing::Message() << "H=" << H << " Hkv=" << Hkv << " B=" << B << " len=" << len << " sms=" << sms);
+      const AttentionShape s{H, Hkv, 128, 1.0f};
+      const cuda::DecodePlan p = cuda::plan_decode(s, B, len, sms);
+      const std::int64_t group = H / Hkv;
+      EXPECT_LE(p.heads_per_block, cuda::kDecodeMaxHeadsPerBlock);
+      EXPECT_GE(p.heads_per_block * p.head_chunks, group);
+      EXPECT_LT((p.head_chunks - 1) * p.heads_per_block, group);
+      EXPECT_EQ(p.keys_per_split % cuda::kDecodeKeyTile, 0);
+      EXPECT_GE(p.splits * p.keys_per_split, len);
+      EXPECT_LT((p.splits - 1) * p.keys_per_split, len);
+      if (p.splits > 1) {
+        EXPECT_GE(p.keys_per_split, cuda::kDecodeMinKeys);
+      }
+      // Splits for two blocks per SM, as far as kDecodeMinKeys keys each allow (the rounding of a
+      // split to whole tiles may take up to a third of them away).
+      const std::int64_t base = B * Hkv * p.head_chunks;
+      const std::int64_t wanted = std::min((2 * sms + base - 1) / base, (len + cuda::kDecodeMinKeys - 1) / cuda::kDecodeMinKeys);
+      EXPECT_GE(3 * p.splits, 2 * wanted);
+    }
+  // LLaMA-3-8B at batch 1 over 2048 keys on 132 SMs: 8 blocks before, now 8 x 32.
+  EXPECT_EQ(cuda::plan_decode({32, 8, 128, 1.0f}, 1, 2048, 132).splits, 32);
+}
+
+// The attention scratch bound covers the decode partials and kept scores it is made of, and
+// grows with the shape.
+TEST(CudaPlans, AttentionScratchCoversTheDecodeBuffers) {
+  const AttentionShape s{32, 8, 128, 1.0f};
+  const cuda::DecodePlan p = cuda::plan_decode(s, 4, 1024, 132);
+  const std::int64_t partials = 4 * 32 * p.splits * (128 + 2) * 4;
+  EXPECT_GE(cuda::attention_scratch(s, 4, 4, 1024, false, 132), partials);
+  EXPECT_GE(cuda::attention_scratch(s, 4, 4, 1024, true, 132), partials + 4 * 32 * 1024 * 4);
+  EXPECT_GE(cuda::attention_scratch(s, 8192, 4, 1024, true, 132), 8192 * 32 * 8);  // prefill (m, l) per row and head
+  EXPECT_LE(cuda::attention_scratch(s, 4, 4, 1024, false, 132), cuda::attention_scratch(s, 4, 4, 1024, true, 132));
+}
+
+// cuBLAS is loaded at run time: a missing library is a reason, not a failed start.
+TEST(CudaPlans, MissingCublasIsAReason) {
+  EXPECT_EQ(cuda::cublas_library_name(), "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR));
+  std::string why;
+  EXPECT_FALSE(cuda::load_cublas("libcublas-not-installed.so.0", &why).has_value());
+  EXPECT_NE(why.find("libcublas-not-installed.so.0"), std::string::npos) << why;
+  EXPECT_NE(why.find("cannot be loaded"), std::string::npos) << why;
+  // Where this host has cuBLAS, every function the backend calls is found.
+  if (cuda::cublas_unavailable_reason().empty()) {
+    EXPECT_NE(cuda::cublas().gemm_ex, nullptr);
+  }
 }
 #endif
 

@@ -13,6 +13,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/quantize.h"
+#include "kernels/quantize_code.h"
 #include "tests/kernels/reference_ops.h"
 #include "tests/kernels/seeded_test.h"
 #include "tests/support/fp_tolerance.h"
@@ -70,6 +71,46 @@ TEST(QuantizeFormat, NibbleLayoutAndParams) {
   std::vector<float> back(16);
   dequantize_row(row.data(), 16, DType::Q4, back.data());
   EXPECT_EQ(back, x);
+}
+
+// The code arithmetic the CPU and the CUDA kernels share (kernels/quantize_code.h): every
+// position converts in range, clamped first, so +inf and values beyond int's range take the
+// top code (truncating first would give INT_MIN, then 0), -inf and NaN code 0.
+TEST(QuantizeFormat, CodesOfNonFiniteAndHugePositions) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (int levels : {15, 255}) {
+    EXPECT_EQ(quant_code(kInf, levels), levels);
+    EXPECT_EQ(quant_code(3e38f, levels), levels);
+    EXPECT_EQ(quant_code(2147483648.0f, levels), levels);
+    EXPECT_EQ(quant_code(static_cast<float>(levels) + 0.25f, levels), levels);
+    EXPECT_EQ(quant_code(static_cast<float>(levels) - 0.25f, levels), levels - 1);
+    EXPECT_EQ(quant_code(0.75f, levels), 0);
+    EXPECT_EQ(quant_code(1.5f, levels), 1);
+    EXPECT_EQ(quant_code(-kInf, levels), 0);
+    EXPECT_EQ(quant_code(-3e38f, levels), 0);
+    EXPECT_EQ(quant_code(kNaN, levels), 0);
+  }
+  // The group range is one sequential scan: first smallest, last largest.
+  const float x[] = {2.0f, -1.0f, 5.0f, -1.0f, 5.0f};
+  float lo = 0, hi = 0;
+  quant_group_range(x, 5, lo, hi);
+  EXPECT_EQ(lo, -1.0f);
+  EXPECT_EQ(hi, 5.0f);
+  // A row with +inf and huge values: the largest codes go to them, finite small values stay
+  // in range, and the group's parameters are fp16's extremes.
+  for (DType t : kQuantized) {
+    const int levels = (1 << quant_bits(t)) - 1;
+    const std::vector<float> row = {kInf, 1.0f, -2.0f, 1e30f, -kInf, 0.5f};
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(row_bytes(t, 6)));
+    quantize_row(row.data(), 6, t, q.data());
+    auto code = [&](int i) { return t == DType::Q8 ? q[static_cast<std::size_t>(i)] : (q[static_cast<std::size_t>(i / 2)] >> (4 * (i % 2))) & 0xf; };
+    EXPECT_EQ(code(0), levels) << dtype_name(t);
+    EXPECT_EQ(code(3), levels) << dtype_name(t);
+    EXPECT_EQ(code(4), 0) << dtype_name(t);
+    const auto p = quant_group_params(q.data(), 6, t, 0);
+    EXPECT_EQ(p.min, -65504.0f);
+    EXPECT_EQ(p.scale, 65504.0f);
+  }
 }
 
 TEST_F(Quantize, RoundTripWithinHalfAStepPerGroup) {

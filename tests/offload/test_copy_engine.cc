@@ -7,12 +7,16 @@
 #include <gtest/gtest.h>
 
 #include "tests/offload/offload_test_util.h"
+#include "tests/support/forwarding_backend.h"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -490,6 +494,150 @@ TEST_F(CopyEngineTest, DestructionFinishesQueuedWork) {
     EXPECT_NO_THROW(tickets[i].wait());
   }
   EXPECT_THROW(tickets.back().wait(), std::runtime_error);
+}
+
+// ---- Ordering with compute ------------------------------------------------------------------
+
+// The CPU backend with device-like asynchronous compute: launch() queues an op for a worker
+// thread (the compute stream); fence() marks the ops launched so far; a copy waits for the
+// ops before its fence, or, without one, for every op launched before the copy.
+class AsyncComputeBackend final : public testing::ForwardingBackend {
+ public:
+  AsyncComputeBackend() : worker_([this] { run(); }) {}
+  ~AsyncComputeBackend() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void launch(std::function<void()> op) {
+    {
+      std::lock_guard lock(mu_);
+      ops_.push_back(std::move(op));
+      ++launched_;
+    }
+    cv_.notify_all();
+  }
+  std::shared_ptr<const kernels::Fence> fence() override {
+    std::lock_guard lock(mu_);
+    return std::make_shared<Mark>(launched_);
+  }
+  void copy_regions(kernels::CopyDirection dir, std::span<const kernels::CopyRegion> regions,
+                    const kernels::Fence* after) override {
+    wait_for(after ? dynamic_cast<const Mark&>(*after).ops : launched_now());
+    ForwardingBackend::copy_regions(dir, regions, nullptr);
+  }
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
+    wait_for(launched_now());
+    ForwardingBackend::copy_to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    wait_for(launched_now());
+    ForwardingBackend::copy_to_host(dst, src, bytes);
+  }
+  void synchronize() override { wait_for(launched_now()); }
+
+ private:
+  struct Mark final : kernels::Fence {
+    explicit Mark(std::int64_t n) : ops(n) {}
+    std::int64_t ops;
+  };
+  std::int64_t launched_now() {
+    std::lock_guard lock(mu_);
+    return launched_;
+  }
+  void wait_for(std::int64_t ops) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return completed_ >= ops; });
+  }
+  void run() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !ops_.empty(); });
+        if (ops_.empty()) return;
+        op = std::move(ops_.front());
+        ops_.pop_front();
+      }
+      op();
+      {
+        std::lock_guard lock(mu_);
+        ++completed_;
+      }
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> ops_;
+  std::int64_t launched_ = 0, completed_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+bool done_within(const CopyTicket& t, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!t.done() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return t.done();
+}
+
+// A copy job waits for the compute issued before it was submitted and for no later compute,
+// even when its lane runs it only after that later compute was issued; a copy submitted after
+// the compute sees its result. Memory and staged disk copies, both directions.
+TEST_F(CopyEngineTest, CopySubmittedBeforeAComputeNeverWaitsForIt) {
+  AsyncComputeBackend be;
+  for (const bool stage : {false, true}) {
+    SCOPED_TRACE(stage ? "staged through disk" : "host <-> device");
+    Tiers tiers(be, options());
+    CopyOptions opts;
+    opts.always_stage = stage;
+    constexpr std::int64_t n = 100000;
+    kernels::DeviceBuffer dev(be, n);
+    const Bytes initial(n, 0x11);
+    be.copy_to_device(dev.data(), initial.data(), n);
+    const Extent e = tiers.disk().allocate(n, "fence test");
+    tiers.disk().wait(tiers.disk().write(e, 0, initial.data(), n));
+    Bytes before(n, 0), after(n, 0);
+    {
+      CopyEngine engine(tiers, opts);
+      const int lane = engine.add_lane("copy: out");
+      const int in_lane = engine.add_lane("copy: in");
+      // Gates after the engine: destroyed (opened) first, so a failure cannot leave it joining a
+      // blocked lane.
+      Gate lane_gate, compute_gate;
+      engine.submit(lane, [f = lane_gate.future()](Staging&) { f.wait(); }, {"gate", "lane"});
+      engine.submit(in_lane, [f = lane_gate.future()](Staging&) { f.wait(); }, {"gate", "lane"});
+      auto src_of = [&](Bytes& host) { return stage ? Place::disk(e) : Place::cpu(host.data()); };
+      Bytes fresh(n, 0x22);
+      // Queued before the compute: a read of the device buffer, and a write of another region.
+      const CopyTicket read_before =
+          stage ? engine.copy(lane, Place::disk(e), Place::gpu(dev.data()), n) : engine.copy(lane, Place::cpu(before.data()), Place::gpu(dev.data()), n);
+      kernels::DeviceBuffer other(be, n);
+      const CopyTicket write_before = engine.copy(in_lane, Place::gpu(other.data()), src_of(fresh), n);
+      be.launch([&, f = compute_gate.future()] {
+        f.wait();
+        std::memset(dev.data(), 0x77, n);
+      });
+      const CopyTicket read_after = engine.copy(lane, Place::cpu(after.data()), Place::gpu(dev.data()), n);
+      lane_gate.open();
+      // Both run while the compute is still held.
+      EXPECT_TRUE(done_within(read_before, std::chrono::seconds(10))) << "a copy waited for compute queued after it";
+      EXPECT_TRUE(done_within(write_before, std::chrono::seconds(10))) << "a copy waited for compute queued after it";
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_FALSE(read_after.done()) << "a copy did not wait for the compute queued before it";
+      compute_gate.open();
+      read_after.wait();
+      read_before.wait();
+      write_before.wait();
+    }
+    if (stage) tiers.disk().wait(tiers.disk().read(e, 0, before.data(), n));
+    EXPECT_TRUE(before == initial);
+    EXPECT_TRUE(std::all_of(after.begin(), after.end(), [](unsigned char x) { return x == 0x77; }));
+    tiers.disk().free(e);
+  }
 }
 
 // ---- Trace -----------------------------------------------------------------------------------

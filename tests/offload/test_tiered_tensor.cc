@@ -255,15 +255,46 @@ TEST(TieredTensor, PiecesShapeAndArgumentChecks) {
   EXPECT_EQ(writes[2].dst.offset, 0);
   EXPECT_EQ(writes[2].src.ptr, host.data() + 5000);
 
-  const auto band = t.pieces(1, 9, other, true, 100, 350);  // one piece per row
-  ASSERT_EQ(band.size(), 8u);
+  const auto band = t.pieces(1, 9, other, true, 100, 350);  // one 2-D piece per tier: a row per tensor row
+  ASSERT_EQ(band.size(), 3u);
+  const std::int64_t first_row[] = {1, 3, 7}, band_rows[] = {2, 4, 2};
   for (std::size_t i = 0; i < band.size(); ++i) {
-    const auto row = static_cast<std::int64_t>(i) + 1;
     EXPECT_EQ(band[i].bytes, 250);
-    EXPECT_EQ(band[i].src.ptr, host.data() + (row - 1) * 1000 + 100);
-    EXPECT_EQ(band[i].dst.tier, t.split().tier_of(row));
+    EXPECT_EQ(band[i].rows, band_rows[i]);
+    EXPECT_EQ(band[i].src_pitch, 1000);
+    EXPECT_EQ(band[i].dst_pitch, 1000);
+    EXPECT_EQ(band[i].total(), 250 * band_rows[i]);
+    EXPECT_EQ(band[i].src.ptr, host.data() + (first_row[i] - 1) * 1000 + 100);
+    EXPECT_EQ(band[i].dst.tier, t.split().tier_of(first_row[i]));
   }
-  EXPECT_EQ(band.back().dst.offset, (8 - 7) * 1000 + 100);
+  EXPECT_EQ(band.back().dst.offset, 100);
+
+  // Several bands per row (a KV row's heads): one 2-D piece per tensor row, a row per band;
+  // bands that touch merge into one.
+  const auto heads = t.pieces(2, 4, other, false, RowBands{10, 90, 4, 200});
+  ASSERT_EQ(heads.size(), 2u);
+  for (std::size_t i = 0; i < heads.size(); ++i) {
+    EXPECT_EQ(heads[i].rows, 4);
+    EXPECT_EQ(heads[i].bytes, 90);
+    EXPECT_EQ(heads[i].src_pitch, 200);
+    EXPECT_EQ(heads[i].dst_pitch, 200);
+    EXPECT_EQ(heads[i].dst.ptr, host.data() + static_cast<std::ptrdiff_t>(i) * 1000 + 10);
+  }
+  EXPECT_EQ(heads[0].src.tier, Tier::Gpu);
+  EXPECT_EQ(heads[1].src.tier, Tier::Cpu);
+  const auto touching = t.pieces(3, 5, other, false, RowBands{0, 250, 4, 250});  // whole rows
+  ASSERT_EQ(touching.size(), 1u);
+  EXPECT_EQ(touching[0].bytes, 2000);
+  EXPECT_TRUE(touching[0].contiguous());
+  const auto merged = t.pieces(3, 5, other, false, RowBands{100, 200, 4, 200});
+  ASSERT_EQ(merged.size(), 1u);
+  EXPECT_EQ(merged[0].bytes, 800);
+  EXPECT_EQ(merged[0].rows, 2);
+  for (const RowBands& bad : {RowBands{-1, 10, 1, 0}, RowBands{0, 300, 4, 250}, RowBands{0, 200, 6, 200},
+                              RowBands{0, 10, 0, 10}, RowBands{950, 60, 1, 0}}) {
+    EXPECT_THROW(t.pieces(0, 1, other, false, bad), std::out_of_range)
+        << bad.offset << " " << bad.width << " " << bad.count << " " << bad.pitch;
+  }
 
   EXPECT_TRUE(t.pieces(4, 4, other, false).empty());
   for (auto [r0, r1, b0, b1] : std::vector<std::array<std::int64_t, 4>>{
@@ -629,14 +660,11 @@ TEST_P(TieredIo, ColumnBandTouchesOnlyTheBand) {
         from = Place::gpu(dev.data());
       }
       const auto pieces = t.pieces(r0, r1, from, true, b0, b1);
-      EXPECT_EQ(pieces.size(), b0 == 0 && b1 == rb ? static_cast<std::size_t>(std::count_if(
-                                                         kAllTiers.begin(), kAllTiers.end(),
-                                                         [&](Tier x) {
-                                                           const auto i = static_cast<std::size_t>(x);
-                                                           return std::max(r0, t.split().begin[i]) <
-                                                                  std::min(r1, t.split().end[i]);
-                                                         }))
-                                                   : static_cast<std::size_t>(r1 - r0));
+      // One piece per tier the rows touch: whole rows, or a 2-D piece of the band.
+      EXPECT_EQ(pieces.size(), static_cast<std::size_t>(std::count_if(kAllTiers.begin(), kAllTiers.end(), [&](Tier x) {
+                  const auto i = static_cast<std::size_t>(x);
+                  return std::max(r0, t.split().begin[i]) < std::min(r1, t.split().end[i]);
+                })));
       engine.copy(lanes[static_cast<std::size_t>(round % 2)], pieces, {"store_cache", "band"}).wait();
       for (std::int64_t r = r0; r < r1; ++r)
         std::copy(src.begin() + (r - r0) * rb + b0, src.begin() + (r - r0) * rb + b1, ref.begin() + r * rb + b0);
@@ -650,6 +678,61 @@ TEST_P(TieredIo, ColumnBandTouchesOnlyTheBand) {
         std::copy(ref.begin() + r * rb + b0, ref.begin() + r * rb + b1, want.begin() + (r - r0) * rb + b0);
       engine.copy(lanes[static_cast<std::size_t>(1 - round % 2)], t.pieces(r0, r1, Place::cpu(back.data()), false, b0, b1))
           .wait();
+      ASSERT_TRUE(back == want) << first_difference(want, back);
+    }
+  }
+  for (Tier tier : kAllTiers) EXPECT_EQ(tiers.budget(tier).used(), 0);
+}
+
+// A KV row's heads: several bands per row (the valid slots of each head, random count, width
+// and pitch), written and read through 2-D pieces in every tier; only the bands move.
+TEST_P(TieredIo, HeadBandsTouchOnlyTheirBytes) {
+  Tiers tiers(*backend_, options());
+  CopyEngine engine(tiers, copy_options());
+  const int lane = engine.add_lane("copy: cache");
+  Staging staging;
+  std::mt19937_64 rng(23);
+  for (int seed = 0; seed < 8; ++seed) {
+    const std::int64_t heads = 1 + static_cast<std::int64_t>(rng() % 9);
+    const std::int64_t head_bytes = 1 + static_cast<std::int64_t>(rng() % 900);
+    const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 30);
+    const TierFractions f = random_fractions(rng, rows);
+    TieredTensor t(tiers, "heads" + std::to_string(seed), kernels::DType::F32, rows, 1, f, heads * head_bytes);
+    const std::int64_t rb = t.row_bytes();
+    Bytes ref = random_bytes(rng, t.bytes());
+    t.write_rows(0, rows, ref.data(), staging);
+    for (int round = 0; round < 4; ++round) {
+      const auto [r0, r1] = random_rows(rng, rows);
+      const std::int64_t width = round == 3 ? head_bytes : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(head_bytes + 1));
+      const std::int64_t offset = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(head_bytes - width + 1));
+      const RowBands bands{offset, width, heads, head_bytes};
+      SCOPED_TRACE("seed " + std::to_string(seed) + " round " + std::to_string(round) + ": " + std::to_string(heads) +
+                   " heads of " + std::to_string(head_bytes) + " bytes, band [" + std::to_string(offset) + ", +" +
+                   std::to_string(width) + "), rows [" + std::to_string(r0) + ", " + std::to_string(r1) + "), " +
+                   describe(f));
+      Bytes src = random_bytes(rng, (r1 - r0) * rb);
+      kernels::DeviceBuffer dev(*backend_, src.size());
+      Place from = Place::cpu(src.data());
+      if (round % 2 == 1 && !src.empty()) {
+        backend_->copy_to_device(dev.data(), src.data(), src.size());
+        from = Place::gpu(dev.data());
+      }
+      engine.copy(lane, t.pieces(r0, r1, from, true, bands), {"store_cache", "heads"}).wait();
+      for (std::int64_t r = r0; r < r1; ++r)
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const std::int64_t at = r * rb + h * head_bytes + offset;
+          std::copy(src.begin() + (at - r0 * rb), src.begin() + (at - r0 * rb) + width, ref.begin() + at);
+        }
+      ASSERT_TRUE(read_all(t, staging) == ref) << first_difference(ref, read_all(t, staging));
+
+      Bytes back((r1 - r0) * static_cast<std::size_t>(rb), 0x5a);
+      Bytes want = back;
+      for (std::int64_t r = r0; r < r1; ++r)
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const std::int64_t at = r * rb + h * head_bytes + offset;
+          std::copy(ref.begin() + at, ref.begin() + at + width, want.begin() + (at - r0 * rb));
+        }
+      engine.copy(lane, t.pieces(r0, r1, Place::cpu(back.data()), false, bands)).wait();
       ASSERT_TRUE(back == want) << first_difference(want, back);
     }
   }
