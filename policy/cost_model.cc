@@ -33,8 +33,8 @@ ModelSizes model_sizes(const ModelShape& m) {
 }
 
 ModelShape with_compression(ModelShape m, const Policy& p) {
+  m.cache_dtype = p.cache_dtype(m.weight_dtype);
   m.weight_dtype = p.weight_dtype(m.weight_dtype);
-  m.cache_dtype = p.cache_dtype();
   return m;
 }
 

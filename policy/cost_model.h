@@ -46,7 +46,8 @@ struct ModelSizes {
   std::int64_t hidden_per_token = 0;   // fp32 residual stream
 };
 ModelSizes model_sizes(const ModelShape& m);
-// The shape as stored under the policy's compress_weight / compress_cache / cache_dtype.
+// The shape as stored under the policy's compress_weight / compress_cache / cache_dtype (an
+// unset cache_dtype is the model's float dtype). Apply it once, to the model's own shape.
 ModelShape with_compression(ModelShape m, const Policy& p);
 // Tokens a sequence's KV occupies per head: prompt + gen, or the eviction budget's slots.
 std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv);
@@ -67,7 +68,7 @@ struct PlanOptions {
   // Plan for compressed weights / KV, or an fp16 KV (the chosen policy carries the same).
   bool compress_weight = false, compress_cache = false;
   int compress_bits = 4;
-  kernels::DType cache_storage = kernels::DType::F32;
+  std::optional<kernels::DType> cache_storage = {};  // unset: the model's float dtype
 };
 
 // The cost of one fixed policy (the fractions and compression as given); nullopt when it does not fit.

@@ -70,7 +70,7 @@ int plan_command(const PlanCliOptions& o) {
   const auto pct = p.percent();
   fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source,
              o.prompt_len, o.gen_len, p.kv, kernels::dtype_name(p.weight_dtype(cfg.dtype)),
-             kernels::dtype_name(p.cache_dtype()));
+             kernels::dtype_name(p.cache_dtype(cfg.dtype)));
   fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
              "cpu_cache_compute {}\n",
              p.gpu_batch_size, p.num_gpu_batches, p.block_size(), pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
