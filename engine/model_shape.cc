@@ -16,6 +16,7 @@ policy::ModelShape model_shape(const ModelConfig& c) {
   m.tied_embeddings = c.tie_embeddings;
   m.weight_dtype = c.dtype;
   m.extra_embedding_rows = c.family == Family::Opt ? c.max_positions + 2 : 0;
+  m.biases = c.has_bias();
   return m;
 }
 

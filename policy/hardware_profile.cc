@@ -117,7 +117,8 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     throw std::invalid_argument(source + ": not valid YAML: " + e.what());
   }
   if (!root.IsMap()) throw std::invalid_argument(source + ": expected a mapping of hardware fields");
-  std::set<std::string> known = {"name", "source", "gemm_tflops_by_rows", "dequant_gbps"};
+  std::set<std::string> known = {"name",           "source",          "memory_safety", "activation_dtype",
+                                 "gpu_memory_gbps", "gemm_tflops_by_rows", "dequant_gbps"};
   for (const auto& f : kSizes) known.insert(f.key);
   for (const auto& f : kRates) known.insert(f.key);
   for (const auto& kv : root) {
@@ -130,7 +131,20 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
   if (h.name.empty()) fail(source, "name", "must not be empty");
   h.source = scalar_of(root, source, "source");
   for (const auto& f : kSizes) h.*f.field = size_of(root, source, f.key);
+  if (root["memory_safety"]) {
+    h.memory_safety = rate_of(root, source, "memory_safety");
+    if (h.memory_safety > 1) fail(source, "memory_safety", "is a fraction of each tier, at most 1");
+  }
+  if (root["activation_dtype"]) {
+    const std::string text = scalar_of(root, source, "activation_dtype");
+    try {
+      h.activation_dtype = kernels::parse_float_dtype(text);
+    } catch (const std::invalid_argument& e) {
+      fail(source, "activation_dtype", e.what());
+    }
+  }
   for (const auto& f : kRates) h.*f.field = rate_of(root, source, f.key) * f.scale;
+  if (root["gpu_memory_gbps"]) h.gpu_memory = rate_of(root, source, "gpu_memory_gbps") * kGiga;
   if (const YAML::Node curve = root["gemm_tflops_by_rows"]) {
     const std::string key = "gemm_tflops_by_rows";
     if (!curve.IsMap() || curve.size() == 0) fail(source, key, "must map rows to TFLOP/s, e.g. {1: 0.01, 512: 0.08}");
@@ -181,9 +195,12 @@ std::string hardware_to_yaml(const HardwareProfile& h) {
     out << YAML::Key << f.key << YAML::Value << size_text(h.*f.field);
     out << YAML::Comment(offload::format_bytes(h.*f.field));
   }
+  out << YAML::Key << "memory_safety" << YAML::Value << shortest(h.memory_safety);
+  out << YAML::Key << "activation_dtype" << YAML::Value << std::string(kernels::dtype_name(h.activation_dtype));
   for (const auto& f : kRates) {
     out << YAML::Key << f.key << YAML::Value << shortest(h.*f.field / f.scale);
   }
+  if (h.gpu_memory > 0) out << YAML::Key << "gpu_memory_gbps" << YAML::Value << shortest(h.gpu_memory / kGiga);
   if (!h.gemm_by_rows.empty()) {
     out << YAML::Key << "gemm_tflops_by_rows" << YAML::Value << YAML::Flow << YAML::BeginMap;
     for (const auto& [rows, rate] : h.gemm_by_rows) out << YAML::Key << rows << YAML::Value << shortest(rate / kTera);

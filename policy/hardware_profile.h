@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/dtype.h"
+
 namespace flexh2o::policy {
 
 struct HardwareProfile {
@@ -14,6 +16,12 @@ struct HardwareProfile {
   std::string source;  // "measured by flexh2o calibrate on ...", "FlexGen's fitted T4 constants", "datasheet estimate"
   // Capacities in bytes.
   std::int64_t gpu_mem = 0, cpu_mem = 0, disk_mem = 0;
+  // The fraction of each tier a plan may fill: what allocator slack, fragmentation and the
+  // runtime's own buffers leave of the capacities above.
+  double memory_safety = 0.9;
+  // The dtype the compute device holds activations in (hidden states, GEMM outputs, their
+  // staging copies): f32 in flexh2o's engine today, f16 in FlexGen's PyTorch runtime.
+  kernels::DType activation_dtype = kernels::DType::F32;
   // Bandwidths in bytes/s.
   double cpu_to_gpu = 0, gpu_to_cpu = 0, disk_to_cpu = 0, cpu_to_disk = 0;
   // Rates in flop/s: dense GEMM and batched attention matmuls, prefill and decode, on the
@@ -24,6 +32,10 @@ struct HardwareProfile {
   // GEMM's efficiency grows with its rows (batch x tokens); when given, the cost model reads
   // the rate at each policy's rows instead of the two constants above.
   std::vector<std::pair<std::int64_t, double>> gemm_by_rows;
+  // Optional: bytes/s the compute device reads its own memory at (0: not modelled). Every
+  // GEMM reads its weight matrix once, so a GEMM over few rows takes at least weight bytes /
+  // this rate however fast the arithmetic (decode at a small batch is memory-bound).
+  double gpu_memory = 0;
   // Optional: bytes/s of 4-bit groups (2 values per byte) the compute device expands to fp32 (0: not modelled,
   // i.e. free, as on a GPU where it hides behind PCIe). The CPU pays for it per GEMM call
   // and per decode step of a compressed cache.
@@ -38,8 +50,9 @@ struct HardwareProfile {
 // TFLOP/s (gpu_gemm_prefill_tflops, gpu_gemm_decode_tflops, gpu_attn_prefill_tflops,
 // gpu_attn_decode_tflops, cpu_gemm_tflops, cpu_attn_decode_tflops). Every key is required;
 // unknown keys and non-positive values are errors naming the file and key. Optional:
-// gemm_tflops_by_rows, a mapping {rows: TFLOP/s} (what calibrate measures), and
-// dequant_gbps (GB/s of q4 input).
+// memory_safety (default 0.9, in (0, 1]), activation_dtype (f32 default, f16 or bf16),
+// gpu_memory_gbps, gemm_tflops_by_rows, a mapping {rows: TFLOP/s} (what calibrate measures),
+// and dequant_gbps (GB/s of q4 input).
 HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_file(const std::string& path);
 std::string hardware_to_yaml(const HardwareProfile& h);
