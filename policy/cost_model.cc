@@ -86,6 +86,13 @@ struct Linear {
     for (int i = 0; i < 9; ++i) v += a[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
     return v;
   }
+  // this + f * other
+  Linear plus(const Linear& other, double f) const {
+    Linear r = *this;
+    r.c0 += f * other.c0;
+    for (std::size_t i = 0; i < 9; ++i) r.a[i] += f * other.a[i];
+    return r;
+  }
 };
 
 // Bytes one named thing takes on a tier, as a linear form of the fractions.
@@ -185,10 +192,16 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     for (auto [v, c] : a) x.a[static_cast<std::size_t>(v)] += c;
     return x;
   };
+  // A disk-homed KV cache moves as one request per (sequence, kv head) and K/V, each a small
+  // piece (a slot, or a head's rows) that pays a request time beyond its bytes.
+  const double kv_requests = 2 * bls * static_cast<double>(m.kv_heads);
+  const double kv_disk_write_pre = kv_requests * hw.disk_rows_write_request;
+  const double kv_disk_write_gen = kv_requests * (evicting ? hw.disk_rows_write_request : hw.disk_write_request);
+  const double kv_disk_read = kv_requests * hw.disk_read_request;
   t.ctog_pre = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_pre / cg_bw}, {HN, hid_pre / cg_bw}});
   t.dtoc_pre = lin(0, {{WN, wl / dc_bw}, {HN, hid_pre / dc_bw}});
   t.gtoc_pre = lin(0, {{CC, kv_pre / gc_bw}, {CN, kv_pre / gc_bw}, {HC, hid_pre / gc_bw}, {HN, hid_pre / gc_bw}});
-  t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw}, {HN, hid_pre / cd_bw}});
+  t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw + kv_disk_write_pre}, {HN, hid_pre / cd_bw}});
   t.comp_pre = lin(gemm_pre + bls * 4 * s * s * h1 / hw.gpu_attn_prefill + w_dequant, {});
 
   const double cache_in = blk.ccc ? 0 : kv_read / cg_bw;
@@ -197,13 +210,19 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // With cpu_cache_compute the cpu-homed cache is attended in place: only the new token moves.
   const double kv_store_cpu = blk.ccc ? kvt * bls : kv_store;
   t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
-  t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw}, {HN, hid_gen / dc_bw}, {WN, wl / (0.95 * dc_bw)}});
-  t.ctod_gen = lin(0, {{CN, kv_store / cd_bw}, {HN, hid_gen / cd_bw}});
+  t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl / (0.95 * dc_bw)}});
+  t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
   const double attn_flops = 4 * bls * kv_len * h1;
-  const double gpu_attn = attn_flops / hw.gpu_attn_decode + kv_dequant;
-  const double cpu_attn = attn_flops / hw.cpu_attn_decode + kv_dequant;
+  const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;
+  const double cpu_attn = attn_flops / rate_at(hw.cpu_attn_decode_by_len, kv_len, hw.cpu_attn_decode) + kv_dequant;
   t.comp_gen = lin(gemm_gen + w_dequant,
                    {{CG, gpu_attn}, {CC, blk.ccc ? cpu_attn : gpu_attn}, {CN, blk.ccc ? cpu_attn : gpu_attn}});
+  // Where copies take the cores that compute (the CPU backend), the part of the cpu<->gpu
+  // copies that does not hide behind compute adds to it. (At decode the copy in already
+  // precedes the compute.)
+  const double exposed = 1 - hw.copy_overlap;
+  t.comp_pre = t.comp_pre.plus(t.ctog_pre, exposed).plus(t.gtoc_pre, exposed);
+  t.comp_gen = t.comp_gen.plus(t.gtoc_gen, exposed);
 
   // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler):
   // one GPU batch's activations (engine::Activations), two weight staging slots of the

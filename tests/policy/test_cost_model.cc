@@ -296,5 +296,41 @@ TEST(CostModel, SmallBatchDecodeIsBoundByDeviceMemory) {
   EXPECT_LT(estimate(m, unbounded, w, p)->decode_seconds, e->decode_seconds / 2);
 }
 
+// What calibrate measures on a CPU shows where it applies and nowhere else: small disk
+// requests cost only policies with the KV on disk, copies that take the compute cores cost
+// only policies that copy, the attention curve is read at the decode's cache length.
+TEST(CostModel, MeasuredCostsApplyWhereTheEngineIncursThem) {
+  const Workload w{512, 32};
+  const ModelShape m = opt("opt-30b", 48, 7168);
+  const HardwareProfile base = t4();
+  Policy kv_disk = load_policy_file(kFlexGenPolicies + "opt-175b.yaml");  // KV on disk
+  kv_disk.gpu_batch_size = 8;
+  kv_disk.num_gpu_batches = 4;
+  Policy kv_cpu = load_policy_file(kFlexGenPolicies + "opt-30b.yaml");  // KV on the cpu
+  Policy resident;  // everything on the gpu, one sequence
+  resident.cache_storage = kernels::DType::F16;
+  const ModelShape small = opt("opt-125m", 12, 768);
+  auto total = [&](const HardwareProfile& hw, const Policy& p, const ModelShape& shape) {
+    const auto e = estimate(shape, hw, w, p);
+    EXPECT_TRUE(e.has_value());
+    return e ? e->prefill_seconds + e->decode_seconds : 0.0;
+  };
+
+  HardwareProfile requests = base;
+  requests.disk_read_request = requests.disk_write_request = requests.disk_rows_write_request = 100e-6;
+  EXPECT_GT(total(requests, kv_disk, m), total(base, kv_disk, m));
+  EXPECT_DOUBLE_EQ(total(requests, kv_cpu, m), total(base, kv_cpu, m));
+
+  HardwareProfile shared = base;
+  shared.copy_overlap = 0;
+  EXPECT_GT(total(shared, kv_cpu, m), total(base, kv_cpu, m));
+  EXPECT_DOUBLE_EQ(total(shared, resident, small), total(base, resident, small));
+
+  HardwareProfile curve = base;
+  curve.gpu_attn_decode_by_len = {{64, base.gpu_attn_decode / 2}, {4096, base.gpu_attn_decode / 2}};
+  EXPECT_GT(total(curve, resident, small), total(base, resident, small));
+  EXPECT_DOUBLE_EQ(total(curve, kv_cpu, m), total(base, kv_cpu, m));  // its attention runs on the cpu
+}
+
 }  // namespace
 }  // namespace flexh2o::policy
