@@ -46,7 +46,7 @@ Result measure(const engine::ModelSource& m, const std::string& kv, bool compres
     for (std::int64_t l = 0; l < c.n_layers; ++l)
       slots = std::max(slots, policy::kv_slot_capacity(std::min(pol->budget(l, kPrompt + kGen), kPrompt + kGen)));
   }
-  const std::int64_t per_seq = 2 * c.n_layers * c.n_kv_heads * slots * kernels::kv_slot_bytes(p.cache_dtype(), c.head_dim);
+  const std::int64_t per_seq = 2 * c.n_layers * c.n_kv_heads * slots * kernels::kv_slot_bytes(p.cache_dtype(c.dtype), c.head_dim);
   Result r;
   r.batch = cpu_mem / per_seq;
   auto be = kernels::make_cpu_backend();

@@ -113,7 +113,7 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
       tiers_(tiers),
       cfg_(with_weight_dtype(cfg, policy.weight_dtype(cfg.dtype))),
       policy_(policy),
-      cache_dtype_(policy.cache_dtype()),
+      cache_dtype_(policy.cache_dtype(cfg.dtype)),
       trace_(trace),
       layers_(build_layers(cfg_)) {
   policy_.validate();

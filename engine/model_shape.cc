@@ -16,6 +16,7 @@ policy::ModelShape model_shape(const ModelConfig& c) {
   m.tied_embeddings = c.tie_embeddings;
   m.weight_dtype = c.dtype;
   m.extra_embedding_rows = c.learned_positions ? c.max_positions + c.position_offset : 0;
+  m.biases = c.qkv_bias || c.o_bias || c.mlp_bias || c.norm_has_bias();
   return m;
 }
 

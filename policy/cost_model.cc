@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <vector>
 
@@ -16,25 +17,47 @@ namespace flexh2o::policy {
 
 ModelSizes model_sizes(const ModelShape& m) {
   ModelSizes s;
-  const std::int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
-  // A matrix is `rows` output rows of `cols` inputs (quantization groups run along a row).
+  const std::int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, h = m.hidden;
+  // The tensors of each scheduling unit as engine::weight_specs lists them: matrices of `rows`
+  // output rows of `cols` inputs (quantization groups run along a row), norms and biases fp32.
   auto mat = [&](std::int64_t rows, std::int64_t cols) { return rows * kernels::row_bytes(m.weight_dtype, cols); };
-  const std::int64_t attn = mat(q, m.hidden) + mat(m.hidden, q) + 2 * mat(kv, m.hidden);
-  const std::int64_t mlp = (m.gated_mlp ? 2 : 1) * mat(m.ffn, m.hidden) + mat(m.hidden, m.ffn);
-  s.layer_weights = attn + mlp;
-  s.layer_params = 2 * m.hidden * q + 2 * m.hidden * kv + (m.gated_mlp ? 3 : 2) * m.hidden * m.ffn;
-  const std::int64_t embed = mat(m.vocab + m.extra_embedding_rows, m.hidden);
-  s.embedding_weights = embed + (m.tied_embeddings ? 0 : mat(m.vocab, m.hidden));
+  auto vec = [](std::int64_t n) { return n * static_cast<std::int64_t>(sizeof(float)); };
+  const std::int64_t norm_bias = m.biases ? vec(h) : 0;
+  std::vector<std::int64_t> embed = {mat(m.vocab, h)}, attn, mlp, head = {vec(h)};
+  if (m.extra_embedding_rows > 0) embed.push_back(mat(m.extra_embedding_rows, h));
+  attn = {vec(h), mat(q, h), mat(kv, h), mat(kv, h), mat(h, q)};
+  mlp = {vec(h)};
+  if (m.gated_mlp)
+    mlp.insert(mlp.end(), {mat(m.ffn, h), mat(m.ffn, h), mat(h, m.ffn)});
+  else
+    mlp.insert(mlp.end(), {mat(m.ffn, h), mat(h, m.ffn)});
+  if (m.biases) {
+    attn.insert(attn.end(), {norm_bias, vec(q), vec(kv), vec(kv), vec(h)});
+    mlp.insert(mlp.end(), {norm_bias, vec(m.ffn), vec(h)});
+    head.push_back(norm_bias);
+  }
+  head.push_back(mat(m.vocab, h));
+  auto sum = [](const std::vector<std::int64_t>& t) { return std::accumulate(t.begin(), t.end(), std::int64_t{0}); };
+  // A staging slot holds a unit's tensors, each aligned as BlockScheduler places them (256 B).
+  auto slot = [](const std::vector<std::int64_t>& t) {
+    std::int64_t b = 0;
+    for (std::int64_t x : t) b += (x + 255) / 256 * 256;
+    return b;
+  };
+  s.layer_weights = sum(attn) + sum(mlp);
+  s.layer_params = 2 * h * q + 2 * h * kv + (m.gated_mlp ? 3 : 2) * h * m.ffn;
+  s.head_weights = mat(m.vocab, h);
+  s.embedding_weights = sum(embed) + sum(head) - (m.tied_embeddings ? s.head_weights : 0);
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
-  s.largest_unit = std::max({attn, mlp, embed, mat(m.vocab, m.hidden)});
+  s.largest_unit = std::max({slot(attn), slot(mlp), slot(embed), slot(head)});
+  s.largest_layer_unit = std::max({slot(attn) + slot(mlp), slot(embed), slot(head)});
   s.kv_per_token_layer = 2 * m.kv_heads * kernels::row_bytes(m.cache_dtype, m.head_dim);
-  s.hidden_per_token = m.hidden * 4;
   return s;
 }
 
 ModelShape with_compression(ModelShape m, const Policy& p) {
+  m.cache_dtype = p.cache_dtype(m.weight_dtype);
   m.weight_dtype = p.weight_dtype(m.weight_dtype);
-  m.cache_dtype = p.cache_dtype();
   return m;
 }
 
@@ -63,6 +86,13 @@ struct Linear {
     for (int i = 0; i < 9; ++i) v += a[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
     return v;
   }
+  // this + f * other
+  Linear plus(const Linear& other, double f) const {
+    Linear r = *this;
+    r.c0 += f * other.c0;
+    for (std::size_t i = 0; i < 9; ++i) r.a[i] += f * other.a[i];
+    return r;
+  }
 };
 
 // Bytes one named thing takes on a tier, as a linear form of the fractions.
@@ -71,10 +101,27 @@ struct MemoryItem {
   Linear bytes;
 };
 
+// The shape of one block and the engine's choices that change its cost: which buffers it
+// allocates and whether transfers overlap compute.
+struct Block {
+  std::int64_t gbs = 1, k = 1;
+  bool ccc = false;             // decode attention over cpu/disk-homed KV on the CPU
+  bool weights_staged = true;   // some weights live off the gpu: two staging slots
+  bool hidden_staged = true;    // some hidden states live off the gpu: the staging ring
+  bool overlap = true;          // transfers run beside compute (off: one after another)
+  bool sep_layer = true;        // attention and MLP are separate units (off: one, a larger slot)
+};
+
+Block block_of(const Policy& p) {
+  return {p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute, p.weights.gpu < 1.0, p.activations.gpu < 1.0,
+          p.overlap,        p.sep_layer};
+}
+
 struct Terms {
   // Per layer: prefill and decode transfer and compute times (seconds).
   Linear ctog_pre, gtoc_pre, dtoc_pre, ctod_pre, comp_pre;
   Linear ctog_gen, gtoc_gen, dtoc_gen, ctod_gen, comp_gen;
+  bool overlap = true;
   std::array<std::vector<MemoryItem>, 3> memory_items;  // per tier: what lives or is staged there
   std::array<double, 3> capacity{};          // what a plan may use: safety x the tier's size
   std::array<std::int64_t, 3> hw_capacity{};  // the tier's size
@@ -90,17 +137,20 @@ struct Terms {
   }
 };
 
-// The model of one (gbs, K, cpu_cache_compute) block, as linear forms of the fractions.
+// The model of one block, as linear forms of the fractions.
 Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
-                  std::int64_t gbs, std::int64_t k, bool ccc, bool weights_staged) {
+                  const Block& blk) {
   const ModelSizes z = model_sizes(m);
-  const double l = static_cast<double>(m.layers), bls = static_cast<double>(gbs * k);
+  const double l = static_cast<double>(m.layers), g = static_cast<double>(blk.gbs), k = static_cast<double>(blk.k);
+  const double bls = g * k;
   const double s = static_cast<double>(w.prompt_len), n = static_cast<double>(w.gen_len);
   const double kvtok = static_cast<double>(kv_tokens(m, w, o.kv));
   const bool evicting = o.kv.name != "full";
+  const double h1 = static_cast<double>(m.hidden), vocab = static_cast<double>(m.vocab);
+  const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
   // Weights moved per layer and step: the layer plus its share of the embeddings.
   const double wl = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
-  const double kvt = static_cast<double>(z.kv_per_token_layer), hid = static_cast<double>(z.hidden_per_token);
+  const double kvt = static_cast<double>(z.kv_per_token_layer), hid = h1 * act;
   const double hid_pre = hid * bls * s, hid_gen = hid * bls;
   const double kv_pre = kvt * bls * std::min(s, kvtok);
   const double kv_len = std::min(kvtok, s + n / 2);  // average cache length during decode
@@ -108,72 +158,92 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // Under eviction the engine writes back whole budget-sized rows of staged sequences.
   const double kv_store = evicting ? kv_read : kvt * bls;
   const double cg_bw = hw.cpu_to_gpu, gc_bw = hw.gpu_to_cpu, dc_bw = hw.disk_to_cpu, cd_bw = hw.cpu_to_disk;
-  const double gemm_flops_tok = 2.0 * static_cast<double>(z.layer_params);
+
+  // A GEMM over `rows` rows costs its flops at the rate for that many rows, but no less than
+  // reading its weight matrix from device memory once (each GPU batch reads it again).
+  auto gemm = [&](double rows, double flops_per_row, double weight_bytes, double fallback_rate) {
+    const double compute = rows * flops_per_row / hw.gemm_rate(rows, fallback_rate);
+    return std::max(compute, hw.gpu_memory > 0 ? weight_bytes / hw.gpu_memory : 0.0);
+  };
+  const double layer_flops = 2.0 * static_cast<double>(z.layer_params), head_flops = 2.0 * vocab * h1;
+  const double layer_bytes = static_cast<double>(z.layer_weights), head_bytes = static_cast<double>(z.head_weights);
+  // Per layer: K GPU batches each run the layer's GEMMs; the output head runs once per batch
+  // and step for the last row of every sequence (spread over the layers here).
+  const double head = k * gemm(g, head_flops, head_bytes, hw.gpu_gemm_decode) / l;
+  const double gemm_pre = k * gemm(g * s, layer_flops, layer_bytes, hw.gpu_gemm_prefill) + head;
+  const double gemm_gen = k * gemm(g, layer_flops, layer_bytes, hw.gpu_gemm_decode) + head;
+
   // Dequantization where the profile measures it (bytes/s of q4 = 2 values per byte): every
   // GEMM call (once per GPU batch) expands its weight matrices, the head's included (embedding
   // lookups only gather rows); every decode step expands the compressed KV it reads. Writing
   // (quantizing) the cache is left out: one new token per step.
   const double dq_per_value = hw.dequant > 0 ? 0.5 / hw.dequant : 0.0;
-  const double head_values = static_cast<double>(m.vocab) * static_cast<double>(m.hidden) / l;
   const double w_dequant = kernels::is_quantized(m.weight_dtype)
-                               ? static_cast<double>(k) * (static_cast<double>(z.layer_params) + head_values) * dq_per_value
+                               ? k * (static_cast<double>(z.layer_params) + vocab * h1 / l) * dq_per_value
                                : 0.0;
   const double kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * kv_len;
   const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? kv_values_read * dq_per_value : 0.0;
-  const double h1 = static_cast<double>(m.hidden);
 
   Terms t;
+  t.overlap = blk.overlap;
   auto lin = [](double c0, std::initializer_list<std::pair<Var, double>> a) {
     Linear x;
     x.c0 = c0;
     for (auto [v, c] : a) x.a[static_cast<std::size_t>(v)] += c;
     return x;
   };
+  // A disk-homed KV cache moves as one request per (sequence, kv head) and K/V, each a small
+  // piece (a slot, or a head's rows) that pays a request time beyond its bytes.
+  const double kv_requests = 2 * bls * static_cast<double>(m.kv_heads);
+  const double kv_disk_write_pre = kv_requests * hw.disk_rows_write_request;
+  const double kv_disk_write_gen = kv_requests * (evicting ? hw.disk_rows_write_request : hw.disk_write_request);
+  const double kv_disk_read = kv_requests * hw.disk_read_request;
   t.ctog_pre = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_pre / cg_bw}, {HN, hid_pre / cg_bw}});
   t.dtoc_pre = lin(0, {{WN, wl / dc_bw}, {HN, hid_pre / dc_bw}});
   t.gtoc_pre = lin(0, {{CC, kv_pre / gc_bw}, {CN, kv_pre / gc_bw}, {HC, hid_pre / gc_bw}, {HN, hid_pre / gc_bw}});
-  t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw}, {HN, hid_pre / cd_bw}});
-  // GEMMs run per GPU batch: gbs * s rows at prefill, gbs at decode. The output head runs
-  // once per step for the last row of every sequence (spread over the layers here).
-  const double g = static_cast<double>(gbs);
-  const double head_flops = 2.0 * bls * static_cast<double>(m.vocab) * h1 / l;
-  const double rate_pre = hw.gemm_rate(g * s, hw.gpu_gemm_prefill), rate_gen = hw.gemm_rate(g, hw.gpu_gemm_decode);
-  t.comp_pre = lin(bls * s * gemm_flops_tok / rate_pre + head_flops / rate_gen + bls * 4 * s * s * h1 / hw.gpu_attn_prefill +
-                       w_dequant,
-                   {});
+  t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw + kv_disk_write_pre}, {HN, hid_pre / cd_bw}});
+  t.comp_pre = lin(gemm_pre + bls * 4 * s * s * h1 / hw.gpu_attn_prefill + w_dequant, {});
 
-  const double cache_in = ccc ? 0 : kv_read / cg_bw;
+  const double cache_in = blk.ccc ? 0 : kv_read / cg_bw;
   t.ctog_gen = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
                        {CC, cache_in}, {CN, cache_in}});
   // With cpu_cache_compute the cpu-homed cache is attended in place: only the new token moves.
-  const double kv_store_cpu = ccc ? kvt * bls : kv_store;
+  const double kv_store_cpu = blk.ccc ? kvt * bls : kv_store;
   t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
-  t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw}, {HN, hid_gen / dc_bw}, {WN, wl / (0.95 * dc_bw)}});
-  t.ctod_gen = lin(0, {{CN, kv_store / cd_bw}, {HN, hid_gen / cd_bw}});
+  t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl / (0.95 * dc_bw)}});
+  t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
   const double attn_flops = 4 * bls * kv_len * h1;
-  const double gpu_attn = attn_flops / hw.gpu_attn_decode + kv_dequant;
-  const double cpu_attn = attn_flops / hw.cpu_attn_decode + kv_dequant;
-  t.comp_gen = lin(bls * gemm_flops_tok / rate_gen + head_flops / rate_gen + w_dequant,
-                   {{CG, gpu_attn}, {CC, ccc ? cpu_attn : gpu_attn}, {CN, ccc ? cpu_attn : gpu_attn}});
+  const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;
+  const double cpu_attn = attn_flops / rate_at(hw.cpu_attn_decode_by_len, kv_len, hw.cpu_attn_decode) + kv_dequant;
+  t.comp_gen = lin(gemm_gen + w_dequant,
+                   {{CG, gpu_attn}, {CC, blk.ccc ? cpu_attn : gpu_attn}, {CN, blk.ccc ? cpu_attn : gpu_attn}});
+  // Where copies take the cores that compute (the CPU backend), the part of the cpu<->gpu
+  // copies that does not hide behind compute adds to it. (At decode the copy in already
+  // precedes the compute.)
+  const double exposed = 1 - hw.copy_overlap;
+  t.comp_pre = t.comp_pre.plus(t.ctog_pre, exposed).plus(t.gtoc_pre, exposed);
+  t.comp_gen = t.comp_gen.plus(t.gtoc_gen, exposed);
 
-  // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler).
+  // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler):
+  // one GPU batch's activations (engine::Activations), two weight staging slots of the
+  // largest scheduling unit, rings of three slots for staged KV and hidden states.
   const double w_all = static_cast<double>(z.total_weights), kv_all = kvt * l * bls * kvtok;
-  const double h_all = hid * bls * std::max(s, 1.0);
-  const double rows = static_cast<double>(gbs) * s, q = static_cast<double>(m.heads * m.head_dim);
-  const double kvd = static_cast<double>(m.kv_heads * m.head_dim);
-  const double scratch = 4 * (rows * (2 * h1 + 2 * q + 2 * kvd + (m.gated_mlp ? 2.0 : 1.0) * static_cast<double>(m.ffn)) +
-                              static_cast<double>(gbs) * (h1 + static_cast<double>(m.vocab)));
-  const double staging = weights_staged ? 2.0 * static_cast<double>(z.largest_unit) : 0.0;
-  const double kv_ring = 3 * static_cast<double>(gbs) * kvt * kvtok;  // per staged fraction
-  const double h_ring = 3 * hid * rows;
+  const double rows = g * std::max(s, 1.0), h_all = hid * bls * std::max(s, 1.0);
+  const double q = static_cast<double>(m.heads * m.head_dim), kvd = static_cast<double>(m.kv_heads * m.head_dim);
+  const double per_row = 2 * h1 + 2 * q + 2 * kvd + (m.gated_mlp ? 2.0 : 1.0) * static_cast<double>(m.ffn);
+  const double scratch = act * (rows * per_row + g * (h1 + vocab));
+  const double slot = static_cast<double>(blk.sep_layer ? z.largest_unit : z.largest_layer_unit);
+  const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
+  const double kv_ring = 3 * g * kvt * kvtok;  // per staged fraction
+  const double h_ring = blk.hidden_staged ? 3 * hid * rows : 0.0;
   const double scores = evicting ? l * bls * static_cast<double>(m.kv_heads) * kvtok * 8 : 0;  // position + score per slot
   t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
                        {"KV cache", lin(0, {{CG, kv_all}})},
                        {"hidden states", lin(0, {{HG, h_all}})},
                        {"weight staging slots", lin(staging, {})},
-                       {"activation scratch", lin(scratch, {})},
-                       {"KV staging ring", lin(0, {{CC, ccc ? 0 : kv_ring}, {CN, kv_ring}})},
-                       {"hidden staging ring", lin(0, {{HC, h_ring}, {HN, h_ring}})}};
+                       {"activations of one GPU batch", lin(scratch, {})},
+                       {"KV staging ring", lin(0, {{CC, blk.ccc ? 0 : kv_ring}, {CN, kv_ring}})},
+                       {"hidden staging ring", lin(h_ring, {})}};
   t.memory_items[1] = {{"weights", lin(0, {{WC, w_all}})},
                        {"KV cache", lin(0, {{CC, kv_all}})},
                        {"hidden states", lin(0, {{HC, h_all}})},
@@ -182,26 +252,32 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
                        {"KV cache", lin(0, {{CN, kv_all}})},
                        {"hidden states", lin(0, {{HN, h_all}})}};
   t.hw_capacity = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
-  t.safety = o.memory_safety;
-  for (std::size_t i = 0; i < 3; ++i) t.capacity[i] = o.memory_safety * static_cast<double>(t.hw_capacity[i]);
+  t.safety = hw.memory_safety;
+  for (std::size_t i = 0; i < 3; ++i) t.capacity[i] = hw.memory_safety * static_cast<double>(t.hw_capacity[i]);
   return t;
 }
 
 struct Solved {
   Fractions x{};
-  double tpre = 0, tgen = 0;
 };
 
+// Per-layer step times. Overlapped: FlexGen's max over concurrent transfers and compute (the
+// cpu->gpu copy of a decode step gates its compute); without overlap everything runs in line.
 double step_time_pre(const Terms& t, const Fractions& x) {
-  return std::max({t.ctog_pre.at(x) + t.dtoc_pre.at(x), t.gtoc_pre.at(x) + t.ctod_pre.at(x), t.comp_pre.at(x)});
+  const double ctog = t.ctog_pre.at(x), dtoc = t.dtoc_pre.at(x), gtoc = t.gtoc_pre.at(x), ctod = t.ctod_pre.at(x),
+               comp = t.comp_pre.at(x);
+  if (!t.overlap) return ctog + dtoc + gtoc + ctod + comp;
+  return std::max({ctog + dtoc, gtoc + ctod, comp});
 }
 double step_time_gen(const Terms& t, const Fractions& x) {
-  const double c = t.ctog_gen.at(x);
-  return c + std::max({t.gtoc_gen.at(x), t.dtoc_gen.at(x), t.ctod_gen.at(x), t.comp_gen.at(x)});
+  const double ctog = t.ctog_gen.at(x), dtoc = t.dtoc_gen.at(x), gtoc = t.gtoc_gen.at(x), ctod = t.ctod_gen.at(x),
+               comp = t.comp_gen.at(x);
+  if (!t.overlap) return ctog + dtoc + gtoc + ctod + comp;
+  return ctog + std::max({gtoc, dtoc, ctod, comp});
 }
 
-// min l * (Tpre + (n - 1) * Tgen) subject to the step-time and memory constraints.
-std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool weights_on_gpu) {
+// min l * (Tpre + (n - 1) * Tgen) subject to the (overlapped) step-time and memory constraints.
+std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool weights_on_gpu, bool hidden_on_gpu) {
   std::unique_ptr<glp_prob, decltype(&glp_delete_prob)> lp(glp_create_prob(), glp_delete_prob);
   glp_set_obj_dir(lp.get(), GLP_MIN);
   glp_add_cols(lp.get(), kVars);
@@ -212,6 +288,7 @@ std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool 
       glp_set_col_bnds(lp.get(), v + 1, GLP_LO, 0.0, 0.0);
   }
   if (weights_on_gpu) glp_set_col_bnds(lp.get(), WG + 1, GLP_FX, 1.0, 1.0);
+  if (hidden_on_gpu) glp_set_col_bnds(lp.get(), HG + 1, GLP_FX, 1.0, 1.0);
   glp_set_obj_coef(lp.get(), TPRE + 1, layers);
   glp_set_obj_coef(lp.get(), TGEN + 1, layers * std::max(gen_len - 1, 0.0));
   std::vector<int> ia{0};
@@ -272,8 +349,6 @@ std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool 
   if (glp_simplex(lp.get(), &parm) != 0 || glp_get_status(lp.get()) != GLP_OPT) return std::nullopt;
   Solved out;
   for (int i = 0; i < 9; ++i) out.x[static_cast<std::size_t>(i)] = std::clamp(glp_get_col_prim(lp.get(), i + 1), 0.0, 1.0);
-  out.tpre = step_time_pre(t, out.x);
-  out.tgen = step_time_gen(t, out.x);
   return out;
 }
 
@@ -289,6 +364,17 @@ std::string bottleneck_of(const Terms& t, const Fractions& x) {
   return std::max_element(std::begin(terms), std::end(terms), [](auto& a, auto& b) { return a.second < b.second; })->first;
 }
 
+// A tier's items at fractions x, largest first, the empty ones left out.
+std::vector<std::pair<std::string, std::int64_t>> items_at(const Terms& t, int tier, const Fractions& x) {
+  std::vector<std::pair<std::string, std::int64_t>> items;
+  for (const MemoryItem& item : t.memory_items[static_cast<std::size_t>(tier)]) {
+    const auto bytes = static_cast<std::int64_t>(item.bytes.at(x));
+    if (bytes > 0) items.emplace_back(item.name, bytes);
+  }
+  std::ranges::stable_sort(items, std::greater<>{}, &std::pair<std::string, std::int64_t>::second);
+  return items;
+}
+
 Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, const Fractions& x, Policy p) {
   Estimate e;
   p.weights = {x[WG], x[WC], x[WN]};
@@ -301,36 +387,65 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
   e.prefill_throughput = bls * static_cast<double>(w.prompt_len) / e.prefill_seconds;
   e.decode_throughput = e.decode_seconds > 0 ? bls * static_cast<double>(w.gen_len - 1) / e.decode_seconds : 0;
   e.total_throughput = bls * static_cast<double>(w.gen_len) / (e.prefill_seconds + e.decode_seconds);
-  for (int tier = 0; tier < 3; ++tier)
+  for (int tier = 0; tier < 3; ++tier) {
     e.peak_bytes[static_cast<std::size_t>(tier)] = static_cast<std::int64_t>(t.memory(tier).at(x));
+    e.memory[static_cast<std::size_t>(tier)] = items_at(t, tier, x);
+  }
   e.bottleneck = bottleneck_of(t, x);
   return e;
 }
 
-// The better of: weights wholly on the gpu (no staging slots) and any split.
-std::optional<Estimate> best_for(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
-                                 std::int64_t gbs, std::int64_t k) {
-  std::optional<Estimate> best;
+// Every policy the search evaluates, ranked: the plan is the first, --explain prints the top.
+class Ranking {
+ public:
+  explicit Ranking(std::size_t keep) : keep_(keep) {}
+  void add(Estimate e) {
+    // The same placement at the same block (e.g. met again while bisecting K) counts once.
+    for (const Estimate& r : best_)
+      if (same_policy(r.policy, e.policy)) return;
+    auto at = std::ranges::find_if(best_, [&](const Estimate& r) { return e.total_throughput > r.total_throughput; });
+    best_.insert(at, std::move(e));
+    if (best_.size() > keep_) best_.pop_back();
+  }
+  const std::vector<Estimate>& best() const { return best_; }
+
+ private:
+  static bool same_policy(const Policy& a, const Policy& b) {
+    return a.gpu_batch_size == b.gpu_batch_size && a.num_gpu_batches == b.num_gpu_batches &&
+           a.cpu_cache_compute == b.cpu_cache_compute && a.percent() == b.percent();
+  }
+  std::size_t keep_;
+  std::vector<Estimate> best_;
+};
+
+// Solves the placement of one (gbs, K) for every engine variant: cpu_cache_compute or not,
+// weights and hidden states wholly on the gpu (no staging buffers) or split. Each feasible one
+// goes into the ranking; true when any fits.
+bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
+                    std::int64_t gbs, std::int64_t k, Ranking& ranking) {
+  bool any = false;
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
-    for (bool all_gpu : {true, false}) {
-      const Terms t = build_terms(m, hw, w, o, gbs, k, ccc, !all_gpu);
-      const auto sol = solve(t, static_cast<double>(m.layers), static_cast<double>(w.gen_len), all_gpu);
-      if (!sol) continue;
-      Policy p;
-      p.gpu_batch_size = gbs;
-      p.num_gpu_batches = k;
-      p.cpu_cache_compute = ccc;
-      p.kv = o.kv.text.empty() ? o.kv.name : o.kv.text;
-      p.compress_weight = o.compress_weight;
-      p.compress_cache = o.compress_cache;
-      p.compress_bits = o.compress_bits;
-      p.cache_storage = o.cache_storage;
-      Estimate e = make_estimate(m, w, t, sol->x, p);
-      if (!best || e.total_throughput > best->total_throughput) best = e;
-    }
+    for (bool weights_on_gpu : {true, false})
+      for (bool hidden_on_gpu : {true, false}) {
+        const Terms t = build_terms(m, hw, w, o, {gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true});
+        const auto sol = solve(t, static_cast<double>(m.layers), static_cast<double>(w.gen_len), weights_on_gpu,
+                               hidden_on_gpu);
+        if (!sol) continue;
+        Policy p;
+        p.gpu_batch_size = gbs;
+        p.num_gpu_batches = k;
+        p.cpu_cache_compute = ccc;
+        p.kv = o.kv.text.empty() ? o.kv.name : o.kv.text;
+        p.compress_weight = o.compress_weight;
+        p.compress_cache = o.compress_cache;
+        p.compress_bits = o.compress_bits;
+        p.cache_storage = o.cache_storage;
+        ranking.add(make_estimate(m, w, t, sol->x, p));
+        any = true;
+      }
   }
-  return best;
+  return any;
 }
 
 // The first tier whose memory exceeds its capacity at fractions x, with its items largest first.
@@ -345,9 +460,7 @@ std::optional<Shortfall> first_shortfall(const Terms& t, const Fractions& x) {
     s.available = static_cast<std::int64_t>(cap);
     s.safety = t.safety;
     s.capacity = t.hw_capacity[static_cast<std::size_t>(tier)];
-    for (const MemoryItem& item : t.memory_items[static_cast<std::size_t>(tier)])
-      s.items.emplace_back(item.name, static_cast<std::int64_t>(item.bytes.at(x)));
-    std::ranges::stable_sort(s.items, std::greater<>{}, &std::pair<std::string, std::int64_t>::second);
+    s.items = items_at(t, tier, x);
     return s;
   }
   return std::nullopt;
@@ -359,8 +472,7 @@ std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile&
                                  const Policy& p, const PlanOptions& o) {
   const ModelShape m = with_compression(shape, p);
   const Fractions x = fractions_of(p);
-  const Terms t = build_terms(m, hw, w, o, p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute,
-                              p.weights.gpu < 1.0);
+  const Terms t = build_terms(m, hw, w, o, block_of(p));
   if (first_shortfall(t, x)) return std::nullopt;
   return make_estimate(m, w, t, x, p);
 }
@@ -368,9 +480,7 @@ std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile&
 std::optional<Shortfall> shortfall(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
                                    const Policy& p, const PlanOptions& o) {
   const ModelShape m = with_compression(shape, p);
-  const Terms t = build_terms(m, hw, w, o, p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute,
-                              p.weights.gpu < 1.0);
-  return first_shortfall(t, fractions_of(p));
+  return first_shortfall(build_terms(m, hw, w, o, block_of(p)), fractions_of(p));
 }
 
 std::string Shortfall::describe() const {
@@ -390,40 +500,40 @@ Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const
                               offload::tier_hint(s ? s->tier : offload::Tier::Gpu));
 }
 
-Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload& w, const PlanOptions& o) {
+std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
+                                  const PlanOptions& o, std::size_t count) {
   Policy compression;
   compression.compress_weight = o.compress_weight;
   compression.compress_cache = o.compress_cache;
   compression.compress_bits = o.compress_bits;
   compression.cache_storage = o.cache_storage;
   const ModelShape m = with_compression(shape, compression);
-  std::optional<Estimate> best;
-  for (std::int64_t gbs : {1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}) {
-    // The largest feasible K by doubling and bisection, then upward while throughput improves.
-    auto at = [&](std::int64_t k) { return gbs * k <= o.max_block ? best_for(m, hw, w, o, gbs, k) : std::nullopt; };
-    if (!at(1)) continue;
+  Ranking ranking(std::max<std::size_t>(count, 1));
+  for (std::int64_t gbs : {1, 2, 3, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512}) {
+    // The largest feasible K by doubling and bisection; every block tried is ranked.
+    auto fits = [&](std::int64_t k) { return gbs * k <= o.max_block && evaluate_block(m, hw, w, o, gbs, k, ranking); };
+    if (!fits(1)) continue;
     std::int64_t lo = 1, hi = 2;
-    while (at(hi)) {
+    while (fits(hi)) {
       lo = hi;
       hi *= 2;
     }
     while (hi - lo > 1) {
       const std::int64_t mid = (lo + hi) / 2;
-      (at(mid) ? lo : hi) = mid;
+      (fits(mid) ? lo : hi) = mid;
     }
-    // Throughput need not grow with K (the KV may spill to a slower tier): try the powers of
-    // two below the largest feasible K as well.
-    for (std::int64_t k = 1;; k = std::min(k * 2, lo)) {
-      const auto e = at(k);
-      if (e && (!best || e->total_throughput > best->total_throughput)) best = e;
-      if (k == lo) break;
-    }
+    // Throughput need not grow with K (the KV may spill to a slower tier, the CPU's share of
+    // attention grows): the K of FlexGen's published policies (3, 8, 12) and the powers of two
+    // below the largest feasible one as well.
+    for (std::int64_t k : {3, 6, 12, 24})
+      if (k < lo) fits(k);
+    for (std::int64_t k = 1; k < lo; k *= 2) fits(k);
   }
-  if (best) return *best;
+  if (!ranking.best().empty()) return ranking.best();
   // Nothing fits: name the smallest change, judged at the smallest block.
   const ModelSizes z = model_sizes(m);
-  const double safety = o.memory_safety;
-  const Terms t = build_terms(m, hw, w, o, 1, 1, false, true);
+  const double safety = hw.memory_safety;
+  const Terms t = build_terms(m, hw, w, o, {1, 1, false, true, true, true, true});
   Fractions off_gpu{0, 0, 1, 0, 0, 1, 0, 0, 1};
   const double gpu_need = t.memory(0).at(off_gpu);
   std::string msg = "no placement of " + m.name + " fits " + hw.name + ": ";
@@ -441,6 +551,10 @@ Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload
     if (o.kv.name == "full" && static_cast<double>(z.total_weights) < need * 0.5) msg += ", or --kv h2o:0.2";
   }
   throw std::invalid_argument(msg);
+}
+
+Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload& w, const PlanOptions& o) {
+  return plan_ranked(shape, hw, w, o, 1).front();
 }
 
 }  // namespace flexh2o::policy

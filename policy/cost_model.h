@@ -1,8 +1,10 @@
 // FlexGen's cost model and placement search (ALGORITHMS.md section 3), extended with what
 // flexh2o runs: exact row-split fractions, the KV eviction budget (KV term sized by the budget
-// plus the policy's score arrays), cpu_cache_compute, embeddings, and the engine's own
-// working set (two weight staging slots, KV/hidden staging rings, activation scratch).
-// For one (gbs, K) the placement is a small LP solved with GLPK; the search walks gbs and K.
+// plus the policy's score arrays), cpu_cache_compute, embeddings, overlap off, GEMMs bounded
+// by reading their weights from device memory, and the engine's own working set (two weight
+// staging slots, KV/hidden staging rings, one GPU batch's activations, all in the profile's
+// activation dtype). For one (gbs, K) the placement is a small LP solved with GLPK; the search
+// walks gbs and K and ranks every policy it evaluates.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -26,8 +28,9 @@ struct ModelShape {
   bool gated_mlp = false;        // LLaMA: gate, up, down; OPT: fc1, fc2
   bool tied_embeddings = false;  // the output head reuses the input embedding
   kernels::DType weight_dtype = kernels::DType::F16;  // storage of the matrices (q4: compress_weight)
-  kernels::DType cache_dtype = kernels::DType::F32;   // storage of the KV cache (with_compression sets it)
+  kernels::DType cache_dtype = kernels::DType::F16;   // storage of the KV cache (with_compression sets it)
   std::int64_t extra_embedding_rows = 0;  // OPT's learned positions
+  bool biases = false;  // OPT: linear layers and norms have biases (fp32 vectors, like the norms' weights)
 };
 
 struct Workload {
@@ -37,16 +40,18 @@ struct Workload {
 
 // Sizes the engine allocates, in bytes (unit tests check them by hand).
 struct ModelSizes {
-  std::int64_t layer_weights = 0;      // one decoder layer (attention + MLP)
+  std::int64_t layer_weights = 0;      // one decoder layer (attention + MLP, norms and biases included)
   std::int64_t embedding_weights = 0;  // input embedding (+ positions) + untied head
   std::int64_t total_weights = 0;
+  std::int64_t head_weights = 0;       // the output head's matrix (the input embedding when tied)
   std::int64_t largest_unit = 0;       // the biggest scheduling unit: what a staging slot holds
+  std::int64_t largest_layer_unit = 0; // the same with attention and MLP as one unit (sep_layer off)
   std::int64_t layer_params = 0;       // elements of one decoder layer's matrices
   std::int64_t kv_per_token_layer = 0; // K and V, one token, one layer, in the cache dtype
-  std::int64_t hidden_per_token = 0;   // fp32 residual stream
 };
 ModelSizes model_sizes(const ModelShape& m);
-// The shape as stored under the policy's compress_weight / compress_cache / cache_dtype.
+// The shape as stored under the policy's compress_weight / compress_cache / cache_dtype (an
+// unset cache_dtype is the model's float dtype). Apply it once, to the model's own shape.
 ModelShape with_compression(ModelShape m, const Policy& p);
 // Tokens a sequence's KV occupies per head: prompt + gen, or the eviction budget's slots.
 std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv);
@@ -56,18 +61,20 @@ struct Estimate {
   double prefill_seconds = 0, decode_seconds = 0;  // one block
   double prefill_throughput = 0, decode_throughput = 0, total_throughput = 0;  // tokens/s
   std::array<std::int64_t, 3> peak_bytes{};  // gpu, cpu, disk
-  std::string bottleneck;                    // the decode term that sets the step time
+  // What makes up each tier's peak: named items with their bytes, largest first.
+  std::array<std::vector<std::pair<std::string, std::int64_t>>, 3> memory;
+  std::string bottleneck;  // the decode term that sets the step time
 };
 
 struct PlanOptions {
   KvSpec kv = parse_kv_spec("full");
   bool allow_cpu_cache_compute = true;
-  double memory_safety = 0.9;  // fraction of each tier the plan may use
   std::int64_t max_block = 1 << 14;
-  // Plan for compressed weights / KV, or an fp16 KV (the chosen policy carries the same).
+  // Plan for compressed weights / KV, or a KV dtype other than the model's (the chosen policy
+  // carries the same).
   bool compress_weight = false, compress_cache = false;
   int compress_bits = 4;
-  kernels::DType cache_storage = kernels::DType::F32;
+  std::optional<kernels::DType> cache_storage = {};
 };
 
 // The cost of one fixed policy (the fractions and compression as given); nullopt when it does not fit.
@@ -75,7 +82,7 @@ std::optional<Estimate> estimate(const ModelShape& m, const HardwareProfile& hw,
                                  const Policy& p, const PlanOptions& o = {});
 
 // Why a fixed policy does not fit: the first tier over its share, what it would hold there
-// (largest first) and what it may use (the plan's safety fraction of the tier).
+// (largest first) and what it may use (the profile's memory_safety fraction of the tier).
 struct Shortfall {
   offload::Tier tier = offload::Tier::Gpu;
   std::int64_t need = 0, available = 0, capacity = 0;
@@ -91,8 +98,13 @@ std::optional<Shortfall> shortfall(const ModelShape& m, const HardwareProfile& h
 Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const Policy& p,
                            const PlanOptions& o, const std::string& what);
 
-// The best policy found. Throws std::invalid_argument naming the smallest change that fits
-// when nothing does (more memory on a tier, --disk-mem, or a KV budget).
+// The best policy found: none the search evaluated predicts more total throughput. Throws
+// std::invalid_argument naming the smallest change that fits when nothing does (more memory
+// on a tier, --disk-mem, or a KV budget).
 Estimate plan(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o = {});
+// The `count` fastest distinct policies the search evaluated, fastest first (plan() is the
+// first); the same errors as plan().
+std::vector<Estimate> plan_ranked(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
+                                  const PlanOptions& o, std::size_t count);
 
 }  // namespace flexh2o::policy

@@ -49,6 +49,28 @@ constexpr std::array<RateField, 10> kRates{{
     {"cpu_attn_decode_tflops", &HardwareProfile::cpu_attn_decode, kTera},
 }};
 
+struct CurveField {
+  const char* key;
+  RateCurve HardwareProfile::*field;
+  const char* example;
+};
+constexpr std::array<CurveField, 3> kCurves{{
+    {"gemm_tflops_by_rows", &HardwareProfile::gemm_by_rows, "{1: 0.01, 512: 0.08}"},
+    {"gpu_attn_decode_tflops_by_len", &HardwareProfile::gpu_attn_decode_by_len, "{64: 0.008, 1024: 0.005}"},
+    {"cpu_attn_decode_tflops_by_len", &HardwareProfile::cpu_attn_decode_by_len, "{64: 0.008, 1024: 0.005}"},
+}};
+
+// Per-request disk times: microseconds in the file, seconds in the struct.
+struct RequestField {
+  const char* key;
+  double HardwareProfile::*field;
+};
+constexpr std::array<RequestField, 3> kRequests{{
+    {"disk_read_request_us", &HardwareProfile::disk_read_request},
+    {"disk_write_request_us", &HardwareProfile::disk_write_request},
+    {"disk_rows_write_request_us", &HardwareProfile::disk_rows_write_request},
+}};
+
 [[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& why) {
   throw std::invalid_argument(source + ": field '" + key + "' " + why);
 }
@@ -72,7 +94,7 @@ std::int64_t size_of(const YAML::Node& root, const std::string& source, const st
   return bytes;
 }
 
-double rate_of(const YAML::Node& root, const std::string& source, const std::string& key) {
+double number_of(const YAML::Node& root, const std::string& source, const std::string& key) {
   const std::string text = scalar_of(root, source, key);
   double v = 0;
   try {
@@ -80,8 +102,42 @@ double rate_of(const YAML::Node& root, const std::string& source, const std::str
   } catch (const YAML::Exception&) {
     fail(source, key, "must be a number, got '" + text + "'");
   }
-  if (!std::isfinite(v) || v <= 0) fail(source, key, "must be a positive number, got '" + text + "'");
+  if (!std::isfinite(v)) fail(source, key, "must be a finite number, got '" + text + "'");
   return v;
+}
+
+double rate_of(const YAML::Node& root, const std::string& source, const std::string& key) {
+  const double v = number_of(root, source, key);
+  if (v <= 0) fail(source, key, "must be a positive number, got '" + scalar_of(root, source, key) + "'");
+  return v;
+}
+
+// A {x: TFLOP/s} mapping with whole, positive x and positive rates, sorted by x.
+RateCurve curve_of(const YAML::Node& root, const std::string& source, const std::string& key, const char* example) {
+  const YAML::Node curve = root[key];
+  if (!curve.IsMap() || curve.size() == 0) fail(source, key, std::string("must map sizes to TFLOP/s, e.g. ") + example);
+  RateCurve out;
+  for (const auto& kv : curve) {
+    std::int64_t x = 0;
+    double tflops = 0;
+    try {
+      x = kv.first.as<std::int64_t>();
+      tflops = kv.second.as<double>();
+    } catch (const YAML::Exception&) {
+      fail(source, key, "must map whole sizes to numbers");
+    }
+    if (x < 1 || !std::isfinite(tflops) || tflops <= 0) fail(source, key, "needs sizes >= 1 and positive rates");
+    out.emplace_back(x, tflops * kTera);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Microseconds, to 4 significant digits.
+double round_us(double seconds) {
+  const double us = seconds * 1e6;
+  const double scale = std::pow(10.0, 3 - std::floor(std::log10(us)));
+  return std::round(us * scale) / scale;
 }
 
 // The shortest text that reads back as exactly v.
@@ -117,7 +173,10 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     throw std::invalid_argument(source + ": not valid YAML: " + e.what());
   }
   if (!root.IsMap()) throw std::invalid_argument(source + ": expected a mapping of hardware fields");
-  std::set<std::string> known = {"name", "source", "gemm_tflops_by_rows", "dequant_gbps"};
+  std::set<std::string> known = {"name", "source", "memory_safety", "activation_dtype", "gpu_memory_gbps",
+                                 "copy_overlap", "dequant_gbps"};
+  for (const auto& c : kCurves) known.insert(c.key);
+  for (const auto& r : kRequests) known.insert(r.key);
   for (const auto& f : kSizes) known.insert(f.key);
   for (const auto& f : kRates) known.insert(f.key);
   for (const auto& kv : root) {
@@ -130,41 +189,47 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
   if (h.name.empty()) fail(source, "name", "must not be empty");
   h.source = scalar_of(root, source, "source");
   for (const auto& f : kSizes) h.*f.field = size_of(root, source, f.key);
-  for (const auto& f : kRates) h.*f.field = rate_of(root, source, f.key) * f.scale;
-  if (const YAML::Node curve = root["gemm_tflops_by_rows"]) {
-    const std::string key = "gemm_tflops_by_rows";
-    if (!curve.IsMap() || curve.size() == 0) fail(source, key, "must map rows to TFLOP/s, e.g. {1: 0.01, 512: 0.08}");
-    for (const auto& kv : curve) {
-      std::int64_t rows = 0;
-      double tflops = 0;
-      try {
-        rows = kv.first.as<std::int64_t>();
-        tflops = kv.second.as<double>();
-      } catch (const YAML::Exception&) {
-        fail(source, key, "must map whole row counts to numbers");
-      }
-      if (rows < 1 || !std::isfinite(tflops) || tflops <= 0) fail(source, key, "needs rows >= 1 and positive rates");
-      h.gemm_by_rows.emplace_back(rows, tflops * kTera);
+  if (root["memory_safety"]) {
+    h.memory_safety = rate_of(root, source, "memory_safety");
+    if (h.memory_safety > 1) fail(source, "memory_safety", "is a fraction of each tier, at most 1");
+  }
+  if (root["activation_dtype"]) {
+    const std::string text = scalar_of(root, source, "activation_dtype");
+    try {
+      h.activation_dtype = kernels::parse_float_dtype(text);
+    } catch (const std::invalid_argument& e) {
+      fail(source, "activation_dtype", e.what());
     }
-    std::sort(h.gemm_by_rows.begin(), h.gemm_by_rows.end());
+  }
+  for (const auto& f : kRates) h.*f.field = rate_of(root, source, f.key) * f.scale;
+  if (root["gpu_memory_gbps"]) h.gpu_memory = rate_of(root, source, "gpu_memory_gbps") * kGiga;
+  for (const auto& c : kCurves)
+    if (root[c.key]) h.*c.field = curve_of(root, source, c.key, c.example);
+  for (const auto& r : kRequests)
+    if (root[r.key]) h.*r.field = rate_of(root, source, r.key) * 1e-6;
+  if (root["copy_overlap"]) {
+    h.copy_overlap = number_of(root, source, "copy_overlap");
+    if (h.copy_overlap < 0 || h.copy_overlap > 1) fail(source, "copy_overlap", "is a fraction in [0, 1]");
   }
   if (root["dequant_gbps"]) h.dequant = rate_of(root, source, "dequant_gbps") * kGiga;
   return h;
 }
 
-double HardwareProfile::gemm_rate(double rows, double fallback) const {
-  if (gemm_by_rows.empty()) return fallback;
-  if (rows <= static_cast<double>(gemm_by_rows.front().first)) return gemm_by_rows.front().second;
-  if (rows >= static_cast<double>(gemm_by_rows.back().first)) return gemm_by_rows.back().second;
-  for (std::size_t i = 1; i < gemm_by_rows.size(); ++i) {
-    const auto [r1, v1] = gemm_by_rows[i];
-    if (rows > static_cast<double>(r1)) continue;
-    const auto [r0, v0] = gemm_by_rows[i - 1];
-    const double t = std::log(rows / static_cast<double>(r0)) / std::log(static_cast<double>(r1) / static_cast<double>(r0));
+double rate_at(const RateCurve& curve, double x, double fallback) {
+  if (curve.empty()) return fallback;
+  if (x <= static_cast<double>(curve.front().first)) return curve.front().second;
+  if (x >= static_cast<double>(curve.back().first)) return curve.back().second;
+  for (std::size_t i = 1; i < curve.size(); ++i) {
+    const auto [x1, v1] = curve[i];
+    if (x > static_cast<double>(x1)) continue;
+    const auto [x0, v0] = curve[i - 1];
+    const double t = std::log(x / static_cast<double>(x0)) / std::log(static_cast<double>(x1) / static_cast<double>(x0));
     return std::exp(std::log(v0) + t * (std::log(v1) - std::log(v0)));
   }
-  return gemm_by_rows.back().second;
+  return curve.back().second;
 }
+
+double HardwareProfile::gemm_rate(double rows, double fallback) const { return rate_at(gemm_by_rows, rows, fallback); }
 
 HardwareProfile load_hardware_file(const std::string& path) {
   const auto text = offload::read_text_file(path);
@@ -181,12 +246,19 @@ std::string hardware_to_yaml(const HardwareProfile& h) {
     out << YAML::Key << f.key << YAML::Value << size_text(h.*f.field);
     out << YAML::Comment(offload::format_bytes(h.*f.field));
   }
+  out << YAML::Key << "memory_safety" << YAML::Value << shortest(h.memory_safety);
+  out << YAML::Key << "activation_dtype" << YAML::Value << std::string(kernels::dtype_name(h.activation_dtype));
   for (const auto& f : kRates) {
     out << YAML::Key << f.key << YAML::Value << shortest(h.*f.field / f.scale);
   }
-  if (!h.gemm_by_rows.empty()) {
-    out << YAML::Key << "gemm_tflops_by_rows" << YAML::Value << YAML::Flow << YAML::BeginMap;
-    for (const auto& [rows, rate] : h.gemm_by_rows) out << YAML::Key << rows << YAML::Value << shortest(rate / kTera);
+  if (h.gpu_memory > 0) out << YAML::Key << "gpu_memory_gbps" << YAML::Value << shortest(h.gpu_memory / kGiga);
+  if (h.copy_overlap < 1) out << YAML::Key << "copy_overlap" << YAML::Value << shortest(h.copy_overlap);
+  for (const auto& r : kRequests)
+    if (h.*r.field > 0) out << YAML::Key << r.key << YAML::Value << shortest(round_us(h.*r.field));
+  for (const auto& c : kCurves) {
+    if ((h.*c.field).empty()) continue;
+    out << YAML::Key << c.key << YAML::Value << YAML::Flow << YAML::BeginMap;
+    for (const auto& [x, rate] : h.*c.field) out << YAML::Key << x << YAML::Value << shortest(rate / kTera);
     out << YAML::EndMap;
   }
   if (h.dequant > 0) out << YAML::Key << "dequant_gbps" << YAML::Value << shortest(h.dequant / kGiga);

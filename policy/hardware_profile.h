@@ -7,23 +7,54 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/dtype.h"
+
 namespace flexh2o::policy {
+
+// A measured rate as a function of one size (rows of a GEMM, cached tokens of attention):
+// points ascending in x, read by log-log interpolation and clamped to the ends.
+using RateCurve = std::vector<std::pair<std::int64_t, double>>;
+// The curve at x, or `fallback` when the curve is empty.
+double rate_at(const RateCurve& curve, double x, double fallback);
 
 struct HardwareProfile {
   std::string name;
   std::string source;  // "measured by flexh2o calibrate on ...", "FlexGen's fitted T4 constants", "datasheet estimate"
   // Capacities in bytes.
   std::int64_t gpu_mem = 0, cpu_mem = 0, disk_mem = 0;
+  // The fraction of each tier a plan may fill: what allocator slack, fragmentation and the
+  // runtime's own buffers leave of the capacities above.
+  double memory_safety = 0.9;
+  // The dtype the compute device holds activations in (hidden states, GEMM outputs, their
+  // staging copies): f32 in flexh2o's engine today, f16 in FlexGen's PyTorch runtime.
+  kernels::DType activation_dtype = kernels::DType::F32;
   // Bandwidths in bytes/s.
   double cpu_to_gpu = 0, gpu_to_cpu = 0, disk_to_cpu = 0, cpu_to_disk = 0;
   // Rates in flop/s: dense GEMM and batched attention matmuls, prefill and decode, on the
   // gpu (the compute backend) and on the cpu (cpu_cache_compute attention).
   double gpu_gemm_prefill = 0, gpu_gemm_decode = 0, gpu_attn_prefill = 0, gpu_attn_decode = 0;
   double cpu_gemm = 0, cpu_attn_decode = 0;
-  // Optional: measured GEMM rate (flop/s) by rows of the activation matrix, ascending. A
-  // GEMM's efficiency grows with its rows (batch x tokens); when given, the cost model reads
-  // the rate at each policy's rows instead of the two constants above.
-  std::vector<std::pair<std::int64_t, double>> gemm_by_rows;
+  // Optional: measured GEMM rate (flop/s) by rows of the activation matrix. A GEMM's
+  // efficiency grows with its rows (batch x tokens); when given, the cost model reads the
+  // rate at each policy's rows instead of the two GEMM constants above.
+  RateCurve gemm_by_rows;
+  // Optional: decode attention rate (flop/s) by cached tokens, on the compute device and on
+  // the CPU (cpu_cache_compute); when given they replace the decode attention constants.
+  // Short caches pay per-(sequence, head) overheads, long ones outgrow the caches.
+  RateCurve gpu_attn_decode_by_len, cpu_attn_decode_by_len;
+  // Optional: seconds of one small disk request beyond its bytes / bandwidth, with many in
+  // flight as the engine issues a KV cache's (sequence, head) pieces: a read; a write of one
+  // slot into a partly kept 4 KiB block (read-modify-write); a write of a head's prompt rows,
+  // whose partial blocks its neighbours share (the store orders those). 0: not modelled.
+  double disk_read_request = 0, disk_write_request = 0, disk_rows_write_request = 0;
+  // The fraction of a cpu<->gpu copy's time that hides behind compute: 1 where a copy engine
+  // moves the bytes (a GPU), less where the copies take the cores that compute (the CPU
+  // backend's memcpy).
+  double copy_overlap = 1;
+  // Optional: bytes/s the compute device reads its own memory at (0: not modelled). Every
+  // GEMM reads its weight matrix once, so a GEMM over few rows takes at least weight bytes /
+  // this rate however fast the arithmetic (decode at a small batch is memory-bound).
+  double gpu_memory = 0;
   // Optional: bytes/s of 4-bit groups (2 values per byte) the compute device expands to fp32 (0: not modelled,
   // i.e. free, as on a GPU where it hides behind PCIe). The CPU pays for it per GEMM call
   // and per decode step of a compressed cache.
@@ -38,8 +69,11 @@ struct HardwareProfile {
 // TFLOP/s (gpu_gemm_prefill_tflops, gpu_gemm_decode_tflops, gpu_attn_prefill_tflops,
 // gpu_attn_decode_tflops, cpu_gemm_tflops, cpu_attn_decode_tflops). Every key is required;
 // unknown keys and non-positive values are errors naming the file and key. Optional:
-// gemm_tflops_by_rows, a mapping {rows: TFLOP/s} (what calibrate measures), and
-// dequant_gbps (GB/s of q4 input).
+// memory_safety (default 0.9, in (0, 1]), activation_dtype (f32 default, f16 or bf16),
+// gpu_memory_gbps, copy_overlap (default 1, in [0, 1]), dequant_gbps (GB/s of q4 input),
+// disk_read_request_us, disk_write_request_us, disk_rows_write_request_us, and the curves
+// gemm_tflops_by_rows {rows: TFLOP/s}, gpu_attn_decode_tflops_by_len and
+// cpu_attn_decode_tflops_by_len {cached tokens: TFLOP/s} (what calibrate measures).
 HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_file(const std::string& path);
 std::string hardware_to_yaml(const HardwareProfile& h);

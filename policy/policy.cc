@@ -46,10 +46,10 @@ void Policy::validate(const std::string& source) const {
   weights.validate(source + ": weights");
   cache.validate(source + ": cache");
   activations.validate(source + ": activations");
-  if (kernels::is_quantized(cache_storage))
+  if (cache_storage && kernels::is_quantized(*cache_storage))
     throw std::invalid_argument(source + ": cache_dtype must be f32, f16 or bf16 (compress_cache quantizes)");
-  if (compress_cache && cache_storage != kernels::DType::F32)
-    throw std::invalid_argument(source + ": cache_dtype " + std::string(kernels::dtype_name(cache_storage)) +
+  if (compress_cache && cache_storage)
+    throw std::invalid_argument(source + ": cache_dtype " + std::string(kernels::dtype_name(*cache_storage)) +
                                 " has no effect with compress_cache (the cache is stored as q" +
                                 std::to_string(compress_bits) + "); drop one of them");
   if (compress_bits != 4 && compress_bits != 8)
@@ -142,7 +142,7 @@ std::string policy_to_yaml(const Policy& p) {
   out << YAML::Key << "compress_weight" << YAML::Value << p.compress_weight;
   out << YAML::Key << "compress_cache" << YAML::Value << p.compress_cache;
   out << YAML::Key << "compress_bits" << YAML::Value << p.compress_bits;
-  out << YAML::Key << "cache_dtype" << YAML::Value << std::string(kernels::dtype_name(p.cache_storage));
+  if (p.cache_storage) out << YAML::Key << "cache_dtype" << YAML::Value << std::string(kernels::dtype_name(*p.cache_storage));
   out << YAML::Key << "kv" << YAML::Value << p.kv;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "offload/tiered_tensor.h"
@@ -23,13 +24,18 @@ struct Policy {
   bool compress_weight = false;   // weight matrices stored group-quantized (kernels/quantize.h)
   bool compress_cache = false;    // KV cache stored group-quantized
   int compress_bits = 4;          // 4 or 8 bits per value when compressing
-  kernels::DType cache_storage = kernels::DType::F32;  // the KV cache's float dtype when not compressed
+  // The KV cache's float dtype when not compressed; unset: the model's float dtype (f16 or bf16
+  // as GPU engines keep it, f32 for an fp32 model).
+  std::optional<kernels::DType> cache_storage;
   std::string kv = "full";        // KV policy spec (eviction)
 
   kernels::DType compressed_dtype() const { return compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4; }
-  // Storage of weight matrices (`stored`: the model's dtype) and of the KV cache under this policy.
+  // Storage of weight matrices and of the KV cache under this policy (`stored`: the model's
+  // float dtype, the storage of its matrices without compression).
   kernels::DType weight_dtype(kernels::DType stored) const { return compress_weight ? compressed_dtype() : stored; }
-  kernels::DType cache_dtype() const { return compress_cache ? compressed_dtype() : cache_storage; }
+  kernels::DType cache_dtype(kernels::DType stored) const {
+    return compress_cache ? compressed_dtype() : cache_storage.value_or(stored);
+  }
 
   std::int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
   // FlexGen's --percent WG WC CG CC AG AC (disk gets the rest of each pair).
@@ -41,7 +47,7 @@ struct Policy {
 
 // Keys: gpu_batch_size, num_gpu_batches, percent: [WG, WC, CG, CC, AG, AC], overlap,
 // sep_layer, pin_weight, cpu_cache_compute, compress_weight, compress_cache, compress_bits,
-// cache_dtype (f32, f16 or bf16), kv. Missing keys
+// cache_dtype (f32, f16 or bf16; absent: the model's float dtype), kv. Missing keys
 // keep their defaults; unknown keys are errors (a typo must not silently change a run).
 Policy load_policy_yaml(const std::string& yaml_text, const std::string& source);
 Policy load_policy_file(const std::string& path);

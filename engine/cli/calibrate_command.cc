@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <limits>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -25,6 +27,8 @@
 
 #include <tbb/parallel_for.h>
 
+#include "engine/model_config.h"
+#include "kernels/attention.h"
 #include "kernels/backend.h"
 #include "kernels/quantize.h"
 #include "offload/budget.h"
@@ -42,7 +46,9 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& o) {
   cal->add_option("--out", o.out_file, "write the profile here (default: stdout)");
   cal->add_option("--name", o.name, "profile name (default: <hostname>-<backend>)");
   cal->add_flag("--quick", o.quick, "smaller sizes and shorter timings (a few seconds, rougher numbers)");
-  cal->add_option("--model", o.model, "measure the GEMM rate curve at this model's hidden width (default 2048)");
+  cal->add_option("--model", o.model,
+                  "measure GEMMs at this model's width and attention at its heads and KV dtype (default: width 2048, "
+                  "16 heads of 128, f16 KV)");
   return cal;
 }
 
@@ -64,32 +70,42 @@ struct Plan {
   std::vector<std::int64_t> decode_m;   // GEMM rows at decode (sequences of a batch)
   std::int64_t gemm_n, gemm_k;          // weight [n, k], fp16
   std::int64_t attn_prefill_seqs, attn_prefill_len;
-  std::int64_t attn_decode_seqs, attn_decode_len;
-  std::int64_t heads, head_dim;
+  std::int64_t attn_decode_seqs;
+  std::vector<std::int64_t> attn_decode_lens;  // cached tokens: the rate's curve
+  std::int64_t heads, kv_heads, head_dim;
+  kernels::DType cache_dtype;  // the KV cache as runs keep it by default: the model's float dtype
   std::int64_t memory_bytes;  // cpu <-> gpu copies per pass
   std::int64_t disk_bytes;    // disk <-> cpu, one pass each way
 };
 
 Plan make_plan(bool quick) {
-  if (quick) return {0.05, {512}, {16}, 2048, 2048, 2, 256, 8, 512, 16, 128, 128 * kMiB, 128 * kMiB};
-  return {0.4, {512, 1024, 2048}, {8, 16, 32}, 2048, 2048, 4, 512, 16, 1024, 16, 128, 512 * kMiB, 512 * kMiB};
+  const auto f16 = kernels::DType::F16;
+  if (quick) return {0.05, {512}, {16}, 2048, 2048, 2, 256, 8, {256}, 16, 16, 128, f16, 128 * kMiB, 128 * kMiB};
+  return {0.4,  {512, 1024, 2048}, {8, 16, 32}, 2048, 2048, 4, 512, 8, {64, 256, 1024}, 16, 16, 128, f16,
+          512 * kMiB, 512 * kMiB};
 }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Seconds per call of fn: one warm-up call, then calls until min_seconds have passed.
+// Seconds per call of fn: one warm-up call, then three windows of calls, each until a third
+// of min_seconds has passed; the fastest window counts (on a shared machine the others
+// measure the neighbours).
 template <class F>
 double time_per_call(F&& fn, double min_seconds) {
   fn();
-  int calls = 0;
-  const auto t0 = Clock::now();
-  double elapsed = 0;
-  do {
-    fn();
-    ++calls;
-    elapsed = seconds_since(t0);
-  } while (elapsed < min_seconds);
-  return elapsed / calls;
+  double best = std::numeric_limits<double>::infinity();
+  for (int window = 0; window < 3; ++window) {
+    int calls = 0;
+    const auto t0 = Clock::now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = seconds_since(t0);
+    } while (elapsed < min_seconds / 3);
+    best = std::min(best, elapsed / calls);
+  }
+  return best;
 }
 
 // Keeps 4 significant digits, so the profile reads like a measurement, not noise.
@@ -195,21 +211,34 @@ double attention_prefill_rate(Backend& be, const Plan& plan) {
   return rate;
 }
 
-// flop/s of decode attention, counted as FlexGen does: 4 * len * h per new token.
-double attention_decode_rate(Backend& be, const Plan& plan) {
-  const std::int64_t b = plan.attn_decode_seqs, len = plan.attn_decode_len, h = plan.heads * plan.head_dim;
+// flop/s of decode attention over `len` cached tokens in the plan's KV dtype, counted as
+// FlexGen does: 4 * len * h per new token (h = query heads x head_dim).
+double attention_decode_rate(Backend& be, const Plan& plan, std::int64_t len) {
+  const std::int64_t b = plan.attn_decode_seqs, h = plan.heads * plan.head_dim;
+  const std::int64_t slot = kernels::kv_slot_bytes(plan.cache_dtype, plan.head_dim);
   DeviceBuffer q = device_floats(be, b * h, 6);
-  DeviceBuffer kc = device_floats(be, b * len * h, 7), vc = device_floats(be, b * len * h, 8);
+  // Any bytes are valid f16/bf16 values to attend over except NaN/Inf patterns: fill the
+  // cache by converting fp32 values, as runs write it.
+  const std::int64_t cache_values = b * plan.kv_heads * len * plan.head_dim;
+  std::vector<float> values(static_cast<std::size_t>(cache_values));
+  fill(values.data(), cache_values, 7);
+  std::vector<std::byte> stored(static_cast<std::size_t>(b * plan.kv_heads * len * slot));
+  kernels::convert_rows(values.data(), kernels::DType::F32, stored.data(), plan.cache_dtype, b * plan.kv_heads * len,
+                        plan.head_dim);
+  DeviceBuffer kc(be, stored.size()), vc(be, stored.size());
+  be.copy_to_device(kc.data(), stored.data(), stored.size());
+  be.copy_to_device(vc.data(), stored.data(), stored.size());
   DeviceBuffer out(be, static_cast<std::size_t>(b * h) * sizeof(float));
   const std::vector<std::int64_t> lens(static_cast<std::size_t>(b), len);
   kernels::AttentionDecodeArgs a;
-  a.shape = {plan.heads, plan.heads, plan.head_dim, 1.0f / std::sqrt(static_cast<float>(plan.head_dim))};
+  a.shape = {plan.heads, plan.kv_heads, plan.head_dim, 1.0f / std::sqrt(static_cast<float>(plan.head_dim))};
   a.q = q.as<float>();
-  a.k_cache = kc.as<float>();
-  a.v_cache = vc.as<float>();
+  a.k_cache = kc.data();
+  a.v_cache = vc.data();
   a.capacity = len;
   a.lens = lens;
   a.out = out.as<float>();
+  a.cache_dtype = plan.cache_dtype;
   const double t = time_per_call(
       [&] {
         be.attention_decode(a);
@@ -217,8 +246,17 @@ double attention_decode_rate(Backend& be, const Plan& plan) {
       },
       plan.min_seconds);
   const double rate = 4.0 * static_cast<double>(b) * static_cast<double>(len) * static_cast<double>(h) / t;
-  progress(fmt::format("attention decode {} seqs x {} cached, h={}", b, len, h), gflops(rate));
+  progress(fmt::format("attention decode {} seqs x {} cached, {} heads x {}, {} cache", b, len, plan.heads,
+                       plan.head_dim, kernels::dtype_name(plan.cache_dtype)),
+           gflops(rate));
   return rate;
+}
+
+// The decode attention curve over the plan's lengths.
+policy::RateCurve attention_decode_curve(Backend& be, const Plan& plan) {
+  policy::RateCurve curve;
+  for (std::int64_t len : plan.attn_decode_lens) curve.emplace_back(len, round_sig(attention_decode_rate(be, plan, len)));
+  return curve;
 }
 
 // ---- Transfers ---------------------------------------------------------------------------
@@ -279,13 +317,105 @@ double memory_rate(off::CopyEngine& engine, int lane, void* dst, off::Tier dst_t
     };
   };
   lane_pass(engine, lane, bytes, place(dst_tier, dst), place(src_tier, src));  // warm-up
-  int passes = 0;
-  double seconds = 0;
+  // The fastest of at least three passes (the others measure the neighbours).
+  double best = std::numeric_limits<double>::infinity(), seconds = 0;
+  for (int passes = 0; passes < 3 || seconds < min_seconds; ++passes) {
+    const double t = lane_pass(engine, lane, bytes, place(dst_tier, dst), place(src_tier, src));
+    best = std::min(best, t);
+    seconds += t;
+  }
+  return static_cast<double>(bytes) / best;
+}
+
+// How much of a cpu->gpu copy hides behind compute: a lane copies while prefill GEMMs run,
+// and each gets a share of its speed alone (1 each where a copy engine moves the bytes, 1 in
+// all where they take turns on the same cores). Returns the overlap, share sum - 1, in [0, 1].
+double copy_overlap(Backend& be, const Plan& plan, off::CopyEngine& engine, int lane, double copy_rate) {
+  const std::int64_t n = plan.gemm_n, k = plan.gemm_k, m = plan.prefill_m.front();
+  std::vector<std::uint16_t> wh(static_cast<std::size_t>(n * k));
+  std::vector<float> wf(wh.size());
+  fill(wf.data(), n * k, 1);
+  kernels::convert_from_f32(wf.data(), kernels::DType::F16, wh.data(), wh.size());
+  DeviceBuffer w(be, wh.size() * sizeof(std::uint16_t));
+  be.copy_to_device(w.data(), wh.data(), w.bytes());
+  DeviceBuffer x = device_floats(be, m * k, 2);
+  DeviceBuffer y(be, static_cast<std::size_t>(m * n) * sizeof(float));
+  kernels::GemmArgs a;
+  a.x = x.as<float>();
+  a.m = m;
+  a.w = {w.data(), kernels::DType::F16, n, k};
+  a.y = y.as<float>();
+  auto gemm = [&] {
+    be.gemm(a);
+    be.synchronize();
+  };
+  const double gemm_alone = time_per_call(gemm, plan.min_seconds);
+
+  off::HostBuffer host(static_cast<std::size_t>(plan.memory_bytes), &be);
+  DeviceBuffer dev(be, static_cast<std::size_t>(plan.memory_bytes));
+  std::memset(host.data(), 0x5a, host.bytes());
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> copied{0};
+  // Small chunks one after another, counted as each lands, for a window long enough that
+  // the one in flight at its end does not matter.
+  constexpr std::int64_t kSmallChunk = 8 * kMiB;
+  std::thread copier([&] {
+    for (std::int64_t o = 0; !stop; o = (o + kSmallChunk) % plan.memory_bytes) {
+      engine.copy(lane, off::Place::gpu(dev.as<std::byte>() + o), off::Place::cpu(host.as<std::byte>() + o),
+                  kSmallChunk, {"calibrate", ""})
+          .wait();
+      copied += kSmallChunk;
+    }
+  });
+  int calls = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
   do {
-    seconds += lane_pass(engine, lane, bytes, place(dst_tier, dst), place(src_tier, src));
-    ++passes;
-  } while (seconds < min_seconds);
-  return static_cast<double>(bytes) * passes / seconds;
+    gemm();
+    ++calls;
+    elapsed = seconds_since(t0);
+  } while (elapsed < std::max(plan.min_seconds, 0.3));
+  const double copy_seconds = static_cast<double>(copied.load()) / copy_rate;
+  stop = true;
+  copier.join();
+  const double gemm_share = calls * gemm_alone / elapsed, copy_share = copy_seconds / elapsed;
+  const double overlap = std::clamp(gemm_share + copy_share - 1, 0.0, 1.0);
+  progress("cpu->gpu copies beside GEMMs",
+           fmt::format("GEMM at {:.0f}% and copies at {:.0f}% of their speed alone: overlap {:.2f}", 100 * gemm_share,
+                       100 * copy_share, overlap));
+  return overlap;
+}
+
+// Seconds per small disk request beyond its bytes, with the engine's KV layout: per (sequence,
+// kv head) a run of `capacity` slots, one request each for K and V of 8 sequences, all issued
+// together as a cache lane does. Writes of one slot (a decode step), of a head's prompt rows
+// (prefill: neighbouring requests share partial blocks), and reads of the prompt rows.
+struct DiskRequests {
+  double read = 0, write = 0, rows_write = 0;
+};
+DiskRequests disk_requests(off::Tiers& tiers, const Plan& plan, off::Extent e, std::byte* host, double read_rate,
+                           double write_rate) {
+  const std::int64_t slot = kernels::kv_slot_bytes(plan.cache_dtype, plan.head_dim);
+  const std::int64_t prompt = 128, head_bytes = (prompt + 8) * slot;
+  const std::int64_t requests = std::min<std::int64_t>(2 * 8 * plan.kv_heads, e.bytes / head_bytes);
+  off::Staging staging(&tiers.backend());
+  auto per_request = [&](std::int64_t offset, std::int64_t bytes, bool write, double rate) {
+    std::vector<off::CopyPiece> pieces;
+    for (std::int64_t r = 0; r < requests; ++r) {
+      const off::Place d = off::Place::disk(e, r * head_bytes + offset), c = off::Place::cpu(host + r * head_bytes + offset);
+      pieces.push_back(write ? off::CopyPiece{d, c, bytes} : off::CopyPiece{c, d, bytes});
+    }
+    const double t = time_per_call([&] { off::copy_pieces_now(tiers, pieces, staging); }, 0.1);
+    return std::max(0.0, t / static_cast<double>(requests) - static_cast<double>(bytes) / rate);
+  };
+  DiskRequests r;
+  r.rows_write = per_request(0, prompt * slot, true, write_rate);
+  r.write = per_request(prompt * slot, slot, true, write_rate);
+  r.read = per_request(0, (prompt + 1) * slot, false, read_rate);
+  progress(fmt::format("disk requests, {} at once, {}-byte slots", requests, slot),
+           fmt::format("read {:.0f} us, write of a slot {:.0f} us, of a head's rows {:.0f} us beyond bandwidth",
+                       r.read * 1e6, r.write * 1e6, r.rows_write * 1e6));
+  return r;
 }
 
 std::int64_t free_bytes_at(const std::string& dir) {
@@ -330,7 +460,15 @@ int calibrate_command(const CalibrateOptions& o) {
       throw std::invalid_argument("--out " + o.out_file + ": directory " + dir.string() + " does not exist");
   }
   Plan plan = make_plan(o.quick);
-  if (!o.model.empty()) plan.gemm_n = plan.gemm_k = model_config_of(o.model).hidden;
+  if (!o.model.empty()) {
+    // GEMMs at the model's width, attention at its heads, the KV in its float dtype.
+    const engine::ModelConfig cfg = model_config_of(o.model);
+    plan.gemm_n = plan.gemm_k = cfg.hidden;
+    plan.heads = cfg.n_heads;
+    plan.kv_heads = cfg.n_kv_heads;
+    plan.head_dim = cfg.head_dim;
+    plan.cache_dtype = cfg.dtype;
+  }
   const auto started = Clock::now();
   auto be = kernels::make_backend(o.backend);
   const bool on_cpu = be->kind() == kernels::DeviceKind::Cpu;
@@ -357,18 +495,22 @@ int calibrate_command(const CalibrateOptions& o) {
     hw.gemm_by_rows.emplace_back(m, round_sig(r));
   }
   hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan));
-  hw.gpu_attn_decode = round_sig(attention_decode_rate(*be, plan));
+  // Decode attention by cached tokens; the constant is the rate at the longest.
+  hw.gpu_attn_decode_by_len = attention_decode_curve(*be, plan);
+  hw.gpu_attn_decode = hw.gpu_attn_decode_by_len.back().second;
   // The cpu-side rates (attention over a cpu-homed cache with cpu_cache_compute) at decode
   // shapes: on the CPU backend the "gpu" is this CPU, so they are the same measurements.
   if (on_cpu) {
     hw.cpu_gemm = hw.gpu_gemm_decode;
+    hw.cpu_attn_decode_by_len = hw.gpu_attn_decode_by_len;
     hw.cpu_attn_decode = hw.gpu_attn_decode;
     // What compressed weights and KV cost the CPU to expand (a GPU hides it behind PCIe).
     hw.dequant = round_sig(dequant_rate(plan));
   } else {
     auto cpu = kernels::make_cpu_backend();
     hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode"));
-    hw.cpu_attn_decode = round_sig(attention_decode_rate(*cpu, plan));
+    hw.cpu_attn_decode_by_len = attention_decode_curve(*cpu, plan);
+    hw.cpu_attn_decode = hw.cpu_attn_decode_by_len.back().second;
   }
 
   // cpu <-> gpu. On the CPU backend the gpu tier is host memory and these are memcpy.
@@ -384,6 +526,7 @@ int calibrate_command(const CalibrateOptions& o) {
     progress("gpu->cpu " + mib(plan.memory_bytes), gbps(g2c));
     hw.cpu_to_gpu = round_sig(c2g);
     hw.gpu_to_cpu = round_sig(g2c);
+    hw.copy_overlap = std::round(copy_overlap(*be, plan, engine, lane, c2g) * 100) / 100;
   }
 
   // disk <-> cpu through the disk store (O_DIRECT where the filesystem allows it), one pass
@@ -406,14 +549,22 @@ int calibrate_command(const CalibrateOptions& o) {
     auto at_disk = [e](std::int64_t offset) { return off::Place::disk(e, offset); };
     auto at_host = [&host](std::int64_t offset) { return off::Place::cpu(host.as<std::byte>() + offset); };
     try {
-      const double c2d =
-          static_cast<double>(plan.disk_bytes) / lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host);
+      // Written first (fresh blocks, as the engine offloads), then the fastest of three
+      // passes each way.
+      double write = lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host), read = 1e300;
+      for (int pass = 0; pass < 3; ++pass) {
+        read = std::min(read, lane_pass(engine, lane, plan.disk_bytes, at_host, at_disk));
+        if (pass < 2) write = std::min(write, lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host));
+      }
+      const double c2d = static_cast<double>(plan.disk_bytes) / write, d2c = static_cast<double>(plan.disk_bytes) / read;
       progress("cpu->disk " + mib(plan.disk_bytes), gbps(c2d) + how);
-      const double d2c =
-          static_cast<double>(plan.disk_bytes) / lane_pass(engine, lane, plan.disk_bytes, at_host, at_disk);
       progress("disk->cpu " + mib(plan.disk_bytes), gbps(d2c) + how);
       hw.cpu_to_disk = round_sig(c2d);
       hw.disk_to_cpu = round_sig(d2c);
+      const DiskRequests r = disk_requests(tiers, plan, e, host.as<std::byte>(), d2c, c2d);
+      hw.disk_read_request = r.read;
+      hw.disk_write_request = r.write;
+      hw.disk_rows_write_request = r.rows_write;
     } catch (...) {
       disk.free(e);
       throw;

@@ -14,7 +14,7 @@ namespace flexh2o::cli {
 struct CompressionFlags {
   bool weight = false, cache = false;
   std::optional<int> bits;
-  std::string cache_dtype;  // f32 (default), f16 or bf16
+  std::string cache_dtype;  // f32, f16 or bf16; empty: the model's float dtype
 
   void add_to(CLI::App* app, const std::string& group) {
     app->add_flag("--compress-weight", weight, "store weight matrices as 4-bit groups (FlexGen's --compress-weight)")
@@ -23,7 +23,7 @@ struct CompressionFlags {
     app->add_option("--compress-bits", bits, "bits per value when compressing: 4 (default) or 8")
         ->check(CLI::IsMember({4, 8}))
         ->group(group);
-    app->add_option("--cache-dtype", cache_dtype, "float dtype of an uncompressed KV cache: f32 (default), f16 or bf16")
+    app->add_option("--cache-dtype", cache_dtype, "float dtype of an uncompressed KV cache: f32, f16 or bf16 (default: the model's, e.g. f16)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}))
         ->group(group);
   }

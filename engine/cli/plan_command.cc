@@ -31,11 +31,27 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   plan->add_option("--cpu-mem", o.cpu_mem, "override the profile's CPU memory");
   plan->add_option("--disk-mem", o.disk_mem, "override the profile's disk space");
   plan->add_option("--out", o.out_file, "write the chosen policy as YAML (for flexh2o run --policy)");
-  plan->add_flag("--explain", o.explain, "also print the cost terms and memory per tier");
+  plan->add_flag("--explain", o.explain,
+                 "also print sizes, memory per tier and (when searching) the 5 best policies evaluated with their times");
   plan->add_option("--policy", o.policy_file, "predict this policy YAML instead of searching (placement and batch)");
   o.compress.add_to(plan, "Compression");
   return plan;
 }
+
+namespace {
+
+std::string percent_text(const policy::Policy& p) {
+  const auto pct = p.percent();
+  return fmt::format("[{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}]", pct[0], pct[1], pct[2], pct[3], pct[4], pct[5]);
+}
+
+std::string items_text(const std::vector<std::pair<std::string, std::int64_t>>& items) {
+  std::string out;
+  for (const auto& [name, bytes] : items) out += (out.empty() ? "" : ", ") + name + " " + offload::format_bytes(bytes);
+  return out.empty() ? "nothing" : out;
+}
+
+}  // namespace
 
 int plan_command(const PlanCliOptions& o) {
   const engine::ModelConfig cfg = model_config_of(o.model);
@@ -56,9 +72,12 @@ int plan_command(const PlanCliOptions& o) {
   o.compress.apply(po);
   const policy::ModelShape shape = engine::model_shape(cfg);
   const policy::Workload w{o.prompt_len, o.gen_len};
+  constexpr std::size_t kExplained = 5;
+  std::vector<policy::Estimate> ranked;  // the search's best, when it searched
   policy::Estimate e;
   if (o.policy_file.empty()) {
-    e = policy::plan(shape, hw, w, po);
+    ranked = policy::plan_ranked(shape, hw, w, po, kExplained);
+    e = ranked.front();
   } else {
     policy::Policy fixed = policy::load_policy_file(o.policy_file);
     if (o.kv != "full") fixed.kv = o.kv;
@@ -68,14 +87,11 @@ int plan_command(const PlanCliOptions& o) {
     e = policy::estimate_or_throw(shape, hw, w, fixed, po, "the policy in " + o.policy_file);
   }
   const auto& p = e.policy;
-  const auto pct = p.percent();
   fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source,
              o.prompt_len, o.gen_len, p.kv, kernels::dtype_name(p.weight_dtype(cfg.dtype)),
-             kernels::dtype_name(p.cache_dtype()));
-  fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
-             "cpu_cache_compute {}\n",
-             p.gpu_batch_size, p.num_gpu_batches, p.block_size(), pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
-             p.cpu_cache_compute);
+             kernels::dtype_name(p.cache_dtype(cfg.dtype)));
+  fmt::print("policy: gpu batch {} x {} batches (block {}), percent {}, cpu_cache_compute {}{}\n", p.gpu_batch_size,
+             p.num_gpu_batches, p.block_size(), percent_text(p), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");
   fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per block)\n",
              e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds);
   fmt::print("memory: gpu {} | cpu {} | disk {}\nbottleneck: {}\n", offload::format_bytes(e.peak_bytes[0]),
@@ -86,9 +102,24 @@ int plan_command(const PlanCliOptions& o) {
                offload::format_bytes(z.total_weights), offload::format_bytes(z.layer_weights),
                offload::format_bytes(z.embedding_weights), offload::format_bytes(z.kv_per_token_layer),
                policy::kv_tokens(shape, w, po.kv));
-    fmt::print("capacities (x{} safety): gpu {} | cpu {} | disk {}\n", po.memory_safety, offload::format_bytes(hw.gpu_mem),
-               offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem));
+    fmt::print("capacities (x{} safety): gpu {} | cpu {} | disk {}; activations in {}\n", hw.memory_safety,
+               offload::format_bytes(hw.gpu_mem), offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem),
+               kernels::dtype_name(hw.activation_dtype));
+    for (int tier = 0; tier < 3; ++tier)
+      fmt::print("{} tier: {}\n", offload::tier_name(static_cast<offload::Tier>(tier)),
+                 items_text(e.memory[static_cast<std::size_t>(tier)]));
     fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
+    if (!ranked.empty()) {
+      fmt::print("top {} of the policies the search evaluated:\n", ranked.size());
+      fmt::print("| rank | gbs x K | percent (WG WC CG CC AG AC) | ccc | total tok/s | prefill s | decode s | bottleneck |\n"
+                 "|---|---|---|---|---|---|---|---|\n");
+      for (std::size_t i = 0; i < ranked.size(); ++i) {
+        const policy::Estimate& r = ranked[i];
+        fmt::print("| {} | {} x {} | {} | {} | {:.3f} | {:.1f} | {:.1f} | {} |\n", i + 1, r.policy.gpu_batch_size,
+                   r.policy.num_gpu_batches, percent_text(r.policy), r.policy.cpu_cache_compute ? "yes" : "no",
+                   r.total_throughput, r.prefill_seconds, r.decode_seconds, r.bottleneck);
+      }
+    }
   }
   if (!o.out_file.empty()) offload::write_file_atomically(o.out_file, policy::policy_to_yaml(p));
   return 0;

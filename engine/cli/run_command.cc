@@ -305,7 +305,7 @@ int run_command(const RunOptions& o) {
                total_tput = total.total_throughput();
   const std::int64_t max_prompt = std::ranges::max(all_prompts, {}, &std::vector<std::int32_t>::size).size();
   const std::int64_t cache_bytes = 2 * c.n_layers * pol.block_size() * (max_prompt + gen_len) * c.n_kv_heads *
-                                   kernels::kv_slot_bytes(pol.cache_dtype(), c.head_dim);
+                                   kernels::kv_slot_bytes(pol.cache_dtype(m.config.dtype), c.head_dim);
   const std::int64_t hidden_bytes = pol.block_size() * max_prompt * c.hidden * 4;
   using offload::Tier;
   auto peak = [&](Tier t) { return tiers.budget(t).peak(); };
@@ -322,7 +322,7 @@ int run_command(const RunOptions& o) {
              offload::format_bytes(tensor_bytes(c)), offload::format_bytes(cache_bytes),
              offload::format_bytes(hidden_bytes), pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2],
              pct[3], pct[4], pct[5], pol.overlap, pol.sep_layer, pol.cpu_cache_compute, pol.kv,
-             kernels::dtype_name(pol.cache_dtype()), kernels::dtype_name(c.compute_dtype), offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
+             kernels::dtype_name(pol.cache_dtype(c.dtype)), kernels::dtype_name(c.compute_dtype), offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
              offload::format_bytes(peak(Tier::Disk)), items.size(), total.prompt_tokens, total.generated_tokens,
              total.prefill_seconds, prefill_tput, total.decode_seconds, decode_tput, all_s, total_tput);
   if (!o.metrics_file.empty()) {

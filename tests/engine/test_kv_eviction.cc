@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
 #include "engine/block_scheduler.h"
 #include "engine/generator.h"
@@ -82,7 +83,7 @@ TEST(KvEviction, BytesPerTokenFromTheTierBudgets) {
   engine::GenerationRequest req;
   for (std::int64_t b = 0; b < B; ++b) req.prompts.emplace_back(prompt, static_cast<std::int32_t>(3 + b));
   req.max_new_tokens = gen;
-  auto bytes_per_token = [&](const std::string& kv, kernels::DType storage, bool compress) {
+  auto bytes_per_token = [&](const std::string& kv, std::optional<kernels::DType> storage, bool compress) {
     policy::Policy p;
     p.gpu_batch_size = B;
     p.set_percent({100, 0, 0, 100, 100, 0});
@@ -93,14 +94,14 @@ TEST(KvEviction, BytesPerTokenFromTheTierBudgets) {
     engine::BlockScheduler sched(*be, tiers, cfg, src, p);
     sched.generate(req);
     const std::int64_t slots = kv == "full" ? tokens : policy::kv_slot_capacity(std::llround(0.2 * tokens));
-    const std::int64_t want = 2 * cfg.n_layers * B * cfg.n_kv_heads * slots * kernels::kv_slot_bytes(p.cache_dtype(), 64);
-    EXPECT_EQ(tiers.budget(offload::Tier::Cpu).peak(), want) << kv << " " << kernels::dtype_name(p.cache_dtype());
+    const std::int64_t want = 2 * cfg.n_layers * B * cfg.n_kv_heads * slots * kernels::kv_slot_bytes(p.cache_dtype(cfg.dtype), 64);
+    EXPECT_EQ(tiers.budget(offload::Tier::Cpu).peak(), want) << kv << " " << kernels::dtype_name(p.cache_dtype(cfg.dtype));
     return static_cast<double>(tiers.budget(offload::Tier::Cpu).peak()) / static_cast<double>(B * tokens);
   };
   const double f32 = bytes_per_token("full", kernels::DType::F32, false);
   const double f16 = bytes_per_token("full", kernels::DType::F16, false);
-  const double q4 = bytes_per_token("full", kernels::DType::F32, true);
-  const double h2o_q4 = bytes_per_token("h2o:0.2", kernels::DType::F32, true);
+  const double q4 = bytes_per_token("full", std::nullopt, true);
+  const double h2o_q4 = bytes_per_token("h2o:0.2", std::nullopt, true);
   EXPECT_DOUBLE_EQ(f32, 2 * f16);
   EXPECT_NEAR(f16 / q4, 128.0 / 36.0, 1e-9);
   EXPECT_GE(f16 / h2o_q4, 16.0);

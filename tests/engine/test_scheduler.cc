@@ -109,7 +109,7 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
   auto be = kernels::make_cpu_backend();
   const ModelConfig stored = engine::with_weight_dtype(cfg, c.policy.weight_dtype(cfg.dtype));
   const auto host = engine::load_weights(stored, src);
-  engine::Generator plain(*be, stored, host, c.policy.cache_dtype());
+  engine::Generator plain(*be, stored, host, c.policy.cache_dtype(cfg.dtype));
   const auto kv = c.policy.kv == "full" ? nullptr
                                         : policy::make_kv_policy(policy::parse_kv_spec(c.policy.kv), cfg.n_layers);
   req.kv = kv.get();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -129,14 +130,78 @@ TEST(HardwareProfile, YamlRoundTrips) {
   EXPECT_THAT(text, HasSubstr("gpu_attn_prefill_tflops: 9.97\n"));
 }
 
-TEST(HardwareProfile, T4MatchesFlexGensFittedConstants) {
+// FlexGen's constants in FlexGen's unit, GB = 2^30 bytes (flexgen/utils.py), except the SSD,
+// whose bandwidths are the FlexGen paper's (t4-gcp.yaml says why).
+TEST(HardwareProfile, T4HasFlexGensFittedConstantsInItsUnits) {
   const HardwareProfile h = load_hardware_file(kHardwareDir + "/t4-gcp.yaml");
+  constexpr double kFlexGenGB = 1 << 30;
   EXPECT_EQ(h.name, "t4-gcp");
   EXPECT_THAT(h.source, HasSubstr("FlexGen"));
-  EXPECT_EQ(h.gpu_mem, 15'000'000'000);
-  EXPECT_EQ(h.cpu_mem, 204'000'000'000);
-  EXPECT_EQ(h.disk_mem, 1'500'000'000'000);
-  expect_t4_rates(h);
+  EXPECT_EQ(h.gpu_mem, 15 * std::int64_t{1 << 30});
+  EXPECT_EQ(h.cpu_mem, 204 * std::int64_t{1 << 30});
+  EXPECT_EQ(h.disk_mem, 1500 * std::int64_t{1 << 30});
+  // The file keeps 4 significant digits of each converted bandwidth.
+  EXPECT_NEAR(h.cpu_to_gpu, 12.89 * kFlexGenGB, 5e-4 * h.cpu_to_gpu);
+  EXPECT_NEAR(h.gpu_to_cpu, 0.97 * kFlexGenGB, 5e-4 * h.gpu_to_cpu);
+  EXPECT_DOUBLE_EQ(h.disk_to_cpu, 2e9);
+  EXPECT_DOUBLE_EQ(h.cpu_to_disk, 1e9);
+  EXPECT_DOUBLE_EQ(h.gpu_gemm_prefill, 21.24e12);
+  EXPECT_DOUBLE_EQ(h.gpu_gemm_decode, 4.3e12);
+  EXPECT_DOUBLE_EQ(h.gpu_attn_prefill, 9.97e12);
+  EXPECT_DOUBLE_EQ(h.gpu_attn_decode, 0.079e12);
+  EXPECT_DOUBLE_EQ(h.cpu_gemm, 0.0123e12);
+  EXPECT_DOUBLE_EQ(h.cpu_attn_decode, 0.0123e12);
+  EXPECT_EQ(h.activation_dtype, kernels::DType::F16);  // FlexGen computes in fp16
+}
+
+TEST(HardwareProfile, OptionalFieldsLoadCheckAndRoundTrip) {
+  const HardwareProfile plain = load_hardware_yaml(join(kLines), "hw.yaml");
+  EXPECT_DOUBLE_EQ(plain.memory_safety, 0.9);
+  EXPECT_EQ(plain.activation_dtype, kernels::DType::F32);
+  EXPECT_EQ(plain.gpu_memory, 0);
+  const HardwareProfile h =
+      load_hardware_yaml(join(kLines) + "memory_safety: 0.8\nactivation_dtype: bf16\ngpu_memory_gbps: 320\n", "hw.yaml");
+  EXPECT_DOUBLE_EQ(h.memory_safety, 0.8);
+  EXPECT_EQ(h.activation_dtype, kernels::DType::BF16);
+  EXPECT_DOUBLE_EQ(h.gpu_memory, 320e9);
+  const HardwareProfile back = load_hardware_yaml(hardware_to_yaml(h), "roundtrip");
+  EXPECT_DOUBLE_EQ(back.memory_safety, 0.8);
+  EXPECT_EQ(back.activation_dtype, kernels::DType::BF16);
+  EXPECT_DOUBLE_EQ(back.gpu_memory, 320e9);
+  EXPECT_THAT(error_of(join(kLines) + "memory_safety: 1.5\n"), AllOf(HasSubstr("'memory_safety'"), HasSubstr("at most 1")));
+  EXPECT_THAT(error_of(join(kLines) + "memory_safety: 0\n"), HasSubstr("'memory_safety'"));
+  EXPECT_THAT(error_of(join(kLines) + "activation_dtype: q4\n"), HasSubstr("'activation_dtype'"));
+  EXPECT_THAT(error_of(join(kLines) + "gpu_memory_gbps: -1\n"), HasSubstr("'gpu_memory_gbps'"));
+}
+
+TEST(HardwareProfile, MeasuredCurvesRequestsAndOverlapRoundTrip) {
+  const HardwareProfile h = load_hardware_yaml(join(kLines) +
+                                                   "gpu_attn_decode_tflops_by_len: {1024: 0.005, 64: 0.008}\n"
+                                                   "cpu_attn_decode_tflops_by_len: {256: 0.007}\n"
+                                                   "disk_read_request_us: 35\ndisk_write_request_us: 50.5\n"
+                                                   "disk_rows_write_request_us: 270\ncopy_overlap: 0\n",
+                                               "hw.yaml");
+  EXPECT_EQ(h.gpu_attn_decode_by_len, (RateCurve{{64, 0.008e12}, {1024, 0.005e12}}));  // sorted
+  EXPECT_EQ(h.cpu_attn_decode_by_len, (RateCurve{{256, 0.007e12}}));
+  EXPECT_DOUBLE_EQ(h.disk_read_request, 35e-6);
+  EXPECT_DOUBLE_EQ(h.disk_write_request, 50.5e-6);
+  EXPECT_DOUBLE_EQ(h.disk_rows_write_request, 270e-6);
+  EXPECT_EQ(h.copy_overlap, 0);
+  const HardwareProfile back = load_hardware_yaml(hardware_to_yaml(h), "roundtrip");
+  EXPECT_EQ(back.gpu_attn_decode_by_len, h.gpu_attn_decode_by_len);
+  EXPECT_EQ(back.cpu_attn_decode_by_len, h.cpu_attn_decode_by_len);
+  EXPECT_DOUBLE_EQ(back.disk_read_request, h.disk_read_request);
+  EXPECT_DOUBLE_EQ(back.disk_write_request, h.disk_write_request);
+  EXPECT_DOUBLE_EQ(back.disk_rows_write_request, h.disk_rows_write_request);
+  EXPECT_EQ(back.copy_overlap, 0);
+  // Log-log between the points, clamped at the ends.
+  EXPECT_NEAR(rate_at(h.gpu_attn_decode_by_len, 256, 0), 0.008e12 * std::pow(0.625, 0.5), 1e3);
+  EXPECT_DOUBLE_EQ(rate_at(h.gpu_attn_decode_by_len, 8, 0), 0.008e12);
+  EXPECT_DOUBLE_EQ(rate_at({}, 8, 3.0), 3.0);
+  EXPECT_THAT(error_of(join(kLines) + "copy_overlap: 1.5\n"), HasSubstr("'copy_overlap'"));
+  EXPECT_THAT(error_of(join(kLines) + "disk_read_request_us: 0\n"), HasSubstr("'disk_read_request_us'"));
+  EXPECT_THAT(error_of(join(kLines) + "cpu_attn_decode_tflops_by_len: {0: 1}\n"),
+              HasSubstr("'cpu_attn_decode_tflops_by_len'"));
 }
 
 TEST(HardwareProfile, EveryBundledProfileLoadsAndIsPlausible) {

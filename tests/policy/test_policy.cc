@@ -37,6 +37,12 @@ TEST(Policy, YamlRoundTrips) {
   EXPECT_FALSE(q.sep_layer);
   EXPECT_FALSE(q.pin_weight);
   EXPECT_TRUE(q.cpu_cache_compute);
+  // No cache_dtype: the KV takes the model's float dtype, and the file says nothing.
+  EXPECT_FALSE(q.cache_storage.has_value());
+  EXPECT_EQ(q.cache_dtype(kernels::DType::BF16), kernels::DType::BF16);
+  EXPECT_THAT(policy_to_yaml(p), ::testing::Not(HasSubstr("cache_dtype")));
+  p.cache_storage = kernels::DType::F32;  // --cache-dtype f32 on an f16 model
+  EXPECT_EQ(load_policy_yaml(policy_to_yaml(p), "roundtrip").cache_dtype(kernels::DType::F16), kernels::DType::F32);
 }
 
 TEST(Policy, BadYamlNamesTheFileAndField) {
@@ -59,6 +65,7 @@ TEST(Policy, BadYamlNamesTheFileAndField) {
   EXPECT_EQ(error_of("compress_cache: true\ncompress_bits: 8\n"), "no error");
   EXPECT_THAT(error_of("cache_dtype: q4\n"), HasSubstr("cache_dtype must be f32, f16 or bf16"));
   EXPECT_THAT(error_of("cache_dtype: f16\ncompress_cache: true\n"), HasSubstr("no effect with compress_cache"));
+  EXPECT_THAT(error_of("cache_dtype: f32\ncompress_cache: true\n"), HasSubstr("no effect with compress_cache"));
   EXPECT_THAT(error_of("cache_dtype: f8\n"), HasSubstr("field 'cache_dtype'"));
   EXPECT_EQ(error_of("num_gpu_batches: 2\n"), "no error");
 }
