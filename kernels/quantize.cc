@@ -56,12 +56,13 @@ std::uint16_t load_u16(const std::byte* p) {
 }  // namespace
 
 void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
-  const int levels = (1 << quant_bits(t)) - 1;
+  const int bits = quant_bits(t), levels = (1 << bits) - 1;
+  const std::int64_t group = quant_group_size(t);
   auto* codes = static_cast<std::uint8_t*>(out);
   auto* params = static_cast<std::byte*>(out) + quant_code_bytes(t, n);
-  if (t == DType::Q4) std::memset(codes, 0, static_cast<std::size_t>(quant_code_bytes(t, n)));
-  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += kQuantGroup, ++g) {
-    const std::int64_t g1 = std::min(n, g0 + kQuantGroup);
+  if (bits == 4) std::memset(codes, 0, static_cast<std::size_t>(quant_code_bytes(t, n)));
+  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += group, ++g) {
+    const std::int64_t g1 = std::min(n, g0 + group);
     const auto [lo, hi] = std::minmax_element(x + g0, x + g1);
     const std::uint16_t min_h = f16_down(*lo);
     const float m = f16_to_f32(min_h);
@@ -74,7 +75,7 @@ void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
       // Clamped as a float, so no value (huge, inf, NaN: unspecified codes) converts out of range.
       const float v = (x[i] - m) * inv + 0.5f;
       const int q = v >= static_cast<float>(levels) ? levels : v > 0.0f ? static_cast<int>(v) : 0;
-      if (t == DType::Q8)
+      if (bits == 8)
         codes[i] = static_cast<std::uint8_t>(q);
       else
         codes[i / 2] |= static_cast<std::uint8_t>(q << (4 * (i % 2)));
@@ -85,10 +86,11 @@ void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
 void dequantize_row(const void* in, std::int64_t n, DType t, float* x) {
   const auto* codes = static_cast<const std::uint8_t*>(in);
   const auto* params = static_cast<const std::byte*>(in) + quant_code_bytes(t, n);
-  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += kQuantGroup, ++g) {
-    const std::int64_t g1 = std::min(n, g0 + kQuantGroup);
+  const std::int64_t group = quant_group_size(t);
+  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += group, ++g) {
+    const std::int64_t g1 = std::min(n, g0 + group);
     const float s = f16_to_f32(load_u16(params + 4 * g)), m = f16_to_f32(load_u16(params + 4 * g + 2));
-    if (t == DType::Q8) {
+    if (quant_bits(t) == 8) {
       for (std::int64_t i = g0; i < g1; ++i) x[i] = static_cast<float>(codes[i]) * s + m;
       continue;
     }
