@@ -6,6 +6,13 @@
 
 namespace flexh2o::engine {
 
+kernels::DType WeightSpec::dtype(const ModelConfig& c) const {
+  if (!matrix) return kernels::DType::F32;
+  if (kernels::is_quantized(c.dtype))
+    if (const auto it = c.stored_group_formats.find(name); it != c.stored_group_formats.end()) return it->second;
+  return c.dtype;
+}
+
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   std::vector<WeightSpec> s;
   const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, width = c.embedding_width();

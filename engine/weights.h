@@ -8,7 +8,8 @@
 //   layers.N.mlp_norm.{weight,bias}        layers.N.mlp_out_norm.weight (sandwich norms)
 //   layers.N.{w_gate (gated), w_up, w_down}, {b_gate, b_up, b_down} (mlp bias)
 //   final_norm.{weight,bias}               lm_head [vocab, width] (untied)
-// Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype, vectors in fp32.
+// Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype (compressed: or
+// in the group format the checkpoint has, ModelConfig::stored_group_formats), vectors in fp32.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -28,7 +29,7 @@ struct WeightSpec {
   std::int64_t cols = 1;
   bool matrix = true;
   std::int64_t layer = -1;  // decoder layer, -1 for embeddings and the head
-  kernels::DType dtype(const ModelConfig& c) const { return matrix ? c.dtype : kernels::DType::F32; }
+  kernels::DType dtype(const ModelConfig& c) const;
   std::int64_t numel() const { return rows * cols; }
 };
 

@@ -18,22 +18,34 @@ ModelSizes model_sizes(const ModelShape& m) {
   ModelSizes s;
   const std::int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
   // A matrix is `rows` output rows of `cols` inputs (quantization groups run along a row).
-  auto mat = [&](std::int64_t rows, std::int64_t cols) { return rows * kernels::row_bytes(m.weight_dtype, cols); };
-  const std::int64_t attn = mat(q, m.hidden) + mat(m.hidden, q) + 2 * mat(kv, m.hidden);
-  const std::int64_t mlp = (m.gated_mlp ? 2 : 1) * mat(m.ffn, m.hidden) + mat(m.hidden, m.ffn);
+  auto mat = [&](std::int64_t rows, std::int64_t cols, kernels::DType t) { return rows * kernels::row_bytes(t, cols); };
+  const kernels::DType w = m.weight_dtype;
+  const std::int64_t attn = mat(q, m.hidden, w) + mat(m.hidden, q, w) + 2 * mat(kv, m.hidden, w);
+  const std::int64_t mlp = (m.gated_mlp ? 2 : 1) * mat(m.ffn, m.hidden, w) + mat(m.hidden, m.ffn, w);
   s.layer_weights = attn + mlp;
   s.layer_params = 2 * m.hidden * q + 2 * m.hidden * kv + (m.gated_mlp ? 3 : 2) * m.hidden * m.ffn;
-  const std::int64_t embed = mat(m.vocab + m.extra_embedding_rows, m.hidden);
-  s.embedding_weights = embed + (m.tied_embeddings ? 0 : mat(m.vocab, m.hidden));
+  const std::int64_t embed = mat(m.vocab + m.extra_embedding_rows, m.hidden, m.embedding_dtype.value_or(w));
+  const std::int64_t head = m.tied_embeddings ? embed : mat(m.vocab, m.hidden, m.head_dtype.value_or(w));
+  s.embedding_weights = embed + (m.tied_embeddings ? 0 : head);
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
-  s.largest_unit = std::max({attn, mlp, embed, mat(m.vocab, m.hidden)});
+  s.largest_unit = std::max({attn, mlp, embed, head});
   s.kv_per_token_layer = 2 * m.kv_heads * kernels::row_bytes(m.cache_dtype, m.head_dim);
   s.hidden_per_token = m.hidden * 4;
   return s;
 }
 
 ModelShape with_compression(ModelShape m, const Policy& p) {
-  m.weight_dtype = p.weight_dtype(m.weight_dtype);
+  if (p.compress_weight) {
+    const kernels::DType own = p.compressed_dtype();
+    auto part = [&](const ModelShape::KeptFormat& k) {
+      if (!k.widest) return own;
+      if (!k.partial) return *k.widest;
+      return kernels::row_bytes(*k.widest, m.hidden) > kernels::row_bytes(own, m.hidden) ? *k.widest : own;
+    };
+    m.weight_dtype = part(m.kept_layers);
+    m.embedding_dtype = part(m.kept_embedding);
+    m.head_dtype = part(m.kept_head);
+  }
   m.cache_dtype = p.cache_dtype();
   return m;
 }
