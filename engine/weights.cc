@@ -63,6 +63,16 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   return s;
 }
 
+std::string matrix_dtypes_text(const ModelConfig& c) {
+  if (c.stored_group_formats.empty() || !kernels::is_quantized(c.dtype)) return std::string(kernels::dtype_name(c.dtype));
+  std::map<kernels::DType, int> count;
+  for (const WeightSpec& w : weight_specs(c))
+    if (w.matrix) ++count[w.dtype(c)];
+  std::string text;
+  for (const auto& [t, n] : count) text += (text.empty() ? "" : ", ") + std::string(kernels::dtype_name(t)) + " x " + std::to_string(n);
+  return text;
+}
+
 namespace {
 
 std::string shape_str(const std::vector<std::int64_t>& s) {

@@ -34,6 +34,9 @@ struct WeightSpec {
 };
 
 std::vector<WeightSpec> weight_specs(const ModelConfig& cfg);
+// The storage of the matrices for reports: the dtype, or where kept formats mix in, each
+// with its count (e.g. "q4g32 x 210, q8g32 x 1").
+std::string matrix_dtypes_text(const ModelConfig& cfg);
 
 // A checkpoint (or a generator of random weights) that can read any row range of a
 // canonical tensor, converted to the requested dtype.

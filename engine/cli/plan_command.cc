@@ -70,7 +70,7 @@ int plan_command(const PlanCliOptions& o) {
   const auto& p = e.policy;
   const auto pct = p.percent();
   fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source,
-             o.prompt_len, o.gen_len, p.kv, kernels::dtype_name(p.weight_dtype(cfg.dtype)),
+             o.prompt_len, o.gen_len, p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
              kernels::dtype_name(p.cache_dtype()));
   fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
              "cpu_cache_compute {}\n",

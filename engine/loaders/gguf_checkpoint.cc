@@ -178,6 +178,9 @@ ModelConfig gguf_model_config(const GgufHeader& h, const std::function<std::vect
   c.ffn = dim(h, a + ".feed_forward_length");
   c.n_heads = dim(h, a + ".attention.head_count");
   c.n_kv_heads = dim(h, a + ".attention.head_count_kv", c.n_heads);
+  if (c.n_heads > c.hidden)
+    h.fail_key(a + ".attention.head_count", "= " + std::to_string(c.n_heads) + " exceeds the embedding length " +
+                                                std::to_string(c.hidden));
   c.head_dim = dim(h, a + ".attention.key_length", c.hidden / c.n_heads);
   if (const auto v = h.get_uint(a + ".attention.value_length"); v && static_cast<std::int64_t>(*v) != c.head_dim)
     h.fail_key(a + ".attention.value_length", "= " + std::to_string(*v) + " differs from the key length " +

@@ -590,6 +590,7 @@ TEST(GgufConfig, BadMetadataIsNamed) {
       {"llama.logit_scale", V{engine::GgufValueType::F32, 0.5}, "'llama.logit_scale' is set"},
       {"tokenizer.ggml.eos_token_id", V{engine::GgufValueType::U32, std::uint64_t{512}}, "outside the vocabulary"},
       {"llama.attention.head_count_kv", V{engine::GgufValueType::U32, std::uint64_t{3}}, "num_kv_heads must divide"},
+      {"llama.attention.head_count", V{engine::GgufValueType::U32, std::uint64_t{100}}, "exceeds the embedding length 64"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);
