@@ -6,6 +6,7 @@
 // weight sizes and the planner read the fields only.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,11 @@ struct ModelConfig {
   float final_softcap = 0.0f;     // logits -> c * tanh(logits / c); 0: none
 
   kernels::DType dtype = kernels::DType::F16;  // storage dtype of the weight matrices
+  // Matrices the checkpoint already stores in one of the engine's group formats (a GGUF file's
+  // Q4_0/Q4_1 blocks: q4g32, Q8_0: q8g32), by canonical name. When the matrices are
+  // compressed (dtype quantized: compress_weight) these keep that format, read without loss,
+  // instead of being quantized a second time; otherwise they are expanded to dtype.
+  std::map<std::string, kernels::DType> stored_group_formats;
   // How projections multiply: F32, or BF16 (bf16 inputs, fp32 accumulation); a run setting
   // (--compute-dtype), not part of the checkpoint.
   kernels::DType compute_dtype = kernels::DType::F32;
@@ -131,7 +137,8 @@ struct ModelConfig {
   void validate(const std::string& source) const;
 };
 
-// The same model with its weight matrices stored as `dtype` (compress_weight: q4).
+// The same model with its weight matrices stored as `dtype` (compress_weight: q4; matrices in
+// stored_group_formats then keep theirs).
 inline ModelConfig with_weight_dtype(ModelConfig c, kernels::DType dtype) {
   c.dtype = dtype;
   return c;

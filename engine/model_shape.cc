@@ -1,5 +1,7 @@
 #include "engine/model_shape.h"
 
+#include "engine/weights.h"
+
 namespace flexh2o::engine {
 
 policy::ModelShape model_shape(const ModelConfig& c) {
@@ -17,6 +19,18 @@ policy::ModelShape model_shape(const ModelConfig& c) {
   m.weight_dtype = c.dtype;
   m.extra_embedding_rows = c.learned_positions ? c.max_positions + c.position_offset : 0;
   m.biases = c.qkv_bias || c.o_bias || c.mlp_bias || c.norm_has_bias();
+  if (!c.stored_group_formats.empty()) {
+    for (const WeightSpec& w : weight_specs(c)) {
+      if (!w.matrix) continue;
+      auto& kept = w.layer >= 0 ? m.kept_layers : w.name == "lm_head" ? m.kept_head : m.kept_embedding;
+      const auto it = c.stored_group_formats.find(w.name);
+      if (it == c.stored_group_formats.end()) {
+        kept.partial = true;
+      } else if (!kept.widest || kernels::row_bytes(it->second, c.hidden) > kernels::row_bytes(*kept.widest, c.hidden)) {
+        kept.widest = it->second;
+      }
+    }
+  }
   return m;
 }
 

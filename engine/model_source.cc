@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 
 #include "engine/embedded.h"
 #include "engine/loaders/dummy_weights.h"
+#include "engine/loaders/gguf_checkpoint.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
 
@@ -57,6 +60,15 @@ bool is_model_yaml(const fs::path& p) {
   return fs::is_regular_file(p) && (p.extension() == ".yaml" || p.extension() == ".yml");
 }
 
+// A GGUF file by its extension or, under any name, by its magic.
+bool is_gguf(const fs::path& p) {
+  if (!fs::is_regular_file(p)) return false;
+  if (p.extension() == ".gguf") return true;
+  std::ifstream in(p, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
+}
+
 }  // namespace
 
 kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be) {
@@ -99,6 +111,11 @@ ModelSource open_model(const ModelOptions& opt) {
     auto ckpt = std::make_unique<HfCheckpoint>(opt.model);
     m.config = ckpt->config();
     m.tokenizer = hf_dir_tokenizer(path);
+    m.description = opt.model;
+    m.weights = std::move(ckpt);
+  } else if (is_gguf(path)) {
+    auto ckpt = std::make_unique<GgufCheckpoint>(opt.model);
+    m.config = ckpt->config();
     m.description = opt.model;
     m.weights = std::move(ckpt);
   } else if (is_model_yaml(path)) {

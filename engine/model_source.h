@@ -1,6 +1,7 @@
 // Resolves what `--model` names into a config, a weight source and a tokenizer:
-// nothing (the embedded stories260K), a Hugging Face directory, a llama2.c .bin file,
-// a model YAML, or a built-in config name (the last two need --dummy).
+// nothing (the embedded stories260K), a Hugging Face directory, a GGUF file (by its .gguf
+// extension or its magic), a llama2.c .bin file, a model YAML, or a built-in config name (the
+// last two need --dummy).
 #pragma once
 #include <memory>
 #include <optional>

@@ -6,6 +6,13 @@
 
 namespace flexh2o::engine {
 
+kernels::DType WeightSpec::dtype(const ModelConfig& c) const {
+  if (!matrix) return kernels::DType::F32;
+  if (kernels::is_quantized(c.dtype))
+    if (const auto it = c.stored_group_formats.find(name); it != c.stored_group_formats.end()) return it->second;
+  return c.dtype;
+}
+
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   std::vector<WeightSpec> s;
   const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, width = c.embedding_width();
@@ -71,6 +78,16 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   if (width != c.hidden) mat("project_out", width, c.hidden, -1);
   if (!c.tie_embeddings) mat("lm_head", c.vocab_size, width, -1);
   return s;
+}
+
+std::string matrix_dtypes_text(const ModelConfig& c) {
+  if (c.stored_group_formats.empty() || !kernels::is_quantized(c.dtype)) return std::string(kernels::dtype_name(c.dtype));
+  std::map<kernels::DType, int> count;
+  for (const WeightSpec& w : weight_specs(c))
+    if (w.matrix) ++count[w.dtype(c)];
+  std::string text;
+  for (const auto& [t, n] : count) text += (text.empty() ? "" : ", ") + std::string(kernels::dtype_name(t)) + " x " + std::to_string(n);
+  return text;
 }
 
 namespace {

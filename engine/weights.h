@@ -10,7 +10,8 @@
 //   MoE layers instead: layers.N.router [experts, hidden], layers.N.experts.E.{w_gate, w_up, w_down},
 //   layers.N.shared.{w_gate, w_up, w_down} and layers.N.shared_gate [1, hidden] (shared expert)
 //   final_norm.{weight,bias}               lm_head [vocab, width] (untied)
-// Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype, vectors in fp32.
+// Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype (compressed: or
+// in the group format the checkpoint has, ModelConfig::stored_group_formats), vectors in fp32.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -30,11 +31,14 @@ struct WeightSpec {
   std::int64_t cols = 1;
   bool matrix = true;
   std::int64_t layer = -1;  // decoder layer, -1 for embeddings and the head
-  kernels::DType dtype(const ModelConfig& c) const { return matrix ? c.dtype : kernels::DType::F32; }
+  kernels::DType dtype(const ModelConfig& c) const;
   std::int64_t numel() const { return rows * cols; }
 };
 
 std::vector<WeightSpec> weight_specs(const ModelConfig& cfg);
+// The storage of the matrices for reports: the dtype, or where kept formats mix in, each
+// with its count (e.g. "q4g32 x 210, q8g32 x 1").
+std::string matrix_dtypes_text(const ModelConfig& cfg);
 
 // A checkpoint (or a generator of random weights) that can read any row range of a
 // canonical tensor, converted to the requested dtype.

@@ -18,6 +18,8 @@ std::string_view dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::Q4: return "q4";
     case DType::Q8: return "q8";
+    case DType::Q4G32: return "q4g32";
+    case DType::Q8G32: return "q8g32";
   }
   return "?";
 }
@@ -40,7 +42,9 @@ DType parse_dtype(std::string_view s) {
   if (s == "bf16" || s == "bfloat16" || s == "BF16") return DType::BF16;
   if (s == "q4" || s == "Q4") return DType::Q4;
   if (s == "q8" || s == "Q8") return DType::Q8;
-  throw std::invalid_argument("unknown dtype '" + std::string(s) + "' (expected f32, f16, bf16, q4 or q8)");
+  if (s == "q4g32") return DType::Q4G32;
+  if (s == "q8g32") return DType::Q8G32;
+  throw std::invalid_argument("unknown dtype '" + std::string(s) + "' (expected f32, f16, bf16, q4, q8, q4g32 or q8g32)");
 }
 
 namespace {
@@ -121,6 +125,8 @@ void convert_to_f32(const void* src, DType from, float* dst, std::size_t n) {
     }
     case DType::Q4:
     case DType::Q8:
+    case DType::Q4G32:
+    case DType::Q8G32:
       break;
   }
 }
@@ -147,6 +153,8 @@ void convert_from_f32(const float* src, DType to, void* dst, std::size_t n) {
     }
     case DType::Q4:
     case DType::Q8:
+    case DType::Q4G32:
+    case DType::Q8G32:
       break;
   }
 }

@@ -10,20 +10,24 @@
 
 namespace flexh2o::kernels {
 
-// Q4/Q8: group-wise asymmetric min-max quantization (kernels/quantize.h).
-enum class DType : std::uint8_t { F32, F16, BF16, Q4, Q8 };
+// Q4/Q8: group-wise asymmetric min-max quantization in groups of 64 (kernels/quantize.h), the
+// format flexh2o quantizes to; Q4G32/Q8G32: the same format in groups of 32, which GGUF files'
+// Q4_0/Q4_1/Q8_0 blocks repack into without loss (engine/loaders/gguf_blocks.h).
+enum class DType : std::uint8_t { F32, F16, BF16, Q4, Q8, Q4G32, Q8G32 };
 
-constexpr bool is_quantized(DType t) { return t == DType::Q4 || t == DType::Q8; }
+constexpr bool is_quantized(DType t) {
+  return t == DType::Q4 || t == DType::Q8 || t == DType::Q4G32 || t == DType::Q8G32;
+}
 // Bytes per element of the float types (quantized types have no per-element size: use row_bytes).
 constexpr std::size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 // Bytes of one row of `cols` elements, the quantized types' group scales included.
 std::int64_t row_bytes(DType t, std::int64_t cols);
 std::string_view dtype_name(DType t);
-// Parses "f32"/"fp32"/"float32", "f16"/"fp16"/"float16", "bf16"/"bfloat16", "q4", "q8";
-// throws on others.
+// Parses "f32"/"fp32"/"float32", "f16"/"fp16"/"float16", "bf16"/"bfloat16", "q4", "q8",
+// "q4g32", "q8g32"; throws on others.
 DType parse_dtype(std::string_view s);
-// parse_dtype for the float types only: a model's or checkpoint's dtype (q4/q8 are a
-// compression the policy chooses, not a stored model dtype).
+// parse_dtype for the float types only: a model's or checkpoint's dtype (the quantized types
+// are a compression the policy chooses, not a stored model dtype).
 DType parse_float_dtype(std::string_view s);
 
 inline float f16_to_f32(std::uint16_t h) {

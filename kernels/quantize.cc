@@ -58,12 +58,13 @@ std::uint16_t load_u16(const std::byte* p) {
 }  // namespace
 
 void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
-  const int levels = (1 << quant_bits(t)) - 1;
+  const int bits = quant_bits(t), levels = (1 << bits) - 1;
+  const std::int64_t group = quant_group_size(t);
   auto* codes = static_cast<std::uint8_t*>(out);
   auto* params = static_cast<std::byte*>(out) + quant_code_bytes(t, n);
-  if (t == DType::Q4) std::memset(codes, 0, static_cast<std::size_t>(quant_code_bytes(t, n)));
-  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += kQuantGroup, ++g) {
-    const std::int64_t g1 = std::min(n, g0 + kQuantGroup);
+  if (bits == 4) std::memset(codes, 0, static_cast<std::size_t>(quant_code_bytes(t, n)));
+  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += group, ++g) {
+    const std::int64_t g1 = std::min(n, g0 + group);
     float lo = 0, hi = 0;
     quant_group_range(x + g0, g1 - g0, lo, hi);
     const std::uint16_t min_h = f16_down(lo);
@@ -75,7 +76,7 @@ void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
     const float inv = s > 0 ? 1.0f / s : 0.0f;
     for (std::int64_t i = g0; i < g1; ++i) {
       const int q = quant_code(quant_position(x[i], m, inv), levels);
-      if (t == DType::Q8)
+      if (bits == 8)
         codes[i] = static_cast<std::uint8_t>(q);
       else
         codes[i / 2] |= static_cast<std::uint8_t>(q << (4 * (i % 2)));
@@ -86,10 +87,11 @@ void quantize_row(const float* x, std::int64_t n, DType t, void* out) {
 void dequantize_row(const void* in, std::int64_t n, DType t, float* x) {
   const auto* codes = static_cast<const std::uint8_t*>(in);
   const auto* params = static_cast<const std::byte*>(in) + quant_code_bytes(t, n);
-  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += kQuantGroup, ++g) {
-    const std::int64_t g1 = std::min(n, g0 + kQuantGroup);
+  const std::int64_t group = quant_group_size(t);
+  for (std::int64_t g0 = 0, g = 0; g0 < n; g0 += group, ++g) {
+    const std::int64_t g1 = std::min(n, g0 + group);
     const float s = f16_to_f32(load_u16(params + 4 * g)), m = f16_to_f32(load_u16(params + 4 * g + 2));
-    if (t == DType::Q8) {
+    if (quant_bits(t) == 8) {
       for (std::int64_t i = g0; i < g1; ++i) x[i] = static_cast<float>(codes[i]) * s + m;
       continue;
     }

@@ -20,11 +20,13 @@ ModelSizes model_sizes(const ModelShape& m) {
   const std::int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, h = m.hidden;
   // The tensors of each scheduling unit as engine::weight_specs lists them: matrices of `rows`
   // output rows of `cols` inputs (quantization groups run along a row), norms and biases fp32.
-  auto mat = [&](std::int64_t rows, std::int64_t cols) { return rows * kernels::row_bytes(m.weight_dtype, cols); };
+  auto mat_as = [](kernels::DType t, std::int64_t rows, std::int64_t cols) { return rows * kernels::row_bytes(t, cols); };
+  auto mat = [&](std::int64_t rows, std::int64_t cols) { return mat_as(m.weight_dtype, rows, cols); };
+  const kernels::DType embed_t = m.embedding_dtype.value_or(m.weight_dtype), head_t = m.head_dtype.value_or(m.weight_dtype);
   auto vec = [](std::int64_t n) { return n * static_cast<std::int64_t>(sizeof(float)); };
   const std::int64_t norm_bias = m.biases ? vec(h) : 0;
-  std::vector<std::int64_t> embed = {mat(m.vocab, h)}, attn, mlp, head = {vec(h)};
-  if (m.extra_embedding_rows > 0) embed.push_back(mat(m.extra_embedding_rows, h));
+  std::vector<std::int64_t> embed = {mat_as(embed_t, m.vocab, h)}, attn, mlp, head = {vec(h)};
+  if (m.extra_embedding_rows > 0) embed.push_back(mat_as(embed_t, m.extra_embedding_rows, h));
   attn = {vec(h), mat(q, h), mat(kv, h), mat(kv, h), mat(h, q)};
   mlp = {vec(h)};
   if (m.gated_mlp)
@@ -36,7 +38,7 @@ ModelSizes model_sizes(const ModelShape& m) {
     mlp.insert(mlp.end(), {norm_bias, vec(m.ffn), vec(h)});
     head.push_back(norm_bias);
   }
-  head.push_back(mat(m.vocab, h));
+  head.push_back(mat_as(head_t, m.vocab, h));
   auto sum = [](const std::vector<std::int64_t>& t) { return std::accumulate(t.begin(), t.end(), std::int64_t{0}); };
   // A staging slot holds a unit's tensors, each aligned as BlockScheduler places them (256 B).
   auto slot = [](const std::vector<std::int64_t>& t) {
@@ -46,7 +48,7 @@ ModelSizes model_sizes(const ModelShape& m) {
   };
   s.layer_weights = sum(attn) + sum(mlp);
   s.layer_params = 2 * h * q + 2 * h * kv + (m.gated_mlp ? 3 : 2) * h * m.ffn;
-  s.head_weights = mat(m.vocab, h);
+  s.head_weights = mat_as(head_t, m.vocab, h);
   s.embedding_weights = sum(embed) + sum(head) - (m.tied_embeddings ? s.head_weights : 0);
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
   s.largest_unit = std::max({slot(attn), slot(mlp), slot(embed), slot(head)});
@@ -57,7 +59,18 @@ ModelSizes model_sizes(const ModelShape& m) {
 
 ModelShape with_compression(ModelShape m, const Policy& p) {
   m.cache_dtype = p.cache_dtype(m.weight_dtype);
-  m.weight_dtype = p.weight_dtype(m.weight_dtype);
+  if (p.compress_weight) {
+    // Matrices stored in one of the engine's group formats keep it (see ModelShape::KeptFormat).
+    const kernels::DType own = p.compressed_dtype();
+    auto part = [&](const ModelShape::KeptFormat& k) {
+      if (!k.widest) return own;
+      if (!k.partial) return *k.widest;
+      return kernels::row_bytes(*k.widest, m.hidden) > kernels::row_bytes(own, m.hidden) ? *k.widest : own;
+    };
+    m.weight_dtype = part(m.kept_layers);
+    m.embedding_dtype = part(m.kept_embedding);
+    m.head_dtype = part(m.kept_head);
+  }
   return m;
 }
 

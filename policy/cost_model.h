@@ -31,6 +31,18 @@ struct ModelShape {
   kernels::DType cache_dtype = kernels::DType::F16;   // storage of the KV cache (with_compression sets it)
   std::int64_t extra_embedding_rows = 0;  // OPT's learned positions
   bool biases = false;  // OPT: linear layers and norms have biases (fp32 vectors, like the norms' weights)
+  // Under compress_weight, matrices a checkpoint already stores in one of the engine's group
+  // formats keep it (GGUF Q4_0/Q4_1/Q8_0 blocks: q4g32/q8g32) instead of taking the policy's.
+  // Per part (decoder layers, input embedding, output head): the widest such format, and
+  // whether some matrices of the part have none (those take the policy's).
+  struct KeptFormat {
+    std::optional<kernels::DType> widest;
+    bool partial = false;
+  };
+  KeptFormat kept_layers{}, kept_embedding{}, kept_head{};
+  // Storage of the embedding (+ positions) and of the head where it is not weight_dtype
+  // (with_compression sets them from the kept formats).
+  std::optional<kernels::DType> embedding_dtype{}, head_dtype{};
 };
 
 struct Workload {

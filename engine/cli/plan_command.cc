@@ -88,7 +88,7 @@ int plan_command(const PlanCliOptions& o) {
   }
   const auto& p = e.policy;
   fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source,
-             o.prompt_len, o.gen_len, p.kv, kernels::dtype_name(p.weight_dtype(cfg.dtype)),
+             o.prompt_len, o.gen_len, p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
              kernels::dtype_name(p.cache_dtype(cfg.dtype)));
   fmt::print("policy: gpu batch {} x {} batches (block {}), percent {}, cpu_cache_compute {}{}\n", p.gpu_batch_size,
              p.num_gpu_batches, p.block_size(), percent_text(p), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");

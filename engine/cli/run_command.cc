@@ -318,7 +318,7 @@ int run_command(const RunOptions& o) {
              "peak memory: gpu {} | cpu {} | disk {}\n"
              "prompts: {}, prompt tokens: {}, generated tokens: {}\n"
              "prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
-             m.description, c.n_layers, c.hidden, kernels::dtype_name(c.dtype),
+             m.description, c.n_layers, c.hidden, matrix_dtypes_text(c),
              offload::format_bytes(tensor_bytes(c)), offload::format_bytes(cache_bytes),
              offload::format_bytes(hidden_bytes), pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2],
              pct[3], pct[4], pct[5], pol.overlap, pol.sep_layer, pol.cpu_cache_compute, pol.kv,

@@ -19,7 +19,7 @@ namespace flexh2o::kernels::cuda {
 
 constexpr int kThreads = 256;       // element-wise kernels
 constexpr int kQuantThreads = 64;   // one thread per value of a quantization group (kQuantGroup)
-constexpr int kQuantGroupSize = 64; // = kQuantGroup, as a device-usable constant
+constexpr int kQuantGroupSize = 64; // = kQuantGroup, as a device-usable constant (the largest group)
 
 // Blocks for a grid-stride loop over n items at `per_block` items per block: enough to fill
 // any GPU, never more than the grid limit. Kernels loop, so any n is covered.
@@ -62,9 +62,11 @@ __device__ __forceinline__ void store_u16(std::uint8_t* p, std::uint16_t v) {
 
 __device__ __forceinline__ std::int64_t q_code_bytes(bool q4, std::int64_t n) { return q4 ? (n * 4 + 7) / 8 : n; }
 
-// Element i of a quantized row of n values: q * scale + min, rounded as the CPU does.
-__device__ __forceinline__ float dequant_at(const std::uint8_t* row, std::int64_t n, bool q4, std::int64_t i) {
-  const std::uint8_t* params = row + q_code_bytes(q4, n) + 4 * (i / kQuantGroupSize);
+// Element i of a quantized row of n values in groups of `group`: q * scale + min, rounded as
+// the CPU does.
+__device__ __forceinline__ float dequant_at(const std::uint8_t* row, std::int64_t n, bool q4, int group,
+                                            std::int64_t i) {
+  const std::uint8_t* params = row + q_code_bytes(q4, n) + 4 * (i / group);
   const float s = f16_bits_to_f32(load_u16(params));
   const float m = f16_bits_to_f32(load_u16(params + 2));
   const unsigned q = q4 ? (row[i / 2] >> (4 * (i % 2))) & 0xfu : row[i];
@@ -77,8 +79,10 @@ __device__ __forceinline__ float load_elem(const std::uint8_t* row, DType t, std
     case DType::F32: return reinterpret_cast<const float*>(row)[i];
     case DType::F16: return f16_bits_to_f32(reinterpret_cast<const std::uint16_t*>(row)[i]);
     case DType::BF16: return bf16_bits_to_f32(reinterpret_cast<const std::uint16_t*>(row)[i]);
-    case DType::Q4: return dequant_at(row, n, true, i);
-    case DType::Q8: return dequant_at(row, n, false, i);
+    case DType::Q4: return dequant_at(row, n, true, kQuantGroupSize, i);
+    case DType::Q8: return dequant_at(row, n, false, kQuantGroupSize, i);
+    case DType::Q4G32: return dequant_at(row, n, true, 32, i);
+    case DType::Q8G32: return dequant_at(row, n, false, 32, i);
   }
   return 0.0f;
 }
@@ -90,7 +94,9 @@ __device__ __forceinline__ void store_float_elem(std::uint8_t* row, DType t, std
     case DType::F16: reinterpret_cast<std::uint16_t*>(row)[i] = f32_to_f16_bits(v); return;
     case DType::BF16: reinterpret_cast<std::uint16_t*>(row)[i] = f32_to_bf16_bits(v); return;
     case DType::Q4:
-    case DType::Q8: return;  // quantized rows are written a group at a time (quantize_group)
+    case DType::Q8:
+    case DType::Q4G32:
+    case DType::Q8G32: return;  // quantized rows are written a group at a time (quantize_group)
   }
 }
 
@@ -113,14 +119,16 @@ __device__ __forceinline__ std::uint16_t f16_up(float f) {
   return h;
 }
 
-// Quantizes group `grp` of the n-value fp32 row x into the quantized row `out`, exactly as
-// quantize_row does. Called by all kQuantThreads threads of a block (it synchronises);
-// xs, qs and params are __shared__ scratch of kQuantGroupSize, kQuantGroupSize and 2 entries.
+// Quantizes group `grp` (of `group` <= kQuantGroupSize values) of the n-value fp32 row x into
+// the quantized row `out`, exactly as quantize_row does. Called by all kQuantThreads threads of
+// a block (it synchronises); xs, qs and params are __shared__ scratch of kQuantGroupSize,
+// kQuantGroupSize and 2 entries.
 __device__ __forceinline__ void quantize_group(const float* x, std::int64_t n, bool q4, std::int64_t grp,
-                                               std::uint8_t* out, float* xs, int* qs, float* params) {
+                                               std::uint8_t* out, float* xs, int* qs, float* params,
+                                               int group = kQuantGroupSize) {
   const int t = static_cast<int>(threadIdx.x);
-  const std::int64_t g0 = grp * kQuantGroupSize;
-  const int len = static_cast<int>(n - g0 < kQuantGroupSize ? n - g0 : kQuantGroupSize);
+  const std::int64_t g0 = grp * group;
+  const int len = static_cast<int>(n - g0 < group ? n - g0 : group);
   const int levels = q4 ? 15 : 255;
   __syncthreads();  // the previous group's readers are done with the scratch
   if (t < len) xs[t] = x[g0 + t];

@@ -50,6 +50,8 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr DType kAllDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4, DType::Q8};
+// Weights may also be in 32-value groups (GGUF blocks kept as they are); KV caches never are.
+constexpr DType kWeightDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4, DType::Q8, DType::Q4G32, DType::Q8G32};
 constexpr double kF32Tol = 1e-5;
 using flexh2o::testing::kBF16Eps;
 using flexh2o::testing::kF32Eps;
@@ -233,7 +235,7 @@ void BackendOpsTest::check_gemm(DType dtype, DType compute, std::int64_t m, std:
 
 TEST_P(BackendOpsTest, GemmAllWeightDtypes) {
   for (DType compute : {DType::F32, DType::BF16})
-    for (DType t : kAllDTypes)
+    for (DType t : kWeightDTypes)
       for (const auto& [m, k, n] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
                {1, 77, 131}, {37, 200, 65}, {5, 1, 3}})
         for (bool bias : {false, true})
@@ -245,7 +247,7 @@ TEST_P(BackendOpsTest, GemmAllWeightDtypes) {
 // nothing turns into inf.
 TEST_P(BackendOpsTest, GemmKeepsActivationsBeyondFp16Range) {
   for (DType compute : {DType::F32, DType::BF16})
-    for (DType t : kAllDTypes)
+    for (DType t : kWeightDTypes)
       for (std::int64_t m : {1, 19}) check_gemm(t, compute, m, 300, 70, true, 0.0f, 2e5f);
 }
 
@@ -370,7 +372,7 @@ TEST_P(BackendOpsTest, GatedActivationsSoftcapAndAdd) {
 
 TEST_P(BackendOpsTest, EmbeddingAllDtypes) {
   const std::int64_t rows = 50, cols = 130, offset = 2;
-  for (DType t : kAllDTypes)
+  for (DType t : kWeightDTypes)
     for (bool accumulate : {false, true}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " accumulate=" << accumulate);
       const Twin table = upload(stored_rows(random_floats(rows * cols, -2.0f, 2.0f), t, rows, cols));
@@ -742,8 +744,8 @@ TEST_P(BackendOpsTest, AllocReportsOutOfMemory) {
 TEST_P(BackendOpsTest, QuantizeRowsBitExact) {
   auto* cuda = dynamic_cast<cuda::CudaBackend*>(dev_.get());
   if (cuda == nullptr) GTEST_SKIP() << "not the CUDA backend";
-  for (DType t : {DType::Q4, DType::Q8})
-    for (std::int64_t n : {1, 63, 64, 65, 130, 257}) {
+  for (DType t : {DType::Q4, DType::Q8, DType::Q4G32, DType::Q8G32})
+    for (std::int64_t n : {1, 31, 32, 33, 63, 64, 65, 130, 257}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n);
       const std::int64_t rows = 9;
       std::vector<float> x = random_floats(rows * n, -5.0f, 5.0f);

@@ -21,7 +21,7 @@
 namespace flexh2o::kernels {
 namespace {
 
-constexpr DType kQuantized[] = {DType::Q4, DType::Q8};
+constexpr DType kQuantized[] = {DType::Q4, DType::Q8, DType::Q4G32, DType::Q8G32};
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Rows of `cols` values stored as `t`, and the values that storage decodes to.
@@ -55,6 +55,12 @@ TEST(QuantizeFormat, ExactByteSizes) {
   EXPECT_EQ(row_bytes(DType::F16, 10), 20);
   // fp16 of a 128-wide head vs 4-bit: 256 / 72 bytes, the 3.56x FlexGen's format gives.
   EXPECT_NEAR(static_cast<double>(row_bytes(DType::F16, 128)) / static_cast<double>(row_bytes(DType::Q4, 128)), 3.56, 0.01);
+  // Groups of 32: the bytes of GGUF's Q4_1 (20 per 32 values) and Q8_0 (34, here 36: fp16 min too).
+  EXPECT_EQ(row_bytes(DType::Q4G32, 64), 32 + 8);
+  EXPECT_EQ(row_bytes(DType::Q4G32, 33), 17 + 8);
+  EXPECT_EQ(row_bytes(DType::Q8G32, 576), 576 + 18 * 4);
+  EXPECT_EQ(quant_groups(DType::Q4G32, 576), 18);
+  EXPECT_EQ(quant_groups(DType::Q4, 576), 9);
 }
 
 TEST(QuantizeFormat, NibbleLayoutAndParams) {
@@ -103,7 +109,7 @@ TEST(QuantizeFormat, CodesOfNonFiniteAndHugePositions) {
     const std::vector<float> row = {kInf, 1.0f, -2.0f, 1e30f, -kInf, 0.5f};
     std::vector<std::uint8_t> q(static_cast<std::size_t>(row_bytes(t, 6)));
     quantize_row(row.data(), 6, t, q.data());
-    auto code = [&](int i) { return t == DType::Q8 ? q[static_cast<std::size_t>(i)] : (q[static_cast<std::size_t>(i / 2)] >> (4 * (i % 2))) & 0xf; };
+    auto code = [&](int i) { return quant_bits(t) == 8 ? q[static_cast<std::size_t>(i)] : (q[static_cast<std::size_t>(i / 2)] >> (4 * (i % 2))) & 0xf; };
     EXPECT_EQ(code(0), levels) << dtype_name(t);
     EXPECT_EQ(code(3), levels) << dtype_name(t);
     EXPECT_EQ(code(4), 0) << dtype_name(t);
@@ -127,9 +133,10 @@ TEST_F(Quantize, RoundTripWithinHalfAStepPerGroup) {
       std::vector<float> back(x.size());
       dequantize_row(row.data(), n, t, back.data());
       const int levels = (1 << quant_bits(t)) - 1;
-      for (std::int64_t g = 0; g < quant_groups(n); ++g) {
+      const std::int64_t group = quant_group_size(t);
+      for (std::int64_t g = 0; g < quant_groups(t, n); ++g) {
         const auto p = quant_group_params(row.data(), n, t, g);
-        const auto first = x.begin() + g * kQuantGroup, last = x.begin() + std::min(n, (g + 1) * kQuantGroup);
+        const auto first = x.begin() + g * group, last = x.begin() + std::min(n, (g + 1) * group);
         const auto [lo, hi] = std::minmax_element(first, last);
         // The stored range covers the group: min rounded down, scale rounded up.
         ASSERT_LE(p.min, *lo);
@@ -148,29 +155,31 @@ TEST_F(Quantize, RoundTripWithinHalfAStepPerGroup) {
     }
 }
 
-// The q4 expansion (AVX2 where the CPU has it) equals q * scale + min computed one value at a
-// time from the stored nibbles and parameters, bit for bit.
+// The 4-bit expansion (AVX2 where the CPU has it) equals q * scale + min computed one value at
+// a time from the stored nibbles and parameters, bit for bit, in groups of 64 and of 32.
 TEST_F(Quantize, Q4ExpansionIsBitExact) {
-  for (const std::int64_t n : {1, 15, 16, 17, 63, 64, 65, 100, 128, 200, 1000}) {
-    const std::vector<float> x = random_floats(n, -3, 5);
-    std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes(DType::Q4, n)));
-    quantize_row(x.data(), n, DType::Q4, row.data());
-    std::vector<float> got(static_cast<std::size_t>(n));
-    dequantize_row(row.data(), n, DType::Q4, got.data());
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto p = quant_group_params(row.data(), n, DType::Q4, i / kQuantGroup);
-      const int q = (row[static_cast<std::size_t>(i / 2)] >> (4 * (i % 2))) & 0xf;
-      volatile float prod = static_cast<float>(q) * p.scale;  // no fused multiply-add
-      const float want = prod + p.min;
-      ASSERT_EQ(std::memcmp(&got[static_cast<std::size_t>(i)], &want, 4), 0) << "n=" << n << " i=" << i;
+  for (const DType t : {DType::Q4, DType::Q4G32})
+    for (const std::int64_t n : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 200, 1000}) {
+      const std::vector<float> x = random_floats(n, -3, 5);
+      std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes(t, n)));
+      quantize_row(x.data(), n, t, row.data());
+      std::vector<float> got(static_cast<std::size_t>(n));
+      dequantize_row(row.data(), n, t, got.data());
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto p = quant_group_params(row.data(), n, t, i / quant_group_size(t));
+        const int q = (row[static_cast<std::size_t>(i / 2)] >> (4 * (i % 2))) & 0xf;
+        volatile float prod = static_cast<float>(q) * p.scale;  // no fused multiply-add
+        const float want = prod + p.min;
+        ASSERT_EQ(std::memcmp(&got[static_cast<std::size_t>(i)], &want, 4), 0)
+            << dtype_name(t) << " n=" << n << " i=" << i;
+      }
     }
-  }
 }
 
 TEST_F(Quantize, ConvertRowsBetweenAllDtypes) {
   const std::int64_t rows = 5, cols = 97;
   const std::vector<float> x = random_floats(rows * cols, -2, 2);
-  for (const DType t : {DType::F16, DType::BF16, DType::Q4, DType::Q8}) {
+  for (const DType t : {DType::F16, DType::BF16, DType::Q4, DType::Q8, DType::Q4G32, DType::Q8G32}) {
     const Stored s = store(x, rows, cols, t);
     // Rows are independent: row 3 alone converts to the same bytes.
     std::vector<std::byte> one(static_cast<std::size_t>(row_bytes(t, cols)));

