@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -288,7 +289,7 @@ def run_system(a, paths, system, batch, rep, index):
         oom = cg.oom_killed()
     finally:
         cg.remove()
-        subprocess.run(["rm", "-rf", paths["offload"]])
+        shutil.rmtree(paths["offload"], ignore_errors=True)
     if timed_out:
         run.status, run.reason = "timeout", f"timeout ({a.timeout} s) at batch {batch}"
     elif oom or proc.returncode == -signal.SIGKILL or "can't allocate memory" in last_line(log) \
@@ -373,6 +374,7 @@ def summarize(a, paths, runs, bests, load_start, load_end):
         f"{a.prompts} prompts x {a.prompt_len} tokens, {a.gen_len} new tokens each, greedy; "
         f"{a.repeat} run(s) per system and batch, interleaved",
         f"{cap}; page cache dropped before each run",
+        *([f"flexh2o: {a.flexh2o_source}"] if a.flexh2o_source else []),
         machine_line(load_start, load_end) + f"; other processes used {min(others):.2f}-{max(others):.2f} cores "
         "during the runs",
         "",
@@ -478,6 +480,7 @@ def parse_args():
         p.error("give flexh2o's batch with --batch or --batches flexh2o=BxK, not in --flexh2o-args")
     a.baseline = a.baseline or next((s for s in a.systems if not s.startswith("flexh2o")), a.systems[0])
     a.out_dir = a.out_dir or os.path.join(a.work_dir, "out")
+    a.flexh2o_source = None  # the binary the copy in out_dir was taken from
     return a
 
 
@@ -492,6 +495,11 @@ def main():
         raise HarnessError(f"no flexh2o binary at {a.flexh2o}; build it or pass --flexh2o PATH")
     for d in ("logs", "tokens", "metrics"):
         os.makedirs(os.path.join(a.out_dir, d), exist_ok=True)
+    if any(s.startswith("flexh2o") for s in a.systems):
+        # Run a copy: the build may be replaced while the benchmark runs.
+        built = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(a.flexh2o)))
+        a.flexh2o_source = f"{a.flexh2o} (built {built})"
+        a.flexh2o = shutil.copy2(a.flexh2o, os.path.join(a.out_dir, "flexh2o"))
     venv = a.venv or os.environ.get("PEERS_VENV")
     python = ensure_venv(venv or os.path.join(HERE, ".venv"), venv is not None, a.work_dir)
     checkpoint = ensure_checkpoint(a, python)
