@@ -528,6 +528,8 @@ def main():
 
 
 if __name__ == "__main__":
+    # SIGTERM unwinds like Ctrl-C: the running system is killed and its cgroup removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         main()
     except (HarnessError, CgroupError) as e:
