@@ -43,6 +43,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--top-p", o.top_p, "nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
   run->add_option("--seed", o.seed, "seed of sampling and dummy weights");
   run->add_flag("--dummy", o.dummy, "random weights of the model's shape (no checkpoint needed)");
+  run->add_flag("--ignore-eos", o.ignore_eos, "generate --gen-len tokens per prompt even past the model's end-of-sequence tokens");
   run->add_option("--dtype", o.dtype, "storage dtype of weight matrices: f32, f16 or bf16")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   run->add_option("--backend", o.backend, "compute backend: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
@@ -176,6 +177,7 @@ int run_command(const RunOptions& o) {
   ModelSource m = open_model(mo);
   auto backend = kernels::make_backend(o.backend);
   m.config.compute_dtype = choose_compute_dtype(o.compute_dtype, m.config.dtype, *backend);
+  if (o.ignore_eos) m.config.stop_ids.clear();
   const std::int64_t gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
 
   std::vector<PromptItem> items;

@@ -24,6 +24,7 @@ struct RunOptions {
   float top_p = 1.0f;
   std::uint64_t seed = 0;
   bool dummy = false;
+  bool ignore_eos = false;  // every prompt generates gen_len tokens (the model's stop ids are not applied)
   std::string dtype;
   std::string backend = "auto";  // auto, cpu or cuda
   std::string compute_dtype = "auto";
