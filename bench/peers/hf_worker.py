@@ -113,7 +113,7 @@ def main():
 
     with open(a.metrics, "w") as f:
         json.dump({"load_seconds": load_seconds, "generate_seconds": generate_seconds, "generated_tokens": generated,
-                   "batch": a.batch, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                   "batch": a.batch, "dtype": a.dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
                    "transformers": transformers.__version__, **placement}, f, indent=2)
 
 

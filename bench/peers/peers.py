@@ -185,7 +185,7 @@ def system_command(a, system, batch, paths, out, metrics):
            "--prompts", paths["prompts"], "--gen-len", str(a.gen_len), "--batch", batch,
            "--threads", str(a.threads), "--out", out, "--metrics", metrics]
     if system == "accelerate":
-        cmd += ["--system", "accelerate", "--dtype", "bf16", "--cpu-mem", a.accelerate_cpu_mem,
+        cmd += ["--system", "accelerate", "--dtype", a.accelerate_dtype, "--cpu-mem", a.accelerate_cpu_mem,
                 "--offload-folder", paths["offload"]]
     else:
         cmd += ["--system", "eager", "--dtype", system.removeprefix("pytorch-")]
@@ -205,7 +205,7 @@ def read_metrics(system, metrics):
     if "modules_on_disk" in m:
         detail = (f"{m['modules_on_disk']} of {m['modules']} modules on disk, "
                   f"{100 * m['weight_fraction_on_disk']:.0f}% of the weight bytes "
-                  f"(max_memory cpu {format_bytes(m['accelerate_cpu_budget'])})")
+                  f"(max_memory cpu {format_bytes(m['accelerate_cpu_budget'])}), {m.get('dtype', '?')}")
     return m["generate_seconds"], m["load_seconds"], m["generated_tokens"], detail
 
 
@@ -451,6 +451,9 @@ def parse_args():
     g.add_argument("--accelerate-cpu-mem", default="disk:0.7",
                    help="Accelerate's max_memory for the cpu: a size (600MiB) or disk:F = the largest that leaves "
                         "a fraction F of the weight bytes on disk (default disk:0.7)")
+    g.add_argument("--accelerate-dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="Accelerate's weight and compute dtype (default bf16; fp32 is faster on CPUs without "
+                        "AVX-512 BF16 or AMX, where PyTorch emulates bf16)")
     g.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
     g = p.add_argument_group("measurement")
     g.add_argument("--mem-cap", type=parse_bytes, help="memory cgroup limit of each run, e.g. 3GiB (default none)")
