@@ -152,45 +152,50 @@ TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
   testing::TempDir dir;
   testing::write_file(dir.file("in.jsonl"), token_prompts(16));
   // Blocks of one prompt, each a few tens of ms: the job is under way when the kill comes.
-  const std::string job = "--model " + write_opt(dir, 6, 512) + " --dummy --prompts " + dir.file("in.jsonl") +
+  const std::string job = "run --model " + write_opt(dir, 6, 512) + " --dummy --prompts " + dir.file("in.jsonl") +
                           " --gen-len 16 --gpu-batch-size 1 --out ";
-  ASSERT_EQ(run("", "run " + job + dir.file("full.jsonl"), dir).code, 0);
+  ASSERT_EQ(run("", job + dir.file("full.jsonl"), dir).code, 0);
   const std::string full = testing::read_file(dir.file("full.jsonl"));
   ASSERT_EQ(line_count(full), 16u);
 
-  const std::string out = dir.file("part.jsonl");
-  const std::string cmd = "exec " + mpirun(2) + FLEXH2O_BINARY + " run " + job + out + " >" + dir.file("spawn.out") +
-                          " 2>" + dir.file("spawn.err") + " </dev/null";
-  const pid_t launcher = ::fork();
-  if (launcher == 0) {
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  // Once rank 0 wrote a line (rank 1's share included: the lines go in input order), kill rank 1.
-  pid_t victim = -1;
-  for (int tries = 0; tries < 3000; ++tries) {
-    if (victim < 0) victim = rank_pid(launcher, 1);
-    if (victim > 0 && std::filesystem::exists(out) && std::filesystem::file_size(out) > 0) break;
-    ::usleep(10000);
-  }
-  ASSERT_GT(victim, 0) << "rank 1 not found";
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  int status = 0;
-  ::waitpid(launcher, &status, 0);
-  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a job with a killed rank succeeded";
-  const std::string partial = testing::read_file(out);
-  ASSERT_LT(line_count(partial), 16u) << "the job ended before the kill";
-  EXPECT_EQ(full.compare(0, partial.size(), partial), 0) << "the partial file is not a prefix of the whole one";
+  for (const std::string& form : {std::string(), std::string(" --pipeline 2")}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    const std::string out = dir.file("part" + std::to_string(form.size()) + ".jsonl");
+    const std::string cmd = "exec " + mpirun(2) + FLEXH2O_BINARY + " " + job + out + form + " >" +
+                            dir.file("spawn.out") + " 2>" + dir.file("spawn.err") + " </dev/null";
+    const pid_t launcher = ::fork();
+    if (launcher == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Once rank 0 wrote a line (data parallel: rank 1's share included, the lines go in input
+    // order; pipeline: rank 1 is the last stage), kill rank 1.
+    pid_t victim = -1;
+    for (int tries = 0; tries < 3000; ++tries) {
+      if (victim < 0) victim = rank_pid(launcher, 1);
+      if (victim > 0 && std::filesystem::exists(out) && std::filesystem::file_size(out) > 0) break;
+      ::usleep(10000);
+    }
+    ASSERT_GT(victim, 0) << "rank 1 not found";
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    int status = 0;
+    ::waitpid(launcher, &status, 0);
+    EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a job with a killed rank succeeded";
+    const std::string partial = testing::read_file(out);
+    ASSERT_LT(line_count(partial), 16u) << "the job ended before the kill";
+    EXPECT_EQ(full.compare(0, partial.size(), partial), 0) << "the partial file is not a prefix of the whole one";
 
-  const Result resumed = run(mpirun(2), "run " + job + out + " --resume", dir);
-  ASSERT_EQ(resumed.code, 0) << resumed.err;
-  EXPECT_THAT(resumed.err, HasSubstr("resuming:"));
-  EXPECT_EQ(testing::read_file(out), full);
+    const Result resumed = run(mpirun(2), job + out + form + " --resume", dir);
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    EXPECT_THAT(resumed.err, HasSubstr("resuming:"));
+    EXPECT_EQ(testing::read_file(out), full);
+  }
 }
 
 TEST(Mpi, BadPromptOnOneRankEndsEveryRankWithOneError) {
   testing::TempDir dir;
-  // Equal prompts are dealt alternately: "bad" (the second) goes to rank 1.
+  // Data parallel: equal prompts are dealt alternately, so "bad" (the second) goes to rank 1,
+  // which finds it while rank 0 runs; pipeline: rank 0 checks every prompt while the others wait.
   testing::write_file(dir.file("in.jsonl"),
                       "{\"id\": \"ok1\", \"tokens\": [2, 5, 6]}\n{\"id\": \"bad\", \"tokens\": [2, 99999, 6]}\n"
                       "{\"id\": \"ok2\", \"tokens\": [2, 7, 8]}\n{\"id\": \"ok3\", \"tokens\": [2, 9, 10]}\n");
