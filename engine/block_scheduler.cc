@@ -38,6 +38,16 @@ struct GpuBuffer {
 
 }  // namespace
 
+LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& s) {
+  if (s.layers < 1 || s.first_layer < 0 || s.first_layer + s.layers > cfg.n_layers ||
+      s.input != (s.first_layer == 0) || s.head != (s.first_layer + s.layers == cfg.n_layers))
+    throw std::invalid_argument("decoder layers [" + std::to_string(s.first_layer) + ", " +
+                                std::to_string(s.first_layer + s.layers) + ") are not a slice of " + cfg.name + "'s " +
+                                std::to_string(cfg.n_layers));
+  // build_layers: input embedding, then attention and MLP per decoder layer, then the head.
+  return {s.input ? 0 : 1 + 2 * s.first_layer, s.head ? 2 + 2 * cfg.n_layers : 1 + 2 * (s.first_layer + s.layers)};
+}
+
 struct BlockScheduler::Unit {
   std::string name;
   std::vector<const Layer*> layers;
@@ -108,7 +118,7 @@ struct BlockScheduler::BlockState {
 
 BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg,
                                const WeightSource& source, const policy::Policy& policy, offload::Trace* trace,
-                               offload::CopyOptions copy)
+                               offload::CopyOptions copy, LayerRange range)
     : be_(be),
       tiers_(tiers),
       cfg_(with_weight_dtype(cfg, policy.weight_dtype(cfg.dtype))),
@@ -120,23 +130,33 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
   if (policy_.cpu_cache_compute && be_.kind() != kernels::DeviceKind::Cpu)
     throw std::invalid_argument("cpu_cache_compute is not supported on the " + be_.name() +
                                 " backend yet (it needs a CPU backend beside it); run without --cpu-cache-compute");
+  const auto n = static_cast<std::int64_t>(layers_.size());
+  const std::int64_t end = range.end < 0 ? n : range.end;
+  if (range.begin < 0 || range.begin >= end || end > n)
+    throw std::invalid_argument("layers [" + std::to_string(range.begin) + ", " + std::to_string(end) +
+                                ") are not a slice of the model's " + std::to_string(n) + " layers");
   // Scheduling units: with sep_layer off, a decoder block's attention and MLP load together.
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const Layer* l = layers_[i].get();
+  std::vector<std::string> names;
+  for (std::int64_t i = range.begin; i < end; ++i) {
+    const Layer* l = layers_[static_cast<std::size_t>(i)].get();
     const bool merge = !policy_.sep_layer && !units_.empty() && units_.back().cache_layer >= 0 &&
                        units_.back().layers.size() == 1 && l->cache_index() < 0 && l->name().rfind("mlp.", 0) == 0;
     if (!merge) units_.push_back({l->name(), {}, {}, l->cache_index(), false, false});
     Unit& u = units_.back();
     if (merge) u.name = "layer." + std::to_string(u.cache_layer);
+    if (l->cache_index() >= 0) cache_layers_.push_back(l->cache_index());
     u.layers.push_back(l);
     for (auto& w : l->weight_names())
       if (std::find(u.weights.begin(), u.weights.end(), w) == u.weights.end()) u.weights.push_back(w);
+    for (auto& w : l->weight_names())
+      if (std::find(names.begin(), names.end(), w) == names.end()) names.push_back(w);
   }
-  units_.front().first = true;
-  units_.back().last = true;
+  units_.front().first = range.begin == 0;  // its input is the embedding, not hidden states
+  units_.back().last = true;                // its output leaves the scheduler
+  holds_head_ = end == n;
 
   if (policy_.kv != "full") kv_policy_ = policy::make_kv_policy(policy::parse_kv_spec(policy_.kv), cfg_.n_layers);
-  weights_ = load_tiered_weights(cfg_, source, tiers_, policy_.weights);
+  weights_ = load_tiered_weights(cfg_, source, tiers_, policy_.weights, names);
   std::int64_t slot_bytes = 0;
   for (const auto& u : units_) {
     std::int64_t b = 0;
@@ -159,6 +179,7 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
   lane_cache_out_ = copies_->add_lane("copy: cache out");
   lane_hidden_in_ = copies_->add_lane("copy: hidden in");
   lane_hidden_out_ = copies_->add_lane("copy: hidden out");
+  boundary_staging_ = std::make_unique<offload::Staging>(&tiers_.backend());
 }
 
 BlockScheduler::~BlockScheduler() = default;
@@ -265,7 +286,7 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
   {
     offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
     for (const Layer* l : u.layers) l->forward(be_, *w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
-    if (u.last) {
+    if (u.last && holds_head_) {
       const GenerationRequest& req = *st.req;
       std::span<std::int32_t> next(st.next.data() + b.seq0, static_cast<std::size_t>(b.n));
       std::span<const std::uint64_t> streams(st.streams.data() + b.seq0, static_cast<std::size_t>(b.n));
@@ -306,17 +327,29 @@ void BlockScheduler::issue_stores(BlockState& st, std::int64_t unit, std::int64_
   if (!policy_.overlap) wait_all(slot.stores);
 }
 
-GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
-  GenerationLog log(be_, cfg_, req);
+struct BlockScheduler::Block {
+  Block(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req) : log(be, cfg, req) {}
+  GenerationLog log;
+  BlockState st;
+  std::int64_t computes = 0;  // so far: compute c uses ring slot c % 3
+};
+
+void BlockScheduler::BlockDeleter::operator()(Block* b) const { delete b; }
+
+bool BlockScheduler::holds_input() const { return units_.front().first; }
+
+BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
+  BlockPtr blk(new Block(be_, cfg_, req));
   const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
   if (B > policy_.block_size())
     throw std::invalid_argument("a block holds at most gpu_batch_size x num_gpu_batches = " +
                                 std::to_string(policy_.block_size()) + " prompts, got " + std::to_string(B));
-  if (B == 0) return log.finish();
+  if (B == 0) return blk;
 
-  // Unit instances count from 0 again: nothing a previous call fetched (or failed to) is reused.
+  // Unit instances fetched before (or failed to) are not reused by a new block.
   for (auto& ws : weight_slots_) ws.seq = -1;
-  BlockState st;
+  GenerationLog& log = blk->log;
+  BlockState& st = blk->st;
   st.req = &req;
   st.streams = log.streams();
   st.next.resize(static_cast<std::size_t>(B));
@@ -353,13 +386,22 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
     const std::string tag = " of batch " + std::to_string(st.batches.size());
     b.hidden = std::make_unique<TieredTensor>(tiers_, "hidden states" + tag, kernels::DType::F32, rows, cfg_.hidden,
                                               policy_.activations);
-    for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+    // Only the caches of this scheduler's decoder layers.
+    b.k.resize(static_cast<std::size_t>(cfg_.n_layers));
+    b.v.resize(static_cast<std::size_t>(cfg_.n_layers));
+    for (const std::int64_t l : cache_layers_) {
       const std::string name = "KV cache of layer " + std::to_string(l) + tag;
-      b.k.push_back(std::make_unique<TieredTensor>(tiers_, "K " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes));
-      b.v.push_back(std::make_unique<TieredTensor>(tiers_, "V " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes));
+      b.k[static_cast<std::size_t>(l)] =
+          std::make_unique<TieredTensor>(tiers_, "K " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes);
+      b.v[static_cast<std::size_t>(l)] =
+          std::make_unique<TieredTensor>(tiers_, "V " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes);
     }
-    const auto& split = b.k.front()->split();
-    b.resident_end = policy_.cpu_cache_compute ? split.end[1] : split.end[0];
+    if (cache_layers_.empty()) {
+      b.resident_end = b.n;
+    } else {
+      const auto& split = b.k[static_cast<std::size_t>(cache_layers_.front())]->split();
+      b.resident_end = policy_.cpu_cache_compute ? split.end[1] : split.end[0];
+    }
     b.cache_stored.resize(static_cast<std::size_t>(cfg_.n_layers));
     st.hidden_resident = st.hidden_resident && b.hidden->entirely_on(Tier::Gpu);
     st.staged_max = std::max(st.staged_max, b.n - b.resident_end);
@@ -377,48 +419,91 @@ GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
       st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "V staging" + n);
     }
   }
+  return blk;
+}
 
+bool BlockScheduler::active(const Block& b) const { return b.log.active(); }
+
+void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
+  if (!blk.log.active()) throw std::logic_error("run_step on a finished block");
+  BlockState& st = blk.st;
+  const bool receiving = !holds_input(), sending = !holds_head_;
+  if ((receiving && !links.receive) || (sending && !links.send))
+    throw std::logic_error("a scheduler holding part of the model needs the links to its neighbours");
   const std::int64_t K = static_cast<std::int64_t>(st.batches.size());
   const std::int64_t U = static_cast<std::int64_t>(units_.size());
-  std::int64_t counter = 0;  // computes so far: compute c uses ring slot c % 3
-  for (st.step = 0; log.active(); ++st.step) {
-    if (st.step > 0)
-      for (auto& b : st.batches) {
-        const auto next = std::span(st.next).subspan(static_cast<std::size_t>(b.seq0), static_cast<std::size_t>(b.n));
-        for (std::size_t i = 0; i < next.size(); ++i) b.tokens[i].push_back(next[i]);
-        // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
-        b.step = rope_reprefills(cfg_, b.step.lens) ? StepBatch::make_prefill(b.tokens)
-                                                     : StepBatch::make_decode(next, b.step.lens);
+  auto receive = [&](std::int64_t k) {
+    Batch& b = st.batches[static_cast<std::size_t>(k)];
+    boundary_.resize(static_cast<std::size_t>(b.step.rows() * cfg_.hidden));
+    links.receive(k, boundary_);
+    b.hidden->write_rows(0, b.step.rows(), boundary_.data(), *boundary_staging_);
+  };
+  auto send = [&](std::int64_t k) {
+    const Batch& b = st.batches[static_cast<std::size_t>(k)];
+    boundary_.resize(static_cast<std::size_t>(b.step.rows() * cfg_.hidden));
+    be_.copy_to_host(boundary_.data(), st.act->hidden, boundary_.size() * sizeof(float));
+    links.send(k, boundary_);
+  };
+  const std::int64_t first_seq = unit_instances_;
+  unit_instances_ += U;
+  for (std::int64_t u = 0; u < U; ++u) {
+    const std::int64_t wseq = first_seq + u;
+    issue_weights(u, wseq);
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::int64_t counter = blk.computes++;
+      RingSlot& slot = st.ring[static_cast<std::size_t>(counter % 3)];
+      if (slot.assigned != counter) {
+        if (u == 0 && receiving) receive(k);
+        issue_loads(st, u, k, slot);
+        slot.assigned = counter;
       }
-    for (std::int64_t u = 0; u < U; ++u) {
-      const std::int64_t wseq = st.step * U + u;
-      issue_weights(u, wseq);
-      for (std::int64_t k = 0; k < K; ++k, ++counter) {
-        RingSlot& slot = st.ring[static_cast<std::size_t>(counter % 3)];
-        if (slot.assigned != counter) {
-          issue_loads(st, u, k, slot);
-          slot.assigned = counter;
+      if (policy_.overlap) {
+        // Next unit's weights while this unit's K batches compute (the next step's first
+        // unit at the end; fetched in vain only after the very last step).
+        if (k == 0) issue_weights((u + 1) % U, wseq + 1);
+        // Next batch's activations and KV, when they do not depend on this compute (nor on a
+        // neighbour stage: its input is received in line, not before this compute).
+        const bool next_in_unit = k + 1 < K && !(u == 0 && receiving), next_unit = k + 1 == K && u + 1 < U && K > 1;
+        if (next_in_unit || next_unit) {
+          RingSlot& ns = st.ring[static_cast<std::size_t>((counter + 1) % 3)];
+          issue_loads(st, next_in_unit ? u : u + 1, next_in_unit ? k + 1 : 0, ns);
+          ns.assigned = counter + 1;
         }
-        if (policy_.overlap) {
-          // Next unit's weights while this unit's K batches compute (the next step's first
-          // unit at the end; fetched in vain only after the very last step).
-          if (k == 0) issue_weights((u + 1) % U, wseq + 1);
-          // Next batch's activations and KV, when they do not depend on this compute.
-          const bool next_in_unit = k + 1 < K, next_unit = k + 1 == K && u + 1 < U && K > 1;
-          if (next_in_unit || next_unit) {
-            RingSlot& ns = st.ring[static_cast<std::size_t>((counter + 1) % 3)];
-            issue_loads(st, next_in_unit ? u : u + 1, next_in_unit ? k + 1 : 0, ns);
-            ns.assigned = counter + 1;
-          }
-        }
-        compute(st, u, k, slot, wseq);
-        issue_stores(st, u, k, slot);
       }
+      compute(st, u, k, slot, wseq);
+      issue_stores(st, u, k, slot);
+      if (u == U - 1 && sending) send(k);
     }
-    if (req.on_logits) req.on_logits(st.step, st.host_logits);
-    log.record(st.step, st.next);
   }
-  return log.finish();
+}
+
+std::span<std::int32_t> BlockScheduler::next_tokens(Block& b) { return b.st.next; }
+
+void BlockScheduler::end_step(Block& blk) {
+  BlockState& st = blk.st;
+  if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
+  blk.log.record(st.step, st.next);
+  ++st.step;
+  if (!blk.log.active()) return;
+  for (auto& b : st.batches) {
+    const auto next = std::span(st.next).subspan(static_cast<std::size_t>(b.seq0), static_cast<std::size_t>(b.n));
+    for (std::size_t i = 0; i < next.size(); ++i) b.tokens[i].push_back(next[i]);
+    // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
+    b.step = rope_reprefills(cfg_, b.step.lens) ? StepBatch::make_prefill(b.tokens)
+                                                 : StepBatch::make_decode(next, b.step.lens);
+  }
+}
+
+GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }
+
+GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
+  if (!holds_input() || !holds_head_) throw std::logic_error("generate() needs the whole model; step a stage's blocks");
+  BlockPtr blk = begin(req);
+  while (active(*blk)) {
+    run_step(*blk);
+    end_step(*blk);
+  }
+  return finish(*blk);
 }
 
 }  // namespace flexh2o::engine

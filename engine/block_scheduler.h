@@ -15,8 +15,16 @@
 // device slots (fetching, computing, writing back); with cpu_cache_compute the cpu-homed
 // sequences are attended where they live, in host memory. (On the CPU backend that is the
 // compute backend itself; a device backend will hand those parts to a CPU backend.)
+//
+// Pipeline stages (engine/distributed): a scheduler can hold a contiguous slice of the layers
+// (LayerRange) with only their weights and KV caches; its first unit then takes each GPU
+// batch's hidden states from StageLinks::receive and its last one hands them to
+// StageLinks::send. A stage keeps several blocks in flight and advances each a step at a time
+// (begin, run_step, end_step, finish); generate() is the same loop for one block.
 #pragma once
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,23 +33,67 @@
 #include "engine/tiered_weights.h"
 #include "offload/copy_engine.h"
 #include "offload/trace.h"
+#include "policy/pipeline.h"
 #include "policy/policy.h"
 
 namespace flexh2o::engine {
 
+// Layers [begin, end) of build_layers(cfg) (input embedding, attention and MLP per decoder
+// layer, output head); end < 0: through the last.
+struct LayerRange {
+  std::int64_t begin = 0, end = -1;
+};
+
+// The layers of a pipeline stage's decoder layers, with the input embedding on the first stage
+// and the head on the last.
+LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& slice);
+
+// The hidden states ([rows, hidden] fp32 in host memory) of GPU batch k of the current step at
+// a stage's boundaries.
+struct StageLinks {
+  // Fills them before the stage's first unit computes batch k (a stage after the first).
+  std::function<void(std::int64_t k, std::span<float> hidden)> receive;
+  // Takes them after the stage's last unit computed batch k (a stage before the last); the
+  // span is valid during the call.
+  std::function<void(std::int64_t k, std::span<const float> hidden)> send;
+};
+
 class BlockScheduler {
  public:
-  // Loads the weights into their tiers. Throws BudgetExceeded when they do not fit.
+  // Loads the weights of `layers` into their tiers. Throws BudgetExceeded when they do not fit.
   BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg, const WeightSource& source,
-                 const policy::Policy& policy, offload::Trace* trace = nullptr, offload::CopyOptions copy = {});
+                 const policy::Policy& policy, offload::Trace* trace = nullptr, offload::CopyOptions copy = {},
+                 LayerRange layers = {});
   ~BlockScheduler();
 
   // Generates for one block: at most gpu_batch_size x num_gpu_batches prompts, cut into GPU
-  // batches in order. Same tokens as Generator::generate on the same request.
+  // batches in order. Same tokens as Generator::generate on the same request. Whole model only.
   GenerationResult generate(const GenerationRequest& req);
+
+  // One block stepped from outside. `req` must outlive the block, and blocks the scheduler.
+  class Block;
+  struct BlockDeleter {
+    void operator()(Block* b) const;
+  };
+  using BlockPtr = std::unique_ptr<Block, BlockDeleter>;
+  // Places the block's KV caches and hidden states (throws BudgetExceeded) and checks its prompts.
+  BlockPtr begin(const GenerationRequest& req);
+  bool active(const Block& b) const;
+  // This scheduler's layers over every GPU batch of the block's current step; with the output
+  // head here the step's tokens are then sampled into next_tokens().
+  void run_step(Block& b, const StageLinks& links = {});
+  // The tokens of the current step: sampled by run_step, or set here by the caller (a stage
+  // without the head gets them from the one with it) before end_step.
+  std::span<std::int32_t> next_tokens(Block& b);
+  // Records the step's tokens (stops, forcing, on_step) and moves the block to its next step.
+  void end_step(Block& b);
+  GenerationResult finish(Block& b);
 
   const ModelConfig& config() const { return cfg_; }
   const policy::Policy& policy() const { return policy_; }
+  // Whether the input embedding / the output head are among this scheduler's layers.
+  bool holds_input() const;
+  bool holds_head() const { return holds_head_; }
 
  private:
   struct Unit;
@@ -63,6 +115,11 @@ class BlockScheduler {
   offload::Trace* trace_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Unit> units_;
+  std::vector<std::int64_t> cache_layers_;  // decoder layers whose KV cache this scheduler keeps
+  bool holds_head_ = true;
+  std::int64_t unit_instances_ = 0;  // units run so far (weight slots are keyed by this count)
+  std::vector<float> boundary_;      // hidden states received or sent at a stage boundary
+  std::unique_ptr<offload::Staging> boundary_staging_;
   TieredWeights weights_;
   DeviceWeights resident_;  // tensors wholly on the gpu tier, used in place
   std::vector<WeightSlot> weight_slots_;

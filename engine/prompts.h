@@ -48,8 +48,11 @@ class JsonlWriter {
   ~JsonlWriter();
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
-  void add(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens);
+  // Queues a line made by line() (here or on another rank).
+  void add_line(const std::string& line);
   void flush();
+  // The line of one result, newline included.
+  static std::string line(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens);
 
  private:
   std::string path_;

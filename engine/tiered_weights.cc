@@ -12,9 +12,11 @@ constexpr std::int64_t kChunkBytes = std::int64_t{16} << 20;
 }
 
 TieredWeights load_tiered_weights(const ModelConfig& cfg, const WeightSource& source, offload::Tiers& tiers,
-                                  const offload::TierFractions& fractions) {
+                                  const offload::TierFractions& fractions, std::span<const std::string> only) {
   check_weights(cfg, source);
-  const auto specs = weight_specs(cfg);
+  auto specs = weight_specs(cfg);
+  if (!only.empty())
+    std::erase_if(specs, [&](const WeightSpec& w) { return std::find(only.begin(), only.end(), w.name) == only.end(); });
   TieredWeights out;
   // Placement first (serially, so a budget that does not fit fails before any reading).
   for (const auto& w : specs)

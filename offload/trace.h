@@ -23,6 +23,9 @@ class Trace {
  public:
   Trace() : start_(std::chrono::steady_clock::now()) {}
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  // Time 0 is now: the processes of a run over several ranks align their traces at a barrier
+  // (before recording anything).
+  void reset_clock() { start_ = std::chrono::steady_clock::now(); }
   void record(Span s);
   std::vector<Span> spans() const;
   // Seconds summed per primitive.
@@ -35,6 +38,15 @@ class Trace {
   mutable std::mutex mu_;
   std::vector<Span> spans_;
 };
+
+// The spans of one process in a trace of several (the ranks of an MPI run).
+struct TraceProcess {
+  std::string name;  // empty: unnamed
+  std::vector<Span> spans;
+};
+// Chrome trace-event JSON with one process per entry (pid 1, 2, ...), one thread per track;
+// throws naming the path when it cannot be written.
+void write_chrome_json(const std::string& path, const std::vector<TraceProcess>& processes);
 
 // Records the span from construction to destruction (no-op on a null trace).
 class ScopedSpan {

@@ -39,6 +39,9 @@ ModelSizes model_sizes(const ModelShape& m) {
     head.push_back(norm_bias);
   }
   head.push_back(mat_as(head_t, m.vocab, h));
+  // A pipeline stage holds the input embedding only on the first stage, the head on the last.
+  if (!m.input_embedding) embed.clear();
+  if (!m.output_head) head.clear();
   auto sum = [](const std::vector<std::int64_t>& t) { return std::accumulate(t.begin(), t.end(), std::int64_t{0}); };
   // A staging slot holds a unit's tensors, each aligned as BlockScheduler places them (256 B).
   auto slot = [](const std::vector<std::int64_t>& t) {
@@ -48,8 +51,9 @@ ModelSizes model_sizes(const ModelShape& m) {
   };
   s.layer_weights = sum(attn) + sum(mlp);
   s.layer_params = 2 * h * q + 2 * h * kv + (m.gated_mlp ? 3 : 2) * h * m.ffn;
-  s.head_weights = mat_as(head_t, m.vocab, h);
-  s.embedding_weights = sum(embed) + sum(head) - (m.tied_embeddings ? s.head_weights : 0);
+  s.head_weights = m.output_head ? mat_as(head_t, m.vocab, h) : 0;
+  // A tied head reuses the input embedding where both are held; a later stage keeps a copy.
+  s.embedding_weights = sum(embed) + sum(head) - (m.tied_embeddings && m.input_embedding ? s.head_weights : 0);
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
   s.largest_unit = std::max({slot(attn), slot(mlp), slot(embed), slot(head)});
   s.largest_layer_unit = std::max({slot(attn) + slot(mlp), slot(embed), slot(head)});
@@ -178,7 +182,8 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     const double compute = rows * flops_per_row / hw.gemm_rate(rows, fallback_rate);
     return std::max(compute, hw.gpu_memory > 0 ? weight_bytes / hw.gpu_memory : 0.0);
   };
-  const double layer_flops = 2.0 * static_cast<double>(z.layer_params), head_flops = 2.0 * vocab * h1;
+  const double layer_flops = 2.0 * static_cast<double>(z.layer_params);
+  const double head_flops = m.output_head ? 2.0 * vocab * h1 : 0.0;
   const double layer_bytes = static_cast<double>(z.layer_weights), head_bytes = static_cast<double>(z.head_weights);
   // Per layer: K GPU batches each run the layer's GEMMs; the output head runs once per batch
   // and step for the last row of every sequence (spread over the layers here).
@@ -192,7 +197,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // (quantizing) the cache is left out: one new token per step.
   const double dq_per_value = hw.dequant > 0 ? 0.5 / hw.dequant : 0.0;
   const double w_dequant = kernels::is_quantized(m.weight_dtype)
-                               ? k * (static_cast<double>(z.layer_params) + vocab * h1 / l) * dq_per_value
+                               ? k * (static_cast<double>(z.layer_params) + head_flops / 2 / l) * dq_per_value
                                : 0.0;
   const double kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * kv_len;
   const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? kv_values_read * dq_per_value : 0.0;
@@ -239,17 +244,20 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
 
   // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler):
   // one GPU batch's activations (engine::Activations), two weight staging slots of the
-  // largest scheduling unit, rings of three slots for staged KV and hidden states.
-  const double w_all = static_cast<double>(z.total_weights), kv_all = kvt * l * bls * kvtok;
-  const double rows = g * std::max(s, 1.0), h_all = hid * bls * std::max(s, 1.0);
+  // largest scheduling unit, rings of three slots for staged KV and hidden states. Each block
+  // in flight (a pipeline stage's micro-batches) has its own caches, states, scratch and rings.
+  const double blocks = static_cast<double>(std::max<std::int64_t>(o.blocks_in_flight, 1));
+  const double w_all = static_cast<double>(z.total_weights), kv_all = blocks * kvt * l * bls * kvtok;
+  const double rows = g * std::max(s, 1.0), h_all = blocks * hid * bls * std::max(s, 1.0);
   const double q = static_cast<double>(m.heads * m.head_dim), kvd = static_cast<double>(m.kv_heads * m.head_dim);
   const double per_row = 2 * h1 + 2 * q + 2 * kvd + (m.gated_mlp ? 2.0 : 1.0) * static_cast<double>(m.ffn);
-  const double scratch = act * (rows * per_row + g * (h1 + vocab));
+  const double scratch = blocks * act * (rows * per_row + g * (h1 + vocab));
   const double slot = static_cast<double>(blk.sep_layer ? z.largest_unit : z.largest_layer_unit);
   const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
-  const double kv_ring = 3 * g * kvt * kvtok;  // per staged fraction
-  const double h_ring = blk.hidden_staged ? 3 * hid * rows : 0.0;
-  const double scores = evicting ? l * bls * static_cast<double>(m.kv_heads) * kvtok * 8 : 0;  // position + score per slot
+  const double kv_ring = blocks * 3 * g * kvt * kvtok;  // per staged fraction
+  const double h_ring = blk.hidden_staged ? blocks * 3 * hid * rows : 0.0;
+  // position + score per slot
+  const double scores = evicting ? blocks * l * bls * static_cast<double>(m.kv_heads) * kvtok * 8 : 0;
   t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
                        {"KV cache", lin(0, {{CG, kv_all}})},
                        {"hidden states", lin(0, {{HG, h_all}})},
@@ -396,7 +404,8 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
   e.policy = p;
   const double l = static_cast<double>(m.layers), bls = static_cast<double>(p.block_size());
   e.prefill_seconds = l * step_time_pre(t, x);
-  e.decode_seconds = l * static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * step_time_gen(t, x);
+  e.decode_step_seconds = l * step_time_gen(t, x);
+  e.decode_seconds = static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * e.decode_step_seconds;
   e.prefill_throughput = bls * static_cast<double>(w.prompt_len) / e.prefill_seconds;
   e.decode_throughput = e.decode_seconds > 0 ? bls * static_cast<double>(w.gen_len - 1) / e.decode_seconds : 0;
   e.total_throughput = bls * static_cast<double>(w.gen_len) / (e.prefill_seconds + e.decode_seconds);
@@ -513,18 +522,19 @@ Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const
                               offload::tier_hint(s ? s->tier : offload::Tier::Gpu));
 }
 
-std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
-                                  const PlanOptions& o, std::size_t count) {
+ModelShape with_compression(const ModelShape& shape, const PlanOptions& o) {
   Policy compression;
   compression.compress_weight = o.compress_weight;
   compression.compress_cache = o.compress_cache;
   compression.compress_bits = o.compress_bits;
   compression.cache_storage = o.cache_storage;
-  const ModelShape m = with_compression(shape, compression);
-  Ranking ranking(std::max<std::size_t>(count, 1));
+  return with_compression(shape, compression);
+}
+
+void search_blocks(std::int64_t max_block, const std::function<bool(std::int64_t, std::int64_t)>& fits_block) {
   for (std::int64_t gbs : {1, 2, 3, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512}) {
-    // The largest feasible K by doubling and bisection; every block tried is ranked.
-    auto fits = [&](std::int64_t k) { return gbs * k <= o.max_block && evaluate_block(m, hw, w, o, gbs, k, ranking); };
+    // The largest feasible K by doubling and bisection.
+    auto fits = [&](std::int64_t k) { return gbs * k <= max_block && fits_block(gbs, k); };
     if (!fits(1)) continue;
     std::int64_t lo = 1, hi = 2;
     while (fits(hi)) {
@@ -542,6 +552,22 @@ std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile
       if (k < lo) fits(k);
     for (std::int64_t k = 1; k < lo; k *= 2) fits(k);
   }
+}
+
+std::optional<Estimate> best_placement(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
+                                       const PlanOptions& o, std::int64_t gbs, std::int64_t k) {
+  Ranking ranking(1);
+  if (!evaluate_block(m, hw, w, o, gbs, k, ranking)) return std::nullopt;
+  return ranking.best().front();
+}
+
+std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
+                                  const PlanOptions& o, std::size_t count) {
+  const ModelShape m = with_compression(shape, o);
+  Ranking ranking(std::max<std::size_t>(count, 1));
+  // Every block tried is ranked.
+  search_blocks(o.max_block,
+                [&](std::int64_t gbs, std::int64_t k) { return evaluate_block(m, hw, w, o, gbs, k, ranking); });
   if (!ranking.best().empty()) return ranking.best();
   // Nothing fits: name the smallest change, judged at the smallest block.
   const ModelSizes z = model_sizes(m);

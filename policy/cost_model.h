@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,6 +32,9 @@ struct ModelShape {
   kernels::DType cache_dtype = kernels::DType::F16;   // storage of the KV cache (with_compression sets it)
   std::int64_t extra_embedding_rows = 0;  // OPT's learned positions
   bool biases = false;  // OPT: linear layers and norms have biases (fp32 vectors, like the norms' weights)
+  // A pipeline stage (policy/pipeline.h) holds `layers` decoder layers and maybe neither end.
+  bool input_embedding = true;  // holds the input embedding (and positions)
+  bool output_head = true;      // holds the output head (a copy of a tied embedding on a later stage)
   // Under compress_weight, matrices a checkpoint already stores in one of the engine's group
   // formats keep it (GGUF Q4_0/Q4_1/Q8_0 blocks: q4g32/q8g32) instead of taking the policy's.
   // Per part (decoder layers, input embedding, output head): the widest such format, and
@@ -55,7 +59,7 @@ struct ModelSizes {
   std::int64_t layer_weights = 0;      // one decoder layer (attention + MLP, norms and biases included)
   std::int64_t embedding_weights = 0;  // input embedding (+ positions) + untied head
   std::int64_t total_weights = 0;
-  std::int64_t head_weights = 0;       // the output head's matrix (the input embedding when tied)
+  std::int64_t head_weights = 0;       // the output head's matrix (the input embedding when tied; 0 on a pipeline stage without it)
   std::int64_t largest_unit = 0;       // the biggest scheduling unit: what a staging slot holds
   std::int64_t largest_layer_unit = 0; // the same with attention and MLP as one unit (sep_layer off)
   std::int64_t layer_params = 0;       // elements of one decoder layer's matrices
@@ -71,6 +75,7 @@ std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv)
 struct Estimate {
   Policy policy;
   double prefill_seconds = 0, decode_seconds = 0;  // one block
+  double decode_step_seconds = 0;                  // one decode step of one block
   double prefill_throughput = 0, decode_throughput = 0, total_throughput = 0;  // tokens/s
   std::array<std::int64_t, 3> peak_bytes{};  // gpu, cpu, disk
   // What makes up each tier's peak: named items with their bytes, largest first.
@@ -87,6 +92,9 @@ struct PlanOptions {
   bool compress_weight = false, compress_cache = false;
   int compress_bits = 4;
   std::optional<kernels::DType> cache_storage = {};
+  // Blocks whose KV caches, hidden states and scratch are held at once: a pipeline stage's
+  // micro-batches (their weights are shared).
+  std::int64_t blocks_in_flight = 1;
 };
 
 // The cost of one fixed policy (the fractions and compression as given); nullopt when it does not fit.
@@ -118,5 +126,17 @@ Estimate plan(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
 // first); the same errors as plan().
 std::vector<Estimate> plan_ranked(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
                                   const PlanOptions& o, std::size_t count);
+
+// The best placement (fractions, cpu_cache_compute, what is staged) for GPU batches of `gbs`
+// sequences, K per block; nullopt when none fits. `m` is stored as the options' compression says.
+std::optional<Estimate> best_placement(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
+                                       const PlanOptions& o, std::int64_t gbs, std::int64_t k);
+// Gives `fits` the (gbs, K) blocks plan() tries (blocks up to max_block), in its order: for each
+// GPU batch size it searches, the largest K at which `fits(gbs, K)` holds by doubling and
+// bisection, then the K of FlexGen's published policies and the powers of two below it
+// (throughput need not grow with K: the KV may spill to a slower tier).
+void search_blocks(std::int64_t max_block, const std::function<bool(std::int64_t gbs, std::int64_t k)>& fits);
+// The shape as the options' compression stores it.
+ModelShape with_compression(const ModelShape& m, const PlanOptions& o);
 
 }  // namespace flexh2o::policy

@@ -15,6 +15,7 @@ packages=(
   libutf8proc-dev       # tokenizer Unicode normalization (NFC, NFKC, ...)
   libglpk-dev           # the planner's LP
   libcli11-dev          # the command line
+  libopenmpi-dev openmpi-bin   # runs over several ranks/machines (mpirun, srun); optional (FLEXH2O_MPI)
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
   clang libclang-rt-14-dev                     # libFuzzer target (optional build)
   fio                                          # disk benchmark reference

@@ -9,6 +9,7 @@
 #include "offload/text_file.h"
 #include "offload/budget.h"
 #include "policy/eviction/kv_spec.h"
+#include "policy/pipeline.h"
 
 namespace flexh2o::cli {
 
@@ -35,6 +36,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
                  "also print sizes, memory per tier and (when searching) the 5 best policies evaluated with their times");
   plan->add_option("--policy", o.policy_file, "predict this policy YAML instead of searching (placement and batch)");
   o.compress.add_to(plan, "Compression");
+  plan->add_option("--pipeline", o.pipeline,
+                   "predict pipeline parallelism over N ranks, each with this hardware (as run --pipeline N under mpirun)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  plan->add_option("--micro-batches", o.micro_batches, "blocks in flight in the pipeline (default: N)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   return plan;
 }
 
@@ -49,6 +55,50 @@ std::string items_text(const std::vector<std::pair<std::string, std::int64_t>>& 
   std::string out;
   for (const auto& [name, bytes] : items) out += (out.empty() ? "" : ", ") + name + " " + offload::format_bytes(bytes);
   return out.empty() ? "nothing" : out;
+}
+
+// plan --pipeline N: the split, each stage's placement and the pipeline's throughput.
+int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cfg, const policy::HardwareProfile& hw,
+                          policy::PlanOptions po) {
+  if (!o.out_file.empty())
+    throw std::invalid_argument("--out writes one policy, but each pipeline stage has its own; run --pipeline N plans "
+                                "them itself (or give every stage the same --policy)");
+  const policy::ModelShape shape = engine::model_shape(cfg);
+  const policy::Workload w{o.prompt_len, o.gen_len};
+  const std::int64_t M = o.micro_batches.value_or(o.pipeline);
+  const std::vector<policy::HardwareProfile> hws(static_cast<std::size_t>(o.pipeline), hw);
+  policy::PipelineEstimate e;
+  if (o.policy_file.empty()) {
+    e = policy::plan_pipeline(shape, hws, w, M, po);
+  } else {
+    policy::Policy fixed = policy::load_policy_file(o.policy_file);
+    if (o.kv != "full") fixed.kv = o.kv;
+    o.compress.apply(fixed);
+    fixed.validate(o.policy_file);
+    po.kv = policy::parse_kv_spec(fixed.kv);
+    e = policy::estimate_pipeline(shape, hws, w, fixed, M, po);
+  }
+  const auto& p0 = e.stages.front().policy;
+  fmt::print("model: {} on {} x {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, o.pipeline,
+             hw.name, hw.source, o.prompt_len, o.gen_len, p0.kv, kernels::dtype_name(p0.weight_dtype(cfg.dtype)),
+             kernels::dtype_name(p0.cache_dtype(cfg.dtype)));
+  fmt::print("pipeline: {} stages, {} micro-batches of gpu batch {} x {} (block {})\n", o.pipeline, M,
+             p0.gpu_batch_size, p0.num_gpu_batches, p0.block_size());
+  for (std::size_t s = 0; s < e.stages.size(); ++s) {
+    const auto& sl = e.slices[s];
+    const auto& st = e.stages[s];
+    fmt::print("stage {}: decoder layers {}-{}{}{}: percent {}, "
+               "cpu_cache_compute {}, memory gpu {} | cpu {} | disk {}; per block prefill {:.3f} s, decode step {:.4f} s\n",
+               s, sl.first_layer, sl.first_layer + sl.layers - 1, sl.input ? " + input embedding" : "",
+               sl.head ? " + head" : "", percent_text(st.policy), st.policy.cpu_cache_compute,
+               offload::format_bytes(st.peak_bytes[0]), offload::format_bytes(st.peak_bytes[1]),
+               offload::format_bytes(st.peak_bytes[2]), st.prefill_seconds, st.decode_step_seconds);
+  }
+  fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per round of {} "
+             "micro-batches); bubble share {:.1f}%\n",
+             e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds, M,
+             100 * e.bubble_share);
+  return 0;
 }
 
 }  // namespace
@@ -72,6 +122,8 @@ int plan_command(const PlanCliOptions& o) {
   o.compress.apply(po);
   const policy::ModelShape shape = engine::model_shape(cfg);
   const policy::Workload w{o.prompt_len, o.gen_len};
+  if (o.pipeline > 1) return plan_pipeline_command(o, cfg, hw, po);
+  if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipelines (--pipeline N)");
   constexpr std::size_t kExplained = 5;
   std::vector<policy::Estimate> ranked;  // the search's best, when it searched
   policy::Estimate e;

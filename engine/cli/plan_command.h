@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "engine/cli/compression_flags.h"
@@ -21,6 +22,8 @@ struct PlanCliOptions {
   bool explain = false;
   std::string policy_file;  // predict this policy instead of searching
   CompressionFlags compress;
+  std::int64_t pipeline = 1;  // stages (ranks), each on the hardware profile
+  std::optional<std::int64_t> micro_batches;
 };
 
 CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& opt);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -13,12 +12,16 @@
 
 #include "engine/block_scheduler.h"
 #include "engine/cli/interrupts.h"
-#include "engine/machine_profile.h"
+#include "engine/cli/run_job.h"
+#include "engine/distributed/launch.h"
 #include "engine/model_shape.h"
 #include "offload/text_file.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
+#ifdef FLEXH2O_HAVE_MPI
+#include "engine/cli/run_distributed.h"
+#endif
 
 namespace flexh2o::cli {
 
@@ -88,6 +91,15 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--offload-dir", o.offload_dir, "directory of the disk tier (default: a fresh temp directory)")
       ->group(sched);
   run->add_flag("--resume", o.resume, "skip prompts whose ids are already in --out and append the rest");
+  const char* dist = "Several ranks (under mpirun or srun)";
+  run->add_option("--pipeline", o.pipeline,
+                  "pipeline parallel over N ranks (N = the launcher's ranks): each holds a slice of the layers; "
+                  "default: data parallel, each rank runs the whole model on its share of the prompts")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->group(dist);
+  run->add_option("--micro-batches", o.micro_batches, "blocks in flight in the pipeline (default: N)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->group(dist);
   run->add_option("--metrics", o.metrics_file, "write throughput, peak bytes per tier and time per primitive as JSON");
   run->add_option("--trace", o.trace_file, "write a Chrome trace (open in Perfetto), one track per stream");
   return run;
@@ -95,93 +107,19 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
 
 namespace {
 
-// `count` prompts when none are given: --prompt repeated, or synthetic ones.
-std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m, std::int64_t count) {
-  std::vector<PromptItem> items;
-  if (!o.prompts_file.empty()) {
-    items = read_prompts_jsonl(o.prompts_file);
-    if (items.empty()) throw std::runtime_error(o.prompts_file + ": no prompts in the file");
-  } else if (!o.prompt.empty() || m.tokenizer) {
-    // A text prompt (empty: start from BOS), repeated to fill one batch.
-    for (std::int64_t i = 0; i < count; ++i) items.push_back({std::to_string(i), o.prompt, {}});
-  } else {
-    // No tokenizer and no prompts: random token prompts, as FlexGen's synthetic benchmarks use.
-    std::mt19937_64 rng(o.seed);
-    std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(m.config.vocab_size - 1));
-    for (std::int64_t i = 0; i < count; ++i) {
-      PromptItem it{std::to_string(i), std::nullopt, {}};
-      for (std::int64_t t = 0; t < o.prompt_len; ++t) it.tokens.push_back(tok(rng));
-      items.push_back(std::move(it));
-    }
-  }
-  tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name);
-  return items;
-}
-
-
-policy::Policy make_policy(const RunOptions& o) {
-  policy::Policy p = o.policy_file.empty() ? policy::Policy{} : policy::load_policy_file(o.policy_file);
-  if (!o.percent.empty()) p.set_percent({o.percent[0], o.percent[1], o.percent[2], o.percent[3], o.percent[4], o.percent[5]});
-  // Without a policy file or --gpu-batch-size, all prompts of --batch form one GPU batch.
-  if (o.gpu_batch_size) p.gpu_batch_size = *o.gpu_batch_size;
-  else if (o.policy_file.empty()) p.gpu_batch_size = o.batch.value_or(1);
-  if (o.num_gpu_batches) p.num_gpu_batches = *o.num_gpu_batches;
-  if (o.overlap) p.overlap = *o.overlap != 0;
-  if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
-  if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
-  if (o.cpu_cache_compute) p.cpu_cache_compute = true;
-  if (!o.kv.empty()) p.kv = o.kv;
-  o.compress.apply(p);
-  p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
-  return p;
-}
-
-std::int64_t capacity(const std::string& text, const char* flag) {
-  if (text.empty()) return offload::Budget::kUnlimited;
-  try {
-    return offload::parse_bytes(text);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string(flag) + ": " + e.what());
-  }
-}
-
-std::int64_t tensor_bytes(const ModelConfig& c) {
-  std::int64_t b = 0;
-  for (const auto& w : weight_specs(c)) b += w.rows * kernels::row_bytes(w.dtype(c), w.cols);
-  return b;
-}
-
-}  // namespace
-
-int run_command(const RunOptions& o) {
-  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
+int run_one_process(const RunOptions& o) {
+  if (o.pipeline > 1)
+    throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " runs over " + std::to_string(o.pipeline) +
+                                " ranks: start it with mpirun -np " + std::to_string(o.pipeline) + " (or srun)");
+  if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N under mpirun)");
   const InterruptWatch interrupts;  // before any thread starts
-  ModelOptions mo;
-  mo.model = o.model;
-  mo.tokenizer = o.tokenizer;
-  mo.dummy = o.dummy;
-  mo.seed = o.seed;
-  if (!o.dtype.empty()) mo.dtype = kernels::parse_dtype(o.dtype);
-  // Throughput first: a batch job without placement flags runs the planner's policy (as large a
-  // batch as fits this machine or --hardware, and the --*-mem limits); so does --policy auto.
-  const bool placed = (!o.policy_file.empty() && o.policy_file != "auto") || !o.percent.empty() || o.gpu_batch_size ||
-                      o.num_gpu_batches;
-  const bool batch_job = !o.prompts_file.empty() || o.batch.value_or(1) > 1;
-  const bool auto_policy = o.policy_file == "auto" || (!placed && batch_job);
-  policy::Policy pol = auto_policy ? policy::Policy{} : make_policy(o);
-  offload::TierOptions to;
-  to.gpu_bytes = capacity(o.gpu_mem, "--gpu-mem");
-  to.cpu_bytes = capacity(o.cpu_mem, "--cpu-mem");
-  to.disk_bytes = capacity(o.disk_mem, "--disk-mem");
-  to.offload_dir = o.offload_dir;
-  ModelSource m = open_model(mo);
-  auto backend = kernels::make_backend(o.backend);
-  m.config.compute_dtype = choose_compute_dtype(o.compute_dtype, m.config.dtype, *backend);
-  if (o.ignore_eos) m.config.stop_ids.clear();
-  const std::int64_t gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
+  RunSetup s = open_run(o);
+  ModelSource& m = s.model;
+  kernels::Backend& backend = *s.backend;
+  const std::int64_t gen_len = s.gen_len;
 
   std::vector<PromptItem> items;
-  if (auto_policy) {
+  if (s.auto_policy) {
     // Plan for the prompts' length (synthetic prompts: --prompt-len), then run the plan within
     // the profile's capacities unless --*-mem say otherwise.
     const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !m.tokenizer;
@@ -189,38 +127,19 @@ int run_command(const RunOptions& o) {
     if (!synthetic) {
       items = gather_prompts(o, m, prompts);
       prompts = static_cast<std::int64_t>(items.size());
-      prompt_len = 0;
-      for (const auto& it : items) prompt_len = std::max<std::int64_t>(prompt_len, static_cast<std::int64_t>(it.tokens.size()));
+      prompt_len = longest_prompt(items);
     }
-    policy::HardwareProfile hw =
-        o.hardware.empty() ? this_machine_profile(*backend, o.offload_dir) : hardware_profile(o.hardware);
-    for (auto [bytes, field] : {std::pair{to.gpu_bytes, &hw.gpu_mem}, std::pair{to.cpu_bytes, &hw.cpu_mem},
-                                std::pair{to.disk_bytes, &hw.disk_mem}})
-      if (bytes != offload::Budget::kUnlimited) *field = bytes;
-    policy::PlanOptions po;
-    po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
-    o.compress.apply(po);
-    // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
-    po.allow_cpu_cache_compute = backend->kind() == kernels::DeviceKind::Cpu;
-    po.max_block = std::max<std::int64_t>(prompts, 1);  // no block larger than the job
-    const policy::Estimate e = policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, po);
-    pol = e.policy;
-    // Schedule flags still apply to the planned placement.
-    if (o.overlap) pol.overlap = *o.overlap != 0;
-    if (o.sep_layer) pol.sep_layer = *o.sep_layer != 0;
-    if (o.pin_weight) pol.pin_weight = *o.pin_weight != 0;
-    to.gpu_bytes = hw.gpu_mem;
-    to.cpu_bytes = hw.cpu_mem;
-    to.disk_bytes = hw.disk_mem;
-    const auto pct = pol.percent();
-    fmt::print(stderr, "planned for {}: gpu batch {} x {}, percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
-                       "cpu_cache_compute {}; predicted total {:.2f} tok/s\n",
-               hw.name, pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
-               pol.cpu_cache_compute, e.total_throughput);
+    const policy::HardwareProfile hw = planning_profile(o, s);
+    const policy::Estimate e =
+        policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, plan_options(o, s, prompts));
+    adopt_plan(o, s, e.policy, hw);
+    fmt::print(stderr, "{}\n", planned_line(hw, e));
   }
+  const policy::Policy& pol = s.policy;
+  offload::TierOptions to = s.tiers;
   to.pin_host = pol.pin_weight;
 
-  const std::int64_t count = o.batch.value_or(placed ? pol.block_size() : 1);
+  const std::int64_t count = o.batch.value_or(s.placed ? pol.block_size() : 1);
   if (items.empty()) items = gather_prompts(o, m, count);
   std::vector<std::vector<std::int32_t>> all_prompts;
   std::vector<std::string> ids;
@@ -239,10 +158,10 @@ int run_command(const RunOptions& o) {
     if (!out || !out->done_ids().count(items[i].id_json)) todo.push_back(i);
   if (o.resume) fmt::print(stderr, "resuming: {} of {} prompts already in {}\n", items.size() - todo.size(), items.size(), o.out_file);
 
-  offload::Tiers tiers(*backend, to);
+  offload::Tiers tiers(backend, to);
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
-  BlockScheduler sched(*backend, tiers, m.config, *m.weights, pol, trace ? &*trace : nullptr);
+  BlockScheduler sched(backend, tiers, m.config, *m.weights, pol, trace ? &*trace : nullptr);
 
   GenerationResult total;
   const auto block = static_cast<std::size_t>(pol.block_size());
@@ -273,22 +192,11 @@ int run_command(const RunOptions& o) {
     GenerationResult r = sched.generate(req);
     if (progress) fmt::print(stderr, "\r\033[K");
     for (std::size_t t = first; t < last; ++t) {
-      const std::size_t i = todo[t];
-      const auto& new_tokens = r.tokens[t - first];
-      std::string text;
-      if (m.tokenizer) {
-        std::vector<std::int32_t> all = items[i].tokens;
-        const std::size_t prompt_bytes = m.tokenizer->decode(all).size();
-        all.insert(all.end(), new_tokens.begin(), new_tokens.end());
-        text = m.tokenizer->decode(all).substr(prompt_bytes);
-      }
-      if (out) {
-        out->add(items[i].id_json, text, new_tokens);
-      } else if (m.tokenizer) {
-        fmt::print("{}{}\n", items[i].text.value_or(""), text);
-      } else {
-        fmt::print("[{}]\n", fmt::join(new_tokens, ", "));
-      }
+      const std::string line = result_line(o, m, items[todo[t]], r.tokens[t - first]);
+      if (out)
+        out->add_line(line);
+      else
+        fmt::print("{}", line);
     }
     if (out) out->flush();
     total.add(r);
@@ -299,7 +207,6 @@ int run_command(const RunOptions& o) {
     fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} blocks{}\n", done_blocks, blocks,
                o.out_file.empty() ? "" : "; rerun with --resume to continue");
   }
-
   // FlexGen's report: sizes (as stored), peak memory per tier, latency and throughput.
   const ModelConfig c = with_weight_dtype(m.config, pol.weight_dtype(m.config.dtype));
   const double all_s = total.prefill_seconds + total.decode_seconds;
@@ -358,6 +265,21 @@ int run_command(const RunOptions& o) {
   }
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);
   return stopped ? 130 : 0;
+}
+
+}  // namespace
+
+int run_command(const RunOptions& o) {
+  if (const auto launch = distributed::mpi_launch()) {
+#ifdef FLEXH2O_HAVE_MPI
+    return run_distributed(o, [&] { return run_one_process(o); });
+#else
+    if (launch->ranks != 1 || o.pipeline > 1)
+      throw std::invalid_argument("this flexh2o was built without MPI, so under mpirun/srun every rank would run the "
+                                  "whole job; rebuild with -DFLEXH2O_MPI=ON (Open MPI: libopenmpi-dev) or run one process");
+#endif
+  }
+  return run_one_process(o);
 }
 
 }  // namespace flexh2o::cli

@@ -42,6 +42,9 @@ struct RunOptions {
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string offload_dir;
+  // Several ranks (mpirun/srun): pipeline stages (1: data parallel) and blocks in flight.
+  std::int64_t pipeline = 1;
+  std::optional<std::int64_t> micro_batches;
   // Reports.
   std::string metrics_file;
   std::string trace_file;

@@ -1,0 +1,162 @@
+#include "engine/cli/run_job.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <random>
+
+#include "engine/machine_profile.h"
+
+namespace flexh2o::cli {
+
+using namespace flexh2o::engine;
+
+namespace {
+
+policy::Policy make_policy(const RunOptions& o) {
+  policy::Policy p = o.policy_file.empty() ? policy::Policy{} : policy::load_policy_file(o.policy_file);
+  if (!o.percent.empty()) p.set_percent({o.percent[0], o.percent[1], o.percent[2], o.percent[3], o.percent[4], o.percent[5]});
+  // Without a policy file or --gpu-batch-size, all prompts of --batch form one GPU batch.
+  if (o.gpu_batch_size) p.gpu_batch_size = *o.gpu_batch_size;
+  else if (o.policy_file.empty()) p.gpu_batch_size = o.batch.value_or(1);
+  if (o.num_gpu_batches) p.num_gpu_batches = *o.num_gpu_batches;
+  if (o.overlap) p.overlap = *o.overlap != 0;
+  if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
+  if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
+  if (o.cpu_cache_compute) p.cpu_cache_compute = true;
+  if (!o.kv.empty()) p.kv = o.kv;
+  o.compress.apply(p);
+  p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
+  return p;
+}
+
+std::int64_t capacity(const std::string& text, const char* flag) {
+  if (text.empty()) return offload::Budget::kUnlimited;
+  try {
+    return offload::parse_bytes(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(flag) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+RunSetup open_run(const RunOptions& o) {
+  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
+  RunSetup s;
+  ModelOptions mo;
+  mo.model = o.model;
+  mo.tokenizer = o.tokenizer;
+  mo.dummy = o.dummy;
+  mo.seed = o.seed;
+  if (!o.dtype.empty()) mo.dtype = kernels::parse_dtype(o.dtype);
+  // Throughput first: a batch job without placement flags runs the planner's policy (as large a
+  // batch as fits this machine or --hardware, and the --*-mem limits); so does --policy auto.
+  s.placed = (!o.policy_file.empty() && o.policy_file != "auto") || !o.percent.empty() || o.gpu_batch_size ||
+             o.num_gpu_batches;
+  const bool batch_job = !o.prompts_file.empty() || o.batch.value_or(1) > 1;
+  s.auto_policy = o.policy_file == "auto" || (!s.placed && batch_job);
+  if (!s.auto_policy) s.policy = make_policy(o);
+  s.tiers.gpu_bytes = capacity(o.gpu_mem, "--gpu-mem");
+  s.tiers.cpu_bytes = capacity(o.cpu_mem, "--cpu-mem");
+  s.tiers.disk_bytes = capacity(o.disk_mem, "--disk-mem");
+  s.tiers.offload_dir = o.offload_dir;
+  s.model = open_model(mo);
+  s.backend = kernels::make_backend(o.backend);
+  s.model.config.compute_dtype = choose_compute_dtype(o.compute_dtype, s.model.config.dtype, *s.backend);
+  if (o.ignore_eos) s.model.config.stop_ids.clear();
+  s.gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
+  return s;
+}
+
+std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m, std::int64_t count) {
+  std::vector<PromptItem> items;
+  if (!o.prompts_file.empty()) {
+    items = read_prompts_jsonl(o.prompts_file);
+    if (items.empty()) throw std::runtime_error(o.prompts_file + ": no prompts in the file");
+  } else if (!o.prompt.empty() || m.tokenizer) {
+    // A text prompt (empty: start from BOS), repeated to fill one batch.
+    for (std::int64_t i = 0; i < count; ++i) items.push_back({std::to_string(i), o.prompt, {}});
+  } else {
+    // No tokenizer and no prompts: random token prompts, as FlexGen's synthetic benchmarks use.
+    std::mt19937_64 rng(o.seed);
+    std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(m.config.vocab_size - 1));
+    for (std::int64_t i = 0; i < count; ++i) {
+      PromptItem it{std::to_string(i), std::nullopt, {}};
+      for (std::int64_t t = 0; t < o.prompt_len; ++t) it.tokens.push_back(tok(rng));
+      items.push_back(std::move(it));
+    }
+  }
+  tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name);
+  return items;
+}
+
+std::int64_t longest_prompt(std::span<const PromptItem> items) {
+  std::int64_t n = 0;
+  for (const auto& it : items) n = std::max<std::int64_t>(n, static_cast<std::int64_t>(it.tokens.size()));
+  return n;
+}
+
+policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s) {
+  policy::HardwareProfile hw =
+      o.hardware.empty() ? this_machine_profile(*s.backend, o.offload_dir) : hardware_profile(o.hardware);
+  for (auto [bytes, field] : {std::pair{s.tiers.gpu_bytes, &hw.gpu_mem}, std::pair{s.tiers.cpu_bytes, &hw.cpu_mem},
+                              std::pair{s.tiers.disk_bytes, &hw.disk_mem}})
+    if (bytes != offload::Budget::kUnlimited) *field = bytes;
+  return hw;
+}
+
+policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::int64_t max_block) {
+  policy::PlanOptions po;
+  po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
+  o.compress.apply(po);
+  // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
+  po.allow_cpu_cache_compute = s.backend->kind() == kernels::DeviceKind::Cpu;
+  po.max_block = std::max<std::int64_t>(max_block, 1);  // no block larger than the job
+  return po;
+}
+
+policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
+  if (o.overlap) p.overlap = *o.overlap != 0;
+  if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
+  if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
+  return p;
+}
+
+void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw) {
+  s.policy = with_schedule_flags(o, planned);
+  s.tiers.gpu_bytes = hw.gpu_mem;
+  s.tiers.cpu_bytes = hw.cpu_mem;
+  s.tiers.disk_bytes = hw.disk_mem;
+}
+
+std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e) {
+  const auto& pol = e.policy;
+  const auto pct = pol.percent();
+  return fmt::format("planned for {}: gpu batch {} x {}, percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
+                     "cpu_cache_compute {}; predicted total {:.2f} tok/s",
+                     hw.name, pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
+                     pol.cpu_cache_compute, e.total_throughput);
+}
+
+std::string result_line(const RunOptions& o, const ModelSource& m, const PromptItem& item,
+                        std::span<const std::int32_t> new_tokens) {
+  std::string text;
+  if (m.tokenizer) {
+    std::vector<std::int32_t> all = item.tokens;
+    const std::size_t prompt_bytes = m.tokenizer->decode(all).size();
+    all.insert(all.end(), new_tokens.begin(), new_tokens.end());
+    text = m.tokenizer->decode(all).substr(prompt_bytes);
+  }
+  if (!o.out_file.empty()) return JsonlWriter::line(item.id_json, text, new_tokens);
+  if (m.tokenizer) return item.text.value_or("") + text + "\n";
+  return fmt::format("[{}]\n", fmt::join(new_tokens, ", "));
+}
+
+std::int64_t tensor_bytes(const ModelConfig& c) {
+  std::int64_t b = 0;
+  for (const auto& w : weight_specs(c)) b += w.rows * kernels::row_bytes(w.dtype(c), w.cols);
+  return b;
+}
+
+}  // namespace flexh2o::cli

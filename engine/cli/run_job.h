@@ -1,0 +1,60 @@
+// The parts of `flexh2o run` that its one-process form and its MPI forms (run_distributed)
+// share: opening the model and backend, the prompts, the policy (given or planned), and what
+// a finished prompt becomes in the output.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/cli/run_command.h"
+#include "engine/model_source.h"
+#include "engine/prompts.h"
+#include "kernels/backend.h"
+#include "offload/tiers.h"
+#include "policy/cost_model.h"
+#include "policy/policy.h"
+
+namespace flexh2o::cli {
+
+struct RunSetup {
+  engine::ModelSource model;
+  std::unique_ptr<kernels::Backend> backend;
+  std::int64_t gen_len = 32;
+  bool placed = false;       // a policy file or placement flags were given
+  bool auto_policy = false;  // the planner chooses the policy (plan_run)
+  policy::Policy policy;     // the given one (auto: set by plan_run)
+  offload::TierOptions tiers;  // --*-mem and --offload-dir (auto: the profile's capacities)
+};
+
+// Checks the flags, builds the given policy, opens the model and the backend.
+RunSetup open_run(const RunOptions& o);
+
+// The prompts of the job: --prompts, else --prompt or synthetic ones, `count` of them; tokenized.
+std::vector<engine::PromptItem> gather_prompts(const RunOptions& o, const engine::ModelSource& m, std::int64_t count);
+// Longest prompt in tokens.
+std::int64_t longest_prompt(std::span<const engine::PromptItem> items);
+
+// What the planner plans with: --hardware, or this machine (its memory and the free disk of
+// --offload-dir), capacities lowered by --*-mem.
+policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s);
+// The planner's options for this run: --kv, compression, cpu_cache_compute on the CPU backend,
+// and blocks of at most `max_block` prompts.
+policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::int64_t max_block);
+// A planned policy with the schedule flags (--overlap, --sep-layer, --pin-weight) applied.
+policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy planned);
+// Runs a planned policy (with the schedule flags) within the profile's capacities.
+void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw);
+// "planned for <hw>: gpu batch ..." (no newline).
+std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e);
+
+// What the job writes for one finished prompt, newline included: its out.jsonl line with
+// --out, else the prompt and its continuation (or the token ids without a tokenizer).
+std::string result_line(const RunOptions& o, const engine::ModelSource& m, const engine::PromptItem& item,
+                        std::span<const std::int32_t> new_tokens);
+
+// Bytes of the model's weights as stored.
+std::int64_t tensor_bytes(const engine::ModelConfig& c);
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,224 @@
+// flexh2o run under mpirun (CPU backend, one machine, ranks oversubscribed on its cores): data
+// parallel and pipeline runs write the bytes a one-process run writes; a job whose rank is
+// killed resumes to that file; a bad prompt on one rank ends every rank with one error line.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_models.h"
+
+namespace flexh2o {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+// The launcher as CI runs it: as root in a container, more ranks than cores, no binding.
+std::string mpirun(int ranks) {
+  return std::string(FLEXH2O_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np " +
+         std::to_string(ranks) + " ";
+}
+
+// `timeout` turns a hang into a failure instead of a stuck CI job.
+Result run(const std::string& launcher, const std::string& args, const testing::TempDir& dir) {
+  const std::string cmd = "timeout 120 " + launcher + FLEXH2O_BINARY + " " + args + " >" + dir.file("stdout") + " 2>" +
+                          dir.file("stderr") + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), testing::read_file(dir.file("stdout")),
+          testing::read_file(dir.file("stderr"))};
+}
+
+std::size_t line_count(const std::string& text) { return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')); }
+
+// A small OPT with dummy weights: several layers to split, quick to run.
+std::string write_opt(const testing::TempDir& dir, int layers, int hidden) {
+  const std::string path = dir.file("opt.yaml");
+  testing::write_file(path, "name: small-opt\nfamily: opt\nnum_layers: " + std::to_string(layers) +
+                                "\nhidden_size: " + std::to_string(hidden) + "\nffn_size: " + std::to_string(4 * hidden) +
+                                "\nnum_heads: 4\nvocab_size: 2000\nmax_positions: 128\ndtype: f16\n"
+                                "tie_embeddings: true\nbos_token_id: 2\neos_token_id: []\n");
+  return path;
+}
+
+// Token prompts of different lengths (the dealing balances tokens, not counts).
+std::string token_prompts(int count) {
+  std::string in;
+  for (int i = 0; i < count; ++i) {
+    in += "{\"id\": \"p" + std::to_string(i) + "\", \"tokens\": [2";
+    for (int t = 0; t <= i % 5; ++t) in += ", " + std::to_string(100 + 37 * i + t);
+    in += "]}\n";
+  }
+  return in;
+}
+
+const char* kStoryPrompts =
+    "{\"id\": \"a\", \"prompt\": \"Once upon a time\"}\n"
+    "{\"id\": 2, \"prompt\": \"The dog ran\"}\n"
+    "{\"id\": \"c\", \"prompt\": \"Lily and Tom went to the park. They saw\"}\n"
+    "{\"id\": \"d\", \"prompt\": \"One day\"}\n"
+    "{\"id\": \"e\", \"prompt\": \"The sun\"}\n"
+    "{\"id\": \"f\", \"prompt\": \"A little bird\"}\n"
+    "{\"id\": \"g\", \"prompt\": \"Mom said\"}\n";
+
+// Runs `job` (flags after `run`, before --out) as one process, then under each launcher form,
+// and expects the same out.jsonl bytes from every one.
+void expect_same_output(const std::string& job, const std::vector<std::pair<int, std::string>>& forms,
+                        const testing::TempDir& dir, std::size_t lines) {
+  const Result one = run("", "run " + job + " --out " + dir.file("one.jsonl"), dir);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const std::string expected = testing::read_file(dir.file("one.jsonl"));
+  ASSERT_EQ(line_count(expected), lines);
+  for (const auto& [ranks, extra] : forms) {
+    SCOPED_TRACE("mpirun -np " + std::to_string(ranks) + " " + extra);
+    const std::string out = dir.file("np" + std::to_string(ranks) + ".jsonl");
+    std::filesystem::remove(out);
+    const Result r = run(mpirun(ranks), "run " + job + extra + " --out " + out, dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(testing::read_file(out), expected);
+  }
+}
+
+TEST(Mpi, DataParallelWritesTheOneProcessFileStories260K) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), kStoryPrompts);
+  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 24 --temperature 0.8 --seed 5";
+  expect_same_output(job, {{2, ""}, {3, ""}}, dir, 7);
+}
+
+TEST(Mpi, DataParallelWritesTheOneProcessFileDummyOpt) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), token_prompts(9));
+  const std::string job = "--model " + write_opt(dir, 4, 128) + " --dummy --prompts " + dir.file("in.jsonl") +
+                          " --gen-len 8 --gpu-batch-size 2";
+  expect_same_output(job, {{2, ""}, {3, ""}}, dir, 9);
+}
+
+TEST(Mpi, PipelineWritesTheOneProcessFileStories260K) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), kStoryPrompts);
+  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 24 --temperature 0.8 --seed 5";
+  expect_same_output(job, {{2, " --pipeline 2"}, {3, " --pipeline 3 --micro-batches 2"}}, dir, 7);
+}
+
+TEST(Mpi, PipelineWritesTheOneProcessFileDummyOpt) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), token_prompts(9));
+  // Blocks of 2 x 1 prompts, some of the KV cache and weights on disk on every stage.
+  const std::string offload = dir.file("offload");
+  std::filesystem::create_directory(offload);
+  const std::string job = "--model " + write_opt(dir, 4, 128) + " --dummy --prompts " + dir.file("in.jsonl") +
+                          " --gen-len 8 --gpu-batch-size 2 --percent 50 25 50 25 100 0 --offload-dir " + offload;
+  expect_same_output(job, {{2, " --pipeline 2"}, {3, " --pipeline 3"}}, dir, 9);
+  EXPECT_TRUE(std::filesystem::is_empty(offload)) << "offload files left behind";
+}
+
+// The pid of `rank` among the processes mpirun (pid `launcher`) started, or -1.
+pid_t rank_pid(pid_t launcher, int rank) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(text.substr(close + 2));
+    char state = 0;
+    pid_t parent = 0;
+    fields >> state >> parent;
+    if (parent != launcher) continue;
+    std::ifstream env(e.path() / "environ");
+    const std::string vars((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (vars.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), token_prompts(16));
+  // Blocks of one prompt, each a few tens of ms: the job is under way when the kill comes.
+  const std::string job = "run --model " + write_opt(dir, 6, 512) + " --dummy --prompts " + dir.file("in.jsonl") +
+                          " --gen-len 16 --gpu-batch-size 1 --out ";
+  ASSERT_EQ(run("", job + dir.file("full.jsonl"), dir).code, 0);
+  const std::string full = testing::read_file(dir.file("full.jsonl"));
+  ASSERT_EQ(line_count(full), 16u);
+
+  for (const std::string& form : {std::string(), std::string(" --pipeline 2")}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    const std::string out = dir.file("part" + std::to_string(form.size()) + ".jsonl");
+    const std::string cmd = "exec " + mpirun(2) + FLEXH2O_BINARY + " " + job + out + form + " >" +
+                            dir.file("spawn.out") + " 2>" + dir.file("spawn.err") + " </dev/null";
+    const pid_t launcher = ::fork();
+    if (launcher == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Once rank 0 wrote a line (data parallel: rank 1's share included, the lines go in input
+    // order; pipeline: rank 1 is the last stage), kill rank 1.
+    pid_t victim = -1;
+    for (int tries = 0; tries < 3000; ++tries) {
+      if (victim < 0) victim = rank_pid(launcher, 1);
+      if (victim > 0 && std::filesystem::exists(out) && std::filesystem::file_size(out) > 0) break;
+      ::usleep(10000);
+    }
+    ASSERT_GT(victim, 0) << "rank 1 not found";
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    int status = 0;
+    ::waitpid(launcher, &status, 0);
+    EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a job with a killed rank succeeded";
+    const std::string partial = testing::read_file(out);
+    ASSERT_LT(line_count(partial), 16u) << "the job ended before the kill";
+    EXPECT_EQ(full.compare(0, partial.size(), partial), 0) << "the partial file is not a prefix of the whole one";
+
+    const Result resumed = run(mpirun(2), job + out + form + " --resume", dir);
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    EXPECT_THAT(resumed.err, HasSubstr("resuming:"));
+    EXPECT_EQ(testing::read_file(out), full);
+  }
+}
+
+TEST(Mpi, BadPromptOnOneRankEndsEveryRankWithOneError) {
+  testing::TempDir dir;
+  // Data parallel: equal prompts are dealt alternately, so "bad" (the second) goes to rank 1,
+  // which finds it while rank 0 runs; pipeline: rank 0 checks every prompt while the others wait.
+  testing::write_file(dir.file("in.jsonl"),
+                      "{\"id\": \"ok1\", \"tokens\": [2, 5, 6]}\n{\"id\": \"bad\", \"tokens\": [2, 99999, 6]}\n"
+                      "{\"id\": \"ok2\", \"tokens\": [2, 7, 8]}\n{\"id\": \"ok3\", \"tokens\": [2, 9, 10]}\n");
+  const std::string offload = dir.file("offload");
+  std::filesystem::create_directory(offload);
+  const std::string job = "run --model " + write_opt(dir, 4, 128) + " --dummy --prompts " + dir.file("in.jsonl") +
+                          " --gen-len 8 --gpu-batch-size 1 --percent 50 0 50 0 100 0 --offload-dir " + offload +
+                          " --out " + dir.file("out.jsonl");
+  for (const std::string& form : {std::string(), std::string(" --pipeline 2")}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    const Result r = run(mpirun(2), job + form, dir);
+    EXPECT_NE(r.code, 0);
+    EXPECT_LT(r.code, 124) << "hung or killed: " << r.err;
+    std::vector<std::string> errors;
+    std::istringstream lines(r.err);
+    for (std::string l; std::getline(lines, l);)
+      if (l.rfind("flexh2o: error: ", 0) == 0) errors.push_back(l);
+    ASSERT_EQ(errors.size(), 1u) << r.err;
+    EXPECT_THAT(errors[0], HasSubstr("\"bad\""));
+    EXPECT_THAT(errors[0], HasSubstr("99999"));
+    EXPECT_TRUE(std::filesystem::is_empty(offload)) << "offload files left behind";
+  }
+}
+
+}  // namespace
+}  // namespace flexh2o
