@@ -33,6 +33,12 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
                    "comma list of f32, bf16: how projections multiply (the reference is always f32)");
   eval->add_option("--backend", o.backend, "compute backend: auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   eval->add_option("--chunks", o.chunks, "evaluate the first N paragraphs")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  eval->add_option("--skip", o.skip, "skip the first N paragraphs (held-out chunks: tune on the first, report on the rest)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  eval->add_option("--prefill", o.prefill,
+                   "the first F of each chunk (a fraction like 0.5, or a token count) is the prompt, prefilled with "
+                   "the policy's prefill rule; the rest is teacher-forced decode and only it is scored (default 1: "
+                   "BOS only, every token decoded)");
   eval->add_option("--batch", o.batch, "chunks per batch")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   eval->add_option("--csv", o.csv_file, "also write the table as CSV");
   return eval;
@@ -40,6 +46,7 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
 
 int eval_command(const EvalOptions& o) {
   const std::vector<policy::KvSpec> specs = policy::parse_kv_specs(o.kv);
+  const PromptSplit split = parse_prompt_split(o.prefill);
   ModelOptions mo;
   mo.model = o.model;
   mo.tokenizer = o.tokenizer;
@@ -49,14 +56,19 @@ int eval_command(const EvalOptions& o) {
   const auto text = offload::read_text_file(o.text_file);
   if (!text) throw std::invalid_argument("cannot read --text file " + o.text_file);
   std::vector<std::vector<std::int32_t>> chunks;
-  for (const auto& para : split_paragraphs(*text)) {
+  const auto paragraphs = split_paragraphs(*text);
+  for (std::size_t i = static_cast<std::size_t>(std::min<std::int64_t>(o.skip, static_cast<std::int64_t>(paragraphs.size())));
+       i < paragraphs.size(); ++i) {
+    const std::string& para = paragraphs[i];
     if (static_cast<std::int64_t>(chunks.size()) >= o.chunks) break;
     std::vector<std::int32_t> ids = encode_prompt(*m.tokenizer, para, m.config.bos_id);
     if (static_cast<std::int64_t>(ids.size()) > m.config.position_limit())
       ids.resize(static_cast<std::size_t>(m.config.position_limit()));
     if (ids.size() >= 2) chunks.push_back(std::move(ids));
   }
-  if (chunks.empty()) throw std::invalid_argument(o.text_file + ": no paragraph of at least 2 tokens");
+  if (chunks.empty())
+    throw std::invalid_argument(o.text_file + ": no paragraph of at least 2 tokens" +
+                                (o.skip > 0 ? " after skipping " + std::to_string(o.skip) : std::string()));
 
   // One generator per (weights, cache) storage the --compress list asks for.
   const kernels::DType q = o.compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4;
@@ -97,10 +109,13 @@ int eval_command(const EvalOptions& o) {
       if (compute != kernels::DType::F32) suffix += " + bf16 compute";
       variants.push_back({spec.text + suffix, spec, plain ? &reference : g.get()});
     }
-  const auto results = evaluate_variants(reference, chunks, variants, o.batch);
+  const auto results = evaluate_variants(reference, chunks, variants, o.batch, split);
 
-  fmt::print("model: {} | text: {} | {} chunks, {} predicted tokens\n\n", m.description, o.text_file, chunks.size(),
-             results.front().tokens);
+  const std::string protocol =
+      split.fraction ? fmt::format("first {} of each chunk prefilled", *split.fraction)
+                     : (split.tokens == 1 ? std::string("decode only") : fmt::format("first {} tokens of each chunk prefilled", split.tokens));
+  fmt::print("model: {} | text: {} | {} chunks (skipped {}), {}, {} predicted tokens\n\n", m.description, o.text_file,
+             chunks.size(), o.skip, protocol, results.front().tokens);
   fmt::print("| kv policy | mean NLL | perplexity | top-1 agreement | mean KL(full \\|\\| policy) |\n|---|---|---|---|---|\n");
   for (const auto& r : results)
     fmt::print("| {} | {:.4f} | {:.3f} | {:.4f} | {:.5f} |\n", r.label, r.mean_nll, r.perplexity, r.top1_agreement,

@@ -17,6 +17,8 @@ struct EvalOptions {
   std::string compute_dtypes = "f32";  // comma list of f32, bf16
   int compress_bits = 4;
   std::int64_t chunks = 64;
+  std::int64_t skip = 0;       // paragraphs skipped before the first chunk
+  std::string prefill = "1";   // prompt of each chunk: a fraction (0.5) or a token count (1: BOS only)
   std::string backend = "auto";
   std::int64_t batch = 16;
   std::string csv_file;
