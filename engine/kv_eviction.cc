@@ -1,6 +1,7 @@
 #include "engine/kv_eviction.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace flexh2o::engine {
@@ -21,6 +22,20 @@ KvEvictionLayer::KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& p
   if (policy.uses_prefill_scores()) col_sums_ = {be, static_cast<std::size_t>(max_prompt_rows * n_kv_heads_) * f};
 }
 
+void KvEvictionLayer::compute_value_norms(kernels::Backend& be, const float* v, std::int64_t rows) {
+  const std::int64_t H = n_kv_heads_, D = head_dim_;
+  host_values_.resize(static_cast<std::size_t>(rows * H * D));
+  be.copy_to_host(host_values_.data(), v, host_values_.size() * sizeof(float));
+  value_norms_.resize(static_cast<std::size_t>(rows * H));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t g = 0; g < H; ++g) {
+      const float* x = host_values_.data() + (r * H + g) * D;
+      float ss = 0;
+      for (std::int64_t d = 0; d < D; ++d) ss += x[d] * x[d];
+      value_norms_[static_cast<std::size_t>(g * rows + r)] = std::sqrt(ss);
+    }
+}
+
 void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int64_t seq0,
                               const kernels::AttentionShape& shape, const float* q, const float* k, const float* v,
                               float* out, const KvPart& part, const KvView& cache) {
@@ -37,6 +52,8 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int
     host_scores_.resize(static_cast<std::size_t>(T * H));
     be.copy_to_host(host_scores_.data(), col_sums_.data(), host_scores_.size() * sizeof(float));
   }
+  const bool norms = policy_.uses_value_norms();
+  if (norms) compute_value_norms(be, v, T);
   // The policy keeps positions per head; only those rows are written, to the slots it chose.
   head_slot_.assign(static_cast<std::size_t>(T * H), -1);
   for (std::int64_t b = 0; b < B; ++b) {
@@ -45,7 +62,9 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int
       policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + b) * H + g)];
       const std::span<const float> col = scores ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>(t0 * H + g * n), static_cast<std::size_t>(n))
                                                 : std::span<const float>{};
-      policy_.on_prefill(layer_, n, col, budget_[static_cast<std::size_t>(seq0 + b)], st);
+      const std::span<const float> vn = norms ? std::span<const float>(value_norms_).subspan(static_cast<std::size_t>(g * T + t0), static_cast<std::size_t>(n))
+                                              : std::span<const float>{};
+      policy_.on_prefill(layer_, n, col, budget_[static_cast<std::size_t>(seq0 + b)], st, vn);
       for (std::int64_t slot = 0; slot < st.capacity(); ++slot)
         if (st.occupied(slot)) head_slot_[static_cast<std::size_t>((t0 + st.position(slot)) * H + g)] = slot;
     }
@@ -83,6 +102,8 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
     host_scores_.resize(static_cast<std::size_t>(B * H * capacity));
     be.copy_to_host(host_scores_.data(), probs_.data(), host_scores_.size() * sizeof(float));
   }
+  const bool norms = policy_.uses_value_norms();
+  if (norms) compute_value_norms(be, v, B);
   moves_.clear();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t g = 0; g < H; ++g) {
@@ -90,7 +111,8 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
       const std::span<const float> p = probs ? std::span<const float>(host_scores_).subspan(static_cast<std::size_t>((b * H + g) * capacity), static_cast<std::size_t>(capacity))
                                              : std::span<const float>{};
       policy_.on_decode_step(st, head_slot_[static_cast<std::size_t>(b * H + g)], s.positions[b], p,
-                             budget_[static_cast<std::size_t>(seq0 + b)], evicted_);
+                             budget_[static_cast<std::size_t>(seq0 + b)], evicted_,
+                             norms ? value_norms_[static_cast<std::size_t>(g * B + b)] : 0.0f);
       // One eviction leaves the freed slot for the next token; more leave holes to close.
       if (evicted_.size() > 1) {
         slot_moves_.clear();

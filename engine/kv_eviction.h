@@ -30,12 +30,15 @@ class KvEvictionLayer {
               const float* q, const float* k, const float* v, float* out, const KvPart& part, const KvView& cache);
 
  private:
+  // value_norms_[g * rows + r]: the L2 norm of row r's value vector of kv head g.
+  void compute_value_norms(kernels::Backend& be, const float* v, std::int64_t rows);
+
   const policy::KvPolicy& policy_;
   std::int64_t layer_, n_kv_heads_, head_dim_, capacity_ = 0;
   std::vector<std::int64_t> budget_;          // per sequence
   std::vector<policy::KvHeadState> states_;   // [B * n_kv_heads]
   kernels::DeviceBuffer col_sums_, probs_;    // kernel outputs the policy reads
-  std::vector<float> host_scores_;
+  std::vector<float> host_scores_, host_values_, value_norms_;
   std::vector<std::int64_t> head_slot_, lens_, evicted_;
   std::vector<policy::KvSlotMove> slot_moves_;
   std::vector<kernels::KvMove> moves_;

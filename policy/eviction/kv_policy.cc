@@ -44,6 +44,7 @@ std::vector<std::int64_t> KvHeadState::kept_positions() const {
 void KvHeadState::clear() {
   std::fill(pos_.begin(), pos_.end(), -1);
   std::fill(score_.begin(), score_.end(), 0.0f);
+  std::fill(value_.begin(), value_.end(), 0.0f);
   std::fill(bits_.begin(), bits_.end(), 0);
   size_ = 0;
   low_free_ = 0;
@@ -51,10 +52,11 @@ void KvHeadState::clear() {
   steps_ = 0;
 }
 
-void KvHeadState::occupy(std::int64_t slot, std::int64_t position, float score) {
+void KvHeadState::occupy(std::int64_t slot, std::int64_t position, float score, float value_norm) {
   const auto s = static_cast<std::size_t>(slot);
   pos_[s] = static_cast<std::int32_t>(position);
   score_[s] = score;
+  if (!value_.empty()) value_[s] = value_norm;
   if (words_ > 0) std::fill_n(bits_.begin() + slot * words_, words_, 0);
   ++size_;
   if (slot == low_free_) ++low_free_;
@@ -78,6 +80,7 @@ void KvHeadState::compact(std::vector<KvSlotMove>& moves) {
     const auto f = static_cast<std::size_t>(hi), t = static_cast<std::size_t>(lo);
     pos_[t] = pos_[f];
     score_[t] = score_[f];
+    if (!value_.empty()) value_[t] = value_[f];
     if (words_ > 0)
       std::copy_n(bits_.begin() + hi * words_, words_, bits_.begin() + lo * words_);
     pos_[f] = -1;
@@ -111,6 +114,7 @@ KvHeadState KvPolicy::make_state(std::int64_t capacity) const {
   const auto cap = static_cast<std::size_t>(capacity);
   s.pos_.assign(cap, -1);
   s.score_.assign(cap, 0.0f);
+  if (uses_value_norms()) s.value_.assign(cap, 0.0f);
   s.history_ = history_bits();
   s.words_ = (s.history_ + 63) / 64;
   s.bits_.assign(cap * static_cast<std::size_t>(s.words_), 0);
@@ -124,7 +128,7 @@ std::vector<float> KvPolicy::prefill_query_weights(std::int64_t layer, std::int6
 }
 
 void KvPolicy::on_prefill(std::int64_t layer, std::int64_t n, std::span<const float> col_sums, std::int64_t budget,
-                          KvHeadState& state) const {
+                          KvHeadState& state, std::span<const float> value_norms) const {
   check_layer(layer);
   const std::string& t = spec_.text;
   if (n < 0) throw std::invalid_argument(msg(t, "prompt length ", str(n), " < 0"));
@@ -138,7 +142,10 @@ void KvPolicy::on_prefill(std::int64_t layer, std::int64_t n, std::span<const fl
   if (kept > state.capacity())
     throw std::invalid_argument(msg(t, "the state has ", str(state.capacity()), " slots but the prefill keeps ",
                                     str(kept), "; make it with make_state(kv_slot_capacity(budget))"));
-  if (state.history_ != history_bits())
+  if (uses_value_norms() && static_cast<std::int64_t>(value_norms.size()) < n)
+    throw std::invalid_argument(msg(t, str(static_cast<std::int64_t>(value_norms.size())),
+                                    " value norms for a prompt of ", str(n), " tokens"));
+  if (state.history_ != history_bits() || state.value_.empty() == uses_value_norms())
     throw std::logic_error(msg(t, "the state was not made by this policy's make_state"));
 
   state.clear();
@@ -147,7 +154,8 @@ void KvPolicy::on_prefill(std::int64_t layer, std::int64_t n, std::span<const fl
     keep.resize(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) keep[static_cast<std::size_t>(i)] = i;
   } else {
-    prefill_keep(layer, n, col_sums, budget, keep);
+    prefill_keep(layer, n, col_sums, uses_value_norms() ? value_norms.first(static_cast<std::size_t>(n)) : value_norms,
+                 budget, keep);
     std::sort(keep.begin(), keep.end());
     if (static_cast<std::int64_t>(keep.size()) > budget ||
         std::adjacent_find(keep.begin(), keep.end()) != keep.end() || (!keep.empty() && (keep.front() < 0 || keep.back() >= n)))
@@ -156,7 +164,8 @@ void KvPolicy::on_prefill(std::int64_t layer, std::int64_t n, std::span<const fl
   const bool sums_as_scores = uses_prefill_scores() && prefill_sums_are_scores();
   for (std::size_t i = 0; i < keep.size(); ++i) {
     const std::int64_t p = keep[i];
-    state.occupy(static_cast<std::int64_t>(i), p, sums_as_scores ? col_sums[static_cast<std::size_t>(p)] : 0.0f);
+    state.occupy(static_cast<std::int64_t>(i), p, sums_as_scores ? prefill_score(col_sums[static_cast<std::size_t>(p)]) : 0.0f,
+                 uses_value_norms() ? value_norms[static_cast<std::size_t>(p)] : 0.0f);
   }
   state.last_pos_ = n - 1;
 }
@@ -165,7 +174,7 @@ void KvPolicy::observe(KvHeadState&, std::span<const float>) const {}
 
 void KvPolicy::on_decode_step(KvHeadState& state, std::int64_t new_slot, std::int64_t new_pos,
                               std::span<const float> probs, std::int64_t budget,
-                              std::vector<std::int64_t>& evict) const {
+                              std::vector<std::int64_t>& evict, float value_norm) const {
   evict.clear();
   const std::string& t = spec_.text;
   if (budget < 1) throw std::invalid_argument(msg(t, "budget ", str(budget), " must be at least 1"));
@@ -180,9 +189,9 @@ void KvPolicy::on_decode_step(KvHeadState& state, std::int64_t new_slot, std::in
   if (uses_decode_probs() && static_cast<std::int64_t>(probs.size()) < state.capacity())
     throw std::invalid_argument(msg(t, str(static_cast<std::int64_t>(probs.size())), " attention probabilities for ",
                                     str(state.capacity()), " slots"));
-  if (state.history_ != history_bits())
+  if (state.history_ != history_bits() || state.value_.empty() == uses_value_norms())
     throw std::logic_error(msg(t, "the state was not made by this policy's make_state"));
-  state.occupy(new_slot, new_pos, 0.0f);
+  state.occupy(new_slot, new_pos, 0.0f, value_norm);
   observe(state, probs);
   ++state.steps_;
   while (state.size() > budget) {

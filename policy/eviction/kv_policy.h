@@ -58,6 +58,10 @@ class KvHeadState {
   // scissorhands: how often the token was below the uniform share within the history window;
   // full/local/streaming: 0.
   float score(std::int64_t slot) const { return score_[static_cast<std::size_t>(slot)]; }
+  // flex: the L2 norm of the token's value vector (0 for policies that do not use it).
+  float value_norm(std::int64_t slot) const {
+    return value_.empty() ? 0.0f : value_[static_cast<std::size_t>(slot)];
+  }
   std::int64_t last_position() const { return last_pos_; }  // newest token seen, -1 if none
   std::int64_t steps() const { return steps_; }              // decode steps observed
   // Original positions of the occupied slots, ascending (allocates; for tests and reports).
@@ -72,12 +76,13 @@ class KvHeadState {
 
  private:
   friend class KvPolicy;
-  void occupy(std::int64_t slot, std::int64_t position, float score);
+  void occupy(std::int64_t slot, std::int64_t position, float score, float value_norm = 0.0f);
   void release(std::int64_t slot);
 
   std::vector<std::int32_t> pos_;     // original position per slot, -1 = free
   std::vector<float> score_;          // per slot
   std::vector<std::uint64_t> bits_;   // scissorhands: words_ per slot, ring of `history_` bits
+  std::vector<float> value_;          // flex: per slot the norm of the token's value vector
   std::int64_t words_ = 0;
   std::int64_t history_ = 0;
   std::int64_t size_ = 0;
@@ -106,6 +111,8 @@ class KvPolicy {
   // empty spans); tova/snapkv/pyramid/scissorhands need weighted prefill column sums.
   virtual bool uses_prefill_scores() const { return true; }
   virtual bool uses_decode_probs() const { return true; }
+  // flex: the L2 norm of each token's value vector (per kv head) at prefill and decode.
+  virtual bool uses_value_norms() const { return false; }
   // Weight w[i] of prompt query row i in the prefill column sums, size n:
   // h2o: all 1; tova: only the last row; snapkv: the last `window` rows; scissorhands: the last
   // `history` rows; pyramid: the last 20% rows ("observers") weighted linearly 1.0 .. 1.2;
@@ -116,8 +123,9 @@ class KvPolicy {
   // them in slots 0..kept-1 (positions ascending) with their initial scores.
   // col_sums[j] = sum_i w[i] * p(i, j) over prompt queries i >= j (summed over the kv head's
   // query heads), w from prefill_query_weights. Throws std::invalid_argument on bad sizes.
+  // value_norms[j]: the norm of prompt token j's value vector, when uses_value_norms().
   void on_prefill(std::int64_t layer, std::int64_t n, std::span<const float> col_sums, std::int64_t budget,
-                  KvHeadState& state) const;
+                  KvHeadState& state, std::span<const float> value_norms = {}) const;
   void on_prefill(std::int64_t layer, std::int64_t n, std::span<const float> col_sums, KvHeadState& state) const {
     on_prefill(layer, n, col_sums, budget(layer, n), state);
   }
@@ -128,8 +136,9 @@ class KvPolicy {
   // the scores, then evicts so that at most `budget` slots stay occupied; `evict` is overwritten
   // with the freed slots (usually one once the cache is full, none before). Throws
   // std::logic_error when new_slot is not free (allocate kv_slot_capacity(budget) slots).
+  // value_norm: the norm of the new token's value vector, when uses_value_norms().
   void on_decode_step(KvHeadState& state, std::int64_t new_slot, std::int64_t new_pos, std::span<const float> probs,
-                      std::int64_t budget, std::vector<std::int64_t>& evict) const;
+                      std::int64_t budget, std::vector<std::int64_t>& evict, float value_norm = 0.0f) const;
   // Only the eviction half: frees slots until at most `budget` remain; `evict` is overwritten.
   void select_evictions(KvHeadState& state, std::int64_t budget, std::vector<std::int64_t>& evict) const;
 
@@ -137,11 +146,14 @@ class KvPolicy {
   KvPolicy(KvSpec spec, std::int64_t n_layers);
   void check_layer(std::int64_t layer) const;
 
-  // Prompt positions to keep (any order, distinct, at most budget) when n > budget.
+  // Prompt positions to keep (any order, distinct, at most budget) when n > budget. value_norms
+  // is empty unless uses_value_norms().
   virtual void prefill_keep(std::int64_t layer, std::int64_t n, std::span<const float> col_sums,
-                            std::int64_t budget, std::vector<std::int64_t>& keep) const = 0;
-  // Whether the kept prompt tokens start with their column sum as score (else 0).
+                            std::span<const float> value_norms, std::int64_t budget,
+                            std::vector<std::int64_t>& keep) const = 0;
+  // Whether the kept prompt tokens start with a score from their column sum (else 0), and which.
   virtual bool prefill_sums_are_scores() const { return uses_prefill_scores(); }
+  virtual float prefill_score(float col_sum) const { return col_sum; }
   // Bits of history per slot the state needs (scissorhands).
   virtual std::int64_t history_bits() const { return 0; }
   // Updates the scores with this step's probabilities (the new token is already occupied).
@@ -152,6 +164,7 @@ class KvPolicy {
   // State access for the policies.
   static std::span<std::int32_t> positions(KvHeadState& s) { return s.pos_; }
   static std::span<float> scores(KvHeadState& s) { return s.score_; }
+  static std::span<float> value_norms(KvHeadState& s) { return s.value_; }
   static std::span<std::uint64_t> history(KvHeadState& s) { return s.bits_; }
   static std::int64_t history_words(const KvHeadState& s) { return s.words_; }
   static std::int64_t history_len(const KvHeadState& s) { return s.history_; }

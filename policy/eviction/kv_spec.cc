@@ -16,6 +16,7 @@ enum class Kind {
   Fraction,     // 0 < x <= 1
   Amount,       // fraction in [0, 1) or whole number of tokens (h2o heavy/recent, drop)
   OddCount,     // odd whole number >= 1
+  Real,         // min <= x <= max
 };
 
 struct ParamDef {
@@ -59,6 +60,12 @@ const std::vector<PolicyDef>& policy_defs() {
         {"recent", Kind::Fraction, 0.2},
         {"floor", Kind::Count, 64, 1}}},
       {"snapkv", true, {{"window", Kind::Count, 32, 1}, {"kernel", Kind::OddCount, 5, 1}}},
+      {"flex",
+       true,
+       {{"decay", Kind::Real, 0.92, 0.0, 1.0},
+        {"value", Kind::Real, 1.5, 0.0, 4.0},
+        {"recent", Kind::Real, 0.3, 0.0, 1.0},
+        {"sink", Kind::Count, 0, 0}}},
   };
   return defs;
 }
@@ -117,6 +124,13 @@ std::optional<Number> parse_number(std::string_view s) {
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
   return Number{v, whole};
+}
+
+std::string fmt_real(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
 }
 
 [[noreturn]] void fail(std::string_view text, const std::string& why) {
@@ -200,6 +214,10 @@ KvSpec parse_kv_spec(std::string_view raw) {
           case Kind::OddCount:
             if (v != std::floor(v) || v < 1 || v > 1e6 || static_cast<long long>(v) % 2 == 0)
               fail(text, cat(key, "=", value, " must be an odd whole number >= 1"));
+            break;
+          case Kind::Real:
+            if (!(v >= p->min && v <= p->max))
+              fail(text, cat(key, "=", value, " must be in [", fmt_real(p->min), ", ", fmt_real(p->max), "]"));
             break;
           case Kind::Fraction:
             if (!(v > 0 && v <= 1)) fail(text, cat(key, "=", value, " must be a fraction in (0, 1]"));

@@ -159,7 +159,7 @@ class FullPolicy final : public KvPolicy {
   bool uses_decode_probs() const override { return false; }
 
  protected:
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float>, std::int64_t budget,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float>, std::span<const float>, std::int64_t budget,
                     std::vector<std::int64_t>&) const override {
     throw std::logic_error(cat("kv policy 'full' keeps every token: budget ", std::to_string(budget),
                                " is below the prompt's ", std::to_string(n), " tokens; use budget(layer, n)"));
@@ -179,7 +179,7 @@ class LocalPolicy final : public KvPolicy {
   bool uses_decode_probs() const override { return false; }
 
  protected:
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float>, std::int64_t b,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float>, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     keep_range(n - b, n, keep);
   }
@@ -200,7 +200,7 @@ class StreamingPolicy final : public KvPolicy {
 
  protected:
   std::int64_t sinks(std::int64_t b) const { return std::min(sink_, b - 1); }
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float>, std::int64_t b,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float>, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     const std::int64_t s = sinks(b);
     keep_range(0, s, keep);
@@ -261,7 +261,7 @@ class H2oPolicy final : public AccumulatedPolicy {
     // Both fractions: split the budget in their proportion.
     return std::clamp<std::int64_t>(std::llround(static_cast<double>(b) * recent_ / (heavy_ + recent_)), 1, b);
   }
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::int64_t b,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     const std::int64_t r = recent(b);
     keep_range(n - r, n, keep);
@@ -287,7 +287,7 @@ class TovaPolicy final : public KvPolicy {
   }
 
  protected:
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::int64_t b,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     keep_top(range(0, n), b, [&](std::int64_t j) { return sums[static_cast<std::size_t>(j)]; }, keep);
   }
@@ -331,7 +331,7 @@ class ScissorhandsPolicy final : public KvPolicy {
     if (drop_ < 1) return std::max<std::int64_t>(1, std::llround(drop_ * static_cast<double>(b)));
     return static_cast<std::int64_t>(drop_);
   }
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::int64_t b,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     const std::int64_t r = recent(b);
     keep_range(n - r, n, keep);
@@ -413,7 +413,7 @@ class SnapKvPolicy final : public AccumulatedPolicy {
   }
 
  protected:
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::int64_t b,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     const std::int64_t win = std::min({window_, n, b});
     const std::int64_t prefix = n - win;
@@ -477,7 +477,7 @@ class PyramidPolicy final : public AccumulatedPolicy {
     return std::clamp<std::int64_t>(std::llround(observe_ * static_cast<double>(n)), 1, std::max<std::int64_t>(n, 1));
   }
   std::int64_t sink_param() const override { return sink_; }
-  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::int64_t b,
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     const std::int64_t s = std::min(sink_, b);
     const std::int64_t r = std::min(observers(n), b - s);
@@ -491,6 +491,91 @@ class PyramidPolicy final : public AccumulatedPolicy {
   std::int64_t sink_;
   double observe_;
   std::int64_t floor_;
+};
+
+// ---- flex: the engine's own policy ----
+// Score of a held token: its decayed peak attention, s <- max(decay * s, p) every decode step
+// (p: the attention it received this step, summed over the kv head's query heads), times the
+// norm of its value vector to the power `value`: key = s * |v|^value. Protect the `sink`
+// oldest and the round(recent * B) newest tokens (at least the current one) and evict the
+// lowest key (ties: oldest). Why each part (ablations on stories260K in README.md):
+//  - |v|: a token changes the attention output by about p * |v - o|; attention alone ignores
+//    how far its value pulls. The norm is computed once per token (O(head_dim)), not per step.
+//  - decayed peak instead of H2O's sum: the sum favours old tokens that collected many small
+//    probabilities (and never forgets them); the peak asks "was it strongly attended lately".
+//  - the recent window covers tokens too new to have been attended by many queries.
+// Prefill: the prompt's column sums with weights decay^(n-1-i) (newest query 1) rank the older
+// prompt tokens (times |v|^value) and, scaled by (1 - decay) to the level of one step's
+// attention, seed their scores.
+// State: position, score and value norm per slot (12 bytes); a step is one pass over the slots
+// to decay, one to pick the victim, like h2o's.
+class FlexPolicy final : public KvPolicy {
+ public:
+  FlexPolicy(const KvSpec& s, std::int64_t l)
+      : KvPolicy(s, l),
+        decay_(static_cast<float>(s.param("decay"))),
+        value_(static_cast<float>(s.param("value"))),
+        recent_(s.param("recent")),
+        sink_(param_int(s, "sink")) {}
+  bool uses_value_norms() const override { return value_ != 0; }
+  std::vector<float> prefill_query_weights(std::int64_t layer, std::int64_t n) const override {
+    std::vector<float> w = KvPolicy::prefill_query_weights(layer, n);
+    float f = 1.0f;
+    for (std::int64_t i = n - 1; i >= 0; --i) {
+      w[static_cast<std::size_t>(i)] = f;
+      f *= decay_;
+    }
+    return w;
+  }
+
+ protected:
+  std::int64_t recent(std::int64_t b) const {
+    return std::clamp<std::int64_t>(std::llround(recent_ * static_cast<double>(b)), 1, b);
+  }
+  std::int64_t sinks(std::int64_t b) const { return std::clamp<std::int64_t>(sink_, 0, b - recent(b)); }
+  float key(float score, float value_norm) const {
+    return value_ == 0 ? score : score * std::pow(value_norm, value_);
+  }
+  void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float> norms,
+                    std::int64_t b, std::vector<std::int64_t>& keep) const override {
+    const std::int64_t r = recent(b), s = sinks(b);
+    keep_range(0, s, keep);
+    keep_range(n - r, n, keep);
+    keep_top(range(s, n - r), b - r - s, [&](std::int64_t j) {
+      const auto u = static_cast<std::size_t>(j);
+      return key(sums[u], norms.empty() ? 0.0f : norms[u]);
+    }, keep);
+  }
+  float prefill_score(float col_sum) const override { return (1 - decay_) * col_sum; }
+  void observe(KvHeadState& st, std::span<const float> probs) const override {
+    const auto pos = positions(st);
+    const auto sc = scores(st);
+    for (std::size_t s = 0; s < pos.size(); ++s)
+      if (pos[s] >= 0) sc[s] = std::max(decay_ * sc[s], probs[s]);
+  }
+  void evict_some(KvHeadState& st, std::int64_t b, std::vector<std::int64_t>& evict) const override {
+    const auto pos = positions(st);
+    const auto sc = scores(st);
+    const auto vn = value_norms(st);
+    const Window w = protect(pos, st.size(), st.last_position(), sinks(b), recent(b));
+    std::int64_t best = -1;
+    float best_key = 0;
+    for (std::size_t s = 0; s < pos.size(); ++s) {
+      const std::int32_t p = pos[s];
+      if (p < 0 || !w.candidate(p)) continue;
+      const float k = key(sc[s], vn.empty() ? 0.0f : vn[s]);
+      if (best < 0 || k < best_key || (k == best_key && p < pos[static_cast<std::size_t>(best)])) {
+        best = static_cast<std::int64_t>(s);
+        best_key = k;
+      }
+    }
+    if (best >= 0) release(st, best, evict);
+  }
+
+ private:
+  float decay_, value_;
+  double recent_;
+  std::int64_t sink_;
 };
 
 }  // namespace
@@ -507,6 +592,7 @@ std::unique_ptr<KvPolicy> make_kv_policy(const KvSpec& spec, std::int64_t n_laye
   if (n == "scissorhands") return std::make_unique<ScissorhandsPolicy>(spec, n_layers);
   if (n == "snapkv") return std::make_unique<SnapKvPolicy>(spec, n_layers);
   if (n == "pyramid") return std::make_unique<PyramidPolicy>(spec, n_layers);
+  if (n == "flex") return std::make_unique<FlexPolicy>(spec, n_layers);
   throw std::invalid_argument(cat("kv policy '", spec.text, "': unknown policy '", n,
                                   "'; valid: full, local, streaming, h2o, tova, scissorhands, pyramid, snapkv"));
 }
