@@ -12,14 +12,16 @@
 //   each decode step:
 //     s = st.free_slot();  write K/V of token `pos` to slot s;  attention over the occupied slots
 //     policy.on_decode_step(st, s, pos, probs_of_this_head, B, evict);   // evict: slots freed
+// (flex also takes the norm of each token's value vector: on_prefill's value_norms and
+// on_decode_step's value_norm, when uses_value_norms().)
 // Slots are order-free. With one eviction per step the occupied slots plus the next token's
 // slot (free_slot() is the lowest free slot) are always [0, size()+1), so a kernel that attends
 // slots [0, len) stays correct; a step that frees several slots (scissorhands with drop > 1, or
 // a budget that shrank) leaves holes: call compact() and copy the rows it reports.
 //
 // Scores are fp32. Decode steps cost O(capacity) time and allocate nothing once warm; each
-// state holds 8 bytes per slot (position, score) plus, for scissorhands only, ceil(history/64)
-// 64-bit words of "unimportant" bits per slot.
+// state holds 8 bytes per slot (position, score) plus, for flex, the token's value-vector norm
+// (4 bytes) and, for scissorhands, ceil(history/64) 64-bit words of "unimportant" bits.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -64,6 +66,11 @@ class KvHeadState {
   }
   std::int64_t last_position() const { return last_pos_; }  // newest token seen, -1 if none
   std::int64_t steps() const { return steps_; }              // decode steps observed
+  // Bookkeeping bytes per slot: position and score (8), plus the value norm (flex, 4) and the
+  // history bits (scissorhands, 8 per 64 steps). Independent of the budget and the sequence.
+  std::int64_t bytes_per_slot() const {
+    return static_cast<std::int64_t>(sizeof(std::int32_t) + sizeof(float)) + (value_.empty() ? 0 : 4) + 8 * words_;
+  }
   // Original positions of the occupied slots, ascending (allocates; for tests and reports).
   std::vector<std::int64_t> kept_positions() const;
 

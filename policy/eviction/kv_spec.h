@@ -23,6 +23,10 @@
 //                 floor=64          smallest per-layer budget (never above the layer-0 budget)
 //   snapkv        window=32         observation window: last queries of the prompt
 //                 kernel=5          pooling kernel (odd), average pooling as in SnapKV
+//   flex          decay=0.92        per-step decay of a token's peak attention, in [0, 1]
+//                 value=1.5         exponent of the value-vector norm in the key, in [0, 4]
+//                 recent=0.3        share of the budget kept for the newest tokens, in [0, 1]
+//                 sink=0            first tokens always kept
 #pragma once
 #include <cstdint>
 #include <map>
@@ -34,7 +38,7 @@
 namespace flexh2o::policy {
 
 struct KvSpec {
-  std::string name;  // full|local|streaming|h2o|tova|scissorhands|pyramid|snapkv
+  std::string name;  // full|local|streaming|h2o|tova|scissorhands|pyramid|snapkv|flex
   std::string text;  // as given (trimmed), for messages and reports
   std::optional<double> fraction;     // budget as a fraction of the sequence, 0 < f <= 1
   std::optional<std::int64_t> tokens; // budget as a token count >= 1

@@ -594,7 +594,7 @@ std::unique_ptr<KvPolicy> make_kv_policy(const KvSpec& spec, std::int64_t n_laye
   if (n == "pyramid") return std::make_unique<PyramidPolicy>(spec, n_layers);
   if (n == "flex") return std::make_unique<FlexPolicy>(spec, n_layers);
   throw std::invalid_argument(cat("kv policy '", spec.text, "': unknown policy '", n,
-                                  "'; valid: full, local, streaming, h2o, tova, scissorhands, pyramid, snapkv"));
+                                  "'; valid: full, local, streaming, h2o, tova, scissorhands, pyramid, snapkv, flex"));
 }
 
 }  // namespace flexh2o::policy

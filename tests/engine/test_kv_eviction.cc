@@ -8,6 +8,7 @@
 
 #include "engine/block_scheduler.h"
 #include "engine/generator.h"
+#include "engine/kv_quality.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model_source.h"
 #include "policy/eviction/kv_spec.h"
@@ -16,7 +17,7 @@
 namespace flexh2o {
 namespace {
 
-const char* kPolicies[] = {"local", "streaming", "h2o", "tova", "scissorhands", "pyramid", "snapkv"};
+const char* kPolicies[] = {"local", "streaming", "h2o", "tova", "scissorhands", "pyramid", "snapkv", "flex"};
 
 engine::GenerationRequest request(const engine::ModelConfig& cfg, std::int64_t gen) {
   engine::GenerationRequest req;
@@ -105,6 +106,80 @@ TEST(KvEviction, BytesPerTokenFromTheTierBudgets) {
   EXPECT_DOUBLE_EQ(f32, 2 * f16);
   EXPECT_NEAR(f16 / q4, 128.0 / 36.0, 1e-9);
   EXPECT_GE(f16 / h2o_q4, 16.0);
+}
+
+// ---------------------------------------------------------------- eval protocol (kv_quality)
+
+// Chunks of token ids, BOS first, of varied lengths.
+std::vector<std::vector<std::int32_t>> eval_chunks(const engine::ModelConfig& cfg) {
+  std::vector<std::vector<std::int32_t>> chunks;
+  for (std::int32_t c = 0; c < 5; ++c) {
+    std::vector<std::int32_t> ids = {cfg.bos_id};
+    for (std::int32_t t = 0; t < 30 + 17 * c; ++t)
+      ids.push_back(3 + (t * 37 + c * 11 + t * t) % static_cast<std::int32_t>(cfg.vocab_size - 3));
+    chunks.push_back(ids);
+  }
+  return chunks;
+}
+
+TEST(KvQualityProtocol, PromptSplitParsesFractionsAndTokenCounts) {
+  const auto half = engine::parse_prompt_split("0.5");
+  ASSERT_TRUE(half.fraction);
+  EXPECT_EQ(half.prompt_tokens(11), 6);  // round(5.5)
+  EXPECT_EQ(half.prompt_tokens(2), 1);   // at least one prompt token and one predicted
+  EXPECT_EQ(engine::parse_prompt_split("0.99").prompt_tokens(10), 9);
+  const auto t = engine::parse_prompt_split("32");
+  EXPECT_FALSE(t.fraction);
+  EXPECT_EQ(t.prompt_tokens(100), 32);
+  EXPECT_EQ(t.prompt_tokens(20), 19);
+  EXPECT_EQ(engine::PromptSplit{}.prompt_tokens(50), 1);  // the default: BOS only
+  for (const char* bad : {"", "0", "0.0", "1.0", "1.5", "-1", "abc", "0.5x", "1e3", "99999999999999999999"})
+    EXPECT_THROW(engine::parse_prompt_split(bad), std::invalid_argument) << bad;
+}
+
+TEST(KvQualityProtocol, PrefillSplitScoresOnlyTheTokensAfterThePrompt) {
+  auto m = engine::open_model({});
+  auto be = kernels::make_cpu_backend();
+  const auto w = engine::load_weights(m.config, *m.weights);
+  engine::Generator gen(*be, m.config, w);
+  const auto chunks = eval_chunks(m.config);
+  std::vector<engine::EvalVariant> variants;
+  for (const char* text : {"full", "h2o:0.2", "snapkv:0.2", "pyramid:0.2", "flex:0.2", "local:8"})
+    variants.push_back({text, policy::parse_kv_spec(text), &gen});
+  const auto count = [&](const engine::PromptSplit& split) {
+    std::int64_t n = 0;
+    for (const auto& c : chunks) n += static_cast<std::int64_t>(c.size()) - split.prompt_tokens(static_cast<std::int64_t>(c.size()));
+    return n;
+  };
+
+  // Default: BOS is the prompt, every other token is decoded and scored. snapkv and pyramid act
+  // at prefill only, so with a one-token prompt snapkv is exactly h2o.
+  const auto decode = engine::evaluate_variants(gen, chunks, variants, 2);
+  const auto decode_explicit = engine::evaluate_variants(gen, chunks, variants, 2, engine::parse_prompt_split("1"));
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    EXPECT_EQ(decode[i].tokens, count({}));
+    EXPECT_EQ(decode[i].mean_kl, decode_explicit[i].mean_kl) << variants[i].label;
+  }
+  EXPECT_EQ(decode[0].mean_kl, 0.0);
+  EXPECT_EQ(decode[1].mean_kl, decode[2].mean_kl);
+  EXPECT_GT(decode[1].mean_kl, 0.0);
+
+  // Half of each chunk prefilled: fewer tokens scored, and the prefill rules now choose.
+  const auto half_split = engine::parse_prompt_split("0.5");
+  const auto half = engine::evaluate_variants(gen, chunks, variants, 2, half_split);
+  for (const auto& q : half) EXPECT_EQ(q.tokens, count(half_split));
+  EXPECT_EQ(half[0].mean_kl, 0.0);
+  EXPECT_NE(half[1].mean_kl, half[2].mean_kl);  // snapkv's window and pooling keep other tokens than h2o
+  EXPECT_NE(half[1].mean_kl, half[3].mean_kl);
+
+  // Everything but the last token is the prompt: the one prediction comes from the prefill,
+  // whose attention sees the whole prompt before any eviction, so every policy matches full.
+  const engine::PromptSplit all{1000, std::nullopt};
+  for (const auto& q : engine::evaluate_variants(gen, chunks, variants, 2, all)) {
+    EXPECT_EQ(q.tokens, static_cast<std::int64_t>(chunks.size())) << q.label;
+    EXPECT_EQ(q.mean_kl, 0.0) << q.label;
+    EXPECT_EQ(q.top1_agreement, 1.0) << q.label;
+  }
 }
 
 }  // namespace

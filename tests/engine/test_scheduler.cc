@@ -62,8 +62,8 @@ Case random_case(std::uint64_t seed) {
   p.pin_weight = rng() % 2;
   // Half the cases evict: the scheduler must make the same (lossy) choices as the plain run.
   const char* kv[] = {"full", "h2o:0.3", "local:0.3", "tova:0.3", "scissorhands:0.3", "pyramid:0.3", "snapkv:0.3",
-                      "streaming:0.3"};
-  p.kv = rng() % 2 ? "full" : kv[rng() % 8];
+                      "streaming:0.3", "flex:0.3"};
+  p.kv = rng() % 2 ? "full" : kv[rng() % 9];
   c.always_stage = rng() % 2;
   c.force_threads = rng() % 4 == 0;
   p.compress_weight = rng() % 3 == 0;
@@ -152,6 +152,24 @@ TEST(Scheduler, CompressedStagedCacheMatchesInMemoryRun) {
     c.policy.compress_bits = bits;
     c.always_stage = true;
     expect_same_tokens(c, cfg, src, 300 + static_cast<std::uint64_t>(bits), 0.0f);
+  }
+}
+
+// flex reads each token's value norm from the step's V rows: with the cache split over the
+// gpu, cpu and disk tiers and staged, with and without a 4-bit cache, its choices (and so the
+// tokens) must be the plain run's.
+TEST(Scheduler, FlexEvictionOffloadedMatchesInMemoryRun) {
+  auto m = engine::open_model({});
+  for (const bool compress : {false, true}) {
+    Case c;
+    c.policy.gpu_batch_size = 2;
+    c.policy.num_gpu_batches = 2;
+    c.policy.weights = {0.5, 0.5, 0};
+    c.policy.cache = {0.25, 0.25, 0.5};
+    c.policy.kv = "flex:0.3,sink=1";
+    c.policy.compress_cache = compress;
+    c.always_stage = true;
+    expect_same_tokens(c, m.config, *m.weights, 400 + static_cast<std::uint64_t>(compress), 0.0f);
   }
 }
 

@@ -80,6 +80,17 @@ TEST(KvSpec, ParsesBudgetsAndParameters) {
   EXPECT_DOUBLE_EQ(sk.param("kernel"), 7);
   EXPECT_DOUBLE_EQ(parse_kv_spec("snapkv:256").param("kernel"), 5);
   EXPECT_EQ(parse_kv_spec("tova:0.2").name, "tova");
+  const KvSpec fx = parse_kv_spec("flex:0.2");
+  EXPECT_DOUBLE_EQ(fx.param("decay"), 0.92);
+  EXPECT_DOUBLE_EQ(fx.param("value"), 1.5);
+  EXPECT_DOUBLE_EQ(fx.param("recent"), 0.3);
+  EXPECT_DOUBLE_EQ(fx.param("sink"), 0);
+  const KvSpec fy = parse_kv_spec("flex:64,decay=0.5,value=0,recent=0,sink=4");
+  EXPECT_EQ(*fy.tokens, 64);
+  EXPECT_DOUBLE_EQ(fy.param("decay"), 0.5);
+  EXPECT_DOUBLE_EQ(fy.param("value"), 0);
+  EXPECT_DOUBLE_EQ(fy.param("recent"), 0);
+  EXPECT_DOUBLE_EQ(fy.param("sink"), 4);
   EXPECT_EQ(parse_kv_spec("  H2O:0.5 ").name, "h2o");
   EXPECT_EQ(parse_kv_spec("  H2O:0.5 ").text, "H2O:0.5");
   EXPECT_THROW(f.param("nope"), std::out_of_range);
@@ -87,7 +98,7 @@ TEST(KvSpec, ParsesBudgetsAndParameters) {
 
 TEST(KvSpec, BadSpecsNameTheTextAndWhatIsValid) {
   EXPECT_THAT(parse_error("foo:0.2"), HasSubstr("kv policy 'foo:0.2'"));
-  EXPECT_THAT(parse_error("foo:0.2"), HasSubstr("valid: full, local, streaming, h2o, tova, scissorhands, pyramid, snapkv"));
+  EXPECT_THAT(parse_error("foo:0.2"), HasSubstr("valid: full, local, streaming, h2o, tova, scissorhands, pyramid, snapkv, flex"));
   EXPECT_THAT(parse_error("h2o"), HasSubstr("kv policy 'h2o': needs a budget"));
   EXPECT_THAT(parse_error("tova"), HasSubstr("tova:0.2"));
   EXPECT_THAT(parse_error("h2o:"), HasSubstr("nothing after ':'"));
@@ -115,6 +126,11 @@ TEST(KvSpec, BadSpecsNameTheTextAndWhatIsValid) {
   EXPECT_THAT(parse_error("scissorhands:0.2,history=2.5"), HasSubstr("history=2.5 must be a whole number"));
   EXPECT_THAT(parse_error("scissorhands:0.2,drop=0"), HasSubstr("drop= must be positive"));
   EXPECT_THAT(parse_error("streaming:0.2,sink=x"), HasSubstr("sink='x' is not a number"));
+  EXPECT_THAT(parse_error("flex:0.2,decay=1.5"), HasSubstr("decay=1.5 must be in [0, 1]"));
+  EXPECT_THAT(parse_error("flex:0.2,value=5"), HasSubstr("value=5 must be in [0, 4]"));
+  EXPECT_THAT(parse_error("flex:0.2,recent=-0.1"), HasSubstr("recent=-0.1 must be in [0, 1]"));
+  EXPECT_THAT(parse_error("flex:0.2,sink=1.5"), HasSubstr("sink=1.5 must be a whole number"));
+  EXPECT_THAT(parse_error("flex"), HasSubstr("needs a budget"));
   EXPECT_THAT(parse_error("pyramid:0.2,r=0"), HasSubstr("r=0 must be a fraction in (0, 1]"));
   EXPECT_THAT(parse_error(""), HasSubstr("empty"));
   EXPECT_THAT(parse_error("   "), HasSubstr("empty"));
@@ -269,6 +285,11 @@ std::int64_t ref_h2o_recent(const KvSpec& spec, std::int64_t B) {
   return std::clamp<std::int64_t>(std::llround(static_cast<double>(B) * r / (h + r)), 1, B);
 }
 
+// flex's recent window: round(recent * B), at least the current token.
+std::int64_t ref_flex_recent(const KvSpec& spec, std::int64_t B) {
+  return std::clamp<std::int64_t>(std::llround(spec.param("recent") * static_cast<double>(B)), 1, B);
+}
+
 // The reference of each policy's prefill, from its definition in ALGORITHMS.md. Scores come
 // straight from the attention matrix when one is given (checks the query-weight contract);
 // otherwise from `sums` (random, tie-heavy).
@@ -276,7 +297,7 @@ struct PrefillRef {
   std::string name;
   KvSpec spec;
   std::vector<std::int64_t> keep(std::int64_t n, std::int64_t B, const std::vector<std::vector<float>>* attn,
-                                 const std::vector<float>& sums) const {
+                                 const std::vector<float>& sums, const std::vector<float>& norms = {}) const {
     std::vector<std::int64_t> keep;
     if (B >= n) return iota(0, n);
     // Column score of key j over query rows [first, n) with weight(i).
@@ -338,6 +359,22 @@ struct PrefillRef {
       keep = iota(0, s);
       for (std::int64_t i = n - r; i < n; ++i) keep.push_back(i);
       ref_top(iota(s, n - r), B - s - r, score, keep);
+    } else if (name == "flex") {
+      // Rank older tokens by the decayed column sum (weights decay^(n-1-i), an fp32 product)
+      // times |v|^value; keep the sinks and the recent window.
+      const float decay = static_cast<float>(spec.param("decay")), value = static_cast<float>(spec.param("value"));
+      std::vector<float> weight(n);
+      float f = 1.0f;
+      for (std::int64_t i = n - 1; i >= 0; --i, f *= decay) weight[i] = f;
+      const auto col = column(0, [&](std::int64_t i) { return weight[i]; });
+      std::vector<double> key(n);
+      for (std::int64_t j = 0; j < n; ++j)
+        key[j] = value == 0 ? static_cast<float>(col[j]) : static_cast<float>(col[j]) * std::pow(norms[j], value);
+      const std::int64_t r = ref_flex_recent(spec, B);
+      const std::int64_t s = std::clamp<std::int64_t>(static_cast<std::int64_t>(spec.param("sink")), 0, B - r);
+      keep = iota(0, s);
+      for (std::int64_t i = n - r; i < n; ++i) keep.push_back(i);
+      ref_top(iota(s, n - r), B - r - s, key, keep);
     } else if (name == "full") {
       keep = iota(0, n);
     }
@@ -348,7 +385,15 @@ struct PrefillRef {
 
 const std::vector<std::string> kAllPolicies = {"full", "local:0.2", "streaming:0.2", "h2o:0.2",
                                                "tova:0.2", "scissorhands:0.2,history=16,recent=3",
-                                               "snapkv:0.2,window=6,kernel=3", "pyramid:0.2"};
+                                               "snapkv:0.2,window=6,kernel=3", "pyramid:0.2",
+                                               "flex:0.2,sink=2", "flex:0.2,value=0"};
+
+// Value-vector norms for policies that use them (flex): positive, some equal.
+std::vector<float> random_norms(std::int64_t n, std::mt19937_64& rng) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = rng() % 3 == 0 ? 1.0f : std::uniform_real_distribution<float>(0.1f, 3.0f)(rng);
+  return v;
+}
 
 TEST(KvPrefill, QueryWeightsSayWhichRowsTheKernelSums) {
   const auto w = [](const std::string& text, std::int64_t n) {
@@ -360,6 +405,8 @@ TEST(KvPrefill, QueryWeightsSayWhichRowsTheKernelSums) {
   EXPECT_THAT(w("snapkv:0.2,window=2", 5), ElementsAre(0, 0, 0, 1, 1));
   EXPECT_THAT(w("snapkv:0.2,window=8", 3), ElementsAre(1, 1, 1));
   EXPECT_THAT(w("scissorhands:0.2,history=3", 5), ElementsAre(0, 0, 1, 1, 1));
+  EXPECT_THAT(w("flex:0.2,decay=0.5", 4), ElementsAre(0.125, 0.25, 0.5, 1));  // decayed towards older rows
+  EXPECT_THAT(w("flex:0.2,decay=1", 3), ElementsAre(1, 1, 1));
   const auto py = w("pyramid:0.2", 20);  // 4 observers: 1.0, 1.0667, 1.1333, 1.2
   for (int i = 0; i < 16; ++i) EXPECT_EQ(py[i], 0.0f);
   EXPECT_FLOAT_EQ(py[16], 1.0f);
@@ -393,16 +440,21 @@ TEST(KvPrefill, EveryPolicyMatchesItsBruteForceReference) {
       } else {  // small integers: many exact ties
         for (auto& s : sums) s = static_cast<float>(std::uniform_int_distribution<int>(0, 3)(rng));
       }
+      const auto norms = random_norms(n, rng);
       KvHeadState st = pol->make_state(kv_slot_capacity(B));
-      pol->on_prefill(0, n, sums, B, st);
-      const auto want = ref.keep(n, B, from_matrix ? &attn : nullptr, sums);
+      pol->on_prefill(0, n, sums, B, st, norms);
+      const auto want = ref.keep(n, B, from_matrix ? &attn : nullptr, sums, norms);
       ASSERT_EQ(st.kept_positions(), want) << text << " case " << c << " n=" << n << " B=" << B;
       // Slots 0..kept-1 hold the kept positions ascending, with their initial scores.
       ASSERT_EQ(st.size(), static_cast<std::int64_t>(want.size()));
       for (std::size_t i = 0; i < want.size(); ++i) {
         ASSERT_EQ(st.position(static_cast<std::int64_t>(i)), want[i]);
         const bool seeded = spec.name == "h2o" || spec.name == "tova" || spec.name == "snapkv" || spec.name == "pyramid";
-        ASSERT_EQ(st.score(static_cast<std::int64_t>(i)), seeded ? sums[want[i]] : 0.0f) << text;
+        const float decay = spec.name == "flex" ? static_cast<float>(spec.param("decay")) : 0.0f;
+        const float score = seeded ? sums[want[i]] : spec.name == "flex" ? (1 - decay) * sums[want[i]] : 0.0f;
+        ASSERT_EQ(st.score(static_cast<std::int64_t>(i)), score) << text;
+        const bool has_norms = spec.name == "flex" && spec.param("value") != 0;
+        ASSERT_EQ(st.value_norm(static_cast<std::int64_t>(i)), has_norms ? norms[want[i]] : 0.0f) << text;
       }
       EXPECT_EQ(st.free_slot(), st.size() < st.capacity() ? st.size() : -1);
       EXPECT_EQ(st.last_position(), n - 1);
@@ -471,9 +523,14 @@ class DecodeRef {
       held_.insert(p);
       ensure(p);
       const bool seeded = name_ == "h2o" || name_ == "snapkv" || name_ == "pyramid";
-      init_[p] = seeded ? sums[p] : 0.0f;
+      init_[p] = seeded ? sums[p] : name_ == "flex" ? (1 - static_cast<float>(spec_.param("decay"))) * sums[p] : 0.0f;
       entry_[p] = 0;
     }
+  }
+  // flex: the norm of position p's value vector.
+  void set_norm(std::int64_t p, float v) {
+    ensure(p);
+    norm_[p] = v;
   }
 
   // One step under budget B: token `pos` enters; prob_of[p] for every held p (incl. pos).
@@ -515,6 +572,7 @@ class DecodeRef {
       received_.resize(p + 1);
       below_.resize(p + 1);
       entry_.resize(p + 1);
+      norm_.resize(p + 1);
     }
   }
   // Accumulated attention, recomputed from the whole history in step order (fp32).
@@ -522,6 +580,14 @@ class DecodeRef {
     float s = init_[p];
     for (float q : received_[p]) s += q;
     return s;
+  }
+  // flex: the decayed peak, s <- max(decay * s, p) over the history in step order (fp32),
+  // times |v|^value.
+  float flex_key(std::int64_t p) const {
+    const float decay = static_cast<float>(spec_.param("decay")), value = static_cast<float>(spec_.param("value"));
+    float s = init_[p];
+    for (float q : received_[p]) s = std::max(decay * s, q);
+    return value == 0 ? s : s * std::pow(norm_[p], value);
   }
   // Steps within the last `history` (and since the token entered) it was below the share.
   std::int64_t unimportant(std::int64_t p, std::int64_t history) const {
@@ -552,6 +618,11 @@ class DecodeRef {
       const std::int64_t s = name_ == "pyramid" ? std::min<std::int64_t>(4, B - r) : 0;
       return lowest_by(s, N - r, [&](std::int64_t p) { return accumulated(p); });
     }
+    if (name_ == "flex") {
+      const std::int64_t r = ref_flex_recent(spec_, B);
+      const std::int64_t s = std::clamp<std::int64_t>(static_cast<std::int64_t>(spec_.param("sink")), 0, B - r);
+      return lowest_by(s, N - r, [&](std::int64_t p) { return flex_key(p); });
+    }
     if (name_ == "scissorhands") {
       const std::int64_t r = std::min<std::int64_t>(static_cast<std::int64_t>(spec_.param("recent")), B);
       const std::int64_t hist = static_cast<std::int64_t>(spec_.param("history"));
@@ -579,6 +650,7 @@ class DecodeRef {
   std::vector<std::vector<float>> received_;
   std::vector<std::vector<bool>> below_;
   std::vector<std::int64_t> entry_;
+  std::vector<float> norm_;
 };
 
 // Random probabilities over the slots attention covers (`occ`) that sum to exactly `group`
@@ -623,9 +695,11 @@ void run_decode_case(const KvPolicy& pol, const DecodeCase& c, std::mt19937_64& 
   if (c.use_prefill) {
     const auto attn = random_attention(c.prompt, rng);
     const auto sums = weighted_col_sums(attn, pol.prefill_query_weights(0, c.prompt));
-    pol.on_prefill(0, c.prompt, sums, Bmax, st);
-    const auto want = PrefillRef{pol.spec().name, pol.spec()}.keep(c.prompt, Bmax, &attn, sums);
+    const auto norms = random_norms(c.prompt, rng);
+    pol.on_prefill(0, c.prompt, sums, Bmax, st, norms);
+    const auto want = PrefillRef{pol.spec().name, pol.spec()}.keep(c.prompt, Bmax, &attn, sums, norms);
     ASSERT_EQ(st.kept_positions(), want) << label;
+    for (std::int64_t p = 0; p < c.prompt; ++p) ref.set_norm(p, norms[p]);
     ref.prefill(want, sums);
     for (std::size_t i = 0; i < want.size(); ++i) slot_pos[i] = want[i];
     next = c.prompt;
@@ -648,7 +722,9 @@ void run_decode_case(const KvPolicy& pol, const DecodeCase& c, std::mt19937_64& 
     std::map<std::int64_t, float> prob_of;
     for (std::int64_t s : occ) prob_of[slot_pos[s]] = probs[s];
 
-    pol.on_decode_step(st, slot, next, probs, B, evict);
+    const float norm = random_norms(1, rng)[0];
+    ref.set_norm(next, norm);
+    pol.on_decode_step(st, slot, next, probs, B, evict, norm);
     const auto victims = ref.step(next, prob_of, B);
 
     std::vector<std::int64_t> evicted_pos;
@@ -726,6 +802,12 @@ TEST(KvDecode, ScissorhandsDroppingSeveralAtOnceMatchesReference) {
 }
 TEST(KvDecode, SnapKvMatchesReference) { run_policy_cases("snapkv:0.2,window=5,kernel=3", 21, 150); }
 TEST(KvDecode, PyramidMatchesReference) { run_policy_cases("pyramid:0.2", 22, 150); }
+TEST(KvDecode, FlexMatchesReference) {
+  run_policy_cases("flex:0.2", 26, 200);                                // defaults
+  run_policy_cases("flex:0.2,decay=0.5,value=2,recent=0.5,sink=2", 27, 150);
+  run_policy_cases("flex:0.2,decay=1,value=0,recent=0", 28, 100);      // plain peak, no norms
+  run_policy_cases("flex:0.2,decay=0,recent=0.2,sink=1", 29, 100);     // this step's attention only
+}
 
 TEST(KvDecode, ABudgetCoveringTheSequenceKeepsEverything) {
   std::mt19937_64 rng(5);
@@ -738,12 +820,13 @@ TEST(KvDecode, ABudgetCoveringTheSequenceKeepsEverything) {
       if (B == 0) continue;
       KvHeadState st = pol->make_state(kv_slot_capacity(B));
       const auto attn = random_attention(prompt, rng);
-      pol->on_prefill(0, prompt, weighted_col_sums(attn, pol->prefill_query_weights(0, prompt)), B, st);
+      pol->on_prefill(0, prompt, weighted_col_sums(attn, pol->prefill_query_weights(0, prompt)), B, st,
+                      random_norms(prompt, rng));
       std::vector<float> probs(st.capacity(), 0.0f);
       std::vector<std::int64_t> evict;
       for (std::int64_t t = 0; t < steps; ++t) {
         for (std::int64_t s = 0; s <= st.size(); ++s) probs[s] = 1.0f / static_cast<float>(st.size() + 1);
-        pol->on_decode_step(st, st.free_slot(), prompt + t, probs, B, evict);
+        pol->on_decode_step(st, st.free_slot(), prompt + t, probs, B, evict, 1.0f);
         ASSERT_TRUE(evict.empty()) << text;
       }
       EXPECT_EQ(st.kept_positions(), iota(0, prompt + steps)) << text;
@@ -767,6 +850,75 @@ TEST(KvDecode, HeavyHittersSurviveAndRecentTokensStay) {
   // Kept: heavy hitter 1, the next-best accumulated (0, the oldest survivor with most steps),
   // and the two newest tokens.
   EXPECT_EQ(st.kept_positions(), (std::vector<std::int64_t>{0, 1, 8, 9}));
+}
+
+TEST(KvDecode, FlexKeepsRecentPeaksWeightedByValueNorm) {
+  // flex:4,decay=0.5,value=1,recent=0.25: one protected recent token, three scored. Token 1 is
+  // rarely attended but carries a value vector 4x longer than the others.
+  const auto pol = make_kv_policy(parse_kv_spec("flex:4,decay=0.5,value=1,recent=0.25"), 1);
+  KvHeadState st = pol->make_state(kv_slot_capacity(4));
+  const std::vector<float> norm = {1, 4, 1, 1, 1, 1};
+  // probs[step][position] (the tokens held at that step).
+  const std::vector<std::vector<float>> attn = {
+      {1.0f}, {0.5f, 0.5f}, {0.2f, 0.1f, 0.7f}, {0.1f, 0.1f, 0.1f, 0.7f}, {0.6f, 0.1f, 0.1f, 0.1f, 0.1f}};
+  std::vector<float> probs(5);
+  std::vector<std::int64_t> evict;
+  auto step = [&](std::int64_t pos, const std::map<std::int64_t, float>& p) {
+    const std::int64_t slot = st.free_slot();
+    std::fill(probs.begin(), probs.end(), 0.0f);
+    for (std::int64_t s = 0; s < st.capacity(); ++s) {
+      const std::int64_t held = s == slot ? pos : (st.occupied(s) ? st.position(s) : -1);
+      if (held >= 0) probs[s] = p.at(held);
+    }
+    pol->on_decode_step(st, slot, pos, probs, 4, evict, norm[pos]);
+  };
+  for (std::int64_t pos = 0; pos < 5; ++pos) {
+    std::map<std::int64_t, float> p;
+    for (std::int64_t j = 0; j <= pos; ++j) p[j] = attn[pos][j];
+    step(pos, p);
+  }
+  // Decayed peaks after step 4: 0.6, 0.1, 0.175, 0.35, 0.1; keys (x |v|): 0.6, 0.4, 0.175, 0.35
+  // and token 4 protected. h2o's sums (2.4, 0.8, 0.9, 0.8) would drop token 1; flex drops 2.
+  ASSERT_EQ(evict.size(), 1u);
+  EXPECT_EQ(st.kept_positions(), (std::vector<std::int64_t>{0, 1, 3, 4}));
+  for (std::int64_t s = 0; s < st.capacity(); ++s) {
+    if (!st.occupied(s)) continue;
+    const std::int64_t p = st.position(s);
+    EXPECT_EQ(st.value_norm(s), norm[p]);
+    const float want[] = {0.6f, 0.1f, 0.0f, 0.5f * 0.7f, 0.1f};
+    EXPECT_FLOAT_EQ(st.score(s), want[p]) << p;
+  }
+  // Uniform attention: peaks 0.3, 0.2, 0.2, 0.2 (token 5 protected); keys 0.3, 0.8, 0.2, 0.2:
+  // the tie between 3 and 4 goes against the older.
+  step(5, {{0, 0.2f}, {1, 0.2f}, {3, 0.2f}, {4, 0.2f}, {5, 0.2f}});
+  EXPECT_EQ(st.kept_positions(), (std::vector<std::int64_t>{0, 1, 4, 5}));
+
+  // The same run without value norms keeps the peaks only: token 1 (peak 0.1) goes first.
+  const auto plain = make_kv_policy(parse_kv_spec("flex:4,decay=0.5,value=0,recent=0.25"), 1);
+  EXPECT_FALSE(plain->uses_value_norms());
+  EXPECT_TRUE(pol->uses_value_norms());
+}
+
+TEST(KvDecode, StateBytesPerSlotDoNotGrowWithTheSequence) {
+  auto bytes = [](const std::string& text, std::int64_t capacity) {
+    return make_kv_policy(parse_kv_spec(text), 1)->make_state(capacity).bytes_per_slot();
+  };
+  for (const std::int64_t cap : {9, 1025}) {
+    EXPECT_EQ(bytes("h2o:0.2", cap), 8);
+    EXPECT_EQ(bytes("tova:0.2", cap), 8);
+    EXPECT_EQ(bytes("flex:0.2", cap), 12);          // + the value norm
+    EXPECT_EQ(bytes("flex:0.2,value=0", cap), 8);
+    EXPECT_EQ(bytes("scissorhands:0.2", cap), 8 + 7 * 8);  // 400 steps of bits
+  }
+  // A flex state holds the same after a long run as after a short one.
+  const auto pol = make_kv_policy(parse_kv_spec("flex:8"), 1);
+  KvHeadState st = pol->make_state(kv_slot_capacity(8));
+  std::vector<float> probs(9, 0.1f);
+  std::vector<std::int64_t> evict;
+  for (std::int64_t pos = 0; pos < 1000; ++pos) pol->on_decode_step(st, st.free_slot(), pos, probs, 8, evict, 1.0f);
+  EXPECT_EQ(st.size(), 8);
+  EXPECT_EQ(st.capacity(), 9);
+  EXPECT_EQ(st.bytes_per_slot(), 12);
 }
 
 TEST(KvDecode, MisuseIsReported) {
