@@ -3,9 +3,14 @@
 // an eviction policy, the 4-bit compressed cache, and both, at prompt 512 + gen 32 (FlexGen's
 // setting). The largest batch is found by asking the scheduler: one more sequence must be
 // refused by the cpu budget.
-// Usage: bench_kv_eviction [model] [cpu_mem] [policy]   (defaults: opt-125m 128MiB h2o:0.2)
+// Several policies (comma list) are measured side by side, `repeats` times interleaved, and
+// each row reports the median and the spread (min-max) of its tok/s, so that policies compare
+// at the same batch on a noisy machine; `caches` picks the fp32 rows, the 4-bit rows or both.
+// Usage: bench_kv_eviction [model] [cpu_mem] [policies] [repeats] [caches]
+//        (defaults: opt-125m 128MiB h2o:0.2 1 both; caches: plain, 4bit or both)
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -73,6 +78,12 @@ Result measure(const engine::ModelSource& m, const std::string& kv, bool compres
   return r;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,25 +92,48 @@ int main(int argc, char** argv) {
   mo.dummy = true;
   mo.dtype = kernels::DType::F16;
   const std::int64_t cpu_mem = offload::parse_bytes(argc > 2 ? argv[2] : "128MiB");
-  const std::string kv = argc > 3 ? argv[3] : "h2o:0.2";
+  std::vector<std::string> policies = {"full"};
+  for (const auto& spec : policy::parse_kv_specs(argc > 3 ? argv[3] : "h2o:0.2"))
+    if (!spec.is_full()) policies.push_back(spec.text);
+  const int repeats = argc > 4 ? std::max(1, std::stoi(argv[4])) : 1;
+  const std::string caches = argc > 5 ? argv[5] : "both";
+  if (caches != "plain" && caches != "4bit" && caches != "both")
+    throw std::invalid_argument("caches must be plain, 4bit or both, got '" + caches + "'");
   auto m = engine::open_model(mo);
   m.config.stop_ids.clear();
   struct Row {
-    std::string name;
-    Result r;
+    std::string name, policy;
+    bool compress = false;
+    std::vector<Result> runs;
   };
   std::vector<Row> rows;
-  for (const bool compress : {false, true})
-    for (const std::string& policy : {std::string("full"), kv})
-      rows.push_back({policy + (compress ? " + 4-bit cache" : ""), measure(m, policy, compress, cpu_mem)});
-  fmt::print("model {} (f16 dummy), prompt {} + gen {}, KV on the cpu tier, --cpu-mem {}\n\n", m.config.name, kPrompt,
-             kGen, offload::format_bytes(cpu_mem));
+  for (const bool compress : {false, true}) {
+    if ((compress && caches == "plain") || (!compress && caches == "4bit")) continue;
+    for (const std::string& policy : policies) rows.push_back({policy + (compress ? " + 4-bit cache" : ""), policy, compress, {}});
+  }
+  for (int rep = 0; rep < repeats; ++rep)
+    for (auto& row : rows) row.runs.push_back(measure(m, row.policy, row.compress, cpu_mem));
+  fmt::print("model {} (f16 dummy), prompt {} + gen {}, KV on the cpu tier, --cpu-mem {}, {} run(s) per row "
+             "(median, min-max)\n\n",
+             m.config.name, kPrompt, kGen, offload::format_bytes(cpu_mem), repeats);
   fmt::print("| kv | largest batch | cpu peak | decode tok/s | total tok/s | batch vs full | total tok/s vs full |\n"
              "|---|---|---|---|---|---|---|\n");
-  const Result& full = rows.front().r;
-  for (const auto& [name, r] : rows)
-    fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.2f}x | {:.2f}x |\n", name, r.batch,
-               offload::format_bytes(r.cpu_peak), r.decode_tok_s, r.total_tok_s,
-               static_cast<double>(r.batch) / static_cast<double>(full.batch), r.total_tok_s / full.total_tok_s);
+  auto stat = [](const Row& row, double Result::*field) {
+    std::vector<double> v;
+    for (const auto& r : row.runs) v.push_back(r.*field);
+    return std::tuple{median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+  };
+  // Ratios against the full cache of the same storage (fp32 or 4-bit rows).
+  for (const auto& row : rows) {
+    const Row& full = *std::find_if(rows.begin(), rows.end(),
+                                    [&](const Row& r) { return r.policy == "full" && r.compress == row.compress; });
+    const Result& r = row.runs.front();
+    const auto [dec, dec_lo, dec_hi] = stat(row, &Result::decode_tok_s);
+    const auto [tot, tot_lo, tot_hi] = stat(row, &Result::total_tok_s);
+    fmt::print("| {} | {} | {} | {:.1f} ({:.1f}-{:.1f}) | {:.1f} ({:.1f}-{:.1f}) | {:.2f}x | {:.2f}x |\n", row.name, r.batch,
+               offload::format_bytes(r.cpu_peak), dec, dec_lo, dec_hi, tot, tot_lo, tot_hi,
+               static_cast<double>(r.batch) / static_cast<double>(full.runs.front().batch),
+               tot / std::get<0>(stat(full, &Result::total_tok_s)));
+  }
   return 0;
 }

@@ -52,11 +52,11 @@ void KvHeadState::clear() {
   steps_ = 0;
 }
 
-void KvHeadState::occupy(std::int64_t slot, std::int64_t position, float score, float value_norm) {
+void KvHeadState::occupy(std::int64_t slot, std::int64_t position, float score, float value_weight) {
   const auto s = static_cast<std::size_t>(slot);
   pos_[s] = static_cast<std::int32_t>(position);
   score_[s] = score;
-  if (!value_.empty()) value_[s] = value_norm;
+  if (!value_.empty()) value_[s] = value_weight;
   if (words_ > 0) std::fill_n(bits_.begin() + slot * words_, words_, 0);
   ++size_;
   if (slot == low_free_) ++low_free_;
@@ -165,7 +165,7 @@ void KvPolicy::on_prefill(std::int64_t layer, std::int64_t n, std::span<const fl
   for (std::size_t i = 0; i < keep.size(); ++i) {
     const std::int64_t p = keep[i];
     state.occupy(static_cast<std::int64_t>(i), p, sums_as_scores ? prefill_score(col_sums[static_cast<std::size_t>(p)]) : 0.0f,
-                 uses_value_norms() ? value_norms[static_cast<std::size_t>(p)] : 0.0f);
+                 uses_value_norms() ? value_weight(value_norms[static_cast<std::size_t>(p)]) : 0.0f);
   }
   state.last_pos_ = n - 1;
 }
@@ -191,7 +191,7 @@ void KvPolicy::on_decode_step(KvHeadState& state, std::int64_t new_slot, std::in
                                     str(state.capacity()), " slots"));
   if (state.history_ != history_bits() || state.value_.empty() == uses_value_norms())
     throw std::logic_error(msg(t, "the state was not made by this policy's make_state"));
-  state.occupy(new_slot, new_pos, 0.0f, value_norm);
+  state.occupy(new_slot, new_pos, 0.0f, uses_value_norms() ? value_weight(value_norm) : 0.0f);
   observe(state, probs);
   ++state.steps_;
   while (state.size() > budget) {

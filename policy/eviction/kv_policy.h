@@ -20,8 +20,8 @@
 // a budget that shrank) leaves holes: call compact() and copy the rows it reports.
 //
 // Scores are fp32. Decode steps cost O(capacity) time and allocate nothing once warm; each
-// state holds 8 bytes per slot (position, score) plus, for flex, the token's value-vector norm
-// (4 bytes) and, for scissorhands, ceil(history/64) 64-bit words of "unimportant" bits.
+// state holds 8 bytes per slot (position, score) plus, for flex, a weight from the token's
+// value-vector norm (4 bytes) and, for scissorhands, ceil(history/64) 64-bit words of "unimportant" bits.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -60,13 +60,14 @@ class KvHeadState {
   // scissorhands: how often the token was below the uniform share within the history window;
   // full/local/streaming: 0.
   float score(std::int64_t slot) const { return score_[static_cast<std::size_t>(slot)]; }
-  // flex: the L2 norm of the token's value vector (0 for policies that do not use it).
-  float value_norm(std::int64_t slot) const {
+  // flex: the weight the policy derived from the token's value-vector norm (KvPolicy::value_weight;
+  // 0 for policies that do not use norms).
+  float value_weight(std::int64_t slot) const {
     return value_.empty() ? 0.0f : value_[static_cast<std::size_t>(slot)];
   }
   std::int64_t last_position() const { return last_pos_; }  // newest token seen, -1 if none
   std::int64_t steps() const { return steps_; }              // decode steps observed
-  // Bookkeeping bytes per slot: position and score (8), plus the value norm (flex, 4) and the
+  // Bookkeeping bytes per slot: position and score (8), plus the value weight (flex, 4) and the
   // history bits (scissorhands, 8 per 64 steps). Independent of the budget and the sequence.
   std::int64_t bytes_per_slot() const {
     return static_cast<std::int64_t>(sizeof(std::int32_t) + sizeof(float)) + (value_.empty() ? 0 : 4) + 8 * words_;
@@ -83,13 +84,13 @@ class KvHeadState {
 
  private:
   friend class KvPolicy;
-  void occupy(std::int64_t slot, std::int64_t position, float score, float value_norm = 0.0f);
+  void occupy(std::int64_t slot, std::int64_t position, float score, float value_weight = 0.0f);
   void release(std::int64_t slot);
 
   std::vector<std::int32_t> pos_;     // original position per slot, -1 = free
   std::vector<float> score_;          // per slot
   std::vector<std::uint64_t> bits_;   // scissorhands: words_ per slot, ring of `history_` bits
-  std::vector<float> value_;          // flex: per slot the norm of the token's value vector
+  std::vector<float> value_;          // flex: per slot value_weight(|v|) of the token
   std::int64_t words_ = 0;
   std::int64_t history_ = 0;
   std::int64_t size_ = 0;
@@ -120,6 +121,9 @@ class KvPolicy {
   virtual bool uses_decode_probs() const { return true; }
   // flex: the L2 norm of each token's value vector (per kv head) at prefill and decode.
   virtual bool uses_value_norms() const { return false; }
+  // What a state keeps per slot of a token whose value vector has norm `norm` (computed once,
+  // when the token enters, so that decode steps need no pow per slot).
+  virtual float value_weight(float norm) const { return norm; }
   // Weight w[i] of prompt query row i in the prefill column sums, size n:
   // h2o: all 1; tova: only the last row; snapkv: the last `window` rows; scissorhands: the last
   // `history` rows; pyramid: the last 20% rows ("observers") weighted linearly 1.0 .. 1.2;
@@ -171,7 +175,7 @@ class KvPolicy {
   // State access for the policies.
   static std::span<std::int32_t> positions(KvHeadState& s) { return s.pos_; }
   static std::span<float> scores(KvHeadState& s) { return s.score_; }
-  static std::span<float> value_norms(KvHeadState& s) { return s.value_; }
+  static std::span<float> value_weights(KvHeadState& s) { return s.value_; }
   static std::span<std::uint64_t> history(KvHeadState& s) { return s.bits_; }
   static std::int64_t history_words(const KvHeadState& s) { return s.words_; }
   static std::int64_t history_len(const KvHeadState& s) { return s.history_; }

@@ -507,8 +507,8 @@ class PyramidPolicy final : public AccumulatedPolicy {
 // Prefill: the prompt's column sums with weights decay^(n-1-i) (newest query 1) rank the older
 // prompt tokens (times |v|^value) and, scaled by (1 - decay) to the level of one step's
 // attention, seed their scores.
-// State: position, score and value norm per slot (12 bytes); a step is one pass over the slots
-// to decay, one to pick the victim, like h2o's.
+// State: position, score and |v|^value per slot (12 bytes; the power is taken once, when the
+// token enters); a step is one pass over the slots to decay, one to pick the victim, like h2o's.
 class FlexPolicy final : public KvPolicy {
  public:
   FlexPolicy(const KvSpec& s, std::int64_t l)
@@ -533,9 +533,7 @@ class FlexPolicy final : public KvPolicy {
     return std::clamp<std::int64_t>(std::llround(recent_ * static_cast<double>(b)), 1, b);
   }
   std::int64_t sinks(std::int64_t b) const { return std::clamp<std::int64_t>(sink_, 0, b - recent(b)); }
-  float key(float score, float value_norm) const {
-    return value_ == 0 ? score : score * std::pow(value_norm, value_);
-  }
+  float value_weight(float norm) const override { return std::pow(norm, value_); }
   void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float> norms,
                     std::int64_t b, std::vector<std::int64_t>& keep) const override {
     const std::int64_t r = recent(b), s = sinks(b);
@@ -543,7 +541,7 @@ class FlexPolicy final : public KvPolicy {
     keep_range(n - r, n, keep);
     keep_top(range(s, n - r), b - r - s, [&](std::int64_t j) {
       const auto u = static_cast<std::size_t>(j);
-      return key(sums[u], norms.empty() ? 0.0f : norms[u]);
+      return norms.empty() ? sums[u] : sums[u] * value_weight(norms[u]);
     }, keep);
   }
   float prefill_score(float col_sum) const override { return (1 - decay_) * col_sum; }
@@ -556,14 +554,14 @@ class FlexPolicy final : public KvPolicy {
   void evict_some(KvHeadState& st, std::int64_t b, std::vector<std::int64_t>& evict) const override {
     const auto pos = positions(st);
     const auto sc = scores(st);
-    const auto vn = value_norms(st);
+    const auto vw = value_weights(st);
     const Window w = protect(pos, st.size(), st.last_position(), sinks(b), recent(b));
     std::int64_t best = -1;
     float best_key = 0;
     for (std::size_t s = 0; s < pos.size(); ++s) {
       const std::int32_t p = pos[s];
       if (p < 0 || !w.candidate(p)) continue;
-      const float k = key(sc[s], vn.empty() ? 0.0f : vn[s]);
+      const float k = vw.empty() ? sc[s] : sc[s] * vw[s];
       if (best < 0 || k < best_key || (k == best_key && p < pos[static_cast<std::size_t>(best)])) {
         best = static_cast<std::int64_t>(s);
         best_key = k;

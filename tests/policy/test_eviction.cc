@@ -454,7 +454,8 @@ TEST(KvPrefill, EveryPolicyMatchesItsBruteForceReference) {
         const float score = seeded ? sums[want[i]] : spec.name == "flex" ? (1 - decay) * sums[want[i]] : 0.0f;
         ASSERT_EQ(st.score(static_cast<std::int64_t>(i)), score) << text;
         const bool has_norms = spec.name == "flex" && spec.param("value") != 0;
-        ASSERT_EQ(st.value_norm(static_cast<std::int64_t>(i)), has_norms ? norms[want[i]] : 0.0f) << text;
+        const float weight = has_norms ? std::pow(norms[want[i]], static_cast<float>(spec.param("value"))) : 0.0f;
+        ASSERT_EQ(st.value_weight(static_cast<std::int64_t>(i)), weight) << text;
       }
       EXPECT_EQ(st.free_slot(), st.size() < st.capacity() ? st.size() : -1);
       EXPECT_EQ(st.last_position(), n - 1);
@@ -884,7 +885,7 @@ TEST(KvDecode, FlexKeepsRecentPeaksWeightedByValueNorm) {
   for (std::int64_t s = 0; s < st.capacity(); ++s) {
     if (!st.occupied(s)) continue;
     const std::int64_t p = st.position(s);
-    EXPECT_EQ(st.value_norm(s), norm[p]);
+    EXPECT_EQ(st.value_weight(s), norm[p]);  // value=1: the norm itself
     const float want[] = {0.6f, 0.1f, 0.0f, 0.5f * 0.7f, 0.1f};
     EXPECT_FLOAT_EQ(st.score(s), want[p]) << p;
   }
