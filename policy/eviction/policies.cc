@@ -498,12 +498,15 @@ class PyramidPolicy final : public AccumulatedPolicy {
 // (p: the attention it received this step, summed over the kv head's query heads), times the
 // norm of its value vector to the power `value`: key = s * |v|^value. Protect the `sink`
 // oldest and the round(recent * B) newest tokens (at least the current one) and evict the
-// lowest key (ties: oldest). Why each part (ablations on stories260K in README.md):
+// lowest key (ties: oldest). Why each part (ablations on stories260K and SmolLM2 in README.md):
 //  - |v|: a token changes the attention output by about p * |v - o|; attention alone ignores
 //    how far its value pulls. The norm is computed once per token (O(head_dim)), not per step.
 //  - decayed peak instead of H2O's sum: the sum favours old tokens that collected many small
 //    probabilities (and never forgets them); the peak asks "was it strongly attended lately".
-//  - the recent window covers tokens too new to have been attended by many queries.
+//  - the recent window covers tokens too new to have been attended by many queries; a small
+//    one (15% of B) measures best: the decayed peak already keeps what was attended lately.
+//  - one sink by default: trained models park attention on the first token, whose value
+//    vector is short, so the |v| factor alone would evict it (SmolLM2 at 20%: KL 0.56 -> 0.15).
 // Prefill: the prompt's column sums with weights decay^(n-1-i) (newest query 1) rank the older
 // prompt tokens (times |v|^value) and, scaled by (1 - decay) to the level of one step's
 // attention, seed their scores.

@@ -83,8 +83,8 @@ TEST(KvSpec, ParsesBudgetsAndParameters) {
   const KvSpec fx = parse_kv_spec("flex:0.2");
   EXPECT_DOUBLE_EQ(fx.param("decay"), 0.92);
   EXPECT_DOUBLE_EQ(fx.param("value"), 1.5);
-  EXPECT_DOUBLE_EQ(fx.param("recent"), 0.3);
-  EXPECT_DOUBLE_EQ(fx.param("sink"), 0);
+  EXPECT_DOUBLE_EQ(fx.param("recent"), 0.15);
+  EXPECT_DOUBLE_EQ(fx.param("sink"), 1);
   const KvSpec fy = parse_kv_spec("flex:64,decay=0.5,value=0,recent=0,sink=4");
   EXPECT_EQ(*fy.tokens, 64);
   EXPECT_DOUBLE_EQ(fy.param("decay"), 0.5);
