@@ -8,7 +8,7 @@
 # usage: bench/kv_quality/run_smollm2.sh [OUT_DIR]            (default: kv_quality_smollm2)
 # environment:
 #   FLEXH2O     the binary                       (default: build/engine/flexh2o)
-#   MODEL       the HF directory                 (default: ${FLEXH2O_MODELS:-~/.cache/flexh2o/models}/smollm2-135m-v4)
+#   MODEL       the HF directory                 (default: ${FLEXH2O_MODELS:-~/.cache/flexh2o/models}/smollm2-135m-v5)
 #   TEXT        paragraphs to evaluate           (default: ../shared/data/text/tinystories_val.txt)
 #   CHUNKS      paragraphs evaluated             (default: 24)
 #   SKIP        paragraphs skipped first         (default: 64, the ones flex was tuned on)
@@ -21,7 +21,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 OUT="${1:-kv_quality_smollm2}"
 FLEXH2O="${FLEXH2O:-$REPO/build/engine/flexh2o}"
-MODEL="${MODEL:-${FLEXH2O_MODELS:-$HOME/.cache/flexh2o/models}/smollm2-135m-v4}"
+MODEL="${MODEL:-${FLEXH2O_MODELS:-$HOME/.cache/flexh2o/models}/smollm2-135m-v5}"
 TEXT="${TEXT:-$REPO/../shared/data/text/tinystories_val.txt}"
 CHUNKS="${CHUNKS:-24}"
 SKIP="${SKIP:-64}"
