@@ -5,6 +5,7 @@
 #include "engine/rope_scaling.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 
@@ -51,17 +52,49 @@ LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& s) {
 struct BlockScheduler::Unit {
   std::string name;
   std::vector<const Layer*> layers;
-  std::vector<std::string> weights;
+  std::vector<std::string> weights;  // all but the experts'
   std::int64_t cache_layer = -1;
   bool first = false, last = false;
+  // Mixture-of-experts: the layer that routes, its experts' weights by expert, and whether
+  // any of them is staged (not wholly on the gpu tier): only then is routing worth a load.
+  const Layer* moe = nullptr;
+  std::vector<std::vector<std::string>> experts;
+  bool staged_experts = false;
+  // The MoE layer comes first and a unit before it routes for it.
+  bool routed_before = false;
 };
 
 struct BlockScheduler::WeightSlot {
   GpuBuffer buf;
   std::int64_t seq = -1;  // which unit instance (step * units + unit) it holds or is fetching
   DeviceWeights view;
-  CopyTicket ready;
+  CopyTicket ready;  // all weights but the experts'
+  std::int64_t used = 0;  // bytes of buf taken
+  std::int64_t step = 0;  // the token step it loads for (expert statistics)
+  // Experts: fetched as routed (false: all with the unit), which are in the view or on their
+  // way, and the copies bringing them.
+  bool routed = false;
+  std::vector<bool> expert_issued;
+  std::vector<CopyTicket> experts_ready;
 };
+
+void ExpertLoadStats::add(std::int64_t step, std::int64_t experts, std::int64_t bytes) {
+  const auto i = static_cast<std::size_t>(step);
+  if (experts_by_step.size() <= i) {
+    experts_by_step.resize(i + 1);
+    bytes_by_step.resize(i + 1);
+  }
+  experts_by_step[i] += experts;
+  bytes_by_step[i] += bytes;
+}
+
+std::int64_t ExpertLoadStats::experts() const {
+  return std::accumulate(experts_by_step.begin(), experts_by_step.end(), std::int64_t{0});
+}
+
+std::int64_t ExpertLoadStats::bytes() const {
+  return std::accumulate(bytes_by_step.begin(), bytes_by_step.end(), std::int64_t{0});
+}
 
 // Device buffers of one compute in flight: its hidden states and its staged KV sequences.
 struct BlockScheduler::RingSlot {
@@ -91,6 +124,7 @@ struct BlockScheduler::BlockState {
   std::int64_t capacity = 0;
   std::int64_t staged_max = 0;  // most staged sequences of any batch
   std::int64_t step = 0;
+  bool routed_experts = false;  // this step's MoE units fetch only the experts routed to
   bool hidden_resident = true;
   const GenerationRequest* req = nullptr;
   std::span<const std::uint64_t> streams;  // the GenerationLog's
@@ -141,16 +175,30 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
     const Layer* l = layers_[static_cast<std::size_t>(i)].get();
     const bool merge = !policy_.sep_layer && !units_.empty() && units_.back().cache_layer >= 0 &&
                        units_.back().layers.size() == 1 && l->cache_index() < 0 && l->name().rfind("mlp.", 0) == 0;
-    if (!merge) units_.push_back({l->name(), {}, {}, l->cache_index(), false, false});
+    if (!merge) {
+      units_.emplace_back();
+      units_.back().name = l->name();
+      units_.back().cache_layer = l->cache_index();
+    }
     Unit& u = units_.back();
     if (merge) u.name = "layer." + std::to_string(u.cache_layer);
     if (l->cache_index() >= 0) cache_layers_.push_back(l->cache_index());
     u.layers.push_back(l);
+    const auto experts = l->expert_weight_names();
+    std::set<std::string> expert_names;
+    for (const auto& e : experts) expert_names.insert(e.begin(), e.end());
+    if (!experts.empty()) {
+      u.moe = l;
+      u.experts = experts;
+    }
     for (auto& w : l->weight_names())
-      if (std::find(u.weights.begin(), u.weights.end(), w) == u.weights.end()) u.weights.push_back(w);
+      if (!expert_names.count(w) && std::find(u.weights.begin(), u.weights.end(), w) == u.weights.end())
+        u.weights.push_back(w);
     for (auto& w : l->weight_names())
       if (std::find(names.begin(), names.end(), w) == names.end()) names.push_back(w);
   }
+  for (std::size_t i = 1; i < units_.size(); ++i)
+    units_[i].routed_before = units_[i].moe && units_[i].moe == units_[i].layers.front();
   units_.front().first = range.begin == 0;  // its input is the embedding, not hidden states
   units_.back().last = true;                // its output leaves the scheduler
   holds_head_ = end == n;
@@ -158,20 +206,25 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
   if (policy_.kv != "full") kv_policy_ = policy::make_kv_policy(policy::parse_kv_spec(policy_.kv), cfg_.n_layers);
   weights_ = load_tiered_weights(cfg_, source, tiers_, policy_.weights, names);
   std::int64_t slot_bytes = 0;
-  for (const auto& u : units_) {
+  for (auto& u : units_) {
     std::int64_t b = 0;
-    for (const auto& name : u.weights) {
+    auto place = [&](const std::string& name) {
       const TieredTensor& t = *weights_.at(name);
-      if (t.entirely_on(Tier::Gpu))
+      if (t.entirely_on(Tier::Gpu)) {
         resident_[name] = {t.place(0).ptr, t.dtype(), t.rows(), t.cols()};
-      else
-        b += aligned(t.bytes());
-    }
+        return false;
+      }
+      b += aligned(t.bytes());
+      return true;
+    };
+    for (const auto& name : u.weights) place(name);
+    for (const auto& e : u.experts)
+      for (const auto& name : e) u.staged_experts = place(name) || u.staged_experts;
     slot_bytes = std::max(slot_bytes, b);
   }
   if (slot_bytes > 0)
     for (int i = 0; i < 2; ++i)
-      weight_slots_.push_back({GpuBuffer(tiers_, slot_bytes, "weight staging slot " + std::to_string(i)), -1, {}, {}});
+      weight_slots_.emplace_back().buf = GpuBuffer(tiers_, slot_bytes, "weight staging slot " + std::to_string(i));
 
   copies_ = std::make_unique<offload::CopyEngine>(tiers_, copy, trace_);
   lane_weights_ = copies_->add_lane("copy: weights in");
@@ -184,29 +237,67 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
 
 BlockScheduler::~BlockScheduler() = default;
 
-void BlockScheduler::issue_weights(std::int64_t unit, std::int64_t seq) {
+// Puts weight `name` in the slot's view: in place when gpu-resident, else at the slot's next
+// free bytes with the copies that fetch it. Returns the bytes read from the cpu and disk tiers.
+std::int64_t BlockScheduler::stage_weight(WeightSlot& slot, const std::string& name, std::vector<CopyPiece>& pieces) {
+  if (auto it = resident_.find(name); it != resident_.end()) {
+    slot.view[name] = it->second;
+    return 0;
+  }
+  const TieredTensor& t = *weights_.at(name);
+  std::byte* dst = slot.buf.data() + slot.used;
+  slot.view[name] = {dst, t.dtype(), t.rows(), t.cols()};
+  auto p = t.pieces(0, t.rows(), Place::gpu(dst), false);
+  pieces.insert(pieces.end(), p.begin(), p.end());
+  slot.used += aligned(t.bytes());
+  return t.bytes() - t.bytes_on(Tier::Gpu);
+}
+
+void BlockScheduler::issue_weights(std::int64_t unit, std::int64_t seq, const BlockState& st) {
   if (weight_slots_.empty()) return;
   WeightSlot& slot = weight_slots_[static_cast<std::size_t>(seq % 2)];
   if (slot.seq == seq) return;
   const Unit& u = units_[static_cast<std::size_t>(unit)];
   slot.seq = -1;  // set once the fetch is queued, so a failure here never looks loaded
   slot.view.clear();
+  slot.used = 0;
+  slot.routed = st.routed_experts && u.staged_experts;
+  slot.step = st.step;
+  slot.expert_issued.assign(u.experts.size(), false);
+  slot.experts_ready.clear();
   std::vector<CopyPiece> pieces;
-  std::int64_t off = 0;
-  for (const auto& name : u.weights) {
-    if (auto it = resident_.find(name); it != resident_.end()) {
-      slot.view[name] = it->second;
-      continue;
-    }
-    const TieredTensor& t = *weights_.at(name);
-    std::byte* dst = slot.buf.data() + off;
-    slot.view[name] = {dst, t.dtype(), t.rows(), t.cols()};
-    auto p = t.pieces(0, t.rows(), Place::gpu(dst), false);
-    pieces.insert(pieces.end(), p.begin(), p.end());
-    off += aligned(t.bytes());
-  }
+  for (const auto& name : u.weights) stage_weight(slot, name, pieces);
   slot.ready = copies_->copy(lane_weights_, std::move(pieces), {"load_weight", u.name});
   slot.seq = seq;
+  if (!u.experts.empty() && !slot.routed) {
+    std::vector<std::int32_t> all(u.experts.size());
+    std::iota(all.begin(), all.end(), 0);
+    issue_experts(slot, unit, all);
+  }
+}
+
+// Fetches the experts of `experts` the slot has not yet issued, as one copy.
+void BlockScheduler::issue_experts(WeightSlot& slot, std::int64_t unit, std::span<const std::int32_t> experts) {
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  std::vector<CopyPiece> pieces;
+  std::int64_t fetched = 0, bytes = 0;
+  std::string which;
+  for (const std::int32_t e : experts) {
+    if (slot.expert_issued[static_cast<std::size_t>(e)]) continue;
+    slot.expert_issued[static_cast<std::size_t>(e)] = true;
+    const std::size_t before = pieces.size();
+    for (const auto& name : u.experts[static_cast<std::size_t>(e)]) bytes += stage_weight(slot, name, pieces);
+    if (pieces.size() > before) {
+      ++fetched;
+      if (!which.empty()) which += ',';
+      which += std::to_string(e);
+    }
+  }
+  if (pieces.empty()) return;
+  slot.experts_ready.push_back(
+      copies_->copy(lane_weights_, std::move(pieces), {"load_experts", u.name + " experts " + which}));
+  expert_loads_.add(slot.step, fetched, bytes);
+  if (!policy_.overlap) slot.experts_ready.back().wait();
 }
 
 void BlockScheduler::issue_loads(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot) {
@@ -262,10 +353,11 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
   const Unit& u = units_[static_cast<std::size_t>(unit)];
   Batch& b = st.batches[static_cast<std::size_t>(k)];
   const DeviceWeights* w = &resident_;
+  WeightSlot* ws = nullptr;
   if (!weight_slots_.empty()) {
-    WeightSlot& ws = weight_slots_[static_cast<std::size_t>(weight_seq % 2)];
-    ws.ready.wait();
-    w = &ws.view;
+    ws = &weight_slots_[static_cast<std::size_t>(weight_seq % 2)];
+    ws->ready.wait();
+    w = &ws->view;
   }
   wait_all(slot.loads);
   Activations& act = *st.act;
@@ -285,7 +377,24 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
   }
   {
     offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
-    for (const Layer* l : u.layers) l->forward(be_, *w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
+    for (const Layer* l : u.layers) {
+      if (ws && l == u.moe) {
+        // A merged unit routes between its attention and its MLP; otherwise the unit before did.
+        if (ws->routed && !u.routed_before) issue_experts(*ws, unit, l->routed_experts(be_, *w, b.step, act));
+        wait_all(ws->experts_ready);
+      }
+      l->forward(be_, *w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
+    }
+    // Route this batch for the next unit's MoE layer now that its input is here, so the
+    // experts it needs stream in while the next batches compute.
+    if (ws && st.routed_experts && !u.last && units_[static_cast<std::size_t>(unit + 1)].routed_before) {
+      WeightSlot& next = weight_slots_[static_cast<std::size_t>((weight_seq + 1) % 2)];
+      if (next.seq != weight_seq + 1) throw std::logic_error("the MoE unit's router weights were not fetched ahead");
+      if (next.routed) {
+        next.ready.wait();
+        issue_experts(next, unit + 1, units_[static_cast<std::size_t>(unit + 1)].moe->routed_experts(be_, next.view, b.step, act));
+      }
+    }
     if (u.last && holds_head_) {
       const GenerationRequest& req = *st.req;
       std::span<std::int32_t> next(st.next.data() + b.seq0, static_cast<std::size_t>(b.n));
@@ -446,9 +555,15 @@ void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
   };
   const std::int64_t first_seq = unit_instances_;
   unit_instances_ += U;
+  std::int64_t routed_rows = 0;
+  for (const auto& b : st.batches) routed_rows += b.step.rows();
+  st.routed_experts =
+      cfg_.moe.experts > 0 && policy_.routed_expert_loading(cfg_.moe.experts, cfg_.moe.top_k, routed_rows);
   for (std::int64_t u = 0; u < U; ++u) {
     const std::int64_t wseq = first_seq + u;
-    issue_weights(u, wseq);
+    issue_weights(u, wseq, st);
+    // A MoE unit's router comes ahead even without overlap: this unit routes for it.
+    const bool route_ahead = st.routed_experts && u + 1 < U && units_[static_cast<std::size_t>(u + 1)].routed_before;
     for (std::int64_t k = 0; k < K; ++k) {
       const std::int64_t counter = blk.computes++;
       RingSlot& slot = st.ring[static_cast<std::size_t>(counter % 3)];
@@ -457,10 +572,11 @@ void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
         issue_loads(st, u, k, slot);
         slot.assigned = counter;
       }
+      if (route_ahead && !policy_.overlap && k == 0) issue_weights(u + 1, wseq + 1, st);
       if (policy_.overlap) {
         // Next unit's weights while this unit's K batches compute (the next step's first
         // unit at the end; fetched in vain only after the very last step).
-        if (k == 0) issue_weights((u + 1) % U, wseq + 1);
+        if (k == 0) issue_weights((u + 1) % U, wseq + 1, st);
         // Next batch's activations and KV, when they do not depend on this compute (nor on a
         // neighbour stage: its input is received in line, not before this compute).
         const bool next_in_unit = k + 1 < K && !(u == 0 && receiving), next_unit = k + 1 == K && u + 1 < U && K > 1;

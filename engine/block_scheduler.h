@@ -21,6 +21,13 @@
 // batch's hidden states from StageLinks::receive and its last one hands them to
 // StageLinks::send. A stage keeps several blocks in flight and advances each a step at a time
 // (begin, run_step, end_step, finish); generate() is the same loop for one block.
+//
+// Mixture-of-experts: every expert is its own group of tiered tensors. Under routed expert
+// loading (Policy::routed_expert_loading) a MoE unit's load brings its router, norm and
+// shared expert; the unit before it routes each GPU batch right after computing it (a merged
+// unit routes between its attention and its MLP) and the experts that batch needs and the
+// block has not yet fetched start to stream in while the next batches compute. Otherwise all
+// experts come with the unit, as for a dense MLP. The staging slots hold all experts.
 #pragma once
 #include <functional>
 #include <memory>
@@ -56,6 +63,16 @@ struct StageLinks {
   // Takes them after the stage's last unit computed batch k (a stage before the last); the
   // span is valid during the call.
   std::function<void(std::int64_t k, std::span<const float> hidden)> send;
+};
+
+// Mixture-of-experts weight traffic per token step (index 0: prefill), summed over blocks:
+// experts fetched into staging slots (gpu-resident ones are used in place) and the bytes of
+// them read from the cpu and disk tiers.
+struct ExpertLoadStats {
+  std::vector<std::int64_t> experts_by_step, bytes_by_step;
+  void add(std::int64_t step, std::int64_t experts, std::int64_t bytes);
+  std::int64_t experts() const;
+  std::int64_t bytes() const;
 };
 
 class BlockScheduler {
@@ -94,6 +111,7 @@ class BlockScheduler {
   // Whether the input embedding / the output head are among this scheduler's layers.
   bool holds_input() const;
   bool holds_head() const { return holds_head_; }
+  const ExpertLoadStats& expert_loads() const { return expert_loads_; }
 
  private:
   struct Unit;
@@ -102,7 +120,9 @@ class BlockScheduler {
   struct Batch;
   struct BlockState;
 
-  void issue_weights(std::int64_t unit, std::int64_t seq);
+  void issue_weights(std::int64_t unit, std::int64_t seq, const BlockState& st);
+  std::int64_t stage_weight(WeightSlot& slot, const std::string& name, std::vector<offload::CopyPiece>& pieces);
+  void issue_experts(WeightSlot& slot, std::int64_t unit, std::span<const std::int32_t> experts);
   void issue_loads(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot);
   void compute(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot, std::int64_t weight_seq);
   void issue_stores(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot);
@@ -124,6 +144,7 @@ class BlockScheduler {
   DeviceWeights resident_;  // tensors wholly on the gpu tier, used in place
   std::vector<WeightSlot> weight_slots_;
   std::unique_ptr<policy::KvPolicy> kv_policy_;  // from policy_.kv; null for the full cache
+  ExpertLoadStats expert_loads_;
   // Declared last: destroyed first, so queued copies finish before the memory they touch goes.
   std::unique_ptr<offload::CopyEngine> copies_;
   int lane_weights_ = 0, lane_cache_in_ = 0, lane_cache_out_ = 0, lane_hidden_in_ = 0, lane_hidden_out_ = 0;

@@ -258,11 +258,25 @@ class MoeMlp final : public Layer {
   std::string name() const override { return "mlp." + std::to_string(layer_); }
   std::vector<std::string> weight_names() const override {
     std::vector<std::string> n = router_weight_names();
-    for (std::int64_t e = 0; e < cfg_.moe.experts; ++e)
-      for (const char* m : {"w_gate", "w_up", "w_down"}) n.push_back(expert_prefix(e) + m);
+    for (const auto& e : expert_weight_names()) n.insert(n.end(), e.begin(), e.end());
     if (cfg_.moe.shared_ffn > 0)
       n.insert(n.end(), {p_ + "shared.w_gate", p_ + "shared.w_up", p_ + "shared.w_down", p_ + "shared_gate"});
     return n;
+  }
+  std::vector<std::vector<std::string>> expert_weight_names() const override {
+    std::vector<std::vector<std::string>> n;
+    for (std::int64_t e = 0; e < cfg_.moe.experts; ++e)
+      n.push_back({expert_prefix(e) + "w_gate", expert_prefix(e) + "w_up", expert_prefix(e) + "w_down"});
+    return n;
+  }
+  std::vector<std::int32_t> routed_experts(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s,
+                                           Activations& act) const override {
+    std::vector<std::int32_t> routed;
+    std::vector<float> weights;
+    route(be, w, s, act, routed, weights);
+    std::ranges::sort(routed);
+    routed.erase(std::unique(routed.begin(), routed.end()), routed.end());
+    return routed;
   }
   std::vector<std::string> router_weight_names() const { return {p_ + "mlp_norm.weight", p_ + "router"}; }
   std::string expert_prefix(std::int64_t e) const { return p_ + "experts." + std::to_string(e) + "."; }

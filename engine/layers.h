@@ -72,6 +72,15 @@ class Layer {
   virtual std::vector<std::string> weight_names() const = 0;
   // The decoder layer whose KV cache forward() needs, or -1.
   virtual std::int64_t cache_index() const { return -1; }
+  // Mixture-of-experts: the weights of each routed expert, by expert (empty for other layers;
+  // weight_names() lists them too). A scheduler may load only the experts rows route to.
+  virtual std::vector<std::vector<std::string>> expert_weight_names() const { return {}; }
+  // The distinct experts (ascending) the rows of `step` route to from act.hidden; needs the
+  // weights of weight_names() that are not expert weights; overwrites act's scratch.
+  virtual std::vector<std::int32_t> routed_experts(kernels::Backend&, const DeviceWeights&, const StepBatch&,
+                                                   Activations&) const {
+    return {};
+  }
   // `cache` is this layer's KV cache (Attention only; null for the others).
   virtual void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& step, Activations& act,
                        const KvView* cache) const = 0;

@@ -54,11 +54,24 @@ void Policy::validate(const std::string& source) const {
                                 std::to_string(compress_bits) + "); drop one of them");
   if (compress_bits != 4 && compress_bits != 8)
     throw std::invalid_argument(source + ": compress_bits must be 4 or 8, got " + std::to_string(compress_bits));
+  if (expert_loading != "auto" && expert_loading != "routed" && expert_loading != "all")
+    throw std::invalid_argument(source + ": expert_loading must be auto, routed or all, got '" + expert_loading + "'");
   try {
     parse_kv_spec(kv);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(source + ": kv: " + e.what());
   }
+}
+
+bool Policy::routed_expert_loading(std::int64_t experts, std::int64_t top_k, std::int64_t tokens) const {
+  if (expert_loading != "auto") return expert_loading == "routed";
+  return expected_active_experts(experts, top_k, tokens) < static_cast<double>(experts) - 0.5;
+}
+
+double expected_active_experts(std::int64_t experts, std::int64_t top_k, std::int64_t tokens) {
+  if (experts <= 0) return 0;
+  const double e = static_cast<double>(experts);
+  return e * (1 - std::pow(1 - static_cast<double>(std::min(top_k, experts)) / e, static_cast<double>(tokens)));
 }
 
 Policy load_policy_yaml(const std::string& yaml_text, const std::string& source) {
@@ -72,7 +85,8 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   Policy p;
   static const std::set<std::string> known = {"gpu_batch_size", "num_gpu_batches", "percent",    "overlap",
                                               "sep_layer",      "pin_weight",      "cpu_cache_compute",
-                                              "compress_weight", "compress_cache", "compress_bits", "cache_dtype", "kv"};
+                                              "compress_weight", "compress_cache", "compress_bits", "cache_dtype", "kv",
+                                              "expert_loading"};
   for (const auto& kv : root) {
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) throw std::invalid_argument(source + ": unknown field '" + key + "'");
@@ -105,6 +119,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
     }
   }
   get("kv", p.kv);
+  get("expert_loading", p.expert_loading);
   if (root["percent"]) {
     std::vector<double> pct;
     get("percent", pct);
@@ -144,6 +159,7 @@ std::string policy_to_yaml(const Policy& p) {
   out << YAML::Key << "compress_bits" << YAML::Value << p.compress_bits;
   if (p.cache_storage) out << YAML::Key << "cache_dtype" << YAML::Value << std::string(kernels::dtype_name(*p.cache_storage));
   out << YAML::Key << "kv" << YAML::Value << p.kv;
+  out << YAML::Key << "expert_loading" << YAML::Value << p.expert_loading;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

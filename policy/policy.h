@@ -28,6 +28,10 @@ struct Policy {
   // as GPU engines keep it, f32 for an fp32 model).
   std::optional<kernels::DType> cache_storage;
   std::string kv = "full";        // KV policy spec (eviction)
+  // Mixture-of-experts: which experts a unit load fetches. routed: only those the block's
+  // rows route to (the router runs first); all: every expert, prefetched like a dense MLP;
+  // auto: routed unless about all experts are expected to be active (see below).
+  std::string expert_loading = "auto";
 
   kernels::DType compressed_dtype() const { return compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4; }
   // Storage of weight matrices and of the KV cache under this policy (`stored`: the model's
@@ -38,6 +42,10 @@ struct Policy {
   }
 
   std::int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
+  // Whether a MoE unit load for `tokens` routed rows fetches only the routed experts: under
+  // auto, while fewer than experts - 0.5 are expected active (large batches touch them all,
+  // and then prefetching them all keeps their copy overlapped with the attention before).
+  bool routed_expert_loading(std::int64_t experts, std::int64_t top_k, std::int64_t tokens) const;
   // FlexGen's --percent WG WC CG CC AG AC (disk gets the rest of each pair).
   void set_percent(const std::array<double, 6>& percent);
   std::array<double, 6> percent() const;
@@ -45,9 +53,14 @@ struct Policy {
   void validate(const std::string& source = "policy") const;
 };
 
+// Distinct experts that `tokens` rows, each routed to top_k of `experts`, are expected to
+// touch when routing is uniform: E * (1 - (1 - k/E)^T).
+double expected_active_experts(std::int64_t experts, std::int64_t top_k, std::int64_t tokens);
+
 // Keys: gpu_batch_size, num_gpu_batches, percent: [WG, WC, CG, CC, AG, AC], overlap,
 // sep_layer, pin_weight, cpu_cache_compute, compress_weight, compress_cache, compress_bits,
-// cache_dtype (f32, f16 or bf16; absent: the model's float dtype), kv. Missing keys
+// cache_dtype (f32, f16 or bf16; absent: the model's float dtype), kv, expert_loading (auto,
+// routed or all). Missing keys
 // keep their defaults; unknown keys are errors (a typo must not silently change a run).
 Policy load_policy_yaml(const std::string& yaml_text, const std::string& source);
 Policy load_policy_file(const std::string& path);

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace flexh2o::policy {
 namespace {
 
@@ -29,6 +31,7 @@ TEST(Policy, YamlRoundTrips) {
   p.sep_layer = false;
   p.pin_weight = false;
   p.cpu_cache_compute = true;
+  p.expert_loading = "routed";
   const Policy q = load_policy_yaml(policy_to_yaml(p), "roundtrip");
   EXPECT_EQ(q.gpu_batch_size, 48);
   EXPECT_EQ(q.num_gpu_batches, 3);
@@ -43,6 +46,22 @@ TEST(Policy, YamlRoundTrips) {
   EXPECT_THAT(policy_to_yaml(p), ::testing::Not(HasSubstr("cache_dtype")));
   p.cache_storage = kernels::DType::F32;  // --cache-dtype f32 on an f16 model
   EXPECT_EQ(load_policy_yaml(policy_to_yaml(p), "roundtrip").cache_dtype(kernels::DType::F16), kernels::DType::F32);
+  EXPECT_EQ(q.expert_loading, "routed");
+}
+
+// Auto loads only the routed experts while fewer than E - 0.5 are expected active.
+TEST(Policy, ExpertLoadingFollowsTheExpectedActiveExperts) {
+  EXPECT_DOUBLE_EQ(expected_active_experts(8, 2, 1), 2.0);
+  EXPECT_NEAR(expected_active_experts(8, 2, 8), 8 * (1 - std::pow(0.75, 8)), 1e-12);
+  EXPECT_DOUBLE_EQ(expected_active_experts(8, 8, 3), 8.0);
+  Policy p;
+  EXPECT_TRUE(p.routed_expert_loading(8, 2, 8));    // 7.2 expected
+  EXPECT_FALSE(p.routed_expert_loading(8, 2, 10));  // 7.55 expected
+  EXPECT_TRUE(p.routed_expert_loading(128, 8, 32));
+  p.expert_loading = "routed";
+  EXPECT_TRUE(p.routed_expert_loading(8, 2, 1000));
+  p.expert_loading = "all";
+  EXPECT_FALSE(p.routed_expert_loading(8, 2, 1));
 }
 
 TEST(Policy, BadYamlNamesTheFileAndField) {
@@ -67,6 +86,7 @@ TEST(Policy, BadYamlNamesTheFileAndField) {
   EXPECT_THAT(error_of("cache_dtype: f16\ncompress_cache: true\n"), HasSubstr("no effect with compress_cache"));
   EXPECT_THAT(error_of("cache_dtype: f32\ncompress_cache: true\n"), HasSubstr("no effect with compress_cache"));
   EXPECT_THAT(error_of("cache_dtype: f8\n"), HasSubstr("field 'cache_dtype'"));
+  EXPECT_THAT(error_of("expert_loading: some\n"), HasSubstr("expert_loading must be auto, routed or all"));
   EXPECT_EQ(error_of("num_gpu_batches: 2\n"), "no error");
 }
 
