@@ -2,6 +2,7 @@
 // including disk, GPU batch size, number of GPU batches, overlap, sep_layer,
 // cpu_cache_compute, staged copies, KV eviction, 4/8-bit compression of weights and KV) the
 // generated tokens must be identical to the plain run with the same eviction and compression.
+// Mixture-of-experts models also with only the routed experts loaded, or all of them.
 // Also: the staged KV copies (one strided piece per sequence and K/V) and the device scratch
 // of the backend's ops counted in the gpu budget.
 #include <gtest/gtest.h>
@@ -84,7 +85,7 @@ std::string describe(const Case& c) {
          " cpu_cache_compute " + std::to_string(p.cpu_cache_compute) + " stage " + std::to_string(c.always_stage) +
          " threads " + std::to_string(c.force_threads) + " kv " + p.kv + " compress weight/cache " +
          std::to_string(p.compress_weight) + "/" + std::to_string(p.compress_cache) + " bits " +
-         std::to_string(p.compress_bits);
+         std::to_string(p.compress_bits) + " experts " + p.expert_loading;
 }
 
 std::vector<std::vector<std::int32_t>> random_prompts(const ModelConfig& cfg, std::int64_t n, std::uint64_t seed) {
@@ -132,6 +133,20 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
 
 void expect_same_tokens(const ModelConfig& cfg, const engine::WeightSource& src, std::uint64_t seed, float temperature) {
   expect_same_tokens(random_case(seed), cfg, src, seed, temperature);
+}
+
+// Llama-shaped with 6 experts, top 2 (weights not renormalised), a shared expert, and a dense
+// middle layer (Qwen2-MoE's mlp_only_layers).
+ModelConfig tiny_moe_config() {
+  ModelConfig c = testing::tiny_llama_config();
+  c.name = "tiny-moe";
+  c.moe.experts = 6;
+  c.moe.top_k = 2;
+  c.moe.expert_ffn = 24;
+  c.moe.norm_topk = false;
+  c.moe.shared_ffn = 16;
+  c.moe.layers = {true, false, true};
+  return c;
 }
 
 // Compressed weights and KV without eviction, the KV staged from cpu and disk (partial slot
@@ -183,6 +198,66 @@ TEST(Scheduler, RandomPoliciesMatchInMemoryRunLlama) {
   const ModelConfig cfg = testing::tiny_llama_config();
   engine::DummyWeights src(cfg, 12);
   for (std::uint64_t seed = 100; seed < 124; ++seed) expect_same_tokens(cfg, src, seed, 0.8f);
+}
+
+// Routed-only expert loading forced on and off, and auto, under random policies.
+TEST(Scheduler, RandomPoliciesMatchInMemoryRunMoe) {
+  const ModelConfig cfg = tiny_moe_config();
+  engine::DummyWeights src(cfg, 14);
+  const char* loading[] = {"routed", "all", "auto"};
+  for (std::uint64_t seed = 400; seed < 430; ++seed) {
+    Case c = random_case(seed);
+    c.policy.expert_loading = loading[seed % 3];
+    expect_same_tokens(c, cfg, src, seed, seed % 2 ? 0.8f : 0.0f);
+  }
+}
+
+// With the experts on cpu and disk, routed loading fetches at most top_k experts per MoE layer
+// for a single sequence's decode step, every expert of them once, with their bytes; loading
+// all fetches every expert each step; gpu-resident experts are never fetched. Same tokens.
+TEST(Scheduler, RoutedExpertLoadingFetchesOnlyTheRoutedExperts) {
+  ModelConfig cfg = tiny_moe_config();
+  cfg.moe.shared_ffn = 0;
+  engine::DummyWeights src(cfg, 15);
+  const std::int64_t moe_layers = 2, E = cfg.moe.experts;
+  const std::int64_t expert_bytes = 3 * cfg.moe.expert_ffn * cfg.hidden * 4;
+  GenerationRequest req;
+  req.prompts = random_prompts(cfg, 1, 7);
+  req.max_new_tokens = 6;
+  auto be = kernels::make_cpu_backend();
+  std::vector<std::vector<std::int32_t>> tokens;
+  for (const char* loading : {"routed", "all"}) {
+    SCOPED_TRACE(loading);
+    policy::Policy p;
+    p.weights = {0, 0.5, 0.5};
+    p.expert_loading = loading;
+    testing::TempDir dir;
+    offload::TierOptions to;
+    to.offload_dir = dir.path();
+    offload::Tiers tiers(*be, to);
+    engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+    tokens.push_back(sched.generate(req).tokens[0]);
+    const auto& s = sched.expert_loads();
+    ASSERT_EQ(static_cast<std::int64_t>(s.experts_by_step.size()), req.max_new_tokens);
+    for (std::size_t step = 0; step < s.experts_by_step.size(); ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const std::int64_t n = s.experts_by_step[step];
+      EXPECT_EQ(s.bytes_by_step[step], n * expert_bytes);
+      if (std::string(loading) == "all")
+        EXPECT_EQ(n, moe_layers * E);
+      else if (step > 0)
+        EXPECT_EQ(n, moe_layers * cfg.moe.top_k);  // one row: its top_k distinct experts
+      else
+        EXPECT_LE(n, moe_layers * E);
+    }
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  policy::Policy resident;
+  resident.expert_loading = "routed";
+  offload::Tiers tiers(*be, {});
+  engine::BlockScheduler sched(*be, tiers, cfg, src, resident);
+  EXPECT_EQ(sched.generate(req).tokens[0], tokens[0]);
+  EXPECT_EQ(sched.expert_loads().experts(), 0);
 }
 
 TEST(Scheduler, RandomPoliciesMatchInMemoryRunStories260k) {
