@@ -84,6 +84,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--kv", o.kv, "KV eviction policy, e.g. h2o:0.2, h2o:128, h2o:heavy=0.1,recent=0.1, local:0.2 "
                                 "(default full); the KV tier then holds only the budget")
       ->group(sched);
+  run->add_option("--expert-loading", o.expert_loading,
+                  "mixture-of-experts: routed (fetch only the experts the batch routes to), all, or auto (routed "
+                  "unless about all experts are expected active; default)")
+      ->check(CLI::IsMember({"auto", "routed", "all"}))
+      ->group(sched);
   o.compress.add_to(run, sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
   run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
@@ -234,6 +239,18 @@ int run_one_process(const RunOptions& o) {
              kernels::dtype_name(pol.cache_dtype(c.dtype)), kernels::dtype_name(c.compute_dtype), offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
              offload::format_bytes(peak(Tier::Disk)), items.size(), total.prompt_tokens, total.generated_tokens,
              total.prefill_seconds, prefill_tput, total.decode_seconds, decode_tput, all_s, total_tput);
+  // Mixture-of-experts: the expert weights each step fetched into staging slots.
+  const ExpertLoadStats& experts = sched.expert_loads();
+  const std::int64_t decode_tokens = total.generated_tokens - total.sequences;
+  const std::int64_t decode_expert_bytes = experts.bytes() - (experts.bytes_by_step.empty() ? 0 : experts.bytes_by_step[0]);
+  const std::int64_t moe_layers = std::ranges::count(c.moe.layers, true);
+  if (c.moe.experts > 0 && !experts.experts_by_step.empty())
+    fmt::print(stderr,
+               "experts: {} loading; per step {} of {} fetched ({} layers x {}); decode moved {} of expert weights per "
+               "token\n",
+               pol.expert_loading, fmt::join(experts.experts_by_step, " "), moe_layers * c.moe.experts, moe_layers,
+               c.moe.experts,
+               offload::format_bytes(decode_tokens > 0 ? decode_expert_bytes / decode_tokens : 0));
   if (!o.metrics_file.empty()) {
     nlohmann::json j = {{"model", m.description},
                         {"policy",
@@ -247,7 +264,8 @@ int run_one_process(const RunOptions& o) {
                           {"kv", pol.kv},
                           {"compress_weight", pol.compress_weight},
                           {"compress_cache", pol.compress_cache},
-                          {"compress_bits", pol.compress_bits}}},
+                          {"compress_bits", pol.compress_bits},
+                          {"expert_loading", pol.expert_loading}}},
                         {"prompts", items.size()},
                         {"prompt_tokens", total.prompt_tokens},
                         {"generated_tokens", total.generated_tokens},
@@ -261,6 +279,14 @@ int run_one_process(const RunOptions& o) {
                         {"hidden_bytes", hidden_bytes},
                         {"peak_bytes", {{"gpu", peak(Tier::Gpu)}, {"cpu", peak(Tier::Cpu)}, {"disk", peak(Tier::Disk)}}},
                         {"time_by_primitive", trace->time_by_primitive()}};
+    if (c.moe.experts > 0)
+      j["experts"] = {{"experts", c.moe.experts},
+                      {"top_k", c.moe.top_k},
+                      {"moe_layers", moe_layers},
+                      {"loaded_by_step", experts.experts_by_step},
+                      {"bytes_by_step", experts.bytes_by_step},
+                      {"bytes", experts.bytes()},
+                      {"decode_bytes_per_token", decode_tokens > 0 ? decode_expert_bytes / decode_tokens : 0}};
     offload::write_file_atomically(o.metrics_file, j.dump(2) + "\n");
   }
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);

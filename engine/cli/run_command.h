@@ -38,6 +38,7 @@ struct RunOptions {
   std::optional<int> overlap, sep_layer, pin_weight;
   bool cpu_cache_compute = false;
   std::string kv;  // KV eviction spec
+  std::string expert_loading;  // MoE: auto, routed or all
   CompressionFlags compress;
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -141,6 +142,39 @@ TEST(Cli, TieredRunGeneratesWhatTheInMemoryRunDoes) {
   for (const auto& e : t["traceEvents"])
     if (e["ph"] == "M") tracks.insert(e["args"]["name"].get<std::string>());
   EXPECT_TRUE(tracks.count("compute") && tracks.count("copy: weights in")) << t.dump().substr(0, 400);
+}
+
+// A dummy Mixtral-shaped model with its weights on cpu and disk: loading only the routed
+// experts generates what loading all of them does, and --metrics and --trace tell how many
+// experts each step fetched and their bytes (one sequence: at most top-2 per layer and step).
+TEST(Cli, RoutedExpertLoadingIsReportedAndGeneratesWhatAllExpertsDo) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("moe.yaml"),
+                      "name: tiny-mixtral\nfamily: mixtral\nnum_layers: 2\nhidden_size: 64\nffn_size: 96\n"
+                      "num_heads: 4\nnum_kv_heads: 2\nvocab_size: 97\nmax_positions: 128\ndtype: f32\n"
+                      "num_experts: 8\nexperts_per_token: 2\nexpert_ffn_size: 96\n");
+  const std::string common = "run --model " + dir.file("moe.yaml") + " --dummy --batch 1 --prompt-len 4 --gen-len 5 " +
+                             "--percent 0 50 100 0 100 0 --offload-dir " + dir.path();
+  const Result all = run(common + " --expert-loading all --metrics " + dir.file("all.json"));
+  const Result routed = run(common + " --expert-loading routed --metrics " + dir.file("routed.json") + " --trace " +
+                            dir.file("t.json"));
+  ASSERT_EQ(routed.code, 0) << routed.err;
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_EQ(routed.out, all.out);
+  EXPECT_THAT(routed.err, HasSubstr("experts: routed loading; per step"));
+  const std::int64_t expert_bytes = 3 * 96 * 64 * 4;
+  const auto a = nlohmann::json::parse(testing::read_file(dir.file("all.json")))["experts"];
+  const auto r = nlohmann::json::parse(testing::read_file(dir.file("routed.json")))["experts"];
+  EXPECT_EQ(a["loaded_by_step"], nlohmann::json({16, 16, 16, 16, 16}));
+  EXPECT_EQ(a["decode_bytes_per_token"].get<std::int64_t>(), 16 * expert_bytes);
+  const std::vector<std::int64_t> loaded = r["loaded_by_step"];
+  ASSERT_EQ(loaded.size(), 5u);
+  for (std::size_t s = 1; s < loaded.size(); ++s) EXPECT_EQ(loaded[s], 4) << "step " << s;
+  EXPECT_EQ(r["bytes"].get<std::int64_t>(), std::accumulate(loaded.begin(), loaded.end(), std::int64_t{0}) * expert_bytes);
+  std::int64_t traced = 0;
+  for (const auto& e : nlohmann::json::parse(testing::read_file(dir.file("t.json")))["traceEvents"])
+    if (e.value("cat", "") == "load_experts") traced += e["args"]["bytes"].get<std::int64_t>();
+  EXPECT_EQ(traced, r["bytes"].get<std::int64_t>());
 }
 
 // 4-bit weights and KV with eviction: lossy against fp32, but the tiered run with the same
