@@ -172,7 +172,8 @@ TEST(Cli, RoutedExpertLoadingIsReportedAndGeneratesWhatAllExpertsDo) {
   for (std::size_t s = 1; s < loaded.size(); ++s) EXPECT_EQ(loaded[s], 4) << "step " << s;
   EXPECT_EQ(r["bytes"].get<std::int64_t>(), std::accumulate(loaded.begin(), loaded.end(), std::int64_t{0}) * expert_bytes);
   std::int64_t traced = 0;
-  for (const auto& e : nlohmann::json::parse(testing::read_file(dir.file("t.json")))["traceEvents"])
+  const auto trace = nlohmann::json::parse(testing::read_file(dir.file("t.json")));
+  for (const auto& e : trace["traceEvents"])
     if (e.value("cat", "") == "load_experts") traced += e["args"]["bytes"].get<std::int64_t>();
   EXPECT_EQ(traced, r["bytes"].get<std::int64_t>());
 }
