@@ -1,6 +1,7 @@
 #include "engine/model_shape.h"
 
 #include "engine/weights.h"
+#include <algorithm>
 
 namespace flexh2o::engine {
 
@@ -30,6 +31,13 @@ policy::ModelShape model_shape(const ModelConfig& c) {
         kept.widest = it->second;
       }
     }
+  }
+  if (c.moe.experts > 0) {
+    m.moe_layers = std::ranges::count(c.moe.layers, true);
+    m.experts = c.moe.experts;
+    m.top_k = c.moe.top_k;
+    m.expert_ffn = c.moe.expert_ffn;
+    m.shared_ffn = c.moe.shared_ffn;
   }
   return m;
 }

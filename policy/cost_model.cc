@@ -49,14 +49,24 @@ ModelSizes model_sizes(const ModelShape& m) {
     for (std::int64_t x : t) b += (x + 255) / 256 * 256;
     return b;
   };
-  s.layer_weights = sum(attn) + sum(mlp);
-  s.layer_params = 2 * h * q + 2 * h * kv + (m.gated_mlp ? 3 : 2) * h * m.ffn;
+  // MoE layers hold every expert (the staging slots too); a token multiplies its top_k of
+  // them, the router and the shared expert. Per-layer sizes are the mean over the layers.
+  std::vector<std::int64_t> moe = {vec(h), mat(m.experts, h)};
+  const std::int64_t expert = 2 * mat(m.expert_ffn, h) + mat(h, m.expert_ffn);
+  for (std::int64_t e = 0; e < m.experts; ++e) moe.insert(moe.end(), {mat(m.expert_ffn, h), mat(m.expert_ffn, h), mat(h, m.expert_ffn)});
+  if (m.shared_ffn > 0) moe.insert(moe.end(), {mat(m.shared_ffn, h), mat(m.shared_ffn, h), mat(h, m.shared_ffn), mat(1, h)});
+  const std::int64_t moe_params = (m.top_k * 3 * m.expert_ffn + m.experts + (m.shared_ffn > 0 ? 3 * m.shared_ffn + 1 : 0)) * h;
+  const std::int64_t dense_layers = std::max<std::int64_t>(m.layers - m.moe_layers, 0), layers = std::max<std::int64_t>(m.layers, 1);
+  s.layer_weights = sum(attn) + (dense_layers * sum(mlp) + m.moe_layers * sum(moe)) / layers;
+  s.layer_expert_weights = m.moe_layers * m.experts * expert / layers;
+  s.layer_params = 2 * h * q + 2 * h * kv + (dense_layers * (m.gated_mlp ? 3 : 2) * h * m.ffn + m.moe_layers * moe_params) / layers;
   s.head_weights = m.output_head ? mat_as(head_t, m.vocab, h) : 0;
   // A tied head reuses the input embedding where both are held; a later stage keeps a copy.
   s.embedding_weights = sum(embed) + sum(head) - (m.tied_embeddings && m.input_embedding ? s.head_weights : 0);
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
-  s.largest_unit = std::max({slot(attn), slot(mlp), slot(embed), slot(head)});
-  s.largest_layer_unit = std::max({slot(attn) + slot(mlp), slot(embed), slot(head)});
+  const std::int64_t mlp_slot = std::max(dense_layers > 0 ? slot(mlp) : 0, m.moe_layers > 0 ? slot(moe) : 0);
+  s.largest_unit = std::max({slot(attn), mlp_slot, slot(embed), slot(head)});
+  s.largest_layer_unit = std::max({slot(attn) + mlp_slot, slot(embed), slot(head)});
   s.kv_per_token_layer = 2 * m.kv_heads * kernels::row_bytes(m.cache_dtype, m.head_dim);
   return s;
 }
@@ -166,7 +176,16 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double h1 = static_cast<double>(m.hidden), vocab = static_cast<double>(m.vocab);
   const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
   // Weights moved per layer and step: the layer plus its share of the embeddings.
-  const double wl = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
+  // MoE: a unit load brings the experts the block's tokens are expected to route to, or all of
+  // them once about all are expected active (the scheduler's default expert loading).
+  auto moved = [&](double tokens) {
+    const double all = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
+    const auto t = static_cast<std::int64_t>(tokens);
+    if (m.experts == 0 || !Policy{}.routed_expert_loading(m.experts, m.top_k, t)) return all;
+    const double active = expected_active_experts(m.experts, m.top_k, t) / static_cast<double>(m.experts);
+    return all - static_cast<double>(z.layer_expert_weights) * (1 - active);
+  };
+  const double wl = moved(bls * s), wl_gen = moved(bls);
   const double kvt = static_cast<double>(z.kv_per_token_layer), hid = h1 * act;
   const double hid_pre = hid * bls * s, hid_gen = hid * bls;
   const double kv_pre = kvt * bls * std::min(s, kvtok);
@@ -223,12 +242,12 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   t.comp_pre = lin(gemm_pre + bls * 4 * s * s * h1 / hw.gpu_attn_prefill + w_dequant, {});
 
   const double cache_in = blk.ccc ? 0 : kv_read / cg_bw;
-  t.ctog_gen = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
+  t.ctog_gen = lin(0, {{WC, wl_gen / cg_bw}, {WN, wl_gen / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
                        {CC, cache_in}, {CN, cache_in}});
   // With cpu_cache_compute the cpu-homed cache is attended in place: only the new token moves.
   const double kv_store_cpu = blk.ccc ? kvt * bls : kv_store;
   t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
-  t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl / (0.95 * dc_bw)}});
+  t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
   const double attn_flops = 4 * bls * kv_len * h1;
   const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;

@@ -47,6 +47,10 @@ struct ModelShape {
   // Storage of the embedding (+ positions) and of the head where it is not weight_dtype
   // (with_compression sets them from the kept formats).
   std::optional<kernels::DType> embedding_dtype{}, head_dtype{};
+  // Mixture-of-experts: `moe_layers` of the layers have `experts` gated experts of width
+  // expert_ffn (top_k per token), a router and a shared expert of width shared_ffn (0: none)
+  // in place of the dense MLP.
+  std::int64_t moe_layers = 0, experts = 0, top_k = 0, expert_ffn = 0, shared_ffn = 0;
 };
 
 struct Workload {
@@ -56,13 +60,14 @@ struct Workload {
 
 // Sizes the engine allocates, in bytes (unit tests check them by hand).
 struct ModelSizes {
-  std::int64_t layer_weights = 0;      // one decoder layer (attention + MLP, norms and biases included)
+  std::int64_t layer_weights = 0;      // one decoder layer (attention + MLP; MoE: all experts, layer mean)
+  std::int64_t layer_expert_weights = 0;  // the routed experts' part of layer_weights
   std::int64_t embedding_weights = 0;  // input embedding (+ positions) + untied head
   std::int64_t total_weights = 0;
   std::int64_t head_weights = 0;       // the output head's matrix (the input embedding when tied; 0 on a pipeline stage without it)
   std::int64_t largest_unit = 0;       // the biggest scheduling unit: what a staging slot holds
   std::int64_t largest_layer_unit = 0; // the same with attention and MLP as one unit (sep_layer off)
-  std::int64_t layer_params = 0;       // elements of one decoder layer's matrices
+  std::int64_t layer_params = 0;       // elements of one decoder layer's matrices a token multiplies
   std::int64_t kv_per_token_layer = 0; // K and V, one token, one layer, in the cache dtype
 };
 ModelSizes model_sizes(const ModelShape& m);

@@ -88,6 +88,44 @@ HardwareProfile t4() {
   return load_hardware_file(std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/t4-gcp.yaml");
 }
 
+ModelShape mixtral_8x7b() {
+  ModelShape m{"mixtral-8x7b", 32, 4096, 14336, 32, 8, 128, 32000, true, false, kernels::DType::BF16, kernels::DType::F32, 0};
+  m.moe_layers = 32;
+  m.experts = 8;
+  m.top_k = 2;
+  m.expert_ffn = 14336;
+  return m;
+}
+
+TEST(CostModel, MixtralSizesByHand) {
+  const ModelSizes z = model_sizes(mixtral_8x7b());
+  const std::int64_t attn = (2LL * 4096 * 4096 + 2LL * 4096 * 1024) * 2, norm = 4096 * 4;
+  const std::int64_t expert = 3LL * 4096 * 14336 * 2, router = 8LL * 4096 * 2;
+  EXPECT_EQ(z.layer_weights, attn + 8 * expert + router + 2 * norm);  // memory holds every expert
+  EXPECT_EQ(z.layer_expert_weights, 8 * expert);
+  EXPECT_EQ(z.largest_unit, 8 * expert + router + norm);  // a staging slot too
+  EXPECT_EQ(z.layer_params, 2LL * 4096 * 4096 + 2LL * 4096 * 1024 + (2 * 3 * 14336 + 8) * 4096LL);  // 2 of 8 experts
+  EXPECT_NEAR(static_cast<double>(z.total_weights) / 2, 46.7e9, 0.1e9);  // parameters
+}
+
+// Decoding one sequence with the weights on the cpu moves the attention and the 2 routed of 8
+// experts per layer: about a quarter of what loading every expert (top_k = 8) moves.
+TEST(CostModel, MoeWeightTransferFollowsTheExpectedActiveExperts) {
+  const Workload w{64, 8};
+  Policy p;
+  p.weights = {0, 1, 0};
+  const ModelShape m = mixtral_8x7b();
+  ModelShape dense_like = m;
+  dense_like.top_k = 8;
+  const auto routed = estimate(m, t4(), w, p), all = estimate(dense_like, t4(), w, p);
+  ASSERT_TRUE(routed && all);
+  EXPECT_EQ(routed->peak_bytes, all->peak_bytes);
+  const ModelSizes z = model_sizes(m);
+  const double attn = static_cast<double>(z.layer_weights - z.layer_expert_weights);
+  const double want = (attn + 0.25 * static_cast<double>(z.layer_expert_weights)) / static_cast<double>(z.layer_weights);
+  EXPECT_NEAR(routed->decode_seconds / all->decode_seconds, want, 0.05);
+}
+
 TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
   const Workload w{512, 32};
   const ModelShape m = opt("opt-30b", 48, 7168);
