@@ -11,6 +11,7 @@
 #include "engine/embedded.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/gguf_checkpoint.h"
+#include "engine/loaders/gguf_tokenizer_keys.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
 
@@ -116,6 +117,8 @@ ModelSource open_model(const ModelOptions& opt) {
   } else if (is_gguf(path)) {
     auto ckpt = std::make_unique<GgufCheckpoint>(opt.model);
     m.config = ckpt->config();
+    // --tokenizer replaces the file's own, which then need not be readable.
+    if (opt.tokenizer.empty()) m.tokenizer = gguf_tokenizer(ckpt->file().header());
     m.description = opt.model;
     m.weights = std::move(ckpt);
   } else if (is_model_yaml(path)) {

@@ -75,7 +75,8 @@ int tokenize_command(const TokenizeOptions& o) {
     ModelSource m = open_model(mo);
     if (!m.tokenizer) {
       throw std::invalid_argument("model '" + o.model +
-                                  "' has no tokenizer (no tokenizer.json or vocab.json + merges.txt); pass --tokenizer");
+                                  "' has no tokenizer (no tokenizer.json or vocab.json + merges.txt, no tokenizer.ggml.* in a GGUF file); "
+                                  "pass --tokenizer");
     }
     tok = std::move(m.tokenizer);
     config_bos_id = m.config.bos_id;
