@@ -498,6 +498,34 @@ TEST(Cli, TokenizeSpecialFollowsTheTokenizerNotTheConfig) {
   EXPECT_EQ(run("tokenize --model " + dir.path() + " --text ab").out, "[5]\n");
 }
 
+// A GGUF file carries its tokenizer (tokenizer.ggml.*): tokenize and run take text without
+// --tokenizer; a tokenizer the file describes but flexh2o cannot build is one clear error.
+TEST(Cli, GgufFileTokenizesWithItsOwnTokenizer) {
+  const std::string gguf = std::string(FLEXH2O_TEST_DATA_DIR) + "/gguf/tiny-llama.gguf";
+  EXPECT_EQ(run("tokenize --model " + gguf + " --text \"Once upon a time\" --special").out, "[1, 403, 407, 261, 378]\n");
+  EXPECT_EQ(run("tokenize --model " + gguf + " --decode --text \"[1, 403, 407, 261, 378]\"").out, "Once upon a time\n");
+  const Result r = run("run --model " + gguf + " --prompt \"Once upon a time\" --gen-len 4");
+  EXPECT_EQ(r.code, 0) << r.err;
+
+  // The same file with tokenizer.ggml.model = "bert!" (a string of the same length as "llama").
+  std::string bytes = testing::read_file(gguf);
+  const std::string key = "tokenizer.ggml.model";
+  const std::size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const std::size_t value = at + key.size() + 4 + 8;  // u32 value type, u64 string length
+  ASSERT_EQ(bytes.substr(value, 5), "llama");
+  bytes.replace(value, 5, "bert!");
+  testing::TempDir dir;
+  testing::write_file(dir.file("bad.gguf"), bytes);
+  expect_clean_error(run("tokenize --model " + dir.file("bad.gguf") + " --text a"),
+                     dir.file("bad.gguf") + ": metadata key 'tokenizer.ggml.model' = \"bert!\" is not supported");
+  // --tokenizer replaces the file's.
+  EXPECT_EQ(run("tokenize --model " + dir.file("bad.gguf") + " --tokenizer " + std::string(FLEXH2O_SOURCE_DIR) +
+                "/models/stories260K/tok512.bin --text \"Once upon a time\" --special")
+                .out,
+            "[1, 403, 407, 261, 378]\n");
+}
+
 TEST(Cli, TokenizeBadInputGivesOneClearError) {
   const std::string phi3 = " --tokenizer " + std::string(FLEXH2O_TEST_DATA_DIR) + "/tokenizers/phi3/tokenizer.json";
   expect_clean_error(run("tokenize"), "--text or --file");
