@@ -64,9 +64,11 @@ class Parser {
 
   // Every key must be one the stage knows: an option flexh2o would ignore could change the ids.
   void only_keys(const json& object, const std::string& where, std::initializer_list<const char*> known) const {
-    for (const auto& [key, value] : object.items()) {
+    // Not a structured binding: clang 14 cannot capture one in the lambda.
+    for (const auto& item : object.items()) {
+      const std::string& key = item.key();
       if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) {
-        fail(path_, prefix(where) + key + ": unknown option of this stage (value " + value.dump() + ")");
+        fail(path_, prefix(where) + key + ": unknown option of this stage (value " + item.value().dump() + ")");
       }
     }
   }
