@@ -1,7 +1,7 @@
 // A tokenizer assembled from stages (stages.h), run in Hugging Face tokenizers' order. Loaders
 // build the parts from tokenizer.json (hf_tokenizer.cc), vocab.json + merges.txt
-// (gpt2_tokenizer.cc) or llama2.c's tok*.bin; other formats (GGUF's tokenizer.ggml.*) build
-// them the same way in code.
+// (gpt2_tokenizer.cc), llama2.c's tok*.bin (llama2c_tokenizer.cc) or GGUF's tokenizer.ggml.*
+// metadata (gguf_tokenizer.cc).
 #pragma once
 #include <cstdint>
 #include <memory>

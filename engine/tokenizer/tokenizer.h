@@ -1,7 +1,7 @@
 // Text <-> token ids. Hugging Face tokenizer.json pipelines (SentencePiece-style BPE with byte
 // fallback as in Llama-2/Mistral/Phi-3, byte-level BPE behind a regex as in GPT-2/Llama-3/
-// Qwen2), GPT-2's vocab.json + merges.txt, and llama2.c's tok*.bin; pipeline.h builds others
-// from their parts.
+// Qwen2), GPT-2's vocab.json + merges.txt, llama2.c's tok*.bin, and GGUF's tokenizer.ggml.*
+// metadata (gguf_tokenizer.h); pipeline.h builds others from their parts.
 #pragma once
 #include <cstdint>
 #include <memory>

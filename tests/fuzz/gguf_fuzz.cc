@@ -2,7 +2,8 @@
 // std::runtime_error; any other exception, crash or sanitizer report is a bug, and so is an
 // accepted header that breaks a promise the reader makes (tensor data inside the file,
 // aligned, not overlapping). An accepted file then goes through the metadata -> config
-// mapping and through the dequantizer (and the lossless repacking) of each tensor's first row.
+// mapping and through the dequantizer (and the lossless repacking) of each tensor's first row,
+// and its tokenizer.ggml.* keys into a tokenizer, which encodes and decodes a text.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "engine/loaders/gguf_blocks.h"
 #include "engine/loaders/gguf_checkpoint.h"
 #include "engine/loaders/gguf_file.h"
+#include "engine/loaders/gguf_tokenizer_keys.h"
 #include "kernels/dtype.h"
 
 namespace {
@@ -68,6 +70,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     });
   } catch (const std::runtime_error&) {
     // A clean rejection; anything else escapes and stops the fuzzer.
+  }
+  try {
+    const GgufHeader h =
+        flexh2o::engine::parse_gguf_header(std::span(reinterpret_cast<const std::byte*>(data), size), "fuzz.gguf");
+    if (const auto tok = flexh2o::engine::gguf_tokenizer(h)) {
+      const std::vector<std::int32_t> ids = tok->encode("Hello <s> wörld 123 \xF0\x9F\x98\x8A\n", true);
+      tok->decode(ids, false);
+    }
+  } catch (const std::runtime_error&) {
   }
   return 0;
 }

@@ -37,10 +37,18 @@ def write(path, arch, layers, extra_kv, tensors):
     w.add_head_count_kv(KV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>", "a", "b", "\u2581a", "ab", "ba"])
-    w.add_token_scores([0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0])
-    w.add_token_types([2, 3, 3, 1, 1, 1, 1, 1])
+    if arch.startswith("qwen"):
+        # byte-level BPE (tokenizer.ggml.model "gpt2") behind Qwen2's pre-tokenizer
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(["<unk>", "<s>", "</s>", "a", "b", "\u0120", "\u0120a", "ab"])
+        w.add_token_merges(["\u0120 a", "a b"])
+        w.add_token_types([2, 3, 3, 1, 1, 1, 1, 4])
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(["<unk>", "<s>", "</s>", "a", "b", "\u2581a", "ab", "ba"])
+        w.add_token_scores([0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0])
+        w.add_token_types([2, 3, 3, 1, 1, 1, 1, 1])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     for fn in extra_kv:
