@@ -19,7 +19,8 @@ What it records, per prompt (model in fp32, eager attention, CPU):
   * the decoded text of the new tokens, and of prompt + new tokens
   * the prefill (prompt-only forward) logits: last position top-5 ids and values,
     the argmax at every prompt position, and a few raw logits of the last position.
-Then it repeats the greedy run from the GGUF file loaded directly (dequantized fp32)
+Then it repeats the greedy run from the GGUF file loaded directly (dequantized fp32) on
+the prompts as the GGUF file's own tokenizer (AutoTokenizer with gguf_file=) encodes them,
 and, in a transformers 4.57 subprocess, from the v4-saved dir, and records whether
 they match.
 """
@@ -162,19 +163,24 @@ def main():
     v5_logits = {c["text"]: prefill(model, torch, c["prompt_ids"])[1] for c in cases}
     del model
 
-    # the GGUF file loaded directly (transformers dequantizes it to fp32 at load time)
+    # the GGUF file loaded directly (transformers dequantizes it to fp32 at load time), its
+    # prompts encoded by the tokenizer transformers builds from the file's tokenizer.ggml.* keys
     gmodel = load(transformers, torch, root, gguf_file=GGUF_NAME)
-    gguf_check = {"same_greedy_all": True, "same_prefill_top5_all": True,
+    gtok = transformers.AutoTokenizer.from_pretrained(root, gguf_file=GGUF_NAME)
+    gguf_check = {"same_greedy_all": True, "same_prefill_top5_all": True, "same_prompt_ids_all": True,
                   "max_abs_prefill_last_logit_diff": 0.0, "cases": []}
     for c in cases:
+        gids = gtok(c["text"]).input_ids
+        gguf_check["same_prompt_ids_all"] &= gids == c["prompt_ids"]
         pre, last = prefill(gmodel, torch, c["prompt_ids"])
-        new = greedy(gmodel, torch, c["prompt_ids"], N_NEW)
+        new = greedy(gmodel, torch, gids, N_NEW)
         diff = float((last - v5_logits[c["text"]]).abs().max())
         gguf_check["max_abs_prefill_last_logit_diff"] = max(gguf_check["max_abs_prefill_last_logit_diff"], diff)
         same = new == c["greedy_new_ids"]
         gguf_check["same_greedy_all"] &= same
         gguf_check["same_prefill_top5_all"] &= pre["top5_ids"] == c["prefill"]["top5_ids"]
-        entry = {"same_greedy": same, "max_abs_prefill_last_logit_diff": diff}
+        entry = {"same_greedy": same, "max_abs_prefill_last_logit_diff": diff, "prompt_ids": gids,
+                 "new_text": gtok.decode(new)}
         if not same:
             entry["greedy_new_ids"] = new
         gguf_check["cases"].append(entry)

@@ -3,7 +3,9 @@
 // same file (tests/data/smollm2/expected.json: dequantized, fp32, 32 greedy tokens per prompt,
 // EOS not stopping). Dequantized to fp32 in memory, kept compressed (its Q4_1 layers as
 // q4g32, its Q8_0 embedding as q8g32, no second quantization) in memory and offloaded: the
-// same tokens. Skips when the file is absent.
+// same tokens. The prompts are the texts as the file's own tokenizer (tokenizer.ggml.*) encodes
+// them, checked against transformers' ids; that tokenizer also gives Hugging Face's ids on the
+// shared tokenizer cases. Skips when the file is absent.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,7 +15,10 @@
 #include "engine/block_scheduler.h"
 #include "engine/generator.h"
 #include "engine/loaders/gguf_checkpoint.h"
+#include "engine/loaders/gguf_tokenizer_keys.h"
+#include "engine/prompts.h"
 #include "tests/support/test_models.h"
+#include "tests/support/tokenizer_cases.h"
 
 namespace flexh2o {
 namespace {
@@ -32,9 +37,12 @@ class SmolLM2 : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(model_path())) GTEST_SKIP() << model_path() << " is absent (scripts/models/make_smollm2.sh makes it)";
     ckpt_ = std::make_unique<engine::GgufCheckpoint>(model_path());
+    tokenizer_ = engine::gguf_tokenizer(ckpt_->file().header());
+    ASSERT_TRUE(tokenizer_);
     want_ = nlohmann::json::parse(testing::read_file(std::string(FLEXH2O_TEST_DATA_DIR) + "/smollm2/expected.json"));
+    // The ids `flexh2o run --model file.gguf --prompt TEXT` feeds the model.
     for (const auto& c : want_["cases"]) {
-      req_.prompts.push_back(c["prompt_ids"]);
+      req_.prompts.push_back(engine::encode_prompt(*tokenizer_, c["text"].get<std::string>(), ckpt_->config().bos_id));
       greedy_.push_back(c["greedy_new_ids"]);
     }
     req_.max_new_tokens = want_["n_new_tokens"];
@@ -52,6 +60,7 @@ class SmolLM2 : public ::testing::Test {
   }
 
   std::unique_ptr<engine::GgufCheckpoint> ckpt_;
+  std::unique_ptr<engine::Tokenizer> tokenizer_;
   nlohmann::json want_;
   engine::GenerationRequest req_;
   std::vector<std::vector<std::int32_t>> greedy_;
@@ -71,6 +80,35 @@ TEST_F(SmolLM2, ConfigAndKeptFormats) {
   EXPECT_EQ(c.stored_group_formats.size(), 30u * 7 + 1);
   EXPECT_EQ(c.stored_group_formats.at("tok_embed"), kernels::DType::Q8G32);
   EXPECT_EQ(c.stored_group_formats.at("layers.29.w_down"), kernels::DType::Q4G32);
+}
+
+TEST_F(SmolLM2, TokenizerGivesHuggingFaceIdsOnTheSharedCases) {
+  EXPECT_GT(testing::expect_tokenizer_cases(*tokenizer_, std::string(FLEXH2O_TEST_DATA_DIR) + "/tokenizers/cases-smollm2.jsonl"),
+            300u);
+}
+
+// transformers loading the GGUF file encodes the texts to the same ids and generates the same
+// tokens from them (its gguf_direct_check); the file's tokenizer here gives those ids and
+// decodes the tokens to its text.
+TEST_F(SmolLM2, TextPromptsEncodeAndDecodeAsTransformersGgufTokenizer) {
+  const auto& direct = want_["gguf_direct_check"];
+  ASSERT_TRUE(direct["same_prompt_ids_all"].get<bool>());
+  ASSERT_TRUE(direct["same_greedy_all"].get<bool>());
+  for (std::size_t i = 0; i < greedy_.size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    EXPECT_EQ(req_.prompts[i], direct["cases"][i]["prompt_ids"].get<std::vector<std::int32_t>>());
+    // transformers prints U+FFFD for a character the last token cuts; flexh2o keeps its bytes.
+    std::string text = direct["cases"][i]["new_text"];
+    const std::string replacement = "\xEF\xBF\xBD";
+    const bool cut = text.ends_with(replacement);
+    if (cut) text.resize(text.size() - replacement.size());
+    const std::string got = tokenizer_->decode(greedy_[i], /*skip_special=*/false);
+    if (cut) {
+      EXPECT_TRUE(got.starts_with(text) && got.size() > text.size()) << got;
+    } else {
+      EXPECT_EQ(got, text);
+    }
+  }
 }
 
 TEST_F(SmolLM2, DequantizedGreedyTokensEqualTransformers) {
