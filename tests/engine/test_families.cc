@@ -14,6 +14,7 @@
 #include "engine/loaders/hf_checkpoint.h"
 #include "tests/support/fp_tolerance.h"
 #include "tests/support/test_models.h"
+#include "tests/support/tiered_run.h"
 
 namespace flexh2o {
 namespace {
@@ -100,18 +101,7 @@ TEST_P(HfParity, TieredRunGeneratesWhatTheInMemoryRunDoes) {
   const auto weights = engine::load_weights(cfg, hf);
   const auto want = engine::Generator(*be, cfg, weights).generate(req).tokens;
 
-  policy::Policy pol;
-  pol.gpu_batch_size = 2;
-  pol.num_gpu_batches = 2;
-  pol.weights = {0.3, 0.3, 0.4};
-  pol.cache = {0.25, 0.5, 0.25};
-  pol.activations = {0.5, 0.5, 0};
-  testing::TempDir dir;
-  offload::TierOptions to;
-  to.offload_dir = dir.path();
-  offload::Tiers tiers(*be, to);
-  engine::BlockScheduler sched(*be, tiers, cfg, hf, pol, nullptr, {true});
-  EXPECT_EQ(sched.generate(req).tokens, want);
+  EXPECT_EQ(testing::generate_tiered(*be, cfg, hf, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true}), want);
 }
 
 // The parity test catches a loader that ignores RoPE scaling: the Llama-3.1 fixture read with

@@ -22,6 +22,7 @@
 #include "kernels/quantize.h"
 #include "tests/support/fp_tolerance.h"
 #include "tests/support/test_models.h"
+#include "tests/support/tiered_run.h"
 
 namespace flexh2o {
 namespace {
@@ -467,18 +468,7 @@ TEST_F(TinyLlama, TieredRunGeneratesTransformersTokens) {
   engine::GenerationRequest req;
   req.prompts = prompts();
   req.max_new_tokens = want_["n_new_tokens"];
-  policy::Policy pol;
-  pol.gpu_batch_size = 2;
-  pol.num_gpu_batches = 2;
-  pol.weights = {0.3, 0.3, 0.4};
-  pol.cache = {0.25, 0.5, 0.25};
-  pol.activations = {0.5, 0.5, 0};
-  testing::TempDir dir;
-  offload::TierOptions to;
-  to.offload_dir = dir.path();
-  offload::Tiers tiers(*be, to);
-  engine::BlockScheduler sched(*be, tiers, cfg, ckpt_, pol, nullptr, {true});
-  const auto got = sched.generate(req).tokens;
+  const auto got = testing::generate_tiered(*be, cfg, ckpt_, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true});
   ASSERT_EQ(got.size(), want_["cases"].size());
   for (std::size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(got[i], want_["cases"][i]["greedy_new_ids"].get<std::vector<std::int32_t>>()) << "prompt " << i;

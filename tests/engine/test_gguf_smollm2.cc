@@ -18,6 +18,7 @@
 #include "engine/loaders/gguf_tokenizer_keys.h"
 #include "engine/prompts.h"
 #include "tests/support/test_models.h"
+#include "tests/support/tiered_run.h"
 #include "tests/support/tokenizer_cases.h"
 
 namespace flexh2o {
@@ -128,19 +129,9 @@ TEST_F(SmolLM2, KeptCompressedGreedyTokensEqualTransformers) {
 
 TEST_F(SmolLM2, OffloadedKeptCompressedGreedyTokensEqualTransformers) {
   auto be = kernels::make_cpu_backend();
-  policy::Policy pol;
+  policy::Policy pol = testing::spread_policy(3, 2, {0.2, 0.4, 0.4});
   pol.compress_weight = true;
-  pol.gpu_batch_size = 3;
-  pol.num_gpu_batches = 2;
-  pol.weights = {0.2, 0.4, 0.4};
-  pol.cache = {0.25, 0.5, 0.25};
-  pol.activations = {0.5, 0.5, 0};
-  testing::TempDir dir;
-  offload::TierOptions to;
-  to.offload_dir = dir.path();
-  offload::Tiers tiers(*be, to);
-  engine::BlockScheduler sched(*be, tiers, config(kernels::DType::F32), *ckpt_, pol, nullptr, {true});
-  expect_reference_tokens(sched.generate(req_).tokens);
+  expect_reference_tokens(testing::generate_tiered(*be, config(kernels::DType::F32), *ckpt_, pol, req_, {true}));
 }
 
 }  // namespace

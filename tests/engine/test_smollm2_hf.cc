@@ -14,6 +14,7 @@
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "tests/support/test_models.h"
+#include "tests/support/tiered_run.h"
 
 namespace flexh2o {
 namespace {
@@ -70,18 +71,8 @@ TEST_P(SmolLM2Hf, TextPromptsGiveTransformersGreedyTokens) {
   ASSERT_EQ(in_memory.size(), greedy.size());
   for (std::size_t i = 0; i < greedy.size(); ++i) EXPECT_EQ(in_memory[i], greedy[i]) << "prompt " << i;
 
-  policy::Policy pol;
-  pol.gpu_batch_size = 3;
-  pol.num_gpu_batches = 2;
-  pol.weights = {0.2, 0.4, 0.4};
-  pol.cache = {0.25, 0.5, 0.25};
-  pol.activations = {0.5, 0.5, 0};
-  testing::TempDir dir;
-  offload::TierOptions to;
-  to.offload_dir = dir.path();
-  offload::Tiers tiers(*be, to);
-  engine::BlockScheduler sched(*be, tiers, model_.config, *model_.weights, pol);
-  EXPECT_EQ(sched.generate(req).tokens, in_memory);
+  EXPECT_EQ(testing::generate_tiered(*be, model_.config, *model_.weights, testing::spread_policy(3, 2, {0.2, 0.4, 0.4}), req),
+            in_memory);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, SmolLM2Hf, ::testing::Values("smollm2-135m-v5", "smollm2-135m-v4"),

@@ -1,0 +1,30 @@
+#include "tests/support/tiered_run.h"
+
+#include "engine/block_scheduler.h"
+#include "offload/tiers.h"
+#include "tests/support/test_models.h"
+
+namespace flexh2o::testing {
+
+policy::Policy spread_policy(std::int64_t gbs, std::int64_t k, std::array<double, 3> weights) {
+  policy::Policy pol;
+  pol.gpu_batch_size = gbs;
+  pol.num_gpu_batches = k;
+  pol.weights = {weights[0], weights[1], weights[2]};
+  pol.cache = {0.25, 0.5, 0.25};
+  pol.activations = {0.5, 0.5, 0};
+  return pol;
+}
+
+std::vector<std::vector<std::int32_t>> generate_tiered(kernels::Backend& be, const engine::ModelConfig& cfg,
+                                                       const engine::WeightSource& source, const policy::Policy& pol,
+                                                       const engine::GenerationRequest& req, offload::CopyOptions copy) {
+  TempDir dir;
+  offload::TierOptions to;
+  to.offload_dir = dir.path();
+  offload::Tiers tiers(be, to);
+  engine::BlockScheduler sched(be, tiers, cfg, source, pol, nullptr, copy);
+  return sched.generate(req).tokens;
+}
+
+}  // namespace flexh2o::testing

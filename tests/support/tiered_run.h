@@ -1,0 +1,27 @@
+// The engine's tiered run as the parity tests use it: a BlockScheduler over fresh tiers whose
+// offload directory is removed afterwards, with a policy that spreads weights, KV cache and
+// activations over the gpu, cpu and disk tiers.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "engine/generator.h"
+#include "engine/model_config.h"
+#include "engine/weights.h"
+#include "kernels/backend.h"
+#include "offload/copy_engine.h"
+#include "policy/policy.h"
+
+namespace flexh2o::testing {
+
+// gbs x k GPU batches; `weights` in percent-like shares of gpu/cpu/disk; KV 25/50/25 and
+// activations 50/50 gpu/cpu.
+policy::Policy spread_policy(std::int64_t gbs, std::int64_t k, std::array<double, 3> weights);
+
+std::vector<std::vector<std::int32_t>> generate_tiered(kernels::Backend& be, const engine::ModelConfig& cfg,
+                                                       const engine::WeightSource& source, const policy::Policy& pol,
+                                                       const engine::GenerationRequest& req,
+                                                       offload::CopyOptions copy = {});
+
+}  // namespace flexh2o::testing
