@@ -14,6 +14,7 @@
 #include <system_error>
 
 #include "engine/loaders/read_rows.h"
+#include "engine/loaders/regular_file.h"
 
 namespace flexh2o::engine {
 
@@ -42,7 +43,6 @@ constexpr std::uint64_t kWindow = 1u << 20;
   throw std::runtime_error(source + ": " + what);
 }
 
-std::string errno_text(int err) { return std::generic_category().message(err); }
 
 std::uint64_t scalar_size(GgufValueType t) {
   switch (t) {
@@ -523,15 +523,11 @@ std::optional<std::vector<std::int64_t>> GgufHeader::get_ints(std::string_view k
 }
 
 GgufFile::GgufFile(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw std::runtime_error(path_ + ": cannot open: " + errno_text(errno));
+  std::uint64_t size = 0;
+  fd_ = open_regular_file(path_, size);
   try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw std::runtime_error(path_ + ": cannot stat: " + errno_text(errno));
-    if (!S_ISREG(st.st_mode)) throw std::runtime_error(path_ + ": not a regular file");
     header_ = parse_gguf_header(
-        [&](std::uint64_t offset, void* dst, std::uint64_t n) { read_fully(fd_, path_, offset, dst, n); },
-        static_cast<std::uint64_t>(st.st_size), path_);
+        [&](std::uint64_t offset, void* dst, std::uint64_t n) { read_fully(fd_, path_, offset, dst, n); }, size, path_);
   } catch (...) {
     ::close(fd_);  // the destructor does not run for a constructor that throws
     throw;

@@ -14,6 +14,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "engine/loaders/regular_file.h"
+
 namespace flexh2o::engine {
 namespace {
 
@@ -328,13 +330,9 @@ std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header_j
 }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw std::runtime_error(path_ + ": cannot open: " + errno_text(errno));
+  std::uint64_t size = 0;
+  fd_ = open_regular_file(path_, size);
   try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw std::runtime_error(path_ + ": cannot stat: " + errno_text(errno));
-    if (!S_ISREG(st.st_mode)) throw std::runtime_error(path_ + ": not a regular file");
-    const auto size = static_cast<std::uint64_t>(st.st_size);
     if (size < 8) {
       throw std::runtime_error(path_ + ": truncated: " + std::to_string(size) +
                                " bytes, a safetensors file starts with an 8-byte header length");

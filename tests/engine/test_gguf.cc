@@ -20,6 +20,7 @@
 #include "engine/model_shape.h"
 #include "engine/model_source.h"
 #include "kernels/quantize.h"
+#include "tests/support/error_of.h"
 #include "tests/support/fp_tolerance.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"
@@ -27,22 +28,14 @@
 namespace flexh2o {
 namespace {
 
+using testing::error_of;
+
 namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string data(const std::string& name) { return std::string(FLEXH2O_TEST_DATA_DIR) + "/gguf/" + name; }
 nlohmann::json expected(const std::string& name) { return nlohmann::json::parse(testing::read_file(data(name))); }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::vector<float> base64_floats(const std::string& text) {
   std::string bytes;

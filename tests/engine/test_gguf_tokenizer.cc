@@ -10,27 +10,20 @@
 #include "engine/model_source.h"
 #include "engine/tokenizer/byte_level.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
+#include "tests/support/error_of.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tokenizer_cases.h"
 
 namespace flexh2o {
 namespace {
 
+using testing::error_of;
+
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Ids = std::vector<std::int32_t>;
 
 std::string data(const std::string& name) { return std::string(FLEXH2O_TEST_DATA_DIR) + "/gguf/" + name; }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 engine::GgufHeader tiny_llama_header() {
   const std::string bytes = testing::read_file(data("tiny-llama.gguf"));

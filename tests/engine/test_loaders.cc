@@ -11,25 +11,18 @@
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
 #include "engine/model_source.h"
+#include "tests/support/error_of.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
 namespace {
 
+using testing::error_of;
+
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Runs f and returns the message of the std::exception it throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 std::string load_hf(const std::string& dir) {
   return error_of([&] {
     engine::HfCheckpoint ckpt(dir);
