@@ -3,8 +3,8 @@
 // another (fp16/bf16 converted, q4/q8 dequantized; fp32 weights and bf16 weights under bf16
 // compute are used in place) and multiplies it with a single-threaded oneDNN matmul.
 // Conversion thus happens once per panel and stays in cache, and the weight is never expanded
-// whole. A few activation rows with 16-bit or fp32 weights take gemv_cpu.h's kernel instead,
-// which reads the weights in place. bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same
+// whole. A few activation rows with fp32, 16-bit or q8 weights take gemv_cpu.h's kernel
+// instead, which reads the weights in place. bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same
 // products are formed in fp32 from bf16-rounded inputs (exact: 8-bit significands).
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/blocked_range.h>
@@ -53,7 +53,7 @@ void CpuBackend::gemm(const GemmArgs& a) {
   if (a.beta != 0.0f && a.beta != 1.0f) throw std::invalid_argument("gemm: beta must be 0 or 1");
   if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
   if (m == 0 || n == 0) return;
-  if (gemv_small_m_applies(a)) {  // memory-bound: read 16-bit weights as they are
+  if (gemv_small_m_applies(a)) {  // memory-bound: read 16-bit and q8 weights as they are
     tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, 64),
                       [&](const tbb::blocked_range<std::int64_t>& r) { gemv_small_m(a, r.begin(), r.end()); });
     return;

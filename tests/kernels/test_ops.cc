@@ -34,6 +34,8 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr DType kDTypes[] = {DType::F32, DType::F16, DType::BF16};
+// Weight dtypes of the GEMM: the float ones and the group-quantized ones (kernels/quantize.h).
+constexpr DType kWeightDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4, DType::Q8, DType::Q4G32, DType::Q8G32};
 
 // A backend under test. `make` returns nullptr when the backend has no device on this
 // machine (a CUDA build without a GPU): its instances skip.
@@ -76,6 +78,14 @@ StoredMatrix store(std::span<const float> w, DType dtype) {
     s.values[i] = dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
     std::memcpy(s.bytes.data() + 2 * i, &h, 2);
   }
+  return s;
+}
+
+// n rows of k values stored in any dtype, quantized ones included; values are what the rows
+// decode to.
+StoredMatrix store_rows(const std::vector<float>& w, DType dtype, std::int64_t n, std::int64_t k) {
+  StoredMatrix s{stored_rows(w, dtype, n, k), std::vector<float>(w.size())};
+  convert_rows(s.bytes.data(), dtype, s.values.data(), DType::F32, n, k);
   return s;
 }
 
@@ -164,7 +174,7 @@ void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64
                                     << (with_bias ? " bias" : " no bias") << " beta=" << beta << " compute "
                                     << dtype_name(compute));
   const std::vector<float> x = random_floats(m * k);
-  const StoredMatrix w = store(random_floats(n * k), dtype);
+  const StoredMatrix w = store_rows(random_floats(n * k), dtype, n, k);
   const std::vector<float> bias = with_bias ? random_floats(n) : std::vector<float>{};
   // beta = 0 must not read y (BLAS convention), so y starts as poison; beta = 1 adds to it.
   const std::vector<float> y0 = beta == 0.0f ? std::vector<float>(sz(m * n), kNaN) : random_floats(m * n);
@@ -186,6 +196,9 @@ void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64
   // 1e-7 * sqrt(k) * max(1, |y|); 1e-5 * sqrt(k) covers any summation order (blocked BLAS,
   // GPU split-k) and the bias and beta additions with a wide margin, while a wrong index
   // or a skipped term is off by O(1).
+  // q8 weights on the few-row path expand in registers as one fused q * s + m, the stored
+  // values as q * s then + m: each term differs by at most 2^-23 (|q s| + |m|) |x| <= 2^-21 |x|
+  // (weights in [-1, 1]), inside the same bound.
   // bf16 compute multiplies bf16-rounded x and w exactly (8-bit significands) and sums in
   // fp32: the same sum of other terms, so the reference takes the rounded values.
   auto as_compute = [&](std::vector<float> v) {
@@ -198,9 +211,10 @@ void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64
 }
 
 TEST_P(OpsTest, Gemm) {
-  // m = 1 takes the CPU's matrix-vector path, m > 1 the GEMM path.
-  for (const DType dtype : kDTypes)
-    for (const std::int64_t m : {1, 3, 17, 65})
+  // Up to 8 rows (fp32 weights) or 16 (16-bit, q8) take the CPU's few-row path, 4 rows at a
+  // time (6 and 13 leave a remainder); more rows, q4 weights and bf16 compute the GEMM path.
+  for (const DType dtype : kWeightDTypes)
+    for (const std::int64_t m : {1, 3, 6, 13, 17, 65})
       for (const std::int64_t k : {7, 33, 129})
         for (const std::int64_t n : {5, 31, 257})
           for (const bool with_bias : {false, true})
@@ -212,8 +226,8 @@ TEST_P(OpsTest, GemmAcrossPanels) {
   // n = 1000 rows of k = 300 split into several weight panels whichever way the CPU sizes
   // them (from m: small panels for few rows, large ones for m > 16), so panel offsets into
   // w, y and bias are exercised.
-  for (const DType dtype : kDTypes)
-    for (const std::int64_t m : {1, 4, 33})
+  for (const DType dtype : kWeightDTypes)
+    for (const std::int64_t m : {1, 4, 13, 33})
       for (const bool with_bias : {false, true})
         for (const float beta : {0.0f, 1.0f}) check_gemm(dtype, m, 300, 1000, with_bias, beta);
 }
