@@ -197,8 +197,11 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
 
   // A GEMM over `rows` rows costs its flops at the rate for that many rows, but no less than
   // reading its weight matrix from device memory once (each GPU batch reads it again).
-  auto gemm = [&](double rows, double flops_per_row, double weight_bytes, double fallback_rate) {
-    const double compute = rows * flops_per_row / hw.gemm_rate(rows, fallback_rate);
+  // A unit's own measured curve (a decoder layer, the head), where the profile has it, counts
+  // what the engine pays around the GEMMs too.
+  auto gemm = [&](const RateCurve& unit, double rows, double flops_per_row, double weight_bytes, double fallback_rate) {
+    const double rate = unit.empty() ? hw.gemm_rate(rows, fallback_rate) : rate_at(unit, rows, fallback_rate);
+    const double compute = rows * flops_per_row / rate;
     return std::max(compute, hw.gpu_memory > 0 ? weight_bytes / hw.gpu_memory : 0.0);
   };
   const double layer_flops = 2.0 * static_cast<double>(z.layer_params);
@@ -206,9 +209,9 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double layer_bytes = static_cast<double>(z.layer_weights), head_bytes = static_cast<double>(z.head_weights);
   // Per layer: K GPU batches each run the layer's GEMMs; the output head runs once per batch
   // and step for the last row of every sequence (spread over the layers here).
-  const double head = k * gemm(g, head_flops, head_bytes, hw.gpu_gemm_decode) / l;
-  const double gemm_pre = k * gemm(g * s, layer_flops, layer_bytes, hw.gpu_gemm_prefill) + head;
-  const double gemm_gen = k * gemm(g, layer_flops, layer_bytes, hw.gpu_gemm_decode) + head;
+  const double head = k * gemm(hw.head_by_rows, g, head_flops, head_bytes, hw.gpu_gemm_decode) / l;
+  const double gemm_pre = k * gemm(hw.layer_by_rows, g * s, layer_flops, layer_bytes, hw.gpu_gemm_prefill) + head;
+  const double gemm_gen = k * gemm(hw.layer_by_rows, g, layer_flops, layer_bytes, hw.gpu_gemm_decode) + head;
 
   // Dequantization where the profile measures it (bytes/s of q4 = 2 values per byte): every
   // GEMM call (once per GPU batch) expands its weight matrices, the head's included (embedding

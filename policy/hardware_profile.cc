@@ -54,8 +54,10 @@ struct CurveField {
   RateCurve HardwareProfile::*field;
   const char* example;
 };
-constexpr std::array<CurveField, 3> kCurves{{
+constexpr std::array<CurveField, 5> kCurves{{
     {"gemm_tflops_by_rows", &HardwareProfile::gemm_by_rows, "{1: 0.01, 512: 0.08}"},
+    {"layer_tflops_by_rows", &HardwareProfile::layer_by_rows, "{1: 0.01, 512: 0.07}"},
+    {"head_tflops_by_rows", &HardwareProfile::head_by_rows, "{1: 0.01, 64: 0.05}"},
     {"gpu_attn_decode_tflops_by_len", &HardwareProfile::gpu_attn_decode_by_len, "{64: 0.008, 1024: 0.005}"},
     {"cpu_attn_decode_tflops_by_len", &HardwareProfile::cpu_attn_decode_by_len, "{64: 0.008, 1024: 0.005}"},
 }};

@@ -38,6 +38,12 @@ struct HardwareProfile {
   // efficiency grows with its rows (batch x tokens); when given, the cost model reads the
   // rate at each policy's rows instead of the two GEMM constants above.
   RateCurve gemm_by_rows;
+  // Optional (calibrate --model): the engine's own units of one model by rows, as flop/s of
+  // their matrices (2 x elements per row): a decoder layer (attention and MLP units with their
+  // norms, biases, activation, residual adds and KV writes; attention over one key) and the
+  // output head (final norm, head GEMM and sampling, one row per sequence). A step pays these
+  // beyond its GEMMs' arithmetic; when given they replace gemm_by_rows for those terms.
+  RateCurve layer_by_rows, head_by_rows;
   // Optional: decode attention rate (flop/s) by cached tokens, on the compute device and on
   // the CPU (cpu_cache_compute); when given they replace the decode attention constants.
   // Short caches pay per-(sequence, head) overheads, long ones outgrow the caches.
@@ -72,8 +78,9 @@ struct HardwareProfile {
 // memory_safety (default 0.9, in (0, 1]), activation_dtype (f32 default, f16 or bf16),
 // gpu_memory_gbps, copy_overlap (default 1, in [0, 1]), dequant_gbps (GB/s of q4 input),
 // disk_read_request_us, disk_write_request_us, disk_rows_write_request_us, and the curves
-// gemm_tflops_by_rows {rows: TFLOP/s}, gpu_attn_decode_tflops_by_len and
-// cpu_attn_decode_tflops_by_len {cached tokens: TFLOP/s} (what calibrate measures).
+// gemm_tflops_by_rows, layer_tflops_by_rows and head_tflops_by_rows {rows: TFLOP/s},
+// gpu_attn_decode_tflops_by_len and cpu_attn_decode_tflops_by_len {cached tokens: TFLOP/s}
+// (what calibrate measures).
 HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_file(const std::string& path);
 std::string hardware_to_yaml(const HardwareProfile& h);

@@ -1,5 +1,6 @@
 #include "engine/cli/calibrate_command.h"
 
+#include "engine/cli/calibrate_units.h"
 #include "engine/cli/plan_command.h"
 #include "offload/text_file.h"
 
@@ -18,6 +19,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -28,6 +30,7 @@
 #include <tbb/parallel_for.h>
 
 #include "engine/model_config.h"
+#include "engine/model_source.h"
 #include "kernels/attention.h"
 #include "kernels/backend.h"
 #include "kernels/quantize.h"
@@ -493,6 +496,17 @@ int calibrate_command(const CalibrateOptions& o) {
   for (std::int64_t m = 1; m <= (o.quick ? 256 : 4096); m *= 4) {
     const double r = gemm_rate(*be, plan, {m}, "curve");
     hw.gemm_by_rows.emplace_back(m, round_sig(r));
+  }
+  if (!o.model.empty()) {
+    // The model's own decoder layer and head as the engine runs them (what a step pays
+    // around its GEMMs), in the compute dtype a run would choose.
+    engine::ModelConfig cfg = model_config_of(o.model);
+    cfg.compute_dtype = engine::choose_compute_dtype("auto", cfg.dtype, *be);
+    const UnitCurves units = measure_unit_curves(
+        *be, cfg, o.quick ? 64 : 1024, std::int64_t{1} << 30,
+        [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); }, progress);
+    for (const auto& [rows, rate] : units.layer_by_rows) hw.layer_by_rows.emplace_back(rows, round_sig(rate));
+    for (const auto& [rows, rate] : units.head_by_rows) hw.head_by_rows.emplace_back(rows, round_sig(rate));
   }
   hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan));
   // Decode attention by cached tokens; the constant is the rate at the longest.

@@ -280,8 +280,17 @@ TEST(Cli, PlanIsADryRunWhosePolicyRunAccepts) {
 
 TEST(Cli, CalibrateWritesAProfilePlanReads) {
   testing::TempDir dir;
-  const Result c = run("calibrate --quick --offload-dir " + dir.path() + " --out " + dir.file("hw.yaml"));
+  // With --model it times that model's decoder layer and head as the engine runs them.
+  testing::write_file(dir.file("model.yaml"),
+                      "name: tiny-opt\nfamily: opt\nnum_layers: 2\nhidden_size: 128\nffn_size: 512\n"
+                      "num_heads: 4\nvocab_size: 1000\nmax_positions: 128\ndtype: f16\ntie_embeddings: true\n"
+                      "bos_token_id: 2\neos_token_id: []\n");
+  const Result c = run("calibrate --quick --model " + dir.file("model.yaml") + " --offload-dir " + dir.path() +
+                       " --out " + dir.file("hw.yaml"));
   ASSERT_EQ(c.code, 0) << c.err;
+  const std::string profile = testing::read_file(dir.file("hw.yaml"));
+  EXPECT_THAT(profile, HasSubstr("layer_tflops_by_rows: {1: "));
+  EXPECT_THAT(profile, HasSubstr("head_tflops_by_rows: {1: "));
   const Result p = run("plan --model opt-125m --hardware " + dir.file("hw.yaml") + " --prompt-len 64 --gen-len 8");
   EXPECT_EQ(p.code, 0) << p.err;
   const Result a = run("run --policy auto --hardware " + dir.file("hw.yaml") + " --gen-len 8");

@@ -187,6 +187,36 @@ TEST(CostModel, InfeasibleRequestsNameTheChange) {
 namespace flexh2o::policy {
 namespace {
 
+// The curves calibrate --model measures of the engine's own units replace the GEMM curve for
+// the decoder layers and the head: a prefill of everything resident on the gpu is the layers
+// at prompt x batch rows, the head at one row per sequence, and attention at its own rate.
+TEST(CostModel, UnitCurvesChargeTheLayersAndTheHead) {
+  const Workload w{64, 2};
+  const ModelShape m = opt("opt-125m", 12, 768);
+  Policy p;
+  p.gpu_batch_size = 4;
+  p.cache_storage = kernels::DType::F16;
+  HardwareProfile hw = t4();
+  hw.gpu_memory = 0;
+  hw.gemm_by_rows = {{1, 1e12}, {4096, 1e12}};
+  hw.layer_by_rows = {{1, 1e10}, {256, 4e10}};
+  hw.head_by_rows = {{1, 1e9}, {16, 4e9}};
+  const ModelSizes z = model_sizes(m);
+  const double layers = 12 * 2.0 * static_cast<double>(z.layer_params) * 256 / 4e10;
+  const double head = 2.0 * 50272 * 768 * 4 / (1e9 * 2);  // log-log: 4 rows is halfway to 16
+  const double attention = 12 * 4 * 4.0 * 64 * 64 * 768 / hw.gpu_attn_prefill;
+  const auto e = estimate(m, hw, w, p);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_NEAR(e->prefill_seconds, layers + head + attention, 1e-9 * e->prefill_seconds);
+  HardwareProfile no_units = hw;
+  no_units.layer_by_rows.clear();
+  no_units.head_by_rows.clear();
+  EXPECT_LT(estimate(m, no_units, w, p)->prefill_seconds, e->prefill_seconds / 10);  // the 1 PFLOP/s GEMM curve
+  const HardwareProfile back = load_hardware_yaml(hardware_to_yaml(hw), "roundtrip");
+  EXPECT_EQ(back.layer_by_rows, hw.layer_by_rows);
+  EXPECT_EQ(back.head_by_rows, hw.head_by_rows);
+}
+
 TEST(CostModel, GemmRateCurveInterpolatesAndRoundTrips) {
   HardwareProfile h = t4();
   EXPECT_EQ(h.gemm_rate(64, 7.0), 7.0);  // no curve: the fallback

@@ -1,0 +1,95 @@
+#include "engine/cli/calibrate_units.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "engine/layers.h"
+#include "engine/loaders/dummy_weights.h"
+#include "engine/model_shape.h"
+#include "engine/step.h"
+#include "policy/cost_model.h"
+
+namespace flexh2o::cli {
+
+namespace {
+
+// The weights of `units` on the device, random in the model's dtype.
+struct UnitWeights {
+  std::vector<kernels::DeviceBuffer> buffers;
+  engine::DeviceWeights view;
+};
+
+UnitWeights load_unit_weights(kernels::Backend& be, const engine::ModelConfig& cfg,
+                              const std::vector<const engine::Layer*>& units) {
+  std::map<std::string, engine::WeightSpec> specs;
+  for (const engine::WeightSpec& s : engine::weight_specs(cfg)) specs.emplace(s.name, s);
+  const engine::DummyWeights source(cfg, 0);
+  UnitWeights w;
+  for (const engine::Layer* u : units)
+    for (const std::string& name : u->weight_names()) {
+      if (w.view.count(name)) continue;  // a tied head names the input embedding
+      const engine::WeightSpec& s = specs.at(name);
+      const kernels::DType t = s.dtype(cfg);
+      std::vector<std::byte> host(static_cast<std::size_t>(s.rows * kernels::row_bytes(t, s.cols)));
+      source.read_rows(name, 0, s.rows, host.data(), t);
+      w.buffers.emplace_back(be, host.size());
+      be.copy_to_device(w.buffers.back().data(), host.data(), host.size());
+      w.view[name] = {w.buffers.back().data(), t, s.rows, s.cols};
+    }
+  return w;
+}
+
+}  // namespace
+
+UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& cfg, std::int64_t max_rows,
+                               std::int64_t max_bytes, const TimeCall& time_call,
+                               const std::function<void(const std::string&, const std::string&)>& progress) {
+  const auto layers = engine::build_layers(cfg);
+  // build_layers: the input embedding, then attention and MLP per decoder layer, the head last.
+  const engine::Layer *attention = layers[1].get(), *mlp = layers[2].get(), *head = layers.back().get();
+  const UnitWeights w = load_unit_weights(be, cfg, {attention, mlp, head});
+  const double layer_flops = 2.0 * static_cast<double>(policy::model_sizes(engine::model_shape(cfg)).layer_params);
+  const double head_flops = 2.0 * static_cast<double>(cfg.vocab_size) * static_cast<double>(cfg.hidden);
+
+  UnitCurves c;
+  for (std::int64_t rows = 1; rows <= max_rows; rows *= 4) {
+    const std::int64_t cache_slots = 2;
+    const std::int64_t bytes = engine::Activations::bytes(be, cfg, rows, rows, cache_slots, false) +
+                               rows * cfg.hidden * static_cast<std::int64_t>(sizeof(float));
+    if (bytes > max_bytes) break;
+    engine::Activations act(be, cfg, rows, rows);
+    kernels::DeviceBuffer hidden(be, static_cast<std::size_t>(rows * cfg.hidden) * sizeof(float));
+    const std::vector<float> small(static_cast<std::size_t>(rows * cfg.hidden), 0.01f);
+    be.copy_to_device(hidden.data(), small.data(), hidden.bytes());
+    act.hidden = hidden.as<float>();
+    engine::KvCache kv(be, cfg, rows, cache_slots, cfg.dtype);
+    const std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(rows), std::vector<std::int32_t>{1});
+    const engine::StepBatch step = engine::StepBatch::make_prefill(prompts);
+    const double layer_s = time_call([&] {
+      attention->forward(be, w.view, step, act, &kv.view);
+      mlp->forward(be, w.view, step, act, nullptr);
+      be.synchronize();
+    });
+    const double layer_rate = layer_flops * static_cast<double>(rows) / layer_s;
+    progress(fmt::format("decoder layer, {} rows", rows), fmt::format("{:.3g} ms, {:.3g} GFLOP/s", layer_s * 1e3, layer_rate / 1e9));
+    c.layer_by_rows.emplace_back(rows, layer_rate);
+
+    if (rows > max_rows / 4) continue;  // the head runs per GPU batch: rarely this many sequences
+    std::vector<std::int32_t> next(static_cast<std::size_t>(rows));
+    std::vector<std::uint64_t> streams(static_cast<std::size_t>(rows));
+    const double head_s = time_call([&] {
+      head->forward(be, w.view, step, act, nullptr);
+      be.sample({act.logits.as<float>(), rows, cfg.vocab_size, {}, streams, 0, next});
+      be.synchronize();
+    });
+    const double head_rate = head_flops * static_cast<double>(rows) / head_s;
+    progress(fmt::format("output head, {} sequences", rows), fmt::format("{:.3g} ms, {:.3g} GFLOP/s", head_s * 1e3, head_rate / 1e9));
+    c.head_by_rows.emplace_back(rows, head_rate);
+  }
+  return c;
+}
+
+}  // namespace flexh2o::cli
