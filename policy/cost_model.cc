@@ -153,6 +153,7 @@ struct Terms {
   std::array<double, 3> capacity{};          // what a plan may use: safety x the tier's size
   std::array<std::int64_t, 3> hw_capacity{};  // the tier's size
   double safety = 1;
+  bool shared_host = false;  // the gpu and cpu tiers are one host memory: the larger capacity holds both
 
   Linear memory(int tier) const {
     Linear sum;
@@ -296,6 +297,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
                        {"hidden states", lin(0, {{HN, h_all}})}};
   t.hw_capacity = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
   t.safety = hw.memory_safety;
+  t.shared_host = hw.gpu_is_host_memory;
   for (std::size_t i = 0; i < 3; ++i) t.capacity[i] = hw.memory_safety * static_cast<double>(t.hw_capacity[i]);
   return t;
 }
@@ -379,6 +381,7 @@ std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool 
     memory[static_cast<std::size_t>(tier)] = t.memory(tier);
     add({&memory[static_cast<std::size_t>(tier)]}, TPRE, 0.0, GLP_UP, t.capacity[static_cast<std::size_t>(tier)]);
   }
+  if (t.shared_host) add({&memory[0], &memory[1]}, TPRE, 0.0, GLP_UP, std::max(t.capacity[0], t.capacity[1]));
   for (Var first : {WG, CG, HG}) {
     Linear sum;
     for (int i = 0; i < 3; ++i) sum.a[static_cast<std::size_t>(first + i)] = 1;
@@ -507,6 +510,22 @@ std::optional<Shortfall> first_shortfall(const Terms& t, const Fractions& x) {
     s.items = items_at(t, tier, x);
     return s;
   }
+  const double host = t.memory(0).at(x) + t.memory(1).at(x);
+  const int larger = t.capacity[0] > t.capacity[1] ? 0 : 1;  // the host memory; the other tier's limit is its own
+  if (t.shared_host && host > t.capacity[static_cast<std::size_t>(larger)] * (1 + 1e-5)) {
+    Shortfall s;
+    s.tier = offload::Tier::Cpu;
+    s.gpu_is_host_memory = true;
+    s.need = static_cast<std::int64_t>(host);
+    s.available = static_cast<std::int64_t>(t.capacity[static_cast<std::size_t>(larger)]);
+    s.safety = t.safety;
+    s.capacity = t.hw_capacity[static_cast<std::size_t>(larger)];
+    for (int tier = 0; tier < 2; ++tier)
+      for (auto& [name, bytes] : items_at(t, tier, x))
+        s.items.emplace_back(name + (tier == 0 ? " (gpu tier)" : " (cpu tier)"), bytes);
+    std::ranges::stable_sort(s.items, std::greater<>{}, &std::pair<std::string, std::int64_t>::second);
+    return s;
+  }
   return std::nullopt;
 }
 
@@ -531,7 +550,9 @@ std::string Shortfall::describe() const {
   std::string items_text;
   for (const auto& [name, bytes] : items)
     if (bytes > 0) items_text += (items_text.empty() ? "" : ", ") + name + " " + offload::format_bytes(bytes);
-  return std::string(offload::tier_name(tier)) + " tier needs " + offload::format_bytes(need) + " (" + items_text +
+  const std::string where = gpu_is_host_memory ? "gpu and cpu tiers (one host memory) need "
+                                                 : std::string(offload::tier_name(tier)) + " tier needs ";
+  return where + offload::format_bytes(need) + " (" + items_text +
          ") but has " + offload::format_bytes(available) + " (" + std::to_string(static_cast<int>(safety * 100 + 0.5)) +
          "% of " + offload::format_bytes(capacity) + ")";
 }

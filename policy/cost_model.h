@@ -106,12 +106,14 @@ struct PlanOptions {
 std::optional<Estimate> estimate(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
                                  const Policy& p, const PlanOptions& o = {});
 
-// Why a fixed policy does not fit: the first tier over its share, what it would hold there
-// (largest first) and what it may use (the profile's memory_safety fraction of the tier).
+// Why a fixed policy does not fit: the first tier over its share (or, where the gpu tier is host
+// memory, the two together over the cpu tier's), what it would hold there (largest first) and
+// what it may use (the profile's memory_safety fraction of the tier).
 struct Shortfall {
   offload::Tier tier = offload::Tier::Gpu;
   std::int64_t need = 0, available = 0, capacity = 0;
   double safety = 1;
+  bool gpu_is_host_memory = false;  // the gpu and cpu tiers together are over the host memory's share
   std::vector<std::pair<std::string, std::int64_t>> items;
   // "gpu tier needs 1.20 GiB (weights 800 MiB, KV cache 300 MiB, ...) but has 460 MiB (90% of 512 MiB)"
   std::string describe() const;

@@ -175,7 +175,7 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     throw std::invalid_argument(source + ": not valid YAML: " + e.what());
   }
   if (!root.IsMap()) throw std::invalid_argument(source + ": expected a mapping of hardware fields");
-  std::set<std::string> known = {"name", "source", "memory_safety", "activation_dtype", "gpu_memory_gbps",
+  std::set<std::string> known = {"name", "source", "memory_safety", "gpu_is_host_memory", "activation_dtype", "gpu_memory_gbps",
                                  "copy_overlap", "dequant_gbps"};
   for (const auto& c : kCurves) known.insert(c.key);
   for (const auto& r : kRequests) known.insert(r.key);
@@ -194,6 +194,13 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
   if (root["memory_safety"]) {
     h.memory_safety = rate_of(root, source, "memory_safety");
     if (h.memory_safety > 1) fail(source, "memory_safety", "is a fraction of each tier, at most 1");
+  }
+  if (root["gpu_is_host_memory"]) {
+    try {
+      h.gpu_is_host_memory = root["gpu_is_host_memory"].as<bool>();
+    } catch (const YAML::Exception&) {
+      fail(source, "gpu_is_host_memory", "must be true or false");
+    }
   }
   if (root["activation_dtype"]) {
     const std::string text = scalar_of(root, source, "activation_dtype");
@@ -249,6 +256,7 @@ std::string hardware_to_yaml(const HardwareProfile& h) {
     out << YAML::Comment(offload::format_bytes(h.*f.field));
   }
   out << YAML::Key << "memory_safety" << YAML::Value << shortest(h.memory_safety);
+  if (h.gpu_is_host_memory) out << YAML::Key << "gpu_is_host_memory" << YAML::Value << true;
   out << YAML::Key << "activation_dtype" << YAML::Value << std::string(kernels::dtype_name(h.activation_dtype));
   for (const auto& f : kRates) {
     out << YAML::Key << f.key << YAML::Value << shortest(h.*f.field / f.scale);

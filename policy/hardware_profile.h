@@ -22,6 +22,10 @@ struct HardwareProfile {
   std::string source;  // "measured by flexh2o calibrate on ...", "FlexGen's fitted T4 constants", "datasheet estimate"
   // Capacities in bytes.
   std::int64_t gpu_mem = 0, cpu_mem = 0, disk_mem = 0;
+  // The gpu tier is the host memory the cpu tier lives in too (the CPU backend): a plan fits
+  // both tiers' items together into the larger of gpu_mem and cpu_mem (the memory; the smaller,
+  // when a flag lowers one, limits that tier alone), so that neither has a fixed share of it.
+  bool gpu_is_host_memory = false;
   // The fraction of each tier a plan may fill: what allocator slack, fragmentation and the
   // runtime's own buffers leave of the capacities above.
   double memory_safety = 0.9;
@@ -75,7 +79,8 @@ struct HardwareProfile {
 // TFLOP/s (gpu_gemm_prefill_tflops, gpu_gemm_decode_tflops, gpu_attn_prefill_tflops,
 // gpu_attn_decode_tflops, cpu_gemm_tflops, cpu_attn_decode_tflops). Every key is required;
 // unknown keys and non-positive values are errors naming the file and key. Optional:
-// memory_safety (default 0.9, in (0, 1]), activation_dtype (f32 default, f16 or bf16),
+// memory_safety (default 0.9, in (0, 1]), gpu_is_host_memory (default false),
+// activation_dtype (f32 default, f16 or bf16),
 // gpu_memory_gbps, copy_overlap (default 1, in [0, 1]), dequant_gbps (GB/s of q4 input),
 // disk_read_request_us, disk_write_request_us, disk_rows_write_request_us, and the curves
 // gemm_tflops_by_rows, layer_tflops_by_rows and head_tflops_by_rows {rows: TFLOP/s},

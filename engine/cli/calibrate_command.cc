@@ -589,6 +589,7 @@ int calibrate_command(const CalibrateOptions& o) {
   // Capacities. On the CPU backend the gpu tier is host memory too, so both are the RAM.
   hw.cpu_mem = host_memory_bytes();
   hw.gpu_mem = on_cpu ? hw.cpu_mem : be->memory_capacity();
+  hw.gpu_is_host_memory = on_cpu;
   progress("memory", on_cpu ? off::format_bytes(hw.cpu_mem) + " (physical RAM; on the cpu backend the gpu tier is host memory)"
                             : "gpu " + off::format_bytes(hw.gpu_mem) + ", cpu " + off::format_bytes(hw.cpu_mem));
   progress("disk", off::format_bytes(hw.disk_mem) + " free under " + disk.dir());

@@ -166,6 +166,30 @@ TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
   EXPECT_EQ(estimate(m, slow, w, full.policy)->total_throughput, full.total_throughput);  // nothing to expand
 }
 
+// On the CPU backend the gpu tier is host memory: a plan fits the two tiers into it together,
+// and a fixed policy that fits each tier alone but not both is refused, naming both.
+TEST(CostModel, HostMemoryHoldsTheGpuAndCpuTiersTogether) {
+  const Workload w{512, 32};
+  const ModelShape m = opt("opt-6.7b", 32, 4096);
+  HardwareProfile host = t4();
+  host.gpu_mem = host.cpu_mem = std::int64_t{12} << 30;
+  HardwareProfile split = host;
+  host.gpu_is_host_memory = true;
+  const Estimate e = plan(m, host, w);
+  EXPECT_LE(static_cast<double>(e.peak_bytes[0] + e.peak_bytes[1]), host.memory_safety * static_cast<double>(host.cpu_mem) + 2);
+  Policy p;  // weights (12.4 GiB) half on each tier: each fits, both do not
+  p.gpu_batch_size = 8;
+  p.set_percent({50, 50, 100, 0, 100, 0});
+  EXPECT_TRUE(estimate(m, split, w, p).has_value());
+  EXPECT_FALSE(estimate(m, host, w, p).has_value());
+  const auto s = shortfall(m, host, w, p);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_THAT(s->describe(), testing::HasSubstr("gpu and cpu tiers (one host memory) need"));
+  EXPECT_THAT(s->describe(), testing::HasSubstr("weights (gpu tier)"));
+  EXPECT_TRUE(load_hardware_yaml(hardware_to_yaml(host), "roundtrip").gpu_is_host_memory);
+  EXPECT_FALSE(load_hardware_yaml(hardware_to_yaml(split), "roundtrip").gpu_is_host_memory);
+}
+
 TEST(CostModel, InfeasibleRequestsNameTheChange) {
   HardwareProfile small = t4();
   small.cpu_mem = 16'000'000'000;
