@@ -17,6 +17,8 @@
 //                 recent=10         newest tokens never dropped
 //                 drop=1            tokens dropped when the cache is full: a whole number, or a
 //                                   fraction below 1 of the budget (0.1 = 10% of B at a time)
+//                 sink=0            first tokens never dropped and left out of the uniform
+//                                   share (0: the paper's rule)
 //   pyramid       r=0.9             PyramidInfer's per-layer retention floor ratio
 //                 sink=4            first tokens always kept
 //                 recent=0.2        fraction of the prompt that is observers / recent window
@@ -25,8 +27,8 @@
 //                 kernel=5          pooling kernel (odd), average pooling as in SnapKV
 //   flex          decay=0.92        per-step decay of a token's peak attention, in [0, 1]
 //                 value=1.5         exponent of the value-vector norm in the key, in [0, 4]
-//                 recent=0.3        share of the budget kept for the newest tokens, in [0, 1]
-//                 sink=0            first tokens always kept
+//                 recent=0.15       share of the budget kept for the newest tokens, in [0, 1]
+//                 sink=1            first tokens always kept
 #pragma once
 #include <cstdint>
 #include <map>

@@ -313,10 +313,19 @@ class TovaPolicy final : public KvPolicy {
 // with drop > 1 the cache then stays below budget until it fills again (compact() closes the
 // holes). Prefill has no per-step history: keep the `recent` newest prompt tokens plus the top
 // column sums of the last `history` queries (weights), and start every count at zero.
+// `sink` (default 0: the paper's rule) is not in the paper: it keeps the `sink` oldest tokens
+// and measures the others against the uniform share of the attention they get without the
+// sinks, (sum - the sinks' probabilities) / (held - sinks). In a trained model whose heads park
+// most attention on the first token nearly every other token is below the plain uniform share;
+// README.md ("KV eviction: flex and the eval protocol") has what each part changes on SmolLM2.
 class ScissorhandsPolicy final : public KvPolicy {
  public:
   ScissorhandsPolicy(const KvSpec& s, std::int64_t l)
-      : KvPolicy(s, l), history_(param_int(s, "history")), recent_(param_int(s, "recent")), drop_(s.param("drop")) {}
+      : KvPolicy(s, l),
+        history_(param_int(s, "history")),
+        recent_(param_int(s, "recent")),
+        sink_(param_int(s, "sink")),
+        drop_(s.param("drop")) {}
   std::vector<float> prefill_query_weights(std::int64_t layer, std::int64_t n) const override {
     std::vector<float> w = KvPolicy::prefill_query_weights(layer, n);
     for (std::int64_t i = 0; i < n - history_; ++i) w[static_cast<std::size_t>(i)] = 0.0f;
@@ -327,25 +336,35 @@ class ScissorhandsPolicy final : public KvPolicy {
   std::int64_t history_bits() const override { return history_; }
   bool prefill_sums_are_scores() const override { return false; }
   std::int64_t recent(std::int64_t b) const { return std::min(recent_, b); }
+  std::int64_t sinks(std::int64_t b) const { return std::clamp<std::int64_t>(sink_, 0, b - recent(b)); }
   std::int64_t drop(std::int64_t b) const {
     if (drop_ < 1) return std::max<std::int64_t>(1, std::llround(drop_ * static_cast<double>(b)));
     return static_cast<std::int64_t>(drop_);
   }
   void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
-    const std::int64_t r = recent(b);
+    const std::int64_t r = recent(b), s = sinks(b);
+    keep_range(0, s, keep);
     keep_range(n - r, n, keep);
-    keep_top(range(0, n - r), b - r, [&](std::int64_t j) { return sums[static_cast<std::size_t>(j)]; }, keep);
+    keep_top(range(s, n - r), b - r - s, [&](std::int64_t j) { return sums[static_cast<std::size_t>(j)]; }, keep);
   }
   void observe(KvHeadState& st, std::span<const float> probs) const override {
     const auto pos = positions(st);
     const auto sc = scores(st);
     const auto bits = history(st);
     const std::int64_t words = history_words(st);
-    double total = 0;
+    // The sinks: the min(sink, held) oldest held tokens; the share leaves them out.
+    const std::int64_t n_sinks = std::min(sink_, st.size());
+    const std::int64_t sink_last =
+        n_sinks > 0 ? protect(pos, st.size(), st.last_position(), n_sinks, 0).sink_last : -1;
+    double total = 0, sink_mass = 0;
     for (std::size_t s = 0; s < pos.size(); ++s)
-      if (pos[s] >= 0) total += probs[s];
-    const double share = total / static_cast<double>(st.size());
+      if (pos[s] >= 0) {
+        total += probs[s];
+        if (pos[s] <= sink_last) sink_mass += probs[s];
+      }
+    const double share = n_sinks < st.size() ? (total - sink_mass) / static_cast<double>(st.size() - n_sinks)
+                                             : total / static_cast<double>(st.size());
     const std::int64_t idx = st.steps() % history_;
     const std::size_t word = static_cast<std::size_t>(idx / 64);
     const std::uint64_t mask = std::uint64_t{1} << (idx % 64);
@@ -363,7 +382,7 @@ class ScissorhandsPolicy final : public KvPolicy {
   void evict_some(KvHeadState& st, std::int64_t b, std::vector<std::int64_t>& evict) const override {
     const auto pos = positions(st);
     const auto sc = scores(st);
-    const Window w = protect(pos, st.size(), st.last_position(), 0, recent(b));
+    const Window w = protect(pos, st.size(), st.last_position(), sinks(b), recent(b));
     if (std::max(drop(b), st.size() - b) == 1) {  // the usual case: one linear scan
       std::int64_t best = -1;
       for (std::size_t s = 0; s < pos.size(); ++s) {
@@ -389,7 +408,7 @@ class ScissorhandsPolicy final : public KvPolicy {
   }
 
  private:
-  std::int64_t history_, recent_;
+  std::int64_t history_, recent_, sink_;
   double drop_;
 };
 

@@ -69,6 +69,8 @@ TEST(KvSpec, ParsesBudgetsAndParameters) {
   EXPECT_DOUBLE_EQ(sh.param("history"), 100);
   EXPECT_DOUBLE_EQ(sh.param("recent"), 10);
   EXPECT_DOUBLE_EQ(sh.param("drop"), 1);
+  EXPECT_DOUBLE_EQ(sh.param("sink"), 0);  // the paper's rule
+  EXPECT_DOUBLE_EQ(parse_kv_spec("scissorhands:0.2,sink=1").param("sink"), 1);
   EXPECT_DOUBLE_EQ(parse_kv_spec("scissorhands:0.2,drop=0.25").param("drop"), 0.25);
   const KvSpec py = parse_kv_spec("pyramid:0.2,r=0.8");
   EXPECT_DOUBLE_EQ(py.param("r"), 0.8);
@@ -329,9 +331,11 @@ struct PrefillRef {
       ref_top(iota(0, n), B, column(n - 1, one), keep);  // the last query's attention
     } else if (name == "scissorhands") {
       const std::int64_t r = std::min<std::int64_t>(static_cast<std::int64_t>(spec.param("recent")), B);
+      const std::int64_t s = std::clamp<std::int64_t>(static_cast<std::int64_t>(spec.param("sink")), 0, B - r);
       const std::int64_t h = static_cast<std::int64_t>(spec.param("history"));
-      keep = iota(n - r, n);
-      ref_top(iota(0, n - r), B - r, column(std::max<std::int64_t>(0, n - h), one), keep);
+      keep = iota(0, s);
+      for (std::int64_t i = n - r; i < n; ++i) keep.push_back(i);
+      ref_top(iota(s, n - r), B - r - s, column(std::max<std::int64_t>(0, n - h), one), keep);
     } else if (name == "snapkv") {
       const std::int64_t w = std::min(static_cast<std::int64_t>(spec.param("window")), n);
       const std::int64_t k = static_cast<std::int64_t>(spec.param("kernel"));
@@ -385,6 +389,7 @@ struct PrefillRef {
 
 const std::vector<std::string> kAllPolicies = {"full", "local:0.2", "streaming:0.2", "h2o:0.2",
                                                "tova:0.2", "scissorhands:0.2,history=16,recent=3",
+                                               "scissorhands:0.2,history=16,recent=2,sink=2",
                                                "snapkv:0.2,window=6,kernel=3", "pyramid:0.2",
                                                "flex:0.2,sink=2", "flex:0.2,value=0"};
 
@@ -514,7 +519,8 @@ TEST(KvPrefill, RejectsBadSizes) {
 
 // Brute-force decode reference. It remembers, per original position, the prefill score and
 // every probability the token received (and for scissorhands whether it was below the step's
-// uniform share), and chooses victims from those histories by sorting.
+// uniform share, of the non-sink tokens when sink > 0), and chooses victims from those
+// histories by sorting.
 class DecodeRef {
  public:
   explicit DecodeRef(const KvSpec& spec) : spec_(spec), name_(spec.name) {}
@@ -541,9 +547,18 @@ class DecodeRef {
     ensure(pos);
     init_[pos] = 0.0f;
     entry_[pos] = step_;
-    double total = 0;
-    for (const auto& [p, q] : prob_of) total += q;
-    const double share = total / static_cast<double>(held_.size());
+    // scissorhands' sinks: the `sink` oldest held tokens, left out of the share.
+    const std::int64_t held = static_cast<std::int64_t>(held_.size());
+    const std::int64_t n_sinks =
+        name_ == "scissorhands" ? std::min<std::int64_t>(static_cast<std::int64_t>(spec_.param("sink")), held) : 0;
+    std::set<std::int64_t> sinks(held_.begin(), std::next(held_.begin(), n_sinks));
+    double total = 0, sink_mass = 0;
+    for (const auto& [p, q] : prob_of) {
+      total += q;
+      if (sinks.count(p)) sink_mass += q;
+    }
+    const double share = n_sinks < held ? (total - sink_mass) / static_cast<double>(held - n_sinks)
+                                        : total / static_cast<double>(held);
     for (const auto& [p, q] : prob_of) {
       received_[p].push_back(q);
       below_[p].push_back(static_cast<double>(q) < share);
@@ -630,7 +645,8 @@ class DecodeRef {
       const double d = spec_.param("drop");
       const std::int64_t drop = d < 1 ? std::max<std::int64_t>(1, std::llround(d * static_cast<double>(B)))
                                       : static_cast<std::int64_t>(d);
-      std::vector<std::int64_t> c(h.begin(), h.begin() + (N - r));
+      const std::int64_t s = std::clamp<std::int64_t>(static_cast<std::int64_t>(spec_.param("sink")), 0, B - r);
+      std::vector<std::int64_t> c(h.begin() + std::min(s, N - r), h.begin() + (N - r));
       std::sort(c.begin(), c.end(), [&](std::int64_t a, std::int64_t b) {
         const auto ua = unimportant(a, hist), ub = unimportant(b, hist);
         if (ua != ub) return ua > ub;
@@ -796,6 +812,12 @@ TEST(KvDecode, ScissorhandsMatchesReference) {
   run_policy_cases("scissorhands:0.2,history=7,recent=3", 16, 150);
   run_policy_cases("scissorhands:0.2,history=70,recent=2", 17, 100);  // two words of bits per slot
   run_policy_cases("scissorhands:0.2", 18, 60);                       // defaults: 400 steps, recent 10
+}
+TEST(KvDecode, ScissorhandsWithSinksMatchesReference) {
+  // The sinks are never dropped and the share is that of the other tokens.
+  run_policy_cases("scissorhands:0.2,history=7,recent=1,sink=1", 30, 150);
+  run_policy_cases("scissorhands:0.2,history=40,recent=3,sink=3", 31, 120);
+  run_policy_cases("scissorhands:0.2,history=9,recent=2,sink=2,drop=3", 32, 100);
 }
 TEST(KvDecode, ScissorhandsDroppingSeveralAtOnceMatchesReference) {
   run_policy_cases("scissorhands:0.2,history=9,recent=2,drop=3", 19, 120);
