@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <random>
 
 #include "engine/block_scheduler.h"
@@ -63,8 +64,8 @@ Case random_case(std::uint64_t seed) {
   p.pin_weight = rng() % 2;
   // Half the cases evict: the scheduler must make the same (lossy) choices as the plain run.
   const char* kv[] = {"full", "h2o:0.3", "local:0.3", "tova:0.3", "scissorhands:0.3", "pyramid:0.3", "snapkv:0.3",
-                      "streaming:0.3", "flex:0.3"};
-  p.kv = rng() % 2 ? "full" : kv[rng() % 9];
+                      "streaming:0.3", "flex:0.3", "scissorhands:0.3,recent=1,sink=1"};
+  p.kv = rng() % 2 ? "full" : kv[rng() % std::size(kv)];
   c.always_stage = rng() % 2;
   c.force_threads = rng() % 4 == 0;
   p.compress_weight = rng() % 3 == 0;
