@@ -80,9 +80,11 @@ struct Dots {
   }
 };
 
-// y rows [r, r + rows) from the first `rows` weight rows of d.
+// y rows [r, r + rows) from the first `rows` weight rows of d. Compiled for AVX too: hsum takes
+// an __m256 in a register, which a caller without AVX would pass in memory (unoptimised builds
+// do not inline it).
 template <int M>
-void store(const GemmArgs& a, std::int64_t r, int rows, const Dots<M>& d) {
+__attribute__((target("avx2,fma"))) void store(const GemmArgs& a, std::int64_t r, int rows, const Dots<M>& d) {
   const std::int64_t n = a.w.rows;
   for (int j = 0; j < rows; ++j)
     for (int i = 0; i < M; ++i) {
