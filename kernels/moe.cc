@@ -47,6 +47,7 @@ std::vector<ExpertRows> rows_by_expert(const MoeArgs& a) {
       if (e < 0 || e >= static_cast<std::int32_t>(a.experts.size()))
         throw std::out_of_range("moe_experts: expert " + std::to_string(e) + " outside [0, " +
                                 std::to_string(a.experts.size()) + ")");
+      if (e < a.expert_begin || e >= a.expert_end) continue;
       out[static_cast<std::size_t>(e)].rows.push_back(r);
       out[static_cast<std::size_t>(e)].weights.push_back(a.weight_of[static_cast<std::size_t>(r * a.top_k + j)]);
     }

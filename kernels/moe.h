@@ -3,6 +3,7 @@
 // scattered back weighted).
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -29,8 +30,10 @@ struct ExpertMatrices {
   MatrixRef gate, up, down;
 };
 
-// y[r, :] += sum over j of weight_of[r * top_k + j] * expert(expert_of[r * top_k + j])(x[r, :]).
-// Only the experts some row is routed to are read.
+// y[r, :] += sum over j of weight_of[r * top_k + j] * expert(expert_of[r * top_k + j])(x[r, :]),
+// the experts' terms added in ascending expert order. Only the experts in [expert_begin,
+// expert_end) that some row is routed to run and are read: a caller that holds only a chunk of
+// the experts runs the chunks in ascending order and gets the same sums as one call.
 struct MoeArgs {
   const float* x = nullptr;  // device, [rows, hidden]
   std::int64_t rows = 0;
@@ -42,12 +45,14 @@ struct MoeArgs {
   Activation act = Activation::Silu;
   DType compute = DType::F32;
   float* y = nullptr;  // device, [rows, hidden]
+  std::int64_t expert_begin = 0, expert_end = std::numeric_limits<std::int64_t>::max();
 };
 
 // route() on logits already in host memory (both backends use it).
 void route_on_host(const float* logits, const RouteArgs& a);
 
-// The rows routed to each expert, in row order, with their weights.
+// The rows routed to each expert in [expert_begin, expert_end), in row order, with their
+// weights (none for the experts outside).
 struct ExpertRows {
   std::vector<std::int64_t> rows;
   std::vector<float> weights;

@@ -848,6 +848,84 @@ TEST_P(OpsTest, SampleMatchesReference) {
   }
 }
 
+// ---------------------------------------------------------------------------- mixture of experts
+
+// moe_experts against a double-precision reference, then in ascending chunks of experts as a
+// scheduler whose staging slot holds only some of them runs it: each call reads only its
+// chunk's experts (the others are not loaded) and the chunks add up to the one call bit for bit.
+TEST_P(OpsTest, MoeExpertsInChunksAddUpToOneCall) {
+  const std::int64_t rows = 7, H = 33, I = 19, E = 6, k = 2;
+  const std::vector<float> x = random_floats(rows * H), y0 = random_floats(rows * H);
+  std::vector<std::vector<float>> gate, up, down;
+  std::vector<DeviceBuffer> dev;
+  std::vector<ExpertMatrices> experts;
+  for (std::int64_t e = 0; e < E; ++e) {
+    gate.push_back(random_floats(I * H));
+    up.push_back(random_floats(I * H));
+    down.push_back(random_floats(H * I));
+    dev.push_back(upload(gate.back()));
+    dev.push_back(upload(up.back()));
+    dev.push_back(upload(down.back()));
+    const auto n = dev.size();
+    experts.push_back({{dev[n - 3].data(), DType::F32, I, H}, {dev[n - 2].data(), DType::F32, I, H},
+                       {dev[n - 1].data(), DType::F32, H, I}});
+  }
+  // Each row to k distinct experts (never expert 4: a chunk may hold no routed expert).
+  std::vector<std::int32_t> expert_of;
+  std::vector<float> weight_of = random_floats(rows * k, 0.1f, 1.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::vector<std::int32_t> pick = {0, 1, 2, 3, 5};
+    std::shuffle(pick.begin(), pick.end(), rng_);
+    expert_of.insert(expert_of.end(), pick.begin(), pick.begin() + k);
+  }
+  const DeviceBuffer dx = upload(x), dy = upload(y0);
+  MoeArgs a{dx.as<float>(), rows, H, k, expert_of, weight_of, experts, Activation::Silu, DType::F32, dy.as<float>()};
+  backend_->moe_experts(a);
+  const std::vector<float> whole = download(dy);
+
+  std::vector<double> ref(y0.begin(), y0.end());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < k; ++j) {
+      const auto e = static_cast<std::size_t>(expert_of[sz(r * k + j)]);
+      std::vector<double> h(sz(I));
+      for (std::int64_t i = 0; i < I; ++i) {
+        double g = 0, u = 0;
+        for (std::int64_t c = 0; c < H; ++c) {
+          g += static_cast<double>(gate[e][sz(i * H + c)]) * x[sz(r * H + c)];
+          u += static_cast<double>(up[e][sz(i * H + c)]) * x[sz(r * H + c)];
+        }
+        h[sz(i)] = g / (1 + std::exp(-g)) * u;
+      }
+      for (std::int64_t c = 0; c < H; ++c) {
+        double o = 0;
+        for (std::int64_t i = 0; i < I; ++i) o += static_cast<double>(down[e][sz(c * I + i)]) * h[sz(i)];
+        ref[sz(r * H + c)] += weight_of[sz(r * k + j)] * o;
+      }
+    }
+  // fp32 dot products of length H then I over inputs of magnitude ~1 (the GEMM's bound), and
+  // k weighted terms added to y.
+  EXPECT_TRUE(near_all(whole, ref, 1e-5 * std::sqrt(static_cast<double>(H * I))));
+
+  backend_->copy_to_device(dy.data(), y0.data(), dy.bytes());
+  const std::int64_t bounds[] = {0, 2, 3, 4, 5, E};
+  for (std::size_t c = 0; c + 1 < std::size(bounds); ++c) {
+    std::vector<ExpertMatrices> loaded(sz(E));
+    for (std::int64_t e = bounds[c]; e < bounds[c + 1]; ++e) loaded[sz(e)] = experts[sz(e)];
+    MoeArgs chunk = a;
+    chunk.experts = loaded;
+    chunk.expert_begin = bounds[c];
+    chunk.expert_end = bounds[c + 1];
+    backend_->moe_experts(chunk);
+  }
+  const std::vector<float> chunked = download(dy);
+  EXPECT_EQ(std::memcmp(chunked.data(), whole.data(), whole.size() * sizeof(float)), 0);
+  // Outside a chunk an expert routed to but not loaded is fine; inside it is an error.
+  MoeArgs missing = a;
+  std::vector<ExpertMatrices> none(sz(E));
+  missing.experts = none;
+  EXPECT_THROW(backend_->moe_experts(missing), std::logic_error);
+}
+
 // ---------------------------------------------------------------------------- dtype.h
 
 using DtypeTest = SeededTest;
