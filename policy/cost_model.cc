@@ -49,26 +49,35 @@ ModelSizes model_sizes(const ModelShape& m) {
     for (std::int64_t x : t) b += (x + 255) / 256 * 256;
     return b;
   };
-  // MoE layers hold every expert (the staging slots too); a token multiplies its top_k of
-  // them, the router and the shared expert. Per-layer sizes are the mean over the layers.
+  // MoE layers hold every expert; a staging slot holds the layer but its routed experts and
+  // some of them (staging_slot); a token multiplies its top_k of them, the router and the
+  // shared expert. Per-layer sizes are the mean over the layers.
   std::vector<std::int64_t> moe = {vec(h), mat(m.experts, h)};
-  const std::int64_t expert = 2 * mat(m.expert_ffn, h) + mat(h, m.expert_ffn);
-  for (std::int64_t e = 0; e < m.experts; ++e) moe.insert(moe.end(), {mat(m.expert_ffn, h), mat(m.expert_ffn, h), mat(h, m.expert_ffn)});
+  const std::vector<std::int64_t> one_expert = {mat(m.expert_ffn, h), mat(m.expert_ffn, h), mat(h, m.expert_ffn)};
+  const std::int64_t expert = sum(one_expert);
   if (m.shared_ffn > 0) moe.insert(moe.end(), {mat(m.shared_ffn, h), mat(m.shared_ffn, h), mat(h, m.shared_ffn), mat(1, h)});
   const std::int64_t moe_params = (m.top_k * 3 * m.expert_ffn + m.experts + (m.shared_ffn > 0 ? 3 * m.shared_ffn + 1 : 0)) * h;
   const std::int64_t dense_layers = std::max<std::int64_t>(m.layers - m.moe_layers, 0), layers = std::max<std::int64_t>(m.layers, 1);
-  s.layer_weights = sum(attn) + (dense_layers * sum(mlp) + m.moe_layers * sum(moe)) / layers;
+  s.layer_weights = sum(attn) + (dense_layers * sum(mlp) + m.moe_layers * (sum(moe) + m.experts * expert)) / layers;
   s.layer_expert_weights = m.moe_layers * m.experts * expert / layers;
   s.layer_params = 2 * h * q + 2 * h * kv + (dense_layers * (m.gated_mlp ? 3 : 2) * h * m.ffn + m.moe_layers * moe_params) / layers;
   s.head_weights = m.output_head ? mat_as(head_t, m.vocab, h) : 0;
   // A tied head reuses the input embedding where both are held; a later stage keeps a copy.
   s.embedding_weights = sum(embed) + sum(head) - (m.tied_embeddings && m.input_embedding ? s.head_weights : 0);
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
-  const std::int64_t mlp_slot = std::max(dense_layers > 0 ? slot(mlp) : 0, m.moe_layers > 0 ? slot(moe) : 0);
-  s.largest_unit = std::max({slot(attn), mlp_slot, slot(embed), slot(head)});
-  s.largest_layer_unit = std::max({slot(attn) + mlp_slot, slot(embed), slot(head)});
+  s.attention_unit = slot(attn);
+  s.dense_mlp_unit = dense_layers > 0 ? slot(mlp) : 0;
+  s.moe_unit_base = m.moe_layers > 0 ? slot(moe) : 0;
+  s.expert_unit = m.moe_layers > 0 ? slot(one_expert) : 0;
+  s.embedding_unit = slot(embed);
+  s.head_unit = slot(head);
   s.kv_per_token_layer = 2 * m.kv_heads * kernels::row_bytes(m.cache_dtype, m.head_dim);
   return s;
+}
+
+std::int64_t ModelSizes::staging_slot(std::int64_t expert_slots, bool sep_layer) const {
+  const std::int64_t mlp = std::max(dense_mlp_unit, moe_unit_base > 0 ? moe_unit_base + expert_slots * expert_unit : 0);
+  return std::max({sep_layer ? std::max(attention_unit, mlp) : attention_unit + mlp, embedding_unit, head_unit});
 }
 
 ModelShape with_compression(ModelShape m, const Policy& p) {
@@ -137,11 +146,13 @@ struct Block {
   bool hidden_staged = true;    // some hidden states live off the gpu: the staging ring
   bool overlap = true;          // transfers run beside compute (off: one after another)
   bool sep_layer = true;        // attention and MLP are separate units (off: one, a larger slot)
+  std::string expert_loading = "auto";  // MoE: the policy's expert loading and staging slots
+  std::int64_t expert_slots = 0;
 };
 
 Block block_of(const Policy& p) {
   return {p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute, p.weights.gpu < 1.0, p.activations.gpu < 1.0,
-          p.overlap,        p.sep_layer};
+          p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots};
 }
 
 struct Terms {
@@ -177,16 +188,26 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double h1 = static_cast<double>(m.hidden), vocab = static_cast<double>(m.vocab);
   const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
   // Weights moved per layer and step: the layer plus its share of the embeddings.
-  // MoE: a unit load brings the experts the block's tokens are expected to route to, or all of
-  // them once about all are expected active (the scheduler's default expert loading).
-  auto moved = [&](double tokens) {
+  // MoE (as BlockScheduler loads them): a unit load brings the experts the block's rows (per
+  // sequence) are expected to route to, or all of them as the policy's expert loading says.
+  // When more are routed to than the staging slot holds, each GPU batch runs its routed
+  // experts in chunks, fetched again per batch: its own expected active experts, K times.
+  Policy experts_policy;
+  experts_policy.gpu_batch_size = blk.gbs;
+  experts_policy.num_gpu_batches = blk.k;
+  experts_policy.expert_loading = blk.expert_loading;
+  experts_policy.expert_slots = blk.expert_slots;
+  const std::int64_t expert_slots = experts_policy.expert_slot_count(m.experts, m.top_k);
+  auto moved = [&](double rows_per_sequence) {
     const double all = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
-    const auto t = static_cast<std::int64_t>(tokens);
-    if (m.experts == 0 || !Policy{}.routed_expert_loading(m.experts, m.top_k, t)) return all;
-    const double active = expected_active_experts(m.experts, m.top_k, t) / static_cast<double>(m.experts);
-    return all - static_cast<double>(z.layer_expert_weights) * (1 - active);
+    const auto t = static_cast<std::int64_t>(bls * rows_per_sequence);
+    if (m.experts == 0 || !experts_policy.routed_expert_loading(m.experts, m.top_k, t)) return all;
+    double active = expected_active_experts(m.experts, m.top_k, t);
+    if (active > static_cast<double>(expert_slots))
+      active = k * expected_active_experts(m.experts, m.top_k, static_cast<std::int64_t>(g * rows_per_sequence));
+    return all - static_cast<double>(z.layer_expert_weights) * (1 - active / static_cast<double>(m.experts));
   };
-  const double wl = moved(bls * s), wl_gen = moved(bls);
+  const double wl = moved(s), wl_gen = moved(1);
   const double kvt = static_cast<double>(z.kv_per_token_layer), hid = h1 * act;
   const double hid_pre = hid * bls * s, hid_gen = hid * bls;
   const double kv_pre = kvt * bls * std::min(s, kvtok);
@@ -274,8 +295,12 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double rows = g * std::max(s, 1.0), h_all = blocks * hid * bls * std::max(s, 1.0);
   const double q = static_cast<double>(m.heads * m.head_dim), kvd = static_cast<double>(m.kv_heads * m.head_dim);
   const double per_row = 2 * h1 + 2 * q + 2 * kvd + (m.gated_mlp ? 2.0 : 1.0) * static_cast<double>(m.ffn);
-  const double scratch = blocks * act * (rows * per_row + g * (h1 + vocab));
-  const double slot = static_cast<double>(blk.sep_layer ? z.largest_unit : z.largest_layer_unit);
+  // MoE: the router's logits per row, and what moe_experts holds for one expert: its gathered
+  // rows, gate, up and output in fp32 and each row's index and weight (engine::Activations).
+  const double experts = static_cast<double>(m.experts), expert_ffn = static_cast<double>(m.expert_ffn);
+  const double moe_scratch = m.experts > 0 ? rows * (act * experts + 4 * (2 * h1 + 2 * expert_ffn) + 12) : 0.0;
+  const double scratch = blocks * (act * (rows * per_row + g * (h1 + vocab)) + moe_scratch);
+  const double slot = static_cast<double>(z.staging_slot(expert_slots, blk.sep_layer));
   const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
   const double kv_ring = blocks * 3 * g * kvt * kvtok;  // per staged fraction
   const double h_ring = blk.hidden_staged ? blocks * 3 * hid * rows : 0.0;

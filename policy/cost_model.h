@@ -65,10 +65,15 @@ struct ModelSizes {
   std::int64_t embedding_weights = 0;  // input embedding (+ positions) + untied head
   std::int64_t total_weights = 0;
   std::int64_t head_weights = 0;       // the output head's matrix (the input embedding when tied; 0 on a pipeline stage without it)
-  std::int64_t largest_unit = 0;       // the biggest scheduling unit: what a staging slot holds
-  std::int64_t largest_layer_unit = 0; // the same with attention and MLP as one unit (sep_layer off)
+  // Scheduling units as a staging slot holds them: attention, dense MLP, a MoE MLP without its
+  // routed experts, one routed expert, input embedding, head (0: none in the model).
+  std::int64_t attention_unit = 0, dense_mlp_unit = 0, moe_unit_base = 0, expert_unit = 0, embedding_unit = 0,
+               head_unit = 0;
   std::int64_t layer_params = 0;       // elements of one decoder layer's matrices a token multiplies
   std::int64_t kv_per_token_layer = 0; // K and V, one token, one layer, in the cache dtype
+  // A weight staging slot: the biggest scheduling unit with `expert_slots` routed experts in a
+  // MoE unit, attention and MLP as one unit with sep_layer off.
+  std::int64_t staging_slot(std::int64_t expert_slots, bool sep_layer) const;
 };
 ModelSizes model_sizes(const ModelShape& m);
 // The shape as stored under the policy's compress_weight / compress_cache / cache_dtype (an

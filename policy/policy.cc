@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -56,6 +57,9 @@ void Policy::validate(const std::string& source) const {
     throw std::invalid_argument(source + ": compress_bits must be 4 or 8, got " + std::to_string(compress_bits));
   if (expert_loading != "auto" && expert_loading != "routed" && expert_loading != "all")
     throw std::invalid_argument(source + ": expert_loading must be auto, routed or all, got '" + expert_loading + "'");
+  if (expert_slots < 0)
+    throw std::invalid_argument(source + ": expert_slots must be at least 1 (0: sized from the batch), got " +
+                                std::to_string(expert_slots));
   try {
     parse_kv_spec(kv);
   } catch (const std::invalid_argument& e) {
@@ -65,7 +69,23 @@ void Policy::validate(const std::string& source) const {
 
 bool Policy::routed_expert_loading(std::int64_t experts, std::int64_t top_k, std::int64_t tokens) const {
   if (expert_loading != "auto") return expert_loading == "routed";
+  if (expert_slot_count(experts, top_k) < experts) return true;
   return expected_active_experts(experts, top_k, tokens) < static_cast<double>(experts) - 0.5;
+}
+
+std::int64_t Policy::expert_slot_count(std::int64_t experts, std::int64_t top_k) const {
+  if (experts <= 0) return 0;
+  if (expert_loading == "all") {
+    if (expert_slots > 0 && expert_slots < experts)
+      throw std::invalid_argument("expert_loading all stages every expert, but expert_slots is " +
+                                  std::to_string(expert_slots) + " of the model's " + std::to_string(experts) +
+                                  "; use expert_loading routed or auto, or leave expert_slots unset");
+    return experts;
+  }
+  if (expert_slots > 0) return std::min(expert_slots, experts);
+  // The small margin keeps an expectation a rounding error above an integer from taking one more.
+  const auto expected = static_cast<std::int64_t>(std::ceil(expected_active_experts(experts, top_k, block_size()) - 1e-9));
+  return std::clamp(expected, std::min(top_k, experts), experts);
 }
 
 double expected_active_experts(std::int64_t experts, std::int64_t top_k, std::int64_t tokens) {
@@ -86,7 +106,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   static const std::set<std::string> known = {"gpu_batch_size", "num_gpu_batches", "percent",    "overlap",
                                               "sep_layer",      "pin_weight",      "cpu_cache_compute",
                                               "compress_weight", "compress_cache", "compress_bits", "cache_dtype", "kv",
-                                              "expert_loading"};
+                                              "expert_loading", "expert_slots"};
   for (const auto& kv : root) {
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) throw std::invalid_argument(source + ": unknown field '" + key + "'");
@@ -120,6 +140,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   }
   get("kv", p.kv);
   get("expert_loading", p.expert_loading);
+  get("expert_slots", p.expert_slots);
   if (root["percent"]) {
     std::vector<double> pct;
     get("percent", pct);
@@ -160,6 +181,7 @@ std::string policy_to_yaml(const Policy& p) {
   if (p.cache_storage) out << YAML::Key << "cache_dtype" << YAML::Value << std::string(kernels::dtype_name(*p.cache_storage));
   out << YAML::Key << "kv" << YAML::Value << p.kv;
   out << YAML::Key << "expert_loading" << YAML::Value << p.expert_loading;
+  if (p.expert_slots > 0) out << YAML::Key << "expert_slots" << YAML::Value << p.expert_slots;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -32,6 +32,9 @@ struct Policy {
   // rows route to (the router runs first); all: every expert, prefetched like a dense MLP;
   // auto: routed unless about all experts are expected to be active (see below).
   std::string expert_loading = "auto";
+  // Experts a MoE unit's weight staging slot holds (0: sized by expert_slot_count below). A
+  // block routed to more runs its MoE layers in chunks of experts.
+  std::int64_t expert_slots = 0;
 
   kernels::DType compressed_dtype() const { return compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4; }
   // Storage of weight matrices and of the KV cache under this policy (`stored`: the model's
@@ -44,8 +47,14 @@ struct Policy {
   std::int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
   // Whether a MoE unit load for `tokens` routed rows fetches only the routed experts: under
   // auto, while fewer than experts - 0.5 are expected active (large batches touch them all,
-  // and then prefetching them all keeps their copy overlapped with the attention before).
+  // and then prefetching them all keeps their copy overlapped with the attention before), and
+  // always when the staging slots hold fewer than all experts.
   bool routed_expert_loading(std::int64_t experts, std::int64_t top_k, std::int64_t tokens) const;
+  // The experts a MoE unit's staging slot holds: expert_slots when set; every expert under
+  // `all` loading; otherwise those a decode step of a block (block_size() rows) is expected to
+  // route to, rounded up, at least top_k. At most `experts`. Throws when `all` loading is
+  // given fewer slots than experts.
+  std::int64_t expert_slot_count(std::int64_t experts, std::int64_t top_k) const;
   // FlexGen's --percent WG WC CG CC AG AC (disk gets the rest of each pair).
   void set_percent(const std::array<double, 6>& percent);
   std::array<double, 6> percent() const;
@@ -60,7 +69,7 @@ double expected_active_experts(std::int64_t experts, std::int64_t top_k, std::in
 // Keys: gpu_batch_size, num_gpu_batches, percent: [WG, WC, CG, CC, AG, AC], overlap,
 // sep_layer, pin_weight, cpu_cache_compute, compress_weight, compress_cache, compress_bits,
 // cache_dtype (f32, f16 or bf16; absent: the model's float dtype), kv, expert_loading (auto,
-// routed or all). Missing keys
+// routed or all), expert_slots. Missing keys
 // keep their defaults; unknown keys are errors (a typo must not silently change a run).
 Policy load_policy_yaml(const std::string& yaml_text, const std::string& source);
 Policy load_policy_file(const std::string& path);

@@ -33,8 +33,8 @@ TEST(CostModel, Opt175bSizesByHand) {
   EXPECT_EQ(z.total_weights, 96 * 3'624'517'632LL + 1'285'963'776LL);
   EXPECT_EQ(z.kv_per_token_layer, 2 * 12288 * 4);  // K and V in fp32
   // The MLP with its norm and biases, each tensor 256-byte aligned in the slot.
-  EXPECT_EQ(z.largest_unit, 2LL * 12288 * 49152 * 2 + 4 * (2 * 12288 + 49152 + 12288));
-  EXPECT_EQ(z.largest_layer_unit, z.layer_weights);  // sep_layer off: attention and MLP in one slot
+  EXPECT_EQ(z.staging_slot(0, true), 2LL * 12288 * 49152 * 2 + 4 * (2 * 12288 + 49152 + 12288));
+  EXPECT_EQ(z.staging_slot(0, false), z.layer_weights);  // sep_layer off: attention and MLP in one slot
 }
 
 TEST(CostModel, Llama2_70bSizesByHand) {
@@ -103,13 +103,17 @@ TEST(CostModel, MixtralSizesByHand) {
   const std::int64_t expert = 3LL * 4096 * 14336 * 2, router = 8LL * 4096 * 2;
   EXPECT_EQ(z.layer_weights, attn + 8 * expert + router + 2 * norm);  // memory holds every expert
   EXPECT_EQ(z.layer_expert_weights, 8 * expert);
-  EXPECT_EQ(z.largest_unit, 8 * expert + router + norm);  // a staging slot too
+  EXPECT_EQ(z.expert_unit, expert);
+  EXPECT_EQ(z.staging_slot(8, true), 8 * expert + router + norm);  // a staging slot for every expert
+  EXPECT_EQ(z.staging_slot(2, true), 2 * expert + router + norm);   // for two
+  EXPECT_EQ(z.staging_slot(2, false), attn + 2 * expert + router + 2 * norm);
   EXPECT_EQ(z.layer_params, 2LL * 4096 * 4096 + 2LL * 4096 * 1024 + (2 * 3 * 14336 + 8) * 4096LL);  // 2 of 8 experts
   EXPECT_NEAR(static_cast<double>(z.total_weights) / 2, 46.7e9, 0.1e9);  // parameters
 }
 
 // Decoding one sequence with the weights on the cpu moves the attention and the 2 routed of 8
-// experts per layer: about a quarter of what loading every expert (top_k = 8) moves.
+// experts per layer: about a quarter of what loading every expert (top_k = 8) moves. The
+// staging slots hold 2 experts instead of 8.
 TEST(CostModel, MoeWeightTransferFollowsTheExpectedActiveExperts) {
   const Workload w{64, 8};
   Policy p;
@@ -119,8 +123,9 @@ TEST(CostModel, MoeWeightTransferFollowsTheExpectedActiveExperts) {
   dense_like.top_k = 8;
   const auto routed = estimate(m, t4(), w, p), all = estimate(dense_like, t4(), w, p);
   ASSERT_TRUE(routed && all);
-  EXPECT_EQ(routed->peak_bytes, all->peak_bytes);
   const ModelSizes z = model_sizes(m);
+  EXPECT_EQ(all->peak_bytes[0] - routed->peak_bytes[0], 2 * 6 * z.expert_unit);
+  EXPECT_EQ(routed->peak_bytes[1], all->peak_bytes[1]);
   const double attn = static_cast<double>(z.layer_weights - z.layer_expert_weights);
   const double want = (attn + 0.25 * static_cast<double>(z.layer_expert_weights)) / static_cast<double>(z.layer_weights);
   EXPECT_NEAR(routed->decode_seconds / all->decode_seconds, want, 0.05);

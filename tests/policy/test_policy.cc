@@ -49,19 +49,56 @@ TEST(Policy, YamlRoundTrips) {
   EXPECT_EQ(q.expert_loading, "routed");
 }
 
-// Auto loads only the routed experts while fewer than E - 0.5 are expected active.
+// Auto loads only the routed experts while fewer than E - 0.5 are expected active, or while
+// the staging slots hold fewer than all experts.
 TEST(Policy, ExpertLoadingFollowsTheExpectedActiveExperts) {
   EXPECT_DOUBLE_EQ(expected_active_experts(8, 2, 1), 2.0);
   EXPECT_NEAR(expected_active_experts(8, 2, 8), 8 * (1 - std::pow(0.75, 8)), 1e-12);
   EXPECT_DOUBLE_EQ(expected_active_experts(8, 8, 3), 8.0);
   Policy p;
+  p.gpu_batch_size = 8;  // 7.2 experts expected: slots for all 8
   EXPECT_TRUE(p.routed_expert_loading(8, 2, 8));    // 7.2 expected
   EXPECT_FALSE(p.routed_expert_loading(8, 2, 10));  // 7.55 expected
+  p.gpu_batch_size = 1;  // slots for 2 of 8: routed, in chunks, however many rows
+  EXPECT_TRUE(p.routed_expert_loading(8, 2, 10));
   EXPECT_TRUE(p.routed_expert_loading(128, 8, 32));
   p.expert_loading = "routed";
   EXPECT_TRUE(p.routed_expert_loading(8, 2, 1000));
   p.expert_loading = "all";
   EXPECT_FALSE(p.routed_expert_loading(8, 2, 1));
+}
+
+// The staging slots hold the experts a decode step of the block is expected to route to,
+// rounded up, at least top_k and at most all; expert_slots overrides that; `all` needs all.
+TEST(Policy, ExpertSlotsFollowTheBlocksDecodeRows) {
+  Policy p;
+  EXPECT_EQ(p.expert_slot_count(8, 2), 2);  // one row: its top 2
+  EXPECT_EQ(p.expert_slot_count(0, 0), 0);  // a dense model
+  p.gpu_batch_size = 2;
+  EXPECT_EQ(p.expert_slot_count(8, 2), 4);  // 3.5 expected
+  p.num_gpu_batches = 2;
+  EXPECT_EQ(p.expert_slot_count(8, 2), 6);  // 5.47 expected
+  p.gpu_batch_size = 32;
+  EXPECT_EQ(p.expert_slot_count(8, 2), 8);
+  EXPECT_EQ(p.expert_slot_count(128, 8), 126);  // 125.9 expected for 64 rows
+  p.gpu_batch_size = 1;
+  p.num_gpu_batches = 1;
+  EXPECT_EQ(p.expert_slot_count(128, 8), 8);
+  p.expert_slots = 3;
+  EXPECT_EQ(p.expert_slot_count(8, 2), 3);
+  p.expert_slots = 1;  // below top_k: every row runs in chunks
+  EXPECT_EQ(p.expert_slot_count(8, 2), 1);
+  p.expert_slots = 20;
+  EXPECT_EQ(p.expert_slot_count(8, 2), 8);
+  p.expert_loading = "all";
+  EXPECT_EQ(p.expert_slot_count(8, 2), 8);
+  p.expert_slots = 4;
+  EXPECT_THROW(p.expert_slot_count(8, 2), std::invalid_argument);
+  p.expert_slots = -1;
+  EXPECT_THROW(p.validate(), std::invalid_argument);
+  p.expert_slots = 5;
+  p.expert_loading = "routed";
+  EXPECT_EQ(load_policy_yaml(policy_to_yaml(p), "roundtrip").expert_slots, 5);
 }
 
 TEST(Policy, BadYamlNamesTheFileAndField) {
