@@ -55,11 +55,13 @@ struct BlockScheduler::Unit {
   std::vector<std::string> weights;  // all but the experts'
   std::int64_t cache_layer = -1;
   bool first = false, last = false;
-  // Mixture-of-experts: the layer that routes, its experts' weights by expert, and whether
-  // any of them is staged (not wholly on the gpu tier): only then is routing worth a load.
+  // Mixture-of-experts: the layer that routes, its experts' weights by expert, which of them
+  // are staged (not wholly on the gpu tier; routing is worth a load only if some are), and how
+  // many of those a staging slot holds at once.
   const Layer* moe = nullptr;
   std::vector<std::vector<std::string>> experts;
-  bool staged_experts = false;
+  std::vector<bool> expert_staged;
+  std::int64_t staged_experts = 0, expert_slots = 0;
   // The MoE layer comes first and a unit before it routes for it.
   bool routed_before = false;
 };
@@ -71,11 +73,13 @@ struct BlockScheduler::WeightSlot {
   CopyTicket ready;  // all weights but the experts'
   std::int64_t used = 0;  // bytes of buf taken
   std::int64_t step = 0;  // the token step it loads for (expert statistics)
-  // Experts: fetched as routed (false: all with the unit), which are in the view or on their
-  // way, and the copies bringing them.
+  // Experts: fetched as routed (false: all with the unit). The staged ones live in the unit's
+  // expert_slots sub-slots of expert_bytes_ each after its other weights: which expert each
+  // sub-slot holds (-1: none) and the copy bringing it, and each expert's sub-slot (-1: none).
   bool routed = false;
-  std::vector<bool> expert_issued;
-  std::vector<CopyTicket> experts_ready;
+  std::byte* experts_base = nullptr;
+  std::vector<std::int32_t> held, where;
+  std::vector<CopyTicket> arrives;
 };
 
 void ExpertLoadStats::add(std::int64_t step, std::int64_t experts, std::int64_t bytes) {
@@ -205,23 +209,32 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
 
   if (policy_.kv != "full") kv_policy_ = policy::make_kv_policy(policy::parse_kv_spec(policy_.kv), cfg_.n_layers);
   weights_ = load_tiered_weights(cfg_, source, tiers_, policy_.weights, names);
-  std::int64_t slot_bytes = 0;
+  // A staging slot holds a unit's staged weights but its experts, and expert_slots sub-slots
+  // for staged experts, each as large as the largest one.
+  auto staged_bytes = [&](const std::string& name) -> std::int64_t {
+    const TieredTensor& t = *weights_.at(name);
+    if (!t.entirely_on(Tier::Gpu)) return aligned(t.bytes());
+    resident_[name] = {t.place(0).ptr, t.dtype(), t.rows(), t.cols()};
+    return 0;
+  };
+  const std::int64_t expert_slots = policy_.expert_slot_count(cfg_.moe.experts, cfg_.moe.top_k);
+  std::vector<std::int64_t> base_bytes;
   for (auto& u : units_) {
     std::int64_t b = 0;
-    auto place = [&](const std::string& name) {
-      const TieredTensor& t = *weights_.at(name);
-      if (t.entirely_on(Tier::Gpu)) {
-        resident_[name] = {t.place(0).ptr, t.dtype(), t.rows(), t.cols()};
-        return false;
-      }
-      b += aligned(t.bytes());
-      return true;
-    };
-    for (const auto& name : u.weights) place(name);
-    for (const auto& e : u.experts)
-      for (const auto& name : e) u.staged_experts = place(name) || u.staged_experts;
-    slot_bytes = std::max(slot_bytes, b);
+    for (const auto& name : u.weights) b += staged_bytes(name);
+    base_bytes.push_back(b);
+    for (const auto& e : u.experts) {
+      std::int64_t eb = 0;
+      for (const auto& name : e) eb += staged_bytes(name);
+      u.expert_staged.push_back(eb > 0);
+      u.staged_experts += eb > 0;
+      expert_bytes_ = std::max(expert_bytes_, eb);
+    }
+    u.expert_slots = std::min(expert_slots, u.staged_experts);
   }
+  std::int64_t slot_bytes = 0;
+  for (std::size_t i = 0; i < units_.size(); ++i)
+    slot_bytes = std::max(slot_bytes, base_bytes[i] + units_[i].expert_slots * expert_bytes_);
   if (slot_bytes > 0)
     for (int i = 0; i < 2; ++i)
       weight_slots_.emplace_back().buf = GpuBuffer(tiers_, slot_bytes, "weight staging slot " + std::to_string(i));
@@ -237,20 +250,21 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
 
 BlockScheduler::~BlockScheduler() = default;
 
-// Puts weight `name` in the slot's view: in place when gpu-resident, else at the slot's next
-// free bytes with the copies that fetch it. Returns the bytes read from the cpu and disk tiers.
-std::int64_t BlockScheduler::stage_weight(WeightSlot& slot, const std::string& name, std::vector<CopyPiece>& pieces) {
+// Puts weight `name` in the slot's view: in place when gpu-resident, else at `dst` with the
+// copies that fetch it. Returns the device bytes it takes at dst (0 in place) and adds the
+// bytes read from the cpu and disk tiers to `moved`.
+std::int64_t BlockScheduler::stage_weight(WeightSlot& slot, const std::string& name, std::byte* dst,
+                                          std::vector<CopyPiece>& pieces, std::int64_t& moved) {
   if (auto it = resident_.find(name); it != resident_.end()) {
     slot.view[name] = it->second;
     return 0;
   }
   const TieredTensor& t = *weights_.at(name);
-  std::byte* dst = slot.buf.data() + slot.used;
   slot.view[name] = {dst, t.dtype(), t.rows(), t.cols()};
   auto p = t.pieces(0, t.rows(), Place::gpu(dst), false);
   pieces.insert(pieces.end(), p.begin(), p.end());
-  slot.used += aligned(t.bytes());
-  return t.bytes() - t.bytes_on(Tier::Gpu);
+  moved += t.bytes() - t.bytes_on(Tier::Gpu);
+  return aligned(t.bytes());
 }
 
 void BlockScheduler::issue_weights(std::int64_t unit, std::int64_t seq, const BlockState& st) {
@@ -261,43 +275,101 @@ void BlockScheduler::issue_weights(std::int64_t unit, std::int64_t seq, const Bl
   slot.seq = -1;  // set once the fetch is queued, so a failure here never looks loaded
   slot.view.clear();
   slot.used = 0;
-  slot.routed = st.routed_experts && u.staged_experts;
+  slot.routed = st.routed_experts && u.staged_experts > 0;
   slot.step = st.step;
-  slot.expert_issued.assign(u.experts.size(), false);
-  slot.experts_ready.clear();
   std::vector<CopyPiece> pieces;
-  for (const auto& name : u.weights) stage_weight(slot, name, pieces);
+  std::int64_t moved = 0;
+  for (const auto& name : u.weights) slot.used += stage_weight(slot, name, slot.buf.data() + slot.used, pieces, moved);
+  slot.experts_base = slot.buf.data() + slot.used;
+  slot.held.assign(static_cast<std::size_t>(u.expert_slots), -1);
+  slot.arrives.assign(slot.held.size(), {});
+  slot.where.assign(u.experts.size(), -1);
+  for (std::size_t e = 0; e < u.experts.size(); ++e)
+    if (!u.expert_staged[e])
+      for (const auto& name : u.experts[e]) slot.view[name] = resident_.at(name);
   slot.ready = copies_->copy(lane_weights_, std::move(pieces), {"load_weight", u.name});
   slot.seq = seq;
   if (!u.experts.empty() && !slot.routed) {
     std::vector<std::int32_t> all(u.experts.size());
     std::iota(all.begin(), all.end(), 0);
-    issue_experts(slot, unit, all);
+    issue_experts(slot, unit, all, false);
   }
 }
 
-// Fetches the experts of `experts` the slot has not yet issued, as one copy.
-void BlockScheduler::issue_experts(WeightSlot& slot, std::int64_t unit, std::span<const std::int32_t> experts) {
+// Fetches the staged experts of `experts` the slot does not hold, as one copy: into free
+// sub-slots (the rest wait until computed), or with `evict` also into those of experts not
+// among `experts` (which then must fit the sub-slots).
+void BlockScheduler::issue_experts(WeightSlot& slot, std::int64_t unit, std::span<const std::int32_t> experts,
+                                   bool evict) {
   const Unit& u = units_[static_cast<std::size_t>(unit)];
+  std::vector<std::size_t> free_slots, victims;
+  for (std::size_t i = 0; i < slot.held.size(); ++i) {
+    if (slot.held[i] < 0)
+      free_slots.push_back(i);
+    else if (evict && std::ranges::find(experts, slot.held[i]) == experts.end())
+      victims.push_back(i);
+  }
+  free_slots.insert(free_slots.end(), victims.begin(), victims.end());
   std::vector<CopyPiece> pieces;
-  std::int64_t fetched = 0, bytes = 0;
+  std::vector<std::size_t> filled;
+  std::int64_t bytes = 0;
   std::string which;
+  auto next_free = free_slots.begin();
   for (const std::int32_t e : experts) {
-    if (slot.expert_issued[static_cast<std::size_t>(e)]) continue;
-    slot.expert_issued[static_cast<std::size_t>(e)] = true;
-    const std::size_t before = pieces.size();
-    for (const auto& name : u.experts[static_cast<std::size_t>(e)]) bytes += stage_weight(slot, name, pieces);
-    if (pieces.size() > before) {
-      ++fetched;
-      if (!which.empty()) which += ',';
-      which += std::to_string(e);
+    const auto ei = static_cast<std::size_t>(e);
+    if (!u.expert_staged[ei] || slot.where[ei] >= 0) continue;
+    if (next_free == free_slots.end()) {
+      if (evict) throw std::logic_error("a chunk of experts larger than the staging slot's expert slots");
+      break;
     }
+    const std::size_t i = *next_free++;
+    if (const std::int32_t old = slot.held[i]; old >= 0) {
+      slot.arrives[i].wait();  // a copy still bringing the evicted expert would land after ours
+      for (const auto& name : u.experts[static_cast<std::size_t>(old)]) slot.view.erase(name);
+      slot.where[static_cast<std::size_t>(old)] = -1;
+    }
+    std::byte* dst = slot.experts_base + static_cast<std::int64_t>(i) * expert_bytes_;
+    for (const auto& name : u.experts[ei]) dst += stage_weight(slot, name, dst, pieces, bytes);
+    slot.held[i] = e;
+    slot.where[ei] = static_cast<std::int32_t>(i);
+    filled.push_back(i);
+    if (!which.empty()) which += ',';
+    which += std::to_string(e);
   }
   if (pieces.empty()) return;
-  slot.experts_ready.push_back(
-      copies_->copy(lane_weights_, std::move(pieces), {"load_experts", u.name + " experts " + which}));
-  expert_loads_.add(slot.step, fetched, bytes);
-  if (!policy_.overlap) slot.experts_ready.back().wait();
+  const CopyTicket t = copies_->copy(lane_weights_, std::move(pieces), {"load_experts", u.name + " experts " + which});
+  for (const std::size_t i : filled) slot.arrives[i] = t;
+  expert_loads_.add(slot.step, static_cast<std::int64_t>(filled.size()), bytes);
+  if (!policy_.overlap) t.wait();
+}
+
+// Runs the MoE layer of `unit` for one GPU batch routed as `routing`: all at once when the
+// staged experts it routes to fit the slot, else in ascending chunks that do, each fetched
+// (over experts the chunk does not need) before it runs, so that the sums are forward()'s.
+void BlockScheduler::run_experts(WeightSlot& slot, std::int64_t unit, const ExpertRouting& routing,
+                                 Activations& act) {
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  const std::vector<std::int32_t>& routed = routing.routed;
+  const auto cap = static_cast<std::int64_t>(slot.held.size());
+  std::int64_t begin = 0;
+  std::vector<std::int32_t> chunk;
+  for (std::size_t i = 0;;) {
+    chunk.clear();
+    std::size_t j = i;
+    for (; j < routed.size(); ++j) {
+      const auto e = static_cast<std::size_t>(routed[j]);
+      if (!u.expert_staged[e]) continue;
+      if (static_cast<std::int64_t>(chunk.size()) == cap) break;
+      chunk.push_back(routed[j]);
+    }
+    issue_experts(slot, unit, chunk, true);
+    for (const std::int32_t e : chunk) slot.arrives[static_cast<std::size_t>(slot.where[static_cast<std::size_t>(e)])].wait();
+    const std::int64_t end = j < routed.size() ? routed[j] : cfg_.moe.experts + 1;
+    u.moe->forward_experts(be_, slot.view, routing, act, begin, end);
+    if (j == routed.size()) return;
+    begin = end;
+    i = j;
+  }
 }
 
 void BlockScheduler::issue_loads(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot) {
@@ -379,9 +451,10 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
     offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
     for (const Layer* l : u.layers) {
       if (ws && l == u.moe) {
-        // A merged unit routes between its attention and its MLP; otherwise the unit before did.
-        if (ws->routed && !u.routed_before) issue_experts(*ws, unit, l->routed_experts(be_, *w, b.step, act));
-        wait_all(ws->experts_ready);
+        // The experts this batch routes to (prefetched as the unit before routed it, or with
+        // the unit), fetched here where they were not or did not fit.
+        run_experts(*ws, unit, l->route_experts(be_, *w, b.step, act), act);
+        continue;
       }
       l->forward(be_, *w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
     }
@@ -392,7 +465,9 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
       if (next.seq != weight_seq + 1) throw std::logic_error("the MoE unit's router weights were not fetched ahead");
       if (next.routed) {
         next.ready.wait();
-        issue_experts(next, unit + 1, units_[static_cast<std::size_t>(unit + 1)].moe->routed_experts(be_, next.view, b.step, act));
+        issue_experts(next, unit + 1,
+                      units_[static_cast<std::size_t>(unit + 1)].moe->route_experts(be_, next.view, b.step, act).routed,
+                      false);
       }
     }
     if (u.last && holds_head_) {

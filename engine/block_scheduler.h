@@ -27,7 +27,11 @@
 // shared expert; the unit before it routes each GPU batch right after computing it (a merged
 // unit routes between its attention and its MLP) and the experts that batch needs and the
 // block has not yet fetched start to stream in while the next batches compute. Otherwise all
-// experts come with the unit, as for a dense MLP. The staging slots hold all experts.
+// experts come with the unit, as for a dense MLP. A staging slot holds Policy::expert_slot_count
+// of a unit's staged experts (by default those a decode step is expected to route to); the
+// prefetch stops when they are full, and a GPU batch whose routed experts do not fit runs its
+// MoE layer in ascending chunks of experts, each fetched over the last, adding up to the same
+// sums as one run.
 #pragma once
 #include <functional>
 #include <memory>
@@ -121,8 +125,10 @@ class BlockScheduler {
   struct BlockState;
 
   void issue_weights(std::int64_t unit, std::int64_t seq, const BlockState& st);
-  std::int64_t stage_weight(WeightSlot& slot, const std::string& name, std::vector<offload::CopyPiece>& pieces);
-  void issue_experts(WeightSlot& slot, std::int64_t unit, std::span<const std::int32_t> experts);
+  std::int64_t stage_weight(WeightSlot& slot, const std::string& name, std::byte* dst,
+                            std::vector<offload::CopyPiece>& pieces, std::int64_t& moved);
+  void issue_experts(WeightSlot& slot, std::int64_t unit, std::span<const std::int32_t> experts, bool evict);
+  void run_experts(WeightSlot& slot, std::int64_t unit, const ExpertRouting& routing, Activations& act);
   void issue_loads(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot);
   void compute(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot, std::int64_t weight_seq);
   void issue_stores(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot);
@@ -143,6 +149,7 @@ class BlockScheduler {
   TieredWeights weights_;
   DeviceWeights resident_;  // tensors wholly on the gpu tier, used in place
   std::vector<WeightSlot> weight_slots_;
+  std::int64_t expert_bytes_ = 0;  // a staging slot's sub-slot for one staged expert
   std::unique_ptr<policy::KvPolicy> kv_policy_;  // from policy_.kv; null for the full cache
   ExpertLoadStats expert_loads_;
   // Declared last: destroyed first, so queued copies finish before the memory they touch goes.

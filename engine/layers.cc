@@ -269,66 +269,68 @@ class MoeMlp final : public Layer {
       n.push_back({expert_prefix(e) + "w_gate", expert_prefix(e) + "w_up", expert_prefix(e) + "w_down"});
     return n;
   }
-  std::vector<std::int32_t> routed_experts(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s,
-                                           Activations& act) const override {
-    std::vector<std::int32_t> routed;
-    std::vector<float> weights;
-    route(be, w, s, act, routed, weights);
-    std::ranges::sort(routed);
-    routed.erase(std::unique(routed.begin(), routed.end()), routed.end());
-    return routed;
-  }
   std::vector<std::string> router_weight_names() const { return {p_ + "mlp_norm.weight", p_ + "router"}; }
   std::string expert_prefix(std::int64_t e) const { return p_ + "experts." + std::to_string(e) + "."; }
 
-  // The experts each row of the step goes to (with weights), from the router on norm(h).
-  void route(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
-             std::vector<std::int32_t>& expert_of, std::vector<float>& weight_of) const {
-    const std::int64_t rows = s.rows(), k = cfg_.moe.top_k;
+  // The experts each row of the step goes to (with weights), from the router on norm(h); the
+  // shared expert as expert E, weighted by sigmoid(shared_gate . x) per row.
+  ExpertRouting route_experts(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s,
+                              Activations& act) const override {
+    const std::int64_t rows = s.rows(), k = cfg_.moe.top_k, E = cfg_.moe.experts;
+    ExpertRouting r;
     float* x = act.normed.as<float>();
     norm(be, cfg_, w, p_ + "mlp_norm", act.hidden, x, rows);
     linear(be, cfg_, {x, rows, get(w, p_ + "router"), nullptr, act.router.as<float>(), 0.0f});
-    expert_of.resize(static_cast<std::size_t>(rows * k));
-    weight_of.resize(expert_of.size());
-    be.route({act.router.as<float>(), rows, cfg_.moe.experts, k, cfg_.moe.norm_topk, expert_of, weight_of});
-  }
-
-  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
-               const KvView*) const override {
-    const std::int64_t rows = s.rows(), k = cfg_.moe.top_k, E = cfg_.moe.experts;
-    std::vector<std::int32_t> routed;
-    std::vector<float> weights;
-    route(be, w, s, act, routed, weights);
-    const float* x = act.normed.as<float>();
-    std::vector<kernels::ExpertMatrices> experts(static_cast<std::size_t>(E));
-    for (std::int64_t e = 0; e < E; ++e) {  // only the routed ones are on the device when staged
-      const std::string p = expert_prefix(e);
-      if (const auto it = w.find(p + "w_gate"); it != w.end())
-        experts[static_cast<std::size_t>(e)] = {it->second, get(w, p + "w_up"), get(w, p + "w_down")};
-    }
-    std::int64_t per_row = k;
+    r.expert_of.resize(static_cast<std::size_t>(rows * k));
+    r.weight_of.resize(r.expert_of.size());
+    be.route({act.router.as<float>(), rows, E, k, cfg_.moe.norm_topk, r.expert_of, r.weight_of});
+    r.per_row = k;
+    r.routed = r.expert_of;
+    std::ranges::sort(r.routed);
+    r.routed.erase(std::unique(r.routed.begin(), r.routed.end()), r.routed.end());
     if (cfg_.moe.shared_ffn > 0) {
-      // The shared expert as expert E, weighted by sigmoid(shared_gate . x) per row.
-      experts.push_back({get(w, p_ + "shared.w_gate"), get(w, p_ + "shared.w_up"), get(w, p_ + "shared.w_down")});
       std::vector<float> gate(static_cast<std::size_t>(rows));
       linear(be, cfg_, {x, rows, get(w, p_ + "shared_gate"), nullptr, act.router.as<float>(), 0.0f});
       be.copy_to_host(gate.data(), act.router.data(), gate.size() * sizeof(float));
       std::vector<std::int32_t> e2;
       std::vector<float> w2;
-      for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t i = 0; i < rows; ++i) {
         for (std::int64_t j = 0; j < k; ++j) {
-          e2.push_back(routed[static_cast<std::size_t>(r * k + j)]);
-          w2.push_back(weights[static_cast<std::size_t>(r * k + j)]);
+          e2.push_back(r.expert_of[static_cast<std::size_t>(i * k + j)]);
+          w2.push_back(r.weight_of[static_cast<std::size_t>(i * k + j)]);
         }
         e2.push_back(static_cast<std::int32_t>(E));
-        w2.push_back(1.0f / (1.0f + std::exp(-gate[static_cast<std::size_t>(r)])));
+        w2.push_back(1.0f / (1.0f + std::exp(-gate[static_cast<std::size_t>(i)])));
       }
-      routed = std::move(e2);
-      weights = std::move(w2);
-      per_row = k + 1;
+      r.expert_of = std::move(e2);
+      r.weight_of = std::move(w2);
+      r.per_row = k + 1;
     }
-    be.moe_experts({x, rows, cfg_.hidden, per_row, routed, weights, experts, cfg_.mlp_act, cfg_.compute_dtype,
-                    act.hidden});
+    return r;
+  }
+
+  void forward_experts(kernels::Backend& be, const DeviceWeights& w, const ExpertRouting& r, Activations& act,
+                       std::int64_t begin, std::int64_t end) const override {
+    const std::int64_t E = cfg_.moe.experts;
+    std::vector<kernels::ExpertMatrices> experts(static_cast<std::size_t>(E));
+    for (std::int64_t e = std::max<std::int64_t>(begin, 0); e < std::min(end, E); ++e) {
+      const std::string p = expert_prefix(e);  // only the chunk's routed ones are on the device when staged
+      if (const auto it = w.find(p + "w_gate"); it != w.end())
+        experts[static_cast<std::size_t>(e)] = {it->second, get(w, p + "w_up"), get(w, p + "w_down")};
+    }
+    if (cfg_.moe.shared_ffn > 0) {
+      experts.emplace_back();
+      if (begin <= E && E < end)
+        experts.back() = {get(w, p_ + "shared.w_gate"), get(w, p_ + "shared.w_up"), get(w, p_ + "shared.w_down")};
+    }
+    const std::int64_t rows = static_cast<std::int64_t>(r.expert_of.size()) / r.per_row;
+    be.moe_experts({act.normed.as<float>(), rows, cfg_.hidden, r.per_row, r.expert_of, r.weight_of, experts,
+                    cfg_.mlp_act, cfg_.compute_dtype, act.hidden, begin, end});
+  }
+
+  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+               const KvView*) const override {
+    forward_experts(be, w, route_experts(be, w, s, act), act, 0, cfg_.moe.experts + 1);
   }
 
  private:

@@ -65,6 +65,16 @@ struct Activations {
   kernels::DeviceBuffer logits;         // [batch, vocab]
 };
 
+// A mixture-of-experts layer's routing of one step's rows: each row's experts and weights
+// (per_row of them: top_k, and the shared expert last where there is one) and the distinct
+// routed experts, ascending (the shared one not among them).
+struct ExpertRouting {
+  std::vector<std::int32_t> expert_of;
+  std::vector<float> weight_of;
+  std::int64_t per_row = 0;
+  std::vector<std::int32_t> routed;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -75,12 +85,16 @@ class Layer {
   // Mixture-of-experts: the weights of each routed expert, by expert (empty for other layers;
   // weight_names() lists them too). A scheduler may load only the experts rows route to.
   virtual std::vector<std::vector<std::string>> expert_weight_names() const { return {}; }
-  // The distinct experts (ascending) the rows of `step` route to from act.hidden; needs the
-  // weights of weight_names() that are not expert weights; overwrites act's scratch.
-  virtual std::vector<std::int32_t> routed_experts(kernels::Backend&, const DeviceWeights&, const StepBatch&,
-                                                   Activations&) const {
+  // Routes the rows of `step` from act.hidden: needs the weights of weight_names() that are
+  // not expert weights; overwrites act's scratch (act.normed then holds the experts' input).
+  virtual ExpertRouting route_experts(kernels::Backend&, const DeviceWeights&, const StepBatch&, Activations&) const {
     return {};
   }
+  // Adds the terms of the experts in [begin, end) (the shared expert is number `experts`) to
+  // act.hidden for `routing`, the last route_experts of this step with act.normed untouched
+  // since; only those experts' weights are read. Chunks in ascending order add up to forward().
+  virtual void forward_experts(kernels::Backend&, const DeviceWeights&, const ExpertRouting&, Activations&,
+                               std::int64_t /*begin*/, std::int64_t /*end*/) const {}
   // `cache` is this layer's KV cache (Attention only; null for the others).
   virtual void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& step, Activations& act,
                        const KvView* cache) const = 0;

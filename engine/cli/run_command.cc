@@ -89,6 +89,12 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "unless about all experts are expected active; default)")
       ->check(CLI::IsMember({"auto", "routed", "all"}))
       ->group(sched);
+  run->add_option("--expert-slots", o.expert_slots,
+                  "mixture-of-experts: experts a weight staging slot holds per MoE layer (default: those a decode "
+                  "step of the block is expected to route to, at least top_k); a batch routed to more runs its "
+                  "MoE layer in chunks of experts")
+      ->check(CLI::PositiveNumber)
+      ->group(sched);
   o.compress.add_to(run, sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
   run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
@@ -246,9 +252,9 @@ int run_one_process(const RunOptions& o) {
   const std::int64_t moe_layers = std::ranges::count(c.moe.layers, true);
   if (c.moe.experts > 0 && !experts.experts_by_step.empty())
     fmt::print(stderr,
-               "experts: {} loading; per step {} of {} fetched ({} layers x {}); decode moved {} of expert weights per "
-               "token\n",
-               pol.expert_loading, fmt::join(experts.experts_by_step, " "), moe_layers * c.moe.experts, moe_layers,
+               "experts: {} loading, {} per staging slot; per step {} of {} fetched ({} layers x {}); decode moved {} "
+               "of expert weights per token\n",
+               pol.expert_loading, pol.expert_slot_count(c.moe.experts, c.moe.top_k), fmt::join(experts.experts_by_step, " "), moe_layers * c.moe.experts, moe_layers,
                c.moe.experts,
                offload::format_bytes(decode_tokens > 0 ? decode_expert_bytes / decode_tokens : 0));
   if (!o.metrics_file.empty()) {
@@ -265,7 +271,8 @@ int run_one_process(const RunOptions& o) {
                           {"compress_weight", pol.compress_weight},
                           {"compress_cache", pol.compress_cache},
                           {"compress_bits", pol.compress_bits},
-                          {"expert_loading", pol.expert_loading}}},
+                          {"expert_loading", pol.expert_loading},
+                          {"expert_slots", pol.expert_slot_count(c.moe.experts, c.moe.top_k)}}},
                         {"prompts", items.size()},
                         {"prompt_tokens", total.prompt_tokens},
                         {"generated_tokens", total.generated_tokens},

@@ -39,6 +39,7 @@ struct RunOptions {
   bool cpu_cache_compute = false;
   std::string kv;  // KV eviction spec
   std::string expert_loading;  // MoE: auto, routed or all
+  std::optional<std::int64_t> expert_slots;  // MoE: experts a staging slot holds
   CompressionFlags compress;
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;

@@ -26,6 +26,7 @@ policy::Policy make_policy(const RunOptions& o) {
   if (o.cpu_cache_compute) p.cpu_cache_compute = true;
   if (!o.kv.empty()) p.kv = o.kv;
   if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
+  if (o.expert_slots) p.expert_slots = *o.expert_slots;
   o.compress.apply(p);
   p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
   return p;
@@ -122,6 +123,7 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
   if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
   if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
   if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
+  if (o.expert_slots) p.expert_slots = *o.expert_slots;
   return p;
 }
 

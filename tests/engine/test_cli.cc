@@ -161,7 +161,9 @@ TEST(Cli, RoutedExpertLoadingIsReportedAndGeneratesWhatAllExpertsDo) {
   ASSERT_EQ(routed.code, 0) << routed.err;
   ASSERT_EQ(all.code, 0) << all.err;
   EXPECT_EQ(routed.out, all.out);
-  EXPECT_THAT(routed.err, HasSubstr("experts: routed loading; per step"));
+  // One sequence routes to top-2 experts a decode step: the staging slots hold 2 of 8.
+  EXPECT_THAT(routed.err, HasSubstr("experts: routed loading, 2 per staging slot; per step"));
+  EXPECT_EQ(nlohmann::json::parse(testing::read_file(dir.file("routed.json")))["policy"]["expert_slots"], 2);
   const std::int64_t expert_bytes = 3 * 96 * 64 * 4;
   const auto a = nlohmann::json::parse(testing::read_file(dir.file("all.json")))["experts"];
   const auto r = nlohmann::json::parse(testing::read_file(dir.file("routed.json")))["experts"];

@@ -36,6 +36,7 @@ struct Case {
   std::array<double, 6> percent;
   bool ccc = false, compress = false;
   std::optional<kernels::DType> cache = {};
+  std::int64_t expert_slots = 0;  // MoE: the policy's (0: from the block)
 };
 
 void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
@@ -47,6 +48,7 @@ void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   p.cpu_cache_compute = c.ccc;
   p.compress_weight = p.compress_cache = c.compress;
   p.cache_storage = c.cache;
+  p.expert_slots = c.expert_slots;
   const std::int64_t prompt = 12, gen = 5;
   const auto est = policy::estimate(engine::model_shape(cfg), roomy_cpu_profile(), {prompt, gen}, p);
   ASSERT_TRUE(est.has_value());
@@ -102,6 +104,19 @@ TEST(PlanMemory, PredictedPeaksAreTheEnginesOpt) {
 
 TEST(PlanMemory, PredictedPeaksAreTheEnginesLlama) {
   for (const Case& c : kCases) expect_planned_peaks(testing::tiny_llama_config(), c);
+}
+
+// Mixture-of-experts: the staging slots hold the experts a decode step of the block is expected
+// to route to (5 or 6 of 6 in kCases, 2 for one sequence) or expert_slots, the memory model's
+// size too; the router's logits and the expert kernel's scratch count.
+TEST(PlanMemory, PredictedPeaksAreTheEnginesMoe) {
+  const Case moe_cases[] = {
+      {"one sequence, weights on the cpu: slots for 2 experts", 1, 1, {0, 100, 100, 0, 100, 0}},
+      {"slots for 1 expert, weights on cpu and disk", 2, 2, {0, 50, 100, 0, 100, 0}, false, false, {}, 1},
+      {"slots for 3 experts, weights over three tiers", 3, 1, {30, 30, 50, 50, 0, 100}, false, false, {}, 3},
+  };
+  for (const Case& c : kCases) expect_planned_peaks(testing::tiny_moe_config(), c);
+  for (const Case& c : moe_cases) expect_planned_peaks(testing::tiny_moe_config(), c);
 }
 
 }  // namespace

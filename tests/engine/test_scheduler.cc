@@ -2,7 +2,8 @@
 // including disk, GPU batch size, number of GPU batches, overlap, sep_layer,
 // cpu_cache_compute, staged copies, KV eviction, 4/8-bit compression of weights and KV) the
 // generated tokens must be identical to the plain run with the same eviction and compression.
-// Mixture-of-experts models also with only the routed experts loaded, or all of them.
+// Mixture-of-experts models also with only the routed experts loaded, or all of them, and with
+// staging slots for fewer experts than a batch routes to (the MoE layer then runs in chunks).
 // Also: the staged KV copies (one strided piece per sequence and K/V) and the device scratch
 // of the backend's ops counted in the gpu budget.
 #include <gtest/gtest.h>
@@ -15,7 +16,9 @@
 #include "engine/block_scheduler.h"
 #include "engine/kv_staging.h"
 #include "engine/loaders/dummy_weights.h"
+#include "engine/model_shape.h"
 #include "engine/model_source.h"
+#include "policy/cost_model.h"
 #include "policy/eviction/kv_spec.h"
 #include "tests/support/forwarding_backend.h"
 #include "tests/support/test_models.h"
@@ -86,7 +89,8 @@ std::string describe(const Case& c) {
          " cpu_cache_compute " + std::to_string(p.cpu_cache_compute) + " stage " + std::to_string(c.always_stage) +
          " threads " + std::to_string(c.force_threads) + " kv " + p.kv + " compress weight/cache " +
          std::to_string(p.compress_weight) + "/" + std::to_string(p.compress_cache) + " bits " +
-         std::to_string(p.compress_bits) + " experts " + p.expert_loading;
+         std::to_string(p.compress_bits) + " experts " + p.expert_loading + " expert_slots " +
+         std::to_string(p.expert_slots);
 }
 
 std::vector<std::vector<std::int32_t>> random_prompts(const ModelConfig& cfg, std::int64_t n, std::uint64_t seed) {
@@ -134,20 +138,6 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
 
 void expect_same_tokens(const ModelConfig& cfg, const engine::WeightSource& src, std::uint64_t seed, float temperature) {
   expect_same_tokens(random_case(seed), cfg, src, seed, temperature);
-}
-
-// Llama-shaped with 6 experts, top 2 (weights not renormalised), a shared expert, and a dense
-// middle layer (Qwen2-MoE's mlp_only_layers).
-ModelConfig tiny_moe_config() {
-  ModelConfig c = testing::tiny_llama_config();
-  c.name = "tiny-moe";
-  c.moe.experts = 6;
-  c.moe.top_k = 2;
-  c.moe.expert_ffn = 24;
-  c.moe.norm_topk = false;
-  c.moe.shared_ffn = 16;
-  c.moe.layers = {true, false, true};
-  return c;
 }
 
 // Compressed weights and KV without eviction, the KV staged from cpu and disk (partial slot
@@ -201,15 +191,66 @@ TEST(Scheduler, RandomPoliciesMatchInMemoryRunLlama) {
   for (std::uint64_t seed = 100; seed < 124; ++seed) expect_same_tokens(cfg, src, seed, 0.8f);
 }
 
-// Routed-only expert loading forced on and off, and auto, under random policies.
+// Routed-only expert loading forced on and off, and auto, under random policies; staging
+// slots sized from the block (0), or for 1 to 3 of the 6 experts, fewer than most GPU batches
+// route to (every prefill does): those run their MoE layers in chunks.
 TEST(Scheduler, RandomPoliciesMatchInMemoryRunMoe) {
-  const ModelConfig cfg = tiny_moe_config();
+  const ModelConfig cfg = testing::tiny_moe_config();
   engine::DummyWeights src(cfg, 14);
   const char* loading[] = {"routed", "all", "auto"};
-  for (std::uint64_t seed = 400; seed < 430; ++seed) {
+  for (std::uint64_t seed = 400; seed < 436; ++seed) {
     Case c = random_case(seed);
     c.policy.expert_loading = loading[seed % 3];
+    if (c.policy.expert_loading != "all") c.policy.expert_slots = static_cast<std::int64_t>((seed / 3) % 4);
     expect_same_tokens(c, cfg, src, seed, seed % 2 ? 0.8f : 0.0f);
+  }
+}
+
+// Staging slots for fewer experts than the block routes to: the weight staging slots take the
+// bytes the planner's memory model gives them (a unit's other weights and expert_slots
+// experts); the tokens are those of slots for every expert; each GPU batch fetches its own
+// routed experts chunk by chunk, so a decode step fetches at least the experts of the union of
+// the batches and, with one slot, re-fetches some of them.
+TEST(Scheduler, SmallExpertSlotsRunInChunks) {
+  const ModelConfig cfg = testing::tiny_moe_config();
+  engine::DummyWeights src(cfg, 16);
+  const std::int64_t E = cfg.moe.experts;
+  GenerationRequest req;
+  req.prompts = random_prompts(cfg, 8, 9);
+  req.max_new_tokens = 6;
+  auto be = kernels::make_cpu_backend();
+  std::vector<std::vector<std::vector<std::int32_t>>> tokens;
+  std::vector<engine::ExpertLoadStats> loads;
+  for (const bool sep_layer : {true, false})
+    for (const std::int64_t slots : {E, std::int64_t{2}, std::int64_t{1}}) {
+      SCOPED_TRACE("sep_layer " + std::to_string(sep_layer) + ", slots " + std::to_string(slots));
+      policy::Policy p;
+      p.gpu_batch_size = 2;
+      p.num_gpu_batches = 4;
+      p.weights = {0, 1, 0};
+      p.sep_layer = sep_layer;
+      p.expert_loading = "routed";
+      p.expert_slots = slots;
+      offload::Tiers tiers(*be, {});
+      engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+      const auto z = policy::model_sizes(policy::with_compression(engine::model_shape(cfg), p));
+      EXPECT_EQ(tiers.budget(offload::Tier::Gpu).used(), 2 * z.staging_slot(slots, sep_layer));
+      tokens.push_back(sched.generate(req).tokens);
+      loads.push_back(sched.expert_loads());
+    }
+  for (const auto& t : tokens) EXPECT_EQ(t, tokens[0]);
+  const std::int64_t moe_layers = 2, rows = 2 * 4;
+  for (std::size_t run : {0u, 3u}) {
+    const auto &all = loads[run], &one = loads[run + 2];
+    ASSERT_EQ(all.experts_by_step.size(), one.experts_by_step.size());
+    bool refetched = false;
+    for (std::size_t step = 1; step < all.experts_by_step.size(); ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      EXPECT_GE(one.experts_by_step[step], all.experts_by_step[step]);
+      EXPECT_LE(one.experts_by_step[step], moe_layers * rows * cfg.moe.top_k);
+      refetched = refetched || one.experts_by_step[step] > all.experts_by_step[step];
+    }
+    EXPECT_TRUE(refetched);
   }
 }
 
@@ -217,7 +258,7 @@ TEST(Scheduler, RandomPoliciesMatchInMemoryRunMoe) {
 // for a single sequence's decode step, every expert of them once, with their bytes; loading
 // all fetches every expert each step; gpu-resident experts are never fetched. Same tokens.
 TEST(Scheduler, RoutedExpertLoadingFetchesOnlyTheRoutedExperts) {
-  ModelConfig cfg = tiny_moe_config();
+  ModelConfig cfg = testing::tiny_moe_config();
   cfg.moe.shared_ffn = 0;
   engine::DummyWeights src(cfg, 15);
   const std::int64_t moe_layers = 2, E = cfg.moe.experts;

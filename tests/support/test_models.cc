@@ -83,6 +83,18 @@ ModelConfig tiny_llama_config() {
   return c;
 }
 
+ModelConfig tiny_moe_config() {
+  ModelConfig c = tiny_llama_config();
+  c.name = "tiny-moe";
+  c.moe.experts = 6;
+  c.moe.top_k = 2;
+  c.moe.expert_ffn = 24;
+  c.moe.norm_topk = false;
+  c.moe.shared_ffn = 16;
+  c.moe.layers = {true, false, true};
+  return c;
+}
+
 namespace {
 
 std::vector<float> as_f32(const engine::HostTensor& t) {

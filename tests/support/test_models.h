@@ -28,6 +28,9 @@ std::string read_file(const std::string& path);
 
 engine::ModelConfig tiny_opt_config();    // 2 layers, hidden 64, 4 heads
 engine::ModelConfig tiny_llama_config();  // 3 layers, hidden 48, 6 heads, 2 kv heads (GQA)
+// tiny_llama_config with 6 experts, top 2 (weights not renormalised), a shared expert, and a
+// dense middle layer (Qwen2-MoE's mlp_only_layers).
+engine::ModelConfig tiny_moe_config();
 
 // Writes config.json + safetensors (one file, or `shards` files with an index) with Hugging
 // Face tensor names. With from_interleaved, q/k rows are permuted from llama2.c's
