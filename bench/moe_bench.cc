@@ -1,15 +1,18 @@
 // Expert offloading on a dummy Mixtral-shaped model scaled to this machine (Mixtral-8x7B's
 // layout: 8 experts, top-2, SwiGLU experts 3.5x hidden, GQA 4:1; hidden 512, 8 layers, fp16),
 // weights mostly on disk, CPU backend: decode tok/s and expert weight bytes moved per decode
-// token with only the routed experts loaded, with every expert loaded, and with the default
-// (auto: routed unless about all experts are expected active), at gbs x K = 1x1, 8x1, 32x4.
-// Variants run interleaved; min and median over the repetitions.
+// token with only the routed experts loaded (staging slots sized from the block, for every
+// expert, and for top_k = 2 experts, where batches routed to more run in chunks), with every
+// expert loaded, and with the default (auto: routed unless about all experts are expected
+// active), at gbs x K = 1x1, 8x1, 32x4, with the staging slots' bytes. Variants run
+// interleaved; min and median over the repetitions.
 // Usage: bench_moe [reps] [gen_len] [weight percent on disk]
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bench/timing.h"
@@ -39,10 +42,14 @@ engine::ModelConfig scaled_mixtral() {
 
 struct Runner {
   Runner(const engine::ModelConfig& cfg, const engine::WeightSource& src, const policy::Policy& p)
-      : be(kernels::make_cpu_backend()), tiers(*be, {}), sched(*be, tiers, cfg, src, p) {}
+      : be(kernels::make_cpu_backend()),
+        tiers(*be, {}),
+        sched(*be, tiers, cfg, src, p),
+        staging_bytes(tiers.budget(offload::Tier::Gpu).used()) {}
   std::unique_ptr<kernels::Backend> be;
   offload::Tiers tiers;
   engine::BlockScheduler sched;
+  std::int64_t staging_bytes;  // no weights on the gpu tier: its two staging slots
   std::vector<double> tok_s, bytes_per_token, experts_per_step;
 };
 
@@ -75,19 +82,29 @@ int main(int argc, char** argv) {
   const std::int64_t prompt_len = 16;
   fmt::print("{}: weights {:.0f}% cpu / {:.0f}% disk, prompt {}, gen {}, {} reps (min / median)\n\n", cfg.name,
              100 * (1 - disk), 100 * disk, prompt_len, gen_len, reps);
-  fmt::print("| gbs x K | loading | decode tok/s min | median | expert MiB moved / decode token min | median | "
-             "experts fetched / decode step (of {}) |\n|---|---|---|---|---|---|---|\n",
+  fmt::print("| gbs x K | loading | expert slots | staging MiB | decode tok/s min | median | expert MiB moved / "
+             "decode token min | median | experts fetched / decode step (of {}) |\n|---|---|---|---|---|---|---|---|---|\n",
              cfg.n_layers * cfg.moe.experts);
+  struct Variant {
+    const char* loading;
+    std::int64_t slots;  // 0: sized from the block
+  };
+  const Variant variants[] = {{"routed", 0}, {"routed", cfg.moe.experts}, {"routed", cfg.moe.top_k}, {"all", 0},
+                              {"auto", 0}};
   for (const auto& [gbs, K] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {8, 1}, {32, 4}}) {
     std::vector<std::unique_ptr<Runner>> runners;
-    const char* modes[] = {"routed", "all", "auto"};
-    for (const char* mode : modes) {
+    std::vector<std::string> names, slots;
+    for (const Variant& v : variants) {
       policy::Policy p;
       p.gpu_batch_size = gbs;
       p.num_gpu_batches = K;
       p.weights = {0, 1 - disk, disk};
-      p.expert_loading = mode;
+      p.expert_loading = v.loading;
+      p.expert_slots = v.slots;
       runners.push_back(std::make_unique<Runner>(cfg, src, p));
+      names.emplace_back(v.loading);
+      const std::int64_t n = p.expert_slot_count(cfg.moe.experts, cfg.moe.top_k);
+      slots.push_back(std::to_string(n) + (v.slots == 0 ? " (block)" : ""));
     }
     engine::GenerationRequest req;
     req.prompts = engine::synthetic_prompts(gbs * K, prompt_len, cfg.vocab_size);
@@ -97,9 +114,10 @@ int main(int argc, char** argv) {
       for (auto& r : runners) run_once(*r, req);
     for (std::size_t m = 0; m < runners.size(); ++m) {
       const Runner& r = *runners[m];
-      fmt::print("| {}x{} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} |\n", gbs, K, modes[m], min_of(r.tok_s),
-                 bench::median(r.tok_s), min_of(r.bytes_per_token) / (1 << 20),
-                 bench::median(r.bytes_per_token) / (1 << 20), bench::median(r.experts_per_step));
+      fmt::print("| {}x{} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} |\n", gbs, K, names[m], slots[m],
+                 static_cast<double>(r.staging_bytes) / (1 << 20), min_of(r.tok_s), bench::median(r.tok_s),
+                 min_of(r.bytes_per_token) / (1 << 20), bench::median(r.bytes_per_token) / (1 << 20),
+                 bench::median(r.experts_per_step));
     }
     std::fflush(stdout);
   }
