@@ -5,7 +5,7 @@
 // expert, and for top_k = 2 experts, where batches routed to more run in chunks), with every
 // expert loaded, and with the default (auto: routed unless about all experts are expected
 // active), at gbs x K = 1x1, 8x1, 32x4, with the staging slots' bytes. Variants run
-// interleaved; min and median over the repetitions.
+// interleaved, in a rotating order; min and median over the repetitions.
 // Usage: bench_moe [reps] [gen_len] [weight percent on disk]
 #include <fmt/format.h>
 
@@ -110,8 +110,9 @@ int main(int argc, char** argv) {
     req.prompts = engine::synthetic_prompts(gbs * K, prompt_len, cfg.vocab_size);
     req.max_new_tokens = gen_len;
     for (auto& r : runners) r->sched.generate(req);  // warm-up: thread pools, page faults
+    // Each repetition starts with the next variant, so no variant always runs first or last.
     for (int i = 0; i < reps; ++i)
-      for (auto& r : runners) run_once(*r, req);
+      for (std::size_t j = 0; j < runners.size(); ++j) run_once(*runners[(j + static_cast<std::size_t>(i)) % runners.size()], req);
     for (std::size_t m = 0; m < runners.size(); ++m) {
       const Runner& r = *runners[m];
       fmt::print("| {}x{} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} |\n", gbs, K, names[m], slots[m],
