@@ -93,7 +93,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "mixture-of-experts: experts a weight staging slot holds per MoE layer (default: those a decode "
                   "step of the block is expected to route to, at least top_k); a batch routed to more runs its "
                   "MoE layer in chunks of experts")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);
   o.compress.add_to(run, sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
