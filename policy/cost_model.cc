@@ -333,16 +333,21 @@ struct Solved {
 
 // Per-layer step times. Overlapped: FlexGen's max over concurrent transfers and compute (the
 // cpu->gpu copy of a decode step gates its compute); without overlap everything runs in line.
+// On one host (gpu_is_host_memory: the CPU backend) the disk's reads and writes share its queue
+// and the cores that issue them, so they add up instead of overlapping (measured: a disk-homed
+// KV's reads and slot writes do not hide behind each other there).
 double step_time_pre(const Terms& t, const Fractions& x) {
   const double ctog = t.ctog_pre.at(x), dtoc = t.dtoc_pre.at(x), gtoc = t.gtoc_pre.at(x), ctod = t.ctod_pre.at(x),
                comp = t.comp_pre.at(x);
   if (!t.overlap) return ctog + dtoc + gtoc + ctod + comp;
+  if (t.shared_host) return std::max({ctog + dtoc, gtoc + ctod, dtoc + ctod, comp});
   return std::max({ctog + dtoc, gtoc + ctod, comp});
 }
 double step_time_gen(const Terms& t, const Fractions& x) {
   const double ctog = t.ctog_gen.at(x), dtoc = t.dtoc_gen.at(x), gtoc = t.gtoc_gen.at(x), ctod = t.ctod_gen.at(x),
                comp = t.comp_gen.at(x);
   if (!t.overlap) return ctog + dtoc + gtoc + ctod + comp;
+  if (t.shared_host) return ctog + std::max({gtoc, dtoc + ctod, comp});
   return ctog + std::max({gtoc, dtoc, ctod, comp});
 }
 
@@ -401,6 +406,10 @@ std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool 
   time_row({&t.gtoc_pre, &t.ctod_pre}, TPRE);
   time_row({&t.comp_pre}, TPRE);
   for (const Linear* other : {&t.gtoc_gen, &t.dtoc_gen, &t.ctod_gen, &t.comp_gen}) time_row({&t.ctog_gen, other}, TGEN);
+  if (t.shared_host) {  // one host's disk: reads and writes add up (step_time_pre/gen)
+    time_row({&t.dtoc_pre, &t.ctod_pre}, TPRE);
+    time_row({&t.ctog_gen, &t.dtoc_gen, &t.ctod_gen}, TGEN);
+  }
   std::array<Linear, 3> memory;
   for (int tier = 0; tier < 3; ++tier) {
     memory[static_cast<std::size_t>(tier)] = t.memory(tier);

@@ -195,6 +195,29 @@ TEST(CostModel, HostMemoryHoldsTheGpuAndCpuTiersTogether) {
   EXPECT_FALSE(load_hardware_yaml(hardware_to_yaml(split), "roundtrip").gpu_is_host_memory);
 }
 
+// On one host (the CPU backend) a disk's reads and writes share the disk and the cores that
+// issue them: a decode step that reads and writes the disk pays both; without the disk nothing
+// changes.
+TEST(CostModel, HostMemorySerialisesDiskReadsAndWrites) {
+  const Workload w{512, 32};
+  const ModelShape m = opt("opt-6.7b", 32, 4096);
+  HardwareProfile split = t4();
+  split.gpu_mem = split.cpu_mem = std::int64_t{64} << 30;
+  HardwareProfile host = split;
+  host.gpu_is_host_memory = true;
+  Policy disk_kv;
+  disk_kv.gpu_batch_size = 8;
+  disk_kv.set_percent({100, 0, 0, 0, 100, 0});  // weights on the gpu tier, KV on disk
+  Policy no_disk = disk_kv;
+  no_disk.set_percent({100, 0, 0, 100, 100, 0});
+  Policy in_line = disk_kv;
+  in_line.overlap = false;
+  const auto step = [&](const HardwareProfile& hw, const Policy& p) { return estimate(m, hw, w, p).value(); };
+  EXPECT_GT(step(host, disk_kv).decode_step_seconds, step(split, disk_kv).decode_step_seconds * 1.001);
+  EXPECT_LE(step(host, disk_kv).decode_step_seconds, step(host, in_line).decode_step_seconds);
+  EXPECT_DOUBLE_EQ(step(host, no_disk).decode_step_seconds, step(split, no_disk).decode_step_seconds);
+}
+
 TEST(CostModel, InfeasibleRequestsNameTheChange) {
   HardwareProfile small = t4();
   small.cpu_mem = 16'000'000'000;
