@@ -7,6 +7,8 @@ function(flexh2o_embed_yamls dir var)
   foreach(y ${yamls})
     get_filename_component(name ${y} NAME_WLE)
     file(READ ${y} text)
+    # An edited YAML re-runs configure, so the binary never embeds a stale copy.
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${y})
     string(APPEND body "    {\"${name}\", R\"flexh2o_yaml(${text})flexh2o_yaml\"},\n")
   endforeach()
   set(${var} "${body}" PARENT_SCOPE)
