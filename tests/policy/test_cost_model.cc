@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 namespace flexh2o::policy {
 namespace {
@@ -171,15 +172,21 @@ TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
   EXPECT_EQ(estimate(m, slow, w, full.policy)->total_throughput, full.total_throughput);  // nothing to expand
 }
 
+// A T4 whose gpu and cpu tiers hold `gib` GiB each, as one host memory and as two.
+std::pair<HardwareProfile, HardwareProfile> host_and_split_t4(std::int64_t gib) {
+  HardwareProfile split = t4();
+  split.gpu_mem = split.cpu_mem = gib << 30;
+  HardwareProfile host = split;
+  host.gpu_is_host_memory = true;
+  return {host, split};
+}
+
 // On the CPU backend the gpu tier is host memory: a plan fits the two tiers into it together,
 // and a fixed policy that fits each tier alone but not both is refused, naming both.
 TEST(CostModel, HostMemoryHoldsTheGpuAndCpuTiersTogether) {
   const Workload w{512, 32};
   const ModelShape m = opt("opt-6.7b", 32, 4096);
-  HardwareProfile host = t4();
-  host.gpu_mem = host.cpu_mem = std::int64_t{12} << 30;
-  HardwareProfile split = host;
-  host.gpu_is_host_memory = true;
+  const auto [host, split] = host_and_split_t4(12);
   const Estimate e = plan(m, host, w);
   EXPECT_LE(static_cast<double>(e.peak_bytes[0] + e.peak_bytes[1]), host.memory_safety * static_cast<double>(host.cpu_mem) + 2);
   Policy p;  // weights (12.4 GiB) half on each tier: each fits, both do not
@@ -201,10 +208,7 @@ TEST(CostModel, HostMemoryHoldsTheGpuAndCpuTiersTogether) {
 TEST(CostModel, HostMemorySerialisesDiskReadsAndWrites) {
   const Workload w{512, 32};
   const ModelShape m = opt("opt-6.7b", 32, 4096);
-  HardwareProfile split = t4();
-  split.gpu_mem = split.cpu_mem = std::int64_t{64} << 30;
-  HardwareProfile host = split;
-  host.gpu_is_host_memory = true;
+  const auto [host, split] = host_and_split_t4(64);
   Policy disk_kv;
   disk_kv.gpu_batch_size = 8;
   disk_kv.set_percent({100, 0, 0, 0, 100, 0});  // weights on the gpu tier, KV on disk
