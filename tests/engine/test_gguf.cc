@@ -21,6 +21,7 @@
 #include "engine/model_source.h"
 #include "kernels/quantize.h"
 #include "tests/support/error_of.h"
+#include "tests/support/gguf_edit.h"
 #include "tests/support/fp_tolerance.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"
@@ -29,6 +30,7 @@ namespace flexh2o {
 namespace {
 
 using testing::error_of;
+using testing::with_metadata;
 
 namespace fs = std::filesystem;
 using ::testing::AllOf;
@@ -577,12 +579,7 @@ TEST(GgufConfig, BadMetadataIsNamed) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);
-    engine::GgufHeader h = base;
-    if (c.value) {
-      h.metadata[c.key] = *c.value;
-    } else {
-      h.metadata.erase(c.key);
-    }
+    const engine::GgufHeader h = with_metadata(base, c.key, c.value);
     EXPECT_THAT(error_of([&] { engine::gguf_model_config(h, no_tensors); }), AllOf(HasSubstr("t.gguf"), HasSubstr(c.mention)));
   }
 }

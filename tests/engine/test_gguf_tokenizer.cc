@@ -11,6 +11,7 @@
 #include "engine/tokenizer/byte_level.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
 #include "tests/support/error_of.h"
+#include "tests/support/gguf_edit.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tokenizer_cases.h"
 
@@ -18,6 +19,7 @@ namespace flexh2o {
 namespace {
 
 using testing::error_of;
+using testing::with_metadata;
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -142,12 +144,7 @@ TEST(GgufTokenizer, BadMetadataIsNamed) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);
-    engine::GgufHeader h = base;
-    if (c.value) {
-      h.metadata[c.key] = *c.value;
-    } else {
-      h.metadata.erase(c.key);
-    }
+    const engine::GgufHeader h = with_metadata(base, c.key, c.value);
     EXPECT_THAT(error_of([&] { engine::gguf_tokenizer(h); }), AllOf(HasSubstr("t.gguf: "), HasSubstr(c.mention)));
   }
 
