@@ -83,8 +83,8 @@ policy::HardwareProfile this_machine_profile(const kernels::Backend& be, const s
   const std::int64_t memory = available_memory();
   hw.name = "this machine";
   hw.source = "capacities of this machine now, rates of the built-in " + rates + " profile";
-  // On the CPU backend both tiers are this RAM: the profile says so (gpu_is_host_memory) and the
-  // planner fits them into it together.
+  // On the CPU backend both tiers are this RAM: the planner fits them into it together.
+  hw.gpu_is_host_memory = cpu;
   hw.gpu_mem = cpu ? memory : be.memory_capacity();
   hw.cpu_mem = memory;
   hw.disk_mem = free_disk(offload_dir);
