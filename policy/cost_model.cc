@@ -285,6 +285,14 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double exposed = 1 - hw.copy_overlap;
   t.comp_pre = t.comp_pre.plus(t.ctog_pre, exposed).plus(t.gtoc_pre, exposed);
   t.comp_gen = t.comp_gen.plus(t.gtoc_gen, exposed);
+  // On one host the small requests of a disk-homed KV also take the cores that compute: the
+  // kernel spends them pinning pages and completing O_DIRECT requests (measured: a KV on disk
+  // adds ~1.4 s of system time to a 4 s run, and a prefill takes its compute plus the head-row
+  // writes). Their bytes still stream beside the compute.
+  if (hw.gpu_is_host_memory) {
+    t.comp_pre = t.comp_pre.plus(lin(0, {{CN, kv_disk_write_pre}}), 1);
+    t.comp_gen = t.comp_gen.plus(lin(0, {{CN, kv_disk_read + kv_disk_write_gen}}), 1);
+  }
 
   // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler):
   // one GPU batch's activations (engine::Activations), two weight staging slots of the

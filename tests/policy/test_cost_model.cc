@@ -222,6 +222,28 @@ TEST(CostModel, HostMemorySerialisesDiskReadsAndWrites) {
   EXPECT_DOUBLE_EQ(step(host, no_disk).decode_step_seconds, step(split, no_disk).decode_step_seconds);
 }
 
+// On one host the small requests of a disk-homed KV take the cores too: with the copies'
+// bandwidths out of the way, a prefill that writes its KV to disk takes its compute plus one
+// head-row write per (sequence, kv head, K/V) and layer; on a separate GPU it is hidden.
+TEST(CostModel, HostMemoryChargesDiskRequestsToCompute) {
+  const Workload w{512, 32};
+  const ModelShape m = opt("opt-6.7b", 32, 4096);
+  auto [host, split] = host_and_split_t4(64);
+  for (HardwareProfile* hw : {&host, &split}) {
+    hw->disk_to_cpu = hw->cpu_to_disk = hw->gpu_to_cpu = hw->cpu_to_gpu = 1e15;
+    hw->disk_rows_write_request = 100e-6;
+  }
+  Policy disk_kv;
+  disk_kv.gpu_batch_size = 8;
+  disk_kv.set_percent({100, 0, 0, 0, 100, 0});  // weights on the gpu tier, KV on disk
+  Policy no_disk = disk_kv;
+  no_disk.set_percent({100, 0, 0, 100, 100, 0});  // the same moves, to the cpu tier
+  const auto prefill = [&](const HardwareProfile& hw, const Policy& p) { return estimate(m, hw, w, p)->prefill_seconds; };
+  const double requests = 32 * 2 * 8 * 32 * 100e-6;  // layers x K/V x sequences x kv heads
+  EXPECT_NEAR(prefill(host, disk_kv), prefill(host, no_disk) + requests, 1e-9 * prefill(host, disk_kv));
+  EXPECT_NEAR(prefill(split, disk_kv), prefill(split, no_disk), 1e-9 * prefill(split, disk_kv));
+}
+
 TEST(CostModel, InfeasibleRequestsNameTheChange) {
   HardwareProfile small = t4();
   small.cpu_mem = 16'000'000'000;
