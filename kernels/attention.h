@@ -59,6 +59,10 @@ struct AttentionDecodeArgs {
   // heads of the probability slot s received; slots >= lens[b] are left untouched.
   float* probs = nullptr;
   DType cache_dtype = DType::F32;
+  // Optional, [B, n_kv_heads, capacity]: added to the (soft-capped) score of every query head
+  // of the group for slot s before the softmax; a slot that stands for several merged tokens
+  // weighs as their attention mass (KV eviction with merging). Slots >= lens[b] are not read.
+  const float* slot_bias = nullptr;
 };
 
 // Writes rows of new keys or values into a cache laid out like AttentionDecodeArgs::k_cache:
@@ -90,6 +94,39 @@ struct KvMoveArgs {
   std::int64_t head_dim = 0;
   std::int64_t capacity = 0;
   std::span<const KvMove> moves;  // host
+  DType cache_dtype = DType::F32;
+};
+
+// Cosine similarity of one cached key to the others of its (sequence, kv head), for a KV
+// policy that merges an evicted token into the most similar kept one:
+// out[i * capacity + j] = k_s . k_j / (|k_s| |k_j|) for j < len of query i = (seq, head, slot,
+// len), 0 where either key is zero; out[i * capacity + j] for j >= len is left untouched.
+struct KvSimilarityQuery {
+  std::int64_t seq = 0, head = 0, slot = 0, len = 0;
+};
+struct KvSimilarityArgs {
+  const void* cache = nullptr;  // [B, n_kv_heads, capacity, slot]
+  std::int64_t n_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t capacity = 0;
+  std::span<const KvSimilarityQuery> queries;  // host
+  float* out = nullptr;                        // [queries, capacity]
+  DType cache_dtype = DType::F32;
+};
+
+// Blends a cached row of one (sequence, kv head) into another: row[to] = (1 - weight) *
+// row[to] + weight * row[from], in fp32 and stored back in the cache's dtype (row[from] is
+// unchanged). The `to` slots of one call are pairwise distinct and no `from` is a `to`.
+struct KvMerge {
+  std::int64_t seq = 0, head = 0, from = 0, to = 0;
+  float weight = 0.0f;
+};
+struct KvMergeArgs {
+  void* cache = nullptr;  // [B, n_kv_heads, capacity, slot]
+  std::int64_t n_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t capacity = 0;
+  std::span<const KvMerge> merges;  // host
   DType cache_dtype = DType::F32;
 };
 

@@ -90,6 +90,8 @@ class Backend {
   virtual void attention_decode(const AttentionDecodeArgs& a) = 0;
   virtual void kv_write(const KvWriteArgs& a) = 0;
   virtual void kv_move(const KvMoveArgs& a) = 0;
+  virtual void kv_similarity(const KvSimilarityArgs& a) = 0;
+  virtual void kv_merge(const KvMergeArgs& a) = 0;
   virtual void sample(const SampleArgs& a) = 0;
   // Mixture-of-experts routing (results on the host: they decide which experts to load) and
   // the routed experts' MLPs.

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <unordered_set>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -137,9 +138,12 @@ void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
     }
     float* probs = a.probs ? a.probs + task * cap : nullptr;
     if (probs) std::fill_n(probs, n, 0.0f);
+    const float* bias = a.slot_bias ? a.slot_bias + task * cap + first : nullptr;
     for (std::int64_t h = 0; h < group; ++h) {
       float* p = scores.data() + h * m;
       soft_cap(p, m, s.softcap);
+      if (bias)
+        for (std::int64_t j = 0; j < m; ++j) p[j] += bias[j];
       softmax(p, m);
       if (probs)
         for (std::int64_t j = 0; j < m; ++j) probs[first + j] += p[j];
@@ -185,6 +189,57 @@ void CpuBackend::kv_move(const KvMoveArgs& a) {
     const std::int64_t head = (m.seq * a.n_kv_heads + m.head) * a.capacity;
     std::memcpy(cache + (head + m.to) * slot_bytes, cache + (head + m.from) * slot_bytes,
                 static_cast<std::size_t>(slot_bytes));
+  }
+}
+
+void CpuBackend::kv_similarity(const KvSimilarityArgs& a) {
+  const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
+  for (const KvSimilarityQuery& q : a.queries)
+    if (q.seq < 0 || q.head < 0 || q.head >= a.n_kv_heads || q.len < 0 || q.len > a.capacity || q.slot < 0 ||
+        q.slot >= a.capacity)
+      throw std::out_of_range("kv_similarity: slot outside the cache capacity");
+  tbb::parallel_for(std::size_t{0}, a.queries.size(), [&](std::size_t i) {
+    const KvSimilarityQuery& q = a.queries[i];
+    const auto* head = static_cast<const std::byte*>(a.cache) + (q.seq * a.n_kv_heads + q.head) * a.capacity * slot_bytes;
+    thread_local std::vector<float> src, row;
+    src.resize(static_cast<std::size_t>(D));
+    row.resize(static_cast<std::size_t>(D));
+    convert_rows(head + q.slot * slot_bytes, a.cache_dtype, src.data(), DType::F32, 1, D);
+    const float src_norm = std::sqrt(vec::dot(src.data(), src.data(), D));
+    float* out = a.out + static_cast<std::int64_t>(i) * a.capacity;
+    for (std::int64_t j = 0; j < q.len; ++j) {
+      convert_rows(head + j * slot_bytes, a.cache_dtype, row.data(), DType::F32, 1, D);
+      const float norms = src_norm * std::sqrt(vec::dot(row.data(), row.data(), D));
+      out[j] = norms > 0.0f ? vec::dot(src.data(), row.data(), D) / norms : 0.0f;
+    }
+  });
+}
+
+void CpuBackend::kv_merge(const KvMergeArgs& a) {
+  const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
+  for (const KvMerge& m : a.merges)
+    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
+        m.head >= a.n_kv_heads || m.seq < 0 || m.from == m.to)
+      throw std::out_of_range("kv_merge: slot outside the cache capacity, or a slot merged into itself");
+  // Order-free like the GPU's: no slot is written twice, or read after another merge wrote it.
+  auto slot_of = [&](const KvMerge& m, std::int64_t s) { return (m.seq * a.n_kv_heads + m.head) * a.capacity + s; };
+  std::unordered_set<std::int64_t> targets;
+  for (const KvMerge& m : a.merges)
+    if (!targets.insert(slot_of(m, m.to)).second)
+      throw std::invalid_argument("kv_merge: two merges of one call into the same slot");
+  for (const KvMerge& m : a.merges)
+    if (targets.count(slot_of(m, m.from))) throw std::invalid_argument("kv_merge: a merge reads a slot another one writes");
+  auto* cache = static_cast<std::byte*>(a.cache);
+  std::vector<float> from(static_cast<std::size_t>(D)), to(static_cast<std::size_t>(D));
+  for (const KvMerge& m : a.merges) {
+    std::byte* head = cache + (m.seq * a.n_kv_heads + m.head) * a.capacity * slot_bytes;
+    convert_rows(head + m.from * slot_bytes, a.cache_dtype, from.data(), DType::F32, 1, D);
+    convert_rows(head + m.to * slot_bytes, a.cache_dtype, to.data(), DType::F32, 1, D);
+    for (std::int64_t d = 0; d < D; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      to[u] = (1.0f - m.weight) * to[u] + m.weight * from[u];
+    }
+    convert_rows(to.data(), DType::F32, head + m.to * slot_bytes, a.cache_dtype, 1, D);
   }
 }
 

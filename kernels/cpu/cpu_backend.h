@@ -32,6 +32,8 @@ class CpuBackend final : public Backend {
   void attention_decode(const AttentionDecodeArgs& a) override;
   void kv_write(const KvWriteArgs& a) override;
   void kv_move(const KvMoveArgs& a) override;
+  void kv_similarity(const KvSimilarityArgs& a) override;
+  void kv_merge(const KvMergeArgs& a) override;
   void sample(const SampleArgs& a) override;
   void route(const RouteArgs& a) override;
   void moe_experts(const MoeArgs& a) override;

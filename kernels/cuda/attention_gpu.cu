@@ -256,7 +256,7 @@ __global__ void decode_split_kernel(const float* q, const std::uint8_t* k_cache,
                                     std::int64_t D, std::int64_t capacity, std::int64_t slot_bytes, DType dtype,
                                     float scale, float cap, std::int64_t window, std::int64_t hb, std::int64_t chunks,
                                     std::int64_t splits, std::int64_t kps, float* part_acc, float* part_ml,
-                                    float* scores) {
+                                    float* scores, const float* slot_bias) {
   extern __shared__ float sh[];
   const std::int64_t P = D + 1;
   float* q_sh = sh;                     // [hb][P]
@@ -294,7 +294,8 @@ __global__ void decode_split_kernel(const float* q, const std::uint8_t* k_cache,
       __syncthreads();
       for (std::int64_t e = threadIdx.x; e < nh * kKeyTile; e += blockDim.x) {
         const std::int64_t hh = e / kKeyTile, j = e % kKeyTile;
-        const float s = j < cnt ? score(q_sh + hh * P, kv_sh + j * P, D, scale, cap) : -INFINITY;
+        float s = j < cnt ? score(q_sh + hh * P, kv_sh + j * P, D, scale, cap) : -INFINITY;
+        if (slot_bias != nullptr && j < cnt) s = __fadd_rn(s, slot_bias[(b * Hkv + g) * capacity + j0 + j]);
         p_sh[e] = s;
         if (scores != nullptr && j < cnt) scores[(b * H + h0 + hh) * capacity + j0 + j] = s;
       }
@@ -412,6 +413,67 @@ __global__ void kv_move_kernel(std::uint8_t* cache, const std::int64_t* from, co
   }
 }
 
+// Block per query (seq, head, slot, len: 4 values), thread per slot j < len: the cosine of
+// the two keys, each sum a sequential fmaf over head_dim.
+__global__ void kv_similarity_kernel(const std::uint8_t* cache, const std::int64_t* queries, std::int64_t count,
+                                     std::int64_t Hkv, std::int64_t D, std::int64_t capacity, std::int64_t slot_bytes,
+                                     DType dtype, float* out) {
+  for (std::int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const std::int64_t* q = queries + 4 * i;
+    const std::uint8_t* head = cache + (q[0] * Hkv + q[1]) * capacity * slot_bytes;
+    const std::uint8_t* src = head + q[2] * slot_bytes;
+    for (std::int64_t j = threadIdx.x; j < q[3]; j += blockDim.x) {
+      const std::uint8_t* row = head + j * slot_bytes;
+      float dot = 0.0f, ns = 0.0f, nr = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const float x = load_elem(src, dtype, D, d), y = load_elem(row, dtype, D, d);
+        dot = __fmaf_rn(x, y, dot);
+        ns = __fmaf_rn(x, x, ns);
+        nr = __fmaf_rn(y, y, nr);
+      }
+      const float norms = __fmul_rn(sqrtf(ns), sqrtf(nr));
+      out[i * capacity + j] = norms > 0.0f ? __fdiv_rn(dot, norms) : 0.0f;
+    }
+  }
+}
+
+// Thread per (merge m, element d): blended[m * D + d] = (1 - w) * to + w * from, in fp32.
+// slots[2 * m] and slots[2 * m + 1]: the from and to slot indices in the cache.
+__global__ void kv_merge_blend_kernel(const std::uint8_t* cache, const std::int64_t* slots, const float* weights,
+                                      std::int64_t count, std::int64_t D, std::int64_t slot_bytes, DType dtype,
+                                      float* blended) {
+  const std::int64_t total = count * D;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t m = e / D, d = e % D;
+    const float w = weights[m];
+    const float from = load_elem(cache + slots[2 * m] * slot_bytes, dtype, D, d);
+    const float to = load_elem(cache + slots[2 * m + 1] * slot_bytes, dtype, D, d);
+    blended[e] = __fadd_rn(__fmul_rn(1.0f - w, to), __fmul_rn(w, from));
+  }
+}
+
+// Stores the blended rows into their `to` slots: float caches a thread per element, quantized
+// ones a block of kQuantThreads per (merge, group).
+__global__ void kv_merge_store_float_kernel(std::uint8_t* cache, const std::int64_t* slots, const float* blended,
+                                            std::int64_t count, std::int64_t D, std::int64_t slot_bytes, DType dtype) {
+  const std::int64_t total = count * D;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    store_float_elem(cache + slots[2 * (e / D) + 1] * slot_bytes, dtype, e % D, blended[e]);
+}
+__global__ void kv_merge_store_quant_kernel(std::uint8_t* cache, const std::int64_t* slots, const float* blended,
+                                            std::int64_t count, std::int64_t D, std::int64_t slot_bytes, bool q4) {
+  __shared__ float xs[kQuantGroupSize];
+  __shared__ int qs[kQuantGroupSize];
+  __shared__ float params[2];
+  const std::int64_t groups = (D + kQuantGroupSize - 1) / kQuantGroupSize;
+  for (std::int64_t task = blockIdx.x; task < count * groups; task += gridDim.x) {
+    const std::int64_t m = task / groups, grp = task % groups;
+    quantize_group(blended + m * D, D, q4, grp, cache + slots[2 * m + 1] * slot_bytes, xs, qs, params);
+  }
+}
+
 void check_shape(const AttentionShape& s) {
   if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.head_dim <= 0 || s.n_heads % s.n_kv_heads != 0)
     throw std::invalid_argument("attention: n_heads must be a positive multiple of n_kv_heads");
@@ -462,7 +524,11 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   // per move, at most a slot per (row, head) at prefill or per (sequence, head, slot) at decode.
   const std::int64_t kv_write = scratch_of(8 * rows) + scratch_of(8 * rows * (scores ? Hkv : 1));
   const std::int64_t moves = scores ? std::max(rows, batch * capacity) * Hkv : 0;
-  const std::int64_t kv_ops = std::max(kv_write, 2 * scratch_of(8 * moves));
+  // kv_similarity: 4 values per query; kv_merge: 2 slots, a weight and a blended row per merge;
+  // at most one query or merge per (sequence, kv head).
+  const std::int64_t merges = scores ? batch * Hkv : 0;
+  const std::int64_t kv_merge = scratch_of(16 * merges) + scratch_of(4 * merges) + scratch_of(4 * merges * D);
+  const std::int64_t kv_ops = std::max({kv_write, 2 * scratch_of(8 * moves), scratch_of(32 * merges), kv_merge});
   // Prefill of at most `rows` sequences: offsets, query tiles, and with the column sums the
   // (m, l) of every row and head, the key tiles and the query weights.
   const std::int64_t tiles = rows / kQueryTile + rows, key_tiles = rows / kKeyTile + rows;
@@ -549,7 +615,7 @@ void CudaBackend::attention_decode(const AttentionDecodeArgs& a) {
       a.q, static_cast<const std::uint8_t*>(a.k_cache), static_cast<const std::uint8_t*>(a.v_cache),
       lens.as<std::int64_t>(), B, H, Hkv, D, a.capacity, kv_slot_bytes(a.cache_dtype, D), a.cache_dtype, s.scale,
       s.softcap, s.window, plan.heads_per_block, plan.head_chunks, plan.splits, plan.keys_per_split, part_acc.as<float>(),
-      part_ml.as<float>(), scores.as<float>());
+      part_ml.as<float>(), scores.as<float>(), a.slot_bias);
   FLEXH2O_CUDA_CHECK_LAUNCH();
   decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(part_acc.as<float>(), part_ml.as<float>(),
                                                                              B * H, plan.splits, D, a.out, ml.as<float>());
@@ -633,6 +699,60 @@ void CudaBackend::kv_move(const KvMoveArgs& a) {
                                                                          slot_bytes);
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
+}
+
+void CudaBackend::kv_similarity(const KvSimilarityArgs& a) {
+  std::vector<std::int64_t> queries;
+  for (const KvSimilarityQuery& q : a.queries) {
+    if (q.seq < 0 || q.head < 0 || q.head >= a.n_kv_heads || q.len < 0 || q.len > a.capacity || q.slot < 0 ||
+        q.slot >= a.capacity)
+      throw std::out_of_range("kv_similarity: slot outside the cache capacity");
+    queries.insert(queries.end(), {q.seq, q.head, q.slot, q.len});
+  }
+  if (queries.empty() || a.head_dim <= 0) return;
+  const std::int64_t count = static_cast<std::int64_t>(a.queries.size());
+  const DeviceBuffer queries_d = upload(std::span<const std::int64_t>(queries));
+  kv_similarity_kernel<<<blocks_for(count, 1), kAttnThreads, 0, stream_>>>(
+      static_cast<const std::uint8_t*>(a.cache), queries_d.as<std::int64_t>(), count, a.n_kv_heads, a.head_dim,
+      a.capacity, kv_slot_bytes(a.cache_dtype, a.head_dim), a.cache_dtype, a.out);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::kv_merge(const KvMergeArgs& a) {
+  std::vector<std::int64_t> slots;
+  std::vector<float> weights;
+  std::unordered_set<std::int64_t> targets;
+  for (const KvMerge& m : a.merges) {
+    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
+        m.head >= a.n_kv_heads || m.seq < 0 || m.from == m.to)
+      throw std::out_of_range("kv_merge: slot outside the cache capacity, or a slot merged into itself");
+    const std::int64_t head = (m.seq * a.n_kv_heads + m.head) * a.capacity;
+    slots.insert(slots.end(), {head + m.from, head + m.to});
+    weights.push_back(m.weight);
+    if (!targets.insert(head + m.to).second)
+      throw std::invalid_argument("kv_merge: two merges of one call into the same slot");
+  }
+  for (std::size_t m = 0; m < weights.size(); ++m)
+    if (targets.count(slots[2 * m])) throw std::invalid_argument("kv_merge: a merge reads a slot another one writes");
+  const std::int64_t count = static_cast<std::int64_t>(weights.size()), D = a.head_dim;
+  if (count == 0 || D <= 0) return;
+  const std::int64_t slot_bytes = kv_slot_bytes(a.cache_dtype, D);
+  const DeviceBuffer slots_d = upload(std::span<const std::int64_t>(slots));
+  const DeviceBuffer weights_d = upload(std::span<const float>(weights));
+  DeviceBuffer blended(*this, static_cast<std::size_t>(count * D) * sizeof(float));
+  auto* cache = static_cast<std::uint8_t*>(a.cache);
+  kv_merge_blend_kernel<<<blocks_for(count * D), kThreads, 0, stream_>>>(
+      cache, slots_d.as<std::int64_t>(), weights_d.as<float>(), count, D, slot_bytes, a.cache_dtype, blended.as<float>());
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+  if (is_quantized(a.cache_dtype)) {
+    const std::int64_t groups = (D + kQuantGroupSize - 1) / kQuantGroupSize;
+    kv_merge_store_quant_kernel<<<blocks_for(count * groups, 1), kQuantThreads, 0, stream_>>>(
+        cache, slots_d.as<std::int64_t>(), blended.as<float>(), count, D, slot_bytes, a.cache_dtype == DType::Q4);
+  } else {
+    kv_merge_store_float_kernel<<<blocks_for(count * D), kThreads, 0, stream_>>>(
+        cache, slots_d.as<std::int64_t>(), blended.as<float>(), count, D, slot_bytes, a.cache_dtype);
+  }
+  FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace flexh2o::kernels::cuda

@@ -115,6 +115,8 @@ class CudaBackend final : public Backend {
   void attention_decode(const AttentionDecodeArgs& a) override;
   void kv_write(const KvWriteArgs& a) override;
   void kv_move(const KvMoveArgs& a) override;
+  void kv_similarity(const KvSimilarityArgs& a) override;
+  void kv_merge(const KvMergeArgs& a) override;
   // Copies the logits to the host and runs CpuBackend::sample on them: sampling is a small
   // part of a step, and this keeps every backend's draws identical bit for bit.
   void sample(const SampleArgs& a) override;

@@ -222,10 +222,12 @@ struct DecodeResult {
 
 // One query per sequence against slots [0, lens[b]) of its cache (slot = position: the
 // window keeps the last `window`); probs_prior is the prior content of the probs buffer, kept
-// in slots >= lens[b].
+// in slots >= lens[b]. slot_bias ([B, n_kv_heads, capacity], may be empty) is added to the
+// capped scores.
 inline DecodeResult attention_decode(const AttentionShape& s, std::span<const float> q, std::span<const float> k_cache,
                                      std::span<const float> v_cache, std::int64_t capacity,
-                                     std::span<const std::int64_t> lens, std::span<const float> probs_prior) {
+                                     std::span<const std::int64_t> lens, std::span<const float> probs_prior,
+                                     std::span<const float> slot_bias = {}) {
   const std::int64_t B = static_cast<std::int64_t>(lens.size()), D = s.head_dim, group = s.n_heads / s.n_kv_heads;
   DecodeResult r{std::vector<double>(sz(B * s.n_heads * D)),
                  std::vector<double>(probs_prior.begin(), probs_prior.end())};
@@ -242,6 +244,7 @@ inline DecodeResult attention_decode(const AttentionShape& s, std::span<const fl
         for (std::int64_t d = 0; d < D; ++d)
           dot += static_cast<double>(q[sz((b * s.n_heads + h) * D + d)]) * k_cache[sz(cache + j * D + d)];
         p[sz(j - j0)] = capped_score(s, s.scale * dot);
+        if (!slot_bias.empty()) p[sz(j - j0)] += slot_bias[sz((b * s.n_kv_heads + g) * capacity + j)];
       }
       softmax_in_place(p);
       for (std::int64_t d = 0; d < D; ++d) {
@@ -253,6 +256,43 @@ inline DecodeResult attention_decode(const AttentionShape& s, std::span<const fl
     }
   }
   return r;
+}
+
+// kv_similarity on an fp32 cache [B, n_kv_heads, capacity, head_dim]: out_prior with row i's
+// slots j < len replaced by the cosine of keys (slot, j) of query i (0 if either is zero).
+inline std::vector<double> kv_similarity(std::span<const float> cache, std::int64_t n_kv_heads, std::int64_t head_dim,
+                                         std::int64_t capacity, std::span<const KvSimilarityQuery> queries,
+                                         std::span<const float> out_prior) {
+  std::vector<double> out(out_prior.begin(), out_prior.end());
+  for (std::size_t i = 0; i < queries.size(); ++i) {
+    const KvSimilarityQuery& q = queries[i];
+    const float* head = cache.data() + (q.seq * n_kv_heads + q.head) * capacity * head_dim;
+    for (std::int64_t j = 0; j < q.len; ++j) {
+      double dot = 0, ns = 0, nr = 0;
+      for (std::int64_t d = 0; d < head_dim; ++d) {
+        const double x = head[q.slot * head_dim + d], y = head[j * head_dim + d];
+        dot += x * y;
+        ns += x * x;
+        nr += y * y;
+      }
+      out[sz(static_cast<std::int64_t>(i) * capacity + j)] = ns > 0 && nr > 0 ? dot / std::sqrt(ns * nr) : 0.0;
+    }
+  }
+  return out;
+}
+
+// kv_merge on an fp32 cache: row to <- (1 - w) row to + w row from, in order.
+inline std::vector<double> kv_merge(std::span<const float> cache, std::int64_t n_kv_heads, std::int64_t head_dim,
+                                    std::int64_t capacity, std::span<const KvMerge> merges) {
+  std::vector<double> out(cache.begin(), cache.end());
+  for (const KvMerge& m : merges) {
+    const std::int64_t head = (m.seq * n_kv_heads + m.head) * capacity * head_dim;
+    for (std::int64_t d = 0; d < head_dim; ++d) {
+      double& to = out[sz(head + m.to * head_dim + d)];
+      to = (1.0 - m.weight) * to + static_cast<double>(m.weight) * out[sz(head + m.from * head_dim + d)];
+    }
+  }
+  return out;
 }
 
 // The cache after row r of src ([rows, n_kv_heads * head_dim]) went to (seq[r], slot[r]) of

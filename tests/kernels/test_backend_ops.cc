@@ -633,6 +633,30 @@ TEST_P(BackendOpsTest, KvMoveInOrder) {
   }
 }
 
+// KV merging on every cache dtype: the blends are the same fp32 arithmetic and the same
+// conversion on both backends (identical bytes); the cosines differ in the order of their
+// head_dim-term sums.
+TEST_P(BackendOpsTest, KvMergeAndSimilarityMatchCpu) {
+  const std::int64_t B = 2, Hkv = 3, D = 70, capacity = 12;
+  const std::vector<KvMerge> merges = {{0, 0, 11, 2, 0.25f}, {0, 0, 9, 5, 0.9f}, {1, 2, 7, 0, 0.5f}, {1, 1, 4, 3, 1.0f}};
+  const std::vector<KvSimilarityQuery> queries = {{0, 0, 11, 12}, {1, 2, 7, 9}, {1, 1, 0, 1}};
+  for (DType t : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Twin cache = upload(stored_rows(random_floats(B * Hkv * capacity * D, -2.0f, 2.0f), t, B * Hkv * capacity, D));
+    const Twin sim = upload(std::vector<float>(queries.size() * capacity, -7.0f));
+    for (bool on_cpu : {true, false}) {
+      Backend& be = on_cpu ? *cpu_ : *dev_;
+      void* c = (on_cpu ? cache.cpu : cache.dev).data();
+      be.kv_similarity({c, Hkv, D, capacity, queries, (on_cpu ? sim.cpu : sim.dev).as<float>(), t});
+      be.kv_merge({c, Hkv, D, capacity, merges, t});
+    }
+    const auto [want, got] = download<std::uint8_t>(cache);
+    EXPECT_TRUE(identical(want, got));
+    const auto [sim_cpu, sim_dev] = download(sim);
+    EXPECT_TRUE(within(sim_cpu, sim_dev, 3 * sum_tolerance(kF32Eps, D, 1.0)));
+  }
+}
+
 // ---------------------------------------------------------------------------- sampling
 
 TEST_P(BackendOpsTest, SampleMatchesCpu) {

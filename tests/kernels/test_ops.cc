@@ -567,10 +567,12 @@ TEST_P(OpsTest, AttentionDecode) {
 
   for (const AttentionConfig& c : kAttentionConfigs)
     for (const bool with_probs : {false, true})
+    for (const bool with_bias : {false, true})
     for (const AttentionVariant& variant : kAttentionVariants) {
       SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << " kv_heads=" << c.n_kv_heads
-                                        << " head_dim=" << c.head_dim << (with_probs ? " probs" : "") << " softcap "
-                                        << variant.softcap << " window " << variant.window);
+                                        << " head_dim=" << c.head_dim << (with_probs ? " probs" : "")
+                                        << (with_bias ? " slot bias" : "") << " softcap " << variant.softcap
+                                        << " window " << variant.window);
       const AttentionShape s = shape_of(c, variant);
       const std::int64_t D = c.head_dim, cache_size = B * c.n_kv_heads * kCapacity * D;
       const std::vector<float> q = random_floats(B * c.n_heads * D, -3.0f, 3.0f);
@@ -588,6 +590,15 @@ TEST_P(OpsTest, AttentionDecode) {
       const DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v);
       const DeviceBuffer dout = upload(std::vector<float>(q.size(), kNaN));
       const DeviceBuffer dprobs = with_probs ? upload(probs0) : DeviceBuffer{};
+      // Merged slots' log-masses (0 .. log 2); NaN beyond lens[b], which must not be read.
+      std::vector<float> bias = with_bias ? random_floats(sz(B * c.n_kv_heads * kCapacity), 0.0f, 0.7f)
+                                          : std::vector<float>{};
+      if (with_bias)
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t g = 0; g < c.n_kv_heads; ++g)
+            std::fill(bias.begin() + (b * c.n_kv_heads + g) * kCapacity + lens[sz(b)],
+                      bias.begin() + (b * c.n_kv_heads + g + 1) * kCapacity, kNaN);
+      const DeviceBuffer dbias = with_bias ? upload(bias) : DeviceBuffer{};
 
       AttentionDecodeArgs a;
       a.shape = s;
@@ -598,9 +609,10 @@ TEST_P(OpsTest, AttentionDecode) {
       a.lens = lens;
       a.out = dout.as<float>();
       a.probs = dprobs.as<float>();
+      a.slot_bias = dbias.as<float>();
       backend_->attention_decode(a);
 
-      const ref::DecodeResult ref = ref::attention_decode(s, q, k, v, kCapacity, lens, probs0);
+      const ref::DecodeResult ref = ref::attention_decode(s, q, k, v, kCapacity, lens, probs0, bias);
       EXPECT_TRUE(near_all(download(dout), ref.out, kAttentionTol));
       if (with_probs) {
         EXPECT_TRUE(near_all(download(dprobs), ref.probs, kAttentionTol));
@@ -671,6 +683,52 @@ TEST_P(OpsTest, KvMove) {
   EXPECT_TRUE(exact_all(download(dcache), want));
   moves[0].to = kCapacity;
   EXPECT_THROW(backend_->kv_move({dcache.as<float>(), kHeads, kDim, kCapacity, moves}), std::out_of_range);
+}
+
+// Cosines of random keys, zero keys (0) included; slots >= len keep their prior content.
+TEST_P(OpsTest, KvSimilarity) {
+  constexpr std::int64_t kSeqs = 2, kHeads = 3, kCapacity = 11;
+  for (const std::int64_t D : {8, 64}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << D);
+    std::vector<float> cache = random_floats(kSeqs * kHeads * kCapacity * D);
+    std::fill_n(cache.begin() + ((1 * kHeads + 2) * kCapacity + 4) * D, D, 0.0f);  // a zero key
+    const std::vector<KvSimilarityQuery> queries = {{0, 0, 3, 11}, {0, 2, 0, 5}, {1, 2, 6, 9}, {1, 2, 4, 7}};
+    const std::vector<float> out0(queries.size() * kCapacity, -7.0f);
+    const DeviceBuffer dcache = upload(cache), dout = upload(out0);
+    backend_->kv_similarity({dcache.as<float>(), kHeads, D, kCapacity, queries, dout.as<float>()});
+    // Two dot products of D terms of |x| <= 1 (norms up to sqrt(D)), a square root and a
+    // division: each relative error a few roundings of sqrt(D) terms.
+    const double tol = 3 * flexh2o::testing::sum_tolerance(flexh2o::testing::kF32Eps, D, 1.0);
+    EXPECT_TRUE(near_all(download(dout), ref::kv_similarity(cache, kHeads, D, kCapacity, queries, out0),
+                         [&](std::size_t) { return tol; }));
+    const std::vector<KvSimilarityQuery> bad = {{0, 0, 3, kCapacity + 1}};
+    EXPECT_THROW(backend_->kv_similarity({dcache.as<float>(), kHeads, D, kCapacity, bad, dout.as<float>()}),
+                 std::out_of_range);
+  }
+}
+
+// Blends of random rows into other slots of their heads; other slots and the sources unchanged.
+TEST_P(OpsTest, KvMerge) {
+  constexpr std::int64_t kSeqs = 2, kHeads = 3, kCapacity = 9, kDim = 40;
+  const std::vector<float> cache0 = random_floats(kSeqs * kHeads * kCapacity * kDim, -2.0f, 2.0f);
+  std::vector<KvMerge> merges;
+  for (std::int64_t b = 0; b < kSeqs; ++b)
+    for (std::int64_t g = 0; g < kHeads; ++g) {
+      const auto to = static_cast<std::int64_t>(rng_() % (kCapacity - 1));
+      merges.push_back({b, g, kCapacity - 1, to, random_floats(1, 0.0f, 1.0f)[0]});
+    }
+  const DeviceBuffer dcache = upload(cache0);
+  backend_->kv_merge({dcache.as<float>(), kHeads, kDim, kCapacity, merges});
+  // (1 - w), two products and a sum, each rounding at most 2^-24 of a value <= 2; twice that.
+  const double tol = 2 * 4 * 2 * flexh2o::testing::kF32Eps;
+  EXPECT_TRUE(near_all(download(dcache), ref::kv_merge(cache0, kHeads, kDim, kCapacity, merges),
+                       [&](std::size_t) { return tol; }));
+  // Order-free: two merges into one slot, or out of a slot another writes, are refused.
+  std::vector<KvMerge> twice = {{0, 0, 8, 1, 0.5f}, {0, 0, 7, 1, 0.5f}}, chained = {{0, 0, 8, 1, 0.5f}, {0, 0, 1, 2, 0.5f}};
+  EXPECT_THROW(backend_->kv_merge({dcache.as<float>(), kHeads, kDim, kCapacity, twice}), std::invalid_argument);
+  EXPECT_THROW(backend_->kv_merge({dcache.as<float>(), kHeads, kDim, kCapacity, chained}), std::invalid_argument);
+  const std::vector<KvMerge> outside = {{0, 0, 8, kCapacity, 0.5f}};
+  EXPECT_THROW(backend_->kv_merge({dcache.as<float>(), kHeads, kDim, kCapacity, outside}), std::out_of_range);
 }
 
 // ---------------------------------------------------------------------------- sampling

@@ -281,6 +281,32 @@ TEST_F(Quantize, KvCacheOpsOnCompressedSlots) {
     std::memcpy(want.data() + head, kc.data() + head + 5 * slot, static_cast<std::size_t>(slot));
     be->kv_move({kc.data(), H, D, cap, moves, t});
     EXPECT_TRUE(kc == want);
+
+    // Merge slot 7 of (sequence 2, head 0) into slot 3 and compare its keys with slot 3's:
+    // decoded, the merged row is the blend of the decoded rows up to one rounding of the
+    // cache's dtype (a quantization step of the group, or an f16 rounding).
+    const std::int64_t at3 = ((2 * H + 0) * cap + 3) * D, at7 = ((2 * H + 0) * cap + 7) * D;
+    const std::vector<KvMerge> merges = {{2, 0, 7, 3, 0.3f}};
+    be->kv_merge({vc.data(), H, D, cap, merges, t});
+    std::vector<float> merged(static_cast<std::size_t>(D));
+    convert_rows(vc.data() + ((2 * H + 0) * cap + 3) * slot, t, merged.data(), DType::F32, 1, D);
+    std::vector<double> blend(static_cast<std::size_t>(D));
+    double lo = INFINITY, hi = -INFINITY;
+    for (std::int64_t d = 0; d < D; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      blend[u] = 0.7 * v_ref[static_cast<std::size_t>(at3 + d)] + 0.3 * v_ref[static_cast<std::size_t>(at7 + d)];
+      lo = std::min(lo, blend[u]);
+      hi = std::max(hi, blend[u]);
+    }
+    const double step = t == DType::F16 ? 2.0 * flexh2o::testing::kF16Eps * std::max(std::abs(lo), std::abs(hi))
+                                        : (hi - lo) / (t == DType::Q4 ? 15.0 : 255.0);
+    for (std::int64_t d = 0; d < D; ++d) ASSERT_NEAR(merged[static_cast<std::size_t>(d)], blend[static_cast<std::size_t>(d)], step) << d;
+    const std::vector<KvSimilarityQuery> queries = {{2, 0, 3, 24}};
+    std::vector<float> sim(static_cast<std::size_t>(cap), -7.0f);
+    be->kv_similarity({kc.data(), H, D, cap, queries, sim.data(), t});
+    const auto want_sim = ref::kv_similarity(k_ref, H, D, cap, queries, std::vector<float>(sim.size(), -7.0f));
+    for (std::size_t j = 0; j < sim.size(); ++j)
+      ASSERT_NEAR(sim[j], want_sim[j], 3 * flexh2o::testing::sum_tolerance(flexh2o::testing::kF32Eps, D, 1.0)) << j;
   }
 }
 

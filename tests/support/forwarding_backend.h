@@ -47,6 +47,8 @@ class ForwardingBackend : public kernels::Backend {
   void attention_decode(const kernels::AttentionDecodeArgs& a) override { inner_->attention_decode(a); }
   void kv_write(const kernels::KvWriteArgs& a) override { inner_->kv_write(a); }
   void kv_move(const kernels::KvMoveArgs& a) override { inner_->kv_move(a); }
+  void kv_similarity(const kernels::KvSimilarityArgs& a) override { inner_->kv_similarity(a); }
+  void kv_merge(const kernels::KvMergeArgs& a) override { inner_->kv_merge(a); }
   void sample(const kernels::SampleArgs& a) override { inner_->sample(a); }
   void route(const kernels::RouteArgs& a) override { inner_->route(a); }
   void moe_experts(const kernels::MoeArgs& a) override { inner_->moe_experts(a); }
