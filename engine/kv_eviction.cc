@@ -92,12 +92,13 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
     }
   be.kv_write({k, part.k, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
   be.kv_write({v, part.v, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
-  const bool probs = policy_.uses_decode_probs();
+  const bool probs = policy_.uses_decode_probs(), merging = policy_.merges_evictions();
   // The cache may be wider than this layer needs (pyramid: layers differ); probs follow its stride.
   const auto probs_bytes = static_cast<std::size_t>(B * H * capacity) * sizeof(float);
   if (probs && probs_.bytes() < probs_bytes) probs_ = {be, probs_bytes};
-  be.attention_decode(
-      {shape, q, part.k, part.v, capacity, lens_, out, probs ? probs_.as<float>() : nullptr, cache.dtype});
+  if (merging) upload_logit_biases(be, seq0, B, capacity);
+  be.attention_decode({shape, q, part.k, part.v, capacity, lens_, out, probs ? probs_.as<float>() : nullptr,
+                       cache.dtype, merging ? bias_.as<float>() : nullptr});
   if (probs) {
     host_scores_.resize(static_cast<std::size_t>(B * H * capacity));
     be.copy_to_host(host_scores_.data(), probs_.data(), host_scores_.size() * sizeof(float));
@@ -105,6 +106,7 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
   const bool norms = policy_.uses_value_norms();
   if (norms) compute_value_norms(be, v, B);
   moves_.clear();
+  queries_.clear();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t g = 0; g < H; ++g) {
       policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + b) * H + g)];
@@ -113,6 +115,11 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
       policy_.on_decode_step(st, head_slot_[static_cast<std::size_t>(b * H + g)], s.positions[b], p,
                              budget_[static_cast<std::size_t>(seq0 + b)], evicted_,
                              norms ? value_norms_[static_cast<std::size_t>(g * B + b)] : 0.0f);
+      if (merging) {
+        if (evicted_.size() > 1)
+          throw std::logic_error("KV eviction: a merging policy evicted more than one slot of a head in a step");
+        if (!evicted_.empty()) queries_.push_back({b, g, evicted_[0], lens_[static_cast<std::size_t>(b)]});
+      }
       // One eviction leaves the freed slot for the next token; more leave holes to close.
       if (evicted_.size() > 1) {
         slot_moves_.clear();
@@ -124,6 +131,46 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
     be.kv_move({part.k, H, head_dim_, capacity, moves_, cache.dtype});
     be.kv_move({part.v, H, head_dim_, capacity, moves_, cache.dtype});
   }
+  if (!queries_.empty()) merge_evictions(be, seq0, capacity, part, cache);
+}
+
+void KvEvictionLayer::upload_logit_biases(kernels::Backend& be, std::int64_t seq0, std::int64_t B,
+                                          std::int64_t capacity) {
+  const std::int64_t H = n_kv_heads_;
+  // 0 for the free slots, among them the one the new token was just written to.
+  host_bias_.assign(static_cast<std::size_t>(B * H * capacity), 0.0f);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t g = 0; g < H; ++g) {
+      const policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + b) * H + g)];
+      for (std::int64_t slot = 0; slot < st.capacity(); ++slot)
+        if (st.occupied(slot)) host_bias_[static_cast<std::size_t>((b * H + g) * capacity + slot)] = st.logit_bias(slot);
+    }
+  const std::size_t bytes = host_bias_.size() * sizeof(float);
+  if (bias_.bytes() < bytes) bias_ = {be, bytes};
+  be.copy_to_device(bias_.data(), host_bias_.data(), bytes);
+}
+
+void KvEvictionLayer::merge_evictions(kernels::Backend& be, std::int64_t seq0, std::int64_t capacity,
+                                      const KvPart& part, const KvView& cache) {
+  const std::int64_t H = n_kv_heads_;
+  const auto n = static_cast<std::int64_t>(queries_.size());
+  const auto bytes = static_cast<std::size_t>(n * capacity) * sizeof(float);
+  if (similarity_.bytes() < bytes) similarity_ = {be, bytes};
+  be.kv_similarity({part.k, H, head_dim_, capacity, queries_, similarity_.as<float>(), cache.dtype});
+  host_similarity_.resize(static_cast<std::size_t>(n * capacity));
+  be.copy_to_host(host_similarity_.data(), similarity_.data(), bytes);
+  merges_.clear();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const kernels::KvSimilarityQuery& q = queries_[static_cast<std::size_t>(i)];
+    policy::KvHeadState& st = states_[static_cast<std::size_t>((seq0 + q.seq) * H + q.head)];
+    // Slots >= len were not compared: no kept token lies there.
+    const std::span<const float> sim(host_similarity_.data() + i * capacity, static_cast<std::size_t>(capacity));
+    policy::KvSlotMerge m;
+    if (policy_.merge_evicted(st, q.slot, sim, budget_[static_cast<std::size_t>(seq0 + q.seq)], m))
+      merges_.push_back({q.seq, q.head, m.from, m.to, m.weight});
+  }
+  // Values only: the kept key stands in for both tokens (the policy raised its logit bias).
+  if (!merges_.empty()) be.kv_merge({part.v, H, head_dim_, capacity, merges_, cache.dtype});
 }
 
 std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction(kernels::Backend& be, const policy::KvPolicy& policy,

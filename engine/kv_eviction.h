@@ -2,7 +2,10 @@
 // at prefill the kernel's (query-weighted) column sums go to the policy, which keeps at most
 // the budget of each (sequence, kv head); each decode step writes the new token into a free
 // slot per head, attends over the occupied slots with per-slot probabilities, and lets the
-// policy evict. The cache holds kv_slot_capacity(budget) slots per (sequence, kv head).
+// policy evict. A policy that merges evictions (flex) then gets the evicted key's similarity
+// to every slot's key (kv_similarity), names the slot whose value it is blended into
+// (kv_merge), and attention adds the slots' logit biases. The cache holds
+// kv_slot_capacity(budget) slots per (sequence, kv head).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -37,8 +40,16 @@ class KvEvictionLayer {
   std::int64_t layer_, n_kv_heads_, head_dim_, capacity_ = 0;
   std::vector<std::int64_t> budget_;          // per sequence
   std::vector<policy::KvHeadState> states_;   // [B * n_kv_heads]
+  // Merging: each slot's logit bias for attention; the evicted keys' similarities.
+  void upload_logit_biases(kernels::Backend& be, std::int64_t seq0, std::int64_t B, std::int64_t capacity);
+  void merge_evictions(kernels::Backend& be, std::int64_t seq0, std::int64_t capacity, const KvPart& part,
+                       const KvView& cache);
+
   kernels::DeviceBuffer col_sums_, probs_;    // kernel outputs the policy reads
-  std::vector<float> host_scores_, host_values_, value_norms_;
+  kernels::DeviceBuffer bias_, similarity_;   // merging: attention's slot bias, kv_similarity's output
+  std::vector<float> host_scores_, host_values_, value_norms_, host_bias_, host_similarity_;
+  std::vector<kernels::KvSimilarityQuery> queries_;
+  std::vector<kernels::KvMerge> merges_;
   std::vector<std::int64_t> head_slot_, lens_, evicted_;
   std::vector<policy::KvSlotMove> slot_moves_;
   std::vector<kernels::KvMove> moves_;

@@ -45,6 +45,7 @@ void KvHeadState::clear() {
   std::fill(pos_.begin(), pos_.end(), -1);
   std::fill(score_.begin(), score_.end(), 0.0f);
   std::fill(value_.begin(), value_.end(), 0.0f);
+  std::fill(bias_.begin(), bias_.end(), 0.0f);
   std::fill(bits_.begin(), bits_.end(), 0);
   size_ = 0;
   low_free_ = 0;
@@ -57,6 +58,7 @@ void KvHeadState::occupy(std::int64_t slot, std::int64_t position, float score, 
   pos_[s] = static_cast<std::int32_t>(position);
   score_[s] = score;
   if (!value_.empty()) value_[s] = value_weight;
+  if (!bias_.empty()) bias_[s] = 0.0f;
   if (words_ > 0) std::fill_n(bits_.begin() + slot * words_, words_, 0);
   ++size_;
   if (slot == low_free_) ++low_free_;
@@ -65,8 +67,7 @@ void KvHeadState::occupy(std::int64_t slot, std::int64_t position, float score, 
 
 void KvHeadState::release(std::int64_t slot) {
   const auto s = static_cast<std::size_t>(slot);
-  pos_[s] = -1;
-  score_[s] = 0.0f;
+  pos_[s] = -1;  // the score stays until the slot is reused (KvPolicy::merge_evicted reads it)
   --size_;
   low_free_ = std::min(low_free_, slot);
 }
@@ -81,6 +82,7 @@ void KvHeadState::compact(std::vector<KvSlotMove>& moves) {
     pos_[t] = pos_[f];
     score_[t] = score_[f];
     if (!value_.empty()) value_[t] = value_[f];
+    if (!bias_.empty()) bias_[t] = bias_[f];
     if (words_ > 0)
       std::copy_n(bits_.begin() + hi * words_, words_, bits_.begin() + lo * words_);
     pos_[f] = -1;
@@ -115,6 +117,7 @@ KvHeadState KvPolicy::make_state(std::int64_t capacity) const {
   s.pos_.assign(cap, -1);
   s.score_.assign(cap, 0.0f);
   if (uses_value_norms()) s.value_.assign(cap, 0.0f);
+  if (merges_evictions()) s.bias_.assign(cap, 0.0f);
   s.history_ = history_bits();
   s.words_ = (s.history_ + 63) / 64;
   s.bits_.assign(cap * static_cast<std::size_t>(s.words_), 0);
@@ -171,6 +174,10 @@ void KvPolicy::on_prefill(std::int64_t layer, std::int64_t n, std::span<const fl
 }
 
 void KvPolicy::observe(KvHeadState&, std::span<const float>) const {}
+
+bool KvPolicy::merge_evicted(KvHeadState&, std::int64_t, std::span<const float>, std::int64_t, KvSlotMerge&) const {
+  throw std::logic_error(msg(spec_.text, "this policy does not merge evicted tokens"));
+}
 
 void KvPolicy::on_decode_step(KvHeadState& state, std::int64_t new_slot, std::int64_t new_pos,
                               std::span<const float> probs, std::int64_t budget,

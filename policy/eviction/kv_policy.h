@@ -13,7 +13,12 @@
 //     s = st.free_slot();  write K/V of token `pos` to slot s;  attention over the occupied slots
 //     policy.on_decode_step(st, s, pos, probs_of_this_head, B, evict);   // evict: slots freed
 // (flex also takes the norm of each token's value vector: on_prefill's value_norms and
-// on_decode_step's value_norm, when uses_value_norms().)
+// on_decode_step's value_norm, when uses_value_norms(). When merges_evictions(), each decode
+// step's evicted slot, whose K/V are still in the cache, is merged into a kept one:
+//     sim[s] = cos(key of the evicted slot, key of slot s)        // kernel: kv_similarity
+//     if (policy.merge_evicted(st, evicted, sim, B, m)) blend value row m.from into m.to with
+//       m.weight                                                  // kernel: kv_merge
+// and attention adds st.logit_bias(s) to every slot's score.)
 // Slots are order-free. With one eviction per step the occupied slots plus the next token's
 // slot (free_slot() is the lowest free slot) are always [0, size()+1), so a kernel that attends
 // slots [0, len) stays correct; a step that frees several slots (scissorhands with drop > 1, or
@@ -21,7 +26,8 @@
 //
 // Scores are fp32. Decode steps cost O(capacity) time and allocate nothing once warm; each
 // state holds 8 bytes per slot (position, score) plus, for flex, a weight from the token's
-// value-vector norm (4 bytes) and, for scissorhands, ceil(history/64) 64-bit words of "unimportant" bits.
+// value-vector norm (4 bytes) and a logit bias (4 bytes, when merging), and for scissorhands
+// ceil(history/64) 64-bit words of "unimportant" bits.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -43,6 +49,14 @@ struct KvSlotMove {
   std::int64_t to = 0;
 };
 
+// A value row the engine must blend into another: row[to] = (1 - weight) * row[to] + weight *
+// row[from] (KvPolicy::merge_evicted; `from` is the slot just evicted).
+struct KvSlotMerge {
+  std::int64_t from = 0;
+  std::int64_t to = 0;
+  float weight = 0.0f;
+};
+
 // The cache bookkeeping of one (layer, sequence, kv head): per slot the original position of
 // the token it holds (-1: free) and the policy's fp32 score. Made by KvPolicy::make_state and
 // changed only by that policy (and compact()).
@@ -58,19 +72,26 @@ class KvHeadState {
   std::int64_t position(std::int64_t slot) const { return pos_[static_cast<std::size_t>(slot)]; }
   // h2o/snapkv/pyramid: accumulated attention; tova: the last step's attention;
   // scissorhands: how often the token was below the uniform share within the history window;
-  // full/local/streaming: 0.
+  // full/local/streaming: 0. A slot freed by a decode step keeps its token's last score until
+  // it is reused (what merge_evicted weighs the evicted token by).
   float score(std::int64_t slot) const { return score_[static_cast<std::size_t>(slot)]; }
   // flex: the weight the policy derived from the token's value-vector norm (KvPolicy::value_weight;
   // 0 for policies that do not use norms).
   float value_weight(std::int64_t slot) const {
     return value_.empty() ? 0.0f : value_[static_cast<std::size_t>(slot)];
   }
+  // flex with merging: what attention adds to the slot's score, the log of how much attention
+  // mass the slot stands for relative to its own token (0 unmerged); 0 for other policies.
+  float logit_bias(std::int64_t slot) const { return bias_.empty() ? 0.0f : bias_[static_cast<std::size_t>(slot)]; }
+  bool has_logit_bias() const { return !bias_.empty(); }
   std::int64_t last_position() const { return last_pos_; }  // newest token seen, -1 if none
   std::int64_t steps() const { return steps_; }              // decode steps observed
-  // Bookkeeping bytes per slot: position and score (8), plus the value weight (flex, 4) and the
-  // history bits (scissorhands, 8 per 64 steps). Independent of the budget and the sequence.
+  // Bookkeeping bytes per slot: position and score (8), plus the value weight (flex, 4), the
+  // logit bias (flex merging, 4) and the history bits (scissorhands, 8 per 64 steps).
+  // Independent of the budget and the sequence.
   std::int64_t bytes_per_slot() const {
-    return static_cast<std::int64_t>(sizeof(std::int32_t) + sizeof(float)) + (value_.empty() ? 0 : 4) + 8 * words_;
+    return static_cast<std::int64_t>(sizeof(std::int32_t) + sizeof(float)) + (value_.empty() ? 0 : 4) +
+           (bias_.empty() ? 0 : 4) + 8 * words_;
   }
   // Original positions of the occupied slots, ascending (allocates; for tests and reports).
   std::vector<std::int64_t> kept_positions() const;
@@ -91,6 +112,7 @@ class KvHeadState {
   std::vector<float> score_;          // per slot
   std::vector<std::uint64_t> bits_;   // scissorhands: words_ per slot, ring of `history_` bits
   std::vector<float> value_;          // flex: per slot value_weight(|v|) of the token
+  std::vector<float> bias_;           // flex merging: per slot logit bias
   std::int64_t words_ = 0;
   std::int64_t history_ = 0;
   std::int64_t size_ = 0;
@@ -121,6 +143,10 @@ class KvPolicy {
   virtual bool uses_decode_probs() const { return true; }
   // flex: the L2 norm of each token's value vector (per kv head) at prefill and decode.
   virtual bool uses_value_norms() const { return false; }
+  // flex (merge=1): a decode step's evicted token is merged into a kept one (merge_evicted)
+  // instead of dropped, and attention adds each slot's logit_bias. Decode steps of such a
+  // policy evict at most one slot per (sequence, kv head).
+  virtual bool merges_evictions() const { return false; }
   // What a state keeps per slot of a token whose value vector has norm `norm` (computed once,
   // when the token enters, so that decode steps need no pow per slot).
   virtual float value_weight(float norm) const { return norm; }
@@ -152,6 +178,13 @@ class KvPolicy {
                       std::int64_t budget, std::vector<std::int64_t>& evict, float value_norm = 0.0f) const;
   // Only the eviction half: frees slots until at most `budget` remain; `evict` is overwritten.
   void select_evictions(KvHeadState& state, std::int64_t budget, std::vector<std::int64_t>& evict) const;
+  // When merges_evictions(): right after on_decode_step freed slot `evicted`, with
+  // similarity[s] the cosine between its key and slot s's (size >= capacity; free slots
+  // ignored), picks the kept slot it merges into and the blend weight, and updates that slot's
+  // logit bias and score. Returns false when no kept slot can take it (then it is dropped).
+  // Throws std::logic_error for a policy that does not merge or a slot that is not free.
+  virtual bool merge_evicted(KvHeadState& state, std::int64_t evicted, std::span<const float> similarity,
+                             std::int64_t budget, KvSlotMerge& merge) const;
 
  protected:
   KvPolicy(KvSpec spec, std::int64_t n_layers);
@@ -176,6 +209,7 @@ class KvPolicy {
   static std::span<std::int32_t> positions(KvHeadState& s) { return s.pos_; }
   static std::span<float> scores(KvHeadState& s) { return s.score_; }
   static std::span<float> value_weights(KvHeadState& s) { return s.value_; }
+  static std::span<float> logit_biases(KvHeadState& s) { return s.bias_; }
   static std::span<std::uint64_t> history(KvHeadState& s) { return s.bits_; }
   static std::int64_t history_words(const KvHeadState& s) { return s.words_; }
   static std::int64_t history_len(const KvHeadState& s) { return s.history_; }

@@ -68,7 +68,8 @@ const std::vector<PolicyDef>& policy_defs() {
        {{"decay", Kind::Real, 0.92, 0.0, 1.0},
         {"value", Kind::Real, 1.5, 0.0, 4.0},
         {"recent", Kind::Real, 0.15, 0.0, 1.0},
-        {"sink", Kind::Count, 1, 0}}},
+        {"sink", Kind::Count, 1, 0},
+        {"merge", Kind::Count, 1, 0, 1}}},
   };
   return defs;
 }

@@ -29,6 +29,8 @@
 //                 value=1.5         exponent of the value-vector norm in the key, in [0, 4]
 //                 recent=0.15       share of the budget kept for the newest tokens, in [0, 1]
 //                 sink=1            first tokens always kept
+//                 merge=1           fold each evicted token into the most key-similar kept
+//                                   one (0: drop it)
 #pragma once
 #include <cstdint>
 #include <map>

@@ -526,11 +526,24 @@ class PyramidPolicy final : public AccumulatedPolicy {
 //    one (15% of B) measures best: the decayed peak already keeps what was attended lately.
 //  - one sink by default: trained models park attention on the first token, whose value
 //    vector is short, so the |v| factor alone would evict it (SmolLM2 at 20%: KL 0.56 -> 0.15).
+// Merging (merge=1, the default): the evicted token is not dropped but folded into the kept
+// non-sink slot whose key is most similar (cosine; the engine's kv_similarity kernel reads the
+// keys, O(B * head_dim) per eviction, like one more query over the cache). Its value is blended
+// in by the two tokens' scores, v_j <- (s_e v_e + s_j v_j) / (s_e + s_j), keys untouched, and
+// slot j's logit bias grows by log((s_e + s_j) / s_j), capped at log 2: attention then gives j
+// the mass the two tokens had (exact for a query that sees both keys alike; ToMe's proportional
+// attention), but never more than twice its own. Why each part (tuning chunks, README.md):
+// dropping loses all of e's contribution, while with j's key standing in for e's the blend
+// keeps most of it; a key average moves j away from the queries that wanted j (stories260K
+// 0.2: 0.041 -> 0.071 with ToMe's key-and-value average), no bias gives e's share of j's
+// value but not e's share of the attention (SmolLM2 0.146), and an uncapped bias lets a slot
+// that absorbed many tokens crowd out the rest (stories260K 0.1: 0.155 vs 0.114 capped).
 // Prefill: the prompt's column sums with weights decay^(n-1-i) (newest query 1) rank the older
 // prompt tokens (times |v|^value) and, scaled by (1 - decay) to the level of one step's
 // attention, seed their scores.
 // State: position, score and |v|^value per slot (12 bytes; the power is taken once, when the
-// token enters); a step is one pass over the slots to decay, one to pick the victim, like h2o's.
+// token enters), plus the logit bias when merging (16); a step is one pass over the slots to
+// decay, one to pick the victim, like h2o's, and with merging one to pick the target.
 class FlexPolicy final : public KvPolicy {
  public:
   FlexPolicy(const KvSpec& s, std::int64_t l)
@@ -538,8 +551,33 @@ class FlexPolicy final : public KvPolicy {
         decay_(static_cast<float>(s.param("decay"))),
         value_(static_cast<float>(s.param("value"))),
         recent_(s.param("recent")),
-        sink_(param_int(s, "sink")) {}
+        sink_(param_int(s, "sink")),
+        merge_(s.param("merge") != 0) {}
   bool uses_value_norms() const override { return value_ != 0; }
+  bool merges_evictions() const override { return merge_; }
+  bool merge_evicted(KvHeadState& st, std::int64_t evicted, std::span<const float> sim, std::int64_t b,
+                     KvSlotMerge& merge) const override {
+    if (!merge_) return KvPolicy::merge_evicted(st, evicted, sim, b, merge);
+    if (evicted < 0 || evicted >= st.capacity() || st.occupied(evicted))
+      throw std::logic_error(cat("kv policy '", spec().text, "': merge_evicted needs the slot the step just freed"));
+    if (static_cast<std::int64_t>(sim.size()) < st.capacity())
+      throw std::invalid_argument(cat("kv policy '", spec().text, "': one similarity per slot is needed"));
+    const auto pos = positions(st);
+    const auto sc = scores(st);
+    const auto bias = logit_biases(st);
+    // Sinks stay as they are: the first token's key is where heads park attention.
+    const Window w = protect(pos, st.size(), st.last_position(), sinks(b), 0);
+    std::int64_t to = -1;
+    for (std::size_t s = 0; s < pos.size(); ++s)
+      if (pos[s] >= 0 && w.candidate(pos[s]) && (to < 0 || sim[s] > sim[static_cast<std::size_t>(to)]))
+        to = static_cast<std::int64_t>(s);
+    const auto e = static_cast<std::size_t>(evicted);
+    if (to < 0 || sc[e] <= 0) return false;  // nothing to take it, or nothing to keep of it
+    const auto t = static_cast<std::size_t>(to);
+    merge = {evicted, to, sc[e] / (sc[e] + sc[t])};
+    bias[t] = sc[t] > 0 ? std::min(kMaxMergeBias, bias[t] + std::log1p(sc[e] / sc[t])) : kMaxMergeBias;
+    return true;
+  }
   std::vector<float> prefill_query_weights(std::int64_t layer, std::int64_t n) const override {
     std::vector<float> w = KvPolicy::prefill_query_weights(layer, n);
     float f = 1.0f;
@@ -593,9 +631,12 @@ class FlexPolicy final : public KvPolicy {
   }
 
  private:
+  // A merged slot weighs at most twice its own token (see above).
+  static constexpr float kMaxMergeBias = std::numbers::ln2_v<float>;
   float decay_, value_;
   double recent_;
   std::int64_t sink_;
+  bool merge_;
 };
 
 }  // namespace

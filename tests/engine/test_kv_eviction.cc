@@ -137,6 +137,29 @@ TEST(KvQualityProtocol, PromptSplitParsesFractionsAndTokenCounts) {
     EXPECT_THROW(engine::parse_prompt_split(bad), std::invalid_argument) << bad;
 }
 
+// flex merges each evicted token into a kept one (merge=1, its default): the generation then
+// differs from dropping it, on an f32 and on a compressed cache alike, and with a budget that
+// covers the sequence nothing is evicted or merged.
+TEST(KvEviction, FlexMergingChangesWhatEvictionLeaves) {
+  auto m = engine::open_model({});
+  auto be = kernels::make_cpu_backend();
+  const auto w = engine::load_weights(m.config, *m.weights);
+  for (const kernels::DType cache : {kernels::DType::F32, kernels::DType::Q8}) {
+    SCOPED_TRACE(kernels::dtype_name(cache));
+    engine::Generator gen(*be, m.config, w, cache);
+    const auto chunks = eval_chunks(m.config);
+    std::vector<engine::EvalVariant> variants;
+    for (const char* text : {"flex:0.2", "flex:0.2,merge=0", "flex:1.0"})
+      variants.push_back({text, policy::parse_kv_spec(text), &gen});
+    const auto q = engine::evaluate_variants(gen, chunks, variants, 2);
+    EXPECT_GT(q[0].mean_kl, 0.0);
+    EXPECT_NE(q[0].mean_kl, q[1].mean_kl);
+    if (cache == kernels::DType::F32) {
+      EXPECT_EQ(q[2].mean_kl, 0.0);
+    }
+  }
+}
+
 TEST(KvQualityProtocol, PrefillSplitScoresOnlyTheTokensAfterThePrompt) {
   auto m = engine::open_model({});
   auto be = kernels::make_cpu_backend();

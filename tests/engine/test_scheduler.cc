@@ -161,22 +161,26 @@ TEST(Scheduler, CompressedStagedCacheMatchesInMemoryRun) {
   }
 }
 
-// flex reads each token's value norm from the step's V rows: with the cache split over the
-// gpu, cpu and disk tiers and staged, with and without a 4-bit cache, its choices (and so the
-// tokens) must be the plain run's.
+// flex reads each token's value norm from the step's V rows and merges each evicted value into
+// a kept slot of whichever tier holds it: with the cache split over the gpu, cpu and disk tiers
+// and staged, the cpu part attended where it lies or not, with and without a 4-bit cache and
+// merging, its choices (and so the tokens) must be the plain run's.
 TEST(Scheduler, FlexEvictionOffloadedMatchesInMemoryRun) {
   auto m = engine::open_model({});
-  for (const bool compress : {false, true}) {
-    Case c;
-    c.policy.gpu_batch_size = 2;
-    c.policy.num_gpu_batches = 2;
-    c.policy.weights = {0.5, 0.5, 0};
-    c.policy.cache = {0.25, 0.25, 0.5};
-    c.policy.kv = "flex:0.3,sink=1";
-    c.policy.compress_cache = compress;
-    c.always_stage = true;
-    expect_same_tokens(c, m.config, *m.weights, 400 + static_cast<std::uint64_t>(compress), 0.0f);
-  }
+  for (const bool compress : {false, true})
+    for (const bool cpu_cache_compute : {false, true})
+      for (const char* kv : {"flex:0.3,sink=1", "flex:0.3,sink=1,merge=0"}) {
+        Case c;
+        c.policy.gpu_batch_size = 2;
+        c.policy.num_gpu_batches = 2;
+        c.policy.weights = {0.5, 0.5, 0};
+        c.policy.cache = {0.25, 0.25, 0.5};
+        c.policy.kv = kv;
+        c.policy.compress_cache = compress;
+        c.policy.cpu_cache_compute = cpu_cache_compute;
+        c.always_stage = true;
+        expect_same_tokens(c, m.config, *m.weights, 400 + static_cast<std::uint64_t>(compress), 0.0f);
+      }
 }
 
 TEST(Scheduler, RandomPoliciesMatchInMemoryRunOpt) {

@@ -922,6 +922,56 @@ TEST(KvDecode, FlexKeepsRecentPeaksWeightedByValueNorm) {
   EXPECT_TRUE(pol->uses_value_norms());
 }
 
+TEST(KvDecode, FlexMergesTheEvictedTokenIntoTheMostSimilarKeptOne) {
+  // flex:4,decay=0.5,value=0,recent=0.25: sink 0, one protected recent token, two scored.
+  const auto pol = make_kv_policy(parse_kv_spec("flex:4,decay=0.5,value=0,recent=0.25"), 1);
+  ASSERT_TRUE(pol->merges_evictions());
+  KvHeadState st = pol->make_state(kv_slot_capacity(4));
+  std::vector<float> probs(5);
+  std::vector<std::int64_t> evict;
+  // Token 2 gets the least attention in every step, so step 4 evicts it (slot 2).
+  const float attn[] = {0.5f, 0.3f, 0.05f, 0.15f, 0.2f};
+  for (std::int64_t pos = 0; pos < 5; ++pos) {
+    for (std::int64_t s = 0; s < 5; ++s) probs[static_cast<std::size_t>(s)] = s <= pos ? attn[s] : 0.0f;
+    pol->on_decode_step(st, pos, pos, probs, 4, evict);
+  }
+  ASSERT_EQ(evict, (std::vector<std::int64_t>{2}));
+  // Scores after step 4 (decayed peaks): 0.5, 0.3, (evicted) 0.05, 0.15, 0.2.
+  const float s_e = st.score(2), s_3 = st.score(3);
+  EXPECT_FLOAT_EQ(s_e, 0.05f);
+  // The sink (slot 0) is the most similar but stays as it is; of the others slot 3 is.
+  const std::vector<float> sim = {0.99f, 0.1f, 1.0f, 0.8f, 0.7f};
+  KvSlotMerge m;
+  ASSERT_TRUE(pol->merge_evicted(st, 2, sim, 4, m));
+  EXPECT_EQ(m.from, 2);
+  EXPECT_EQ(m.to, 3);
+  EXPECT_FLOAT_EQ(m.weight, s_e / (s_e + s_3));
+  // Attention gives slot 3 the mass of both tokens: log((s_e + s_3) / s_3).
+  EXPECT_FLOAT_EQ(st.logit_bias(3), std::log((s_e + s_3) / s_3));
+  EXPECT_EQ(st.logit_bias(1), 0.0f);
+  EXPECT_EQ(st.bytes_per_slot(), 12);  // position, score, logit bias (value=0: no norm weight)
+
+  // Step 5 writes token 5 to slot 2 (bias 0 again) and evicts token 3 (peak 0.075 against 1's
+  // 0.15 and 4's 0.1). Merged into the new token (score 0.01, most similar; protected from
+  // eviction, not from merging) it would weigh 8.5x: the bias stops at log 2.
+  for (std::int64_t s = 0; s < 5; ++s) probs[static_cast<std::size_t>(s)] = 0.01f;
+  pol->on_decode_step(st, 2, 5, probs, 4, evict);
+  ASSERT_EQ(evict, (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(st.logit_bias(2), 0.0f);
+  ASSERT_TRUE(pol->merge_evicted(st, 3, std::vector<float>{0.0f, 0.1f, 0.9f, 1.0f, 0.2f}, 4, m));
+  EXPECT_EQ(m.to, 2);
+  EXPECT_FLOAT_EQ(m.weight, 0.075f / 0.085f);
+  EXPECT_EQ(st.logit_bias(2), std::numbers::ln2_v<float>);
+
+  // A slot still held cannot be merged; merge=0 and other policies do not merge.
+  EXPECT_THROW(pol->merge_evicted(st, 1, sim, 4, m), std::logic_error);
+  const auto dropping = make_kv_policy(parse_kv_spec("flex:4,merge=0"), 1);
+  EXPECT_FALSE(dropping->merges_evictions());
+  KvHeadState st2 = dropping->make_state(kv_slot_capacity(4));
+  EXPECT_THROW(dropping->merge_evicted(st2, 0, sim, 4, m), std::logic_error);
+  EXPECT_FALSE(make_kv_policy(parse_kv_spec("h2o:4"), 1)->merges_evictions());
+}
+
 TEST(KvDecode, StateBytesPerSlotDoNotGrowWithTheSequence) {
   auto bytes = [](const std::string& text, std::int64_t capacity) {
     return make_kv_policy(parse_kv_spec(text), 1)->make_state(capacity).bytes_per_slot();
@@ -929,8 +979,9 @@ TEST(KvDecode, StateBytesPerSlotDoNotGrowWithTheSequence) {
   for (const std::int64_t cap : {9, 1025}) {
     EXPECT_EQ(bytes("h2o:0.2", cap), 8);
     EXPECT_EQ(bytes("tova:0.2", cap), 8);
-    EXPECT_EQ(bytes("flex:0.2", cap), 12);          // + the value norm
-    EXPECT_EQ(bytes("flex:0.2,value=0", cap), 8);
+    EXPECT_EQ(bytes("flex:0.2", cap), 16);          // + the value norm and the logit bias
+    EXPECT_EQ(bytes("flex:0.2,merge=0", cap), 12);
+    EXPECT_EQ(bytes("flex:0.2,value=0,merge=0", cap), 8);
     EXPECT_EQ(bytes("scissorhands:0.2", cap), 8 + 7 * 8);  // 400 steps of bits
   }
   // A flex state holds the same after a long run as after a short one.
@@ -941,7 +992,7 @@ TEST(KvDecode, StateBytesPerSlotDoNotGrowWithTheSequence) {
   for (std::int64_t pos = 0; pos < 1000; ++pos) pol->on_decode_step(st, st.free_slot(), pos, probs, 8, evict, 1.0f);
   EXPECT_EQ(st.size(), 8);
   EXPECT_EQ(st.capacity(), 9);
-  EXPECT_EQ(st.bytes_per_slot(), 12);
+  EXPECT_EQ(st.bytes_per_slot(), 16);
 }
 
 TEST(KvDecode, MisuseIsReported) {
