@@ -201,16 +201,22 @@ void CpuBackend::kv_similarity(const KvSimilarityArgs& a) {
   tbb::parallel_for(std::size_t{0}, a.queries.size(), [&](std::size_t i) {
     const KvSimilarityQuery& q = a.queries[i];
     const auto* head = static_cast<const std::byte*>(a.cache) + (q.seq * a.n_kv_heads + q.head) * a.capacity * slot_bytes;
-    thread_local std::vector<float> src, row;
-    src.resize(static_cast<std::size_t>(D));
-    row.resize(static_cast<std::size_t>(D));
-    convert_rows(head + q.slot * slot_bytes, a.cache_dtype, src.data(), DType::F32, 1, D);
-    const float src_norm = std::sqrt(vec::dot(src.data(), src.data(), D));
+    // fp32 slots are read in place, others decoded into a buffer of one slot (as attention does).
+    thread_local std::vector<float> src_buf, row_buf;
+    src_buf.resize(static_cast<std::size_t>(D));
+    row_buf.resize(static_cast<std::size_t>(D));
+    auto read = [&](std::int64_t slot, std::vector<float>& buf) -> const float* {
+      if (a.cache_dtype == DType::F32) return reinterpret_cast<const float*>(head + slot * slot_bytes);
+      convert_rows(head + slot * slot_bytes, a.cache_dtype, buf.data(), DType::F32, 1, D);
+      return buf.data();
+    };
+    const float* src = read(q.slot, src_buf);
+    const float src_norm = std::sqrt(vec::dot(src, src, D));
     float* out = a.out + static_cast<std::int64_t>(i) * a.capacity;
     for (std::int64_t j = 0; j < q.len; ++j) {
-      convert_rows(head + j * slot_bytes, a.cache_dtype, row.data(), DType::F32, 1, D);
-      const float norms = src_norm * std::sqrt(vec::dot(row.data(), row.data(), D));
-      out[j] = norms > 0.0f ? vec::dot(src.data(), row.data(), D) / norms : 0.0f;
+      const float* row = read(j, row_buf);
+      const float norms = src_norm * std::sqrt(vec::dot(row, row, D));
+      out[j] = norms > 0.0f ? vec::dot(src, row, D) / norms : 0.0f;
     }
   });
 }
