@@ -537,7 +537,7 @@ class PyramidPolicy final : public AccumulatedPolicy {
 // keeps most of it; a key average moves j away from the queries that wanted j (stories260K
 // 0.2: 0.041 -> 0.071 with ToMe's key-and-value average), no bias gives e's share of j's
 // value but not e's share of the attention (SmolLM2 0.146), and an uncapped bias lets a slot
-// that absorbed many tokens crowd out the rest (stories260K 0.1: 0.155 vs 0.114 capped).
+// that absorbed many tokens crowd out the rest (stories260K 0.1: 0.146 vs 0.114 capped).
 // Prefill: the prompt's column sums with weights decay^(n-1-i) (newest query 1) rank the older
 // prompt tokens (times |v|^value) and, scaled by (1 - decay) to the level of one step's
 // attention, seed their scores.
