@@ -312,8 +312,10 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
   const double kv_ring = blocks * 3 * g * kvt * kvtok;  // per staged fraction
   const double h_ring = blk.hidden_staged ? blocks * 3 * hid * rows : 0.0;
-  // position + score per slot
-  const double scores = evicting ? blocks * l * bls * static_cast<double>(m.kv_heads) * kvtok * 8 : 0;
+  // The policy's bookkeeping per slot (h2o: position + score, 8 bytes; flex with merging: 16)
+  const double slot_state =
+      evicting ? static_cast<double>(make_kv_policy(o.kv, m.layers)->make_state(1).bytes_per_slot()) : 0.0;
+  const double scores = evicting ? blocks * l * bls * static_cast<double>(m.kv_heads) * kvtok * slot_state : 0;
   t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
                        {"KV cache", lin(0, {{CG, kv_all}})},
                        {"hidden states", lin(0, {{HG, h_all}})},

@@ -132,6 +132,27 @@ TEST(CostModel, MoeWeightTransferFollowsTheExpectedActiveExperts) {
   EXPECT_NEAR(routed->decode_seconds / all->decode_seconds, want, 0.05);
 }
 
+// The cpu tier holds each policy's bookkeeping per kept slot: h2o 8 bytes, flex 12 (value
+// norm) and 16 with merging (logit bias).
+TEST(CostModel, EvictionScoresCountThePolicysBytesPerSlot) {
+  const Workload w{512, 32};
+  const ModelShape m = opt("opt-30b", 48, 7168);
+  // A plan for the largest of the three fits the other two.
+  const Estimate flex = plan(m, t4(), w, {parse_kv_spec("flex:0.2")});
+  auto scores = [&](const char* kv) {
+    const auto e = estimate(m, t4(), w, flex.policy, {parse_kv_spec(kv)});
+    EXPECT_TRUE(e.has_value());
+    for (const auto& [name, bytes] : e->memory[1])
+      if (name == "eviction scores") return static_cast<double>(bytes);
+    ADD_FAILURE() << "no eviction scores for " << kv;
+    return 0.0;
+  };
+  const double per8 = scores("h2o:0.2");
+  EXPECT_GT(per8, 0);
+  EXPECT_NEAR(scores("flex:0.2,merge=0") / per8, 1.5, 1e-6);
+  EXPECT_NEAR(scores("flex:0.2") / per8, 2.0, 1e-6);
+}
+
 TEST(CostModel, PlansFitTheirTiersAndEvictionGrowsTheBlock) {
   const Workload w{512, 32};
   const ModelShape m = opt("opt-30b", 48, 7168);
