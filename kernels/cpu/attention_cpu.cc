@@ -214,9 +214,10 @@ void CpuBackend::kv_similarity(const KvSimilarityArgs& a) {
     const float src_norm = std::sqrt(vec::dot(src, src, D));
     float* out = a.out + static_cast<std::int64_t>(i) * a.capacity;
     for (std::int64_t j = 0; j < q.len; ++j) {
-      const float* row = read(j, row_buf);
-      const float norms = src_norm * std::sqrt(vec::dot(row, row, D));
-      out[j] = norms > 0.0f ? vec::dot(src, row, D) / norms : 0.0f;
+      float dot = 0.0f, square = 0.0f;
+      vec::dot_and_square(src, read(j, row_buf), D, dot, square);
+      const float norms = src_norm * std::sqrt(square);
+      out[j] = norms > 0.0f ? dot / norms : 0.0f;
     }
   });
 }
