@@ -130,4 +130,10 @@ struct KvMergeArgs {
   DType cache_dtype = DType::F32;
 };
 
+// The checks every backend runs before touching the cache: std::out_of_range for a slot,
+// head or length outside it (or a slot merged into itself), std::invalid_argument for two
+// merges into one slot or a merge reading a slot another one writes.
+void check_kv_similarity(const KvSimilarityArgs& a);
+void check_kv_merge(const KvMergeArgs& a);
+
 }  // namespace flexh2o::kernels

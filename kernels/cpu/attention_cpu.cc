@@ -10,7 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
-#include <unordered_set>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -193,11 +192,8 @@ void CpuBackend::kv_move(const KvMoveArgs& a) {
 }
 
 void CpuBackend::kv_similarity(const KvSimilarityArgs& a) {
+  check_kv_similarity(a);
   const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
-  for (const KvSimilarityQuery& q : a.queries)
-    if (q.seq < 0 || q.head < 0 || q.head >= a.n_kv_heads || q.len < 0 || q.len > a.capacity || q.slot < 0 ||
-        q.slot >= a.capacity)
-      throw std::out_of_range("kv_similarity: slot outside the cache capacity");
   tbb::parallel_for(std::size_t{0}, a.queries.size(), [&](std::size_t i) {
     const KvSimilarityQuery& q = a.queries[i];
     const auto* head = static_cast<const std::byte*>(a.cache) + (q.seq * a.n_kv_heads + q.head) * a.capacity * slot_bytes;
@@ -223,19 +219,8 @@ void CpuBackend::kv_similarity(const KvSimilarityArgs& a) {
 }
 
 void CpuBackend::kv_merge(const KvMergeArgs& a) {
+  check_kv_merge(a);
   const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
-  for (const KvMerge& m : a.merges)
-    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
-        m.head >= a.n_kv_heads || m.seq < 0 || m.from == m.to)
-      throw std::out_of_range("kv_merge: slot outside the cache capacity, or a slot merged into itself");
-  // Order-free like the GPU's: no slot is written twice, or read after another merge wrote it.
-  auto slot_of = [&](const KvMerge& m, std::int64_t s) { return (m.seq * a.n_kv_heads + m.head) * a.capacity + s; };
-  std::unordered_set<std::int64_t> targets;
-  for (const KvMerge& m : a.merges)
-    if (!targets.insert(slot_of(m, m.to)).second)
-      throw std::invalid_argument("kv_merge: two merges of one call into the same slot");
-  for (const KvMerge& m : a.merges)
-    if (targets.count(slot_of(m, m.from))) throw std::invalid_argument("kv_merge: a merge reads a slot another one writes");
   auto* cache = static_cast<std::byte*>(a.cache);
   std::vector<float> from(static_cast<std::size_t>(D)), to(static_cast<std::size_t>(D));
   for (const KvMerge& m : a.merges) {

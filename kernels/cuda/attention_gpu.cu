@@ -702,13 +702,9 @@ void CudaBackend::kv_move(const KvMoveArgs& a) {
 }
 
 void CudaBackend::kv_similarity(const KvSimilarityArgs& a) {
+  check_kv_similarity(a);
   std::vector<std::int64_t> queries;
-  for (const KvSimilarityQuery& q : a.queries) {
-    if (q.seq < 0 || q.head < 0 || q.head >= a.n_kv_heads || q.len < 0 || q.len > a.capacity || q.slot < 0 ||
-        q.slot >= a.capacity)
-      throw std::out_of_range("kv_similarity: slot outside the cache capacity");
-    queries.insert(queries.end(), {q.seq, q.head, q.slot, q.len});
-  }
+  for (const KvSimilarityQuery& q : a.queries) queries.insert(queries.end(), {q.seq, q.head, q.slot, q.len});
   if (queries.empty() || a.head_dim <= 0) return;
   const std::int64_t count = static_cast<std::int64_t>(a.queries.size());
   const DeviceBuffer queries_d = upload(std::span<const std::int64_t>(queries));
@@ -719,21 +715,14 @@ void CudaBackend::kv_similarity(const KvSimilarityArgs& a) {
 }
 
 void CudaBackend::kv_merge(const KvMergeArgs& a) {
+  check_kv_merge(a);
   std::vector<std::int64_t> slots;
   std::vector<float> weights;
-  std::unordered_set<std::int64_t> targets;
   for (const KvMerge& m : a.merges) {
-    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
-        m.head >= a.n_kv_heads || m.seq < 0 || m.from == m.to)
-      throw std::out_of_range("kv_merge: slot outside the cache capacity, or a slot merged into itself");
     const std::int64_t head = (m.seq * a.n_kv_heads + m.head) * a.capacity;
     slots.insert(slots.end(), {head + m.from, head + m.to});
     weights.push_back(m.weight);
-    if (!targets.insert(head + m.to).second)
-      throw std::invalid_argument("kv_merge: two merges of one call into the same slot");
   }
-  for (std::size_t m = 0; m < weights.size(); ++m)
-    if (targets.count(slots[2 * m])) throw std::invalid_argument("kv_merge: a merge reads a slot another one writes");
   const std::int64_t count = static_cast<std::int64_t>(weights.size()), D = a.head_dim;
   if (count == 0 || D <= 0) return;
   const std::int64_t slot_bytes = kv_slot_bytes(a.cache_dtype, D);

@@ -83,7 +83,6 @@ class KvHeadState {
   // flex with merging: what attention adds to the slot's score, the log of how much attention
   // mass the slot stands for relative to its own token (0 unmerged); 0 for other policies.
   float logit_bias(std::int64_t slot) const { return bias_.empty() ? 0.0f : bias_[static_cast<std::size_t>(slot)]; }
-  bool has_logit_bias() const { return !bias_.empty(); }
   std::int64_t last_position() const { return last_pos_; }  // newest token seen, -1 if none
   std::int64_t steps() const { return steps_; }              // decode steps observed
   // Bookkeeping bytes per slot: position and score (8), plus the value weight (flex, 4), the
@@ -180,8 +179,8 @@ class KvPolicy {
   void select_evictions(KvHeadState& state, std::int64_t budget, std::vector<std::int64_t>& evict) const;
   // When merges_evictions(): right after on_decode_step freed slot `evicted`, with
   // similarity[s] the cosine between its key and slot s's (size >= capacity; free slots
-  // ignored), picks the kept slot it merges into and the blend weight, and updates that slot's
-  // logit bias and score. Returns false when no kept slot can take it (then it is dropped).
+  // ignored), picks the kept slot it merges into and the blend weight, and raises that slot's
+  // logit bias. Returns false when no kept slot can take it (then it is dropped).
   // Throws std::logic_error for a policy that does not merge or a slot that is not free.
   virtual bool merge_evicted(KvHeadState& state, std::int64_t evicted, std::span<const float> similarity,
                              std::int64_t budget, KvSlotMerge& merge) const;
