@@ -6,6 +6,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtbb-dev            # oneTBB: CPU parallelism
   libdnnl-dev           # oneDNN: CPU matmul (f32, bf16, int8)
+  ocl-icd-opencl-dev    # OpenCL headers + loader: Debian's dnnl-config.cmake requires them (libdnnl-dev only recommends it)
   libopenblas-dev       # OpenBLAS: attention's small products
   liburing-dev          # io_uring: the disk tier
   libfmt-dev            # text formatting
