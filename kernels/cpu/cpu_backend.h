@@ -1,4 +1,6 @@
-// CPU implementation of Backend: oneTBB for parallel loops, OpenBLAS for GEMM.
+// CPU implementation of Backend: oneTBB for parallel loops; GEMM through oneDNN matmul
+// primitives (gemm_cpu.cc), or an own AVX2 kernel for a few activation rows (gemv_cpu.h);
+// OpenBLAS only for prefill attention's small products (attention_cpu.cc).
 // Each op family lives in its own *_cpu.cc next to this header.
 #pragma once
 #include "kernels/backend.h"
