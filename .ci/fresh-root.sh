@@ -37,7 +37,10 @@ rm -rf "$work"
 cp -a "$base" "$work"
 trap 'rm -rf "$work"' EXIT
 cp /etc/resolv.conf "$work/etc/resolv.conf" 2>/dev/null || true
-cp /etc/apt/sources.list.d/*.sources "$work/etc/apt/sources.list.d/" 2>/dev/null || true
+# This machine's apt sources (with its updates and security suites) replace debootstrap's one line.
+if cp /etc/apt/sources.list.d/*.sources "$work/etc/apt/sources.list.d/" 2>/dev/null; then
+  rm -f "$work/etc/apt/sources.list"
+fi
 mkdir -p "$work/src"
 git clone -q "$repo" "$work/src/project"     # committed work only, as a clean clone
 [[ -n $shared ]] && cp -a "$shared" "$work/src/shared"
