@@ -314,8 +314,9 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
   const GenerationRequest& req = *st.req;
   const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);
-  be_.sample({act.logits.as<float>(), b.n, cfg_.vocab_size, req.sampling, st.streams.subspan(first, n),
-              static_cast<std::uint64_t>(st.step), std::span(st.next).subspan(first, n)});
+  be_.sample({.logits = act.logits.as<float>(), .batch = b.n, .vocab = cfg_.vocab_size, .params = req.sampling,
+              .streams = st.streams.subspan(first, n), .step = static_cast<std::uint64_t>(st.step),
+              .out = std::span(st.next).subspan(first, n)});
   if (req.on_logits)
     be_.copy_to_host(st.host_logits.data() + b.first_sequence * cfg_.vocab_size, act.logits.data(),
                      static_cast<std::size_t>(b.n * cfg_.vocab_size) * sizeof(float));
