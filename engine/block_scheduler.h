@@ -41,7 +41,9 @@
 
 #include "engine/generator.h"
 #include "engine/layers.h"
-#include "engine/tiered_weights.h"
+#include "engine/schedule/cache_ring.h"
+#include "engine/schedule/units.h"
+#include "engine/schedule/weight_staging.h"
 #include "offload/copy_engine.h"
 #include "offload/trace.h"
 #include "policy/pipeline.h"
@@ -67,16 +69,6 @@ struct StageLinks {
   // Takes them after the stage's last unit computed batch k (a stage before the last); the
   // span is valid during the call.
   std::function<void(std::int64_t k, std::span<const float> hidden)> send;
-};
-
-// Mixture-of-experts weight traffic per token step (index 0: prefill), summed over blocks:
-// experts fetched into staging slots (gpu-resident ones are used in place) and the bytes of
-// them read from the cpu and disk tiers.
-struct ExpertLoadStats {
-  std::vector<std::int64_t> experts_by_step, bytes_by_step;
-  void add(std::int64_t step, std::int64_t experts, std::int64_t bytes);
-  std::int64_t experts() const;
-  std::int64_t bytes() const;
 };
 
 class BlockScheduler {
@@ -115,23 +107,20 @@ class BlockScheduler {
   // Whether the input embedding / the output head are among this scheduler's layers.
   bool holds_input() const;
   bool holds_head() const { return holds_head_; }
-  const ExpertLoadStats& expert_loads() const { return expert_loads_; }
+  const ExpertLoadStats& expert_loads() const { return staging_->expert_loads(); }
 
  private:
-  struct Unit;
-  struct WeightSlot;
-  struct RingSlot;
-  struct Batch;
   struct BlockState;
-
-  void issue_weights(std::int64_t unit, std::int64_t seq, const BlockState& st);
-  std::int64_t stage_weight(WeightSlot& slot, const std::string& name, std::byte* dst,
-                            std::vector<offload::CopyPiece>& pieces, std::int64_t& moved);
-  void issue_experts(WeightSlot& slot, std::int64_t unit, std::span<const std::int32_t> experts, bool evict);
-  void run_experts(WeightSlot& slot, std::int64_t unit, const ExpertRouting& routing, Activations& act);
-  void issue_loads(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot);
-  void compute(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot, std::int64_t weight_seq);
-  void issue_stores(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot);
+  // FlexGen's loop body for unit u and GPU batch k (compute number `counter` of the block).
+  void load_inputs(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k, const StageLinks& links);
+  void prefetch_next(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k, std::int64_t instance);
+  void compute(BlockState& st, std::int64_t u, std::int64_t k, RingSlot& slot, std::int64_t instance);
+  void route_next_unit(std::int64_t u, const GpuBatch& b, Activations& act, std::int64_t instance);
+  void sample(BlockState& st, const GpuBatch& b, Activations& act);
+  void receive(BlockState& st, std::int64_t k, const StageLinks& links);
+  void send(BlockState& st, std::int64_t k, const StageLinks& links);
+  // begin(): the block's GPU batches with their KV caches and hidden states in their tiers.
+  void place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req);
 
   kernels::Backend& be_;
   offload::Tiers& tiers_;
@@ -140,21 +129,16 @@ class BlockScheduler {
   kernels::DType cache_dtype_;  // q4 under compress_cache
   offload::Trace* trace_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<Unit> units_;
-  std::vector<std::int64_t> cache_layers_;  // decoder layers whose KV cache this scheduler keeps
+  UnitList units_;
   bool holds_head_ = true;
-  std::int64_t unit_instances_ = 0;  // units run so far (weight slots are keyed by this count)
+  std::int64_t unit_instances_ = 0;  // units run so far: instance = step x units + unit
   std::vector<float> boundary_;      // hidden states received or sent at a stage boundary
   std::unique_ptr<offload::Staging> boundary_staging_;
-  TieredWeights weights_;
-  DeviceWeights resident_;  // tensors wholly on the gpu tier, used in place
-  std::vector<WeightSlot> weight_slots_;
-  std::int64_t expert_bytes_ = 0;  // a staging slot's sub-slot for one staged expert
   std::unique_ptr<policy::KvPolicy> kv_policy_;  // from policy_.kv; null for the full cache
-  ExpertLoadStats expert_loads_;
+  std::unique_ptr<WeightStaging> staging_;
+  std::unique_ptr<CacheRing> ring_;
   // Declared last: destroyed first, so queued copies finish before the memory they touch goes.
   std::unique_ptr<offload::CopyEngine> copies_;
-  int lane_weights_ = 0, lane_cache_in_ = 0, lane_cache_out_ = 0, lane_hidden_in_ = 0, lane_hidden_out_ = 0;
 };
 
 }  // namespace flexh2o::engine

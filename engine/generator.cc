@@ -177,8 +177,8 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
       be_.copy_to_host(host_logits.data(), act.logits.data(), host_logits.size() * sizeof(float));
       req.on_logits(step, host_logits);
     }
-    be_.sample({act.logits.as<float>(), B, cfg_.vocab_size, req.sampling, log.streams(),
-                static_cast<std::uint64_t>(step), next});
+    be_.sample({.logits = act.logits.as<float>(), .batch = B, .vocab = cfg_.vocab_size, .params = req.sampling,
+                .streams = log.streams(), .step = static_cast<std::uint64_t>(step), .out = next});
     log.record(step, next);
   };
 

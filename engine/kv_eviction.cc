@@ -47,7 +47,8 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int
       const auto w = policy_.prefill_query_weights(layer_, s.seq_offsets[b + 1] - s.seq_offsets[b]);
       weights.insert(weights.end(), w.begin(), w.end());
     }
-  be.attention_prefill({shape, q, k, v, out, s.seq_offsets, scores ? col_sums_.as<float>() : nullptr, weights});
+  be.attention_prefill({.shape = shape, .q = q, .k = k, .v = v, .out = out, .seq_offsets = s.seq_offsets,
+                        .col_sums = scores ? col_sums_.as<float>() : nullptr, .query_weights = weights});
   if (scores) {
     host_scores_.resize(static_cast<std::size_t>(T * H));
     be.copy_to_host(host_scores_.data(), col_sums_.data(), host_scores_.size() * sizeof(float));
@@ -69,8 +70,10 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int
         if (st.occupied(slot)) head_slot_[static_cast<std::size_t>((t0 + st.position(slot)) * H + g)] = slot;
     }
   }
-  be.kv_write({k, part.k, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
-  be.kv_write({v, part.v, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
+  be.kv_write({.src = k, .cache = part.k, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity,
+               .seq = s.row_seq, .head_slot = head_slot_, .cache_dtype = cache.dtype});
+  be.kv_write({.src = v, .cache = part.v, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity,
+               .seq = s.row_seq, .head_slot = head_slot_, .cache_dtype = cache.dtype});
 }
 
 void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int64_t seq0,
@@ -90,15 +93,18 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
       head_slot_[static_cast<std::size_t>(b * H + g)] = slot;
       lens_[static_cast<std::size_t>(b)] = st.size() + 1;
     }
-  be.kv_write({k, part.k, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
-  be.kv_write({v, part.v, H, head_dim_, capacity, s.row_seq, {}, head_slot_, cache.dtype});
+  be.kv_write({.src = k, .cache = part.k, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity,
+               .seq = s.row_seq, .head_slot = head_slot_, .cache_dtype = cache.dtype});
+  be.kv_write({.src = v, .cache = part.v, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity,
+               .seq = s.row_seq, .head_slot = head_slot_, .cache_dtype = cache.dtype});
   const bool probs = policy_.uses_decode_probs(), merging = policy_.merges_evictions();
   // The cache may be wider than this layer needs (pyramid: layers differ); probs follow its stride.
   const auto probs_bytes = static_cast<std::size_t>(B * H * capacity) * sizeof(float);
   if (probs && probs_.bytes() < probs_bytes) probs_ = {be, probs_bytes};
   if (merging) upload_logit_biases(be, seq0, B, capacity);
-  be.attention_decode({shape, q, part.k, part.v, capacity, lens_, out, probs ? probs_.as<float>() : nullptr,
-                       cache.dtype, merging ? bias_.as<float>() : nullptr});
+  be.attention_decode({.shape = shape, .q = q, .k_cache = part.k, .v_cache = part.v, .capacity = capacity,
+                       .lens = lens_, .out = out, .probs = probs ? probs_.as<float>() : nullptr,
+                       .cache_dtype = cache.dtype, .slot_bias = merging ? bias_.as<float>() : nullptr});
   if (probs) {
     host_scores_.resize(static_cast<std::size_t>(B * H * capacity));
     be.copy_to_host(host_scores_.data(), probs_.data(), host_scores_.size() * sizeof(float));
@@ -128,8 +134,10 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
       }
     }
   if (!moves_.empty()) {
-    be.kv_move({part.k, H, head_dim_, capacity, moves_, cache.dtype});
-    be.kv_move({part.v, H, head_dim_, capacity, moves_, cache.dtype});
+    be.kv_move({.cache = part.k, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity, .moves = moves_,
+                .cache_dtype = cache.dtype});
+    be.kv_move({.cache = part.v, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity, .moves = moves_,
+                .cache_dtype = cache.dtype});
   }
   if (!queries_.empty()) merge_evictions(be, seq0, capacity, part, cache);
 }
@@ -156,7 +164,8 @@ void KvEvictionLayer::merge_evictions(kernels::Backend& be, std::int64_t seq0, s
   const auto n = static_cast<std::int64_t>(queries_.size());
   const auto bytes = static_cast<std::size_t>(n * capacity) * sizeof(float);
   if (similarity_.bytes() < bytes) similarity_ = {be, bytes};
-  be.kv_similarity({part.k, H, head_dim_, capacity, queries_, similarity_.as<float>(), cache.dtype});
+  be.kv_similarity({.cache = part.k, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity, .queries = queries_,
+                    .out = similarity_.as<float>(), .cache_dtype = cache.dtype});
   host_similarity_.resize(static_cast<std::size_t>(n * capacity));
   be.copy_to_host(host_similarity_.data(), similarity_.data(), bytes);
   merges_.clear();
@@ -170,7 +179,9 @@ void KvEvictionLayer::merge_evictions(kernels::Backend& be, std::int64_t seq0, s
       merges_.push_back({q.seq, q.head, m.from, m.to, m.weight});
   }
   // Values only: the kept key stands in for both tokens (the policy raised its logit bias).
-  if (!merges_.empty()) be.kv_merge({part.v, H, head_dim_, capacity, merges_, cache.dtype});
+  if (!merges_.empty())
+    be.kv_merge({.cache = part.v, .n_kv_heads = H, .head_dim = head_dim_, .capacity = capacity, .merges = merges_,
+                 .cache_dtype = cache.dtype});
 }
 
 std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction(kernels::Backend& be, const policy::KvPolicy& policy,

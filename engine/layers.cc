@@ -81,12 +81,14 @@ class InputEmbed final : public Layer {
     float* h = act.hidden;
     if (cfg_.embedding_width() != cfg_.hidden) {  // a narrower embedding, projected in (OPT-350m)
       float* e = act.embed.as<float>();
-      be.embedding({s.token_ids, 0, get(w, "tok_embed"), e, false, cfg_.embed_scale});
+      be.embedding({.ids = s.token_ids, .table = get(w, "tok_embed"), .out = e, .scale = cfg_.embed_scale});
       linear(be, cfg_, {e, s.rows(), get(w, "project_in"), nullptr, h, 0.0f});
     } else {
-      be.embedding({s.token_ids, 0, get(w, "tok_embed"), h, false, cfg_.embed_scale});
+      be.embedding({.ids = s.token_ids, .table = get(w, "tok_embed"), .out = h, .scale = cfg_.embed_scale});
     }
-    if (cfg_.learned_positions) be.embedding({s.positions, cfg_.position_offset, get(w, "pos_embed"), h, true});
+    if (cfg_.learned_positions)
+      be.embedding({.ids = s.positions, .offset = cfg_.position_offset, .table = get(w, "pos_embed"), .out = h,
+                    .accumulate = true});
   }
 
  private:
@@ -125,10 +127,10 @@ class Attention final : public Layer {
     linear(be, cfg_, {x, rows, get(w, p_ + "wk"), maybe_vec(w, p_ + "bk", cfg_.qkv_bias), k, 0.0f});
     linear(be, cfg_, {x, rows, get(w, p_ + "wv"), maybe_vec(w, p_ + "bv", cfg_.qkv_bias), v, 0.0f});
     if (cfg_.qk_norm) {  // per head, before RoPE (Qwen3)
-      be.rms_norm({q, q, rows * cfg_.n_heads, cfg_.head_dim, vec(w, p_ + "q_norm"), nullptr, cfg_.norm_eps,
-                   cfg_.norm_weight_offset});
-      be.rms_norm({k, k, rows * cfg_.n_kv_heads, cfg_.head_dim, vec(w, p_ + "k_norm"), nullptr, cfg_.norm_eps,
-                   cfg_.norm_weight_offset});
+      be.rms_norm({.x = q, .y = q, .rows = rows * cfg_.n_heads, .cols = cfg_.head_dim, .weight = vec(w, p_ + "q_norm"),
+                   .eps = cfg_.norm_eps, .weight_offset = cfg_.norm_weight_offset});
+      be.rms_norm({.x = k, .y = k, .rows = rows * cfg_.n_kv_heads, .cols = cfg_.head_dim, .weight = vec(w, p_ + "k_norm"),
+                   .eps = cfg_.norm_eps, .weight_offset = cfg_.norm_weight_offset});
     }
     if (cfg_.rotary()) {
       rope(be, s, q, cfg_.n_heads);
@@ -151,12 +153,16 @@ class Attention final : public Layer {
         continue;
       }
       const auto dt = cache->dtype;
-      be.kv_write({k + r0 * kw, part.k, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}, dt});
-      be.kv_write({v + r0 * kw, part.v, cfg_.n_kv_heads, cfg_.head_dim, cache->capacity, p.row_seq, p.row_slot, {}, dt});
+      be.kv_write({.src = k + r0 * kw, .cache = part.k, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
+                   .capacity = cache->capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
+      be.kv_write({.src = v + r0 * kw, .cache = part.v, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
+                   .capacity = cache->capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
       if (s.prefill)
-        be.attention_prefill({shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, p.seq_offsets, nullptr, {}});
+        be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
+                              .seq_offsets = p.seq_offsets});
       else
-        be.attention_decode({shape, q + r0 * qw, part.k, part.v, cache->capacity, p.lens, o + r0 * qw, nullptr, dt});
+        be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
+                             .capacity = cache->capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});
     }
     add_to_stream(be, cfg_, w, p_ + "attn_norm", p_ + "attn_out_norm", h, act.normed.as<float>(), rows,
                   [&](float* y, float beta) {
@@ -170,9 +176,15 @@ class Attention final : public Layer {
   // max(position_ids) + 1 of its batch of one; runs of sequences that share them go together.
   void rope(kernels::Backend& be, const StepBatch& s, float* x, std::int64_t heads) const {
     auto apply = [&](std::int64_t r0, std::int64_t r1, const RopeFrequencies& f) {
-      be.rope({x + r0 * heads * cfg_.head_dim, r1 - r0, heads, cfg_.head_dim, cfg_.rotary_dim(),
-               std::span(s.positions).subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(r1 - r0)),
-               f.inv_freq, f.attention_factor, cfg_.rope.layout});
+      be.rope({.x = x + r0 * heads * cfg_.head_dim,
+               .tokens = r1 - r0,
+               .heads = heads,
+               .head_dim = cfg_.head_dim,
+               .rotary_dim = cfg_.rotary_dim(),
+               .positions = std::span(s.positions).subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(r1 - r0)),
+               .inv_freq = f.inv_freq,
+               .attention_factor = f.attention_factor,
+               .layout = cfg_.rope.layout});
     };
     if (fixed_rope_) return apply(0, s.rows(), *fixed_rope_);
     std::int64_t run_begin = 0, run_len = -1;
@@ -283,7 +295,8 @@ class MoeMlp final : public Layer {
     linear(be, cfg_, {x, rows, get(w, p_ + "router"), nullptr, act.router.as<float>(), 0.0f});
     r.expert_of.resize(static_cast<std::size_t>(rows * k));
     r.weight_of.resize(r.expert_of.size());
-    be.route({act.router.as<float>(), rows, E, k, cfg_.moe.norm_topk, r.expert_of, r.weight_of});
+    be.route({.logits = act.router.as<float>(), .rows = rows, .experts = E, .top_k = k, .renormalize = cfg_.moe.norm_topk,
+              .expert_of = r.expert_of, .weight_of = r.weight_of});
     r.per_row = k;
     r.routed = r.expert_of;
     std::ranges::sort(r.routed);
@@ -324,8 +337,9 @@ class MoeMlp final : public Layer {
         experts.back() = {get(w, p_ + "shared.w_gate"), get(w, p_ + "shared.w_up"), get(w, p_ + "shared.w_down")};
     }
     const std::int64_t rows = static_cast<std::int64_t>(r.expert_of.size()) / r.per_row;
-    be.moe_experts({act.normed.as<float>(), rows, cfg_.hidden, r.per_row, r.expert_of, r.weight_of, experts,
-                    cfg_.mlp_act, cfg_.compute_dtype, act.hidden, begin, end});
+    be.moe_experts({.x = act.normed.as<float>(), .rows = rows, .hidden = cfg_.hidden, .top_k = r.per_row,
+                    .expert_of = r.expert_of, .weight_of = r.weight_of, .experts = experts, .act = cfg_.mlp_act,
+                    .compute = cfg_.compute_dtype, .y = act.hidden, .expert_begin = begin, .expert_end = end});
   }
 
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,

@@ -1,6 +1,11 @@
+// The attention and KV-cache ops' argument checks, shared by every device, then the device's
+// implementation (kernels/cpu/attention_cpu.cc, kernels/cuda/attention_gpu.cu).
 #include "kernels/attention.h"
 
+#include "kernels/backend.h"
+
 #include <stdexcept>
+#include <string>
 #include <unordered_set>
 
 namespace flexh2o::kernels {
@@ -26,6 +31,88 @@ void check_kv_merge(const KvMergeArgs& a) {
       throw std::invalid_argument("kv_merge: two merges of one call into the same slot");
   for (const KvMerge& m : a.merges)
     if (targets.count(slot_of(m, m.from))) throw std::invalid_argument("kv_merge: a merge reads a slot another one writes");
+}
+
+namespace {
+
+void check_shape(const AttentionShape& s) {
+  if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.head_dim <= 0 || s.n_heads % s.n_kv_heads != 0)
+    throw std::invalid_argument("attention: n_heads must be a positive multiple of n_kv_heads");
+}
+
+void check_prefill(const AttentionPrefillArgs& a) {
+  check_shape(a.shape);
+  const std::int64_t B = static_cast<std::int64_t>(a.seq_offsets.size()) - 1;
+  if (B < 0) throw std::invalid_argument("attention_prefill: seq_offsets must have B + 1 entries");
+  const std::int64_t T = a.seq_offsets[static_cast<std::size_t>(B)];
+  if (!a.query_weights.empty() && static_cast<std::int64_t>(a.query_weights.size()) != T)
+    throw std::invalid_argument("attention_prefill: query_weights needs one weight per row");
+  if (a.seq_offsets[0] != 0) throw std::invalid_argument("attention_prefill: seq_offsets[0] must be 0");
+  for (std::size_t b = 0; b + 1 < a.seq_offsets.size(); ++b)
+    if (a.seq_offsets[b + 1] < a.seq_offsets[b])
+      throw std::invalid_argument("attention_prefill: seq_offsets must be non-decreasing");
+}
+
+void check_decode(const AttentionDecodeArgs& a) {
+  check_shape(a.shape);
+  for (const std::int64_t len : a.lens)
+    if (len <= 0 || len > a.capacity)
+      throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
+}
+
+void check_kv_write(const KvWriteArgs& a) {
+  const std::int64_t rows = static_cast<std::int64_t>(a.seq.size()), H = a.n_kv_heads;
+  const bool per_head = !a.head_slot.empty();
+  if (per_head ? static_cast<std::int64_t>(a.head_slot.size()) != rows * H
+               : static_cast<std::int64_t>(a.slot.size()) != rows)
+    throw std::invalid_argument("kv_write: slots do not match the rows");
+  // Per-head slots may be -1: that head keeps no slot for the row (an eviction policy dropped it).
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t g = 0; g < (per_head ? H : 1); ++g) {
+      const std::int64_t slot =
+          per_head ? a.head_slot[static_cast<std::size_t>(r * H + g)] : a.slot[static_cast<std::size_t>(r)];
+      if (slot < (per_head ? -1 : 0) || slot >= a.capacity || a.seq[static_cast<std::size_t>(r)] < 0)
+        throw std::out_of_range("kv_write: slot outside the cache capacity");
+    }
+}
+
+void check_kv_move(const KvMoveArgs& a) {
+  for (const KvMove& m : a.moves)
+    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
+        m.head >= a.n_kv_heads || m.seq < 0)
+      throw std::out_of_range("kv_move: slot outside the cache capacity");
+}
+
+}  // namespace
+
+void Backend::attention_prefill(const AttentionPrefillArgs& a) {
+  check_prefill(a);
+  do_attention_prefill(a);
+}
+
+void Backend::attention_decode(const AttentionDecodeArgs& a) {
+  check_decode(a);
+  do_attention_decode(a);
+}
+
+void Backend::kv_write(const KvWriteArgs& a) {
+  check_kv_write(a);
+  do_kv_write(a);
+}
+
+void Backend::kv_move(const KvMoveArgs& a) {
+  check_kv_move(a);
+  do_kv_move(a);
+}
+
+void Backend::kv_similarity(const KvSimilarityArgs& a) {
+  check_kv_similarity(a);
+  do_kv_similarity(a);
+}
+
+void Backend::kv_merge(const KvMergeArgs& a) {
+  check_kv_merge(a);
+  do_kv_merge(a);
 }
 
 }  // namespace flexh2o::kernels

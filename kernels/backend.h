@@ -74,29 +74,31 @@ class Backend {
   // Whether GEMMs with bf16 compute run natively (bf16 matrix units) rather than emulated.
   virtual bool native_bf16() const = 0;
 
-  virtual void gemm(const GemmArgs& a) = 0;
-  virtual void layer_norm(const NormArgs& a) = 0;
-  virtual void rms_norm(const NormArgs& a) = 0;
-  virtual void rope(const RopeArgs& a) = 0;
-  virtual void activation(Activation act, float* x, std::int64_t n) = 0;
+  // The ops. Each checks its arguments here, once for every device (kernels/<op>.cc), then
+  // runs the device's implementation (do_<op> in kernels/cpu/<op>_cpu.cc, kernels/cuda/<op>_gpu.cu).
+  void gemm(const GemmArgs& a);
+  void layer_norm(const NormArgs& a);
+  void rms_norm(const NormArgs& a);
+  void rope(const RopeArgs& a);
+  void activation(Activation act, float* x, std::int64_t n);
   // out = act(gate) * up (SwiGLU, GeGLU); out may alias gate or up.
-  virtual void glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  void glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n);
   // x = cap * tanh(x / cap) (Gemma-2's final-logit soft-cap).
-  virtual void softcap(float* x, std::int64_t n, float cap) = 0;
+  void softcap(float* x, std::int64_t n, float cap);
   // x += y
-  virtual void add(float* x, const float* y, std::int64_t n) = 0;
-  virtual void embedding(const EmbeddingArgs& a) = 0;
-  virtual void attention_prefill(const AttentionPrefillArgs& a) = 0;
-  virtual void attention_decode(const AttentionDecodeArgs& a) = 0;
-  virtual void kv_write(const KvWriteArgs& a) = 0;
-  virtual void kv_move(const KvMoveArgs& a) = 0;
-  virtual void kv_similarity(const KvSimilarityArgs& a) = 0;
-  virtual void kv_merge(const KvMergeArgs& a) = 0;
-  virtual void sample(const SampleArgs& a) = 0;
+  void add(float* x, const float* y, std::int64_t n);
+  void embedding(const EmbeddingArgs& a);
+  void attention_prefill(const AttentionPrefillArgs& a);
+  void attention_decode(const AttentionDecodeArgs& a);
+  void kv_write(const KvWriteArgs& a);
+  void kv_move(const KvMoveArgs& a);
+  void kv_similarity(const KvSimilarityArgs& a);
+  void kv_merge(const KvMergeArgs& a);
+  void sample(const SampleArgs& a);
   // Mixture-of-experts routing (results on the host: they decide which experts to load) and
   // the routed experts' MLPs.
-  virtual void route(const RouteArgs& a) = 0;
-  virtual void moe_experts(const MoeArgs& a) = 0;
+  void route(const RouteArgs& a);
+  void moe_experts(const MoeArgs& a);
 
   // Device memory an op allocates for itself while it runs (and frees before the next op can
   // need it), at most, so that callers who budget device memory can count it; 0 where the op
@@ -113,6 +115,27 @@ class Backend {
                                                bool /*scores*/) const {
     return 0;
   }
+
+ protected:
+  // The devices' implementations, called with checked arguments.
+  virtual void do_gemm(const GemmArgs& a) = 0;
+  virtual void do_layer_norm(const NormArgs& a) = 0;
+  virtual void do_rms_norm(const NormArgs& a) = 0;
+  virtual void do_rope(const RopeArgs& a) = 0;
+  virtual void do_activation(Activation act, float* x, std::int64_t n) = 0;
+  virtual void do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  virtual void do_softcap(float* x, std::int64_t n, float cap) = 0;
+  virtual void do_add(float* x, const float* y, std::int64_t n) = 0;
+  virtual void do_embedding(const EmbeddingArgs& a) = 0;
+  virtual void do_attention_prefill(const AttentionPrefillArgs& a) = 0;
+  virtual void do_attention_decode(const AttentionDecodeArgs& a) = 0;
+  virtual void do_kv_write(const KvWriteArgs& a) = 0;
+  virtual void do_kv_move(const KvMoveArgs& a) = 0;
+  virtual void do_kv_similarity(const KvSimilarityArgs& a) = 0;
+  virtual void do_kv_merge(const KvMergeArgs& a) = 0;
+  virtual void do_sample(const SampleArgs& a) = 0;
+  virtual void do_route(const RouteArgs& a) = 0;
+  virtual void do_moe_experts(const MoeArgs& a) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

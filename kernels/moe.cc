@@ -1,17 +1,41 @@
 #include "kernels/moe.h"
 
+#include "kernels/backend.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 
 namespace flexh2o::kernels {
 
-void route_on_host(const float* logits, const RouteArgs& a) {
+void Backend::route(const RouteArgs& a) {
   if (a.top_k < 1 || a.top_k > a.experts) throw std::invalid_argument("route: top_k must be in [1, experts]");
   if (static_cast<std::int64_t>(a.expert_of.size()) != a.rows * a.top_k ||
       static_cast<std::int64_t>(a.weight_of.size()) != a.rows * a.top_k)
     throw std::invalid_argument("route: outputs need rows * top_k entries");
+  do_route(a);
+}
+
+void Backend::moe_experts(const MoeArgs& a) {
+  if (static_cast<std::int64_t>(a.expert_of.size()) != a.rows * a.top_k ||
+      static_cast<std::int64_t>(a.weight_of.size()) != a.rows * a.top_k)
+    throw std::invalid_argument("moe_experts: routing needs rows * top_k entries");
+  const auto n_experts = static_cast<std::int32_t>(a.experts.size());
+  for (const std::int32_t e : a.expert_of) {
+    if (e < 0 || e >= n_experts)
+      throw std::out_of_range("moe_experts: expert " + std::to_string(e) + " outside [0, " +
+                              std::to_string(n_experts) + ")");
+    const ExpertMatrices& m = a.experts[static_cast<std::size_t>(e)];
+    if (e >= a.expert_begin && e < a.expert_end && (!m.gate.data || !m.up.data || !m.down.data))
+      throw std::logic_error("moe_experts: expert " + std::to_string(e) + " is routed to but not loaded");
+  }
+  do_moe_experts(a);
+}
+
+// Arguments checked by Backend::route.
+void route_on_host(const float* logits, const RouteArgs& a) {
   std::vector<float> p(static_cast<std::size_t>(a.experts));
   std::vector<std::int32_t> order(p.size());
   for (std::int64_t r = 0; r < a.rows; ++r) {
@@ -36,17 +60,12 @@ void route_on_host(const float* logits, const RouteArgs& a) {
   }
 }
 
+// Arguments checked by Backend::moe_experts.
 std::vector<ExpertRows> rows_by_expert(const MoeArgs& a) {
-  if (static_cast<std::int64_t>(a.expert_of.size()) != a.rows * a.top_k ||
-      static_cast<std::int64_t>(a.weight_of.size()) != a.rows * a.top_k)
-    throw std::invalid_argument("moe_experts: routing needs rows * top_k entries");
   std::vector<ExpertRows> out(a.experts.size());
   for (std::int64_t r = 0; r < a.rows; ++r)
     for (std::int64_t j = 0; j < a.top_k; ++j) {
       const std::int32_t e = a.expert_of[static_cast<std::size_t>(r * a.top_k + j)];
-      if (e < 0 || e >= static_cast<std::int32_t>(a.experts.size()))
-        throw std::out_of_range("moe_experts: expert " + std::to_string(e) + " outside [0, " +
-                                std::to_string(a.experts.size()) + ")");
       if (e < a.expert_begin || e >= a.expert_end) continue;
       out[static_cast<std::size_t>(e)].rows.push_back(r);
       out[static_cast<std::size_t>(e)].weights.push_back(a.weight_of[static_cast<std::size_t>(r * a.top_k + j)]);

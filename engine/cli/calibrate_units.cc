@@ -82,7 +82,7 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
     std::vector<std::uint64_t> streams(static_cast<std::size_t>(rows));
     const double head_s = time_call([&] {
       head->forward(be, w.view, step, act, nullptr);
-      be.sample({act.logits.as<float>(), rows, cfg.vocab_size, {}, streams, 0, next});
+      be.sample({.logits = act.logits.as<float>(), .batch = rows, .vocab = cfg.vocab_size, .streams = streams, .out = next});
       be.synchronize();
     });
     const double head_rate = head_flops * static_cast<double>(rows) / head_s;

@@ -19,11 +19,6 @@ namespace flexh2o::kernels {
 
 namespace {
 
-void check_shape(const AttentionShape& s) {
-  if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.head_dim <= 0 || s.n_heads % s.n_kv_heads != 0)
-    throw std::invalid_argument("attention: n_heads must be a positive multiple of n_kv_heads");
-}
-
 // Scaled scores -> cap * tanh(score / cap) (Gemma-2); nothing when cap is 0.
 void soft_cap(float* x, std::int64_t n, float cap) {
   if (cap == 0.0f) return;
@@ -50,16 +45,12 @@ constexpr std::int64_t kQueryTile = 64;
 
 }  // namespace
 
-void CpuBackend::attention_prefill(const AttentionPrefillArgs& a) {
+void CpuBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
   const AttentionShape& s = a.shape;
-  check_shape(s);
   const std::int64_t B = static_cast<std::int64_t>(a.seq_offsets.size()) - 1;
-  if (B < 0) throw std::invalid_argument("attention_prefill: seq_offsets must have B + 1 entries");
   const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const std::int64_t q_stride = s.n_heads * D, kv_stride = s.n_kv_heads * D;
   const bool weighted = !a.query_weights.empty();
-  if (weighted && static_cast<std::int64_t>(a.query_weights.size()) != a.seq_offsets[B])
-    throw std::invalid_argument("attention_prefill: query_weights needs one weight per row");
 
   tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
     const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
@@ -100,14 +91,10 @@ void CpuBackend::attention_prefill(const AttentionPrefillArgs& a) {
   });
 }
 
-void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
+void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   const AttentionShape& s = a.shape;
-  check_shape(s);
   const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
   const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads, cap = a.capacity;
-  for (std::int64_t b = 0; b < B; ++b)
-    if (a.lens[b] <= 0 || a.lens[b] > cap)
-      throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
 
   // One task per (sequence, kv head) walks its slots once for all the group's query heads,
   // reading each key and value in the cache's dtype (an fp32 slot in place, others decoded
@@ -156,17 +143,10 @@ void CpuBackend::attention_decode(const AttentionDecodeArgs& a) {
   });
 }
 
-void CpuBackend::kv_write(const KvWriteArgs& a) {
+void CpuBackend::do_kv_write(const KvWriteArgs& a) {
   const std::int64_t rows = static_cast<std::int64_t>(a.seq.size()), H = a.n_kv_heads;
   const bool per_head = !a.head_slot.empty();
-  if (per_head ? static_cast<std::int64_t>(a.head_slot.size()) != rows * H
-               : static_cast<std::int64_t>(a.slot.size()) != rows)
-    throw std::invalid_argument("kv_write: slots do not match the rows");
   auto slot_of = [&](std::int64_t r, std::int64_t g) { return per_head ? a.head_slot[r * H + g] : a.slot[r]; };
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t g = 0; g < (per_head ? H : 1); ++g)
-      if (slot_of(r, g) < (per_head ? -1 : 0) || slot_of(r, g) >= a.capacity || a.seq[r] < 0)
-        throw std::out_of_range("kv_write: slot outside the cache capacity");
   const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
   tbb::parallel_for(std::int64_t{0}, rows, [&](std::int64_t r) {
     for (std::int64_t g = 0; g < H; ++g) {
@@ -178,21 +158,17 @@ void CpuBackend::kv_write(const KvWriteArgs& a) {
   });
 }
 
-void CpuBackend::kv_move(const KvMoveArgs& a) {
+void CpuBackend::do_kv_move(const KvMoveArgs& a) {
   const std::int64_t slot_bytes = kv_slot_bytes(a.cache_dtype, a.head_dim);
   auto* cache = static_cast<std::byte*>(a.cache);
   for (const KvMove& m : a.moves) {
-    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
-        m.head >= a.n_kv_heads || m.seq < 0)
-      throw std::out_of_range("kv_move: slot outside the cache capacity");
     const std::int64_t head = (m.seq * a.n_kv_heads + m.head) * a.capacity;
     std::memcpy(cache + (head + m.to) * slot_bytes, cache + (head + m.from) * slot_bytes,
                 static_cast<std::size_t>(slot_bytes));
   }
 }
 
-void CpuBackend::kv_similarity(const KvSimilarityArgs& a) {
-  check_kv_similarity(a);
+void CpuBackend::do_kv_similarity(const KvSimilarityArgs& a) {
   const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
   tbb::parallel_for(std::size_t{0}, a.queries.size(), [&](std::size_t i) {
     const KvSimilarityQuery& q = a.queries[i];
@@ -218,8 +194,7 @@ void CpuBackend::kv_similarity(const KvSimilarityArgs& a) {
   });
 }
 
-void CpuBackend::kv_merge(const KvMergeArgs& a) {
-  check_kv_merge(a);
+void CpuBackend::do_kv_merge(const KvMergeArgs& a) {
   const std::int64_t D = a.head_dim, slot_bytes = kv_slot_bytes(a.cache_dtype, D);
   auto* cache = static_cast<std::byte*>(a.cache);
   std::vector<float> from(static_cast<std::size_t>(D)), to(static_cast<std::size_t>(D));

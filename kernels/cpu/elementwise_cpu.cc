@@ -31,19 +31,19 @@ inline float activate(Activation act, float x) {
 }
 }  // namespace
 
-void CpuBackend::activation(Activation act, float* x, std::int64_t n) {
+void CpuBackend::do_activation(Activation act, float* x, std::int64_t n) {
   for_chunks(n, [=](std::int64_t i) { x[i] = activate(act, x[i]); });
 }
 
-void CpuBackend::glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) {
+void CpuBackend::do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) {
   for_chunks(n, [=](std::int64_t i) { out[i] = activate(act, gate[i]) * up[i]; });
 }
 
-void CpuBackend::softcap(float* x, std::int64_t n, float cap) {
+void CpuBackend::do_softcap(float* x, std::int64_t n, float cap) {
   for_chunks(n, [=](std::int64_t i) { x[i] = cap * std::tanh(x[i] / cap); });
 }
 
-void CpuBackend::add(float* x, const float* y, std::int64_t n) {
+void CpuBackend::do_add(float* x, const float* y, std::int64_t n) {
   for_chunks(n, [=](std::int64_t i) { x[i] += y[i]; });
 }
 

@@ -47,11 +47,8 @@ void round_to_bf16(float* v, std::size_t n) {
 
 bool CpuBackend::native_bf16() const { return onednn_native_bf16(); }
 
-void CpuBackend::gemm(const GemmArgs& a) {
+void CpuBackend::do_gemm(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
-  if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative dimension");
-  if (a.beta != 0.0f && a.beta != 1.0f) throw std::invalid_argument("gemm: beta must be 0 or 1");
-  if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
   if (m == 0 || n == 0) return;
   if (gemv_small_m_applies(a)) {  // memory-bound: read 16-bit and q8 weights as they are
     tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, 64),

@@ -9,9 +9,9 @@
 
 namespace flexh2o::kernels {
 
-void CpuBackend::route(const RouteArgs& a) { route_on_host(a.logits, a); }
+void CpuBackend::do_route(const RouteArgs& a) { route_on_host(a.logits, a); }
 
-void CpuBackend::moe_experts(const MoeArgs& a) {
+void CpuBackend::do_moe_experts(const MoeArgs& a) {
   const auto by_expert = rows_by_expert(a);
   const std::int64_t H = a.hidden;
   std::vector<float> xs, gate, up, out;
@@ -20,8 +20,6 @@ void CpuBackend::moe_experts(const MoeArgs& a) {
     const std::int64_t n = static_cast<std::int64_t>(r.rows.size());
     if (n == 0) continue;
     const ExpertMatrices& m = a.experts[e];
-    if (!m.gate.data || !m.up.data || !m.down.data)
-      throw std::logic_error("moe_experts: expert " + std::to_string(e) + " is routed to but not loaded");
     const std::int64_t I = m.gate.rows;
     xs.resize(static_cast<std::size_t>(n * H));
     for (std::int64_t i = 0; i < n; ++i) std::copy_n(a.x + r.rows[static_cast<std::size_t>(i)] * H, H, xs.data() + i * H);

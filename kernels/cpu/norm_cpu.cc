@@ -6,7 +6,7 @@
 
 namespace flexh2o::kernels {
 
-void CpuBackend::layer_norm(const NormArgs& a) {
+void CpuBackend::do_layer_norm(const NormArgs& a) {
   tbb::parallel_for(std::int64_t{0}, a.rows, [&](std::int64_t r) {
     const float* x = a.x + r * a.cols;
     float* y = a.y + r * a.cols;
@@ -26,7 +26,7 @@ void CpuBackend::layer_norm(const NormArgs& a) {
   });
 }
 
-void CpuBackend::rms_norm(const NormArgs& a) {
+void CpuBackend::do_rms_norm(const NormArgs& a) {
   tbb::parallel_for(std::int64_t{0}, a.rows, [&](std::int64_t r) {
     const float* x = a.x + r * a.cols;
     float* y = a.y + r * a.cols;

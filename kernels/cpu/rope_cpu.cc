@@ -6,8 +6,7 @@
 
 namespace flexh2o::kernels {
 
-void CpuBackend::rope(const RopeArgs& a) {
-  check_rope_args(a);
+void CpuBackend::do_rope(const RopeArgs& a) {
   const std::int64_t half = a.rotary_dim / 2;
   // Pair i of a head: (first, second) element offsets in the chosen layout.
   const bool interleaved = a.layout == RopeLayout::Interleaved;

@@ -16,10 +16,7 @@ double sampling_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t 
   return unit_interval(h);
 }
 
-void CpuBackend::sample(const SampleArgs& a) {
-  if (static_cast<std::int64_t>(a.out.size()) != a.batch || static_cast<std::int64_t>(a.streams.size()) != a.batch)
-    throw std::invalid_argument("sample: out and streams need one entry per row");
-  if (a.vocab <= 0) throw std::invalid_argument("sample: empty vocabulary");
+void CpuBackend::do_sample(const SampleArgs& a) {
   const SamplingParams& p = a.params;
   tbb::parallel_for(std::int64_t{0}, a.batch, [&](std::int64_t r) {
     const float* logits = a.logits + r * a.vocab;

@@ -474,11 +474,6 @@ __global__ void kv_merge_store_quant_kernel(std::uint8_t* cache, const std::int6
   }
 }
 
-void check_shape(const AttentionShape& s) {
-  if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.head_dim <= 0 || s.n_heads % s.n_kv_heads != 0)
-    throw std::invalid_argument("attention: n_heads must be a positive multiple of n_kv_heads");
-}
-
 // Tiles of `tile` rows of every sequence, as (first row, sequence) pairs.
 std::vector<std::int64_t> row_tiles(std::span<const std::int64_t> offsets, std::int64_t tile) {
   std::vector<std::int64_t> tiles;
@@ -543,20 +538,11 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   return std::max({kv_ops, prefill, decode});
 }
 
-void CudaBackend::attention_prefill(const AttentionPrefillArgs& a) {
+void CudaBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
   const AttentionShape& s = a.shape;
-  check_shape(s);
   const std::int64_t B = static_cast<std::int64_t>(a.seq_offsets.size()) - 1;
-  if (B < 0) throw std::invalid_argument("attention_prefill: seq_offsets must have B + 1 entries");
   const std::int64_t T = a.seq_offsets[static_cast<std::size_t>(B)];
   const bool weighted = !a.query_weights.empty();
-  if (weighted && static_cast<std::int64_t>(a.query_weights.size()) != T)
-    throw std::invalid_argument("attention_prefill: query_weights needs one weight per row");
-  if (a.seq_offsets[0] != 0) throw std::invalid_argument("attention_prefill: seq_offsets[0] must be 0");
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t lo = a.seq_offsets[static_cast<std::size_t>(b)], hi = a.seq_offsets[static_cast<std::size_t>(b + 1)];
-    if (hi < lo || hi > T) throw std::invalid_argument("attention_prefill: seq_offsets must be non-decreasing");
-  }
   if (T <= 0) return;
   const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
   const std::size_t shared = floats_bytes(prefill_shared_floats(D));
@@ -586,15 +572,12 @@ void CudaBackend::attention_prefill(const AttentionPrefillArgs& a) {
   }
 }
 
-void CudaBackend::attention_decode(const AttentionDecodeArgs& a) {
+void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   const AttentionShape& s = a.shape;
-  check_shape(s);
   const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
   std::int64_t max_len = 0;  // the most keys a sequence sees
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t n = a.lens[static_cast<std::size_t>(b)];
-    if (n <= 0 || n > a.capacity)
-      throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
     max_len = std::max(max_len, n - first_visible(n - 1, s.window));
   }
   if (B == 0) return;
@@ -627,19 +610,9 @@ void CudaBackend::attention_decode(const AttentionDecodeArgs& a) {
   }
 }
 
-void CudaBackend::kv_write(const KvWriteArgs& a) {
+void CudaBackend::do_kv_write(const KvWriteArgs& a) {
   const std::int64_t rows = static_cast<std::int64_t>(a.seq.size()), H = a.n_kv_heads;
   const bool per_head = !a.head_slot.empty();
-  if (per_head ? static_cast<std::int64_t>(a.head_slot.size()) != rows * H
-               : static_cast<std::int64_t>(a.slot.size()) != rows)
-    throw std::invalid_argument("kv_write: slots do not match the rows");
-  auto slot_of = [&](std::int64_t r, std::int64_t g) {
-    return per_head ? a.head_slot[static_cast<std::size_t>(r * H + g)] : a.slot[static_cast<std::size_t>(r)];
-  };
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t g = 0; g < (per_head ? H : 1); ++g)
-      if (slot_of(r, g) < (per_head ? -1 : 0) || slot_of(r, g) >= a.capacity || a.seq[static_cast<std::size_t>(r)] < 0)
-        throw std::out_of_range("kv_write: slot outside the cache capacity");
   const std::int64_t D = a.head_dim;
   if (rows == 0 || H <= 0 || D <= 0) return;
   const std::int64_t slot_bytes = kv_slot_bytes(a.cache_dtype, D);
@@ -661,7 +634,7 @@ void CudaBackend::kv_write(const KvWriteArgs& a) {
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::kv_move(const KvMoveArgs& a) {
+void CudaBackend::do_kv_move(const KvMoveArgs& a) {
   const std::int64_t slot_bytes = kv_slot_bytes(a.cache_dtype, a.head_dim);
   // Slot indices in the cache; moves that depend on an earlier move of the same call (read
   // or overwrite a slot it touched) start a new launch, so the result is that of applying
@@ -670,9 +643,6 @@ void CudaBackend::kv_move(const KvMoveArgs& a) {
   std::vector<std::size_t> launch_starts;
   std::unordered_set<std::int64_t> read, written;
   for (const KvMove& m : a.moves) {
-    if (m.from < 0 || m.from >= a.capacity || m.to < 0 || m.to >= a.capacity || m.head < 0 ||
-        m.head >= a.n_kv_heads || m.seq < 0)
-      throw std::out_of_range("kv_move: slot outside the cache capacity");
     const std::int64_t head = (m.seq * a.n_kv_heads + m.head) * a.capacity;
     const std::int64_t f = head + m.from, t = head + m.to;
     if (f == t) continue;
@@ -701,8 +671,7 @@ void CudaBackend::kv_move(const KvMoveArgs& a) {
   }
 }
 
-void CudaBackend::kv_similarity(const KvSimilarityArgs& a) {
-  check_kv_similarity(a);
+void CudaBackend::do_kv_similarity(const KvSimilarityArgs& a) {
   std::vector<std::int64_t> queries;
   for (const KvSimilarityQuery& q : a.queries) queries.insert(queries.end(), {q.seq, q.head, q.slot, q.len});
   if (queries.empty() || a.head_dim <= 0) return;
@@ -714,8 +683,7 @@ void CudaBackend::kv_similarity(const KvSimilarityArgs& a) {
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::kv_merge(const KvMergeArgs& a) {
-  check_kv_merge(a);
+void CudaBackend::do_kv_merge(const KvMergeArgs& a) {
   std::vector<std::int64_t> slots;
   std::vector<float> weights;
   for (const KvMerge& m : a.merges) {

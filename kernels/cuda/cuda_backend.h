@@ -102,26 +102,29 @@ class CudaBackend final : public Backend {
   bool pin_host(void* p, std::size_t bytes) override;
   void unpin_host(void* p) noexcept override;
 
-  void gemm(const GemmArgs& a) override;
-  void layer_norm(const NormArgs& a) override;
-  void rms_norm(const NormArgs& a) override;
-  void rope(const RopeArgs& a) override;
-  void activation(Activation act, float* x, std::int64_t n) override;
-  void glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) override;
-  void softcap(float* x, std::int64_t n, float cap) override;
-  void add(float* x, const float* y, std::int64_t n) override;
-  void embedding(const EmbeddingArgs& a) override;
-  void attention_prefill(const AttentionPrefillArgs& a) override;
-  void attention_decode(const AttentionDecodeArgs& a) override;
-  void kv_write(const KvWriteArgs& a) override;
-  void kv_move(const KvMoveArgs& a) override;
-  void kv_similarity(const KvSimilarityArgs& a) override;
-  void kv_merge(const KvMergeArgs& a) override;
+ protected:
+  void do_gemm(const GemmArgs& a) override;
+  void do_layer_norm(const NormArgs& a) override;
+  void do_rms_norm(const NormArgs& a) override;
+  void do_rope(const RopeArgs& a) override;
+  void do_activation(Activation act, float* x, std::int64_t n) override;
+  void do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) override;
+  void do_softcap(float* x, std::int64_t n, float cap) override;
+  void do_add(float* x, const float* y, std::int64_t n) override;
+  void do_embedding(const EmbeddingArgs& a) override;
+  void do_attention_prefill(const AttentionPrefillArgs& a) override;
+  void do_attention_decode(const AttentionDecodeArgs& a) override;
+  void do_kv_write(const KvWriteArgs& a) override;
+  void do_kv_move(const KvMoveArgs& a) override;
+  void do_kv_similarity(const KvSimilarityArgs& a) override;
+  void do_kv_merge(const KvMergeArgs& a) override;
   // Copies the logits to the host and runs CpuBackend::sample on them: sampling is a small
   // part of a step, and this keeps every backend's draws identical bit for bit.
-  void sample(const SampleArgs& a) override;
-  void route(const RouteArgs& a) override;
-  void moe_experts(const MoeArgs& a) override;
+  void do_sample(const SampleArgs& a) override;
+  void do_route(const RouteArgs& a) override;
+  void do_moe_experts(const MoeArgs& a) override;
+
+ public:
   std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, DType w,
                                   DType compute) const override {
     return plan_gemm(m, k, n, w, compute).scratch_bytes;

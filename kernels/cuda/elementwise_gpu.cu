@@ -43,25 +43,25 @@ __global__ void add_kernel(float* x, const float* y, std::int64_t n) {
 
 }  // namespace
 
-void CudaBackend::activation(Activation act, float* x, std::int64_t n) {
+void CudaBackend::do_activation(Activation act, float* x, std::int64_t n) {
   if (n <= 0) return;
   activation_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(act, x, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) {
+void CudaBackend::do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) {
   if (n <= 0) return;
   glu_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(act, gate, up, out, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::softcap(float* x, std::int64_t n, float cap) {
+void CudaBackend::do_softcap(float* x, std::int64_t n, float cap) {
   if (n <= 0) return;
   softcap_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, cap);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::add(float* x, const float* y, std::int64_t n) {
+void CudaBackend::do_add(float* x, const float* y, std::int64_t n) {
   if (n <= 0) return;
   add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, y, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();

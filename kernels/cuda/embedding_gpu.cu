@@ -26,15 +26,9 @@ __global__ void embedding_kernel(const std::int32_t* ids, std::int64_t n, std::i
 
 }  // namespace
 
-void CudaBackend::embedding(const EmbeddingArgs& a) {
+void CudaBackend::do_embedding(const EmbeddingArgs& a) {
   const std::int64_t n = static_cast<std::int64_t>(a.ids.size());
   const std::int64_t cols = a.table.cols;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t row = a.ids[static_cast<std::size_t>(i)] + a.offset;
-    if (row < 0 || row >= a.table.rows)
-      throw std::out_of_range("embedding: id " + std::to_string(a.ids[static_cast<std::size_t>(i)]) + " (row " +
-                              std::to_string(row) + ") outside a table of " + std::to_string(a.table.rows) + " rows");
-  }
   if (n == 0 || cols <= 0) return;
   const DeviceBuffer ids = upload(a.ids);
   embedding_kernel<<<blocks_for(n * cols), kThreads, 0, stream_>>>(

@@ -72,10 +72,8 @@ GemmPlan plan_gemm(std::int64_t m, std::int64_t k, std::int64_t n, DType w, DTyp
   return p;
 }
 
-void CudaBackend::gemm(const GemmArgs& a) {
+void CudaBackend::do_gemm(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
-  if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative dimension");
-  if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
   if (m == 0 || n == 0) return;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
     throw std::invalid_argument("gemm: a dimension exceeds 2^31 - 1 (cuBLAS's int sizes)");

@@ -28,13 +28,13 @@ __global__ void scatter_add_rows_kernel(const float* src, const std::int64_t* ro
 
 }  // namespace
 
-void CudaBackend::route(const RouteArgs& a) {
+void CudaBackend::do_route(const RouteArgs& a) {
   std::vector<float> logits(static_cast<std::size_t>(a.rows * a.experts));
   copy_to_host(logits.data(), a.logits, logits.size() * sizeof(float));
   route_on_host(logits.data(), a);
 }
 
-void CudaBackend::moe_experts(const MoeArgs& a) {
+void CudaBackend::do_moe_experts(const MoeArgs& a) {
   const auto by_expert = rows_by_expert(a);
   const std::int64_t H = a.hidden;
   for (std::size_t e = 0; e < by_expert.size(); ++e) {
@@ -42,8 +42,6 @@ void CudaBackend::moe_experts(const MoeArgs& a) {
     const std::int64_t n = static_cast<std::int64_t>(r.rows.size());
     if (n == 0) continue;
     const ExpertMatrices& m = a.experts[e];
-    if (!m.gate.data || !m.up.data || !m.down.data)
-      throw std::logic_error("moe_experts: expert " + std::to_string(e) + " is routed to but not loaded");
     const std::int64_t I = m.gate.rows;
     const DeviceBuffer rows = upload(std::span<const std::int64_t>(r.rows));
     const DeviceBuffer weights = upload(std::span<const float>(r.weights));

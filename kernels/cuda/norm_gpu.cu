@@ -48,14 +48,14 @@ __global__ void rms_norm_kernel(const float* x, float* y, std::int64_t rows, std
 
 }  // namespace
 
-void CudaBackend::layer_norm(const NormArgs& a) {
+void CudaBackend::do_layer_norm(const NormArgs& a) {
   if (a.rows <= 0 || a.cols <= 0) return;
   layer_norm_kernel<<<blocks_for(a.rows, 1), kThreads, 0, stream_>>>(a.x, a.y, a.rows, a.cols, a.weight, a.bias,
                                                                       a.eps, a.weight_offset);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::rms_norm(const NormArgs& a) {
+void CudaBackend::do_rms_norm(const NormArgs& a) {
   if (a.rows <= 0 || a.cols <= 0) return;
   rms_norm_kernel<<<blocks_for(a.rows, 1), kThreads, 0, stream_>>>(a.x, a.y, a.rows, a.cols, a.weight, a.eps,
                                                                     a.weight_offset);

@@ -34,8 +34,7 @@ __global__ void rope_kernel(float* x, std::int64_t tokens, std::int64_t heads, s
 
 }  // namespace
 
-void CudaBackend::rope(const RopeArgs& a) {
-  check_rope_args(a);
+void CudaBackend::do_rope(const RopeArgs& a) {
   const std::int64_t half = a.rotary_dim / 2;
   if (a.tokens <= 0 || a.heads <= 0) return;
   const DeviceBuffer freq = upload(a.inv_freq);

@@ -414,18 +414,18 @@ class ScratchReportingBackend final : public testing::ForwardingBackend {
                                        std::int64_t capacity, bool scores) const override {
     return std::max(3 * rows * s.n_heads, 5 * batch * capacity * s.n_heads) + (scores ? 4096 : 0);
   }
-  void gemm(const kernels::GemmArgs& a) override {
+  void do_gemm(const kernels::GemmArgs& a) override {
     seen = std::max(seen, gemm_scratch_bytes(a.m, a.w.cols, a.w.rows, a.w.dtype, a.compute));
-    ForwardingBackend::gemm(a);
+    ForwardingBackend::do_gemm(a);
   }
-  void attention_prefill(const kernels::AttentionPrefillArgs& a) override {
+  void do_attention_prefill(const kernels::AttentionPrefillArgs& a) override {
     seen = std::max(seen, attention_scratch_bytes(a.shape, a.seq_offsets.back(), 0, 0, a.col_sums != nullptr));
-    ForwardingBackend::attention_prefill(a);
+    ForwardingBackend::do_attention_prefill(a);
   }
-  void attention_decode(const kernels::AttentionDecodeArgs& a) override {
+  void do_attention_decode(const kernels::AttentionDecodeArgs& a) override {
     seen = std::max(seen, attention_scratch_bytes(a.shape, 0, static_cast<std::int64_t>(a.lens.size()), a.capacity,
                                                   a.probs != nullptr));
-    ForwardingBackend::attention_decode(a);
+    ForwardingBackend::do_attention_decode(a);
   }
   std::int64_t seen = 0;
 };

@@ -1206,5 +1206,32 @@ TEST_F(DtypeTest, ConvertBetweenHalfTypes) {
     EXPECT_TRUE(same_float(f16_to_f32(back[i]), f16_to_f32(f32_to_f16(bf16_to_f32(bf16[i]))))) << i;
 }
 
+// ---------------------------------------------------------------------------- argument checks
+
+// Backend checks every op's arguments once above the devices, so each backend refuses the same
+// bad calls before any device work (the pointers are never read). The CPU backend used to
+// accept decreasing seq_offsets, and the CUDA backend a gemm beta other than 0 or 1.
+TEST_P(OpsTest, RefusesBadArgumentsAlike) {
+  Backend& be = *backend_;
+  const AttentionShape shape{.n_heads = 2, .n_kv_heads = 1, .head_dim = 4, .scale = 0.5f};
+  EXPECT_THROW(be.gemm({.m = 1, .w = {nullptr, DType::F32, 2, 2}, .beta = 0.5f}), std::invalid_argument);
+  const std::vector<std::int64_t> decreasing = {0, 3, 2}, not_from_zero = {1, 3};
+  EXPECT_THROW(be.attention_prefill({.shape = shape, .seq_offsets = decreasing}), std::invalid_argument);
+  EXPECT_THROW(be.attention_prefill({.shape = shape, .seq_offsets = not_from_zero}), std::invalid_argument);
+  const AttentionShape uneven{.n_heads = 3, .n_kv_heads = 2, .head_dim = 4};
+  const std::vector<std::int64_t> one = {0, 1};
+  EXPECT_THROW(be.attention_prefill({.shape = uneven, .seq_offsets = one}), std::invalid_argument);
+  const std::vector<std::int64_t> lens = {0};
+  EXPECT_THROW(be.attention_decode({.shape = shape, .capacity = 4, .lens = lens}), std::invalid_argument);
+  const std::vector<std::int64_t> seq = {0}, slot = {4};
+  EXPECT_THROW(be.kv_write({.n_kv_heads = 1, .head_dim = 4, .capacity = 4, .seq = seq, .slot = slot}),
+               std::out_of_range);
+  const std::vector<std::int32_t> ids = {3};
+  EXPECT_THROW(be.embedding({.ids = ids, .table = {nullptr, DType::F32, 3, 4}}), std::out_of_range);
+  std::vector<std::int32_t> out(1);
+  const std::vector<std::uint64_t> streams = {0, 1};
+  EXPECT_THROW(be.sample({.batch = 1, .vocab = 4, .streams = streams, .out = out}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace flexh2o::kernels

@@ -31,27 +31,7 @@ class ForwardingBackend : public kernels::Backend {
   bool pin_host(void* p, std::size_t bytes) override { return inner_->pin_host(p, bytes); }
   void unpin_host(void* p) noexcept override { inner_->unpin_host(p); }
 
-  void gemm(const kernels::GemmArgs& a) override { inner_->gemm(a); }
-  void layer_norm(const kernels::NormArgs& a) override { inner_->layer_norm(a); }
-  void rms_norm(const kernels::NormArgs& a) override { inner_->rms_norm(a); }
-  void rope(const kernels::RopeArgs& a) override { inner_->rope(a); }
-  void activation(kernels::Activation act, float* x, std::int64_t n) override { inner_->activation(act, x, n); }
   bool native_bf16() const override { return inner_->native_bf16(); }
-  void glu(kernels::Activation act, const float* gate, const float* up, float* out, std::int64_t n) override {
-    inner_->glu(act, gate, up, out, n);
-  }
-  void softcap(float* x, std::int64_t n, float cap) override { inner_->softcap(x, n, cap); }
-  void add(float* x, const float* y, std::int64_t n) override { inner_->add(x, y, n); }
-  void embedding(const kernels::EmbeddingArgs& a) override { inner_->embedding(a); }
-  void attention_prefill(const kernels::AttentionPrefillArgs& a) override { inner_->attention_prefill(a); }
-  void attention_decode(const kernels::AttentionDecodeArgs& a) override { inner_->attention_decode(a); }
-  void kv_write(const kernels::KvWriteArgs& a) override { inner_->kv_write(a); }
-  void kv_move(const kernels::KvMoveArgs& a) override { inner_->kv_move(a); }
-  void kv_similarity(const kernels::KvSimilarityArgs& a) override { inner_->kv_similarity(a); }
-  void kv_merge(const kernels::KvMergeArgs& a) override { inner_->kv_merge(a); }
-  void sample(const kernels::SampleArgs& a) override { inner_->sample(a); }
-  void route(const kernels::RouteArgs& a) override { inner_->route(a); }
-  void moe_experts(const kernels::MoeArgs& a) override { inner_->moe_experts(a); }
   std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, kernels::DType w,
                                   kernels::DType compute) const override {
     return inner_->gemm_scratch_bytes(m, k, n, w, compute);
@@ -63,6 +43,27 @@ class ForwardingBackend : public kernels::Backend {
 
  protected:
   kernels::Backend& inner() { return *inner_; }
+  // The ops go to the inner backend (which checks them again).
+  void do_gemm(const kernels::GemmArgs& a) override { inner_->gemm(a); }
+  void do_layer_norm(const kernels::NormArgs& a) override { inner_->layer_norm(a); }
+  void do_rms_norm(const kernels::NormArgs& a) override { inner_->rms_norm(a); }
+  void do_rope(const kernels::RopeArgs& a) override { inner_->rope(a); }
+  void do_activation(kernels::Activation act, float* x, std::int64_t n) override { inner_->activation(act, x, n); }
+  void do_glu(kernels::Activation act, const float* gate, const float* up, float* out, std::int64_t n) override {
+    inner_->glu(act, gate, up, out, n);
+  }
+  void do_softcap(float* x, std::int64_t n, float cap) override { inner_->softcap(x, n, cap); }
+  void do_add(float* x, const float* y, std::int64_t n) override { inner_->add(x, y, n); }
+  void do_embedding(const kernels::EmbeddingArgs& a) override { inner_->embedding(a); }
+  void do_attention_prefill(const kernels::AttentionPrefillArgs& a) override { inner_->attention_prefill(a); }
+  void do_attention_decode(const kernels::AttentionDecodeArgs& a) override { inner_->attention_decode(a); }
+  void do_kv_write(const kernels::KvWriteArgs& a) override { inner_->kv_write(a); }
+  void do_kv_move(const kernels::KvMoveArgs& a) override { inner_->kv_move(a); }
+  void do_kv_similarity(const kernels::KvSimilarityArgs& a) override { inner_->kv_similarity(a); }
+  void do_kv_merge(const kernels::KvMergeArgs& a) override { inner_->kv_merge(a); }
+  void do_sample(const kernels::SampleArgs& a) override { inner_->sample(a); }
+  void do_route(const kernels::RouteArgs& a) override { inner_->route(a); }
+  void do_moe_experts(const kernels::MoeArgs& a) override { inner_->moe_experts(a); }
 
  private:
   std::unique_ptr<kernels::Backend> inner_;

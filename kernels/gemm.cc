@@ -1,0 +1,15 @@
+// Backend::gemm: the argument checks every device shares, then the device's do_gemm.
+#include <stdexcept>
+
+#include "kernels/backend.h"
+
+namespace flexh2o::kernels {
+
+void Backend::gemm(const GemmArgs& a) {
+  if (a.m < 0 || a.w.rows < 0 || a.w.cols < 0) throw std::invalid_argument("gemm: negative dimension");
+  if (a.beta != 0.0f && a.beta != 1.0f) throw std::invalid_argument("gemm: beta must be 0 or 1");
+  if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
+  do_gemm(a);
+}
+
+}  // namespace flexh2o::kernels
