@@ -1,9 +1,12 @@
 #include "offload/disk_store.h"
 
+#include "offload/disk_io_engines.h"
+#include "offload/extent_allocator.h"
+#include "offload/io_text.h"
+#include "offload/offload_cleanup.h"
+
 #include <fcntl.h>
-#include <liburing.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,18 +15,15 @@
 #include <cerrno>
 #include <climits>
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 namespace flexh2o::offload {
@@ -58,371 +58,24 @@ constexpr std::int64_t kChunkBytes = std::int64_t{256} << 10;
 // size and depth (the block layer splits them further). io_uring lengths are 32-bit.
 constexpr std::int64_t kDirectChunkBytes = std::int64_t{64} << 20;
 constexpr int kSlots = 16;
-// Each chunk has at most two operations in flight, so the ring never fills.
-constexpr unsigned kQueueDepth = 64;
-constexpr int kPoolThreads = 4;
 
 std::int64_t align_down(std::int64_t x) { return x & ~(kBlock - 1); }
 std::int64_t align_up(std::int64_t x) { return align_down(x + kBlock - 1); }
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-void note_once(std::atomic<bool>& said, const std::string& text) {
-  if (!said.exchange(true)) std::fprintf(stderr, "flexh2o: note: %s\n", text.c_str());
-}
 std::atomic<bool> g_said_no_uring{false};
 std::atomic<bool> g_said_no_direct{false};
-std::atomic<bool> g_said_no_register{false};
-std::atomic<bool> g_said_no_handlers{false};
-std::atomic<bool> g_said_registry_full{false};
-
-// ---- Removal of live files on SIGINT/SIGTERM ----------------------------------------------
-// The handler may only touch pre-built C strings, so paths live in fixed slots.
-
-constexpr int kMaxLivePaths = 64;
-struct LivePath {
-  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 live
-  bool is_dir = false;
-  char path[PATH_MAX] = {};
-};
-LivePath g_live[kMaxLivePaths];
-struct sigaction g_prev_int;
-struct sigaction g_prev_term;
-std::once_flag g_handlers_once;
-
-std::atomic<bool> g_signals_external{false};
-
-void on_fatal_signal(int sig, siginfo_t* info, void* ctx) {
-  const int saved_errno = errno;
-  remove_offload_files_now();
-  const struct sigaction& prev = sig == SIGINT ? g_prev_int : g_prev_term;
-  // A handler installed before ours still runs (e.g. a graceful-stop handler).
-  if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
-    prev.sa_sigaction(sig, info, ctx);
-    errno = saved_errno;
-    return;
-  }
-  if ((prev.sa_flags & SA_SIGINFO) == 0 && prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
-    prev.sa_handler(sig);
-    errno = saved_errno;
-    return;
-  }
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
-}
-
-void install_signal_handlers() {
-  for (const auto& [sig, prev] : {std::pair{SIGINT, &g_prev_int}, std::pair{SIGTERM, &g_prev_term}}) {
-    struct sigaction cur {};
-    bool ok = ::sigaction(sig, nullptr, &cur) == 0;
-    // An ignored signal cannot kill us, so there is nothing to clean up for it.
-    if (ok && (cur.sa_flags & SA_SIGINFO) == 0 && cur.sa_handler == SIG_IGN) continue;
-    *prev = cur;
-    struct sigaction sa {};
-    sa.sa_sigaction = on_fatal_signal;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    ok = ok && ::sigemptyset(&sa.sa_mask) == 0 && ::sigaddset(&sa.sa_mask, SIGINT) == 0 &&
-         ::sigaddset(&sa.sa_mask, SIGTERM) == 0 && ::sigaction(sig, &sa, nullptr) == 0;
-    if (!ok) {
-      note_once(g_said_no_handlers, "cannot install signal handlers (" + errno_text(errno) +
-                                        "); offload files may be left behind if interrupted");
-    }
-  }
-}
-
-// Returns the slot, or -1 when the path cannot be registered (it is then only removed by
-// the destructor).
-int register_live_path(const std::string& path, bool is_dir) {
-  if (!g_signals_external.load()) std::call_once(g_handlers_once, install_signal_handlers);
-  if (path.size() >= PATH_MAX) return -1;
-  for (int i = 0; i < kMaxLivePaths; ++i) {
-    int expected = 0;
-    if (!g_live[i].state.compare_exchange_strong(expected, 1)) continue;
-    std::memcpy(g_live[i].path, path.c_str(), path.size() + 1);
-    g_live[i].is_dir = is_dir;
-    g_live[i].state.store(2);
-    return i;
-  }
-  note_once(g_said_registry_full, "too many offload paths to remove on a signal; " + path +
-                                      " may be left behind if interrupted");
-  return -1;
-}
-
-void unregister_live_path(int slot) {
-  if (slot >= 0) g_live[slot].state.store(0);
-}
 
 }  // namespace
 
-void remove_offload_files_now() noexcept {
-  for (bool dirs : {false, true}) {  // files first so their directories are empty
-    for (LivePath& p : g_live) {
-      if (p.state.load() != 2 || p.is_dir != dirs) continue;
-      if (dirs) {
-        ::rmdir(p.path);
-      } else {
-        ::unlink(p.path);
-      }
-    }
-  }
-}
-
-void leave_signals_to_caller() { g_signals_external.store(true); }
-
-namespace {
-
-// ---- I/O engines ---------------------------------------------------------------------------
-
-struct Chunk;
-
-// One aligned transfer against the file.
-struct Op {
-  bool write = false;
-  int fd = -1;
-  std::int64_t offset = 0;  // file offset of buf[0]
-  std::byte* buf = nullptr;
-  std::int64_t len = 0;
-  int fixed_index = -1;  // registered buffer, or -1 for plain I/O
-  // Reads: written_end when the read was issued. The file was at least this long then, so
-  // reaching its end below this means it was truncated; a later write does not count.
-  std::int64_t valid_end = 0;
-  std::int64_t done = 0;
-  Chunk* chunk = nullptr;
-};
-
-// A read reached the end of the file at op.offset + op.done (not an errno value).
-constexpr int kEndOfFile = -1;
-
-class CompletionSink {
- public:
-  // err is 0, an errno value or kEndOfFile; called once per submitted op, on an engine thread.
-  virtual void on_complete(Op& op, int err) noexcept = 0;
-
- protected:
-  ~CompletionSink() = default;
-};
-
-class IoEngine {
- public:
-  virtual ~IoEngine() = default;
-  // Never throws; failures are reported through the sink.
-  virtual void submit(Op& op) noexcept = 0;
-  virtual bool is_uring() const = 0;
-};
-
-class ThreadPoolEngine final : public IoEngine {
- public:
-  explicit ThreadPoolEngine(CompletionSink& sink) : sink_(sink) {
-    try {
-      for (int i = 0; i < kPoolThreads; ++i) workers_.emplace_back([this] { run(); });
-    } catch (...) {
-      stop();
-      throw;
-    }
-  }
-  ~ThreadPoolEngine() override { stop(); }
-
-  void submit(Op& op) noexcept override {
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(&op);
-    }
-    cv_.notify_one();
-  }
-  bool is_uring() const override { return false; }
-
- private:
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
-    workers_.clear();
-  }
-
-  void run() {
-    for (;;) {
-      Op* op = nullptr;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        op = queue_.front();
-        queue_.pop_front();
-      }
-      sink_.on_complete(*op, execute(*op));
-    }
-  }
-
-  // Resumes short transfers and retries EINTR; a read that reaches the end of the file stops
-  // there and reports kEndOfFile.
-  static int execute(Op& op) {
-    while (op.done < op.len) {
-      std::byte* p = op.buf + op.done;
-      const auto n = static_cast<std::size_t>(op.len - op.done);
-      const off_t off = op.offset + op.done;
-      const ssize_t r = op.write ? ::pwrite(op.fd, p, n, off) : ::pread(op.fd, p, n, off);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return errno;
-      }
-      if (r == 0) return op.write ? EIO : kEndOfFile;
-      op.done += r;
-    }
-    return 0;
-  }
-
-  CompletionSink& sink_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op*> queue_;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
-};
-
-[[noreturn]] void fatal_ring_error(const char* what, int err) {
-  std::fprintf(stderr, "flexh2o: fatal: %s failed: %s\n", what, errno_text(err).c_str());
-  std::abort();
-}
-
-class UringEngine final : public IoEngine {
- public:
-  // Throws std::system_error when the ring cannot be created.
-  UringEngine(CompletionSink& sink, std::byte* bounce, std::int64_t slot_bytes, int slots) : sink_(sink) {
-    const int rc = ::io_uring_queue_init(kQueueDepth, &ring_, 0);
-    if (rc < 0) throw std::system_error(-rc, std::generic_category(), "io_uring_queue_init");
-    std::vector<iovec> iov(static_cast<std::size_t>(slots));
-    for (int i = 0; i < slots; ++i) iov[static_cast<std::size_t>(i)] = {bounce + i * slot_bytes, static_cast<std::size_t>(slot_bytes)};
-    // Registration pins the bounce buffers once instead of per request; it can fail under a
-    // low RLIMIT_MEMLOCK, and plain reads/writes still work then.
-    const int reg = ::io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(slots));
-    registered_ = reg == 0;
-    if (!registered_) {
-      note_once(g_said_no_register, "io_uring could not register I/O buffers (" + errno_text(-reg) +
-                                        "); using unregistered buffers");
-    }
-    try {
-      reaper_ = std::thread([this] { reap(); });
-    } catch (...) {
-      ::io_uring_queue_exit(&ring_);
-      throw;
-    }
-  }
-
-  ~UringEngine() override {
-    // A NOP without an op tells the reaper to stop; the store has drained all I/O by now.
-    {
-      std::lock_guard lock(sq_mu_);
-      io_uring_sqe* sqe = get_sqe_locked();
-      ::io_uring_prep_nop(sqe);
-      ::io_uring_sqe_set_data(sqe, nullptr);
-      submit_locked();
-    }
-    reaper_.join();
-    // Ring teardown is deferred in the kernel; unregistering now returns the pinned-memory
-    // charge at once, so a store created right after this one can register its buffers.
-    if (registered_) {
-      const int rc = ::io_uring_unregister_buffers(&ring_);
-      if (rc < 0) std::fprintf(stderr, "flexh2o: warning: io_uring_unregister_buffers: %s\n", errno_text(-rc).c_str());
-    }
-    ::io_uring_queue_exit(&ring_);
-  }
-
-  void submit(Op& op) noexcept override {
-    std::lock_guard lock(sq_mu_);
-    io_uring_sqe* sqe = get_sqe_locked();
-    std::byte* p = op.buf + op.done;
-    const auto n = static_cast<unsigned>(op.len - op.done);
-    const auto off = static_cast<std::uint64_t>(op.offset + op.done);
-    if (registered_ && op.fixed_index >= 0) {
-      if (op.write) {
-        ::io_uring_prep_write_fixed(sqe, op.fd, p, n, off, op.fixed_index);
-      } else {
-        ::io_uring_prep_read_fixed(sqe, op.fd, p, n, off, op.fixed_index);
-      }
-    } else if (op.write) {
-      ::io_uring_prep_write(sqe, op.fd, p, n, off);
-    } else {
-      ::io_uring_prep_read(sqe, op.fd, p, n, off);
-    }
-    ::io_uring_sqe_set_data(sqe, &op);
-    handoff_.fetch_add(1, std::memory_order_release);
-    submit_locked();
-  }
-  bool is_uring() const override { return true; }
-
- private:
-  io_uring_sqe* get_sqe_locked() {
-    for (;;) {
-      if (io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_)) return sqe;
-      submit_locked();
-    }
-  }
-
-  // EINTR/EAGAIN/EBUSY are transient (the reaper frees completion space); anything else
-  // means the ring itself is broken, and an SQE left queued would complete twice later.
-  void submit_locked() {
-    for (;;) {
-      const int rc = ::io_uring_submit(&ring_);
-      if (rc >= 0) return;
-      if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) {
-        std::this_thread::yield();
-        continue;
-      }
-      fatal_ring_error("io_uring_submit", -rc);
-    }
-  }
-
-  void reap() {
-    for (;;) {
-      io_uring_cqe* cqe = nullptr;
-      const int rc = ::io_uring_wait_cqe(&ring_, &cqe);
-      if (rc == -EINTR) continue;
-      if (rc < 0) fatal_ring_error("io_uring_wait_cqe", -rc);
-      static_cast<void>(handoff_.load(std::memory_order_acquire));
-      auto* op = static_cast<Op*>(::io_uring_cqe_get_data(cqe));
-      const int res = cqe->res;
-      ::io_uring_cqe_seen(&ring_, cqe);
-      if (op == nullptr) return;
-      if (res == -EINTR || res == -EAGAIN) {
-        submit(*op);
-        continue;
-      }
-      if (res < 0) {
-        sink_.on_complete(*op, -res);
-        continue;
-      }
-      if (res == 0) {
-        sink_.on_complete(*op, op->write ? EIO : kEndOfFile);
-        continue;
-      } else {
-        op->done += res;
-      }
-      if (op->done < op->len) {
-        submit(*op);  // resume a short transfer
-        continue;
-      }
-      sink_.on_complete(*op, 0);
-    }
-  }
-
-  CompletionSink& sink_;
-  io_uring ring_{};
-  bool registered_ = false;
-  std::mutex sq_mu_;  // submitters: callers and the reaper (resubmissions)
-  // The ring's own barriers order an op's setup before its completion, but through the
-  // kernel, where ThreadSanitizer cannot see it; this pair makes the ordering visible.
-  std::atomic<std::uint64_t> handoff_{0};
-  std::thread reaper_;
-};
+using disk_io::CompletionSink;
+using disk_io::kEndOfFile;
+using disk_io::Op;
 
 // ---- Chunks --------------------------------------------------------------------------------
 
 // A piece of one request: an aligned file range of at most kChunkBytes (staged) or
 // kDirectChunkBytes (direct).
-struct Chunk {
+struct disk_io::Chunk {
   std::shared_ptr<TicketState> ticket;
   int slot = 0;
   bool write = false;
@@ -444,6 +97,9 @@ struct Chunk {
   std::atomic<int> err{0};
   const Op* failed = nullptr;  // written by the op that set err
 };
+using disk_io::Chunk;
+
+namespace {
 
 std::string io_error_message(const std::string& path, const Op& op, int err) {
   std::string msg = "disk store: " + std::string(op.write ? "write" : "read") + " of " +
@@ -516,13 +172,13 @@ struct DiskStore::Impl final : CompletionSink {
     }
     if (!opts.force_threads) {
       try {
-        engine = std::make_unique<UringEngine>(*this, bounce.get(), kChunkBytes, kSlots);
+        engine = disk_io::make_uring_engine(*this, bounce.get(), kChunkBytes, kSlots);
       } catch (const std::system_error& e) {
         note_once(g_said_no_uring, "io_uring unavailable (" + std::string(e.what()) +
                                        "), using a thread pool for disk I/O");
       }
     }
-    if (!engine) engine = std::make_unique<ThreadPoolEngine>(*this);
+    if (!engine) engine = disk_io::make_thread_pool_engine(*this);
   }
 
   ~Impl() {
@@ -585,17 +241,7 @@ struct DiskStore::Impl final : CompletionSink {
     budget->reserve(size, what);  // the extent holds this charge until free() or destruction
     try {
       std::lock_guard lock(mu);
-      std::int64_t offset = end;
-      const auto fit =
-          std::find_if(free_ranges.begin(), free_ranges.end(), [&](const auto& r) { return r.second >= size; });
-      if (fit != free_ranges.end()) {
-        offset = fit->first;
-        const std::int64_t rest = fit->second - size;
-        free_ranges.erase(fit);
-        if (rest > 0) free_ranges.emplace(offset + size, rest);
-      } else {
-        end += size;
-      }
+      const std::int64_t offset = space.allocate(size);
       live_extents.emplace(offset, bytes);
       return Extent{offset, bytes};
     } catch (...) {
@@ -606,7 +252,6 @@ struct DiskStore::Impl final : CompletionSink {
 
   void free(Extent e) {
     if (e.bytes == 0) return;
-    std::int64_t size = align_up(e.bytes);
     {
       std::lock_guard lock(mu);
       const auto it = live_extents.find(e.offset);
@@ -616,25 +261,7 @@ struct DiskStore::Impl final : CompletionSink {
       }
       live_extents.erase(it);
       poisoned.erase(e.offset);
-      std::int64_t off = e.offset;
-      auto next = free_ranges.lower_bound(off);
-      if (next != free_ranges.end() && off + size == next->first) {
-        size += next->second;
-        next = free_ranges.erase(next);
-      }
-      if (next != free_ranges.begin()) {
-        const auto prev = std::prev(next);
-        if (prev->first + prev->second == off) {
-          off = prev->first;
-          size += prev->second;
-          free_ranges.erase(prev);
-        }
-      }
-      if (off + size == end) {
-        end = off;
-      } else {
-        free_ranges.emplace(off, size);
-      }
+      space.free(e.offset, align_up(e.bytes));
     }
     budget->release(align_up(e.bytes));
   }
@@ -835,8 +462,7 @@ struct DiskStore::Impl final : CompletionSink {
 
   std::mutex mu;  // guards everything below up to the engine
   std::condition_variable cv;
-  std::int64_t end = 0;                          // bump pointer: file bytes in use
-  std::map<std::int64_t, std::int64_t> free_ranges;   // offset -> aligned size, coalesced
+  ExtentAllocator space;                         // the file's aligned ranges
   std::map<std::int64_t, std::int64_t> live_extents;  // offset -> requested bytes
   std::set<std::int64_t> poisoned;               // extents whose write failed
   std::atomic<std::int64_t> written_end{0};      // end of the furthest successful write
@@ -845,7 +471,7 @@ struct DiskStore::Impl final : CompletionSink {
   std::array<Chunk, kSlots> chunks;
 
   // Declared last: its threads call back into this object, so it must stop first.
-  std::unique_ptr<IoEngine> engine;
+  std::unique_ptr<disk_io::IoEngine> engine;
 };
 
 DiskStore::DiskStore() : DiskStore(Options{}) {}

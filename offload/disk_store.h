@@ -41,14 +41,6 @@ class Ticket {
 
 bool disk_io_threads_forced_by_env();
 
-// By default the first store installs SIGINT/SIGTERM handlers that remove every offload file
-// and then let the signal kill the process. A program that stops gracefully on those signals
-// calls this first (before any store exists) and cleans up by unwinding instead.
-void leave_signals_to_caller();
-// Removes every live offload file and directory now. Async-signal-safe, for a caller's handler
-// that must exit at once.
-void remove_offload_files_now() noexcept;
-
 class DiskStore {
  public:
   static constexpr std::int64_t kAlignment = 4096;

@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "offload/disk_store.h"
+#include "offload/offload_cleanup.h"
 
 namespace flexh2o::cli {
 
