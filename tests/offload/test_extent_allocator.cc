@@ -23,8 +23,12 @@ TEST(ExtentAllocator, RandomSequencesKeepRangesDisjointAndShrinkToNothing) {
         ASSERT_GE(off, 0);
         ASSERT_LE(off + size, space.end());
         const auto next = live.lower_bound(off);
-        if (next != live.end()) ASSERT_LE(off + size, next->first) << "overlaps the range after it";
-        if (next != live.begin()) ASSERT_LE(std::prev(next)->first + std::prev(next)->second, off);
+        if (next != live.end()) {
+          ASSERT_LE(off + size, next->first) << "overlaps the range after it";
+        }
+        if (next != live.begin()) {
+          ASSERT_LE(std::prev(next)->first + std::prev(next)->second, off) << "overlaps the range before it";
+        }
         live.emplace(off, size);
       } else {
         auto it = live.begin();
