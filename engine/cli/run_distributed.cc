@@ -13,12 +13,15 @@
 
 #include "engine/block_scheduler.h"
 #include "engine/cli/run_job.h"
+#include "engine/job/job_runner.h"
+#include "engine/job/run_report.h"
 #include "engine/distributed/mpi_comm.h"
 #include "engine/distributed/pipeline_stage.h"
 #include "engine/distributed/sharding.h"
 #include "engine/model_shape.h"
 #include "offload/text_file.h"
 #include "policy/pipeline.h"
+#include "policy/policy_text.h"
 
 namespace flexh2o::cli {
 
@@ -45,31 +48,16 @@ json unpack(const Bytes& b) {
 
 std::string rank_name(const Mpi& mpi) { return fmt::format("rank {} ({})", mpi.rank(), mpi.host()); }
 
-// The prompts every process would make (the same as a one-process run of these flags).
-std::vector<PromptItem> job_prompts(const RunOptions& o, const RunSetup& s) {
+// The requests every process would make (the same as a one-process run of these flags).
+std::vector<job::Request> job_requests(const RunOptions& o, const RunSetup& s) {
   const std::int64_t count = o.batch.value_or(s.placed && !s.auto_policy ? s.policy.block_size() : 1);
-  return gather_prompts(o, s.model, count);
+  return make_requests(o, s, gather_prompts(o, s.model, count));
 }
 
-// What a one-process run would still do: the prompts not in --out yet (with --resume).
-std::vector<std::size_t> todo_of(const RunOptions& o, const std::vector<PromptItem>& items,
-                                 const std::optional<JsonlWriter>& out) {
-  std::vector<std::size_t> todo;
-  for (std::size_t i = 0; i < items.size(); ++i)
-    if (!out || !out->done_ids().count(items[i].id_json)) todo.push_back(i);
-  if (o.resume)
-    fmt::print(stderr, "resuming: {} of {} prompts already in {}\n", items.size() - todo.size(), items.size(), o.out_file);
-  return todo;
-}
-
-void check_items(const ModelConfig& cfg, std::span<const PromptItem> items, std::int64_t gen_len) {
-  std::vector<std::vector<std::int32_t>> prompts;
-  std::vector<std::string> ids;
-  for (const auto& it : items) {
-    prompts.push_back(it.tokens);
-    ids.push_back("id " + it.id_json);
-  }
-  check_prompts(cfg, prompts, gen_len, ids);
+std::int64_t longest_request(std::span<const job::Request> requests) {
+  std::int64_t n = 0;
+  for (const auto& r : requests) n = std::max<std::int64_t>(n, static_cast<std::int64_t>(r.prompt.size()));
+  return n;
 }
 
 // This machine as one of several ranks on it: they share its memory and disk.
@@ -93,42 +81,16 @@ offload::TierOptions rank_tiers(const RunSetup& s, const Mpi& mpi) {
   return to;
 }
 
-json policy_json(const policy::Policy& p) {
-  return {{"gpu_batch_size", p.gpu_batch_size},    {"num_gpu_batches", p.num_gpu_batches},
-          {"percent", p.percent()},                {"overlap", p.overlap},
-          {"sep_layer", p.sep_layer},              {"pin_weight", p.pin_weight},
-          {"cpu_cache_compute", p.cpu_cache_compute}, {"kv", p.kv},
-          {"compress_weight", p.compress_weight}, {"compress_cache", p.compress_cache},
-          {"compress_bits", p.compress_bits}};
+// What every rank reports of its placement: the policy (as the one-process metrics record it)
+// and the peak memory of its tiers.
+void add_placement(json& report, const RunSetup& s, const offload::Tiers& tiers) {
+  const auto& moe = s.model.config.moe;
+  report["policy"] = policy::to_json(s.policy, moe.experts, moe.top_k);
+  report["policy_text"] = policy::to_text(s.policy);
+  report["peak_bytes"] = job::to_json(job::peaks_of(tiers));
 }
 
-std::string policy_text(const policy::Policy& p) {
-  const auto pct = p.percent();
-  return fmt::format("gpu batch {} x {}, percent [{:g} {:g} {:g} {:g} {:g} {:g}]", p.gpu_batch_size, p.num_gpu_batches,
-                     pct[0], pct[1], pct[2], pct[3], pct[4], pct[5]);
-}
-
-json peaks_json(const offload::Tiers& t) {
-  using offload::Tier;
-  return {{"gpu", t.budget(Tier::Gpu).peak()}, {"cpu", t.budget(Tier::Cpu).peak()}, {"disk", t.budget(Tier::Disk).peak()}};
-}
-
-std::string peaks_text(const json& p) {
-  return fmt::format("peak gpu {} | cpu {} | disk {}", offload::format_bytes(p["gpu"].get<std::int64_t>()),
-                     offload::format_bytes(p["cpu"].get<std::int64_t>()),
-                     offload::format_bytes(p["disk"].get<std::int64_t>()));
-}
-
-json result_json(const GenerationResult& r) {
-  return {{"prompts", r.sequences},
-          {"prompt_tokens", r.prompt_tokens},
-          {"generated_tokens", r.generated_tokens},
-          {"prefill_seconds", r.prefill_seconds},
-          {"decode_seconds", r.decode_seconds},
-          {"prefill_throughput", r.prefill_throughput()},
-          {"decode_throughput", r.decode_throughput()},
-          {"total_throughput", r.total_throughput()}};
-}
+std::string peaks_text(const json& p) { return "peak " + job::to_text(job::peaks_from_json(p)); }
 
 json spans_json(const offload::Trace* trace) {
   json out = json::array();
@@ -145,31 +107,24 @@ offload::TraceProcess trace_process(const json& report) {
   return p;
 }
 
-std::string model_line(const RunSetup& s) {
+// The model as the one-process report names it, and its size as stored.
+std::string model_lines(const RunSetup& s) {
   const ModelConfig c = with_weight_dtype(s.model.config, s.policy.weight_dtype(s.model.config.dtype));
-  return fmt::format("model: {} ({} layers, hidden {}, {} weights, {})", s.model.description, c.n_layers, c.hidden,
-                     kernels::dtype_name(c.dtype), offload::format_bytes(tensor_bytes(c)));
+  return job::model_line(s.model.description, c) + "\nmodel size: " + offload::format_bytes(job::model_bytes(c));
 }
 
 // Rank 0's output: lines in the job's order, written (and fsynced) as soon as they are next.
 class OrderedOutput {
  public:
-  OrderedOutput(std::optional<JsonlWriter>& out, std::size_t count) : out_(out), order_(count) {}
+  OrderedOutput(std::optional<job::ResultFile>& out, std::size_t count) : out_(out), order_(count) {}
   void put(std::size_t position, std::string line) { order_.put(position, std::move(line)); }
   void write_ready() {
     const auto lines = order_.take_ready();
-    if (lines.empty()) return;
-    for (const auto& l : lines)
-      if (out_)
-        out_->add_line(l);
-      else
-        fmt::print("{}", l);
-    if (out_) out_->flush();
-    std::fflush(stdout);
+    if (!lines.empty()) job::write_results(out_, lines);
   }
 
  private:
-  std::optional<JsonlWriter>& out_;
+  std::optional<job::ResultFile>& out_;
   distributed::InOrder order_;
 };
 
@@ -179,27 +134,23 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   const int me = mpi.rank(), n = mpi.size();
   // Rank 0 opens the job first, so that an error every rank would meet is said once.
   std::optional<RunSetup> setup;
-  std::optional<JsonlWriter> out;
+  std::optional<job::ResultFile> out;
   json share;
   std::size_t job_size = 0;
   if (me == 0) {
     if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N)");
     setup.emplace(open_run(o));
-    const std::vector<PromptItem> items = job_prompts(o, *setup);
-    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume);
-    const std::vector<std::size_t> todo = todo_of(o, items, out);
+    const std::vector<job::Request> requests = job_requests(o, *setup);
+    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
+    const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
     job_size = todo.size();
     // Balanced by tokens: each prompt's own plus the ones it will generate.
     std::vector<std::int64_t> cost;
-    for (const std::size_t i : todo) cost.push_back(static_cast<std::int64_t>(items[i].tokens.size()) + setup->gen_len);
+    for (const job::Request& r : todo) cost.push_back(static_cast<std::int64_t>(r.prompt.size()) + r.max_tokens);
     const std::vector<int> owner = distributed::deal_balanced(cost, n);
     std::vector<json> shares(static_cast<std::size_t>(n), json::array());
-    for (std::size_t p = 0; p < todo.size(); ++p) {
-      const PromptItem& it = items[todo[p]];
-      shares[static_cast<std::size_t>(owner[p])].push_back(
-          {{"position", p}, {"index", todo[p]}, {"id", it.id_json}, {"text", it.text ? json(*it.text) : json()},
-           {"tokens", it.tokens}});
-    }
+    for (std::size_t p = 0; p < todo.size(); ++p)
+      shares[static_cast<std::size_t>(owner[p])].push_back({{"position", p}, {"request", job::to_json(todo[p])}});
     for (int r = 1; r < n; ++r) mpi.send(r, kTagShare, pack(shares[static_cast<std::size_t>(r)]));
     share = std::move(shares[0]);
   } else {
@@ -207,22 +158,18 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
     setup.emplace(open_run(o));
   }
   RunSetup& s = *setup;
-  std::vector<PromptItem> mine;
-  std::vector<std::size_t> positions;
-  std::vector<std::uint64_t> streams;
+  std::vector<job::Request> mine;
+  std::vector<std::size_t> positions;  // of each of mine in the job's output
   for (const auto& a : share) {
-    PromptItem it{a["id"].get<std::string>(), std::nullopt, a["tokens"].get<std::vector<std::int32_t>>()};
-    if (a["text"].is_string()) it.text = a["text"].get<std::string>();
-    mine.push_back(std::move(it));
+    mine.push_back(job::request_from_json(a["request"]));
     positions.push_back(a["position"].get<std::size_t>());
-    streams.push_back(a["index"].get<std::uint64_t>());
   }
-  check_items(s.model.config, mine, s.gen_len);  // this rank's prompts, before loading weights
+  job::check_requests(s.model.config, mine);  // this rank's prompts, before loading weights
 
   if (s.auto_policy && !mine.empty()) {
     const policy::HardwareProfile hw = rank_profile(o, s, mpi);
     const auto prompts = static_cast<std::int64_t>(mine.size());
-    const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {longest_prompt(mine), s.gen_len},
+    const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {longest_request(mine), s.gen_len},
                                             plan_options(o, s, prompts));
     adopt_plan(o, s, e.policy, hw);
     fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
@@ -256,39 +203,30 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
     const offload::TierOptions to = rank_tiers(s, mpi);
     offload::Tiers tiers(*s.backend, to);
     BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
-    const auto block = static_cast<std::size_t>(s.policy.block_size());
-    for (std::size_t first = 0; first < mine.size(); first += block) {
-      const std::size_t last = std::min(mine.size(), first + block);
-      GenerationRequest req;
-      req.max_new_tokens = s.gen_len;
-      req.sampling = {o.temperature, o.top_p, o.seed};
-      for (std::size_t t = first; t < last; ++t) {
-        req.prompts.push_back(mine[t].tokens);
-        req.streams.push_back(streams[t]);  // the prompt's index in the job: its sampling stream
-      }
-      if (me == 0) req.on_step = [&](std::int64_t, std::int64_t) { take_messages(false); };
-      const GenerationResult r = sched.generate(req);
-      json lines = json::array(), at = json::array();
-      for (std::size_t t = first; t < last; ++t) {
-        std::string line = result_line(o, s.model, mine[t], r.tokens[t - first]);
-        if (me == 0) {
-          output->put(positions[t], std::move(line));
-        } else {
-          lines.push_back(std::move(line));
-          at.push_back(positions[t]);
-        }
-      }
-      if (me == 0)
-        take_messages(false);
-      else
-        sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"positions", at}, {"lines", lines}}))));
-      total.add(r);
-    }
-    report["policy"] = policy_json(s.policy);
-    report["policy_text"] = policy_text(s.policy);
-    report["peak_bytes"] = peaks_json(tiers);
+    job::BlockLoopOptions loop;
+    loop.block = static_cast<std::size_t>(s.policy.block_size());
+    if (me == 0) loop.between_steps = [&] { take_messages(false); };
+    total = job::run_blocks(sched, mine, loop, [&](std::span<const job::Request> block, const GenerationResult& r) {
+              const auto first = static_cast<std::size_t>(block.data() - mine.data());
+              json lines = json::array(), at = json::array();
+              for (std::size_t t = 0; t < block.size(); ++t) {
+                std::string line = result_line(o, s.model, block[t], r.tokens[t]);
+                if (me == 0) {
+                  output->put(positions[first + t], std::move(line));
+                } else {
+                  lines.push_back(std::move(line));
+                  at.push_back(positions[first + t]);
+                }
+              }
+              if (me == 0)
+                take_messages(false);
+              else
+                sends.push_back(mpi.isend(0, kTagToRoot,
+                                          std::make_shared<const Bytes>(pack({{"positions", at}, {"lines", lines}}))));
+            }).total;
+    add_placement(report, s, tiers);
   }
-  report["result"] = result_json(total);
+  report["result"] = job::to_json(total);
   report["spans"] = spans_json(trace ? &*trace : nullptr);
   if (me != 0) {
     sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"report", report}}))));
@@ -299,7 +237,7 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   reports[0] = report;
 
   // The report: each rank, then the job (throughput over the slowest rank's generation time).
-  fmt::print(stderr, "{}\n", model_line(s));
+  fmt::print(stderr, "{}\n", model_lines(s));
   std::int64_t prompts = 0, prompt_tokens = 0, generated = 0;
   double slowest = 0;
   json ranks = json::array();
@@ -359,19 +297,18 @@ std::string slice_text(const policy::StageSlice& s) {
 int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   const int me = mpi.rank(), n = mpi.size();
   std::optional<RunSetup> setup;
-  std::optional<JsonlWriter> out;
-  std::vector<PromptItem> items;
-  std::vector<std::size_t> todo;
+  std::optional<job::ResultFile> out;
+  std::vector<job::Request> todo;
   if (me == 0) {
     if (o.pipeline != n)
       throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " needs " + std::to_string(o.pipeline) +
                                   " ranks but the launcher started " + std::to_string(n) + "; use mpirun -np " +
                                   std::to_string(o.pipeline));
     setup.emplace(open_run(o));
-    items = job_prompts(o, *setup);
-    check_items(setup->model.config, items, setup->gen_len);  // every stage steps every prompt
-    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume);
-    todo = todo_of(o, items, out);
+    const std::vector<job::Request> requests = job_requests(o, *setup);
+    job::check_requests(setup->model.config, requests);  // every stage steps every prompt
+    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
+    todo = job::requests_to_run(requests, out, o.resume, o.out_file);
   }
   mpi.broadcast({}, 0);  // rank 0 took the job: the others open the model now
   if (me != 0) setup.emplace(open_run(o));
@@ -388,9 +325,7 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   if (me == 0) {
     const std::int64_t M = o.micro_batches.value_or(n);
     const policy::ModelShape shape = model_shape(s.model.config);
-    std::vector<PromptItem> work;
-    for (const std::size_t i : todo) work.push_back(items[i]);
-    const policy::Workload w{std::max<std::int64_t>(longest_prompt(work), 1), s.gen_len};
+    const policy::Workload w{std::max<std::int64_t>(longest_request(todo), 1), s.gen_len};
     json stages = json::array();
     if (s.auto_policy) {
       std::vector<policy::HardwareProfile> hws;
@@ -421,12 +356,9 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
       for (const auto& slice : policy::split_layers(policy::with_compression(shape, s.policy), n))
         stages.push_back({{"slice", slice_json(slice)}, {"policy", policy::policy_to_yaml(s.policy)}});
     }
-    json prompts = json::array(), streams = json::array();
-    for (const std::size_t i : todo) {
-      prompts.push_back(items[i].tokens);
-      streams.push_back(i);
-    }
-    job = {{"micro_batches", M}, {"stages", stages}, {"prompts", prompts}, {"streams", streams}};
+    json requests = json::array();
+    for (const job::Request& r : todo) requests.push_back(job::to_json(r));
+    job = {{"micro_batches", M}, {"stages", stages}, {"requests", requests}};
   }
   job = unpack(mpi.broadcast(me == 0 ? pack(job) : Bytes{}, 0));
 
@@ -440,10 +372,17 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
     s.tiers.disk_bytes = stage["disk"].get<std::int64_t>();
   }
   distributed::PipelineWork work;
-  work.prompts = job["prompts"].get<std::vector<std::vector<std::int32_t>>>();
-  work.streams = job["streams"].get<std::vector<std::uint64_t>>();
-  work.max_new_tokens = s.gen_len;
-  work.sampling = {o.temperature, o.top_p, o.seed};
+  std::vector<job::Request> requests;
+  for (const json& r : job["requests"]) requests.push_back(job::request_from_json(r));
+  for (const job::Request& r : requests) {
+    work.prompts.push_back(r.prompt);
+    work.streams.push_back(r.stream);
+  }
+  if (!requests.empty()) {  // a pipeline steps every block with one limit and sampling
+    const job::BlockLimits limits = job::shared_limits(requests);
+    work.max_new_tokens = limits.max_tokens;
+    work.sampling = limits.sampling;
+  }
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
 
@@ -465,7 +404,7 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
                                         if (me != 0) return;
                                         std::string lines;
                                         for (std::size_t t = 0; t < r.tokens.size(); ++t)
-                                          lines += result_line(o, s.model, items[todo[chunk * block + t]], r.tokens[t]);
+                                          lines += result_line(o, s.model, todo[chunk * block + t], r.tokens[t]);
                                         output->put(chunk, std::move(lines));
                                         output->write_ready();
                                       });
@@ -474,17 +413,15 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
                  {"rank", me},
                  {"host", mpi.host()},
                  {"slice", slice_json(slice)},
-                 {"policy", policy_json(s.policy)},
-                 {"policy_text", policy_text(s.policy)},
-                 {"peak_bytes", peaks_json(tiers)},
                  {"wall_seconds", stats.wall_seconds},
                  {"wait_seconds", stats.wait_seconds},
-                 {"result", result_json(stats.total)},
+                 {"result", job::to_json(stats.total)},
                  {"spans", spans_json(trace ? &*trace : nullptr)}};
+  add_placement(report, s, tiers);
   const std::vector<Bytes> all = mpi.gather(pack(report), 0);
   if (me != 0) return 0;
 
-  fmt::print(stderr, "{}\n", model_line(s));
+  fmt::print(stderr, "{}\n", model_lines(s));
   double waited = 0, wall = 0;
   json stage_reports = json::array();
   std::vector<offload::TraceProcess> processes;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/cli/run_command.h"
+#include "engine/job/request.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
@@ -49,12 +50,14 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 // "planned for <hw>: gpu batch ..." (no newline).
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e);
 
-// What the job writes for one finished prompt, newline included: its out.jsonl line with
-// --out, else the prompt and its continuation (or the token ids without a tokenizer).
-std::string result_line(const RunOptions& o, const engine::ModelSource& m, const engine::PromptItem& item,
-                        std::span<const std::int32_t> new_tokens);
+// The job's requests: each prompt with --gen-len and the sampling flags, its position in the
+// job as its sampling stream.
+std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s,
+                                        const std::vector<engine::PromptItem>& items);
 
-// Bytes of the model's weights as stored.
-std::int64_t tensor_bytes(const engine::ModelConfig& c);
+// What the job writes for one finished request, newline included: its out.jsonl line with
+// --out, else the prompt and its continuation (or the token ids without a tokenizer).
+std::string result_line(const RunOptions& o, const engine::ModelSource& m, const job::Request& r,
+                        std::span<const std::int32_t> new_tokens);
 
 }  // namespace flexh2o::cli
