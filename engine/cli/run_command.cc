@@ -150,12 +150,12 @@ std::vector<PromptItem> plan_and_gather(const RunOptions& o, RunSetup& s) {
 int run_one_process(const RunOptions& o) {
   check_one_process_flags(o);
   const job::InterruptWatch interrupts;  // before any thread starts
+  std::optional<job::ResultFile> out;
+  open_out(o, out);
   RunSetup s = open_run(o);
   const std::vector<PromptItem> items = plan_and_gather(o, s);
   const std::vector<job::Request> requests = make_requests(o, s, items);
   job::check_requests(s.model.config, requests);  // fail before loading weights
-  std::optional<job::ResultFile> out;
-  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
   const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
 
   offload::TierOptions to = s.tiers;

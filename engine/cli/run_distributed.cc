@@ -139,9 +139,9 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   std::size_t job_size = 0;
   if (me == 0) {
     if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N)");
+    open_out(o, out);
     setup.emplace(open_run(o));
     const std::vector<job::Request> requests = job_requests(o, *setup);
-    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
     const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
     job_size = todo.size();
     // Balanced by tokens: each prompt's own plus the ones it will generate.
@@ -304,10 +304,10 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
       throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " needs " + std::to_string(o.pipeline) +
                                   " ranks but the launcher started " + std::to_string(n) + "; use mpirun -np " +
                                   std::to_string(o.pipeline));
+    open_out(o, out);
     setup.emplace(open_run(o));
     const std::vector<job::Request> requests = job_requests(o, *setup);
     job::check_requests(setup->model.config, requests);  // every stage steps every prompt
-    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
     todo = job::requests_to_run(requests, out, o.resume, o.out_file);
   }
   mpi.broadcast({}, 0);  // rank 0 took the job: the others open the model now

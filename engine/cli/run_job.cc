@@ -46,7 +46,6 @@ std::int64_t capacity(const std::string& text, const char* flag) {
 }  // namespace
 
 RunSetup open_run(const RunOptions& o) {
-  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
   RunSetup s;
   ModelOptions mo;
   mo.model = o.model;
@@ -141,6 +140,11 @@ std::string planned_line(const policy::HardwareProfile& hw, const policy::Estima
   return fmt::format("planned for {}: gpu batch {} x {}, percent [{}], cpu_cache_compute {}; predicted total {:.2f} tok/s",
                      hw.name, pol.gpu_batch_size, pol.num_gpu_batches, policy::percent_text(pol, 1),
                      pol.cpu_cache_compute, e.total_throughput);
+}
+
+void open_out(const RunOptions& o, std::optional<job::ResultFile>& out) {
+  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
+  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
 }
 
 std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {

@@ -4,12 +4,14 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/cli/run_command.h"
 #include "engine/job/request.h"
+#include "engine/job/result_file.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
@@ -49,6 +51,9 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy planned);
 void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw);
 // "planned for <hw>: gpu batch ..." (no newline).
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e);
+
+// Opens --out into `out` (nothing without --out), checked before anything loads (job/result_file.h).
+void open_out(const RunOptions& o, std::optional<job::ResultFile>& out);
 
 // The job's requests: each prompt with --gen-len and the sampling flags, its position in the
 // job as its sampling stream.
