@@ -125,17 +125,17 @@ void check_one_process_flags(const RunOptions& o) {
   if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N under mpirun)");
 }
 
-// The job's prompts; with an automatic policy, first plans for their length (synthetic prompts:
+// The job's requests; with an automatic policy, first plans for their length (synthetic prompts:
 // --prompt-len), then runs the plan within the profile's capacities unless --*-mem say otherwise.
-std::vector<PromptItem> plan_and_gather(const RunOptions& o, RunSetup& s) {
-  std::vector<PromptItem> items;
+std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s) {
+  std::vector<job::Request> requests;
   if (s.auto_policy) {
     const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !s.model.tokenizer;
     std::int64_t prompt_len = o.prompt_len, prompts = o.batch.value_or(1);
     if (!synthetic) {
-      items = gather_prompts(o, s.model, prompts);
-      prompts = static_cast<std::int64_t>(items.size());
-      prompt_len = longest_prompt(items);
+      requests = make_requests(o, s, gather_prompts(o, s.model, prompts));
+      prompts = static_cast<std::int64_t>(requests.size());
+      prompt_len = job::longest_prompt(requests);
     }
     const policy::HardwareProfile hw = planning_profile(o, s);
     const policy::Estimate e =
@@ -143,8 +143,9 @@ std::vector<PromptItem> plan_and_gather(const RunOptions& o, RunSetup& s) {
     adopt_plan(o, s, e.policy, hw);
     fmt::print(stderr, "{}\n", planned_line(hw, e));
   }
-  if (items.empty()) items = gather_prompts(o, s.model, o.batch.value_or(s.placed ? s.policy.block_size() : 1));
-  return items;
+  if (requests.empty())
+    requests = make_requests(o, s, gather_prompts(o, s.model, o.batch.value_or(s.placed ? s.policy.block_size() : 1)));
+  return requests;
 }
 
 int run_one_process(const RunOptions& o) {
@@ -153,8 +154,7 @@ int run_one_process(const RunOptions& o) {
   std::optional<job::ResultFile> out;
   open_out(o, out);
   RunSetup s = open_run(o);
-  const std::vector<PromptItem> items = plan_and_gather(o, s);
-  const std::vector<job::Request> requests = make_requests(o, s, items);
+  const std::vector<job::Request> requests = plan_and_gather(o, s);
   job::check_requests(s.model.config, requests);  // fail before loading weights
   const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
 
@@ -180,8 +180,8 @@ int run_one_process(const RunOptions& o) {
                o.out_file.empty() ? "" : "; rerun with --resume to continue");
 
   const job::RunReport report =
-      job::make_run_report(s.model.description, s.model.config, s.policy, static_cast<std::int64_t>(items.size()),
-                           longest_prompt(items), s.gen_len, done.total, tiers, sched, trace ? &*trace : nullptr);
+      job::make_run_report(s.model.description, s.model.config, s.policy, static_cast<std::int64_t>(requests.size()),
+                           job::longest_prompt(requests), s.gen_len, done.total, tiers, sched, trace ? &*trace : nullptr);
   fmt::print(stderr, "{}", report.text());
   if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, report.to_json().dump(2) + "\n");
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);

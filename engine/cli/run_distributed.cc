@@ -54,11 +54,6 @@ std::vector<job::Request> job_requests(const RunOptions& o, const RunSetup& s) {
   return make_requests(o, s, gather_prompts(o, s.model, count));
 }
 
-std::int64_t longest_request(std::span<const job::Request> requests) {
-  std::int64_t n = 0;
-  for (const auto& r : requests) n = std::max<std::int64_t>(n, static_cast<std::int64_t>(r.prompt.size()));
-  return n;
-}
 
 // This machine as one of several ranks on it: they share its memory and disk.
 policy::HardwareProfile rank_profile(const RunOptions& o, const RunSetup& s, const Mpi& mpi) {
@@ -179,7 +174,7 @@ Share deal_shares(const Mpi& mpi, std::span<const job::Request> todo) {
 void plan_share(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const job::Request> mine) {
   if (!s.auto_policy || mine.empty()) return;
   const policy::HardwareProfile hw = rank_profile(o, s, mpi);
-  const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {longest_request(mine), s.gen_len},
+  const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(mine), s.gen_len},
                                           plan_options(o, s, static_cast<std::int64_t>(mine.size())));
   adopt_plan(o, s, e.policy, hw);
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
@@ -360,7 +355,7 @@ json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const s
     hw.name = c["name"].get<std::string>();
     hws.push_back(hw);
   }
-  const policy::Workload w{std::max<std::int64_t>(longest_request(todo), 1), s.gen_len};
+  const policy::Workload w{std::max<std::int64_t>(job::longest_prompt(todo), 1), s.gen_len};
   const auto per_micro_batch = (static_cast<std::int64_t>(todo.size()) + micro_batches - 1) / micro_batches;
   const policy::PipelineEstimate e =
       policy::plan_pipeline(shape, hws, w, micro_batches, plan_options(o, s, per_micro_batch));

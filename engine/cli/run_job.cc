@@ -94,12 +94,6 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
   return items;
 }
 
-std::int64_t longest_prompt(std::span<const PromptItem> items) {
-  std::int64_t n = 0;
-  for (const auto& it : items) n = std::max<std::int64_t>(n, static_cast<std::int64_t>(it.tokens.size()));
-  return n;
-}
-
 policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s) {
   policy::HardwareProfile hw =
       o.hardware.empty() ? this_machine_profile(*s.backend, o.offload_dir) : hardware_profile(o.hardware);

@@ -36,8 +36,6 @@ RunSetup open_run(const RunOptions& o);
 
 // The prompts of the job: --prompts, else --prompt or synthetic ones, `count` of them; tokenized.
 std::vector<engine::PromptItem> gather_prompts(const RunOptions& o, const engine::ModelSource& m, std::int64_t count);
-// Longest prompt in tokens.
-std::int64_t longest_prompt(std::span<const engine::PromptItem> items);
 
 // What the planner plans with: --hardware, or this machine (its memory and the free disk of
 // --offload-dir), capacities lowered by --*-mem.

@@ -1,5 +1,6 @@
 #include "engine/job/request.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "engine/generator.h"
@@ -17,6 +18,12 @@ BlockLimits shared_limits(std::span<const Request> block) {
                              " differ in max_tokens or sampling, but a block steps all its requests with one of each");
   }
   return {first.max_tokens, first.sampling};
+}
+
+std::int64_t longest_prompt(std::span<const Request> requests) {
+  std::size_t n = 0;
+  for (const Request& r : requests) n = std::max(n, r.prompt.size());
+  return static_cast<std::int64_t>(n);
 }
 
 void check_requests(const engine::ModelConfig& cfg, std::span<const Request> requests) {

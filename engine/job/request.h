@@ -34,6 +34,9 @@ struct BlockLimits {
 };
 BlockLimits shared_limits(std::span<const Request> block);
 
+// The longest prompt in tokens (0 for none).
+std::int64_t longest_prompt(std::span<const Request> requests);
+
 // Throws naming the request when its prompt is empty, holds an id outside the vocabulary, or
 // with its max_tokens exceeds the model's positions (before any weight loads).
 void check_requests(const engine::ModelConfig& cfg, std::span<const Request> requests);
