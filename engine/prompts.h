@@ -1,6 +1,5 @@
-// Batch job input and output: JSON lines.
-//   in.jsonl:  {"id": ..., "prompt": "text"}  or  {"id": ..., "tokens": [1, 2, 3]}
-//   out.jsonl: {"id": ..., "text": "generated text", "tokens": [...]}
+// Batch job input: JSON lines, {"id": ..., "prompt": "text"} or {"id": ..., "tokens": [1, 2, 3]}.
+// (The results file is engine/job/result_file.h.)
 #pragma once
 #include <cstdint>
 #include <optional>
