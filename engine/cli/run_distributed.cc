@@ -54,7 +54,6 @@ std::vector<job::Request> job_requests(const RunOptions& o, const RunSetup& s) {
   return make_requests(o, s, gather_prompts(o, s.model, count));
 }
 
-
 // This machine as one of several ranks on it: they share its memory and disk.
 policy::HardwareProfile rank_profile(const RunOptions& o, const RunSetup& s, const Mpi& mpi) {
   policy::HardwareProfile hw = planning_profile(o, s);
