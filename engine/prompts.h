@@ -1,6 +1,5 @@
-// Batch job input and output: JSON lines.
-//   in.jsonl:  {"id": ..., "prompt": "text"}  or  {"id": ..., "tokens": [1, 2, 3]}
-//   out.jsonl: {"id": ..., "text": "generated text", "tokens": [...]}
+// Batch job input: JSON lines, {"id": ..., "prompt": "text"} or {"id": ..., "tokens": [1, 2, 3]}.
+// (The results file is engine/job/result_file.h.)
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -34,31 +33,5 @@ void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std:
 // `count` deterministic prompts of `len` token ids below `vocab`, different per prompt: the
 // fixed workload the benchmarks compare systems and policies on.
 std::vector<std::vector<std::int32_t>> synthetic_prompts(std::int64_t count, std::int64_t len, std::int64_t vocab);
-
-// Appends whole lines to a JSONL file; each flush() writes and fsyncs what was added, so a
-// killed job leaves only complete lines behind (a kill inside write() can leave a torn last
-// line, which resuming cuts off).
-class JsonlWriter {
- public:
-  // resume: keep the lines already there (their ids are in done_ids()) and append;
-  // otherwise truncate.
-  explicit JsonlWriter(const std::string& path, bool resume = false);
-  // Ids (as compact JSON) of the complete lines found when resuming.
-  const std::set<std::string>& done_ids() const { return done_ids_; }
-  ~JsonlWriter();
-  JsonlWriter(const JsonlWriter&) = delete;
-  JsonlWriter& operator=(const JsonlWriter&) = delete;
-  // Queues a line made by line() (here or on another rank).
-  void add_line(const std::string& line);
-  void flush();
-  // The line of one result, newline included.
-  static std::string line(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens);
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  std::string pending_;
-  std::set<std::string> done_ids_;
-};
 
 }  // namespace flexh2o::engine

@@ -15,6 +15,7 @@
 #include "engine/prompts.h"
 #include "offload/text_file.h"
 #include "policy/cost_model.h"
+#include "policy/policy_text.h"
 
 namespace flexh2o::cli {
 
@@ -126,11 +127,6 @@ policy::Policy policy_for(const std::string& system, const policy::ModelShape& m
   return p;
 }
 
-std::string percent_text(const policy::Policy& p) {
-  const auto v = p.percent();
-  return fmt::format("{:.0f} {:.0f} {:.0f} {:.0f} {:.0f} {:.0f}", v[0], v[1], v[2], v[3], v[4], v[5]);
-}
-
 // A bar chart of total throughput per system with gnuplot (Debian gnuplot-nox), if present.
 bool plot(const std::string& dir, const std::vector<SystemRun>& runs, const std::string& title) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) return false;
@@ -201,7 +197,7 @@ int bench_command(const BenchOptions& o) {
     r.system = system;
     r.policy = policy_for(system, shape, hw, w, o.max_batch, allow_ccc);
     fmt::print(stderr, "bench: {}: gpu batch {} x {}, percent [{}], overlap {}{}\n", system, r.policy.gpu_batch_size,
-               r.policy.num_gpu_batches, percent_text(r.policy), r.policy.overlap,
+               r.policy.num_gpu_batches, policy::percent_text(r.policy, 0), r.policy.overlap,
                r.policy.compress_weight ? ", 4-bit weights and KV" : "");
     offload::TierOptions to;
     to.gpu_bytes = hw.gpu_mem;
@@ -229,13 +225,13 @@ int bench_command(const BenchOptions& o) {
   std::string csv = "system,gpu_batch_size,num_gpu_batches,percent,kv,compressed,prefill_tok_s,decode_tok_s,total_tok_s,peak_gpu,peak_cpu,peak_disk\n";
   for (const auto& r : runs) {
     table += fmt::format("| {} | {} x {} | {}{}{}{} | {:.1f} | {:.2f} | {:.2f} | {} / {} / {} | {:.2f}x |\n", r.system,
-                         r.policy.gpu_batch_size, r.policy.num_gpu_batches, percent_text(r.policy),
+                         r.policy.gpu_batch_size, r.policy.num_gpu_batches, policy::percent_text(r.policy, 0),
                          r.policy.cpu_cache_compute ? ", ccc" : "", r.policy.kv == "full" ? "" : ", kv " + r.policy.kv,
                          r.policy.compress_weight ? ", 4-bit" : "",
                          r.prefill_tput, r.decode_tput, r.total_tput, offload::format_bytes(r.peak[0]),
                          offload::format_bytes(r.peak[1]), offload::format_bytes(r.peak[2]), r.total_tput / base);
     csv += fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{}\n", r.system, r.policy.gpu_batch_size,
-                       r.policy.num_gpu_batches, percent_text(r.policy), r.policy.kv, r.policy.compress_weight,
+                       r.policy.num_gpu_batches, policy::percent_text(r.policy, 0), r.policy.kv, r.policy.compress_weight,
                        r.prefill_tput, r.decode_tput,
                        r.total_tput, r.peak[0], r.peak[1], r.peak[2]);
   }

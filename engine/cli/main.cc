@@ -7,7 +7,7 @@
 #include "engine/cli/bench_command.h"
 #include "engine/cli/calibrate_command.h"
 #include "engine/cli/eval_command.h"
-#include "engine/cli/interrupts.h"
+#include "engine/job/interrupts.h"
 #include "engine/cli/plan_command.h"
 #include "engine/cli/run_command.h"
 #include "engine/cli/tokenize_command.h"
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const flexh2o::cli::Interrupted& e) {
+  } catch (const flexh2o::job::Interrupted& e) {
     fmt::print(stderr, "flexh2o: {}\n", e.what());
     return 130;
   } catch (const std::exception& e) {

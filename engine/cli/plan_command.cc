@@ -10,6 +10,7 @@
 #include "offload/budget.h"
 #include "policy/eviction/kv_spec.h"
 #include "policy/pipeline.h"
+#include "policy/policy_text.h"
 
 namespace flexh2o::cli {
 
@@ -45,11 +46,6 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
 }
 
 namespace {
-
-std::string percent_text(const policy::Policy& p) {
-  const auto pct = p.percent();
-  return fmt::format("[{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}]", pct[0], pct[1], pct[2], pct[3], pct[4], pct[5]);
-}
 
 std::string items_text(const std::vector<std::pair<std::string, std::int64_t>>& items) {
   std::string out;
@@ -87,10 +83,10 @@ int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cf
   for (std::size_t s = 0; s < e.stages.size(); ++s) {
     const auto& sl = e.slices[s];
     const auto& st = e.stages[s];
-    fmt::print("stage {}: decoder layers {}-{}{}{}: percent {}, "
+    fmt::print("stage {}: decoder layers {}-{}{}{}: percent [{}], "
                "cpu_cache_compute {}, memory gpu {} | cpu {} | disk {}; per block prefill {:.3f} s, decode step {:.4f} s\n",
                s, sl.first_layer, sl.first_layer + sl.layers - 1, sl.input ? " + input embedding" : "",
-               sl.head ? " + head" : "", percent_text(st.policy), st.policy.cpu_cache_compute,
+               sl.head ? " + head" : "", policy::percent_text(st.policy, 1), st.policy.cpu_cache_compute,
                offload::format_bytes(st.peak_bytes[0]), offload::format_bytes(st.peak_bytes[1]),
                offload::format_bytes(st.peak_bytes[2]), st.prefill_seconds, st.decode_step_seconds);
   }
@@ -142,8 +138,8 @@ int plan_command(const PlanCliOptions& o) {
   fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source,
              o.prompt_len, o.gen_len, p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
              kernels::dtype_name(p.cache_dtype(cfg.dtype)));
-  fmt::print("policy: gpu batch {} x {} batches (block {}), percent {}, cpu_cache_compute {}{}\n", p.gpu_batch_size,
-             p.num_gpu_batches, p.block_size(), percent_text(p), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");
+  fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{}], cpu_cache_compute {}{}\n", p.gpu_batch_size,
+             p.num_gpu_batches, p.block_size(), policy::percent_text(p, 1), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");
   fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per block)\n",
              e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds);
   fmt::print("memory: gpu {} | cpu {} | disk {}\nbottleneck: {}\n", offload::format_bytes(e.peak_bytes[0]),
@@ -167,8 +163,8 @@ int plan_command(const PlanCliOptions& o) {
                  "|---|---|---|---|---|---|---|---|\n");
       for (std::size_t i = 0; i < ranked.size(); ++i) {
         const policy::Estimate& r = ranked[i];
-        fmt::print("| {} | {} x {} | {} | {} | {:.3f} | {:.1f} | {:.1f} | {} |\n", i + 1, r.policy.gpu_batch_size,
-                   r.policy.num_gpu_batches, percent_text(r.policy), r.policy.cpu_cache_compute ? "yes" : "no",
+        fmt::print("| {} | {} x {} | [{}] | {} | {:.3f} | {:.1f} | {:.1f} | {} |\n", i + 1, r.policy.gpu_batch_size,
+                   r.policy.num_gpu_batches, policy::percent_text(r.policy, 1), r.policy.cpu_cache_compute ? "yes" : "no",
                    r.total_throughput, r.prefill_seconds, r.decode_seconds, r.bottleneck);
       }
     }

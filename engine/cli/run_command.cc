@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <optional>
 
-#include <nlohmann/json.hpp>
-
 #include <unistd.h>
 
 #include "engine/block_scheduler.h"
-#include "engine/cli/interrupts.h"
 #include "engine/cli/run_job.h"
+#include "engine/job/interrupts.h"
+#include "engine/job/job_runner.h"
+#include "engine/job/run_report.h"
 #include "engine/distributed/launch.h"
 #include "engine/model_shape.h"
 #include "offload/text_file.h"
@@ -118,186 +118,74 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
 
 namespace {
 
-int run_one_process(const RunOptions& o) {
+void check_one_process_flags(const RunOptions& o) {
   if (o.pipeline > 1)
     throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " runs over " + std::to_string(o.pipeline) +
                                 " ranks: start it with mpirun -np " + std::to_string(o.pipeline) + " (or srun)");
   if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N under mpirun)");
-  const InterruptWatch interrupts;  // before any thread starts
-  RunSetup s = open_run(o);
-  ModelSource& m = s.model;
-  kernels::Backend& backend = *s.backend;
-  const std::int64_t gen_len = s.gen_len;
+}
 
-  std::vector<PromptItem> items;
+// The job's requests; with an automatic policy, first plans for their length (synthetic prompts:
+// --prompt-len), then runs the plan within the profile's capacities unless --*-mem say otherwise.
+std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s) {
+  std::vector<job::Request> requests;
   if (s.auto_policy) {
-    // Plan for the prompts' length (synthetic prompts: --prompt-len), then run the plan within
-    // the profile's capacities unless --*-mem say otherwise.
-    const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !m.tokenizer;
+    const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !s.model.tokenizer;
     std::int64_t prompt_len = o.prompt_len, prompts = o.batch.value_or(1);
     if (!synthetic) {
-      items = gather_prompts(o, m, prompts);
-      prompts = static_cast<std::int64_t>(items.size());
-      prompt_len = longest_prompt(items);
+      requests = make_requests(o, s, gather_prompts(o, s.model, prompts));
+      prompts = static_cast<std::int64_t>(requests.size());
+      prompt_len = job::longest_prompt(requests);
     }
     const policy::HardwareProfile hw = planning_profile(o, s);
     const policy::Estimate e =
-        policy::plan(engine::model_shape(m.config), hw, {prompt_len, gen_len}, plan_options(o, s, prompts));
+        policy::plan(engine::model_shape(s.model.config), hw, {prompt_len, s.gen_len}, plan_options(o, s, prompts));
     adopt_plan(o, s, e.policy, hw);
     fmt::print(stderr, "{}\n", planned_line(hw, e));
   }
-  const policy::Policy& pol = s.policy;
+  if (requests.empty())
+    requests = make_requests(o, s, gather_prompts(o, s.model, o.batch.value_or(s.placed ? s.policy.block_size() : 1)));
+  return requests;
+}
+
+int run_one_process(const RunOptions& o) {
+  check_one_process_flags(o);
+  const job::InterruptWatch interrupts;  // before any thread starts
+  std::optional<job::ResultFile> out;
+  open_out(o, out);
+  RunSetup s = open_run(o);
+  const std::vector<job::Request> requests = plan_and_gather(o, s);
+  job::check_requests(s.model.config, requests);  // fail before loading weights
+  const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
+
   offload::TierOptions to = s.tiers;
-  to.pin_host = pol.pin_weight;
-
-  const std::int64_t count = o.batch.value_or(s.placed ? pol.block_size() : 1);
-  if (items.empty()) items = gather_prompts(o, m, count);
-  std::vector<std::vector<std::int32_t>> all_prompts;
-  std::vector<std::string> ids;
-  for (const auto& it : items) {
-    all_prompts.push_back(it.tokens);
-    ids.push_back("id " + it.id_json);
-  }
-  check_prompts(m.config, all_prompts, gen_len, ids);  // fail before loading weights
-
-  std::optional<JsonlWriter> out;
-  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume);
-  // Prompts still to do, by index (the index is the sampling stream, so a resumed job
-  // samples exactly what the uninterrupted one would have).
-  std::vector<std::size_t> todo;
-  for (std::size_t i = 0; i < items.size(); ++i)
-    if (!out || !out->done_ids().count(items[i].id_json)) todo.push_back(i);
-  if (o.resume) fmt::print(stderr, "resuming: {} of {} prompts already in {}\n", items.size() - todo.size(), items.size(), o.out_file);
-
-  offload::Tiers tiers(backend, to);
+  to.pin_host = s.policy.pin_weight;
+  offload::Tiers tiers(*s.backend, to);
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
-  BlockScheduler sched(backend, tiers, m.config, *m.weights, pol, trace ? &*trace : nullptr);
-
-  GenerationResult total;
-  const auto block = static_cast<std::size_t>(pol.block_size());
-  const std::size_t blocks = (todo.size() + block - 1) / block;
-  const bool progress = ::isatty(STDERR_FILENO) == 1;
-  bool stopped = false;
-  std::size_t done_blocks = 0;
-  for (std::size_t first = 0; first < todo.size(); first += block) {
-    if (interrupts.stop_requested()) {
-      stopped = true;
-      break;
-    }
-    const std::size_t last = std::min(todo.size(), first + block);
-    GenerationRequest req;
-    req.max_new_tokens = gen_len;
-    req.sampling = {o.temperature, o.top_p, o.seed};
-    for (std::size_t t = first; t < last; ++t) {
-      req.prompts.push_back(items[todo[t]].tokens);
-      req.streams.push_back(todo[t]);
-    }
-    req.on_step = [&, b = first / block](std::int64_t step, std::int64_t steps) {
-      if (interrupts.abandon_requested())
-        throw Interrupted("interrupted: the unfinished block was abandoned; finished blocks are in " +
-                          (o.out_file.empty() ? std::string("the output") : o.out_file) +
-                          (o.out_file.empty() ? std::string() : "; rerun with --resume to continue"));
-      if (progress) fmt::print(stderr, "\rblock {}/{}, step {}/{}   ", b + 1, blocks, step + 1, steps);
-    };
-    GenerationResult r = sched.generate(req);
-    if (progress) fmt::print(stderr, "\r\033[K");
-    for (std::size_t t = first; t < last; ++t) {
-      const std::string line = result_line(o, m, items[todo[t]], r.tokens[t - first]);
-      if (out)
-        out->add_line(line);
-      else
-        fmt::print("{}", line);
-    }
-    if (out) out->flush();
-    total.add(r);
-    ++done_blocks;
-  }
-  std::fflush(stdout);
-  if (stopped) {
-    fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} blocks{}\n", done_blocks, blocks,
+  BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
+  const job::BlockLoopOptions loop{.block = static_cast<std::size_t>(s.policy.block_size()),
+                                   .interrupts = &interrupts,
+                                   .results_in = o.out_file,
+                                   .progress = ::isatty(STDERR_FILENO) == 1,
+                                   .between_steps = {}};
+  const job::JobOutcome done =
+      job::run_blocks(sched, todo, loop, [&](std::span<const job::Request> block, const GenerationResult& r) {
+        std::vector<std::string> lines;
+        for (std::size_t t = 0; t < block.size(); ++t) lines.push_back(result_line(o, s.model, block[t], r.tokens[t]));
+        job::write_results(out, lines);
+      });
+  if (done.stopped)
+    fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} blocks{}\n", done.finished_blocks, done.blocks,
                o.out_file.empty() ? "" : "; rerun with --resume to continue");
-  }
-  // FlexGen's report: sizes (as stored), peak memory per tier, latency and throughput.
-  const ModelConfig c = with_weight_dtype(m.config, pol.weight_dtype(m.config.dtype));
-  const double all_s = total.prefill_seconds + total.decode_seconds;
-  const double prefill_tput = total.prefill_throughput(), decode_tput = total.decode_throughput(),
-               total_tput = total.total_throughput();
-  const std::int64_t max_prompt = std::ranges::max(all_prompts, {}, &std::vector<std::int32_t>::size).size();
-  const std::int64_t cache_bytes = 2 * c.n_layers * pol.block_size() * (max_prompt + gen_len) * c.n_kv_heads *
-                                   kernels::kv_slot_bytes(pol.cache_dtype(m.config.dtype), c.head_dim);
-  const std::int64_t hidden_bytes = pol.block_size() * max_prompt * c.hidden * 4;
-  using offload::Tier;
-  auto peak = [&](Tier t) { return tiers.budget(t).peak(); };
-  const auto pct = pol.percent();
-  fmt::print(stderr,
-             "model: {} ({} layers, hidden {}, {} weights)\n"
-             "model size: {} | cache size: {} | hidden size (prefill): {}\n"
-             "policy: gpu batch {} x {} batches, percent [{:g} {:g} {:g} {:g} {:g} {:g}], overlap {}, sep_layer {}, "
-             "cpu_cache_compute {}, kv {}, cache {}, compute {}\n"
-             "peak memory: gpu {} | cpu {} | disk {}\n"
-             "prompts: {}, prompt tokens: {}, generated tokens: {}\n"
-             "prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
-             m.description, c.n_layers, c.hidden, matrix_dtypes_text(c),
-             offload::format_bytes(tensor_bytes(c)), offload::format_bytes(cache_bytes),
-             offload::format_bytes(hidden_bytes), pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2],
-             pct[3], pct[4], pct[5], pol.overlap, pol.sep_layer, pol.cpu_cache_compute, pol.kv,
-             kernels::dtype_name(pol.cache_dtype(c.dtype)), kernels::dtype_name(c.compute_dtype), offload::format_bytes(peak(Tier::Gpu)), offload::format_bytes(peak(Tier::Cpu)),
-             offload::format_bytes(peak(Tier::Disk)), items.size(), total.prompt_tokens, total.generated_tokens,
-             total.prefill_seconds, prefill_tput, total.decode_seconds, decode_tput, all_s, total_tput);
-  // Mixture-of-experts: the expert weights each step fetched into staging slots.
-  const ExpertLoadStats& experts = sched.expert_loads();
-  const std::int64_t decode_tokens = total.generated_tokens - total.sequences;
-  const std::int64_t decode_expert_bytes = experts.bytes() - (experts.bytes_by_step.empty() ? 0 : experts.bytes_by_step[0]);
-  const std::int64_t moe_layers = std::ranges::count(c.moe.layers, true);
-  if (c.moe.experts > 0 && !experts.experts_by_step.empty())
-    fmt::print(stderr,
-               "experts: {} loading, {} per staging slot; per step {} of {} fetched ({} layers x {}); decode moved {} "
-               "of expert weights per token\n",
-               pol.expert_loading, pol.expert_slot_count(c.moe.experts, c.moe.top_k), fmt::join(experts.experts_by_step, " "), moe_layers * c.moe.experts, moe_layers,
-               c.moe.experts,
-               offload::format_bytes(decode_tokens > 0 ? decode_expert_bytes / decode_tokens : 0));
-  if (!o.metrics_file.empty()) {
-    nlohmann::json j = {{"model", m.description},
-                        {"policy",
-                         {{"gpu_batch_size", pol.gpu_batch_size},
-                          {"num_gpu_batches", pol.num_gpu_batches},
-                          {"percent", pct},
-                          {"overlap", pol.overlap},
-                          {"sep_layer", pol.sep_layer},
-                          {"pin_weight", pol.pin_weight},
-                          {"cpu_cache_compute", pol.cpu_cache_compute},
-                          {"kv", pol.kv},
-                          {"compress_weight", pol.compress_weight},
-                          {"compress_cache", pol.compress_cache},
-                          {"compress_bits", pol.compress_bits},
-                          {"expert_loading", pol.expert_loading},
-                          {"expert_slots", pol.expert_slot_count(c.moe.experts, c.moe.top_k)}}},
-                        {"prompts", items.size()},
-                        {"prompt_tokens", total.prompt_tokens},
-                        {"generated_tokens", total.generated_tokens},
-                        {"prefill_seconds", total.prefill_seconds},
-                        {"decode_seconds", total.decode_seconds},
-                        {"prefill_throughput", prefill_tput},
-                        {"decode_throughput", decode_tput},
-                        {"total_throughput", total_tput},
-                        {"model_bytes", tensor_bytes(c)},
-                        {"cache_bytes", cache_bytes},
-                        {"hidden_bytes", hidden_bytes},
-                        {"peak_bytes", {{"gpu", peak(Tier::Gpu)}, {"cpu", peak(Tier::Cpu)}, {"disk", peak(Tier::Disk)}}},
-                        {"time_by_primitive", trace->time_by_primitive()}};
-    if (c.moe.experts > 0)
-      j["experts"] = {{"experts", c.moe.experts},
-                      {"top_k", c.moe.top_k},
-                      {"moe_layers", moe_layers},
-                      {"loaded_by_step", experts.experts_by_step},
-                      {"bytes_by_step", experts.bytes_by_step},
-                      {"bytes", experts.bytes()},
-                      {"decode_bytes_per_token", decode_tokens > 0 ? decode_expert_bytes / decode_tokens : 0}};
-    offload::write_file_atomically(o.metrics_file, j.dump(2) + "\n");
-  }
+
+  const job::RunReport report =
+      job::make_run_report(s.model.description, s.model.config, s.policy, static_cast<std::int64_t>(requests.size()),
+                           job::longest_prompt(requests), s.gen_len, done.total, tiers, sched, trace ? &*trace : nullptr);
+  fmt::print(stderr, "{}", report.text());
+  if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, report.to_json().dump(2) + "\n");
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);
-  return stopped ? 130 : 0;
+  return done.stopped ? 130 : 0;
 }
 
 }  // namespace

@@ -13,12 +13,15 @@
 
 #include "engine/block_scheduler.h"
 #include "engine/cli/run_job.h"
+#include "engine/job/job_runner.h"
+#include "engine/job/run_report.h"
 #include "engine/distributed/mpi_comm.h"
 #include "engine/distributed/pipeline_stage.h"
 #include "engine/distributed/sharding.h"
 #include "engine/model_shape.h"
 #include "offload/text_file.h"
 #include "policy/pipeline.h"
+#include "policy/policy_text.h"
 
 namespace flexh2o::cli {
 
@@ -45,31 +48,10 @@ json unpack(const Bytes& b) {
 
 std::string rank_name(const Mpi& mpi) { return fmt::format("rank {} ({})", mpi.rank(), mpi.host()); }
 
-// The prompts every process would make (the same as a one-process run of these flags).
-std::vector<PromptItem> job_prompts(const RunOptions& o, const RunSetup& s) {
+// The requests every process would make (the same as a one-process run of these flags).
+std::vector<job::Request> job_requests(const RunOptions& o, const RunSetup& s) {
   const std::int64_t count = o.batch.value_or(s.placed && !s.auto_policy ? s.policy.block_size() : 1);
-  return gather_prompts(o, s.model, count);
-}
-
-// What a one-process run would still do: the prompts not in --out yet (with --resume).
-std::vector<std::size_t> todo_of(const RunOptions& o, const std::vector<PromptItem>& items,
-                                 const std::optional<JsonlWriter>& out) {
-  std::vector<std::size_t> todo;
-  for (std::size_t i = 0; i < items.size(); ++i)
-    if (!out || !out->done_ids().count(items[i].id_json)) todo.push_back(i);
-  if (o.resume)
-    fmt::print(stderr, "resuming: {} of {} prompts already in {}\n", items.size() - todo.size(), items.size(), o.out_file);
-  return todo;
-}
-
-void check_items(const ModelConfig& cfg, std::span<const PromptItem> items, std::int64_t gen_len) {
-  std::vector<std::vector<std::int32_t>> prompts;
-  std::vector<std::string> ids;
-  for (const auto& it : items) {
-    prompts.push_back(it.tokens);
-    ids.push_back("id " + it.id_json);
-  }
-  check_prompts(cfg, prompts, gen_len, ids);
+  return make_requests(o, s, gather_prompts(o, s.model, count));
 }
 
 // This machine as one of several ranks on it: they share its memory and disk.
@@ -93,42 +75,16 @@ offload::TierOptions rank_tiers(const RunSetup& s, const Mpi& mpi) {
   return to;
 }
 
-json policy_json(const policy::Policy& p) {
-  return {{"gpu_batch_size", p.gpu_batch_size},    {"num_gpu_batches", p.num_gpu_batches},
-          {"percent", p.percent()},                {"overlap", p.overlap},
-          {"sep_layer", p.sep_layer},              {"pin_weight", p.pin_weight},
-          {"cpu_cache_compute", p.cpu_cache_compute}, {"kv", p.kv},
-          {"compress_weight", p.compress_weight}, {"compress_cache", p.compress_cache},
-          {"compress_bits", p.compress_bits}};
+// What every rank reports of its placement: the policy (as the one-process metrics record it)
+// and the peak memory of its tiers.
+void add_placement(json& report, const RunSetup& s, const offload::Tiers& tiers) {
+  const auto& moe = s.model.config.moe;
+  report["policy"] = policy::to_json(s.policy, moe.experts, moe.top_k);
+  report["policy_text"] = policy::to_text(s.policy);
+  report["peak_bytes"] = job::to_json(job::peaks_of(tiers));
 }
 
-std::string policy_text(const policy::Policy& p) {
-  const auto pct = p.percent();
-  return fmt::format("gpu batch {} x {}, percent [{:g} {:g} {:g} {:g} {:g} {:g}]", p.gpu_batch_size, p.num_gpu_batches,
-                     pct[0], pct[1], pct[2], pct[3], pct[4], pct[5]);
-}
-
-json peaks_json(const offload::Tiers& t) {
-  using offload::Tier;
-  return {{"gpu", t.budget(Tier::Gpu).peak()}, {"cpu", t.budget(Tier::Cpu).peak()}, {"disk", t.budget(Tier::Disk).peak()}};
-}
-
-std::string peaks_text(const json& p) {
-  return fmt::format("peak gpu {} | cpu {} | disk {}", offload::format_bytes(p["gpu"].get<std::int64_t>()),
-                     offload::format_bytes(p["cpu"].get<std::int64_t>()),
-                     offload::format_bytes(p["disk"].get<std::int64_t>()));
-}
-
-json result_json(const GenerationResult& r) {
-  return {{"prompts", r.sequences},
-          {"prompt_tokens", r.prompt_tokens},
-          {"generated_tokens", r.generated_tokens},
-          {"prefill_seconds", r.prefill_seconds},
-          {"decode_seconds", r.decode_seconds},
-          {"prefill_throughput", r.prefill_throughput()},
-          {"decode_throughput", r.decode_throughput()},
-          {"total_throughput", r.total_throughput()}};
-}
+std::string peaks_text(const json& p) { return "peak " + job::to_text(job::peaks_from_json(p)); }
 
 json spans_json(const offload::Trace* trace) {
   json out = json::array();
@@ -145,161 +101,159 @@ offload::TraceProcess trace_process(const json& report) {
   return p;
 }
 
-std::string model_line(const RunSetup& s) {
+// The model as the one-process report names it, and its size as stored.
+std::string model_lines(const RunSetup& s) {
   const ModelConfig c = with_weight_dtype(s.model.config, s.policy.weight_dtype(s.model.config.dtype));
-  return fmt::format("model: {} ({} layers, hidden {}, {} weights, {})", s.model.description, c.n_layers, c.hidden,
-                     kernels::dtype_name(c.dtype), offload::format_bytes(tensor_bytes(c)));
+  return job::model_line(s.model.description, c) + "\nmodel size: " + offload::format_bytes(job::model_bytes(c));
 }
 
 // Rank 0's output: lines in the job's order, written (and fsynced) as soon as they are next.
 class OrderedOutput {
  public:
-  OrderedOutput(std::optional<JsonlWriter>& out, std::size_t count) : out_(out), order_(count) {}
+  OrderedOutput(std::optional<job::ResultFile>& out, std::size_t count) : out_(out), order_(count) {}
   void put(std::size_t position, std::string line) { order_.put(position, std::move(line)); }
   void write_ready() {
     const auto lines = order_.take_ready();
-    if (lines.empty()) return;
-    for (const auto& l : lines)
-      if (out_)
-        out_->add_line(l);
-      else
-        fmt::print("{}", l);
-    if (out_) out_->flush();
-    std::fflush(stdout);
+    if (!lines.empty()) job::write_results(out_, lines);
   }
 
  private:
-  std::optional<JsonlWriter>& out_;
+  std::optional<job::ResultFile>& out_;
   distributed::InOrder order_;
 };
 
+// Where a job's results and reports land: rank 0's output file (or stdout) and metrics.
+void write_job_files(const RunOptions& o, const json& metrics, const std::vector<json>& reports) {
+  if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, metrics.dump(2) + "\n");
+  if (!o.trace_file.empty()) {
+    std::vector<offload::TraceProcess> processes;
+    for (const json& r : reports) processes.push_back(trace_process(r));
+    offload::write_chrome_json(o.trace_file, processes);
+  }
+}
+
+// A rank's report as the metrics record it (its trace spans and text go elsewhere).
+json metrics_entry(json report) {
+  report.erase("spans");
+  report.erase("policy_text");
+  return report;
+}
+
 // ---- data parallel -------------------------------------------------------------------------
 
-int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
-  const int me = mpi.rank(), n = mpi.size();
-  // Rank 0 opens the job first, so that an error every rank would meet is said once.
-  std::optional<RunSetup> setup;
-  std::optional<JsonlWriter> out;
-  json share;
-  std::size_t job_size = 0;
-  if (me == 0) {
-    if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N)");
-    setup.emplace(open_run(o));
-    const std::vector<PromptItem> items = job_prompts(o, *setup);
-    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume);
-    const std::vector<std::size_t> todo = todo_of(o, items, out);
-    job_size = todo.size();
-    // Balanced by tokens: each prompt's own plus the ones it will generate.
-    std::vector<std::int64_t> cost;
-    for (const std::size_t i : todo) cost.push_back(static_cast<std::int64_t>(items[i].tokens.size()) + setup->gen_len);
-    const std::vector<int> owner = distributed::deal_balanced(cost, n);
-    std::vector<json> shares(static_cast<std::size_t>(n), json::array());
-    for (std::size_t p = 0; p < todo.size(); ++p) {
-      const PromptItem& it = items[todo[p]];
-      shares[static_cast<std::size_t>(owner[p])].push_back(
-          {{"position", p}, {"index", todo[p]}, {"id", it.id_json}, {"text", it.text ? json(*it.text) : json()},
-           {"tokens", it.tokens}});
-    }
-    for (int r = 1; r < n; ++r) mpi.send(r, kTagShare, pack(shares[static_cast<std::size_t>(r)]));
-    share = std::move(shares[0]);
-  } else {
-    share = unpack(mpi.recv(0, kTagShare));
-    setup.emplace(open_run(o));
-  }
-  RunSetup& s = *setup;
-  std::vector<PromptItem> mine;
+// The requests one rank runs, and where each one's line goes in the job's output.
+struct Share {
+  std::vector<job::Request> requests;
   std::vector<std::size_t> positions;
-  std::vector<std::uint64_t> streams;
-  for (const auto& a : share) {
-    PromptItem it{a["id"].get<std::string>(), std::nullopt, a["tokens"].get<std::vector<std::int32_t>>()};
-    if (a["text"].is_string()) it.text = a["text"].get<std::string>();
-    mine.push_back(std::move(it));
-    positions.push_back(a["position"].get<std::size_t>());
-    streams.push_back(a["index"].get<std::uint64_t>());
-  }
-  check_items(s.model.config, mine, s.gen_len);  // this rank's prompts, before loading weights
+};
 
-  if (s.auto_policy && !mine.empty()) {
-    const policy::HardwareProfile hw = rank_profile(o, s, mpi);
-    const auto prompts = static_cast<std::int64_t>(mine.size());
-    const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {longest_prompt(mine), s.gen_len},
-                                            plan_options(o, s, prompts));
-    adopt_plan(o, s, e.policy, hw);
-    fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
+Share share_of(const json& dealt) {
+  Share share;
+  for (const auto& a : dealt) {
+    share.requests.push_back(job::request_from_json(a["request"]));
+    share.positions.push_back(a["position"].get<std::size_t>());
   }
-  std::optional<OrderedOutput> output;
-  if (me == 0) output.emplace(out, job_size);
-  std::vector<distributed::PendingSend> sends;
-  int reports_due = n - 1;
-  std::vector<json> reports(static_cast<std::size_t>(n));
-  // Rank 0 takes what the others finished between its own steps, and writes what is next.
-  auto take_messages = [&](bool block) {
-    while (reports_due > 0 && (block || mpi.waiting(Mpi::kAnySource, kTagToRoot))) {
+  return share;
+}
+
+// Rank 0 deals the requests to the ranks, balanced by tokens (each prompt's own plus the ones
+// it will generate), sends each its share and keeps its own.
+Share deal_shares(const Mpi& mpi, std::span<const job::Request> todo) {
+  std::vector<std::int64_t> cost;
+  for (const job::Request& r : todo) cost.push_back(static_cast<std::int64_t>(r.prompt.size()) + r.max_tokens);
+  const std::vector<int> owner = distributed::deal_balanced(cost, mpi.size());
+  std::vector<json> shares(static_cast<std::size_t>(mpi.size()), json::array());
+  for (std::size_t p = 0; p < todo.size(); ++p)
+    shares[static_cast<std::size_t>(owner[p])].push_back({{"position", p}, {"request", job::to_json(todo[p])}});
+  for (int r = 1; r < mpi.size(); ++r) mpi.send(r, kTagShare, pack(shares[static_cast<std::size_t>(r)]));
+  return share_of(shares[0]);
+}
+
+// With an automatic policy each rank plans for its own share on its part of the machine.
+void plan_share(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const job::Request> mine) {
+  if (!s.auto_policy || mine.empty()) return;
+  const policy::HardwareProfile hw = rank_profile(o, s, mpi);
+  const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(mine), s.gen_len},
+                                          plan_options(o, s, static_cast<std::int64_t>(mine.size())));
+  adopt_plan(o, s, e.policy, hw);
+  fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
+}
+
+// What the ranks send rank 0: finished lines as they come, then their report. Rank 0 takes
+// them between its own steps and writes the lines that are next in the job's order.
+class RootInbox {
+ public:
+  RootInbox(const Mpi& mpi, std::optional<job::ResultFile>& out, std::size_t job_size)
+      : mpi_(mpi), output_(out, job_size), reports_(static_cast<std::size_t>(mpi.size())), reports_due_(mpi.size() - 1) {}
+  void put(std::size_t position, std::string line) { output_.put(position, std::move(line)); }
+  // Takes the messages waiting (wait_for_all: until every rank reported) and writes what is next.
+  void take(bool wait_for_all) {
+    while (reports_due_ > 0 && (wait_for_all || mpi_.waiting(Mpi::kAnySource, kTagToRoot))) {
       int from = 0;
-      const json msg = unpack(mpi.recv(Mpi::kAnySource, kTagToRoot, &from));
+      const json msg = unpack(mpi_.recv(Mpi::kAnySource, kTagToRoot, &from));
       if (msg.contains("report")) {
-        reports[static_cast<std::size_t>(from)] = msg["report"];
-        --reports_due;
+        reports_[static_cast<std::size_t>(from)] = msg["report"];
+        --reports_due_;
       } else {
         for (std::size_t i = 0; i < msg["positions"].size(); ++i)
-          output->put(msg["positions"][i].get<std::size_t>(), msg["lines"][i].get<std::string>());
+          output_.put(msg["positions"][i].get<std::size_t>(), msg["lines"][i].get<std::string>());
       }
     }
-    output->write_ready();
-  };
+    output_.write_ready();
+  }
+  // Every rank's report, rank 0's (`own`) first.
+  std::vector<json> reports(json own) {
+    take(true);
+    reports_[0] = std::move(own);
+    return reports_;
+  }
 
-  json report = {{"name", rank_name(mpi)}, {"rank", me}, {"host", mpi.host()}};
+ private:
+  const Mpi& mpi_;
+  OrderedOutput output_;
+  std::vector<json> reports_;
+  int reports_due_;
+};
+
+// Runs this rank's share with the job runner; its lines go to rank 0 (on rank 0: `inbox`) as
+// each block finishes. Returns the rank's report.
+json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Share& mine, RootInbox* inbox,
+               std::vector<distributed::PendingSend>& sends) {
+  json report = {{"name", rank_name(mpi)}, {"rank", mpi.rank()}, {"host", mpi.host()}};
   GenerationResult total;
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
-  if (!mine.empty()) {
-    const offload::TierOptions to = rank_tiers(s, mpi);
-    offload::Tiers tiers(*s.backend, to);
+  if (!mine.requests.empty()) {
+    offload::Tiers tiers(*s.backend, rank_tiers(s, mpi));
     BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
-    const auto block = static_cast<std::size_t>(s.policy.block_size());
-    for (std::size_t first = 0; first < mine.size(); first += block) {
-      const std::size_t last = std::min(mine.size(), first + block);
-      GenerationRequest req;
-      req.max_new_tokens = s.gen_len;
-      req.sampling = {o.temperature, o.top_p, o.seed};
-      for (std::size_t t = first; t < last; ++t) {
-        req.prompts.push_back(mine[t].tokens);
-        req.streams.push_back(streams[t]);  // the prompt's index in the job: its sampling stream
-      }
-      if (me == 0) req.on_step = [&](std::int64_t, std::int64_t) { take_messages(false); };
-      const GenerationResult r = sched.generate(req);
+    job::BlockLoopOptions loop;
+    loop.block = static_cast<std::size_t>(s.policy.block_size());
+    if (inbox) loop.between_steps = [&] { inbox->take(false); };
+    const auto deliver = [&](std::span<const job::Request> block, const GenerationResult& r) {
+      const auto first = static_cast<std::size_t>(block.data() - mine.requests.data());
       json lines = json::array(), at = json::array();
-      for (std::size_t t = first; t < last; ++t) {
-        std::string line = result_line(o, s.model, mine[t], r.tokens[t - first]);
-        if (me == 0) {
-          output->put(positions[t], std::move(line));
-        } else {
+      for (std::size_t t = 0; t < block.size(); ++t) {
+        std::string line = result_line(o, s.model, block[t], r.tokens[t]);
+        if (inbox) inbox->put(mine.positions[first + t], std::move(line));
+        else {
           lines.push_back(std::move(line));
-          at.push_back(positions[t]);
+          at.push_back(mine.positions[first + t]);
         }
       }
-      if (me == 0)
-        take_messages(false);
-      else
-        sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"positions", at}, {"lines", lines}}))));
-      total.add(r);
-    }
-    report["policy"] = policy_json(s.policy);
-    report["policy_text"] = policy_text(s.policy);
-    report["peak_bytes"] = peaks_json(tiers);
+      if (inbox) inbox->take(false);
+      else sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"positions", at}, {"lines", lines}}))));
+    };
+    total = job::run_blocks(sched, mine.requests, loop, deliver).total;
+    add_placement(report, s, tiers);
   }
-  report["result"] = result_json(total);
+  report["result"] = job::to_json(total);
   report["spans"] = spans_json(trace ? &*trace : nullptr);
-  if (me != 0) {
-    sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"report", report}}))));
-    for (auto& p : sends) p.wait();
-    return 0;
-  }
-  take_messages(true);
-  reports[0] = report;
+  return report;
+}
 
-  // The report: each rank, then the job (throughput over the slowest rank's generation time).
-  fmt::print(stderr, "{}\n", model_line(s));
+// Each rank's line, then the job's (throughput over the slowest rank's generation time).
+void report_data_parallel(const RunOptions& o, const RunSetup& s, const std::vector<json>& reports) {
+  fmt::print(stderr, "{}\n", model_lines(s));
   std::int64_t prompts = 0, prompt_tokens = 0, generated = 0;
   double slowest = 0;
   json ranks = json::array();
@@ -315,27 +269,50 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
                r.contains("policy_text") ? ", " + r["policy_text"].get<std::string>() + ", " + peaks_text(r["peak_bytes"])
                                          : std::string(),
                res["generated_tokens"].get<std::int64_t>(), seconds, res["total_throughput"].get<double>());
-    json entry = r;
-    entry.erase("spans");
-    entry.erase("policy_text");
-    ranks.push_back(std::move(entry));
+    ranks.push_back(metrics_entry(r));
   }
   const double total_tput = static_cast<double>(generated) / std::max(slowest, 1e-9);
   fmt::print(stderr,
              "data parallel over {} ranks: {} prompts, prompt tokens: {}, generated tokens: {}; total: {:.3f} s, "
              "{:.1f} tok/s\n",
-             n, prompts, prompt_tokens, generated, slowest, total_tput);
-  if (!o.metrics_file.empty()) {
-    const json j = {{"mode", "data_parallel"},   {"model", s.model.description}, {"ranks", ranks},
-                    {"prompts", prompts},        {"prompt_tokens", prompt_tokens}, {"generated_tokens", generated},
-                    {"total_seconds", slowest},  {"total_throughput", total_tput}};
-    offload::write_file_atomically(o.metrics_file, j.dump(2) + "\n");
+             reports.size(), prompts, prompt_tokens, generated, slowest, total_tput);
+  write_job_files(o,
+                  {{"mode", "data_parallel"}, {"model", s.model.description}, {"ranks", ranks}, {"prompts", prompts},
+                   {"prompt_tokens", prompt_tokens}, {"generated_tokens", generated}, {"total_seconds", slowest},
+                   {"total_throughput", total_tput}},
+                  reports);
+}
+
+int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
+  // Rank 0 opens the job first, so that an error every rank would meet is said once.
+  std::optional<RunSetup> setup;
+  std::optional<job::ResultFile> out;
+  Share mine;
+  std::size_t job_size = 0;
+  if (mpi.rank() == 0) {
+    if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N)");
+    open_out(o, out);
+    setup.emplace(open_run(o));
+    const std::vector<job::Request> todo = job::requests_to_run(job_requests(o, *setup), out, o.resume, o.out_file);
+    job_size = todo.size();
+    mine = deal_shares(mpi, todo);
+  } else {
+    mine = share_of(unpack(mpi.recv(0, kTagShare)));
+    setup.emplace(open_run(o));
   }
-  if (!o.trace_file.empty()) {
-    std::vector<offload::TraceProcess> processes;
-    for (const json& r : reports) processes.push_back(trace_process(r));
-    offload::write_chrome_json(o.trace_file, processes);
+  RunSetup& s = *setup;
+  job::check_requests(s.model.config, mine.requests);  // this rank's prompts, before loading weights
+  plan_share(mpi, o, s, mine.requests);
+  std::optional<RootInbox> inbox;
+  if (mpi.rank() == 0) inbox.emplace(mpi, out, job_size);
+  std::vector<distributed::PendingSend> sends;
+  json report = run_share(mpi, o, s, mine, inbox ? &*inbox : nullptr, sends);
+  if (mpi.rank() != 0) {
+    sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"report", report}}))));
+    for (auto& p : sends) p.wait();
+    return 0;
   }
+  report_data_parallel(o, s, inbox->reports(std::move(report)));
   return 0;
 }
 
@@ -356,28 +333,48 @@ std::string slice_text(const policy::StageSlice& s) {
   return layers + (s.input ? " + input embedding" : "") + (s.head ? " + head" : "");
 }
 
-int run_pipeline(const Mpi& mpi, const RunOptions& o) {
-  const int me = mpi.rank(), n = mpi.size();
-  std::optional<RunSetup> setup;
-  std::optional<JsonlWriter> out;
-  std::vector<PromptItem> items;
-  std::vector<std::size_t> todo;
-  if (me == 0) {
-    if (o.pipeline != n)
-      throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " needs " + std::to_string(o.pipeline) +
-                                  " ranks but the launcher started " + std::to_string(n) + "; use mpirun -np " +
-                                  std::to_string(o.pipeline));
-    setup.emplace(open_run(o));
-    items = job_prompts(o, *setup);
-    check_items(setup->model.config, items, setup->gen_len);  // every stage steps every prompt
-    if (!o.out_file.empty()) out.emplace(o.out_file, o.resume);
-    todo = todo_of(o, items, out);
+// Rank 0's plan of every stage: the planner's over each rank's capacities (rank 0's rates),
+// or the given policy on an even split of the layers.
+json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const std::vector<Bytes>& capacities,
+                 std::span<const job::Request> todo, std::int64_t micro_batches) {
+  const policy::ModelShape shape = model_shape(s.model.config);
+  json stages = json::array();
+  if (!s.auto_policy) {
+    for (const auto& slice : policy::split_layers(policy::with_compression(shape, s.policy), mpi.size()))
+      stages.push_back({{"slice", slice_json(slice)}, {"policy", policy::policy_to_yaml(s.policy)}});
+    return stages;
   }
-  mpi.broadcast({}, 0);  // rank 0 took the job: the others open the model now
-  if (me != 0) setup.emplace(open_run(o));
-  RunSetup& s = *setup;
+  std::vector<policy::HardwareProfile> hws;
+  for (const Bytes& b : capacities) {
+    const json c = unpack(b);
+    policy::HardwareProfile hw = rank_profile(o, s, mpi);
+    hw.gpu_mem = c["gpu"].get<std::int64_t>();
+    hw.cpu_mem = c["cpu"].get<std::int64_t>();
+    hw.disk_mem = c["disk"].get<std::int64_t>();
+    hw.name = c["name"].get<std::string>();
+    hws.push_back(hw);
+  }
+  const policy::Workload w{std::max<std::int64_t>(job::longest_prompt(todo), 1), s.gen_len};
+  const auto per_micro_batch = (static_cast<std::int64_t>(todo.size()) + micro_batches - 1) / micro_batches;
+  const policy::PipelineEstimate e =
+      policy::plan_pipeline(shape, hws, w, micro_batches, plan_options(o, s, per_micro_batch));
+  const policy::Policy& p0 = e.stages.front().policy;
+  fmt::print(stderr,
+             "planned a pipeline of {} stages: {} micro-batches of gpu batch {} x {}; predicted total {:.2f} tok/s, "
+             "bubble share {:.0f}%\n",
+             mpi.size(), micro_batches, p0.gpu_batch_size, p0.num_gpu_batches, e.total_throughput, 100 * e.bubble_share);
+  for (std::size_t st = 0; st < e.stages.size(); ++st)
+    stages.push_back({{"slice", slice_json(e.slices[st])},
+                      {"policy", policy::policy_to_yaml(with_schedule_flags(o, e.stages[st].policy))},
+                      {"gpu", hws[st].gpu_mem},
+                      {"cpu", hws[st].cpu_mem},
+                      {"disk", hws[st].disk_mem}});
+  return stages;
+}
 
-  // Each rank's capacities to rank 0, which splits the layers and plans every stage.
+// Every rank's part of the job: each sends rank 0 its capacities, rank 0 plans the stages and
+// sends every rank the plan and the requests.
+json share_pipeline_job(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<const job::Request> todo) {
   json mine;
   if (s.auto_policy) {
     const policy::HardwareProfile hw = rank_profile(o, s, mpi);
@@ -385,67 +382,98 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   }
   const std::vector<Bytes> capacities = mpi.gather(pack(mine), 0);
   json job;
-  if (me == 0) {
-    const std::int64_t M = o.micro_batches.value_or(n);
-    const policy::ModelShape shape = model_shape(s.model.config);
-    std::vector<PromptItem> work;
-    for (const std::size_t i : todo) work.push_back(items[i]);
-    const policy::Workload w{std::max<std::int64_t>(longest_prompt(work), 1), s.gen_len};
-    json stages = json::array();
-    if (s.auto_policy) {
-      std::vector<policy::HardwareProfile> hws;
-      for (const Bytes& b : capacities) {
-        const json c = unpack(b);
-        policy::HardwareProfile hw = rank_profile(o, s, mpi);  // rank 0's rates, each rank's capacities
-        hw.gpu_mem = c["gpu"].get<std::int64_t>();
-        hw.cpu_mem = c["cpu"].get<std::int64_t>();
-        hw.disk_mem = c["disk"].get<std::int64_t>();
-        hw.name = c["name"].get<std::string>();
-        hws.push_back(hw);
-      }
-      const auto per_micro_batch = (static_cast<std::int64_t>(todo.size()) + M - 1) / M;
-      const policy::PipelineEstimate e = policy::plan_pipeline(shape, hws, w, M, plan_options(o, s, per_micro_batch));
-      const policy::Policy& p0 = e.stages.front().policy;
-      fmt::print(stderr,
-                 "planned a pipeline of {} stages: {} micro-batches of gpu batch {} x {}; predicted total {:.2f} tok/s, "
-                 "bubble share {:.0f}%\n",
-                 n, M, p0.gpu_batch_size, p0.num_gpu_batches, e.total_throughput, 100 * e.bubble_share);
-      for (std::size_t st = 0; st < e.stages.size(); ++st) {
-        stages.push_back({{"slice", slice_json(e.slices[st])},
-                          {"policy", policy::policy_to_yaml(with_schedule_flags(o, e.stages[st].policy))},
-                          {"gpu", hws[st].gpu_mem},
-                          {"cpu", hws[st].cpu_mem},
-                          {"disk", hws[st].disk_mem}});
-      }
-    } else {
-      for (const auto& slice : policy::split_layers(policy::with_compression(shape, s.policy), n))
-        stages.push_back({{"slice", slice_json(slice)}, {"policy", policy::policy_to_yaml(s.policy)}});
-    }
-    json prompts = json::array(), streams = json::array();
-    for (const std::size_t i : todo) {
-      prompts.push_back(items[i].tokens);
-      streams.push_back(i);
-    }
-    job = {{"micro_batches", M}, {"stages", stages}, {"prompts", prompts}, {"streams", streams}};
+  if (mpi.rank() == 0) {
+    const std::int64_t M = o.micro_batches.value_or(mpi.size());
+    json requests = json::array();
+    for (const job::Request& r : todo) requests.push_back(job::to_json(r));
+    job = {{"micro_batches", M}, {"stages", plan_stages(mpi, o, s, capacities, todo, M)}, {"requests", requests}};
   }
-  job = unpack(mpi.broadcast(me == 0 ? pack(job) : Bytes{}, 0));
+  return unpack(mpi.broadcast(mpi.rank() == 0 ? pack(job) : Bytes{}, 0));
+}
 
-  // This rank's stage.
-  const json& stage = job["stages"][static_cast<std::size_t>(me)];
-  const policy::StageSlice slice = slice_of(stage["slice"]);
+// Takes this rank's stage of the plan: its policy and capacities into `s`; its slice.
+policy::StageSlice take_stage(const json& stage, RunSetup& s) {
   s.policy = policy::load_policy_yaml(stage["policy"].get<std::string>(), "the pipeline plan");
   if (stage.contains("gpu")) {
     s.tiers.gpu_bytes = stage["gpu"].get<std::int64_t>();
     s.tiers.cpu_bytes = stage["cpu"].get<std::int64_t>();
     s.tiers.disk_bytes = stage["disk"].get<std::int64_t>();
   }
+  return slice_of(stage["slice"]);
+}
+
+distributed::PipelineWork pipeline_work(const json& job, const RunSetup& s) {
   distributed::PipelineWork work;
-  work.prompts = job["prompts"].get<std::vector<std::vector<std::int32_t>>>();
-  work.streams = job["streams"].get<std::vector<std::uint64_t>>();
-  work.max_new_tokens = s.gen_len;
-  work.sampling = {o.temperature, o.top_p, o.seed};
+  std::vector<job::Request> requests;
+  for (const json& r : job["requests"]) requests.push_back(job::request_from_json(r));
+  for (const job::Request& r : requests) {
+    work.prompts.push_back(r.prompt);
+    work.streams.push_back(r.stream);
+  }
+  if (!requests.empty()) {  // a pipeline steps every block with one limit and sampling
+    const job::BlockLimits limits = job::shared_limits(requests);
+    work.max_new_tokens = limits.max_tokens;
+    work.sampling = limits.sampling;
+  }
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
+  return work;
+}
+
+// Each stage's line, then the pipeline's (rank 0 saw every block: `total`).
+void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_batches, const GenerationResult& total,
+                     const std::vector<Bytes>& gathered) {
+  fmt::print(stderr, "{}\n", model_lines(s));
+  double waited = 0, wall = 0;
+  json stage_reports = json::array();
+  std::vector<json> reports;
+  for (const Bytes& b : gathered) {
+    const json r = unpack(b);
+    waited += r["wait_seconds"].get<double>();
+    wall = std::max(wall, r["wall_seconds"].get<double>());
+    fmt::print(stderr, "stage {}, {}: {}, {}, {}; waited {:.3f} s of {:.3f} s\n", r["rank"].get<int>(),
+               r["name"].get<std::string>(), slice_text(slice_of(r["slice"])), r["policy_text"].get<std::string>(),
+               peaks_text(r["peak_bytes"]), r["wait_seconds"].get<double>(), r["wall_seconds"].get<double>());
+    stage_reports.push_back(metrics_entry(r));
+    reports.push_back(r);
+  }
+  const double bubble = waited / (static_cast<double>(gathered.size()) * std::max(wall, 1e-9));
+  const double tput = static_cast<double>(total.generated_tokens) / std::max(wall, 1e-9);
+  fmt::print(stderr,
+             "pipeline over {} ranks, {} micro-batches: {} prompts, prompt tokens: {}, generated tokens: {}; total: "
+             "{:.3f} s, {:.1f} tok/s; bubble share {:.1f}% (time the stages waited on each other)\n",
+             gathered.size(), micro_batches, total.sequences, total.prompt_tokens, total.generated_tokens, wall, tput,
+             100 * bubble);
+  write_job_files(o,
+                  {{"mode", "pipeline"}, {"model", s.model.description}, {"micro_batches", micro_batches},
+                   {"stages", stage_reports}, {"prompts", total.sequences}, {"prompt_tokens", total.prompt_tokens},
+                   {"generated_tokens", total.generated_tokens}, {"total_seconds", wall}, {"total_throughput", tput},
+                   {"bubble_share", bubble}},
+                  reports);
+}
+
+int run_pipeline(const Mpi& mpi, const RunOptions& o) {
+  const int me = mpi.rank(), n = mpi.size();
+  std::optional<RunSetup> setup;
+  std::optional<job::ResultFile> out;
+  std::vector<job::Request> todo;
+  if (me == 0) {
+    if (o.pipeline != n)
+      throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " needs " + std::to_string(o.pipeline) +
+                                  " ranks but the launcher started " + std::to_string(n) + "; use mpirun -np " +
+                                  std::to_string(o.pipeline));
+    open_out(o, out);
+    setup.emplace(open_run(o));
+    const std::vector<job::Request> requests = job_requests(o, *setup);
+    job::check_requests(setup->model.config, requests);  // every stage steps every prompt
+    todo = job::requests_to_run(requests, out, o.resume, o.out_file);
+  }
+  mpi.broadcast({}, 0);  // rank 0 took the job: the others open the model now
+  if (me != 0) setup.emplace(open_run(o));
+  RunSetup& s = *setup;
+  const json job = share_pipeline_job(mpi, o, s, todo);
+  const policy::StageSlice slice = take_stage(job["stages"][static_cast<std::size_t>(me)], s);
+  const distributed::PipelineWork work = pipeline_work(job, s);
 
   offload::Tiers tiers(*s.backend, rank_tiers(s, mpi));
   std::optional<offload::Trace> trace;
@@ -455,73 +483,29 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   mpi.barrier();  // every stage loaded: the clocks (and traces) start together
   if (trace) trace->reset_clock();
 
-  std::optional<OrderedOutput> output;
-  if (me == 0) output.emplace(out, (work.prompts.size() + static_cast<std::size_t>(work.block) - 1) /
-                                       static_cast<std::size_t>(work.block));
   const auto block = static_cast<std::size_t>(work.block);
-  const distributed::StageStats stats =
-      distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr,
-                                      [&](std::size_t chunk, const GenerationResult& r) {
-                                        if (me != 0) return;
-                                        std::string lines;
-                                        for (std::size_t t = 0; t < r.tokens.size(); ++t)
-                                          lines += result_line(o, s.model, items[todo[chunk * block + t]], r.tokens[t]);
-                                        output->put(chunk, std::move(lines));
-                                        output->write_ready();
-                                      });
+  std::optional<OrderedOutput> output;
+  if (me == 0) output.emplace(out, (work.prompts.size() + block - 1) / block);
+  const auto finished = [&](std::size_t chunk, const GenerationResult& r) {
+    if (me != 0) return;
+    std::string lines;
+    for (std::size_t t = 0; t < r.tokens.size(); ++t) lines += result_line(o, s.model, todo[chunk * block + t], r.tokens[t]);
+    output->put(chunk, std::move(lines));
+    output->write_ready();
+  };
+  const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr, finished);
 
   json report = {{"name", rank_name(mpi)},
                  {"rank", me},
                  {"host", mpi.host()},
                  {"slice", slice_json(slice)},
-                 {"policy", policy_json(s.policy)},
-                 {"policy_text", policy_text(s.policy)},
-                 {"peak_bytes", peaks_json(tiers)},
                  {"wall_seconds", stats.wall_seconds},
                  {"wait_seconds", stats.wait_seconds},
-                 {"result", result_json(stats.total)},
+                 {"result", job::to_json(stats.total)},
                  {"spans", spans_json(trace ? &*trace : nullptr)}};
+  add_placement(report, s, tiers);
   const std::vector<Bytes> all = mpi.gather(pack(report), 0);
-  if (me != 0) return 0;
-
-  fmt::print(stderr, "{}\n", model_line(s));
-  double waited = 0, wall = 0;
-  json stage_reports = json::array();
-  std::vector<offload::TraceProcess> processes;
-  for (const Bytes& b : all) {
-    json r = unpack(b);
-    waited += r["wait_seconds"].get<double>();
-    wall = std::max(wall, r["wall_seconds"].get<double>());
-    fmt::print(stderr, "stage {}, {}: {}, {}, {}; waited {:.3f} s of {:.3f} s\n", r["rank"].get<int>(),
-               r["name"].get<std::string>(),
-               slice_text(slice_of(r["slice"])), r["policy_text"].get<std::string>(), peaks_text(r["peak_bytes"]),
-               r["wait_seconds"].get<double>(), r["wall_seconds"].get<double>());
-    processes.push_back(trace_process(r));
-    r.erase("spans");
-    r.erase("policy_text");
-    stage_reports.push_back(std::move(r));
-  }
-  const double bubble = waited / (static_cast<double>(n) * std::max(wall, 1e-9));
-  const GenerationResult& t = stats.total;  // rank 0 saw every block
-  const double tput = static_cast<double>(t.generated_tokens) / std::max(wall, 1e-9);
-  fmt::print(stderr,
-             "pipeline over {} ranks, {} micro-batches: {} prompts, prompt tokens: {}, generated tokens: {}; total: "
-             "{:.3f} s, {:.1f} tok/s; bubble share {:.1f}% (time the stages waited on each other)\n",
-             n, work.micro_batches, t.sequences, t.prompt_tokens, t.generated_tokens, wall, tput, 100 * bubble);
-  if (!o.metrics_file.empty()) {
-    const json j = {{"mode", "pipeline"},
-                    {"model", s.model.description},
-                    {"micro_batches", work.micro_batches},
-                    {"stages", stage_reports},
-                    {"prompts", t.sequences},
-                    {"prompt_tokens", t.prompt_tokens},
-                    {"generated_tokens", t.generated_tokens},
-                    {"total_seconds", wall},
-                    {"total_throughput", tput},
-                    {"bubble_share", bubble}};
-    offload::write_file_atomically(o.metrics_file, j.dump(2) + "\n");
-  }
-  if (!o.trace_file.empty()) offload::write_chrome_json(o.trace_file, processes);
+  if (me == 0) report_pipeline(o, s, work.micro_batches, stats.total, all);
   return 0;
 }
 

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <random>
 
+#include "engine/job/result_file.h"
 #include "engine/machine_profile.h"
+#include "policy/policy_text.h"
 
 namespace flexh2o::cli {
 
@@ -44,7 +46,6 @@ std::int64_t capacity(const std::string& text, const char* flag) {
 }  // namespace
 
 RunSetup open_run(const RunOptions& o) {
-  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
   RunSetup s;
   ModelOptions mo;
   mo.model = o.model;
@@ -93,12 +94,6 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
   return items;
 }
 
-std::int64_t longest_prompt(std::span<const PromptItem> items) {
-  std::int64_t n = 0;
-  for (const auto& it : items) n = std::max<std::int64_t>(n, static_cast<std::int64_t>(it.tokens.size()));
-  return n;
-}
-
 policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s) {
   policy::HardwareProfile hw =
       o.hardware.empty() ? this_machine_profile(*s.backend, o.offload_dir) : hardware_profile(o.hardware);
@@ -136,31 +131,35 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e) {
   const auto& pol = e.policy;
-  const auto pct = pol.percent();
-  return fmt::format("planned for {}: gpu batch {} x {}, percent [{:.1f} {:.1f} {:.1f} {:.1f} {:.1f} {:.1f}], "
-                     "cpu_cache_compute {}; predicted total {:.2f} tok/s",
-                     hw.name, pol.gpu_batch_size, pol.num_gpu_batches, pct[0], pct[1], pct[2], pct[3], pct[4], pct[5],
+  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}], cpu_cache_compute {}; predicted total {:.2f} tok/s",
+                     hw.name, pol.gpu_batch_size, pol.num_gpu_batches, policy::percent_text(pol, 1),
                      pol.cpu_cache_compute, e.total_throughput);
 }
 
-std::string result_line(const RunOptions& o, const ModelSource& m, const PromptItem& item,
+void open_out(const RunOptions& o, std::optional<job::ResultFile>& out) {
+  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
+  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
+}
+
+std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {
+  std::vector<job::Request> requests;
+  for (std::size_t i = 0; i < items.size(); ++i)
+    requests.push_back({items[i].id_json, items[i].text, items[i].tokens, s.gen_len, {o.temperature, o.top_p, o.seed}, i});
+  return requests;
+}
+
+std::string result_line(const RunOptions& o, const ModelSource& m, const job::Request& r,
                         std::span<const std::int32_t> new_tokens) {
   std::string text;
   if (m.tokenizer) {
-    std::vector<std::int32_t> all = item.tokens;
+    std::vector<std::int32_t> all = r.prompt;
     const std::size_t prompt_bytes = m.tokenizer->decode(all).size();
     all.insert(all.end(), new_tokens.begin(), new_tokens.end());
     text = m.tokenizer->decode(all).substr(prompt_bytes);
   }
-  if (!o.out_file.empty()) return JsonlWriter::line(item.id_json, text, new_tokens);
-  if (m.tokenizer) return item.text.value_or("") + text + "\n";
+  if (!o.out_file.empty()) return job::ResultFile::line(r.id_json, text, new_tokens);
+  if (m.tokenizer) return r.text.value_or("") + text + "\n";
   return fmt::format("[{}]\n", fmt::join(new_tokens, ", "));
-}
-
-std::int64_t tensor_bytes(const ModelConfig& c) {
-  std::int64_t b = 0;
-  for (const auto& w : weight_specs(c)) b += w.rows * kernels::row_bytes(w.dtype(c), w.cols);
-  return b;
 }
 
 }  // namespace flexh2o::cli

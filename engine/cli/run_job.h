@@ -4,11 +4,14 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/cli/run_command.h"
+#include "engine/job/request.h"
+#include "engine/job/result_file.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "kernels/backend.h"
@@ -33,8 +36,6 @@ RunSetup open_run(const RunOptions& o);
 
 // The prompts of the job: --prompts, else --prompt or synthetic ones, `count` of them; tokenized.
 std::vector<engine::PromptItem> gather_prompts(const RunOptions& o, const engine::ModelSource& m, std::int64_t count);
-// Longest prompt in tokens.
-std::int64_t longest_prompt(std::span<const engine::PromptItem> items);
 
 // What the planner plans with: --hardware, or this machine (its memory and the free disk of
 // --offload-dir), capacities lowered by --*-mem.
@@ -49,12 +50,17 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 // "planned for <hw>: gpu batch ..." (no newline).
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e);
 
-// What the job writes for one finished prompt, newline included: its out.jsonl line with
-// --out, else the prompt and its continuation (or the token ids without a tokenizer).
-std::string result_line(const RunOptions& o, const engine::ModelSource& m, const engine::PromptItem& item,
-                        std::span<const std::int32_t> new_tokens);
+// Opens --out into `out` (nothing without --out), checked before anything loads (job/result_file.h).
+void open_out(const RunOptions& o, std::optional<job::ResultFile>& out);
 
-// Bytes of the model's weights as stored.
-std::int64_t tensor_bytes(const engine::ModelConfig& c);
+// The job's requests: each prompt with --gen-len and the sampling flags, its position in the
+// job as its sampling stream.
+std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s,
+                                        const std::vector<engine::PromptItem>& items);
+
+// What the job writes for one finished request, newline included: its out.jsonl line with
+// --out, else the prompt and its continuation (or the token ids without a tokenizer).
+std::string result_line(const RunOptions& o, const engine::ModelSource& m, const job::Request& r,
+                        std::span<const std::int32_t> new_tokens);
 
 }  // namespace flexh2o::cli

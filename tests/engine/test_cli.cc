@@ -453,6 +453,66 @@ TEST(Cli, InterruptedJobResumesToTheUninterruptedResult) {
   }
 }
 
+// --out is the user's file: a run that goes wrong leaves it as it was, or whole result lines.
+TEST(Cli, ResumeIntoAFileOfOtherTextIsAnErrorThatLeavesIt) {
+  testing::TempDir dir;
+  const std::string notes = "my notes\nthe last line, without a newline";
+  testing::write_file(dir.file("notes.txt"), notes);
+  expect_clean_error(run("run --gen-len 2 --out " + dir.file("notes.txt") + " --resume"), "not a result line");
+  EXPECT_EQ(testing::read_file(dir.file("notes.txt")), notes);
+}
+
+TEST(Cli, ThePromptsFileAsOutIsAnError) {
+  testing::TempDir dir;
+  const std::string prompts = "{\"id\": 1, \"prompt\": \"Once\"}\n{\"id\": 2, \"prompt\": \"The dog\"}\n";
+  testing::write_file(dir.file("in.jsonl"), prompts);
+  std::filesystem::create_symlink(dir.file("in.jsonl"), dir.file("link.jsonl"));
+  for (const std::string resume : {"", " --resume"}) {
+    expect_clean_error(run("run --gen-len 2 --prompts " + dir.file("in.jsonl") + " --out " + dir.file("link.jsonl") +
+                           resume),
+                       "is the --prompts file");
+    EXPECT_EQ(testing::read_file(dir.file("in.jsonl")), prompts);
+  }
+}
+
+TEST(Cli, ARunThatFailsBeforeItsFirstResultLeavesOutAsItWas) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("out.jsonl"), "last week's results\n");
+  const Result r = run("run --gen-len 2 --cpu-mem 1 --percent 0 100 100 0 100 0 --out " + dir.file("out.jsonl"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128) << "killed by a signal";
+  EXPECT_EQ(testing::read_file(dir.file("out.jsonl")), "last week's results\n");
+}
+
+TEST(Cli, OutThatIsNoRegularFileIsStreamedToOrRefusedBeforeTheRun) {
+  testing::TempDir dir;
+  const Result null = run("run --gen-len 2 --batch 2 --out /dev/null");
+  EXPECT_EQ(null.code, 0) << null.err;
+  expect_clean_error(run("run --gen-len 2 --out /dev/null --resume"), "not a regular file");
+  expect_clean_error(run("run --gen-len 2 --out " + dir.path()), "not a regular file");
+}
+
+TEST(Cli, AFullDiskLeavesWholeLinesAndSaysHowManyResults) {
+  testing::TempDir dir;
+  const std::string out = dir.file("out.jsonl");
+  // A file size limit stands in for a full disk: the write that crosses it fails part way.
+  const std::string cmd = "ulimit -f 2 && trap '' XFSZ && exec " + std::string(FLEXH2O_BINARY) +
+                          " run --prompt Once --batch 24 --gpu-batch-size 1 --gen-len 48 --out " + out + " 2>" +
+                          dir.file("err") + " >/dev/null";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string err = testing::read_file(dir.file("err"));
+  const std::string text = testing::read_file(out);
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "a torn last line";
+  std::istringstream lines(text);
+  std::size_t count = 0;
+  for (std::string line; std::getline(lines, line); ++count)
+    EXPECT_NO_THROW((void)nlohmann::json::parse(line).at("tokens")) << line;
+  EXPECT_THAT(err, HasSubstr("holds the " + std::to_string(count) + " results")) << err;
+}
+
 TEST(Cli, TokenizeEncodesAndDecodes) {
   // The embedded model's llama2.c tokenizer: BOS (1) only with --special.
   Result r = run("tokenize --text \"Once upon a time\"");

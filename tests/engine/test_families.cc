@@ -5,6 +5,8 @@
 // with the weights, KV cache and activations spread over gpu/cpu/disk tiers.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -62,6 +64,7 @@ TEST_P(HfParity, GreedyTokensAndLogitsEqualTransformers) {
   auto be = kernels::make_cpu_backend();
   engine::Generator gen(*be, cfg, weights);
   const auto all = prompts();
+  std::size_t near_ties = 0;
   for (std::size_t p = 0; p < all.size(); ++p) {
     SCOPED_TRACE("prompt " + std::to_string(p) + " of " + std::to_string(all[p].size()) + " tokens");
     const std::vector<std::int32_t> want = expected_["greedy"][p];
@@ -75,17 +78,25 @@ TEST_P(HfParity, GreedyTokensAndLogitsEqualTransformers) {
     ASSERT_EQ(got.size(), want.size());
     const std::int64_t tokens = static_cast<std::int64_t>(all[p].size() + want.size());
     EXPECT_LE(max_diff(logits.front(), first), testing::forward_tolerance(cfg, tokens, first)) << "prefill logits";
-    for (std::size_t s = 0; s < want.size(); ++s) {
+    bool near_tie = false;
+    for (std::size_t s = 0; s < want.size() && !near_tie; ++s) {
       if (got[s] == want[s]) continue;
       // A different pick is only rounding when HF's token ties with the engine's within it.
       const auto& l = logits[s];
       const double tol = testing::forward_tolerance(cfg, tokens, l);
       ASSERT_GE(l[static_cast<std::size_t>(want[s])], l[static_cast<std::size_t>(got[s])] - 2 * tol)
           << "step " << s << ": engine picked " << got[s] << ", transformers " << want[s];
-      GTEST_SKIP() << "near-tie at step " << s << ": the rest of the sequence is not comparable";
+      // The rest of this sequence is not comparable; the other prompts still are.
+      std::cout << "note: prompt " << p << ": near-tie at step " << s << ", its later steps are not compared\n";
+      near_tie = true;
+    }
+    if (near_tie) {
+      ++near_ties;
+      continue;
     }
     EXPECT_LE(max_diff(logits.back(), last), testing::forward_tolerance(cfg, tokens, last)) << "last step's logits";
   }
+  EXPECT_LT(near_ties, all.size()) << "every prompt ended in a near-tie: nothing was compared to the end";
 }
 
 // The same checkpoint offloaded: weights, KV and hidden states over all three tiers, two GPU

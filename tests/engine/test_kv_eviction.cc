@@ -56,7 +56,22 @@ TEST(KvEviction, SmallBudgetsEvictAndKeepGenerating) {
   // Long enough (> 64 tokens) that pyramid's budgets differ between layers.
   auto req = request(m.config, 120);
   const auto full = gen.generate(req).tokens;
-  for (const char* name : kPolicies)
+  // The KV cache's bytes, as the cpu tier that holds it (and nothing else) saw them at most.
+  const auto cache_peak = [&](const std::string& kv) {
+    policy::Policy p;
+    p.gpu_batch_size = static_cast<std::int64_t>(req.prompts.size());
+    p.set_percent({100, 0, 0, 100, 100, 0});
+    p.kv = kv;
+    offload::Tiers tiers(*be, {});
+    engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, p);
+    engine::GenerationRequest tiered = req;
+    tiered.kv = nullptr;  // the scheduler takes the policy's kv
+    sched.generate(tiered);
+    return tiers.budget(offload::Tier::Cpu).peak();
+  };
+  const std::int64_t full_cache = cache_peak("full");
+  for (const char* name : kPolicies) {
+    std::int64_t previous = 0;
     for (const char* budget : {":0.2", ":0.6"}) {
       SCOPED_TRACE(std::string(name) + budget);
       const auto policy = policy::make_kv_policy(policy::parse_kv_spec(std::string(name) + budget), m.config.n_layers);
@@ -64,7 +79,12 @@ TEST(KvEviction, SmallBudgetsEvictAndKeepGenerating) {
       const auto got = gen.generate(req).tokens;
       ASSERT_EQ(got.size(), full.size());
       for (const auto& t : got) EXPECT_FALSE(t.empty());
+      const std::int64_t cache = cache_peak(std::string(name) + budget);
+      EXPECT_LT(cache, full_cache) << "the cache did not shrink";
+      EXPECT_GT(cache, previous) << "a larger budget kept no more";
+      previous = cache;
     }
+  }
 }
 
 // KV bytes per token as the tier budgets see them: with the whole cache on the cpu tier and

@@ -1,4 +1,5 @@
 #include "policy/policy.h"
+#include "policy/policy_text.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -23,7 +24,7 @@ TEST(Policy, PercentSplitsEachPairWithTheRestOnDisk) {
 }
 
 TEST(Policy, YamlRoundTrips) {
-  Policy p;
+  Policy p;  // every field off its default, so that a loader ignoring one fails
   p.gpu_batch_size = 48;
   p.num_gpu_batches = 3;
   p.set_percent({20, 80, 0, 100, 100, 0});
@@ -31,7 +32,12 @@ TEST(Policy, YamlRoundTrips) {
   p.sep_layer = false;
   p.pin_weight = false;
   p.cpu_cache_compute = true;
+  p.kv = "h2o:heavy=0.1,recent=0.1";
+  p.compress_weight = true;
+  p.compress_cache = true;
+  p.compress_bits = 8;
   p.expert_loading = "routed";
+  p.expert_slots = 3;
   const Policy q = load_policy_yaml(policy_to_yaml(p), "roundtrip");
   EXPECT_EQ(q.gpu_batch_size, 48);
   EXPECT_EQ(q.num_gpu_batches, 3);
@@ -40,13 +46,40 @@ TEST(Policy, YamlRoundTrips) {
   EXPECT_FALSE(q.sep_layer);
   EXPECT_FALSE(q.pin_weight);
   EXPECT_TRUE(q.cpu_cache_compute);
-  // No cache_dtype: the KV takes the model's float dtype, and the file says nothing.
-  EXPECT_FALSE(q.cache_storage.has_value());
-  EXPECT_EQ(q.cache_dtype(kernels::DType::BF16), kernels::DType::BF16);
-  EXPECT_THAT(policy_to_yaml(p), ::testing::Not(HasSubstr("cache_dtype")));
-  p.cache_storage = kernels::DType::F32;  // --cache-dtype f32 on an f16 model
-  EXPECT_EQ(load_policy_yaml(policy_to_yaml(p), "roundtrip").cache_dtype(kernels::DType::F16), kernels::DType::F32);
+  EXPECT_EQ(q.kv, "h2o:heavy=0.1,recent=0.1");
+  EXPECT_TRUE(q.compress_weight);
+  EXPECT_TRUE(q.compress_cache);
+  EXPECT_EQ(q.compress_bits, 8);
   EXPECT_EQ(q.expert_loading, "routed");
+  EXPECT_EQ(q.expert_slots, 3);
+  // No cache_dtype: the KV takes the model's float dtype, and the file says nothing.
+  Policy r;
+  const Policy plain = load_policy_yaml(policy_to_yaml(r), "roundtrip");
+  EXPECT_FALSE(plain.cache_storage.has_value());
+  EXPECT_EQ(plain.cache_dtype(kernels::DType::BF16), kernels::DType::BF16);
+  EXPECT_THAT(policy_to_yaml(r), ::testing::Not(HasSubstr("cache_dtype")));
+  r.cache_storage = kernels::DType::F32;  // --cache-dtype f32 on an f16 model
+  EXPECT_EQ(load_policy_yaml(policy_to_yaml(r), "roundtrip").cache_dtype(kernels::DType::F16), kernels::DType::F32);
+}
+
+// The one wording and JSON of a policy that run, plan, bench and the MPI runs all print.
+TEST(Policy, TextAndJsonNameEveryFieldARunUses) {
+  Policy p;
+  p.gpu_batch_size = 4;
+  p.num_gpu_batches = 2;
+  p.set_percent({20, 80, 0, 100, 100, 0});
+  p.kv = "h2o:0.2";
+  EXPECT_EQ(percent_text(p), "20 80 0 100 100 0");
+  EXPECT_EQ(percent_text(p, 1), "20.0 80.0 0.0 100.0 100.0 0.0");
+  EXPECT_EQ(to_text(p), "gpu batch 4 x 2 batches, percent [20 80 0 100 100 0], overlap true, sep_layer true, "
+                        "cpu_cache_compute false, kv h2o:0.2");
+  const nlohmann::json j = to_json(p, 8, 2);
+  for (const char* key : {"gpu_batch_size", "num_gpu_batches", "percent", "overlap", "sep_layer", "pin_weight",
+                          "cpu_cache_compute", "kv", "compress_weight", "compress_cache", "compress_bits",
+                          "expert_loading", "expert_slots"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["expert_slots"], p.expert_slot_count(8, 2));
+  EXPECT_EQ(to_json(p, 0, 0)["expert_slots"], 0);  // a dense model stages no experts
 }
 
 // Auto loads only the routed experts while fewer than E - 0.5 are expected active, or while

@@ -1,4 +1,4 @@
-#include "engine/cli/interrupts.h"
+#include "engine/job/interrupts.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 
 #include "offload/offload_cleanup.h"
 
-namespace flexh2o::cli {
+namespace flexh2o::job {
 
 namespace {
 
@@ -54,4 +54,4 @@ InterruptWatch::~InterruptWatch() {
 bool InterruptWatch::stop_requested() const { return g_count.load() >= 1; }
 bool InterruptWatch::abandon_requested() const { return g_count.load() >= 2; }
 
-}  // namespace flexh2o::cli
+}  // namespace flexh2o::job

@@ -6,7 +6,7 @@
 #include <csignal>
 #include <stdexcept>
 
-namespace flexh2o::cli {
+namespace flexh2o::job {
 
 class Interrupted : public std::runtime_error {
  public:
@@ -29,4 +29,4 @@ class InterruptWatch {
   struct sigaction previous_int_ {}, previous_term_ {};
 };
 
-}  // namespace flexh2o::cli
+}  // namespace flexh2o::job

@@ -1,0 +1,50 @@
+// The block loop of a batch job, which every `run` form drives: the one-process run over the
+// whole job, and each rank of a data-parallel run over its share. (Pipeline stages step their
+// micro-batches in their own slot order, distributed/pipeline_stage.h.) Requests run in order,
+// a block of the policy's size at a time, through one BlockScheduler; interrupts are taken
+// between blocks (stop) and between steps (abandon), and progress is shown between steps.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/block_scheduler.h"
+#include "engine/job/interrupts.h"
+#include "engine/job/request.h"
+#include "engine/job/result_file.h"
+
+namespace flexh2o::job {
+
+// The requests of `all` whose ids are not in `out` yet (all of them without --out); with
+// `resuming`, says on stderr how many are done already.
+std::vector<Request> requests_to_run(std::span<const Request> all, const std::optional<ResultFile>& out,
+                                     bool resuming, const std::string& out_path);
+
+struct BlockLoopOptions {
+  std::size_t block = 1;  // requests per block: the policy's block size
+  // First signal: no block starts after it; second: the block under way is abandoned (throws
+  // Interrupted). Null: signals keep their default handling.
+  const InterruptWatch* interrupts = nullptr;
+  std::string results_in;  // where finished results are, for the messages ("" : the output)
+  bool progress = false;   // "block b/B, step s/S" on stderr between steps
+  // Between steps (rank 0 of a data-parallel run takes the other ranks' results here).
+  std::function<void()> between_steps;
+};
+
+struct JobOutcome {
+  engine::GenerationResult total;  // counts and times of the blocks run (tokens not kept)
+  std::size_t blocks = 0;          // of the job
+  std::size_t finished_blocks = 0;
+  bool stopped = false;  // an interrupt ended the job before its last block
+};
+
+// Called after each block with its requests and their result (tokens in request order).
+using BlockFinished = std::function<void(std::span<const Request>, const engine::GenerationResult&)>;
+
+JobOutcome run_blocks(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,
+                      const BlockFinished& finished);
+
+}  // namespace flexh2o::job

@@ -1,0 +1,48 @@
+// One request of a batch job, as the job runner schedules it. Today a job gives every request
+// --gen-len and the job's sampling flags; they are fields of the request so that formats that
+// set them per line (max_tokens, OpenAI batch bodies) need no change to the runner.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/model_config.h"
+#include "kernels/sampling.h"
+
+namespace flexh2o::job {
+
+struct Request {
+  std::string id_json;               // the id exactly as given (a JSON number or string), echoed in its result
+  std::optional<std::string> text;   // the prompt as text, when given so (printed before the continuation)
+  std::vector<std::int32_t> prompt;  // token ids, non-empty
+  std::int64_t max_tokens = 32;      // new tokens at most (fewer when a stop id comes first)
+  kernels::SamplingParams sampling;  // temperature, top_p, seed
+  // The sampling stream: the request's position in the whole job, so that a resumed job (or a
+  // rank given a share of it) samples what the uninterrupted one-process job would.
+  std::uint64_t stream = 0;
+};
+
+// The new tokens and sampling that every request of `block` shares (the block scheduler steps
+// a block with one limit); throws std::logic_error when they differ.
+struct BlockLimits {
+  std::int64_t max_tokens;
+  kernels::SamplingParams sampling;
+};
+BlockLimits shared_limits(std::span<const Request> block);
+
+// The longest prompt in tokens (0 for none).
+std::int64_t longest_prompt(std::span<const Request> requests);
+
+// Throws naming the request when its prompt is empty, holds an id outside the vocabulary, or
+// with its max_tokens exceeds the model's positions (before any weight loads).
+void check_requests(const engine::ModelConfig& cfg, std::span<const Request> requests);
+
+// How a request travels between ranks (every field).
+nlohmann::json to_json(const Request& r);
+Request request_from_json(const nlohmann::json& j);
+
+}  // namespace flexh2o::job

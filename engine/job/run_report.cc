@@ -1,0 +1,124 @@
+#include "engine/job/run_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "engine/weights.h"
+#include "policy/policy_text.h"
+
+namespace flexh2o::job {
+
+using offload::format_bytes;
+
+std::int64_t model_bytes(const engine::ModelConfig& c) {
+  std::int64_t b = 0;
+  for (const auto& w : engine::weight_specs(c)) b += w.rows * kernels::row_bytes(w.dtype(c), w.cols);
+  return b;
+}
+
+std::string model_line(const std::string& description, const engine::ModelConfig& c) {
+  return fmt::format("model: {} ({} layers, hidden {}, {} weights)", description, c.n_layers, c.hidden,
+                     engine::matrix_dtypes_text(c));
+}
+
+TierPeaks peaks_of(const offload::Tiers& t) {
+  using offload::Tier;
+  return {t.budget(Tier::Gpu).peak(), t.budget(Tier::Cpu).peak(), t.budget(Tier::Disk).peak()};
+}
+
+std::string to_text(const TierPeaks& p) {
+  return fmt::format("gpu {} | cpu {} | disk {}", format_bytes(p.gpu), format_bytes(p.cpu), format_bytes(p.disk));
+}
+
+nlohmann::json to_json(const TierPeaks& p) { return {{"gpu", p.gpu}, {"cpu", p.cpu}, {"disk", p.disk}}; }
+
+TierPeaks peaks_from_json(const nlohmann::json& j) {
+  return {j.at("gpu").get<std::int64_t>(), j.at("cpu").get<std::int64_t>(), j.at("disk").get<std::int64_t>()};
+}
+
+nlohmann::json to_json(const engine::GenerationResult& r) {
+  return {{"prompts", r.sequences},
+          {"prompt_tokens", r.prompt_tokens},
+          {"generated_tokens", r.generated_tokens},
+          {"prefill_seconds", r.prefill_seconds},
+          {"decode_seconds", r.decode_seconds},
+          {"prefill_throughput", r.prefill_throughput()},
+          {"decode_throughput", r.decode_throughput()},
+          {"total_throughput", r.total_throughput()}};
+}
+
+std::int64_t RunReport::decode_expert_bytes_per_token() const {
+  const std::int64_t decode_tokens = total.generated_tokens - total.sequences;
+  const std::int64_t decode_bytes = experts.bytes() - (experts.bytes_by_step.empty() ? 0 : experts.bytes_by_step[0]);
+  return decode_tokens > 0 ? decode_bytes / decode_tokens : 0;
+}
+
+std::string RunReport::text() const {
+  std::string s = model_line(model, stored) + "\n";
+  s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(model_bytes(stored)),
+                   format_bytes(cache_bytes), format_bytes(hidden_bytes));
+  s += fmt::format("policy: {}, cache {}, compute {}\n", policy::to_text(policy), kernels::dtype_name(cache_dtype),
+                   kernels::dtype_name(stored.compute_dtype));
+  s += "peak memory: " + job::to_text(peaks) + "\n";
+  s += fmt::format("prompts: {}, prompt tokens: {}, generated tokens: {}\n", prompts, total.prompt_tokens,
+                   total.generated_tokens);
+  s += fmt::format("prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
+                   total.prefill_seconds, total.prefill_throughput(), total.decode_seconds, total.decode_throughput(),
+                   total.prefill_seconds + total.decode_seconds, total.total_throughput());
+  const auto& moe = stored.moe;
+  if (moe.experts > 0 && !experts.experts_by_step.empty()) {
+    const std::int64_t moe_layers = std::ranges::count(moe.layers, true);
+    s += fmt::format("experts: {} loading, {} per staging slot; per step {} of {} fetched ({} layers x {}); decode "
+                     "moved {} of expert weights per token\n",
+                     policy.expert_loading, policy.expert_slot_count(moe.experts, moe.top_k),
+                     fmt::join(experts.experts_by_step, " "), moe_layers * moe.experts, moe_layers, moe.experts,
+                     format_bytes(decode_expert_bytes_per_token()));
+  }
+  return s;
+}
+
+nlohmann::json RunReport::to_json() const {
+  const auto& moe = stored.moe;
+  nlohmann::json j = job::to_json(total);
+  j["prompts"] = prompts;
+  j["model"] = model;
+  j["policy"] = policy::to_json(policy, moe.experts, moe.top_k);
+  j["model_bytes"] = model_bytes(stored);
+  j["cache_bytes"] = cache_bytes;
+  j["hidden_bytes"] = hidden_bytes;
+  j["peak_bytes"] = job::to_json(peaks);
+  j["time_by_primitive"] = time_by_primitive;
+  if (moe.experts > 0)
+    j["experts"] = {{"experts", moe.experts},
+                    {"top_k", moe.top_k},
+                    {"moe_layers", std::ranges::count(moe.layers, true)},
+                    {"loaded_by_step", experts.experts_by_step},
+                    {"bytes_by_step", experts.bytes_by_step},
+                    {"bytes", experts.bytes()},
+                    {"decode_bytes_per_token", decode_expert_bytes_per_token()}};
+  return j;
+}
+
+RunReport make_run_report(const std::string& description, const engine::ModelConfig& cfg, const policy::Policy& pol,
+                          std::int64_t prompts, std::int64_t longest_prompt, std::int64_t gen_len,
+                          const engine::GenerationResult& total, const offload::Tiers& tiers,
+                          const engine::BlockScheduler& sched, const offload::Trace* trace) {
+  RunReport r;
+  r.model = description;
+  r.stored = engine::with_weight_dtype(cfg, pol.weight_dtype(cfg.dtype));
+  r.policy = pol;
+  r.cache_dtype = pol.cache_dtype(cfg.dtype);
+  r.prompts = prompts;
+  r.total = total;
+  const engine::ModelConfig& c = r.stored;
+  r.cache_bytes = 2 * c.n_layers * pol.block_size() * (longest_prompt + gen_len) * c.n_kv_heads *
+                  kernels::kv_slot_bytes(r.cache_dtype, c.head_dim);
+  r.hidden_bytes = pol.block_size() * longest_prompt * c.hidden * 4;
+  r.peaks = peaks_of(tiers);
+  r.experts = sched.expert_loads();
+  if (trace) r.time_by_primitive = trace->time_by_primitive();
+  return r;
+}
+
+}  // namespace flexh2o::job

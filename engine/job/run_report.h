@@ -1,0 +1,65 @@
+// What a run reports, as FlexGen does: the model and its sizes as stored, the policy, the peak
+// memory of each tier and the throughput; as text on stderr and as the --metrics JSON. The
+// pieces (peaks, totals, the policy's own to_text/to_json) are the same in the one-process
+// report and in the per-rank reports of MPI runs.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/block_scheduler.h"
+#include "engine/generator.h"
+#include "engine/model_config.h"
+#include "offload/tiers.h"
+#include "policy/policy.h"
+
+namespace flexh2o::job {
+
+// Bytes of the model's weights as stored (`stored`: the config with the policy's weight dtype).
+std::int64_t model_bytes(const engine::ModelConfig& stored);
+// "model: NAME (L layers, hidden H, DTYPES weights)"
+std::string model_line(const std::string& description, const engine::ModelConfig& stored);
+
+struct TierPeaks {
+  std::int64_t gpu = 0, cpu = 0, disk = 0;
+};
+TierPeaks peaks_of(const offload::Tiers& tiers);
+std::string to_text(const TierPeaks& p);  // "gpu X | cpu Y | disk Z"
+nlohmann::json to_json(const TierPeaks& p);
+TierPeaks peaks_from_json(const nlohmann::json& j);
+
+// prompts, prompt/generated tokens, prefill/decode seconds and the three throughputs.
+nlohmann::json to_json(const engine::GenerationResult& r);
+
+// One process's run.
+struct RunReport {
+  std::string model;           // the model's description
+  engine::ModelConfig stored;  // its config with the policy's weight dtype
+  policy::Policy policy;
+  kernels::DType cache_dtype = kernels::DType::F32;
+  std::int64_t prompts = 0;  // of the job, those done before a resume included
+  engine::GenerationResult total;
+  std::int64_t cache_bytes = 0;   // the KV cache of a block at its longest
+  std::int64_t hidden_bytes = 0;  // a block's hidden states in the prefill
+  TierPeaks peaks;
+  engine::ExpertLoadStats experts;  // mixture-of-experts: what each step fetched
+  std::map<std::string, double> time_by_primitive;
+
+  // The lines for stderr, newline included.
+  std::string text() const;
+  nlohmann::json to_json() const;
+
+ private:
+  std::int64_t decode_expert_bytes_per_token() const;
+};
+
+// The report of a run of `sched` over `tiers` with blocks of prompts up to `longest_prompt`
+// tokens generating `gen_len` each; `trace` (may be null) gives the time per primitive.
+RunReport make_run_report(const std::string& description, const engine::ModelConfig& cfg, const policy::Policy& pol,
+                          std::int64_t prompts, std::int64_t longest_prompt, std::int64_t gen_len,
+                          const engine::GenerationResult& total, const offload::Tiers& tiers,
+                          const engine::BlockScheduler& sched, const offload::Trace* trace);
+
+}  // namespace flexh2o::job
