@@ -81,15 +81,31 @@ void GenerationResult::add(const GenerationResult& r) {
   sequences += r.sequences;
 }
 
+std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b) {
+  return req.max_new_tokens_each.empty() ? req.max_new_tokens : req.max_new_tokens_each[b];
+}
+
 std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
   return static_cast<std::int64_t>(req.prompts[b].size()) +
-         (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : req.max_new_tokens);
+         (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : new_tokens_limit(req, b));
 }
 
 GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req)
     : be_(be), cfg_(cfg), req_(req), streams_(req.streams), t0_(now_seconds()) {
-  check_prompts(cfg, req.prompts, req.max_new_tokens);
   const std::size_t B = req.prompts.size();
+  if (req.max_new_tokens_each.empty()) check_prompts(cfg, req.prompts, req.max_new_tokens);
+  if (!req.max_new_tokens_each.empty()) {
+    if (req.max_new_tokens_each.size() != B)
+      throw std::invalid_argument("a request needs one new tokens limit per prompt: " + std::to_string(B) +
+                                  " prompts, " + std::to_string(req.max_new_tokens_each.size()) + " limits");
+    for (const std::int64_t n : req.max_new_tokens_each)
+      if (n < 1 || n > req.max_new_tokens)
+        throw std::invalid_argument("a prompt's new tokens limit " + std::to_string(n) + " is outside [1, " +
+                                    std::to_string(req.max_new_tokens) + "]");
+    for (std::size_t b = 0; b < B; ++b)  // each prompt with its own limit against the positions
+      check_prompts(cfg, std::span(req.prompts).subspan(b, 1), req.max_new_tokens_each[b],
+                    std::vector<std::string>{std::to_string(b)});
+  }
   if (!streams_.empty() && streams_.size() != B)
     throw std::invalid_argument("a request needs one sampling stream per prompt: " + std::to_string(B) +
                                 " prompts, " + std::to_string(streams_.size()) + " streams");
@@ -115,7 +131,7 @@ void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
     const bool forcing = b < req_.forced.size() && step < static_cast<std::int64_t>(req_.forced[b].size());
     const bool stop =
         !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
-    if (stop || static_cast<std::int64_t>(res_.tokens[b].size()) >= req_.max_new_tokens) {
+    if (stop || static_cast<std::int64_t>(res_.tokens[b].size()) >= new_tokens_limit(req_, b)) {
       done_[b] = true;
       --active_;
     }

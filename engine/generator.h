@@ -18,6 +18,9 @@ namespace flexh2o::engine {
 struct GenerationRequest {
   std::vector<std::vector<std::int32_t>> prompts;  // each non-empty
   std::int64_t max_new_tokens = 32;
+  // Per prompt, when given: its own limit (at most max_new_tokens, which then sizes the cache
+  // and activations). A sequence stops at its limit or a stop id, as it would alone.
+  std::vector<std::int64_t> max_new_tokens_each;
   kernels::SamplingParams sampling;
   std::vector<std::uint64_t> streams;  // per prompt sampling stream (default: its index)
   // Called after every step with that step's logits [batch, vocab] (host copy), for tests
@@ -52,8 +55,10 @@ struct GenerationResult {
   void add(const GenerationResult& r);
 };
 
+// The new tokens sequence b may generate: its own limit, else the request's.
+std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b);
 // Tokens sequence b of a request holds at most: its prompt plus its forced tokens when forced,
-// else plus max_new_tokens. A KV eviction budget is a fraction of this.
+// else plus its new tokens limit. A KV eviction budget is a fraction of this.
 std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
 
 // What a generation records between steps, shared by Generator and BlockScheduler so that both

@@ -409,12 +409,9 @@ distributed::PipelineWork pipeline_work(const json& job, const RunSetup& s) {
   for (const job::Request& r : requests) {
     work.prompts.push_back(r.prompt);
     work.streams.push_back(r.stream);
+    work.max_new_tokens.push_back(r.max_tokens);
   }
-  if (!requests.empty()) {  // a pipeline steps every block with one limit and sampling
-    const job::BlockLimits limits = job::shared_limits(requests);
-    work.max_new_tokens = limits.max_tokens;
-    work.sampling = limits.sampling;
-  }
+  if (!requests.empty()) work.sampling = job::shared_sampling(requests);  // one sampling for every block
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
   return work;

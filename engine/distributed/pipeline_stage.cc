@@ -1,5 +1,7 @@
 #include "engine/distributed/pipeline_stage.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -91,7 +93,9 @@ StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, con
                              work.prompts.begin() + static_cast<std::ptrdiff_t>(end));
         s.req.streams.assign(work.streams.begin() + static_cast<std::ptrdiff_t>(first),
                              work.streams.begin() + static_cast<std::ptrdiff_t>(end));
-        s.req.max_new_tokens = work.max_new_tokens;
+        s.req.max_new_tokens_each.assign(work.max_new_tokens.begin() + static_cast<std::ptrdiff_t>(first),
+                                         work.max_new_tokens.begin() + static_cast<std::ptrdiff_t>(end));
+        s.req.max_new_tokens = *std::max_element(s.req.max_new_tokens_each.begin(), s.req.max_new_tokens_each.end());
         s.req.sampling = work.sampling;
         s.block = sched.begin(s.req);
         s.chunk = next_chunk++;

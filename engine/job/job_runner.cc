@@ -19,13 +19,14 @@ std::vector<Request> requests_to_run(std::span<const Request> all, const std::op
 namespace {
 
 engine::GenerationRequest block_request(std::span<const Request> block) {
-  const BlockLimits limits = shared_limits(block);
   engine::GenerationRequest req;
-  req.max_new_tokens = limits.max_tokens;
-  req.sampling = limits.sampling;
+  req.sampling = shared_sampling(block);
+  req.max_new_tokens = 0;
   for (const Request& r : block) {
     req.prompts.push_back(r.prompt);
     req.streams.push_back(r.stream);
+    req.max_new_tokens_each.push_back(r.max_tokens);
+    req.max_new_tokens = std::max(req.max_new_tokens, r.max_tokens);
   }
   return req;
 }

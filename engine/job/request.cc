@@ -7,17 +7,17 @@
 
 namespace flexh2o::job {
 
-BlockLimits shared_limits(std::span<const Request> block) {
-  if (block.empty()) throw std::logic_error("shared_limits: an empty block");
+kernels::SamplingParams shared_sampling(std::span<const Request> block) {
+  if (block.empty()) throw std::logic_error("shared_sampling: an empty block");
   const Request& first = block.front();
   for (const Request& r : block) {
-    const bool same = r.max_tokens == first.max_tokens && r.sampling.temperature == first.sampling.temperature &&
+    const bool same = r.sampling.temperature == first.sampling.temperature &&
                       r.sampling.top_p == first.sampling.top_p && r.sampling.seed == first.sampling.seed;
     if (!same)
       throw std::logic_error("requests " + first.id_json + " and " + r.id_json +
-                             " differ in max_tokens or sampling, but a block steps all its requests with one of each");
+                             " differ in sampling, but a block samples all its requests with one setting");
   }
-  return {first.max_tokens, first.sampling};
+  return first.sampling;
 }
 
 std::int64_t longest_prompt(std::span<const Request> requests) {

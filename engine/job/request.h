@@ -1,6 +1,6 @@
-// One request of a batch job, as the job runner schedules it. Today a job gives every request
-// --gen-len and the job's sampling flags; they are fields of the request so that formats that
-// set them per line (max_tokens, OpenAI batch bodies) need no change to the runner.
+// One request of a batch job, as the job runner schedules it: its prompt, its own limit of new
+// tokens (a prompts line's max_tokens, else --gen-len) and its sampling (today the job's flags
+// for every request).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -26,13 +26,9 @@ struct Request {
   std::uint64_t stream = 0;
 };
 
-// The new tokens and sampling that every request of `block` shares (the block scheduler steps
-// a block with one limit); throws std::logic_error when they differ.
-struct BlockLimits {
-  std::int64_t max_tokens;
-  kernels::SamplingParams sampling;
-};
-BlockLimits shared_limits(std::span<const Request> block);
+// The sampling every request of `block` shares (a block samples with one setting; per-request
+// sampling is to come); throws std::logic_error when they differ.
+kernels::SamplingParams shared_sampling(std::span<const Request> block);
 
 // The longest prompt in tokens (0 for none).
 std::int64_t longest_prompt(std::span<const Request> requests);

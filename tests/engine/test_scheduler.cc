@@ -104,12 +104,21 @@ std::vector<std::vector<std::int32_t>> random_prompts(const ModelConfig& cfg, st
   return out;
 }
 
+// Each prompt's own new tokens limit in [1, 8] (a prompts line's max_tokens).
+std::vector<std::int64_t> random_limits(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  std::vector<std::int64_t> out(n);
+  for (auto& l : out) l = 1 + static_cast<std::int64_t>(rng() % 8);
+  return out;
+}
+
 void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::WeightSource& src, std::uint64_t seed,
-                        float temperature) {
-  SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c));
+                        float temperature, bool own_limits = false) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c) + (own_limits ? ", own limits" : ""));
   GenerationRequest req;
   req.prompts = random_prompts(cfg, c.policy.block_size(), seed);
   req.max_new_tokens = 8;
+  if (own_limits) req.max_new_tokens_each = random_limits(req.prompts.size(), seed);
   req.sampling = {temperature, 0.9f, seed};
 
   auto be = kernels::make_cpu_backend();
@@ -120,6 +129,8 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
                                         : policy::make_kv_policy(policy::parse_kv_spec(c.policy.kv), cfg.n_layers);
   req.kv = kv.get();
   const auto want = plain.generate(req).tokens;
+  for (std::size_t b = 0; b < want.size(); ++b)
+    EXPECT_LE(static_cast<std::int64_t>(want[b].size()), engine::new_tokens_limit(req, b)) << "prompt " << b;
   req.kv = nullptr;  // the scheduler takes it from its policy
 
   testing::TempDir dir;
@@ -181,6 +192,35 @@ TEST(Scheduler, FlexEvictionOffloadedMatchesInMemoryRun) {
         c.always_stage = true;
         expect_same_tokens(c, m.config, *m.weights, 400 + static_cast<std::uint64_t>(compress), 0.0f);
       }
+}
+
+// Requests with their own limits: every offloaded, evicting or compressed schedule stops each
+// sequence where the plain run does.
+TEST(Scheduler, PerRequestLimitsMatchInMemoryRun) {
+  auto m = engine::open_model({});
+  for (std::uint64_t seed = 500; seed < 508; ++seed) expect_same_tokens(random_case(seed), m.config, *m.weights, seed, 0.0f, true);
+}
+
+// Without eviction a sequence's tokens do not depend on its limit: under its own limit it gets
+// the first tokens of the run that gives every sequence the largest limit (or stops at a stop id).
+TEST(Scheduler, PerRequestLimitsCutEachSequenceAtItsOwnLimit) {
+  auto m = engine::open_model({});
+  auto be = kernels::make_cpu_backend();
+  const auto host = engine::load_weights(m.config, *m.weights);
+  engine::Generator plain(*be, m.config, host);
+  GenerationRequest req;
+  req.prompts = random_prompts(m.config, 6, 77);
+  req.max_new_tokens = 24;
+  const auto full = plain.generate(req).tokens;
+  req.max_new_tokens_each = {1, 24, 5, 12, 2, 9};
+  const auto cut = plain.generate(req).tokens;
+  for (std::size_t b = 0; b < full.size(); ++b) {
+    const auto n = std::min<std::size_t>(full[b].size(), static_cast<std::size_t>(req.max_new_tokens_each[b]));
+    EXPECT_EQ(cut[b], std::vector<std::int32_t>(full[b].begin(), full[b].begin() + static_cast<std::ptrdiff_t>(n)))
+        << "prompt " << b;
+  }
+  req.max_new_tokens_each = {1, 25, 5, 12, 2, 9};  // above the request's max_new_tokens
+  EXPECT_THROW(plain.generate(req), std::invalid_argument);
 }
 
 TEST(Scheduler, RandomPoliciesMatchInMemoryRunOpt) {

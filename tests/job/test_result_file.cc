@@ -142,13 +142,14 @@ TEST(Request, TravelsBetweenRanksWhole) {
   EXPECT_EQ(back.stream, r.stream);
 }
 
-TEST(Request, ABlockStepsOnlyRequestsThatShareLimits) {
+TEST(Request, ABlockSamplesOnlyRequestsThatShareSampling) {
   std::vector<job::Request> block(2);
   block[0].id_json = "1";
   block[1].id_json = "2";
-  EXPECT_EQ(job::shared_limits(block).max_tokens, 32);
-  block[1].max_tokens = 8;
-  EXPECT_THROW(job::shared_limits(block), std::logic_error);
+  block[1].max_tokens = 8;  // limits may differ
+  EXPECT_EQ(job::shared_sampling(block).temperature, block[0].sampling.temperature);
+  block[1].sampling.temperature = 0.7f;
+  EXPECT_THROW(job::shared_sampling(block), std::logic_error);
 }
 
 }  // namespace
