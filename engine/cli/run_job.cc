@@ -89,7 +89,7 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
       items.push_back(std::move(it));
     }
   }
-  tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name);
+  tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name, m.config.position_limit());
   return items;
 }
 
