@@ -139,7 +139,7 @@ void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std:
       if (!tok)
         throw std::runtime_error("model '" + model_name + "' has no tokenizer; give prompts as \"tokens\" or pass --tokenizer");
       const auto bytes = static_cast<std::int64_t>(it.text->size());
-      if (bytes / kMaxBytesPerToken > context)
+      if (bytes > context * kMaxBytesPerToken)
         throw too_long(it, std::to_string(bytes) + " bytes of text (more than " + std::to_string(kMaxBytesPerToken) +
                                " bytes a token)");
       it.tokens = encode_prompt(*tok, *it.text, config_bos_id);

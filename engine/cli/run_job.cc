@@ -6,6 +6,7 @@
 #include <random>
 
 #include "engine/machine_profile.h"
+#include "engine/model_shape.h"
 
 namespace flexh2o::cli {
 
@@ -125,6 +126,17 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
   if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
   if (o.expert_slots) p.expert_slots = *o.expert_slots;
   return p;
+}
+
+void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const PromptItem> items) {
+  const policy::HardwareProfile hw = planning_profile(o, s);
+  const auto prompts = static_cast<std::int64_t>(items.size());
+  policy::estimate_or_throw(engine::model_shape(s.model.config), hw, {longest_prompt(items), s.gen_len}, s.policy,
+                            plan_options(o, s, prompts), "the placement given (--percent, --policy or --gpu-batch-size)");
+  // The tiers' budgets default to what was checked, so what the estimate missed is still a
+  // budget error naming the tier, not the kernel's kill.
+  for (auto [bytes, capacity] : {std::pair{&s.tiers.gpu_bytes, hw.gpu_mem}, std::pair{&s.tiers.cpu_bytes, hw.cpu_mem}})
+    if (*bytes == offload::Budget::kUnlimited) *bytes = capacity;
 }
 
 void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw) {
