@@ -21,7 +21,8 @@ seeds() {
     fuzz_configs)
       local d=build-fuzz/seeds-configs
       mkdir -p "$d"
-      cp configs/models/*.yaml configs/hardware/*.yaml configs/policies/flexgen/*.yaml "$d"/
+      cp configs/models/*.yaml configs/hardware/*.yaml "$d"/
+      for c in configs/policies/flexgen/*.yaml; do cp "$c" "$d/policy-$(basename "$c")"; done
       for c in tests/data/hf/*/config.json; do cp "$c" "$d/$(basename "$(dirname "$c")").json"; done
       echo "$d" ;;
   esac
@@ -33,7 +34,9 @@ for t in "${targets[@]}"; do
   mkdir -p "$work"
   echo "== $t for ${seconds}s"
   # -rss_limit_mb: a config that makes the reader allocate without bound is a finding too.
+  # LeakSanitizer needs ptrace, which containers often deny: FUZZ_DETECT_LEAKS=1 to turn it on.
   ./build-fuzz/tests/fuzz/"$t" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
+    -detect_leaks="${FUZZ_DETECT_LEAKS:-0}" \
     -artifact_prefix=build-fuzz/crashes/"$t"- "$work" "$(seeds "$t")" 2>&1 |
     grep -E '^(stat::number_of_executed_units|==[0-9]+==|SUMMARY|Done)|ERROR|deadly' || true
   # libFuzzer's exit status is lost in the pipe: an artifact means it found something.

@@ -132,7 +132,9 @@ void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const Prom
   const policy::HardwareProfile hw = planning_profile(o, s);
   const auto prompts = static_cast<std::int64_t>(items.size());
   policy::estimate_or_throw(engine::model_shape(s.model.config), hw, {longest_prompt(items), s.gen_len}, s.policy,
-                            plan_options(o, s, prompts), "the placement given (--percent, --policy or --gpu-batch-size)");
+                            plan_options(o, s, prompts),
+                            s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
+                                     : "the default placement (--policy auto lets the planner fit the run)");
   // The tiers' budgets default to what was checked, so what the estimate missed is still a
   // budget error naming the tier, not the kernel's kill.
   for (auto [bytes, capacity] : {std::pair{&s.tiers.gpu_bytes, hw.gpu_mem}, std::pair{&s.tiers.cpu_bytes, hw.cpu_mem}})
