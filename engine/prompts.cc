@@ -161,20 +161,29 @@ JsonlWriter::JsonlWriter(const std::string& path, bool resume) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | (resume ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
   if (fd_ < 0) throw std::runtime_error(path + ": cannot open for writing: " + std::strerror(errno));
   if (!resume) return;
+  try {
+    read_done_ids();
+  } catch (...) {
+    ::close(fd_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void JsonlWriter::read_done_ids() {
   std::string text;
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd_, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw std::runtime_error(path + ": read failed: " + std::strerror(errno));
+    if (n < 0) throw std::runtime_error(path_ + ": read failed: " + std::strerror(errno));
     if (n == 0) break;
     text.append(buf, static_cast<std::size_t>(n));
   }
   // Everything after the last newline is a line a killed job did not finish: drop it.
   const std::size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
   if (keep < text.size() && ::ftruncate(fd_, static_cast<off_t>(keep)) != 0)
-    throw std::runtime_error(path + ": cannot cut off a torn last line: " + std::strerror(errno));
-  if (::lseek(fd_, 0, SEEK_END) < 0) throw std::runtime_error(path + ": seek failed: " + std::strerror(errno));
+    throw std::runtime_error(path_ + ": cannot cut off a torn last line: " + std::strerror(errno));
+  if (::lseek(fd_, 0, SEEK_END) < 0) throw std::runtime_error(path_ + ": seek failed: " + std::strerror(errno));
   std::size_t begin = 0;
   for (std::int64_t lineno = 1; begin < keep; ++lineno) {
     const std::size_t end = text.find('\n', begin);
@@ -182,9 +191,9 @@ JsonlWriter::JsonlWriter(const std::string& path, bool resume) : path_(path) {
     begin = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      done_ids_.insert(parse_json(line, path).at("id").dump());
+      done_ids_.insert(parse_json(line, path_).at("id").dump());
     } catch (const std::exception&) {
-      throw std::runtime_error(path + ":" + std::to_string(lineno) +
+      throw std::runtime_error(path_ + ":" + std::to_string(lineno) +
                                ": not a result line of flexh2o; cannot resume into this file");
     }
   }

@@ -64,6 +64,9 @@ class JsonlWriter {
   static std::string line(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens);
 
  private:
+  // Reads the lines already there into done_ids_, cutting off a torn last line.
+  void read_done_ids();
+
   std::string path_;
   int fd_ = -1;
   std::string pending_;

@@ -160,6 +160,11 @@ TEST(Prompts, ResumingOverADeepLineIsAnError) {
   testing::TempDir dir;
   testing::write_file(dir.file("out.jsonl"), deep_json(100000) + "\n");
   EXPECT_THAT(error_of([&] { engine::JsonlWriter w(dir.file("out.jsonl"), true); }), HasSubstr("out.jsonl:1"));
+  // A refused file leaves no descriptor open (the fuzzer ran out of them).
+  const auto open_fds = [] { return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {}); };
+  const auto before = open_fds();
+  for (int i = 0; i < 10; ++i) error_of([&] { engine::JsonlWriter w(dir.file("out.jsonl"), true); });
+  EXPECT_EQ(open_fds(), before);
 }
 
 TEST(Prompts, TextTooLongForTheContextIsRefusedBeforeEncoding) {
