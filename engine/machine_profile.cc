@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 
+#include "engine/cgroup_memory.h"
 #include "engine/embedded.h"
 
 namespace flexh2o::engine {
@@ -17,36 +18,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A number from the first line of a file, or nullopt ("max", absent, unreadable).
-std::optional<std::int64_t> read_number(const fs::path& p) {
-  std::ifstream in(p);
-  std::int64_t v = 0;
-  if (in >> v) return v;
-  return std::nullopt;
-}
-
-std::int64_t cgroup_limit() {
+std::int64_t cgroup_headroom() {
   std::ifstream in("/proc/self/cgroup");
-  std::int64_t limit = std::numeric_limits<std::int64_t>::max();
-  for (std::string line; std::getline(in, line);) {
-    // "ID:controllers:path": v1 names the memory controller, v2 has an empty list.
-    const auto a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    std::optional<std::int64_t> v;
-    if (controllers.find("memory") != std::string::npos)
-      v = read_number(fs::path("/sys/fs/cgroup/memory") / path.substr(1) / "memory.limit_in_bytes");
-    else if (controllers.empty())
-      v = read_number(fs::path("/sys/fs/cgroup") / path.substr(1) / "memory.max");
-    if (v && *v > 0) limit = std::min(limit, *v);
-  }
-  return limit;
+  std::stringstream text;
+  text << in.rdbuf();
+  return cgroup_memory_headroom(text.str(), "/sys/fs/cgroup").value_or(std::numeric_limits<std::int64_t>::max());
 }
 
+// The free space where the offload directory goes; one not yet made goes into its nearest
+// existing ancestor.
 std::int64_t free_disk(const std::string& dir) {
-  const fs::path p = dir.empty() ? fs::temp_directory_path() : fs::path(dir);
+  fs::path p = fs::absolute(dir.empty() ? fs::temp_directory_path() : fs::path(dir));
+  std::error_code ec;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
   struct statvfs s {};
-  if (::statvfs((fs::exists(p) ? p : p.parent_path()).c_str(), &s) != 0) return 0;
+  if (::statvfs(p.c_str(), &s) != 0) return 0;
   return static_cast<std::int64_t>(s.f_bavail) * static_cast<std::int64_t>(s.f_frsize);
 }
 
@@ -73,7 +59,7 @@ std::int64_t available_memory() {
     if (key == "MemAvailable:") available = kib * 1024;
     in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  return std::min(available, cgroup_limit());
+  return std::min(available, cgroup_headroom());
 }
 
 policy::HardwareProfile this_machine_profile(const kernels::Backend& be, const std::string& offload_dir) {

@@ -11,9 +11,8 @@ namespace flexh2o::engine {
 // A profile file, or a built-in one by name (configs/hardware/*.yaml: t4-gcp, ci-cpu, ...).
 policy::HardwareProfile hardware_profile(const std::string& name_or_path);
 
-// Memory this process may use now: MemAvailable, or its cgroup's limit (v1
-// memory.limit_in_bytes, v2 memory.max) where that is lower; the page cache counts against
-// a cgroup, so a run must stay within it whatever it reads from disk.
+// Memory this process may use now: MemAvailable, or what its cgroups can still give (their
+// limit less their working set: cgroup_memory.h) where that is lower.
 std::int64_t available_memory();
 
 // This machine as the planner sees it: the rates of the built-in profile of the backend's kind

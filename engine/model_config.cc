@@ -62,7 +62,58 @@ std::int64_t ModelConfig::weight_bytes() const {
   return total;
 }
 
+void check_size_field(const std::string& source, const std::string& field, std::int64_t value, std::int64_t limit) {
+  if (value < 0 || value > limit)
+    throw std::invalid_argument(source + ": field '" + field + "' = " + std::to_string(value) +
+                                (value < 0 ? " is negative" : " is beyond the limit of " + std::to_string(limit)) +
+                                " (no real model comes near it); is the file corrupt?");
+}
+
+void ModelConfig::check_limits(const std::string& source) const {
+  using L = ModelLimits;
+  check_size_field(source, "num_layers", n_layers, L::kLayers);
+  check_size_field(source, "hidden_size", hidden, L::kHidden);
+  check_size_field(source, "embedding width", embed_dim, L::kHidden);
+  check_size_field(source, "ffn_size", ffn, L::kFfn);
+  check_size_field(source, "num_heads", n_heads, L::kHeads);
+  check_size_field(source, "num_kv_heads", n_kv_heads, L::kHeads);
+  check_size_field(source, "head_dim", head_dim, L::kHeadDim);
+  check_size_field(source, "num_heads x head_dim", n_heads * head_dim, L::kHidden);
+  check_size_field(source, "vocab_size", vocab_size, L::kVocab);
+  check_size_field(source, "max_positions", max_positions, L::kPositions);
+  check_size_field(source, "original_max_positions", rope.original_max_positions, L::kPositions);
+  for (const auto w : layer_window) check_size_field(source, "sliding_window", w, L::kPositions);
+  check_size_field(source, "num_experts", moe.experts, L::kExperts);
+  check_size_field(source, "experts_per_token", moe.top_k, L::kExperts);
+  check_size_field(source, "expert_ffn_size", moe.expert_ffn, L::kFfn);
+  check_size_field(source, "shared_expert_ffn_size", moe.shared_ffn, L::kFfn);
+  for (const double v : {rope.theta, rope.partial_rotary_factor, rope.factor, rope.low_freq_factor, rope.high_freq_factor,
+                         rope.attention_factor, rope.beta_fast, rope.beta_slow, rope.mscale, rope.mscale_all_dim})
+    if (!std::isfinite(v)) throw std::invalid_argument(source + ": a RoPE parameter is not a finite number");
+  if (std::abs(rope.factor) > L::kRopeFactor)
+    throw std::invalid_argument(source + ": rope scaling factor " + std::to_string(rope.factor) + " is beyond the limit of " +
+                                std::to_string(static_cast<std::int64_t>(L::kRopeFactor)));
+  if (!std::isfinite(norm_eps)) throw std::invalid_argument(source + ": norm_eps is not a finite number");
+}
+
+namespace {
+
+// Every tensor's bytes are below 2^50 when the sizes are within ModelLimits; the sum is
+// checked as it grows.
+void check_weight_total(const ModelConfig& c, const std::string& source) {
+  std::int64_t total = 0;
+  for (const WeightSpec& w : weight_specs(c)) {
+    const std::int64_t bytes = w.rows * kernels::row_bytes(w.dtype(c), w.cols);
+    if (__builtin_add_overflow(total, bytes, &total) || total > ModelLimits::kWeightBytes)
+      throw std::invalid_argument(source + ": the weights come to more than " +
+                                  std::to_string(ModelLimits::kWeightBytes >> 50) + " PiB; is the file corrupt?");
+  }
+}
+
+}  // namespace
+
 void ModelConfig::validate(const std::string& source) const {
+  check_limits(source);
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument(source + ": " + what);
   };
@@ -115,6 +166,7 @@ void ModelConfig::validate(const std::string& source) const {
   }
   need(bos_id < vocab_size, "bos_token_id must be below vocab_size");
   for (auto id : stop_ids) need(id >= 0 && id < vocab_size, "eos_token_id must be inside the vocabulary");
+  check_weight_total(*this, source);
 }
 
 ModelConfig load_model_yaml(const std::string& yaml_text, const std::string& source) {
@@ -136,6 +188,7 @@ ModelConfig load_model_yaml(const std::string& yaml_text, const std::string& sou
   c.head_dim = yaml_get<std::int64_t>(root, "head_dim", source, c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.vocab_size = yaml_get<std::int64_t>(root, "vocab_size", source, std::nullopt);
   c.max_positions = yaml_get<std::int64_t>(root, "max_positions", source, std::nullopt);
+  c.check_limits(source);  // before the family's preset and the MoE layer list allocate per layer
   try {
     c.dtype = kernels::parse_float_dtype(yaml_get<std::string>(root, "dtype", source, "f16"));
   } catch (const std::invalid_argument& e) {
@@ -160,6 +213,7 @@ ModelConfig load_model_yaml(const std::string& yaml_text, const std::string& sou
     c.moe.expert_ffn = yaml_get<std::int64_t>(root, "expert_ffn_size", source, std::nullopt);
     c.moe.norm_topk = yaml_get<bool>(root, "norm_topk_prob", source, true);
     c.moe.shared_ffn = yaml_get<std::int64_t>(root, "shared_expert_ffn_size", source, 0);
+    c.check_limits(source);
     c.moe.layers.assign(static_cast<std::size_t>(c.n_layers), true);
   }
   c.bos_id = yaml_get<std::int32_t>(root, "bos_token_id", source, -1);

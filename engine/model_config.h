@@ -62,6 +62,27 @@ struct MoeConfig {
   std::vector<bool> layers;        // which decoder layers are MoE (the others dense, of width ffn)
 };
 
+// The largest sizes a model file may give, far above any real model (the largest have ~130
+// layers, hidden 16384-25600, 128 heads of 256, 384 experts, vocab 262144, 10M positions).
+// A corrupt or hostile value is an error naming the field and its limit before anything is
+// allocated, and products of these (weight and KV cache bytes) stay far from 2^63.
+struct ModelLimits {
+  static constexpr std::int64_t kLayers = 1024;
+  static constexpr std::int64_t kHidden = std::int64_t{1} << 17;     // also heads x head_dim
+  static constexpr std::int64_t kFfn = std::int64_t{1} << 20;        // dense, expert and shared MLPs
+  static constexpr std::int64_t kHeads = 1024;
+  static constexpr std::int64_t kHeadDim = 1024;
+  static constexpr std::int64_t kVocab = std::int64_t{1} << 22;
+  static constexpr std::int64_t kPositions = std::int64_t{1} << 26;  // also windows
+  static constexpr std::int64_t kExperts = 1024;
+  static constexpr double kRopeFactor = 1024;                        // context-extension factors
+  static constexpr std::int64_t kWeightBytes = std::int64_t{1} << 50;  // 1 PiB of weights
+};
+
+// Throws std::invalid_argument "`source`: field '`field`' = v is beyond ..." unless
+// 0 <= value <= limit.
+void check_size_field(const std::string& source, const std::string& field, std::int64_t value, std::int64_t limit);
+
 struct ModelConfig {
   std::string name;
   std::string family;  // the converter that read it (reports only; nothing branches on it)
@@ -134,7 +155,11 @@ struct ModelConfig {
   // Bytes of all weights at `dtype` (matrices) and fp32 (vectors).
   std::int64_t weight_bytes() const;
   // Throws std::invalid_argument naming `source` and the field that is inconsistent.
+  // Checks check_limits first.
   void validate(const std::string& source) const;
+  // Every size within ModelLimits, and the weights' bytes counted without overflow: called by
+  // the readers as soon as the sizes are read, before anything is allocated per layer.
+  void check_limits(const std::string& source) const;
 };
 
 // The same model with its weight matrices stored as `dtype` (compress_weight: q4; matrices in

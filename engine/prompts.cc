@@ -5,28 +5,92 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "engine/loaders/json_input.h"
+#include "offload/text_file.h"
+
 namespace flexh2o::engine {
 
+namespace {
+
+// The lines of a regular file or a pipe, each at most `max_line_bytes` (a device such as
+// /dev/zero, or a pipe without newlines, is an error instead of memory that grows forever).
+class LineReader {
+ public:
+  LineReader(const std::string& path, std::size_t max_line_bytes) : path_(path), max_line_bytes_(max_line_bytes) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw std::runtime_error(path + ": cannot open prompts file: " + std::strerror(errno));
+    try {
+      offload::require_regular_or_pipe(fd_, path);
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
+  }
+  ~LineReader() { ::close(fd_); }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
+  // The next line without its newline; false at the end of the file.
+  bool next(std::string& line) {
+    for (;;) {
+      const std::size_t newline = buffer_.find('\n', scanned_);
+      if (newline != std::string::npos) {
+        line.assign(buffer_, 0, newline);
+        buffer_.erase(0, newline + 1);
+        scanned_ = 0;
+        return true;
+      }
+      scanned_ = buffer_.size();
+      if (buffer_.size() > max_line_bytes_)
+        throw std::runtime_error(path_ + ":" + std::to_string(lines_ + 1) + ": a line longer than " +
+                                 std::to_string(max_line_bytes_ >> 20) + " MiB; no prompt is that long");
+      if (!fill()) {
+        if (buffer_.empty()) return false;
+        line = std::move(buffer_);
+        buffer_.clear();
+        scanned_ = 0;
+        return true;
+      }
+    }
+  }
+  void count_line() { ++lines_; }
+
+ private:
+  bool fill() {
+    char chunk[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::runtime_error(path_ + ": read error: " + std::strerror(errno));
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+      return n > 0;
+    }
+  }
+
+  std::string path_;
+  std::size_t max_line_bytes_;
+  int fd_ = -1;
+  std::string buffer_;
+  std::size_t scanned_ = 0;  // bytes of buffer_ known to hold no newline
+  std::int64_t lines_ = 0;
+};
+
+}  // namespace
+
 std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open prompts file");
+  LineReader in(path, kMaxPromptLineBytes);
   std::vector<PromptItem> items;
   std::map<std::string, std::int64_t> line_of_id;  // --resume keys on ids: they must be unique
   std::string line;
-  for (std::int64_t lineno = 1; std::getline(in, line); ++lineno) {
+  for (std::int64_t lineno = 1; in.next(line); ++lineno) {
+    in.count_line();
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(lineno);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(where + ": not valid JSON: " + e.what());
-    }
+    const nlohmann::json j = parse_json(line, where);
     if (!j.is_object()) throw std::runtime_error(where + ": expected an object with \"id\" and \"prompt\" or \"tokens\"");
     PromptItem item;
     if (!j.contains("id") || !(j["id"].is_string() || j["id"].is_number_integer()))
@@ -35,6 +99,8 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
     if (const auto [it, fresh] = line_of_id.emplace(item.id_json, lineno); !fresh)
       throw std::runtime_error(where + ": id " + item.id_json + " was already used on line " + std::to_string(it->second) +
                                "; ids must be unique (the output and --resume go by id)");
+    if (j.contains("prompt") && j.contains("tokens"))
+      throw std::runtime_error(where + ": has both 'prompt' and 'tokens'; give one (the text, or its token ids)");
     if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) throw std::runtime_error(where + ": field 'prompt' must be a string");
       item.text = j["prompt"].get<std::string>();
@@ -50,7 +116,6 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
     }
     items.push_back(std::move(item));
   }
-  if (in.bad()) throw std::runtime_error(path + ": read error");
   return items;
 }
 
@@ -64,12 +129,23 @@ std::vector<std::int32_t> encode_prompt(const Tokenizer& tok, std::string_view t
 }
 
 void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t config_bos_id,
-                      const std::string& model_name) {
+                      const std::string& model_name, std::int64_t context) {
+  const auto too_long = [&](const PromptItem& it, const std::string& length) {
+    return std::invalid_argument("prompt " + it.id_json + " has " + length + " but the model '" + model_name + "' has " +
+                                 std::to_string(context) + " positions; shorten the prompt");
+  };
   for (auto& it : items) {
-    if (!it.text) continue;
-    if (!tok)
-      throw std::runtime_error("model '" + model_name + "' has no tokenizer; give prompts as \"tokens\" or pass --tokenizer");
-    it.tokens = encode_prompt(*tok, *it.text, config_bos_id);
+    if (it.text) {
+      if (!tok)
+        throw std::runtime_error("model '" + model_name + "' has no tokenizer; give prompts as \"tokens\" or pass --tokenizer");
+      const auto bytes = static_cast<std::int64_t>(it.text->size());
+      if (bytes > context * kMaxBytesPerToken)
+        throw too_long(it, std::to_string(bytes) + " bytes of text (more than " + std::to_string(kMaxBytesPerToken) +
+                               " bytes a token)");
+      it.tokens = encode_prompt(*tok, *it.text, config_bos_id);
+    }
+    if (static_cast<std::int64_t>(it.tokens.size()) > context)
+      throw too_long(it, std::to_string(it.tokens.size()) + " tokens");
   }
 }
 

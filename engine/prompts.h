@@ -19,7 +19,14 @@ struct PromptItem {
   std::vector<std::int32_t> tokens;  // filled by tokenize_prompts when text is given
 };
 
+// The longest line read_prompts_jsonl takes: far beyond any model's context in text.
+constexpr std::size_t kMaxPromptLineBytes = std::size_t{256} << 20;
+// More bytes of text than any tokenizer puts in one token (the longest vocab entries are runs
+// of spaces or '=' of a few dozen bytes): a text longer than this times the context cannot fit.
+constexpr std::int64_t kMaxBytesPerToken = 1024;
+
 // Throws naming the file, line and field on malformed input, and both lines of a repeated id.
+// Reads a regular file or a pipe, lines of at most kMaxPromptLineBytes.
 std::vector<PromptItem> read_prompts_jsonl(const std::string& path);
 // The ids the model takes for a text: with the tokenizer's own special tokens where it decides
 // them (tokenizer.json's post-processor, as Hugging Face and vLLM encode; llama2.c's BOS);
@@ -27,8 +34,10 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path);
 // (-1: none).
 std::vector<std::int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, std::int32_t config_bos_id);
 // Encodes every text prompt with encode_prompt. Needs a tokenizer when any prompt is text.
+// A prompt longer than `context` positions is an error; a text too long for any tokenizer to
+// fit in them is refused before it is encoded (encoding megabytes takes seconds and gigabytes).
 void tokenize_prompts(std::vector<PromptItem>& items, const Tokenizer* tok, std::int32_t config_bos_id,
-                      const std::string& model_name);
+                      const std::string& model_name, std::int64_t context);
 
 // `count` deterministic prompts of `len` token ids below `vocab`, different per prompt: the
 // fixed workload the benchmarks compare systems and policies on.

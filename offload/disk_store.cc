@@ -1,4 +1,5 @@
 #include "offload/disk_store.h"
+#include "offload/offload_marks.h"
 
 #include "offload/disk_io_engines.h"
 #include "offload/extent_allocator.h"
@@ -135,8 +136,10 @@ struct DiskStore::Impl final : CompletionSink {
     std::string path;
     bool owns_dir = false;
     int fd = -1;
+    int lock_fd = -1;  // holds the flock that marks the file as a live run's (offload_marks.h)
     int dir_slot = -1;
     int file_slot = -1;
+    int lock_slot = -1;
     Files() = default;
     Files(const Files&) = delete;
     Files& operator=(const Files&) = delete;
@@ -148,6 +151,11 @@ struct DiskStore::Impl final : CompletionSink {
         std::fprintf(stderr, "flexh2o: warning: cannot remove %s: %s\n", path.c_str(), errno_text(errno).c_str());
       }
       unregister_live_path(file_slot);
+      if (lock_fd >= 0) {
+        ::unlink(store_lock_path(path).c_str());
+        ::close(lock_fd);
+      }
+      unregister_live_path(lock_slot);
       if (owns_dir && ::rmdir(dir.c_str()) != 0 && errno != ENOENT) {
         std::fprintf(stderr, "flexh2o: warning: cannot remove %s: %s\n", dir.c_str(), errno_text(errno).c_str());
       }
@@ -198,6 +206,7 @@ struct DiskStore::Impl final : CompletionSink {
       }
       files.dir = tmpl;
       files.owns_dir = true;
+      reclaim_dead_offload_dirs(base);  // what killed runs left in their own directories
     } else {
       files.dir = requested;
       if (::mkdir(requested.c_str(), 0700) == 0) {
@@ -218,6 +227,9 @@ struct DiskStore::Impl final : CompletionSink {
     files.fd = fd;
     files.path = tmpl;
     files.file_slot = register_live_path(files.path, false);
+    files.lock_fd = mark_store_file(files.path);
+    files.lock_slot = register_live_path(store_lock_path(files.path), false);
+    reclaim_dead_store_files(files.dir);  // a killed run's files in --offload-dir
 
     // O_DIRECT keeps streamed weights/KV out of the page cache; some filesystems refuse it.
     const int fl = ::fcntl(fd, F_GETFL);

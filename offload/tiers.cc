@@ -3,6 +3,7 @@
 #include <sys/statvfs.h>
 
 #include <cstdlib>
+#include <filesystem>
 
 namespace flexh2o::offload {
 
@@ -16,8 +17,12 @@ std::int64_t free_disk_bytes(const std::string& offload_dir) {
     const char* tmp = std::getenv("TMPDIR");
     dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
   }
+  // A directory not made yet goes into its nearest existing ancestor: check that one's space.
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
   struct statvfs st {};
-  if (::statvfs(dir.c_str(), &st) != 0) return Budget::kUnlimited;
+  if (::statvfs(p.c_str(), &st) != 0) return Budget::kUnlimited;
   return static_cast<std::int64_t>(st.f_bavail) * static_cast<std::int64_t>(st.f_frsize);
 }
 

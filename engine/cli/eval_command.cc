@@ -53,7 +53,7 @@ int eval_command(const EvalOptions& o) {
   mo.dummy = o.dummy;
   ModelSource m = open_model(mo);
   if (!m.tokenizer) throw std::invalid_argument("eval needs a tokenizer for the text; pass --tokenizer");
-  const auto text = offload::read_text_file(o.text_file);
+  const auto text = offload::read_text_file(o.text_file, offload::kMaxInputFileBytes);
   if (!text) throw std::invalid_argument("cannot read --text file " + o.text_file);
   std::vector<std::vector<std::int32_t>> chunks;
   const auto paragraphs = split_paragraphs(*text);

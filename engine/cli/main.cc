@@ -2,6 +2,7 @@
 // stderr and a non-zero exit.
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <new>
 #include <fmt/format.h>
 
 #include "engine/cli/bench_command.h"
@@ -42,6 +43,13 @@ int main(int argc, char** argv) {
   } catch (const flexh2o::job::Interrupted& e) {
     fmt::print(stderr, "flexh2o: {}\n", e.what());
     return 130;
+  } catch (const std::bad_alloc&) {
+    // An allocation the tier budgets did not cover (they count the tiers, not every buffer).
+    fmt::print(stderr,
+               "flexh2o: error: out of memory (an allocation failed). Lower the memory the run needs: a smaller "
+               "--batch or --gpu-batch-size, shorter --prompt-len/--gen-len, more of the weights on disk (--percent), "
+               "--compress-weight; or let the planner fit it (leave out --percent and --policy), within --cpu-mem\n");
+    return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "flexh2o: error: {}\n", e.what());
     return 1;

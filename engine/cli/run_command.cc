@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "engine/block_scheduler.h"
+#include "engine/cli/number_checks.h"
 #include "engine/cli/run_job.h"
 #include "engine/job/interrupts.h"
 #include "engine/job/job_runner.h"
@@ -42,9 +43,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   run->add_option("--prompt-len", o.prompt_len, "length of synthetic random prompts")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  run->add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
-  run->add_option("--top-p", o.top_p, "nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
-  run->add_option("--seed", o.seed, "seed of sampling and dummy weights");
+  run->add_option("--temperature", o.temperature, "0 = greedy")->check(kFiniteNumber & CLI::Range(0.0f, 100.0f));
+  run->add_option("--top-p", o.top_p, "nucleus sampling mass")->check(kFiniteNumber & CLI::Range(0.0f, 1.0f));
+  run->add_option("--seed", o.seed, "seed of sampling and dummy weights")->check(kUint64);
   run->add_flag("--dummy", o.dummy, "random weights of the model's shape (no checkpoint needed)");
   run->add_flag("--ignore-eos", o.ignore_eos, "generate --gen-len tokens per prompt even past the model's end-of-sequence tokens");
   run->add_option("--dtype", o.dtype, "storage dtype of weight matrices: f32, f16 or bf16")
@@ -156,6 +157,7 @@ int run_one_process(const RunOptions& o) {
   RunSetup s = open_run(o);
   const std::vector<job::Request> requests = plan_and_gather(o, s);
   job::check_requests(s.model.config, requests);  // fail before loading weights
+  if (!s.auto_policy) check_placement_fits(o, s, requests);  // a given placement within this machine's memory
   const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
 
   offload::TierOptions to = s.tiers;

@@ -7,6 +7,7 @@
 
 #include "engine/job/result_file.h"
 #include "engine/machine_profile.h"
+#include "engine/model_shape.h"
 #include "policy/policy_text.h"
 
 namespace flexh2o::cli {
@@ -90,7 +91,7 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
       items.push_back(std::move(it));
     }
   }
-  tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name);
+  tokenize_prompts(items, m.tokenizer.get(), m.config.bos_id, m.config.name, m.config.position_limit());
   return items;
 }
 
@@ -120,6 +121,21 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
   if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
   if (o.expert_slots) p.expert_slots = *o.expert_slots;
   return p;
+}
+
+void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests) {
+  const policy::HardwareProfile hw = planning_profile(o, s);
+  const auto prompts = static_cast<std::int64_t>(requests.size());
+  std::int64_t gen_len = 1;
+  for (const job::Request& r : requests) gen_len = std::max(gen_len, r.max_tokens);
+  policy::estimate_or_throw(engine::model_shape(s.model.config), hw, {job::longest_prompt(requests), gen_len}, s.policy,
+                            plan_options(o, s, prompts),
+                            s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
+                                     : "the default placement (--policy auto lets the planner fit the run)");
+  // The tiers' budgets default to what was checked, so what the estimate missed is still a
+  // budget error naming the tier, not the kernel's kill.
+  for (auto [bytes, capacity] : {std::pair{&s.tiers.gpu_bytes, hw.gpu_mem}, std::pair{&s.tiers.cpu_bytes, hw.cpu_mem}})
+    if (*bytes == offload::Budget::kUnlimited) *bytes = capacity;
 }
 
 void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "engine/loaders/json_input.h"
 #include "engine/model_source.h"
 #include "engine/prompts.h"
 #include "offload/text_file.h"
@@ -34,16 +35,16 @@ namespace {
 std::vector<std::int32_t> parse_ids(const std::string& input, const std::string& source) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(input);
-  } catch (const nlohmann::json::exception&) {
-    throw std::invalid_argument(source + ": expected a JSON array of token ids, like [1, 2, 3]");
+    j = parse_json(input, source);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(std::string(e.what()) + "; expected a JSON array of token ids, like [1, 2, 3]");
   }
   if (!j.is_array()) throw std::invalid_argument(source + ": expected a JSON array of token ids, like [1, 2, 3]");
   std::vector<std::int32_t> ids;
   for (const auto& id : j) {
     if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
         id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
-      throw std::invalid_argument(source + ": " + id.dump() + " is not a token id (a non-negative integer)");
+      throw std::invalid_argument(source + ": " + json_excerpt(id) + " is not a token id (a non-negative integer)");
     }
     ids.push_back(id.get<std::int32_t>());
   }
@@ -57,7 +58,7 @@ int tokenize_command(const TokenizeOptions& o) {
   std::string input = o.text.value_or("");
   std::string source = "--text";
   if (o.file) {
-    auto content = offload::read_text_file(*o.file);
+    auto content = offload::read_text_file(*o.file, offload::kMaxInputFileBytes);
     if (!content) throw std::invalid_argument("cannot read --file " + *o.file);
     input = std::move(*content);
     source = *o.file;

@@ -3,6 +3,7 @@
 #include <array>
 
 #include "engine/families/families.h"
+#include "engine/loaders/json_input.h"
 
 namespace flexh2o::engine {
 
@@ -27,12 +28,7 @@ const Family& find_family(const std::string& model_type, const std::string& sour
 }
 
 ModelConfig load_hf_config(const std::string& json_text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(source + ": not valid JSON: " + e.what());
-  }
+  nlohmann::json j = parse_json(json_text, source);
   if (!j.is_object()) throw std::invalid_argument(source + ": expected a JSON object");
   const HfConfig config(std::move(j), source);
   const std::string type = config.get<std::string>("model_type");

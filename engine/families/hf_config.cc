@@ -1,8 +1,49 @@
 #include "engine/families/hf_config.h"
 
 #include <algorithm>
+#include <map>
+
+#include "engine/loaders/json_input.h"
 
 namespace flexh2o::engine {
+
+std::optional<std::int64_t> HfConfig::size_limit(const std::string& key) {
+  using L = ModelLimits;
+  static const std::map<std::string, std::int64_t> limits = {
+      {"num_hidden_layers", L::kLayers},
+      {"hidden_size", L::kHidden},
+      {"word_embed_proj_dim", L::kHidden},
+      {"intermediate_size", L::kFfn},
+      {"ffn_dim", L::kFfn},
+      {"moe_intermediate_size", L::kFfn},
+      {"shared_expert_intermediate_size", L::kFfn},
+      {"num_attention_heads", L::kHeads},
+      {"num_key_value_heads", L::kHeads},
+      {"head_dim", L::kHeadDim},
+      {"vocab_size", L::kVocab},
+      {"max_position_embeddings", L::kPositions},
+      {"original_max_position_embeddings", L::kPositions},
+      {"sliding_window", L::kPositions},
+      {"num_local_experts", L::kExperts},
+      {"num_experts", L::kExperts},
+      {"num_experts_per_tok", L::kExperts},
+      {"decoder_sparse_step", L::kLayers},
+  };
+  const auto it = limits.find(key);
+  if (it == limits.end()) return std::nullopt;
+  return it->second;
+}
+
+std::int64_t HfConfig::integer(const char* key, std::int64_t lo, std::int64_t hi) const {
+  const nlohmann::json& v = j_[key];
+  if (!v.is_number_integer()) throw error("field '" + std::string(key) + "' must be an integer, got " + json_excerpt(v));
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
+    throw error("field '" + std::string(key) + "' = " + v.dump() + " is out of range");
+  const auto x = v.get<std::int64_t>();
+  if (x < lo || x > hi) throw error("field '" + std::string(key) + "' = " + v.dump() + " is out of range");
+  if (const auto limit = size_limit(key)) check_size_field(source_, key, x, *limit);
+  return x;
+}
 
 kernels::DType read_dtype(const HfConfig& j) {
   const std::string name =

@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/model_config.h"
@@ -19,11 +21,16 @@ class HfConfig {
   // Present and not null.
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
   // The field, or `fallback` when absent or null (no fallback: an error naming the field).
+  // An integer must be written as one (32.5 is an error, not 32) and fit T; a size field
+  // (size_limit) must be within ModelLimits, checked here before a family allocates by it.
   template <class T>
   T get(const char* key, std::optional<T> fallback = std::nullopt) const {
     if (!has(key)) {
       if (!fallback) throw error("missing field '" + std::string(key) + "'");
       return *fallback;
+    }
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      return static_cast<T>(integer(key, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
     }
     try {
       return j_[key].get<T>();
@@ -32,6 +39,9 @@ class HfConfig {
     }
   }
   const nlohmann::json& raw() const { return j_; }
+  // The limit of a size field of config.json (num_hidden_layers, hidden_size, ...); nullopt
+  // for other fields.
+  static std::optional<std::int64_t> size_limit(const std::string& key);
   const std::string& source() const { return source_; }
   std::invalid_argument error(const std::string& what) const { return std::invalid_argument(source_ + ": " + what); }
   // A field the engine does not implement must be absent or hold its neutral value.
@@ -42,6 +52,9 @@ class HfConfig {
   }
 
  private:
+  // The integer field `key`, in [lo, hi] and within its size_limit.
+  std::int64_t integer(const char* key, std::int64_t lo, std::int64_t hi) const;
+
   nlohmann::json j_;
   std::string source_;
 };

@@ -188,6 +188,11 @@ ModelConfig gguf_model_config(const GgufHeader& h, const std::function<std::vect
   c.vocab_size = embed->ne[1];
   c.max_positions = dim(h, a + ".context_length");
   c.dtype = natural_dtype(h);
+  try {
+    c.check_limits(h.source);  // before anything is allocated per layer
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
   family.preset(c);
   c.family = family.name;
 

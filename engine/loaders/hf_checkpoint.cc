@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "engine/families/family.h"
+#include "engine/loaders/json_input.h"
 #include "engine/loaders/read_rows.h"
 
 namespace flexh2o::engine {
@@ -24,12 +25,7 @@ std::string read_text(const fs::path& p) {
 // Stop ids from generation_config.json (what generate() stops at), when it names them.
 void read_generation_stop_ids(const fs::path& file, ModelConfig& c) {
   if (!fs::exists(file)) return;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text(file));
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(file.string() + ": not valid JSON: " + e.what());
-  }
+  const nlohmann::json j = parse_json(read_text(file), file.string());
   if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
   try {
     const auto& eos = j["eos_token_id"];
@@ -54,12 +50,7 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   std::vector<fs::path> shards;
   const fs::path index = root / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_text(index));
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(index.string() + ": not valid JSON: " + e.what());
-    }
+    const nlohmann::json j = parse_json(read_text(index), index.string());
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       throw std::runtime_error(index.string() + ": missing object field 'weight_map'");
     std::set<std::string> names;

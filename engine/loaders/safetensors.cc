@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "engine/loaders/json_input.h"
 #include "engine/loaders/regular_file.h"
 
 namespace flexh2o::engine {
@@ -128,7 +129,7 @@ class HeaderSax {
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const json::exception& e) {
-    fail(source_, std::string("header is not valid JSON: ") + e.what());
+    fail(source_, "header is not valid JSON: " + bounded_excerpt(e.what(), 2 * kJsonExcerptChars));
   }
 
   json take() { return std::move(root_); }
@@ -293,10 +294,11 @@ std::int64_t SafetensorsEntry::numel() const {
 std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header_json, std::uint64_t data_size,
                                                        const std::string& source_name) {
   HeaderSax sax(source_name);
+  check_json_depth(header_json, source_name + ": header");
   try {
     json::sax_parse(header_json.begin(), header_json.end(), &sax);
   } catch (const json::exception& e) {  // syntax errors come through HeaderSax; this catches the rest
-    fail(source_name, std::string("header is not valid JSON: ") + e.what());
+    fail(source_name, "header is not valid JSON: " + bounded_excerpt(e.what(), 2 * kJsonExcerptChars));
   }
   const json root = sax.take();
   if (!root.is_object()) fail(source_name, std::string("header root is ") + root.type_name() + ", expected an object");

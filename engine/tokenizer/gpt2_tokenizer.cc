@@ -1,6 +1,6 @@
 // GPT-2's vocab.json + merges.txt: byte-level BPE behind GPT-2's regex, the pipeline Hugging
 // Face's GPT-2 tokenizer.json spells out.
-#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "engine/tokenizer/bpe_model.h"
@@ -9,6 +9,7 @@
 #include "engine/tokenizer/pipeline.h"
 #include "engine/tokenizer/post_processors.h"
 #include "engine/tokenizer/pre_tokenizers.h"
+#include "offload/text_file.h"
 
 namespace flexh2o::engine {
 
@@ -16,8 +17,9 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& vocab_json_pat
   using namespace tok;
   Vocab vocab = parse_vocab(read_json(vocab_json_path), vocab_json_path, "vocab");
 
-  std::ifstream in(merges_path, std::ios::binary);
-  if (!in) fail(merges_path, "cannot open");
+  const auto merges_text = offload::read_text_file(merges_path, offload::kMaxTokenizerFileBytes);
+  if (!merges_text) fail(merges_path, "cannot open");
+  std::istringstream in(*merges_text);
   std::vector<MergeRule> merges;
   std::string line;
   for (std::size_t line_no = 1; std::getline(in, line); ++line_no) {
@@ -32,7 +34,6 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& vocab_json_pat
       fail(merges_path, where() + ": " + e.what());
     }
   }
-  if (in.bad()) fail(merges_path, "read error");
 
   PipelineParts parts;
   TokenizerOptions options;

@@ -55,11 +55,11 @@ class Parser {
   }
 
   [[noreturn]] void unsupported(const std::string& where, const json& value, const std::string& supported) const {
-    fail(path_, where + ": " + value.dump() + " is not supported (supported: " + supported + ")");
+    fail(path_, where + ": " + json_excerpt(value) + " is not supported (supported: " + supported + ")");
   }
 
   void expect_object(const json& j, const std::string& where) const {
-    if (!j.is_object()) fail(path_, (where.empty() ? "" : where + ": ") + "expected an object, got " + j.dump());
+    if (!j.is_object()) fail(path_, (where.empty() ? "" : where + ": ") + "expected an object, got " + json_excerpt(j));
   }
 
   // Every key must be one the stage knows: an option flexh2o would ignore could change the ids.
@@ -68,7 +68,7 @@ class Parser {
     for (const auto& item : object.items()) {
       const std::string& key = item.key();
       if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) {
-        fail(path_, prefix(where) + key + ": unknown option of this stage (value " + item.value().dump() + ")");
+        fail(path_, prefix(where) + key + ": unknown option of this stage (value " + json_excerpt(item.value()) + ")");
       }
     }
   }
@@ -77,7 +77,7 @@ class Parser {
 
   std::string string_field(const json& object, const char* name, const std::string& where) const {
     const json& value = field(object, name, path_, prefix(where));
-    if (!value.is_string()) fail(path_, prefix(where) + name + ": expected a string, got " + value.dump());
+    if (!value.is_string()) fail(path_, prefix(where) + name + ": expected a string, got " + json_excerpt(value));
     return value.get<std::string>();
   }
 
@@ -91,14 +91,14 @@ class Parser {
   std::size_t count_field(const json& object, const char* name, const std::string& where) const {
     const json& value = field(object, name, path_, prefix(where));
     if (!value.is_number_unsigned()) {
-      fail(path_, prefix(where) + name + ": expected a non-negative integer, got " + value.dump());
+      fail(path_, prefix(where) + name + ": expected a non-negative integer, got " + json_excerpt(value));
     }
     return value.get<std::size_t>();
   }
 
   const json& array_field(const json& object, const char* name, const std::string& where) const {
     const json& value = field(object, name, path_, prefix(where));
-    if (!value.is_array()) fail(path_, prefix(where) + name + ": expected an array, got " + value.dump());
+    if (!value.is_array()) fail(path_, prefix(where) + name + ": expected an array, got " + json_excerpt(value));
     return value;
   }
 
@@ -187,13 +187,13 @@ class Parser {
               {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
                "byte_fallback", "ignore_merges", "vocab", "merges"});
     if (const json dropout = optional(j, "dropout"); !dropout.is_null() && dropout != 0) {
-      fail(path_, where + ".dropout: " + dropout.dump() +
+      fail(path_, where + ".dropout: " + json_excerpt(dropout) +
                       " is not supported (BPE dropout randomizes the ids; it must be null)");
     }
     for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       const json value = optional(j, affix);
       if (!value.is_null() && value != "") {
-        fail(path_, where + "." + affix + ": " + value.dump() + " is not supported (only null or \"\")");
+        fail(path_, where + "." + affix + ": " + json_excerpt(value) + " is not supported (only null or \"\")");
       }
     }
     BpeOptions options;
@@ -201,7 +201,7 @@ class Parser {
     options.fuse_unk = bool_field(j, "fuse_unk", where, false);
     options.ignore_merges = bool_field(j, "ignore_merges", where, false);
     if (const json unk = optional(j, "unk_token"); !unk.is_null()) {
-      if (!unk.is_string()) fail(path_, where + ".unk_token: expected a string or null, got " + unk.dump());
+      if (!unk.is_string()) fail(path_, where + ".unk_token: expected a string or null, got " + json_excerpt(unk));
       options.unk_token = unk.get<std::string>();
     }
     Vocab vocab = parse_vocab(field(j, "vocab", path_, where + "."), path_, where + ".vocab");
@@ -223,7 +223,7 @@ class Parser {
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
         pair = {m[0].get<std::string>(), m[1].get<std::string>()};
       } else {
-        fail(path_, at() + ": expected \"a b\" or [\"a\", \"b\"], got " + m.dump());
+        fail(path_, at() + ": expected \"a b\" or [\"a\", \"b\"], got " + json_excerpt(m));
       }
       try {
         rules.push_back(resolve_merge(vocab, pair.first, pair.second));
@@ -345,7 +345,7 @@ class Parser {
     const json& pair = field(j, name, path_, prefix(where));
     const std::string at = prefix(where) + name;
     if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string()) {
-      fail(path_, at + ": expected [\"token\", id], got " + pair.dump());
+      fail(path_, at + ": expected [\"token\", id], got " + json_excerpt(pair));
     }
     const std::int32_t id = parse_id(pair[1], path_, at + "[1]");
     if (token_id(pair[0].get<std::string>(), at) != id) {
@@ -366,7 +366,7 @@ class Parser {
       const std::string at = where + ".single[" + std::to_string(i) + "]";
       const json& item = single[i];
       if (!item.is_object() || item.size() != 1) {
-        fail(path_, at + ": expected {\"SpecialToken\": ...} or {\"Sequence\": ...}, got " + item.dump());
+        fail(path_, at + ": expected {\"SpecialToken\": ...} or {\"Sequence\": ...}, got " + json_excerpt(item));
       }
       if (const auto seq = item.find("Sequence"); seq != item.end()) {
         if (!seq->is_object() || seq->value("id", json()) != "A") {
@@ -378,7 +378,7 @@ class Parser {
       }
       const auto special = item.find("SpecialToken");
       if (special == item.end() || !special->is_object()) {
-        fail(path_, at + ": expected {\"SpecialToken\": ...} or {\"Sequence\": ...}, got " + item.dump());
+        fail(path_, at + ": expected {\"SpecialToken\": ...} or {\"Sequence\": ...}, got " + json_excerpt(item));
       }
       const std::string name = string_field(*special, "id", at + ".SpecialToken");
       const auto def = specials.find(name);

@@ -1,7 +1,8 @@
 #include "engine/tokenizer/json_fields.h"
 
-#include <fstream>
 #include <stdexcept>
+
+#include "offload/text_file.h"
 
 namespace flexh2o::engine::tok {
 
@@ -10,13 +11,9 @@ using nlohmann::json;
 void fail(const std::string& path, const std::string& what) { throw std::runtime_error(path + ": " + what); }
 
 json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path, std::string("invalid JSON: ") + e.what());
-  }
+  const auto text = offload::read_text_file(path, offload::kMaxTokenizerFileBytes);
+  if (!text) fail(path, "cannot open");
+  return parse_json(*text, path);
 }
 
 const json& field(const json& object, const char* name, const std::string& path, const std::string& where) {
@@ -28,7 +25,7 @@ const json& field(const json& object, const char* name, const std::string& path,
 std::int32_t parse_id(const json& value, const std::string& path, const std::string& where) {
   if (!value.is_number_integer() || value.get<std::int64_t>() < 0 || value.get<std::int64_t>() >= kMaxVocabSize) {
     fail(path,
-         where + ": expected a token id (integer in [0, " + std::to_string(kMaxVocabSize) + ")), got " + value.dump());
+         where + ": expected a token id (integer in [0, " + std::to_string(kMaxVocabSize) + ")), got " + json_excerpt(value));
   }
   return value.get<std::int32_t>();
 }

@@ -2,8 +2,6 @@
 // reproducing karpathy/llama2.c run.c's encode() and decode() token for token.
 #include <bit>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -11,6 +9,7 @@
 #include "engine/tokenizer/pipeline.h"
 #include "engine/tokenizer/post_processors.h"
 #include "engine/tokenizer/score_model.h"
+#include "offload/text_file.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace flexh2o::engine {
@@ -168,11 +167,9 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(std::span<const std::byte> dat
 }
 
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer_file(const std::string& path, std::int32_t vocab_size) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open llama2.c tokenizer file");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw std::runtime_error(path + ": error reading llama2.c tokenizer file");
-  return load_llama2c_tokenizer(std::as_bytes(std::span(bytes)), vocab_size, path);
+  const auto bytes = offload::read_text_file(path, offload::kMaxTokenizerFileBytes);
+  if (!bytes) throw std::runtime_error(path + ": cannot open llama2.c tokenizer file");
+  return load_llama2c_tokenizer(std::as_bytes(std::span(*bytes)), vocab_size, path);
 }
 
 }  // namespace flexh2o::engine

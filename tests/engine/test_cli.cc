@@ -382,8 +382,8 @@ TEST(Cli, DoesNotFitNamesSystemTierAndBytes) {
   expect_clean_error(p, "p.yaml does not fit");
   EXPECT_THAT(p.err, HasSubstr("gpu tier needs"));
   EXPECT_THAT(p.err, HasSubstr("weights"));
-  // At run time the budget says what it could not place and how much was free.
-  expect_clean_error(run("run --gpu-mem 10KiB"), "free");
+  // A run's own policy is checked the same way before anything is loaded.
+  expect_clean_error(run("run --gpu-mem 10KiB"), "but has 9.00 KiB (90% of 10.00 KiB)");
 }
 
 // Starts the binary with `args` (split on spaces), stdout and stderr to files in `dir`.
@@ -615,6 +615,95 @@ TEST(Cli, TokenizeBadInputGivesOneClearError) {
   const Result r = run("tokenize --tokenizer " + dir.file("tokenizer.json") + " --text a");
   expect_clean_error(r, dir.file("tokenizer.json") + ": pre_tokenizer.type");
   EXPECT_THAT(r.err, HasSubstr("Whitespace"));
+}
+
+
+// --- Hostile and mistaken input (issue 33) ----------------------------------------------------
+
+std::string deep_array(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST(Cli, DeepJsonIsOneClearErrorNotACrash) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("deep.json"), "{\"model\":" + deep_array(100000) + "}\n");
+  expect_clean_error(run("tokenize --tokenizer " + dir.file("deep.json") + " --text hi"), "nested deeper");
+  testing::write_file(dir.file("ids.json"), deep_array(100000));
+  expect_clean_error(run("tokenize --decode --file " + dir.file("ids.json")), "nested deeper");
+  testing::write_file(dir.file("in.jsonl"), "{\"id\": 1, \"tokens\": " + deep_array(100000) + "}\n");
+  expect_clean_error(run("run --prompts " + dir.file("in.jsonl") + " --gen-len 2"), "in.jsonl:1");
+}
+
+TEST(Cli, HugeModelSizesAreErrorsNotOverflows) {
+  testing::TempDir dir;
+  std::string yaml = testing::read_file(std::string(FLEXH2O_SOURCE_DIR) + "/configs/models/opt-125m.yaml");
+  const auto at = yaml.find("ffn_size:");
+  yaml.replace(at, yaml.find('\n', at) - at, "ffn_size: 4611686018427387904");
+  testing::write_file(dir.file("it.yaml"), yaml);
+  expect_clean_error(run("run --model " + dir.file("it.yaml") +
+                         " --dummy --batch 2 --prompt-len 4 --gen-len 2 --percent 100 0 100 0 100 0"),
+                     "'ffn_size'");
+  const Result p = run("plan --model " + dir.file("it.yaml") + " --hardware ci-cpu");
+  expect_clean_error(p, "limit of 1048576");
+  EXPECT_THAT(p.err, ::testing::Not(HasSubstr("EiB")));
+}
+
+// CLI11 rejects these itself (exit 105, its own message format).
+void expect_refused_flag(const Result& r, const std::string& mention) {
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128);
+  EXPECT_THAT(r.err, HasSubstr(mention));
+}
+
+TEST(Cli, NonFiniteAndOutOfRangeNumbersAreRefused) {
+  expect_refused_flag(run("run --temperature nan --gen-len 2"), "'nan' is not a finite number");
+  expect_refused_flag(run("run --top-p nan --gen-len 2"), "'nan' is not a finite number");
+  expect_refused_flag(run("run --seed -1 --gen-len 2"), "'-1' is not an integer in [0, 18446744073709551615]");
+  expect_refused_flag(run("run --seed 99999999999999999999999 --gen-len 2"), "is not an integer in");
+  EXPECT_EQ(run("run --seed 18446744073709551615 --gen-len 2").code, 0);
+}
+
+TEST(Cli, BadPromptsFilesAreClearErrors) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("both.jsonl"), "{\"id\": 1, \"prompt\": \"a\", \"tokens\": [1]}\n");
+  expect_clean_error(run("run --prompts " + dir.file("both.jsonl") + " --gen-len 2"), "both 'prompt' and 'tokens'");
+  expect_clean_error(run("run --prompts /dev/zero --gen-len 2"), "not a regular file");
+  expect_clean_error(run("run --hardware /dev/zero --gen-len 2 --batch 2"), "not a regular file");
+  expect_clean_error(run("run --policy /dev/zero --gen-len 2"), "not a regular file");
+  // Megabytes of text for a context of 512: refused before the tokenizer spends seconds on it.
+  testing::write_file(dir.file("long.jsonl"), "{\"id\": \"l\", \"prompt\": \"" + std::string(1 << 20, 'a') + "\"}\n");
+  expect_clean_error(run("run --prompts " + dir.file("long.jsonl") + " --gen-len 2"), "512 positions");
+}
+
+TEST(Cli, AnExplicitPlacementBeyondMemoryFailsBeforeLoading) {
+  // The run's memory (here --gpu-mem and --cpu-mem; by default this machine's free memory
+  // within its cgroup) is checked before any weight is made: the planner's message, not a
+  // kill by the kernel.
+  const Result r = run("run --model opt-1.3b --dummy --batch 8 --prompt-len 16 --gen-len 4 "
+                       "--percent 100 0 100 0 100 0 --gpu-mem 512MiB --cpu-mem 512MiB");
+  expect_clean_error(r, "does not fit");
+  EXPECT_THAT(r.err, HasSubstr("gpu tier needs"));
+}
+
+TEST(Cli, AKilledRunsOffloadFilesAreReclaimedByTheNext) {
+  testing::TempDir dir;
+  const std::string off = dir.file("off");
+  std::filesystem::create_directory(off);
+  testing::write_file(off + "/notes.txt", "the user's");
+  const std::string args = "run --model opt-125m --dummy --percent 0 0 100 0 100 0 --batch 2 --prompt-len 8 --offload-dir " + off;
+  const pid_t pid = spawn(args + " --gen-len 2000", dir);
+  auto lock_count = [&] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(off)) n += e.path().extension() == ".lock";
+    return n;
+  };
+  for (int i = 0; i < 600 && lock_count() == 0; ++i) ::usleep(50000);
+  ASSERT_EQ(lock_count(), 1) << "the run made no store file";
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  ASSERT_EQ(std::distance(std::filesystem::directory_iterator(off), {}), 3) << "store file, its lock, notes.txt";
+  ASSERT_EQ(run(args + " --gen-len 2").code, 0);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(off)) left.push_back(e.path().filename());
+  EXPECT_EQ(left, std::vector<std::string>{"notes.txt"});
 }
 
 }  // namespace
