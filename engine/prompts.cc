@@ -99,6 +99,17 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
     if (const auto [it, fresh] = line_of_id.emplace(item.id_json, lineno); !fresh)
       throw std::runtime_error(where + ": id " + item.id_json + " was already used on line " + std::to_string(it->second) +
                                "; ids must be unique (the output and --resume go by id)");
+    for (const auto& [key, value] : j.items())
+      if (key != "id" && key != "prompt" && key != "tokens" && key != "max_tokens")
+        throw std::runtime_error(where + ": unknown field '" + key.substr(0, 64) +
+                                 "'; a line holds 'id', 'prompt' or 'tokens', and optionally 'max_tokens'");
+    if (j.contains("max_tokens")) {
+      const auto& m = j["max_tokens"];
+      if (!m.is_number_integer() || m.get<std::int64_t>() < 1 || m.get<std::int64_t>() > kMaxTokensPerLine)
+        throw std::runtime_error(where + ": field 'max_tokens' must be an integer in [1, " +
+                                 std::to_string(kMaxTokensPerLine) + "]");
+      item.max_tokens = m.get<std::int64_t>();
+    }
     if (j.contains("prompt") && j.contains("tokens"))
       throw std::runtime_error(where + ": has both 'prompt' and 'tokens'; give one (the text, or its token ids)");
     if (j.contains("prompt")) {

@@ -17,8 +17,11 @@ struct PromptItem {
   std::string id_json;  // the id exactly as given (a JSON number or string), echoed in the output
   std::optional<std::string> text;
   std::vector<std::int32_t> tokens;  // filled by tokenize_prompts when text is given
+  std::optional<std::int64_t> max_tokens;  // the line's own limit of new tokens (else --gen-len)
 };
 
+// The largest max_tokens a prompts line may ask for (a model's positions bound it further).
+constexpr std::int64_t kMaxTokensPerLine = std::int64_t{1} << 24;
 // The longest line read_prompts_jsonl takes: far beyond any model's context in text.
 constexpr std::size_t kMaxPromptLineBytes = std::size_t{256} << 20;
 // More bytes of text than any tokenizer puts in one token (the longest vocab entries are runs

@@ -140,7 +140,8 @@ std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s) {
     }
     const policy::HardwareProfile hw = planning_profile(o, s);
     const policy::Estimate e =
-        policy::plan(engine::model_shape(s.model.config), hw, {prompt_len, s.gen_len}, plan_options(o, s, prompts));
+        policy::plan(engine::model_shape(s.model.config), hw, {prompt_len, job::longest_limit(requests, s.gen_len)},
+                     plan_options(o, s, prompts));
     adopt_plan(o, s, e.policy, hw);
     fmt::print(stderr, "{}\n", planned_line(hw, e));
   }
@@ -183,7 +184,8 @@ int run_one_process(const RunOptions& o) {
 
   const job::RunReport report =
       job::make_run_report(s.model.description, s.model.config, s.policy, static_cast<std::int64_t>(requests.size()),
-                           job::longest_prompt(requests), s.gen_len, done.total, tiers, sched, trace ? &*trace : nullptr);
+                           job::longest_prompt(requests), job::longest_limit(requests, s.gen_len), done.total, tiers,
+                           sched, trace ? &*trace : nullptr);
   fmt::print(stderr, "{}", report.text());
   if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, report.to_json().dump(2) + "\n");
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);

@@ -173,7 +173,7 @@ Share deal_shares(const Mpi& mpi, std::span<const job::Request> todo) {
 void plan_share(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const job::Request> mine) {
   if (!s.auto_policy || mine.empty()) return;
   const policy::HardwareProfile hw = rank_profile(o, s, mpi);
-  const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(mine), s.gen_len},
+  const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(mine), job::longest_limit(mine, s.gen_len)},
                                           plan_options(o, s, static_cast<std::int64_t>(mine.size())));
   adopt_plan(o, s, e.policy, hw);
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
@@ -354,7 +354,7 @@ json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const s
     hw.name = c["name"].get<std::string>();
     hws.push_back(hw);
   }
-  const policy::Workload w{std::max<std::int64_t>(job::longest_prompt(todo), 1), s.gen_len};
+  const policy::Workload w{std::max<std::int64_t>(job::longest_prompt(todo), 1), job::longest_limit(todo, s.gen_len)};
   const auto per_micro_batch = (static_cast<std::int64_t>(todo.size()) + micro_batches - 1) / micro_batches;
   const policy::PipelineEstimate e =
       policy::plan_pipeline(shape, hws, w, micro_batches, plan_options(o, s, per_micro_batch));

@@ -126,9 +126,8 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
 void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests) {
   const policy::HardwareProfile hw = planning_profile(o, s);
   const auto prompts = static_cast<std::int64_t>(requests.size());
-  std::int64_t gen_len = 1;
-  for (const job::Request& r : requests) gen_len = std::max(gen_len, r.max_tokens);
-  policy::estimate_or_throw(engine::model_shape(s.model.config), hw, {job::longest_prompt(requests), gen_len}, s.policy,
+  policy::estimate_or_throw(engine::model_shape(s.model.config), hw,
+                            {job::longest_prompt(requests), job::longest_limit(requests, s.gen_len)}, s.policy,
                             plan_options(o, s, prompts),
                             s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
                                      : "the default placement (--policy auto lets the planner fit the run)");
@@ -160,7 +159,8 @@ void open_out(const RunOptions& o, std::optional<job::ResultFile>& out) {
 std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {
   std::vector<job::Request> requests;
   for (std::size_t i = 0; i < items.size(); ++i)
-    requests.push_back({items[i].id_json, items[i].text, items[i].tokens, s.gen_len, {o.temperature, o.top_p, o.seed}, i});
+    requests.push_back({items[i].id_json, items[i].text, items[i].tokens, items[i].max_tokens.value_or(s.gen_len),
+                        {o.temperature, o.top_p, o.seed}, i});
   return requests;
 }
 

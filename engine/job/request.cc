@@ -20,6 +20,13 @@ kernels::SamplingParams shared_sampling(std::span<const Request> block) {
   return first.sampling;
 }
 
+std::int64_t longest_limit(std::span<const Request> requests, std::int64_t none) {
+  if (requests.empty()) return none;
+  std::int64_t n = 0;
+  for (const Request& r : requests) n = std::max(n, r.max_tokens);
+  return n;
+}
+
 std::int64_t longest_prompt(std::span<const Request> requests) {
   std::size_t n = 0;
   for (const Request& r : requests) n = std::max(n, r.prompt.size());

@@ -32,6 +32,8 @@ kernels::SamplingParams shared_sampling(std::span<const Request> block);
 
 // The longest prompt in tokens (0 for none).
 std::int64_t longest_prompt(std::span<const Request> requests);
+// The largest max_tokens (`none` for no request): what the planner sizes the KV cache for.
+std::int64_t longest_limit(std::span<const Request> requests, std::int64_t none);
 
 // Throws naming the request when its prompt is empty, holds an id outside the vocabulary, or
 // with its max_tokens exceeds the model's positions (before any weight loads).

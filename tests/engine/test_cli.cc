@@ -12,6 +12,7 @@
 #include <numeric>
 #include <set>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <sstream>
 
 #include "engine/loaders/dummy_weights.h"
@@ -83,6 +84,31 @@ TEST(Cli, BatchJobWritesOneLinePerPrompt) {
     EXPECT_GE(row["tokens"].size(), 1u);
     EXPECT_LE(row["tokens"].size(), 20u);
   }
+}
+
+// A prompts line's max_tokens is that request's limit; the others get --gen-len. A field the
+// reader does not know is an error naming it, never ignored.
+TEST(Cli, APromptsLineCarriesItsOwnMaxTokens) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"),
+                      "{\"id\": 1, \"tokens\": [1, 403], \"max_tokens\": 3}\n"
+                      "{\"id\": 2, \"tokens\": [1, 407]}\n"
+                      "{\"id\": 3, \"prompt\": \"The dog\", \"max_tokens\": 1}\n");
+  const Result r = run("run --prompts " + dir.file("in.jsonl") + " --out " + dir.file("out.jsonl") +
+                       " --batch 3 --gen-len 9 --ignore-eos");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream lines(testing::read_file(dir.file("out.jsonl")));
+  std::map<int, std::size_t> tokens_of;
+  for (std::string line; std::getline(lines, line);) {
+    const auto row = nlohmann::json::parse(line);
+    tokens_of[row["id"].get<int>()] = row["tokens"].size();
+  }
+  EXPECT_EQ(tokens_of, (std::map<int, std::size_t>{{1, 3}, {2, 9}, {3, 1}}));
+
+  testing::write_file(dir.file("bad.jsonl"), "{\"id\": 1, \"tokens\": [1], \"temperature\": 0.5}\n");
+  expect_clean_error(run("run --prompts " + dir.file("bad.jsonl") + " --gen-len 2"), "unknown field 'temperature'");
+  testing::write_file(dir.file("zero.jsonl"), "{\"id\": 1, \"tokens\": [1], \"max_tokens\": 0}\n");
+  expect_clean_error(run("run --prompts " + dir.file("zero.jsonl") + " --gen-len 2"), "'max_tokens' must be an integer");
 }
 
 TEST(Cli, BackendChoiceWithoutAGpu) {
