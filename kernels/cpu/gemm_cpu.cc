@@ -12,10 +12,15 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/gemm_int8_cpu.h"
+#include "kernels/cpu/gemm_tiled_cpu.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "kernels/cpu/onednn_matmul.h"
 
@@ -38,26 +43,21 @@ std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool con
   return std::min(n, std::clamp<std::int64_t>(even, 64, cap));
 }
 
+// Where one path overtakes another, measured with bench_gemm_paths (Llama-3.2-1B shapes):
+// the tiled kernels up to this many activation rows, oneDNN's blocked GEMM beyond;
+std::int64_t tiled_max_rows() { return 1 << 20; }
+// the few-row kernel up to this many (and gemv_max_rows), the tiled one beyond;
+std::int64_t few_rows_max() { return 16; }
+// integer dot products from this many rows (below, quantizing x costs more than it saves).
+std::int64_t int8_min_rows() { return 1; }
+
 // v rounded to bf16, kept in fp32 (the emulated bf16 path).
 void round_to_bf16(float* v, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
 }
 
-}  // namespace
-
-bool CpuBackend::native_bf16() const { return onednn_native_bf16(); }
-
-void CpuBackend::gemm(const GemmArgs& a) {
+void gemm_onednn_panels(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
-  if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative dimension");
-  if (a.beta != 0.0f && a.beta != 1.0f) throw std::invalid_argument("gemm: beta must be 0 or 1");
-  if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
-  if (m == 0 || n == 0) return;
-  if (gemv_small_m_applies(a)) {  // memory-bound: read 16-bit and q8 weights as they are
-    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, 64),
-                      [&](const tbb::blocked_range<std::int64_t>& r) { gemv_small_m(a, r.begin(), r.end()); });
-    return;
-  }
   const bool bf16 = a.compute == DType::BF16, native_bf16 = bf16 && onednn_native_bf16();
   const DType inputs = native_bf16 ? DType::BF16 : DType::F32;
   // x in the dtype the matmul reads: as given, or rounded to bf16 once for all panels.
@@ -94,6 +94,86 @@ void CpuBackend::gemm(const GemmArgs& a) {
     PanelShape shape{m, rows, k, n, inputs, a.bias != nullptr, a.beta != 0.0f};
     onednn_matmul(shape, x, w, a.bias ? a.bias + n0 : nullptr, a.y + n0);
   });
+}
+
+}  // namespace
+
+std::string_view cpu_gemm_path_name(CpuGemmPath p) {
+  switch (p) {
+    case CpuGemmPath::FewRows: return "few-row";
+    case CpuGemmPath::Tiled: return "tiled";
+    case CpuGemmPath::TiledInt8: return "tiled int8";
+    case CpuGemmPath::OnednnPanels: return "oneDNN panels";
+  }
+  return "?";
+}
+
+bool cpu_gemm_path_supported(CpuGemmPath p, const GemmArgs& a) {
+  switch (p) {
+    case CpuGemmPath::FewRows: return gemv_small_m_applies(a);
+    case CpuGemmPath::Tiled: return gemm_tiled_supported(a);
+    case CpuGemmPath::TiledInt8: return gemm_int8_supported(a);
+    case CpuGemmPath::OnednnPanels: return true;
+  }
+  return false;
+}
+
+CpuGemmMode cpu_gemm_mode() {
+  static const CpuGemmMode mode = [] {
+    const char* v = std::getenv("FLEXH2O_CPU_GEMM");
+    const std::string s = v ? v : "weight-only";
+    if (s == "weight-only") return CpuGemmMode::WeightOnly;
+    if (s == "int8") return CpuGemmMode::Int8;
+    if (s == "previous") return CpuGemmMode::Previous;
+    throw std::invalid_argument("FLEXH2O_CPU_GEMM=" + s + ": expected weight-only (the default), int8 or previous");
+  }();
+  return mode;
+}
+
+CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode) {
+  if (mode == CpuGemmMode::Previous) return gemv_small_m_applies(a) ? CpuGemmPath::FewRows : CpuGemmPath::OnednnPanels;
+  if (mode == CpuGemmMode::Int8 && gemm_int8_supported(a) && a.m >= int8_min_rows() && a.m <= tiled_max_rows())
+    return CpuGemmPath::TiledInt8;
+  if (gemv_small_m_applies(a) && a.m <= few_rows_max()) return CpuGemmPath::FewRows;
+  if (gemm_tiled_supported(a) && a.m <= tiled_max_rows()) return CpuGemmPath::Tiled;
+  return CpuGemmPath::OnednnPanels;
+}
+
+void run_cpu_gemm_path(CpuGemmPath p, const GemmArgs& a) {
+  if (!cpu_gemm_path_supported(p, a))
+    throw std::invalid_argument("gemm: the " + std::string(cpu_gemm_path_name(p)) + " path cannot run " +
+                                std::string(dtype_name(a.w.dtype)) + " weights, " + std::string(dtype_name(a.compute)) +
+                                " compute, m = " + std::to_string(a.m) + " on this CPU");
+  using Range = tbb::blocked_range<std::int64_t>;
+  switch (p) {
+    case CpuGemmPath::FewRows:
+      tbb::parallel_for(Range(0, a.w.rows, 64), [&](const Range& r) { gemv_small_m(a, r.begin(), r.end()); });
+      return;
+    case CpuGemmPath::Tiled:
+      tbb::parallel_for(Range(0, a.w.rows, kTiledTaskRows), [&](const Range& r) { gemm_tiled(a, r.begin(), r.end()); },
+                        tbb::simple_partitioner());
+      return;
+    case CpuGemmPath::TiledInt8: {
+      Int8Rows q;  // per call: a task nested in this one may run another GEMM on this thread
+      resize_int8_rows(a.m, a.w.cols, q);
+      tbb::parallel_for(Range(0, a.m, 8), [&](const Range& r) { quantize_int8_rows(a.x, r.begin(), r.end(), q); });
+      tbb::parallel_for(Range(0, a.w.rows, kTiledTaskRows), [&](const Range& r) { gemm_int8(a, q, r.begin(), r.end()); },
+                        tbb::simple_partitioner());
+      return;
+    }
+    case CpuGemmPath::OnednnPanels: return gemm_onednn_panels(a);
+  }
+}
+
+bool CpuBackend::native_bf16() const { return onednn_native_bf16(); }
+
+void CpuBackend::gemm(const GemmArgs& a) {
+  const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
+  if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative dimension");
+  if (a.beta != 0.0f && a.beta != 1.0f) throw std::invalid_argument("gemm: beta must be 0 or 1");
+  if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
+  if (m == 0 || n == 0) return;
+  run_cpu_gemm_path(choose_cpu_gemm_path(a), a);
 }
 
 }  // namespace flexh2o::kernels
