@@ -1,11 +1,13 @@
-// GEMM on the CPU through oneDNN: the weight's output rows are cut into panels; each oneTBB
-// task brings its panel into the compute dtype in thread-local scratch where it is stored in
-// another (fp16/bf16 converted, q4/q8 dequantized; fp32 weights and bf16 weights under bf16
-// compute are used in place) and multiplies it with a single-threaded oneDNN matmul.
-// Conversion thus happens once per panel and stays in cache, and the weight is never expanded
-// whole. A few activation rows with fp32, 16-bit or q8 weights take gemv_cpu.h's kernel
-// instead, which reads the weights in place. bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same
-// products are formed in fp32 from bf16-rounded inputs (exact: 8-bit significands).
+// GEMM on the CPU: the paths of gemm_cpu.h and the choice between them. Few activation rows
+// (decode at small batch) take gemv_cpu.h's kernel, a few tens (decode at larger batch) the
+// tiled kernels (gemm_tiled_cpu.h; gemm_int8_cpu.h when FLEXH2O_CPU_GEMM=int8), which read the
+// weights as stored; more rows (prefill) and CPUs without AVX2/FMA/F16C take oneDNN: the
+// weight's output rows are cut into panels; each oneTBB task brings its panel into the compute
+// dtype in thread-local scratch where it is stored in another (fp16/bf16 converted, q4/q8
+// dequantized; fp32 weights and bf16 weights under bf16 compute are used in place) and
+// multiplies it with a single-threaded oneDNN matmul, so the weight is never expanded whole.
+// bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same products
+// are formed in fp32 from bf16-rounded inputs (exact: 8-bit significands).
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -43,13 +45,16 @@ std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool con
   return std::min(n, std::clamp<std::int64_t>(even, 64, cap));
 }
 
-// Where one path overtakes another, measured with bench_gemm_paths (Llama-3.2-1B shapes):
-// the tiled kernels up to this many activation rows, oneDNN's blocked GEMM beyond;
-std::int64_t tiled_max_rows() { return 1 << 20; }
-// the few-row kernel up to this many (and gemv_max_rows), the tiled one beyond;
-std::int64_t few_rows_max() { return 16; }
-// integer dot products from this many rows (below, quantizing x costs more than it saves).
-std::int64_t int8_min_rows() { return 1; }
+// Where one path overtakes another, measured with bench_gemm_paths and per-core CPU time (n 8192
+// x k 2048, 2-core Zen 4): the few-row kernel up to 8 activation rows (where it applies), the
+// tiled kernel from there to 128 (f16 at 64 rows: 1.5x oneDNN on converted panels), oneDNN's
+// blocked GEMM beyond (the tiled kernel's chunks of k shrink as x grows; at 256 rows it is
+// 0.6-0.8x oneDNN);
+std::int64_t few_rows_max() { return 8; }
+std::int64_t tiled_max_rows() { return 128; }
+// the int8 kernel (when asked for) from 2 rows, with no upper limit (1.1-1.3x oneDNN at 1024
+// rows); one row stays with the few-row kernel, quantizing x costs more than it saves there.
+std::int64_t int8_min_rows() { return 2; }
 
 // v rounded to bf16, kept in fp32 (the emulated bf16 path).
 void round_to_bf16(float* v, std::size_t n) {
@@ -132,7 +137,7 @@ CpuGemmMode cpu_gemm_mode() {
 
 CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode) {
   if (mode == CpuGemmMode::Previous) return gemv_small_m_applies(a) ? CpuGemmPath::FewRows : CpuGemmPath::OnednnPanels;
-  if (mode == CpuGemmMode::Int8 && gemm_int8_supported(a) && a.m >= int8_min_rows() && a.m <= tiled_max_rows())
+  if (mode == CpuGemmMode::Int8 && gemm_int8_supported(a) && a.m >= int8_min_rows())
     return CpuGemmPath::TiledInt8;
   if (gemv_small_m_applies(a) && a.m <= few_rows_max()) return CpuGemmPath::FewRows;
   if (gemm_tiled_supported(a) && a.m <= tiled_max_rows()) return CpuGemmPath::Tiled;
