@@ -26,16 +26,20 @@ constexpr std::int64_t kBlock = kInt8Block;
 constexpr std::int64_t kMaxChunk = 2048;
 constexpr std::int64_t kTaskRows = 64;
 
-// One block of a tile: the kR rows' codes, and their scales and minimums laid out as the
+// One block of a tile: the kR rows' codes centred on their range (q - 8 for 4 bits, q - 128 for
+// 8), so the products with the rounded activations carry half the weight's span and hence about
+// half the rounding error of uncentred codes, and their scales and minimums laid out as the
 // reduced sums are (rows 0-3 in both 128-bit halves; the minimum's term in the low half only).
-// Without VNNI, q8 codes are kept as q - 128 (signed) with their magnitude: vpmaddubsw
-// multiplies unsigned by signed bytes and saturates pairs at 2^15, which |q - 128| <= 128
-// times |code| <= 127 avoids.
+// vpmaddubsw and vpdpbusd multiply unsigned by signed bytes, so the activation codes go in
+// offset by 128 (unsigned) and 128 times each row's sum of centred codes comes off again. The
+// one exception, 8-bit codes without VNNI: vpmaddubsw would saturate pairs at 2^15 there, so
+// their magnitudes are multiplied with the activation codes carrying the codes' signs instead.
 struct TileBlock {
-  __m256i mag[kR];   // q4, and q8 with VNNI: the codes; q8 without: |q - 128|
-  __m256i sign[kR];  // q8 without VNNI: q - 128, whose signs go onto the activation codes
+  __m256i code[kR];  // centred codes; q8 without VNNI: their magnitudes
+  __m256i sign[kR];  // q8 without VNNI: the centred codes, whose signs go onto the activation codes
+  __m256i offset;    // 128 * sum of row j's centred codes in lane j < 4 (0 for q8 without VNNI)
   __m256 scale;      // s of rows 0-3, twice
-  __m256 min;        // m of rows 0-3 (q8 without VNNI: m + 128 s), then zeros
+  __m256 min;        // m + centre * s of rows 0-3, then zeros
 };
 
 std::uint16_t load_u16(const std::uint8_t* p) {
@@ -44,34 +48,47 @@ std::uint16_t load_u16(const std::uint8_t* p) {
   return v;
 }
 
+// Sum of the 32 unsigned bytes of v.
+__attribute__((target("avx2"))) inline int byte_sum(__m256i v) {
+  const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
+  const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  return static_cast<int>(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1));
+}
+
 // Columns [c0, c0 + len) of kR quantized rows into tile blocks (c0 and len multiples of 32).
 template <DType T, bool Vnni>
 __attribute__((target("avx2,fma,f16c"))) void unpack_tile(const std::uint8_t* const (&rows)[kR], std::int64_t k,
-                                                          std::int64_t c0, std::int64_t len,
-                                                          TileBlock* out) {
+                                                          std::int64_t c0, std::int64_t len, TileBlock* out) {
+  constexpr int kCentre = quant_bits(T) == 4 ? 8 : 128;
+  constexpr bool kSigned = quant_bits(T) == 8 && !Vnni;
   const std::int64_t group = quant_group_size(T), code_bytes = quant_code_bytes(T, k);
   for (std::int64_t b = 0; b < len / kBlock; ++b) {
     const std::int64_t c = c0 + b * kBlock, g = c / group;
     TileBlock& tb = out[b];
     alignas(32) float s[8] = {}, m[8] = {};
+    alignas(32) std::int32_t offset[8] = {};
     for (int j = 0; j < kR; ++j) {
       s[j] = s[j + 4] = f16_to_f32(load_u16(rows[j] + code_bytes + 4 * g));
-      m[j] = f16_to_f32(load_u16(rows[j] + code_bytes + 4 * g + 2));
+      m[j] = f16_to_f32(load_u16(rows[j] + code_bytes + 4 * g + 2)) + static_cast<float>(kCentre) * s[j];
+      __m256i q;
       if constexpr (quant_bits(T) == 4) {  // two codes a byte, the even element in the low nibble
         const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + c / 2));
         const __m128i low = _mm_set1_epi8(0x0f);
         const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
-        tb.mag[j] = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-      } else if constexpr (Vnni) {
-        tb.mag[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + c));
+        q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
       } else {
-        const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + c)),
-                                           _mm256_set1_epi8(static_cast<char>(0x80)));
-        tb.sign[j] = q;
-        tb.mag[j] = _mm256_abs_epi8(q);  // |-128| reads as 128 unsigned
-        m[j] += 128.0f * s[j];
+        q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + c));
+      }
+      const __m256i centred = _mm256_sub_epi8(q, _mm256_set1_epi8(static_cast<char>(kCentre)));
+      if constexpr (kSigned) {
+        tb.sign[j] = centred;
+        tb.code[j] = _mm256_abs_epi8(centred);  // |-128| reads as 128 unsigned
+      } else {
+        tb.code[j] = centred;
+        offset[j] = 128 * (byte_sum(q) - static_cast<int>(kBlock) * kCentre);
       }
     }
+    tb.offset = _mm256_load_si256(reinterpret_cast<const __m256i*>(offset));
     tb.scale = _mm256_load_ps(s);
     tb.min = _mm256_load_ps(m);
   }
@@ -82,18 +99,23 @@ __attribute__((target("avx2,fma,f16c"))) void unpack_tile(const std::uint8_t* co
 template <int Bits>
 __attribute__((target("avx2,fma"), always_inline)) inline __m256i block_dots(const TileBlock& tb, __m256i codes) {
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i offset_codes = _mm256_xor_si256(codes, _mm256_set1_epi8(static_cast<char>(0x80)));  // + 128
   __m256i p[kR];
   for (int j = 0; j < kR; ++j) {
-    const __m256i x = Bits == 8 ? _mm256_sign_epi8(codes, tb.sign[j]) : codes;
-    p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(tb.mag[j], x), ones);
+    const __m256i prod = Bits == 8 ? _mm256_maddubs_epi16(tb.code[j], _mm256_sign_epi8(codes, tb.sign[j]))
+                                   : _mm256_maddubs_epi16(offset_codes, tb.code[j]);
+    p[j] = _mm256_madd_epi16(prod, ones);
   }
-  return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  return _mm256_sub_epi32(sums, tb.offset);
 }
-__attribute__((target("avx2,fma,avx512vnni,avx512vl"), always_inline)) inline __m256i block_dots_vnni(const TileBlock& tb,
-                                                                                     __m256i codes) {
+__attribute__((target("avx2,fma,avx512vnni,avx512vl"), always_inline)) inline __m256i block_dots_vnni(
+    const TileBlock& tb, __m256i codes) {
+  const __m256i offset_codes = _mm256_xor_si256(codes, _mm256_set1_epi8(static_cast<char>(0x80)));  // + 128
   __m256i p[kR];
-  for (int j = 0; j < kR; ++j) p[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), tb.mag[j], codes);
-  return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  for (int j = 0; j < kR; ++j) p[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset_codes, tb.code[j]);
+  const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  return _mm256_sub_epi32(sums, tb.offset);
 }
 
 // acc += one block's integer sums (lanes as block_dots) scaled by s dx, plus m sum(x).
