@@ -46,11 +46,12 @@ std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool con
 }
 
 // Where one path overtakes another, measured with bench_gemm_paths and per-core CPU time (n 8192
-// x k 2048, 2-core Zen 4): the few-row kernel up to 8 activation rows (where it applies), the
-// tiled kernel from there to 128 (f16 at 64 rows: 1.5x oneDNN on converted panels), oneDNN's
-// blocked GEMM beyond (the tiled kernel's chunks of k shrink as x grows; at 256 rows it is
-// 0.6-0.8x oneDNN);
-std::int64_t few_rows_max() { return 8; }
+// x k 2048, 2-core Zen 4): the few-row kernel up to 8 activation rows for float weights (at 16
+// rows f16 runs 1.5x faster tiled) and up to its limit of 16 for q8 ones (the two are within
+// noise there), the tiled kernel from there to 128 (f16 at 64 rows: 1.5x oneDNN on converted
+// panels), oneDNN's blocked GEMM beyond (the tiled kernel's chunks of k shrink as x grows; at
+// 256 rows it is 0.6-0.8x oneDNN);
+std::int64_t few_rows_max(DType t) { return is_quantized(t) ? 16 : 8; }
 std::int64_t tiled_max_rows() { return 128; }
 // the int8 kernel (when asked for) from 2 rows, with no upper limit (1.1-1.3x oneDNN at 1024
 // rows); one row stays with the few-row kernel, quantizing x costs more than it saves there.
@@ -139,7 +140,7 @@ CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode) {
   if (mode == CpuGemmMode::Previous) return gemv_small_m_applies(a) ? CpuGemmPath::FewRows : CpuGemmPath::OnednnPanels;
   if (mode == CpuGemmMode::Int8 && gemm_int8_supported(a) && a.m >= int8_min_rows())
     return CpuGemmPath::TiledInt8;
-  if (gemv_small_m_applies(a) && a.m <= few_rows_max()) return CpuGemmPath::FewRows;
+  if (gemv_small_m_applies(a) && a.m <= few_rows_max(a.w.dtype)) return CpuGemmPath::FewRows;
   if (gemm_tiled_supported(a) && a.m <= tiled_max_rows()) return CpuGemmPath::Tiled;
   return CpuGemmPath::OnednnPanels;
 }
