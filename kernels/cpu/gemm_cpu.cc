@@ -1,21 +1,28 @@
-// GEMM on the CPU through oneDNN: the weight's output rows are cut into panels; each oneTBB
-// task brings its panel into the compute dtype in thread-local scratch where it is stored in
-// another (fp16/bf16 converted, q4/q8 dequantized; fp32 weights and bf16 weights under bf16
-// compute are used in place) and multiplies it with a single-threaded oneDNN matmul.
-// Conversion thus happens once per panel and stays in cache, and the weight is never expanded
-// whole. A few activation rows with fp32, 16-bit or q8 weights take gemv_cpu.h's kernel
-// instead, which reads the weights in place. bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same
-// products are formed in fp32 from bf16-rounded inputs (exact: 8-bit significands).
+// GEMM on the CPU: the paths of gemm_cpu.h and the choice between them. Few activation rows
+// (decode at small batch) take gemv_cpu.h's kernel, a few tens (decode at larger batch) the
+// tiled kernels (gemm_tiled_cpu.h; gemm_int8_cpu.h when FLEXH2O_CPU_GEMM=int8), which read the
+// weights as stored; more rows (prefill) and CPUs without AVX2/FMA/F16C take oneDNN: the
+// weight's output rows are cut into panels; each oneTBB task brings its panel into the compute
+// dtype in thread-local scratch where it is stored in another (fp16/bf16 converted, q4/q8
+// dequantized; fp32 weights and bf16 weights under bf16 compute are used in place) and
+// multiplies it with a single-threaded oneDNN matmul, so the weight is never expanded whole.
+// bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same products
+// are formed in fp32 from bf16-rounded inputs (exact: 8-bit significands).
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/gemm_int8_cpu.h"
+#include "kernels/cpu/gemm_tiled_cpu.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "kernels/cpu/onednn_matmul.h"
 
@@ -38,23 +45,25 @@ std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool con
   return std::min(n, std::clamp<std::int64_t>(even, 64, cap));
 }
 
+// Where one path overtakes another, measured with bench_gemm_paths and per-core CPU time (n 8192
+// x k 2048, 2-core Zen 4): the few-row kernel up to 8 activation rows for float weights (at 16
+// rows f16 runs 1.5x faster tiled) and up to its limit of 16 for q8 ones (the two are within
+// noise there), the tiled kernel from there to 128 (f16 at 64 rows: 1.5x oneDNN on converted
+// panels), oneDNN's blocked GEMM beyond (the tiled kernel's chunks of k shrink as x grows; at
+// 256 rows it is 0.6-0.8x oneDNN);
+std::int64_t few_rows_max(DType t) { return is_quantized(t) ? 16 : 8; }
+std::int64_t tiled_max_rows() { return 128; }
+// the int8 kernel (when asked for) from 2 rows, with no upper limit (1.1-1.3x oneDNN at 1024
+// rows); one row stays with the few-row kernel, quantizing x costs more than it saves there.
+std::int64_t int8_min_rows() { return 2; }
+
 // v rounded to bf16, kept in fp32 (the emulated bf16 path).
 void round_to_bf16(float* v, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
 }
 
-}  // namespace
-
-bool CpuBackend::native_bf16() const { return onednn_native_bf16(); }
-
-void CpuBackend::do_gemm(const GemmArgs& a) {
+void gemm_onednn_panels(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
-  if (m == 0 || n == 0) return;
-  if (gemv_small_m_applies(a)) {  // memory-bound: read 16-bit and q8 weights as they are
-    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, 64),
-                      [&](const tbb::blocked_range<std::int64_t>& r) { gemv_small_m(a, r.begin(), r.end()); });
-    return;
-  }
   const bool bf16 = a.compute == DType::BF16, native_bf16 = bf16 && onednn_native_bf16();
   const DType inputs = native_bf16 ? DType::BF16 : DType::F32;
   // x in the dtype the matmul reads: as given, or rounded to bf16 once for all panels.
@@ -91,6 +100,82 @@ void CpuBackend::do_gemm(const GemmArgs& a) {
     PanelShape shape{m, rows, k, n, inputs, a.bias != nullptr, a.beta != 0.0f};
     onednn_matmul(shape, x, w, a.bias ? a.bias + n0 : nullptr, a.y + n0);
   });
+}
+
+}  // namespace
+
+std::string_view cpu_gemm_path_name(CpuGemmPath p) {
+  switch (p) {
+    case CpuGemmPath::FewRows: return "few-row";
+    case CpuGemmPath::Tiled: return "tiled";
+    case CpuGemmPath::TiledInt8: return "tiled int8";
+    case CpuGemmPath::OnednnPanels: return "oneDNN panels";
+  }
+  return "?";
+}
+
+bool cpu_gemm_path_supported(CpuGemmPath p, const GemmArgs& a) {
+  switch (p) {
+    case CpuGemmPath::FewRows: return gemv_small_m_applies(a);
+    case CpuGemmPath::Tiled: return gemm_tiled_supported(a);
+    case CpuGemmPath::TiledInt8: return gemm_int8_supported(a);
+    case CpuGemmPath::OnednnPanels: return true;
+  }
+  return false;
+}
+
+CpuGemmMode cpu_gemm_mode() {
+  static const CpuGemmMode mode = [] {
+    const char* v = std::getenv("FLEXH2O_CPU_GEMM");
+    const std::string s = v ? v : "weight-only";
+    if (s == "weight-only") return CpuGemmMode::WeightOnly;
+    if (s == "int8") return CpuGemmMode::Int8;
+    if (s == "previous") return CpuGemmMode::Previous;
+    throw std::invalid_argument("FLEXH2O_CPU_GEMM=" + s + ": expected weight-only (the default), int8 or previous");
+  }();
+  return mode;
+}
+
+CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode) {
+  if (mode == CpuGemmMode::Previous) return gemv_small_m_applies(a) ? CpuGemmPath::FewRows : CpuGemmPath::OnednnPanels;
+  if (mode == CpuGemmMode::Int8 && gemm_int8_supported(a) && a.m >= int8_min_rows())
+    return CpuGemmPath::TiledInt8;
+  if (gemv_small_m_applies(a) && a.m <= few_rows_max(a.w.dtype)) return CpuGemmPath::FewRows;
+  if (gemm_tiled_supported(a) && a.m <= tiled_max_rows()) return CpuGemmPath::Tiled;
+  return CpuGemmPath::OnednnPanels;
+}
+
+void run_cpu_gemm_path(CpuGemmPath p, const GemmArgs& a) {
+  if (!cpu_gemm_path_supported(p, a))
+    throw std::invalid_argument("gemm: the " + std::string(cpu_gemm_path_name(p)) + " path cannot run " +
+                                std::string(dtype_name(a.w.dtype)) + " weights, " + std::string(dtype_name(a.compute)) +
+                                " compute, m = " + std::to_string(a.m) + " on this CPU");
+  using Range = tbb::blocked_range<std::int64_t>;
+  switch (p) {
+    case CpuGemmPath::FewRows:
+      tbb::parallel_for(Range(0, a.w.rows, 64), [&](const Range& r) { gemv_small_m(a, r.begin(), r.end()); });
+      return;
+    case CpuGemmPath::Tiled:
+      tbb::parallel_for(Range(0, a.w.rows, kTiledTaskRows), [&](const Range& r) { gemm_tiled(a, r.begin(), r.end()); },
+                        tbb::simple_partitioner());
+      return;
+    case CpuGemmPath::TiledInt8: {
+      Int8Rows q;  // per call: a task nested in this one may run another GEMM on this thread
+      resize_int8_rows(a.m, a.w.cols, q);
+      tbb::parallel_for(Range(0, a.m, 8), [&](const Range& r) { quantize_int8_rows(a.x, r.begin(), r.end(), q); });
+      tbb::parallel_for(Range(0, a.w.rows, kTiledTaskRows), [&](const Range& r) { gemm_int8(a, q, r.begin(), r.end()); },
+                        tbb::simple_partitioner());
+      return;
+    }
+    case CpuGemmPath::OnednnPanels: return gemm_onednn_panels(a);
+  }
+}
+
+bool CpuBackend::native_bf16() const { return onednn_native_bf16(); }
+
+void CpuBackend::do_gemm(const GemmArgs& a) {
+  if (a.m == 0 || a.w.rows == 0) return;
+  run_cpu_gemm_path(choose_cpu_gemm_path(a), a);
 }
 
 }  // namespace flexh2o::kernels

@@ -1,11 +1,11 @@
 #include "kernels/cpu/gemv_cpu.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/quantize.h"
 
 namespace flexh2o::kernels {
@@ -14,13 +14,6 @@ namespace {
 
 constexpr std::int64_t kGemvRowsAtOnce = 4;
 
-bool cpu_has_avx2_fma_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
-  if (!(c & bit_FMA) || !(c & bit_AVX) || !(c & bit_OSXSAVE) || !(c & bit_F16C)) return false;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return b & bit_AVX2;
-}
 const bool kSupported = cpu_has_avx2_fma_f16c();
 
 constexpr bool is_q8(DType t) { return t == DType::Q8 || t == DType::Q8G32; }

@@ -211,8 +211,10 @@ void OpsTest::check_gemm(DType dtype, std::int64_t m, std::int64_t k, std::int64
 }
 
 TEST_P(OpsTest, Gemm) {
-  // Up to 8 rows (fp32 weights) or 16 (16-bit, q8) take the CPU's few-row path, 4 rows at a
-  // time (6 and 13 leave a remainder); more rows, q4 weights and bf16 compute the GEMM path.
+  // On the CPU up to 8 rows take the few-row path where it applies, 4 rows at a time (6
+  // leaves a remainder), more rows the tiled kernels (13, 17, 65: remainders of their 3-row
+  // groups), q4 weights at few rows the tiled kernel and bf16 compute oneDNN (per path:
+  // test_gemm_cpu_paths.cc).
   for (const DType dtype : kWeightDTypes)
     for (const std::int64_t m : {1, 3, 6, 13, 17, 65})
       for (const std::int64_t k : {7, 33, 129})

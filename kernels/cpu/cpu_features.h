@@ -1,0 +1,18 @@
+// Which instruction sets the CPU's own kernels may use, asked once of CPUID. The kernels are
+// compiled with target attributes, so one binary runs on any x86-64 and takes its generic path
+// (oneDNN, which dispatches by itself) where these are missing.
+#pragma once
+#include <cpuid.h>
+
+namespace flexh2o::kernels {
+
+// AVX2 + FMA + F16C, with the OS saving the ymm registers.
+inline bool cpu_has_avx2_fma_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  if (!(c & bit_FMA) || !(c & bit_AVX) || !(c & bit_OSXSAVE) || !(c & bit_F16C)) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return b & bit_AVX2;
+}
+
+}  // namespace flexh2o::kernels

@@ -1,0 +1,38 @@
+// The CPU GEMM's paths and the choice between them (gemm_cpu.cc). Benchmarks run each path on
+// the same problem to measure where one overtakes another.
+#pragma once
+#include <string_view>
+
+#include "kernels/gemm.h"
+
+namespace flexh2o::kernels {
+
+enum class CpuGemmPath {
+  FewRows,       // gemv_cpu.h: weights read in place, few activation rows
+  Tiled,         // gemm_tiled_cpu.h: weight tiles widened in L1, register-blocked FMA
+  TiledInt8,     // gemm_int8_cpu.h: q4/q8 tiles times activations quantized per 32-block
+  OnednnPanels,  // weight panels brought to the compute dtype, oneDNN matmul per panel
+};
+std::string_view cpu_gemm_path_name(CpuGemmPath p);
+
+// Which paths CpuBackend::gemm may take, from the environment variable FLEXH2O_CPU_GEMM:
+//   weight-only (default): the fastest measured of the paths that multiply the stored weights'
+//                exact values with fp32 activations;
+//   int8:        q4/q8 weights (k a multiple of 32) by integer dot products with activations
+//                quantized per 32-block, as llama.cpp does: faster, but not exact (SmolLM2-135M
+//                Q4_1 kept as q4g32, `eval --kv full --compress weight`, 128 chunks: top-1
+//                agreement 0.949 and KL 0.0058 against 0.999 and 0.0000 weight-only);
+//   previous:    the paths before the tiled kernels (few-row kernel, else oneDNN panels), for
+//                before/after measurements.
+// Any other value is an error naming the variable.
+enum class CpuGemmMode { WeightOnly, Int8, Previous };
+CpuGemmMode cpu_gemm_mode();
+
+// Whether path p can compute `a` on this CPU (OnednnPanels always can).
+bool cpu_gemm_path_supported(CpuGemmPath p, const GemmArgs& a);
+// The path CpuBackend::gemm takes for `a` in mode `mode`.
+CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode = cpu_gemm_mode());
+// Runs `a` by path p over the backend's threads; throws std::invalid_argument where p cannot.
+void run_cpu_gemm_path(CpuGemmPath p, const GemmArgs& a);
+
+}  // namespace flexh2o::kernels
