@@ -384,20 +384,22 @@ Value wordcount(const Value& v, int line) {
   return n;
 }
 
-// jinja2's title filter: the first letter of every word after -, whitespace or an opening bracket.
+// jinja2's title filter: split at runs of -, whitespace and opening brackets, then each piece's
+// first character upper-cased and the rest lower-cased.
 std::string jinja_title(const std::string& s) {
-  std::u32string cps = to_code_points(s);
-  bool word_start = true;
-  for (char32_t& c : cps) {
-    const bool boundary = c == '-' || py_isspace(c) || c == '(' || c == '{' || c == '[' || c == '<';
-    if (boundary) {
-      word_start = true;
-      continue;
-    }
-    c = word_start ? py_upper(c) : py_lower(c);
-    word_start = false;
+  const std::u32string cps = to_code_points(s);
+  auto boundary = [](char32_t c) { return c == '-' || py_isspace(c) || c == '(' || c == '{' || c == '[' || c == '<'; };
+  std::string out;
+  std::size_t i = 0;
+  while (i < cps.size()) {
+    std::size_t j = i;
+    const bool sep = boundary(cps[i]);
+    while (j < cps.size() && boundary(cps[j]) == sep) ++j;
+    const std::u32string piece = cps.substr(i, j - i);
+    out += sep ? to_utf8(piece) : to_utf8(upper_full(piece[0])) + lower(to_utf8(piece.substr(1)));
+    i = j;
   }
-  return to_utf8(cps);
+  return out;
 }
 
 // Filters whose parameters bind by Python's rules (the value is the first argument).

@@ -4,7 +4,6 @@
 #include <functional>
 #include <map>
 #include <set>
-#include <utf8proc.h>
 
 #include "engine/chat/args.h"
 
@@ -29,13 +28,6 @@ std::string need_str(const Value& v, const std::string& what, int line) {
 std::int64_t cp_index(const std::string& s, std::size_t byte_pos) {
   return static_cast<std::int64_t>(to_code_points(std::string_view(s).substr(0, byte_pos)).size());
 }
-
-bool is_cased(char32_t c) {
-  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
-  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
-}
-
-char32_t py_titlecase(char32_t c) { return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c))); }
 
 // The prefix/suffix argument of startswith/endswith: a str or a tuple of them.
 std::vector<std::string> affixes(const Value& v, const std::string& what, int line) {
@@ -144,9 +136,13 @@ const std::map<std::string, Method>& methods() {
        }},
       {"swapcase", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
          BoundArgs b(a, {}, w);
-         std::u32string cps = to_code_points(s);
-         for (char32_t& c : cps) c = py_upper(c) != c ? py_upper(c) : py_lower(c);
-         return to_utf8(cps);
+         const std::u32string cps = to_code_points(s);
+         std::u32string out;
+         for (std::size_t i = 0; i < cps.size(); ++i) {
+           const std::u32string up = upper_full(cps[i]);
+           out += up != std::u32string(1, cps[i]) ? up : lower_at(cps, i);
+         }
+         return to_utf8(out);
        }},
       {"title", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
          BoundArgs b(a, {}, w);
@@ -342,19 +338,21 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
 }
 
 std::string py_capitalize(const std::string& s) {
-  std::u32string cps = to_code_points(s);
-  for (std::size_t i = 0; i < cps.size(); ++i) cps[i] = i == 0 ? py_titlecase(cps[i]) : py_lower(cps[i]);
-  return to_utf8(cps);
+  const std::u32string cps = to_code_points(s);
+  std::u32string out;
+  for (std::size_t i = 0; i < cps.size(); ++i) out += i == 0 ? title_full(cps[i]) : lower_at(cps, i);
+  return to_utf8(out);
 }
 
 std::string py_title(const std::string& s) {
-  std::u32string cps = to_code_points(s);
+  const std::u32string cps = to_code_points(s);
+  std::u32string out;
   bool prev_cased = false;
-  for (char32_t& c : cps) {
-    c = prev_cased ? py_lower(c) : py_titlecase(c);
-    prev_cased = is_cased(c);
+  for (std::size_t i = 0; i < cps.size(); ++i) {
+    out += prev_cased ? lower_at(cps, i) : title_full(cps[i]);
+    prev_cased = is_cased(cps[i]);
   }
-  return to_utf8(cps);
+  return to_utf8(out);
 }
 
 }  // namespace flexh2o::engine::chat

@@ -62,6 +62,57 @@ bool py_isspace(char32_t c) {
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+namespace {
+
+struct CaseException {
+  char32_t code_point;
+  const char32_t* mapped;
+};
+#include "engine/chat/case_table.inc"
+
+template <std::size_t N>
+const char32_t* find_exception(const CaseException (&table)[N], char32_t c) {
+  for (const CaseException& e : table) {
+    if (e.code_point == c) return e.mapped;
+  }
+  return nullptr;
+}
+
+bool is_case_ignorable(char32_t c) {
+  switch (category(c)) {
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_SK:
+      return true;
+    default:
+      return c == '\'' || c == '.' || c == ':' || c == 0xB7 || c == 0x387 || c == 0x5F4 || c == 0x2018 ||
+             c == 0x2019 || c == 0x2024 || c == 0x2027 || c == 0xFE13 || c == 0xFE52 || c == 0xFE55 ||
+             c == 0xFF07 || c == 0xFF0E || c == 0xFF1A;
+  }
+}
+
+// CPython's handle_capital_sigma: final sigma after a cased letter not followed by one.
+char32_t lower_sigma(const std::u32string& cps, std::size_t i) {
+  std::size_t j = i;
+  while (j > 0 && is_case_ignorable(cps[j - 1])) --j;
+  bool final_sigma = j > 0 && is_cased(cps[j - 1]);
+  if (final_sigma) {
+    std::size_t k = i + 1;
+    while (k < cps.size() && is_case_ignorable(cps[k])) ++k;
+    final_sigma = k == cps.size() || !is_cased(cps[k]);
+  }
+  return final_sigma ? 0x3C2 : 0x3C3;
+}
+
+}  // namespace
+
+bool is_cased(char32_t c) {
+  const auto cat = category(c);
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
+}
+
 char32_t py_upper(char32_t c) {
   return static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(c)));
 }
@@ -69,16 +120,33 @@ char32_t py_lower(char32_t c) {
   return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c)));
 }
 
+std::u32string upper_full(char32_t c) {
+  if (const char32_t* m = find_exception(kUpperExceptions, c)) return m;
+  return std::u32string(1, py_upper(c));
+}
+
+std::u32string title_full(char32_t c) {
+  if (const char32_t* m = find_exception(kTitleExceptions, c)) return m;
+  return std::u32string(1, static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c))));
+}
+
+std::u32string lower_at(const std::u32string& cps, std::size_t i) {
+  if (cps[i] == 0x3A3) return std::u32string(1, lower_sigma(cps, i));
+  if (const char32_t* m = find_exception(kLowerExceptions, cps[i])) return m;
+  return std::u32string(1, py_lower(cps[i]));
+}
+
 std::string upper(std::string_view s) {
-  std::u32string cps = to_code_points(s);
-  for (char32_t& c : cps) c = py_upper(c);
-  return to_utf8(cps);
+  std::u32string out;
+  for (char32_t c : to_code_points(s)) out += upper_full(c);
+  return to_utf8(out);
 }
 
 std::string lower(std::string_view s) {
-  std::u32string cps = to_code_points(s);
-  for (char32_t& c : cps) c = py_lower(c);
-  return to_utf8(cps);
+  const std::u32string cps = to_code_points(s);
+  std::u32string out;
+  for (std::size_t i = 0; i < cps.size(); ++i) out += lower_at(cps, i);
+  return to_utf8(out);
 }
 
 bool py_isalpha(char32_t c) {

@@ -13,11 +13,17 @@ bool valid_utf8(std::string_view s);
 
 // str.isspace() of one code point.
 bool py_isspace(char32_t c);
-// str.upper() / str.lower() (Unicode simple case mapping).
-char32_t py_upper(char32_t c);
-char32_t py_lower(char32_t c);
+// Python's case mappings: Unicode's full mappings ('ß'.upper() is 'SS'), final sigma in lower().
 std::string upper(std::string_view s);
 std::string lower(std::string_view s);
+std::u32string upper_full(char32_t c);
+std::u32string title_full(char32_t c);
+// Lowercase of cps[i], which depends on its neighbours for a capital sigma.
+std::u32string lower_at(const std::u32string& cps, std::size_t i);
+// Simple one-to-one mappings, for tests that compare characters.
+char32_t py_upper(char32_t c);
+char32_t py_lower(char32_t c);
+bool is_cased(char32_t c);
 bool py_isalnum(char32_t c);
 bool py_isalpha(char32_t c);
 bool py_isdigit(char32_t c);
