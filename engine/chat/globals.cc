@@ -67,8 +67,8 @@ Value namespace_global(Interpreter&, CallArgs& a) {
   for (auto& [k, v] : dict_items(a, "namespace()")) {
     if (!k.is_string()) throw TemplateError("namespace() attribute names must be strings", a.line);
     if (!k.as_string().empty() && k.as_string()[0] == '_') {
-      throw TemplateError("chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
-                              k.as_string() + "'",
+      throw TemplateError("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
+                              k.as_string() + "'. Please rename the attribute.",
                           a.line);
     }
     o->set(k.as_string(), v);

@@ -203,8 +203,8 @@ void Interpreter::assign(const Target& t, const Value& v, const ScopePtr& scope,
       throw TemplateError("cannot assign attribute on non-namespace object '" + t.names[0] + "'", line);
     }
     if (t.attribute[0] == '_') {
-      throw TemplateError("chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
-                              t.attribute + "'",
+      throw TemplateError("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
+                              t.attribute + "'. Please rename the attribute.",
                           line);
     }
     ns.as_object().set(t.attribute, v);

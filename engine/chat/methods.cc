@@ -26,7 +26,7 @@ Value missing(const Value& obj, const std::string& name) {
 
 Value unsafe(const Value& obj, const std::string& name) {
   return Undefined{"access to attribute '" + name + "' of '" + type_name(obj) +
-                       "' object is unsafe (chat templates cannot modify their inputs)",
+                       "' object is unsafe.",
                    true};
 }
 
