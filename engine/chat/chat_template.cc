@@ -70,9 +70,7 @@ std::string ChatTemplate::render(const ChatInputs& inputs) const {
     if (inputs.bos_token) root->set("bos_token", *inputs.bos_token);
     if (inputs.eos_token) root->set("eos_token", *inputs.eos_token);
     Interpreter interpreter(limits_);
-    std::string out = interpreter.render(body_, root);
-    root->vars.clear();  // macros stored here refer back to this scope
-    return out;
+    return interpreter.render(body_, root);
   } catch (const TemplateError& e) {
     throw ChatTemplateError(located(name_, e));
   }

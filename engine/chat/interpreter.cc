@@ -45,6 +45,25 @@ std::string Interpreter::render(const Body& body, const ScopePtr& root) {
   return std::move(outputs_.back());
 }
 
+// Bounds the C++ stack a template can use (nested blocks inside recursive macros).
+class Interpreter::Nesting {
+ public:
+  Nesting(Interpreter& in, int line) : in_(in) {
+    if (++in_.nesting_ > in_.limits_.max_nesting) {
+      --in_.nesting_;
+      throw TemplateError("the template nests more than " + std::to_string(in_.limits_.max_nesting) +
+                              " statements and expressions inside each other; stopped",
+                          line);
+    }
+  }
+  ~Nesting() { --in_.nesting_; }
+  Nesting(const Nesting&) = delete;
+  Nesting& operator=(const Nesting&) = delete;
+
+ private:
+  Interpreter& in_;
+};
+
 void Interpreter::step(int line) {
   if (++steps_ > limits_.max_steps) {
     throw TemplateError("the template ran for more than " + std::to_string(limits_.max_steps) +
@@ -90,6 +109,7 @@ Interpreter::Flow Interpreter::exec(const Body& body, const ScopePtr& scope) {
 
 Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope) {
   step(s.line);
+  const Nesting nesting(*this, s.line);
   switch (s.kind) {
     case StmtKind::Text:
       write(s.text, s.line);
@@ -342,6 +362,7 @@ Value Interpreter::eval_compare(const Expr& e, const ScopePtr& scope) {
 
 Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
   step(e.line);
+  const Nesting nesting(*this, e.line);
   switch (e.kind) {
     case ExprKind::Literal:
       return e.value;

@@ -26,6 +26,7 @@ struct RenderLimits {
   std::int64_t max_steps = 20'000'000;       // statements, expressions and loop iterations
   std::size_t max_output = 64u << 20;        // bytes of rendered text (and of any one string)
   int max_call_depth = 200;                  // nested macro calls (jinja2 hits Python's recursion limit)
+  int max_nesting = 2000;                    // statements and expressions being evaluated inside each other
 };
 
 class Interpreter {
@@ -60,6 +61,8 @@ class Interpreter {
   RenderLimits limits_;
   std::int64_t steps_ = 0;
   int call_depth_ = 0;
+  int nesting_ = 0;
+  class Nesting;
   std::vector<std::string> outputs_;  // the innermost is where text goes (macros capture theirs)
   std::size_t total_output_ = 0;
 };

@@ -9,6 +9,7 @@
 namespace flexh2o::engine::chat {
 
 Value from_json(const nlohmann::ordered_json& j) {
+  const NestingGuard guard(0);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return Value(None{});

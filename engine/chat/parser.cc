@@ -123,7 +123,17 @@ class Parser {
     return out;
   }
 
+  // Recursive descent: nesting deeper than this is refused rather than overflowing the stack.
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.nesting_ > 500) p.fail("the template nests blocks or expressions more than 500 deep");
+    }
+    ~Nest() { --p.nesting_; }
+  };
+
   StmtPtr parse_statement() {
+    const Nest nest(*this);
     if (cur().type != TokenType::Name) fail("expected a tag name after '{%', found '" + describe(cur()) + "'");
     const std::string tag = cur().value;
     const int line = cur().line;
@@ -347,6 +357,7 @@ class Parser {
   ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
 
   ExprPtr parse_condexpr() {
+    const Nest nest(*this);
     ExprPtr expr = parse_or();
     while (is_name("if")) {
       const int line = cur().line;
@@ -389,6 +400,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    const Nest nest(*this);
     if (is_name("not")) {
       const int line = cur().line;
       advance();
@@ -469,6 +481,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const Nest nest(*this);
     const int line = cur().line;
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
@@ -733,6 +746,7 @@ class Parser {
   std::vector<Token> tokens_;
   std::size_t pos_ = 0;
   int loop_depth_ = 0;
+  int nesting_ = 0;
   std::vector<Stmt*> macro_frames_;
 };
 

@@ -62,6 +62,20 @@ Value Value::callable(std::string name, std::function<Value(Interpreter&, CallAr
   return Value(std::move(c));
 }
 
+namespace {
+thread_local int nesting = 0;
+}  // namespace
+
+NestingGuard::NestingGuard(int line) {
+  if (++nesting > kMaxNesting) {
+    --nesting;
+    throw TemplateError("a value is nested more than " + std::to_string(kMaxNesting) + " levels deep (or contains itself)",
+                        line);
+  }
+}
+
+NestingGuard::~NestingGuard() { --nesting; }
+
 std::string type_name(const Value& v) {
   struct Namer {
     std::string operator()(const Undefined&) const { return "Undefined"; }
@@ -122,6 +136,7 @@ bool sequences_equal(const ListObj& a, const ListObj& b) {
 }  // namespace
 
 bool equals(const Value& a, const Value& b) {
+  const NestingGuard guard(0);
   if (a.is_number() && b.is_number()) {
     if (is_integral(a) && is_integral(b)) return to_int64(a) == to_int64(b);
     return to_double(a) == to_double(b);
@@ -136,6 +151,7 @@ bool equals(const Value& a, const Value& b) {
 }
 
 bool less_than(const Value& a, const Value& b, int line) {
+  const NestingGuard guard(line);
   if (a.is_number() && b.is_number()) {
     if (is_integral(a) && is_integral(b)) return to_int64(a) < to_int64(b);
     return to_double(a) < to_double(b);
@@ -202,6 +218,7 @@ std::string to_str(const Value& v, int line) {
 }
 
 std::string to_repr(const Value& v, int line) {
+  const NestingGuard guard(line);
   if (v.is_undefined()) return "Undefined";
   if (v.is_none()) return "None";
   if (v.is_bool()) return v.as_bool() ? "True" : "False";

@@ -125,6 +125,17 @@ class Value {
   Data data_;
 };
 
+// Counts nesting while walking a value (printing, comparing, converting): a value nested deeper
+// than kMaxNesting (or a namespace that holds itself) is an error, not a stack overflow.
+constexpr int kMaxNesting = 1000;
+class NestingGuard {
+ public:
+  explicit NestingGuard(int line);
+  ~NestingGuard();
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+};
+
 // Python's type name of the value, for messages ('str', 'dict', 'NoneType', ...).
 std::string type_name(const Value& v);
 // Python's truth value (Undefined is false).

@@ -170,6 +170,18 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   EXPECT_THAT(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), HasSubstr("nested more than 200 deep"));
   EXPECT_THAT(error_of("{{ 'x' * 1000000000 }}"), HasSubstr("bytes; stopped"));
   EXPECT_THAT(error_of("{{ range(1000000) | length }}"), HasSubstr("Range too big"));
+  // Nesting that would overflow the C++ stack is refused.
+  EXPECT_THAT(error_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}"),
+              HasSubstr("more than 500 deep"));
+  EXPECT_EQ(error_of(std::string(20000, '-') + "1"), "");  // text, not an expression
+  EXPECT_THAT(error_of("{{ " + std::string(20000, '-') + "1 }}"), HasSubstr("more than 500 deep"));
+  EXPECT_THAT(error_of("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"), HasSubstr("contains itself"));
+  EXPECT_THAT(error_of("{% set ns = namespace(x=[]) %}{% for i in range(3000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                       "{{ ns.x }}"),
+              HasSubstr("nested more than 1000 levels"));
+  ChatInputs deep = conversation();
+  deep.messages = nlohmann::ordered_json::parse("[{\"content\": " + std::string(5000, '[') + std::string(5000, ']') + "}]");
+  EXPECT_THAT([&] { render("x", deep); }, ::testing::ThrowsMessage<ChatTemplateError>(HasSubstr("levels deep")));
 }
 
 TEST(ChatTemplate, GlobalsAndInputs) {
