@@ -31,7 +31,7 @@ using Filter = std::function<Value(Interpreter& in, const Value& v, CallArgs& a,
 // Python's len().
 Value length_of(const Value& v, int line) {
   if (v.is_string()) return static_cast<std::int64_t>(to_code_points(v.as_string()).size());
-  if (v.is_sequence_obj()) return static_cast<std::int64_t>(v.as_list().items.size());
+  if (v.is_iterable_obj() && !v.is_iterator()) return static_cast<std::int64_t>(v.as_list().items.size());
   if (v.is_dict()) return static_cast<std::int64_t>(v.as_dict().items.size());
   if (v.is_undefined()) return std::int64_t{0};
   throw TemplateError("object of type '" + type_name(v) + "' has no len()", line);
@@ -248,7 +248,7 @@ Value select_like(Interpreter& in, const Value& v, CallArgs& a, bool by_attribut
     const bool passed = test.empty() ? truthy(probe) : apply_test(in, test, probe, args);
     if (passed == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::sequence(SeqKind::Iterator, std::move(out));
 }
 
 Value map_filter(Interpreter& in, const Value& v, CallArgs& a) {
@@ -263,7 +263,7 @@ Value map_filter(Interpreter& in, const Value& v, CallArgs& a) {
       if (x.is_undefined() && b.has(1)) x = b.get(1);
       out.push_back(std::move(x));
     }
-    return Value::list(std::move(out));
+    return Value::sequence(SeqKind::Iterator, std::move(out));
   }
   if (!a.positional[0].is_string()) throw TemplateError("map: the filter name must be a string", a.line);
   const std::string name = a.positional[0].as_string();
@@ -276,7 +276,7 @@ Value map_filter(Interpreter& in, const Value& v, CallArgs& a) {
     CallArgs args = rest;
     out.push_back(apply_filter(in, name, item, args));
   }
-  return Value::list(std::move(out));
+  return Value::sequence(SeqKind::Iterator, std::move(out));
 }
 
 Value min_max(const Value& v, const BoundArgs& b, int line, bool want_max) {
@@ -304,7 +304,7 @@ Value unique_filter(const Value& v, const BoundArgs& b, int line) {
     seen.push_back(key);
     out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::sequence(SeqKind::Iterator, std::move(out));
 }
 
 Value dictsort_filter(const Value& v, const BoundArgs& b, int line) {
@@ -342,17 +342,18 @@ Value sum_filter(Interpreter& in, const Value& v, const BoundArgs& b, int line) 
 }
 
 Value first_or_last(const Value& v, int line, bool last) {
+  if (last && v.is_iterator()) throw TemplateError("'generator' object is not reversible", line);
   const std::vector<Value> items = iterate(v, line);
   if (items.empty()) return Undefined{last ? "No last item, sequence was empty." : "No first item, sequence was empty."};
   return last ? items.back() : items.front();
 }
 
 Value items_filter(const Value& v, int line) {
-  if (v.is_undefined()) return Value::list();
+  if (v.is_undefined()) return Value::sequence(SeqKind::Iterator, {});
   if (!v.is_dict()) throw TemplateError("Can only get item pairs from a mapping.", line);
   std::vector<Value> out;
   for (const auto& [k, val] : v.as_dict().items) out.push_back(Value::tuple({k, val}));
-  return Value::list(std::move(out));
+  return Value::sequence(SeqKind::Iterator, std::move(out));
 }
 
 Value reverse_filter(const Value& v, int line) {
@@ -363,7 +364,8 @@ Value reverse_filter(const Value& v, int line) {
   }
   std::vector<Value> items = iterate(v, line);
   std::reverse(items.begin(), items.end());
-  return Value::list(std::move(items));
+  // reversed() of a sequence is an iterator; a generator has none, so jinja2 makes a list.
+  return v.is_iterator() ? Value::list(std::move(items)) : Value::sequence(SeqKind::Iterator, std::move(items));
 }
 
 Value abs_filter(const Value& v, int line) {

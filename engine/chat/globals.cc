@@ -28,7 +28,11 @@ Value range_global(Interpreter&, CallArgs& a) {
     }
     out.emplace_back(i);
   }
-  return Value::list(std::move(out));
+  Value r = Value::sequence(SeqKind::Range, std::move(out));
+  r.as_list().range_start = start;
+  r.as_list().range_stop = stop;
+  r.as_list().range_step = step;
+  return r;
 }
 
 // dict(mapping or pairs, **kwargs) and namespace(...) take the same arguments.

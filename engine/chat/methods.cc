@@ -74,7 +74,8 @@ Value dict_method(const Value& self, const std::string& name) {
       for (const auto& [k, v] : self.as_dict().items) {
         out.push_back(name == "items" ? Value::tuple({k, v}) : name == "keys" ? k : v);
       }
-      return Value::list(std::move(out));
+      const SeqKind kind = name == "items" ? SeqKind::DictItems : name == "keys" ? SeqKind::DictKeys : SeqKind::DictValues;
+      return Value::sequence(kind, std::move(out));
     });
   }
   return Value::callable(what, [what](Interpreter&, CallArgs& a) -> Value {
@@ -120,7 +121,7 @@ Value get_item(const Value& obj, const Value& key, int line) {
   if (obj.is_undefined()) fail_undefined(obj, line);
   if (obj.is_dict()) {
     if (const Value* v = obj.as_dict().find(key)) return *v;
-  } else if ((obj.is_sequence_obj() || obj.is_string()) && is_integral(key)) {
+  } else if ((obj.is_sequence_obj() || obj.is_string() || obj.is_kind(SeqKind::Range)) && is_integral(key)) {
     return index_sequence(obj, to_int64(key));
   }
   if (key.is_string()) return get_attribute(obj, key.as_string(), line);

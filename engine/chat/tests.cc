@@ -63,10 +63,10 @@ const std::map<std::string, TestDef>& tests() {
       {"mapping", {{}, [](const Value& v, const BoundArgs&, int) { return v.is_dict(); }}},
       // Python: iter(x) works (Undefined iterates as empty); len(x) and x[...] for sequence.
       {"iterable", {{}, [](const Value& v, const BoundArgs&, int) {
-         return v.is_undefined() || v.is_string() || v.is_sequence_obj() || v.is_dict();
+         return v.is_undefined() || v.is_string() || v.is_iterable_obj() || v.is_dict();
        }}},
       {"sequence", {{}, [](const Value& v, const BoundArgs&, int) {
-         return v.is_undefined() || v.is_string() || v.is_sequence_obj() || v.is_dict();
+         return v.is_undefined() || v.is_string() || v.is_sequence_obj() || v.is_kind(SeqKind::Range) || v.is_dict();
        }}},
       {"callable", {{}, [](const Value& v, const BoundArgs&, int) { return v.is_callable(); }}},
       {"escaped", {{}, [](const Value&, const BoundArgs&, int) { return false; }}},
@@ -82,7 +82,7 @@ const std::map<std::string, TestDef>& tests() {
       {"sameas", {{"other"}, [](const Value& v, const BoundArgs& b, int) {
          const Value& o = b.get(0);
          if (v.is_none() || v.is_bool() || v.is_undefined()) return v.data().index() == o.data().index() && equals(v, o);
-         if (v.is_sequence_obj() && o.is_sequence_obj()) return &v.as_list() == &o.as_list();
+         if (v.is_iterable_obj() && o.is_iterable_obj()) return &v.as_list() == &o.as_list();
          if (v.is_dict() && o.is_dict()) return &v.as_dict() == &o.as_dict();
          return false;
        }}},

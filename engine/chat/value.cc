@@ -46,10 +46,12 @@ Value Value::list(std::vector<Value> items) {
   return Value(std::move(l));
 }
 
-Value Value::tuple(std::vector<Value> items) {
+Value Value::tuple(std::vector<Value> items) { return sequence(SeqKind::Tuple, std::move(items)); }
+
+Value Value::sequence(SeqKind kind, std::vector<Value> items) {
   auto l = std::make_shared<ListObj>();
   l->items = std::move(items);
-  l->tuple = true;
+  l->kind = kind;
   return Value(std::move(l));
 }
 
@@ -84,7 +86,18 @@ std::string type_name(const Value& v) {
     std::string operator()(std::int64_t) const { return "int"; }
     std::string operator()(double) const { return "float"; }
     std::string operator()(const std::string&) const { return "str"; }
-    std::string operator()(const Value::ListPtr& l) const { return l->tuple ? "tuple" : "list"; }
+    std::string operator()(const Value::ListPtr& l) const {
+      switch (l->kind) {
+        case SeqKind::List: return "list";
+        case SeqKind::Tuple: return "tuple";
+        case SeqKind::Iterator: return "generator";
+        case SeqKind::DictItems: return "dict_items";
+        case SeqKind::DictKeys: return "dict_keys";
+        case SeqKind::DictValues: return "dict_values";
+        case SeqKind::Range: return "range";
+      }
+      return "list";
+    }
     std::string operator()(const Value::DictPtr&) const { return "dict"; }
     std::string operator()(const Value::ObjectPtr& o) const { return o->type_name; }
     std::string operator()(const Value::CallablePtr&) const { return "function"; }
@@ -100,7 +113,7 @@ bool truthy(const Value& v) {
     bool operator()(std::int64_t i) const { return i != 0; }
     bool operator()(double d) const { return d != 0.0; }
     bool operator()(const std::string& s) const { return !s.empty(); }
-    bool operator()(const Value::ListPtr& l) const { return !l->items.empty(); }
+    bool operator()(const Value::ListPtr& l) const { return l->kind == SeqKind::Iterator || !l->items.empty(); }
     bool operator()(const Value::DictPtr& d) const { return !d->items.empty(); }
     bool operator()(const Value::ObjectPtr&) const { return true; }
     bool operator()(const Value::CallablePtr&) const { return true; }
@@ -126,7 +139,9 @@ bool dicts_equal(const DictObj& a, const DictObj& b) {
 }
 
 bool sequences_equal(const ListObj& a, const ListObj& b) {
-  if (a.tuple != b.tuple || a.items.size() != b.items.size()) return false;
+  // Generators and dict values compare by identity, as in Python.
+  if (a.kind != b.kind || a.kind == SeqKind::Iterator || a.kind == SeqKind::DictValues) return false;
+  if (a.items.size() != b.items.size()) return false;
   for (std::size_t i = 0; i < a.items.size(); ++i) {
     if (!equals(a.items[i], b.items[i])) return false;
   }
@@ -144,7 +159,7 @@ bool equals(const Value& a, const Value& b) {
   if (a.data().index() != b.data().index()) return false;
   if (a.is_undefined() || a.is_none()) return true;
   if (a.is_string()) return a.as_string() == b.as_string();
-  if (a.is_sequence_obj()) return &a.as_list() == &b.as_list() || sequences_equal(a.as_list(), b.as_list());
+  if (a.is_iterable_obj()) return &a.as_list() == &b.as_list() || sequences_equal(a.as_list(), b.as_list());
   if (a.is_dict()) return &a.as_dict() == &b.as_dict() || dicts_equal(a.as_dict(), b.as_dict());
   if (a.is_object()) return a.object_ptr() == b.object_ptr();
   return a.callable_ptr() == b.callable_ptr();
@@ -183,11 +198,28 @@ std::string join_reprs(const std::vector<Value>& items, int line) {
 }
 
 std::string sequence_repr(const ListObj& l, int line) {
-  std::string out(l.tuple ? "(" : "[");
+  const bool tuple = l.kind == SeqKind::Tuple;
+  std::string out(tuple ? "(" : "[");
   out += join_reprs(l.items, line);
-  if (l.tuple && l.items.size() == 1) out += ",";
-  out += l.tuple ? ")" : "]";
-  return out;
+  if (tuple && l.items.size() == 1) out += ",";
+  out += tuple ? ")" : "]";
+  switch (l.kind) {
+    case SeqKind::DictItems: return "dict_items(" + out + ")";
+    case SeqKind::DictKeys: return "dict_keys(" + out + ")";
+    case SeqKind::DictValues: return "dict_values(" + out + ")";
+    case SeqKind::Range: {
+      std::string r = "range(" + std::to_string(l.range_start) + ", " + std::to_string(l.range_stop);
+      if (l.range_step != 1) r += ", " + std::to_string(l.range_step);
+      return r + ")";
+    }
+    case SeqKind::Iterator:
+      // Python prints the generator's address: no text to match, so refuse.
+      throw TemplateError("cannot print a generator (what map, select, reject, unique, items and reverse give); "
+                          "add | list",
+                          line);
+    default:
+      return out;
+  }
 }
 
 std::string dict_repr(const DictObj& d, int line) {
@@ -225,7 +257,7 @@ std::string to_repr(const Value& v, int line) {
   if (v.is_int()) return std::to_string(v.as_int());
   if (v.is_float()) return float_repr(v.as_float());
   if (v.is_string()) return string_repr(v.as_string());
-  if (v.is_sequence_obj()) return sequence_repr(v.as_list(), line);
+  if (v.is_iterable_obj()) return sequence_repr(v.as_list(), line);
   if (v.is_dict()) return dict_repr(v.as_dict(), line);
   if (v.is_object()) return object_repr(v.as_object(), line);
   // Python would print the function's address: no text to match, so refuse.
@@ -234,7 +266,7 @@ std::string to_repr(const Value& v, int line) {
 
 std::vector<Value> iterate(const Value& v, int line) {
   if (v.is_undefined()) return {};
-  if (v.is_sequence_obj()) return v.as_list().items;
+  if (v.is_iterable_obj()) return v.as_list().items;
   std::vector<Value> out;
   if (v.is_dict()) {
     for (const auto& kv : v.as_dict().items) out.push_back(kv.first);
@@ -257,7 +289,7 @@ bool contains(const Value& container, const Value& item, int line) {
   }
   if (container.is_dict()) return container.as_dict().find(item) != nullptr;
   if (container.is_undefined()) return false;
-  if (!container.is_sequence_obj()) {
+  if (!container.is_iterable_obj()) {
     throw TemplateError("argument of type '" + type_name(container) + "' is not iterable", line);
   }
   for (const Value& v : container.as_list().items) {

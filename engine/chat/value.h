@@ -35,9 +35,15 @@ struct Undefined {
 };
 struct None {};
 
+// What a sequence is beyond its items: Python's list and tuple, or what jinja2's filters and
+// dict methods give back: a generator (always true, no len(), no indexing, not printable),
+// a dict view (printed "dict_items([...])") or a range.
+enum class SeqKind { List, Tuple, Iterator, DictItems, DictKeys, DictValues, Range };
+
 struct ListObj {
   std::vector<Value> items;
-  bool tuple = false;
+  SeqKind kind = SeqKind::List;
+  std::int64_t range_start = 0, range_stop = 0, range_step = 1;  // kind Range: how it prints
 };
 
 struct DictObj {
@@ -91,6 +97,7 @@ class Value {
 
   static Value list(std::vector<Value> items = {});
   static Value tuple(std::vector<Value> items);
+  static Value sequence(SeqKind kind, std::vector<Value> items);
   static Value dict();
   static Value callable(std::string name, std::function<Value(Interpreter&, CallArgs&)> fn);
 
@@ -102,9 +109,12 @@ class Value {
   bool is_float() const { return std::holds_alternative<double>(data_); }
   bool is_number() const { return is_bool() || is_int() || is_float(); }  // Python's numbers.Number
   bool is_string() const { return std::holds_alternative<std::string>(data_); }
-  bool is_list() const { return std::holds_alternative<ListPtr>(data_) && !as_list().tuple; }
-  bool is_tuple() const { return std::holds_alternative<ListPtr>(data_) && as_list().tuple; }
-  bool is_sequence_obj() const { return std::holds_alternative<ListPtr>(data_); }  // list or tuple
+  bool is_list() const { return is_kind(SeqKind::List); }
+  bool is_tuple() const { return is_kind(SeqKind::Tuple); }
+  bool is_sequence_obj() const { return is_list() || is_tuple(); }
+  bool is_iterator() const { return is_kind(SeqKind::Iterator); }
+  bool is_iterable_obj() const { return std::holds_alternative<ListPtr>(data_); }  // any SeqKind
+  bool is_kind(SeqKind k) const { return std::holds_alternative<ListPtr>(data_) && as_list().kind == k; }
   bool is_dict() const { return std::holds_alternative<DictPtr>(data_); }
   bool is_object() const { return std::holds_alternative<ObjectPtr>(data_); }
   bool is_callable() const { return std::holds_alternative<CallablePtr>(data_); }

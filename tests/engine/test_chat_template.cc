@@ -123,6 +123,23 @@ TEST(ChatTemplate, Filters) {
   EXPECT_THAT(error_of("{{ x | tojson }}"), HasSubstr("Undefined is not JSON serializable"));
 }
 
+// jinja2's map/select/... give generators: always true, no len(), not printable; dict methods
+// give views and range() a range, each printed as Python prints it.
+TEST(ChatTemplate, GeneratorsViewsAndRanges) {
+  EXPECT_EQ(render("{% if []|select %}T{% endif %}{% if {}.items() %}V{% endif %}{% if range(0) %}R{% endif %}"), "T");
+  EXPECT_EQ(render("{{ {'a':1}.items() }}{{ {'a':1}.keys() }}{{ {'a':1}.values() }}{{ range(3) }}{{ range(1,5,2) }}"),
+            "dict_items([('a', 1)])dict_keys(['a'])dict_values([1])range(0, 3)range(1, 5, 2)");
+  EXPECT_EQ(render("{{ ([1,2]|reverse)|list }}{{ ([1,2]|map('string')|reverse) }}"), "[2, 1]['2', '1']");
+  EXPECT_EQ(render("{{ ([1,2]|select)[0] }}|{{ range(5)[2] }}|{{ {'a':1}.items()|length }}|{{ (range(3)) is sequence }}"
+                   "{{ {}.keys() is sequence }}{{ [1]|select is sequence }}{{ [1]|select is iterable }}"),
+            "|2|1|TrueFalseFalseTrue");
+  EXPECT_EQ(render("{{ range(3) == [0,1,2] }}{{ {'a':1}.keys() == {'a':1}.keys() }}"), "FalseTrue");
+  EXPECT_THAT(error_of("{{ [1]|map('string')|length }}"), HasSubstr("object of type 'generator' has no len()"));
+  EXPECT_THAT(error_of("{{ [1]|map('string')|tojson }}"), HasSubstr("Object of type generator is not JSON serializable"));
+  EXPECT_THAT(error_of("{{ [1,2]|select|last }}"), HasSubstr("'generator' object is not reversible"));
+  EXPECT_THAT(error_of("{{ [1]|select }}"), HasSubstr("cannot print a generator"));
+}
+
 TEST(ChatTemplate, UndefinedLikeJinja2) {
   EXPECT_EQ(render("{{ undefined_var }}|{{ undefined_var | length }}|{% for x in undefined_var %}x{% endfor %}|"
                    "{{ undefined_var is defined }}|{{ messages[0].missing is defined }}|"
