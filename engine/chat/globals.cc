@@ -64,8 +64,9 @@ std::vector<std::pair<Value, Value>> dict_items(CallArgs& a, const char* what) {
   return items;
 }
 
-Value namespace_global(Interpreter&, CallArgs& a) {
+Value namespace_global(Interpreter& in, CallArgs& a) {
   auto o = std::make_shared<Object>();
+  in.adopt_namespace(o);
   o->type_name = "Namespace";
   o->assignable = true;
   for (auto& [k, v] : dict_items(a, "namespace()")) {

@@ -40,6 +40,13 @@ ScopePtr child_scope(const ScopePtr& parent) {
 }  // namespace
 
 std::string Interpreter::render(const Body& body, const ScopePtr& root) {
+  struct BreakCycles {
+    std::vector<std::shared_ptr<Object>>& namespaces;
+    ~BreakCycles() {
+      for (const auto& ns : namespaces) ns->attrs.clear();
+      namespaces.clear();
+    }
+  } break_cycles{namespaces_};
   outputs_.assign(1, std::string());
   exec(body, root);
   return std::move(outputs_.back());

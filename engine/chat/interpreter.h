@@ -39,6 +39,9 @@ class Interpreter {
   void step(int line);
   const RenderLimits& limits() const { return limits_; }
   void check_size(std::size_t bytes, int line) const;
+  // Namespaces are the one mutable value, so the one way to a reference cycle ({% set ns.me = ns %});
+  // render() empties every namespace it made when it ends.
+  void adopt_namespace(const std::shared_ptr<Object>& ns) { namespaces_.push_back(ns); }
 
  private:
   enum class Flow { Normal, Break, Continue };
@@ -65,6 +68,7 @@ class Interpreter {
   class Nesting;
   std::vector<std::string> outputs_;  // the innermost is where text goes (macros capture theirs)
   std::size_t total_output_ = 0;
+  std::vector<std::shared_ptr<Object>> namespaces_;
 };
 
 // Looks a name up through the scope chain; Undefined when no scope has it.
