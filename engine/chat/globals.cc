@@ -139,6 +139,7 @@ void add_globals(Scope& scope, const std::optional<std::tm>& now) {
   scope.set("raise_exception", Value::callable("raise_exception", raise_exception));
   scope.set("strftime_now", Value::callable("strftime_now", [now](Interpreter&, CallArgs& a) -> Value {
     BoundArgs b(a, {"format"}, "strftime_now()");
+    if (!b.has(0)) throw TemplateError("strftime_now() missing required argument: 'format'", a.line);
     return format_time(b.string_or(0, "", a.line), now ? *now : local_now(), a.line);
   }));
   for (const char* name : {"lipsum", "cycler", "joiner"}) {
