@@ -7,6 +7,7 @@
 
 #include "engine/cli/bench_command.h"
 #include "engine/cli/calibrate_command.h"
+#include "engine/cli/chat_template_command.h"
 #include "engine/cli/eval_command.h"
 #include "engine/job/interrupts.h"
 #include "engine/cli/plan_command.h"
@@ -28,6 +29,8 @@ int main(int argc, char** argv) {
   CLI::App* bench_cmd = flexh2o::cli::add_bench_command(app, bench);
   flexh2o::cli::TokenizeOptions tokenize;
   CLI::App* tokenize_cmd = flexh2o::cli::add_tokenize_command(app, tokenize);
+  flexh2o::cli::ChatTemplateOptions chat_template;
+  CLI::App* chat_template_cmd = flexh2o::cli::add_chat_template_command(app, chat_template);
   try {
     app.parse(argc, argv);
     // No subcommand runs the embedded default model.
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
     if (calibrate_cmd->parsed()) return flexh2o::cli::calibrate_command(calibrate);
     if (bench_cmd->parsed()) return flexh2o::cli::bench_command(bench);
     if (tokenize_cmd->parsed()) return flexh2o::cli::tokenize_command(tokenize);
+    if (chat_template_cmd->parsed()) return flexh2o::cli::chat_template_command(chat_template);
     if (run_cmd->parsed() || app.get_subcommands().empty()) return flexh2o::cli::run_command(run);
     return 0;
   } catch (const CLI::ParseError& e) {
