@@ -5,9 +5,9 @@
 
 #include <cstdlib>
 
-#include "engine/generator.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/generator.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 
 using namespace flexh2o;
 

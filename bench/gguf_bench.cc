@@ -20,9 +20,9 @@
 #include <string>
 
 #include "bench/timing.h"
-#include "engine/generator.h"
+#include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_checkpoint.h"
-#include "engine/prompts.h"
+#include "engine/job/prompts.h"
 
 using namespace flexh2o;
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/block_scheduler.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 
 using namespace flexh2o;
 

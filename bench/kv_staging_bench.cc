@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "bench/timing.h"
-#include "engine/block_scheduler.h"
-#include "engine/kv_staging.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/kv_staging.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 #include "offload/tiered_tensor.h"
 
 using namespace flexh2o;

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "bench/timing.h"
-#include "engine/block_scheduler.h"
+#include "engine/runtime/block_scheduler.h"
 #include "engine/loaders/dummy_weights.h"
-#include "engine/prompts.h"
+#include "engine/job/prompts.h"
 
 using namespace flexh2o;
 

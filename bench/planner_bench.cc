@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/block_scheduler.h"
-#include "engine/model_shape.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/model/model_shape.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 #include "policy/cost_model.h"
 
 using namespace flexh2o;

@@ -12,9 +12,9 @@
 #include <map>
 
 #include "bench/timing.h"
-#include "engine/block_scheduler.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 
 using namespace flexh2o;
 

@@ -8,11 +8,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/block_scheduler.h"
-#include "engine/machine_profile.h"
-#include "engine/model_shape.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/machine_profile.h"
+#include "engine/model/model_shape.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 #include "offload/text_file.h"
 #include "policy/cost_model.h"
 #include "policy/policy_text.h"

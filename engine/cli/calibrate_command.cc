@@ -29,8 +29,8 @@
 
 #include <tbb/parallel_for.h>
 
-#include "engine/model_config.h"
-#include "engine/model_source.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_source.h"
 #include "kernels/attention.h"
 #include "kernels/backend.h"
 #include "kernels/quantize.h"

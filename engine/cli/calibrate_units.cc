@@ -6,10 +6,10 @@
 #include <map>
 #include <vector>
 
-#include "engine/layers.h"
+#include "engine/model/layers.h"
 #include "engine/loaders/dummy_weights.h"
-#include "engine/model_shape.h"
-#include "engine/step.h"
+#include "engine/model/model_shape.h"
+#include "engine/model/step.h"
 #include "policy/cost_model.h"
 
 namespace flexh2o::cli {

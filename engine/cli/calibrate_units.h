@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "kernels/backend.h"
 #include "policy/hardware_profile.h"
 

@@ -8,9 +8,9 @@
 #include <memory>
 #include <sstream>
 
-#include "engine/kv_quality.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/kv_quality.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::cli {

@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 
-#include "engine/machine_profile.h"
-#include "engine/model_shape.h"
-#include "engine/model_source.h"
+#include "engine/runtime/machine_profile.h"
+#include "engine/model/model_shape.h"
+#include "engine/model/model_source.h"
 #include "offload/text_file.h"
 #include "offload/budget.h"
 #include "policy/eviction/kv_spec.h"

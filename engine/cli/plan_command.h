@@ -6,7 +6,7 @@
 #include <string>
 
 #include "engine/cli/compression_flags.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "policy/cost_model.h"
 
 namespace flexh2o::cli {

@@ -8,17 +8,17 @@
 
 #include <unistd.h>
 
-#include "engine/block_scheduler.h"
+#include "engine/runtime/block_scheduler.h"
 #include "engine/cli/number_checks.h"
 #include "engine/cli/run_job.h"
 #include "engine/job/interrupts.h"
 #include "engine/job/job_runner.h"
 #include "engine/job/run_report.h"
 #include "engine/distributed/launch.h"
-#include "engine/model_shape.h"
+#include "engine/model/model_shape.h"
 #include "offload/text_file.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 #include "kernels/backend.h"
 #ifdef FLEXH2O_HAVE_MPI
 #include "engine/cli/run_distributed.h"

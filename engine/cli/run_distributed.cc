@@ -11,14 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/block_scheduler.h"
+#include "engine/runtime/block_scheduler.h"
 #include "engine/cli/run_job.h"
 #include "engine/job/job_runner.h"
 #include "engine/job/run_report.h"
 #include "engine/distributed/mpi_comm.h"
 #include "engine/distributed/pipeline_stage.h"
 #include "engine/distributed/sharding.h"
-#include "engine/model_shape.h"
+#include "engine/model/model_shape.h"
 #include "offload/text_file.h"
 #include "policy/pipeline.h"
 #include "policy/policy_text.h"

@@ -6,8 +6,8 @@
 #include <random>
 
 #include "engine/job/result_file.h"
-#include "engine/machine_profile.h"
-#include "engine/model_shape.h"
+#include "engine/runtime/machine_profile.h"
+#include "engine/model/model_shape.h"
 #include "policy/policy_text.h"
 
 namespace flexh2o::cli {

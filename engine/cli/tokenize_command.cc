@@ -8,8 +8,8 @@
 #include <stdexcept>
 
 #include "engine/loaders/json_input.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::cli {

@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/block_scheduler.h"
+#include "engine/runtime/block_scheduler.h"
 #include "engine/distributed/mpi_comm.h"
 #include "offload/trace.h"
 

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "engine/families/hf_config.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
 namespace flexh2o::engine {
 
-// Where a checkpoint keeps a canonical tensor (engine/weights.h): all of `name`, or (a part
+// Where a checkpoint keeps a canonical tensor (engine/model/weights.h): all of `name`, or (a part
 // of a fused projection such as Phi-3's qkv_proj) its rows [row_offset, row_offset + rows of
 // the canonical tensor).
 struct HfTensorName {

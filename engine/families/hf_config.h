@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
 namespace flexh2o::engine {
 

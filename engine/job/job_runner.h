@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/block_scheduler.h"
+#include "engine/runtime/block_scheduler.h"
 #include "engine/job/interrupts.h"
 #include "engine/job/request.h"
 #include "engine/job/result_file.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "engine/generator.h"
+#include "engine/runtime/generator.h"
 
 namespace flexh2o::job {
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "kernels/sampling.h"
 
 namespace flexh2o::job {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 #include "policy/policy_text.h"
 
 namespace flexh2o::job {

@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/block_scheduler.h"
-#include "engine/generator.h"
-#include "engine/model_config.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/generator.h"
+#include "engine/model/model_config.h"
 #include "offload/tiers.h"
 #include "policy/policy.h"
 

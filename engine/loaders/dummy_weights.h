@@ -2,7 +2,7 @@
 // models whose weights one does not have (OPT-175B). Any row range can be generated on
 // its own and always gives the same values, so tiers can fill their parts in parallel.
 #pragma once
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 
 namespace flexh2o::engine {
 

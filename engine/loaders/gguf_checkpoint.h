@@ -9,7 +9,7 @@
 // (as llama2.c files do); the others keep rotate-half. It also adds 1 to Gemma-2's norm weights,
 // so those run without the (1 + w) offset.
 //
-// Tensors: canonical names (engine/weights.h) map to llama.cpp's (token_embd, blk.N.attn_q,
+// Tensors: canonical names (engine/model/weights.h) map to llama.cpp's (token_embd, blk.N.attn_q,
 // ..., output_norm; no `output`: tied embeddings; Phi-3's fused attn_qkv and ffn_up as row
 // ranges). Rows are read on demand into the requested dtype: dequantized (every type of
 // engine/loaders/gguf_blocks.h), or, for the matrices stored as Q4_0/Q4_1/Q8_0 when the weights
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "engine/loaders/gguf_file.h"
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 
 namespace flexh2o::engine {
 

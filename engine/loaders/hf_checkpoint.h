@@ -1,7 +1,7 @@
 // Hugging Face checkpoint directories: config.json (through its family's converter,
 // engine/families/), generation_config.json's stop ids, and model.safetensors or shards
 // listed in model.safetensors.index.json, whose tensor names the family maps to the
-// canonical names of engine/weights.h (fused projections as row ranges).
+// canonical names of engine/model/weights.h (fused projections as row ranges).
 #pragma once
 #include <map>
 #include <memory>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/loaders/safetensors.h"
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 
 namespace flexh2o::engine {
 

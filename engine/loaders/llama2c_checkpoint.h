@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 
 namespace flexh2o::engine {
 

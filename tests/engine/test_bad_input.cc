@@ -10,12 +10,12 @@
 #include <string>
 #include <thread>
 
-#include "engine/cgroup_memory.h"
+#include "engine/runtime/cgroup_memory.h"
 #include "engine/families/family.h"
 #include "engine/loaders/json_input.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "engine/job/result_file.h"
-#include "engine/prompts.h"
+#include "engine/job/prompts.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "offload/text_file.h"
 #include "tests/support/error_of.h"

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "engine/loaders/dummy_weights.h"
-#include "engine/weights.h"
+#include "engine/model/weights.h"
 #include "kernels/backend.h"
 #include "tests/support/test_models.h"
 

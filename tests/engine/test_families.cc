@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/block_scheduler.h"
-#include "engine/generator.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/generator.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "tests/support/fp_tolerance.h"
 #include "tests/support/test_models.h"

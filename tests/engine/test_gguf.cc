@@ -13,12 +13,12 @@
 #include <optional>
 #include <random>
 
-#include "engine/block_scheduler.h"
-#include "engine/generator.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_blocks.h"
 #include "engine/loaders/gguf_checkpoint.h"
-#include "engine/model_shape.h"
-#include "engine/model_source.h"
+#include "engine/model/model_shape.h"
+#include "engine/model/model_source.h"
 #include "kernels/quantize.h"
 #include "tests/support/error_of.h"
 #include "tests/support/gguf_edit.h"

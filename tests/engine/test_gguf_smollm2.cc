@@ -12,11 +12,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/block_scheduler.h"
-#include "engine/generator.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_checkpoint.h"
 #include "engine/loaders/gguf_tokenizer_keys.h"
-#include "engine/prompts.h"
+#include "engine/job/prompts.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"
 #include "tests/support/tokenizer_cases.h"

@@ -6,11 +6,11 @@
 #include <cmath>
 #include <optional>
 
-#include "engine/block_scheduler.h"
-#include "engine/generator.h"
-#include "engine/kv_quality.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/generator.h"
+#include "engine/runtime/kv_quality.h"
 #include "engine/loaders/dummy_weights.h"
-#include "engine/model_source.h"
+#include "engine/model/model_source.h"
 #include "policy/eviction/kv_spec.h"
 #include "tests/support/test_models.h"
 

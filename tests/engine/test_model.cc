@@ -4,11 +4,11 @@
 #include <cmath>
 #include <random>
 
-#include "engine/generator.h"
+#include "engine/runtime/generator.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
-#include "engine/model_source.h"
+#include "engine/model/model_source.h"
 #include "tests/support/fp_tolerance.h"
 #include "tests/support/test_models.h"
 

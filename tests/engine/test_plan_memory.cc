@@ -7,11 +7,11 @@
 
 #include <string>
 
-#include "engine/block_scheduler.h"
+#include "engine/runtime/block_scheduler.h"
 #include "engine/loaders/dummy_weights.h"
-#include "engine/model_shape.h"
-#include "engine/prompts.h"
-#include "engine/weights.h"
+#include "engine/model/model_shape.h"
+#include "engine/job/prompts.h"
+#include "engine/model/weights.h"
 #include "offload/disk_store.h"
 #include "policy/cost_model.h"
 #include "tests/support/test_models.h"

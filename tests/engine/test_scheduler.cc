@@ -13,11 +13,11 @@
 #include <iterator>
 #include <random>
 
-#include "engine/block_scheduler.h"
-#include "engine/kv_staging.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/kv_staging.h"
 #include "engine/loaders/dummy_weights.h"
-#include "engine/model_shape.h"
-#include "engine/model_source.h"
+#include "engine/model/model_shape.h"
+#include "engine/model/model_source.h"
 #include "policy/cost_model.h"
 #include "policy/eviction/kv_spec.h"
 #include "tests/support/forwarding_backend.h"

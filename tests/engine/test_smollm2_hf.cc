@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/block_scheduler.h"
-#include "engine/generator.h"
-#include "engine/model_source.h"
-#include "engine/prompts.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/generator.h"
+#include "engine/model/model_source.h"
+#include "engine/job/prompts.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"
 

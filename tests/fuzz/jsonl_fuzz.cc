@@ -14,7 +14,7 @@
 #include <string>
 
 #include "engine/job/result_file.h"
-#include "engine/prompts.h"
+#include "engine/job/prompts.h"
 
 namespace {
 

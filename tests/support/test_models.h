@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model_config.h"
-#include "engine/weights.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weights.h"
 
 namespace flexh2o::testing {
 

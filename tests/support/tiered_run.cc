@@ -1,6 +1,6 @@
 #include "tests/support/tiered_run.h"
 
-#include "engine/block_scheduler.h"
+#include "engine/runtime/block_scheduler.h"
 #include "offload/tiers.h"
 #include "tests/support/test_models.h"
 

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/generator.h"
-#include "engine/model_config.h"
-#include "engine/weights.h"
+#include "engine/runtime/generator.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weights.h"
 #include "kernels/backend.h"
 #include "offload/copy_engine.h"
 #include "policy/policy.h"

@@ -1,0 +1,106 @@
+// The schedulable units of a model (FlexGen's layer list): InputEmbed, then Attention and
+// Mlp per decoder block, then OutputEmbed. Each names the weights it needs and computes
+// one step of one batch in place on the hidden states.
+#pragma once
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "engine/model/step.h"
+#include "kernels/backend.h"
+
+namespace flexh2o::engine {
+
+// Weights on the compute device, by canonical name (vectors as [n, 1] fp32 matrices).
+using DeviceWeights = std::unordered_map<std::string, kernels::MatrixRef>;
+
+// The keys and values of one decoder layer for a batch, as the compute device sees them:
+// consecutive runs of sequences, each laid out [seqs, kv_heads, capacity, slot] (slots of
+// kernels::kv_slot_bytes(dtype, head_dim): fp32, or compressed with compress_cache). A run
+// can be resident (gpu tier), staged from cpu/disk, or (cpu_cache_compute) host memory
+// computed on by `backend`.
+struct KvPart {
+  std::int64_t seq_begin = 0, seq_end = 0;
+  void* k = nullptr;
+  void* v = nullptr;
+};
+class KvEvictionLayer;  // engine/runtime/kv_eviction.h
+struct KvView {
+  std::int64_t capacity = 0;
+  kernels::DType dtype = kernels::DType::F32;
+  std::vector<KvPart> parts;
+  // Set when a KV policy evicts: the cache then holds only the kept tokens of each
+  // (sequence, kv head), in slots the policy picks. Needs a single part.
+  KvEvictionLayer* eviction = nullptr;
+};
+
+// A cache owned in device memory, all sequences in one part (the plain in-memory run).
+struct KvCache {
+  KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batch, std::int64_t capacity,
+          kernels::DType dtype = kernels::DType::F32);
+  kernels::DeviceBuffer k, v;
+  KvView view;
+};
+
+// Device buffers for one batch's step, sized for at most `max_rows` rows and `max_batch` sequences.
+struct Activations {
+  Activations(kernels::Backend& be, const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
+  // The buffers' bytes, plus the most scratch the backend's ops allocate while they run (GEMM
+  // conversion panels, attention partials) in such a step over a KV cache of `capacity` slots,
+  // with the eviction scores when `scores`.
+  static std::int64_t bytes(const kernels::Backend& be, const ModelConfig& cfg, std::int64_t max_rows,
+                            std::int64_t max_batch, std::int64_t capacity, bool scores);
+  // The buffers' bytes alone.
+  static std::int64_t buffer_bytes(const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
+  std::int64_t max_rows, max_batch;
+  float* hidden = nullptr;       // [rows, hidden]: the residual stream, owned by the caller
+  kernels::DeviceBuffer normed;  // [rows, hidden]
+  kernels::DeviceBuffer q, k, v, attn;  // [rows, heads * head_dim] (k, v: kv heads)
+  kernels::DeviceBuffer ffn_a, ffn_b;   // [rows, ffn] (ffn_b: gated MLPs)
+  kernels::DeviceBuffer embed;          // [max(rows, batch), embedding width] when it is not hidden
+  kernels::DeviceBuffer router;         // [rows, experts]: router logits (MoE)
+  kernels::DeviceBuffer last;           // [batch, hidden]
+  kernels::DeviceBuffer logits;         // [batch, vocab]
+};
+
+// A mixture-of-experts layer's routing of one step's rows: each row's experts and weights
+// (per_row of them: top_k, and the shared expert last where there is one) and the distinct
+// routed experts, ascending (the shared one not among them).
+struct ExpertRouting {
+  std::vector<std::int32_t> expert_of;
+  std::vector<float> weight_of;
+  std::int64_t per_row = 0;
+  std::vector<std::int32_t> routed;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual std::string name() const = 0;
+  virtual std::vector<std::string> weight_names() const = 0;
+  // The decoder layer whose KV cache forward() needs, or -1.
+  virtual std::int64_t cache_index() const { return -1; }
+  // Mixture-of-experts: the weights of each routed expert, by expert (empty for other layers;
+  // weight_names() lists them too). A scheduler may load only the experts rows route to.
+  virtual std::vector<std::vector<std::string>> expert_weight_names() const { return {}; }
+  // Routes the rows of `step` from act.hidden: needs the weights of weight_names() that are
+  // not expert weights; overwrites act's scratch (act.normed then holds the experts' input).
+  virtual ExpertRouting route_experts(kernels::Backend&, const DeviceWeights&, const StepBatch&, Activations&) const {
+    return {};
+  }
+  // Adds the terms of the experts in [begin, end) (the shared expert is number `experts`) to
+  // act.hidden for `routing`, the last route_experts of this step with act.normed untouched
+  // since; only those experts' weights are read. Chunks in ascending order add up to forward().
+  virtual void forward_experts(kernels::Backend&, const DeviceWeights&, const ExpertRouting&, Activations&,
+                               std::int64_t /*begin*/, std::int64_t /*end*/) const {}
+  // `cache` is this layer's KV cache (Attention only; null for the others).
+  virtual void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& step, Activations& act,
+                       const KvView* cache) const = 0;
+};
+
+// The model as a flat list of layers in execution order.
+std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg);
+
+}  // namespace flexh2o::engine

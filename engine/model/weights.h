@@ -1,0 +1,75 @@
+// The weights a model needs, where they come from, and how they are loaded.
+// Tensors have canonical names (below) independent of any checkpoint's naming; which exist
+// follows the config's features:
+//   tok_embed [vocab, embedding width]     pos_embed [max_positions + offset, hidden] (learned positions)
+//   project_in [hidden, width], project_out [width, hidden] (embedding width != hidden)
+//   layers.N.attn_norm.{weight,bias}       layers.N.attn_out_norm.weight (sandwich norms)
+//   layers.N.{wq,wk,wv,wo}, {bq,bk,bv} (qkv bias), bo (o bias), q_norm, k_norm [head_dim] (q/k norm)
+//   layers.N.mlp_norm.{weight,bias}        layers.N.mlp_out_norm.weight (sandwich norms)
+//   layers.N.{w_gate (gated), w_up, w_down}, {b_gate, b_up, b_down} (mlp bias)
+//   MoE layers instead: layers.N.router [experts, hidden], layers.N.experts.E.{w_gate, w_up, w_down},
+//   layers.N.shared.{w_gate, w_up, w_down} and layers.N.shared_gate [1, hidden] (shared expert)
+//   final_norm.{weight,bias}               lm_head [vocab, width] (untied)
+// Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype (compressed: or
+// in the group format the checkpoint has, ModelConfig::stored_group_formats), vectors in fp32.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "kernels/gemm.h"
+
+namespace flexh2o::engine {
+
+struct WeightSpec {
+  std::string name;
+  std::int64_t rows = 0;  // vectors: rows = length, cols = 1
+  std::int64_t cols = 1;
+  bool matrix = true;
+  std::int64_t layer = -1;  // decoder layer, -1 for embeddings and the head
+  kernels::DType dtype(const ModelConfig& c) const;
+  std::int64_t numel() const { return rows * cols; }
+};
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& cfg);
+// The storage of the matrices for reports: the dtype, or where kept formats mix in, each
+// with its count (e.g. "q4g32 x 210, q8g32 x 1").
+std::string matrix_dtypes_text(const ModelConfig& cfg);
+
+// A checkpoint (or a generator of random weights) that can read any row range of a
+// canonical tensor, converted to the requested dtype.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Shape of the tensor as stored; nullopt when the source does not have it.
+  virtual std::optional<std::vector<std::int64_t>> shape(const std::string& name) const = 0;
+  // Where the tensor lives, for messages (e.g. "model.layers.0.mlp.up_proj.weight in DIR/x.safetensors").
+  virtual std::string origin(const std::string& name) const = 0;
+  // Reads rows [row_begin, row_end) (rows of the first dimension) into dst as `to`.
+  virtual void read_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_end, void* dst,
+                         kernels::DType to) const = 0;
+};
+
+// A tensor in host memory.
+struct HostTensor {
+  kernels::DType dtype = kernels::DType::F32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::shared_ptr<std::byte[]> data;
+  kernels::MatrixRef ref() const { return {data.get(), dtype, rows, cols}; }
+  const float* f32() const { return reinterpret_cast<const float*>(data.get()); }
+};
+
+using HostWeights = std::map<std::string, HostTensor>;
+
+// Checks that every tensor the config needs is in the source with the expected shape,
+// then reads them (in parallel, tensor by tensor). Throws naming the tensor and origin.
+HostWeights load_weights(const ModelConfig& cfg, const WeightSource& source);
+// Only the shape checks of load_weights.
+void check_weights(const ModelConfig& cfg, const WeightSource& source);
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,368 @@
+#include "engine/runtime/block_scheduler.h"
+
+#include "engine/runtime/kv_eviction.h"
+#include "engine/model/rope_scaling.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace flexh2o::engine {
+
+using offload::CopyTicket;
+using offload::Tier;
+using offload::TieredTensor;
+
+LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& s) {
+  if (s.layers < 1 || s.first_layer < 0 || s.first_layer + s.layers > cfg.n_layers ||
+      s.input != (s.first_layer == 0) || s.head != (s.first_layer + s.layers == cfg.n_layers))
+    throw std::invalid_argument("decoder layers [" + std::to_string(s.first_layer) + ", " +
+                                std::to_string(s.first_layer + s.layers) + ") are not a slice of " + cfg.name + "'s " +
+                                std::to_string(cfg.n_layers));
+  // build_layers: input embedding, then attention and MLP per decoder layer, then the head.
+  return {s.input ? 0 : 1 + 2 * s.first_layer, s.head ? 2 + 2 * cfg.n_layers : 1 + 2 * (s.first_layer + s.layers)};
+}
+
+struct BlockScheduler::BlockState {
+  std::vector<GpuBatch> batches;
+  std::vector<RingSlot> ring;  // compute c uses ring[c % 3]
+  std::unique_ptr<Activations> act;
+  offload::Reservation act_reserved;  // its charge to the gpu-tier budget
+  std::int64_t capacity = 0;          // KV slots per (sequence, kv head)
+  std::int64_t staged_max = 0;        // most staged sequences of any batch
+  std::int64_t step = 0;
+  bool routed_experts = false;  // this step's MoE units fetch only the experts routed to
+  bool hidden_resident = true;
+  bool evicting = false;  // a KV policy keeps budget-sized rows
+  const GenerationRequest* req = nullptr;
+  std::span<const std::uint64_t> streams;  // the GenerationLog's
+  std::vector<std::int32_t> next;          // per block sequence
+  std::vector<float> host_logits;
+  RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }
+  GpuBatch& batch(std::int64_t k) { return batches[static_cast<std::size_t>(k)]; }
+  // Outstanding copies touch the buffers above: wait for all of them before those go,
+  // also when a compute threw.
+  ~BlockState() {
+    auto settle = [](const CopyTicket& t) {
+      try {
+        t.wait();
+      } catch (...) {  // the error was reported where it was first waited on
+      }
+    };
+    for (auto& b : batches) {
+      settle(b.hidden_stored);
+      for (const auto& t : b.cache_stored) settle(t);
+    }
+    for (auto& s : ring) {
+      for (const auto& t : s.loads) settle(t);
+      for (const auto& t : s.stores) settle(t);
+    }
+  }
+};
+
+BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg,
+                               const WeightSource& source, const policy::Policy& policy, offload::Trace* trace,
+                               offload::CopyOptions copy, LayerRange range)
+    : be_(be),
+      tiers_(tiers),
+      cfg_(with_weight_dtype(cfg, policy.weight_dtype(cfg.dtype))),
+      policy_(policy),
+      cache_dtype_(policy.cache_dtype(cfg.dtype)),
+      trace_(trace),
+      layers_(build_layers(cfg_)) {
+  policy_.validate();
+  if (policy_.cpu_cache_compute && be_.kind() != kernels::DeviceKind::Cpu)
+    throw std::invalid_argument("cpu_cache_compute is not supported on the " + be_.name() +
+                                " backend yet (it needs a CPU backend beside it); run without --cpu-cache-compute");
+  const auto n = static_cast<std::int64_t>(layers_.size());
+  const std::int64_t end = range.end < 0 ? n : range.end;
+  if (range.begin < 0 || range.begin >= end || end > n)
+    throw std::invalid_argument("layers [" + std::to_string(range.begin) + ", " + std::to_string(end) +
+                                ") are not a slice of the model's " + std::to_string(n) + " layers");
+  units_ = make_units(layers_, range.begin, end, policy_.sep_layer);
+  holds_head_ = end == n;
+  if (policy_.kv != "full") kv_policy_ = policy::make_kv_policy(policy::parse_kv_spec(policy_.kv), cfg_.n_layers);
+  auto weights = load_tiered_weights(cfg_, source, tiers_, policy_.weights, units_.weight_names);
+  copies_ = std::make_unique<offload::CopyEngine>(tiers_, copy, trace_);
+  staging_ = std::make_unique<WeightStaging>(tiers_, std::move(weights), units_.units,
+                                             policy_.expert_slot_count(cfg_.moe.experts, cfg_.moe.top_k), *copies_,
+                                             policy_.overlap);
+  ring_ = std::make_unique<CacheRing>(tiers_, *copies_, cfg_.hidden, cfg_.n_kv_heads, cfg_.head_dim, cache_dtype_,
+                                      policy_.overlap);
+  boundary_staging_ = std::make_unique<offload::Staging>(&tiers_.backend());
+}
+
+BlockScheduler::~BlockScheduler() = default;
+
+struct BlockScheduler::Block {
+  Block(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req) : log(be, cfg, req) {}
+  GenerationLog log;
+  BlockState st;
+  std::int64_t computes = 0;  // so far: compute c uses ring slot c % 3
+};
+
+void BlockScheduler::BlockDeleter::operator()(Block* b) const { delete b; }
+
+bool BlockScheduler::holds_input() const { return units_.units.front().first; }
+
+BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
+  BlockPtr blk(new Block(be_, cfg_, req));
+  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
+  if (B > policy_.block_size())
+    throw std::invalid_argument("a block holds at most gpu_batch_size x num_gpu_batches = " +
+                                std::to_string(policy_.block_size()) + " prompts, got " + std::to_string(B));
+  if (B == 0) return blk;
+  staging_->forget();
+  BlockState& st = blk->st;
+  st.req = &req;
+  st.streams = blk->log.streams();
+  st.next.resize(static_cast<std::size_t>(B));
+  if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
+  place_batches(st, blk->log, req);
+  std::int64_t max_rows = 0;
+  for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
+  const std::int64_t kv_row_bytes =
+      cfg_.n_kv_heads * st.capacity * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+  const std::int64_t gbs = policy_.gpu_batch_size;
+  st.act_reserved = tiers_.budget(Tier::Gpu).reserve_scoped(
+      Activations::bytes(be_, cfg_, max_rows, gbs, st.capacity, st.evicting),
+      "activation scratch");
+  st.act = std::make_unique<Activations>(be_, cfg_, max_rows, gbs);
+  st.ring.resize(3);
+  for (std::size_t i = 0; i < st.ring.size(); ++i) {
+    const std::string n = " (ring slot " + std::to_string(i) + ")";
+    if (!st.hidden_resident) st.ring[i].hidden = GpuBuffer(tiers_, max_rows * cfg_.hidden * 4, "hidden staging" + n);
+    if (st.staged_max > 0) {
+      st.ring[i].k = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "K staging" + n);
+      st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "V staging" + n);
+    }
+  }
+  return blk;
+}
+
+void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req) {
+  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
+  const std::int64_t gbs = policy_.gpu_batch_size;
+  // With a KV policy the cache holds each (sequence, kv head)'s budget + 1 slots, not all tokens.
+  const policy::KvPolicy* kv = req.kv ? req.kv : kv_policy_.get();
+  st.evicting = kv != nullptr;
+  std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
+  st.capacity = kv ? 0 : log.max_prompt() + req.max_new_tokens;
+  if (kv) check_kv_policy_fits(cfg_, log.max_prompt() + req.max_new_tokens);
+  for (std::int64_t s0 = 0; kv && s0 < B; s0 += gbs) {
+    std::vector<std::int64_t> total;
+    std::int64_t rows = 0;
+    for (std::int64_t s = s0; s < std::min(B, s0 + gbs); ++s) {
+      total.push_back(sequence_tokens(req, static_cast<std::size_t>(s)));
+      rows += static_cast<std::int64_t>(req.prompts[s].size());
+    }
+    evictions.push_back(make_kv_eviction(be_, *kv, cfg_, total, rows));
+    for (const auto& e : evictions.back()) st.capacity = std::max(st.capacity, e->capacity());
+  }
+  // A KV row: one sequence's kv_heads x capacity slots.
+  const std::int64_t kv_row = cfg_.n_kv_heads * st.capacity * cfg_.head_dim;
+  const std::int64_t kv_row_bytes = cfg_.n_kv_heads * st.capacity * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+  for (std::int64_t s0 = 0; s0 < B; s0 += gbs) {
+    GpuBatch b;
+    if (kv) b.eviction = std::move(evictions[static_cast<std::size_t>(s0 / gbs)]);
+    b.first_sequence = s0;
+    b.n = std::min(gbs, B - s0);
+    b.tokens.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
+    b.step = StepBatch::make_prefill(b.tokens);
+    const std::int64_t rows = std::max(rows_for_batch(cfg_, b.tokens, req.max_new_tokens), b.n);
+    const std::string tag = " of batch " + std::to_string(st.batches.size());
+    b.hidden = std::make_unique<TieredTensor>(tiers_, "hidden states" + tag, kernels::DType::F32, rows, cfg_.hidden,
+                                              policy_.activations);
+    // Only the caches of this scheduler's decoder layers.
+    b.k.resize(static_cast<std::size_t>(cfg_.n_layers));
+    b.v.resize(static_cast<std::size_t>(cfg_.n_layers));
+    for (const std::int64_t l : units_.cache_layers) {
+      const std::string name = "KV cache of layer " + std::to_string(l) + tag;
+      b.k[static_cast<std::size_t>(l)] =
+          std::make_unique<TieredTensor>(tiers_, "K " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes);
+      b.v[static_cast<std::size_t>(l)] =
+          std::make_unique<TieredTensor>(tiers_, "V " + name, cache_dtype_, b.n, kv_row, policy_.cache, kv_row_bytes);
+    }
+    if (units_.cache_layers.empty()) {
+      b.resident_end = b.n;
+    } else {
+      const auto& split = b.k[static_cast<std::size_t>(units_.cache_layers.front())]->split();
+      b.resident_end = policy_.cpu_cache_compute ? split.end[1] : split.end[0];
+    }
+    b.cache_stored.resize(static_cast<std::size_t>(cfg_.n_layers));
+    st.hidden_resident = st.hidden_resident && b.hidden->entirely_on(Tier::Gpu);
+    st.staged_max = std::max(st.staged_max, b.n - b.resident_end);
+    st.batches.push_back(std::move(b));
+  }
+}
+
+bool BlockScheduler::active(const Block& b) const { return b.log.active(); }
+
+// FlexGen's loop (ALGORITHMS.md, "zig-zag block schedule"): for every unit j and GPU batch k,
+// load weight j+1, load cache and hidden k+1, compute (j, k), store cache and hidden k.
+void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
+  if (!blk.log.active()) throw std::logic_error("run_step on a finished block");
+  if ((!holds_input() && !links.receive) || (!holds_head_ && !links.send))
+    throw std::logic_error("a scheduler holding part of the model needs the links to its neighbours");
+  BlockState& st = blk.st;
+  const auto& units = units_.units;
+  const std::int64_t K = static_cast<std::int64_t>(st.batches.size());
+  const std::int64_t U = static_cast<std::int64_t>(units.size());
+  std::int64_t routed_rows = 0;
+  for (const auto& b : st.batches) routed_rows += b.step.rows();
+  st.routed_experts =
+      cfg_.moe.experts > 0 && policy_.routed_expert_loading(cfg_.moe.experts, cfg_.moe.top_k, routed_rows);
+  const std::int64_t first_instance = unit_instances_;
+  unit_instances_ += U;
+  for (std::int64_t u = 0; u < U; ++u) {
+    const std::int64_t instance = first_instance + u;
+    staging_->fetch(u, instance, st.step, st.routed_experts);  // unless fetched ahead
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::int64_t counter = blk.computes++;
+      load_inputs(st, counter, u, k, links);                // unless fetched ahead
+      prefetch_next(st, counter, u, k, instance);           // weight j+1, cache and hidden k+1
+      compute(st, u, k, st.slot(counter), instance);
+      ring_->store(units[static_cast<std::size_t>(u)], k, st.batch(k), st.slot(counter), st.capacity,
+                   st.hidden_resident);
+      if (u == U - 1 && !holds_head_) send(st, k, links);
+    }
+  }
+}
+
+// Batch k's hidden states and KV cache for unit u into the compute's ring slot, unless the
+// previous compute fetched them ahead; a stage after the first receives them first.
+void BlockScheduler::load_inputs(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k,
+                                 const StageLinks& links) {
+  RingSlot& slot = st.slot(counter);
+  if (slot.assigned == counter) return;
+  if (u == 0 && !holds_input()) receive(st, k, links);
+  ring_->load(units_.units[static_cast<std::size_t>(u)], k, st.batch(k), slot, st.capacity, st.hidden_resident);
+  slot.assigned = counter;
+}
+
+// While compute (u, k) runs: the next unit's weights (the next step's first unit after the
+// last; fetched in vain only after the very last step) and the next compute's inputs, when
+// they do not depend on this compute nor on a neighbour stage (received in line). Without
+// overlap only a MoE unit's router comes ahead: this unit routes for it.
+void BlockScheduler::prefetch_next(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k,
+                                   std::int64_t instance) {
+  const auto& units = units_.units;
+  const std::int64_t K = static_cast<std::int64_t>(st.batches.size());
+  const std::int64_t U = static_cast<std::int64_t>(units.size());
+  if (!policy_.overlap) {
+    const bool route_ahead = st.routed_experts && u + 1 < U && units[static_cast<std::size_t>(u + 1)].routed_before;
+    if (route_ahead && k == 0) staging_->fetch(u + 1, instance + 1, st.step, st.routed_experts);
+    return;
+  }
+  if (k == 0) staging_->fetch((u + 1) % U, instance + 1, st.step, st.routed_experts);
+  const bool receiving = !holds_input();
+  const bool next_in_unit = k + 1 < K && !(u == 0 && receiving), next_unit = k + 1 == K && u + 1 < U && K > 1;
+  if (next_in_unit || next_unit) {
+    RingSlot& ns = st.slot(counter + 1);
+    ring_->load(units[static_cast<std::size_t>(next_in_unit ? u : u + 1)], next_in_unit ? k + 1 : 0,
+                st.batch(next_in_unit ? k + 1 : 0), ns, st.capacity, st.hidden_resident);
+    ns.assigned = counter + 1;
+  }
+}
+
+void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot,
+                             std::int64_t instance) {
+  const SchedulingUnit& u = units_.units[static_cast<std::size_t>(unit)];
+  GpuBatch& b = st.batch(k);
+  const DeviceWeights& w = staging_->weights(instance);
+  for (const auto& t : slot.loads) t.wait();
+  Activations& act = *st.act;
+  act.hidden = st.hidden_resident ? static_cast<float*>(b.hidden->place(0).ptr)
+                                  : reinterpret_cast<float*>(slot.hidden.data());
+  KvView view{st.capacity, cache_dtype_, {}, nullptr};
+  if (u.cache_layer >= 0) {
+    const auto layer = static_cast<std::size_t>(u.cache_layer);
+    if (!b.eviction.empty()) view.eviction = b.eviction[layer].get();
+    const TieredTensor& kt = *b.k[layer];
+    const TieredTensor& vt = *b.v[layer];
+    for (Tier t : {Tier::Gpu, Tier::Cpu}) {
+      const std::int64_t s0 = kt.split().begin[static_cast<int>(t)];
+      const std::int64_t s1 = std::min(kt.split().end[static_cast<int>(t)], b.resident_end);
+      if (s0 < s1) view.parts.push_back({s0, s1, kt.place(s0).ptr, vt.place(s0).ptr});
+    }
+    if (b.resident_end < b.n) view.parts.push_back({b.resident_end, b.n, slot.k.data(), slot.v.data()});
+  }
+  offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
+  for (const Layer* l : u.layers) {
+    if (staging_->staged() && l == u.moe) {
+      // The experts this batch routes to (prefetched as the unit before routed it, or with
+      // the unit), fetched here where they were not or did not fit.
+      staging_->run_experts(be_, instance, l->route_experts(be_, w, b.step, act), act);
+      continue;
+    }
+    l->forward(be_, w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
+  }
+  if (staging_->staged() && st.routed_experts && !u.last) route_next_unit(unit, b, act, instance);
+  if (u.last && holds_head_) sample(st, b, act);
+}
+
+// Routes the batch for the next unit's MoE layer now that its input is here, so the experts
+// it needs stream in while the next batches compute.
+void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activations& act,
+                                     std::int64_t instance) {
+  const SchedulingUnit& next = units_.units[static_cast<std::size_t>(unit + 1)];
+  if (!next.routed_before || !staging_->routes(instance + 1)) return;
+  const DeviceWeights& router = staging_->weights(instance + 1);
+  staging_->prefetch_experts(instance + 1, next.moe->route_experts(be_, router, b.step, act).routed);
+}
+
+// The batch's next tokens from the head's logits (and a host copy of them when asked).
+void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
+  const GenerationRequest& req = *st.req;
+  const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);
+  be_.sample({.logits = act.logits.as<float>(), .batch = b.n, .vocab = cfg_.vocab_size, .params = req.sampling,
+              .streams = st.streams.subspan(first, n), .step = static_cast<std::uint64_t>(st.step),
+              .out = std::span(st.next).subspan(first, n)});
+  if (req.on_logits)
+    be_.copy_to_host(st.host_logits.data() + b.first_sequence * cfg_.vocab_size, act.logits.data(),
+                     static_cast<std::size_t>(b.n * cfg_.vocab_size) * sizeof(float));
+}
+
+void BlockScheduler::receive(BlockState& st, std::int64_t k, const StageLinks& links) {
+  GpuBatch& b = st.batch(k);
+  boundary_.resize(static_cast<std::size_t>(b.step.rows() * cfg_.hidden));
+  links.receive(k, boundary_);
+  b.hidden->write_rows(0, b.step.rows(), boundary_.data(), *boundary_staging_);
+}
+
+void BlockScheduler::send(BlockState& st, std::int64_t k, const StageLinks& links) {
+  const GpuBatch& b = st.batch(k);
+  boundary_.resize(static_cast<std::size_t>(b.step.rows() * cfg_.hidden));
+  be_.copy_to_host(boundary_.data(), st.act->hidden, boundary_.size() * sizeof(float));
+  links.send(k, boundary_);
+}
+
+std::span<std::int32_t> BlockScheduler::next_tokens(Block& b) { return b.st.next; }
+
+void BlockScheduler::end_step(Block& blk) {
+  BlockState& st = blk.st;
+  if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
+  blk.log.record(st.step, st.next);
+  ++st.step;
+  if (!blk.log.active()) return;
+  for (auto& b : st.batches) {
+    const auto next = std::span(st.next).subspan(static_cast<std::size_t>(b.first_sequence), static_cast<std::size_t>(b.n));
+    for (std::size_t i = 0; i < next.size(); ++i) b.tokens[i].push_back(next[i]);
+    // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
+    b.step = rope_reprefills(cfg_, b.step.lens) ? StepBatch::make_prefill(b.tokens)
+                                                 : StepBatch::make_decode(next, b.step.lens);
+  }
+}
+
+GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }
+
+GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
+  if (!holds_input() || !holds_head_) throw std::logic_error("generate() needs the whole model; step a stage's blocks");
+  BlockPtr blk = begin(req);
+  while (active(*blk)) {
+    run_step(*blk);
+    end_step(*blk);
+  }
+  return finish(*blk);
+}
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,144 @@
+// FlexGen's zig-zag block schedule over the tiers: a block of gpu_batch_size x num_gpu_batches
+// sequences runs token step i x scheduling unit j x GPU batch k. With overlap on, the next
+// unit's weights are fetched while the K batches of this unit compute, and batch k+1's
+// activations/KV are fetched (batch k-1's written back) while batch k computes, each on its
+// own copy lane; tickets order them (no global barrier). With overlap off the same copies
+// run in line before and after each compute (the ablation baseline).
+//
+// Compression (compress_weight / compress_cache): weight matrices and KV slots are stored as
+// 4- or 8-bit groups in every tier, copied compressed, and dequantized by the compute kernels.
+//
+// Placement: weights, each batch's KV cache and its hidden states are TieredTensors split
+// by the policy's fractions. Weights not wholly on the gpu tier are staged into two device
+// slots (the unit computing and the one being fetched). KV is split by sequence: gpu-homed
+// sequences are attended in place, cpu/disk-homed ones are staged through a ring of three
+// device slots (fetching, computing, writing back); with cpu_cache_compute the cpu-homed
+// sequences are attended where they live, in host memory. (On the CPU backend that is the
+// compute backend itself; a device backend will hand those parts to a CPU backend.)
+//
+// Pipeline stages (engine/distributed): a scheduler can hold a contiguous slice of the layers
+// (LayerRange) with only their weights and KV caches; its first unit then takes each GPU
+// batch's hidden states from StageLinks::receive and its last one hands them to
+// StageLinks::send. A stage keeps several blocks in flight and advances each a step at a time
+// (begin, run_step, end_step, finish); generate() is the same loop for one block.
+//
+// Mixture-of-experts: every expert is its own group of tiered tensors. Under routed expert
+// loading (Policy::routed_expert_loading) a MoE unit's load brings its router, norm and
+// shared expert; the unit before it routes each GPU batch right after computing it (a merged
+// unit routes between its attention and its MLP) and the experts that batch needs and the
+// block has not yet fetched start to stream in while the next batches compute. Otherwise all
+// experts come with the unit, as for a dense MLP. A staging slot holds Policy::expert_slot_count
+// of a unit's staged experts (by default those a decode step is expected to route to); the
+// prefetch stops when they are full, and a GPU batch whose routed experts do not fit runs its
+// MoE layer in ascending chunks of experts, each fetched over the last, adding up to the same
+// sums as one run.
+#pragma once
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/generator.h"
+#include "engine/model/layers.h"
+#include "engine/runtime/cache_ring.h"
+#include "engine/runtime/units.h"
+#include "engine/runtime/weight_staging.h"
+#include "offload/copy_engine.h"
+#include "offload/trace.h"
+#include "policy/pipeline.h"
+#include "policy/policy.h"
+
+namespace flexh2o::engine {
+
+// Layers [begin, end) of build_layers(cfg) (input embedding, attention and MLP per decoder
+// layer, output head); end < 0: through the last.
+struct LayerRange {
+  std::int64_t begin = 0, end = -1;
+};
+
+// The layers of a pipeline stage's decoder layers, with the input embedding on the first stage
+// and the head on the last.
+LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& slice);
+
+// The hidden states ([rows, hidden] fp32 in host memory) of GPU batch k of the current step at
+// a stage's boundaries.
+struct StageLinks {
+  // Fills them before the stage's first unit computes batch k (a stage after the first).
+  std::function<void(std::int64_t k, std::span<float> hidden)> receive;
+  // Takes them after the stage's last unit computed batch k (a stage before the last); the
+  // span is valid during the call.
+  std::function<void(std::int64_t k, std::span<const float> hidden)> send;
+};
+
+class BlockScheduler {
+ public:
+  // Loads the weights of `layers` into their tiers. Throws BudgetExceeded when they do not fit.
+  BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg, const WeightSource& source,
+                 const policy::Policy& policy, offload::Trace* trace = nullptr, offload::CopyOptions copy = {},
+                 LayerRange layers = {});
+  ~BlockScheduler();
+
+  // Generates for one block: at most gpu_batch_size x num_gpu_batches prompts, cut into GPU
+  // batches in order. Same tokens as Generator::generate on the same request. Whole model only.
+  GenerationResult generate(const GenerationRequest& req);
+
+  // One block stepped from outside. `req` must outlive the block, and blocks the scheduler.
+  class Block;
+  struct BlockDeleter {
+    void operator()(Block* b) const;
+  };
+  using BlockPtr = std::unique_ptr<Block, BlockDeleter>;
+  // Places the block's KV caches and hidden states (throws BudgetExceeded) and checks its prompts.
+  BlockPtr begin(const GenerationRequest& req);
+  bool active(const Block& b) const;
+  // This scheduler's layers over every GPU batch of the block's current step; with the output
+  // head here the step's tokens are then sampled into next_tokens().
+  void run_step(Block& b, const StageLinks& links = {});
+  // The tokens of the current step: sampled by run_step, or set here by the caller (a stage
+  // without the head gets them from the one with it) before end_step.
+  std::span<std::int32_t> next_tokens(Block& b);
+  // Records the step's tokens (stops, forcing, on_step) and moves the block to its next step.
+  void end_step(Block& b);
+  GenerationResult finish(Block& b);
+
+  const ModelConfig& config() const { return cfg_; }
+  const policy::Policy& policy() const { return policy_; }
+  // Whether the input embedding / the output head are among this scheduler's layers.
+  bool holds_input() const;
+  bool holds_head() const { return holds_head_; }
+  const ExpertLoadStats& expert_loads() const { return staging_->expert_loads(); }
+
+ private:
+  struct BlockState;
+  // FlexGen's loop body for unit u and GPU batch k (compute number `counter` of the block).
+  void load_inputs(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k, const StageLinks& links);
+  void prefetch_next(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k, std::int64_t instance);
+  void compute(BlockState& st, std::int64_t u, std::int64_t k, RingSlot& slot, std::int64_t instance);
+  void route_next_unit(std::int64_t u, const GpuBatch& b, Activations& act, std::int64_t instance);
+  void sample(BlockState& st, const GpuBatch& b, Activations& act);
+  void receive(BlockState& st, std::int64_t k, const StageLinks& links);
+  void send(BlockState& st, std::int64_t k, const StageLinks& links);
+  // begin(): the block's GPU batches with their KV caches and hidden states in their tiers.
+  void place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req);
+
+  kernels::Backend& be_;
+  offload::Tiers& tiers_;
+  ModelConfig cfg_;  // weight matrices in q4 under compress_weight
+  policy::Policy policy_;
+  kernels::DType cache_dtype_;  // q4 under compress_cache
+  offload::Trace* trace_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  UnitList units_;
+  bool holds_head_ = true;
+  std::int64_t unit_instances_ = 0;  // units run so far: instance = step x units + unit
+  std::vector<float> boundary_;      // hidden states received or sent at a stage boundary
+  std::unique_ptr<offload::Staging> boundary_staging_;
+  std::unique_ptr<policy::KvPolicy> kv_policy_;  // from policy_.kv; null for the full cache
+  std::unique_ptr<WeightStaging> staging_;
+  std::unique_ptr<CacheRing> ring_;
+  // Declared last: destroyed first, so queued copies finish before the memory they touch goes.
+  std::unique_ptr<offload::CopyEngine> copies_;
+};
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,109 @@
+#include "engine/runtime/cache_ring.h"
+
+#include "engine/runtime/kv_staging.h"
+
+namespace flexh2o::engine {
+
+using offload::CopyPiece;
+using offload::CopyTicket;
+using offload::Place;
+using offload::TieredTensor;
+
+namespace {
+void wait_all(const std::vector<CopyTicket>& ts) {
+  for (const auto& t : ts) t.wait();
+}
+std::string batch_label(const SchedulingUnit& u, std::int64_t k) { return u.name + " b" + std::to_string(k); }
+}  // namespace
+
+CacheRing::CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::int64_t hidden,
+                     std::int64_t n_kv_heads, std::int64_t head_dim, kernels::DType cache_dtype, bool overlap)
+    : tiers_(tiers),
+      copies_(copies),
+      hidden_(hidden),
+      n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      cache_dtype_(cache_dtype),
+      overlap_(overlap) {
+  lane_cache_in_ = copies_.add_lane("copy: cache in");
+  lane_cache_out_ = copies_.add_lane("copy: cache out");
+  lane_hidden_in_ = copies_.add_lane("copy: hidden in");
+  lane_hidden_out_ = copies_.add_lane("copy: hidden out");
+}
+
+// A load that must wait for copies on other lanes (the slot's previous write-backs, the
+// batch's own last store) before it reads.
+CopyTicket CacheRing::submit_after(int lane, std::vector<CopyTicket> deps, std::vector<CopyPiece> pieces,
+                                   offload::CopyLabel label, std::int64_t bytes) {
+  return copies_.submit(
+      lane,
+      [this, deps = std::move(deps), pieces = std::move(pieces)](offload::Staging& s) {
+        wait_all(deps);
+        offload::copy_pieces_now(tiers_, pieces, s, copies_.options());
+      },
+      std::move(label), bytes);
+}
+
+void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
+                     bool hidden_resident) {
+  // The slot's previous write-backs read its buffers: they must finish before it is refilled.
+  std::vector<CopyTicket> before = std::move(slot.stores);
+  slot.stores.clear();
+  slot.loads.clear();
+  if (!hidden_resident && !u.first) {
+    auto pieces = b.hidden->pieces(0, b.step.rows(), Place::gpu(slot.hidden.data()), false);
+    std::vector<CopyTicket> deps = before;
+    deps.push_back(b.hidden_stored);
+    slot.loads.push_back(submit_after(lane_hidden_in_, std::move(deps), std::move(pieces),
+                                      {"load_hidden", batch_label(u, k)}, b.step.rows() * hidden_ * 4));
+  }
+  const std::int64_t staged = b.n - b.resident_end;
+  if (u.cache_layer >= 0 && staged > 0 && !b.step.prefill) {
+    // Only the valid slots of each (sequence, kv head): lens before this step's token. Under
+    // eviction the policy's slots fill the (budget-sized) rows: all of them.
+    const auto layer = static_cast<std::size_t>(u.cache_layer);
+    const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+    const std::int64_t head_bytes = capacity * slot_bytes;
+    std::vector<KvByteRange> ranges;
+    std::int64_t bytes = 0;
+    for (std::int64_t s = b.resident_end; s < b.n; ++s) {
+      ranges.push_back({0, b.eviction.empty() ? (b.step.lens[s] - 1) * slot_bytes : head_bytes});
+      bytes += 2 * n_kv_heads_ * ranges.back().to;
+    }
+    auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
+                                  slot.v.data(), false);
+    std::vector<CopyTicket> deps = before;
+    deps.push_back(b.cache_stored[layer]);
+    slot.loads.push_back(
+        submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_cache", batch_label(u, k)}, bytes));
+  }
+  if (slot.loads.empty()) wait_all(before);  // nothing queued behind them: settle here
+}
+
+void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
+                      bool hidden_resident) {
+  if (!hidden_resident && !u.last) {
+    auto pieces = b.hidden->pieces(0, b.step.rows(), Place::gpu(slot.hidden.data()), true);
+    b.hidden_stored = copies_.copy(lane_hidden_out_, std::move(pieces), {"store_hidden", batch_label(u, k)});
+    slot.stores.push_back(b.hidden_stored);
+  }
+  if (u.cache_layer >= 0 && b.resident_end < b.n) {
+    const auto layer = static_cast<std::size_t>(u.cache_layer);
+    const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+    const std::int64_t head_bytes = capacity * slot_bytes;
+    // Prefill wrote slots [0, len); a decode step wrote slot len - 1; under eviction the
+    // policy's slots anywhere in the row.
+    const bool all = !b.eviction.empty();
+    std::vector<KvByteRange> ranges;
+    for (std::int64_t s = b.resident_end; s < b.n; ++s)
+      ranges.push_back({b.step.prefill || all ? 0 : (b.step.lens[s] - 1) * slot_bytes,
+                        all ? head_bytes : b.step.lens[s] * slot_bytes});
+    auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
+                                  slot.v.data(), true);
+    b.cache_stored[layer] = copies_.copy(lane_cache_out_, std::move(pieces), {"store_cache", batch_label(u, k)});
+    slot.stores.push_back(b.cache_stored[layer]);
+  }
+  if (!overlap_) wait_all(slot.stores);
+}
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,71 @@
+// FlexGen's load_cache / load_hidden / store_cache / store_hidden: the hidden states and KV
+// cache of one GPU batch copied between their tiers and one of three device ring slots (one
+// fetching, one computing, one writing back), each on its own copy lane. KV is split by
+// sequence: sequences [0, resident_end) of a batch are attended where they live (gpu tier, or
+// host memory with cpu_cache_compute); the rest are staged through the slot. Only the valid
+// slots move: lens before the step's token in, the step's new slots out (under eviction, each
+// head's whole budget-sized row both ways).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/runtime/kv_eviction.h"
+#include "engine/runtime/gpu_buffer.h"
+#include "engine/runtime/units.h"
+#include "engine/model/step.h"
+#include "offload/copy_engine.h"
+#include "offload/tiered_tensor.h"
+
+namespace flexh2o::engine {
+
+// One GPU batch of a block: its sequences, their tokens and step, and the homes of its hidden
+// states and KV cache (TieredTensors split by the policy).
+struct GpuBatch {
+  std::int64_t first_sequence = 0, n = 0;  // sequences [first_sequence, first_sequence + n) of the block
+  std::vector<std::vector<std::int32_t>> tokens;  // each sequence's tokens so far (prompt first)
+  StepBatch step;
+  std::unique_ptr<offload::TieredTensor> hidden;  // [max rows, hidden]
+  std::vector<std::unique_ptr<offload::TieredTensor>> k, v;  // per decoder layer: n rows of kv_heads x capacity slots
+  std::int64_t resident_end = 0;  // sequences [0, resident_end) are attended where they live
+  std::vector<std::unique_ptr<KvEvictionLayer>> eviction;  // per decoder layer, with a KV policy
+  offload::CopyTicket hidden_stored;
+  std::vector<offload::CopyTicket> cache_stored;  // per decoder layer
+};
+
+// Device buffers of one compute in flight: its hidden states and its staged KV sequences.
+struct RingSlot {
+  GpuBuffer hidden, k, v;
+  std::vector<offload::CopyTicket> loads;   // fetches into this slot for the compute it is assigned to
+  std::vector<offload::CopyTicket> stores;  // write-backs reading this slot
+  std::int64_t assigned = -1;               // the compute (counter) its loads are for
+};
+
+class CacheRing {
+ public:
+  // Adds its four lanes to `copies` (which outlives this).
+  CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::int64_t hidden, std::int64_t n_kv_heads,
+            std::int64_t head_dim, kernels::DType cache_dtype, bool overlap);
+  // Starts the copies of batch `b`'s inputs to unit `u` into `slot`: its hidden states unless
+  // they stay resident (`hidden_resident`) or come from the embedding, and its staged KV
+  // sequences' valid slots (`capacity` slots per head) when u attends and the step decodes.
+  void load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
+            bool hidden_resident);
+  // Starts the write-backs of what unit `u` computed for batch `b` in `slot`.
+  void store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
+             bool hidden_resident);
+
+ private:
+  offload::CopyTicket submit_after(int lane, std::vector<offload::CopyTicket> deps,
+                                   std::vector<offload::CopyPiece> pieces, offload::CopyLabel label,
+                                   std::int64_t bytes);
+
+  offload::Tiers& tiers_;
+  offload::CopyEngine& copies_;
+  std::int64_t hidden_, n_kv_heads_, head_dim_;
+  kernels::DType cache_dtype_;
+  bool overlap_;
+  int lane_cache_in_ = 0, lane_cache_out_ = 0, lane_hidden_in_ = 0, lane_hidden_out_ = 0;
+};
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,214 @@
+#include "engine/runtime/generator.h"
+
+#include "engine/runtime/kv_eviction.h"
+#include "engine/model/rope_scaling.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <stdexcept>
+
+namespace flexh2o::engine {
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int32_t>> prompts,
+                   std::int64_t max_new_tokens, std::span<const std::string> names) {
+  if (max_new_tokens < 1) throw std::invalid_argument("--gen-len must be at least 1");
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto& p = prompts[i];
+    const std::string which = "prompt " + (i < names.size() ? names[i] : std::to_string(i));
+    if (p.empty()) throw std::invalid_argument(which + " has no tokens");
+    for (auto t : p)
+      if (t < 0 || t >= cfg.vocab_size)
+        throw std::invalid_argument(which + " holds token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                                    std::to_string(cfg.vocab_size) + ")");
+    const auto need = static_cast<std::int64_t>(p.size()) + max_new_tokens;
+    if (need > cfg.position_limit())
+      throw std::invalid_argument(which + " has " + std::to_string(p.size()) + " tokens; with " +
+                                  std::to_string(max_new_tokens) + " new tokens it needs " + std::to_string(need) +
+                                  " positions but the model has " + std::to_string(cfg.position_limit()) +
+                                  "; shorten the prompt or lower --gen-len");
+  }
+}
+
+void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens) {
+  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
+    if (cfg.window(l) > 0 && cfg.window(l) < tokens)
+      throw std::invalid_argument("KV eviction on a model with a sliding window of " + std::to_string(cfg.window(l)) +
+                                  " tokens (layer " + std::to_string(l) + ") over sequences of up to " +
+                                  std::to_string(tokens) + " tokens is not supported; use --kv full or shorter runs");
+  if (cfg.rope.reprefill_on_long && tokens > cfg.rope.original_max_positions)
+    throw std::invalid_argument("KV eviction on a LongRoPE model that re-prefills sequences growing past " +
+                                std::to_string(cfg.rope.original_max_positions) +
+                                " tokens (Phi-3) is not supported; use --kv full or shorter runs");
+}
+
+Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
+                     kernels::DType cache_dtype)
+    : be_(be), cfg_(cfg), cache_dtype_(cache_dtype), layers_(build_layers(cfg_)) {
+  for (const auto& [name, t] : weights) {
+    if (be.kind() == kernels::DeviceKind::Cpu) {
+      weights_[name] = t.ref();
+      continue;
+    }
+    const auto bytes = static_cast<std::size_t>(t.rows * kernels::row_bytes(t.dtype, t.cols));
+    device_copies_.emplace_back(be, bytes);
+    be.copy_to_device(device_copies_.back().data(), t.data.get(), bytes);
+    weights_[name] = {device_copies_.back().data(), t.dtype, t.rows, t.cols};
+  }
+}
+
+double GenerationResult::prefill_throughput() const {
+  return static_cast<double>(prompt_tokens) / std::max(prefill_seconds, 1e-9);
+}
+double GenerationResult::decode_throughput() const {
+  return static_cast<double>(generated_tokens - sequences) / std::max(decode_seconds, 1e-9);
+}
+double GenerationResult::total_throughput() const {
+  return static_cast<double>(generated_tokens) / std::max(prefill_seconds + decode_seconds, 1e-9);
+}
+void GenerationResult::add(const GenerationResult& r) {
+  prefill_seconds += r.prefill_seconds;
+  decode_seconds += r.decode_seconds;
+  prompt_tokens += r.prompt_tokens;
+  generated_tokens += r.generated_tokens;
+  decode_steps += r.decode_steps;
+  sequences += r.sequences;
+}
+
+std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b) {
+  return req.max_new_tokens_each.empty() ? req.max_new_tokens : req.max_new_tokens_each[b];
+}
+
+std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
+  return static_cast<std::int64_t>(req.prompts[b].size()) +
+         (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : new_tokens_limit(req, b));
+}
+
+GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req)
+    : be_(be), cfg_(cfg), req_(req), streams_(req.streams), t0_(now_seconds()) {
+  const std::size_t B = req.prompts.size();
+  if (req.max_new_tokens_each.empty()) check_prompts(cfg, req.prompts, req.max_new_tokens);
+  if (!req.max_new_tokens_each.empty()) {
+    if (req.max_new_tokens_each.size() != B)
+      throw std::invalid_argument("a request needs one new tokens limit per prompt: " + std::to_string(B) +
+                                  " prompts, " + std::to_string(req.max_new_tokens_each.size()) + " limits");
+    for (const std::int64_t n : req.max_new_tokens_each)
+      if (n < 1 || n > req.max_new_tokens)
+        throw std::invalid_argument("a prompt's new tokens limit " + std::to_string(n) + " is outside [1, " +
+                                    std::to_string(req.max_new_tokens) + "]");
+    for (std::size_t b = 0; b < B; ++b)  // each prompt with its own limit against the positions
+      check_prompts(cfg, std::span(req.prompts).subspan(b, 1), req.max_new_tokens_each[b],
+                    std::vector<std::string>{std::to_string(b)});
+  }
+  if (!streams_.empty() && streams_.size() != B)
+    throw std::invalid_argument("a request needs one sampling stream per prompt: " + std::to_string(B) +
+                                " prompts, " + std::to_string(streams_.size()) + " streams");
+  if (streams_.empty()) {
+    streams_.resize(B);
+    std::iota(streams_.begin(), streams_.end(), 0);
+  }
+  for (const auto& p : req.prompts) {
+    max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(p.size()));
+    res_.prompt_tokens += static_cast<std::int64_t>(p.size());
+  }
+  res_.tokens.resize(B);
+  res_.sequences = static_cast<std::int64_t>(B);
+  done_.assign(B, false);
+  active_ = static_cast<std::int64_t>(B);
+}
+
+void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
+  for (std::size_t b = 0; b < done_.size(); ++b) {
+    if (done_[b]) continue;
+    res_.tokens[b].push_back(next[b]);
+    // A forced sequence runs until its forced tokens are used up, whatever it samples.
+    const bool forcing = b < req_.forced.size() && step < static_cast<std::int64_t>(req_.forced[b].size());
+    const bool stop =
+        !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
+    if (stop || static_cast<std::int64_t>(res_.tokens[b].size()) >= new_tokens_limit(req_, b)) {
+      done_[b] = true;
+      --active_;
+    }
+  }
+  for (std::size_t b = 0; b < std::min(done_.size(), req_.forced.size()); ++b)
+    if (step < static_cast<std::int64_t>(req_.forced[b].size())) next[b] = req_.forced[b][step];
+  if (req_.on_step) req_.on_step(step, req_.max_new_tokens);
+  if (step == 0) {
+    be_.synchronize();
+    res_.prefill_seconds = now_seconds() - t0_;
+    t0_ = now_seconds();
+  } else {
+    ++res_.decode_steps;
+  }
+}
+
+GenerationResult GenerationLog::finish() {
+  be_.synchronize();
+  if (res_.decode_steps > 0) res_.decode_seconds = now_seconds() - t0_;
+  for (const auto& t : res_.tokens) res_.generated_tokens += static_cast<std::int64_t>(t.size());
+  return std::move(res_);
+}
+
+GenerationResult Generator::generate(const GenerationRequest& req) {
+  GenerationLog log(be_, cfg_, req);
+  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
+  if (B == 0) return log.finish();
+
+  const std::int64_t prompt_tokens = log.prompt_tokens();
+  std::int64_t capacity = log.max_prompt() + req.max_new_tokens;
+  std::vector<std::unique_ptr<KvEvictionLayer>> eviction;
+  if (req.kv) {
+    check_kv_policy_fits(cfg_, log.max_prompt() + req.max_new_tokens);
+    std::vector<std::int64_t> total;
+    for (std::size_t b = 0; b < req.prompts.size(); ++b) total.push_back(sequence_tokens(req, b));
+    eviction = make_kv_eviction(be_, *req.kv, cfg_, total, prompt_tokens);
+    capacity = 0;
+    for (const auto& e : eviction) capacity = std::max(capacity, e->capacity());
+  }
+  std::vector<KvCache> caches;
+  for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+    caches.emplace_back(be_, cfg_, B, capacity, cache_dtype_);
+    if (req.kv) caches.back().view.eviction = eviction[static_cast<std::size_t>(l)].get();
+  }
+  const std::int64_t rows = rows_for_batch(cfg_, req.prompts, req.max_new_tokens);
+  Activations act(be_, cfg_, rows, B);
+  kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(rows * cfg_.hidden) * sizeof(float));
+  act.hidden = hidden.as<float>();
+
+  std::vector<std::int32_t> next(static_cast<std::size_t>(B));
+  std::vector<float> host_logits;
+  auto run_step = [&](const StepBatch& s, std::int64_t step) {
+    for (const auto& layer : layers_) {
+      const std::int64_t c = layer->cache_index();
+      layer->forward(be_, weights_, s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
+    }
+    if (req.on_logits) {
+      host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
+      be_.copy_to_host(host_logits.data(), act.logits.data(), host_logits.size() * sizeof(float));
+      req.on_logits(step, host_logits);
+    }
+    be_.sample({.logits = act.logits.as<float>(), .batch = B, .vocab = cfg_.vocab_size, .params = req.sampling,
+                .streams = log.streams(), .step = static_cast<std::uint64_t>(step), .out = next});
+    log.record(step, next);
+  };
+
+  StepBatch s = StepBatch::make_prefill(req.prompts);
+  run_step(s, 0);
+  // Every sequence's tokens so far, for a re-prefill (rope_reprefills).
+  std::vector<std::vector<std::int32_t>> history = req.prompts;
+  for (std::int64_t step = 1; log.active(); ++step) {
+    for (std::int64_t b = 0; b < B; ++b) history[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
+    // Finished sequences keep their slot in the batch (its shape is fixed); their tokens are dropped.
+    s = rope_reprefills(cfg_, s.lens) ? StepBatch::make_prefill(history) : StepBatch::make_decode(next, s.lens);
+    run_step(s, step);
+  }
+  return log.finish();
+}
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,124 @@
+// Batched generation with everything resident on the compute device: prefill of ragged
+// prompts, then one decode step at a time until every sequence stopped. This is the plain
+// in-memory run every offloaded schedule is checked against.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/model/layers.h"
+#include "engine/model/weights.h"
+#include "kernels/backend.h"
+#include "policy/eviction/kv_policy.h"
+
+namespace flexh2o::engine {
+
+struct GenerationRequest {
+  std::vector<std::vector<std::int32_t>> prompts;  // each non-empty
+  std::int64_t max_new_tokens = 32;
+  // Per prompt, when given: its own limit (at most max_new_tokens, which then sizes the cache
+  // and activations). A sequence stops at its limit or a stop id, as it would alone.
+  std::vector<std::int64_t> max_new_tokens_each;
+  kernels::SamplingParams sampling;
+  std::vector<std::uint64_t> streams;  // per prompt sampling stream (default: its index)
+  // Called after every step with that step's logits [batch, vocab] (host copy), for tests
+  // and quality evaluation; step 0 is the prefill.
+  std::function<void(std::int64_t step, std::span<const float> logits)> on_logits;
+  // Called after every step (0 is the prefill) with the number of steps the request can take;
+  // progress reports, and cancellation by throwing.
+  std::function<void(std::int64_t step, std::int64_t max_steps)> on_step;
+  // KV eviction (null: the full cache). The budget of a sequence is taken of its prompt +
+  // max_new_tokens (+ its forced tokens instead, when forced).
+  const policy::KvPolicy* kv = nullptr;
+  // Teacher forcing (evaluation): when given, the input after step i of sequence b is
+  // forced[b][i] instead of the sampled token, while forced[b] lasts.
+  std::vector<std::vector<std::int32_t>> forced;
+};
+
+struct GenerationResult {
+  std::vector<std::vector<std::int32_t>> tokens;  // generated tokens, stop token included
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  std::int64_t prompt_tokens = 0;     // sum of prompt lengths
+  std::int64_t generated_tokens = 0;  // sum of generated lengths
+  std::int64_t decode_steps = 0;
+  std::int64_t sequences = 0;
+
+  // Tokens/s as FlexGen reports them (ALGORITHMS.md section 1): prompt tokens over the prefill,
+  // tokens after each sequence's first over the decode, all generated tokens over both.
+  double prefill_throughput() const;
+  double decode_throughput() const;
+  double total_throughput() const;
+  // Adds another block's counts and times (a run's totals); tokens are not kept.
+  void add(const GenerationResult& r);
+};
+
+// The new tokens sequence b may generate: its own limit, else the request's.
+std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b);
+// Tokens sequence b of a request holds at most: its prompt plus its forced tokens when forced,
+// else plus its new tokens limit. A KV eviction budget is a fraction of this.
+std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
+
+// What a generation records between steps, shared by Generator and BlockScheduler so that both
+// end, force and time sequences identically.
+class GenerationLog {
+ public:
+  // Checks the request (prompts, streams) and starts the prefill clock.
+  GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req);
+  // The sampling stream of every prompt: req.streams, or the prompt's index.
+  const std::vector<std::uint64_t>& streams() const { return streams_; }
+  std::int64_t max_prompt() const { return max_prompt_; }
+  std::int64_t prompt_tokens() const { return res_.prompt_tokens; }
+  // After sampling step `step` (0 is the prefill) into next[0, B): records the tokens of the
+  // unfinished sequences, ends those that sampled a stop token (unless still forced) or are
+  // full, puts the forced inputs into next, and calls on_step.
+  void record(std::int64_t step, std::span<std::int32_t> next);
+  bool active() const { return active_ > 0; }
+  // Stops the decode clock; the result.
+  GenerationResult finish();
+
+ private:
+  kernels::Backend& be_;
+  const ModelConfig& cfg_;
+  const GenerationRequest& req_;
+  std::vector<std::uint64_t> streams_;
+  std::int64_t max_prompt_ = 0;
+  std::vector<bool> done_;
+  std::int64_t active_ = 0;
+  double t0_ = 0;
+  GenerationResult res_;
+};
+
+class Generator {
+ public:
+  // Weights stay where they are on a CPU backend; other backends get a device copy. The KV
+  // cache is kept in `cache_dtype` (q4/q8: compress_cache).
+  Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
+            kernels::DType cache_dtype = kernels::DType::F32);
+  GenerationResult generate(const GenerationRequest& req);
+  const ModelConfig& config() const { return cfg_; }
+  kernels::DType cache_dtype() const { return cache_dtype_; }
+
+ private:
+  kernels::Backend& be_;
+  ModelConfig cfg_;
+  kernels::DType cache_dtype_;
+  std::vector<kernels::DeviceBuffer> device_copies_;
+  DeviceWeights weights_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+// Throws naming the reason when a KV eviction policy cannot run this model over sequences of
+// `tokens` tokens: a sliding window shorter than them (the cache then keeps slot = position),
+// or Phi-3's re-prefill past the original context.
+void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens);
+
+// Throws a clear error when a prompt is empty, holds an id outside the vocabulary, or
+// prompt + max_new_tokens exceeds the model's positions. `names` (optional, one per
+// prompt) say which prompt in the message; otherwise its index does.
+void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int32_t>> prompts,
+                   std::int64_t max_new_tokens, std::span<const std::string> names = {});
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,38 @@
+#include "engine/runtime/tiered_weights.h"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace flexh2o::engine {
+
+namespace {
+constexpr std::int64_t kChunkBytes = std::int64_t{16} << 20;
+}
+
+TieredWeights load_tiered_weights(const ModelConfig& cfg, const WeightSource& source, offload::Tiers& tiers,
+                                  const offload::TierFractions& fractions, std::span<const std::string> only) {
+  check_weights(cfg, source);
+  auto specs = weight_specs(cfg);
+  if (!only.empty())
+    std::erase_if(specs, [&](const WeightSpec& w) { return std::find(only.begin(), only.end(), w.name) == only.end(); });
+  TieredWeights out;
+  // Placement first (serially, so a budget that does not fit fails before any reading).
+  for (const auto& w : specs)
+    out.emplace(w.name, std::make_unique<offload::TieredTensor>(tiers, w.name, w.dtype(cfg), w.rows, w.cols, fractions));
+  tbb::parallel_for(std::size_t{0}, specs.size(), [&](std::size_t i) {
+    offload::TieredTensor& t = *out.at(specs[i].name);
+    const std::int64_t chunk_rows = std::max<std::int64_t>(1, kChunkBytes / std::max<std::int64_t>(1, t.row_bytes()));
+    std::vector<std::byte> buf(static_cast<std::size_t>(std::min(chunk_rows, t.rows()) * t.row_bytes()));
+    offload::Staging staging(&tiers.backend());
+    for (std::int64_t r = 0; r < t.rows(); r += chunk_rows) {
+      const std::int64_t r1 = std::min(t.rows(), r + chunk_rows);
+      source.read_rows(t.name(), r, r1, buf.data(), t.dtype());
+      t.write_rows(r, r1, buf.data(), staging);
+    }
+  });
+  return out;
+}
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,22 @@
+// The model's weights placed across the tiers: every tensor a TieredTensor split by the
+// policy's weight fractions, read from the checkpoint straight into its home tiers.
+#pragma once
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "engine/model/weights.h"
+#include "offload/tiered_tensor.h"
+
+namespace flexh2o::engine {
+
+using TieredWeights = std::map<std::string, std::unique_ptr<offload::TieredTensor>>;
+
+// Checks shapes, then loads tensor by tensor in parallel through bounded host buffers (a few
+// MiB per task), so the model is never held whole in RAM. Throws naming the tensor. `only`
+// (when not empty) names the tensors to load: a pipeline stage holds just its layers' weights.
+TieredWeights load_tiered_weights(const ModelConfig& cfg, const WeightSource& source, offload::Tiers& tiers,
+                                  const offload::TierFractions& fractions, std::span<const std::string> only = {});
+
+}  // namespace flexh2o::engine
