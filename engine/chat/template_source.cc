@@ -1,12 +1,12 @@
 #include "engine/chat/template_source.h"
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "engine/loaders/gguf_file.h"
+#include "engine/loaders/json_input.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::engine::chat {
@@ -21,21 +21,7 @@ std::string read_file(const fs::path& p) {
   return std::move(*text);
 }
 
-nlohmann::json read_json(const fs::path& p) {
-  try {
-    return nlohmann::json::parse(read_file(p));
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(p.string() + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
-bool is_gguf(const fs::path& p) {
-  if (!fs::is_regular_file(p)) return false;
-  if (p.extension() == ".gguf") return true;
-  std::ifstream in(p, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
-}
+nlohmann::json read_json(const fs::path& p) { return parse_json(read_file(p), p.string()); }
 
 // A special token in tokenizer_config.json: "<s>", {"content": "<s>", ...} or null.
 std::optional<std::string> token_text(const nlohmann::json& config, const char* key, const fs::path& file) {
@@ -143,7 +129,7 @@ TemplateSource load_template_file(const std::string& path) {
 TemplateSource load_model_template(const std::string& model, const std::string& template_name, bool has_tools) {
   const fs::path p(model);
   if (fs::is_directory(p)) return from_directory(p, template_name, has_tools);
-  if (is_gguf(p)) return from_gguf(p, template_name);
+  if (is_gguf_file(p.string())) return from_gguf(p, template_name);
   if (!fs::exists(p)) throw std::runtime_error("--model " + model + ": no such file or directory");
   throw std::runtime_error("--model " + model +
                            ": a chat template comes from a Hugging Face model directory or a GGUF file; pass --template");

@@ -6,6 +6,7 @@
 
 #include "engine/chat/chat_template.h"
 #include "engine/chat/template_source.h"
+#include "engine/loaders/json_input.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::cli {
@@ -37,11 +38,7 @@ namespace {
 nlohmann::ordered_json read_json(const std::string& path, const char* flag) {
   const auto text = offload::read_text_file(path);
   if (!text) throw std::invalid_argument(std::string(flag) + ": cannot read " + path);
-  try {
-    return nlohmann::ordered_json::parse(*text);
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(std::string(flag) + " " + path + ": not valid JSON (" + e.what() + ")");
-  }
+  return engine::parse_json<nlohmann::ordered_json>(*text, std::string(flag) + " " + path);
 }
 
 ChatInputs read_inputs(const ChatTemplateOptions& o) {

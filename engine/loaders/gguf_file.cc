@@ -1,5 +1,11 @@
 #include "engine/loaders/gguf_file.h"
 
+#include <string_view>
+
+#include <fstream>
+
+#include <filesystem>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -544,6 +550,15 @@ void GgufFile::read(const GgufTensor& t, std::uint64_t offset, void* dst, std::u
                              " bytes at offset " + std::to_string(offset) + " leaves its " + std::to_string(t.bytes) +
                              " bytes");
   read_fully(fd_, path_, header_.data_start + t.offset + offset, dst, bytes);
+}
+
+bool is_gguf_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(path)) return false;
+  if (fs::path(path).extension() == ".gguf") return true;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
 }
 
 }  // namespace flexh2o::engine

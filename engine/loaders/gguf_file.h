@@ -121,4 +121,7 @@ class GgufFile {
   GgufHeader header_;
 };
 
+// Whether `path` is a GGUF file: by its extension or, under any name, by its magic.
+bool is_gguf_file(const std::string& path);
+
 }  // namespace flexh2o::engine

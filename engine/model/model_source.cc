@@ -3,10 +3,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <stdexcept>
-#include <string_view>
 
 #include "engine/model/embedded.h"
 #include "engine/loaders/dummy_weights.h"
@@ -61,15 +59,6 @@ bool is_model_yaml(const fs::path& p) {
   return fs::is_regular_file(p) && (p.extension() == ".yaml" || p.extension() == ".yml");
 }
 
-// A GGUF file by its extension or, under any name, by its magic.
-bool is_gguf(const fs::path& p) {
-  if (!fs::is_regular_file(p)) return false;
-  if (p.extension() == ".gguf") return true;
-  std::ifstream in(p, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
-}
-
 }  // namespace
 
 kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be) {
@@ -114,7 +103,7 @@ ModelSource open_model(const ModelOptions& opt) {
     m.tokenizer = hf_dir_tokenizer(path);
     m.description = opt.model;
     m.weights = std::move(ckpt);
-  } else if (is_gguf(path)) {
+  } else if (is_gguf_file(path.string())) {
     auto ckpt = std::make_unique<GgufCheckpoint>(opt.model);
     m.config = ckpt->config();
     // --tokenizer replaces the file's own, which then need not be readable.

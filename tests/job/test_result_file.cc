@@ -11,27 +11,18 @@
 
 #include "engine/job/request.h"
 #include "engine/job/result_file.h"
+#include "tests/support/error_of.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
 namespace {
 
 using job::ResultFile;
+using testing::error_of;
 
 std::string result(const std::string& id_json, const std::string& text = "x") {
   const std::int32_t tokens[] = {1, 2, 3};
   return ResultFile::line(id_json, text, tokens);
-}
-
-// The message of what `f` throws ("" when it does not throw).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(ResultFile, ResumeRefusesAFileOfOtherTextAndLeavesItAsItWas) {
