@@ -158,7 +158,7 @@ int run_one_process(const RunOptions& o) {
   RunSetup s = open_run(o);
   const std::vector<job::Request> requests = plan_and_gather(o, s);
   job::check_requests(s.model.config, requests);  // fail before loading weights
-  if (!s.auto_policy) check_placement_fits(o, s, requests);  // a given placement within this machine's memory
+  if (!s.auto_policy) check_placement_fits(o, s, requests, planning_profile(o, s));  // within this machine's memory
   const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
 
   offload::TierOptions to = s.tiers;

@@ -169,12 +169,15 @@ Share deal_shares(const Mpi& mpi, std::span<const job::Request> todo) {
   return share_of(shares[0]);
 }
 
-// With an automatic policy each rank plans for its own share on its part of the machine.
+// With an automatic policy each rank plans for its own share on its part of the machine; a
+// given placement is checked against that part before anything loads.
 void plan_share(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const job::Request> mine) {
-  if (!s.auto_policy || mine.empty()) return;
+  if (mine.empty()) return;
   const policy::HardwareProfile hw = rank_profile(o, s, mpi);
-  const policy::Estimate e = policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(mine), job::longest_limit(mine, s.gen_len)},
-                                          plan_options(o, s, static_cast<std::int64_t>(mine.size())));
+  if (!s.auto_policy) return check_placement_fits(o, s, mine, hw);
+  const policy::Estimate e =
+      policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(mine), job::longest_limit(mine, s.gen_len)},
+                   plan_options(o, s, static_cast<std::int64_t>(mine.size())));
   adopt_plan(o, s, e.policy, hw);
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
 }
@@ -294,6 +297,9 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
     open_out(o, out);
     setup.emplace(open_run(o));
     const std::vector<job::Request> todo = job::requests_to_run(job_requests(o, *setup), out, o.resume, o.out_file);
+    // A given placement that fits no rank's share is one error here, before any rank loads;
+    // a share (fewer, no longer prompts) then fits where the whole job does.
+    if (!setup->auto_policy && !todo.empty()) check_placement_fits(o, *setup, todo, rank_profile(o, *setup, mpi));
     job_size = todo.size();
     mine = deal_shares(mpi, todo);
   } else {

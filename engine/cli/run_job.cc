@@ -123,8 +123,8 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
   return p;
 }
 
-void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests) {
-  const policy::HardwareProfile hw = planning_profile(o, s);
+void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests,
+                          const policy::HardwareProfile& hw) {
   const auto prompts = static_cast<std::int64_t>(requests.size());
   policy::estimate_or_throw(engine::model_shape(s.model.config), hw,
                             {job::longest_prompt(requests), job::longest_limit(requests, s.gen_len)}, s.policy,

@@ -45,11 +45,12 @@ policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s)
 policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::int64_t max_block);
 // A planned policy with the schedule flags (--overlap, --sep-layer, --pin-weight) applied.
 policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy planned);
-// A given placement checked, before anything is loaded, against what planning_profile says
-// this machine (its free memory, within its cgroup) or --hardware and --*-mem have: throws
-// the planner's "does not fit" naming the tier. The tier budgets left unlimited default to
-// those capacities.
-void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests);
+// A given placement checked, before anything is loaded, against `hw`: what planning_profile
+// says this machine (its free memory, within its cgroup) or --hardware and --*-mem have, or a
+// rank's share of it. Throws the planner's "does not fit" naming the tier. The tier budgets
+// left unlimited default to those capacities.
+void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests,
+                          const policy::HardwareProfile& hw);
 // Runs a planned policy (with the schedule flags) within the profile's capacities.
 void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw);
 // "planned for <hw>: gpu batch ..." (no newline).

@@ -192,6 +192,27 @@ TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
   }
 }
 
+// A given placement is checked on every data-parallel rank against its share of the memory
+// before any weight loads: one "does not fit" line, no budget error from the loading.
+TEST(Mpi, DataParallelPlacementBeyondARanksMemoryIsOneClearError) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), token_prompts(4));
+  const Result r = run(mpirun(2),
+                       "run --model " + write_opt(dir, 4, 128) + " --dummy --prompts " + dir.file("in.jsonl") +
+                           " --gen-len 4 --gpu-batch-size 1 --percent 100 0 100 0 100 0 --gpu-mem 64KiB --out " +
+                           dir.file("out.jsonl"),
+                       dir);
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 124) << "hung or killed: " << r.err;
+  std::vector<std::string> errors;
+  std::istringstream lines(r.err);
+  for (std::string l; std::getline(lines, l);)
+    if (l.rfind("flexh2o: error: ", 0) == 0) errors.push_back(l);
+  ASSERT_EQ(errors.size(), 1u) << r.err;
+  EXPECT_THAT(errors[0], HasSubstr("the placement given"));
+  EXPECT_THAT(errors[0], HasSubstr("gpu tier"));
+}
+
 TEST(Mpi, BadPromptOnOneRankEndsEveryRankWithOneError) {
   testing::TempDir dir;
   // Data parallel: equal prompts are dealt alternately, so "bad" (the second) goes to rank 1,
