@@ -3,8 +3,6 @@
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <set>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
