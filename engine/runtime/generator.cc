@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -51,16 +52,19 @@ void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens) {
 Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
                      kernels::DType cache_dtype)
     : be_(be), cfg_(cfg), cache_dtype_(cache_dtype), layers_(build_layers(cfg_)) {
+  std::map<std::string, MatrixRef> on_device;  // a tied head shares the input embedding's copy
   for (const auto& [name, t] : weights) {
     if (be.kind() == kernels::DeviceKind::Cpu) {
-      weights_[name] = t.ref();
+      on_device[name] = t.ref();
       continue;
     }
     const auto bytes = static_cast<std::size_t>(t.rows * kernels::row_bytes(t.dtype, t.cols));
     device_copies_.emplace_back(be, bytes);
     be.copy_to_device(device_copies_.back().data(), t.data.get(), bytes);
-    weights_[name] = {device_copies_.back().data(), t.dtype, t.rows, t.cols};
+    on_device[name] = {device_copies_.back().data(), t.dtype, t.rows, t.cols};
   }
+  for (const auto& layer : layers_)
+    weights_.push_back(resolve_weights(*layer, [&](const policy::TensorSpec& t) { return on_device.at(t.name); }));
 }
 
 double GenerationResult::prefill_throughput() const {
@@ -242,9 +246,9 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
   std::vector<std::int32_t> next(static_cast<std::size_t>(B));
   std::vector<float> host_logits;
   auto run_step = [&](const StepBatch& s, std::int64_t step) {
-    for (const auto& layer : layers_) {
-      const std::int64_t c = layer->cache_index();
-      layer->forward(be_, weights_, s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const std::int64_t c = layers_[i]->cache_index();
+      layers_[i]->forward(be_, weights_[i], s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
     }
     if (req.on_logits) {
       host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));

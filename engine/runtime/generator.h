@@ -132,8 +132,8 @@ class Generator {
   ModelConfig cfg_;
   kernels::DType cache_dtype_;
   std::vector<kernels::DeviceBuffer> device_copies_;
-  DeviceWeights weights_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<LayerWeights> weights_;  // per layer
 };
 
 // Throws naming the reason when a KV eviction policy cannot run this model over sequences of
