@@ -480,7 +480,22 @@ void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_
                   reports);
 }
 
+// A pipeline's interrupts: a first signal on any stage ends the job when a slot would take
+// its next block (every stage agrees there; the blocks in flight finish), a second abandons
+// them.
+distributed::StageControl stage_control(const job::InterruptWatch& interrupts, const std::string& results_in) {
+  return {.stop_requested = [&interrupts] { return interrupts.stop_requested(); },
+          .before_step =
+              [&interrupts, results_in] {
+                if (interrupts.abandon_requested())
+                  throw job::Interrupted("interrupted: the blocks in flight were abandoned; finished blocks are in " +
+                                         (results_in.empty() ? std::string("the output")
+                                                             : results_in + "; rerun with --resume to continue"));
+              }};
+}
+
 int run_pipeline(const Mpi& mpi, const RunOptions& o) {
+  const job::InterruptWatch interrupts;
   const int me = mpi.rank(), n = mpi.size();
   std::optional<RunSetup> setup;
   std::optional<job::ResultFile> out;
@@ -521,7 +536,8 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
     output->put(chunk, std::move(lines));
     output->write_ready();
   };
-  const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr, finished);
+  const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr,
+                                                                       finished, stage_control(interrupts, o.out_file));
 
   json report = {{"name", rank_name(mpi)},
                  {"rank", me},
@@ -534,7 +550,11 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   add_placement(report, s, tiers);
   const std::vector<Bytes> all = mpi.gather(pack(report), 0);
   if (me == 0) report_pipeline(o, s, work.micro_batches, stats.total, all);
-  return 0;
+  if (!stats.stopped) return 0;
+  if (me == 0)
+    fmt::print(stderr, "flexh2o: interrupted: the pipeline stopped after {} of {} blocks{}\n", stats.finished_blocks,
+               stats.blocks, o.out_file.empty() ? "" : "; rerun with --resume to continue");
+  return 130;
 }
 
 }  // namespace
