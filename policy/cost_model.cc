@@ -174,6 +174,91 @@ struct Terms {
   }
 };
 
+Linear linear_form(double c0, std::initializer_list<std::pair<Var, double>> a) {
+  Linear x;
+  x.c0 = c0;
+  for (auto [v, c] : a) x.a[static_cast<std::size_t>(v)] += c;
+  return x;
+}
+
+// The staging slots' room for a MoE unit's routed experts under the block's policy.
+Policy experts_policy_of(const Block& blk) {
+  Policy p;
+  p.gpu_batch_size = blk.gbs;
+  p.num_gpu_batches = blk.k;
+  p.expert_loading = blk.expert_loading;
+  p.expert_slots = blk.expert_slots;
+  return p;
+}
+
+// Weights moved per layer and step when `rows_per_sequence` rows of each sequence compute:
+// the layer plus its share of the embeddings. MoE (as BlockScheduler loads them): a unit load
+// brings the experts the block's rows are expected to route to, or all of them as the
+// policy's expert loading says. When more are routed to than the staging slot holds, each GPU
+// batch runs its routed experts in chunks, fetched again per batch: its own expected active
+// experts, K times.
+double weights_moved(const ModelShape& m, const ModelSizes& z, const Block& blk, double rows_per_sequence) {
+  const double l = static_cast<double>(m.layers), g = static_cast<double>(blk.gbs), k = static_cast<double>(blk.k);
+  const double all = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
+  const Policy experts = experts_policy_of(blk);
+  const auto rows = static_cast<std::int64_t>(g * k * rows_per_sequence);
+  if (m.experts == 0 || !experts.routed_expert_loading(m.experts, m.top_k, rows)) return all;
+  double active = expected_active_experts(m.experts, m.top_k, rows);
+  if (active > static_cast<double>(experts.expert_slot_count(m.experts, m.top_k)))
+    active = k * expected_active_experts(m.experts, m.top_k, static_cast<std::int64_t>(g * rows_per_sequence));
+  return all - static_cast<double>(z.layer_expert_weights) * (1 - active / static_cast<double>(m.experts));
+}
+
+// Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler):
+// one GPU batch's activations (engine::Activations), two weight staging slots of the
+// largest scheduling unit, rings of three slots for staged KV and hidden states. Each block
+// in flight (a pipeline stage's micro-batches) has its own caches, states, scratch and rings.
+// `kv_slots`: KV tokens per sequence (kv_tokens).
+void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const HardwareProfile& hw, const Workload& w,
+                      const PlanOptions& o, const Block& blk, double kv_slots) {
+  const bool evicting = o.kv.name != "full";
+  const double layers = static_cast<double>(m.layers), gbs = static_cast<double>(blk.gbs);
+  const double block = gbs * static_cast<double>(blk.k), prompt = static_cast<double>(w.prompt_len);
+  const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
+  const double hidden_row = static_cast<double>(m.hidden) * act, kv_token = static_cast<double>(z.kv_per_token_layer);
+  const double blocks = static_cast<double>(std::max<std::int64_t>(o.blocks_in_flight, 1));
+  const double w_all = static_cast<double>(z.total_weights), kv_all = blocks * kv_token * layers * block * kv_slots;
+  const std::int64_t step_rows = blk.gbs * std::max<std::int64_t>(w.prompt_len, 1);
+  const double h_all = blocks * hidden_row * block * std::max(prompt, 1.0);
+  // One GPU batch's activation buffers, in the profile's activation dtype, and what a MoE
+  // layer's expert kernel holds beside them (engine::Activations).
+  const double scratch = blocks * (act * static_cast<double>(activation_buffers(m, step_rows, blk.gbs).total()) +
+                                   static_cast<double>(moe_expert_scratch_bytes(m, step_rows)));
+  const std::int64_t expert_slots = experts_policy_of(blk).expert_slot_count(m.experts, m.top_k);
+  const double slot = static_cast<double>(z.staging_slot(expert_slots, blk.sep_layer));
+  const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
+  const double kv_ring = blocks * 3 * gbs * kv_token * kv_slots;  // per staged fraction
+  const double h_ring = blk.hidden_staged ? blocks * 3 * hidden_row * static_cast<double>(step_rows) : 0.0;
+  // The policy's bookkeeping per slot (h2o: position + score, 8 bytes; flex with merging: 16)
+  const double slot_state =
+      evicting ? static_cast<double>(make_kv_policy(o.kv, m.layers)->make_state(1).bytes_per_slot()) : 0.0;
+  const double scores = evicting ? blocks * layers * block * static_cast<double>(m.kv_heads) * kv_slots * slot_state : 0;
+  const auto lin = linear_form;
+  t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
+                       {"KV cache", lin(0, {{CG, kv_all}})},
+                       {"hidden states", lin(0, {{HG, h_all}})},
+                       {"weight staging slots", lin(staging, {})},
+                       {"activations of one GPU batch", lin(scratch, {})},
+                       {"KV staging ring", lin(0, {{CC, blk.ccc ? 0 : kv_ring}, {CN, kv_ring}})},
+                       {"hidden staging ring", lin(h_ring, {})}};
+  t.memory_items[1] = {{"weights", lin(0, {{WC, w_all}})},
+                       {"KV cache", lin(0, {{CC, kv_all}})},
+                       {"hidden states", lin(0, {{HC, h_all}})},
+                       {"eviction scores", lin(scores, {})}};
+  t.memory_items[2] = {{"weights", lin(0, {{WN, w_all}})},
+                       {"KV cache", lin(0, {{CN, kv_all}})},
+                       {"hidden states", lin(0, {{HN, h_all}})}};
+  t.hw_capacity = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
+  t.safety = hw.memory_safety;
+  t.shared_host = hw.gpu_is_host_memory;
+  for (std::size_t i = 0; i < 3; ++i) t.capacity[i] = hw.memory_safety * static_cast<double>(t.hw_capacity[i]);
+}
+
 // The model of one block, as linear forms of the fractions.
 Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
                   const Block& blk) {
@@ -185,27 +270,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const bool evicting = o.kv.name != "full";
   const double h1 = static_cast<double>(m.hidden), vocab = static_cast<double>(m.vocab);
   const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
-  // Weights moved per layer and step: the layer plus its share of the embeddings.
-  // MoE (as BlockScheduler loads them): a unit load brings the experts the block's rows (per
-  // sequence) are expected to route to, or all of them as the policy's expert loading says.
-  // When more are routed to than the staging slot holds, each GPU batch runs its routed
-  // experts in chunks, fetched again per batch: its own expected active experts, K times.
-  Policy experts_policy;
-  experts_policy.gpu_batch_size = blk.gbs;
-  experts_policy.num_gpu_batches = blk.k;
-  experts_policy.expert_loading = blk.expert_loading;
-  experts_policy.expert_slots = blk.expert_slots;
-  const std::int64_t expert_slots = experts_policy.expert_slot_count(m.experts, m.top_k);
-  auto moved = [&](double rows_per_sequence) {
-    const double all = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
-    const auto t = static_cast<std::int64_t>(bls * rows_per_sequence);
-    if (m.experts == 0 || !experts_policy.routed_expert_loading(m.experts, m.top_k, t)) return all;
-    double active = expected_active_experts(m.experts, m.top_k, t);
-    if (active > static_cast<double>(expert_slots))
-      active = k * expected_active_experts(m.experts, m.top_k, static_cast<std::int64_t>(g * rows_per_sequence));
-    return all - static_cast<double>(z.layer_expert_weights) * (1 - active / static_cast<double>(m.experts));
-  };
-  const double wl = moved(s), wl_gen = moved(1);
+  const double wl = weights_moved(m, z, blk, s), wl_gen = weights_moved(m, z, blk, 1);
   const double kvt = static_cast<double>(z.kv_per_token_layer), hid = h1 * act;
   const double hid_pre = hid * bls * s, hid_gen = hid * bls;
   const double kv_pre = kvt * bls * std::min(s, kvtok);
@@ -246,12 +311,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
 
   Terms t;
   t.overlap = blk.overlap;
-  auto lin = [](double c0, std::initializer_list<std::pair<Var, double>> a) {
-    Linear x;
-    x.c0 = c0;
-    for (auto [v, c] : a) x.a[static_cast<std::size_t>(v)] += c;
-    return x;
-  };
+  const auto lin = linear_form;
   // A disk-homed KV cache moves as one request per (sequence, kv head) and K/V, each a small
   // piece (a slot, or a head's rows) that pays a request time beyond its bytes.
   const double kv_requests = 2 * bls * static_cast<double>(m.kv_heads);
@@ -292,44 +352,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     t.comp_gen = t.comp_gen.plus(lin(0, {{CN, kv_disk_read + kv_disk_write_gen}}), 1);
   }
 
-  // Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler):
-  // one GPU batch's activations (engine::Activations), two weight staging slots of the
-  // largest scheduling unit, rings of three slots for staged KV and hidden states. Each block
-  // in flight (a pipeline stage's micro-batches) has its own caches, states, scratch and rings.
-  const double blocks = static_cast<double>(std::max<std::int64_t>(o.blocks_in_flight, 1));
-  const double w_all = static_cast<double>(z.total_weights), kv_all = blocks * kvt * l * bls * kvtok;
-  const std::int64_t step_rows = blk.gbs * std::max<std::int64_t>(w.prompt_len, 1);
-  const double rows = static_cast<double>(step_rows), h_all = blocks * hid * bls * std::max(s, 1.0);
-  // One GPU batch's activation buffers, in the profile's activation dtype, and what a MoE
-  // layer's expert kernel holds beside them (engine::Activations).
-  const double scratch = blocks * (act * static_cast<double>(activation_buffers(m, step_rows, blk.gbs).total()) +
-                                   static_cast<double>(moe_expert_scratch_bytes(m, step_rows)));
-  const double slot = static_cast<double>(z.staging_slot(expert_slots, blk.sep_layer));
-  const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
-  const double kv_ring = blocks * 3 * g * kvt * kvtok;  // per staged fraction
-  const double h_ring = blk.hidden_staged ? blocks * 3 * hid * rows : 0.0;
-  // The policy's bookkeeping per slot (h2o: position + score, 8 bytes; flex with merging: 16)
-  const double slot_state =
-      evicting ? static_cast<double>(make_kv_policy(o.kv, m.layers)->make_state(1).bytes_per_slot()) : 0.0;
-  const double scores = evicting ? blocks * l * bls * static_cast<double>(m.kv_heads) * kvtok * slot_state : 0;
-  t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
-                       {"KV cache", lin(0, {{CG, kv_all}})},
-                       {"hidden states", lin(0, {{HG, h_all}})},
-                       {"weight staging slots", lin(staging, {})},
-                       {"activations of one GPU batch", lin(scratch, {})},
-                       {"KV staging ring", lin(0, {{CC, blk.ccc ? 0 : kv_ring}, {CN, kv_ring}})},
-                       {"hidden staging ring", lin(h_ring, {})}};
-  t.memory_items[1] = {{"weights", lin(0, {{WC, w_all}})},
-                       {"KV cache", lin(0, {{CC, kv_all}})},
-                       {"hidden states", lin(0, {{HC, h_all}})},
-                       {"eviction scores", lin(scores, {})}};
-  t.memory_items[2] = {{"weights", lin(0, {{WN, w_all}})},
-                       {"KV cache", lin(0, {{CN, kv_all}})},
-                       {"hidden states", lin(0, {{HN, h_all}})}};
-  t.hw_capacity = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
-  t.safety = hw.memory_safety;
-  t.shared_host = hw.gpu_is_host_memory;
-  for (std::size_t i = 0; i < 3; ++i) t.capacity[i] = hw.memory_safety * static_cast<double>(t.hw_capacity[i]);
+  add_memory_items(t, m, z, hw, w, o, blk, kvtok);
   return t;
 }
 

@@ -219,11 +219,12 @@ class RootInbox {
 };
 
 // Runs this rank's share with the job runner; its lines go to rank 0 (on rank 0: `inbox`) as
-// each block finishes. Returns the rank's report.
+// each block finishes. A first signal stops the share after its running block, a second
+// abandons it (throws job::Interrupted). Returns the rank's report.
 json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Share& mine, RootInbox* inbox,
-               std::vector<distributed::PendingSend>& sends) {
+               std::vector<distributed::PendingSend>& sends, const job::InterruptWatch& interrupts) {
   json report = {{"name", rank_name(mpi)}, {"rank", mpi.rank()}, {"host", mpi.host()}};
-  GenerationResult total;
+  job::JobOutcome done;
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
   if (!mine.requests.empty()) {
@@ -231,6 +232,8 @@ json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Sha
     BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
     job::BlockLoopOptions loop;
     loop.block = static_cast<std::size_t>(s.policy.block_size());
+    loop.interrupts = &interrupts;
+    loop.results_in = o.out_file;
     if (inbox) loop.between_steps = [&] { inbox->take(false); };
     const auto deliver = [&](std::span<const job::Request> block, const GenerationResult& r) {
       const auto first = static_cast<std::size_t>(block.data() - mine.requests.data());
@@ -246,10 +249,13 @@ json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Sha
       if (inbox) inbox->take(false);
       else sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"positions", at}, {"lines", lines}}))));
     };
-    total = job::run_blocks(sched, mine.requests, loop, deliver).total;
+    done = job::run_blocks(sched, mine.requests, loop, deliver);
     add_placement(report, s, tiers);
   }
-  report["result"] = job::to_json(total);
+  report["result"] = job::to_json(done.total);
+  report["blocks"] = done.blocks;
+  report["finished_blocks"] = done.finished_blocks;
+  report["stopped"] = done.stopped;
   report["spans"] = spans_json(trace ? &*trace : nullptr);
   return report;
 }
@@ -286,7 +292,24 @@ void report_data_parallel(const RunOptions& o, const RunSetup& s, const std::vec
                   reports);
 }
 
+// After the reports: where an interrupt stopped some rank, says how far the job got and gives
+// the interrupted run's exit status (130) as the one-process run does.
+int interrupted_status(const RunOptions& o, const std::vector<json>& reports) {
+  std::size_t finished = 0, blocks = 0;
+  bool stopped = false;
+  for (const json& r : reports) {
+    stopped = stopped || r.value("stopped", false);
+    finished += r.value("finished_blocks", std::size_t{0});
+    blocks += r.value("blocks", std::size_t{0});
+  }
+  if (!stopped) return 0;
+  fmt::print(stderr, "flexh2o: interrupted: the ranks stopped after {} of their {} blocks{}\n", finished, blocks,
+             o.out_file.empty() ? "" : "; rerun with --resume to continue");
+  return 130;
+}
+
 int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
+  const job::InterruptWatch interrupts;  // each rank stops or abandons its own share
   // Rank 0 opens the job first, so that an error every rank would meet is said once.
   std::optional<RunSetup> setup;
   std::optional<job::ResultFile> out;
@@ -312,14 +335,16 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   std::optional<RootInbox> inbox;
   if (mpi.rank() == 0) inbox.emplace(mpi, out, job_size);
   std::vector<distributed::PendingSend> sends;
-  json report = run_share(mpi, o, s, mine, inbox ? &*inbox : nullptr, sends);
+  json report = run_share(mpi, o, s, mine, inbox ? &*inbox : nullptr, sends, interrupts);
   if (mpi.rank() != 0) {
+    const bool stopped = report["stopped"].get<bool>();
     sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"report", report}}))));
     for (auto& p : sends) p.wait();
-    return 0;
+    return stopped ? 130 : 0;
   }
-  report_data_parallel(o, s, inbox->reports(std::move(report)));
-  return 0;
+  const std::vector<json> reports = inbox->reports(std::move(report));
+  report_data_parallel(o, s, reports);
+  return interrupted_status(o, reports);
 }
 
 // ---- pipeline parallel ---------------------------------------------------------------------
@@ -455,7 +480,22 @@ void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_
                   reports);
 }
 
+// A pipeline's interrupts: a first signal on any stage ends the job when a slot would take
+// its next block (every stage agrees there; the blocks in flight finish), a second abandons
+// them.
+distributed::StageControl stage_control(const job::InterruptWatch& interrupts, const std::string& results_in) {
+  return {.stop_requested = [&interrupts] { return interrupts.stop_requested(); },
+          .before_step =
+              [&interrupts, results_in] {
+                if (interrupts.abandon_requested())
+                  throw job::Interrupted("interrupted: the blocks in flight were abandoned; finished blocks are in " +
+                                         (results_in.empty() ? std::string("the output")
+                                                             : results_in + "; rerun with --resume to continue"));
+              }};
+}
+
 int run_pipeline(const Mpi& mpi, const RunOptions& o) {
+  const job::InterruptWatch interrupts;
   const int me = mpi.rank(), n = mpi.size();
   std::optional<RunSetup> setup;
   std::optional<job::ResultFile> out;
@@ -496,7 +536,8 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
     output->put(chunk, std::move(lines));
     output->write_ready();
   };
-  const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr, finished);
+  const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr,
+                                                                       finished, stage_control(interrupts, o.out_file));
 
   json report = {{"name", rank_name(mpi)},
                  {"rank", me},
@@ -509,7 +550,11 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   add_placement(report, s, tiers);
   const std::vector<Bytes> all = mpi.gather(pack(report), 0);
   if (me == 0) report_pipeline(o, s, work.micro_batches, stats.total, all);
-  return 0;
+  if (!stats.stopped) return 0;
+  if (me == 0)
+    fmt::print(stderr, "flexh2o: interrupted: the pipeline stopped after {} of {} blocks{}\n", stats.finished_blocks,
+               stats.blocks, o.out_file.empty() ? "" : "; rerun with --resume to continue");
+  return 130;
 }
 
 }  // namespace

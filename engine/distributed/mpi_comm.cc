@@ -172,6 +172,12 @@ std::vector<Bytes> Mpi::gather(std::span<const std::byte> mine, int root) const 
   return all;
 }
 
+bool Mpi::any(bool mine) const {
+  int in = mine ? 1 : 0, out = 0;
+  check(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD), "MPI_Allreduce");
+  return out != 0;
+}
+
 Bytes Mpi::broadcast(Bytes bytes, int root) const {
   std::int64_t n = static_cast<std::int64_t>(bytes.size());
   check(MPI_Bcast(&n, 1, MPI_INT64_T, root, MPI_COMM_WORLD), "MPI_Bcast");

@@ -64,6 +64,8 @@ class Mpi {
   std::vector<Bytes> gather(std::span<const std::byte> mine, int root) const;
   // Root's bytes on every rank.
   Bytes broadcast(Bytes bytes, int root) const;
+  // Whether `mine` is true on any rank (every rank calls it at the same point).
+  bool any(bool mine) const;
 
  private:
   int rank_ = 0, size_ = 1, ranks_on_host_ = 1;

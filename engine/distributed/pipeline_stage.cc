@@ -25,11 +25,26 @@ struct Slot {
   bool awaiting_tokens = false;  // ran a step whose tokens the last stage has not sent yet
 };
 
+// The request of block `chunk` of the job: prompts [chunk x block, ...).
+engine::GenerationRequest block_request(const PipelineWork& work, std::size_t chunk) {
+  const auto block = static_cast<std::size_t>(work.block);
+  const auto first = static_cast<std::ptrdiff_t>(chunk * block);
+  const auto end = static_cast<std::ptrdiff_t>(std::min(work.prompts.size(), chunk * block + block));
+  engine::GenerationRequest req;
+  req.prompts.assign(work.prompts.begin() + first, work.prompts.begin() + end);
+  req.streams.assign(work.streams.begin() + first, work.streams.begin() + end);
+  req.max_new_tokens_each.assign(work.max_new_tokens.begin() + first, work.max_new_tokens.begin() + end);
+  req.max_new_tokens = *std::max_element(req.max_new_tokens_each.begin(), req.max_new_tokens_each.end());
+  req.sampling_each.assign(work.sampling.begin() + first, work.sampling.begin() + end);
+  return req;
+}
+
 }  // namespace
 
 StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, const PipelineWork& work,
                               offload::Trace* trace,
-                              const std::function<void(std::size_t, const engine::GenerationResult&)>& finished) {
+                              const std::function<void(std::size_t, const engine::GenerationResult&)>& finished,
+                              const StageControl& control) {
   const int me = mpi.rank(), last = mpi.size() - 1;
   if (sched.holds_input() != (me == 0) || sched.holds_head() != (me == last))
     throw std::logic_error("pipeline rank " + std::to_string(me) + " holds the wrong end of the model");
@@ -67,6 +82,13 @@ StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, con
   const auto block = static_cast<std::size_t>(work.block);
   const std::size_t chunks = (prompts + block - 1) / block;
   std::size_t next_chunk = 0;
+  stats.blocks = chunks;
+  // Every stage reaches this at the same point of the same slot walk, so they agree.
+  auto take_next = [&] {
+    if (next_chunk == chunks || stats.stopped) return false;
+    stats.stopped = control.stop_requested && mpi.any(control.stop_requested());
+    return !stats.stopped;
+  };
   std::vector<Slot> slots(static_cast<std::size_t>(work.micro_batches));
   for (bool any = true; any;) {
     any = false;
@@ -84,25 +106,17 @@ StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, con
         const engine::GenerationResult r = sched.finish(*s.block);
         stats.total.add(r);
         s.block.reset();
+        ++stats.finished_blocks;
         finished(s.chunk, r);
       }
-      if (!s.block && next_chunk < chunks) {
-        const std::size_t first = next_chunk * block, end = std::min(prompts, first + block);
-        s.req = {};
-        s.req.prompts.assign(work.prompts.begin() + static_cast<std::ptrdiff_t>(first),
-                             work.prompts.begin() + static_cast<std::ptrdiff_t>(end));
-        s.req.streams.assign(work.streams.begin() + static_cast<std::ptrdiff_t>(first),
-                             work.streams.begin() + static_cast<std::ptrdiff_t>(end));
-        s.req.max_new_tokens_each.assign(work.max_new_tokens.begin() + static_cast<std::ptrdiff_t>(first),
-                                         work.max_new_tokens.begin() + static_cast<std::ptrdiff_t>(end));
-        s.req.max_new_tokens = *std::max_element(s.req.max_new_tokens_each.begin(), s.req.max_new_tokens_each.end());
-        s.req.sampling_each.assign(work.sampling.begin() + static_cast<std::ptrdiff_t>(first),
-                                   work.sampling.begin() + static_cast<std::ptrdiff_t>(end));
+      if (!s.block && take_next()) {
+        s.req = block_request(work, next_chunk);
         s.block = sched.begin(s.req);
         s.chunk = next_chunk++;
       }
       if (!s.block) continue;
       any = true;
+      if (control.before_step) control.before_step();
       sched.run_step(*s.block, links);
       if (me == last) {
         const auto next = std::as_bytes(sched.next_tokens(*s.block));

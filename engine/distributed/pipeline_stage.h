@@ -31,6 +31,17 @@ struct StageStats {
   engine::GenerationResult total;  // of the blocks this stage saw (tokens not kept)
   double wall_seconds = 0;
   double wait_seconds = 0;  // waiting for hidden states or tokens from another stage
+  std::size_t blocks = 0, finished_blocks = 0;  // of the job, and done
+  bool stopped = false;  // stop_requested ended the job before its last block
+};
+
+// How a stage's job is interrupted (both optional, the same on every stage).
+struct StageControl {
+  // Asked on every stage at once whenever a slot would take the job's next block: true on any
+  // stage ends the job there on all of them (the blocks in flight finish).
+  std::function<bool()> stop_requested;
+  // Called before each step; may throw to abandon the job.
+  std::function<void()> before_step;
 };
 
 // Runs rank mpi.rank()'s stage; `sched` holds that stage's layers. `finished(c, result)` is
@@ -38,6 +49,7 @@ struct StageStats {
 // are recorded in `trace` (track "pipeline") when given.
 StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, const PipelineWork& work,
                               offload::Trace* trace,
-                              const std::function<void(std::size_t, const engine::GenerationResult&)>& finished);
+                              const std::function<void(std::size_t, const engine::GenerationResult&)>& finished,
+                              const StageControl& control = {});
 
 }  // namespace flexh2o::distributed

@@ -21,6 +21,7 @@ namespace flexh2o {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int code;
@@ -188,6 +189,53 @@ TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
     const Result resumed = run(mpirun(2), job + out + form + " --resume", dir);
     ASSERT_EQ(resumed.code, 0) << resumed.err;
     EXPECT_THAT(resumed.err, HasSubstr("resuming:"));
+    EXPECT_EQ(testing::read_file(out), full);
+  }
+}
+
+// SIGINT to every rank (as a batch system's scancel --signal=INT delivers it): data parallel,
+// each rank finishes the block it is running and stops; pipeline, the stages stop taking
+// blocks (the ones in flight finish). Rank 0 writes what was finished and says so, the job
+// exits 130, and --resume completes the file.
+TEST(Mpi, InterruptedJobStopsAfterTheRunningBlocksAndResumes) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), token_prompts(16));
+  const std::string job = "run --model " + write_opt(dir, 6, 512) + " --dummy --prompts " + dir.file("in.jsonl") +
+                          " --gen-len 16 --gpu-batch-size 1 --out ";
+  ASSERT_EQ(run("", job + dir.file("full.jsonl"), dir).code, 0);
+  const std::string full = testing::read_file(dir.file("full.jsonl"));
+  for (const auto& [form, said] : {std::pair<std::string, std::string>{"", "the ranks stopped after"},
+                                   {" --pipeline 2", "the pipeline stopped after"}}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    const std::string out = dir.file("part" + std::to_string(form.size()) + ".jsonl");
+    const std::string cmd = "exec " + mpirun(2) + FLEXH2O_BINARY + " " + job + out + form + " >" +
+                            dir.file("spawn.out") + " 2>" + dir.file("spawn.err") + " </dev/null";
+    const pid_t launcher = ::fork();
+    if (launcher == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pid_t ranks[2] = {-1, -1};
+    for (int tries = 0; tries < 3000; ++tries) {
+      for (int r = 0; r < 2; ++r)
+        if (ranks[r] < 0) ranks[r] = rank_pid(launcher, r);
+      if (ranks[0] > 0 && ranks[1] > 0 && std::filesystem::exists(out) && std::filesystem::file_size(out) > 0) break;
+      ::usleep(10000);
+    }
+    ASSERT_TRUE(ranks[0] > 0 && ranks[1] > 0) << "ranks not found";
+    for (const pid_t rank : ranks) ASSERT_EQ(::kill(rank, SIGINT), 0);
+    int status = 0;
+    ::waitpid(launcher, &status, 0);
+    const std::string err = testing::read_file(dir.file("spawn.err"));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130) << "status " << status << ": " << err;
+    EXPECT_THAT(err, HasSubstr("flexh2o: interrupted: " + said));
+    EXPECT_THAT(err, Not(HasSubstr("flexh2o: error")));
+    const std::string partial = testing::read_file(out);
+    ASSERT_LT(line_count(partial), 16u) << "the job ended before the interrupt";
+    EXPECT_EQ(full.compare(0, partial.size(), partial), 0) << "the partial file is not a prefix of the whole one";
+
+    const Result resumed = run(mpirun(2), job + out + form + " --resume", dir);
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
     EXPECT_EQ(testing::read_file(out), full);
   }
 }
