@@ -28,7 +28,7 @@ const float* maybe_vec(const DeviceWeights& w, const std::string& name, bool pre
 
 // A projection, in the run's compute dtype.
 void linear(kernels::Backend& be, const ModelConfig& cfg, kernels::GemmArgs a) {
-  a.compute = cfg.compute_dtype;
+  a.compute = cfg.compute_for_rows(a.m);
   be.gemm(a);
 }
 
@@ -339,7 +339,7 @@ class MoeMlp final : public Layer {
     const std::int64_t rows = static_cast<std::int64_t>(r.expert_of.size()) / r.per_row;
     be.moe_experts({.x = act.normed.as<float>(), .rows = rows, .hidden = cfg_.hidden, .top_k = r.per_row,
                     .expert_of = r.expert_of, .weight_of = r.weight_of, .experts = experts, .act = cfg_.mlp_act,
-                    .compute = cfg_.compute_dtype, .y = act.hidden, .expert_begin = begin, .expert_end = end});
+                    .compute = cfg_.compute_for_rows(rows), .y = act.hidden, .expert_begin = begin, .expert_end = end});
   }
 
   void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
@@ -425,7 +425,8 @@ std::int64_t Activations::bytes(const kernels::Backend& be, const ModelConfig& c
   if (c.moe.experts > 0)
     gemms.insert(gemms.end(), {Gemm{rows, c.hidden, c.moe.experts}, Gemm{rows, c.hidden, I}, Gemm{rows, I, c.hidden}});
   std::int64_t scratch = 0;
-  for (const auto& [m, k, n] : gemms) scratch = std::max(scratch, be.gemm_scratch_bytes(m, k, n, c.dtype, c.compute_dtype));
+  for (const auto& [m, k, n] : gemms)
+    scratch = std::max(scratch, be.gemm_scratch_bytes(m, k, n, c.dtype, c.compute_for_rows(m)));
   // moe_experts holds, next to its GEMMs' scratch, an expert's gathered rows, gate, up and
   // output ([rows, hidden] and [rows, expert_ffn] twice each) and the rows' indices and weights.
   if (c.moe.experts > 0)
