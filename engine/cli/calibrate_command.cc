@@ -1,6 +1,7 @@
 #include "engine/cli/calibrate_command.h"
 
 #include "engine/cli/calibrate_units.h"
+#include "engine/runtime/machine_profile.h"
 #include "engine/cli/plan_command.h"
 #include "offload/text_file.h"
 
@@ -520,6 +521,9 @@ int calibrate_command(const CalibrateOptions& o) {
     hw.cpu_attn_decode = hw.gpu_attn_decode;
     // What compressed weights and KV cost the CPU to expand (a GPU hides it behind PCIe).
     hw.dequant = round_sig(dequant_rate(plan));
+    // A GEMM over few rows reads its whole weight matrix from memory, once per GPU batch.
+    hw.gpu_memory = round_sig(engine::weight_read_rate(*be));
+    progress("weight read, one-row GEMM over 64 MiB of f16", gbps(hw.gpu_memory));
   } else {
     auto cpu = kernels::make_cpu_backend();
     hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode"));

@@ -2,12 +2,16 @@
 
 #include <sys/statvfs.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "engine/runtime/cgroup_memory.h"
 #include "engine/model/embedded.h"
@@ -62,7 +66,32 @@ std::int64_t available_memory() {
   return std::min(available, cgroup_headroom());
 }
 
-policy::HardwareProfile this_machine_profile(const kernels::Backend& be, const std::string& offload_dir) {
+double weight_read_rate(kernels::Backend& be) {
+  const std::int64_t n = 8192, k = 4096;  // 64 MiB of f16
+  const std::size_t bytes = static_cast<std::size_t>(n * k) * 2;
+  const std::vector<std::uint16_t> host(static_cast<std::size_t>(n * k), 0x2e66);  // 0.1 in f16
+  kernels::DeviceBuffer w(be, bytes), x(be, static_cast<std::size_t>(k) * sizeof(float)),
+      y(be, static_cast<std::size_t>(n) * sizeof(float));
+  be.copy_to_device(w.data(), host.data(), bytes);
+  const std::vector<float> ones(static_cast<std::size_t>(k), 1.0f);
+  be.copy_to_device(x.data(), ones.data(), x.bytes());
+  kernels::GemmArgs a;
+  a.x = x.as<float>();
+  a.m = 1;
+  a.w = {w.data(), kernels::DType::F16, n, k};
+  a.y = y.as<float>();
+  double best = std::numeric_limits<double>::max();
+  for (int call = 0; call < 5; ++call) {  // the first warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    be.gemm(a);
+    be.synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (call > 0) best = std::min(best, s);
+  }
+  return static_cast<double>(bytes) / best;
+}
+
+policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::string& offload_dir) {
   const bool cpu = be.kind() == kernels::DeviceKind::Cpu;
   const std::string rates = cpu ? "ci-cpu" : "h100-pcie";
   policy::HardwareProfile hw = hardware_profile(rates);
@@ -74,6 +103,10 @@ policy::HardwareProfile this_machine_profile(const kernels::Backend& be, const s
   hw.gpu_mem = cpu ? memory : be.memory_capacity();
   hw.cpu_mem = memory;
   hw.disk_mem = free_disk(offload_dir);
+  if (cpu && hw.gpu_memory == 0) {
+    hw.gpu_memory = weight_read_rate(be);
+    hw.source += fmt::format("; memory read at {:.1f} GB/s (measured)", hw.gpu_memory / 1e9);
+  }
   return hw;
 }
 
