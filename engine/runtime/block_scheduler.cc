@@ -34,7 +34,7 @@ struct BlockScheduler::BlockState {
   bool hidden_resident = true;
   bool evicting = false;  // a KV policy keeps budget-sized rows
   const GenerationRequest* req = nullptr;
-  std::span<const std::uint64_t> streams;  // the GenerationLog's
+  GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
   std::vector<std::int32_t> next;          // per block sequence
   std::vector<float> host_logits;
   RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }
@@ -114,7 +114,7 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   staging_->forget();
   BlockState& st = blk->st;
   st.req = &req;
-  st.streams = blk->log.streams();
+  st.log = &blk->log;
   st.next.resize(static_cast<std::size_t>(B));
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
   place_batches(st, blk->log, req);
@@ -268,7 +268,7 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
                              std::int64_t instance) {
   const SchedulingUnit& u = units_.units[static_cast<std::size_t>(unit)];
   GpuBatch& b = st.batch(k);
-  const DeviceWeights& w = staging_->weights(instance);
+  const std::vector<LayerWeights>& w = staging_->weights(unit, instance);
   for (const auto& t : slot.loads) t.wait();
   Activations& act = *st.act;
   act.hidden = st.hidden_resident ? static_cast<float*>(b.hidden->place(0).ptr)
@@ -287,14 +287,15 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
     if (b.resident_end < b.n) view.parts.push_back({b.resident_end, b.n, slot.k.data(), slot.v.data()});
   }
   offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
-  for (const Layer* l : u.layers) {
+  for (std::size_t i = 0; i < u.layers.size(); ++i) {
+    const Layer* l = u.layers[i];
     if (staging_->staged() && l == u.moe) {
       // The experts this batch routes to (prefetched as the unit before routed it, or with
       // the unit), fetched here where they were not or did not fit.
-      staging_->run_experts(be_, instance, l->route_experts(be_, w, b.step, act), act);
+      staging_->run_experts(be_, instance, l->route_experts(be_, w[i], b.step, act), act);
       continue;
     }
-    l->forward(be_, w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
+    l->forward(be_, w[i], b.step, act, u.cache_layer >= 0 ? &view : nullptr);
   }
   if (staging_->staged() && st.routed_experts && !u.last) route_next_unit(unit, b, act, instance);
   if (u.last && holds_head_) sample(st, b, act);
@@ -306,7 +307,8 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
                                      std::int64_t instance) {
   const SchedulingUnit& next = units_.units[static_cast<std::size_t>(unit + 1)];
   if (!next.routed_before || !staging_->routes(instance + 1)) return;
-  const DeviceWeights& router = staging_->weights(instance + 1);
+  // routed_before: the MoE layer is the unit's first.
+  const LayerWeights& router = staging_->weights(unit + 1, instance + 1).front();
   staging_->prefetch_experts(instance + 1, next.moe->route_experts(be_, router, b.step, act).routed);
 }
 
@@ -314,9 +316,7 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
   const GenerationRequest& req = *st.req;
   const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);
-  be_.sample({.logits = act.logits.as<float>(), .batch = b.n, .vocab = cfg_.vocab_size, .params = req.sampling,
-              .streams = st.streams.subspan(first, n), .step = static_cast<std::uint64_t>(st.step),
-              .out = std::span(st.next).subspan(first, n)});
+  be_.sample(st.log->sample_args(act.logits.as<float>(), first, std::span(st.next).subspan(first, n)));
   if (req.on_logits)
     be_.copy_to_host(st.host_logits.data() + b.first_sequence * cfg_.vocab_size, act.logits.data(),
                      static_cast<std::size_t>(b.n * cfg_.vocab_size) * sizeof(float));
