@@ -61,6 +61,7 @@ struct Estimate {
   // What makes up each tier's peak: named items with their bytes, largest first.
   std::array<std::vector<std::pair<std::string, std::int64_t>>, 3> memory;
   std::string bottleneck;  // the decode term that sets the step time
+  double compute_seconds = 0;  // one block's compute terms alone (prefill + decode), hidden or not
 };
 
 struct PlanOptions {
@@ -100,7 +101,8 @@ std::optional<Shortfall> shortfall(const ModelShape& m, const HardwareProfile& h
 Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const Policy& p,
                            const PlanOptions& o, const std::string& what);
 
-// The best policy found: none the search evaluated predicts more total throughput. Throws
+// The best policy found: none the search evaluated predicts more than 1% more total throughput,
+// and of those within 1% of the fastest it has the least compute (see Ranking). Throws
 // std::invalid_argument naming the smallest change that fits when nothing does (more memory
 // on a tier, --disk-mem, or a KV budget).
 Estimate plan(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o = {});

@@ -188,7 +188,7 @@ int bench_command(const BenchOptions& o) {
   std::filesystem::create_directories(o.out_dir);
 
   auto be = kernels::make_backend(o.backend);
-  m.config.compute_dtype = engine::choose_compute_dtype(o.compute_dtype, m.config.dtype, *be);
+  engine::set_compute_dtype(o.compute_dtype, m.config, *be);
   // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
   const bool allow_ccc = be->kind() == kernels::DeviceKind::Cpu;
   std::vector<SystemRun> runs;

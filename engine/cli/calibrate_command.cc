@@ -1,6 +1,7 @@
 #include "engine/cli/calibrate_command.h"
 
 #include "engine/cli/calibrate_units.h"
+#include "engine/runtime/machine_profile.h"
 #include "engine/cli/plan_command.h"
 #include "offload/text_file.h"
 
@@ -501,7 +502,7 @@ int calibrate_command(const CalibrateOptions& o) {
     // The model's own decoder layer and head as the engine runs them (what a step pays
     // around its GEMMs), in the compute dtype a run would choose.
     engine::ModelConfig cfg = model_config_of(o.model);
-    cfg.compute_dtype = engine::choose_compute_dtype("auto", cfg.dtype, *be);
+    engine::set_compute_dtype("auto", cfg, *be);
     const UnitCurves units = measure_unit_curves(
         *be, cfg, o.quick ? 64 : 1024, std::int64_t{1} << 30,
         [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); }, progress);
@@ -520,6 +521,9 @@ int calibrate_command(const CalibrateOptions& o) {
     hw.cpu_attn_decode = hw.gpu_attn_decode;
     // What compressed weights and KV cost the CPU to expand (a GPU hides it behind PCIe).
     hw.dequant = round_sig(dequant_rate(plan));
+    // A GEMM over few rows reads its whole weight matrix from memory, once per GPU batch.
+    hw.gpu_memory = round_sig(engine::weight_read_rate(*be));
+    progress("weight read, one-row GEMM over 64 MiB of f16", gbps(hw.gpu_memory));
   } else {
     auto cpu = kernels::make_cpu_backend();
     hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode"));

@@ -24,8 +24,14 @@ engine::ModelConfig model_config_of(const std::string& model) {
 CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   auto* plan = app.add_subcommand("plan", "Choose placement and batch sizes with the cost model (dry run, no GPU needed)");
   plan->add_option("--model", o.model, "built-in config name (opt-30b, llama-2-70b, ...), model YAML or checkpoint")->required();
-  plan->add_option("--hardware", o.hardware, "hardware profile: a YAML file (from flexh2o calibrate) or a built-in name (t4-gcp, a100-80g, h100-pcie, h100-sxm, ci-cpu)")
-      ->required();
+  plan->add_option("--hardware", o.hardware,
+                   "hardware profile: a YAML file (from flexh2o calibrate) or a built-in name (t4-gcp, a100-80g, h100-pcie, "
+                   "h100-sxm, ci-cpu); default: this machine as run plans for it (its memory within its cgroup, free disk "
+                   "under --offload-dir, built-in rates)");
+  plan->add_option("--backend", o.backend, "with no --hardware: the backend whose machine to plan for (auto, cpu, cuda)");
+  plan->add_option("--offload-dir", o.offload_dir, "with no --hardware: where the disk tier would go (its free space)");
+  plan->add_option("--batch", o.batch, "prompts of the job: no block larger (as run plans for its prompts); default: any block")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--prompt-len", o.prompt_len, "prompt tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--gen-len", o.gen_len, "new tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--kv", o.kv, "KV eviction policy, e.g. h2o:0.2 (default full)");
@@ -101,7 +107,9 @@ int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cf
 
 int plan_command(const PlanCliOptions& o) {
   const engine::ModelConfig cfg = model_config_of(o.model);
-  policy::HardwareProfile hw = engine::hardware_profile(o.hardware);
+  policy::HardwareProfile hw = o.hardware.empty()
+                                   ? engine::this_machine_profile(*kernels::make_backend(o.backend), o.offload_dir)
+                                   : engine::hardware_profile(o.hardware);
   auto override_mem = [](const std::string& text, std::int64_t& field, const char* flag) {
     if (text.empty()) return;
     try {
@@ -116,6 +124,7 @@ int plan_command(const PlanCliOptions& o) {
   policy::PlanOptions po;
   po.kv = policy::parse_kv_spec(o.kv);
   o.compress.apply(po);
+  if (o.batch) po.max_block = *o.batch;
   const policy::ModelShape shape = engine::model_shape(cfg);
   const policy::Workload w{o.prompt_len, o.gen_len};
   if (o.pipeline > 1) return plan_pipeline_command(o, cfg, hw, po);

@@ -13,7 +13,9 @@ namespace flexh2o::cli {
 
 struct PlanCliOptions {
   std::string model;
-  std::string hardware;
+  std::string hardware;  // empty: this machine (backend, offload_dir)
+  std::string backend = "auto", offload_dir;
+  std::optional<std::int64_t> batch;  // the job's prompts: the largest block
   std::int64_t prompt_len = 512;
   std::int64_t gen_len = 32;
   std::string kv = "full";

@@ -70,7 +70,7 @@ RunSetup open_run(const RunOptions& o) {
   s.tiers.offload_dir = o.offload_dir;
   s.model = open_model(mo);
   s.backend = kernels::make_backend(o.backend);
-  s.model.config.compute_dtype = choose_compute_dtype(o.compute_dtype, s.model.config.dtype, *s.backend);
+  set_compute_dtype(o.compute_dtype, s.model.config, *s.backend);
   if (o.ignore_eos) s.model.config.stop_ids.clear();
   s.gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
   return s;

@@ -68,6 +68,11 @@ kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weig
   return weights != kernels::DType::F32 && be.native_bf16() ? kernels::DType::BF16 : kernels::DType::F32;
 }
 
+void set_compute_dtype(const std::string& flag, ModelConfig& c, const kernels::Backend& be) {
+  c.compute_dtype = choose_compute_dtype(flag, c.dtype, be);
+  c.bf16_from_rows = flag == "auto" ? be.bf16_faster_from_rows() : 1;
+}
+
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional<std::int64_t> vocab_size) {
   const fs::path p(path);
   if (fs::is_directory(p)) {

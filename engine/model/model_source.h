@@ -33,6 +33,9 @@ ModelSource open_model(const ModelOptions& opt);
 // --compute-dtype: "f32", "bf16", or "auto": bf16 for 16-bit weights where the backend
 // multiplies bf16 natively, else f32 (fp32 weights keep fp32: e.g. stories260K's exact text).
 kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be);
+// Sets c's compute dtype as choose_compute_dtype does (from c.dtype) and, under auto, the rows
+// from which bf16 is the faster on this backend (fewer, e.g. decode on a CPU, multiply in f32).
+void set_compute_dtype(const std::string& flag, ModelConfig& c, const kernels::Backend& be);
 
 // A tokenizer file as --tokenizer names it: tokenizer.json, a directory with tokenizer.json or
 // vocab.json + merges.txt, or a llama2.c tok*.bin (which needs the model's vocab_size).

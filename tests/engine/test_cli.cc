@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <csignal>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
@@ -34,9 +35,10 @@ struct Result {
   std::string notice;  // the CPU-fallback notice, taken off the front of err
 };
 
-Result run(const std::string& args) {
+// `launcher`, when given, runs before the binary (e.g. a shell that moves itself into a cgroup).
+Result run(const std::string& args, const std::string& launcher = "") {
   testing::TempDir dir;
-  const std::string cmd = std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("out") + " 2>" + dir.file("err") + " </dev/null";
+  const std::string cmd = launcher + std::string(FLEXH2O_BINARY) + " " + args + " >" + dir.file("out") + " 2>" + dir.file("err") + " </dev/null";
   const int status = std::system(cmd.c_str());
   Result r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), testing::read_file(dir.file("out")),
            testing::read_file(dir.file("err")), {}};
@@ -707,6 +709,68 @@ TEST(Cli, AnExplicitPlacementBeyondMemoryFailsBeforeLoading) {
                        "--percent 100 0 100 0 100 0 --gpu-mem 512MiB --cpu-mem 512MiB");
   expect_clean_error(r, "does not fit");
   EXPECT_THAT(r.err, HasSubstr("gpu tier needs"));
+}
+
+// A fresh memory cgroup (v1, or v2 with the memory controller) limited to `limit` bytes, removed
+// at the end; empty path() where this process may not make one (not root, no controller).
+class LiveMemoryCgroup {
+ public:
+  explicit LiveMemoryCgroup(std::int64_t limit) {
+    namespace fs = std::filesystem;
+    const std::string name = "flexh2o-test-" + std::to_string(::getpid());
+    std::error_code ec;
+    if (fs::exists("/sys/fs/cgroup/memory/memory.limit_in_bytes")) {
+      path_ = "/sys/fs/cgroup/memory/" + name;
+      limit_file_ = "memory.limit_in_bytes";
+    } else if (fs::exists("/sys/fs/cgroup/cgroup.controllers") &&
+               testing::read_file("/sys/fs/cgroup/cgroup.subtree_control").find("memory") != std::string::npos) {
+      path_ = "/sys/fs/cgroup/" + name;
+      limit_file_ = "memory.max";
+    }
+    if (path_.empty() || !fs::create_directory(path_, ec) || ec) {
+      path_.clear();
+      return;
+    }
+    if (!write(limit_file_, std::to_string(limit))) {
+      fs::remove(path_, ec);
+      path_.clear();
+    }
+  }
+  ~LiveMemoryCgroup() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove(path_, ec);  // its processes have exited
+  }
+  const std::string& path() const { return path_; }
+  // A shell prefix that moves itself into the cgroup, then runs the command after it.
+  std::string launcher() const { return "sh -c 'echo $$ > " + path_ + "/cgroup.procs && exec \"$0\" \"$@\"' "; }
+
+ private:
+  bool write(const std::string& file, const std::string& text) const {
+    FILE* f = std::fopen((path_ + "/" + file).c_str(), "w");
+    if (!f) return false;
+    const bool ok = std::fputs(text.c_str(), f) >= 0;
+    return std::fclose(f) == 0 && ok;
+  }
+  std::string path_, limit_file_;
+};
+
+TEST(Cli, APlacementBeyondTheCgroupsMemoryIsAnErrorNotAKill) {
+  // Issue 32: inside a memory cgroup, --percent with no --gpu-mem/--cpu-mem once ran with
+  // unlimited tiers and the kernel killed it (exit 137). The tiers now default to the cgroup's
+  // limit, so the placement check refuses it before anything is loaded.
+  LiveMemoryCgroup cgroup(768LL << 20);
+  if (cgroup.path().empty()) GTEST_SKIP() << "cannot make a memory cgroup here (needs root and a memory controller)";
+  const Result r = run("run --model opt-1.3b --dummy --batch 8 --prompt-len 16 --gen-len 4 --percent 100 0 100 0 100 0",
+                       cgroup.launcher());
+  expect_clean_error(r, "does not fit");
+  // The same with the weights on the cpu tier: that tier's budget is the cgroup's too.
+  expect_clean_error(run("run --model opt-1.3b --dummy --batch 8 --prompt-len 16 --gen-len 4 --percent 0 100 100 0 100 0",
+                         cgroup.launcher()),
+                     "cpu tier needs");
+  // What fits the cgroup runs in it.
+  const Result ok = run("run --model opt-125m --dummy --batch 2 --prompt-len 8 --gen-len 2 --percent 100 0 100 0 100 0",
+                        cgroup.launcher());
+  EXPECT_EQ(ok.code, 0) << ok.err;
 }
 
 TEST(Cli, AKilledRunsOffloadFilesAreReclaimedByTheNext) {

@@ -162,6 +162,33 @@ HostWeights random_fp32_weights(const ModelConfig& cfg, float stddev) {
   return w;
 }
 
+// --compute-dtype auto on a backend whose f32 kernels win for few rows: bf16 for 16-bit weights
+// only from the backend's crossover; explicit bf16 everywhere; f32 weights and f32 keep f32.
+TEST(ComputeDtype, AutoTakesBf16FromTheBackendsCrossover) {
+  auto be = kernels::make_backend("cpu");
+  ModelConfig c;
+  c.dtype = kernels::DType::F16;
+  engine::set_compute_dtype("auto", c, *be);
+  if (!be->native_bf16()) {
+    EXPECT_EQ(c.compute_dtype, kernels::DType::F32);
+    EXPECT_EQ(c.compute_for_rows(1024), kernels::DType::F32);
+  } else {
+    EXPECT_EQ(c.compute_dtype, kernels::DType::BF16);
+    EXPECT_EQ(c.bf16_from_rows, be->bf16_faster_from_rows());
+    EXPECT_EQ(c.compute_for_rows(c.bf16_from_rows), kernels::DType::BF16);
+    if (c.bf16_from_rows > 1) {
+      EXPECT_EQ(c.compute_for_rows(c.bf16_from_rows - 1), kernels::DType::F32);
+    }
+  }
+  engine::set_compute_dtype("bf16", c, *be);
+  EXPECT_EQ(c.compute_for_rows(1), kernels::DType::BF16);
+  engine::set_compute_dtype("f32", c, *be);
+  EXPECT_EQ(c.compute_for_rows(4096), kernels::DType::F32);
+  c.dtype = kernels::DType::F32;
+  engine::set_compute_dtype("auto", c, *be);
+  EXPECT_EQ(c.compute_for_rows(4096), kernels::DType::F32);
+}
+
 TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {
   const ModelConfig cfg = testing::tiny_opt_config();
   const HostWeights w = random_fp32_weights(cfg, 0.15f);

@@ -422,7 +422,16 @@ TEST(CostModel, SearchNeverReturnsAPolicySlowerThanOneItEvaluated) {
     const std::vector<Estimate> ranked = plan_ranked(m, hw, w, {}, 40);
     ASSERT_EQ(ranked.size(), 40u);
     EXPECT_DOUBLE_EQ(plan(m, hw, w).total_throughput, ranked.front().total_throughput);
-    for (std::size_t i = 1; i < ranked.size(); ++i)
+    // The plan is within 1% of the fastest (the least compute of those that close); the rest
+    // follow fastest first.
+    const double fastest = std::ranges::max(ranked, {}, &Estimate::total_throughput).total_throughput;
+    EXPECT_GE(ranked.front().total_throughput, 0.99 * fastest);
+    for (const Estimate& r : ranked) {
+      if (r.total_throughput >= 0.99 * fastest) {
+        EXPECT_GE(r.compute_seconds, ranked.front().compute_seconds);
+      }
+    }
+    for (std::size_t i = 2; i < ranked.size(); ++i)
       EXPECT_GE(ranked[i - 1].total_throughput, ranked[i].total_throughput);
     for (const Estimate& r : ranked) {
       const auto again = estimate(m, hw, w, r.policy);
@@ -435,6 +444,32 @@ TEST(CostModel, SearchNeverReturnsAPolicySlowerThanOneItEvaluated) {
       return e.policy.gpu_batch_size >= 8 && e.policy.gpu_batch_size <= 64 && e.policy.num_gpu_batches > 1;
     }));
   }
+}
+
+// Issue 32: a Llama-3.2-1B-shaped f16 model in 1.5 GiB of host memory on the CPU backend, 16
+// prompts. The weights stream from disk, which bounds every block alike; the plan must not
+// pick 16 GPU batches of one row (each reads the layer's weights from memory again) and never
+// homes the hidden states on disk (a small request per batch and layer behind the weights).
+TEST(CostModel, OneHostPrefersFewerLargerGpuBatchesAndKeepsHiddenStatesOffDisk) {
+  HardwareProfile hw = load_hardware_file(std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml");
+  hw.gpu_mem = hw.cpu_mem = std::int64_t{3} << 29;
+  hw.gpu_memory = 15e9;  // a one-row GEMM's weight read, as this_machine_profile measures it
+  ModelShape m{"llama-1b", 16, 2048, 8192, 32, 8, 64, 49152, true, true, kernels::DType::F16, kernels::DType::F16, 0};
+  PlanOptions o;
+  o.max_block = 16;
+  const Estimate e = plan(m, hw, {64, 32}, o);
+  EXPECT_GT(e.policy.gpu_batch_size, 1);
+  EXPECT_GT(e.policy.weights.disk, 0.3);
+  EXPECT_EQ(e.policy.activations.disk, 0.0);
+  for (const Estimate& r : plan_ranked(m, hw, {64, 32}, o, 50)) EXPECT_EQ(r.policy.activations.disk, 0.0);
+  // Sixteen batches of one row: the weight reads alone exceed the disk's time.
+  Policy ones = e.policy;
+  ones.gpu_batch_size = 1;
+  ones.num_gpu_batches = 16;
+  const auto one_row = estimate(m, hw, {64, 32}, ones, o);
+  ASSERT_TRUE(one_row.has_value());
+  EXPECT_LT(one_row->total_throughput, e.total_throughput);
+  EXPECT_EQ(one_row->bottleneck, "compute");
 }
 
 // Overlap off runs every transfer in line with compute: never faster, and slower when the
