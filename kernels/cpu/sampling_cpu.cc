@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -55,6 +56,7 @@ class Descending {
 
 struct Scratch {
   std::vector<float> logits;
+  std::vector<double> weights;  // exp((z - max) / temperature)
   std::vector<std::int32_t> tokens;
   std::vector<Candidate> candidates;
 };
@@ -100,19 +102,23 @@ void adjust(const float* raw, std::int64_t vocab, const SamplingParams& p, std::
   }
 }
 
-// The token a draw u in [0, 1) picks among the kept candidates (top_k, then top_p over the
-// top-k mass, then min_p); `total` is the mass of all candidates.
-std::int32_t draw(Descending& d, double total, const SamplingParams& p, double u) {
-  std::size_t keep = d.size();
+// The token a draw u in [0, 1) picks among the kept tokens (top_k, then top_p over the top-k
+// mass, then min_p) of the `all` tokens of positive weight, whose mass is `total`. `d` holds the
+// most likely of them, maybe not all: nullopt when the answer needs one beyond those.
+std::optional<std::int32_t> draw(Descending& d, std::size_t all, double total, const SamplingParams& p, double u) {
+  const std::size_t held = d.size();
+  std::size_t keep = all;
   double mass = total;
-  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < keep) {
+  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < all) {
     keep = static_cast<std::size_t>(p.top_k);
+    if (keep > held) return std::nullopt;
     mass = 0.0;
     for (std::size_t i = 0; i < keep; ++i) mass += d[i].p;
   }
   if (p.top_p < 1.0f) {
     double acc = 0.0;
     for (std::size_t i = 0; i < keep; ++i) {
+      if (i >= held) return std::nullopt;
       acc += d[i].p / mass;
       if (acc >= p.top_p) {
         keep = i + 1;
@@ -120,23 +126,38 @@ std::int32_t draw(Descending& d, double total, const SamplingParams& p, double u
       }
     }
   }
-  if (p.min_p > 0.0f) {  // relative to the most probable token, whose p is 1
+  if (p.min_p > 0.0f) {  // relative to the most probable token, whose weight is 1
     std::size_t i = 1;
-    while (i < keep && d[i].p >= p.min_p) ++i;
+    for (; i < keep; ++i) {
+      if (i >= held) return std::nullopt;
+      if (d[i].p < p.min_p) break;
+    }
     keep = i;
   }
   double kept = mass;
-  if (keep != d.size()) {
+  if (keep != all) {
     kept = 0.0;
-    for (std::size_t i = 0; i < keep; ++i) kept += d[i].p;
+    for (std::size_t i = 0; i < keep; ++i) kept += d[i].p;  // keep <= held here
   }
   const double target = u * kept;
   double acc = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {
+    if (i >= held) return std::nullopt;
     acc += d[i].p;
     if (target < acc) return d[i].id;
   }
+  if (keep > held) return std::nullopt;
   return d[keep - 1].id;
+}
+
+// draw() over the tokens whose weight is at least `cutoff` (and positive).
+std::optional<std::int32_t> draw_among(Scratch& s, double cutoff, std::size_t positive, double total,
+                                       const SamplingParams& p, double u) {
+  s.candidates.clear();
+  for (std::size_t i = 0; i < s.weights.size(); ++i)
+    if (s.weights[i] > 0.0 && s.weights[i] >= cutoff) s.candidates.push_back({s.weights[i], static_cast<std::int32_t>(i)});
+  Descending d(s.candidates);
+  return draw(d, positive, total, p, u);
 }
 
 // The k largest logits, descending (lowest id first on ties).
@@ -169,14 +190,19 @@ void sample_row(const SampleArgs& a, std::size_t r, Scratch& s) {
     if (want_logprobs)
       for (std::size_t i = 0; i < V; ++i) total += std::exp(static_cast<double>(z[i] - mx));
   } else {
-    s.candidates.clear();
+    s.weights.resize(V);
+    std::size_t positive = 0;
     for (std::size_t i = 0; i < V; ++i) {
       const double e = std::exp(static_cast<double>(z[i] - mx) / temperature);
-      total += e;
-      if (e > 0.0) s.candidates.push_back({e, static_cast<std::int32_t>(i)});
+      total += s.weights[i] = e;
+      positive += e > 0.0;
     }
-    Descending d(s.candidates);
-    chosen = draw(d, total, p, sampling_uniform(p.seed, a.streams[r], a.steps[r]));
+    const double u = sampling_uniform(p.seed, a.streams[r], a.steps[r]);
+    // First among the tokens that hold all but a 1e-4 share of the mass: a draw, a nucleus or a
+    // top-k almost always ends there; when one does not, again over all tokens.
+    std::optional<std::int32_t> token = draw_among(s, total * 1e-4 / static_cast<double>(V), positive, total, p, u);
+    if (!token) token = draw_among(s, 0.0, positive, total, p, u);
+    chosen = *token;
   }
   a.out[r] = chosen;
   if (!want_logprobs) return;

@@ -1,7 +1,8 @@
-// libFuzzer target: the input is a prompts file (--prompts) and, separately, an --out file
-// read back by --resume. The readers may reject it with std::runtime_error or
-// std::invalid_argument; any other exception, crash or sanitizer report is a bug, and so is
-// an accepted line that breaks what the reader promises (a string or integer id, unique).
+// libFuzzer target: the input is a prompts file (--prompts: our own format, and an OpenAI batch
+// file) and, separately, an --out file of either format read back by --resume. The readers may
+// reject it with std::runtime_error or std::invalid_argument (the OpenAI reader rejects nothing:
+// a bad line carries its error); any other exception, crash or sanitizer report is a bug, and
+// so is an accepted line that breaks what the reader promises (a string or integer id, unique).
 // The bytes go through a memfd, a regular file in memory, since the readers take paths.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/job/openai_batch.h"
 #include "engine/job/result_file.h"
 #include "engine/job/prompts.h"
 
@@ -46,10 +48,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const std::runtime_error&) {
   } catch (const std::invalid_argument&) {
   }
-  try {
-    flexh2o::job::ResultFile resumed(file_holding(data, size), /*resume=*/true, "");
-  } catch (const std::runtime_error&) {
-  } catch (const std::invalid_argument&) {
+  // As an OpenAI batch file every line is read, a bad one with its error: nothing throws. Every
+  // good line has a unique key, and every line a key.
+  {
+    std::set<std::string> keys;
+    for (const auto& line : flexh2o::job::read_openai_batch(file_holding(data, size)))
+      if (line.key.empty() || !keys.insert(line.key).second || (line.error.empty() && line.n < 1)) std::abort();
+  }
+  for (const auto format : {flexh2o::job::ResultFormat::Simple, flexh2o::job::ResultFormat::OpenAi}) {
+    try {
+      flexh2o::job::ResultFile resumed(file_holding(data, size), /*resume=*/true, "", format);
+    } catch (const std::runtime_error&) {
+    } catch (const std::invalid_argument&) {
+    }
   }
   return 0;
 }

@@ -273,6 +273,56 @@ TEST_F(SamplingTest, NucleusOverALargeVocabularyMatchesTheReference) {
   }
 }
 
+// The draw with every truncation, over the whole sorted row (the sampler walks a head of the
+// most likely tokens first and falls back to all of them when an answer lies beyond it).
+std::int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, double u) {
+  std::vector<ref::Candidate> c = ref::nucleus(logits, p.temperature, 1.0f);
+  double total = 0.0;
+  for (const auto& e : c) total += e.weight;
+  std::erase_if(c, [](const ref::Candidate& e) { return e.weight <= 0.0; });
+  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < c.size()) c.resize(static_cast<std::size_t>(p.top_k));
+  double mass = 0.0;
+  for (const auto& e : c) mass += e.weight;
+  if (p.top_p < 1.0f) {
+    double acc = 0.0;
+    for (std::size_t i = 0; i < c.size(); ++i)
+      if ((acc += c[i].weight / mass) >= p.top_p) {
+        c.resize(i + 1);
+        break;
+      }
+  }
+  std::size_t keep = 1;
+  while (keep < c.size() && c[keep].weight >= p.min_p) ++keep;
+  c.resize(keep);
+  double kept = 0.0;
+  for (const auto& e : c) kept += e.weight;
+  double acc = 0.0;
+  for (const auto& e : c)
+    if (u * kept < (acc += e.weight)) return e.id;
+  return c.back().id;
+}
+
+TEST_F(SamplingTest, TruncationsReachingPastTheLikelyTokensMatchTheFullWalk) {
+  // A cold temperature over a wide range leaves most tokens with a negligible share: top_k of
+  // almost all of them, a min_p of almost nothing, or a nucleus of almost all the mass reach
+  // past the tokens the sampler walks first.
+  constexpr std::int64_t kVocab = 3000;
+  for (int i = 0; i < 60; ++i) {
+    Row r = random_row(kVocab);
+    r.logits = random_floats(kVocab, -20.0f, 20.0f);
+    r.p.temperature = 0.5f;
+    if (i % 3 == 0) r.p.top_k = kVocab - 1;
+    if (i % 3 == 1) r.p.min_p = 1e-30f;
+    if (i % 3 == 2) r.p.top_p = 0.999999f;
+    for (std::uint64_t step = 0; step < 5; ++step) {
+      r.generated = 0;
+      r.stream = step + 100 * static_cast<std::uint64_t>(i);
+      const double u = sampling_uniform(r.p.seed, r.stream, 0);
+      EXPECT_EQ(sample({r}).tokens[0], reference_draw(r.logits, r.p, u)) << "row " << i << " u " << u;
+    }
+  }
+}
+
 TEST_F(SamplingTest, ARowsResultDoesNotDependOnTheRowsBesideIt) {
   // Rows of every kind of setting in one batch give what each gives alone, in any order.
   constexpr std::int64_t kVocab = 200;
