@@ -80,10 +80,12 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
 
     if (rows > max_rows / 4) continue;  // the head runs per GPU batch: rarely this many sequences
     std::vector<std::int32_t> next(static_cast<std::size_t>(rows));
-    std::vector<std::uint64_t> streams(static_cast<std::size_t>(rows));
+    std::vector<std::uint64_t> streams(static_cast<std::size_t>(rows)), steps(static_cast<std::size_t>(rows));
+    const std::vector<kernels::SamplingParams> greedy(static_cast<std::size_t>(rows));
     const double head_s = time_call([&] {
       head->forward(be, w.layers[2], step, act, nullptr);
-      be.sample({.logits = act.logits.as<float>(), .batch = rows, .vocab = cfg.vocab_size, .streams = streams, .out = next});
+      be.sample({.logits = act.logits.as<float>(), .batch = rows, .vocab = cfg.vocab_size, .params = greedy,
+                 .streams = streams, .steps = steps, .out = next});
       be.synchronize();
     });
     const double head_rate = head_flops * static_cast<double>(rows) / head_s;

@@ -35,7 +35,7 @@ engine::GenerationRequest block_request(const PipelineWork& work, std::size_t ch
   req.streams.assign(work.streams.begin() + first, work.streams.begin() + end);
   req.max_new_tokens_each.assign(work.max_new_tokens.begin() + first, work.max_new_tokens.begin() + end);
   req.max_new_tokens = *std::max_element(req.max_new_tokens_each.begin(), req.max_new_tokens_each.end());
-  req.sampling = work.sampling;
+  req.sampling_each.assign(work.sampling.begin() + first, work.sampling.begin() + end);
   return req;
 }
 

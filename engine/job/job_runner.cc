@@ -18,12 +18,18 @@ std::vector<Request> requests_to_run(std::span<const Request> all, const std::op
 
 namespace {
 
-engine::GenerationRequest block_request(std::span<const Request> block) {
+engine::GenerationRequest block_request(std::span<const Request> block, const BlockLoopOptions& opt) {
   engine::GenerationRequest req;
-  req.sampling = shared_sampling(block);
+  if (opt.stop_string_seen)
+    req.stop_here = [block, &opt](std::size_t b, std::span<const std::int32_t> generated) {
+      const Request& r = block[b];
+      return !r.stop.empty() && static_cast<std::int64_t>(generated.size()) >= r.sampling.min_tokens &&
+             opt.stop_string_seen(r, generated);
+    };
   req.max_new_tokens = 0;
   for (const Request& r : block) {
     req.prompts.push_back(r.prompt);
+    req.sampling_each.push_back(r.sampling);
     req.streams.push_back(r.stream);
     req.max_new_tokens_each.push_back(r.max_tokens);
     req.max_new_tokens = std::max(req.max_new_tokens, r.max_tokens);
@@ -48,7 +54,7 @@ JobOutcome run_blocks(engine::BlockScheduler& sched, std::span<const Request> re
       break;
     }
     const auto block = requests.subspan(first, std::min(opt.block, requests.size() - first));
-    engine::GenerationRequest req = block_request(block);
+    engine::GenerationRequest req = block_request(block, opt);
     req.on_step = [&, b = outcome.finished_blocks](std::int64_t step, std::int64_t steps) {
       if (opt.interrupts && opt.interrupts->abandon_requested()) throw Interrupted(abandoned_message(opt.results_in));
       if (opt.progress) fmt::print(stderr, "\rblock {}/{}, step {}/{}   ", b + 1, outcome.blocks, step + 1, steps);

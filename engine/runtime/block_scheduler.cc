@@ -34,7 +34,7 @@ struct BlockScheduler::BlockState {
   bool hidden_resident = true;
   bool evicting = false;  // a KV policy keeps budget-sized rows
   const GenerationRequest* req = nullptr;
-  std::span<const std::uint64_t> streams;  // the GenerationLog's
+  GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
   std::vector<std::int32_t> next;          // per block sequence
   std::vector<float> host_logits;
   RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }
@@ -114,7 +114,7 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   staging_->forget();
   BlockState& st = blk->st;
   st.req = &req;
-  st.streams = blk->log.streams();
+  st.log = &blk->log;
   st.next.resize(static_cast<std::size_t>(B));
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
   place_batches(st, blk->log, req);
@@ -316,9 +316,7 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
   const GenerationRequest& req = *st.req;
   const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);
-  be_.sample({.logits = act.logits.as<float>(), .batch = b.n, .vocab = cfg_.vocab_size, .params = req.sampling,
-              .streams = st.streams.subspan(first, n), .step = static_cast<std::uint64_t>(st.step),
-              .out = std::span(st.next).subspan(first, n)});
+  be_.sample(st.log->sample_args(act.logits.as<float>(), first, std::span(st.next).subspan(first, n)));
   if (req.on_logits)
     be_.copy_to_host(st.host_logits.data() + b.first_sequence * cfg_.vocab_size, act.logits.data(),
                      static_cast<std::size_t>(b.n * cfg_.vocab_size) * sizeof(float));

@@ -117,31 +117,89 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
     streams_.resize(B);
     std::iota(streams_.begin(), streams_.end(), 0);
   }
+  if (!req.sampling_each.empty() && req.sampling_each.size() != B)
+    throw std::invalid_argument("a request needs one sampling setting per prompt: " + std::to_string(B) +
+                                " prompts, " + std::to_string(req.sampling_each.size()) + " settings");
+  sampling_ = req.sampling_each.empty() ? std::vector(B, req.sampling) : req.sampling_each;
+  for (const auto& p : sampling_) {
+    kernels::check_sampling_params(p, cfg.vocab_size);
+    logprobs_ = logprobs_ || p.logprobs >= 0;
+  }
   for (const auto& p : req.prompts) {
     max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(p.size()));
     res_.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
+  history_ = req.prompts;
+  history_view_.assign(history_.begin(), history_.end());
+  generated_.assign(B, 0);
+  if (logprobs_) {
+    chosen_logprob_.resize(B);
+    top_logprobs_.resize(B);
+    res_.logprobs.resize(B);
+    res_.top_logprobs.resize(B);
+  }
   res_.tokens.resize(B);
+  res_.finish_reasons.assign(B, FinishReason::Length);
   res_.sequences = static_cast<std::int64_t>(B);
   done_.assign(B, false);
   active_ = static_cast<std::int64_t>(B);
 }
 
+kernels::SampleArgs GenerationLog::sample_args(const float* logits, std::size_t first, std::span<std::int32_t> out) {
+  const std::size_t n = out.size();
+  kernels::SampleArgs a{.logits = logits,
+                        .batch = static_cast<std::int64_t>(n),
+                        .vocab = cfg_.vocab_size,
+                        .params = std::span(sampling_).subspan(first, n),
+                        .streams = std::span(streams_).subspan(first, n),
+                        .steps = std::span(generated_).subspan(first, n),
+                        .history = std::span(history_view_).subspan(first, n),
+                        .eos_ids = cfg_.stop_ids,
+                        .out = out};
+  if (logprobs_) {
+    a.chosen_logprob = std::span(chosen_logprob_).subspan(first, n);
+    a.top_logprobs = std::span(top_logprobs_).subspan(first, n);
+  }
+  return a;
+}
+
+namespace {
+
+bool is_stop_id(const ModelConfig& cfg, const kernels::SamplingParams& p, std::int32_t token) {
+  const auto holds = [&](const auto& ids) { return std::find(ids.begin(), ids.end(), token) != ids.end(); };
+  return (!p.ignore_eos && holds(cfg.stop_ids)) || holds(p.stop_token_ids);
+}
+
+}  // namespace
+
 void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
+  std::vector<std::size_t> recorded;
   for (std::size_t b = 0; b < done_.size(); ++b) {
     if (done_[b]) continue;
-    res_.tokens[b].push_back(next[b]);
+    recorded.push_back(b);
+    auto& tokens = res_.tokens[b];
+    tokens.push_back(next[b]);
+    if (logprobs_ && sampling_[b].logprobs >= 0) {
+      res_.logprobs[b].push_back(chosen_logprob_[b]);
+      res_.top_logprobs[b].push_back(std::move(top_logprobs_[b]));
+      top_logprobs_[b].clear();
+    }
     // A forced sequence runs until its forced tokens are used up, whatever it samples.
     const bool forcing = b < req_.forced.size() && step < static_cast<std::int64_t>(req_.forced[b].size());
-    const bool stop =
-        !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
-    if (stop || static_cast<std::int64_t>(res_.tokens[b].size()) >= new_tokens_limit(req_, b)) {
+    const bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], next[b]) || (req_.stop_here && req_.stop_here(b, tokens)));
+    if (stop || static_cast<std::int64_t>(tokens.size()) >= new_tokens_limit(req_, b)) {
+      res_.finish_reasons[b] = stop ? FinishReason::Stop : FinishReason::Length;
       done_[b] = true;
       --active_;
     }
   }
   for (std::size_t b = 0; b < std::min(done_.size(), req_.forced.size()); ++b)
     if (step < static_cast<std::int64_t>(req_.forced[b].size())) next[b] = req_.forced[b][step];
+  for (const std::size_t b : recorded) {  // the inputs, for penalties
+    history_[b].push_back(next[b]);
+    history_view_[b] = history_[b];
+    ++generated_[b];
+  }
   if (req_.on_step) req_.on_step(step, req_.max_new_tokens);
   if (step == 0) {
     be_.synchronize();
@@ -197,8 +255,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
       be_.copy_to_host(host_logits.data(), act.logits.data(), host_logits.size() * sizeof(float));
       req.on_logits(step, host_logits);
     }
-    be_.sample({.logits = act.logits.as<float>(), .batch = B, .vocab = cfg_.vocab_size, .params = req.sampling,
-                .streams = log.streams(), .step = static_cast<std::uint64_t>(step), .out = next});
+    be_.sample(log.sample_args(act.logits.as<float>(), 0, next));
     log.record(step, next);
   };
 

@@ -119,7 +119,7 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
   req.prompts = random_prompts(cfg, c.policy.block_size(), seed);
   req.max_new_tokens = 8;
   if (own_limits) req.max_new_tokens_each = random_limits(req.prompts.size(), seed);
-  req.sampling = {temperature, 0.9f, seed};
+  req.sampling = {.temperature = temperature, .top_p = 0.9f, .seed = seed};
 
   auto be = kernels::make_cpu_backend();
   const ModelConfig stored = engine::with_weight_dtype(cfg, c.policy.weight_dtype(cfg.dtype));
