@@ -79,6 +79,7 @@ void GenerationResult::add(const GenerationResult& r) {
   generated_tokens += r.generated_tokens;
   decode_steps += r.decode_steps;
   sequences += r.sequences;
+  sequence_steps += r.sequence_steps;
 }
 
 std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b) {
@@ -91,7 +92,7 @@ std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
 }
 
 GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req)
-    : be_(be), cfg_(cfg), req_(req), streams_(req.streams), t0_(now_seconds()) {
+    : be_(be), cfg_(cfg), req_(req), streams_(req.streams), start_(now_seconds()), t0_(start_) {
   const std::size_t B = req.prompts.size();
   if (req.max_new_tokens_each.empty()) check_prompts(cfg, req.prompts, req.max_new_tokens);
   if (!req.max_new_tokens_each.empty()) {
@@ -118,6 +119,8 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
     res_.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
   res_.tokens.resize(B);
+  res_.first_token_at.assign(B, 0.0);
+  res_.finished_at.assign(B, 0.0);
   res_.sequences = static_cast<std::int64_t>(B);
   done_.assign(B, false);
   active_ = static_cast<std::int64_t>(B);
@@ -126,18 +129,33 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
 void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
   for (std::size_t b = 0; b < done_.size(); ++b) {
     if (done_[b]) continue;
-    res_.tokens[b].push_back(next[b]);
-    // A forced sequence runs until its forced tokens are used up, whatever it samples.
-    const bool forcing = b < req_.forced.size() && step < static_cast<std::int64_t>(req_.forced[b].size());
-    const bool stop =
-        !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), next[b]) != cfg_.stop_ids.end();
-    if (stop || static_cast<std::int64_t>(res_.tokens[b].size()) >= new_tokens_limit(req_, b)) {
-      done_[b] = true;
-      --active_;
-    }
+    std::int32_t token = next[b];
+    record_token(b, token);
   }
   for (std::size_t b = 0; b < std::min(done_.size(), req_.forced.size()); ++b)
     if (step < static_cast<std::int64_t>(req_.forced[b].size())) next[b] = req_.forced[b][step];
+  end_step(step, static_cast<std::int64_t>(done_.size()));  // finished sequences are computed too
+}
+
+bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
+  auto& tokens = res_.tokens[b];
+  const auto index = static_cast<std::int64_t>(tokens.size());
+  tokens.push_back(token);
+  if (index == 0) res_.first_token_at[b] = now_seconds() - start_;
+  // A forced sequence runs until its forced tokens are used up, whatever it samples.
+  const bool forcing = b < req_.forced.size() && index < static_cast<std::int64_t>(req_.forced[b].size());
+  const bool stop = !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), token) != cfg_.stop_ids.end();
+  if (forcing) token = req_.forced[b][static_cast<std::size_t>(index)];
+  if (!stop && static_cast<std::int64_t>(tokens.size()) < new_tokens_limit(req_, b)) return false;
+  done_[b] = true;
+  --active_;
+  res_.finished_at[b] = now_seconds() - start_;
+  if (req_.on_finished) req_.on_finished(b, tokens);
+  return true;
+}
+
+void GenerationLog::end_step(std::int64_t step, std::int64_t sequences) {
+  res_.sequence_steps += sequences;
   if (req_.on_step) req_.on_step(step, req_.max_new_tokens);
   if (step == 0) {
     be_.synchronize();
