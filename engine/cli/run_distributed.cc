@@ -231,6 +231,8 @@ json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Sha
     BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
     job::BlockLoopOptions loop;
     loop.block = static_cast<std::size_t>(s.policy.block_size());
+    loop.continuous = o.batching == "continuous";
+    loop.prefill_budget = o.prefill_budget;
     if (inbox) loop.between_steps = [&] { inbox->take(false); };
     const auto deliver = [&](std::span<const job::Request> block, const GenerationResult& r) {
       const auto first = static_cast<std::size_t>(block.data() - mine.requests.data());

@@ -412,7 +412,7 @@ void BlockScheduler::end_step(Block& blk) {
   if (st.continuous) {
     record_slots(st, blk.log);
     ++st.step;
-    if (blk.log.active()) next_steps(st);
+    next_steps(st);
     return;
   }
   if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
@@ -449,6 +449,8 @@ void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
 
 void BlockScheduler::next_steps(BlockState& st) {
   const GenerationRequest& req = *st.req;
+  if (st.waiting < req.prompts.size() && req.stop_admitting && req.stop_admitting())
+    for (; st.waiting < req.prompts.size(); ++st.waiting) st.log->drop(st.waiting);
   for (GpuBatch& b : st.batches) {
     StepBatch s;
     std::int64_t admitted = 0;  // prompt tokens of this step's newcomers

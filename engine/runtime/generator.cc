@@ -154,6 +154,14 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   return true;
 }
 
+void GenerationLog::drop(std::size_t b) {
+  if (done_[b] || !res_.tokens[b].empty()) throw std::logic_error("GenerationLog::drop: the sequence has started");
+  done_[b] = true;
+  --active_;
+  --res_.sequences;
+  res_.prompt_tokens -= static_cast<std::int64_t>(req_.prompts[b].size());
+}
+
 void GenerationLog::end_step(std::int64_t step, std::int64_t sequences) {
   res_.sequence_steps += sequences;
   if (req_.on_step) req_.on_step(step, req_.max_new_tokens);

@@ -48,6 +48,9 @@ struct GenerationRequest {
   // that a long prompt does not stall the decode rows (a step with no newcomer yet takes one
   // whatever its length).
   std::int64_t prefill_budget = 512;
+  // Continuous batching: polled before prompts take free slots; once true, no waiting prompt
+  // is admitted any more (they end without tokens) and the run ends as the slots empty.
+  std::function<bool()> stop_admitting;
   // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
   // `index` of sequence b (on_logits needs a fixed block).
   std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;
@@ -102,6 +105,9 @@ class GenerationLog {
   // After every sequence of step `step` was recorded (clocks, on_step); `sequences`: the
   // sequence rows the step computed.
   void end_step(std::int64_t step, std::int64_t sequences);
+  // Continuous batching: sequence b never started and will not (admission stopped): it ends
+  // without tokens and counts in no total.
+  void drop(std::size_t b);
   // Tokens sequence b has generated so far: the index (sampling step) of its next one.
   std::int64_t generated(std::size_t b) const { return static_cast<std::int64_t>(res_.tokens[b].size()); }
   bool active() const { return active_ > 0; }
