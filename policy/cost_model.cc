@@ -12,65 +12,63 @@
 
 #include "offload/budget.h"
 #include "policy/eviction/kv_policy.h"
+#include "policy/unit_weights.h"
 
 namespace flexh2o::policy {
 
+namespace {
+
+// Bytes of a unit's tensors with matrices as `t`, as held in memory and as a staging slot
+// places them; elements of its matrices (what a token multiplies).
+std::int64_t bytes_of(const std::vector<TensorSpec>& unit, kernels::DType t) {
+  std::int64_t b = 0;
+  for (const TensorSpec& x : unit) b += x.bytes(t);
+  return b;
+}
+std::int64_t slot_bytes_of(const std::vector<TensorSpec>& unit, kernels::DType t) {
+  std::int64_t b = 0;
+  for (const TensorSpec& x : unit) b += slot_bytes(x.bytes(t));
+  return b;
+}
+std::int64_t matrix_elements(const std::vector<TensorSpec>& unit) {
+  std::int64_t n = 0;
+  for (const TensorSpec& x : unit) n += x.matrix ? x.numel() : 0;
+  return n;
+}
+
+}  // namespace
+
+// The units' tensors as policy/unit_weights lists them; per-layer sizes are the mean over the
+// dense and MoE layers. MoE layers hold every expert; a staging slot holds the layer but its
+// routed experts and some of them (staging_slot); a token multiplies its top_k of them, the
+// router and the shared expert.
 ModelSizes model_sizes(const ModelShape& m) {
   ModelSizes s;
-  const std::int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, h = m.hidden;
-  // The tensors of each scheduling unit as engine::weight_specs lists them: matrices of `rows`
-  // output rows of `cols` inputs (quantization groups run along a row), norms and biases fp32.
-  auto mat_as = [](kernels::DType t, std::int64_t rows, std::int64_t cols) { return rows * kernels::row_bytes(t, cols); };
-  auto mat = [&](std::int64_t rows, std::int64_t cols) { return mat_as(m.weight_dtype, rows, cols); };
-  const kernels::DType embed_t = m.embedding_dtype.value_or(m.weight_dtype), head_t = m.head_dtype.value_or(m.weight_dtype);
-  auto vec = [](std::int64_t n) { return n * static_cast<std::int64_t>(sizeof(float)); };
-  const std::int64_t norm_bias = m.biases ? vec(h) : 0;
-  std::vector<std::int64_t> embed = {mat_as(embed_t, m.vocab, h)}, attn, mlp, head = {vec(h)};
-  if (m.extra_embedding_rows > 0) embed.push_back(mat_as(embed_t, m.extra_embedding_rows, h));
-  attn = {vec(h), mat(q, h), mat(kv, h), mat(kv, h), mat(h, q)};
-  mlp = {vec(h)};
-  if (m.gated_mlp)
-    mlp.insert(mlp.end(), {mat(m.ffn, h), mat(m.ffn, h), mat(h, m.ffn)});
-  else
-    mlp.insert(mlp.end(), {mat(m.ffn, h), mat(h, m.ffn)});
-  if (m.biases) {
-    attn.insert(attn.end(), {norm_bias, vec(q), vec(kv), vec(kv), vec(h)});
-    mlp.insert(mlp.end(), {norm_bias, vec(m.ffn), vec(h)});
-    head.push_back(norm_bias);
-  }
-  head.push_back(mat_as(head_t, m.vocab, h));
+  const kernels::DType layer_t = m.weight_dtype, embed_t = m.embedding_dtype.value_or(m.weight_dtype),
+                       head_t = m.head_dtype.value_or(m.weight_dtype);
   // A pipeline stage holds the input embedding only on the first stage, the head on the last.
-  if (!m.input_embedding) embed.clear();
-  if (!m.output_head) head.clear();
-  auto sum = [](const std::vector<std::int64_t>& t) { return std::accumulate(t.begin(), t.end(), std::int64_t{0}); };
-  // A staging slot holds a unit's tensors, each aligned as BlockScheduler places them (256 B).
-  auto slot = [](const std::vector<std::int64_t>& t) {
-    std::int64_t b = 0;
-    for (std::int64_t x : t) b += (x + 255) / 256 * 256;
-    return b;
-  };
-  // MoE layers hold every expert; a staging slot holds the layer but its routed experts and
-  // some of them (staging_slot); a token multiplies its top_k of them, the router and the
-  // shared expert. Per-layer sizes are the mean over the layers.
-  std::vector<std::int64_t> moe = {vec(h), mat(m.experts, h)};
-  const std::vector<std::int64_t> one_expert = {mat(m.expert_ffn, h), mat(m.expert_ffn, h), mat(h, m.expert_ffn)};
-  const std::int64_t expert = sum(one_expert);
-  if (m.shared_ffn > 0) moe.insert(moe.end(), {mat(m.shared_ffn, h), mat(m.shared_ffn, h), mat(h, m.shared_ffn), mat(1, h)});
-  const std::int64_t moe_params = (m.top_k * 3 * m.expert_ffn + m.experts + (m.shared_ffn > 0 ? 3 * m.shared_ffn + 1 : 0)) * h;
+  const auto embed = m.input_embedding ? input_embedding_tensors(m) : std::vector<TensorSpec>{};
+  const auto head = m.output_head ? head_tensors(m) : std::vector<TensorSpec>{};
+  const auto attn = attention_tensors(m, 0), mlp = mlp_tensors(m, 0);
+  const auto moe = moe_tensors(m, 0), expert = expert_tensors(m, 0, 0);
   const std::int64_t dense_layers = std::max<std::int64_t>(m.layers - m.moe_layers, 0), layers = std::max<std::int64_t>(m.layers, 1);
-  s.layer_weights = sum(attn) + (dense_layers * sum(mlp) + m.moe_layers * (sum(moe) + m.experts * expert)) / layers;
-  s.layer_expert_weights = m.moe_layers * m.experts * expert / layers;
-  s.layer_params = 2 * h * q + 2 * h * kv + (dense_layers * (m.gated_mlp ? 3 : 2) * h * m.ffn + m.moe_layers * moe_params) / layers;
-  s.head_weights = m.output_head ? mat_as(head_t, m.vocab, h) : 0;
+  const std::int64_t expert_bytes = bytes_of(expert, layer_t);
+  s.layer_weights = bytes_of(attn, layer_t) + (dense_layers * bytes_of(mlp, layer_t) +
+                                               m.moe_layers * (bytes_of(moe, layer_t) + m.experts * expert_bytes)) / layers;
+  s.layer_expert_weights = m.moe_layers * m.experts * expert_bytes / layers;
+  const std::int64_t moe_params = matrix_elements(moe) + m.top_k * matrix_elements(expert);
+  s.layer_params = matrix_elements(attn) + (dense_layers * matrix_elements(mlp) + m.moe_layers * moe_params) / layers;
+  s.head_weights = m.output_head ? m.vocab * kernels::row_bytes(head_t, m.width()) : 0;
   // A tied head reuses the input embedding where both are held; a later stage keeps a copy.
-  s.embedding_weights = sum(embed) + sum(head) - (m.tied_embeddings && m.input_embedding ? s.head_weights : 0);
+  s.embedding_weights = bytes_of(embed, embed_t) + bytes_of(head, head_t) -
+                        (m.tied_embeddings && m.input_embedding ? s.head_weights : 0);
   s.total_weights = m.layers * s.layer_weights + s.embedding_weights;
-  s.attention_unit = slot(attn);
-  s.dense_mlp_unit = dense_layers > 0 ? slot(mlp) : 0;
-  s.moe_unit_base = m.moe_layers > 0 ? slot(moe) : 0;
-  s.expert_unit = m.moe_layers > 0 ? slot(one_expert) : 0;
-  s.embedding_unit = slot(embed);
-  s.head_unit = slot(head);
+  s.attention_unit = slot_bytes_of(attn, layer_t);
+  s.dense_mlp_unit = dense_layers > 0 ? slot_bytes_of(mlp, layer_t) : 0;
+  s.moe_unit_base = m.moe_layers > 0 ? slot_bytes_of(moe, layer_t) : 0;
+  s.expert_unit = m.moe_layers > 0 ? slot_bytes_of(expert, layer_t) : 0;
+  s.embedding_unit = slot_bytes_of(embed, embed_t);
+  s.head_unit = slot_bytes_of(head, head_t);
   s.kv_per_token_layer = 2 * m.kv_heads * kernels::row_bytes(m.cache_dtype, m.head_dim);
   return s;
 }
@@ -300,14 +298,12 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // in flight (a pipeline stage's micro-batches) has its own caches, states, scratch and rings.
   const double blocks = static_cast<double>(std::max<std::int64_t>(o.blocks_in_flight, 1));
   const double w_all = static_cast<double>(z.total_weights), kv_all = blocks * kvt * l * bls * kvtok;
-  const double rows = g * std::max(s, 1.0), h_all = blocks * hid * bls * std::max(s, 1.0);
-  const double q = static_cast<double>(m.heads * m.head_dim), kvd = static_cast<double>(m.kv_heads * m.head_dim);
-  const double per_row = 2 * h1 + 2 * q + 2 * kvd + (m.gated_mlp ? 2.0 : 1.0) * static_cast<double>(m.ffn);
-  // MoE: the router's logits per row, and what moe_experts holds for one expert: its gathered
-  // rows, gate, up and output in fp32 and each row's index and weight (engine::Activations).
-  const double experts = static_cast<double>(m.experts), expert_ffn = static_cast<double>(m.expert_ffn);
-  const double moe_scratch = m.experts > 0 ? rows * (act * experts + 4 * (2 * h1 + 2 * expert_ffn) + 12) : 0.0;
-  const double scratch = blocks * (act * (rows * per_row + g * (h1 + vocab)) + moe_scratch);
+  const std::int64_t step_rows = blk.gbs * std::max<std::int64_t>(w.prompt_len, 1);
+  const double rows = static_cast<double>(step_rows), h_all = blocks * hid * bls * std::max(s, 1.0);
+  // One GPU batch's activation buffers, in the profile's activation dtype, and what a MoE
+  // layer's expert kernel holds beside them (engine::Activations).
+  const double scratch = blocks * (act * static_cast<double>(activation_buffers(m, step_rows, blk.gbs).total()) +
+                                   static_cast<double>(moe_expert_scratch_bytes(m, step_rows)));
   const double slot = static_cast<double>(z.staging_slot(expert_slots, blk.sep_layer));
   const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
   const double kv_ring = blocks * 3 * g * kvt * kvtok;  // per staged fraction

@@ -16,10 +16,10 @@ namespace flexh2o::cli {
 
 namespace {
 
-// The weights of `units` on the device, random in the model's dtype.
+// The weights of `units` on the device, random in the model's dtype; one LayerWeights per unit.
 struct UnitWeights {
   std::vector<kernels::DeviceBuffer> buffers;
-  engine::DeviceWeights view;
+  std::vector<engine::LayerWeights> layers;
 };
 
 UnitWeights load_unit_weights(kernels::Backend& be, const engine::ModelConfig& cfg,
@@ -28,17 +28,18 @@ UnitWeights load_unit_weights(kernels::Backend& be, const engine::ModelConfig& c
   for (const engine::WeightSpec& s : engine::weight_specs(cfg)) specs.emplace(s.name, s);
   const engine::DummyWeights source(cfg, 0);
   UnitWeights w;
-  for (const engine::Layer* u : units)
-    for (const std::string& name : u->weight_names()) {
-      if (w.view.count(name)) continue;  // a tied head names the input embedding
-      const engine::WeightSpec& s = specs.at(name);
-      const kernels::DType t = s.dtype(cfg);
-      std::vector<std::byte> host(static_cast<std::size_t>(s.rows * kernels::row_bytes(t, s.cols)));
-      source.read_rows(name, 0, s.rows, host.data(), t);
-      w.buffers.emplace_back(be, host.size());
-      be.copy_to_device(w.buffers.back().data(), host.data(), host.size());
-      w.view[name] = {w.buffers.back().data(), t, s.rows, s.cols};
-    }
+  std::map<std::string, kernels::MatrixRef> on_device;  // a tied head names the input embedding
+  auto load = [&](const policy::TensorSpec& tensor) {
+    if (const auto it = on_device.find(tensor.name); it != on_device.end()) return it->second;
+    const engine::WeightSpec& s = specs.at(tensor.name);
+    const kernels::DType t = s.dtype(cfg);
+    std::vector<std::byte> host(static_cast<std::size_t>(s.rows * kernels::row_bytes(t, s.cols)));
+    source.read_rows(s.name, 0, s.rows, host.data(), t);
+    w.buffers.emplace_back(be, host.size());
+    be.copy_to_device(w.buffers.back().data(), host.data(), host.size());
+    return on_device[s.name] = {w.buffers.back().data(), t, s.rows, s.cols};
+  };
+  for (const engine::Layer* u : units) w.layers.push_back(engine::resolve_weights(*u, load));
   return w;
 }
 
@@ -69,8 +70,8 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
     const std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(rows), std::vector<std::int32_t>{1});
     const engine::StepBatch step = engine::StepBatch::make_prefill(prompts);
     const double layer_s = time_call([&] {
-      attention->forward(be, w.view, step, act, &kv.view);
-      mlp->forward(be, w.view, step, act, nullptr);
+      attention->forward(be, w.layers[0], step, act, &kv.view);
+      mlp->forward(be, w.layers[1], step, act, nullptr);
       be.synchronize();
     });
     const double layer_rate = layer_flops * static_cast<double>(rows) / layer_s;
@@ -79,10 +80,12 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
 
     if (rows > max_rows / 4) continue;  // the head runs per GPU batch: rarely this many sequences
     std::vector<std::int32_t> next(static_cast<std::size_t>(rows));
-    std::vector<std::uint64_t> streams(static_cast<std::size_t>(rows));
+    std::vector<std::uint64_t> streams(static_cast<std::size_t>(rows)), steps(static_cast<std::size_t>(rows));
+    const std::vector<kernels::SamplingParams> greedy(static_cast<std::size_t>(rows));
     const double head_s = time_call([&] {
-      head->forward(be, w.view, step, act, nullptr);
-      be.sample({.logits = act.logits.as<float>(), .batch = rows, .vocab = cfg.vocab_size, .streams = streams, .out = next});
+      head->forward(be, w.layers[2], step, act, nullptr);
+      be.sample({.logits = act.logits.as<float>(), .batch = rows, .vocab = cfg.vocab_size, .params = greedy,
+                 .streams = streams, .steps = steps, .out = next});
       be.synchronize();
     });
     const double head_rate = head_flops * static_cast<double>(rows) / head_s;

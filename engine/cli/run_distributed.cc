@@ -418,8 +418,8 @@ distributed::PipelineWork pipeline_work(const json& job, const RunSetup& s) {
     work.prompts.push_back(r.prompt);
     work.streams.push_back(r.stream);
     work.max_new_tokens.push_back(r.max_tokens);
+    work.sampling.push_back(r.sampling);
   }
-  if (!requests.empty()) work.sampling = job::shared_sampling(requests);  // one sampling for every block
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
   return work;

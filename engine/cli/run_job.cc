@@ -160,7 +160,7 @@ std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, 
   std::vector<job::Request> requests;
   for (std::size_t i = 0; i < items.size(); ++i)
     requests.push_back({items[i].id_json, items[i].text, items[i].tokens, items[i].max_tokens.value_or(s.gen_len),
-                        {o.temperature, o.top_p, o.seed}, i});
+                        {.temperature = o.temperature, .top_p = o.top_p, .seed = o.seed}, i});
   return requests;
 }
 

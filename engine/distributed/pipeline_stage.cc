@@ -96,7 +96,8 @@ StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, con
         s.req.max_new_tokens_each.assign(work.max_new_tokens.begin() + static_cast<std::ptrdiff_t>(first),
                                          work.max_new_tokens.begin() + static_cast<std::ptrdiff_t>(end));
         s.req.max_new_tokens = *std::max_element(s.req.max_new_tokens_each.begin(), s.req.max_new_tokens_each.end());
-        s.req.sampling = work.sampling;
+        s.req.sampling_each.assign(work.sampling.begin() + static_cast<std::ptrdiff_t>(first),
+                                   work.sampling.begin() + static_cast<std::ptrdiff_t>(end));
         s.block = sched.begin(s.req);
         s.chunk = next_chunk++;
       }

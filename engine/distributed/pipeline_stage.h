@@ -22,7 +22,7 @@ struct PipelineWork {
   std::vector<std::vector<std::int32_t>> prompts;  // the job's prompts, in order
   std::vector<std::uint64_t> streams;              // the sampling stream of each
   std::vector<std::int64_t> max_new_tokens;        // the new tokens limit of each
-  kernels::SamplingParams sampling;
+  std::vector<kernels::SamplingParams> sampling;  // the sampling of each
   std::int64_t block = 1;          // prompts per micro-batch (gpu batch size x GPU batches)
   std::int64_t micro_batches = 1;  // blocks in flight
 };

@@ -21,10 +21,10 @@ namespace {
 
 engine::GenerationRequest block_request(std::span<const Request> block) {
   engine::GenerationRequest req;
-  req.sampling = shared_sampling(block);
   req.max_new_tokens = 0;
   for (const Request& r : block) {
     req.prompts.push_back(r.prompt);
+    req.sampling_each.push_back(r.sampling);
     req.streams.push_back(r.stream);
     req.max_new_tokens_each.push_back(r.max_tokens);
     req.max_new_tokens = std::max(req.max_new_tokens, r.max_tokens);

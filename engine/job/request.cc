@@ -7,19 +7,6 @@
 
 namespace flexh2o::job {
 
-kernels::SamplingParams shared_sampling(std::span<const Request> block) {
-  if (block.empty()) throw std::logic_error("shared_sampling: an empty block");
-  const Request& first = block.front();
-  for (const Request& r : block) {
-    const bool same = r.sampling.temperature == first.sampling.temperature &&
-                      r.sampling.top_p == first.sampling.top_p && r.sampling.seed == first.sampling.seed;
-    if (!same)
-      throw std::logic_error("requests " + first.id_json + " and " + r.id_json +
-                             " differ in sampling, but a block samples all its requests with one setting");
-  }
-  return first.sampling;
-}
-
 std::int64_t longest_limit(std::span<const Request> requests, std::int64_t none) {
   if (requests.empty()) return none;
   std::int64_t n = 0;
@@ -40,14 +27,48 @@ void check_requests(const engine::ModelConfig& cfg, std::span<const Request> req
   }
 }
 
+nlohmann::json to_json(const kernels::SamplingParams& p) {
+  nlohmann::json bias = nlohmann::json::array();
+  for (const kernels::LogitBias& b : p.logit_bias) bias.push_back({b.token, b.bias});
+  return {{"temperature", p.temperature},
+          {"top_p", p.top_p},
+          {"top_k", p.top_k},
+          {"min_p", p.min_p},
+          {"seed", p.seed},
+          {"repetition_penalty", p.repetition_penalty},
+          {"presence_penalty", p.presence_penalty},
+          {"frequency_penalty", p.frequency_penalty},
+          {"logit_bias", bias},
+          {"min_tokens", p.min_tokens},
+          {"ignore_eos", p.ignore_eos},
+          {"stop_token_ids", p.stop_token_ids},
+          {"logprobs", p.logprobs}};
+}
+
+kernels::SamplingParams sampling_from_json(const nlohmann::json& j) {
+  kernels::SamplingParams p;
+  p.temperature = j.at("temperature").get<float>();
+  p.top_p = j.at("top_p").get<float>();
+  p.top_k = j.at("top_k").get<std::int32_t>();
+  p.min_p = j.at("min_p").get<float>();
+  p.seed = j.at("seed").get<std::uint64_t>();
+  p.repetition_penalty = j.at("repetition_penalty").get<float>();
+  p.presence_penalty = j.at("presence_penalty").get<float>();
+  p.frequency_penalty = j.at("frequency_penalty").get<float>();
+  for (const auto& b : j.at("logit_bias")) p.logit_bias.push_back({b.at(0).get<std::int32_t>(), b.at(1).get<float>()});
+  p.min_tokens = j.at("min_tokens").get<std::int64_t>();
+  p.ignore_eos = j.at("ignore_eos").get<bool>();
+  p.stop_token_ids = j.at("stop_token_ids").get<std::vector<std::int32_t>>();
+  p.logprobs = j.at("logprobs").get<std::int32_t>();
+  return p;
+}
+
 nlohmann::json to_json(const Request& r) {
   return {{"id", r.id_json},
           {"text", r.text ? nlohmann::json(*r.text) : nlohmann::json()},
           {"prompt", r.prompt},
           {"max_tokens", r.max_tokens},
-          {"temperature", r.sampling.temperature},
-          {"top_p", r.sampling.top_p},
-          {"seed", r.sampling.seed},
+          {"sampling", to_json(r.sampling)},
           {"stream", r.stream}};
 }
 
@@ -57,7 +78,7 @@ Request request_from_json(const nlohmann::json& j) {
   if (j.at("text").is_string()) r.text = j["text"].get<std::string>();
   r.prompt = j.at("prompt").get<std::vector<std::int32_t>>();
   r.max_tokens = j.at("max_tokens").get<std::int64_t>();
-  r.sampling = {j.at("temperature").get<float>(), j.at("top_p").get<float>(), j.at("seed").get<std::uint64_t>()};
+  r.sampling = sampling_from_json(j.at("sampling"));
   r.stream = j.at("stream").get<std::uint64_t>();
   return r;
 }

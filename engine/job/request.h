@@ -1,6 +1,5 @@
 // One request of a batch job, as the job runner schedules it: its prompt, its own limit of new
-// tokens (a prompts line's max_tokens, else --gen-len) and its sampling (today the job's flags
-// for every request).
+// tokens (a prompts line's max_tokens, else --gen-len) and its sampling.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -20,15 +19,11 @@ struct Request {
   std::optional<std::string> text;   // the prompt as text, when given so (printed before the continuation)
   std::vector<std::int32_t> prompt;  // token ids, non-empty
   std::int64_t max_tokens = 32;      // new tokens at most (fewer when a stop id comes first)
-  kernels::SamplingParams sampling;  // temperature, top_p, seed
+  kernels::SamplingParams sampling;  // its own (a block may mix requests of different sampling)
   // The sampling stream: the request's position in the whole job, so that a resumed job (or a
   // rank given a share of it) samples what the uninterrupted one-process job would.
   std::uint64_t stream = 0;
 };
-
-// The sampling every request of `block` shares (a block samples with one setting; per-request
-// sampling is to come); throws std::logic_error when they differ.
-kernels::SamplingParams shared_sampling(std::span<const Request> block);
 
 // The longest prompt in tokens (0 for none).
 std::int64_t longest_prompt(std::span<const Request> requests);
@@ -42,5 +37,7 @@ void check_requests(const engine::ModelConfig& cfg, std::span<const Request> req
 // How a request travels between ranks (every field).
 nlohmann::json to_json(const Request& r);
 Request request_from_json(const nlohmann::json& j);
+nlohmann::json to_json(const kernels::SamplingParams& p);
+kernels::SamplingParams sampling_from_json(const nlohmann::json& j);
 
 }  // namespace flexh2o::job

@@ -8,23 +8,13 @@
 #include <vector>
 
 #include "engine/runtime/kv_eviction.h"
+#include "engine/model/model_shape.h"
 #include "engine/model/rope_scaling.h"
 
 namespace flexh2o::engine {
 
 namespace {
 
-using kernels::MatrixRef;
-
-const MatrixRef& get(const DeviceWeights& w, const std::string& name) {
-  const auto it = w.find(name);
-  if (it == w.end()) throw std::logic_error("weight '" + name + "' is not on the compute device");
-  return it->second;
-}
-const float* vec(const DeviceWeights& w, const std::string& name) { return static_cast<const float*>(get(w, name).data); }
-const float* maybe_vec(const DeviceWeights& w, const std::string& name, bool present) {
-  return present ? vec(w, name) : nullptr;
-}
 
 // A projection, in the run's compute dtype.
 void linear(kernels::Backend& be, const ModelConfig& cfg, kernels::GemmArgs a) {
@@ -32,12 +22,12 @@ void linear(kernels::Backend& be, const ModelConfig& cfg, kernels::GemmArgs a) {
   be.gemm(a);
 }
 
-// y = norm(x) with the weights under `prefix` (rows of cfg.hidden; x may equal y).
-void norm(kernels::Backend& be, const ModelConfig& cfg, const DeviceWeights& w, const std::string& prefix,
-          const float* x, float* y, std::int64_t rows) {
-  kernels::NormArgs a{x, y, rows, cfg.hidden, vec(w, prefix + ".weight"), nullptr, cfg.norm_eps, cfg.norm_weight_offset};
+// y = norm(x) (rows of cfg.hidden; x may equal y).
+void norm(kernels::Backend& be, const ModelConfig& cfg, const NormWeights& n, const float* x, float* y,
+          std::int64_t rows) {
+  kernels::NormArgs a{x, y, rows, cfg.hidden, n.weight, nullptr, cfg.norm_eps, cfg.norm_weight_offset};
   if (cfg.norm_has_bias()) {
-    a.bias = vec(w, prefix + ".bias");
+    a.bias = n.bias;
     be.layer_norm(a);
   } else {
     be.rms_norm(a);
@@ -48,19 +38,19 @@ void norm(kernels::Backend& be, const ModelConfig& cfg, const DeviceWeights& w, 
 // the norm placement says: h += out (pre); h = norm(h + out) (post); h += norm(out) (sandwich).
 // `scratch` holds `out` when it must be normed before the add.
 template <class Project>
-void add_to_stream(kernels::Backend& be, const ModelConfig& cfg, const DeviceWeights& w, const std::string& in_norm,
-                   const std::string& out_norm, float* h, float* scratch, std::int64_t rows, Project project) {
+void add_to_stream(kernels::Backend& be, const ModelConfig& cfg, const NormWeights& in_norm, const NormWeights& out_norm,
+                   float* h, float* scratch, std::int64_t rows, Project project) {
   switch (cfg.norm_placement) {
     case NormPlacement::Pre:
       project(h, 1.0f);
       return;
     case NormPlacement::Post:
       project(h, 1.0f);
-      norm(be, cfg, w, in_norm, h, h, rows);
+      norm(be, cfg, in_norm, h, h, rows);
       return;
     case NormPlacement::Sandwich:
       project(scratch, 0.0f);
-      norm(be, cfg, w, out_norm, scratch, scratch, rows);
+      norm(be, cfg, out_norm, scratch, scratch, rows);
       be.add(h, scratch, rows * cfg.hidden);
       return;
   }
@@ -68,26 +58,22 @@ void add_to_stream(kernels::Backend& be, const ModelConfig& cfg, const DeviceWei
 
 class InputEmbed final : public Layer {
  public:
-  explicit InputEmbed(const ModelConfig& cfg) : cfg_(cfg) {}
+  InputEmbed(const ModelConfig& cfg, const policy::ModelShape& m) : Layer(policy::input_embedding_tensors(m)), cfg_(cfg) {}
   std::string name() const override { return "input_embed"; }
-  std::vector<std::string> weight_names() const override {
-    std::vector<std::string> n = {"tok_embed"};
-    if (cfg_.learned_positions) n.push_back("pos_embed");
-    if (cfg_.embedding_width() != cfg_.hidden) n.push_back("project_in");
-    return n;
-  }
-  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+  LayerWeights empty_weights() const override { return EmbeddingWeights{}; }
+  void forward(kernels::Backend& be, const LayerWeights& lw, const StepBatch& s, Activations& act,
                const KvView*) const override {
+    const auto& w = std::get<EmbeddingWeights>(lw);
     float* h = act.hidden;
     if (cfg_.embedding_width() != cfg_.hidden) {  // a narrower embedding, projected in (OPT-350m)
       float* e = act.embed.as<float>();
-      be.embedding({.ids = s.token_ids, .table = get(w, "tok_embed"), .out = e, .scale = cfg_.embed_scale});
-      linear(be, cfg_, {e, s.rows(), get(w, "project_in"), nullptr, h, 0.0f});
+      be.embedding({.ids = s.token_ids, .table = w.tokens, .out = e, .scale = cfg_.embed_scale});
+      linear(be, cfg_, {e, s.rows(), w.project_in, nullptr, h, 0.0f});
     } else {
-      be.embedding({.ids = s.token_ids, .table = get(w, "tok_embed"), .out = h, .scale = cfg_.embed_scale});
+      be.embedding({.ids = s.token_ids, .table = w.tokens, .out = h, .scale = cfg_.embed_scale});
     }
     if (cfg_.learned_positions)
-      be.embedding({.ids = s.positions, .offset = cfg_.position_offset, .table = get(w, "pos_embed"), .out = h,
+      be.embedding({.ids = s.positions, .offset = cfg_.position_offset, .table = w.positions, .out = h,
                     .accumulate = true});
   }
 
@@ -97,39 +83,32 @@ class InputEmbed final : public Layer {
 
 class Attention final : public Layer {
  public:
-  Attention(const ModelConfig& cfg, std::int64_t layer)
-      : cfg_(cfg), p_("layers." + std::to_string(layer) + "."), layer_(layer) {
+  Attention(const ModelConfig& cfg, const policy::ModelShape& m, std::int64_t layer)
+      : Layer(policy::attention_tensors(m, layer)), cfg_(cfg), layer_(layer) {
     if (cfg_.rotary() && !rope_depends_on_length(cfg_.rope)) fixed_rope_ = rope_frequencies(cfg_, 0);
   }
   std::string name() const override { return "attention." + std::to_string(layer_); }
   std::int64_t cache_index() const override { return layer_; }
-  std::vector<std::string> weight_names() const override {
-    std::vector<std::string> n = {p_ + "attn_norm.weight", p_ + "wq", p_ + "wk", p_ + "wv", p_ + "wo"};
-    if (cfg_.norm_has_bias()) n.push_back(p_ + "attn_norm.bias");
-    if (cfg_.qkv_bias) n.insert(n.end(), {p_ + "bq", p_ + "bk", p_ + "bv"});
-    if (cfg_.o_bias) n.push_back(p_ + "bo");
-    if (cfg_.qk_norm) n.insert(n.end(), {p_ + "q_norm", p_ + "k_norm"});
-    if (cfg_.norm_placement == NormPlacement::Sandwich) n.push_back(p_ + "attn_out_norm.weight");
-    return n;
-  }
-  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+  LayerWeights empty_weights() const override { return AttentionWeights{}; }
+  void forward(kernels::Backend& be, const LayerWeights& lw, const StepBatch& s, Activations& act,
                const KvView* cache) const override {
     if (!cache) throw std::logic_error("attention layer run without a KV cache");
+    const auto& w = std::get<AttentionWeights>(lw);
     const std::int64_t rows = s.rows();
     float* h = act.hidden;
     float* x = act.normed.as<float>();
     if (cfg_.norm_placement == NormPlacement::Post)
       x = h;  // OPT-350m norms after the residual add: the sublayer reads the stream itself
     else
-      norm(be, cfg_, w, p_ + "attn_norm", h, x, rows);
+      norm(be, cfg_, w.norm, h, x, rows);
     float *q = act.q.as<float>(), *k = act.k.as<float>(), *v = act.v.as<float>();
-    linear(be, cfg_, {x, rows, get(w, p_ + "wq"), maybe_vec(w, p_ + "bq", cfg_.qkv_bias), q, 0.0f});
-    linear(be, cfg_, {x, rows, get(w, p_ + "wk"), maybe_vec(w, p_ + "bk", cfg_.qkv_bias), k, 0.0f});
-    linear(be, cfg_, {x, rows, get(w, p_ + "wv"), maybe_vec(w, p_ + "bv", cfg_.qkv_bias), v, 0.0f});
+    linear(be, cfg_, {x, rows, w.wq, w.bq, q, 0.0f});
+    linear(be, cfg_, {x, rows, w.wk, w.bk, k, 0.0f});
+    linear(be, cfg_, {x, rows, w.wv, w.bv, v, 0.0f});
     if (cfg_.qk_norm) {  // per head, before RoPE (Qwen3)
-      be.rms_norm({.x = q, .y = q, .rows = rows * cfg_.n_heads, .cols = cfg_.head_dim, .weight = vec(w, p_ + "q_norm"),
+      be.rms_norm({.x = q, .y = q, .rows = rows * cfg_.n_heads, .cols = cfg_.head_dim, .weight = w.q_norm,
                    .eps = cfg_.norm_eps, .weight_offset = cfg_.norm_weight_offset});
-      be.rms_norm({.x = k, .y = k, .rows = rows * cfg_.n_kv_heads, .cols = cfg_.head_dim, .weight = vec(w, p_ + "k_norm"),
+      be.rms_norm({.x = k, .y = k, .rows = rows * cfg_.n_kv_heads, .cols = cfg_.head_dim, .weight = w.k_norm,
                    .eps = cfg_.norm_eps, .weight_offset = cfg_.norm_weight_offset});
     }
     if (cfg_.rotary()) {
@@ -143,10 +122,8 @@ class Attention final : public Layer {
       for_each_run(s, part, *cache, [&](const StepBatch& p, std::int64_t r0, const KvPart& run) {
         attend(be, p, r0, run, *cache, shape, q, k, v, o);
       });
-    add_to_stream(be, cfg_, w, p_ + "attn_norm", p_ + "attn_out_norm", h, act.normed.as<float>(), rows,
-                  [&](float* y, float beta) {
-                    linear(be, cfg_, {o, rows, get(w, p_ + "wo"), maybe_vec(w, p_ + "bo", cfg_.o_bias), y, beta});
-                  });
+    add_to_stream(be, cfg_, w.norm, w.out_norm, h, act.normed.as<float>(), rows,
+                  [&](float* y, float beta) { linear(be, cfg_, {o, rows, w.wo, w.bo, y, beta}); });
   }
 
  private:
@@ -231,52 +208,41 @@ class Attention final : public Layer {
   }
 
   const ModelConfig& cfg_;
-  std::string p_;
   std::int64_t layer_;
   std::optional<RopeFrequencies> fixed_rope_;
 };
 
 class Mlp final : public Layer {
  public:
-  Mlp(const ModelConfig& cfg, std::int64_t layer) : cfg_(cfg), p_("layers." + std::to_string(layer) + "."), layer_(layer) {}
+  Mlp(const ModelConfig& cfg, const policy::ModelShape& m, std::int64_t layer)
+      : Layer(policy::mlp_tensors(m, layer)), cfg_(cfg), layer_(layer) {}
   std::string name() const override { return "mlp." + std::to_string(layer_); }
-  std::vector<std::string> weight_names() const override {
-    std::vector<std::string> n = {p_ + "mlp_norm.weight", p_ + "w_up", p_ + "w_down"};
-    if (cfg_.norm_has_bias()) n.push_back(p_ + "mlp_norm.bias");
-    if (cfg_.gated_mlp) n.push_back(p_ + "w_gate");
-    if (cfg_.mlp_bias) n.insert(n.end(), {p_ + "b_up", p_ + "b_down"});
-    if (cfg_.mlp_bias && cfg_.gated_mlp) n.push_back(p_ + "b_gate");
-    if (cfg_.norm_placement == NormPlacement::Sandwich) n.push_back(p_ + "mlp_out_norm.weight");
-    return n;
-  }
-  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+  LayerWeights empty_weights() const override { return MlpWeights{}; }
+  void forward(kernels::Backend& be, const LayerWeights& lw, const StepBatch& s, Activations& act,
                const KvView*) const override {
+    const auto& w = std::get<MlpWeights>(lw);
     const std::int64_t rows = s.rows();
     float* h = act.hidden;
     float* x = act.normed.as<float>();
     if (cfg_.norm_placement == NormPlacement::Post)
       x = h;
     else
-      norm(be, cfg_, w, p_ + "mlp_norm", h, x, rows);
+      norm(be, cfg_, w.norm, h, x, rows);
     float *a = act.ffn_a.as<float>(), *b = act.ffn_b.as<float>();
-    const bool bias = cfg_.mlp_bias;
     if (cfg_.gated_mlp) {
-      linear(be, cfg_, {x, rows, get(w, p_ + "w_gate"), maybe_vec(w, p_ + "b_gate", bias), a, 0.0f});
-      linear(be, cfg_, {x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), b, 0.0f});
+      linear(be, cfg_, {x, rows, w.gate, w.b_gate, a, 0.0f});
+      linear(be, cfg_, {x, rows, w.up, w.b_up, b, 0.0f});
       be.glu(cfg_.mlp_act, a, b, a, rows * cfg_.ffn);
     } else {
-      linear(be, cfg_, {x, rows, get(w, p_ + "w_up"), maybe_vec(w, p_ + "b_up", bias), a, 0.0f});
+      linear(be, cfg_, {x, rows, w.up, w.b_up, a, 0.0f});
       be.activation(cfg_.mlp_act, a, rows * cfg_.ffn);
     }
-    add_to_stream(be, cfg_, w, p_ + "mlp_norm", p_ + "mlp_out_norm", h, act.normed.as<float>(), rows,
-                  [&](float* y, float beta) {
-                    linear(be, cfg_, {a, rows, get(w, p_ + "w_down"), maybe_vec(w, p_ + "b_down", bias), y, beta});
-                  });
+    add_to_stream(be, cfg_, w.norm, w.out_norm, h, act.normed.as<float>(), rows,
+                  [&](float* y, float beta) { linear(be, cfg_, {a, rows, w.down, w.b_down, y, beta}); });
   }
 
  private:
   const ModelConfig& cfg_;
-  std::string p_;
   std::int64_t layer_;
 };
 
@@ -285,34 +251,25 @@ class Mlp final : public Layer {
 // sigmoid(shared_gate . x).
 class MoeMlp final : public Layer {
  public:
-  MoeMlp(const ModelConfig& cfg, std::int64_t layer)
-      : cfg_(cfg), p_("layers." + std::to_string(layer) + "."), layer_(layer) {}
+  MoeMlp(const ModelConfig& cfg, const policy::ModelShape& m, std::int64_t layer)
+      : Layer(policy::moe_tensors(m, layer), all_expert_tensors(m, layer)), cfg_(cfg), layer_(layer) {}
   std::string name() const override { return "mlp." + std::to_string(layer_); }
-  std::vector<std::string> weight_names() const override {
-    std::vector<std::string> n = router_weight_names();
-    for (const auto& e : expert_weight_names()) n.insert(n.end(), e.begin(), e.end());
-    if (cfg_.moe.shared_ffn > 0)
-      n.insert(n.end(), {p_ + "shared.w_gate", p_ + "shared.w_up", p_ + "shared.w_down", p_ + "shared_gate"});
-    return n;
+  LayerWeights empty_weights() const override {
+    MoeWeights w;
+    w.experts.resize(static_cast<std::size_t>(cfg_.moe.experts));
+    return w;
   }
-  std::vector<std::vector<std::string>> expert_weight_names() const override {
-    std::vector<std::vector<std::string>> n;
-    for (std::int64_t e = 0; e < cfg_.moe.experts; ++e)
-      n.push_back({expert_prefix(e) + "w_gate", expert_prefix(e) + "w_up", expert_prefix(e) + "w_down"});
-    return n;
-  }
-  std::vector<std::string> router_weight_names() const { return {p_ + "mlp_norm.weight", p_ + "router"}; }
-  std::string expert_prefix(std::int64_t e) const { return p_ + "experts." + std::to_string(e) + "."; }
 
   // The experts each row of the step goes to (with weights), from the router on norm(h); the
   // shared expert as expert E, weighted by sigmoid(shared_gate . x) per row.
-  ExpertRouting route_experts(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s,
+  ExpertRouting route_experts(kernels::Backend& be, const LayerWeights& lw, const StepBatch& s,
                               Activations& act) const override {
+    const auto& w = std::get<MoeWeights>(lw);
     const std::int64_t rows = s.rows(), k = cfg_.moe.top_k, E = cfg_.moe.experts;
     ExpertRouting r;
     float* x = act.normed.as<float>();
-    norm(be, cfg_, w, p_ + "mlp_norm", act.hidden, x, rows);
-    linear(be, cfg_, {x, rows, get(w, p_ + "router"), nullptr, act.router.as<float>(), 0.0f});
+    norm(be, cfg_, w.norm, act.hidden, x, rows);
+    linear(be, cfg_, {x, rows, w.router, nullptr, act.router.as<float>(), 0.0f});
     r.expert_of.resize(static_cast<std::size_t>(rows * k));
     r.weight_of.resize(r.expert_of.size());
     be.route({.logits = act.router.as<float>(), .rows = rows, .experts = E, .top_k = k, .renormalize = cfg_.moe.norm_topk,
@@ -323,7 +280,7 @@ class MoeMlp final : public Layer {
     r.routed.erase(std::unique(r.routed.begin(), r.routed.end()), r.routed.end());
     if (cfg_.moe.shared_ffn > 0) {
       std::vector<float> gate(static_cast<std::size_t>(rows));
-      linear(be, cfg_, {x, rows, get(w, p_ + "shared_gate"), nullptr, act.router.as<float>(), 0.0f});
+      linear(be, cfg_, {x, rows, w.shared_gate, nullptr, act.router.as<float>(), 0.0f});
       be.copy_to_host(gate.data(), act.router.data(), gate.size() * sizeof(float));
       std::vector<std::int32_t> e2;
       std::vector<float> w2;
@@ -342,19 +299,17 @@ class MoeMlp final : public Layer {
     return r;
   }
 
-  void forward_experts(kernels::Backend& be, const DeviceWeights& w, const ExpertRouting& r, Activations& act,
+  void forward_experts(kernels::Backend& be, const LayerWeights& lw, const ExpertRouting& r, Activations& act,
                        std::int64_t begin, std::int64_t end) const override {
+    const auto& w = std::get<MoeWeights>(lw);
     const std::int64_t E = cfg_.moe.experts;
+    // Only the chunk's routed experts are on the device when staged.
     std::vector<kernels::ExpertMatrices> experts(static_cast<std::size_t>(E));
-    for (std::int64_t e = std::max<std::int64_t>(begin, 0); e < std::min(end, E); ++e) {
-      const std::string p = expert_prefix(e);  // only the chunk's routed ones are on the device when staged
-      if (const auto it = w.find(p + "w_gate"); it != w.end())
-        experts[static_cast<std::size_t>(e)] = {it->second, get(w, p + "w_up"), get(w, p + "w_down")};
-    }
+    for (std::int64_t e = std::max<std::int64_t>(begin, 0); e < std::min(end, E); ++e)
+      experts[static_cast<std::size_t>(e)] = w.experts[static_cast<std::size_t>(e)];
     if (cfg_.moe.shared_ffn > 0) {
       experts.emplace_back();
-      if (begin <= E && E < end)
-        experts.back() = {get(w, p_ + "shared.w_gate"), get(w, p_ + "shared.w_up"), get(w, p_ + "shared.w_down")};
+      if (begin <= E && E < end) experts.back() = w.shared;
     }
     const std::int64_t rows = static_cast<std::int64_t>(r.expert_of.size()) / r.per_row;
     be.moe_experts({.x = act.normed.as<float>(), .rows = rows, .hidden = cfg_.hidden, .top_k = r.per_row,
@@ -362,43 +317,43 @@ class MoeMlp final : public Layer {
                     .compute = cfg_.compute_dtype, .y = act.hidden, .expert_begin = begin, .expert_end = end});
   }
 
-  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+  void forward(kernels::Backend& be, const LayerWeights& w, const StepBatch& s, Activations& act,
                const KvView*) const override {
     forward_experts(be, w, route_experts(be, w, s, act), act, 0, cfg_.moe.experts + 1);
   }
 
  private:
+  static std::vector<std::vector<policy::TensorSpec>> all_expert_tensors(const policy::ModelShape& m, std::int64_t layer) {
+    std::vector<std::vector<policy::TensorSpec>> experts;
+    for (std::int64_t e = 0; e < m.experts; ++e) experts.push_back(policy::expert_tensors(m, layer, e));
+    return experts;
+  }
+
   const ModelConfig& cfg_;
-  std::string p_;
   std::int64_t layer_;
 };
 
 class OutputEmbed final : public Layer {
  public:
-  explicit OutputEmbed(const ModelConfig& cfg) : cfg_(cfg) {}
+  OutputEmbed(const ModelConfig& cfg, const policy::ModelShape& m) : Layer(policy::head_tensors(m)), cfg_(cfg) {}
   std::string name() const override { return "output_embed"; }
-  std::vector<std::string> weight_names() const override {
-    std::vector<std::string> n = {cfg_.tie_embeddings ? "tok_embed" : "lm_head"};
-    if (cfg_.final_norm) n.push_back("final_norm.weight");
-    if (cfg_.final_norm && cfg_.norm_has_bias()) n.push_back("final_norm.bias");
-    if (cfg_.embedding_width() != cfg_.hidden) n.push_back("project_out");
-    return n;
-  }
-  void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& s, Activations& act,
+  LayerWeights empty_weights() const override { return HeadWeights{}; }
+  void forward(kernels::Backend& be, const LayerWeights& lw, const StepBatch& s, Activations& act,
                const KvView*) const override {
+    const auto& w = std::get<HeadWeights>(lw);
     const std::int64_t B = s.batch(), H = cfg_.hidden;
     const float* h = act.hidden;
     float* last = act.last.as<float>();
     for (std::int64_t b = 0; b < B; ++b)
       be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>(H) * sizeof(float));
-    if (cfg_.final_norm) norm(be, cfg_, w, "final_norm", last, last, B);
+    if (cfg_.final_norm) norm(be, cfg_, w.norm, last, last, B);
     const float* head_in = last;
     if (cfg_.embedding_width() != H) {  // back to the embedding's width (OPT-350m)
-      linear(be, cfg_, {last, B, get(w, "project_out"), nullptr, act.embed.as<float>(), 0.0f});
+      linear(be, cfg_, {last, B, w.project_out, nullptr, act.embed.as<float>(), 0.0f});
       head_in = act.embed.as<float>();
     }
     float* logits = act.logits.as<float>();
-    linear(be, cfg_, {head_in, B, get(w, cfg_.tie_embeddings ? "tok_embed" : "lm_head"), nullptr, logits, 0.0f});
+    linear(be, cfg_, {head_in, B, w.head, nullptr, logits, 0.0f});
     if (cfg_.final_softcap > 0) be.softcap(logits, B * cfg_.vocab_size, cfg_.final_softcap);
   }
 
@@ -410,46 +365,47 @@ class OutputEmbed final : public Layer {
 
 Activations::Activations(kernels::Backend& be, const ModelConfig& c, std::int64_t rows, std::int64_t batch)
     : max_rows(rows), max_batch(batch) {
-  const auto f = sizeof(float);
-  const auto r = static_cast<std::size_t>(rows);
-  normed = {be, r * c.hidden * f};
-  q = {be, r * c.n_heads * c.head_dim * f};
-  attn = {be, r * c.n_heads * c.head_dim * f};
-  k = {be, r * c.n_kv_heads * c.head_dim * f};
-  v = {be, r * c.n_kv_heads * c.head_dim * f};
-  ffn_a = {be, r * c.ffn * f};
-  ffn_b = {be, c.gated_mlp ? r * c.ffn * f : 0};
-  router = {be, c.moe.experts > 0 ? r * static_cast<std::size_t>(c.moe.experts) * f : 0};
-  embed = {be, c.embedding_width() != c.hidden ? std::max(r, static_cast<std::size_t>(batch)) * c.embedding_width() * f : 0};
-  last = {be, static_cast<std::size_t>(batch) * c.hidden * f};
-  logits = {be, static_cast<std::size_t>(batch) * c.vocab_size * f};
+  const policy::ActivationBuffers n = policy::activation_buffers(tensor_shape(c), rows, batch);
+  auto fp32 = [](std::int64_t elements) { return static_cast<std::size_t>(elements) * sizeof(float); };
+  normed = {be, fp32(n.normed)};
+  q = {be, fp32(n.q)};
+  attn = {be, fp32(n.attn)};
+  k = {be, fp32(n.k)};
+  v = {be, fp32(n.v)};
+  ffn_a = {be, fp32(n.ffn_a)};
+  ffn_b = {be, fp32(n.ffn_b)};
+  router = {be, fp32(n.router)};
+  embed = {be, fp32(n.embed)};
+  last = {be, fp32(n.last)};
+  logits = {be, fp32(n.logits)};
 }
 
 std::int64_t Activations::buffer_bytes(const ModelConfig& c, std::int64_t rows, std::int64_t batch) {
-  const std::int64_t per_row = 2 * c.hidden + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim +
-                               (c.gated_mlp ? 2 : 1) * c.ffn;
-  const std::int64_t embed = c.embedding_width() != c.hidden ? std::max(rows, batch) * c.embedding_width() : 0;
-  const std::int64_t router = rows * c.moe.experts;
-  return static_cast<std::int64_t>(sizeof(float)) * (rows * per_row + embed + router + batch * (c.hidden + c.vocab_size));
+  return static_cast<std::int64_t>(sizeof(float)) * policy::activation_buffers(tensor_shape(c), rows, batch).total();
 }
 
 std::int64_t Activations::bytes(const kernels::Backend& be, const ModelConfig& c, std::int64_t rows,
                                 std::int64_t batch, std::int64_t capacity, bool scores) {
-  // Ops run one at a time on the step's stream, so the largest scratch of any op counts.
-  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, e = c.embedding_width();
-  using Gemm = std::array<std::int64_t, 3>;  // (m, k, n) of every projection a step runs
-  std::vector<Gemm> gemms = {{rows, c.hidden, q},     {rows, c.hidden, kv},    {rows, q, c.hidden},
-                             {rows, c.hidden, c.ffn}, {rows, c.ffn, c.hidden}, {batch, e, c.vocab_size}};
-  if (e != c.hidden) gemms.insert(gemms.end(), {Gemm{rows, e, c.hidden}, Gemm{batch, c.hidden, e}});
-  const std::int64_t I = c.moe.expert_ffn;
-  if (c.moe.experts > 0)
-    gemms.insert(gemms.end(), {Gemm{rows, c.hidden, c.moe.experts}, Gemm{rows, c.hidden, I}, Gemm{rows, I, c.hidden}});
+  // Ops run one at a time on the step's stream, so the largest scratch of any op counts: a
+  // projection of every matrix a step multiplies (the head's over `batch` rows; embedding
+  // tables are gathered, not multiplied) and attention.
+  const policy::ModelShape m = tensor_shape(c);
   std::int64_t scratch = 0;
-  for (const auto& [m, k, n] : gemms) scratch = std::max(scratch, be.gemm_scratch_bytes(m, k, n, c.dtype, c.compute_dtype));
-  // moe_experts holds, next to its GEMMs' scratch, an expert's gathered rows, gate, up and
-  // output ([rows, hidden] and [rows, expert_ffn] twice each) and the rows' indices and weights.
-  if (c.moe.experts > 0)
-    scratch += rows * (static_cast<std::int64_t>(sizeof(float)) * (2 * c.hidden + 2 * I) + 12);
+  auto project = [&](const std::vector<policy::TensorSpec>& unit, std::int64_t m_rows) {
+    for (const policy::TensorSpec& t : unit)
+      if (t.matrix && t.role != policy::WeightRole::TokEmbed && t.role != policy::WeightRole::PosEmbed)
+        scratch = std::max(scratch, be.gemm_scratch_bytes(m_rows, t.cols, t.rows, c.dtype, c.compute_dtype));
+  };
+  project(policy::input_embedding_tensors(m), rows);
+  project(policy::attention_tensors(m, 0), rows);
+  project(policy::mlp_tensors(m, 0), rows);
+  if (m.experts > 0) {
+    project(policy::moe_tensors(m, 0), rows);
+    project(policy::expert_tensors(m, 0, 0), rows);
+  }
+  project(policy::head_tensors(m), batch);
+  // moe_experts holds its own buffers next to its GEMMs' scratch.
+  scratch += policy::moe_expert_scratch_bytes(m, rows);
   kernels::AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f};
   scratch = std::max(scratch, be.attention_scratch_bytes(shape, rows, batch, capacity, scores));
   return buffer_bytes(c, rows, batch) + scratch;
@@ -464,17 +420,26 @@ KvCache::KvCache(kernels::Backend& be, const ModelConfig& cfg, std::int64_t batc
 }
 
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg) {
+  const policy::ModelShape m = tensor_shape(cfg);
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(std::make_unique<InputEmbed>(cfg));
+  layers.push_back(std::make_unique<InputEmbed>(cfg, m));
   for (std::int64_t i = 0; i < cfg.n_layers; ++i) {
-    layers.push_back(std::make_unique<Attention>(cfg, i));
+    layers.push_back(std::make_unique<Attention>(cfg, m, i));
     if (cfg.moe_layer(i))
-      layers.push_back(std::make_unique<MoeMlp>(cfg, i));
+      layers.push_back(std::make_unique<MoeMlp>(cfg, m, i));
     else
-      layers.push_back(std::make_unique<Mlp>(cfg, i));
+      layers.push_back(std::make_unique<Mlp>(cfg, m, i));
   }
-  layers.push_back(std::make_unique<OutputEmbed>(cfg));
+  layers.push_back(std::make_unique<OutputEmbed>(cfg, m));
   return layers;
+}
+
+LayerWeights resolve_weights(const Layer& layer, const std::function<MatrixRef(const policy::TensorSpec&)>& find) {
+  LayerWeights w = layer.empty_weights();
+  for (const policy::TensorSpec& t : layer.tensors()) set_weight(w, t, find(t));
+  for (const auto& expert : layer.expert_tensors())
+    for (const policy::TensorSpec& t : expert) set_weight(w, t, find(t));
+  return w;
 }
 
 }  // namespace flexh2o::engine

@@ -1,20 +1,18 @@
 // The schedulable units of a model (FlexGen's layer list): InputEmbed, then Attention and
-// Mlp per decoder block, then OutputEmbed. Each names the weights it needs and computes
-// one step of one batch in place on the hidden states.
+// Mlp per decoder block, then OutputEmbed. Each lists the tensors it needs (policy/unit_weights)
+// and computes one step of one batch in place on the hidden states from its typed weights.
 #pragma once
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <functional>
 #include <vector>
 
+#include "engine/model/layer_weights.h"
 #include "engine/model/model_config.h"
 #include "engine/model/step.h"
 #include "kernels/backend.h"
 
 namespace flexh2o::engine {
-
-// Weights on the compute device, by canonical name (vectors as [n, 1] fp32 matrices).
-using DeviceWeights = std::unordered_map<std::string, kernels::MatrixRef>;
 
 // The keys and values of one decoder layer for a batch, as the compute device sees them:
 // consecutive runs of sequences, each laid out [seqs, kv_heads, capacity, slot] (slots of
@@ -77,28 +75,40 @@ struct ExpertRouting {
 
 class Layer {
  public:
+  explicit Layer(std::vector<policy::TensorSpec> tensors, std::vector<std::vector<policy::TensorSpec>> experts = {})
+      : tensors_(std::move(tensors)), experts_(std::move(experts)) {}
   virtual ~Layer() = default;
   virtual std::string name() const = 0;
-  virtual std::vector<std::string> weight_names() const = 0;
+  // The layer's tensors (policy/unit_weights), a MoE layer's routed experts apart.
+  const std::vector<policy::TensorSpec>& tensors() const { return tensors_; }
+  // Mixture-of-experts: each routed expert's tensors, by expert (empty for other layers). A
+  // scheduler may load only the experts rows route to.
+  const std::vector<std::vector<policy::TensorSpec>>& expert_tensors() const { return experts_; }
+  // Weights of this layer's kind with every field empty, for set_weight to fill.
+  virtual LayerWeights empty_weights() const = 0;
   // The decoder layer whose KV cache forward() needs, or -1.
   virtual std::int64_t cache_index() const { return -1; }
-  // Mixture-of-experts: the weights of each routed expert, by expert (empty for other layers;
-  // weight_names() lists them too). A scheduler may load only the experts rows route to.
-  virtual std::vector<std::vector<std::string>> expert_weight_names() const { return {}; }
-  // Routes the rows of `step` from act.hidden: needs the weights of weight_names() that are
-  // not expert weights; overwrites act's scratch (act.normed then holds the experts' input).
-  virtual ExpertRouting route_experts(kernels::Backend&, const DeviceWeights&, const StepBatch&, Activations&) const {
+  // Routes the rows of `step` from act.hidden: needs the weights of tensors(), not the experts';
+  // overwrites act's scratch (act.normed then holds the experts' input).
+  virtual ExpertRouting route_experts(kernels::Backend&, const LayerWeights&, const StepBatch&, Activations&) const {
     return {};
   }
   // Adds the terms of the experts in [begin, end) (the shared expert is number `experts`) to
   // act.hidden for `routing`, the last route_experts of this step with act.normed untouched
   // since; only those experts' weights are read. Chunks in ascending order add up to forward().
-  virtual void forward_experts(kernels::Backend&, const DeviceWeights&, const ExpertRouting&, Activations&,
+  virtual void forward_experts(kernels::Backend&, const LayerWeights&, const ExpertRouting&, Activations&,
                                std::int64_t /*begin*/, std::int64_t /*end*/) const {}
   // `cache` is this layer's KV cache (Attention only; null for the others).
-  virtual void forward(kernels::Backend& be, const DeviceWeights& w, const StepBatch& step, Activations& act,
+  virtual void forward(kernels::Backend& be, const LayerWeights& w, const StepBatch& step, Activations& act,
                        const KvView* cache) const = 0;
+
+ private:
+  std::vector<policy::TensorSpec> tensors_;
+  std::vector<std::vector<policy::TensorSpec>> experts_;
 };
+
+// The layer's weights with every tensor (the experts' included) from `find`.
+LayerWeights resolve_weights(const Layer& layer, const std::function<MatrixRef(const policy::TensorSpec&)>& find);
 
 // The model as a flat list of layers in execution order.
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg);

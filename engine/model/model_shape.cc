@@ -5,7 +5,7 @@
 
 namespace flexh2o::engine {
 
-policy::ModelShape model_shape(const ModelConfig& c) {
+policy::ModelShape tensor_shape(const ModelConfig& c) {
   policy::ModelShape m;
   m.name = c.name;
   m.layers = c.n_layers;
@@ -19,7 +19,26 @@ policy::ModelShape model_shape(const ModelConfig& c) {
   m.tied_embeddings = c.tie_embeddings;
   m.weight_dtype = c.dtype;
   m.extra_embedding_rows = c.learned_positions ? c.max_positions + c.position_offset : 0;
-  m.biases = c.qkv_bias || c.o_bias || c.mlp_bias || c.norm_has_bias();
+  m.biases.qkv = c.qkv_bias;
+  m.biases.o = c.o_bias;
+  m.biases.mlp = c.mlp_bias;
+  m.biases.norm = c.norm_has_bias();
+  m.qk_norm = c.qk_norm;
+  m.sandwich_norms = c.norm_placement == NormPlacement::Sandwich;
+  m.final_norm = c.final_norm;
+  m.embedding_width = c.embedding_width();
+  if (c.moe.experts > 0) {
+    m.moe_layers = std::ranges::count(c.moe.layers, true);
+    m.experts = c.moe.experts;
+    m.top_k = c.moe.top_k;
+    m.expert_ffn = c.moe.expert_ffn;
+    m.shared_ffn = c.moe.shared_ffn;
+  }
+  return m;
+}
+
+policy::ModelShape model_shape(const ModelConfig& c) {
+  policy::ModelShape m = tensor_shape(c);
   if (!c.stored_group_formats.empty()) {
     for (const WeightSpec& w : weight_specs(c)) {
       if (!w.matrix) continue;
@@ -31,13 +50,6 @@ policy::ModelShape model_shape(const ModelConfig& c) {
         kept.widest = it->second;
       }
     }
-  }
-  if (c.moe.experts > 0) {
-    m.moe_layers = std::ranges::count(c.moe.layers, true);
-    m.experts = c.moe.experts;
-    m.top_k = c.moe.top_k;
-    m.expert_ffn = c.moe.expert_ffn;
-    m.shared_ffn = c.moe.shared_ffn;
   }
   return m;
 }

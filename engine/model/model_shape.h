@@ -6,5 +6,8 @@
 namespace flexh2o::engine {
 
 policy::ModelShape model_shape(const ModelConfig& cfg);
+// The sizes and the features that decide the tensors (what policy/unit_weights reads), without
+// the kept group formats (which need the tensor list).
+policy::ModelShape tensor_shape(const ModelConfig& cfg);
 
 }  // namespace flexh2o::engine

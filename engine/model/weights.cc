@@ -2,7 +2,10 @@
 
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <stdexcept>
+
+#include "engine/model/model_shape.h"
 
 namespace flexh2o::engine {
 
@@ -14,70 +17,28 @@ kernels::DType WeightSpec::dtype(const ModelConfig& c) const {
 }
 
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
-  std::vector<WeightSpec> s;
-  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, width = c.embedding_width();
-  auto mat = [&](std::string name, std::int64_t rows, std::int64_t cols, std::int64_t layer) {
-    s.push_back({std::move(name), rows, cols, true, layer});
+  const policy::ModelShape m = tensor_shape(c);
+  std::vector<WeightSpec> out;
+  auto add = [&](const std::vector<policy::TensorSpec>& tensors) {
+    for (const policy::TensorSpec& t : tensors) out.push_back({t});
   };
-  auto vec = [&](std::string name, std::int64_t n, std::int64_t layer) { s.push_back({std::move(name), n, 1, false, layer}); };
-  auto norm = [&](const std::string& name, std::int64_t layer) {
-    vec(name + ".weight", c.hidden, layer);
-    if (c.norm_has_bias()) vec(name + ".bias", c.hidden, layer);
-  };
-  mat("tok_embed", c.vocab_size, width, -1);
-  if (c.learned_positions) mat("pos_embed", c.max_positions + c.position_offset, c.hidden, -1);
-  if (width != c.hidden) mat("project_in", c.hidden, width, -1);
-  const bool sandwich = c.norm_placement == NormPlacement::Sandwich;
+  add(policy::input_embedding_tensors(m));
   for (std::int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    norm(p + "attn_norm", i);
-    mat(p + "wq", q, c.hidden, i);
-    mat(p + "wk", kv, c.hidden, i);
-    mat(p + "wv", kv, c.hidden, i);
-    mat(p + "wo", c.hidden, q, i);
-    if (c.qkv_bias) {
-      vec(p + "bq", q, i);
-      vec(p + "bk", kv, i);
-      vec(p + "bv", kv, i);
-    }
-    if (c.o_bias) vec(p + "bo", c.hidden, i);
-    if (c.qk_norm) {
-      vec(p + "q_norm", c.head_dim, i);
-      vec(p + "k_norm", c.head_dim, i);
-    }
-    if (sandwich) norm(p + "attn_out_norm", i);
-    norm(p + "mlp_norm", i);
-    if (c.moe_layer(i)) {
-      mat(p + "router", c.moe.experts, c.hidden, i);
-      for (std::int64_t e = 0; e < c.moe.experts; ++e) {
-        const std::string x = p + "experts." + std::to_string(e) + ".";
-        mat(x + "w_gate", c.moe.expert_ffn, c.hidden, i);
-        mat(x + "w_up", c.moe.expert_ffn, c.hidden, i);
-        mat(x + "w_down", c.hidden, c.moe.expert_ffn, i);
-      }
-      if (c.moe.shared_ffn > 0) {
-        mat(p + "shared.w_gate", c.moe.shared_ffn, c.hidden, i);
-        mat(p + "shared.w_up", c.moe.shared_ffn, c.hidden, i);
-        mat(p + "shared.w_down", c.hidden, c.moe.shared_ffn, i);
-        mat(p + "shared_gate", 1, c.hidden, i);
-      }
-      if (sandwich) norm(p + "mlp_out_norm", i);
+    add(policy::attention_tensors(m, i));
+    if (!c.moe_layer(i)) {
+      add(policy::mlp_tensors(m, i));
       continue;
     }
-    if (c.gated_mlp) mat(p + "w_gate", c.ffn, c.hidden, i);
-    mat(p + "w_up", c.ffn, c.hidden, i);
-    mat(p + "w_down", c.hidden, c.ffn, i);
-    if (c.mlp_bias) {
-      if (c.gated_mlp) vec(p + "b_gate", c.ffn, i);
-      vec(p + "b_up", c.ffn, i);
-      vec(p + "b_down", c.hidden, i);
-    }
-    if (sandwich) norm(p + "mlp_out_norm", i);
+    const auto moe = policy::moe_tensors(m, i);
+    const auto after_router = std::ranges::find(moe, policy::WeightRole::Router, &policy::TensorSpec::role) + 1;
+    add({moe.begin(), after_router});
+    for (std::int64_t e = 0; e < c.moe.experts; ++e) add(policy::expert_tensors(m, i, e));
+    add({after_router, moe.end()});
   }
-  if (c.final_norm) norm("final_norm", -1);
-  if (width != c.hidden) mat("project_out", width, c.hidden, -1);
-  if (!c.tie_embeddings) mat("lm_head", c.vocab_size, width, -1);
-  return s;
+  // A tied head's matrix is the input embedding, listed above.
+  for (const policy::TensorSpec& t : policy::head_tensors(m))
+    if (!(c.tie_embeddings && t.role == policy::WeightRole::Head)) out.push_back({t});
+  return out;
 }
 
 std::string matrix_dtypes_text(const ModelConfig& c) {

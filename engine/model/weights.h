@@ -1,17 +1,8 @@
-// The weights a model needs, where they come from, and how they are loaded.
-// Tensors have canonical names (below) independent of any checkpoint's naming; which exist
-// follows the config's features:
-//   tok_embed [vocab, embedding width]     pos_embed [max_positions + offset, hidden] (learned positions)
-//   project_in [hidden, width], project_out [width, hidden] (embedding width != hidden)
-//   layers.N.attn_norm.{weight,bias}       layers.N.attn_out_norm.weight (sandwich norms)
-//   layers.N.{wq,wk,wv,wo}, {bq,bk,bv} (qkv bias), bo (o bias), q_norm, k_norm [head_dim] (q/k norm)
-//   layers.N.mlp_norm.{weight,bias}        layers.N.mlp_out_norm.weight (sandwich norms)
-//   layers.N.{w_gate (gated), w_up, w_down}, {b_gate, b_up, b_down} (mlp bias)
-//   MoE layers instead: layers.N.router [experts, hidden], layers.N.experts.E.{w_gate, w_up, w_down},
-//   layers.N.shared.{w_gate, w_up, w_down} and layers.N.shared_gate [1, hidden] (shared expert)
-//   final_norm.{weight,bias}               lm_head [vocab, width] (untied)
-// Norm biases exist for LayerNorm. Matrices are stored in ModelConfig::dtype (compressed: or
-// in the group format the checkpoint has, ModelConfig::stored_group_formats), vectors in fp32.
+// The weights a model needs, where they come from, and how they are loaded. Which tensors
+// exist, their canonical names and shapes: policy/unit_weights.h (one list per unit, for the
+// loader, the layers, the staging slots and the cost model alike). Matrices are stored in
+// ModelConfig::dtype (compressed: or in the group format the checkpoint has,
+// ModelConfig::stored_group_formats), vectors in fp32.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -22,19 +13,17 @@
 
 #include "engine/model/model_config.h"
 #include "kernels/gemm.h"
+#include "policy/unit_weights.h"
 
 namespace flexh2o::engine {
 
-struct WeightSpec {
-  std::string name;
-  std::int64_t rows = 0;  // vectors: rows = length, cols = 1
-  std::int64_t cols = 1;
-  bool matrix = true;
-  std::int64_t layer = -1;  // decoder layer, -1 for embeddings and the head
+// A tensor of the model (policy::TensorSpec) and its storage under a config.
+struct WeightSpec : policy::TensorSpec {
   kernels::DType dtype(const ModelConfig& c) const;
-  std::int64_t numel() const { return rows * cols; }
 };
 
+// Every tensor of the model once, in load order: the input embedding, then per decoder layer
+// its attention and MLP (a MoE layer's experts after its router), then the head.
 std::vector<WeightSpec> weight_specs(const ModelConfig& cfg);
 // The storage of the matrices for reports: the dtype, or where kept formats mix in, each
 // with its count (e.g. "q4g32 x 210, q8g32 x 1").

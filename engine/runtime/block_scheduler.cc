@@ -34,8 +34,7 @@ struct BlockScheduler::BlockState {
   bool hidden_resident = true;
   bool evicting = false;  // a KV policy keeps budget-sized rows
   const GenerationRequest* req = nullptr;
-  GenerationLog* log = nullptr;
-  std::span<const std::uint64_t> streams;  // the GenerationLog's
+  GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
   // Continuous batching: each slot's sequence (-1: idle) and the first prompt not yet admitted.
   bool continuous = false;
   std::vector<std::int64_t> slot_seq;
@@ -128,7 +127,6 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   BlockState& st = blk->st;
   st.req = &req;
   st.log = &blk->log;
-  st.streams = blk->log.streams();
   st.continuous = continuous;
   st.next.resize(static_cast<std::size_t>(B));
   if (continuous) st.slot_seq.assign(static_cast<std::size_t>(B), -1);
@@ -317,7 +315,7 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
                              std::int64_t instance) {
   const SchedulingUnit& u = units_.units[static_cast<std::size_t>(unit)];
   GpuBatch& b = st.batch(k);
-  const DeviceWeights& w = staging_->weights(instance);
+  const std::vector<LayerWeights>& w = staging_->weights(unit, instance);
   for (const auto& t : slot.loads) t.wait();
   if (b.step.rows() == 0) return;  // continuous batching: every slot of the batch is idle
   Activations& act = *st.act;
@@ -337,14 +335,15 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
     if (b.resident_end < b.n) view.parts.push_back({b.resident_end, b.n, slot.k.data(), slot.v.data()});
   }
   offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
-  for (const Layer* l : u.layers) {
+  for (std::size_t i = 0; i < u.layers.size(); ++i) {
+    const Layer* l = u.layers[i];
     if (staging_->staged() && l == u.moe) {
       // The experts this batch routes to (prefetched as the unit before routed it, or with
       // the unit), fetched here where they were not or did not fit.
-      staging_->run_experts(be_, instance, l->route_experts(be_, w, b.step, act), act);
+      staging_->run_experts(be_, instance, l->route_experts(be_, w[i], b.step, act), act);
       continue;
     }
-    l->forward(be_, w, b.step, act, u.cache_layer >= 0 ? &view : nullptr);
+    l->forward(be_, w[i], b.step, act, u.cache_layer >= 0 ? &view : nullptr);
   }
   if (staging_->staged() && st.routed_experts && !u.last) route_next_unit(unit, b, act, instance);
   if (u.last && holds_head_) sample(st, b, act);
@@ -356,7 +355,8 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
                                      std::int64_t instance) {
   const SchedulingUnit& next = units_.units[static_cast<std::size_t>(unit + 1)];
   if (!next.routed_before || !staging_->routes(instance + 1)) return;
-  const DeviceWeights& router = staging_->weights(instance + 1);
+  // routed_before: the MoE layer is the unit's first.
+  const LayerWeights& router = staging_->weights(unit + 1, instance + 1).front();
   staging_->prefetch_experts(instance + 1, next.moe->route_experts(be_, router, b.step, act).routed);
 }
 
@@ -369,9 +369,7 @@ void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act)
   }
   const GenerationRequest& req = *st.req;
   const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);
-  be_.sample({.logits = act.logits.as<float>(), .batch = b.n, .vocab = cfg_.vocab_size, .params = req.sampling,
-              .streams = st.streams.subspan(first, n), .step = static_cast<std::uint64_t>(st.step),
-              .out = std::span(st.next).subspan(first, n)});
+  be_.sample(st.log->sample_args(act.logits.as<float>(), first, std::span(st.next).subspan(first, n)));
   if (req.on_logits)
     be_.copy_to_host(st.host_logits.data() + b.first_sequence * cfg_.vocab_size, act.logits.data(),
                      static_cast<std::size_t>(b.n * cfg_.vocab_size) * sizeof(float));
@@ -381,13 +379,11 @@ void BlockScheduler::sample_slot(BlockState& st, Activations& act, std::int64_t 
   const GenerationRequest& req = *st.req;
   const auto seq = static_cast<std::size_t>(st.slot_seq[static_cast<std::size_t>(slot)]);
   const float* logits = act.logits.as<float>() + i * cfg_.vocab_size;
-  const std::int64_t index = st.log->generated(seq);
-  be_.sample({.logits = logits, .batch = 1, .vocab = cfg_.vocab_size, .params = req.sampling,
-              .streams = st.streams.subspan(seq, 1), .step = static_cast<std::uint64_t>(index),
-              .out = std::span(st.next).subspan(static_cast<std::size_t>(slot), 1)});
+  // The sampler's step for this sequence is its own new-token index (GenerationLog's).
+  be_.sample(st.log->sample_args(logits, seq, std::span(st.next).subspan(static_cast<std::size_t>(slot), 1)));
   if (req.on_sequence_logits) {
     be_.copy_to_host(st.host_logits.data(), logits, st.host_logits.size() * sizeof(float));
-    req.on_sequence_logits(seq, index, st.host_logits);
+    req.on_sequence_logits(seq, st.log->generated(seq), st.host_logits);
   }
 }
 

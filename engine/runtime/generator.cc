@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -51,16 +52,19 @@ void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens) {
 Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
                      kernels::DType cache_dtype)
     : be_(be), cfg_(cfg), cache_dtype_(cache_dtype), layers_(build_layers(cfg_)) {
+  std::map<std::string, MatrixRef> on_device;  // a tied head shares the input embedding's copy
   for (const auto& [name, t] : weights) {
     if (be.kind() == kernels::DeviceKind::Cpu) {
-      weights_[name] = t.ref();
+      on_device[name] = t.ref();
       continue;
     }
     const auto bytes = static_cast<std::size_t>(t.rows * kernels::row_bytes(t.dtype, t.cols));
     device_copies_.emplace_back(be, bytes);
     be.copy_to_device(device_copies_.back().data(), t.data.get(), bytes);
-    weights_[name] = {device_copies_.back().data(), t.dtype, t.rows, t.cols};
+    on_device[name] = {device_copies_.back().data(), t.dtype, t.rows, t.cols};
   }
+  for (const auto& layer : layers_)
+    weights_.push_back(resolve_weights(*layer, [&](const policy::TensorSpec& t) { return on_device.at(t.name); }));
 }
 
 double GenerationResult::prefill_throughput() const {
@@ -114,17 +118,62 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
     streams_.resize(B);
     std::iota(streams_.begin(), streams_.end(), 0);
   }
+  if (!req.sampling_each.empty() && req.sampling_each.size() != B)
+    throw std::invalid_argument("a request needs one sampling setting per prompt: " + std::to_string(B) +
+                                " prompts, " + std::to_string(req.sampling_each.size()) + " settings");
+  sampling_ = req.sampling_each.empty() ? std::vector(B, req.sampling) : req.sampling_each;
+  for (const auto& p : sampling_) {
+    kernels::check_sampling_params(p, cfg.vocab_size);
+    logprobs_ = logprobs_ || p.logprobs >= 0;
+  }
   for (const auto& p : req.prompts) {
     max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(p.size()));
     res_.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
+  history_ = req.prompts;
+  history_view_.assign(history_.begin(), history_.end());
+  generated_.assign(B, 0);
+  if (logprobs_) {
+    chosen_logprob_.resize(B);
+    top_logprobs_.resize(B);
+    res_.logprobs.resize(B);
+    res_.top_logprobs.resize(B);
+  }
   res_.tokens.resize(B);
   res_.first_token_at.assign(B, 0.0);
   res_.finished_at.assign(B, 0.0);
+  res_.finish_reasons.assign(B, FinishReason::Length);
   res_.sequences = static_cast<std::int64_t>(B);
   done_.assign(B, false);
   active_ = static_cast<std::int64_t>(B);
 }
+
+kernels::SampleArgs GenerationLog::sample_args(const float* logits, std::size_t first, std::span<std::int32_t> out) {
+  const std::size_t n = out.size();
+  kernels::SampleArgs a{.logits = logits,
+                        .batch = static_cast<std::int64_t>(n),
+                        .vocab = cfg_.vocab_size,
+                        .params = std::span(sampling_).subspan(first, n),
+                        .streams = std::span(streams_).subspan(first, n),
+                        .steps = std::span(generated_).subspan(first, n),
+                        .history = std::span(history_view_).subspan(first, n),
+                        .eos_ids = cfg_.stop_ids,
+                        .out = out};
+  if (logprobs_) {
+    a.chosen_logprob = std::span(chosen_logprob_).subspan(first, n);
+    a.top_logprobs = std::span(top_logprobs_).subspan(first, n);
+  }
+  return a;
+}
+
+namespace {
+
+bool is_stop_id(const ModelConfig& cfg, const kernels::SamplingParams& p, std::int32_t token) {
+  const auto holds = [&](const auto& ids) { return std::find(ids.begin(), ids.end(), token) != ids.end(); };
+  return (!p.ignore_eos && holds(cfg.stop_ids)) || holds(p.stop_token_ids);
+}
+
+}  // namespace
 
 void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
   for (std::size_t b = 0; b < done_.size(); ++b) {
@@ -142,11 +191,20 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   const auto index = static_cast<std::int64_t>(tokens.size());
   tokens.push_back(token);
   if (index == 0) res_.first_token_at[b] = now_seconds() - start_;
+  if (logprobs_ && sampling_[b].logprobs >= 0) {
+    res_.logprobs[b].push_back(chosen_logprob_[b]);
+    res_.top_logprobs[b].push_back(std::move(top_logprobs_[b]));
+    top_logprobs_[b].clear();
+  }
   // A forced sequence runs until its forced tokens are used up, whatever it samples.
   const bool forcing = b < req_.forced.size() && index < static_cast<std::int64_t>(req_.forced[b].size());
-  const bool stop = !forcing && std::find(cfg_.stop_ids.begin(), cfg_.stop_ids.end(), token) != cfg_.stop_ids.end();
+  const bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
   if (forcing) token = req_.forced[b][static_cast<std::size_t>(index)];
+  history_[b].push_back(token);  // the inputs, for penalties
+  history_view_[b] = history_[b];
+  ++generated_[b];
   if (!stop && static_cast<std::int64_t>(tokens.size()) < new_tokens_limit(req_, b)) return false;
+  res_.finish_reasons[b] = stop ? FinishReason::Stop : FinishReason::Length;
   done_[b] = true;
   --active_;
   res_.finished_at[b] = now_seconds() - start_;
@@ -210,17 +268,16 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
   std::vector<std::int32_t> next(static_cast<std::size_t>(B));
   std::vector<float> host_logits;
   auto run_step = [&](const StepBatch& s, std::int64_t step) {
-    for (const auto& layer : layers_) {
-      const std::int64_t c = layer->cache_index();
-      layer->forward(be_, weights_, s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const std::int64_t c = layers_[i]->cache_index();
+      layers_[i]->forward(be_, weights_[i], s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
     }
     if (req.on_logits) {
       host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
       be_.copy_to_host(host_logits.data(), act.logits.data(), host_logits.size() * sizeof(float));
       req.on_logits(step, host_logits);
     }
-    be_.sample({.logits = act.logits.as<float>(), .batch = B, .vocab = cfg_.vocab_size, .params = req.sampling,
-                .streams = log.streams(), .step = static_cast<std::uint64_t>(step), .out = next});
+    be_.sample(log.sample_args(act.logits.as<float>(), 0, next));
     log.record(step, next);
   };
 

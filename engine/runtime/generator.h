@@ -22,7 +22,13 @@ struct GenerationRequest {
   // and activations). A sequence stops at its limit or a stop id, as it would alone.
   std::vector<std::int64_t> max_new_tokens_each;
   kernels::SamplingParams sampling;
+  // Per prompt, when given: its own sampling (else `sampling` for every prompt). A sequence's
+  // tokens depend only on its prompt, sampling and stream, not on the batch it runs in.
+  std::vector<kernels::SamplingParams> sampling_each;
   std::vector<std::uint64_t> streams;  // per prompt sampling stream (default: its index)
+  // Called after each new token of sequence b with all its generated tokens; returning true
+  // ends the sequence there (finish reason stop): stop strings, which need the tokenizer.
+  std::function<bool(std::size_t b, std::span<const std::int32_t> generated)> stop_here;
   // Called after every step with that step's logits [batch, vocab] (host copy), for tests
   // and quality evaluation; step 0 is the prefill.
   std::function<void(std::int64_t step, std::span<const float> logits)> on_logits;
@@ -56,8 +62,16 @@ struct GenerationRequest {
   std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;
 };
 
+// Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
+enum class FinishReason : std::uint8_t { Length, Stop };
+
 struct GenerationResult {
   std::vector<std::vector<std::int32_t>> tokens;  // generated tokens, stop token included
+  std::vector<FinishReason> finish_reasons;       // per sequence
+  // Per sequence whose sampling asks (logprobs >= 0; else empty), per generated token: the
+  // chosen token's log-probability and the top alternatives (sampling.h).
+  std::vector<std::vector<float>> logprobs;
+  std::vector<std::vector<std::vector<kernels::TokenLogprob>>> top_logprobs;
   double prefill_seconds = 0;
   double decode_seconds = 0;
   std::int64_t prompt_tokens = 0;     // sum of prompt lengths
@@ -89,15 +103,20 @@ std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
 // end, force and time sequences identically.
 class GenerationLog {
  public:
-  // Checks the request (prompts, streams) and starts the prefill clock.
+  // Checks the request (prompts, streams, sampling) and starts the prefill clock.
   GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req);
   // The sampling stream of every prompt: req.streams, or the prompt's index.
   const std::vector<std::uint64_t>& streams() const { return streams_; }
+  // The sampler's arguments for sequences [first, first + out.size()) of the current step,
+  // whose logits are `logits` ([rows, vocab] on the device): their sampling, streams, new-token
+  // indices, histories, and this log's buffers for the log-probabilities.
+  kernels::SampleArgs sample_args(const float* logits, std::size_t first, std::span<std::int32_t> out);
   std::int64_t max_prompt() const { return max_prompt_; }
   std::int64_t prompt_tokens() const { return res_.prompt_tokens; }
-  // After sampling step `step` (0 is the prefill) into next[0, B): records the tokens of the
-  // unfinished sequences, ends those that sampled a stop token (unless still forced) or are
-  // full, puts the forced inputs into next, and calls on_step.
+  // After sampling step `step` (0 is the prefill) into next[0, B): records the tokens (and
+  // log-probabilities) of the unfinished sequences, ends those that sampled a stop id (the
+  // model's unless ignore_eos, and their stop_token_ids; unless still forced), that stop_here
+  // ends, or that are full, puts the forced inputs into next, and calls on_step.
   void record(std::int64_t step, std::span<std::int32_t> next);
   // Continuous batching, sequence by sequence: records `token` as sequence b's next one; true
   // when that ended it (stop id unless forced, or its limit); a forced input replaces `token`.
@@ -119,6 +138,13 @@ class GenerationLog {
   const ModelConfig& cfg_;
   const GenerationRequest& req_;
   std::vector<std::uint64_t> streams_;
+  std::vector<kernels::SamplingParams> sampling_;             // per sequence
+  std::vector<std::vector<std::int32_t>> history_;           // prompt + generated inputs
+  std::vector<std::span<const std::int32_t>> history_view_;  // of history_, refreshed each step
+  std::vector<std::uint64_t> generated_;                     // new tokens so far, per sequence
+  bool logprobs_ = false;                                    // some sequence asks for them
+  std::vector<float> chosen_logprob_;                        // the current step's, when asked
+  std::vector<std::vector<kernels::TokenLogprob>> top_logprobs_;
   std::int64_t max_prompt_ = 0;
   std::vector<bool> done_;
   std::int64_t active_ = 0;
@@ -141,8 +167,8 @@ class Generator {
   ModelConfig cfg_;
   kernels::DType cache_dtype_;
   std::vector<kernels::DeviceBuffer> device_copies_;
-  DeviceWeights weights_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<LayerWeights> weights_;  // per layer
 };
 
 // Throws naming the reason when a KV eviction policy cannot run this model over sequences of

@@ -1,7 +1,6 @@
 #include "engine/runtime/units.h"
 
 #include <algorithm>
-#include <set>
 
 namespace flexh2o::engine {
 
@@ -34,17 +33,19 @@ UnitList make_units(const std::vector<std::unique_ptr<Layer>>& layers, std::int6
     }
     SchedulingUnit& u = units.back();
     if (l->cache_index() >= 0) out.cache_layers.push_back(l->cache_index());
+    const std::size_t at = u.layers.size();
     u.layers.push_back(l);
-    const auto experts = l->expert_weight_names();
-    std::set<std::string> expert_names;
-    for (const auto& e : experts) expert_names.insert(e.begin(), e.end());
-    if (!experts.empty()) {
-      u.moe = l;
-      u.experts = experts;
+    for (const auto& t : l->tensors()) {
+      u.weights.push_back({at, t});
+      add_unique(out.weight_names, t.name);
     }
-    for (const auto& w : l->weight_names()) {
-      if (!expert_names.count(w)) add_unique(u.weights, w);
-      add_unique(out.weight_names, w);
+    if (!l->expert_tensors().empty()) u.moe = l;
+    for (const auto& expert : l->expert_tensors()) {
+      auto& tensors = u.experts.emplace_back();
+      for (const auto& t : expert) {
+        tensors.push_back({at, t});
+        add_unique(out.weight_names, t.name);
+      }
     }
   }
   for (std::size_t i = 1; i < units.size(); ++i)

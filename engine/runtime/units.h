@@ -11,16 +11,22 @@
 
 namespace flexh2o::engine {
 
+// A tensor of a unit and which of the unit's layers reads it.
+struct UnitTensor {
+  std::size_t layer = 0;
+  policy::TensorSpec spec;
+};
+
 struct SchedulingUnit {
   std::string name;
   std::vector<const Layer*> layers;
-  std::vector<std::string> weights;  // all but the experts'
+  std::vector<UnitTensor> weights;  // all but the experts'
   std::int64_t cache_layer = -1;     // the decoder layer whose KV cache it attends, or -1
   bool first = false;                // its input is the embedding, not hidden states
   bool last = false;                 // its output leaves the scheduler
   // Mixture-of-experts: the layer that routes and each expert's weights.
   const Layer* moe = nullptr;
-  std::vector<std::vector<std::string>> experts;
+  std::vector<std::vector<UnitTensor>> experts;
   // The MoE layer comes first, so the unit before routes for it.
   bool routed_before = false;
 };

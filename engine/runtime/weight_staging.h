@@ -43,8 +43,9 @@ class WeightStaging {
   // Starts fetching unit `unit` as instance `instance` of token step `step` into its slot,
   // unless that slot already holds it. `routed`: its experts come later, as batches route.
   void fetch(std::int64_t unit, std::int64_t instance, std::int64_t step, bool routed);
-  // Waits for instance `instance`'s weights (all but its experts) and returns them.
-  const DeviceWeights& weights(std::int64_t instance);
+  // Waits for the weights (all but the experts) of instance `instance` of unit `unit` and returns
+  // them, one LayerWeights per layer of the unit.
+  const std::vector<LayerWeights>& weights(std::int64_t unit, std::int64_t instance);
   // Whether the slot of `instance` holds it and takes experts as routed.
   bool routes(std::int64_t instance) const;
   // Starts fetching the staged experts of `experts` that instance `instance` lacks, into free
@@ -60,13 +61,22 @@ class WeightStaging {
 
  private:
   struct Slot;
-  // Per unit: which experts are staged (not wholly on the gpu tier) and how many sub-slots.
-  struct UnitExperts {
-    std::vector<bool> staged;
-    std::int64_t count = 0, sub_slots = 0;
+  // A tensor a fetch copies into a slot (one not wholly on the gpu tier).
+  struct StagedTensor {
+    const UnitTensor* tensor;
+    const offload::TieredTensor* source;
+  };
+  // Per unit: its typed weights with every tensor wholly on the gpu tier in place (the rest
+  // empty until fetched), the tensors to fetch, per expert too, and how many experts are
+  // staged and how many sub-slots a slot has for them.
+  struct UnitWeights {
+    std::vector<LayerWeights> in_place;
+    std::vector<StagedTensor> staged;
+    std::vector<std::vector<StagedTensor>> staged_experts;
+    std::int64_t staged_expert_count = 0, sub_slots = 0;
   };
   Slot& slot_of(std::int64_t instance);
-  std::int64_t stage(Slot& slot, const std::string& name, std::byte* dst, std::vector<offload::CopyPiece>& pieces,
+  std::int64_t stage(Slot& slot, const StagedTensor& t, std::byte* dst, std::vector<offload::CopyPiece>& pieces,
                      std::int64_t& moved);
   void fetch_experts(Slot& slot, std::span<const std::int32_t> experts, bool evict);
 
@@ -76,8 +86,7 @@ class WeightStaging {
   offload::CopyEngine& copies_;
   int lane_;
   bool overlap_;
-  DeviceWeights resident_;
-  std::vector<UnitExperts> unit_experts_;
+  std::vector<UnitWeights> unit_weights_;
   std::int64_t expert_bytes_ = 0;  // one sub-slot
   std::vector<Slot> slots_;
   ExpertLoadStats expert_loads_;

@@ -27,7 +27,7 @@ engine::GenerationRequest request(const engine::ModelConfig& cfg, std::int64_t g
     req.prompts.push_back(p);
   }
   req.max_new_tokens = gen;
-  req.sampling = {0.7f, 0.95f, 5};
+  req.sampling = {.temperature = 0.7f, .top_p = 0.95f, .seed = 5};
   return req;
 }
 

@@ -192,7 +192,7 @@ TEST(Generation, RaggedBatchEqualsEachPromptAlone) {
   GenerationRequest batch;
   batch.prompts = prompts;
   batch.max_new_tokens = 40;
-  batch.sampling = {0.8f, 0.9f, 42};
+  batch.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 42};
   const auto together = gen.generate(batch).tokens;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest one;

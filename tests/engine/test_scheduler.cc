@@ -121,7 +121,7 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
   req.prompts = random_prompts(cfg, c.policy.block_size(), seed);
   req.max_new_tokens = 8;
   if (own_limits) req.max_new_tokens_each = random_limits(req.prompts.size(), seed);
-  req.sampling = {temperature, 0.9f, seed};
+  req.sampling = {.temperature = temperature, .top_p = 0.9f, .seed = seed};
 
   auto be = kernels::make_cpu_backend();
   const ModelConfig stored = engine::with_weight_dtype(cfg, c.policy.weight_dtype(cfg.dtype));
@@ -524,7 +524,14 @@ void expect_refill_matches_solo(const Case& c, const ModelConfig& cfg, const eng
   req.max_new_tokens = *std::ranges::max_element(req.max_new_tokens_each);
   const std::int64_t budgets[] = {1, 6, 512};
   req.prefill_budget = budgets[seed % 3];
-  req.sampling = {temperature, 0.9f, seed};
+  req.sampling = {.temperature = temperature, .top_p = 0.9f, .seed = seed};
+  if (temperature > 0)  // each request its own sampling, penalties (over its own history) included
+    for (std::size_t b = 0; b < req.prompts.size(); ++b)
+      req.sampling_each.push_back({.temperature = b % 3 == 0 ? 0.0f : temperature,
+                                   .top_p = 0.9f,
+                                   .top_k = static_cast<std::int32_t>(b % 4) * 5,
+                                   .seed = seed + b,
+                                   .repetition_penalty = b % 2 ? 1.3f : 1.0f});
   auto be = kernels::make_cpu_backend();
   const auto r = testing::expect_refill_matches_solo(*be, cfg, src, c.policy, req, {c.always_stage});
   if (r.exact < r.requests) std::cout << "note: " << r.requests - r.exact << " of " << r.requests << " requests differ from their solo run (" << r.near_ties << " at near-ties)\n";

@@ -121,7 +121,17 @@ TEST(ResultFile, StreamsToADeviceAndRefusesWhatItCannotWrite) {
 }
 
 TEST(Request, TravelsBetweenRanksWhole) {
-  const job::Request r{"\"p7\"", "Once", {2, 100, 7}, 12, {0.5f, 0.9f, 42}, 7};
+  job::Request r{"\"p7\"", "Once", {2, 100, 7}, 12, {.temperature = 0.5f, .top_p = 0.9f, .seed = 42}, 7};
+  r.sampling.top_k = 40;
+  r.sampling.min_p = 0.05f;
+  r.sampling.repetition_penalty = 1.3f;
+  r.sampling.presence_penalty = 0.5f;
+  r.sampling.frequency_penalty = -0.25f;
+  r.sampling.logit_bias = {{3, -2.0f}, {9, 1.5f}};
+  r.sampling.min_tokens = 2;
+  r.sampling.ignore_eos = true;
+  r.sampling.stop_token_ids = {5, 6};
+  r.sampling.logprobs = 3;
   const job::Request back = job::request_from_json(job::to_json(r));
   EXPECT_EQ(back.id_json, r.id_json);
   EXPECT_EQ(back.text, r.text);
@@ -130,17 +140,8 @@ TEST(Request, TravelsBetweenRanksWhole) {
   EXPECT_EQ(back.sampling.temperature, r.sampling.temperature);
   EXPECT_EQ(back.sampling.top_p, r.sampling.top_p);
   EXPECT_EQ(back.sampling.seed, r.sampling.seed);
+  EXPECT_EQ(job::to_json(back.sampling), job::to_json(r.sampling)) << "every sampling field travels";
   EXPECT_EQ(back.stream, r.stream);
-}
-
-TEST(Request, ABlockSamplesOnlyRequestsThatShareSampling) {
-  std::vector<job::Request> block(2);
-  block[0].id_json = "1";
-  block[1].id_json = "2";
-  block[1].max_tokens = 8;  // limits may differ
-  EXPECT_EQ(job::shared_sampling(block).temperature, block[0].sampling.temperature);
-  block[1].sampling.temperature = 0.7f;
-  EXPECT_THROW(job::shared_sampling(block), std::logic_error);
 }
 
 }  // namespace

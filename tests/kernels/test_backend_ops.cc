@@ -664,18 +664,21 @@ TEST_P(BackendOpsTest, SampleMatchesCpu) {
   const Twin logits = upload(random_floats(batch * vocab, -4.0f, 4.0f));
   std::vector<std::uint64_t> streams(sz(batch));
   for (auto& s : streams) s = static_cast<std::uint64_t>(random_int(0, 1 << 30));
-  for (const SamplingParams& p : {SamplingParams{0.0f, 1.0f, 1}, SamplingParams{0.8f, 1.0f, 7},
-                                  SamplingParams{1.0f, 0.9f, 42}, SamplingParams{0.5f, 0.01f, 3}})
+  for (const SamplingParams& p : {SamplingParams{.temperature = 0.0f, .seed = 1}, SamplingParams{.temperature = 0.8f, .seed = 7},
+                                  SamplingParams{.temperature = 1.0f, .top_p = 0.9f, .seed = 42},
+                                  SamplingParams{.temperature = 0.5f, .top_p = 0.01f, .seed = 3}})
     for (std::uint64_t step : {0u, 1u, 17u}) {
       std::vector<std::int32_t> want(sz(batch), -1), got(sz(batch), -2);
+      const std::vector<SamplingParams> params(sz(batch), p);
+      const std::vector<std::uint64_t> steps(sz(batch), step);
       for (bool on_cpu : {true, false}) {
         SampleArgs a;
         a.logits = (on_cpu ? logits.cpu : logits.dev).as<float>();
         a.batch = batch;
         a.vocab = vocab;
-        a.params = p;
+        a.params = params;
         a.streams = streams;
-        a.step = step;
+        a.steps = steps;
         a.out = on_cpu ? std::span<std::int32_t>(want) : std::span<std::int32_t>(got);
         (on_cpu ? *cpu_ : *dev_).sample(a);
       }

@@ -739,13 +739,15 @@ TEST_P(OpsTest, KvMerge) {
 std::vector<std::int32_t> OpsTest::sample(const DeviceBuffer& logits, std::int64_t vocab, const SamplingParams& p,
                                           const std::vector<std::uint64_t>& streams, std::uint64_t step) {
   std::vector<std::int32_t> out(streams.size(), -1);
+  const std::vector<SamplingParams> params(streams.size(), p);
+  const std::vector<std::uint64_t> steps(streams.size(), step);
   SampleArgs a;
   a.logits = logits.as<float>();
   a.batch = static_cast<std::int64_t>(streams.size());
   a.vocab = vocab;
-  a.params = p;
+  a.params = params;
   a.streams = streams;
-  a.step = step;
+  a.steps = steps;
   a.out = out;
   backend_->sample(a);
   return out;
@@ -1231,8 +1233,10 @@ TEST_P(OpsTest, RefusesBadArgumentsAlike) {
   const std::vector<std::int32_t> ids = {3};
   EXPECT_THROW(be.embedding({.ids = ids, .table = {nullptr, DType::F32, 3, 4}}), std::out_of_range);
   std::vector<std::int32_t> out(1);
-  const std::vector<std::uint64_t> streams = {0, 1};
-  EXPECT_THROW(be.sample({.batch = 1, .vocab = 4, .streams = streams, .out = out}), std::invalid_argument);
+  const std::vector<std::uint64_t> streams = {0, 1}, steps = {0};
+  const std::vector<SamplingParams> params(1);
+  EXPECT_THROW(be.sample({.batch = 1, .vocab = 4, .params = params, .streams = streams, .steps = steps, .out = out}),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ std::vector<Run> solo_runs(kernels::Backend& be, const engine::ModelConfig& cfg,
     engine::GenerationRequest one;
     one.prompts = {req.prompts[b]};
     one.max_new_tokens = engine::new_tokens_limit(req, b);
-    one.sampling = req.sampling;
+    one.sampling = req.sampling_each.empty() ? req.sampling : req.sampling_each[b];
     one.streams = {req.streams.empty() ? b : req.streams[b]};
     one.kv = kv.get();
     Run r;
