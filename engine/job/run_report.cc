@@ -42,6 +42,7 @@ nlohmann::json to_json(const engine::GenerationResult& r) {
   return {{"prompts", r.sequences},
           {"prompt_tokens", r.prompt_tokens},
           {"generated_tokens", r.generated_tokens},
+          {"decode_steps", r.decode_steps},
           {"prefill_seconds", r.prefill_seconds},
           {"decode_seconds", r.decode_seconds},
           {"prefill_throughput", r.prefill_throughput()},
