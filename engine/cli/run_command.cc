@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <optional>
 
 #include <unistd.h>
@@ -136,15 +137,17 @@ void check_one_process_flags(const RunOptions& o) {
   if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N under mpirun)");
 }
 
-// The job's requests; with an automatic policy, first plans for their length (synthetic prompts:
-// --prompt-len), then runs the plan within the profile's capacities unless --*-mem say otherwise.
-std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s) {
+// The job's requests (`given`: an OpenAI batch job's); with an automatic policy, first plans for
+// their length (synthetic prompts: --prompt-len), then runs the plan within the profile's
+// capacities unless --*-mem say otherwise.
+std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s, const std::vector<job::Request>* given) {
   std::vector<job::Request> requests;
+  if (given) requests = *given;
   if (s.auto_policy) {
     const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !s.model.tokenizer;
     std::int64_t prompt_len = o.prompt_len, prompts = o.batch.value_or(1);
     if (!synthetic) {
-      requests = make_requests(o, s, gather_prompts(o, s.model, prompts));
+      if (!given) requests = make_requests(o, s, gather_prompts(o, s.model, prompts));
       prompts = static_cast<std::int64_t>(requests.size());
       prompt_len = job::longest_prompt(requests);
     }
@@ -160,13 +163,39 @@ std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s) {
   return requests;
 }
 
+// An OpenAI batch job's error lines (bad lines not in the output yet), written first.
+void write_error_lines(const job::OpenAiJob& oj, std::optional<job::ResultFile>& out) {
+  std::vector<std::string> lines;
+  for (const job::OpenAiLine& l : oj.lines)
+    if (!l.error.empty() && !(out && out->done_ids().count(l.key))) lines.push_back(job::openai_error_line(l));
+  job::write_results(out, lines);
+  if (!lines.empty()) fmt::print(stderr, "{} bad request lines: error result lines written\n", lines.size());
+}
+
+// Whether request r's text so far holds one of its stop strings: the text of its new tokens
+// after the prompt's last token (enough context for the tokenizer's spacing).
+bool stop_string_seen(const Tokenizer& tok, const job::Request& r, std::span<const std::int32_t> generated) {
+  return job::stop_position(job::Continuation(tok, std::span(r.prompt).last(1)).text(generated), r.stop) !=
+         std::string::npos;
+}
+
 int run_one_process(const RunOptions& o) {
   check_one_process_flags(o);
   const job::InterruptWatch interrupts;  // before any thread starts
+  const bool openai = is_openai_job(o);
   std::optional<job::ResultFile> out;
-  open_out(o, out);
+  open_out(o, out, openai ? job::ResultFormat::OpenAi : job::ResultFormat::Simple);
   RunSetup s = open_run(o);
-  const std::vector<job::Request> requests = plan_and_gather(o, s);
+  std::optional<job::OpenAiJob> oj;
+  if (openai) {
+    oj = job::open_openai_job(o.prompts_file, openai_prompt_context(o, s));
+    write_error_lines(*oj, out);
+    if (oj->requests.empty()) {
+      fmt::print(stderr, "{}: no request to run\n", o.prompts_file);
+      return 0;
+    }
+  }
+  const std::vector<job::Request> requests = plan_and_gather(o, s, oj ? &oj->requests : nullptr);
   job::check_requests(s.model.config, requests);  // fail before loading weights
   if (!s.auto_policy) check_placement_fits(o, s, requests, planning_profile(o, s));  // within this machine's memory
   const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
@@ -177,17 +206,29 @@ int run_one_process(const RunOptions& o) {
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
   BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
-  const job::BlockLoopOptions loop{.block = static_cast<std::size_t>(s.policy.block_size()),
-                                   .continuous = o.batching == "continuous",
-                                   .prefill_budget = o.prefill_budget,
-                                   .interrupts = &interrupts,
-                                   .results_in = o.out_file,
-                                   .progress = ::isatty(STDERR_FILENO) == 1,
-                                   .between_steps = {}};
+  job::BlockLoopOptions loop{.block = static_cast<std::size_t>(s.policy.block_size()),
+                             .continuous = o.batching == "continuous",
+                             .prefill_budget = o.prefill_budget,
+                             .interrupts = &interrupts,
+                             .results_in = o.out_file,
+                             .progress = ::isatty(STDERR_FILENO) == 1,
+                             .between_steps = {},
+                             .stop_string_seen = {}};
+  if (s.model.tokenizer)
+    loop.stop_string_seen = [&tok = *s.model.tokenizer](const job::Request& r, std::span<const std::int32_t> g) {
+      return stop_string_seen(tok, r, g);
+    };
+  std::optional<job::OpenAiCollector> collector;
+  if (oj)
+    collector.emplace(*oj, job::ResultContext{.tok = s.model.tokenizer.get(),
+                                              .model = o.model.empty() ? s.model.config.name : o.model,
+                                              .created = static_cast<std::int64_t>(std::time(nullptr))});
   const job::JobOutcome done =
       job::run_blocks(sched, todo, loop, [&](std::span<const job::Request> block, const GenerationResult& r) {
         std::vector<std::string> lines;
-        for (std::size_t t = 0; t < block.size(); ++t) lines.push_back(result_line(o, s.model, block[t], r.tokens[t]));
+        if (collector) lines = collector->add(block, r);
+        else
+          for (std::size_t t = 0; t < block.size(); ++t) lines.push_back(result_line(o, s.model, block[t], r.tokens[t]));
         job::write_results(out, lines);
       });
   if (done.stopped)
@@ -211,6 +252,8 @@ int run_one_process(const RunOptions& o) {
 
 int run_command(const RunOptions& o) {
   if (const auto launch = distributed::mpi_launch()) {
+    if (is_openai_job(o))
+      throw std::invalid_argument("OpenAI batch files run in one process for now; run without mpirun/srun");
 #ifdef FLEXH2O_HAVE_MPI
     return run_distributed(o, [&] { return run_one_process(o); });
 #else

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <random>
 
+#include "engine/chat/chat_template.h"
+#include "engine/chat/template_source.h"
 #include "engine/job/result_file.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
@@ -13,6 +15,7 @@
 namespace flexh2o::cli {
 
 using namespace flexh2o::engine;
+namespace chat = flexh2o::engine::chat;
 
 namespace {
 
@@ -151,9 +154,44 @@ std::string planned_line(const policy::HardwareProfile& hw, const policy::Estima
                      pol.cpu_cache_compute, e.total_throughput);
 }
 
-void open_out(const RunOptions& o, std::optional<job::ResultFile>& out) {
+void open_out(const RunOptions& o, std::optional<job::ResultFile>& out, job::ResultFormat format) {
   if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
-  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file);
+  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file, format);
+}
+
+bool is_openai_job(const RunOptions& o) { return !o.prompts_file.empty() && job::is_openai_batch_file(o.prompts_file); }
+
+namespace {
+
+// The model's chat template over a request's messages; a model without one gives a renderer
+// that throws why (the error of every chat line, while completions still run).
+std::function<std::string(const nlohmann::ordered_json&)> chat_renderer(const RunOptions& o) {
+  try {
+    const auto src = std::make_shared<const chat::TemplateSource>(chat::load_model_template(o.model, "", false));
+    const auto tmpl = std::make_shared<const chat::ChatTemplate>(src->text, src->name);
+    return [src, tmpl](const nlohmann::ordered_json& messages) {
+      chat::ChatInputs in;
+      in.messages = messages;
+      in.add_generation_prompt = true;
+      in.bos_token = src->bos_token;
+      in.eos_token = src->eos_token;
+      return tmpl->render(in);
+    };
+  } catch (const std::exception& e) {
+    return [why = std::string(e.what())](const nlohmann::ordered_json&) -> std::string {
+      throw std::invalid_argument("no chat template: " + why);
+    };
+  }
+}
+
+}  // namespace
+
+job::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s) {
+  return {.config = &s.model.config,
+          .tok = s.model.tokenizer.get(),
+          .render_chat = chat_renderer(o),
+          .gen_len = s.gen_len,
+          .default_seed = o.seed};
 }
 
 std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/cli/run_command.h"
+#include "engine/job/openai_job.h"
 #include "engine/job/request.h"
 #include "engine/job/result_file.h"
 #include "engine/model/model_source.h"
@@ -57,7 +58,14 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e);
 
 // Opens --out into `out` (nothing without --out), checked before anything loads (job/result_file.h).
-void open_out(const RunOptions& o, std::optional<job::ResultFile>& out);
+void open_out(const RunOptions& o, std::optional<job::ResultFile>& out,
+              job::ResultFormat format = job::ResultFormat::Simple);
+
+// Whether --prompts is an OpenAI batch file (job/openai_batch.h).
+bool is_openai_job(const RunOptions& o);
+// What an OpenAI batch job's lines are prepared with: the model, its tokenizer and chat
+// template (add_generation_prompt), --gen-len and --seed.
+job::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s);
 
 // The job's requests: each prompt with --gen-len and the sampling flags, its position in the
 // job as its sampling stream.

@@ -19,8 +19,14 @@ std::vector<Request> requests_to_run(std::span<const Request> all, const std::op
 
 namespace {
 
-engine::GenerationRequest block_request(std::span<const Request> block) {
+engine::GenerationRequest block_request(std::span<const Request> block, const BlockLoopOptions& opt) {
   engine::GenerationRequest req;
+  if (opt.stop_string_seen)
+    req.stop_here = [block, &opt](std::size_t b, std::span<const std::int32_t> generated) {
+      const Request& r = block[b];
+      return !r.stop.empty() && static_cast<std::int64_t>(generated.size()) >= r.sampling.min_tokens &&
+             opt.stop_string_seen(r, generated);
+    };
   req.max_new_tokens = 0;
   for (const Request& r : block) {
     req.prompts.push_back(r.prompt);
@@ -60,14 +66,12 @@ void add_timings(JobOutcome& outcome, std::span<const Request> requests, const e
 // One request through the block's slots after another; each result goes on as it ends.
 void run_continuous(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,
                     const BlockFinished& finished, JobOutcome& outcome) {
-  engine::GenerationRequest req = block_request(requests);
+  engine::GenerationRequest req = block_request(requests, opt);
   req.slots = static_cast<std::int64_t>(opt.block);
   req.prefill_budget = opt.prefill_budget;
   req.stop_admitting = [&] { return opt.interrupts && opt.interrupts->stop_requested(); };
-  req.on_finished = [&](std::size_t b, std::span<const std::int32_t> tokens) {
-    engine::GenerationResult one;
-    one.tokens = {std::vector<std::int32_t>(tokens.begin(), tokens.end())};
-    finished(requests.subspan(b, 1), one);
+  req.on_finished = [&](std::size_t b, const engine::GenerationResult& so_far) {
+    finished(requests.subspan(b, 1), so_far.sequence(b));
     ++outcome.finished_requests;
   };
   req.on_step = [&](std::int64_t step, std::int64_t) {
@@ -89,7 +93,7 @@ void run_fixed(engine::BlockScheduler& sched, std::span<const Request> requests,
       break;
     }
     const auto block = requests.subspan(first, std::min(opt.block, requests.size() - first));
-    engine::GenerationRequest req = block_request(block);
+    engine::GenerationRequest req = block_request(block, opt);
     req.on_step = [&](std::int64_t step, std::int64_t steps) {
       between_steps(opt, fmt::format("block {}/{}, step {}/{}", b + 1, blocks, step + 1, steps));
     };

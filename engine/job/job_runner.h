@@ -38,6 +38,9 @@ struct BlockLoopOptions {
   bool progress = false;   // "block b/B, step s/S" on stderr between steps
   // Between steps (rank 0 of a data-parallel run takes the other ranks' results here).
   std::function<void()> between_steps;
+  // Whether a request with stop strings has generated one (text needs the tokenizer): the
+  // sequence then ends there. Null: stop strings are not watched.
+  std::function<bool(const Request&, std::span<const std::int32_t> generated)> stop_string_seen;
 };
 
 struct JobOutcome {

@@ -69,7 +69,10 @@ nlohmann::json to_json(const Request& r) {
           {"prompt", r.prompt},
           {"max_tokens", r.max_tokens},
           {"sampling", to_json(r.sampling)},
-          {"stream", r.stream}};
+          {"stream", r.stream},
+          {"source", r.source},
+          {"choice", r.choice},
+          {"stop", r.stop}};
 }
 
 Request request_from_json(const nlohmann::json& j) {
@@ -80,6 +83,9 @@ Request request_from_json(const nlohmann::json& j) {
   r.max_tokens = j.at("max_tokens").get<std::int64_t>();
   r.sampling = sampling_from_json(j.at("sampling"));
   r.stream = j.at("stream").get<std::uint64_t>();
+  r.source = j.at("source").get<std::size_t>();
+  r.choice = j.at("choice").get<std::int64_t>();
+  r.stop = j.at("stop").get<std::vector<std::string>>();
   return r;
 }
 

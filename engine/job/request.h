@@ -23,6 +23,11 @@ struct Request {
   // The sampling stream: the request's position in the whole job, so that a resumed job (or a
   // rank given a share of it) samples what the uninterrupted one-process job would.
   std::uint64_t stream = 0;
+  // OpenAI batch requests: the line (index into the job's lines) and which of its n choices
+  // this is, and the stop strings that end it.
+  std::size_t source = 0;
+  std::int64_t choice = 0;
+  std::vector<std::string> stop;
 };
 
 // The longest prompt in tokens (0 for none).

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/job/openai_results.h"
+
 namespace flexh2o::job {
 
 namespace {
@@ -40,7 +42,7 @@ bool nests_deeper_than(const std::string& text, int limit) {
   return false;
 }
 
-bool is_result_line(const std::string& line, std::string* id_json) {
+bool is_simple_result_line(const std::string& line, std::string* id_json) {
   if (nests_deeper_than(line, 2)) return false;
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j.contains("text") || !j.contains("tokens")) return false;
@@ -48,6 +50,14 @@ bool is_result_line(const std::string& line, std::string* id_json) {
     return false;
   *id_json = j["id"].dump();
   return true;
+}
+
+bool is_result_line(ResultFormat format, const std::string& line, std::string* key) {
+  if (format == ResultFormat::Simple) return is_simple_result_line(line, key);
+  if (nests_deeper_than(line, kOpenAiResultDepth)) return false;
+  const std::optional<std::string> k = openai_result_key(line);
+  if (k) *key = *k;
+  return k.has_value();
 }
 
 // An unfinished last line (a write cut short by a kill) starts as every result line does.
@@ -74,8 +84,8 @@ bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == 
 
 }  // namespace
 
-ResultFile::ResultFile(std::string path, bool resume, const std::string& prompts_path)
-    : path_(std::move(path)), resume_(resume) {
+ResultFile::ResultFile(std::string path, bool resume, const std::string& prompts_path, ResultFormat format)
+    : path_(std::move(path)), resume_(resume), format_(format) {
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) {
     if (errno != ENOENT) throw std::runtime_error(path_ + ": cannot open for writing: " + std::strerror(errno));
@@ -115,7 +125,7 @@ void ResultFile::check_resumable(const std::string& text) {
     begin = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     std::string id;
-    if (!is_result_line(line, &id)) refuse(path_ + ":" + std::to_string(lineno));
+    if (!is_result_line(format_, line, &id)) refuse(path_ + ":" + std::to_string(lineno));
     done_ids_.insert(id);
     ++results_;
   }

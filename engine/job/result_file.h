@@ -20,12 +20,17 @@
 
 namespace flexh2o::job {
 
+// Which lines a results file holds: our own ({"id", "text", "tokens"}) or OpenAI batch results
+// ({"id", "custom_id", "response", "error"}, openai_results.h).
+enum class ResultFormat { Simple, OpenAi };
+
 class ResultFile {
  public:
   // resume: keep the results already there (their ids are in done_ids()) and append; otherwise
   // the file is replaced when the first results are written. `prompts_path` (may be empty) must
   // not be the same file. Throws naming the path and what to do.
-  ResultFile(std::string path, bool resume, const std::string& prompts_path);
+  ResultFile(std::string path, bool resume, const std::string& prompts_path,
+             ResultFormat format = ResultFormat::Simple);
   ~ResultFile();
   ResultFile(const ResultFile&) = delete;
   ResultFile& operator=(const ResultFile&) = delete;
@@ -47,6 +52,7 @@ class ResultFile {
 
   std::string path_;
   bool resume_ = false;
+  ResultFormat format_ = ResultFormat::Simple;
   bool stream_ = false;   // not a regular file: written through, never truncated, cut or fsynced
   int fd_ = -1;           // opened by the first flush
   off_t keep_bytes_ = 0;  // resume: the whole lines found; an unfinished tail after them is cut

@@ -86,6 +86,19 @@ void GenerationResult::add(const GenerationResult& r) {
   sequence_steps += r.sequence_steps;
 }
 
+GenerationResult GenerationResult::sequence(std::size_t b) const {
+  GenerationResult one;
+  one.tokens = {tokens[b]};
+  one.finish_reasons = {finish_reasons[b]};
+  if (!logprobs.empty()) {
+    one.logprobs = {logprobs[b]};
+    one.top_logprobs = {top_logprobs[b]};
+  }
+  one.generated_tokens = static_cast<std::int64_t>(tokens[b].size());
+  one.sequences = 1;
+  return one;
+}
+
 std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b) {
   return req.max_new_tokens_each.empty() ? req.max_new_tokens : req.max_new_tokens_each[b];
 }
@@ -208,7 +221,7 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   done_[b] = true;
   --active_;
   res_.finished_at[b] = now_seconds() - start_;
-  if (req_.on_finished) req_.on_finished(b, tokens);
+  if (req_.on_finished) req_.on_finished(b, res_);
   return true;
 }
 

@@ -15,6 +15,8 @@
 
 namespace flexh2o::engine {
 
+struct GenerationResult;
+
 struct GenerationRequest {
   std::vector<std::vector<std::int32_t>> prompts;  // each non-empty
   std::int64_t max_new_tokens = 32;
@@ -41,8 +43,9 @@ struct GenerationRequest {
   // Teacher forcing (evaluation): when given, the input after step i of sequence b is
   // forced[b][i] instead of the sampled token, while forced[b] lasts.
   std::vector<std::vector<std::int32_t>> forced;
-  // Called when sequence b has ended, with its tokens (in the order sequences end).
-  std::function<void(std::size_t b, std::span<const std::int32_t> tokens)> on_finished;
+  // Called when sequence b has ended (in the order sequences end), with the result so far, in
+  // which sequence b's tokens, finish reason and log-probabilities are final.
+  std::function<void(std::size_t b, const GenerationResult& so_far)> on_finished;
 
   // Continuous batching (BlockScheduler only), when slots > 0: the prompts are a queue served
   // by this many slots (at most the policy's block size). A sequence that ends frees its slot;
@@ -91,6 +94,8 @@ struct GenerationResult {
   double total_throughput() const;
   // Adds another block's counts and times (a run's totals); tokens are not kept.
   void add(const GenerationResult& r);
+  // Sequence b's tokens, finish reason and log-probabilities as a result of its own.
+  GenerationResult sequence(std::size_t b) const;
 };
 
 // The new tokens sequence b may generate: its own limit, else the request's.

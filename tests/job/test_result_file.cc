@@ -132,6 +132,9 @@ TEST(Request, TravelsBetweenRanksWhole) {
   r.sampling.ignore_eos = true;
   r.sampling.stop_token_ids = {5, 6};
   r.sampling.logprobs = 3;
+  r.source = 4;
+  r.choice = 2;
+  r.stop = {"\n\n", "END"};
   const job::Request back = job::request_from_json(job::to_json(r));
   EXPECT_EQ(back.id_json, r.id_json);
   EXPECT_EQ(back.text, r.text);
@@ -142,6 +145,9 @@ TEST(Request, TravelsBetweenRanksWhole) {
   EXPECT_EQ(back.sampling.seed, r.sampling.seed);
   EXPECT_EQ(job::to_json(back.sampling), job::to_json(r.sampling)) << "every sampling field travels";
   EXPECT_EQ(back.stream, r.stream);
+  EXPECT_EQ(back.source, r.source);
+  EXPECT_EQ(back.choice, r.choice);
+  EXPECT_EQ(back.stop, r.stop);
 }
 
 }  // namespace

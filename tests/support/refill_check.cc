@@ -78,9 +78,9 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
     EXPECT_EQ(index, static_cast<std::int64_t>(got[b].logits.size())) << "request " << b;
     got[b].logits.emplace_back(l.begin(), l.end());
   };
-  refill.on_finished = [&](std::size_t b, std::span<const std::int32_t> t) {
+  refill.on_finished = [&](std::size_t b, const engine::GenerationResult& so_far) {
     ++finished[b];
-    got[b].tokens.assign(t.begin(), t.end());
+    got[b].tokens = so_far.tokens[b];
   };
   TempDir dir;
   offload::TierOptions to;
