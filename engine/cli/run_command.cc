@@ -98,6 +98,16 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);
   o.compress.add_to(run, sched);
+  run->add_option("--batching", o.batching,
+                  "continuous (default): a request that ends frees its slot for the next one at the next step; "
+                  "fixed: blocks of gpu_batch_size x num_gpu_batches requests, each until its longest ends")
+      ->check(CLI::IsMember({"continuous", "fixed"}))
+      ->group(sched);
+  run->add_option("--prefill-budget", o.prefill_budget,
+                  "continuous batching: prompt tokens a GPU batch's step prefills for requests joining it "
+                  "(one joins anyway when none else does), so that long prompts do not stall the others")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->group(sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
   run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
   run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
@@ -197,6 +207,8 @@ int run_one_process(const RunOptions& o) {
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
   BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
   job::BlockLoopOptions loop{.block = static_cast<std::size_t>(s.policy.block_size()),
+                             .continuous = o.batching == "continuous",
+                             .prefill_budget = o.prefill_budget,
                              .interrupts = &interrupts,
                              .results_in = o.out_file,
                              .progress = ::isatty(STDERR_FILENO) == 1,
@@ -220,13 +232,16 @@ int run_one_process(const RunOptions& o) {
         job::write_results(out, lines);
       });
   if (done.stopped)
-    fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} blocks{}\n", done.finished_blocks, done.blocks,
+    fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} prompts{}\n", done.finished_requests, done.requests,
                o.out_file.empty() ? "" : "; rerun with --resume to continue");
 
-  const job::RunReport report =
+  job::RunReport report =
       job::make_run_report(s.model.description, s.model.config, s.policy, static_cast<std::int64_t>(requests.size()),
                            job::longest_prompt(requests), job::longest_limit(requests, s.gen_len), done.total, tiers,
                            sched, trace ? &*trace : nullptr);
+  report.batching = o.batching;
+  report.wall_seconds = done.wall_seconds;
+  report.timings = done.timings;
   fmt::print(stderr, "{}", report.text());
   if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, report.to_json().dump(2) + "\n");
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);

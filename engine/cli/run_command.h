@@ -41,6 +41,10 @@ struct RunOptions {
   std::string expert_loading;  // MoE: auto, routed or all
   std::optional<std::int64_t> expert_slots;  // MoE: experts a staging slot holds
   CompressionFlags compress;
+  // Continuous batching (a finished request's slot takes the next at once) or fixed blocks,
+  // and the prompt tokens a GPU batch's step prefills for newcomers.
+  std::string batching = "continuous";
+  std::int64_t prefill_budget = 512;
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string offload_dir;

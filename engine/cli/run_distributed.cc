@@ -234,6 +234,8 @@ json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Sha
     loop.block = static_cast<std::size_t>(s.policy.block_size());
     loop.interrupts = &interrupts;
     loop.results_in = o.out_file;
+    loop.continuous = o.batching == "continuous";
+    loop.prefill_budget = o.prefill_budget;
     if (inbox) loop.between_steps = [&] { inbox->take(false); };
     const auto deliver = [&](std::span<const job::Request> block, const GenerationResult& r) {
       const auto first = static_cast<std::size_t>(block.data() - mine.requests.data());

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace flexh2o::job {
 
@@ -38,8 +39,72 @@ engine::GenerationRequest block_request(std::span<const Request> block, const Bl
 }
 
 std::string abandoned_message(const std::string& results_in) {
-  return "interrupted: the unfinished block was abandoned; finished blocks are in " +
+  return "interrupted: the requests under way were abandoned; finished ones are in " +
          (results_in.empty() ? std::string("the output") : results_in + "; rerun with --resume to continue");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Between steps: a second interrupt abandons the run, progress, the caller's hook.
+void between_steps(const BlockLoopOptions& opt, const std::string& where) {
+  if (opt.interrupts && opt.interrupts->abandon_requested()) throw Interrupted(abandoned_message(opt.results_in));
+  if (opt.progress) fmt::print(stderr, "\r{}   ", where);
+  if (opt.between_steps) opt.between_steps();
+}
+
+void add_timings(JobOutcome& outcome, std::span<const Request> requests, const engine::GenerationResult& r,
+                 double offset) {
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (!r.tokens[i].empty())
+      outcome.timings.push_back({requests[i].id_json, static_cast<std::int64_t>(requests[i].prompt.size()),
+                                 static_cast<std::int64_t>(r.tokens[i].size()), offset + r.first_token_at[i],
+                                 offset + r.finished_at[i]});
+}
+
+// One request through the block's slots after another; each result goes on as it ends.
+void run_continuous(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,
+                    const BlockFinished& finished, JobOutcome& outcome) {
+  engine::GenerationRequest req = block_request(requests, opt);
+  req.slots = static_cast<std::int64_t>(opt.block);
+  req.prefill_budget = opt.prefill_budget;
+  req.stop_admitting = [&] { return opt.interrupts && opt.interrupts->stop_requested(); };
+  req.on_finished = [&](std::size_t b, const engine::GenerationResult& so_far) {
+    finished(requests.subspan(b, 1), so_far.sequence(b));
+    ++outcome.finished_requests;
+  };
+  req.on_step = [&](std::int64_t step, std::int64_t) {
+    between_steps(opt, fmt::format("requests {}/{} done, step {}", outcome.finished_requests, requests.size(), step + 1));
+  };
+  const engine::GenerationResult r = sched.generate(req);
+  if (opt.progress) fmt::print(stderr, "\r\033[K");
+  outcome.stopped = outcome.finished_requests < requests.size();
+  outcome.total.add(r);
+  add_timings(outcome, requests, r, 0.0);
+}
+
+void run_fixed(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,
+               const BlockFinished& finished, JobOutcome& outcome, std::chrono::steady_clock::time_point t0) {
+  const std::size_t blocks = (requests.size() + opt.block - 1) / opt.block;
+  for (std::size_t first = 0, b = 0; first < requests.size(); first += opt.block, ++b) {
+    if (opt.interrupts && opt.interrupts->stop_requested()) {
+      outcome.stopped = true;
+      break;
+    }
+    const auto block = requests.subspan(first, std::min(opt.block, requests.size() - first));
+    engine::GenerationRequest req = block_request(block, opt);
+    req.on_step = [&](std::int64_t step, std::int64_t steps) {
+      between_steps(opt, fmt::format("block {}/{}, step {}/{}", b + 1, blocks, step + 1, steps));
+    };
+    const double start = seconds_since(t0);
+    const engine::GenerationResult r = sched.generate(req);
+    if (opt.progress) fmt::print(stderr, "\r\033[K");
+    finished(block, r);
+    outcome.total.add(r);
+    outcome.finished_requests += block.size();
+    add_timings(outcome, block, r, start);
+  }
 }
 
 }  // namespace
@@ -47,25 +112,13 @@ std::string abandoned_message(const std::string& results_in) {
 JobOutcome run_blocks(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,
                       const BlockFinished& finished) {
   JobOutcome outcome;
-  outcome.blocks = (requests.size() + opt.block - 1) / opt.block;
-  for (std::size_t first = 0; first < requests.size(); first += opt.block) {
-    if (opt.interrupts && opt.interrupts->stop_requested()) {
-      outcome.stopped = true;
-      break;
-    }
-    const auto block = requests.subspan(first, std::min(opt.block, requests.size() - first));
-    engine::GenerationRequest req = block_request(block, opt);
-    req.on_step = [&, b = outcome.finished_blocks](std::int64_t step, std::int64_t steps) {
-      if (opt.interrupts && opt.interrupts->abandon_requested()) throw Interrupted(abandoned_message(opt.results_in));
-      if (opt.progress) fmt::print(stderr, "\rblock {}/{}, step {}/{}   ", b + 1, outcome.blocks, step + 1, steps);
-      if (opt.between_steps) opt.between_steps();
-    };
-    const engine::GenerationResult r = sched.generate(req);
-    if (opt.progress) fmt::print(stderr, "\r\033[K");
-    finished(block, r);
-    outcome.total.add(r);
-    ++outcome.finished_blocks;
-  }
+  outcome.requests = requests.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.continuous && !requests.empty())
+    run_continuous(sched, requests, opt, finished, outcome);
+  else
+    run_fixed(sched, requests, opt, finished, outcome, t0);
+  outcome.wall_seconds = seconds_since(t0);
   return outcome;
 }
 

@@ -1,8 +1,11 @@
 // The block loop of a batch job, which every `run` form drives: the one-process run over the
 // whole job, and each rank of a data-parallel run over its share. (Pipeline stages step their
-// micro-batches in their own slot order, distributed/pipeline_stage.h.) Requests run in order,
-// a block of the policy's size at a time, through one BlockScheduler; interrupts are taken
-// between blocks (stop) and between steps (abandon), and progress is shown between steps.
+// micro-batches in their own slot order, distributed/pipeline_stage.h.) Requests run in order
+// through one BlockScheduler, either continuously (the default: the block's slots take the
+// next request as soon as one ends, and each result is handed on as its request ends) or a
+// fixed block of the policy's size at a time (each block runs until its longest request
+// ends). A first interrupt stops admitting requests (fixed: starting blocks), a second
+// abandons the requests under way (checked between steps); progress is shown between steps.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -15,6 +18,7 @@
 #include "engine/job/interrupts.h"
 #include "engine/job/request.h"
 #include "engine/job/result_file.h"
+#include "engine/job/run_report.h"
 
 namespace flexh2o::job {
 
@@ -25,6 +29,8 @@ std::vector<Request> requests_to_run(std::span<const Request> all, const std::op
 
 struct BlockLoopOptions {
   std::size_t block = 1;  // requests per block: the policy's block size
+  bool continuous = true;  // --batching continuous (else fixed)
+  std::int64_t prefill_budget = 512;  // continuous: prompt tokens a GPU batch's step prefills for newcomers
   // First signal: no block starts after it; second: the block under way is abandoned (throws
   // Interrupted). Null: signals keep their default handling.
   const InterruptWatch* interrupts = nullptr;
@@ -38,13 +44,16 @@ struct BlockLoopOptions {
 };
 
 struct JobOutcome {
-  engine::GenerationResult total;  // counts and times of the blocks run (tokens not kept)
-  std::size_t blocks = 0;          // of the job
-  std::size_t finished_blocks = 0;
-  bool stopped = false;  // an interrupt ended the job before its last block
+  engine::GenerationResult total;  // counts and times of the requests run (tokens not kept)
+  std::size_t requests = 0;        // of the job
+  std::size_t finished_requests = 0;
+  bool stopped = false;  // an interrupt ended the job before its last request
+  double wall_seconds = 0;
+  std::vector<RequestTiming> timings;  // of the finished requests, in the order they ended
 };
 
-// Called after each block with its requests and their result (tokens in request order).
+// Called with requests that finished (a block's, or a single one under continuous batching)
+// and their result (tokens in request order).
 using BlockFinished = std::function<void(std::span<const Request>, const engine::GenerationResult&)>;
 
 JobOutcome run_blocks(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,

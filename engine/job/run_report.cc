@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "engine/model/weights.h"
 #include "policy/policy_text.h"
@@ -41,12 +42,39 @@ nlohmann::json to_json(const engine::GenerationResult& r) {
   return {{"prompts", r.sequences},
           {"prompt_tokens", r.prompt_tokens},
           {"generated_tokens", r.generated_tokens},
+          {"decode_steps", r.decode_steps},
           {"prefill_seconds", r.prefill_seconds},
           {"decode_seconds", r.decode_seconds},
           {"prefill_throughput", r.prefill_throughput()},
           {"decode_throughput", r.decode_throughput()},
           {"total_throughput", r.total_throughput()}};
 }
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::ranges::sort(values);
+  const auto rank = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(values.size())));
+  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+namespace {
+
+double useful_throughput(const RunReport& r) {
+  return r.wall_seconds > 0 ? static_cast<double>(r.total.generated_tokens) / r.wall_seconds : 0;
+}
+
+double slot_utilisation(const engine::GenerationResult& t) {
+  return t.sequence_steps > 0 ? static_cast<double>(t.generated_tokens) / static_cast<double>(t.sequence_steps) : 0;
+}
+
+// "p50 A p90 B max C s" of the requests' first tokens or finishes.
+std::string spread(const std::vector<RequestTiming>& timings, double RequestTiming::*field) {
+  std::vector<double> v;
+  for (const auto& t : timings) v.push_back(t.*field);
+  return fmt::format("p50 {:.3f} p90 {:.3f} max {:.3f} s", percentile(v, 50), percentile(v, 90), percentile(v, 100));
+}
+
+}  // namespace
 
 std::int64_t RunReport::decode_expert_bytes_per_token() const {
   const std::int64_t decode_tokens = total.generated_tokens - total.sequences;
@@ -68,6 +96,14 @@ std::string RunReport::text() const {
   s += fmt::format("prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
                    total.prefill_seconds, total.prefill_throughput(), total.decode_seconds, total.decode_throughput(),
                    total.prefill_seconds + total.decode_seconds, total.total_throughput());
+  if (wall_seconds > 0)
+    s += fmt::format("{}useful: {} tokens in {:.3f} s, {:.1f} tok/s | slot utilisation {:.2f} ({} sequence rows "
+                     "computed)\n",
+                     batching.empty() ? "" : batching + " batching: ", total.generated_tokens, wall_seconds,
+                     useful_throughput(*this), slot_utilisation(total), total.sequence_steps);
+  if (!timings.empty())
+    s += fmt::format("per request: first token {} | finished {}\n", spread(timings, &RequestTiming::first_token),
+                     spread(timings, &RequestTiming::finished));
   const auto& moe = stored.moe;
   if (moe.experts > 0 && !experts.experts_by_step.empty()) {
     const std::int64_t moe_layers = std::ranges::count(moe.layers, true);
@@ -91,6 +127,21 @@ nlohmann::json RunReport::to_json() const {
   j["hidden_bytes"] = hidden_bytes;
   j["peak_bytes"] = job::to_json(peaks);
   j["time_by_primitive"] = time_by_primitive;
+  if (!batching.empty()) j["batching"] = batching;
+  if (wall_seconds > 0) {
+    j["wall_seconds"] = wall_seconds;
+    j["useful_throughput"] = useful_throughput(*this);
+  }
+  j["sequence_steps"] = total.sequence_steps;
+  j["slot_utilisation"] = slot_utilisation(total);
+  nlohmann::json requests = nlohmann::json::array();
+  for (const auto& t : timings)
+    requests.push_back({{"id", nlohmann::json::parse(t.id_json)},
+                        {"prompt_tokens", t.prompt_tokens},
+                        {"generated_tokens", t.generated_tokens},
+                        {"first_token_seconds", t.first_token},
+                        {"finished_seconds", t.finished}});
+  if (!timings.empty()) j["requests"] = std::move(requests);
   if (moe.experts > 0)
     j["experts"] = {{"experts", moe.experts},
                     {"top_k", moe.top_k},

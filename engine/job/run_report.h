@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,16 @@ TierPeaks peaks_from_json(const nlohmann::json& j);
 // prompts, prompt/generated tokens, prefill/decode seconds and the three throughputs.
 nlohmann::json to_json(const engine::GenerationResult& r);
 
+// When one request's tokens came, in seconds from the start of the job's loop.
+struct RequestTiming {
+  std::string id_json;
+  std::int64_t prompt_tokens = 0, generated_tokens = 0;
+  double first_token = 0, finished = 0;
+};
+
+// The p-th percentile (0..100, nearest rank) of `values` (0 for none).
+double percentile(std::vector<double> values, double p);
+
 // One process's run.
 struct RunReport {
   std::string model;           // the model's description
@@ -46,6 +57,10 @@ struct RunReport {
   TierPeaks peaks;
   engine::ExpertLoadStats experts;  // mixture-of-experts: what each step fetched
   std::map<std::string, double> time_by_primitive;
+  // How the requests shared the block's slots: "continuous" or "fixed" ("" : not said).
+  std::string batching;
+  double wall_seconds = 0;              // of the job's loop (0: not measured)
+  std::vector<RequestTiming> timings;   // of the finished requests
 
   // The lines for stderr, newline included.
   std::string text() const;

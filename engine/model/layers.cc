@@ -118,36 +118,56 @@ class Attention final : public Layer {
     const kernels::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.attention_scale(),
                                         cfg_.attn_softcap, cfg_.window(layer_)};
     float* o = act.attn.as<float>();
-    const std::int64_t qw = cfg_.n_heads * cfg_.head_dim, kw = cfg_.n_kv_heads * cfg_.head_dim;
-    for (const KvPart& part : cache->parts) {
-      // Each run of sequences attends over its own part of the cache: rows [r0, ...) of the step.
-      const bool whole = part.seq_begin == 0 && part.seq_end == s.batch();
-      const StepBatch sub = whole ? StepBatch{} : s.slice(part.seq_begin, part.seq_end);
-      const StepBatch& p = whole ? s : sub;
-      const std::int64_t r0 = whole ? 0 : s.first_row(part.seq_begin);
-      if (KvEvictionLayer* ev = cache->eviction) {
-        // The policy picks the slots: writes, attention and evictions go through it.
-        const auto run = s.prefill ? &KvEvictionLayer::prefill : &KvEvictionLayer::decode;
-        (ev->*run)(be, p, part.seq_begin, shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, part, *cache);
-        continue;
-      }
-      const auto dt = cache->dtype;
-      be.kv_write({.src = k + r0 * kw, .cache = part.k, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
-                   .capacity = cache->capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
-      be.kv_write({.src = v + r0 * kw, .cache = part.v, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
-                   .capacity = cache->capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
-      if (s.prefill)
-        be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
-                              .seq_offsets = p.seq_offsets});
-      else
-        be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
-                             .capacity = cache->capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});
-    }
+    for (const KvPart& part : cache->parts)
+      for_each_run(s, part, *cache, [&](const StepBatch& p, std::int64_t r0, const KvPart& run) {
+        attend(be, p, r0, run, *cache, shape, q, k, v, o);
+      });
     add_to_stream(be, cfg_, w.norm, w.out_norm, h, act.normed.as<float>(), rows,
                   [&](float* y, float beta) { linear(be, cfg_, {o, rows, w.wo, w.bo, y, beta}); });
   }
 
  private:
+  // The runs of consecutive sequences of one kind (prefill or decode; idle ones skipped) within
+  // `part`, each as a batch of its own with its first row and its own part of the cache.
+  template <class Run>
+  void for_each_run(const StepBatch& s, const KvPart& part, const KvView& cache, Run run) const {
+    const std::int64_t row_bytes = cfg_.n_kv_heads * cache.capacity * kernels::kv_slot_bytes(cache.dtype, cfg_.head_dim);
+    for (std::int64_t b0 = part.seq_begin; b0 < part.seq_end;) {
+      const SeqStep kind = s.kinds[static_cast<std::size_t>(b0)];
+      std::int64_t b1 = b0 + 1;
+      while (b1 < part.seq_end && s.kinds[static_cast<std::size_t>(b1)] == kind) ++b1;
+      if (kind != SeqStep::Idle) {
+        const bool whole = b0 == 0 && b1 == s.batch();
+        const StepBatch sub = whole ? StepBatch{} : s.slice(b0, b1);
+        const std::int64_t skip = (b0 - part.seq_begin) * row_bytes;
+        const KvPart sub_part{b0, b1, static_cast<std::byte*>(part.k) + skip, static_cast<std::byte*>(part.v) + skip};
+        run(whole ? s : sub, s.first_row(b0), sub_part);
+      }
+      b0 = b1;
+    }
+  }
+  // One run of sequences of one kind (`p`, rows [r0, ...) of the step) attends over `part`.
+  void attend(kernels::Backend& be, const StepBatch& p, std::int64_t r0, const KvPart& part, const KvView& cache,
+              const kernels::AttentionShape& shape, const float* q, const float* k, const float* v, float* o) const {
+    const std::int64_t qw = cfg_.n_heads * cfg_.head_dim, kw = cfg_.n_kv_heads * cfg_.head_dim;
+    if (KvEvictionLayer* ev = cache.eviction) {
+      // The policy picks the slots: writes, attention and evictions go through it.
+      const auto run = p.prefill ? &KvEvictionLayer::prefill : &KvEvictionLayer::decode;
+      (ev->*run)(be, p, part.seq_begin, shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, part, cache);
+      return;
+    }
+    const auto dt = cache.dtype;
+    be.kv_write({.src = k + r0 * kw, .cache = part.k, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
+                 .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
+    be.kv_write({.src = v + r0 * kw, .cache = part.v, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
+                 .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
+    if (p.prefill)
+      be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
+                            .seq_offsets = p.seq_offsets});
+    else
+      be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
+                           .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});
+  }
   // RoPE on rows of `heads` heads. Frequencies that depend on a sequence's length (dynamic,
   // LongRoPE) follow each sequence's longest position in this step, as transformers takes
   // max(position_ids) + 1 of its batch of one; runs of sequences that share them go together.

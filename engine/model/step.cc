@@ -1,52 +1,78 @@
 #include "engine/model/step.h"
 
+#include <algorithm>
+
 namespace flexh2o::engine {
+
+namespace {
+void begin_sequence(StepBatch& s, SeqStep kind) {
+  if (s.seq_offsets.empty()) s.seq_offsets.push_back(0);
+  s.kinds.push_back(kind);
+  s.prefill = s.prefill && kind == SeqStep::Prefill;
+}
+}  // namespace
+
+void StepBatch::add_prefill(std::span<const std::int32_t> tokens) {
+  begin_sequence(*this, SeqStep::Prefill);
+  const auto b = static_cast<std::int64_t>(lens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    token_ids.push_back(tokens[i]);
+    positions.push_back(static_cast<std::int32_t>(i));
+    row_seq.push_back(b);
+    row_slot.push_back(static_cast<std::int64_t>(i));
+  }
+  seq_offsets.push_back(rows());
+  lens.push_back(static_cast<std::int64_t>(tokens.size()));
+  last_rows.push_back(rows() - 1);
+}
+
+void StepBatch::add_decode(std::int32_t token, std::int64_t cached) {
+  begin_sequence(*this, SeqStep::Decode);
+  token_ids.push_back(token);
+  positions.push_back(static_cast<std::int32_t>(cached));
+  row_seq.push_back(static_cast<std::int64_t>(lens.size()));
+  row_slot.push_back(cached);
+  seq_offsets.push_back(rows());
+  lens.push_back(cached + 1);
+  last_rows.push_back(rows() - 1);
+}
+
+void StepBatch::add_idle() {
+  begin_sequence(*this, SeqStep::Idle);
+  seq_offsets.push_back(rows());
+  lens.push_back(0);
+  last_rows.push_back(0);
+}
+
+bool StepBatch::any_decode() const { return std::ranges::find(kinds, SeqStep::Decode) != kinds.end(); }
 
 StepBatch StepBatch::make_prefill(std::span<const std::vector<std::int32_t>> prompts) {
   StepBatch s;
-  s.prefill = true;
-  s.seq_offsets.push_back(0);
-  for (std::size_t b = 0; b < prompts.size(); ++b) {
-    const auto& p = prompts[b];
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      s.token_ids.push_back(p[i]);
-      s.positions.push_back(static_cast<std::int32_t>(i));
-      s.row_seq.push_back(static_cast<std::int64_t>(b));
-      s.row_slot.push_back(static_cast<std::int64_t>(i));
-    }
-    s.seq_offsets.push_back(s.rows());
-    s.lens.push_back(static_cast<std::int64_t>(p.size()));
-    s.last_rows.push_back(s.rows() - 1);
-  }
+  for (const auto& p : prompts) s.add_prefill(p);
+  if (s.seq_offsets.empty()) s.seq_offsets.push_back(0);
   return s;
 }
 
 StepBatch StepBatch::make_decode(std::span<const std::int32_t> tokens, std::span<const std::int64_t> lens) {
   StepBatch s;
   s.prefill = false;
-  for (std::size_t b = 0; b < tokens.size(); ++b) {
-    s.token_ids.push_back(tokens[b]);
-    s.positions.push_back(static_cast<std::int32_t>(lens[b]));
-    s.row_seq.push_back(static_cast<std::int64_t>(b));
-    s.row_slot.push_back(lens[b]);
-    s.lens.push_back(lens[b] + 1);
-    s.last_rows.push_back(static_cast<std::int64_t>(b));
-  }
+  for (std::size_t b = 0; b < tokens.size(); ++b) s.add_decode(tokens[b], lens[b]);
+  if (s.seq_offsets.empty()) s.seq_offsets.push_back(0);
   return s;
 }
 
 StepBatch StepBatch::slice(std::int64_t b0, std::int64_t b1) const {
   StepBatch s;
-  s.prefill = prefill;
-  const std::int64_t r0 = first_row(b0), r1 = b1 < batch() ? first_row(b1) : rows();
+  const std::int64_t r0 = first_row(b0), r1 = first_row(b1);
   s.token_ids.assign(token_ids.begin() + r0, token_ids.begin() + r1);
   s.positions.assign(positions.begin() + r0, positions.begin() + r1);
   s.row_slot.assign(row_slot.begin() + r0, row_slot.begin() + r1);
   for (std::int64_t r = r0; r < r1; ++r) s.row_seq.push_back(row_seq[r] - b0);
-  if (prefill)
-    for (std::int64_t b = b0; b <= b1; ++b) s.seq_offsets.push_back(seq_offsets[b] - r0);
+  for (std::int64_t b = b0; b <= b1; ++b) s.seq_offsets.push_back(seq_offsets[b] - r0);
   s.lens.assign(lens.begin() + b0, lens.begin() + b1);
-  for (std::int64_t b = b0; b < b1; ++b) s.last_rows.push_back(last_rows[b] - r0);
+  s.kinds.assign(kinds.begin() + b0, kinds.begin() + b1);
+  s.prefill = std::ranges::all_of(s.kinds, [](SeqStep k) { return k == SeqStep::Prefill; });
+  for (std::int64_t b = b0; b < b1; ++b) s.last_rows.push_back(std::max<std::int64_t>(last_rows[b] - r0, 0));
   return s;
 }
 

@@ -1,5 +1,9 @@
 // What one forward step of one batch looks like: which rows belong to which sequence,
-// their positions, and where their keys and values go in the cache.
+// their positions, and where their keys and values go in the cache. Under continuous
+// batching a step mixes kinds: some sequences prefill a whole prompt (a newcomer in a freed
+// slot) while the others decode one token, and a slot left without a request is idle (no
+// rows); the layers run every row through the same projections and pick the attention kernel
+// per run of sequences of one kind.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -7,23 +11,37 @@
 
 namespace flexh2o::engine {
 
+enum class SeqStep : std::uint8_t {
+  Prefill,  // all its tokens so far into an empty cache row
+  Decode,   // one new token after lens - 1 cached ones
+  Idle,     // a slot without a sequence: no rows, nothing cached
+};
+
 struct StepBatch {
-  bool prefill = true;
+  bool prefill = true;  // every sequence prefills (kinds all Prefill)
   std::vector<std::int32_t> token_ids;    // [rows]
   std::vector<std::int32_t> positions;    // [rows]
   std::vector<std::int64_t> row_seq;      // [rows] sequence of each row
   std::vector<std::int64_t> row_slot;     // [rows] cache slot each row's K/V is written to
-  std::vector<std::int64_t> seq_offsets;  // prefill: [B + 1] row ranges of the sequences
-  std::vector<std::int64_t> lens;         // [B] valid cache slots after this step
-  std::vector<std::int64_t> last_rows;    // [B] the row whose logits predict the next token
+  std::vector<std::int64_t> seq_offsets;  // [B + 1] row ranges of the sequences
+  std::vector<std::int64_t> lens;         // [B] valid cache slots after this step (0 when idle)
+  std::vector<std::int64_t> last_rows;    // [B] the row whose logits predict the next token (0 when idle)
+  std::vector<SeqStep> kinds;             // [B]
 
   std::int64_t rows() const { return static_cast<std::int64_t>(token_ids.size()); }
   std::int64_t batch() const { return static_cast<std::int64_t>(lens.size()); }
 
   // The first row of sequence b.
-  std::int64_t first_row(std::int64_t b) const { return prefill ? seq_offsets[b] : b; }
+  std::int64_t first_row(std::int64_t b) const { return seq_offsets[b]; }
   // Sequences [b0, b1) as a batch of their own (rows, offsets and sequence indices rebased).
   StepBatch slice(std::int64_t b0, std::int64_t b1) const;
+  // Whether some sequence decodes (its cache holds tokens from earlier steps).
+  bool any_decode() const;
+
+  // Appends a sequence: its whole `tokens` prefilled, one token decoded after `cached` ones, or an idle slot.
+  void add_prefill(std::span<const std::int32_t> tokens);
+  void add_decode(std::int32_t token, std::int64_t cached);
+  void add_idle();
 
   // Prefill of whole prompts into an empty cache.
   static StepBatch make_prefill(std::span<const std::vector<std::int32_t>> prompts);

@@ -35,6 +35,10 @@ struct BlockScheduler::BlockState {
   bool evicting = false;  // a KV policy keeps budget-sized rows
   const GenerationRequest* req = nullptr;
   GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
+  // Continuous batching: each slot's sequence (-1: idle) and the first prompt not yet admitted.
+  bool continuous = false;
+  std::vector<std::int64_t> slot_seq;
+  std::size_t waiting = 0;
   std::vector<std::int32_t> next;          // per block sequence
   std::vector<float> host_logits;
   RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }
@@ -106,17 +110,28 @@ bool BlockScheduler::holds_input() const { return units_.units.front().first; }
 
 BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   BlockPtr blk(new Block(be_, cfg_, req));
-  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
-  if (B > policy_.block_size())
-    throw std::invalid_argument("a block holds at most gpu_batch_size x num_gpu_batches = " +
-                                std::to_string(policy_.block_size()) + " prompts, got " + std::to_string(B));
+  const bool continuous = req.slots > 0;
+  const std::int64_t prompts = static_cast<std::int64_t>(req.prompts.size());
+  const std::int64_t B = continuous ? std::min(req.slots, prompts) : prompts;
+  const std::string block = "gpu_batch_size x num_gpu_batches = " + std::to_string(policy_.block_size());
+  if (!continuous && B > policy_.block_size())
+    throw std::invalid_argument("a block holds at most " + block + " prompts, got " + std::to_string(B));
+  if (continuous && req.slots > policy_.block_size())
+    throw std::invalid_argument("continuous batching runs at most " + block + " slots, asked for " +
+                                std::to_string(req.slots));
+  if (continuous && req.on_logits)
+    throw std::invalid_argument("on_logits needs a fixed block; under continuous batching use on_sequence_logits");
+  if (continuous && req.prefill_budget < 1) throw std::invalid_argument("the prefill token budget must be at least 1");
   if (B == 0) return blk;
   staging_->forget();
   BlockState& st = blk->st;
   st.req = &req;
   st.log = &blk->log;
+  st.continuous = continuous;
   st.next.resize(static_cast<std::size_t>(B));
+  if (continuous) st.slot_seq.assign(static_cast<std::size_t>(B), -1);
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
+  if (req.on_sequence_logits) st.host_logits.resize(static_cast<std::size_t>(cfg_.vocab_size));
   place_batches(st, blk->log, req);
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
@@ -136,19 +151,46 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
       st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "V staging" + n);
     }
   }
+  if (continuous) next_steps(st);
   return blk;
 }
 
+std::int64_t BlockScheduler::continuous_capacity(const GenerationRequest& req) const {
+  std::int64_t most = 0;
+  for (std::size_t b = 0; b < req.prompts.size(); ++b) most = std::max(most, sequence_tokens(req, b));
+  return most;
+}
+
+std::int64_t BlockScheduler::continuous_rows(const GenerationRequest& req, std::int64_t slots) const {
+  std::int64_t longest = 0;
+  for (const auto& p : req.prompts) longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.size()));
+  // The other slots decode while newcomers prefill up to the budget (or one longer prompt).
+  std::int64_t rows = slots - 1 + std::max(req.prefill_budget, longest);
+  // Phi-3 re-prefills a sequence whole when it outgrows the original context.
+  if (cfg_.rope.reprefill_on_long) rows = std::max(rows, slots * continuous_capacity(req));
+  return std::max(rows, slots);
+}
+
 void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req) {
-  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
+  const bool continuous = st.continuous;
+  const std::int64_t B = static_cast<std::int64_t>(st.next.size());
   const std::int64_t gbs = policy_.gpu_batch_size;
   // With a KV policy the cache holds each (sequence, kv head)'s budget + 1 slots, not all tokens.
   const policy::KvPolicy* kv = req.kv ? req.kv : kv_policy_.get();
   st.evicting = kv != nullptr;
   std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
-  st.capacity = kv ? 0 : log.max_prompt() + req.max_new_tokens;
-  if (kv) check_kv_policy_fits(cfg_, log.max_prompt() + req.max_new_tokens);
-  for (std::int64_t s0 = 0; kv && s0 < B; s0 += gbs) {
+  // Continuous batching: a slot holds whichever request comes, up to the longest.
+  const std::int64_t longest = continuous ? continuous_capacity(req) : log.max_prompt() + req.max_new_tokens;
+  st.capacity = kv ? 0 : longest;
+  if (kv) check_kv_policy_fits(cfg_, longest);
+  std::vector<std::int64_t> all_totals;
+  for (std::size_t b = 0; continuous && kv && b < req.prompts.size(); ++b) all_totals.push_back(sequence_tokens(req, b));
+  for (std::int64_t s0 = 0; continuous && kv && s0 < B; s0 += gbs) {
+    const std::int64_t n = std::min(gbs, B - s0);
+    evictions.push_back(make_kv_eviction_slots(be_, *kv, cfg_, n, all_totals, continuous_rows(req, n)));
+    for (const auto& e : evictions.back()) st.capacity = std::max(st.capacity, e->capacity());
+  }
+  for (std::int64_t s0 = 0; !continuous && kv && s0 < B; s0 += gbs) {
     std::vector<std::int64_t> total;
     std::int64_t rows = 0;
     for (std::int64_t s = s0; s < std::min(B, s0 + gbs); ++s) {
@@ -166,9 +208,14 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
     if (kv) b.eviction = std::move(evictions[static_cast<std::size_t>(s0 / gbs)]);
     b.first_sequence = s0;
     b.n = std::min(gbs, B - s0);
-    b.tokens.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
-    b.step = StepBatch::make_prefill(b.tokens);
-    const std::int64_t rows = std::max(rows_for_batch(cfg_, b.tokens, req.max_new_tokens), b.n);
+    if (continuous) {
+      b.tokens.resize(static_cast<std::size_t>(b.n));  // next_steps() admits the first prompts
+    } else {
+      b.tokens.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
+      b.step = StepBatch::make_prefill(b.tokens);
+    }
+    const std::int64_t rows = continuous ? continuous_rows(req, b.n)
+                                         : std::max(rows_for_batch(cfg_, b.tokens, req.max_new_tokens), b.n);
     const std::string tag = " of batch " + std::to_string(st.batches.size());
     b.hidden = std::make_unique<TieredTensor>(tiers_, "hidden states" + tag, kernels::DType::F32, rows, cfg_.hidden,
                                               policy_.activations);
@@ -270,6 +317,7 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
   GpuBatch& b = st.batch(k);
   const std::vector<LayerWeights>& w = staging_->weights(unit, instance);
   for (const auto& t : slot.loads) t.wait();
+  if (b.step.rows() == 0) return;  // continuous batching: every slot of the batch is idle
   Activations& act = *st.act;
   act.hidden = st.hidden_resident ? static_cast<float*>(b.hidden->place(0).ptr)
                                   : reinterpret_cast<float*>(slot.hidden.data());
@@ -314,12 +362,29 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 
 // The batch's next tokens from the head's logits (and a host copy of them when asked).
 void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
+  if (st.continuous) {
+    for (std::int64_t i = 0; i < b.n; ++i)
+      if (b.step.kinds[static_cast<std::size_t>(i)] != SeqStep::Idle) sample_slot(st, act, b.first_sequence + i, i);
+    return;
+  }
   const GenerationRequest& req = *st.req;
   const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);
   be_.sample(st.log->sample_args(act.logits.as<float>(), first, std::span(st.next).subspan(first, n)));
   if (req.on_logits)
     be_.copy_to_host(st.host_logits.data() + b.first_sequence * cfg_.vocab_size, act.logits.data(),
                      static_cast<std::size_t>(b.n * cfg_.vocab_size) * sizeof(float));
+}
+
+void BlockScheduler::sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i) {
+  const GenerationRequest& req = *st.req;
+  const auto seq = static_cast<std::size_t>(st.slot_seq[static_cast<std::size_t>(slot)]);
+  const float* logits = act.logits.as<float>() + i * cfg_.vocab_size;
+  // The sampler's step for this sequence is its own new-token index (GenerationLog's).
+  be_.sample(st.log->sample_args(logits, seq, std::span(st.next).subspan(static_cast<std::size_t>(slot), 1)));
+  if (req.on_sequence_logits) {
+    be_.copy_to_host(st.host_logits.data(), logits, st.host_logits.size() * sizeof(float));
+    req.on_sequence_logits(seq, st.log->generated(seq), st.host_logits);
+  }
 }
 
 void BlockScheduler::receive(BlockState& st, std::int64_t k, const StageLinks& links) {
@@ -340,6 +405,12 @@ std::span<std::int32_t> BlockScheduler::next_tokens(Block& b) { return b.st.next
 
 void BlockScheduler::end_step(Block& blk) {
   BlockState& st = blk.st;
+  if (st.continuous) {
+    record_slots(st, blk.log);
+    ++st.step;
+    next_steps(st);
+    return;
+  }
   if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
   blk.log.record(st.step, st.next);
   ++st.step;
@@ -350,6 +421,66 @@ void BlockScheduler::end_step(Block& blk) {
     // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
     b.step = rope_reprefills(cfg_, b.step.lens) ? StepBatch::make_prefill(b.tokens)
                                                  : StepBatch::make_decode(next, b.step.lens);
+  }
+}
+
+void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
+  std::int64_t computed = 0;
+  for (GpuBatch& b : st.batches)
+    for (std::int64_t i = 0; i < b.n; ++i) {
+      if (b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Idle) continue;
+      ++computed;
+      const auto slot = static_cast<std::size_t>(b.first_sequence + i);
+      auto& tokens = b.tokens[static_cast<std::size_t>(i)];
+      std::int32_t token = st.next[slot];
+      if (log.record_token(static_cast<std::size_t>(st.slot_seq[slot]), token)) {
+        st.slot_seq[slot] = -1;  // free for the next prompt
+        tokens.clear();
+      } else {
+        tokens.push_back(token);
+      }
+    }
+  log.end_step(st.step, computed);
+}
+
+void BlockScheduler::next_steps(BlockState& st) {
+  const GenerationRequest& req = *st.req;
+  if (st.waiting < req.prompts.size() && req.stop_admitting && req.stop_admitting())
+    for (; st.waiting < req.prompts.size(); ++st.waiting) st.log->drop(st.waiting);
+  for (GpuBatch& b : st.batches) {
+    StepBatch s;
+    std::int64_t admitted = 0;  // prompt tokens of this step's newcomers
+    bool admitting = true;
+    for (std::int64_t i = 0; i < b.n; ++i) {
+      const auto slot = static_cast<std::size_t>(b.first_sequence + i);
+      auto& tokens = b.tokens[static_cast<std::size_t>(i)];
+      if (st.slot_seq[slot] < 0 && admitting && st.waiting < req.prompts.size()) {
+        const auto& prompt = req.prompts[st.waiting];
+        const auto len = static_cast<std::int64_t>(prompt.size());
+        // First come, first served: a prompt over the budget waits for the next step.
+        admitting = admitted == 0 || admitted + len <= req.prefill_budget;
+        if (admitting) {
+          st.slot_seq[slot] = static_cast<std::int64_t>(st.waiting);
+          for (auto& e : b.eviction) e->reset(i, sequence_tokens(req, st.waiting));
+          ++st.waiting;
+          tokens = prompt;
+          admitted += len;
+          s.add_prefill(tokens);
+          continue;
+        }
+      }
+      if (st.slot_seq[slot] < 0) {
+        s.add_idle();
+        continue;
+      }
+      const auto cached = static_cast<std::int64_t>(tokens.size()) - 1;
+      // Phi-3 prefills a sequence whole again when it outgrows the original context.
+      if (rope_reprefills(cfg_, std::span(&cached, 1)))
+        s.add_prefill(tokens);
+      else
+        s.add_decode(tokens.back(), cached);
+    }
+    b.step = std::move(s);
   }
 }
 

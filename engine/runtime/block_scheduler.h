@@ -81,6 +81,9 @@ class BlockScheduler {
 
   // Generates for one block: at most gpu_batch_size x num_gpu_batches prompts, cut into GPU
   // batches in order. Same tokens as Generator::generate on the same request. Whole model only.
+  // With req.slots > 0 (continuous batching) any number of prompts flow through that many
+  // slots; each sequence gets the tokens it would get alone (up to rounding where a kernel's
+  // summation order depends on the rows of a step).
   GenerationResult generate(const GenerationRequest& req);
 
   // One block stepped from outside. `req` must outlive the block, and blocks the scheduler.
@@ -121,6 +124,16 @@ class BlockScheduler {
   void send(BlockState& st, std::int64_t k, const StageLinks& links);
   // begin(): the block's GPU batches with their KV caches and hidden states in their tiers.
   void place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req);
+  // Continuous batching: the KV slots per (sequence, kv head) and the most rows of a GPU
+  // batch's step, for any request of the queue.
+  std::int64_t continuous_capacity(const GenerationRequest& req) const;
+  std::int64_t continuous_rows(const GenerationRequest& req, std::int64_t slots) const;
+  // Continuous batching: each GPU batch's next step; idle slots take waiting prompts.
+  void next_steps(BlockState& st);
+  // Continuous batching: records the step's tokens slot by slot, freeing the slots that ended.
+  void record_slots(BlockState& st, GenerationLog& log);
+  // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index.
+  void sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i);
 
   kernels::Backend& be_;
   offload::Tiers& tiers_;

@@ -50,6 +50,10 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
   std::vector<CopyTicket> before = std::move(slot.stores);
   slot.stores.clear();
   slot.loads.clear();
+  if (b.step.rows() == 0) {  // continuous batching: the batch's slots are all idle this step
+    wait_all(before);
+    return;
+  }
   if (!hidden_resident && !u.first) {
     auto pieces = b.hidden->pieces(0, b.step.rows(), Place::gpu(slot.hidden.data()), false);
     std::vector<CopyTicket> deps = before;
@@ -58,16 +62,18 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
                                       {"load_hidden", batch_label(u, k)}, b.step.rows() * hidden_ * 4));
   }
   const std::int64_t staged = b.n - b.resident_end;
-  if (u.cache_layer >= 0 && staged > 0 && !b.step.prefill) {
-    // Only the valid slots of each (sequence, kv head): lens before this step's token. Under
-    // eviction the policy's slots fill the (budget-sized) rows: all of them.
+  if (u.cache_layer >= 0 && staged > 0 && b.step.any_decode()) {
+    // Only the valid slots of each decoding (sequence, kv head): lens before this step's
+    // token; none of a prefilling or idle one. Under eviction the policy's slots fill the
+    // (budget-sized) rows: all of them.
     const auto layer = static_cast<std::size_t>(u.cache_layer);
     const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
     const std::int64_t head_bytes = capacity * slot_bytes;
     std::vector<KvByteRange> ranges;
     std::int64_t bytes = 0;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
-      ranges.push_back({0, b.eviction.empty() ? (b.step.lens[s] - 1) * slot_bytes : head_bytes});
+      const bool decodes = b.step.kinds[static_cast<std::size_t>(s)] == SeqStep::Decode;
+      ranges.push_back({0, !decodes ? 0 : b.eviction.empty() ? (b.step.lens[s] - 1) * slot_bytes : head_bytes});
       bytes += 2 * n_kv_heads_ * ranges.back().to;
     }
     auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
@@ -82,6 +88,7 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
 
 void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
                       bool hidden_resident) {
+  if (b.step.rows() == 0) return;
   if (!hidden_resident && !u.last) {
     auto pieces = b.hidden->pieces(0, b.step.rows(), Place::gpu(slot.hidden.data()), true);
     b.hidden_stored = copies_.copy(lane_hidden_out_, std::move(pieces), {"store_hidden", batch_label(u, k)});
@@ -92,12 +99,17 @@ void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, Ring
     const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
     const std::int64_t head_bytes = capacity * slot_bytes;
     // Prefill wrote slots [0, len); a decode step wrote slot len - 1; under eviction the
-    // policy's slots anywhere in the row.
+    // policy's slots anywhere in the row; an idle slot nothing.
     const bool all = !b.eviction.empty();
     std::vector<KvByteRange> ranges;
-    for (std::int64_t s = b.resident_end; s < b.n; ++s)
-      ranges.push_back({b.step.prefill || all ? 0 : (b.step.lens[s] - 1) * slot_bytes,
-                        all ? head_bytes : b.step.lens[s] * slot_bytes});
+    for (std::int64_t s = b.resident_end; s < b.n; ++s) {
+      const SeqStep kind = b.step.kinds[static_cast<std::size_t>(s)];
+      if (kind == SeqStep::Idle)
+        ranges.push_back({0, 0});
+      else
+        ranges.push_back({kind == SeqStep::Prefill || all ? 0 : (b.step.lens[s] - 1) * slot_bytes,
+                          all ? head_bytes : b.step.lens[s] * slot_bytes});
+    }
     auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
                                   slot.v.data(), true);
     b.cache_stored[layer] = copies_.copy(lane_cache_out_, std::move(pieces), {"store_cache", batch_label(u, k)});

@@ -83,6 +83,20 @@ void GenerationResult::add(const GenerationResult& r) {
   generated_tokens += r.generated_tokens;
   decode_steps += r.decode_steps;
   sequences += r.sequences;
+  sequence_steps += r.sequence_steps;
+}
+
+GenerationResult GenerationResult::sequence(std::size_t b) const {
+  GenerationResult one;
+  one.tokens = {tokens[b]};
+  one.finish_reasons = {finish_reasons[b]};
+  if (!logprobs.empty()) {
+    one.logprobs = {logprobs[b]};
+    one.top_logprobs = {top_logprobs[b]};
+  }
+  one.generated_tokens = static_cast<std::int64_t>(tokens[b].size());
+  one.sequences = 1;
+  return one;
 }
 
 std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b) {
@@ -95,7 +109,7 @@ std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
 }
 
 GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req)
-    : be_(be), cfg_(cfg), req_(req), streams_(req.streams), t0_(now_seconds()) {
+    : be_(be), cfg_(cfg), req_(req), streams_(req.streams), start_(now_seconds()), t0_(start_) {
   const std::size_t B = req.prompts.size();
   if (req.max_new_tokens_each.empty()) check_prompts(cfg, req.prompts, req.max_new_tokens);
   if (!req.max_new_tokens_each.empty()) {
@@ -139,6 +153,8 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
     res_.top_logprobs.resize(B);
   }
   res_.tokens.resize(B);
+  res_.first_token_at.assign(B, 0.0);
+  res_.finished_at.assign(B, 0.0);
   res_.finish_reasons.assign(B, FinishReason::Length);
   res_.sequences = static_cast<std::int64_t>(B);
   done_.assign(B, false);
@@ -173,33 +189,52 @@ bool is_stop_id(const ModelConfig& cfg, const kernels::SamplingParams& p, std::i
 }  // namespace
 
 void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
-  std::vector<std::size_t> recorded;
   for (std::size_t b = 0; b < done_.size(); ++b) {
     if (done_[b]) continue;
-    recorded.push_back(b);
-    auto& tokens = res_.tokens[b];
-    tokens.push_back(next[b]);
-    if (logprobs_ && sampling_[b].logprobs >= 0) {
-      res_.logprobs[b].push_back(chosen_logprob_[b]);
-      res_.top_logprobs[b].push_back(std::move(top_logprobs_[b]));
-      top_logprobs_[b].clear();
-    }
-    // A forced sequence runs until its forced tokens are used up, whatever it samples.
-    const bool forcing = b < req_.forced.size() && step < static_cast<std::int64_t>(req_.forced[b].size());
-    const bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], next[b]) || (req_.stop_here && req_.stop_here(b, tokens)));
-    if (stop || static_cast<std::int64_t>(tokens.size()) >= new_tokens_limit(req_, b)) {
-      res_.finish_reasons[b] = stop ? FinishReason::Stop : FinishReason::Length;
-      done_[b] = true;
-      --active_;
-    }
+    std::int32_t token = next[b];
+    record_token(b, token);
   }
   for (std::size_t b = 0; b < std::min(done_.size(), req_.forced.size()); ++b)
     if (step < static_cast<std::int64_t>(req_.forced[b].size())) next[b] = req_.forced[b][step];
-  for (const std::size_t b : recorded) {  // the inputs, for penalties
-    history_[b].push_back(next[b]);
-    history_view_[b] = history_[b];
-    ++generated_[b];
+  end_step(step, static_cast<std::int64_t>(done_.size()));  // finished sequences are computed too
+}
+
+bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
+  auto& tokens = res_.tokens[b];
+  const auto index = static_cast<std::int64_t>(tokens.size());
+  tokens.push_back(token);
+  if (index == 0) res_.first_token_at[b] = now_seconds() - start_;
+  if (logprobs_ && sampling_[b].logprobs >= 0) {
+    res_.logprobs[b].push_back(chosen_logprob_[b]);
+    res_.top_logprobs[b].push_back(std::move(top_logprobs_[b]));
+    top_logprobs_[b].clear();
   }
+  // A forced sequence runs until its forced tokens are used up, whatever it samples.
+  const bool forcing = b < req_.forced.size() && index < static_cast<std::int64_t>(req_.forced[b].size());
+  const bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
+  if (forcing) token = req_.forced[b][static_cast<std::size_t>(index)];
+  history_[b].push_back(token);  // the inputs, for penalties
+  history_view_[b] = history_[b];
+  ++generated_[b];
+  if (!stop && static_cast<std::int64_t>(tokens.size()) < new_tokens_limit(req_, b)) return false;
+  res_.finish_reasons[b] = stop ? FinishReason::Stop : FinishReason::Length;
+  done_[b] = true;
+  --active_;
+  res_.finished_at[b] = now_seconds() - start_;
+  if (req_.on_finished) req_.on_finished(b, res_);
+  return true;
+}
+
+void GenerationLog::drop(std::size_t b) {
+  if (done_[b] || !res_.tokens[b].empty()) throw std::logic_error("GenerationLog::drop: the sequence has started");
+  done_[b] = true;
+  --active_;
+  --res_.sequences;
+  res_.prompt_tokens -= static_cast<std::int64_t>(req_.prompts[b].size());
+}
+
+void GenerationLog::end_step(std::int64_t step, std::int64_t sequences) {
+  res_.sequence_steps += sequences;
   if (req_.on_step) req_.on_step(step, req_.max_new_tokens);
   if (step == 0) {
     be_.synchronize();

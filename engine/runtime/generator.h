@@ -15,6 +15,8 @@
 
 namespace flexh2o::engine {
 
+struct GenerationResult;
+
 struct GenerationRequest {
   std::vector<std::vector<std::int32_t>> prompts;  // each non-empty
   std::int64_t max_new_tokens = 32;
@@ -41,6 +43,26 @@ struct GenerationRequest {
   // Teacher forcing (evaluation): when given, the input after step i of sequence b is
   // forced[b][i] instead of the sampled token, while forced[b] lasts.
   std::vector<std::vector<std::int32_t>> forced;
+  // Called when sequence b has ended (in the order sequences end), with the result so far, in
+  // which sequence b's tokens, finish reason and log-probabilities are final.
+  std::function<void(std::size_t b, const GenerationResult& so_far)> on_finished;
+
+  // Continuous batching (BlockScheduler only), when slots > 0: the prompts are a queue served
+  // by this many slots (at most the policy's block size). A sequence that ends frees its slot;
+  // at the next step the next prompt takes it and is prefilled beside the other slots' decode
+  // rows. Each sequence samples with its own token index as the step, so its tokens do not
+  // depend on which others share a step. 0: a fixed block, every prompt in from the start.
+  std::int64_t slots = 0;
+  // Continuous batching: the most prompt tokens one GPU batch's step prefills for newcomers, so
+  // that a long prompt does not stall the decode rows (a step with no newcomer yet takes one
+  // whatever its length).
+  std::int64_t prefill_budget = 512;
+  // Continuous batching: polled before prompts take free slots; once true, no waiting prompt
+  // is admitted any more (they end without tokens) and the run ends as the slots empty.
+  std::function<bool()> stop_admitting;
+  // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
+  // `index` of sequence b (on_logits needs a fixed block).
+  std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;
 };
 
 // Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
@@ -59,6 +81,11 @@ struct GenerationResult {
   std::int64_t generated_tokens = 0;  // sum of generated lengths
   std::int64_t decode_steps = 0;
   std::int64_t sequences = 0;
+  // Sequence rows computed over all steps: a fixed block computes its finished sequences until
+  // its last ends; generated_tokens / sequence_steps is the slot utilisation.
+  std::int64_t sequence_steps = 0;
+  // Per sequence, seconds from the start of the generation to its first token and its last.
+  std::vector<double> first_token_at, finished_at;
 
   // Tokens/s as FlexGen reports them (ALGORITHMS.md section 1): prompt tokens over the prefill,
   // tokens after each sequence's first over the decode, all generated tokens over both.
@@ -67,6 +94,8 @@ struct GenerationResult {
   double total_throughput() const;
   // Adds another block's counts and times (a run's totals); tokens are not kept.
   void add(const GenerationResult& r);
+  // Sequence b's tokens, finish reason and log-probabilities as a result of its own.
+  GenerationResult sequence(std::size_t b) const;
 };
 
 // The new tokens sequence b may generate: its own limit, else the request's.
@@ -94,6 +123,17 @@ class GenerationLog {
   // model's unless ignore_eos, and their stop_token_ids; unless still forced), that stop_here
   // ends, or that are full, puts the forced inputs into next, and calls on_step.
   void record(std::int64_t step, std::span<std::int32_t> next);
+  // Continuous batching, sequence by sequence: records `token` as sequence b's next one; true
+  // when that ended it (stop id unless forced, or its limit); a forced input replaces `token`.
+  bool record_token(std::size_t b, std::int32_t& token);
+  // After every sequence of step `step` was recorded (clocks, on_step); `sequences`: the
+  // sequence rows the step computed.
+  void end_step(std::int64_t step, std::int64_t sequences);
+  // Continuous batching: sequence b never started and will not (admission stopped): it ends
+  // without tokens and counts in no total.
+  void drop(std::size_t b);
+  // Tokens sequence b has generated so far: the index (sampling step) of its next one.
+  std::int64_t generated(std::size_t b) const { return static_cast<std::int64_t>(res_.tokens[b].size()); }
   bool active() const { return active_ > 0; }
   // Stops the decode clock; the result.
   GenerationResult finish();
@@ -113,7 +153,7 @@ class GenerationLog {
   std::int64_t max_prompt_ = 0;
   std::vector<bool> done_;
   std::int64_t active_ = 0;
-  double t0_ = 0;
+  double start_ = 0, t0_ = 0;
   GenerationResult res_;
 };
 

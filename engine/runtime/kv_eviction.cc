@@ -7,19 +7,29 @@
 namespace flexh2o::engine {
 
 KvEvictionLayer::KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& policy, const ModelConfig& cfg,
-                                 std::int64_t layer, std::span<const std::int64_t> total_len,
+                                 std::int64_t layer, std::int64_t slots, std::span<const std::int64_t> sizing_len,
                                  std::int64_t max_prompt_rows)
     : policy_(policy), layer_(layer), n_kv_heads_(cfg.n_kv_heads), head_dim_(cfg.head_dim) {
-  const std::int64_t B = static_cast<std::int64_t>(total_len.size());
-  for (std::int64_t b = 0; b < B; ++b) {
-    // A budget at or above the sequence never evicts; its slots need not exceed the tokens.
-    budget_.push_back(std::min(policy.budget(layer, total_len[b]), total_len[b]));
-    capacity_ = std::max(capacity_, policy::kv_slot_capacity(budget_.back()));
-  }
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t g = 0; g < n_kv_heads_; ++g) states_.push_back(policy.make_state(policy::kv_slot_capacity(budget_[b])));
+  for (const std::int64_t total : sizing_len) capacity_ = std::max(capacity_, policy::kv_slot_capacity(budget_of(total)));
+  budget_.assign(static_cast<std::size_t>(slots), 0);
+  states_.resize(static_cast<std::size_t>(slots * n_kv_heads_));
   const auto f = sizeof(float);
   if (policy.uses_prefill_scores()) col_sums_ = {be, static_cast<std::size_t>(max_prompt_rows * n_kv_heads_) * f};
+}
+
+std::int64_t KvEvictionLayer::budget_of(std::int64_t total_len) const {
+  // A budget at or above the sequence never evicts; its slots need not exceed the tokens.
+  return std::min(policy_.budget(layer_, total_len), total_len);
+}
+
+void KvEvictionLayer::reset(std::int64_t seq, std::int64_t total_len) {
+  const std::int64_t budget = budget_of(total_len), slots = policy::kv_slot_capacity(budget);
+  if (slots > capacity_)
+    throw std::logic_error("KV eviction: a sequence of " + std::to_string(total_len) + " tokens needs " +
+                           std::to_string(slots) + " slots, the cache was sized for " + std::to_string(capacity_));
+  budget_[static_cast<std::size_t>(seq)] = budget;
+  for (std::int64_t g = 0; g < n_kv_heads_; ++g)
+    states_[static_cast<std::size_t>(seq * n_kv_heads_ + g)] = policy_.make_state(slots);
 }
 
 void KvEvictionLayer::compute_value_norms(kernels::Backend& be, const float* v, std::int64_t rows) {
@@ -184,13 +194,25 @@ void KvEvictionLayer::merge_evictions(kernels::Backend& be, std::int64_t seq0, s
                  .cache_dtype = cache.dtype});
 }
 
+std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction_slots(kernels::Backend& be,
+                                                                     const policy::KvPolicy& policy,
+                                                                     const ModelConfig& cfg, std::int64_t slots,
+                                                                     std::span<const std::int64_t> sizing_len,
+                                                                     std::int64_t max_prompt_rows) {
+  std::vector<std::unique_ptr<KvEvictionLayer>> out;
+  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
+    out.push_back(std::make_unique<KvEvictionLayer>(be, policy, cfg, l, slots, sizing_len, max_prompt_rows));
+  return out;
+}
+
 std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction(kernels::Backend& be, const policy::KvPolicy& policy,
                                                                const ModelConfig& cfg,
                                                                std::span<const std::int64_t> total_len,
                                                                std::int64_t max_prompt_rows) {
-  std::vector<std::unique_ptr<KvEvictionLayer>> out;
-  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
-    out.push_back(std::make_unique<KvEvictionLayer>(be, policy, cfg, l, total_len, max_prompt_rows));
+  const auto slots = static_cast<std::int64_t>(total_len.size());
+  auto out = make_kv_eviction_slots(be, policy, cfg, slots, total_len, max_prompt_rows);
+  for (auto& layer : out)
+    for (std::int64_t b = 0; b < slots; ++b) layer->reset(b, total_len[static_cast<std::size_t>(b)]);
   return out;
 }
 

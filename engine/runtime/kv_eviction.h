@@ -19,11 +19,16 @@ namespace flexh2o::engine {
 
 class KvEvictionLayer {
  public:
-  // total_len[b]: prompt + new tokens of sequence b, which the budget is a fraction of.
+  // `slots` sequences; sizing_len: prompt + new tokens of every sequence that may take a slot
+  // (the budget is a fraction of it), which sizes the capacity; max_prompt_rows: the most
+  // rows a step prefills. Each slot starts with reset().
   KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& policy, const ModelConfig& cfg, std::int64_t layer,
-                  std::span<const std::int64_t> total_len, std::int64_t max_prompt_rows);
+                  std::int64_t slots, std::span<const std::int64_t> sizing_len, std::int64_t max_prompt_rows);
   // Slots per (sequence, kv head) this layer needs.
   std::int64_t capacity() const { return capacity_; }
+  // Slot `seq` starts a sequence of `total_len` tokens (prompt + new tokens): its budget, and
+  // an empty state per kv head (continuous batching: a newcomer in a freed slot).
+  void reset(std::int64_t seq, std::int64_t total_len);
 
   // Attention::forward calls these instead of its kernels, for the run of sequences starting
   // at `seq0` that `s` holds (rebased to 0), whose cache is `part` of `cache`.
@@ -33,6 +38,7 @@ class KvEvictionLayer {
               const float* q, const float* k, const float* v, float* out, const KvPart& part, const KvView& cache);
 
  private:
+  std::int64_t budget_of(std::int64_t total_len) const;
   // value_norms_[g * rows + r]: the L2 norm of row r's value vector of kv head g.
   void compute_value_norms(kernels::Backend& be, const float* v, std::int64_t rows);
 
@@ -55,10 +61,17 @@ class KvEvictionLayer {
   std::vector<kernels::KvMove> moves_;
 };
 
-// One KvEvictionLayer per decoder layer.
+// One KvEvictionLayer per decoder layer, slot b holding a sequence of total_len[b] tokens.
 std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction(kernels::Backend& be, const policy::KvPolicy& policy,
                                                                const ModelConfig& cfg,
                                                                std::span<const std::int64_t> total_len,
                                                                std::int64_t max_prompt_rows);
+// Continuous batching: one per decoder layer with `slots` slots, sized for any sequence of
+// `sizing_len`; each slot is reset() when a sequence takes it.
+std::vector<std::unique_ptr<KvEvictionLayer>> make_kv_eviction_slots(kernels::Backend& be,
+                                                                     const policy::KvPolicy& policy,
+                                                                     const ModelConfig& cfg, std::int64_t slots,
+                                                                     std::span<const std::int64_t> sizing_len,
+                                                                     std::int64_t max_prompt_rows);
 
 }  // namespace flexh2o::engine

@@ -481,6 +481,50 @@ TEST(Cli, InterruptedJobResumesToTheUninterruptedResult) {
   }
 }
 
+// Continuous batching (the default) with requests of mixed max_tokens: the same result lines
+// (written as requests end, so compared as sets) as fixed blocks and as each request run alone,
+// in memory and with weights, KV cache and hidden states over the gpu/cpu/disk tiers.
+TEST(Cli, ContinuousBatchingWritesEachRequestsSoloResult) {
+  testing::TempDir dir;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 11; ++i) {
+    std::string tokens = "1";
+    for (int t = 0; t < 1 + (i * 7) % 13; ++t) tokens += ", " + std::to_string(5 + (29 * i + 11 * t) % 500);
+    lines.push_back("{\"id\": \"r" + std::to_string(i) + "\", \"tokens\": [" + tokens + "], \"max_tokens\": " +
+                    std::to_string(1 + (i * 5) % 23) + "}\n");
+  }
+  std::string all;
+  for (const auto& l : lines) all += l;
+  testing::write_file(dir.file("in.jsonl"), all);
+  const std::string offload = dir.file("offload");
+  std::filesystem::create_directory(offload);
+  const std::string job = "run --gen-len 24 --gpu-batch-size 2 --num-gpu-batches 2 --prefill-budget 8 --out ";
+  std::string alone;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    testing::write_file(dir.file("one.jsonl"), lines[i]);
+    std::filesystem::remove(dir.file("one.out"));
+    const Result r = run("run --gen-len 24 --gpu-batch-size 1 --prompts " + dir.file("one.jsonl") + " --out " +
+                         dir.file("one.out"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    alone += testing::read_file(dir.file("one.out"));
+  }
+  const auto want = sorted_lines(alone);
+  ASSERT_EQ(want.size(), lines.size());
+  for (const std::string& flags :
+       std::vector<std::string>{"", " --batching fixed", " --percent 30 40 20 30 50 50 --offload-dir " + offload}) {
+    SCOPED_TRACE(flags);
+    const std::string out = dir.file("out.jsonl");
+    std::filesystem::remove(out);
+    const Result r = run(job + out + " --prompts " + dir.file("in.jsonl") + flags);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(sorted_lines(testing::read_file(out)), want);
+    EXPECT_THAT(r.err, HasSubstr("slot utilisation"));
+  }
+  const Result bad = run("run --batching sometimes");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--batching: sometimes not in {continuous,fixed}"));
+}
+
 // --out is the user's file: a run that goes wrong leaves it as it was, or whole result lines.
 TEST(Cli, ResumeIntoAFileOfOtherTextIsAnErrorThatLeavesIt) {
   testing::TempDir dir;

@@ -15,6 +15,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "tests/support/fp_tolerance.h"
+#include "tests/support/refill_check.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"
 
@@ -113,6 +114,26 @@ TEST_P(HfParity, TieredRunGeneratesWhatTheInMemoryRunDoes) {
   const auto want = engine::Generator(*be, cfg, weights).generate(req).tokens;
 
   EXPECT_EQ(testing::generate_tiered(*be, cfg, hf, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true}), want);
+}
+
+// Continuous batching over the tiers: the prompts twice over, each with its own limit, through
+// the 4 slots of 2 GPU batches (a prefill budget of 8 tokens, so newcomers join decode rows
+// in most steps): each request's greedy tokens are those of its solo in-memory run (or differ
+// only at a near-tie). LongRoPE models re-prefill a sequence alone as it outgrows the context.
+TEST_P(HfParity, RefillGeneratesWhatEachPromptAloneDoes) {
+  engine::HfCheckpoint hf(dir_);
+  engine::ModelConfig cfg = hf.config();
+  cfg.stop_ids.clear();
+  auto be = kernels::make_cpu_backend();
+  GenerationRequest req;
+  for (int round = 0; round < 2; ++round)
+    for (const auto& p : prompts()) {
+      req.prompts.push_back(p);
+      req.max_new_tokens_each.push_back(1 + static_cast<std::int64_t>(req.prompts.size() * 5) % new_tokens());
+    }
+  req.max_new_tokens = *std::ranges::max_element(req.max_new_tokens_each);
+  req.prefill_budget = 8;
+  testing::expect_refill_matches_solo(*be, cfg, hf, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true});
 }
 
 // The parity test catches a loader that ignores RoPE scaling: the Llama-3.1 fixture read with

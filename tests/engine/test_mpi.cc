@@ -75,8 +75,18 @@ const char* kStoryPrompts =
     "{\"id\": \"f\", \"prompt\": \"A little bird\"}\n"
     "{\"id\": \"g\", \"prompt\": \"Mom said\"}\n";
 
+// The lines of a results file, sorted: a one-process run under continuous batching writes each
+// line as its request ends, a data-parallel rank 0 in the job's order.
+std::vector<std::string> sorted_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  std::ranges::sort(lines);
+  return lines;
+}
+
 // Runs `job` (flags after `run`, before --out) as one process, then under each launcher form,
-// and expects the same out.jsonl bytes from every one.
+// and expects the same out.jsonl lines from every one.
 void expect_same_output(const std::string& job, const std::vector<std::pair<int, std::string>>& forms,
                         const testing::TempDir& dir, std::size_t lines) {
   const Result one = run("", "run " + job + " --out " + dir.file("one.jsonl"), dir);
@@ -89,7 +99,7 @@ void expect_same_output(const std::string& job, const std::vector<std::pair<int,
     std::filesystem::remove(out);
     const Result r = run(mpirun(ranks), "run " + job + extra + " --out " + out, dir);
     ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(testing::read_file(out), expected);
+    EXPECT_EQ(sorted_lines(testing::read_file(out)), sorted_lines(expected));
   }
 }
 
@@ -106,6 +116,22 @@ TEST(Mpi, DataParallelWritesTheOneProcessFileDummyOpt) {
   const std::string job = "--model " + write_opt(dir, 4, 128) + " --dummy --prompts " + dir.file("in.jsonl") +
                           " --gen-len 8 --gpu-batch-size 2";
   expect_same_output(job, {{2, ""}, {3, ""}}, dir, 9);
+}
+
+// Requests with their own max_tokens under continuous batching (each rank's share through its
+// own slots): the lines of the one-process run, and of that run with fixed blocks.
+TEST(Mpi, DataParallelContinuousBatchingWithMixedLimits) {
+  testing::TempDir dir;
+  std::string in;
+  for (int i = 0; i < 10; ++i) {
+    in += "{\"id\": \"m" + std::to_string(i) + "\", \"tokens\": [1";
+    for (int t = 0; t <= (i * 3) % 7; ++t) in += ", " + std::to_string(20 + (41 * i + 13 * t) % 480);
+    in += "], \"max_tokens\": " + std::to_string(1 + (i * 7) % 19) + "}\n";
+  }
+  testing::write_file(dir.file("in.jsonl"), in);
+  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 20 --gpu-batch-size 2 --num-gpu-batches 2 "
+                          "--prefill-budget 6 --temperature 0.7 --seed 3";
+  expect_same_output(job, {{2, ""}, {2, " --batching fixed"}}, dir, 10);
 }
 
 TEST(Mpi, PipelineWritesTheOneProcessFileStories260K) {

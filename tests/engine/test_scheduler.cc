@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iostream>
 #include <iterator>
 #include <random>
 
@@ -21,6 +22,7 @@
 #include "policy/cost_model.h"
 #include "policy/eviction/kv_spec.h"
 #include "tests/support/forwarding_backend.h"
+#include "tests/support/refill_check.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -504,6 +506,106 @@ TEST(Scheduler, ReservesTheBackendsOpScratch) {
     EXPECT_GE(with - base, scratch.seen);
     EXPECT_THROW(peak_with(scratch, with - 1), offload::BudgetExceeded);
   }
+}
+
+// ---- Continuous batching -----------------------------------------------------------------------
+
+// Three blocks' worth of prompts (and one more) with limits of 1 to 12 tokens through the
+// block's slots under random policies (tiers, staging, eviction, compression), with a prefill
+// budget from one token (a newcomer per GPU batch and step) to all of them: each request's
+// tokens are those of its solo in-memory run.
+void expect_refill_matches_solo(const Case& c, const ModelConfig& cfg, const engine::WeightSource& src,
+                                std::uint64_t seed, float temperature) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c));
+  GenerationRequest req;
+  req.prompts = random_prompts(cfg, 3 * c.policy.block_size() + 1, seed);
+  std::mt19937_64 rng(seed);
+  for (std::size_t b = 0; b < req.prompts.size(); ++b) req.max_new_tokens_each.push_back(1 + static_cast<std::int64_t>(rng() % 12));
+  req.max_new_tokens = *std::ranges::max_element(req.max_new_tokens_each);
+  const std::int64_t budgets[] = {1, 6, 512};
+  req.prefill_budget = budgets[seed % 3];
+  req.sampling = {.temperature = temperature, .top_p = 0.9f, .seed = seed};
+  if (temperature > 0)  // each request its own sampling, penalties (over its own history) included
+    for (std::size_t b = 0; b < req.prompts.size(); ++b)
+      req.sampling_each.push_back({.temperature = b % 3 == 0 ? 0.0f : temperature,
+                                   .top_p = 0.9f,
+                                   .top_k = static_cast<std::int32_t>(b % 4) * 5,
+                                   .seed = seed + b,
+                                   .repetition_penalty = b % 2 ? 1.3f : 1.0f});
+  auto be = kernels::make_cpu_backend();
+  const auto r = testing::expect_refill_matches_solo(*be, cfg, src, c.policy, req, {c.always_stage});
+  if (r.exact < r.requests) std::cout << "note: " << r.requests - r.exact << " of " << r.requests << " requests differ from their solo run (" << r.near_ties << " at near-ties)\n";
+}
+
+TEST(Scheduler, RefillMatchesSoloRunsStories260k) {
+  auto m = engine::open_model({});
+  for (std::uint64_t seed = 600; seed < 612; ++seed) expect_refill_matches_solo(random_case(seed), m.config, *m.weights, seed, seed % 2 ? 0.8f : 0.0f);
+}
+
+TEST(Scheduler, RefillMatchesSoloRunsOpt) {
+  const ModelConfig cfg = testing::tiny_opt_config();
+  engine::DummyWeights src(cfg, 11);
+  for (std::uint64_t seed = 620; seed < 632; ++seed) expect_refill_matches_solo(random_case(seed), cfg, src, seed, 0.0f);
+}
+
+TEST(Scheduler, RefillMatchesSoloRunsLlama) {
+  const ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 12);
+  for (std::uint64_t seed = 640; seed < 652; ++seed) expect_refill_matches_solo(random_case(seed), cfg, src, seed, 0.8f);
+}
+
+TEST(Scheduler, RefillMatchesSoloRunsMoe) {
+  const ModelConfig cfg = testing::tiny_moe_config();
+  engine::DummyWeights src(cfg, 14);
+  const char* loading[] = {"routed", "all", "auto"};
+  for (std::uint64_t seed = 660; seed < 672; ++seed) {
+    Case c = random_case(seed);
+    c.policy.expert_loading = loading[seed % 3];
+    expect_refill_matches_solo(c, cfg, src, seed, seed % 2 ? 0.8f : 0.0f);
+  }
+}
+
+// Every --kv policy and both compressions over the three tiers, staged, under refill.
+TEST(Scheduler, RefillMatchesSoloRunsEveryKvPolicyCompressed) {
+  auto m = engine::open_model({});
+  const char* kv[] = {"h2o:0.3", "local:0.3", "tova:0.3", "scissorhands:0.3", "pyramid:0.3", "snapkv:0.3",
+                      "streaming:0.3", "flex:0.3", "flex:0.3,sink=1,merge=0"};
+  std::uint64_t seed = 700;
+  for (const char* spec : kv)
+    for (const bool compress : {false, true}) {
+      Case c;
+      c.policy.gpu_batch_size = 2;
+      c.policy.num_gpu_batches = 2;
+      c.policy.weights = {0.3, 0.4, 0.3};
+      c.policy.cache = {0.25, 0.25, 0.5};
+      c.policy.kv = spec;
+      c.policy.compress_weight = c.policy.compress_cache = compress;
+      c.always_stage = true;
+      expect_refill_matches_solo(c, m.config, *m.weights, seed++, 0.0f);
+    }
+}
+
+// More slots than prompts; and continuous batching's own checks.
+TEST(Scheduler, RefillWithFewPromptsAndBadSlots) {
+  auto m = engine::open_model({});
+  Case c;
+  c.policy.gpu_batch_size = 4;
+  c.policy.num_gpu_batches = 2;
+  expect_refill_matches_solo(c, m.config, *m.weights, 800, 0.0f);
+  auto be = kernels::make_cpu_backend();
+  offload::Tiers tiers(*be, {});
+  engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, c.policy);
+  GenerationRequest req;
+  req.prompts = random_prompts(m.config, 3, 801);
+  req.max_new_tokens = 4;
+  req.slots = 9;  // more than the block's 8
+  EXPECT_THROW(sched.generate(req), std::invalid_argument);
+  req.slots = 2;
+  req.prefill_budget = 0;
+  EXPECT_THROW(sched.generate(req), std::invalid_argument);
+  req.prefill_budget = 4;
+  req.on_logits = [](std::int64_t, std::span<const float>) {};
+  EXPECT_THROW(sched.generate(req), std::invalid_argument);
 }
 
 }  // namespace

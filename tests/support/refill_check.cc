@@ -1,0 +1,133 @@
+#include "tests/support/refill_check.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/block_scheduler.h"
+#include "offload/tiers.h"
+#include "policy/eviction/kv_spec.h"
+#include "tests/support/test_models.h"
+
+namespace flexh2o::testing {
+
+namespace {
+
+struct Run {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // that picked each token
+};
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+std::vector<Run> solo_runs(kernels::Backend& be, const engine::ModelConfig& cfg, const engine::WeightSource& source,
+                           const policy::Policy& pol, const engine::GenerationRequest& req) {
+  const engine::ModelConfig stored = engine::with_weight_dtype(cfg, pol.weight_dtype(cfg.dtype));
+  const auto host = engine::load_weights(stored, source);
+  engine::Generator plain(be, stored, host, pol.cache_dtype(cfg.dtype));
+  const auto kv = pol.kv == "full" ? nullptr : policy::make_kv_policy(policy::parse_kv_spec(pol.kv), cfg.n_layers);
+  std::vector<Run> out;
+  for (std::size_t b = 0; b < req.prompts.size(); ++b) {
+    engine::GenerationRequest one;
+    one.prompts = {req.prompts[b]};
+    one.max_new_tokens = engine::new_tokens_limit(req, b);
+    one.sampling = req.sampling_each.empty() ? req.sampling : req.sampling_each[b];
+    one.streams = {req.streams.empty() ? b : req.streams[b]};
+    one.kv = kv.get();
+    Run r;
+    one.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+    r.tokens = plain.generate(one).tokens[0];
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// fp32 rounding of a forward pass; a compressed cache re-rounds each K/V value to 4 or 8 bits,
+// and a value the step's summation order moves across a rounding boundary moves a whole
+// quantization step (1 / (2^bits - 1) of its group's range): the logits then move by up to that
+// fraction of their magnitude.
+double tolerance(const policy::Policy& pol, const engine::ModelConfig& cfg, std::int64_t tokens,
+                 const std::vector<float>& logits) {
+  const double fp32 = forward_tolerance(cfg, tokens, logits);
+  if (!pol.compress_cache) return fp32;
+  double scale = 0;
+  for (const float l : logits) scale = std::max(scale, std::abs(static_cast<double>(l)));
+  return fp32 + scale / ((1 << pol.compress_bits) - 1);
+}
+
+}  // namespace
+
+RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::ModelConfig& cfg,
+                                            const engine::WeightSource& source, const policy::Policy& pol,
+                                            const engine::GenerationRequest& req, offload::CopyOptions copy) {
+  const std::vector<Run> want = solo_runs(be, cfg, source, pol, req);
+  const std::size_t n = req.prompts.size();
+  std::vector<Run> got(n);
+  std::vector<int> finished(n, 0);
+  engine::GenerationRequest refill = req;
+  refill.slots = pol.block_size();
+  refill.on_sequence_logits = [&](std::size_t b, std::int64_t index, std::span<const float> l) {
+    EXPECT_EQ(index, static_cast<std::int64_t>(got[b].logits.size())) << "request " << b;
+    got[b].logits.emplace_back(l.begin(), l.end());
+  };
+  refill.on_finished = [&](std::size_t b, const engine::GenerationResult& so_far) {
+    ++finished[b];
+    got[b].tokens = so_far.tokens[b];
+  };
+  TempDir dir;
+  offload::TierOptions to;
+  to.offload_dir = dir.path();
+  offload::Tiers tiers(be, to);
+  {
+    engine::BlockScheduler sched(be, tiers, cfg, source, pol, nullptr, copy);
+    const auto result = sched.generate(refill);
+    for (std::size_t b = 0; b < n; ++b) EXPECT_EQ(result.tokens[b], got[b].tokens) << "request " << b;
+    std::int64_t generated = 0;
+    for (const auto& t : result.tokens) generated += static_cast<std::int64_t>(t.size());
+    EXPECT_EQ(result.sequence_steps, generated) << "continuous batching computes only live sequences";
+  }
+  for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
+    EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
+
+  const engine::ModelConfig stored = engine::with_weight_dtype(cfg, pol.weight_dtype(cfg.dtype));
+  RefillComparison c;
+  c.requests = n;
+  for (std::size_t b = 0; b < n; ++b) {
+    SCOPED_TRACE("request " + std::to_string(b));
+    EXPECT_EQ(finished[b], 1);
+    const Run &w = want[b], &g = got[b];
+    EXPECT_EQ(g.logits.size(), g.tokens.size());
+    if (g.logits.size() != g.tokens.size()) continue;
+    if (g.tokens == w.tokens) ++c.exact;
+    const auto tokens = static_cast<std::int64_t>(req.prompts[b].size() + w.tokens.size());
+    bool tie = false;
+    for (std::size_t i = 0; i < std::min(g.tokens.size(), w.tokens.size()) && !tie; ++i) {
+      const double tol = tolerance(pol, stored, tokens, w.logits[i]);
+      if (g.tokens[i] != w.tokens[i]) {
+        // A different pick is only rounding when the solo run's token ties with refill's within it.
+        const auto& l = w.logits[i];
+        EXPECT_GE(l[static_cast<std::size_t>(g.tokens[i])], l[static_cast<std::size_t>(w.tokens[i])] - 2 * tol)
+            << "token " << i << ": refill picked " << g.tokens[i] << ", alone " << w.tokens[i];
+        ++c.near_ties;
+        tie = true;
+        continue;
+      }
+      EXPECT_LE(max_diff(g.logits[i], w.logits[i]), tol) << "logits of token " << i;
+    }
+    if (!tie) {
+      EXPECT_EQ(g.tokens.size(), w.tokens.size());
+    }
+  }
+  EXPECT_LT(c.near_ties, std::max<std::size_t>(n, 1)) << "every request ended in a near-tie: nothing was compared";
+  return c;
+}
+
+}  // namespace flexh2o::testing
