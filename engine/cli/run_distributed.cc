@@ -255,8 +255,8 @@ json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Sha
     add_placement(report, s, tiers);
   }
   report["result"] = job::to_json(done.total);
-  report["blocks"] = done.blocks;
-  report["finished_blocks"] = done.finished_blocks;
+  report["requests"] = done.requests;
+  report["finished_requests"] = done.finished_requests;
   report["stopped"] = done.stopped;
   report["spans"] = spans_json(trace ? &*trace : nullptr);
   return report;
@@ -297,15 +297,15 @@ void report_data_parallel(const RunOptions& o, const RunSetup& s, const std::vec
 // After the reports: where an interrupt stopped some rank, says how far the job got and gives
 // the interrupted run's exit status (130) as the one-process run does.
 int interrupted_status(const RunOptions& o, const std::vector<json>& reports) {
-  std::size_t finished = 0, blocks = 0;
+  std::size_t finished = 0, requests = 0;
   bool stopped = false;
   for (const json& r : reports) {
     stopped = stopped || r.value("stopped", false);
-    finished += r.value("finished_blocks", std::size_t{0});
-    blocks += r.value("blocks", std::size_t{0});
+    finished += r.value("finished_requests", std::size_t{0});
+    requests += r.value("requests", std::size_t{0});
   }
   if (!stopped) return 0;
-  fmt::print(stderr, "flexh2o: interrupted: the ranks stopped after {} of their {} blocks{}\n", finished, blocks,
+  fmt::print(stderr, "flexh2o: interrupted: the ranks stopped after {} of their {} requests{}\n", finished, requests,
              o.out_file.empty() ? "" : "; rerun with --resume to continue");
   return 130;
 }
