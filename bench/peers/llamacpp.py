@@ -99,7 +99,8 @@ class LlamaCpp:
             return out
         os.makedirs(gguf_dir, exist_ok=True)
         log = out + ".log"
-        staged = self._with_tokenizer(checkpoint, tokenizer_dir, out + ".input")
+        name = os.path.basename(checkpoint.rstrip("/"))
+        staged = self._with_tokenizer(checkpoint, tokenizer_dir, os.path.join(gguf_dir, "staged-" + name))
         env = dict(os.environ, PYTHONPATH=os.path.join(self.src, "gguf-py"))  # the converter's own gguf-py
         print(f"peers: converting {checkpoint} to {out}", file=sys.stderr)
         run_logged([venv_python, os.path.join(self.src, "convert_hf_to_gguf.py"), staged, "--outtype", "f16",
@@ -121,7 +122,7 @@ class LlamaCpp:
         shutil.rmtree(staged, ignore_errors=True)
         os.makedirs(staged)
         for name in os.listdir(checkpoint):
-            os.symlink(os.path.join(checkpoint, name), os.path.join(staged, name))
+            os.symlink(os.path.abspath(os.path.join(checkpoint, name)), os.path.join(staged, name))
         for name in TOKENIZER_FILES:
             if os.path.exists(os.path.join(tokenizer_dir, name)):
                 shutil.copy(os.path.join(tokenizer_dir, name), staged)
@@ -143,8 +144,9 @@ class LlamaCpp:
 
     def batched_bench_command(self, gguf, prompt_len, gen_len, batch, threads, mmap=True):
         """One batch of `batch` sequences, each a prompt_len prompt and gen_len new tokens."""
-        cmd = [self.bin["llama-batched-bench"], "-m", gguf, "-t", str(threads), "-c", str(batch * (prompt_len + gen_len)),
-               "-npp", str(prompt_len), "-ntg", str(gen_len), "-npl", str(batch)]
+        cmd = [self.bin["llama-batched-bench"], "-m", gguf, "-t", str(threads),
+               "-c", str(batch * (prompt_len + gen_len)), "-npp", str(prompt_len), "-ntg", str(gen_len),
+               "-npl", str(batch)]
         return cmd + ([] if mmap else ["--no-mmap"])
 
 

@@ -83,9 +83,9 @@ def main():
         for r in requests:
             f.write(json.dumps(r) + "\n")
     replies = [r["max_tokens"] for r in requests]
-    print(f"sharegpt: {len(requests)} requests of {len(pairs)} conversations; prompt tokens mean "
-          f"{statistics.mean(len(r['tokens']) for r in requests):.0f}; reply tokens mean {statistics.mean(replies):.0f}, "
-          f"max {max(replies)}, sum {sum(replies)}", file=sys.stderr)
+    prompt_mean = statistics.mean(len(r["tokens"]) for r in requests)
+    print(f"sharegpt: {len(requests)} requests of {len(pairs)} conversations; prompt tokens mean {prompt_mean:.0f}; "
+          f"reply tokens mean {statistics.mean(replies):.0f}, max {max(replies)}, sum {sum(replies)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
