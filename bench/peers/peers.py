@@ -346,6 +346,8 @@ def parse_args():
     g.add_argument("--in-flight", type=int, default=32,
                    help="sequences in flight for every system: flexh2o's block, llama-server's -np (default 32)")
     g.add_argument("--max-len", type=int, default=512, help="longest ShareGPT prompt and reply in tokens (default 512)")
+    g.add_argument("--flexh2o-block", metavar="BxK", help="flexh2o's fixed blocks in the sharegpt recipes: gpu batch "
+                                                           "x gpu batches, B x K = --in-flight (default IN_FLIGHTx1)")
     g.add_argument("--flexh2o-variant", action="append", default=[], metavar="NAME=FLAGS",
                    help="another flexh2o row of the sharegpt recipes beside fixed blocks, e.g. "
                         "'continuous=--FLAG'; repeatable")

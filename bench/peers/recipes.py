@@ -39,8 +39,11 @@ RECIPES = {
                                       "16x1 --percent 50 0 100 0 100 0", "64x1 --percent 30 0 100 0 100 0",
                                       "32x2 --percent 40 0 100 0 100 0", "16x4 --percent 40 0 100 0 100 0"]),
     "sharegpt": dict(requests=96, in_flight=32, max_len=512, threads=2),
+    # Blocks of 32 need a placement given (the planner's block is its own): 4 GPU batches of 8 (one
+    # batch of 32 prompts of 512 tokens needs 1.5 GiB of attention activations), weights 10% and the
+    # KV cache 20% in memory (what flexh2o finds fits), the rest on disk; --flexh2o-block and --flexh2o-args replace them.
     "sharegpt-offloaded": dict(preset="llama-1b-smol", requests=96, in_flight=32, max_len=512, threads=2,
-                               mem_cap=int(1.5 * GIB)),
+                               mem_cap=int(1.5 * GIB), flexh2o_block="8x4", flexh2o_args="--percent 10 0 20 0 100 0"),
 }
 
 
@@ -328,8 +331,12 @@ def fixed_block_utilisation(requests, block):
 
 
 def flexh2o_variants(a):
-    """[(name, flags)]: fixed blocks of --in-flight sequences, then each --flexh2o-variant NAME=FLAGS."""
-    variants = [("fixed blocks", ["--gpu-batch-size", str(a.in_flight), "--num-gpu-batches", "1"])]
+    """[(name, flags)]: fixed blocks of --in-flight sequences, then each --flexh2o-variant NAME=FLAGS;
+    --flexh2o-args (a placement) go to every one."""
+    b, _, k = (a.flexh2o_block or f"{a.in_flight}x1").partition("x")
+    if not (b.isdigit() and k.isdigit()) or int(b) * int(k) != a.in_flight:
+        raise HarnessError(f"bad --flexh2o-block {a.flexh2o_block!r}: give BxK with B x K = --in-flight {a.in_flight}")
+    variants = [("fixed blocks", ["--gpu-batch-size", b, "--num-gpu-batches", k])]
     for spec in a.flexh2o_variant:
         name, sep, flags = spec.partition("=")
         if not sep or not name:
@@ -338,12 +345,12 @@ def flexh2o_variants(a):
     return variants
 
 
-def run_flexh2o_variants(a, bench, rep, model, prompts_path, requests, extra):
+def run_flexh2o_variants(a, bench, rep, model, prompts_path, requests):
     wanted = sum(r["max_tokens"] for r in requests)
     out = []
     for name, flags in flexh2o_variants(a):
-        m = bench.flexh2o(name, rep, model, prompts_path, wanted, extra + flags, a.mem_cap)
-        if m.status == "ok" and m.slot_utilisation is None and name == "fixed blocks" and m.block == a.in_flight:
+        m = bench.flexh2o(name, rep, model, prompts_path, wanted, flags + shlex.split(a.flexh2o_args), a.mem_cap)
+        if m.status == "ok" and m.slot_utilisation is None and name == "fixed blocks":
             m.slot_utilisation = fixed_block_utilisation(requests, m.block)
         out.append(m)
     return out
@@ -375,7 +382,7 @@ def sharegpt(a, bench, llama):
     gguf = llama.ensure_gguf(a.model_dir, os.path.join(a.work_dir, "gguf"), bench.python, None)
     cells = {}
     for rep in range(a.repeat):
-        runs = [lambda: run_flexh2o_variants(a, bench, rep, gguf, prompts_path, requests, []),
+        runs = [lambda: run_flexh2o_variants(a, bench, rep, gguf, prompts_path, requests),
                 lambda: [bench.server(f"np{a.in_flight}", rep, llama, gguf, requests, a.mem_cap)]]
         for run in (runs if rep % 2 == 0 else runs[::-1]):
             for m in run():
@@ -394,11 +401,10 @@ def sharegpt_offloaded(a, bench, llama):
     prompts_path, requests = ensure_sharegpt(a, bench.python, a.tokenizer_dir)
     cells = {}
     for rep in range(a.repeat):
-        for m in run_flexh2o_variants(a, bench, rep, checkpoint, prompts_path, requests,
-                                      shlex.split(a.flexh2o_default_args)):
+        for m in run_flexh2o_variants(a, bench, rep, checkpoint, prompts_path, requests):
             cells.setdefault(f"flexh2o, {m.label}", []).append(m)
     lines = bench.header(f"ShareGPT requests (sharegpt.py, SmolLM2's tokenizer) on {os.path.basename(checkpoint)}, "
-                         f"greedy, EOS ignored; flexh2o's own placement", a.mem_cap)
+                         f"greedy, EOS ignored; flexh2o {a.flexh2o_args or 'in memory'}", a.mem_cap)
     return lines + sharegpt_table(bench, cells, "flexh2o, fixed blocks", requests)
 
 
