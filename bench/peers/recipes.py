@@ -41,7 +41,8 @@ RECIPES = {
     "sharegpt": dict(requests=96, in_flight=32, max_len=512, threads=2),
     # Blocks of 32 need a placement given (the planner's block is its own): 4 GPU batches of 8 (one
     # batch of 32 prompts of 512 tokens needs 1.5 GiB of attention activations), weights 10% and the
-    # KV cache 20% in memory (what flexh2o finds fits), the rest on disk; --flexh2o-block and --flexh2o-args replace them.
+    # KV cache 20% in memory (what flexh2o's check finds fits), the rest on disk; --flexh2o-block and
+    # --flexh2o-args replace them.
     "sharegpt-offloaded": dict(preset="llama-1b-smol", requests=96, in_flight=32, max_len=512, threads=2,
                                mem_cap=int(1.5 * GIB), flexh2o_block="8x4", flexh2o_args="--percent 10 0 20 0 100 0"),
 }
