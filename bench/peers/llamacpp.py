@@ -173,7 +173,7 @@ def free_port():
 
 def server_command(llama, gguf, slots, ctx_per_slot, threads, port):
     return [llama.bin["llama-server"], "-m", gguf, "-t", str(threads), "-np", str(slots),
-            "-c", str(slots * ctx_per_slot), "--cont-batching", "--host", "127.0.0.1", "--port", str(port)]
+            "-c", str(slots * ctx_per_slot), "--cont-batching", "--metrics", "--host", "127.0.0.1", "--port", str(port)]
 
 
 def post(port, path, body, timeout):
@@ -187,6 +187,18 @@ def post(port, path, body, timeout):
         return json.loads(data)
     finally:
         conn.close()
+
+
+def busy_slots_per_decode(port):
+    """llama-server's average busy slots per llama_decode call (its Prometheus /metrics), or None."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    except OSError:
+        return None
+    m = re.search(r"^llamacpp:n_busy_slots_per_decode\s+(\S+)", text, re.M)
+    return float(m.group(1)) if m else None
 
 
 def wait_healthy(server, port, timeout):
@@ -232,6 +244,7 @@ def serve_requests(llama, gguf, requests, slots, ctx_per_slot, threads, log, mem
                 outcome.status, outcome.reason = "failed", f"failed: {e}"
             return outcome, None
         generate = time.perf_counter() - start
+        busy = busy_slots_per_decode(port)
         outcome = server.finish(stop=True)
-    return outcome, {"load_seconds": load, "generate_seconds": generate,
+    return outcome, {"load_seconds": load, "generate_seconds": generate, "busy_slots_per_decode": busy,
                      "generated_tokens": sum(r["predicted"] for r in results), "results": results}

@@ -159,6 +159,9 @@ class Bench:
         if r:
             m.generate_seconds, m.generated_tokens = r["generate_seconds"], r["generated_tokens"]
             m.detail = f"-np {a.in_flight} -c {a.in_flight * ctx}, load {r['load_seconds']:.1f} s"
+            if r["busy_slots_per_decode"] is not None:  # prompt chunks count as busy slots too
+                m.slot_utilisation = r["busy_slots_per_decode"] / a.in_flight
+                m.detail += f"; slot utilisation = busy slots per llama_decode call / {a.in_flight} (its /metrics)"
             with open(self._paths(tag)["tokens"], "w") as f:
                 for res in r["results"]:
                     f.write(json.dumps({"id": res["id"], "tokens": res["tokens"]}) + "\n")
