@@ -26,6 +26,12 @@ PRESETS = {
                                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                                max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=True,
                                bos_token_id=128000, eos_token_id=128001)),
+    # The same with SmolLM2's 49152-token vocabulary and special ids: convert_hf_to_gguf.py needs a
+    # tokenizer, and SmolLM2's is the one at hand (1.07 G parameters, as issue 32 measured).
+    "llama-1b-smol": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                    num_attention_heads=32, num_key_value_heads=8, vocab_size=49152,
+                                    max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=True,
+                                    bos_token_id=1, eos_token_id=2)),
     "tinyllama-1.1b": ("llama", dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                                      num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
                                      max_position_embeddings=2048, rms_norm_eps=1e-5)),

@@ -14,10 +14,8 @@ the harness venv (--venv), which runs the checkpoint writer and the Python syste
 import argparse
 import csv
 import dataclasses
-import hashlib
 import json
 import os
-import random
 import re
 import shlex
 import shutil
@@ -27,12 +25,15 @@ import subprocess
 import sys
 import time
 
-from cgroup import CgroupError, MemoryCgroup
+from cgroup import CgroupError
+import recipes
+from isolated import HarnessError, machine_line, run_isolated, wait_for_quiet
+from workload import ensure_checkpoint, ensure_prompts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 SYSTEMS = ["flexh2o", "flexh2o-default", "pytorch-fp32", "pytorch-bf16", "accelerate"]
-PRESETS = ["llama-1b", "opt-125m", "opt-1.3b", "opt-6.7b", "tinyllama-1.1b"]  # checkpoint.py's
+PRESETS = ["llama-1b", "llama-1b-smol", "opt-125m", "opt-1.3b", "opt-6.7b", "tinyllama-1.1b"]  # checkpoint.py's
 UNITS = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 FLEXH2O_BATCH_FLAGS = ("--gpu-batch-size", "--num-gpu-batches")
 # Issue 15's two comparisons; flags given on the command line override these defaults.
@@ -45,10 +46,6 @@ RECIPES = {
                       flexh2o_args="--percent 0 30 100 0 100 0 --cache-dtype f16 --cpu-mem 1GiB",
                       accelerate_cpu_mem="disk:0.7"),
 }
-
-
-class HarnessError(RuntimeError):
-    pass
 
 
 def parse_bytes(text):
@@ -106,47 +103,6 @@ def ensure_venv(venv, explicit, work_dir):
         raise HarnessError(f"cannot build the venv {venv} (pip failed, see {log}); "
                            "fix the network or pass an existing venv with --venv")
     return python
-
-
-def ensure_checkpoint(a, python):
-    if a.config_json:
-        with open(a.config_json, "rb") as f:
-            name = "config-" + hashlib.sha256(f.read()).hexdigest()[:12]
-    else:
-        name = a.preset
-    path = os.path.join(a.work_dir, "checkpoints", f"{name}-{a.checkpoint_dtype}-seed{a.seed}")
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    cmd = [python, os.path.join(HERE, "checkpoint.py"), "--out", path, "--dtype", a.checkpoint_dtype,
-           "--seed", str(a.seed)]
-    cmd += ["--config-json", a.config_json] if a.config_json else ["--preset", a.preset]
-    print(f"peers: writing the checkpoint {path}", file=sys.stderr)
-    if subprocess.run(cmd).returncode != 0:
-        raise HarnessError(f"cannot write the checkpoint {path} (checkpoint.py failed, see above)")
-    return path
-
-
-def ensure_prompts(a, checkpoint):
-    """N seeded random token-id prompts of length L (special ids left out), flexh2o's JSONL."""
-    with open(os.path.join(checkpoint, "config.json")) as f:
-        config = json.load(f)
-    vocab = config["vocab_size"]
-    special = {config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    path = os.path.join(a.work_dir, "prompts", f"n{a.prompts}-len{a.prompt_len}-seed{a.seed}-vocab{vocab}.jsonl")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        rng = random.Random(a.seed)
-        with open(path + ".partial", "w") as f:
-            for i in range(a.prompts):
-                tokens = []
-                while len(tokens) < a.prompt_len:
-                    t = rng.randrange(vocab)
-                    if t not in special:
-                        tokens.append(t)
-                f.write(json.dumps({"id": i, "tokens": tokens}) + "\n")
-        os.rename(path + ".partial", path)
-    return path
 
 
 # ---------------------------------------------------------------- one run
@@ -209,43 +165,6 @@ def read_metrics(system, metrics):
     return m["generate_seconds"], m["load_seconds"], m["generated_tokens"], detail
 
 
-def drop_caches():
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-    except OSError as e:
-        raise HarnessError(f"cannot drop the page cache ({e.strerror}); run as root") from e
-
-
-def busy_cpu_seconds():
-    """CPU seconds all processes have used since boot (/proc/stat, idle and iowait left out)."""
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:9]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_cores_in_use(seconds=3.0):
-    """CPU cores in use over the next `seconds` (nothing of ours runs meanwhile)."""
-    start = busy_cpu_seconds()
-    time.sleep(seconds)
-    return (busy_cpu_seconds() - start) / seconds
-
-
-def wait_for_quiet(limit, max_wait):
-    """Wait until other processes use at most `limit` cores, or `max_wait` seconds have passed."""
-    deadline = time.monotonic() + max_wait
-    while (busy := cpu_cores_in_use()) > limit and time.monotonic() < deadline:
-        print(f"peers: waiting: other processes use {busy:.2f} cores (--quiet-below {limit})", file=sys.stderr)
-        time.sleep(20)
-
-
-def last_line(path):
-    with open(path, errors="replace") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    return lines[-1][:200] if lines else "no output"
-
-
 def run_system(a, paths, system, batch, rep, index):
     tag = f"{system}-b{batch}-r{rep}"
     run = Run(system, batch, rep, tokens_file=os.path.join(a.out_dir, "tokens", tag + ".jsonl"))
@@ -256,50 +175,17 @@ def run_system(a, paths, system, batch, rep, index):
     for path in (run.tokens_file, metrics):
         if os.path.exists(path):
             os.remove(path)
-    if a.quiet_below is not None:
-        wait_for_quiet(a.quiet_below, a.max_wait)
-    drop_caches()
-    cg = MemoryCgroup(f"flexh2o-peers-{os.getpid()}-{index}", a.mem_cap)
+    wait_for_quiet(a.quiet_below, a.max_wait)
     try:
-        start, busy_start = time.perf_counter(), busy_cpu_seconds()
-        with open(log, "w") as f:
-            f.write(shlex.join(cmd) + "\n")
-            f.flush()
-            proc = subprocess.Popen(cg.wrap(cmd), stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
-            timed_out = False
-            try:
-                while True:
-                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                    if pid:
-                        break
-                    if time.perf_counter() - start > a.timeout and not timed_out:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        timed_out = True
-                    time.sleep(0.1)
-            except BaseException:  # Ctrl-C: end the run so that its cgroup can go
-                os.killpg(proc.pid, signal.SIGKILL)
-                os.wait4(proc.pid, 0)
-                raise
-            proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - start
-        run.others_cores = max(0.0, busy_cpu_seconds() - busy_start - usage.ru_utime - usage.ru_stime) / wall
-        run.peak_rss = usage.ru_maxrss * 1024
-        run.peak_cgroup = cg.peak_bytes()
-        oom = cg.oom_killed()
+        outcome = run_isolated(cmd, log, a.mem_cap, f"flexh2o-peers-{os.getpid()}-{index}", env, a.timeout)
     finally:
-        cg.remove()
         shutil.rmtree(paths["offload"], ignore_errors=True)
-    if timed_out:
-        run.status, run.reason = "timeout", f"timeout ({a.timeout} s) at batch {batch}"
-    elif oom or proc.returncode == -signal.SIGKILL or "can't allocate memory" in last_line(log) \
-            or last_line(log).startswith("MemoryError"):
-        run.status, run.reason = "OOM", f"OOM at batch {batch}"
-    elif proc.returncode != 0:
-        run.status, run.reason = "failed", f"failed at batch {batch}: {last_line(log)}"
+    run.others_cores, run.peak_rss, run.peak_cgroup = outcome.others_cores, outcome.peak_rss, outcome.peak_cgroup
+    if outcome.status != "ok":
+        run.status, run.reason = outcome.status, f"{outcome.reason} at batch {batch}"
     else:
         run.generate_seconds, load, run.generated_tokens, run.detail = read_metrics(system, metrics)
-        run.load_seconds = wall - run.generate_seconds if load is None else load
+        run.load_seconds = outcome.wall_seconds - run.generate_seconds if load is None else load
         run.tok_s = a.prompts * a.gen_len / run.generate_seconds
         if run.generated_tokens != a.prompts * a.gen_len:
             run.status = "failed"
@@ -348,13 +234,6 @@ def choose_best(system, runs):
         return Best(system, [], "; ".join(failures), list(by_batch))
     best = max(ok, key=lambda b: statistics.median(r.tok_s for r in ok[b]))
     return Best(system, ok[best], "; ".join(failures), list(by_batch))
-
-
-def machine_line(load_start, load_end):
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                 "unknown CPU")
-    return (f"machine: {model}, {os.cpu_count()} cores; load average (1 min) {load_start:.2f} at start, "
-            f"{load_end:.2f} at end")
 
 
 def summarize(a, paths, runs, bests, load_start, load_end):
@@ -425,8 +304,9 @@ def write_csv(path, runs):
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", choices=sorted(RECIPES),
-                   help="defaults of one of issue 15's comparisons (see README.md); other flags override them")
+    p.add_argument("--recipe", choices=sorted(RECIPES) + sorted(recipes.RECIPES),
+                   help="defaults of one of the comparisons in README.md (in-memory, offloaded: issue 15; "
+                        "llamacpp-*: issue 32; sharegpt*: issue 30); other flags override them")
     g = p.add_argument_group("workload")
     g.add_argument("--preset", choices=PRESETS, default="opt-1.3b", help="model shape of the checkpoint")
     g.add_argument("--config-json", help="a config.json (with model_type) to instantiate instead of --preset")
@@ -455,6 +335,29 @@ def parse_args():
                    help="Accelerate's weight and compute dtype (default bf16; fp32 is faster on CPUs without "
                         "AVX-512 BF16 or AMX, where PyTorch emulates bf16)")
     g.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
+    g = p.add_argument_group("llama.cpp and ShareGPT recipes (recipes.py)")
+    g.add_argument("--weights", default="f16", help="GGUF weight types, comma-separated: f16 and llama-quantize's "
+                                                     "(Q8_0, Q4_0, ...) (default f16)")
+    g.add_argument("--batch-sizes", default="16", help="sequences per batch, comma-separated (default 16)")
+    g.add_argument("--tuned", action="append", default=[], metavar="'BxK FLAGS'",
+                   help="a hand-tuned flexh2o policy for llamacpp-offloaded: gpu batch x gpu batches, then flags; "
+                        "repeatable (replaces the recipe's list)")
+    g.add_argument("--requests", type=int, default=96, help="ShareGPT requests (default 96)")
+    g.add_argument("--in-flight", type=int, default=32,
+                   help="sequences in flight for every system: flexh2o's block, llama-server's -np (default 32)")
+    g.add_argument("--max-len", type=int, default=512, help="longest ShareGPT prompt and reply in tokens (default 512)")
+    g.add_argument("--flexh2o-block", metavar="BxK", help="flexh2o's fixed blocks in the sharegpt recipes: gpu batch "
+                                                           "x gpu batches, B x K = --in-flight (default IN_FLIGHTx1)")
+    g.add_argument("--flexh2o-variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="another flexh2o row of the sharegpt recipes beside fixed blocks, e.g. "
+                        "'continuous=--FLAG'; repeatable")
+    g.add_argument("--model-dir", default=recipes.SMOLLM2_DIR,
+                   help="HF directory of the sharegpt recipe's model (default SmolLM2-135M-Instruct from "
+                        "scripts/models/make_smollm2.sh)")
+    g.add_argument("--tokenizer-dir", default=recipes.SMOLLM2_DIR,
+                   help="tokenizer for random checkpoints (GGUF conversion, ShareGPT sampling) (default SmolLM2's)")
+    g.add_argument("--build-jobs", type=int, default=1, help="parallel jobs building llama.cpp (default 1: the "
+                                                             "build runs niced beside other work)")
     g = p.add_argument_group("measurement")
     g.add_argument("--mem-cap", type=parse_bytes, help="memory cgroup limit of each run, e.g. 3GiB (default none)")
     g.add_argument("--repeat", type=int, default=1, help="runs per system and batch, interleaved (default 1)")
@@ -473,8 +376,14 @@ def parse_args():
     g.add_argument("--out-dir", help="table.md, runs.csv, logs, tokens (default: WORK_DIR/out)")
     recipe = p.parse_known_args()[0].recipe
     if recipe:
-        p.set_defaults(**RECIPES[recipe])
+        p.set_defaults(**{**RECIPES, **recipes.RECIPES}[recipe])
     a = p.parse_args()
+    a.flexh2o_source = None  # the binary the copy in out_dir was taken from
+    if a.recipe in recipes.DRIVERS:
+        a.out_dir = a.out_dir or os.path.join(a.work_dir, "out", a.recipe)
+        a.tuned = a.tuned or getattr(a, "recipe_tuned", [])
+        return a
+    a.out_dir = a.out_dir or os.path.join(a.work_dir, "out")
     a.systems = a.systems.split(",")
     for s in a.systems:
         if s not in SYSTEMS:
@@ -482,31 +391,39 @@ def parse_args():
     if any(flag in shlex.split(a.flexh2o_args) for flag in FLEXH2O_BATCH_FLAGS):
         p.error("give flexh2o's batch with --batch or --batches flexh2o=BxK, not in --flexh2o-args")
     a.baseline = a.baseline or next((s for s in a.systems if not s.startswith("flexh2o")), a.systems[0])
-    a.out_dir = a.out_dir or os.path.join(a.work_dir, "out")
-    a.flexh2o_source = None  # the binary the copy in out_dir was taken from
     return a
+
+
+def copy_flexh2o(a):
+    """Run a copy: the build may be replaced while the benchmark runs."""
+    if not os.access(a.flexh2o, os.X_OK):
+        raise HarnessError(f"no flexh2o binary at {a.flexh2o}; build it or pass --flexh2o PATH")
+    os.makedirs(a.out_dir, exist_ok=True)
+    built = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(a.flexh2o)))
+    a.flexh2o_source = f"{a.flexh2o} (built {built})"
+    a.flexh2o = shutil.copy2(a.flexh2o, os.path.join(a.out_dir, "flexh2o"))
 
 
 def main():
     a = parse_args()
+    venv = a.venv or os.environ.get("PEERS_VENV")
+    if a.recipe in recipes.DRIVERS:
+        copy_flexh2o(a)
+        recipes.run(a, ensure_venv(venv or os.path.join(HERE, ".venv"), venv is not None, a.work_dir))
+        return
     batches = parse_batches(a.batches, a.batch)
     for system in a.systems:
         too_big = [b for b in batches[system] if b != "own" and batch_size(b) > a.prompts]
         if too_big:
             raise HarnessError(f"{system} batch {too_big[0]} is larger than --prompts {a.prompts}")
-    if any(s.startswith("flexh2o") for s in a.systems) and not os.access(a.flexh2o, os.X_OK):
-        raise HarnessError(f"no flexh2o binary at {a.flexh2o}; build it or pass --flexh2o PATH")
     for d in ("logs", "tokens", "metrics"):
         os.makedirs(os.path.join(a.out_dir, d), exist_ok=True)
     if any(s.startswith("flexh2o") for s in a.systems):
-        # Run a copy: the build may be replaced while the benchmark runs.
-        built = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(a.flexh2o)))
-        a.flexh2o_source = f"{a.flexh2o} (built {built})"
-        a.flexh2o = shutil.copy2(a.flexh2o, os.path.join(a.out_dir, "flexh2o"))
-    venv = a.venv or os.environ.get("PEERS_VENV")
+        copy_flexh2o(a)
     python = ensure_venv(venv or os.path.join(HERE, ".venv"), venv is not None, a.work_dir)
     checkpoint = ensure_checkpoint(a, python)
-    paths = {"python": python, "checkpoint": checkpoint, "prompts": ensure_prompts(a, checkpoint)}
+    paths = {"python": python, "checkpoint": checkpoint,
+             "prompts": ensure_prompts(a.work_dir, checkpoint, a.prompts, a.prompt_len, a.seed)}
 
     load_start = os.getloadavg()[0]
     runs, dropped = [], set()  # dropped: (system, batch) past a batch that ran out of memory
