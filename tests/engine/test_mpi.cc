@@ -34,6 +34,19 @@ std::string mpirun(int ranks) {
          std::to_string(ranks) + " ";
 }
 
+// Starts `mpirun -np 2 flexh2o ARGS` in the background (output in spawn.out/spawn.err of `dir`);
+// its pid, for the signals a test sends.
+pid_t spawn_mpirun(const testing::TempDir& dir, const std::string& args) {
+  const std::string cmd = "exec " + mpirun(2) + FLEXH2O_BINARY + " " + args + " >" + dir.file("spawn.out") + " 2>" +
+                          dir.file("spawn.err") + " </dev/null";
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return launcher;
+}
+
 // `timeout` turns a hang into a failure instead of a stuck CI job.
 Result run(const std::string& launcher, const std::string& args, const testing::TempDir& dir) {
   const std::string cmd = "timeout 120 " + launcher + FLEXH2O_BINARY + " " + args + " >" + dir.file("stdout") + " 2>" +
@@ -188,13 +201,7 @@ TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
   for (const std::string& form : {std::string(), std::string(" --pipeline 2")}) {
     SCOPED_TRACE("mpirun -np 2" + form);
     const std::string out = dir.file("part" + std::to_string(form.size()) + ".jsonl");
-    const std::string cmd = "exec " + mpirun(2) + FLEXH2O_BINARY + " " + job + out + form + " >" +
-                            dir.file("spawn.out") + " 2>" + dir.file("spawn.err") + " </dev/null";
-    const pid_t launcher = ::fork();
-    if (launcher == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
+    const pid_t launcher = spawn_mpirun(dir, job + out + form);
     // Once rank 0 wrote a line (data parallel: rank 1's share included, the lines go in input
     // order; pipeline: rank 1 is the last stage), kill rank 1.
     pid_t victim = -1;
@@ -234,13 +241,7 @@ TEST(Mpi, InterruptedJobStopsAfterTheRunningBlocksAndResumes) {
                                    {" --pipeline 2", "the pipeline stopped after"}}) {
     SCOPED_TRACE("mpirun -np 2" + form);
     const std::string out = dir.file("part" + std::to_string(form.size()) + ".jsonl");
-    const std::string cmd = "exec " + mpirun(2) + FLEXH2O_BINARY + " " + job + out + form + " >" +
-                            dir.file("spawn.out") + " 2>" + dir.file("spawn.err") + " </dev/null";
-    const pid_t launcher = ::fork();
-    if (launcher == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
+    const pid_t launcher = spawn_mpirun(dir, job + out + form);
     pid_t ranks[2] = {-1, -1};
     for (int tries = 0; tries < 3000; ++tries) {
       for (int r = 0; r < 2; ++r)
