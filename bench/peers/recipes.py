@@ -335,16 +335,18 @@ def fixed_block_utilisation(requests, block):
 
 
 def flexh2o_variants(a):
-    """[(name, flags)]: fixed blocks of --in-flight sequences, then each --flexh2o-variant NAME=FLAGS;
+    """[(name, flags)]: fixed blocks of --in-flight sequences, the same slots under continuous batching,
+    then each --flexh2o-variant NAME=FLAGS;
     --flexh2o-args (a placement) go to every one."""
     b, _, k = (a.flexh2o_block or f"{a.in_flight}x1").partition("x")
     if not (b.isdigit() and k.isdigit()) or int(b) * int(k) != a.in_flight:
         raise HarnessError(f"bad --flexh2o-block {a.flexh2o_block!r}: give BxK with B x K = --in-flight {a.in_flight}")
-    variants = [("fixed blocks", ["--gpu-batch-size", b, "--num-gpu-batches", k])]
+    block = ["--gpu-batch-size", b, "--num-gpu-batches", k]
+    variants = [("fixed blocks", block + ["--batching", "fixed"]), ("continuous", block + ["--batching", "continuous"])]
     for spec in a.flexh2o_variant:
         name, sep, flags = spec.partition("=")
         if not sep or not name:
-            raise HarnessError(f"bad --flexh2o-variant {spec!r}: give NAME=FLAGS, e.g. 'continuous=--refill'")
+            raise HarnessError(f"bad --flexh2o-variant {spec!r}: give NAME=FLAGS, e.g. 'budget64=--prefill-budget 64'")
         variants.append((name, shlex.split(flags)))
     return variants
 
