@@ -188,12 +188,17 @@ pid_t rank_pid(pid_t launcher, int rank) {
   return -1;
 }
 
+// A job for the tests that signal its ranks, up to its --out path: blocks of one prompt, each a
+// few tens of ms, so the job is under way when the signal comes.
+std::string signalled_job(const testing::TempDir& dir) {
+  testing::write_file(dir.file("in.jsonl"), token_prompts(16));
+  return "run --model " + write_opt(dir, 6, 512) + " --dummy --prompts " + dir.file("in.jsonl") +
+         " --gen-len 16 --gpu-batch-size 1 --out ";
+}
+
 TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
   testing::TempDir dir;
-  testing::write_file(dir.file("in.jsonl"), token_prompts(16));
-  // Blocks of one prompt, each a few tens of ms: the job is under way when the kill comes.
-  const std::string job = "run --model " + write_opt(dir, 6, 512) + " --dummy --prompts " + dir.file("in.jsonl") +
-                          " --gen-len 16 --gpu-batch-size 1 --out ";
+  const std::string job = signalled_job(dir);
   ASSERT_EQ(run("", job + dir.file("full.jsonl"), dir).code, 0);
   const std::string full = testing::read_file(dir.file("full.jsonl"));
   ASSERT_EQ(line_count(full), 16u);
@@ -232,9 +237,7 @@ TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
 // exits 130, and --resume completes the file.
 TEST(Mpi, InterruptedJobStopsAfterTheRunningBlocksAndResumes) {
   testing::TempDir dir;
-  testing::write_file(dir.file("in.jsonl"), token_prompts(16));
-  const std::string job = "run --model " + write_opt(dir, 6, 512) + " --dummy --prompts " + dir.file("in.jsonl") +
-                          " --gen-len 16 --gpu-batch-size 1 --out ";
+  const std::string job = signalled_job(dir);
   ASSERT_EQ(run("", job + dir.file("full.jsonl"), dir).code, 0);
   const std::string full = testing::read_file(dir.file("full.jsonl"));
   for (const auto& [form, said] : {std::pair<std::string, std::string>{"", "the ranks stopped after"},
