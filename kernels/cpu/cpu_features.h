@@ -15,4 +15,14 @@ inline bool cpu_has_avx2_fma_f16c() {
   return b & bit_AVX2;
 }
 
+// AVX-512 F, with the OS saving the opmask and zmm registers.
+inline bool cpu_has_avx512f() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & bit_AVX512F)) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0xe6) == 0xe6;  // SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM state
+}
+
 }  // namespace flexh2o::kernels

@@ -2,6 +2,8 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/sampling_vec.h"
 #include "kernels/hash.h"
 
 namespace flexh2o::kernels {
@@ -30,7 +33,7 @@ struct Candidate {
 // by it gives the same sequence.
 bool before(const Candidate& x, const Candidate& y) { return x.p > y.p || (x.p == y.p && x.id < y.id); }
 
-// The candidates in descending order, sorted lazily a growing chunk at a time: a nucleus or a
+// The candidates in descending order, sorted lazily a growing head at a time: a nucleus or a
 // draw usually ends within the first few hundred of a large vocabulary.
 class Descending {
  public:
@@ -40,23 +43,46 @@ class Descending {
     if (i >= sorted_) extend(i + 1);
     return c_[i];
   }
+  // Sorts at least the head holding `mass`, or every candidate of weight >= `weight` (either
+  // when the candidates hold it): a hint for a walk about to go that far, which would
+  // otherwise extend the head many times. One pass bins the unsorted candidates by binary
+  // exponent, one partition takes the bins the walk needs, one sort orders them.
+  void cover(double mass, double weight) {
+    const bool weight_held = weight <= 0.0 || (sorted_ > 0 && c_[sorted_ - 1].p < weight);
+    if (sorted_ == c_.size() || (head_mass_ >= mass && weight_held)) return;
+    std::array<double, 2048> bin_mass{};
+    for (std::size_t i = sorted_; i < c_.size(); ++i) bin_mass[static_cast<std::size_t>(exponent(c_[i].p))] += c_[i].p;
+    // The bins from the top down to `cut`, until they hold the mass and reach the weight's bin.
+    const int weight_bin = weight > 0.0 ? exponent(weight) : static_cast<int>(bin_mass.size());
+    int cut = static_cast<int>(bin_mass.size()) - 1;
+    double have = head_mass_ + bin_mass.back();
+    while (cut > 0 && (have < mass || cut > weight_bin)) have += bin_mass[static_cast<std::size_t>(--cut)];
+    const auto first = c_.begin() + static_cast<std::ptrdiff_t>(sorted_);
+    const auto mid = std::partition(first, c_.end(), [&](const Candidate& x) { return exponent(x.p) >= cut; });
+    std::sort(first, mid, before);
+    sorted_ = static_cast<std::size_t>(mid - c_.begin());
+    head_mass_ = have;
+  }
 
  private:
+  // The biased binary exponent: a bin of weights within a factor 2, in order.
+  static int exponent(double p) { return static_cast<int>((std::bit_cast<std::uint64_t>(p) >> 52) & 0x7ff); }
   void extend(std::size_t n) {
     n = std::min(c_.size(), std::max(n, 2 * sorted_ + 64));
     const auto first = c_.begin() + static_cast<std::ptrdiff_t>(sorted_);
     const auto mid = c_.begin() + static_cast<std::ptrdiff_t>(n);
     if (mid != c_.end()) std::nth_element(first, mid, c_.end(), before);
     std::sort(first, mid, before);
+    for (auto it = first; it != mid; ++it) head_mass_ += it->p;
     sorted_ = n;
   }
   std::vector<Candidate>& c_;
   std::size_t sorted_ = 0;
+  double head_mass_ = 0.0;  // of the sorted head (the walk sums it again in its own order)
 };
 
 struct Scratch {
   std::vector<float> logits;
-  std::vector<double> weights;  // exp((z - max) / temperature)
   std::vector<std::int32_t> tokens;
   std::vector<Candidate> candidates;
 };
@@ -116,6 +142,7 @@ std::optional<std::int32_t> draw(Descending& d, std::size_t all, double total, c
     for (std::size_t i = 0; i < keep; ++i) mass += d[i].p;
   }
   if (p.top_p < 1.0f) {
+    d.cover(p.top_p * mass, 0.0);
     double acc = 0.0;
     for (std::size_t i = 0; i < keep; ++i) {
       if (i >= held) return std::nullopt;
@@ -127,6 +154,7 @@ std::optional<std::int32_t> draw(Descending& d, std::size_t all, double total, c
     }
   }
   if (p.min_p > 0.0f) {  // relative to the most probable token, whose weight is 1
+    if (keep == all) d.cover(0.0, p.min_p);  // else the head holds the kept tokens already
     std::size_t i = 1;
     for (; i < keep; ++i) {
       if (i >= held) return std::nullopt;
@@ -140,6 +168,7 @@ std::optional<std::int32_t> draw(Descending& d, std::size_t all, double total, c
     for (std::size_t i = 0; i < keep; ++i) kept += d[i].p;  // keep <= held here
   }
   const double target = u * kept;
+  d.cover(target, 0.0);
   double acc = 0.0;
   for (std::size_t i = 0; i < keep; ++i) {
     if (i >= held) return std::nullopt;
@@ -150,58 +179,97 @@ std::optional<std::int32_t> draw(Descending& d, std::size_t all, double total, c
   return d[keep - 1].id;
 }
 
-// draw() over the tokens whose weight is at least `cutoff` (and positive).
-std::optional<std::int32_t> draw_among(Scratch& s, double cutoff, std::size_t positive, double total,
+// A token's unnormalised probability exp((z - mx) / temperature), as the reference computes it:
+// every weight the draw walks is this one.
+double weight(float z, float mx, double temperature) { return std::exp(static_cast<double>(z - mx) / temperature); }
+
+// A row's logits with their largest and the sampling temperature.
+struct Row {
+  const float* z;
+  std::int64_t vocab;
+  float mx;
+  double temperature;
+};
+
+// draw() over the tokens of weight at least `cutoff` (and positive). They are found by their
+// logits first: a weight reaches the cutoff only where z >= mx + temperature ln(cutoff), and the
+// pre-filter's margin is far above the roundings of either side, so it keeps all of them (and
+// a few more, which their exact weight then drops).
+std::optional<std::int32_t> draw_among(const Row& row, Scratch& s, double cutoff, std::size_t positive, double total,
                                        const SamplingParams& p, double u) {
   s.candidates.clear();
-  for (std::size_t i = 0; i < s.weights.size(); ++i)
-    if (s.weights[i] > 0.0 && s.weights[i] >= cutoff) s.candidates.push_back({s.weights[i], static_cast<std::int32_t>(i)});
+  const auto take = [&](std::int32_t id) {
+    const double w = weight(row.z[id], row.mx, row.temperature);
+    if (w > 0.0 && w >= cutoff) s.candidates.push_back({w, id});
+  };
+  if (cutoff > 0.0) {
+    const double logit_cut = row.mx + row.temperature * std::log(cutoff);
+    const double margin = 1e-3 * (1.0 + std::abs(row.mx) + std::abs(logit_cut - row.mx));
+    sampling_vec::indices_at_least(row.z, row.vocab, static_cast<float>(logit_cut - margin), s.tokens);
+    for (const std::int32_t id : s.tokens) take(id);
+  } else {
+    for (std::int32_t id = 0; id < row.vocab; ++id) take(id);
+  }
   Descending d(s.candidates);
   return draw(d, positive, total, p, u);
 }
 
-// The k largest logits, descending (lowest id first on ties).
-std::vector<std::int32_t> top_tokens(const float* z, std::int64_t vocab, std::int32_t k, Scratch& s) {
-  s.tokens.resize(static_cast<std::size_t>(vocab));
-  std::iota(s.tokens.begin(), s.tokens.end(), 0);
-  const auto mid = s.tokens.begin() + std::min<std::ptrdiff_t>(k, vocab);
-  std::partial_sort(s.tokens.begin(), mid, s.tokens.end(),
-                    [&](std::int32_t x, std::int32_t y) { return z[x] > z[y] || (z[x] == z[y] && x < y); });
-  return {s.tokens.begin(), mid};
+// The k largest logits, descending (lowest id first on ties), in s.tokens.
+void top_tokens(const float* z, std::int64_t vocab, std::int32_t k, Scratch& s) {
+  const auto n = static_cast<std::size_t>(std::min<std::int64_t>(k, vocab));
+  const auto better = [&](std::int32_t x, std::int32_t y) { return z[x] > z[y] || (z[x] == z[y] && x < y); };
+  std::vector<std::int32_t>& top = s.tokens;
+  top.clear();
+  if (n > 64) {  // many: a partial sort of the row
+    top.resize(static_cast<std::size_t>(vocab));
+    std::iota(top.begin(), top.end(), 0);
+    std::partial_sort(top.begin(), top.begin() + static_cast<std::ptrdiff_t>(n), top.end(), better);
+    top.resize(n);
+    return;
+  }
+  // One pass holding the best n in order; a block of logits none above the n-th is skipped whole.
+  constexpr std::int64_t kBlock = 64;
+  for (std::int64_t b = 0; b < vocab; b += kBlock) {
+    const std::int64_t e = std::min(b + kBlock, vocab);
+    if (top.size() == n && !(sampling_vec::max_of(z + b, e - b) > z[top.back()])) continue;
+    for (auto i = static_cast<std::int32_t>(b); i < e; ++i) {
+      if (top.size() == n) {
+        if (!(z[i] > z[top.back()])) continue;  // a tie goes to the lower id, already held
+        top.pop_back();
+      }
+      top.insert(std::upper_bound(top.begin(), top.end(), i, better), i);
+    }
+  }
 }
 
 void sample_row(const SampleArgs& a, std::size_t r, Scratch& s) {
   const SamplingParams& p = a.params[r];
   const float* z = a.logits + static_cast<std::int64_t>(r) * a.vocab;
-  const auto V = static_cast<std::size_t>(a.vocab);
   if (p.adjusts_logits()) {
     adjust(z, a.vocab, p, a.history.empty() ? std::span<const std::int32_t>() : a.history[r], a.steps[r], a.eos_ids, s);
     z = s.logits.data();
   }
   const bool want_logprobs = p.logprobs >= 0 && (!a.chosen_logprob.empty() || !a.top_logprobs.empty());
-  const float mx = *std::max_element(z, z + V);
+  const float mx = sampling_vec::max_of(z, a.vocab);
   if (!(mx > -std::numeric_limits<float>::infinity()))
     throw std::invalid_argument("sample: every token of a row is masked (min_tokens over its stop ids?)");
   const double temperature = p.greedy() ? 1.0 : static_cast<double>(p.temperature);
   double total = 0.0;  // sum of exp((z - mx) / temperature)
   std::int32_t chosen = 0;
   if (p.greedy()) {
-    chosen = static_cast<std::int32_t>(std::max_element(z, z + V) - z);
-    if (want_logprobs)
-      for (std::size_t i = 0; i < V; ++i) total += std::exp(static_cast<double>(z[i] - mx));
+    chosen = static_cast<std::int32_t>(std::find(z, z + a.vocab, mx) - z);  // the first largest
+    if (want_logprobs) total = sampling_vec::exp_sum(z, a.vocab, mx, temperature).total;
   } else {
-    s.weights.resize(V);
-    std::size_t positive = 0;
-    for (std::size_t i = 0; i < V; ++i) {
-      const double e = std::exp(static_cast<double>(z[i] - mx) / temperature);
-      total += s.weights[i] = e;
-      positive += e > 0.0;
-    }
+    const sampling_vec::ExpSum sum = sampling_vec::exp_sum(z, a.vocab, mx, temperature);
+    total = sum.total;
+    const Row row{z, a.vocab, mx, temperature};
+    const auto positive = static_cast<std::size_t>(sum.positive);
     const double u = sampling_uniform(p.seed, a.streams[r], a.steps[r]);
     // First among the tokens that hold all but a 1e-4 share of the mass: a draw, a nucleus or a
     // top-k almost always ends there; when one does not, again over all tokens.
-    std::optional<std::int32_t> token = draw_among(s, total * 1e-4 / static_cast<double>(V), positive, total, p, u);
-    if (!token) token = draw_among(s, 0.0, positive, total, p, u);
+    std::optional<std::int32_t> token =
+        draw_among(row, s, total * 1e-4 / static_cast<double>(a.vocab), positive, total, p, u);
+    if (!token) token = draw_among(row, s, 0.0, positive, total, p, u);
     chosen = *token;
   }
   a.out[r] = chosen;
@@ -215,7 +283,8 @@ void sample_row(const SampleArgs& a, std::size_t r, Scratch& s) {
   auto& top = a.top_logprobs[r];
   top.clear();
   if (p.logprobs == 0) return;
-  for (const std::int32_t t : top_tokens(z, a.vocab, p.logprobs, s)) top.push_back({t, logprob(t)});
+  top_tokens(z, a.vocab, p.logprobs, s);
+  for (const std::int32_t t : s.tokens) top.push_back({t, logprob(t)});
 }
 
 }  // namespace
