@@ -188,7 +188,6 @@ int bench_command(const BenchOptions& o) {
   std::filesystem::create_directories(o.out_dir);
 
   auto be = kernels::make_backend(o.backend);
-  engine::set_compute_dtype(o.compute_dtype, m.config, *be);
   // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
   const bool allow_ccc = be->kind() == kernels::DeviceKind::Cpu;
   std::vector<SystemRun> runs;
@@ -204,6 +203,8 @@ int bench_command(const BenchOptions& o) {
     to.cpu_bytes = hw.cpu_mem;
     to.disk_bytes = hw.disk_mem;
     offload::Tiers tiers(*be, to);
+    m.config.compute_dtype =
+        engine::job_compute_dtype(o.compute_dtype, m.config.dtype, engine::bf16_speed(*be), r.policy.gpu_batch_size).dtype;
     engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, r.policy);
     engine::GenerationRequest req;
     req.prompts = engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size);

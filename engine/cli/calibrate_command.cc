@@ -501,8 +501,7 @@ int calibrate_command(const CalibrateOptions& o) {
   if (!o.model.empty()) {
     // The model's own decoder layer and head as the engine runs them (what a step pays
     // around its GEMMs), in the compute dtype a run would choose.
-    engine::ModelConfig cfg = model_config_of(o.model);
-    engine::set_compute_dtype("auto", cfg, *be);
+    const engine::ModelConfig cfg = model_config_of(o.model);
     const UnitCurves units = measure_unit_curves(
         *be, cfg, o.quick ? 64 : 1024, std::int64_t{1} << 30,
         [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); }, progress);

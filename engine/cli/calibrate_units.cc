@@ -9,6 +9,7 @@
 #include "engine/model/layers.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
+#include "engine/model/model_source.h"
 #include "engine/model/step.h"
 #include "policy/cost_model.h"
 
@@ -48,7 +49,8 @@ UnitWeights load_unit_weights(kernels::Backend& be, const engine::ModelConfig& c
 UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& cfg, std::int64_t max_rows,
                                std::int64_t max_bytes, const TimeCall& time_call,
                                const std::function<void(const std::string&, const std::string&)>& progress) {
-  const auto layers = engine::build_layers(cfg);
+  engine::ModelConfig run = cfg;  // its compute dtype is set per row count below
+  const auto layers = engine::build_layers(run);
   // build_layers: the input embedding, then attention and MLP per decoder layer, the head last.
   const engine::Layer *attention = layers[1].get(), *mlp = layers[2].get(), *head = layers.back().get();
   const UnitWeights w = load_unit_weights(be, cfg, {attention, mlp, head});
@@ -61,6 +63,7 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
     const std::int64_t bytes = engine::Activations::bytes(be, cfg, rows, rows, cache_slots, false) +
                                rows * cfg.hidden * static_cast<std::int64_t>(sizeof(float));
     if (bytes > max_bytes) break;
+    run.compute_dtype = engine::job_compute_dtype("auto", cfg.dtype, engine::bf16_speed(be), rows).dtype;
     engine::Activations act(be, cfg, rows, rows);
     kernels::DeviceBuffer hidden(be, static_cast<std::size_t>(rows * cfg.hidden) * sizeof(float));
     const std::vector<float> small(static_cast<std::size_t>(rows * cfg.hidden), 0.01f);

@@ -22,9 +22,11 @@ struct UnitCurves {
 using TimeCall = std::function<double(const std::function<void()>&)>;
 
 // Times the units of `cfg` (weights random, in the model's dtype, on `be`) at growing rows,
-// up to `max_rows` (the head to a quarter of it) and what fits `max_bytes` of activations. The layer runs a prefill of
-// one-token sequences, so its attention covers one key each (the planner charges attention
-// by its own rates); the head runs over one row per sequence, as every step does.
+// up to `max_rows` (the head to a quarter of it) and what fits `max_bytes` of activations; at
+// each, in the compute dtype --compute-dtype auto settles for GPU batches of that many rows.
+// The layer runs a prefill of one-token sequences, so its attention covers one key each (the
+// planner charges attention by its own rates); the head runs over one row per sequence, as
+// every step does.
 // `progress(what, result)` reports each measurement.
 UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& cfg, std::int64_t max_rows,
                                std::int64_t max_bytes, const TimeCall& time_call,

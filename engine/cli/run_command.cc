@@ -200,6 +200,7 @@ int run_one_process(const RunOptions& o) {
   if (!s.auto_policy) check_placement_fits(o, s, requests, planning_profile(o, s));  // within this machine's memory
   const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
 
+  settle_compute_dtype(o, s);
   offload::TierOptions to = s.tiers;
   to.pin_host = s.policy.pin_weight;
   offload::Tiers tiers(*s.backend, to);
@@ -239,6 +240,7 @@ int run_one_process(const RunOptions& o) {
       job::make_run_report(s.model.description, s.model.config, s.policy, static_cast<std::int64_t>(requests.size()),
                            job::longest_prompt(requests), job::longest_limit(requests, s.gen_len), done.total, tiers,
                            sched, trace ? &*trace : nullptr);
+  report.compute_why = s.compute_why;
   report.batching = o.batching;
   report.wall_seconds = done.wall_seconds;
   report.timings = done.timings;

@@ -334,6 +334,7 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   RunSetup& s = *setup;
   job::check_requests(s.model.config, mine.requests);  // this rank's prompts, before loading weights
   plan_share(mpi, o, s, mine.requests);
+  settle_compute_dtype(o, s);
   std::optional<RootInbox> inbox;
   if (mpi.rank() == 0) inbox.emplace(mpi, out, job_size);
   std::vector<distributed::PendingSend> sends;
@@ -519,6 +520,7 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   const json job = share_pipeline_job(mpi, o, s, todo);
   const policy::StageSlice slice = take_stage(job["stages"][static_cast<std::size_t>(me)], s);
   const distributed::PipelineWork work = pipeline_work(job, s);
+  settle_compute_dtype(o, s);
 
   offload::Tiers tiers(*s.backend, rank_tiers(s, mpi));
   std::optional<offload::Trace> trace;

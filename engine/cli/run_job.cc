@@ -70,10 +70,16 @@ RunSetup open_run(const RunOptions& o) {
   s.tiers.offload_dir = o.offload_dir;
   s.model = open_model(mo);
   s.backend = kernels::make_backend(o.backend);
-  set_compute_dtype(o.compute_dtype, s.model.config, *s.backend);
   if (o.ignore_eos) s.model.config.stop_ids.clear();
   s.gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
   return s;
+}
+
+void settle_compute_dtype(const RunOptions& o, RunSetup& s) {
+  const ComputeChoice c =
+      job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16_speed(*s.backend), s.policy.gpu_batch_size);
+  s.model.config.compute_dtype = c.dtype;
+  s.compute_why = c.why;
 }
 
 std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m, std::int64_t count) {

@@ -30,10 +30,16 @@ struct RunSetup {
   bool auto_policy = false;  // the planner chooses the policy (plan_run)
   policy::Policy policy;     // the given one (auto: set by plan_run)
   offload::TierOptions tiers;  // --*-mem and --offload-dir (auto: the profile's capacities)
+  std::string compute_why;     // what settle_compute_dtype weighed under --compute-dtype auto
 };
 
 // Checks the flags, builds the given policy, opens the model and the backend.
 RunSetup open_run(const RunOptions& o);
+
+// Resolves --compute-dtype once for the job, from its policy (a GPU batch's sequences: the rows
+// each decode step multiplies), into s.model.config: every step of the job, prefill or decode,
+// multiplies in that dtype whatever requests share it. Call once the policy is final.
+void settle_compute_dtype(const RunOptions& o, RunSetup& s);
 
 // The prompts of the job: --prompts, else --prompt or synthetic ones, `count` of them; tokenized.
 std::vector<engine::PromptItem> gather_prompts(const RunOptions& o, const engine::ModelSource& m, std::int64_t count);

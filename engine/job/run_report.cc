@@ -86,10 +86,8 @@ std::string RunReport::text() const {
   std::string s = model_line(model, stored) + "\n";
   s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(model_bytes(stored)),
                    format_bytes(cache_bytes), format_bytes(hidden_bytes));
-  const bool mixed = stored.compute_dtype == kernels::DType::BF16 && stored.bf16_from_rows > 1;
   s += fmt::format("policy: {}, cache {}, compute {}{}\n", policy::to_text(policy), kernels::dtype_name(cache_dtype),
-                   kernels::dtype_name(stored.compute_dtype),
-                   mixed ? fmt::format(" from {} rows (f32 below)", stored.bf16_from_rows) : std::string());
+                   kernels::dtype_name(stored.compute_dtype), compute_why.empty() ? "" : " (" + compute_why + ")");
   s += "peak memory: " + job::to_text(peaks) + "\n";
   s += fmt::format("prompts: {}, prompt tokens: {}, generated tokens: {}\n", prompts, total.prompt_tokens,
                    total.generated_tokens);
@@ -122,6 +120,7 @@ nlohmann::json RunReport::to_json() const {
   j["prompts"] = prompts;
   j["model"] = model;
   j["policy"] = policy::to_json(policy, moe.experts, moe.top_k);
+  j["compute_dtype"] = std::string(kernels::dtype_name(stored.compute_dtype));
   j["model_bytes"] = model_bytes(stored);
   j["cache_bytes"] = cache_bytes;
   j["hidden_bytes"] = hidden_bytes;

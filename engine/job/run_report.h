@@ -50,6 +50,7 @@ struct RunReport {
   engine::ModelConfig stored;  // its config with the policy's weight dtype
   policy::Policy policy;
   kernels::DType cache_dtype = kernels::DType::F32;
+  std::string compute_why;  // what chose stored.compute_dtype under --compute-dtype auto ("": the flag)
   std::int64_t prompts = 0;  // of the job, those done before a resume included
   engine::GenerationResult total;
   std::int64_t cache_bytes = 0;   // the KV cache of a block at its longest

@@ -18,7 +18,7 @@ namespace {
 
 // A projection, in the run's compute dtype.
 void linear(kernels::Backend& be, const ModelConfig& cfg, kernels::GemmArgs a) {
-  a.compute = cfg.compute_for_rows(a.m);
+  a.compute = cfg.compute_dtype;
   be.gemm(a);
 }
 
@@ -314,7 +314,7 @@ class MoeMlp final : public Layer {
     const std::int64_t rows = static_cast<std::int64_t>(r.expert_of.size()) / r.per_row;
     be.moe_experts({.x = act.normed.as<float>(), .rows = rows, .hidden = cfg_.hidden, .top_k = r.per_row,
                     .expert_of = r.expert_of, .weight_of = r.weight_of, .experts = experts, .act = cfg_.mlp_act,
-                    .compute = cfg_.compute_for_rows(rows), .y = act.hidden, .expert_begin = begin, .expert_end = end});
+                    .compute = cfg_.compute_dtype, .y = act.hidden, .expert_begin = begin, .expert_end = end});
   }
 
   void forward(kernels::Backend& be, const LayerWeights& w, const StepBatch& s, Activations& act,
@@ -395,7 +395,7 @@ std::int64_t Activations::bytes(const kernels::Backend& be, const ModelConfig& c
     for (const policy::TensorSpec& t : unit)
       if (t.matrix && t.role != policy::WeightRole::TokEmbed && t.role != policy::WeightRole::PosEmbed)
         scratch = std::max(scratch,
-                           be.gemm_scratch_bytes(m_rows, t.cols, t.rows, c.dtype, c.compute_for_rows(m_rows)));
+                           be.gemm_scratch_bytes(m_rows, t.cols, t.rows, c.dtype, c.compute_dtype));
   };
   project(policy::input_embedding_tensors(m), rows);
   project(policy::attention_tensors(m, 0), rows);

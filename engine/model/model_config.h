@@ -133,18 +133,12 @@ struct ModelConfig {
   // instead of being quantized a second time; otherwise they are expanded to dtype.
   std::map<std::string, kernels::DType> stored_group_formats;
   // How projections multiply: F32, or BF16 (bf16 inputs, fp32 accumulation); a run setting
-  // (--compute-dtype), not part of the checkpoint.
+  // (--compute-dtype, resolved once per job: job_compute_dtype), not part of the checkpoint.
+  // Every projection of every step uses it, whatever the step's rows.
   kernels::DType compute_dtype = kernels::DType::F32;
-  // Under bf16 compute, GEMMs of fewer activation rows than this multiply in f32: --compute-dtype
-  // auto sets it where the backend's f32 kernels are the faster for few rows (decode); 1: bf16 always.
-  std::int64_t bf16_from_rows = 1;
   std::int32_t bos_id = -1;                    // -1: none
   std::vector<std::int32_t> stop_ids;          // generation ends at any of these
 
-  // The compute dtype of a projection of `rows` activation rows.
-  kernels::DType compute_for_rows(std::int64_t rows) const {
-    return compute_dtype == kernels::DType::BF16 && rows < bf16_from_rows ? kernels::DType::F32 : compute_dtype;
-  }
   std::int64_t embedding_width() const { return embed_dim > 0 ? embed_dim : hidden; }
   bool moe_layer(std::int64_t layer) const {
     return moe.experts > 0 && moe.layers[static_cast<std::size_t>(layer)];

@@ -1,5 +1,6 @@
 #include "engine/model/model_source.h"
-#include "offload/text_file.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "engine/loaders/gguf_tokenizer_keys.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
+#include "offload/text_file.h"
 
 namespace flexh2o::engine {
 
@@ -61,16 +63,18 @@ bool is_model_yaml(const fs::path& p) {
 
 }  // namespace
 
-kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be) {
-  if (flag == "f32") return kernels::DType::F32;
-  if (flag == "bf16") return kernels::DType::BF16;
-  if (flag != "auto") throw std::invalid_argument("--compute-dtype: '" + flag + "' is not one of auto, f32, bf16");
-  return weights != kernels::DType::F32 && be.native_bf16() ? kernels::DType::BF16 : kernels::DType::F32;
-}
+Bf16Speed bf16_speed(const kernels::Backend& be) { return {be.native_bf16(), be.bf16_faster_from_rows()}; }
 
-void set_compute_dtype(const std::string& flag, ModelConfig& c, const kernels::Backend& be) {
-  c.compute_dtype = choose_compute_dtype(flag, c.dtype, be);
-  c.bf16_from_rows = flag == "auto" ? be.bf16_faster_from_rows() : 1;
+ComputeChoice job_compute_dtype(const std::string& flag, kernels::DType weights, const Bf16Speed& bf16,
+                                std::int64_t batch_rows) {
+  if (flag == "f32") return {kernels::DType::F32, ""};
+  if (flag == "bf16") return {kernels::DType::BF16, ""};
+  if (flag != "auto") throw std::invalid_argument("--compute-dtype: '" + flag + "' is not one of auto, f32, bf16");
+  if (weights == kernels::DType::F32) return {kernels::DType::F32, "auto: fp32 weights"};
+  if (!bf16.native) return {kernels::DType::F32, "auto: no native bf16"};
+  const std::string rows = fmt::format("auto: GPU batches of {} rows, bf16 the faster from {}", batch_rows,
+                                       bf16.faster_from_rows);
+  return {batch_rows >= bf16.faster_from_rows ? kernels::DType::BF16 : kernels::DType::F32, rows};
 }
 
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional<std::int64_t> vocab_size) {

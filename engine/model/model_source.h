@@ -30,12 +30,26 @@ struct ModelSource {
 };
 
 ModelSource open_model(const ModelOptions& opt);
-// --compute-dtype: "f32", "bf16", or "auto": bf16 for 16-bit weights where the backend
-// multiplies bf16 natively, else f32 (fp32 weights keep fp32: e.g. stories260K's exact text).
-kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weights, const kernels::Backend& be);
-// Sets c's compute dtype as choose_compute_dtype does (from c.dtype) and, under auto, the rows
-// from which bf16 is the faster on this backend (fewer, e.g. decode on a CPU, multiply in f32).
-void set_compute_dtype(const std::string& flag, ModelConfig& c, const kernels::Backend& be);
+// What --compute-dtype auto weighs on a backend: whether it multiplies bf16 natively, and from
+// how many activation rows its bf16 GEMMs beat its f32 ones (1: at every size).
+struct Bf16Speed {
+  bool native = false;
+  std::int64_t faster_from_rows = 1;
+};
+Bf16Speed bf16_speed(const kernels::Backend& be);
+
+// --compute-dtype of a job whose GPU batches hold `batch_rows` sequences (each decode step
+// multiplies that many rows): "f32", "bf16", or "auto": bf16 for 16-bit or quantized weights
+// where the backend multiplies bf16 natively and `batch_rows` reach its crossover, else f32
+// (fp32 weights keep fp32: e.g. stories260K's exact text). Resolved once per job from its
+// configuration, never from a step's rows: under continuous batching those follow which
+// requests share the step, and a request's tokens must not.
+struct ComputeChoice {
+  kernels::DType dtype = kernels::DType::F32;
+  std::string why;  // under auto, what decided (for the run report); "" when the flag named the dtype
+};
+ComputeChoice job_compute_dtype(const std::string& flag, kernels::DType weights, const Bf16Speed& bf16,
+                                std::int64_t batch_rows);
 
 // A tokenizer file as --tokenizer names it: tokenizer.json, a directory with tokenizer.json or
 // vocab.json + merges.txt, or a llama2.c tok*.bin (which needs the model's vocab_size).

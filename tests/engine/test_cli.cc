@@ -525,6 +525,42 @@ TEST(Cli, ContinuousBatchingWritesEachRequestsSoloResult) {
   EXPECT_THAT(bad.err, HasSubstr("--batching: sometimes not in {continuous,fixed}"));
 }
 
+// --compute-dtype auto settles one precision for the whole job from its GPU batch, never from a
+// step's rows, so a request's tokens are the same alone as among others under continuous
+// batching: with 16-bit weights on a CPU with native bf16, GPU batches of 64 multiply in bf16
+// whether a step holds one row or a hundred, and in f32 below; elsewhere f32 throughout.
+TEST(Cli, AutoComputeDtypeIsTheSameAloneAndAmongOthers) {
+  testing::TempDir dir;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 12; ++i) {
+    std::string tokens = "1";
+    for (int t = 0; t < 4 + (i * 5) % 11; ++t) tokens += ", " + std::to_string(7 + (31 * i + 13 * t) % 500);
+    lines.push_back("{\"id\": \"r" + std::to_string(i) + "\", \"tokens\": [" + tokens + "], \"max_tokens\": " +
+                    std::to_string(8 + (i * 7) % 17) + "}\n");
+  }
+  std::string all;
+  for (const auto& l : lines) all += l;
+  testing::write_file(dir.file("in.jsonl"), all);
+  for (const int batch : {4, 64}) {
+    SCOPED_TRACE("gpu batch " + std::to_string(batch));
+    const std::string job = "run --dtype f16 --compute-dtype auto --gen-len 32 --gpu-batch-size " + std::to_string(batch);
+    std::string alone;
+    for (const std::string& line : lines) {
+      testing::write_file(dir.file("one.jsonl"), line);
+      std::filesystem::remove(dir.file("one.out"));
+      const Result r = run(job + " --prompts " + dir.file("one.jsonl") + " --out " + dir.file("one.out"));
+      ASSERT_EQ(r.code, 0) << r.err;
+      alone += testing::read_file(dir.file("one.out"));
+    }
+    std::filesystem::remove(dir.file("out.jsonl"));
+    const Result r = run(job + " --prompts " + dir.file("in.jsonl") + " --out " + dir.file("out.jsonl"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(sorted_lines(testing::read_file(dir.file("out.jsonl"))), sorted_lines(alone));
+    // The report says what auto weighed.
+    EXPECT_THAT(r.err, HasSubstr("(auto: "));
+  }
+}
+
 // --out is the user's file: a run that goes wrong leaves it as it was, or whole result lines.
 TEST(Cli, ResumeIntoAFileOfOtherTextIsAnErrorThatLeavesIt) {
   testing::TempDir dir;

@@ -162,31 +162,36 @@ HostWeights random_fp32_weights(const ModelConfig& cfg, float stddev) {
   return w;
 }
 
-// --compute-dtype auto on a backend whose f32 kernels win for few rows: bf16 for 16-bit weights
-// only from the backend's crossover; explicit bf16 everywhere; f32 weights and f32 keep f32.
-TEST(ComputeDtype, AutoTakesBf16FromTheBackendsCrossover) {
-  auto be = kernels::make_backend("cpu");
-  ModelConfig c;
-  c.dtype = kernels::DType::F16;
-  engine::set_compute_dtype("auto", c, *be);
-  if (!be->native_bf16()) {
-    EXPECT_EQ(c.compute_dtype, kernels::DType::F32);
-    EXPECT_EQ(c.compute_for_rows(1024), kernels::DType::F32);
-  } else {
-    EXPECT_EQ(c.compute_dtype, kernels::DType::BF16);
-    EXPECT_EQ(c.bf16_from_rows, be->bf16_faster_from_rows());
-    EXPECT_EQ(c.compute_for_rows(c.bf16_from_rows), kernels::DType::BF16);
-    if (c.bf16_from_rows > 1) {
-      EXPECT_EQ(c.compute_for_rows(c.bf16_from_rows - 1), kernels::DType::F32);
-    }
+// --compute-dtype is settled once per job from its GPU batch, never per step. Tested on made-up
+// backends' figures, so every machine checks the bf16 branches too.
+TEST(ComputeDtype, AutoSettlesOncePerJobFromItsGpuBatch) {
+  using kernels::DType;
+  const engine::Bf16Speed native{.native = true, .faster_from_rows = 64}, emulated{.native = false, .faster_from_rows = 1};
+  const auto settle = [](const char* flag, DType weights, const engine::Bf16Speed& b, std::int64_t rows) {
+    return engine::job_compute_dtype(flag, weights, b, rows).dtype;
+  };
+  // auto: bf16 for 16-bit or quantized weights on native bf16, from the crossover on.
+  EXPECT_EQ(settle("auto", DType::F16, native, 64), DType::BF16);
+  EXPECT_EQ(settle("auto", DType::BF16, native, 256), DType::BF16);
+  EXPECT_EQ(settle("auto", DType::Q4G32, native, 64), DType::BF16);
+  EXPECT_EQ(settle("auto", DType::F16, native, 63), DType::F32);
+  EXPECT_EQ(settle("auto", DType::F16, native, 1), DType::F32);
+  EXPECT_EQ(settle("auto", DType::F16, {.native = true, .faster_from_rows = 1}, 1), DType::BF16);
+  EXPECT_EQ(settle("auto", DType::F16, emulated, 4096), DType::F32);
+  EXPECT_EQ(settle("auto", DType::F32, native, 4096), DType::F32);  // fp32 weights keep fp32
+  EXPECT_FALSE(engine::job_compute_dtype("auto", DType::F16, native, 32).why.empty());
+  // A named dtype is that dtype at every batch.
+  for (const std::int64_t rows : {1, 63, 64, 4096}) {
+    EXPECT_EQ(settle("bf16", DType::F16, emulated, rows), DType::BF16);
+    EXPECT_EQ(settle("f32", DType::F16, native, rows), DType::F32);
+    EXPECT_TRUE(engine::job_compute_dtype("f32", DType::F16, native, rows).why.empty());
   }
-  engine::set_compute_dtype("bf16", c, *be);
-  EXPECT_EQ(c.compute_for_rows(1), kernels::DType::BF16);
-  engine::set_compute_dtype("f32", c, *be);
-  EXPECT_EQ(c.compute_for_rows(4096), kernels::DType::F32);
-  c.dtype = kernels::DType::F32;
-  engine::set_compute_dtype("auto", c, *be);
-  EXPECT_EQ(c.compute_for_rows(4096), kernels::DType::F32);
+  EXPECT_THROW(settle("fp16", DType::F16, native, 64), std::invalid_argument);
+  // This backend's figures are the ones a run weighs.
+  auto be = kernels::make_backend("cpu");
+  const engine::Bf16Speed here = engine::bf16_speed(*be);
+  EXPECT_EQ(here.native, be->native_bf16());
+  EXPECT_EQ(here.faster_from_rows, be->bf16_faster_from_rows());
 }
 
 TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {
