@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <optional>
 
 #include <unistd.h>
@@ -163,22 +162,6 @@ std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s, cons
   return requests;
 }
 
-// An OpenAI batch job's error lines (bad lines not in the output yet), written first.
-void write_error_lines(const job::OpenAiJob& oj, std::optional<job::ResultFile>& out) {
-  std::vector<std::string> lines;
-  for (const job::OpenAiLine& l : oj.lines)
-    if (!l.error.empty() && !(out && out->done_ids().count(l.key))) lines.push_back(job::openai_error_line(l));
-  job::write_results(out, lines);
-  if (!lines.empty()) fmt::print(stderr, "{} bad request lines: error result lines written\n", lines.size());
-}
-
-// Whether request r's text so far holds one of its stop strings: the text of its new tokens
-// after the prompt's last token (enough context for the tokenizer's spacing).
-bool stop_string_seen(const Tokenizer& tok, const job::Request& r, std::span<const std::int32_t> generated) {
-  return job::stop_position(job::Continuation(tok, std::span(r.prompt).last(1)).text(generated), r.stop) !=
-         std::string::npos;
-}
-
 int run_one_process(const RunOptions& o) {
   check_one_process_flags(o);
   const job::InterruptWatch interrupts;  // before any thread starts
@@ -188,8 +171,7 @@ int run_one_process(const RunOptions& o) {
   RunSetup s = open_run(o);
   std::optional<job::OpenAiJob> oj;
   if (openai) {
-    oj = job::open_openai_job(o.prompts_file, openai_prompt_context(o, s));
-    write_error_lines(*oj, out);
+    oj = open_openai_run(o, s, out);
     if (oj->requests.empty()) {
       fmt::print(stderr, "{}: no request to run\n", o.prompts_file);
       return 0;
@@ -210,27 +192,16 @@ int run_one_process(const RunOptions& o) {
   job::BlockLoopOptions loop{.block = static_cast<std::size_t>(s.policy.block_size()),
                              .continuous = o.batching == "continuous",
                              .prefill_budget = o.prefill_budget,
+                             .source = nullptr,  // every request, in order
                              .interrupts = &interrupts,
                              .results_in = o.out_file,
                              .progress = ::isatty(STDERR_FILENO) == 1,
                              .between_steps = {},
-                             .stop_string_seen = {}};
-  if (s.model.tokenizer)
-    loop.stop_string_seen = [&tok = *s.model.tokenizer](const job::Request& r, std::span<const std::int32_t> g) {
-      return stop_string_seen(tok, r, g);
-    };
-  std::optional<job::OpenAiCollector> collector;
-  if (oj)
-    collector.emplace(*oj, job::ResultContext{.tok = s.model.tokenizer.get(),
-                                              .model = o.model.empty() ? s.model.config.name : o.model,
-                                              .created = static_cast<std::int64_t>(std::time(nullptr))});
+                             .stop_string_seen = stop_string_watch(s)};
+  JobResults results(o, s, out, oj ? &*oj : nullptr);
   const job::JobOutcome done =
       job::run_blocks(sched, todo, loop, [&](std::span<const job::Request> block, const GenerationResult& r) {
-        std::vector<std::string> lines;
-        if (collector) lines = collector->add(block, r);
-        else
-          for (std::size_t t = 0; t < block.size(); ++t) lines.push_back(result_line(o, s.model, block[t], r.tokens[t]));
-        job::write_results(out, lines);
+        results.add(block, r);
       });
   if (done.stopped)
     fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} prompts{}\n", done.finished_requests, done.requests,
@@ -254,8 +225,6 @@ int run_one_process(const RunOptions& o) {
 
 int run_command(const RunOptions& o) {
   if (const auto launch = distributed::mpi_launch()) {
-    if (is_openai_job(o))
-      throw std::invalid_argument("OpenAI batch files run in one process for now; run without mpirun/srun");
 #ifdef FLEXH2O_HAVE_MPI
     return run_distributed(o, [&] { return run_one_process(o); });
 #else

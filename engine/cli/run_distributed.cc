@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,8 +19,8 @@
 #include "engine/job/job_runner.h"
 #include "engine/job/run_report.h"
 #include "engine/distributed/mpi_comm.h"
+#include "engine/distributed/job_queue.h"
 #include "engine/distributed/pipeline_stage.h"
-#include "engine/distributed/sharding.h"
 #include "engine/model/model_shape.h"
 #include "offload/text_file.h"
 #include "policy/pipeline.h"
@@ -32,26 +35,45 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kTagShare = 1;   // rank 0 -> r: the prompts of rank r (data parallel)
-constexpr int kTagToRoot = 2;  // r -> rank 0: finished lines, then its report
-
-Bytes pack(const json& j) {
-  const std::vector<std::uint8_t> v = json::to_cbor(j);
-  const auto* p = reinterpret_cast<const std::byte*>(v.data());
-  return Bytes(p, p + v.size());
-}
-
-json unpack(const Bytes& b) {
-  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
-  return json::from_cbor(p, p + b.size());
-}
-
 std::string rank_name(const Mpi& mpi) { return fmt::format("rank {} ({})", mpi.rank(), mpi.host()); }
 
-// The requests every process would make (the same as a one-process run of these flags).
-std::vector<job::Request> job_requests(const RunOptions& o, const RunSetup& s) {
-  const std::int64_t count = o.batch.value_or(s.placed && !s.auto_policy ? s.policy.block_size() : 1);
-  return make_requests(o, s, gather_prompts(o, s.model, count));
+// The job rank 0 reads: the requests a one-process run of these flags would make (an OpenAI
+// batch file's, its bad lines' error lines written first), checked against the model before any
+// rank loads weights, less those --resume finds done.
+struct RootJob {
+  std::optional<job::OpenAiJob> openai;
+  std::vector<job::Request> todo;
+};
+
+RootJob read_job(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out) {
+  RootJob root;
+  std::vector<job::Request> requests;
+  if (is_openai_job(o)) {
+    root.openai = open_openai_run(o, s, out);
+    requests = root.openai->requests;
+  } else {
+    const std::int64_t count = o.batch.value_or(s.placed && !s.auto_policy ? s.policy.block_size() : 1);
+    requests = make_requests(o, s, gather_prompts(o, s.model, count));
+  }
+  job::check_requests(s.model.config, requests);
+  root.todo = job::requests_to_run(requests, out, o.resume, o.out_file);
+  return root;
+}
+
+// Rank 0's requests on every rank.
+std::vector<job::Request> share_requests(const Mpi& mpi, const std::vector<job::Request>& todo) {
+  json all = json::array();
+  if (mpi.rank() == 0)
+    for (const job::Request& r : todo) all.push_back(job::to_json(r));
+  const json got = distributed::from_bytes(mpi.broadcast(mpi.rank() == 0 ? distributed::to_bytes(all) : Bytes{}, 0));
+  if (mpi.rank() == 0) return todo;
+  std::vector<job::Request> requests;
+  for (const json& r : got) requests.push_back(job::request_from_json(r));
+  return requests;
+}
+
+job::ResultFormat result_format(const RunOptions& o) {
+  return is_openai_job(o) ? job::ResultFormat::OpenAi : job::ResultFormat::Simple;
 }
 
 // This machine as one of several ranks on it: they share its memory and disk.
@@ -107,21 +129,6 @@ std::string model_lines(const RunSetup& s) {
   return job::model_line(s.model.description, c) + "\nmodel size: " + offload::format_bytes(job::model_bytes(c));
 }
 
-// Rank 0's output: lines in the job's order, written (and fsynced) as soon as they are next.
-class OrderedOutput {
- public:
-  OrderedOutput(std::optional<job::ResultFile>& out, std::size_t count) : out_(out), order_(count) {}
-  void put(std::size_t position, std::string line) { order_.put(position, std::move(line)); }
-  void write_ready() {
-    const auto lines = order_.take_ready();
-    if (!lines.empty()) job::write_results(out_, lines);
-  }
-
- private:
-  std::optional<job::ResultFile>& out_;
-  distributed::InOrder order_;
-};
-
 // Where a job's results and reports land: rank 0's output file (or stdout) and metrics.
 void write_job_files(const RunOptions& o, const json& metrics, const std::vector<json>& reports) {
   if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, metrics.dump(2) + "\n");
@@ -141,125 +148,84 @@ json metrics_entry(json report) {
 
 // ---- data parallel -------------------------------------------------------------------------
 
-// The requests one rank runs, and where each one's line goes in the job's output.
-struct Share {
-  std::vector<job::Request> requests;
-  std::vector<std::size_t> positions;
-};
-
-Share share_of(const json& dealt) {
-  Share share;
-  for (const auto& a : dealt) {
-    share.requests.push_back(job::request_from_json(a["request"]));
-    share.positions.push_back(a["position"].get<std::size_t>());
-  }
-  return share;
-}
-
-// Rank 0 deals the requests to the ranks, balanced by tokens (each prompt's own plus the ones
-// it will generate), sends each its share and keeps its own.
-Share deal_shares(const Mpi& mpi, std::span<const job::Request> todo) {
-  std::vector<std::int64_t> cost;
-  for (const job::Request& r : todo) cost.push_back(static_cast<std::int64_t>(r.prompt.size()) + r.max_tokens);
-  const std::vector<int> owner = distributed::deal_balanced(cost, mpi.size());
-  std::vector<json> shares(static_cast<std::size_t>(mpi.size()), json::array());
-  for (std::size_t p = 0; p < todo.size(); ++p)
-    shares[static_cast<std::size_t>(owner[p])].push_back({{"position", p}, {"request", job::to_json(todo[p])}});
-  for (int r = 1; r < mpi.size(); ++r) mpi.send(r, kTagShare, pack(shares[static_cast<std::size_t>(r)]));
-  return share_of(shares[0]);
-}
-
-// With an automatic policy each rank plans for its own share on its part of the machine; a
-// given placement is checked against that part before anything loads.
-void plan_share(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const job::Request> mine) {
-  if (mine.empty()) return;
+// With an automatic policy each rank plans for the job's requests on its part of the machine,
+// in blocks of at most an even share of them; a given placement is checked against that part
+// before anything loads.
+void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const job::Request> todo) {
+  if (todo.empty()) return;
   const policy::HardwareProfile hw = rank_profile(o, s, mpi);
-  if (!s.auto_policy) return check_placement_fits(o, s, mine, hw);
+  if (!s.auto_policy) return check_placement_fits(o, s, todo, hw);
+  const auto share = static_cast<std::int64_t>((todo.size() + static_cast<std::size_t>(mpi.size()) - 1) /
+                                               static_cast<std::size_t>(mpi.size()));
   const policy::Estimate e =
-      policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(mine), job::longest_limit(mine, s.gen_len)},
-                   plan_options(o, s, static_cast<std::int64_t>(mine.size())));
+      policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(todo), job::longest_limit(todo, s.gen_len)},
+                   plan_options(o, s, share));
   adopt_plan(o, s, e.policy, hw);
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
 }
 
-// What the ranks send rank 0: finished lines as they come, then their report. Rank 0 takes
-// them between its own steps and writes the lines that are next in the job's order.
-class RootInbox {
- public:
-  RootInbox(const Mpi& mpi, std::optional<job::ResultFile>& out, std::size_t job_size)
-      : mpi_(mpi), output_(out, job_size), reports_(static_cast<std::size_t>(mpi.size())), reports_due_(mpi.size() - 1) {}
-  void put(std::size_t position, std::string line) { output_.put(position, std::move(line)); }
-  // Takes the messages waiting (wait_for_all: until every rank reported) and writes what is next.
-  void take(bool wait_for_all) {
-    while (reports_due_ > 0 && (wait_for_all || mpi_.waiting(Mpi::kAnySource, kTagToRoot))) {
-      int from = 0;
-      const json msg = unpack(mpi_.recv(Mpi::kAnySource, kTagToRoot, &from));
-      if (msg.contains("report")) {
-        reports_[static_cast<std::size_t>(from)] = msg["report"];
-        --reports_due_;
-      } else {
-        for (std::size_t i = 0; i < msg["positions"].size(); ++i)
-          output_.put(msg["positions"][i].get<std::size_t>(), msg["lines"][i].get<std::string>());
-      }
-    }
-    output_.write_ready();
-  }
-  // Every rank's report, rank 0's (`own`) first.
-  std::vector<json> reports(json own) {
-    take(true);
-    reports_[0] = std::move(own);
-    return reports_;
-  }
+// Requests a rank keeps in hand beyond those running: under continuous batching a few, so that
+// a freed slot rarely waits for rank 0's answer; fixed blocks ask for a block as one starts.
+std::size_t requests_ahead(const RunOptions& o, std::int64_t slots) {
+  return o.batching == "continuous" ? 1 + static_cast<std::size_t>(slots) / 16 : 0;
+}
 
- private:
-  const Mpi& mpi_;
-  OrderedOutput output_;
-  std::vector<json> reports_;
-  int reports_due_;
-};
-
-// Runs this rank's share with the job runner; its lines go to rank 0 (on rank 0: `inbox`) as
-// each block finishes. A first signal stops the share after its running block, a second
-// abandons it (throws job::Interrupted). Returns the rank's report.
-json run_share(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const Share& mine, RootInbox* inbox,
-               std::vector<distributed::PendingSend>& sends, const job::InterruptWatch& interrupts) {
+// Runs the requests `source` deals this rank with the job runner; each finished one goes to
+// `finished`. A first signal stops taking requests (those running finish), a second abandons
+// them (throws job::Interrupted). Returns the rank's report.
+json run_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<const job::Request> todo,
+              job::RequestSource& source, const job::BlockFinished& finished, std::function<void()> between_steps,
+              const job::InterruptWatch& interrupts) {
   json report = {{"name", rank_name(mpi)}, {"rank", mpi.rank()}, {"host", mpi.host()}};
   job::JobOutcome done;
   std::optional<offload::Trace> trace;
   if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
-  if (!mine.requests.empty()) {
+  if (!todo.empty()) {
     offload::Tiers tiers(*s.backend, rank_tiers(s, mpi));
     BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
     job::BlockLoopOptions loop;
     loop.block = static_cast<std::size_t>(s.policy.block_size());
-    loop.interrupts = &interrupts;
-    loop.results_in = o.out_file;
     loop.continuous = o.batching == "continuous";
     loop.prefill_budget = o.prefill_budget;
-    if (inbox) loop.between_steps = [&] { inbox->take(false); };
-    const auto deliver = [&](std::span<const job::Request> block, const GenerationResult& r) {
-      const auto first = static_cast<std::size_t>(block.data() - mine.requests.data());
-      json lines = json::array(), at = json::array();
-      for (std::size_t t = 0; t < block.size(); ++t) {
-        std::string line = result_line(o, s.model, block[t], r.tokens[t]);
-        if (inbox) inbox->put(mine.positions[first + t], std::move(line));
-        else {
-          lines.push_back(std::move(line));
-          at.push_back(mine.positions[first + t]);
-        }
-      }
-      if (inbox) inbox->take(false);
-      else sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"positions", at}, {"lines", lines}}))));
-    };
-    done = job::run_blocks(sched, mine.requests, loop, deliver);
+    loop.source = &source;
+    loop.interrupts = &interrupts;
+    loop.results_in = o.out_file;
+    loop.between_steps = std::move(between_steps);
+    loop.stop_string_seen = stop_string_watch(s);
+    done = job::run_blocks(sched, todo, loop, finished);
     add_placement(report, s, tiers);
   }
   report["result"] = job::to_json(done.total);
-  report["requests"] = done.requests;
   report["finished_requests"] = done.finished_requests;
   report["stopped"] = done.stopped;
   report["spans"] = spans_json(trace ? &*trace : nullptr);
   return report;
+}
+
+// Where each request is in the job, by its id and choice (a fixed block hands the runner's
+// callback copies of the requests).
+std::map<std::pair<std::string, std::int64_t>, std::size_t> request_positions(std::span<const job::Request> todo) {
+  std::map<std::pair<std::string, std::int64_t>, std::size_t> at;
+  for (std::size_t i = 0; i < todo.size(); ++i) at.emplace(std::pair(todo[i].id_json, todo[i].choice), i);
+  return at;
+}
+
+// A rank other than 0: runs what rank 0 deals it and sends back each finished request, then its
+// report. Its exit status: 130 when a signal stopped it.
+int run_other_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<const job::Request> todo,
+                   const job::InterruptWatch& interrupts) {
+  const std::int64_t slots = s.policy.block_size();
+  distributed::RankQueue queue(mpi, static_cast<std::size_t>(slots), requests_ahead(o, slots));
+  const auto at = request_positions(todo);
+  const json report = run_rank(
+      mpi, o, s, todo, queue,
+      [&](std::span<const job::Request> done, const GenerationResult& r) {
+        for (std::size_t t = 0; t < done.size(); ++t)
+          queue.send_finished(at.at({done[t].id_json, done[t].choice}), r.sequence(t));
+      },
+      {}, interrupts);
+  queue.send_report(report);
+  return report["stopped"].get<bool>() ? 130 : 0;
 }
 
 // Each rank's line, then the job's (throughput over the slowest rank's generation time).
@@ -296,58 +262,54 @@ void report_data_parallel(const RunOptions& o, const RunSetup& s, const std::vec
 
 // After the reports: where an interrupt stopped some rank, says how far the job got and gives
 // the interrupted run's exit status (130) as the one-process run does.
-int interrupted_status(const RunOptions& o, const std::vector<json>& reports) {
-  std::size_t finished = 0, requests = 0;
+int interrupted_status(const RunOptions& o, const std::vector<json>& reports, std::size_t requests) {
+  std::size_t finished = 0;
   bool stopped = false;
   for (const json& r : reports) {
     stopped = stopped || r.value("stopped", false);
     finished += r.value("finished_requests", std::size_t{0});
-    requests += r.value("requests", std::size_t{0});
   }
-  if (!stopped) return 0;
-  fmt::print(stderr, "flexh2o: interrupted: the ranks stopped after {} of their {} requests{}\n", finished, requests,
-             o.out_file.empty() ? "" : "; rerun with --resume to continue");
+  if (!stopped && finished == requests) return 0;
+  fmt::print(stderr, "flexh2o: interrupted: the ranks stopped after {} of the job's {} requests{}\n", finished,
+             requests, o.out_file.empty() ? "" : "; rerun with --resume to continue");
   return 130;
 }
 
 int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
-  const job::InterruptWatch interrupts;  // each rank stops or abandons its own share
+  const job::InterruptWatch interrupts;  // each rank stops or abandons its own requests
   // Rank 0 opens the job first, so that an error every rank would meet is said once.
   std::optional<RunSetup> setup;
   std::optional<job::ResultFile> out;
-  Share mine;
-  std::size_t job_size = 0;
+  RootJob root;
   if (mpi.rank() == 0) {
     if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N)");
-    open_out(o, out);
+    open_out(o, out, result_format(o));
     setup.emplace(open_run(o));
-    const std::vector<job::Request> todo = job::requests_to_run(job_requests(o, *setup), out, o.resume, o.out_file);
-    // A given placement that fits no rank's share is one error here, before any rank loads;
-    // a share (fewer, no longer prompts) then fits where the whole job does.
-    if (!setup->auto_policy && !todo.empty()) check_placement_fits(o, *setup, todo, rank_profile(o, *setup, mpi));
-    job_size = todo.size();
-    mine = deal_shares(mpi, todo);
-  } else {
-    mine = share_of(unpack(mpi.recv(0, kTagShare)));
-    setup.emplace(open_run(o));
+    root = read_job(o, *setup, out);
+    // A given placement that fits no rank is one error here, before any rank loads.
+    if (!setup->auto_policy && !root.todo.empty())
+      check_placement_fits(o, *setup, root.todo, rank_profile(o, *setup, mpi));
   }
+  const std::vector<job::Request> todo = share_requests(mpi, root.todo);
+  if (mpi.rank() != 0) setup.emplace(open_run(o));
   RunSetup& s = *setup;
-  job::check_requests(s.model.config, mine.requests);  // this rank's prompts, before loading weights
-  plan_share(mpi, o, s, mine.requests);
+  plan_rank(mpi, o, s, todo);
   settle_compute_dtype(o, s);
-  std::optional<RootInbox> inbox;
-  if (mpi.rank() == 0) inbox.emplace(mpi, out, job_size);
-  std::vector<distributed::PendingSend> sends;
-  json report = run_share(mpi, o, s, mine, inbox ? &*inbox : nullptr, sends, interrupts);
-  if (mpi.rank() != 0) {
-    const bool stopped = report["stopped"].get<bool>();
-    sends.push_back(mpi.isend(0, kTagToRoot, std::make_shared<const Bytes>(pack({{"report", report}}))));
-    for (auto& p : sends) p.wait();
-    return stopped ? 130 : 0;
-  }
-  const std::vector<json> reports = inbox->reports(std::move(report));
+  if (mpi.rank() != 0) return run_other_rank(mpi, o, s, todo, interrupts);
+
+  JobResults results(o, s, out, root.openai ? &*root.openai : nullptr);
+  const std::int64_t slots = s.policy.block_size();  // the others' too, where they plan alike
+  distributed::RootQueue queue(mpi, todo, static_cast<std::size_t>(slots) + requests_ahead(o, slots),
+                               [&](std::size_t i, const GenerationResult& one) {
+                                 results.add(std::span(todo).subspan(i, 1), one);
+                               });
+  json report = run_rank(
+      mpi, o, s, todo, queue.source(),
+      [&](std::span<const job::Request> done, const GenerationResult& r) { results.add(done, r); },
+      [&] { queue.poll(); }, interrupts);
+  const std::vector<json> reports = queue.reports(std::move(report));
   report_data_parallel(o, s, reports);
-  return interrupted_status(o, reports);
+  return interrupted_status(o, reports, todo.size());
 }
 
 // ---- pipeline parallel ---------------------------------------------------------------------
@@ -380,7 +342,7 @@ json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const s
   }
   std::vector<policy::HardwareProfile> hws;
   for (const Bytes& b : capacities) {
-    const json c = unpack(b);
+    const json c = distributed::from_bytes(b);
     policy::HardwareProfile hw = rank_profile(o, s, mpi);
     hw.gpu_mem = c["gpu"].get<std::int64_t>();
     hw.cpu_mem = c["cpu"].get<std::int64_t>();
@@ -414,7 +376,7 @@ json share_pipeline_job(const Mpi& mpi, const RunOptions& o, const RunSetup& s, 
     const policy::HardwareProfile hw = rank_profile(o, s, mpi);
     mine = {{"gpu", hw.gpu_mem}, {"cpu", hw.cpu_mem}, {"disk", hw.disk_mem}, {"name", hw.name}};
   }
-  const std::vector<Bytes> capacities = mpi.gather(pack(mine), 0);
+  const std::vector<Bytes> capacities = mpi.gather(distributed::to_bytes(mine), 0);
   json job;
   if (mpi.rank() == 0) {
     const std::int64_t M = o.micro_batches.value_or(mpi.size());
@@ -422,7 +384,7 @@ json share_pipeline_job(const Mpi& mpi, const RunOptions& o, const RunSetup& s, 
     for (const job::Request& r : todo) requests.push_back(job::to_json(r));
     job = {{"micro_batches", M}, {"stages", plan_stages(mpi, o, s, capacities, todo, M)}, {"requests", requests}};
   }
-  return unpack(mpi.broadcast(mpi.rank() == 0 ? pack(job) : Bytes{}, 0));
+  return distributed::from_bytes(mpi.broadcast(mpi.rank() == 0 ? distributed::to_bytes(job) : Bytes{}, 0));
 }
 
 // Takes this rank's stage of the plan: its policy and capacities into `s`; its slice.
@@ -436,16 +398,20 @@ policy::StageSlice take_stage(const json& stage, RunSetup& s) {
   return slice_of(stage["slice"]);
 }
 
-distributed::PipelineWork pipeline_work(const json& job, const RunSetup& s) {
+// The stages' work: the job's requests (`requests`, kept alive beside it), with their stop
+// strings watched alike on every stage.
+distributed::PipelineWork pipeline_work(const json& job, const RunSetup& s, std::span<const job::Request> requests) {
   distributed::PipelineWork work;
-  std::vector<job::Request> requests;
-  for (const json& r : job["requests"]) requests.push_back(job::request_from_json(r));
   for (const job::Request& r : requests) {
     work.prompts.push_back(r.prompt);
     work.streams.push_back(r.stream);
     work.max_new_tokens.push_back(r.max_tokens);
     work.sampling.push_back(r.sampling);
   }
+  if (auto seen = stop_string_watch(s))
+    work.stop_here = [requests, seen = std::move(seen)](std::size_t p, std::span<const std::int32_t> generated) {
+      return job::stop_string_ends(seen, requests[p], generated);
+    };
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
   return work;
@@ -459,7 +425,7 @@ void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_
   json stage_reports = json::array();
   std::vector<json> reports;
   for (const Bytes& b : gathered) {
-    const json r = unpack(b);
+    const json r = distributed::from_bytes(b);
     waited += r["wait_seconds"].get<double>();
     wall = std::max(wall, r["wall_seconds"].get<double>());
     fmt::print(stderr, "stage {}, {}: {}, {}, {}; waited {:.3f} s of {:.3f} s\n", r["rank"].get<int>(),
@@ -502,24 +468,24 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   const int me = mpi.rank(), n = mpi.size();
   std::optional<RunSetup> setup;
   std::optional<job::ResultFile> out;
-  std::vector<job::Request> todo;
+  RootJob root;
   if (me == 0) {
     if (o.pipeline != n)
       throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " needs " + std::to_string(o.pipeline) +
                                   " ranks but the launcher started " + std::to_string(n) + "; use mpirun -np " +
                                   std::to_string(o.pipeline));
-    open_out(o, out);
+    open_out(o, out, result_format(o));
     setup.emplace(open_run(o));
-    const std::vector<job::Request> requests = job_requests(o, *setup);
-    job::check_requests(setup->model.config, requests);  // every stage steps every prompt
-    todo = job::requests_to_run(requests, out, o.resume, o.out_file);
+    root = read_job(o, *setup, out);  // every stage steps every prompt: checked here
   }
   mpi.broadcast({}, 0);  // rank 0 took the job: the others open the model now
   if (me != 0) setup.emplace(open_run(o));
   RunSetup& s = *setup;
-  const json job = share_pipeline_job(mpi, o, s, todo);
-  const policy::StageSlice slice = take_stage(job["stages"][static_cast<std::size_t>(me)], s);
-  const distributed::PipelineWork work = pipeline_work(job, s);
+  const json shared = share_pipeline_job(mpi, o, s, root.todo);
+  const policy::StageSlice slice = take_stage(shared["stages"][static_cast<std::size_t>(me)], s);
+  std::vector<job::Request> requests;
+  for (const json& r : shared["requests"]) requests.push_back(job::request_from_json(r));
+  const distributed::PipelineWork work = pipeline_work(shared, s, requests);
   settle_compute_dtype(o, s);
 
   offload::Tiers tiers(*s.backend, rank_tiers(s, mpi));
@@ -531,14 +497,9 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   if (trace) trace->reset_clock();
 
   const auto block = static_cast<std::size_t>(work.block);
-  std::optional<OrderedOutput> output;
-  if (me == 0) output.emplace(out, (work.prompts.size() + block - 1) / block);
+  JobResults results(o, s, out, root.openai ? &*root.openai : nullptr);  // rank 0 writes them
   const auto finished = [&](std::size_t chunk, const GenerationResult& r) {
-    if (me != 0) return;
-    std::string lines;
-    for (std::size_t t = 0; t < r.tokens.size(); ++t) lines += result_line(o, s.model, todo[chunk * block + t], r.tokens[t]);
-    output->put(chunk, std::move(lines));
-    output->write_ready();
+    if (me == 0) results.add(std::span(requests).subspan(chunk * block, r.tokens.size()), r);
   };
   const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr,
                                                                        finished, stage_control(interrupts, o.out_file));
@@ -552,7 +513,7 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
                  {"result", job::to_json(stats.total)},
                  {"spans", spans_json(trace ? &*trace : nullptr)}};
   add_placement(report, s, tiers);
-  const std::vector<Bytes> all = mpi.gather(pack(report), 0);
+  const std::vector<Bytes> all = mpi.gather(distributed::to_bytes(report), 0);
   if (me == 0) report_pipeline(o, s, work.micro_batches, stats.total, all);
   if (!stats.stopped) return 0;
   if (me == 0)

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <ctime>
 #include <random>
 
 #include "engine/chat/chat_template.h"
@@ -220,6 +221,43 @@ std::string result_line(const RunOptions& o, const ModelSource& m, const job::Re
   if (!o.out_file.empty()) return job::ResultFile::line(r.id_json, text, new_tokens);
   if (m.tokenizer) return r.text.value_or("") + text + "\n";
   return fmt::format("[{}]\n", fmt::join(new_tokens, ", "));
+}
+
+job::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out) {
+  job::OpenAiJob oj = job::open_openai_job(o.prompts_file, openai_prompt_context(o, s));
+  std::vector<std::string> errors;
+  for (const job::OpenAiLine& l : oj.lines)
+    if (!l.error.empty() && !(out && out->done_ids().count(l.key))) errors.push_back(job::openai_error_line(l));
+  job::write_results(out, errors);
+  if (!errors.empty()) fmt::print(stderr, "{} bad request lines: error result lines written\n", errors.size());
+  return oj;
+}
+
+std::function<bool(const job::Request&, std::span<const std::int32_t>)> stop_string_watch(const RunSetup& s) {
+  if (!s.model.tokenizer) return {};
+  // The text of the new tokens after the prompt's last token (enough context for the
+  // tokenizer's spacing).
+  return [&tok = *s.model.tokenizer](const job::Request& r, std::span<const std::int32_t> generated) {
+    return job::stop_position(job::Continuation(tok, std::span(r.prompt).last(1)).text(generated), r.stop) !=
+           std::string::npos;
+  };
+}
+
+JobResults::JobResults(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out,
+                       const job::OpenAiJob* openai)
+    : o_(o), s_(s), out_(out) {
+  if (openai)
+    collector_.emplace(*openai, job::ResultContext{.tok = s.model.tokenizer.get(),
+                                                   .model = o.model.empty() ? s.model.config.name : o.model,
+                                                   .created = static_cast<std::int64_t>(std::time(nullptr))});
+}
+
+void JobResults::add(std::span<const job::Request> done, const GenerationResult& r) {
+  std::vector<std::string> lines;
+  if (collector_) lines = collector_->add(done, r);
+  else
+    for (std::size_t t = 0; t < done.size(); ++t) lines.push_back(result_line(o_, s_.model, done[t], r.tokens[t]));
+  job::write_results(out_, lines);
 }
 
 }  // namespace flexh2o::cli

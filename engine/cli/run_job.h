@@ -3,6 +3,7 @@
 // a finished prompt becomes in the output.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -82,5 +83,28 @@ std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s,
 // --out, else the prompt and its continuation (or the token ids without a tokenizer).
 std::string result_line(const RunOptions& o, const engine::ModelSource& m, const job::Request& r,
                         std::span<const std::int32_t> new_tokens);
+
+// An OpenAI batch job (is_openai_job): its lines read and prepared, and the error lines of its
+// bad lines not in `out` yet written first.
+job::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out);
+
+// Whether request r's text so far holds one of its stop strings (job::BlockLoopOptions); null
+// without a tokenizer.
+std::function<bool(const job::Request&, std::span<const std::int32_t>)> stop_string_watch(const RunSetup& s);
+
+// Where a job's finished requests go, as they finish (in any order): their result lines (an
+// OpenAI line's once its n choices are done) appended to --out and fsynced, or printed.
+class JobResults {
+ public:
+  JobResults(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out,
+             const job::OpenAiJob* openai);
+  void add(std::span<const job::Request> done, const engine::GenerationResult& r);
+
+ private:
+  const RunOptions& o_;
+  const RunSetup& s_;
+  std::optional<job::ResultFile>& out_;
+  std::optional<job::OpenAiCollector> collector_;
+};
 
 }  // namespace flexh2o::cli

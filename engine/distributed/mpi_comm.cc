@@ -1,7 +1,9 @@
 #include "engine/distributed/mpi_comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <stdexcept>
 
 namespace flexh2o::distributed {
@@ -26,6 +28,17 @@ int piece_bytes(std::int64_t bytes, int i) {
 }
 
 }  // namespace
+
+Bytes to_bytes(const nlohmann::json& j) {
+  const std::vector<std::uint8_t> v = nlohmann::json::to_cbor(j);
+  const auto* p = reinterpret_cast<const std::byte*>(v.data());
+  return Bytes(p, p + v.size());
+}
+
+nlohmann::json from_bytes(const Bytes& b) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
+  return nlohmann::json::from_cbor(p, p + b.size());
+}
 
 PendingSend::PendingSend(PendingSend&& o) noexcept : bytes_(std::move(o.bytes_)), requests_(std::move(o.requests_)) {
   o.requests_.clear();
@@ -157,6 +170,10 @@ bool Mpi::waiting(int source, int tag) const {
   int flag = 0;
   check(MPI_Iprobe(source, tag, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe");
   return flag != 0;
+}
+
+void Mpi::await(int source, int tag) const {
+  while (!waiting(source, tag)) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 std::vector<Bytes> Mpi::gather(std::span<const std::byte> mine, int root) const {

@@ -13,9 +13,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace flexh2o::distributed {
 
 using Bytes = std::vector<std::byte>;
+
+// JSON as the bytes of a message (CBOR), and back.
+Bytes to_bytes(const nlohmann::json& j);
+nlohmann::json from_bytes(const Bytes& b);
 
 // A non-blocking send; the bytes stay alive until it completes. Destroying it waits.
 class PendingSend {
@@ -59,6 +65,9 @@ class Mpi {
   void recv_into(int source, int tag, std::span<std::byte> dst, const char* what) const;
   // Whether a message from `source` with `tag` is waiting (and progresses MPI).
   bool waiting(int source, int tag) const;
+  // Until one is: sleeps between probes, where Open MPI's blocking receive would poll and take
+  // a core from the ranks computing beside this one.
+  void await(int source, int tag) const;
 
   // Every rank's bytes, in rank order, on `root` (empty elsewhere).
   std::vector<Bytes> gather(std::span<const std::byte> mine, int root) const;

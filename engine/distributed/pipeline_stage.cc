@@ -8,11 +8,13 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace flexh2o::distributed {
 
 namespace {
 
-constexpr int kTagHidden = 101, kTagTokens = 102;
+constexpr int kTagHidden = 101, kTagTokens = 102, kTagLogprobs = 103;
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -36,7 +38,41 @@ engine::GenerationRequest block_request(const PipelineWork& work, std::size_t ch
   req.max_new_tokens_each.assign(work.max_new_tokens.begin() + first, work.max_new_tokens.begin() + end);
   req.max_new_tokens = *std::max_element(req.max_new_tokens_each.begin(), req.max_new_tokens_each.end());
   req.sampling_each.assign(work.sampling.begin() + first, work.sampling.begin() + end);
+  if (work.stop_here)
+    req.stop_here = [&work, first](std::size_t b, std::span<const std::int32_t> generated) {
+      return work.stop_here(static_cast<std::size_t>(first) + b, generated);
+    };
   return req;
+}
+
+// A finished block's log-probabilities as the last stage sends them to the first.
+Bytes logprobs_bytes(std::size_t chunk, const engine::GenerationResult& r) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& sequence : r.top_logprobs) {
+    nlohmann::json per_token = nlohmann::json::array();
+    for (const auto& alternatives : sequence) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const kernels::TokenLogprob& t : alternatives) a.push_back({t.token, t.logprob});
+      per_token.push_back(std::move(a));
+    }
+    top.push_back(std::move(per_token));
+  }
+  return to_bytes({{"chunk", chunk}, {"logprobs", r.logprobs}, {"top_logprobs", top}});
+}
+
+// The first stage's result of block `chunk` takes the log-probabilities the last stage sent.
+void take_logprobs(const Bytes& bytes, std::size_t chunk, engine::GenerationResult& r) {
+  const nlohmann::json j = from_bytes(bytes);
+  if (j.at("chunk").get<std::size_t>() != chunk)
+    throw std::runtime_error("log-probabilities of block " + std::to_string(j["chunk"].get<std::size_t>()) +
+                             " came where block " + std::to_string(chunk) + " finished (the stages disagree)");
+  r.logprobs = j.at("logprobs").get<std::vector<std::vector<float>>>();
+  r.top_logprobs.assign(r.logprobs.size(), {});
+  for (std::size_t b = 0; b < r.top_logprobs.size(); ++b)
+    for (const auto& alternatives : j.at("top_logprobs").at(b)) {
+      auto& a = r.top_logprobs[b].emplace_back();
+      for (const auto& t : alternatives) a.push_back({t.at(0).get<std::int32_t>(), t.at(1).get<float>()});
+    }
 }
 
 }  // namespace
@@ -89,6 +125,19 @@ StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, con
     stats.stopped = control.stop_requested && mpi.any(control.stop_requested());
     return !stats.stopped;
   };
+  // A finished block: the last stage, which sampled, sends its log-probabilities (when some
+  // sequence asks) to the first as soon as it ends, so that the first need not wait.
+  auto finish = [&](Slot& s) {
+    engine::GenerationResult r = sched.finish(*s.block);
+    if (!r.logprobs.empty() && me == last)
+      sends.push_back(mpi.isend(0, kTagLogprobs, std::make_shared<const Bytes>(logprobs_bytes(s.chunk, r))));
+    if (!r.logprobs.empty() && me == 0)
+      waiting("wait_logprobs", current, [&] { take_logprobs(mpi.recv(last, kTagLogprobs), s.chunk, r); });
+    stats.total.add(r);
+    s.block.reset();
+    ++stats.finished_blocks;
+    finished(s.chunk, r);
+  };
   std::vector<Slot> slots(static_cast<std::size_t>(work.micro_batches));
   for (bool any = true; any;) {
     any = false;
@@ -102,13 +151,7 @@ StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, con
         sched.end_step(*s.block);
         s.awaiting_tokens = false;
       }
-      if (s.block && !sched.active(*s.block)) {
-        const engine::GenerationResult r = sched.finish(*s.block);
-        stats.total.add(r);
-        s.block.reset();
-        ++stats.finished_blocks;
-        finished(s.chunk, r);
-      }
+      if (s.block && !sched.active(*s.block)) finish(s);
       if (!s.block && take_next()) {
         s.req = block_request(work, next_chunk);
         s.block = sched.begin(s.req);
@@ -123,6 +166,7 @@ StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, con
         const auto bytes = std::make_shared<const Bytes>(next.begin(), next.end());
         for (int r = 0; r < last; ++r) sends.push_back(mpi.isend(r, kTagTokens, bytes));
         sched.end_step(*s.block);
+        if (!sched.active(*s.block)) finish(s);
       } else {
         s.awaiting_tokens = true;
       }

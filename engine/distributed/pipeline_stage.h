@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
@@ -23,6 +24,9 @@ struct PipelineWork {
   std::vector<std::uint64_t> streams;              // the sampling stream of each
   std::vector<std::int64_t> max_new_tokens;        // the new tokens limit of each
   std::vector<kernels::SamplingParams> sampling;  // the sampling of each
+  // Whether prompt p's sequence ends after `generated` (stop strings; null: none): every stage
+  // asks it alike, so that they end sequences at the same step.
+  std::function<bool(std::size_t p, std::span<const std::int32_t> generated)> stop_here;
   std::int64_t block = 1;          // prompts per micro-batch (gpu batch size x GPU batches)
   std::int64_t micro_batches = 1;  // blocks in flight
 };
@@ -45,8 +49,9 @@ struct StageControl {
 };
 
 // Runs rank mpi.rank()'s stage; `sched` holds that stage's layers. `finished(c, result)` is
-// called when block c (prompts [c * block, ...)) is done, in the order blocks finish. Waits
-// are recorded in `trace` (track "pipeline") when given.
+// called when block c (prompts [c * block, ...)) is done, in the order blocks finish; on the
+// first stage its log-probabilities (sequences whose sampling asks) are the last stage's,
+// which sampled. Waits are recorded in `trace` (track "pipeline") when given.
 StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, const PipelineWork& work,
                               offload::Trace* trace,
                               const std::function<void(std::size_t, const engine::GenerationResult&)>& finished,

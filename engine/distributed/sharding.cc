@@ -1,35 +1,33 @@
 #include "engine/distributed/sharding.h"
 
-#include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace flexh2o::distributed {
 
-std::vector<int> deal_balanced(std::span<const std::int64_t> costs, int ranks) {
-  if (ranks < 1) throw std::invalid_argument("dealing prompts needs at least one rank");
-  std::vector<std::int64_t> load(static_cast<std::size_t>(ranks), 0);
-  std::vector<int> owner;
-  owner.reserve(costs.size());
-  for (const std::int64_t c : costs) {
-    const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[r] += c;
-    owner.push_back(static_cast<int>(r));
+DealQueue::DealQueue(std::vector<bool> starts_group) : starts_(std::move(starts_group)) {
+  if (!starts_.empty()) starts_.front() = true;
+}
+
+std::vector<std::size_t> DealQueue::deal(std::size_t want) {
+  std::vector<std::size_t> dealt;
+  while (next_ < starts_.size() && (dealt.size() < want || !starts_[next_])) dealt.push_back(next_++);
+  return dealt;
+}
+
+void Hand::add(std::span<const std::size_t> dealt) {
+  for (const std::size_t i : dealt) {
+    if (last_ && i <= *last_)
+      throw std::logic_error("request " + std::to_string(i) + " dealt after " + std::to_string(*last_));
+    held_.push_back(i);
+    last_ = i;
   }
-  return owner;
 }
 
-void InOrder::put(std::size_t position, std::string text) {
-  if (position >= count_ || position < next_ || waiting_.count(position))
-    throw std::logic_error("result " + std::to_string(position) + " of " + std::to_string(count_) +
-                           " is out of range or arrived twice");
-  waiting_.emplace(position, std::move(text));
-}
-
-std::vector<std::string> InOrder::take_ready() {
-  std::vector<std::string> ready;
-  for (auto it = waiting_.begin(); it != waiting_.end() && it->first == next_; it = waiting_.erase(it), ++next_)
-    ready.push_back(std::move(it->second));
-  return ready;
+std::optional<std::size_t> Hand::next(std::size_t from) {
+  while (!held_.empty() && held_.front() < from) held_.pop_front();
+  if (held_.empty()) return std::nullopt;
+  return held_.front();
 }
 
 }  // namespace flexh2o::distributed

@@ -1,37 +1,43 @@
-// Data-parallel bookkeeping that needs no MPI: dealing a job's prompts to ranks, and putting
-// results that finish out of order back into the job's order.
+// Data-parallel bookkeeping that needs no MPI: rank 0's queue of a job's requests, dealt to the
+// ranks as they ask, and a rank's hand of requests dealt to it and not yet taken.
 #pragma once
 #include <cstddef>
-#include <cstdint>
-#include <map>
+#include <deque>
+#include <optional>
 #include <span>
-#include <string>
 #include <vector>
 
 namespace flexh2o::distributed {
 
-// The rank of every item, dealt in order so that the ranks' summed costs stay balanced: each
-// item goes to the rank with the least cost so far (the lowest on ties). Every rank's share
-// keeps input order and spreads over the whole input, so that results come back roughly in
-// input order and a writer that keeps that order holds few of them back.
-std::vector<int> deal_balanced(std::span<const std::int64_t> costs, int ranks);
-
-// Texts keyed by their position in the job, released in position order: each one once it and
-// every earlier one have arrived.
-class InOrder {
+// A job's requests in order, dealt a group at a time (an OpenAI line's n choices go to one rank
+// together, as they are written together).
+class DealQueue {
  public:
-  explicit InOrder(std::size_t count) : count_(count) {}
-  // Throws std::logic_error for a position out of range or given twice.
-  void put(std::size_t position, std::string text);
-  // The texts now next in order, in order (removed from the buffer).
-  std::vector<std::string> take_ready();
-  std::size_t released() const { return next_; }
-  bool complete() const { return next_ == count_; }
+  // starts_group[i]: request i begins a group (request 0 always does).
+  explicit DealQueue(std::vector<bool> starts_group);
+  // The next requests: whole groups, at least `want` (>= 1) requests unless the queue runs out
+  // first; empty when none is left.
+  std::vector<std::size_t> deal(std::size_t want);
+  std::size_t size() const { return starts_.size(); }
+  std::size_t dealt() const { return next_; }
 
  private:
-  std::size_t count_;
+  std::vector<bool> starts_;
   std::size_t next_ = 0;
-  std::map<std::size_t, std::string> waiting_;
+};
+
+// The requests dealt to one runner and not yet taken, in the job's order.
+class Hand {
+ public:
+  // Adds dealt requests: increasing, after those held (throws std::logic_error otherwise).
+  void add(std::span<const std::size_t> dealt);
+  // The first held request at or after `from` (those before it are let go); nullopt for none.
+  std::optional<std::size_t> next(std::size_t from);
+  std::size_t size() const { return held_.size(); }
+
+ private:
+  std::deque<std::size_t> held_;
+  std::optional<std::size_t> last_;  // the last request added
 };
 
 }  // namespace flexh2o::distributed

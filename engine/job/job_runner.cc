@@ -17,15 +17,18 @@ std::vector<Request> requests_to_run(std::span<const Request> all, const std::op
   return todo;
 }
 
+bool stop_string_ends(const std::function<bool(const Request&, std::span<const std::int32_t>)>& seen,
+                      const Request& r, std::span<const std::int32_t> generated) {
+  return !r.stop.empty() && static_cast<std::int64_t>(generated.size()) >= r.sampling.min_tokens && seen(r, generated);
+}
+
 namespace {
 
 engine::GenerationRequest block_request(std::span<const Request> block, const BlockLoopOptions& opt) {
   engine::GenerationRequest req;
   if (opt.stop_string_seen)
     req.stop_here = [block, &opt](std::size_t b, std::span<const std::int32_t> generated) {
-      const Request& r = block[b];
-      return !r.stop.empty() && static_cast<std::int64_t>(generated.size()) >= r.sampling.min_tokens &&
-             opt.stop_string_seen(r, generated);
+      return stop_string_ends(opt.stop_string_seen, block[b], generated);
     };
   req.max_new_tokens = 0;
   for (const Request& r : block) {
@@ -63,13 +66,19 @@ void add_timings(JobOutcome& outcome, std::span<const Request> requests, const e
                                  offset + r.finished_at[i]});
 }
 
-// One request through the block's slots after another; each result goes on as it ends.
+// One request through the block's slots after another (those the source gives); each result
+// goes on as it ends.
 void run_continuous(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,
                     const BlockFinished& finished, JobOutcome& outcome) {
   engine::GenerationRequest req = block_request(requests, opt);
   req.slots = static_cast<std::int64_t>(opt.block);
   req.prefill_budget = opt.prefill_budget;
-  req.stop_admitting = [&] { return opt.interrupts && opt.interrupts->stop_requested(); };
+  req.stop_admitting = [&] { return outcome.stopped = opt.interrupts && opt.interrupts->stop_requested(); };
+  if (opt.source)
+    req.next_prompt = [&](std::size_t from, bool idle) {
+      const std::optional<std::size_t> next = opt.source->next(from, idle);
+      return next == RequestSource::kNoneLeft ? std::optional(requests.size()) : next;
+    };
   req.on_finished = [&](std::size_t b, const engine::GenerationResult& so_far) {
     finished(requests.subspan(b, 1), so_far.sequence(b));
     ++outcome.finished_requests;
@@ -79,23 +88,37 @@ void run_continuous(engine::BlockScheduler& sched, std::span<const Request> requ
   };
   const engine::GenerationResult r = sched.generate(req);
   if (opt.progress) fmt::print(stderr, "\r\033[K");
-  outcome.stopped = outcome.finished_requests < requests.size();
   outcome.total.add(r);
   add_timings(outcome, requests, r, 0.0);
+}
+
+// The next block: up to opt.block of the requests from `from` on that the source gives (all in
+// order without one); `from` moves past them.
+std::vector<Request> next_block(std::span<const Request> requests, const BlockLoopOptions& opt, std::size_t& from) {
+  std::vector<Request> block;
+  while (block.size() < opt.block && from < requests.size()) {
+    const std::size_t next = opt.source ? *opt.source->next(from, true) : from;
+    if (next >= requests.size()) break;  // none left
+    block.push_back(requests[next]);
+    from = next + 1;
+  }
+  return block;
 }
 
 void run_fixed(engine::BlockScheduler& sched, std::span<const Request> requests, const BlockLoopOptions& opt,
                const BlockFinished& finished, JobOutcome& outcome, std::chrono::steady_clock::time_point t0) {
   const std::size_t blocks = (requests.size() + opt.block - 1) / opt.block;
-  for (std::size_t first = 0, b = 0; first < requests.size(); first += opt.block, ++b) {
+  const std::string of = opt.source ? std::string() : fmt::format("/{}", blocks);
+  for (std::size_t from = 0, b = 0;; ++b) {
     if (opt.interrupts && opt.interrupts->stop_requested()) {
-      outcome.stopped = true;
+      outcome.stopped = from < requests.size();
       break;
     }
-    const auto block = requests.subspan(first, std::min(opt.block, requests.size() - first));
+    const std::vector<Request> block = next_block(requests, opt, from);
+    if (block.empty()) break;
     engine::GenerationRequest req = block_request(block, opt);
     req.on_step = [&](std::int64_t step, std::int64_t steps) {
-      between_steps(opt, fmt::format("block {}/{}, step {}/{}", b + 1, blocks, step + 1, steps));
+      between_steps(opt, fmt::format("block {}{}, step {}/{}", b + 1, of, step + 1, steps));
     };
     const double start = seconds_since(t0);
     const engine::GenerationResult r = sched.generate(req);

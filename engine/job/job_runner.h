@@ -1,6 +1,7 @@
 // The block loop of a batch job, which every `run` form drives: the one-process run over the
-// whole job, and each rank of a data-parallel run over its share. (Pipeline stages step their
-// micro-batches in their own slot order, distributed/pipeline_stage.h.) Requests run in order
+// whole job, and each rank of a data-parallel run over the requests rank 0 deals it from the
+// job's queue (a RequestSource). (Pipeline stages step their micro-batches in their own slot
+// order, distributed/pipeline_stage.h.) Requests run in order
 // through one BlockScheduler, either continuously (the default: the block's slots take the
 // next request as soon as one ends, and each result is handed on as its request ends) or a
 // fixed block of the policy's size at a time (each block runs until its longest request
@@ -17,6 +18,7 @@
 #include "engine/runtime/block_scheduler.h"
 #include "engine/job/interrupts.h"
 #include "engine/job/request.h"
+#include "engine/job/request_source.h"
 #include "engine/job/result_file.h"
 #include "engine/job/run_report.h"
 
@@ -31,6 +33,8 @@ struct BlockLoopOptions {
   std::size_t block = 1;  // requests per block: the policy's block size
   bool continuous = true;  // --batching continuous (else fixed)
   std::int64_t prefill_budget = 512;  // continuous: prompt tokens a GPU batch's step prefills for newcomers
+  // Which of the requests this runner takes (null: all, in order).
+  RequestSource* source = nullptr;
   // First signal: no block starts after it; second: the block under way is abandoned (throws
   // Interrupted). Null: signals keep their default handling.
   const InterruptWatch* interrupts = nullptr;
@@ -43,11 +47,16 @@ struct BlockLoopOptions {
   std::function<bool(const Request&, std::span<const std::int32_t> generated)> stop_string_seen;
 };
 
+// Whether request r ends on a stop string after `generated` (never before its min_tokens), as
+// `seen` tells; what a runner's stop_here asks.
+bool stop_string_ends(const std::function<bool(const Request&, std::span<const std::int32_t>)>& seen,
+                      const Request& r, std::span<const std::int32_t> generated);
+
 struct JobOutcome {
   engine::GenerationResult total;  // counts and times of the requests run (tokens not kept)
   std::size_t requests = 0;        // of the job
-  std::size_t finished_requests = 0;
-  bool stopped = false;  // an interrupt ended the job before its last request
+  std::size_t finished_requests = 0;  // by this runner
+  bool stopped = false;  // an interrupt stopped taking requests while some were left
   double wall_seconds = 0;
   std::vector<RequestTiming> timings;  // of the finished requests, in the order they ended
 };

@@ -447,6 +447,7 @@ void BlockScheduler::next_steps(BlockState& st) {
   const GenerationRequest& req = *st.req;
   if (st.waiting < req.prompts.size() && req.stop_admitting && req.stop_admitting())
     for (; st.waiting < req.prompts.size(); ++st.waiting) st.log->drop(st.waiting);
+  bool idle = std::ranges::all_of(st.slot_seq, [](std::int64_t seq) { return seq < 0; });
   for (GpuBatch& b : st.batches) {
     StepBatch s;
     std::int64_t admitted = 0;  // prompt tokens of this step's newcomers
@@ -454,7 +455,7 @@ void BlockScheduler::next_steps(BlockState& st) {
     for (std::int64_t i = 0; i < b.n; ++i) {
       const auto slot = static_cast<std::size_t>(b.first_sequence + i);
       auto& tokens = b.tokens[static_cast<std::size_t>(i)];
-      if (st.slot_seq[slot] < 0 && admitting && st.waiting < req.prompts.size()) {
+      if (st.slot_seq[slot] < 0 && admitting && prompt_waiting(st, idle)) {
         const auto& prompt = req.prompts[st.waiting];
         const auto len = static_cast<std::int64_t>(prompt.size());
         // First come, first served: a prompt over the budget waits for the next step.
@@ -463,6 +464,7 @@ void BlockScheduler::next_steps(BlockState& st) {
           st.slot_seq[slot] = static_cast<std::int64_t>(st.waiting);
           for (auto& e : b.eviction) e->reset(i, sequence_tokens(req, st.waiting));
           ++st.waiting;
+          idle = false;
           tokens = prompt;
           admitted += len;
           s.add_prefill(tokens);
@@ -482,6 +484,17 @@ void BlockScheduler::next_steps(BlockState& st) {
     }
     b.step = std::move(s);
   }
+}
+
+bool BlockScheduler::prompt_waiting(BlockState& st, bool idle) {
+  const GenerationRequest& req = *st.req;
+  if (st.waiting >= req.prompts.size() || !req.next_prompt) return st.waiting < req.prompts.size();
+  const std::optional<std::size_t> next = req.next_prompt(st.waiting, idle);
+  if (!next && idle) throw std::logic_error("next_prompt gave no answer while no slot runs");
+  if (!next) return false;
+  if (*next < st.waiting) throw std::logic_error("next_prompt went back in the queue");
+  for (const std::size_t to = std::min(*next, req.prompts.size()); st.waiting < to; ++st.waiting) st.log->drop(st.waiting);
+  return st.waiting < req.prompts.size();
 }
 
 GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }

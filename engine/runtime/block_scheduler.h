@@ -130,6 +130,9 @@ class BlockScheduler {
   std::int64_t continuous_rows(const GenerationRequest& req, std::int64_t slots) const;
   // Continuous batching: each GPU batch's next step; idle slots take waiting prompts.
   void next_steps(BlockState& st);
+  // Continuous batching: whether a prompt waits for a free slot (st.waiting); under
+  // req.next_prompt the next one this run takes, those passed on the way dropped.
+  bool prompt_waiting(BlockState& st, bool idle);
   // Continuous batching: records the step's tokens slot by slot, freeing the slots that ended.
   void record_slots(BlockState& st, GenerationLog& log);
   // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index.

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,6 +61,13 @@ struct GenerationRequest {
   // Continuous batching: polled before prompts take free slots; once true, no waiting prompt
   // is admitted any more (they end without tokens) and the run ends as the slots empty.
   std::function<bool()> stop_admitting;
+  // Continuous batching: which waiting prompt a free slot takes, asked with the first one not
+  // yet taken or passed (`from`) and whether no slot is running (`idle`: the answer may then
+  // wait, and must come). Returns `from` or a later prompt (those passed are not this run's:
+  // data-parallel ranks share a job's queue; they end without tokens, as dropped),
+  // prompts.size() for none left, or nullopt for none yet (the slot idles this step).
+  // Null: the prompts in order.
+  std::function<std::optional<std::size_t>(std::size_t from, bool idle)> next_prompt;
   // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
   // `index` of sequence b (on_logits needs a fixed block).
   std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;

@@ -1,6 +1,7 @@
 // flexh2o run under mpirun (CPU backend, one machine, ranks oversubscribed on its cores): data
-// parallel and pipeline runs write the bytes a one-process run writes; a job whose rank is
-// killed resumes to that file; a bad prompt on one rank ends every rank with one error line.
+// parallel and pipeline runs write the lines a one-process run writes (our own format and
+// OpenAI batch files); a job whose rank is killed or interrupted resumes to those lines; a bad
+// prompt ends every rank with one error line.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -11,9 +12,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/support/test_models.h"
 
@@ -88,14 +92,21 @@ const char* kStoryPrompts =
     "{\"id\": \"f\", \"prompt\": \"A little bird\"}\n"
     "{\"id\": \"g\", \"prompt\": \"Mom said\"}\n";
 
-// The lines of a results file, sorted: a one-process run under continuous batching writes each
-// line as its request ends, a data-parallel rank 0 in the job's order.
+// The lines of a results file, sorted: every run writes each line as its request ends.
 std::vector<std::string> sorted_lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   std::ranges::sort(lines);
   return lines;
+}
+
+// A cut run's file: each of its lines is one of the whole run's (none twice).
+void expect_part_of(const std::string& partial, const std::string& whole) {
+  const std::vector<std::string> all = sorted_lines(whole);
+  std::vector<std::string> part = sorted_lines(partial);
+  EXPECT_EQ(std::ranges::adjacent_find(part), part.end()) << "a line written twice";
+  for (const std::string& l : part) EXPECT_TRUE(std::ranges::binary_search(all, l)) << "not in the whole run: " << l;
 }
 
 // Runs `job` (flags after `run`, before --out) as one process, then under each launcher form,
@@ -131,6 +142,15 @@ TEST(Mpi, DataParallelWritesTheOneProcessFileDummyOpt) {
   expect_same_output(job, {{2, ""}, {3, ""}}, dir, 9);
 }
 
+// More ranks than requests: a rank that is dealt none runs nothing, and the job still ends.
+TEST(Mpi, DataParallelWithMoreRanksThanRequests) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), token_prompts(2));
+  const std::string job = "--model " + write_opt(dir, 2, 64) + " --dummy --prompts " + dir.file("in.jsonl") +
+                          " --gen-len 6 --gpu-batch-size 1";
+  expect_same_output(job, {{3, ""}, {3, " --batching fixed"}}, dir, 2);
+}
+
 // Requests with their own max_tokens under continuous batching (each rank's share through its
 // own slots): the lines of the one-process run, and of that run with fixed blocks.
 TEST(Mpi, DataParallelContinuousBatchingWithMixedLimits) {
@@ -164,6 +184,127 @@ TEST(Mpi, PipelineWritesTheOneProcessFileDummyOpt) {
                           " --gen-len 8 --gpu-batch-size 2 --percent 50 25 50 25 100 0 --offload-dir " + offload;
   expect_same_output(job, {{2, " --pipeline 2"}, {3, " --pipeline 3"}}, dir, 9);
   EXPECT_TRUE(std::filesystem::is_empty(offload)) << "offload files left behind";
+}
+
+using Json = nlohmann::json;
+
+std::string completion(const std::string& id, const Json& body) {
+  return Json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}.dump() + "\n";
+}
+
+// Expects `got` to be `want`, numbers with a fraction within 1e-4: log-probabilities are the
+// log-softmax of fp32 logits whose summation order follows the rows of a step (the CPU GEMM's
+// path), so runs that batch a request otherwise differ in their last bits (~1e-6 here).
+void expect_near(const Json& got, const Json& want, const std::string& at) {
+  if (got.is_number_float() && want.is_number_float()) {
+    EXPECT_NEAR(got.get<double>(), want.get<double>(), 1e-4) << at;
+  } else if (got.is_object() && want.is_object() && got.size() == want.size()) {
+    for (const auto& [key, value] : want.items()) {
+      if (got.contains(key)) expect_near(got[key], value, at + "." + key);
+      else ADD_FAILURE() << at << " has no " << key;
+    }
+  } else if (got.is_array() && want.is_array() && got.size() == want.size()) {
+    for (std::size_t i = 0; i < want.size(); ++i) expect_near(got[i], want[i], at + "[" + std::to_string(i) + "]");
+  } else {
+    EXPECT_EQ(got, want) << at;
+  }
+}
+
+// An OpenAI results file's lines by custom_id (a bad line's by its id), each once, without
+// their time stamps (`created`).
+std::map<std::string, Json> results_by_id(const std::string& text) {
+  std::map<std::string, Json> by_id;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    Json j = Json::parse(l);
+    if (j["response"].is_object()) j["response"]["body"].erase("created");
+    const std::string id = j["custom_id"].is_string() ? j["custom_id"].get<std::string>() : j["id"].get<std::string>();
+    EXPECT_FALSE(by_id.count(id)) << id << " twice";
+    by_id[id] = std::move(j);
+  }
+  return by_id;
+}
+
+void expect_same_results(const std::string& got, const std::string& want) {
+  const auto g = results_by_id(got), w = results_by_id(want);
+  EXPECT_EQ(g.size(), w.size());
+  for (const auto& [id, j] : w) {
+    if (g.count(id)) expect_near(g.at(id), j, id);
+    else ADD_FAILURE() << id << " has no result";
+  }
+}
+
+Json result_of(const std::string& text, const std::string& custom_id) {
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);)
+    if (Json j = Json::parse(l); j["custom_id"] == custom_id) return j;
+  ADD_FAILURE() << custom_id << " has no result";
+  return {};
+}
+
+// OpenAI batch files under mpirun: data-parallel ranks (continuous and fixed blocks) and a
+// 2-stage pipeline write the one-process run's result lines (`created` aside): n choices,
+// seeds, stop strings and log-probabilities (sampled on the last stage) included, and error
+// lines for bad lines. A cut data-parallel run resumes by custom_id to the same lines.
+TEST(Mpi, OpenAiBatchFileGivesTheOneProcessResults) {
+  testing::TempDir dir;
+  // A stop string from the middle of a greedy text, so that it ends that request early.
+  const Json greedy = {{"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0}, {"ignore_eos", true}};
+  testing::write_file(dir.file("greedy.jsonl"), completion("g", greedy));
+  ASSERT_EQ(run("", "run --prompts " + dir.file("greedy.jsonl") + " --out " + dir.file("greedy.out"), dir).code, 0);
+  const auto whole = result_of(testing::read_file(dir.file("greedy.out")), "g")["response"]["body"]["choices"][0]["text"]
+                         .get<std::string>();
+  const std::size_t space = whole.find(' ', whole.size() / 2);
+  ASSERT_NE(space, std::string::npos) << whole;
+
+  const char* prompts[] = {"The dog", "Lily and Tom", "One day", "The sun", "A little bird", "Mom said"};
+  Json stopped = greedy, logprobs = greedy, n3 = greedy;
+  stopped["stop"] = {whole.substr(space, 3)};
+  logprobs["logprobs"] = 2;
+  n3["temperature"] = 1.0;
+  n3["n"] = 3;
+  n3["logprobs"] = 1;
+  std::string file = completion("stopped", stopped) + completion("logprobs", logprobs) + completion("n3", n3) +
+                     "{\"custom_id\": \"broken\", oops\n" +
+                     Json{{"custom_id", "embed"}, {"method", "POST"}, {"url", "/v1/embeddings"}, {"body", Json::object()}}.dump() +
+                     "\n";
+  for (int i = 0; i < 12; ++i) {
+    Json body = {{"prompt", prompts[i % 6]}, {"max_tokens", 3 + (i * 7) % 17}, {"temperature", i % 3 ? 0.8 : 0.0}};
+    if (i % 2) body["seed"] = i;
+    if (i % 4 == 1) body["n"] = 2;
+    file += completion("r" + std::to_string(i), body);
+  }
+  testing::write_file(dir.file("batch.jsonl"), file);
+  const std::string job = "--prompts " + dir.file("batch.jsonl") + " --gpu-batch-size 2 --num-gpu-batches 2";
+
+  const Result one = run("", "run " + job + " --out " + dir.file("one.jsonl"), dir);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const std::string expected = testing::read_file(dir.file("one.jsonl"));
+  ASSERT_EQ(line_count(expected), 17u);
+  const Json cut = result_of(expected, "stopped")["response"]["body"]["choices"][0];
+  EXPECT_EQ(cut["finish_reason"], "stop");
+  EXPECT_EQ(cut["text"], whole.substr(0, space));
+  EXPECT_FALSE(result_of(expected, "logprobs")["response"]["body"]["choices"][0]["logprobs"].is_null());
+  for (const std::string form : {"", " --batching fixed", " --pipeline 2"}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    const std::string out = dir.file("np2.jsonl");
+    std::filesystem::remove(out);
+    const Result r = run(mpirun(2), "run " + job + form + " --out " + out, dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("2 bad request lines"));
+    expect_same_results(testing::read_file(out), expected);
+  }
+
+  // Cut to its first 6 lines and half of the 7th, as a kill would: --resume under mpirun
+  // writes the rest, each request once.
+  std::istringstream lines(testing::read_file(dir.file("np2.jsonl")));
+  std::string kept, line;
+  for (int i = 0; i < 6 && std::getline(lines, line); ++i) kept += line + "\n";
+  std::getline(lines, line);
+  testing::write_file(dir.file("np2.jsonl"), kept + line.substr(0, line.size() / 2));
+  const Result resumed = run(mpirun(2), "run " + job + " --out " + dir.file("np2.jsonl") + " --resume", dir);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  expect_same_results(testing::read_file(dir.file("np2.jsonl")), expected);
 }
 
 // The pid of `rank` among the processes mpirun (pid `launcher`) started, or -1.
@@ -207,8 +348,7 @@ TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
     SCOPED_TRACE("mpirun -np 2" + form);
     const std::string out = dir.file("part" + std::to_string(form.size()) + ".jsonl");
     const pid_t launcher = spawn_mpirun(dir, job + out + form);
-    // Once rank 0 wrote a line (data parallel: rank 1's share included, the lines go in input
-    // order; pipeline: rank 1 is the last stage), kill rank 1.
+    // Once rank 0 wrote a line (pipeline: rank 1 is the last stage), kill rank 1.
     pid_t victim = -1;
     for (int tries = 0; tries < 3000; ++tries) {
       if (victim < 0) victim = rank_pid(launcher, 1);
@@ -222,19 +362,19 @@ TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
     EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a job with a killed rank succeeded";
     const std::string partial = testing::read_file(out);
     ASSERT_LT(line_count(partial), 16u) << "the job ended before the kill";
-    EXPECT_EQ(full.compare(0, partial.size(), partial), 0) << "the partial file is not a prefix of the whole one";
+    expect_part_of(partial, full);
 
     const Result resumed = run(mpirun(2), job + out + form + " --resume", dir);
     ASSERT_EQ(resumed.code, 0) << resumed.err;
     EXPECT_THAT(resumed.err, HasSubstr("resuming:"));
-    EXPECT_EQ(testing::read_file(out), full);
+    EXPECT_EQ(sorted_lines(testing::read_file(out)), sorted_lines(full));
   }
 }
 
 // SIGINT to every rank (as a batch system's scancel --signal=INT delivers it): data parallel,
-// each rank finishes the block it is running and stops; pipeline, the stages stop taking
-// blocks (the ones in flight finish). Rank 0 writes what was finished and says so, the job
-// exits 130, and --resume completes the file.
+// each rank takes no further request and finishes those it is running; pipeline, the stages
+// stop taking blocks (the ones in flight finish). Rank 0 writes what was finished and says so,
+// the job exits 130, and --resume completes the file.
 TEST(Mpi, InterruptedJobStopsAfterTheRunningBlocksAndResumes) {
   testing::TempDir dir;
   const std::string job = signalled_job(dir);
@@ -262,11 +402,11 @@ TEST(Mpi, InterruptedJobStopsAfterTheRunningBlocksAndResumes) {
     EXPECT_THAT(err, Not(HasSubstr("flexh2o: error")));
     const std::string partial = testing::read_file(out);
     ASSERT_LT(line_count(partial), 16u) << "the job ended before the interrupt";
-    EXPECT_EQ(full.compare(0, partial.size(), partial), 0) << "the partial file is not a prefix of the whole one";
+    expect_part_of(partial, full);
 
     const Result resumed = run(mpirun(2), job + out + form + " --resume", dir);
     ASSERT_EQ(resumed.code, 0) << resumed.err;
-    EXPECT_EQ(testing::read_file(out), full);
+    EXPECT_EQ(sorted_lines(testing::read_file(out)), sorted_lines(full));
   }
 }
 
@@ -300,8 +440,8 @@ TEST(Mpi, DataParallelPlacementBeyondARanksMemoryIsOneClearError) {
 
 TEST(Mpi, BadPromptOnOneRankEndsEveryRankWithOneError) {
   testing::TempDir dir;
-  // Data parallel: equal prompts are dealt alternately, so "bad" (the second) goes to rank 1,
-  // which finds it while rank 0 runs; pipeline: rank 0 checks every prompt while the others wait.
+  // Rank 0 checks every prompt before it deals any (data parallel) or plans the stages
+  // (pipeline), while the others wait.
   testing::write_file(dir.file("in.jsonl"),
                       "{\"id\": \"ok1\", \"tokens\": [2, 5, 6]}\n{\"id\": \"bad\", \"tokens\": [2, 99999, 6]}\n"
                       "{\"id\": \"ok2\", \"tokens\": [2, 7, 8]}\n{\"id\": \"ok3\", \"tokens\": [2, 9, 10]}\n");

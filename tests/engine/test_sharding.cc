@@ -1,5 +1,5 @@
-// Data-parallel bookkeeping without MPI: dealing prompts to ranks by cost, and putting results
-// that finish out of order back into the job's order.
+// Data-parallel bookkeeping without MPI: rank 0's queue deals whole groups in the job's order,
+// and a rank's hand gives its dealt requests to a runner whose queue cursor only moves forward.
 #include "engine/distributed/sharding.h"
 
 #include <gtest/gtest.h>
@@ -10,39 +10,36 @@
 namespace flexh2o::distributed {
 namespace {
 
-TEST(Sharding, DealKeepsRanksBalancedAndInOrder) {
-  const std::vector<std::int64_t> equal(7, 10);
-  EXPECT_EQ(deal_balanced(equal, 3), (std::vector<int>{0, 1, 2, 0, 1, 2, 0}));
-  // A long prompt weighs as much as several short ones: its rank gets no more until the others catch up.
-  const std::vector<std::int64_t> costs{100, 10, 10, 10, 10, 10, 60};
-  const std::vector<int> owner = deal_balanced(costs, 2);
-  EXPECT_EQ(owner, (std::vector<int>{0, 1, 1, 1, 1, 1, 1}));
-  std::vector<std::int64_t> load(2, 0);
-  for (std::size_t i = 0; i < costs.size(); ++i) load[static_cast<std::size_t>(owner[i])] += costs[i];
-  EXPECT_EQ(load[0], 100);
-  EXPECT_EQ(load[1], 110);
-  EXPECT_EQ(deal_balanced(equal, 1), std::vector<int>(7, 0));
-  EXPECT_TRUE(deal_balanced({}, 4).empty());
-  EXPECT_THROW(deal_balanced(equal, 0), std::invalid_argument);
+using Indices = std::vector<std::size_t>;
+
+TEST(Sharding, DealQueueDealsWholeGroupsInOrder) {
+  // Requests 1-3 are one OpenAI line's three choices, 5-6 another's.
+  DealQueue q({true, true, false, false, true, true, false, true});
+  EXPECT_EQ(q.size(), 8u);
+  EXPECT_EQ(q.deal(1), (Indices{0}));
+  EXPECT_EQ(q.deal(1), (Indices{1, 2, 3}));  // a group is never split
+  EXPECT_EQ(q.deal(2), (Indices{4, 5, 6}));
+  EXPECT_EQ(q.dealt(), 7u);
+  EXPECT_EQ(q.deal(5), (Indices{7}));  // fewer when the queue runs out
+  EXPECT_TRUE(q.deal(1).empty());
+  EXPECT_TRUE(DealQueue({}).deal(3).empty());
+  // The first request begins a group even when the flags say otherwise (a resumed job).
+  EXPECT_EQ(DealQueue({false, false, true}).deal(1), (Indices{0, 1}));
 }
 
-TEST(Sharding, InOrderReleasesEachTextOnceWhenAllBeforeItArrived) {
-  InOrder order(4);
-  order.put(2, "c");
-  EXPECT_TRUE(order.take_ready().empty());
-  order.put(0, "a");
-  EXPECT_EQ(order.take_ready(), (std::vector<std::string>{"a"}));
-  EXPECT_TRUE(order.take_ready().empty());
-  order.put(1, "b");
-  order.put(3, "d");
-  EXPECT_EQ(order.take_ready(), (std::vector<std::string>{"b", "c", "d"}));
-  EXPECT_TRUE(order.complete());
-  EXPECT_EQ(order.released(), 4u);
-  EXPECT_THROW(order.put(1, "again"), std::logic_error);
-  EXPECT_THROW(order.put(4, "past the end"), std::logic_error);
-  InOrder twice(2);
-  twice.put(1, "x");
-  EXPECT_THROW(twice.put(1, "x"), std::logic_error);
+TEST(Sharding, HandGivesTheFirstHeldAtOrAfterTheCursor) {
+  Hand h;
+  EXPECT_FALSE(h.next(0));
+  h.add(Indices{2, 5});
+  EXPECT_EQ(h.next(0), 2u);
+  EXPECT_EQ(h.next(2), 2u);  // the same until the cursor passes it
+  EXPECT_EQ(h.next(3), 5u);
+  EXPECT_EQ(h.size(), 1u);
+  h.add(Indices{9});
+  EXPECT_EQ(h.next(6), 9u);
+  EXPECT_FALSE(h.next(10));
+  EXPECT_THROW(h.add(Indices{8}), std::logic_error);  // dealt out of order
+  EXPECT_THROW(h.add(Indices{9}), std::logic_error);
 }
 
 }  // namespace
