@@ -28,7 +28,11 @@ engine::GenerationRequest block_request(std::span<const Request> block, const Bl
              opt.stop_string_seen(r, generated);
     };
   req.max_new_tokens = 0;
-  for (const Request& r : block) {
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    const Request& r = block[i];
+    // The n choices of one request: the same prompt and limit as the request before.
+    if (opt.share_prefill)
+      req.shares_prompt.push_back(i > 0 && block[i - 1].prompt == r.prompt && block[i - 1].max_tokens == r.max_tokens);
     req.prompts.push_back(r.prompt);
     req.sampling_each.push_back(r.sampling);
     req.streams.push_back(r.stream);

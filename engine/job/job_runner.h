@@ -31,6 +31,9 @@ struct BlockLoopOptions {
   std::size_t block = 1;  // requests per block: the policy's block size
   bool continuous = true;  // --batching continuous (else fixed)
   std::int64_t prefill_budget = 512;  // continuous: prompt tokens a GPU batch's step prefills for newcomers
+  // Neighbouring requests with the same prompt and limit (a request's n choices) share one
+  // prefill (GenerationRequest::shares_prompt); false: each prefills its own (the ablation).
+  bool share_prefill = true;
   // First signal: no block starts after it; second: the block under way is abandoned (throws
   // Interrupted). Null: signals keep their default handling.
   const InterruptWatch* interrupts = nullptr;
