@@ -107,6 +107,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "(one joins anyway when none else does), so that long prompts do not stall the others")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);
+  run->add_option("--share-prefill", o.share_prefill,
+                  "1: the n choices of a request (an OpenAI request's n) share "
+                  "one prefill, its KV copied to each (default); 0: each prefills its own (the ablation baseline)")
+      ->check(CLI::Range(0, 1))
+      ->group(sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
   run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
   run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
@@ -193,6 +198,7 @@ int run_one_process(const RunOptions& o) {
                              .continuous = o.batching == "continuous",
                              .prefill_budget = o.prefill_budget,
                              .source = nullptr,  // every request, in order
+                             .share_prefill = o.share_prefill == 1,
                              .interrupts = &interrupts,
                              .results_in = o.out_file,
                              .progress = ::isatty(STDERR_FILENO) == 1,

@@ -45,6 +45,7 @@ struct RunOptions {
   // and the prompt tokens a GPU batch's step prefills for newcomers.
   std::string batching = "continuous";
   std::int64_t prefill_budget = 512;
+  int share_prefill = 1;  // the n choices of a request share one prefill (0: each prefills its own)
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string offload_dir;

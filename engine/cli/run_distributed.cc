@@ -187,6 +187,7 @@ json run_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<
     loop.block = static_cast<std::size_t>(s.policy.block_size());
     loop.continuous = o.batching == "continuous";
     loop.prefill_budget = o.prefill_budget;
+    loop.share_prefill = o.share_prefill == 1;
     loop.source = &source;
     loop.interrupts = &interrupts;
     loop.results_in = o.out_file;

@@ -31,7 +31,11 @@ engine::GenerationRequest block_request(std::span<const Request> block, const Bl
       return stop_string_ends(opt.stop_string_seen, block[b], generated);
     };
   req.max_new_tokens = 0;
-  for (const Request& r : block) {
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    const Request& r = block[i];
+    // The n choices of one request line (OpenAI's `n`): each after the first shares its prompt.
+    // Only those: two lines that happen to hold one prompt are two requests, each prefilled.
+    if (opt.share_prefill) req.shares_prompt.push_back(i > 0 && r.choice > 0 && block[i - 1].source == r.source);
     req.prompts.push_back(r.prompt);
     req.sampling_each.push_back(r.sampling);
     req.streams.push_back(r.stream);

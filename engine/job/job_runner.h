@@ -35,6 +35,9 @@ struct BlockLoopOptions {
   std::int64_t prefill_budget = 512;  // continuous: prompt tokens a GPU batch's step prefills for newcomers
   // Which of the requests this runner takes (null: all, in order).
   RequestSource* source = nullptr;
+  // Neighbouring requests with the same prompt and limit (a request's n choices) share one
+  // prefill (GenerationRequest::shares_prompt); false: each prefills its own (the ablation).
+  bool share_prefill = true;
   // First signal: no block starts after it; second: the block under way is abandoned (throws
   // Interrupted). Null: signals keep their default handling.
   const InterruptWatch* interrupts = nullptr;

@@ -41,6 +41,7 @@ TierPeaks peaks_from_json(const nlohmann::json& j) {
 nlohmann::json to_json(const engine::GenerationResult& r) {
   return {{"prompts", r.sequences},
           {"prompt_tokens", r.prompt_tokens},
+          {"prompt_tokens_computed", r.prompt_tokens_computed},
           {"generated_tokens", r.generated_tokens},
           {"decode_steps", r.decode_steps},
           {"prefill_seconds", r.prefill_seconds},
@@ -89,8 +90,8 @@ std::string RunReport::text() const {
   s += fmt::format("policy: {}, cache {}, compute {}{}\n", policy::to_text(policy), kernels::dtype_name(cache_dtype),
                    kernels::dtype_name(stored.compute_dtype), compute_why.empty() ? "" : " (" + compute_why + ")");
   s += "peak memory: " + job::to_text(peaks) + "\n";
-  s += fmt::format("prompts: {}, prompt tokens: {}, generated tokens: {}\n", prompts, total.prompt_tokens,
-                   total.generated_tokens);
+  s += fmt::format("prompts: {}, prompt tokens: {} ({} computed), generated tokens: {}\n", prompts,
+                   total.prompt_tokens, total.prompt_tokens_computed, total.generated_tokens);
   s += fmt::format("prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
                    total.prefill_seconds, total.prefill_throughput(), total.decode_seconds, total.decode_throughput(),
                    total.prefill_seconds + total.decode_seconds, total.total_throughput());

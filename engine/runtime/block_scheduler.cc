@@ -1,10 +1,12 @@
 #include "engine/runtime/block_scheduler.h"
 
 #include "engine/runtime/kv_eviction.h"
+#include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 namespace flexh2o::engine {
 
@@ -39,6 +41,10 @@ struct BlockScheduler::BlockState {
   bool continuous = false;
   std::vector<std::int64_t> slot_seq;
   std::size_t waiting = 0;
+  // Shared prefills: per slot, the slot whose prefill of this step it takes (-1: none), and
+  // whether any does.
+  std::vector<std::int64_t> fork_of;
+  bool forking = false;
   std::vector<std::int32_t> next;          // per block sequence
   std::vector<float> host_logits;
   RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }
@@ -92,7 +98,7 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
                                              policy_.overlap);
   ring_ = std::make_unique<CacheRing>(tiers_, *copies_, cfg_.hidden, cfg_.n_kv_heads, cfg_.head_dim, cache_dtype_,
                                       policy_.overlap);
-  boundary_staging_ = std::make_unique<offload::Staging>(&tiers_.backend());
+  host_staging_ = std::make_unique<offload::Staging>(&tiers_.backend());
 }
 
 BlockScheduler::~BlockScheduler() = default;
@@ -122,6 +128,10 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   if (continuous && req.on_logits)
     throw std::invalid_argument("on_logits needs a fixed block; under continuous batching use on_sequence_logits");
   if (continuous && req.prefill_budget < 1) throw std::invalid_argument("the prefill token budget must be at least 1");
+  if (!req.shares_prompt.empty() && (!holds_input() || !holds_head_))
+    throw std::invalid_argument("shared prefills need the whole model in one scheduler");
+  if (!req.shares_prompt.empty() && req.on_logits)
+    throw std::invalid_argument("on_logits needs each prompt prefilled on its own (no shares_prompt)");
   if (B == 0) return blk;
   staging_->forget();
   BlockState& st = blk->st;
@@ -130,6 +140,14 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   st.continuous = continuous;
   st.next.resize(static_cast<std::size_t>(B));
   if (continuous) st.slot_seq.assign(static_cast<std::size_t>(B), -1);
+  st.fork_of.assign(static_cast<std::size_t>(B), -1);
+  // A fixed block: each run of prompts sharing a prefill forks its first one's slot after step 0.
+  for (std::size_t s = 1; !continuous && s < req.shares_prompt.size(); ++s)
+    if (req.shares_prompt[s]) {
+      st.fork_of[s] = st.fork_of[s - 1] >= 0 ? st.fork_of[s - 1] : static_cast<std::int64_t>(s - 1);
+      blk->log.share_prefill(s);
+      st.forking = true;
+    }
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
   if (req.on_sequence_logits) st.host_logits.resize(static_cast<std::size_t>(cfg_.vocab_size));
   place_batches(st, blk->log, req);
@@ -212,7 +230,12 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
       b.tokens.resize(static_cast<std::size_t>(b.n));  // next_steps() admits the first prompts
     } else {
       b.tokens.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
-      b.step = StepBatch::make_prefill(b.tokens);
+      for (std::int64_t i = 0; i < b.n; ++i) {  // a fork waits for its prefill
+        if (st.fork_of[static_cast<std::size_t>(s0 + i)] < 0)
+          b.step.add_prefill(b.tokens[static_cast<std::size_t>(i)]);
+        else
+          b.step.add_idle();
+      }
     }
     const std::int64_t rows = continuous ? continuous_rows(req, b.n)
                                          : std::max(rows_for_batch(cfg_, b.tokens, req.max_new_tokens), b.n);
@@ -362,7 +385,7 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 
 // The batch's next tokens from the head's logits (and a host copy of them when asked).
 void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
-  if (st.continuous) {
+  if (st.continuous || st.forking) {
     for (std::int64_t i = 0; i < b.n; ++i)
       if (b.step.kinds[static_cast<std::size_t>(i)] != SeqStep::Idle) sample_slot(st, act, b.first_sequence + i, i);
     return;
@@ -376,12 +399,18 @@ void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act)
 }
 
 void BlockScheduler::sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i) {
-  const GenerationRequest& req = *st.req;
-  const auto seq = static_cast<std::size_t>(st.slot_seq[static_cast<std::size_t>(slot)]);
   const float* logits = act.logits.as<float>() + i * cfg_.vocab_size;
+  sample_sequence(st, logits, slot);
+  for (std::size_t f = 0; st.forking && f < st.fork_of.size(); ++f)
+    if (st.fork_of[f] == slot) sample_sequence(st, logits, static_cast<std::int64_t>(f));
+}
+
+void BlockScheduler::sample_sequence(BlockState& st, const float* logits, std::int64_t slot) {
+  const GenerationRequest& req = *st.req;
+  const auto seq = static_cast<std::size_t>(st.continuous ? st.slot_seq[static_cast<std::size_t>(slot)] : slot);
   // The sampler's step for this sequence is its own new-token index (GenerationLog's).
   be_.sample(st.log->sample_args(logits, seq, std::span(st.next).subspan(static_cast<std::size_t>(slot), 1)));
-  if (req.on_sequence_logits) {
+  if (st.continuous && req.on_sequence_logits) {
     be_.copy_to_host(st.host_logits.data(), logits, st.host_logits.size() * sizeof(float));
     req.on_sequence_logits(seq, st.log->generated(seq), st.host_logits);
   }
@@ -391,7 +420,7 @@ void BlockScheduler::receive(BlockState& st, std::int64_t k, const StageLinks& l
   GpuBatch& b = st.batch(k);
   boundary_.resize(static_cast<std::size_t>(b.step.rows() * cfg_.hidden));
   links.receive(k, boundary_);
-  b.hidden->write_rows(0, b.step.rows(), boundary_.data(), *boundary_staging_);
+  b.hidden->write_rows(0, b.step.rows(), boundary_.data(), *host_staging_);
 }
 
 void BlockScheduler::send(BlockState& st, std::int64_t k, const StageLinks& links) {
@@ -407,6 +436,7 @@ void BlockScheduler::end_step(Block& blk) {
   BlockState& st = blk.st;
   if (st.continuous) {
     record_slots(st, blk.log);
+    if (st.forking) fork_slots(st);
     ++st.step;
     next_steps(st);
     return;
@@ -415,12 +445,16 @@ void BlockScheduler::end_step(Block& blk) {
   blk.log.record(st.step, st.next);
   ++st.step;
   if (!blk.log.active()) return;
+  if (st.forking) fork_slots(st);  // after step 0: finished sequences are computed on
   for (auto& b : st.batches) {
     const auto next = std::span(st.next).subspan(static_cast<std::size_t>(b.first_sequence), static_cast<std::size_t>(b.n));
-    for (std::size_t i = 0; i < next.size(); ++i) b.tokens[i].push_back(next[i]);
+    std::vector<std::int64_t> cached;  // tokens in the cache before this step (a fork's too)
+    for (std::size_t i = 0; i < next.size(); ++i) {
+      cached.push_back(static_cast<std::int64_t>(b.tokens[i].size()));
+      b.tokens[i].push_back(next[i]);
+    }
     // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
-    b.step = rope_reprefills(cfg_, b.step.lens) ? StepBatch::make_prefill(b.tokens)
-                                                 : StepBatch::make_decode(next, b.step.lens);
+    b.step = rope_reprefills(cfg_, cached) ? StepBatch::make_prefill(b.tokens) : StepBatch::make_decode(next, cached);
   }
 }
 
@@ -428,9 +462,10 @@ void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
   std::int64_t computed = 0;
   for (GpuBatch& b : st.batches)
     for (std::int64_t i = 0; i < b.n; ++i) {
-      if (b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Idle) continue;
-      ++computed;
       const auto slot = static_cast<std::size_t>(b.first_sequence + i);
+      // A fork sampled its first token from the prefill of this step it shares.
+      if (b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Idle && st.fork_of[slot] < 0) continue;
+      ++computed;
       auto& tokens = b.tokens[static_cast<std::size_t>(i)];
       std::int32_t token = st.next[slot];
       if (log.record_token(static_cast<std::size_t>(st.slot_seq[slot]), token)) {
@@ -447,32 +482,19 @@ void BlockScheduler::next_steps(BlockState& st) {
   const GenerationRequest& req = *st.req;
   if (st.waiting < req.prompts.size() && req.stop_admitting && req.stop_admitting())
     for (; st.waiting < req.prompts.size(); ++st.waiting) st.log->drop(st.waiting);
-  bool idle = std::ranges::all_of(st.slot_seq, [](std::int64_t seq) { return seq < 0; });
+  const std::vector<bool> newcomer = admit(st);
   for (GpuBatch& b : st.batches) {
     StepBatch s;
-    std::int64_t admitted = 0;  // prompt tokens of this step's newcomers
-    bool admitting = true;
     for (std::int64_t i = 0; i < b.n; ++i) {
       const auto slot = static_cast<std::size_t>(b.first_sequence + i);
-      auto& tokens = b.tokens[static_cast<std::size_t>(i)];
-      if (st.slot_seq[slot] < 0 && admitting && prompt_waiting(st, idle)) {
-        const auto& prompt = req.prompts[st.waiting];
-        const auto len = static_cast<std::int64_t>(prompt.size());
-        // First come, first served: a prompt over the budget waits for the next step.
-        admitting = admitted == 0 || admitted + len <= req.prefill_budget;
-        if (admitting) {
-          st.slot_seq[slot] = static_cast<std::int64_t>(st.waiting);
-          for (auto& e : b.eviction) e->reset(i, sequence_tokens(req, st.waiting));
-          ++st.waiting;
-          idle = false;
-          tokens = prompt;
-          admitted += len;
-          s.add_prefill(tokens);
-          continue;
-        }
-      }
-      if (st.slot_seq[slot] < 0) {
+      const auto& tokens = b.tokens[static_cast<std::size_t>(i)];
+      // No request, or a fork waiting for the prefill of this step it shares.
+      if (st.slot_seq[slot] < 0 || st.fork_of[slot] >= 0) {
         s.add_idle();
+        continue;
+      }
+      if (newcomer[slot]) {
+        s.add_prefill(tokens);
         continue;
       }
       const auto cached = static_cast<std::int64_t>(tokens.size()) - 1;
@@ -495,6 +517,71 @@ bool BlockScheduler::prompt_waiting(BlockState& st, bool idle) {
   if (*next < st.waiting) throw std::logic_error("next_prompt went back in the queue");
   for (const std::size_t to = std::min(*next, req.prompts.size()); st.waiting < to; ++st.waiting) st.log->drop(st.waiting);
   return st.waiting < req.prompts.size();
+}
+
+// Free slots take the waiting prompts in order, first come first served. A newcomer's prompt
+// counts against its GPU batch's prefill budget (a batch's first newcomer joins whatever its
+// length; after one that does not fit, the batch takes no more this step). The prompts sharing
+// its prefill (shared_prompt_run, at most the block's slots) take the first other free slots,
+// wherever they are, as forks of it; a run waits until there are free slots for all of it.
+std::vector<bool> BlockScheduler::admit(BlockState& st) {
+  const GenerationRequest& req = *st.req;
+  const std::size_t slots = st.slot_seq.size();
+  const auto gbs = static_cast<std::size_t>(policy_.gpu_batch_size);
+  std::vector<bool> newcomer(slots, false);
+  std::vector<std::size_t> free;
+  for (std::size_t s = 0; s < slots; ++s)
+    if (st.slot_seq[s] < 0) free.push_back(s);
+  std::size_t left = free.size();
+  std::vector<std::int64_t> prefilled(st.batches.size(), 0);  // prompt tokens per GPU batch
+  std::vector<bool> batch_full(st.batches.size(), false);
+  auto take = [&](std::size_t slot, std::int64_t fork_of) {
+    st.slot_seq[slot] = static_cast<std::int64_t>(st.waiting);
+    st.fork_of[slot] = fork_of;
+    st.batches[slot / gbs].tokens[slot % gbs] = req.prompts[st.waiting];
+    ++st.waiting;
+    --left;
+  };
+  bool idle = left == slots;
+  for (const std::size_t f : free) {
+    if (!prompt_waiting(st, idle)) break;
+    if (st.slot_seq[f] >= 0) continue;  // a fork of a newcomer before it
+    const std::size_t k = f / gbs;
+    const auto len = static_cast<std::int64_t>(req.prompts[st.waiting].size());
+    batch_full[k] = batch_full[k] || (prefilled[k] > 0 && prefilled[k] + len > req.prefill_budget);
+    if (batch_full[k]) continue;
+    const auto run = static_cast<std::size_t>(std::min<std::int64_t>(shared_prompt_run(req, st.waiting), static_cast<std::int64_t>(slots)));
+    if (run > left) break;
+    for (auto& e : st.batches[k].eviction) e->reset(static_cast<std::int64_t>(f % gbs), sequence_tokens(req, st.waiting));
+    newcomer[f] = true;
+    prefilled[k] += len;
+    take(f, -1);
+    idle = false;
+    for (std::size_t j = 1, s = 0; j < run; ++j) {
+      while (st.slot_seq[free[s]] >= 0) ++s;
+      st.log->share_prefill(st.waiting);
+      take(free[s], static_cast<std::int64_t>(f));
+      st.forking = true;
+    }
+  }
+  return newcomer;
+}
+
+void BlockScheduler::fork_slots(BlockState& st) {
+  const std::int64_t gbs = policy_.gpu_batch_size;
+  auto slot_of = [&](std::int64_t s) { return ForkSlot{&st.batch(s / gbs), s % gbs}; };
+  for (std::size_t s = 0; s < st.fork_of.size(); ++s) {
+    const std::int64_t from = std::exchange(st.fork_of[s], -1);
+    const std::int64_t seq = st.continuous ? st.slot_seq[s] : static_cast<std::int64_t>(s);
+    if (from < 0 || seq < 0) continue;  // not a fork, or it ended with its first token
+    const ForkExtent extent{static_cast<std::int64_t>(st.req->prompts[static_cast<std::size_t>(seq)].size()),
+                            st.capacity, cfg_.n_kv_heads, kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim),
+                            st.evicting};
+    offload::ScopedSpan span(trace_, "compute", "fork_cache", "slot " + std::to_string(from) + " to " + std::to_string(s));
+    fork_slot(tiers_, *host_staging_, copies_->options(), units_.cache_layers, slot_of(from),
+              slot_of(static_cast<std::int64_t>(s)), extent);
+  }
+  st.forking = false;
 }
 
 GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }

@@ -133,10 +133,17 @@ class BlockScheduler {
   // Continuous batching: whether a prompt waits for a free slot (st.waiting); under
   // req.next_prompt the next one this run takes, those passed on the way dropped.
   bool prompt_waiting(BlockState& st, bool idle);
+  // Continuous batching: free slots take waiting prompts (with the runs sharing their
+  // prefills); which slots prefill a newcomer this step.
+  std::vector<bool> admit(BlockState& st);
+  // Shared prefills: copies each prefilled slot of this step into the slots forked from it.
+  void fork_slots(BlockState& st);
   // Continuous batching: records the step's tokens slot by slot, freeing the slots that ended.
   void record_slots(BlockState& st, GenerationLog& log);
-  // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index.
+  // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index,
+  // and those forked from its prefill from the same logits.
   void sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i);
+  void sample_sequence(BlockState& st, const float* logits, std::int64_t slot);
 
   kernels::Backend& be_;
   offload::Tiers& tiers_;
@@ -149,7 +156,8 @@ class BlockScheduler {
   bool holds_head_ = true;
   std::int64_t unit_instances_ = 0;  // units run so far: instance = step x units + unit
   std::vector<float> boundary_;      // hidden states received or sent at a stage boundary
-  std::unique_ptr<offload::Staging> boundary_staging_;
+  // Host buffers of the copies made in line: stage boundaries, forks of a shared prefill.
+  std::unique_ptr<offload::Staging> host_staging_;
   std::unique_ptr<policy::KvPolicy> kv_policy_;  // from policy_.kv; null for the full cache
   std::unique_ptr<WeightStaging> staging_;
   std::unique_ptr<CacheRing> ring_;

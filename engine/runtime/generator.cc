@@ -1,6 +1,7 @@
 #include "engine/runtime/generator.h"
 
 #include "engine/runtime/kv_eviction.h"
+#include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
 
 #include <algorithm>
@@ -80,6 +81,7 @@ void GenerationResult::add(const GenerationResult& r) {
   prefill_seconds += r.prefill_seconds;
   decode_seconds += r.decode_seconds;
   prompt_tokens += r.prompt_tokens;
+  prompt_tokens_computed += r.prompt_tokens_computed;
   generated_tokens += r.generated_tokens;
   decode_steps += r.decode_steps;
   sequences += r.sequences;
@@ -143,6 +145,8 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
     max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(p.size()));
     res_.prompt_tokens += static_cast<std::int64_t>(p.size());
   }
+  res_.prompt_tokens_computed = res_.prompt_tokens;
+  check_shared_prompts(req);
   history_ = req.prompts;
   history_view_.assign(history_.begin(), history_.end());
   generated_.assign(B, 0);
@@ -231,6 +235,11 @@ void GenerationLog::drop(std::size_t b) {
   --active_;
   --res_.sequences;
   res_.prompt_tokens -= static_cast<std::int64_t>(req_.prompts[b].size());
+  res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.prompts[b].size());
+}
+
+void GenerationLog::share_prefill(std::size_t b) {
+  res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.prompts[b].size());
 }
 
 void GenerationLog::end_step(std::int64_t step, std::int64_t sequences) {

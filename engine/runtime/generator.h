@@ -71,6 +71,11 @@ struct GenerationRequest {
   // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
   // `index` of sequence b (on_logits needs a fixed block).
   std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;
+  // n samples of one prompt (BlockScheduler only; Generator prefills each): shares_prompt[b]
+  // says prompt b is prompt b - 1 with the same new tokens limit. Such a run of prompts is
+  // prefilled once and the other sequences fork that slot (engine/runtime/prefill_fork.h);
+  // each still samples its own tokens, those its own prefill would give. Empty: none share.
+  std::vector<bool> shares_prompt;
 };
 
 // Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
@@ -86,6 +91,8 @@ struct GenerationResult {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   std::int64_t prompt_tokens = 0;     // sum of prompt lengths
+  // Prompt tokens the prefills computed: prompt_tokens less the prompts taken from a shared prefill.
+  std::int64_t prompt_tokens_computed = 0;
   std::int64_t generated_tokens = 0;  // sum of generated lengths
   std::int64_t decode_steps = 0;
   std::int64_t sequences = 0;
@@ -140,6 +147,8 @@ class GenerationLog {
   // Continuous batching: sequence b never started and will not (admission stopped): it ends
   // without tokens and counts in no total.
   void drop(std::size_t b);
+  // Sequence b takes another's prefill of its prompt (shares_prompt): its prompt is not computed.
+  void share_prefill(std::size_t b);
   // Tokens sequence b has generated so far: the index (sampling step) of its next one.
   std::int64_t generated(std::size_t b) const { return static_cast<std::int64_t>(res_.tokens[b].size()); }
   bool active() const { return active_ > 0; }

@@ -32,6 +32,14 @@ void KvEvictionLayer::reset(std::int64_t seq, std::int64_t total_len) {
     states_[static_cast<std::size_t>(seq * n_kv_heads_ + g)] = policy_.make_state(slots);
 }
 
+void KvEvictionLayer::copy_sequence(const KvEvictionLayer& from, std::int64_t from_seq, std::int64_t seq) {
+  const std::int64_t budget = from.budget_[static_cast<std::size_t>(from_seq)];
+  if (&from.policy_ != &policy_ || from.layer_ != layer_ || policy::kv_slot_capacity(budget) > capacity_)
+    throw std::logic_error("KV eviction: a sequence is copied only between slots of one policy and layer that fit it");
+  budget_[static_cast<std::size_t>(seq)] = budget;
+  std::copy_n(from.states_.begin() + from_seq * n_kv_heads_, n_kv_heads_, states_.begin() + seq * n_kv_heads_);
+}
+
 void KvEvictionLayer::compute_value_norms(kernels::Backend& be, const float* v, std::int64_t rows) {
   const std::int64_t H = n_kv_heads_, D = head_dim_;
   host_values_.resize(static_cast<std::size_t>(rows * H * D));

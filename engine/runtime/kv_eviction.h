@@ -29,6 +29,9 @@ class KvEvictionLayer {
   // Slot `seq` starts a sequence of `total_len` tokens (prompt + new tokens): its budget, and
   // an empty state per kv head (continuous batching: a newcomer in a freed slot).
   void reset(std::int64_t seq, std::int64_t total_len);
+  // Slot `seq` takes slot `from_seq` of `from` (a layer of the same policy and capacity, maybe
+  // another GPU batch's) as it is: its budget and every kv head's state (a shared prefill).
+  void copy_sequence(const KvEvictionLayer& from, std::int64_t from_seq, std::int64_t seq);
 
   // Attention::forward calls these instead of its kernels, for the run of sequences starting
   // at `seq0` that `s` holds (rebased to 0), whose cache is `part` of `cache`.

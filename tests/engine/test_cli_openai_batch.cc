@@ -1,6 +1,7 @@
 // `flexh2o run` on OpenAI batch files end to end, on the embedded model (stories260K): bad lines
-// become error lines while the job goes on, --resume continues by custom_id, and stop strings,
-// n, max_tokens, seed and logprobs behave as OpenAI documents them.
+// become error lines while the job goes on, --resume continues by custom_id, stop strings,
+// n, max_tokens, seed and logprobs behave as OpenAI documents them, and n choices share one
+// prefill.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -213,6 +214,74 @@ TEST(CliOpenAiBatch, SamplingFieldsBehaveAsOpenAiDocuments) {
     EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), best, 1e-6);
   }
   EXPECT_TRUE(body(all.at("stopped"))["choices"][0]["logprobs"].is_null());
+}
+
+// A request's n choices share one prefill: each choice's result is the one a prefill of its own
+// gives (--share-prefill 0), in memory and over the tiers, with eviction and a compressed cache,
+// under continuous and fixed batching; the metrics count each prompt computed once; --resume
+// keeps a request's choices together in one line. (Log-probabilities may differ in their last
+// bits, as the steps' rows differ: test_prefill_fork bounds them.)
+TEST(CliOpenAiBatch, NChoicesShareOnePrefill) {
+  testing::TempDir dir;
+  std::string file;
+  const int lines = 8;
+  auto choices = [](int line) { return 1 + line % 4; };
+  for (int i = 0; i < lines; ++i)
+    file += completion("req-" + std::to_string(i), {{"prompt", kPrompts[i % 6]}, {"max_tokens", 4 + i % 5},
+                                                   {"temperature", 1.0}, {"n", choices(i)}, {"seed", i}});
+  testing::write_file(dir.file("b.jsonl"), file);
+  struct Setup {
+    std::string flags;
+    int block;   // gpu_batch_size x num_gpu_batches
+    bool fixed;  // fixed blocks cut a request's choices apart at block boundaries
+  };
+  const Setup setups[] = {
+      {"--gpu-batch-size 4 --num-gpu-batches 2", 8, false},
+      {"--gpu-batch-size 4 --num-gpu-batches 2 --batching fixed", 8, true},
+      {"--gpu-batch-size 2 --num-gpu-batches 3 --percent 30 40 20 30 50 50", 6, false},
+      {"--gpu-batch-size 3 --num-gpu-batches 1 --percent 100 0 0 100 100 0 --kv h2o:0.5 --compress-cache", 3, false},
+      {"--gpu-batch-size 2 --num-gpu-batches 2 --percent 100 0 30 30 100 0 --kv tova:0.5 --batching fixed "
+       "--cpu-cache-compute", 4, true}};
+  const std::string job = "--prompts " + dir.file("b.jsonl") + " --out ";
+  for (const Setup& setup : setups) {
+    SCOPED_TRACE(setup.flags);
+    std::map<std::string, Json> by_share[2];
+    std::int64_t computed[2] = {0, 0}, prompt_tokens = 0;
+    for (const int share : {0, 1}) {
+      const std::string out = dir.file("out-" + std::to_string(share)), metrics = dir.file("metrics-" + std::to_string(share));
+      const Output r = run(job + out + " " + setup.flags + " --metrics " + metrics + " --share-prefill " + std::to_string(share));
+      ASSERT_EQ(r.code, 0) << r.err;
+      by_share[share] = results(out);
+      const Json m = Json::parse(testing::read_file(metrics));
+      computed[share] = m["prompt_tokens_computed"].get<std::int64_t>();
+      prompt_tokens = m["prompt_tokens"].get<std::int64_t>();
+    }
+    ASSERT_EQ(by_share[1].size(), static_cast<std::size_t>(lines));
+    // Each request's prompt once per run of its choices admitted together: at most a block's
+    // slots, and under fixed blocks within one block.
+    std::int64_t once = 0;
+    for (int i = 0, first = 0; i < lines; first += choices(i), ++i) {
+      const std::string id = "req-" + std::to_string(i);
+      const Json& j = by_share[1].at(id);
+      EXPECT_EQ(timeless(j), timeless(by_share[0].at(id))) << id;
+      const int last = first + choices(i) - 1;
+      const int prefills = setup.fixed ? last / setup.block - first / setup.block + 1 : (choices(i) + setup.block - 1) / setup.block;
+      once += prefills * body(j)["usage"]["prompt_tokens"].get<std::int64_t>();
+    }
+    EXPECT_EQ(computed[0], prompt_tokens) << "every choice prefilled its prompt";
+    EXPECT_EQ(computed[1], once);
+    EXPECT_LT(computed[1], prompt_tokens);
+  }
+  // Cut after three result lines: --resume runs the other requests, all choices of each.
+  std::istringstream lines_in(testing::read_file(dir.file("out-1")));
+  std::string kept, line;
+  for (int i = 0; i < 3 && std::getline(lines_in, line); ++i) kept += line + "\n";
+  testing::write_file(dir.file("out-1"), kept);
+  const std::map<std::string, Json> before = results(dir.file("out-0"));
+  ASSERT_EQ(run(job + dir.file("out-1") + " " + setups[4].flags + " --resume").code, 0);
+  const std::map<std::string, Json> resumed = results(dir.file("out-1"));
+  ASSERT_EQ(resumed.size(), static_cast<std::size_t>(lines));
+  for (const auto& [id, j] : resumed) EXPECT_EQ(timeless(j), timeless(before.at(id))) << id;
 }
 
 TEST(CliOpenAiBatch, GreedyCompletionIsTheOwnFormatsContinuation) {

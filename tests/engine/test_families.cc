@@ -136,6 +136,28 @@ TEST_P(HfParity, RefillGeneratesWhatEachPromptAloneDoes) {
   testing::expect_refill_matches_solo(*be, cfg, hf, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true});
 }
 
+// n samples per prompt sharing one prefill (shares_prompt) over the tiers: every prompt with
+// three choices sampled on their own streams through the 4 slots of 2 GPU batches, the
+// prefilled slot forked into the others (across GPU batches and tiers): each choice's tokens
+// are those of its solo in-memory run with its own prefill (or differ only at a near-tie).
+TEST_P(HfParity, SharedPrefillGeneratesWhatEachChoiceAloneDoes) {
+  engine::HfCheckpoint hf(dir_);
+  engine::ModelConfig cfg = hf.config();
+  cfg.stop_ids.clear();
+  auto be = kernels::make_cpu_backend();
+  GenerationRequest req;
+  for (const auto& p : prompts())
+    for (std::int64_t c = 0; c < 3; ++c) {
+      req.prompts.push_back(p);
+      req.max_new_tokens_each.push_back(new_tokens());
+      req.sampling_each.push_back({.temperature = 0.8f, .top_p = 0.9f, .seed = 5});
+      req.streams.push_back(req.streams.size());
+      req.shares_prompt.push_back(c > 0);
+    }
+  req.max_new_tokens = new_tokens();
+  testing::expect_refill_matches_solo(*be, cfg, hf, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true});
+}
+
 // The parity test catches a loader that ignores RoPE scaling: the Llama-3.1 fixture read with
 // plain RoPE (what transformers 4.57 does with a transformers 5 config) is far outside the
 // tolerance.

@@ -1,0 +1,45 @@
+#include "engine/runtime/prefill_fork.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace flexh2o::engine {
+
+void check_shared_prompts(const GenerationRequest& req) {
+  const auto& shares = req.shares_prompt;
+  if (shares.empty()) return;
+  if (shares.size() != req.prompts.size())
+    throw std::invalid_argument("a request marks shared prompts for " + std::to_string(shares.size()) + " of its " +
+                                std::to_string(req.prompts.size()) + " prompts");
+  if (!req.prompts.empty() && shares[0]) throw std::invalid_argument("prompt 0 has no prompt before it to share");
+  for (std::size_t b = 1; b < shares.size(); ++b)
+    if (shares[b] && (req.prompts[b] != req.prompts[b - 1] || new_tokens_limit(req, b) != new_tokens_limit(req, b - 1)))
+      throw std::invalid_argument("prompt " + std::to_string(b) +
+                                  " shares the prefill of the one before it but differs from it in its tokens or "
+                                  "its new tokens limit");
+}
+
+std::int64_t shared_prompt_run(const GenerationRequest& req, std::size_t first) {
+  std::size_t end = first + 1;
+  while (end < req.shares_prompt.size() && req.shares_prompt[end]) ++end;
+  return static_cast<std::int64_t>(end - first);
+}
+
+void fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,
+               std::span<const std::int64_t> layers, const ForkSlot& from, const ForkSlot& to, const ForkExtent& e) {
+  // The same bytes of each kv head's slots, at the same offsets in the other row.
+  const std::int64_t head_bytes = e.capacity * e.slot_bytes;
+  const offload::RowBands bands{0, e.evicting ? head_bytes : e.tokens * e.slot_bytes, e.n_kv_heads, head_bytes};
+  for (const std::int64_t layer : layers) {
+    const auto l = static_cast<std::size_t>(layer);
+    from.batch->cache_stored[l].wait();  // the prefill's write-back
+    to.batch->cache_stored[l].wait();    // the slot's last one
+    auto pieces = from.batch->k[l]->pieces(from.seq, from.seq + 1, to.batch->k[l]->place(to.seq), false, bands);
+    const auto v = from.batch->v[l]->pieces(from.seq, from.seq + 1, to.batch->v[l]->place(to.seq), false, bands);
+    pieces.insert(pieces.end(), v.begin(), v.end());
+    offload::copy_pieces_now(tiers, pieces, staging, opts);
+    if (e.evicting) to.batch->eviction[l]->copy_sequence(*from.batch->eviction[l], from.seq, to.seq);
+  }
+}
+
+}  // namespace flexh2o::engine

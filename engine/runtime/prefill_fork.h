@@ -1,0 +1,44 @@
+// n samples of one prompt share one prefill (GenerationRequest::shares_prompt). The scheduler
+// admits such a run of sequences together: the first prefills the prompt in its slot while the
+// others' slots sit idle for that step; each samples its first token from the same final
+// prefill logits with its own sampling stream; after the step the prefilled slot is forked into
+// the others: its KV rows in every decoder layer, wherever each slot lives (gpu, cpu or disk,
+// compressed or not: the bytes move as stored), and the KV policy's state of every kv head.
+// From there each sequence decodes on its own, with the tokens its own prefill would give.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "engine/runtime/cache_ring.h"
+#include "engine/runtime/generator.h"
+#include "offload/copy_engine.h"
+
+namespace flexh2o::engine {
+
+// Throws naming the prompt unless req.shares_prompt is empty or one per prompt, the first
+// false, and each prompt it marks has the tokens and new tokens limit of the one before it.
+void check_shared_prompts(const GenerationRequest& req);
+
+// The prompts from `first` on that one prefill serves: `first` and the shares_prompt run after it.
+std::int64_t shared_prompt_run(const GenerationRequest& req, std::size_t first);
+
+// One end of a fork: sequence `seq` of a GPU batch.
+struct ForkSlot {
+  GpuBatch* batch = nullptr;
+  std::int64_t seq = 0;
+};
+
+// How much of a KV row a fork copies: the first `tokens` slots of each kv head (the whole
+// row of `capacity` slots under eviction, where the policy's slots lie anywhere in it).
+struct ForkExtent {
+  std::int64_t tokens = 0, capacity = 0, n_kv_heads = 0, slot_bytes = 0;
+  bool evicting = false;
+};
+
+// Copies `from` into `to` in every layer of `layers` (and the eviction state with a KV
+// policy), once the copies that stored either row have finished; returns when done.
+void fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,
+               std::span<const std::int64_t> layers, const ForkSlot& from, const ForkSlot& to, const ForkExtent& extent);
+
+}  // namespace flexh2o::engine
