@@ -1,14 +1,13 @@
 // Attention on the CPU. Work is split by (sequence, kv head) so that the optional score
 // outputs, which sum over the query heads of a group, are written by one task only. Prefill
-// computes scores and outputs with single-threaded BLAS calls on tiles; decode walks the
-// cache's slots in their stored dtype with vectorised dot products (kernels/cpu/vec.h).
+// computes scores and outputs with single-threaded BLAS calls on tiles; decode reads the
+// cache's slots as blocks of fp32 rows with vectorised loops (kernels/cpu/vec.h).
 #include <cblas.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -30,18 +29,14 @@ std::int64_t first_visible(std::int64_t p, std::int64_t window) { return window 
 
 // In-place softmax of x[0, n); returns nothing, x sums to 1.
 void softmax(float* x, std::int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  float sum = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = 1.0f / sum;
-  for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
+  const float sum = vec::exp_shifted(x, n, vec::max(x, n));
+  vec::scale(x, n, 1.0f / sum);
 }
 
 constexpr std::int64_t kQueryTile = 64;
+// Decode converts a cache stored in another dtype this many slots at a time: 64 slots of
+// head_dim 64 in fp32 are 16 KiB, which stay in L1 while every query head of the group reads them.
+constexpr std::int64_t kDecodeSlots = 64;
 
 }  // namespace
 
@@ -96,9 +91,10 @@ void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
   const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads, cap = a.capacity;
 
-  // One task per (sequence, kv head) walks its slots once for all the group's query heads,
-  // reading each key and value in the cache's dtype (an fp32 slot in place, others decoded
-  // into a buffer of one slot): no copy of the cache, and every slot is loaded once.
+  // One task per (sequence, kv head) reads its slots as blocks of fp32 rows for all the group's
+  // query heads: an fp32 cache in place, another dtype converted kDecodeSlots slots at a time
+  // into a thread-local block (no copy of the whole cache, each slot converted once per pass).
+  // Scores are computed eight slots at a time, the outputs as weighted sums of whole blocks.
   const std::int64_t slot = kv_slot_bytes(a.cache_dtype, D);
   const bool in_place = a.cache_dtype == DType::F32;
   tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
@@ -108,19 +104,22 @@ void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
     const std::int64_t first = first_visible(n - 1, s.window), m = n - first;
     const auto* k_src = static_cast<const std::byte*>(a.k_cache) + (task * cap + first) * slot;
     const auto* v_src = static_cast<const std::byte*>(a.v_cache) + (task * cap + first) * slot;
-    thread_local std::vector<float> scores, acc, buf;
+    thread_local std::vector<float> scores, acc, block;
     scores.resize(static_cast<std::size_t>(group * m));
     acc.assign(static_cast<std::size_t>(group * D), 0.0f);
-    buf.resize(static_cast<std::size_t>(D));
-    auto read_slot = [&](const std::byte* src) -> const float* {
-      if (in_place) return reinterpret_cast<const float*>(src);
-      convert_rows(src, a.cache_dtype, buf.data(), DType::F32, 1, D);
-      return buf.data();
+    block.resize(static_cast<std::size_t>(kDecodeSlots * D));
+    // Slots [j0, j0 + count) of `src` as fp32 rows of D.
+    auto read_slots = [&](const std::byte* src, std::int64_t j0, std::int64_t count) -> const float* {
+      if (in_place) return reinterpret_cast<const float*>(src + j0 * slot);
+      convert_rows(src + j0 * slot, a.cache_dtype, block.data(), DType::F32, count, D);
+      return block.data();
     };
+    const std::int64_t step = in_place ? std::max<std::int64_t>(m, 1) : kDecodeSlots;
     const float* q = a.q + (b * s.n_heads + g * group) * D;
-    for (std::int64_t j = 0; j < m; ++j) {
-      const float* key = read_slot(k_src + j * slot);
-      for (std::int64_t h = 0; h < group; ++h) scores[static_cast<std::size_t>(h * m + j)] = s.scale * vec::dot(q + h * D, key, D);
+    for (std::int64_t j0 = 0; j0 < m; j0 += step) {
+      const std::int64_t count = std::min(step, m - j0);
+      const float* keys = read_slots(k_src, j0, count);
+      for (std::int64_t h = 0; h < group; ++h) vec::dots(q + h * D, keys, count, D, s.scale, scores.data() + h * m + j0);
     }
     float* probs = a.probs ? a.probs + task * cap : nullptr;
     if (probs) std::fill_n(probs, n, 0.0f);
@@ -134,10 +133,11 @@ void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
       if (probs)
         for (std::int64_t j = 0; j < m; ++j) probs[first + j] += p[j];
     }
-    for (std::int64_t j = 0; j < m; ++j) {
-      const float* value = read_slot(v_src + j * slot);
+    for (std::int64_t j0 = 0; j0 < m; j0 += step) {
+      const std::int64_t count = std::min(step, m - j0);
+      const float* values = read_slots(v_src, j0, count);
       for (std::int64_t h = 0; h < group; ++h)
-        vec::axpy(scores[static_cast<std::size_t>(h * m + j)], value, acc.data() + h * D, D);
+        vec::add_weighted_rows(scores.data() + h * m + j0, values, count, D, acc.data() + h * D);
     }
     std::copy(acc.begin(), acc.end(), a.out + (b * s.n_heads + g * group) * D);
   });

@@ -3,6 +3,10 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 namespace flexh2o::kernels::vec {
 
 namespace {
@@ -52,11 +56,123 @@ __attribute__((target("avx2,fma"))) void dot_and_square_avx2(const float* a, con
   }
 }
 
-__attribute__((target("avx2,fma"))) void axpy_avx2(float s, const float* x, float* y, std::int64_t n) {
+// The sums of 8 vectors, one per lane: lane r holds the sum of a[r]'s lanes.
+__attribute__((target("avx2,fma"))) __m256 hsum8_avx2(const __m256 a[8]) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  // u0 = [a0 a1 a2 a3 (lanes 0-3) | a0 a1 a2 a3 (lanes 4-7)], u1 the same for a4..a7
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Eight rows at a time, one accumulator each, so q is loaded once per eight FMAs and no row
+// needs a horizontal sum of its own.
+__attribute__((target("avx2,fma"))) void dots_avx2(const float* q, const float* rows, std::int64_t m, std::int64_t n,
+                                                   float scale, float* out) {
+  const std::int64_t vn = n / 8 * 8;
+  std::int64_t j = 0;
+  for (; j + 8 <= m; j += 8) {
+    const float* r = rows + j * n;
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (std::int64_t i = 0; i < vn; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r + t * n + i), acc[t]);
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, hsum8_avx2(acc));
+    for (int t = 0; t < 8; ++t) {
+      for (std::int64_t i = vn; i < n; ++i) sums[t] += q[i] * r[t * n + i];
+      out[j + t] = scale * sums[t];
+    }
+  }
+  for (; j < m; ++j) out[j] = scale * dot_avx2(q, rows + j * n, n);
+}
+
+// Columns in blocks of 64 (eight accumulators in registers, eight independent FMA chains),
+// then of 8, then one at a time.
+__attribute__((target("avx2,fma"))) void add_weighted_rows_avx2(const float* w, const float* rows, std::int64_t m,
+                                                                std::int64_t n, float* acc) {
+  std::int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m256 a[8];
+    for (int t = 0; t < 8; ++t) a[t] = _mm256_loadu_ps(acc + i + 8 * t);
+    for (std::int64_t j = 0; j < m; ++j) {
+      const __m256 wj = _mm256_set1_ps(w[j]);
+      const float* r = rows + j * n + i;
+      for (int t = 0; t < 8; ++t) a[t] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8 * t), a[t]);
+    }
+    for (int t = 0; t < 8; ++t) _mm256_storeu_ps(acc + i + 8 * t, a[t]);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = _mm256_loadu_ps(acc + i);
+    for (std::int64_t j = 0; j < m; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(rows + j * n + i), a);
+    _mm256_storeu_ps(acc + i, a);
+  }
+  for (; i < n; ++i)
+    for (std::int64_t j = 0; j < m; ++j) acc[i] += w[j] * rows[j * n + i];
+}
+
+__attribute__((target("avx2,fma"))) float max_avx2(const float* x, std::int64_t n) {
+  __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mv);
+  float r = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+// exp(x) as Cephes' expf: x = k ln 2 + r with |r| <= ln 2 / 2 (ln 2 split in two for an exact
+// k ln 2), a degree-7 polynomial for exp(r), times 2^k. 0 below ln 2^-126, where the result
+// would be subnormal; x at most 88.37 (exp(x) < FLT_MAX).
+__attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654475f), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654475f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // 2^k from k + 127 in the exponent field (k >= -126 after the clamp).
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* x, std::int64_t n, float shift) {
+  const __m256 sv = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_setzero_ps();
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), sv));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (i < n) {  // the tail through the same vector exp, padded with zeros that add nothing
+    alignas(32) float tail[8] = {};
+    std::copy(x + i, x + n, tail);
+    const __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                      _mm256_set1_ps(static_cast<float>(n - i)), _CMP_LT_OQ);
+    const __m256 e = _mm256_and_ps(live, exp_avx2(_mm256_sub_ps(_mm256_load_ps(tail), sv)));
+    _mm256_store_ps(tail, e);
+    std::copy(tail, tail + (n - i), x + i);
+    sum = _mm256_add_ps(sum, e);
+  }
+  return hsum_avx2(sum);
+}
+
+__attribute__((target("avx2,fma"))) void scale_avx2(float* x, std::int64_t n, float s) {
   const __m256 sv = _mm256_set1_ps(s);
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(sv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += s * x[i];
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(sv, _mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) x[i] *= s;
 }
 
 }  // namespace
@@ -77,9 +193,34 @@ void dot_and_square(const float* a, const float* b, std::int64_t n, float& ab, f
   }
 }
 
-void axpy(float s, const float* x, float* y, std::int64_t n) {
-  if (kAvx2Fma) return axpy_avx2(s, x, y, n);
-  for (std::int64_t i = 0; i < n; ++i) y[i] += s * x[i];
+void dots(const float* q, const float* rows, std::int64_t m, std::int64_t n, float scale, float* out) {
+  if (kAvx2Fma) return dots_avx2(q, rows, m, n, scale, out);
+  for (std::int64_t j = 0; j < m; ++j) out[j] = scale * dot(q, rows + j * n, n);
+}
+
+void add_weighted_rows(const float* w, const float* rows, std::int64_t m, std::int64_t n, float* acc) {
+  if (kAvx2Fma) return add_weighted_rows_avx2(w, rows, m, n, acc);
+  for (std::int64_t j = 0; j < m; ++j)
+    for (std::int64_t i = 0; i < n; ++i) acc[i] += w[j] * rows[j * n + i];
+}
+
+float max(const float* x, std::int64_t n) {
+  if (kAvx2Fma) return max_avx2(x, n);
+  float r = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+float exp_shifted(float* x, std::int64_t n, float shift) {
+  if (kAvx2Fma) return exp_shifted_avx2(x, n, shift);
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) sum += x[i] = std::exp(x[i] - shift);
+  return sum;
+}
+
+void scale(float* x, std::int64_t n, float s) {
+  if (kAvx2Fma) return scale_avx2(x, n, s);
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
 }  // namespace flexh2o::kernels::vec

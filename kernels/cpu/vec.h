@@ -9,7 +9,18 @@ namespace flexh2o::kernels::vec {
 float dot(const float* a, const float* b, std::int64_t n);
 // sum_i a[i] * b[i] and sum_i b[i] * b[i] in one pass over b (a cosine against many rows)
 void dot_and_square(const float* a, const float* b, std::int64_t n, float& ab, float& bb);
-// y[i] += s * x[i]
-void axpy(float s, const float* x, float* y, std::int64_t n);
+// Rows of a cache read as one block: `rows` holds m rows of n floats each, back to back.
+// out[j] = scale * sum_i q[i] * rows[j * n + i], for j < m.
+void dots(const float* q, const float* rows, std::int64_t m, std::int64_t n, float scale, float* out);
+// acc[i] += sum_j w[j] * rows[j * n + i], for i < n.
+void add_weighted_rows(const float* w, const float* rows, std::int64_t m, std::int64_t n, float* acc);
+
+// max_i x[i] (-inf for n = 0)
+float max(const float* x, std::int64_t n);
+// x[i] = exp(x[i] - shift) for x[i] <= shift; returns the sum. The vector path's exp is within
+// 2 ulp of std::exp, and 0 where std::exp underflows to a subnormal (below 2^-126).
+float exp_shifted(float* x, std::int64_t n, float shift);
+// x[i] *= s
+void scale(float* x, std::int64_t n, float s);
 
 }  // namespace flexh2o::kernels::vec

@@ -1,0 +1,172 @@
+// The CPU decode attention's own loops (kernels/cpu/vec.h) and its blocked reading of the
+// cache, on fresh random data against double-precision references. Shapes cross the loops'
+// edges: rows by eights and the remainder, columns by blocks of 64, by 8 and one at a time
+// (head_dim 20, 72, 100), and sequence lengths across the 64-slot blocks a cache stored in
+// another dtype is converted in. Tolerances follow from the arithmetic (tests/support/fp_tolerance.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/vec.h"
+#include "kernels/quantize.h"
+#include "tests/kernels/reference_ops.h"
+#include "tests/kernels/seeded_test.h"
+#include "tests/support/fp_tolerance.h"
+
+namespace flexh2o::kernels {
+namespace {
+
+using flexh2o::testing::kF32Eps;
+using flexh2o::testing::sum_tolerance;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+using VecLoops = SeededTest;
+
+// Column counts around the vector widths: short, 8-wide with and without a tail, 64-blocks with tails.
+constexpr std::int64_t kWidths[] = {1, 7, 8, 20, 64, 72, 100, 136};
+// Row counts around the eight-row groups.
+constexpr std::int64_t kRows[] = {1, 7, 8, 9, 17, 64};
+
+TEST_F(VecLoops, DotsMatchDoubleReference) {
+  for (const std::int64_t n : kWidths)
+    for (const std::int64_t m : kRows) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n);
+      const std::vector<float> q = random_floats(n, -3, 3), rows = random_floats(m * n);
+      const float scale = 0.125f;
+      std::vector<float> out(static_cast<std::size_t>(m + 1), kNaN);
+      vec::dots(q.data(), rows.data(), m, n, scale, out.data());
+      for (std::int64_t j = 0; j < m; ++j) {
+        double want = 0, size = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          want += static_cast<double>(q[i]) * rows[j * n + i];
+          size += std::abs(static_cast<double>(q[i]) * rows[j * n + i]);
+        }
+        EXPECT_NEAR(out[j], scale * want, scale * sum_tolerance(kF32Eps, n, size)) << j;
+      }
+      EXPECT_TRUE(std::isnan(out[m])) << "wrote past m";
+    }
+}
+
+TEST_F(VecLoops, AddWeightedRowsMatchesDoubleReference) {
+  for (const std::int64_t n : kWidths)
+    for (const std::int64_t m : kRows) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n);
+      const std::vector<float> w = random_floats(m, 0, 1), rows = random_floats(m * n), acc0 = random_floats(n);
+      std::vector<float> acc = acc0;
+      acc.push_back(kNaN);
+      vec::add_weighted_rows(w.data(), rows.data(), m, n, acc.data());
+      for (std::int64_t i = 0; i < n; ++i) {
+        double want = acc0[i], size = std::abs(acc0[i]);
+        for (std::int64_t j = 0; j < m; ++j) {
+          want += static_cast<double>(w[j]) * rows[j * n + i];
+          size += std::abs(static_cast<double>(w[j]) * rows[j * n + i]);
+        }
+        EXPECT_NEAR(acc[i], want, sum_tolerance(kF32Eps, m + 1, size)) << i;
+      }
+      EXPECT_TRUE(std::isnan(acc[n])) << "wrote past n";
+    }
+}
+
+TEST_F(VecLoops, MaxIsExact) {
+  for (const std::int64_t n : {1, 5, 8, 9, 31, 64, 100}) {
+    std::vector<float> x = random_floats(n, -50, 50);
+    x[static_cast<std::size_t>(random_int(0, n - 1))] = 60.0f;  // anywhere, the tail included
+    EXPECT_EQ(vec::max(x.data(), n), *std::max_element(x.begin(), x.end())) << n;
+  }
+  EXPECT_EQ(vec::max(nullptr, 0), -std::numeric_limits<float>::infinity());
+}
+
+// exp to a few ulp over the range softmax feeds it (x - max <= 0), down to the subnormal
+// results it flushes to 0; the sum it returns is an fp32 sum of n terms.
+TEST_F(VecLoops, ExpShiftedWithinUlpsOfExp) {
+  for (const std::int64_t n : {1, 3, 8, 13, 64, 301}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    std::vector<float> x = random_floats(n, -95, 0);
+    const float shift = 2.5f;
+    for (float& e : x) e += shift;
+    if (n > 2) x[1] = shift;  // exp(0) = 1 exactly
+    std::vector<float> y = x;
+    y.push_back(kNaN);
+    const float sum = vec::exp_shifted(y.data(), n, shift);
+    double want_sum = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float shifted = x[i] - shift;  // as the kernel rounds it
+      const double want = std::exp(static_cast<double>(shifted));
+      want_sum += want;
+      if (want < 0x1p-126) {
+        EXPECT_LE(y[i], 0x1p-126) << i;  // flushed, or std::exp's subnormal
+      } else {
+        EXPECT_NEAR(y[i], want, 4 * kF32Eps * want) << i << " x " << shifted;
+      }
+    }
+    if (n > 2) {
+      EXPECT_EQ(y[1], 1.0f);
+    }
+    EXPECT_NEAR(sum, want_sum, 4 * kF32Eps * want_sum + sum_tolerance(kF32Eps, n, want_sum));
+    EXPECT_TRUE(std::isnan(y[n])) << "wrote past n";
+  }
+}
+
+TEST_F(VecLoops, ExpShiftedAtTheEdges) {
+  // A whole vector of zeros and of huge negatives, and values just above the flush point.
+  std::vector<float> x = {0, 0, 0, 0, 0, 0, 0, 0, -1e30f, -200, -87.0f, -80.0f, -0.5f};
+  const std::vector<float> in = x;
+  vec::exp_shifted(x.data(), static_cast<std::int64_t>(x.size()), 0.0f);
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(x[i], 1.0f);
+  EXPECT_EQ(x[8], 0.0f);
+  EXPECT_EQ(x[9], 0.0f);
+  for (std::size_t i = 10; i < x.size(); ++i)
+    EXPECT_NEAR(x[i], std::exp(static_cast<double>(in[i])), 4 * kF32Eps * std::exp(static_cast<double>(in[i])));
+}
+
+using DecodeBlocks = SeededTest;
+
+// Decode over caches in every dtype a KV cache takes, with lengths on both sides of the 64-slot
+// blocks and a window that starts inside one, against the reference on the decoded cache.
+TEST_F(DecodeBlocks, EveryCacheDtypeAcrossSlotBlocks) {
+  auto be = make_cpu_backend();
+  const std::vector<std::int64_t> lens = {1, 63, 64, 65, 130, 200};
+  const std::int64_t B = static_cast<std::int64_t>(lens.size()), cap = 208;
+  for (const DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4G32})
+    for (const std::int64_t head_dim : {20, 64, 72})
+      for (const std::int64_t window : {0, 100}) {
+        const AttentionShape shape{6, 2, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim)), 0.0f, window};
+        const std::int64_t H = shape.n_kv_heads, D = head_dim;
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " head_dim " << D << " window " << window);
+        // The cache as stored, and the values it decodes to (NaN beyond each length: never read).
+        const std::vector<float> k = random_floats(B * H * cap * D, -2, 2), v = random_floats(B * H * cap * D, -2, 2);
+        const std::vector<std::uint8_t> kc = stored_rows(k, t, B * H * cap, D), vc = stored_rows(v, t, B * H * cap, D);
+        std::vector<float> k_ref(k.size()), v_ref(v.size());
+        convert_rows(kc.data(), t, k_ref.data(), DType::F32, B * H * cap, D);
+        convert_rows(vc.data(), t, v_ref.data(), DType::F32, B * H * cap, D);
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t g = 0; g < H; ++g) {
+            const std::int64_t end = (b * H + g + 1) * cap * D;
+            std::fill(k_ref.begin() + (b * H + g) * cap * D + lens[b] * D, k_ref.begin() + end, kNaN);
+            std::fill(v_ref.begin() + (b * H + g) * cap * D + lens[b] * D, v_ref.begin() + end, kNaN);
+          }
+        const std::vector<float> q = random_floats(B * shape.n_heads * D, -1, 1);
+        std::vector<float> out(q.size(), kNaN), probs(static_cast<std::size_t>(B * H * cap), -7.0f);
+        be->attention_decode({.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
+                              .capacity = cap, .lens = lens, .out = out.data(), .probs = probs.data(),
+                              .cache_dtype = t});
+        const auto ref = ref::attention_decode(shape, q, k_ref, v_ref, cap, lens, std::vector<float>(probs.size(), -7.0f));
+        // As KvCacheOpsOnCompressedSlots: a score is an fp32 dot product of |q| <= 1 and |k| <= 2
+        // over D, scaled (at most 2 sqrt(D)); its rounding moves each probability by that much
+        // relative, an output (|v| <= 2) or a group's probability sum by that times 2 or the
+        // group's 3 heads, plus the rounding of the sums over up to `cap` keys.
+        const double score_tol = sum_tolerance(kF32Eps, D, 2 * std::sqrt(static_cast<double>(D)));
+        const double out_tol = 2 * score_tol + sum_tolerance(kF32Eps, cap, 2);
+        const double probs_tol = 3 * (score_tol + sum_tolerance(kF32Eps, cap, 1));
+        for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], out_tol) << i;
+        for (std::size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], ref.probs[i], probs_tol) << i;
+      }
+}
+
+}  // namespace
+}  // namespace flexh2o::kernels
