@@ -69,8 +69,9 @@ namespace {
 // gives the model's weights.
 policy::HardwareProfile this_machine(const PlanCliOptions& o, const engine::ModelConfig& cfg) {
   const auto be = kernels::make_backend(o.backend);
-  return engine::this_machine_profile(
-      *be, o.offload_dir, {engine::choose_compute_dtype("auto", cfg.dtype, *be), be->bf16_faster_from_rows()});
+  engine::ModelConfig c = cfg;
+  engine::set_compute_dtype("auto", c, *be);
+  return engine::this_machine_profile(*be, o.offload_dir, [&c](std::int64_t rows) { return c.compute_for_rows(rows); });
 }
 
 // The job plan predicts: the maxima (what must fit) and, under continuous batching, the means.

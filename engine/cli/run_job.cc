@@ -101,7 +101,8 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
 policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s) {
   policy::HardwareProfile hw =
       o.hardware.empty()
-          ? this_machine_profile(*s.backend, o.offload_dir, {s.model.config.compute_dtype, s.model.config.bf16_from_rows})
+          ? this_machine_profile(*s.backend, o.offload_dir,
+                                 [&c = s.model.config](std::int64_t rows) { return c.compute_for_rows(rows); })
           : hardware_profile(o.hardware);
   for (auto [bytes, field] : {std::pair{s.tiers.gpu_bytes, &hw.gpu_mem}, std::pair{s.tiers.cpu_bytes, &hw.cpu_mem},
                               std::pair{s.tiers.disk_bytes, &hw.disk_mem}})

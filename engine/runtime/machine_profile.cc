@@ -102,12 +102,12 @@ class DecodeGemm {
   // processes on the cores), so the curve keeps its shape, and the median drops a round a
   // burst hit (best-of-N took one lucky call per point: the points then came from different
   // loads, e.g. 4 rows measured slower than 1).
-  std::vector<double> median_seconds(const std::vector<std::int64_t>& rows, const ComputeChoice& compute) {
+  std::vector<double> median_seconds(const std::vector<std::int64_t>& rows, const GemmDtypeAt& dtype_at) {
     constexpr int kRounds = 3;
     std::vector<std::vector<double>> times(rows.size());
     for (int round = 0; round <= kRounds; ++round)
       for (std::size_t i = 0; i < rows.size(); ++i) {
-        const double s = seconds(rows[i], compute.at(rows[i]));
+        const double s = seconds(rows[i], dtype_at(rows[i]));
         if (round > 0) times[i].push_back(s);
       }
     std::vector<double> medians;
@@ -143,17 +143,14 @@ void scale_to_measured(policy::HardwareProfile& hw, const policy::RateCurve& mea
 
 }  // namespace
 
-kernels::DType ComputeChoice::at(std::int64_t rows) const {
-  return compute == kernels::DType::BF16 && rows < bf16_from_rows ? kernels::DType::F32 : compute;
-}
-
 double weight_read_rate(kernels::Backend& be) {
   DecodeGemm g(be);
-  return static_cast<double>(g.weight_bytes()) / g.median_seconds({1}, {})[0];
+  return static_cast<double>(g.weight_bytes()) /
+         g.median_seconds({1}, [](std::int64_t) { return kernels::DType::F32; })[0];
 }
 
 policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::string& offload_dir,
-                                             const ComputeChoice& compute) {
+                                             const GemmDtypeAt& dtype_at) {
   const bool cpu = be.kind() == kernels::DeviceKind::Cpu;
   const std::string rates = cpu ? "ci-cpu" : "h100-pcie";
   policy::HardwareProfile hw = hardware_profile(rates);
@@ -168,17 +165,16 @@ policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::st
   if (cpu) {
     DecodeGemm g(be);
     const std::vector<std::int64_t> rows{1, 4, 16, 64, DecodeGemm::kMaxRows};
-    const std::vector<double> seconds = g.median_seconds(rows, compute);
+    const std::vector<double> seconds = g.median_seconds(rows, dtype_at);
     policy::RateCurve measured;
     for (std::size_t i = 0; i < rows.size(); ++i) measured.emplace_back(rows[i], g.flops(rows[i]) / seconds[i]);
     if (hw.gpu_memory == 0) hw.gpu_memory = static_cast<double>(g.weight_bytes()) / seconds[0];
     scale_to_measured(hw, measured);
     std::string points;
     for (std::size_t i = 0; i < rows.size(); ++i)
-      points += fmt::format("{}{:.1f}", i ? "/" : "", measured[i].second / 1e9);
-    hw.source += fmt::format("; GEMMs measured now ({} from {} rows, f32 below): {} GFLOP/s at {} rows, weights read "
-                             "at {:.1f} GB/s",
-                             kernels::dtype_name(compute.compute), compute.bf16_from_rows, points,
+      points += fmt::format("{}{:.1f} ({})", i ? "/" : "", measured[i].second / 1e9,
+                            kernels::dtype_name(dtype_at(rows[i])));
+    hw.source += fmt::format("; GEMMs measured now: {} GFLOP/s at {} rows, weights read at {:.1f} GB/s", points,
                              fmt::join(rows, "/"), hw.gpu_memory / 1e9);
   }
   return hw;
