@@ -297,14 +297,18 @@ Policy experts_policy_of(const Block& blk) {
 }
 
 // Weights moved per layer and step when `rows_per_sequence` rows of each sequence compute:
-// the layer plus its share of the embeddings. MoE (as BlockScheduler loads them): a unit load
+// the layer plus its share of the embeddings, a tied head's matrix again (the input embedding
+// unit and the head unit each stage it). MoE (as BlockScheduler loads them): a unit load
 // brings the experts the block's rows are expected to route to, or all of them as the
 // policy's expert loading says. When more are routed to than the staging slot holds, each GPU
 // batch runs its routed experts in chunks, fetched again per batch: its own expected active
 // experts, K times.
 double weights_moved(const ModelShape& m, const ModelSizes& z, const Block& blk, double rows_per_sequence) {
   const double l = static_cast<double>(m.layers), g = static_cast<double>(blk.gbs), k = static_cast<double>(blk.k);
-  const double all = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
+  const bool tied_twice = m.tied_embeddings && m.input_embedding && m.output_head;
+  const double all =
+      static_cast<double>(z.layer_weights) +
+      static_cast<double>(z.embedding_weights + (tied_twice ? z.head_weights : 0)) / l;
   const Policy experts = experts_policy_of(blk);
   const auto rows = static_cast<std::int64_t>(g * k * rows_per_sequence);
   if (m.experts == 0 || !experts.routed_expert_loading(m.experts, m.top_k, rows)) return all;

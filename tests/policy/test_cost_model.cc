@@ -657,5 +657,29 @@ TEST(ContinuousPlan, AShareGptLikeJobPlansALargerBlockWhenMemoryBinds) {
   EXPECT_LE(static_cast<double>(b.peak_bytes[0] + b.peak_bytes[1]), hw.memory_safety * static_cast<double>(hw.cpu_mem) + 2);
 }
 
+// A tied head's matrix is the input embedding's, held once, but each step stages it twice (the
+// input embedding unit and the head unit each fetch it): a step bound by weights streaming
+// from disk moves what the untied model moves.
+TEST(ContinuousPlan, ATiedHeadIsFetchedForBothUnits) {
+  ModelShape tied{"llama-1b", 16, 2048, 8192, 32, 8, 64, 49152, true, true, kernels::DType::F16, kernels::DType::F16, 0};
+  ModelShape untied = tied;
+  untied.tied_embeddings = false;
+  HardwareProfile hw = t4();
+  hw.gpu_memory = 0;
+  hw.gemm_by_rows.clear();
+  hw.layer_by_rows.clear();
+  hw.head_by_rows.clear();
+  hw.gpu_gemm_prefill = hw.gpu_gemm_decode = hw.gpu_attn_prefill = hw.gpu_attn_decode = 1e18;
+  Policy p;
+  p.gpu_batch_size = 4;
+  p.set_percent({0, 0, 100, 0, 100, 0});  // every weight on disk
+  const Workload w{64, 32};
+  const auto a = estimate(tied, hw, w, p), b = estimate(untied, hw, w, p);
+  ASSERT_TRUE(a && b);
+  EXPECT_LT(model_sizes(tied).total_weights, model_sizes(untied).total_weights);
+  EXPECT_NEAR(a->decode_step_seconds, b->decode_step_seconds, 1e-9 * b->decode_step_seconds);
+  EXPECT_NE(a->bottleneck, "compute");
+}
+
 }  // namespace
 }  // namespace flexh2o::policy
