@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <queue>
 #include <stdexcept>
 #include <vector>
 
@@ -96,13 +97,113 @@ ModelShape with_compression(ModelShape m, const Policy& p) {
 }
 
 std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv) {
-  const std::int64_t n = w.prompt_len + w.gen_len;
+  const std::int64_t n = w.sequence_capacity();
   if (kv.name == "full") return n;
   const auto policy = make_kv_policy(kv, m.layers);
   std::int64_t most = 0;
   for (std::int64_t l = 0; l < m.layers; ++l)
     most = std::max(most, kv_slot_capacity(std::min(policy->budget(l, n), n)));
   return most;
+}
+
+std::int64_t Workload::sequence_capacity() const {
+  if (!continuous || requests.empty()) return prompt_len + gen_len;
+  std::int64_t most = 0;
+  for (const RequestLength& r : requests) most = std::max(most, r.prompt + r.gen);
+  return most;
+}
+
+Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget) {
+  Workload w;
+  w.continuous = true;
+  w.prefill_budget = prefill_budget;
+  w.prompt_len = w.gen_len = 0;
+  double prompts = 0, gens = 0;
+  for (const RequestLength& r : requests) {
+    w.prompt_len = std::max(w.prompt_len, r.prompt);
+    w.gen_len = std::max(w.gen_len, r.gen);
+    prompts += static_cast<double>(r.prompt);
+    gens += static_cast<double>(r.gen);
+  }
+  const double count = static_cast<double>(std::max<std::size_t>(requests.size(), 1));
+  w.mean_prompt_len = prompts / count;
+  w.mean_gen_len = gens / count;
+  w.requests = std::move(requests);
+  return w;
+}
+
+namespace {
+
+// The steps a continuous job takes, as BlockScheduler::next_steps admits: at each step each GPU
+// batch in turn gives its free slots to the waiting requests in order, while their prompts fit
+// the prefill budget (the first newcomer of a batch always joins); a request holds its slot for
+// its max_tokens steps (its prefill gives the first token).
+std::int64_t continuous_steps(const Workload& w, std::int64_t slots, std::int64_t gpu_batch) {
+  gpu_batch = std::clamp<std::int64_t>(gpu_batch, 1, std::max<std::int64_t>(slots, 1));
+  using Heap = std::priority_queue<std::int64_t, std::vector<std::int64_t>, std::greater<>>;
+  struct Batch {
+    std::int64_t free = 0;
+    Heap busy;  // the steps its busy slots free at
+  };
+  std::vector<Batch> batches;
+  for (std::int64_t s0 = 0; s0 < std::max<std::int64_t>(slots, 1); s0 += gpu_batch)
+    batches.push_back({std::min(gpu_batch, slots - s0), {}});
+  std::size_t next = 0;
+  std::int64_t t = 0, end = 0;
+  while (next < w.requests.size()) {
+    bool blocked = false;  // a batch has a free slot the budget kept empty
+    std::int64_t soonest = std::numeric_limits<std::int64_t>::max();
+    for (Batch& b : batches) {
+      for (; !b.busy.empty() && b.busy.top() <= t; b.busy.pop()) ++b.free;
+      std::int64_t admitted = 0;
+      while (b.free > 0 && next < w.requests.size()) {
+        const RequestLength& r = w.requests[next];
+        if (admitted > 0 && admitted + r.prompt > w.prefill_budget) break;
+        admitted += r.prompt;
+        --b.free;
+        const std::int64_t at = t + std::max<std::int64_t>(r.gen, 1);
+        b.busy.push(at);
+        end = std::max(end, at);
+        ++next;
+      }
+      blocked = blocked || b.free > 0;
+      if (!b.busy.empty()) soonest = std::min(soonest, b.busy.top());
+    }
+    t = blocked ? t + 1 : soonest;
+  }
+  return end;
+}
+
+}  // namespace
+
+SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch) {
+  SlotStep s;
+  // A request of prompt p and g new tokens: one prefill step of p rows (its first token), then
+  // g - 1 decode rows attending over p + 1, ..., p + g - 1 cached tokens and the new one.
+  double prefill = 0, decode = 0, attended = 0, squares = 0, tokens = 0, slot_steps = 0;
+  auto add = [&](double p, double g) {
+    prefill += p;
+    decode += g - 1;
+    attended += (g - 1) * p + g * (g - 1) / 2;
+    squares += p * p;
+    tokens += g;
+  };
+  if (w.requests.empty()) {  // steady state at the means: every slot busy
+    const double g = std::max(w.mean_gen_len > 0 ? w.mean_gen_len : static_cast<double>(w.gen_len), 1.0);
+    add(w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len), g);
+    slot_steps = g;
+  } else {
+    for (const RequestLength& r : w.requests)
+      add(static_cast<double>(r.prompt), static_cast<double>(std::max<std::int64_t>(r.gen, 1)));
+    s.steps = static_cast<double>(continuous_steps(w, slots, gpu_batch));
+    slot_steps = s.steps * static_cast<double>(std::max<std::int64_t>(slots, 1));
+  }
+  s.busy = tokens / slot_steps;
+  s.prefill_rows = prefill / slot_steps;
+  s.decode_rows = decode / slot_steps;
+  s.kv_attended = attended / slot_steps;
+  s.prompt_sq = squares / slot_steps;
+  return s;
 }
 
 namespace {
@@ -146,14 +247,18 @@ struct Block {
   bool sep_layer = true;        // attention and MLP are separate units (off: one, a larger slot)
   std::string expert_loading = "auto";  // MoE: the policy's expert loading and staging slots
   std::int64_t expert_slots = 0;
+  SlotStep slot_step;  // continuous batching: the job's mean slot-step over the block's slots
 };
 
-Block block_of(const Policy& p) {
-  return {p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute, p.weights.gpu < 1.0, p.activations.gpu < 1.0,
+Block block_of(const Policy& p, const Workload& w) {
+  Block b{p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute, p.weights.gpu < 1.0, p.activations.gpu < 1.0,
           p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots};
+  if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size);
+  return b;
 }
 
 struct Terms {
+  SlotStep slot_step;  // continuous batching: the block's mean slot-step
   // Per layer: prefill and decode transfer and compute times (seconds).
   Linear ctog_pre, gtoc_pre, dtoc_pre, ctod_pre, comp_pre;
   Linear ctog_gen, gtoc_gen, dtoc_gen, ctod_gen, comp_gen;
@@ -192,14 +297,18 @@ Policy experts_policy_of(const Block& blk) {
 }
 
 // Weights moved per layer and step when `rows_per_sequence` rows of each sequence compute:
-// the layer plus its share of the embeddings. MoE (as BlockScheduler loads them): a unit load
+// the layer plus its share of the embeddings, a tied head's matrix again (the input embedding
+// unit and the head unit each stage it). MoE (as BlockScheduler loads them): a unit load
 // brings the experts the block's rows are expected to route to, or all of them as the
 // policy's expert loading says. When more are routed to than the staging slot holds, each GPU
 // batch runs its routed experts in chunks, fetched again per batch: its own expected active
 // experts, K times.
 double weights_moved(const ModelShape& m, const ModelSizes& z, const Block& blk, double rows_per_sequence) {
   const double l = static_cast<double>(m.layers), g = static_cast<double>(blk.gbs), k = static_cast<double>(blk.k);
-  const double all = static_cast<double>(z.layer_weights) + static_cast<double>(z.embedding_weights) / l;
+  const bool tied_twice = m.tied_embeddings && m.input_embedding && m.output_head;
+  const double all =
+      static_cast<double>(z.layer_weights) +
+      static_cast<double>(z.embedding_weights + (tied_twice ? z.head_weights : 0)) / l;
   const Policy experts = experts_policy_of(blk);
   const auto rows = static_cast<std::int64_t>(g * k * rows_per_sequence);
   if (m.experts == 0 || !experts.routed_expert_loading(m.experts, m.top_k, rows)) return all;
@@ -218,13 +327,18 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
                       const PlanOptions& o, const Block& blk, double kv_slots) {
   const bool evicting = o.kv.name != "full";
   const double layers = static_cast<double>(m.layers), gbs = static_cast<double>(blk.gbs);
-  const double block = gbs * static_cast<double>(blk.k), prompt = static_cast<double>(w.prompt_len);
+  const double block = gbs * static_cast<double>(blk.k);
   const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
   const double hidden_row = static_cast<double>(m.hidden) * act, kv_token = static_cast<double>(z.kv_per_token_layer);
   const double blocks = static_cast<double>(std::max<std::int64_t>(o.blocks_in_flight, 1));
   const double w_all = static_cast<double>(z.total_weights), kv_all = blocks * kv_token * layers * block * kv_slots;
-  const std::int64_t step_rows = blk.gbs * std::max<std::int64_t>(w.prompt_len, 1);
-  const double h_all = blocks * hidden_row * block * std::max(prompt, 1.0);
+  // A GPU batch's step rows: fixed blocks prefill every prompt at once; under continuous
+  // batching the other slots decode while newcomers prefill up to the budget, or one longer
+  // prompt (BlockScheduler::continuous_rows).
+  const std::int64_t longest = std::max<std::int64_t>(w.prompt_len, 1);
+  const std::int64_t step_rows = w.continuous ? std::max(blk.gbs - 1 + std::max(w.prefill_budget, longest), blk.gbs)
+                                              : blk.gbs * longest;
+  const double h_all = blocks * hidden_row * static_cast<double>(blk.k * step_rows);
   // One GPU batch's activation buffers, in the profile's activation dtype, and what a MoE
   // layer's expert kernel holds beside them (engine::Activations).
   const double scratch = blocks * (act * static_cast<double>(activation_buffers(m, step_rows, blk.gbs).total()) +
@@ -259,6 +373,22 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
   for (std::size_t i = 0; i < 3; ++i) t.capacity[i] = hw.memory_safety * static_cast<double>(t.hw_capacity[i]);
 }
 
+// What one decode step of a block computes and moves, per layer (see build_terms). Fixed
+// blocks: every sequence decodes one row over the cache's mean length. Continuous batching:
+// the job's mean slot-step, newcomers' prompts among the rows.
+struct StepLoad {
+  double rows_per_seq = 1;      // rows a sequence computes (weights moved for them: MoE)
+  double gemm = 0, head = 0;    // the K GPU batches' layer GEMMs; the head's, spread over the layers
+  double kv_len = 0;            // cache tokens a decode row attends over
+  double kv_read = 0;           // KV bytes read (staged in, or from disk)
+  double kv_store = 0;          // KV bytes written back
+  double kv_values_read = 0;    // cached values a step attends over (dequantization)
+  double attn_flops = 0;        // decode attention
+  double prefill_attn = 0;      // seconds of newcomers' prefill attention
+  double hidden = 0;            // hidden-state bytes in and out
+  double busy = 1;              // share of the sequences holding a request (disk requests)
+};
+
 // The model of one block, as linear forms of the fractions.
 Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
                   const Block& blk) {
@@ -270,24 +400,22 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const bool evicting = o.kv.name != "full";
   const double h1 = static_cast<double>(m.hidden), vocab = static_cast<double>(m.vocab);
   const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
-  const double wl = weights_moved(m, z, blk, s), wl_gen = weights_moved(m, z, blk, 1);
+  const double wl = weights_moved(m, z, blk, s);
   const double kvt = static_cast<double>(z.kv_per_token_layer), hid = h1 * act;
-  const double hid_pre = hid * bls * s, hid_gen = hid * bls;
+  const double hid_pre = hid * bls * s;
   const double kv_pre = kvt * bls * std::min(s, kvtok);
-  const double kv_len = std::min(kvtok, s + n / 2);  // average cache length during decode
-  const double kv_read = kvt * bls * kv_len;
-  // Under eviction the engine writes back whole budget-sized rows of staged sequences.
-  const double kv_store = evicting ? kv_read : kvt * bls;
   const double cg_bw = hw.cpu_to_gpu, gc_bw = hw.gpu_to_cpu, dc_bw = hw.disk_to_cpu, cd_bw = hw.cpu_to_disk;
 
   // A GEMM over `rows` rows costs its flops at the rate for that many rows, but no less than
   // reading its weight matrix from device memory once (each GPU batch reads it again).
   // A unit's own measured curve (a decoder layer, the head), where the profile has it, counts
   // what the engine pays around the GEMMs too.
+  auto rate = [&](const RateCurve& unit, double rows, double fallback_rate) {
+    return unit.empty() ? hw.gemm_rate(rows, fallback_rate) : rate_at(unit, rows, fallback_rate);
+  };
+  auto read_floor = [&](double weight_bytes) { return hw.gpu_memory > 0 ? weight_bytes / hw.gpu_memory : 0.0; };
   auto gemm = [&](const RateCurve& unit, double rows, double flops_per_row, double weight_bytes, double fallback_rate) {
-    const double rate = unit.empty() ? hw.gemm_rate(rows, fallback_rate) : rate_at(unit, rows, fallback_rate);
-    const double compute = rows * flops_per_row / rate;
-    return std::max(compute, hw.gpu_memory > 0 ? weight_bytes / hw.gpu_memory : 0.0);
+    return std::max(rows * flops_per_row / rate(unit, rows, fallback_rate), read_floor(weight_bytes));
   };
   const double layer_flops = 2.0 * static_cast<double>(z.layer_params);
   const double head_flops = m.output_head ? 2.0 * vocab * h1 : 0.0;
@@ -296,7 +424,42 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // and step for the last row of every sequence (spread over the layers here).
   const double head = k * gemm(hw.head_by_rows, g, head_flops, head_bytes, hw.gpu_gemm_decode) / l;
   const double gemm_pre = k * gemm(hw.layer_by_rows, g * s, layer_flops, layer_bytes, hw.gpu_gemm_prefill) + head;
-  const double gemm_gen = k * gemm(hw.layer_by_rows, g, layer_flops, layer_bytes, hw.gpu_gemm_decode) + head;
+
+  StepLoad d;
+  if (!w.continuous) {
+    d.kv_len = std::min(kvtok, s + n / 2);  // average cache length during decode
+    d.kv_read = kvt * bls * d.kv_len;
+    d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * d.kv_len;
+    d.attn_flops = 4 * bls * d.kv_len * h1;
+    d.hidden = hid * bls;
+    d.gemm = k * gemm(hw.layer_by_rows, g, layer_flops, layer_bytes, hw.gpu_gemm_decode);
+    d.head = head;
+    // Under eviction the engine writes back whole budget-sized rows of staged sequences.
+    d.kv_store = evicting ? d.kv_read : kvt * bls;
+  } else {
+    // A mean slot-step: its decode rows run at the rate of a step's decode rows (one per busy
+    // sequence of the GPU batch), its newcomers' prompt rows at the rate of a step that also
+    // prefills one mean prompt; the weights are read once per GPU batch and step either way.
+    const SlotStep& ss = blk.slot_step;
+    const double mean_prompt = w.mean_prompt_len > 0 ? w.mean_prompt_len : s;
+    const double step_rows = std::max(g * ss.busy, 1.0);
+    d.busy = ss.busy;
+    d.rows_per_seq = ss.rows();
+    d.kv_len = ss.decode_rows > 0 ? std::min(kvtok, ss.kv_attended / ss.decode_rows) : 0.0;
+    d.kv_read = kvt * bls * ss.decode_rows * d.kv_len;
+    d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * ss.decode_rows * d.kv_len;
+    d.attn_flops = 4 * bls * ss.decode_rows * d.kv_len * h1;
+    d.prefill_attn = bls * 4 * ss.prompt_sq * h1 / hw.gpu_attn_prefill;
+    d.hidden = hid * bls * ss.rows();
+    const double compute = g * ss.decode_rows * layer_flops / rate(hw.layer_by_rows, step_rows, hw.gpu_gemm_decode) +
+                           g * ss.prefill_rows * layer_flops /
+                               rate(hw.layer_by_rows, step_rows + mean_prompt, hw.gpu_gemm_prefill);
+    d.gemm = k * std::max(compute, read_floor(layer_bytes));
+    d.head = k * gemm(hw.head_by_rows, step_rows, head_flops, head_bytes, hw.gpu_gemm_decode) / l;
+    d.kv_store = evicting ? d.kv_read : kvt * bls * ss.rows();
+  }
+  const double wl_gen = weights_moved(m, z, blk, d.rows_per_seq);
+  const double gemm_gen = d.gemm + d.head;
 
   // Dequantization where the profile measures it (bytes/s of q4 = 2 values per byte): every
   // GEMM call (once per GPU batch) expands its weight matrices, the head's included (embedding
@@ -306,36 +469,41 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   const double w_dequant = kernels::is_quantized(m.weight_dtype)
                                ? k * (static_cast<double>(z.layer_params) + head_flops / 2 / l) * dq_per_value
                                : 0.0;
-  const double kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * kv_len;
-  const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? kv_values_read * dq_per_value : 0.0;
+  const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? d.kv_values_read * dq_per_value : 0.0;
 
   Terms t;
   t.overlap = blk.overlap;
+  t.slot_step = blk.slot_step;
   const auto lin = linear_form;
   // A disk-homed KV cache moves as one request per (sequence, kv head) and K/V, each a small
   // piece (a slot, or a head's rows) that pays a request time beyond its bytes.
   const double kv_requests = 2 * bls * static_cast<double>(m.kv_heads);
   const double kv_disk_write_pre = kv_requests * hw.disk_rows_write_request;
-  const double kv_disk_write_gen = kv_requests * (evicting ? hw.disk_rows_write_request : hw.disk_write_request);
-  const double kv_disk_read = kv_requests * hw.disk_read_request;
-  t.ctog_pre = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_pre / cg_bw}, {HN, hid_pre / cg_bw}});
-  t.dtoc_pre = lin(0, {{WN, wl / dc_bw}, {HN, hid_pre / dc_bw}});
-  t.gtoc_pre = lin(0, {{CC, kv_pre / gc_bw}, {CN, kv_pre / gc_bw}, {HC, hid_pre / gc_bw}, {HN, hid_pre / gc_bw}});
-  t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw + kv_disk_write_pre}, {HN, hid_pre / cd_bw}});
-  t.comp_pre = lin(gemm_pre + bls * 4 * s * s * h1 / hw.gpu_attn_prefill + w_dequant, {});
+  const double kv_disk_write_gen =
+      d.busy * kv_requests * (evicting ? hw.disk_rows_write_request : hw.disk_write_request);
+  const double kv_disk_read = d.busy * kv_requests * hw.disk_read_request;
+  // Continuous batching has no prefill phase of its own: newcomers prefill within the steps.
+  if (!w.continuous) {
+    t.ctog_pre = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_pre / cg_bw}, {HN, hid_pre / cg_bw}});
+    t.dtoc_pre = lin(0, {{WN, wl / dc_bw}, {HN, hid_pre / dc_bw}});
+    t.gtoc_pre = lin(0, {{CC, kv_pre / gc_bw}, {CN, kv_pre / gc_bw}, {HC, hid_pre / gc_bw}, {HN, hid_pre / gc_bw}});
+    t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw + kv_disk_write_pre}, {HN, hid_pre / cd_bw}});
+    t.comp_pre = lin(gemm_pre + bls * 4 * s * s * h1 / hw.gpu_attn_prefill + w_dequant, {});
+  }
 
-  const double cache_in = blk.ccc ? 0 : kv_read / cg_bw;
+  const double cache_in = blk.ccc ? 0 : d.kv_read / cg_bw;
+  const double hid_gen = d.hidden, kv_read = d.kv_read, kv_store = d.kv_store;
   t.ctog_gen = lin(0, {{WC, wl_gen / cg_bw}, {WN, wl_gen / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
                        {CC, cache_in}, {CN, cache_in}});
-  // With cpu_cache_compute the cpu-homed cache is attended in place: only the new token moves.
-  const double kv_store_cpu = blk.ccc ? kvt * bls : kv_store;
+  // With cpu_cache_compute the cpu-homed cache is attended in place: only the new tokens move.
+  const double kv_store_cpu = blk.ccc ? kvt * bls * d.rows_per_seq : kv_store;
   t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
   t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
-  const double attn_flops = 4 * bls * kv_len * h1;
+  const double kv_len = d.kv_len, attn_flops = d.attn_flops;
   const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;
   const double cpu_attn = attn_flops / rate_at(hw.cpu_attn_decode_by_len, kv_len, hw.cpu_attn_decode) + kv_dequant;
-  t.comp_gen = lin(gemm_gen + w_dequant,
+  t.comp_gen = lin(gemm_gen + w_dequant + d.prefill_attn,
                    {{CG, gpu_attn}, {CC, blk.ccc ? cpu_attn : gpu_attn}, {CN, blk.ccc ? cpu_attn : gpu_attn}});
   // Where copies take the cores that compute (the CPU backend), the part of the cpu<->gpu
   // copies that does not hide behind compute adds to it. (At decode the copy in already
@@ -348,7 +516,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // adds ~1.4 s of system time to a 4 s run, and a prefill takes its compute plus the head-row
   // writes). Their bytes still stream beside the compute.
   if (hw.gpu_is_host_memory) {
-    t.comp_pre = t.comp_pre.plus(lin(0, {{CN, kv_disk_write_pre}}), 1);
+    if (!w.continuous) t.comp_pre = t.comp_pre.plus(lin(0, {{CN, kv_disk_write_pre}}), 1);
     t.comp_gen = t.comp_gen.plus(lin(0, {{CN, kv_disk_read + kv_disk_write_gen}}), 1);
   }
 
@@ -380,8 +548,16 @@ double step_time_gen(const Terms& t, const Fractions& x) {
   return ctog + std::max({gtoc, dtoc, ctod, comp});
 }
 
-// min l * (Tpre + (n - 1) * Tgen) subject to the (overlapped) step-time and memory constraints.
-std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool weights_on_gpu, bool hidden_on_gpu) {
+// Steps of one block in the objective: fixed blocks, a prefill and gen_len - 1 decode steps;
+// continuous batching, the mean steps alone (the job's count does not depend on placement).
+std::pair<double, double> steps_of(const Workload& w) {
+  if (w.continuous) return {0.0, 1.0};
+  return {1.0, std::max(static_cast<double>(w.gen_len) - 1, 0.0)};
+}
+
+// min l * (prefill steps x Tpre + decode steps x Tgen) subject to the (overlapped) step-time
+// and memory constraints.
+std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bool weights_on_gpu, bool hidden_on_gpu) {
   std::unique_ptr<glp_prob, decltype(&glp_delete_prob)> lp(glp_create_prob(), glp_delete_prob);
   glp_set_obj_dir(lp.get(), GLP_MIN);
   glp_add_cols(lp.get(), kVars);
@@ -399,8 +575,9 @@ std::optional<Solved> solve(const Terms& t, double layers, double gen_len, bool 
   // loads and as many stores of 8 KiB took 71 s and 74 s, against 56 s for all weight loads),
   // while it frees at most a block's hidden states (MiBs) for weights: never worth it.
   if (t.shared_host) glp_set_col_bnds(lp.get(), HN + 1, GLP_FX, 0.0, 0.0);
-  glp_set_obj_coef(lp.get(), TPRE + 1, layers);
-  glp_set_obj_coef(lp.get(), TGEN + 1, layers * std::max(gen_len - 1, 0.0));
+  const auto [prefill_steps, decode_steps] = steps_of(w);
+  glp_set_obj_coef(lp.get(), TPRE + 1, layers * prefill_steps);
+  glp_set_obj_coef(lp.get(), TGEN + 1, layers * decode_steps);
   std::vector<int> ia{0};
   std::vector<int> ja{0};
   std::vector<double> ar{0};
@@ -497,18 +674,31 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
   p.activations = {x[HG], x[HC], x[HN]};
   e.policy = p;
   const double l = static_cast<double>(m.layers), bls = static_cast<double>(p.block_size());
-  e.prefill_seconds = l * step_time_pre(t, x);
   e.decode_step_seconds = l * step_time_gen(t, x);
-  e.decode_seconds = static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * e.decode_step_seconds;
-  e.prefill_throughput = bls * static_cast<double>(w.prompt_len) / e.prefill_seconds;
-  e.decode_throughput = e.decode_seconds > 0 ? bls * static_cast<double>(w.gen_len - 1) / e.decode_seconds : 0;
-  e.total_throughput = bls * static_cast<double>(w.gen_len) / (e.prefill_seconds + e.decode_seconds);
+  if (w.continuous) {
+    // Every busy slot gives a token per step (a newcomer's from its prefill).
+    // Requests not known: the mean request's steps.
+    const SlotStep& ss = t.slot_step;
+    const double mean_gen = w.mean_gen_len > 0 ? w.mean_gen_len : static_cast<double>(w.gen_len);
+    const double steps = ss.steps > 0 ? ss.steps : std::max(mean_gen, 1.0);
+    e.continuous = true;
+    e.decode_seconds = steps * e.decode_step_seconds;
+    e.decode_throughput = e.total_throughput = ss.busy * bls / e.decode_step_seconds;
+    e.compute_seconds = l * steps * t.comp_gen.at(x);
+  } else {
+    e.prefill_seconds = l * step_time_pre(t, x);
+    e.decode_seconds = static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * e.decode_step_seconds;
+    e.prefill_throughput = bls * static_cast<double>(w.prompt_len) / e.prefill_seconds;
+    e.decode_throughput = e.decode_seconds > 0 ? bls * static_cast<double>(w.gen_len - 1) / e.decode_seconds : 0;
+    e.total_throughput = bls * static_cast<double>(w.gen_len) / (e.prefill_seconds + e.decode_seconds);
+    e.compute_seconds =
+        l * (t.comp_pre.at(x) + static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * t.comp_gen.at(x));
+  }
   for (int tier = 0; tier < 3; ++tier) {
     e.peak_bytes[static_cast<std::size_t>(tier)] = static_cast<std::int64_t>(t.memory(tier).at(x));
     e.memory[static_cast<std::size_t>(tier)] = items_at(t, tier, x);
   }
   e.bottleneck = bottleneck_of(t, x);
-  e.compute_seconds = l * (t.comp_pre.at(x) + static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * t.comp_gen.at(x));
   return e;
 }
 
@@ -555,13 +745,15 @@ class Ranking {
 bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
                     std::int64_t gbs, std::int64_t k, Ranking& ranking) {
   bool any = false;
+  const SlotStep step = w.continuous ? slot_step(w, gbs * k, gbs) : SlotStep{};
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
     for (bool weights_on_gpu : {true, false})
       for (bool hidden_on_gpu : {true, false}) {
-        const Terms t = build_terms(m, hw, w, o, {gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true});
-        const auto sol = solve(t, static_cast<double>(m.layers), static_cast<double>(w.gen_len), weights_on_gpu,
-                               hidden_on_gpu);
+        Block blk{gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true};
+        blk.slot_step = step;
+        const Terms t = build_terms(m, hw, w, o, blk);
+        const auto sol = solve(t, static_cast<double>(m.layers), w, weights_on_gpu, hidden_on_gpu);
         if (!sol) continue;
         Policy p;
         p.gpu_batch_size = gbs;
@@ -619,7 +811,7 @@ std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile&
                                  const Policy& p, const PlanOptions& o) {
   const ModelShape m = with_compression(shape, p);
   const Fractions x = fractions_of(p);
-  const Terms t = build_terms(m, hw, w, o, block_of(p));
+  const Terms t = build_terms(m, hw, w, o, block_of(p, w));
   if (first_shortfall(t, x)) return std::nullopt;
   return make_estimate(m, w, t, x, p);
 }
@@ -627,7 +819,7 @@ std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile&
 std::optional<Shortfall> shortfall(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
                                    const Policy& p, const PlanOptions& o) {
   const ModelShape m = with_compression(shape, p);
-  return first_shortfall(build_terms(m, hw, w, o, block_of(p)), fractions_of(p));
+  return first_shortfall(build_terms(m, hw, w, o, block_of(p, w)), fractions_of(p));
 }
 
 std::string Shortfall::describe() const {
@@ -699,7 +891,9 @@ std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile
   // Nothing fits: name the smallest change, judged at the smallest block.
   const ModelSizes z = model_sizes(m);
   const double safety = hw.memory_safety;
-  const Terms t = build_terms(m, hw, w, o, {1, 1, false, true, true, true, true});
+  Block smallest{1, 1, false, true, true, true, true};
+  if (w.continuous) smallest.slot_step = slot_step(w, 1, 1);
+  const Terms t = build_terms(m, hw, w, o, smallest);
   Fractions off_gpu{0, 0, 1, 0, 0, 1, 0, 0, 1};
   const double gpu_need = t.memory(0).at(off_gpu);
   std::string msg = "no placement of " + m.name + " fits " + hw.name + ": ";

@@ -23,10 +23,46 @@
 
 namespace flexh2o::policy {
 
-struct Workload {
-  std::int64_t prompt_len = 512;
-  std::int64_t gen_len = 32;
+// One request of a job: its prompt tokens and its max_tokens.
+struct RequestLength {
+  std::int64_t prompt = 0, gen = 0;
 };
+
+// What a job asks of a block. The maxima size what must fit: the engine gives every slot the
+// KV of the longest sequence, so a request is admitted into any free slot and nothing is
+// dropped or cut. Under fixed blocks every sequence runs at the maxima too (a block steps until
+// its longest ends). Under continuous batching a slot whose request ends takes the next, so
+// the time follows the job's lengths: `requests` when the job's are known, else the means.
+struct Workload {
+  std::int64_t prompt_len = 512;  // the longest prompt
+  std::int64_t gen_len = 32;      // the largest max_tokens
+  bool continuous = false;
+  // Continuous batching: the job's requests in admission order (empty: steady state at the means).
+  std::vector<RequestLength> requests;
+  double mean_prompt_len = 0, mean_gen_len = 0;  // 0: the maxima; with `requests`, theirs
+  std::int64_t prefill_budget = 512;             // prompt tokens a GPU batch prefills per step (run --prefill-budget)
+  // KV tokens a slot must hold: the longest prompt + max_tokens of one request (its KV at the
+  // end), or the longest prompt + the largest max_tokens when the requests are not known.
+  std::int64_t sequence_capacity() const;
+};
+
+// A continuous job's slot-steps (one slot during one step), averaged over the job: steps x slots.
+struct SlotStep {
+  double busy = 1;           // share holding a request (the rest: idle slots of the job's tail)
+  double prefill_rows = 0;   // a newcomer's prompt rows (its first token comes of them)
+  double decode_rows = 1;    // one row per decode
+  double kv_attended = 0;    // KV tokens the decode rows attend over (p + t at a request's step t)
+  double prompt_sq = 0;      // a newcomer's prompt tokens squared (its prefill attention)
+  double steps = 0;          // steps of the whole job (0: requests not known; steady state)
+  double rows() const { return prefill_rows + decode_rows; }
+};
+// From the requests: admitted in order as the engine admits them (at each step, each GPU
+// batch of `gpu_batch` slots takes newcomers into its free slots within the prefill budget),
+// each holding its slot for its max_tokens steps (its prefill step gives its first token); from
+// the means: every slot busy (steady state).
+SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch);
+// The job's requests as a continuous workload (maxima and means from them).
+Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget);
 
 // Sizes the engine allocates, in bytes (unit tests check them by hand).
 struct ModelSizes {
@@ -54,9 +90,14 @@ std::int64_t kv_tokens(const ModelShape& m, const Workload& w, const KvSpec& kv)
 
 struct Estimate {
   Policy policy;
-  double prefill_seconds = 0, decode_seconds = 0;  // one block
-  double decode_step_seconds = 0;                  // one decode step of one block
-  double prefill_throughput = 0, decode_throughput = 0, total_throughput = 0;  // tokens/s
+  // Fixed blocks: one block's prefill and decode. Continuous: no prefill of its own (newcomers
+  // prefill within the steps); decode_seconds is the job's steps (or the mean request's, when
+  // the requests are not known) at the mean step.
+  double prefill_seconds = 0, decode_seconds = 0;
+  double decode_step_seconds = 0;                  // one decode step of one block (continuous: the mean step)
+  // Tokens/s. Continuous: decode and total are the useful rate, generated tokens over time.
+  double prefill_throughput = 0, decode_throughput = 0, total_throughput = 0;
+  bool continuous = false;
   std::array<std::int64_t, 3> peak_bytes{};  // gpu, cpu, disk
   // What makes up each tier's peak: named items with their bytes, largest first.
   std::array<std::vector<std::pair<std::string, std::int64_t>>, 3> memory;

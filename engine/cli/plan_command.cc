@@ -33,7 +33,19 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   plan->add_option("--batch", o.batch, "prompts of the job: no block larger (as run plans for its prompts); default: any block")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--prompt-len", o.prompt_len, "prompt tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  plan->add_option("--gen-len", o.gen_len, "new tokens")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  plan->add_option("--gen-len", o.gen_len, "new tokens (the largest max_tokens of the job)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  plan->add_option("--batching", o.batching,
+                   "as run shares the slots: continuous (default, as run) or fixed blocks (--pipeline: fixed)")
+      ->check(CLI::IsMember({"continuous", "fixed"}));
+  plan->add_option("--mean-prompt-len", o.mean_prompt_len,
+                   "continuous batching: the job's mean prompt tokens (default --prompt-len, the longest)")
+      ->check(CLI::Range(1.0, static_cast<double>(std::int64_t{1} << 20)));
+  plan->add_option("--mean-gen-len", o.mean_gen_len,
+                   "continuous batching: the job's mean new tokens per request (default --gen-len, the largest)")
+      ->check(CLI::Range(1.0, static_cast<double>(std::int64_t{1} << 20)));
+  plan->add_option("--prefill-budget", o.prefill_budget, "continuous batching: as run --prefill-budget")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--kv", o.kv, "KV eviction policy, e.g. h2o:0.2 (default full)");
   plan->add_option("--gpu-mem", o.gpu_mem, "override the profile's GPU memory");
   plan->add_option("--cpu-mem", o.cpu_mem, "override the profile's CPU memory");
@@ -52,6 +64,47 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
 }
 
 namespace {
+
+// This machine as run plans for it: each row count's GEMMs timed in the dtype run's --compute-dtype auto
+// settles for a job of that many rows per GPU batch.
+policy::HardwareProfile this_machine(const PlanCliOptions& o, const engine::ModelConfig& cfg) {
+  const auto be = kernels::make_backend(o.backend);
+  const engine::Bf16Speed bf16 = engine::bf16_speed(*be);
+  return engine::this_machine_profile(*be, o.offload_dir, [&](std::int64_t rows) {
+    return engine::job_compute_dtype("auto", cfg.dtype, bf16, rows).dtype;  // a job of `rows` per GPU batch
+  });
+}
+
+// The job plan predicts: the maxima (what must fit) and, under continuous batching, the means.
+policy::Workload plan_workload(const PlanCliOptions& o) {
+  const bool means = o.mean_prompt_len || o.mean_gen_len;
+  if (o.pipeline > 1 && (o.batching == "continuous" || means))
+    throw std::invalid_argument("--pipeline runs fixed blocks: --batching continuous and --mean-* do not apply");
+  const bool continuous = o.pipeline <= 1 && o.batching.value_or("continuous") == "continuous";
+  if (!continuous && means)
+    throw std::invalid_argument(std::string(o.mean_prompt_len ? "--mean-prompt-len" : "--mean-gen-len") +
+                                " is for continuous batching: fixed blocks run every sequence to the longest");
+  auto check_mean = [](const std::optional<double>& mean, std::int64_t most, const char* flag, const char* max_flag) {
+    if (mean && *mean > static_cast<double>(most))
+      throw std::invalid_argument(fmt::format("{} {} is above {} {} (the longest)", flag, *mean, max_flag, most));
+  };
+  check_mean(o.mean_prompt_len, o.prompt_len, "--mean-prompt-len", "--prompt-len");
+  check_mean(o.mean_gen_len, o.gen_len, "--mean-gen-len", "--gen-len");
+  policy::Workload w{o.prompt_len, o.gen_len};
+  w.continuous = continuous;
+  w.mean_prompt_len = o.mean_prompt_len.value_or(0);
+  w.mean_gen_len = o.mean_gen_len.value_or(0);
+  w.prefill_budget = o.prefill_budget;
+  return w;
+}
+
+// "prompt 512 + gen 32" or, continuous, "prompt 512 (mean 69) + gen 501 (mean 247), continuous batching".
+std::string workload_text(const policy::Workload& w) {
+  if (!w.continuous) return fmt::format("prompt {} + gen {}", w.prompt_len, w.gen_len);
+  auto mean = [](double m, std::int64_t most) { return m > 0 ? m : static_cast<double>(most); };
+  return fmt::format("prompt {} (mean {:.1f}) + gen {} (mean {:.1f}), continuous batching", w.prompt_len,
+                     mean(w.mean_prompt_len, w.prompt_len), w.gen_len, mean(w.mean_gen_len, w.gen_len));
+}
 
 std::string items_text(const std::vector<std::pair<std::string, std::int64_t>>& items) {
   std::string out;
@@ -107,9 +160,7 @@ int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cf
 
 int plan_command(const PlanCliOptions& o) {
   const engine::ModelConfig cfg = model_config_of(o.model);
-  policy::HardwareProfile hw = o.hardware.empty()
-                                   ? engine::this_machine_profile(*kernels::make_backend(o.backend), o.offload_dir)
-                                   : engine::hardware_profile(o.hardware);
+  policy::HardwareProfile hw = o.hardware.empty() ? this_machine(o, cfg) : engine::hardware_profile(o.hardware);
   auto override_mem = [](const std::string& text, std::int64_t& field, const char* flag) {
     if (text.empty()) return;
     try {
@@ -126,7 +177,7 @@ int plan_command(const PlanCliOptions& o) {
   o.compress.apply(po);
   if (o.batch) po.max_block = *o.batch;
   const policy::ModelShape shape = engine::model_shape(cfg);
-  const policy::Workload w{o.prompt_len, o.gen_len};
+  const policy::Workload w = plan_workload(o);
   if (o.pipeline > 1) return plan_pipeline_command(o, cfg, hw, po);
   if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipelines (--pipeline N)");
   constexpr std::size_t kExplained = 5;
@@ -144,13 +195,17 @@ int plan_command(const PlanCliOptions& o) {
     e = policy::estimate_or_throw(shape, hw, w, fixed, po, "the policy in " + o.policy_file);
   }
   const auto& p = e.policy;
-  fmt::print("model: {} on {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source,
-             o.prompt_len, o.gen_len, p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
+  fmt::print("model: {} on {} ({}), {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source, workload_text(w),
+             p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
              kernels::dtype_name(p.cache_dtype(cfg.dtype)));
   fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{}], cpu_cache_compute {}{}\n", p.gpu_batch_size,
              p.num_gpu_batches, p.block_size(), policy::percent_text(p, 1), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");
-  fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per block)\n",
-             e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds);
+  if (e.continuous)
+    fmt::print("predicted: {:.2f} tok/s generated (continuous batching), mean step {:.4f} s\n", e.total_throughput,
+               e.decode_step_seconds);
+  else
+    fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per block)\n",
+               e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds);
   fmt::print("memory: gpu {} | cpu {} | disk {}\nbottleneck: {}\n", offload::format_bytes(e.peak_bytes[0]),
              offload::format_bytes(e.peak_bytes[1]), offload::format_bytes(e.peak_bytes[2]), e.bottleneck);
   if (o.explain) {
@@ -165,16 +220,26 @@ int plan_command(const PlanCliOptions& o) {
     for (int tier = 0; tier < 3; ++tier)
       fmt::print("{} tier: {}\n", offload::tier_name(static_cast<offload::Tier>(tier)),
                  items_text(e.memory[static_cast<std::size_t>(tier)]));
-    fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
+    if (e.continuous) {
+      const policy::SlotStep ss = policy::slot_step(w, p.block_size(), p.gpu_batch_size);
+      fmt::print("mean slot-step: {:.3f} prompt rows + {:.3f} decode rows attending over {:.1f} KV tokens, {:.2f} busy\n",
+                 ss.prefill_rows, ss.decode_rows, ss.decode_rows > 0 ? ss.kv_attended / ss.decode_rows : 0.0, ss.busy);
+    } else {
+      fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
+    }
     if (!ranked.empty()) {
       fmt::print("top {} of the policies the search evaluated:\n", ranked.size());
-      fmt::print("| rank | gbs x K | percent (WG WC CG CC AG AC) | ccc | total tok/s | prefill s | decode s | bottleneck |\n"
-                 "|---|---|---|---|---|---|---|---|\n");
+      fmt::print("| rank | gbs x K | percent (WG WC CG CC AG AC) | ccc | total tok/s | {} | bottleneck |\n"
+                 "|---|---|---|---|---|---|---|---|\n",
+                 e.continuous ? "step s | steps" : "prefill s | decode s");
       for (std::size_t i = 0; i < ranked.size(); ++i) {
         const policy::Estimate& r = ranked[i];
-        fmt::print("| {} | {} x {} | [{}] | {} | {:.3f} | {:.1f} | {:.1f} | {} |\n", i + 1, r.policy.gpu_batch_size,
+        const std::string times =
+            r.continuous ? fmt::format("{:.4f} | {:.0f}", r.decode_step_seconds, r.decode_seconds / r.decode_step_seconds)
+                         : fmt::format("{:.1f} | {:.1f}", r.prefill_seconds, r.decode_seconds);
+        fmt::print("| {} | {} x {} | [{}] | {} | {:.3f} | {} | {} |\n", i + 1, r.policy.gpu_batch_size,
                    r.policy.num_gpu_batches, policy::percent_text(r.policy, 1), r.policy.cpu_cache_compute ? "yes" : "no",
-                   r.total_throughput, r.prefill_seconds, r.decode_seconds, r.bottleneck);
+                   r.total_throughput, times, r.bottleneck);
       }
     }
   }

@@ -16,8 +16,13 @@ struct PlanCliOptions {
   std::string hardware;  // empty: this machine (backend, offload_dir)
   std::string backend = "auto", offload_dir;
   std::optional<std::int64_t> batch;  // the job's prompts: the largest block
-  std::int64_t prompt_len = 512;
-  std::int64_t gen_len = 32;
+  std::int64_t prompt_len = 512;  // the longest prompt
+  std::int64_t gen_len = 32;      // the largest max_tokens
+  // How run shares the block's slots (default continuous, as run); under continuous batching
+  // the time follows the job's mean lengths (default: the maxima) and the prefill budget.
+  std::optional<std::string> batching;
+  std::optional<double> mean_prompt_len, mean_gen_len;
+  std::int64_t prefill_budget = 512;
   std::string kv = "full";
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string out_file;

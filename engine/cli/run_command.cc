@@ -129,6 +129,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->group(dist);
   run->add_option("--metrics", o.metrics_file, "write throughput, peak bytes per tier and time per primitive as JSON");
   run->add_option("--trace", o.trace_file, "write a Chrome trace (open in Perfetto), one track per stream");
+  run->add_flag("--explain", o.explain,
+                "after the run, the planner's predicted throughput, step time and memory per tier next to the "
+                "measured ones (--metrics has them under \"predicted\" either way)");
   return run;
 }
 
@@ -149,17 +152,18 @@ std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s, cons
   if (given) requests = *given;
   if (s.auto_policy) {
     const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !s.model.tokenizer;
-    std::int64_t prompt_len = o.prompt_len, prompts = o.batch.value_or(1);
+    std::int64_t prompts = o.batch.value_or(1);
     if (!synthetic) {
       if (!given) requests = make_requests(o, s, gather_prompts(o, s.model, prompts));
       prompts = static_cast<std::int64_t>(requests.size());
-      prompt_len = job::longest_prompt(requests);
     }
     const policy::HardwareProfile hw = planning_profile(o, s);
-    const policy::Estimate e =
-        policy::plan(engine::model_shape(s.model.config), hw, {prompt_len, job::longest_limit(requests, s.gen_len)},
-                     plan_options(o, s, prompts));
+    const policy::Estimate e = policy::plan(
+        engine::model_shape(s.model.config), hw,
+        synthetic ? synthetic_workload(o, prompts, s.gen_len) : job_workload(o, requests, s.gen_len),
+        plan_options(o, s, prompts));
     adopt_plan(o, s, e.policy, hw);
+    s.predicted = e;
     fmt::print(stderr, "{}\n", planned_line(hw, e));
   }
   if (requests.empty())
@@ -221,6 +225,8 @@ int run_one_process(const RunOptions& o) {
   report.batching = o.batching;
   report.wall_seconds = done.wall_seconds;
   report.timings = done.timings;
+  if (s.predicted) report.predicted = job::prediction_of(*s.predicted);
+  report.explain = o.explain;
   fmt::print(stderr, "{}", report.text());
   if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, report.to_json().dump(2) + "\n");
   if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);

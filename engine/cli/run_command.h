@@ -55,6 +55,7 @@ struct RunOptions {
   // Reports.
   std::string metrics_file;
   std::string trace_file;
+  bool explain = false;  // the planner's prediction next to what the run measured
 };
 
 CLI::App* add_run_command(CLI::App& app, RunOptions& opt);

@@ -158,8 +158,7 @@ void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const
   const auto share = static_cast<std::int64_t>((todo.size() + static_cast<std::size_t>(mpi.size()) - 1) /
                                                static_cast<std::size_t>(mpi.size()));
   const policy::Estimate e =
-      policy::plan(model_shape(s.model.config), hw, {job::longest_prompt(todo), job::longest_limit(todo, s.gen_len)},
-                   plan_options(o, s, share));
+      policy::plan(model_shape(s.model.config), hw, job_workload(o, todo, s.gen_len), plan_options(o, s, share));
   adopt_plan(o, s, e.policy, hw);
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
 }

@@ -107,7 +107,13 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
 
 policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s) {
   policy::HardwareProfile hw =
-      o.hardware.empty() ? this_machine_profile(*s.backend, o.offload_dir) : hardware_profile(o.hardware);
+      o.hardware.empty()
+          ? this_machine_profile(*s.backend, o.offload_dir,
+                                 [&, bf16 = bf16_speed(*s.backend)](std::int64_t rows) {
+                                   // a job of `rows` per GPU batch multiplies every step in this dtype
+                                   return job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16, rows).dtype;
+                                 })
+          : hardware_profile(o.hardware);
   for (auto [bytes, field] : {std::pair{s.tiers.gpu_bytes, &hw.gpu_mem}, std::pair{s.tiers.cpu_bytes, &hw.cpu_mem},
                               std::pair{s.tiers.disk_bytes, &hw.disk_mem}})
     if (bytes != offload::Budget::kUnlimited) *field = bytes;
@@ -124,6 +130,33 @@ policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::in
   return po;
 }
 
+namespace {
+
+policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLength> lengths) {
+  if (o.batching == "continuous" && o.pipeline <= 1) return policy::continuous_workload(std::move(lengths), o.prefill_budget);
+  policy::Workload w;
+  w.prompt_len = w.gen_len = 0;
+  for (const auto& r : lengths) {
+    w.prompt_len = std::max(w.prompt_len, r.prompt);
+    w.gen_len = std::max(w.gen_len, r.gen);
+  }
+  return w;
+}
+
+}  // namespace
+
+policy::Workload job_workload(const RunOptions& o, std::span<const job::Request> requests, std::int64_t gen_len) {
+  std::vector<policy::RequestLength> lengths;
+  for (const job::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
+  if (lengths.empty()) lengths.push_back({0, gen_len});  // as longest_limit: --gen-len for none
+  return workload_of(o, std::move(lengths));
+}
+
+policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len) {
+  return workload_of(o, std::vector<policy::RequestLength>(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)),
+                                                           {o.prompt_len, gen_len}));
+}
+
 policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
   if (o.overlap) p.overlap = *o.overlap != 0;
   if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
@@ -136,11 +169,10 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
 void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests,
                           const policy::HardwareProfile& hw) {
   const auto prompts = static_cast<std::int64_t>(requests.size());
-  policy::estimate_or_throw(engine::model_shape(s.model.config), hw,
-                            {job::longest_prompt(requests), job::longest_limit(requests, s.gen_len)}, s.policy,
-                            plan_options(o, s, prompts),
-                            s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
-                                     : "the default placement (--policy auto lets the planner fit the run)");
+  s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw, job_workload(o, requests, s.gen_len),
+                                          s.policy, plan_options(o, s, prompts),
+                                          s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
+                                                   : "the default placement (--policy auto lets the planner fit the run)");
   // The tiers' budgets default to what was checked, so what the estimate missed is still a
   // budget error naming the tier, not the kernel's kill.
   for (auto [bytes, capacity] : {std::pair{&s.tiers.gpu_bytes, hw.gpu_mem}, std::pair{&s.tiers.cpu_bytes, hw.cpu_mem}})
@@ -156,9 +188,9 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e) {
   const auto& pol = e.policy;
-  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}], cpu_cache_compute {}; predicted total {:.2f} tok/s",
+  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}], cpu_cache_compute {}; predicted {} {:.2f} tok/s",
                      hw.name, pol.gpu_batch_size, pol.num_gpu_batches, policy::percent_text(pol, 1),
-                     pol.cpu_cache_compute, e.total_throughput);
+                     pol.cpu_cache_compute, e.continuous ? "generated" : "total", e.total_throughput);
 }
 
 void open_out(const RunOptions& o, std::optional<job::ResultFile>& out, job::ResultFormat format) {

@@ -32,6 +32,7 @@ struct RunSetup {
   policy::Policy policy;     // the given one (auto: set by plan_run)
   offload::TierOptions tiers;  // --*-mem and --offload-dir (auto: the profile's capacities)
   std::string compute_why;     // what settle_compute_dtype weighed under --compute-dtype auto
+  std::optional<policy::Estimate> predicted;  // the cost model's estimate of the policy run (planned or checked)
 };
 
 // Checks the flags, builds the given policy, opens the model and the backend.
@@ -51,6 +52,11 @@ policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s)
 // The planner's options for this run: --kv, compression, cpu_cache_compute on the CPU backend,
 // and blocks of at most `max_block` prompts.
 policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::int64_t max_block);
+// What the planner plans a job for: its longest prompt and largest max_tokens (what must fit)
+// and, under continuous batching (not in pipeline runs), its requests' lengths (the time).
+policy::Workload job_workload(const RunOptions& o, std::span<const job::Request> requests, std::int64_t gen_len);
+// Synthetic prompts: `count` requests of --prompt-len tokens and `gen_len` new tokens.
+policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len);
 // A planned policy with the schedule flags (--overlap, --sep-layer, --pin-weight) applied.
 policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy planned);
 // A given placement checked, before anything is loaded, against `hw`: what planning_profile

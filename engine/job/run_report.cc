@@ -77,6 +77,53 @@ std::string spread(const std::vector<RequestTiming>& timings, double RequestTimi
 
 }  // namespace
 
+Prediction prediction_of(const policy::Estimate& e) {
+  return {.continuous = e.continuous,
+          .throughput = e.total_throughput,
+          .step_seconds = e.decode_step_seconds,
+          .block_seconds = e.prefill_seconds + e.decode_seconds,
+          .peaks = {e.peak_bytes[0], e.peak_bytes[1], e.peak_bytes[2]}};
+}
+
+Prediction RunReport::measured() const {
+  Prediction m;
+  m.continuous = predicted && predicted->continuous;
+  const double seconds = total.prefill_seconds + total.decode_seconds;
+  if (m.continuous) {
+    // One job: its first step (prefill_seconds) and the steps after it.
+    m.throughput = seconds > 0 ? static_cast<double>(total.generated_tokens) / seconds : 0;
+    m.step_seconds = seconds / static_cast<double>(total.decode_steps + 1);
+    m.block_seconds = seconds;
+  } else {
+    m.throughput = total.total_throughput();
+    m.step_seconds = total.decode_steps > 0 ? total.decode_seconds / static_cast<double>(total.decode_steps) : 0;
+    const std::int64_t blocks = (total.sequences + policy.block_size() - 1) / std::max<std::int64_t>(policy.block_size(), 1);
+    m.block_seconds = blocks > 0 ? seconds / static_cast<double>(blocks) : 0;
+  }
+  m.peaks = peaks;
+  return m;
+}
+
+std::string RunReport::explain_text() const {
+  if (!predicted) return "predicted vs measured: no prediction (the policy was not planned or checked)\n";
+  const Prediction& p = *predicted;
+  const Prediction m = measured();
+  auto ratio = [](double measured, double predicted) {
+    return predicted > 0 ? fmt::format(" (x{:.2f})", measured / predicted) : std::string();
+  };
+  std::string s = "predicted vs measured (measured / predicted):\n";
+  s += fmt::format("  {} tok/s: {:.2f} | {:.2f}{}\n", p.continuous ? "generated" : "total", p.throughput, m.throughput,
+                   ratio(m.throughput, p.throughput));
+  s += fmt::format("  {}: {:.4f} s | {:.4f} s{}\n", p.continuous ? "mean step" : "decode step", p.step_seconds,
+                   m.step_seconds, ratio(m.step_seconds, p.step_seconds));
+  s += fmt::format("  {}: {:.3f} s | {:.3f} s{}\n", p.continuous ? "job (prefill + decode)" : "block (prefill + decode)",
+                   p.block_seconds, m.block_seconds, ratio(m.block_seconds, p.block_seconds));
+  s += fmt::format("  peak memory: gpu {} | {}, cpu {} | {}, disk {} | {}\n", format_bytes(p.peaks.gpu),
+                   format_bytes(m.peaks.gpu), format_bytes(p.peaks.cpu), format_bytes(m.peaks.cpu),
+                   format_bytes(p.peaks.disk), format_bytes(m.peaks.disk));
+  return s;
+}
+
 std::int64_t RunReport::decode_expert_bytes_per_token() const {
   const std::int64_t decode_tokens = total.generated_tokens - total.sequences;
   const std::int64_t decode_bytes = experts.bytes() - (experts.bytes_by_step.empty() ? 0 : experts.bytes_by_step[0]);
@@ -112,6 +159,7 @@ std::string RunReport::text() const {
                      fmt::join(experts.experts_by_step, " "), moe_layers * moe.experts, moe_layers, moe.experts,
                      format_bytes(decode_expert_bytes_per_token()));
   }
+  if (explain) s += explain_text();
   return s;
 }
 
@@ -142,6 +190,17 @@ nlohmann::json RunReport::to_json() const {
                         {"first_token_seconds", t.first_token},
                         {"finished_seconds", t.finished}});
   if (!timings.empty()) j["requests"] = std::move(requests);
+  if (predicted) {
+    auto as_json = [](const Prediction& p) {
+      return nlohmann::json{{"throughput", p.throughput},
+                            {"step_seconds", p.step_seconds},
+                            {p.continuous ? "job_seconds" : "block_seconds", p.block_seconds},
+                            {"peak_bytes", job::to_json(p.peaks)}};
+    };
+    j["predicted"] = as_json(*predicted);
+    j["predicted"]["batching"] = predicted->continuous ? "continuous" : "fixed";
+    j["measured"] = as_json(measured());
+  }
   if (moe.experts > 0)
     j["experts"] = {{"experts", moe.experts},
                     {"top_k", moe.top_k},

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/model/model_config.h"
 #include "offload/tiers.h"
+#include "policy/cost_model.h"
 #include "policy/policy.h"
 
 namespace flexh2o::job {
@@ -44,6 +46,17 @@ struct RequestTiming {
 // The p-th percentile (0..100, nearest rank) of `values` (0 for none).
 double percentile(std::vector<double> values, double p);
 
+// What the planner predicted for the policy run (its cost model's estimate), to set beside
+// what the run measured.
+struct Prediction {
+  bool continuous = false;
+  double throughput = 0;    // generated tokens/s (fixed blocks: FlexGen's total tok/s)
+  double step_seconds = 0;  // a decode step of a block (continuous: the mean step)
+  double block_seconds = 0; // fixed: one block's prefill + decode; continuous: the job's steps
+  TierPeaks peaks;
+};
+Prediction prediction_of(const policy::Estimate& e);
+
 // One process's run.
 struct RunReport {
   std::string model;           // the model's description
@@ -62,6 +75,8 @@ struct RunReport {
   std::string batching;
   double wall_seconds = 0;              // of the job's loop (0: not measured)
   std::vector<RequestTiming> timings;   // of the finished requests
+  std::optional<Prediction> predicted;  // in --metrics; in the text with `explain`
+  bool explain = false;
 
   // The lines for stderr, newline included.
   std::string text() const;
@@ -69,6 +84,9 @@ struct RunReport {
 
  private:
   std::int64_t decode_expert_bytes_per_token() const;
+  // The run's own throughput, step and time in the prediction's terms.
+  Prediction measured() const;
+  std::string explain_text() const;
 };
 
 // The report of a run of `sched` over `tiers` with blocks of prompts up to `longest_prompt`

@@ -69,10 +69,10 @@ std::int64_t available_memory() {
 namespace {
 
 // A GEMM of m rows over an f16 matrix of 8192 x 4096 (64 MiB: larger than a CPU's last-level
-// cache, as a large model's weights are), best seconds of a few calls after a warm-up.
+// cache, as a large model's weights are), timed in the compute dtype the engine runs m rows in.
 class DecodeGemm {
  public:
-  static constexpr std::int64_t kN = 8192, kK = 4096, kMaxRows = 64;
+  static constexpr std::int64_t kN = 8192, kK = 4096, kMaxRows = 256;
   explicit DecodeGemm(kernels::Backend& be)
       : be_(be),
         w_(be, static_cast<std::size_t>(kN * kK) * 2),
@@ -85,22 +85,37 @@ class DecodeGemm {
   }
   std::int64_t weight_bytes() const { return static_cast<std::int64_t>(w_.bytes()); }
   double flops(std::int64_t m) const { return 2.0 * static_cast<double>(m * kN * kK); }
-  double best_seconds(std::int64_t m) {
+  double seconds(std::int64_t m, kernels::DType compute) {
     kernels::GemmArgs a;
     a.x = x_.as<float>();
     a.m = m;
     a.w = {w_.data(), kernels::DType::F16, kN, kK};
     a.y = y_.as<float>();
-    a.compute = kernels::DType::F32;  // decode's compute dtype (auto keeps f32 below 64 rows)
-    double best = std::numeric_limits<double>::max();
-    for (int call = 0; call < 4; ++call) {  // the first warms up
-      const auto t0 = std::chrono::steady_clock::now();
-      be_.gemm(a);
-      be_.synchronize();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (call > 0) best = std::min(best, s);
+    a.compute = compute;
+    const auto t0 = std::chrono::steady_clock::now();
+    be_.gemm(a);
+    be_.synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Seconds per row count: the median of a few rounds over every count, after a warm-up round.
+  // Interleaved, every point sees the same share of a load that comes and goes (the other
+  // processes on the cores), so the curve keeps its shape, and the median drops a round a
+  // burst hit (best-of-N took one lucky call per point: the points then came from different
+  // loads, e.g. 4 rows measured slower than 1).
+  std::vector<double> median_seconds(const std::vector<std::int64_t>& rows, const GemmDtypeAt& dtype_at) {
+    constexpr int kRounds = 3;
+    std::vector<std::vector<double>> times(rows.size());
+    for (int round = 0; round <= kRounds; ++round)
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const double s = seconds(rows[i], dtype_at(rows[i]));
+        if (round > 0) times[i].push_back(s);
+      }
+    std::vector<double> medians;
+    for (auto& t : times) {
+      std::ranges::nth_element(t, t.begin() + kRounds / 2);
+      medians.push_back(t[kRounds / 2]);
     }
-    return best;
+    return medians;
   }
 
  private:
@@ -109,10 +124,10 @@ class DecodeGemm {
 };
 
 // The built-in profile's rate curves brought to this machine as it is now: each is scaled by
-// measured / built-in GEMM rate at its rows (1 to 64, decode; the 64-row ratio beyond), so the
-// curves keep calibrate's shape and what the engine pays around its GEMMs, at the level a
-// large model's decode GEMMs reach here (the built-in curves come from OPT-125M, whose
-// weights stay in cache, on another CPU, unloaded).
+// measured / built-in GEMM rate at its rows (1 to 256; the 256-row ratio beyond), so the curves
+// keep calibrate's shape and what the engine pays around its GEMMs, at the level a large
+// model's GEMMs reach here in the dtype the engine computes them in (the built-in curves come
+// from OPT-125M, whose weights stay in cache, on another CPU, unloaded, in fp32).
 void scale_to_measured(policy::HardwareProfile& hw, const policy::RateCurve& measured) {
   const policy::RateCurve builtin = hw.gemm_by_rows;
   auto factor = [&](std::int64_t rows) {
@@ -123,16 +138,19 @@ void scale_to_measured(policy::HardwareProfile& hw, const policy::RateCurve& mea
     for (auto& [rows, rate] : *curve) rate *= factor(rows);
   if (hw.gemm_by_rows.empty()) hw.gemm_by_rows = measured;
   hw.gpu_gemm_decode = policy::rate_at(measured, 16, hw.gpu_gemm_decode);
+  hw.gpu_gemm_prefill = policy::rate_at(measured, static_cast<double>(DecodeGemm::kMaxRows), hw.gpu_gemm_prefill);
 }
 
 }  // namespace
 
 double weight_read_rate(kernels::Backend& be) {
   DecodeGemm g(be);
-  return static_cast<double>(g.weight_bytes()) / g.best_seconds(1);
+  return static_cast<double>(g.weight_bytes()) /
+         g.median_seconds({1}, [](std::int64_t) { return kernels::DType::F32; })[0];
 }
 
-policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::string& offload_dir) {
+policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::string& offload_dir,
+                                             const GemmDtypeAt& dtype_at) {
   const bool cpu = be.kind() == kernels::DeviceKind::Cpu;
   const std::string rates = cpu ? "ci-cpu" : "h100-pcie";
   policy::HardwareProfile hw = hardware_profile(rates);
@@ -146,15 +164,18 @@ policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::st
   hw.disk_mem = free_disk(offload_dir);
   if (cpu) {
     DecodeGemm g(be);
+    const std::vector<std::int64_t> rows{1, 4, 16, 64, DecodeGemm::kMaxRows};
+    const std::vector<double> seconds = g.median_seconds(rows, dtype_at);
     policy::RateCurve measured;
-    for (std::int64_t m : {std::int64_t{1}, std::int64_t{4}, std::int64_t{16}, DecodeGemm::kMaxRows})
-      measured.emplace_back(m, g.flops(m) / g.best_seconds(m));
-    if (hw.gpu_memory == 0) hw.gpu_memory = measured.front().second / g.flops(1) * static_cast<double>(g.weight_bytes());
+    for (std::size_t i = 0; i < rows.size(); ++i) measured.emplace_back(rows[i], g.flops(rows[i]) / seconds[i]);
+    if (hw.gpu_memory == 0) hw.gpu_memory = static_cast<double>(g.weight_bytes()) / seconds[0];
     scale_to_measured(hw, measured);
-    hw.source += fmt::format("; decode GEMMs measured now: {:.1f}/{:.1f}/{:.1f}/{:.1f} GFLOP/s at 1/4/16/64 rows, "
-                             "weights read at {:.1f} GB/s",
-                             measured[0].second / 1e9, measured[1].second / 1e9, measured[2].second / 1e9,
-                             measured[3].second / 1e9, hw.gpu_memory / 1e9);
+    std::string points;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      points += fmt::format("{}{:.1f} ({})", i ? "/" : "", measured[i].second / 1e9,
+                            kernels::dtype_name(dtype_at(rows[i])));
+    hw.source += fmt::format("; GEMMs measured now: {} GFLOP/s at {} rows, weights read at {:.1f} GB/s", points,
+                             fmt::join(rows, "/"), hw.gpu_memory / 1e9);
   }
   return hw;
 }

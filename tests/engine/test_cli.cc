@@ -308,6 +308,47 @@ TEST(Cli, PlanIsADryRunWhosePolicyRunAccepts) {
   expect_clean_error(run("plan --model opt-30b --hardware " + dir.file("nope.yaml")), "nope.yaml");
 }
 
+// The planner plans a continuous job for its requests' lengths, and run --explain sets its
+// prediction (tok/s, step time, memory per tier) beside what the run measured; --metrics
+// carries both. plan takes the means on the command line, checked.
+TEST(Cli, RunExplainSetsThePredictionBesideTheMeasurement) {
+  testing::TempDir dir;
+  std::string prompts;
+  for (int i = 0; i < 12; ++i)
+    prompts += "{\"id\": " + std::to_string(i) + ", \"tokens\": [1, " + std::to_string(7 + i) + ", 9], \"max_tokens\": " +
+               std::to_string(4 + (i * 5) % 17) + "}\n";
+  testing::write_file(dir.file("in.jsonl"), prompts);
+  const Result r = run("run --prompts " + dir.file("in.jsonl") + " --gen-len 24 --explain --metrics " + dir.file("m.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("predicted generated"));
+  EXPECT_THAT(r.err, HasSubstr("predicted vs measured (measured / predicted):"));
+  EXPECT_THAT(r.err, HasSubstr("  generated tok/s: "));
+  EXPECT_THAT(r.err, HasSubstr("  mean step: "));
+  EXPECT_THAT(r.err, HasSubstr("  peak memory: gpu "));
+  const auto m = nlohmann::json::parse(testing::read_file(dir.file("m.json")));
+  EXPECT_EQ(m.at("predicted").at("batching"), "continuous");
+  for (const char* side : {"predicted", "measured"}) {
+    EXPECT_GT(m.at(side).at("throughput").get<double>(), 0) << side;
+    EXPECT_GT(m.at(side).at("step_seconds").get<double>(), 0) << side;
+    EXPECT_GT(m.at(side).at("peak_bytes").at("gpu").get<std::int64_t>(), 0) << side;
+  }
+  const Result fixed = run("run --prompts " + dir.file("in.jsonl") + " --gen-len 24 --batching fixed --explain");
+  ASSERT_EQ(fixed.code, 0) << fixed.err;
+  EXPECT_THAT(fixed.err, HasSubstr("  total tok/s: "));
+  EXPECT_THAT(fixed.err, HasSubstr("  decode step: "));
+
+  const std::string plan = "plan --model opt-1.3b --hardware ci-cpu --cpu-mem 4GiB --gpu-mem 4GiB --prompt-len 512 --gen-len 512";
+  const Result means = run(plan + " --mean-prompt-len 70 --mean-gen-len 250 --explain");
+  ASSERT_EQ(means.code, 0) << means.err;
+  EXPECT_THAT(means.out, HasSubstr("prompt 512 (mean 70.0) + gen 512 (mean 250.0), continuous batching"));
+  EXPECT_THAT(means.out, HasSubstr("tok/s generated (continuous batching), mean step"));
+  expect_clean_error(run(plan + " --mean-prompt-len 600"), "--mean-prompt-len 600 is above --prompt-len 512");
+  expect_clean_error(run(plan + " --mean-gen-len 100 --batching fixed"), "--mean-gen-len is for continuous batching");
+  const Result zero = run(plan + " --mean-gen-len zero");
+  EXPECT_NE(zero.code, 0);
+  EXPECT_THAT(zero.err, HasSubstr("--mean-gen-len: Value zero not in range"));
+}
+
 TEST(Cli, CalibrateWritesAProfilePlanReads) {
   testing::TempDir dir;
   // With --model it times that model's decoder layer and head as the engine runs them.

@@ -39,6 +39,9 @@ struct Case {
   std::int64_t expert_slots = 0;  // MoE: the policy's (0: from the block)
 };
 
+void expect_peaks_within_slack(const engine::ModelConfig& cfg, const policy::Policy& p, const policy::Estimate& est,
+                               const offload::Tiers& tiers, std::int64_t capacity);
+
 void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   SCOPED_TRACE(std::string(cfg.name) + ": " + c.name);
   policy::Policy p;
@@ -62,8 +65,14 @@ void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   req.max_new_tokens = gen;
   sched.generate(req);
 
-  // The slack per tier: one row of every tensor whose kind is split over tiers, and 4 KiB per
-  // extent on disk.
+  expect_peaks_within_slack(cfg, p, *est, tiers, prompt + gen);
+}
+
+// The planner's peaks against the engine's after a run of policy p with KV slots of `capacity`
+// tokens. The slack per tier: one row of every tensor whose kind is split over tiers, and 4 KiB
+// per extent on disk.
+void expect_peaks_within_slack(const engine::ModelConfig& cfg, const policy::Policy& p, const policy::Estimate& est,
+                               const offload::Tiers& tiers, std::int64_t capacity) {
   std::array<std::int64_t, 3> slack{};
   auto allow = [&](const offload::TierFractions& f, std::int64_t tensors, std::int64_t row_bytes) {
     const int homes = (f.gpu > 0) + (f.cpu > 0) + (f.disk > 0);
@@ -76,13 +85,12 @@ void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   };
   const engine::ModelConfig stored = engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype));
   for (const auto& w : engine::weight_specs(stored)) allow(p.weights, 1, kernels::row_bytes(w.dtype(stored), w.cols));
-  const std::int64_t capacity = prompt + gen;
-  allow(p.cache, 2 * cfg.n_layers * c.k,
+  allow(p.cache, 2 * cfg.n_layers * p.num_gpu_batches,
         cfg.n_kv_heads * capacity * kernels::kv_slot_bytes(p.cache_dtype(cfg.dtype), cfg.head_dim));
-  allow(p.activations, c.k, cfg.hidden * static_cast<std::int64_t>(sizeof(float)));
+  allow(p.activations, p.num_gpu_batches, cfg.hidden * static_cast<std::int64_t>(sizeof(float)));
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
     const auto i = static_cast<std::size_t>(t);
-    EXPECT_NEAR(static_cast<double>(est->peak_bytes[i]), static_cast<double>(tiers.budget(t).peak()),
+    EXPECT_NEAR(static_cast<double>(est.peak_bytes[i]), static_cast<double>(tiers.budget(t).peak()),
                 static_cast<double>(slack[i]) + 1)
         << offload::tier_name(t);
   }
@@ -117,6 +125,46 @@ TEST(PlanMemory, PredictedPeaksAreTheEnginesMoe) {
   };
   for (const Case& c : kCases) expect_planned_peaks(testing::tiny_moe_config(), c);
   for (const Case& c : moe_cases) expect_planned_peaks(testing::tiny_moe_config(), c);
+}
+
+// Continuous batching: the requests of a job of different lengths flow through the slots, and
+// the planner's peaks (every slot's KV at the longest request, a step's hidden states and
+// activations of gbs - 1 + max(prefill budget, longest prompt) rows) are the engine's.
+TEST(PlanMemory, PredictedPeaksAreTheEnginesUnderContinuousBatching) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  const Case cases[] = {
+      {"all on the gpu", 3, 1, {100, 0, 100, 0, 100, 0}},
+      {"weights and KV split, hidden states on the cpu", 2, 2, {20, 50, 50, 50, 0, 100}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    policy::Policy p;
+    p.gpu_batch_size = c.gbs;
+    p.num_gpu_batches = c.k;
+    p.set_percent(c.percent);
+    engine::GenerationRequest req;
+    std::vector<policy::RequestLength> lengths;
+    for (std::int64_t i = 0; i < 9; ++i) {
+      const std::int64_t prompt = 3 + (i * 5) % 11, gen = 2 + (i * 3) % 7;
+      req.prompts.push_back(engine::synthetic_prompts(1, prompt, cfg.vocab_size)[0]);
+      req.max_new_tokens_each.push_back(gen);
+      lengths.push_back({prompt, gen});
+    }
+    req.max_new_tokens = 8;
+    req.slots = p.block_size();
+    req.prefill_budget = 6;
+    const auto est = policy::estimate(engine::model_shape(cfg), roomy_cpu_profile(),
+                                      policy::continuous_workload(lengths, req.prefill_budget), p);
+    ASSERT_TRUE(est.has_value());
+    engine::DummyWeights src(cfg, 3);
+    auto be = kernels::make_cpu_backend();
+    offload::Tiers tiers(*be, {});
+    engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+    sched.generate(req);
+    std::int64_t longest = 0;
+    for (const auto& l : lengths) longest = std::max(longest, l.prompt + l.gen);
+    expect_peaks_within_slack(cfg, p, *est, tiers, longest);
+  }
 }
 
 }  // namespace

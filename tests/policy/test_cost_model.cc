@@ -536,3 +536,150 @@ TEST(CostModel, MeasuredCostsApplyWhereTheEngineIncursThem) {
 
 }  // namespace
 }  // namespace flexh2o::policy
+
+namespace flexh2o::policy {
+namespace {
+
+// Continuous batching at the means: a request of p prompt and g new tokens holds its slot g
+// steps: one prefill of p rows (its first token), g - 1 decodes over p + 1 ... p + g - 1 tokens.
+TEST(ContinuousPlan, SlotStepAtTheMeansByHand) {
+  Workload w{200, 80};
+  w.continuous = true;
+  w.mean_prompt_len = 100;
+  w.mean_gen_len = 50;
+  const SlotStep s = slot_step(w, 8, 8);
+  EXPECT_DOUBLE_EQ(s.busy, 1);
+  EXPECT_DOUBLE_EQ(s.prefill_rows, 100.0 / 50);
+  EXPECT_DOUBLE_EQ(s.decode_rows, 49.0 / 50);
+  EXPECT_DOUBLE_EQ(s.kv_attended, (49 * 100 + 50 * 49 / 2.0) / 50);  // 122.5: (g - 1)(p + g / 2) / g
+  EXPECT_DOUBLE_EQ(s.prompt_sq, 100.0 * 100 / 50);
+  EXPECT_EQ(s.steps, 0);  // the job's requests are not known
+  EXPECT_EQ(w.sequence_capacity(), 280);  // each slot holds the longest prompt + the largest max_tokens
+}
+
+// From the requests: each takes the slot that frees first, in order. Two slots, requests
+// (prompt, max_tokens) (10, 4), (20, 2), (5, 3): the first holds slot 0 for steps 0-3, the
+// second slot 1 for steps 0-1, the third slot 1 for steps 2-4: 5 steps, 10 slot-steps, 9 busy.
+TEST(ContinuousPlan, SlotStepOfTheRequestsByHand) {
+  const Workload w = continuous_workload({{10, 4}, {20, 2}, {5, 3}}, 512);
+  EXPECT_TRUE(w.continuous);
+  EXPECT_EQ(w.prompt_len, 20);
+  EXPECT_EQ(w.gen_len, 4);
+  EXPECT_DOUBLE_EQ(w.mean_prompt_len, 35.0 / 3);
+  EXPECT_DOUBLE_EQ(w.mean_gen_len, 3);
+  EXPECT_EQ(w.sequence_capacity(), 22);  // the longest request, prompt + max_tokens (not 20 + 4)
+  const SlotStep s = slot_step(w, 2, 2);
+  EXPECT_EQ(s.steps, 5);
+  EXPECT_DOUBLE_EQ(s.busy, 9.0 / 10);
+  EXPECT_DOUBLE_EQ(s.prefill_rows, 35.0 / 10);
+  EXPECT_DOUBLE_EQ(s.decode_rows, (3 + 1 + 2) / 10.0);
+  // Decodes attend over (11, 12, 13), (21), (6, 7): 36 + 21 + 13.
+  EXPECT_DOUBLE_EQ(s.kv_attended, 70.0 / 10);
+  EXPECT_DOUBLE_EQ(s.prompt_sq, (100 + 400 + 25) / 10.0);
+  // Equal requests: ceil(N / slots) rounds of g steps, every slot busy but in the last round.
+  const SlotStep equal = slot_step(continuous_workload(std::vector<RequestLength>(10, {8, 6}), 512), 4, 4);
+  EXPECT_EQ(equal.steps, 3 * 6);
+  EXPECT_DOUBLE_EQ(equal.busy, 60.0 / (18 * 4));
+  // A prefill budget of one prompt: each of two GPU batches of 2 slots takes one newcomer per
+  // step, so the second pair starts a step late: 4 steps, not 3.
+  const SlotStep budget = slot_step(continuous_workload(std::vector<RequestLength>(4, {8, 3}), 8), 4, 2);
+  EXPECT_EQ(budget.steps, 4);
+  EXPECT_DOUBLE_EQ(budget.busy, 12.0 / (4 * 4));
+  EXPECT_EQ(slot_step(continuous_workload(std::vector<RequestLength>(4, {8, 3}), 16), 4, 2).steps, 3);
+}
+
+// Everything on the gpu tier, no rate curves and no read floor: a mean step per layer is the K
+// GPU batches' GEMMs (decode rows at the decode rate, newcomers' prompt rows at the prefill
+// rate), the head over the busy rows, decode attention over the mean cached length and the
+// newcomers' prefill attention. Memory: every slot's KV at the longest sequence, hidden states
+// of a step of gbs - 1 + max(prefill budget, longest prompt) rows per GPU batch.
+TEST(ContinuousPlan, MeanStepTermsByHand) {
+  const ModelShape m = opt("opt-125m", 12, 768);
+  HardwareProfile hw = t4();
+  hw.gpu_memory = 0;
+  hw.gemm_by_rows.clear();
+  hw.layer_by_rows.clear();
+  hw.head_by_rows.clear();
+  hw.gpu_attn_decode_by_len.clear();
+  Workload w{200, 80};
+  w.continuous = true;
+  w.mean_prompt_len = 100;
+  w.mean_gen_len = 50;
+  Policy p;
+  p.gpu_batch_size = 4;
+  p.num_gpu_batches = 2;
+  const auto e = estimate(m, hw, w, p);
+  ASSERT_TRUE(e.has_value());
+  const ModelSizes z = model_sizes(with_compression(m, p));
+  const double layer = 2.0 * static_cast<double>(z.layer_params), head = 2.0 * 50272 * 768;
+  const double gemm = 2 * (4 * 0.98 * layer / hw.gpu_gemm_decode + 4 * 2.0 * layer / hw.gpu_gemm_prefill);
+  const double head_share = 2 * 4 * head / hw.gpu_gemm_decode / 12;
+  const double attention = 4 * 8 * 0.98 * 125 * 768 / hw.gpu_attn_decode + 8 * 4 * 200.0 * 768 / hw.gpu_attn_prefill;
+  const double step = 12 * (gemm + head_share + attention);
+  EXPECT_TRUE(e->continuous);
+  EXPECT_NEAR(e->decode_step_seconds, step, 1e-9 * step);
+  EXPECT_NEAR(e->total_throughput, 8 / step, 1e-9 * 8 / step);
+  EXPECT_NEAR(e->decode_seconds, 50 * step, 1e-9 * step);  // the mean request's steps
+  EXPECT_EQ(e->prefill_seconds, 0);
+  auto item = [&](const std::string& name) {
+    for (const auto& [n, bytes] : e->memory[0])
+      if (n == name) return bytes;
+    return std::int64_t{0};
+  };
+  const auto act = static_cast<std::int64_t>(kernels::dtype_size(hw.activation_dtype));
+  EXPECT_EQ(item("KV cache"), z.kv_per_token_layer * 12 * 8 * 280);
+  EXPECT_EQ(item("hidden states"), 768 * act * 2 * (4 - 1 + 512));
+}
+
+// A ShareGPT-like job (replies of 4 to 511 tokens, prompts mostly short, up to 500) with a Llama-3.2-1B-shaped
+// model (2 GiB of f16 weights) on a 2-core host of 1.5 GiB, where memory binds: planned for
+// every slot at its maximum (fixed blocks, a GPU batch prefilling all its prompts at once:
+// 512 rows of activations per sequence) the GPU batches stay small; planned for the tokens in
+// flight, a step holds a GPU batch's decode rows and a budget of newcomers' prompt rows, so
+// the block is larger and predicts more tokens/s, and it still fits.
+TEST(ContinuousPlan, AShareGptLikeJobPlansALargerBlockWhenMemoryBinds) {
+  std::vector<RequestLength> requests;
+  // Prompts mostly short (every tenth 400 tokens longer), replies of 4 to 511 tokens.
+  for (std::int64_t i = 0; i < 1000; ++i)
+    requests.push_back({4 + (i * 37) % 97 + (i % 10 == 0 ? 400 : 0), 4 + (i * 101) % 508});
+  const Workload continuous = continuous_workload(requests, 512);
+  const Workload fixed{continuous.prompt_len, continuous.gen_len};
+  const ModelShape m{"llama-1b", 16, 2048, 8192, 32, 8, 64, 49152, true, true, kernels::DType::F16, kernels::DType::F16, 0};
+  HardwareProfile hw = load_hardware_file(std::string(FLEXH2O_SOURCE_DIR) + "/configs/hardware/ci-cpu.yaml");
+  hw.gpu_mem = hw.cpu_mem = std::int64_t{3} << 29;
+  hw.disk_mem = std::int64_t{200} << 30;
+  PlanOptions o;
+  o.max_block = 1000;
+  const Estimate a = plan(m, hw, fixed, o), b = plan(m, hw, continuous, o);
+  EXPECT_GT(b.policy.gpu_batch_size, a.policy.gpu_batch_size);
+  EXPECT_GT(b.policy.block_size(), a.policy.block_size());
+  EXPECT_GT(b.total_throughput, a.total_throughput);
+  EXPECT_LE(static_cast<double>(b.peak_bytes[0] + b.peak_bytes[1]), hw.memory_safety * static_cast<double>(hw.cpu_mem) + 2);
+}
+
+// A tied head's matrix is the input embedding's, held once, but each step stages it twice (the
+// input embedding unit and the head unit each fetch it): a step bound by weights streaming
+// from disk moves what the untied model moves.
+TEST(ContinuousPlan, ATiedHeadIsFetchedForBothUnits) {
+  ModelShape tied{"llama-1b", 16, 2048, 8192, 32, 8, 64, 49152, true, true, kernels::DType::F16, kernels::DType::F16, 0};
+  ModelShape untied = tied;
+  untied.tied_embeddings = false;
+  HardwareProfile hw = t4();
+  hw.gpu_memory = 0;
+  hw.gemm_by_rows.clear();
+  hw.layer_by_rows.clear();
+  hw.head_by_rows.clear();
+  hw.gpu_gemm_prefill = hw.gpu_gemm_decode = hw.gpu_attn_prefill = hw.gpu_attn_decode = 1e18;
+  Policy p;
+  p.gpu_batch_size = 4;
+  p.set_percent({0, 0, 100, 0, 100, 0});  // every weight on disk
+  const Workload w{64, 32};
+  const auto a = estimate(tied, hw, w, p), b = estimate(untied, hw, w, p);
+  ASSERT_TRUE(a && b);
+  EXPECT_LT(model_sizes(tied).total_weights, model_sizes(untied).total_weights);
+  EXPECT_NEAR(a->decode_step_seconds, b->decode_step_seconds, 1e-9 * b->decode_step_seconds);
+  EXPECT_NE(a->bottleneck, "compute");
+}
+
+}  // namespace
+}  // namespace flexh2o::policy
