@@ -65,12 +65,14 @@ kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weig
   if (flag == "f32") return kernels::DType::F32;
   if (flag == "bf16") return kernels::DType::BF16;
   if (flag != "auto") throw std::invalid_argument("--compute-dtype: '" + flag + "' is not one of auto, f32, bf16");
-  return weights != kernels::DType::F32 && be.native_bf16() ? kernels::DType::BF16 : kernels::DType::F32;
+  const bool bf16_wins_somewhere = be.bf16_faster_from_rows(weights).has_value();
+  return weights != kernels::DType::F32 && be.native_bf16() && bf16_wins_somewhere ? kernels::DType::BF16
+                                                                                   : kernels::DType::F32;
 }
 
 void set_compute_dtype(const std::string& flag, ModelConfig& c, const kernels::Backend& be) {
   c.compute_dtype = choose_compute_dtype(flag, c.dtype, be);
-  c.bf16_from_rows = flag == "auto" ? be.bf16_faster_from_rows() : 1;
+  c.bf16_from_rows = flag == "auto" ? be.bf16_faster_from_rows(c.dtype).value_or(1) : 1;
 }
 
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional<std::int64_t> vocab_size) {

@@ -174,7 +174,7 @@ TEST(ComputeDtype, AutoTakesBf16FromTheBackendsCrossover) {
     EXPECT_EQ(c.compute_for_rows(1024), kernels::DType::F32);
   } else {
     EXPECT_EQ(c.compute_dtype, kernels::DType::BF16);
-    EXPECT_EQ(c.bf16_from_rows, be->bf16_faster_from_rows());
+    EXPECT_EQ(c.bf16_from_rows, be->bf16_faster_from_rows(c.dtype));
     EXPECT_EQ(c.compute_for_rows(c.bf16_from_rows), kernels::DType::BF16);
     if (c.bf16_from_rows > 1) {
       EXPECT_EQ(c.compute_for_rows(c.bf16_from_rows - 1), kernels::DType::F32);
