@@ -86,10 +86,11 @@ std::string RunReport::text() const {
   std::string s = model_line(model, stored) + "\n";
   s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(model_bytes(stored)),
                    format_bytes(cache_bytes), format_bytes(hidden_bytes));
-  const bool mixed = stored.compute_dtype == kernels::DType::BF16 && stored.bf16_from_rows > 1;
+  const std::optional<std::int64_t> bf16_rows = stored.bf16_rows();
+  const bool mixed = bf16_rows && *bf16_rows > 1;
   s += fmt::format("policy: {}, cache {}, compute {}{}\n", policy::to_text(policy), kernels::dtype_name(cache_dtype),
-                   kernels::dtype_name(stored.compute_dtype),
-                   mixed ? fmt::format(" from {} rows (f32 below)", stored.bf16_from_rows) : std::string());
+                   kernels::dtype_name(bf16_rows ? kernels::DType::BF16 : kernels::DType::F32),
+                   mixed ? fmt::format(" from {} rows (f32 below)", *bf16_rows) : std::string());
   s += "peak memory: " + job::to_text(peaks) + "\n";
   s += fmt::format("prompts: {}, prompt tokens: {}, generated tokens: {}\n", prompts, total.prompt_tokens,
                    total.generated_tokens);

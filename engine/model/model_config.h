@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,12 +139,22 @@ struct ModelConfig {
   // Under bf16 compute, GEMMs of fewer activation rows than this multiply in f32: --compute-dtype
   // auto sets it where the backend's f32 kernels are the faster for few rows (decode); 1: bf16 always.
   std::int64_t bf16_from_rows = 1;
+  // The same once the matrices are q4/q8 (compress_weight), whose own kernels may beat bf16 at
+  // every size (none: f32 always, e.g. the CPU's int8 path).
+  std::optional<std::int64_t> quantized_bf16_from_rows = 1;
   std::int32_t bos_id = -1;                    // -1: none
   std::vector<std::int32_t> stop_ids;          // generation ends at any of these
 
   // The compute dtype of a projection of `rows` activation rows.
   kernels::DType compute_for_rows(std::int64_t rows) const {
-    return compute_dtype == kernels::DType::BF16 && rows < bf16_from_rows ? kernels::DType::F32 : compute_dtype;
+    if (compute_dtype != kernels::DType::BF16) return compute_dtype;
+    const std::optional<std::int64_t> from = kernels::is_quantized(dtype) ? quantized_bf16_from_rows : bf16_from_rows;
+    return from && rows >= *from ? kernels::DType::BF16 : kernels::DType::F32;
+  }
+  // The rows from which compute_for_rows gives bf16 (none: never).
+  std::optional<std::int64_t> bf16_rows() const {
+    if (compute_dtype != kernels::DType::BF16) return std::nullopt;
+    return kernels::is_quantized(dtype) ? quantized_bf16_from_rows : bf16_from_rows;
   }
   std::int64_t embedding_width() const { return embed_dim > 0 ? embed_dim : hidden; }
   bool moe_layer(std::int64_t layer) const {

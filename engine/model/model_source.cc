@@ -73,6 +73,7 @@ kernels::DType choose_compute_dtype(const std::string& flag, kernels::DType weig
 void set_compute_dtype(const std::string& flag, ModelConfig& c, const kernels::Backend& be) {
   c.compute_dtype = choose_compute_dtype(flag, c.dtype, be);
   c.bf16_from_rows = flag == "auto" ? be.bf16_faster_from_rows(c.dtype).value_or(1) : 1;
+  c.quantized_bf16_from_rows = flag == "auto" ? be.bf16_faster_from_rows(kernels::DType::Q4) : 1;
 }
 
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional<std::int64_t> vocab_size) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "engine/runtime/generator.h"
@@ -180,8 +181,14 @@ TEST(ComputeDtype, AutoTakesBf16FromTheBackendsCrossover) {
       EXPECT_EQ(c.compute_for_rows(c.bf16_from_rows - 1), kernels::DType::F32);
     }
   }
+  // The same model with q4 matrices (compress_weight): the backend's crossover for those.
+  const ModelConfig q4 = engine::with_weight_dtype(c, kernels::DType::Q4);
+  const std::optional<std::int64_t> q4_from = be->native_bf16() ? be->bf16_faster_from_rows(kernels::DType::Q4) : std::nullopt;
+  EXPECT_EQ(q4.bf16_rows(), q4_from);
+  EXPECT_EQ(q4.compute_for_rows(1 << 20), q4_from ? kernels::DType::BF16 : kernels::DType::F32);
   engine::set_compute_dtype("bf16", c, *be);
   EXPECT_EQ(c.compute_for_rows(1), kernels::DType::BF16);
+  EXPECT_EQ(engine::with_weight_dtype(c, kernels::DType::Q4).compute_for_rows(1), kernels::DType::BF16);
   engine::set_compute_dtype("f32", c, *be);
   EXPECT_EQ(c.compute_for_rows(4096), kernels::DType::F32);
   c.dtype = kernels::DType::F32;
