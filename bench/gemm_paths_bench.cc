@@ -2,7 +2,9 @@
 // Llama-3.2-1B-sized model, for every stored weight dtype and batches of m activation rows,
 // in GFLOP/s: the few-row kernel (up to 8 or 16 rows), oneDNN on converted weight panels (the
 // path for more rows before the tiled kernel), the tiled kernel, the path the backend now
-// picks by default (weight-only), and the int8 kernel (FLEXH2O_CPU_GEMM=int8; q4/q8 weights).
+// picks by default (weight-only), and the int8 path (FLEXH2O_CPU_GEMM=int8; q4/q8 weights) with
+// this CPU's best kernel ("int8") and with the 256-bit kernel ("int8 256", VNNI or AVX2) where
+// the best is the AVX-512 one.
 // "ratio" is picked / what the backend took before (the few-row kernel where it applies, else
 // oneDNN panels), "int8 ratio" the same for the int8 kernel: how much faster the backend got,
 // measured interleaved in one run. "oneDNN bf16" is oneDNN on the same panels under bf16 compute
@@ -42,9 +44,9 @@ int main(int argc, char** argv) {
                                           CpuGemmPath::TiledInt8};
   fmt::print("CPU GEMM paths, {} threads, median of {} interleaved runs, GFLOP/s\n\n", tbb::info::default_concurrency(),
              reps);
-  fmt::print("| weights | n x k | m | few-row | oneDNN panels | tiled | int8 | picked | ratio | int8 ratio | oneDNN bf16 | "
-             "bf16 / best f32 |\n"
-             "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  fmt::print("| weights | n x k | m | few-row | oneDNN panels | tiled | int8 | int8 256 | picked | ratio | int8 ratio | "
+             "oneDNN bf16 | bf16 / best f32 |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const auto& [n, k] : shapes) {
@@ -67,6 +69,14 @@ int main(int argc, char** argv) {
           slot.push_back(static_cast<int>(variants.size()));
           variants.emplace_back([&a, p] { kernels::run_cpu_gemm_path(p, a); });
         }
+        // The 256-bit int8 kernel beside the AVX-512 one.
+        const kernels::Int8Kernel narrow =
+            kernels::int8_kernel_available(kernels::Int8Kernel::Vnni256) ? kernels::Int8Kernel::Vnni256 : kernels::Int8Kernel::Avx2;
+        int narrow_at = -1;
+        if (slot[3] >= 0 && kernels::int8_best_kernel() == kernels::Int8Kernel::Avx512Vnni) {
+          narrow_at = static_cast<int>(variants.size());
+          variants.emplace_back([&a, narrow] { kernels::run_cpu_gemm_int8(a, narrow); });
+        }
         const CpuGemmPath picked = kernels::choose_cpu_gemm_path(a, kernels::CpuGemmMode::WeightOnly);
         const CpuGemmPath before = kernels::choose_cpu_gemm_path(a, kernels::CpuGemmMode::Previous);
         variants.emplace_back([&a, picked] { kernels::run_cpu_gemm_path(picked, a); });
@@ -85,8 +95,9 @@ int main(int argc, char** argv) {
         const std::string bf16_cells = bf16 ? fmt::format("{:.1f} | {:.2f}", flop / sec.back() / 1e9, best_f32 / sec.back())
                                             : std::string("- | -");
         const std::string int8_ratio = slot[3] < 0 ? "-" : fmt::format("{:.2f}", old / sec[slot[3]]);
-        fmt::print("| {} | {} x {} | {} | {} | {} | {} | {} | {} | {:.2f} | {} | {} |\n", kernels::dtype_name(t), n, k, m,
-                   cell(slot[0]), cell(slot[1]), cell(slot[2]), cell(slot[3]), cell(static_cast<int>(picked_at)),
+        fmt::print("| {} | {} x {} | {} | {} | {} | {} | {} | {} | {} | {:.2f} | {} | {} |\n", kernels::dtype_name(t), n, k,
+                   m, cell(slot[0]), cell(slot[1]), cell(slot[2]), cell(slot[3]), cell(narrow_at),
+                   cell(static_cast<int>(picked_at)),
                    old / sec[picked_at], int8_ratio, bf16_cells);
       }
     }

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -73,9 +74,10 @@ class Backend {
   virtual void unpin_host(void* /*p*/) noexcept {}
   // Whether GEMMs with bf16 compute run natively (bf16 matrix units) rather than emulated.
   virtual bool native_bf16() const = 0;
-  // The fewest activation rows from which a GEMM runs faster with bf16 compute than with f32
-  // here (where --compute-dtype auto takes bf16): 1 where bf16 always wins (a GPU's matrix units).
-  virtual std::int64_t bf16_faster_from_rows() const { return 1; }
+  // The fewest activation rows from which a GEMM of `weights` runs faster with bf16 compute than
+  // with f32 here (where --compute-dtype auto takes bf16): 1 where bf16 always wins (a GPU's
+  // matrix units), none where it never does.
+  virtual std::optional<std::int64_t> bf16_faster_from_rows(DType /*weights*/) const { return 1; }
 
   // The ops. Each checks its arguments here, once for every device (kernels/<op>.cc), then
   // runs the device's implementation (do_<op> in kernels/cpu/<op>_cpu.cc, kernels/cuda/<op>_gpu.cu).

@@ -204,7 +204,9 @@ int bench_command(const BenchOptions& o) {
     to.disk_bytes = hw.disk_mem;
     offload::Tiers tiers(*be, to);
     m.config.compute_dtype =
-        engine::job_compute_dtype(o.compute_dtype, m.config.dtype, engine::bf16_speed(*be), r.policy.gpu_batch_size).dtype;
+        engine::job_compute_dtype(o.compute_dtype, m.config.dtype, engine::bf16_speed(*be, r.policy.weight_dtype(m.config.dtype)),
+                                  r.policy.gpu_batch_size)
+            .dtype;
     engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, r.policy);
     engine::GenerationRequest req;
     req.prompts = engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size);

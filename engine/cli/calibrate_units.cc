@@ -63,7 +63,7 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
     const std::int64_t bytes = engine::Activations::bytes(be, cfg, rows, rows, cache_slots, false) +
                                rows * cfg.hidden * static_cast<std::int64_t>(sizeof(float));
     if (bytes > max_bytes) break;
-    run.compute_dtype = engine::job_compute_dtype("auto", cfg.dtype, engine::bf16_speed(be), rows).dtype;
+    run.compute_dtype = engine::job_compute_dtype("auto", cfg.dtype, engine::bf16_speed(be, cfg.dtype), rows).dtype;
     engine::Activations act(be, cfg, rows, rows);
     kernels::DeviceBuffer hidden(be, static_cast<std::size_t>(rows * cfg.hidden) * sizeof(float));
     const std::vector<float> small(static_cast<std::size_t>(rows * cfg.hidden), 0.01f);

@@ -69,7 +69,7 @@ namespace {
 // settles for a job of that many rows per GPU batch.
 policy::HardwareProfile this_machine(const PlanCliOptions& o, const engine::ModelConfig& cfg) {
   const auto be = kernels::make_backend(o.backend);
-  const engine::Bf16Speed bf16 = engine::bf16_speed(*be);
+  const engine::Bf16Speed bf16 = engine::bf16_speed(*be, cfg.dtype);
   return engine::this_machine_profile(*be, o.offload_dir, [&](std::int64_t rows) {
     return engine::job_compute_dtype("auto", cfg.dtype, bf16, rows).dtype;  // a job of `rows` per GPU batch
   });

@@ -77,8 +77,10 @@ RunSetup open_run(const RunOptions& o) {
 }
 
 void settle_compute_dtype(const RunOptions& o, RunSetup& s) {
+  // The matrices as the run stores them (compress_weight: q4/q8, which the CPU multiplies by int8).
+  const kernels::DType matrices = s.policy.weight_dtype(s.model.config.dtype);
   const ComputeChoice c =
-      job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16_speed(*s.backend), s.policy.gpu_batch_size);
+      job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16_speed(*s.backend, matrices), s.policy.gpu_batch_size);
   s.model.config.compute_dtype = c.dtype;
   s.compute_why = c.why;
 }
@@ -109,7 +111,7 @@ policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s)
   policy::HardwareProfile hw =
       o.hardware.empty()
           ? this_machine_profile(*s.backend, o.offload_dir,
-                                 [&, bf16 = bf16_speed(*s.backend)](std::int64_t rows) {
+                                 [&, bf16 = bf16_speed(*s.backend, s.model.config.dtype)](std::int64_t rows) {
                                    // a job of `rows` per GPU batch multiplies every step in this dtype
                                    return job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16, rows).dtype;
                                  })

@@ -63,7 +63,9 @@ bool is_model_yaml(const fs::path& p) {
 
 }  // namespace
 
-Bf16Speed bf16_speed(const kernels::Backend& be) { return {be.native_bf16(), be.bf16_faster_from_rows()}; }
+Bf16Speed bf16_speed(const kernels::Backend& be, kernels::DType matrices) {
+  return {be.native_bf16(), be.bf16_faster_from_rows(matrices)};
+}
 
 ComputeChoice job_compute_dtype(const std::string& flag, kernels::DType weights, const Bf16Speed& bf16,
                                 std::int64_t batch_rows) {
@@ -72,9 +74,10 @@ ComputeChoice job_compute_dtype(const std::string& flag, kernels::DType weights,
   if (flag != "auto") throw std::invalid_argument("--compute-dtype: '" + flag + "' is not one of auto, f32, bf16");
   if (weights == kernels::DType::F32) return {kernels::DType::F32, "auto: fp32 weights"};
   if (!bf16.native) return {kernels::DType::F32, "auto: no native bf16"};
+  if (!bf16.faster_from_rows) return {kernels::DType::F32, "auto: these matrices' own f32 kernels beat bf16"};
   const std::string rows = fmt::format("auto: GPU batches of {} rows, bf16 the faster from {}", batch_rows,
-                                       bf16.faster_from_rows);
-  return {batch_rows >= bf16.faster_from_rows ? kernels::DType::BF16 : kernels::DType::F32, rows};
+                                       *bf16.faster_from_rows);
+  return {batch_rows >= *bf16.faster_from_rows ? kernels::DType::BF16 : kernels::DType::F32, rows};
 }
 
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional<std::int64_t> vocab_size) {

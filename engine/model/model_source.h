@@ -30,13 +30,14 @@ struct ModelSource {
 };
 
 ModelSource open_model(const ModelOptions& opt);
-// What --compute-dtype auto weighs on a backend: whether it multiplies bf16 natively, and from
-// how many activation rows its bf16 GEMMs beat its f32 ones (1: at every size).
+// What --compute-dtype auto weighs on a backend for matrices of one dtype: whether it multiplies
+// bf16 natively, and from how many activation rows its bf16 GEMMs beat its f32 kernels for those
+// matrices (1: at every size; none: never, e.g. the CPU's int8 path for q4/q8 matrices).
 struct Bf16Speed {
   bool native = false;
-  std::int64_t faster_from_rows = 1;
+  std::optional<std::int64_t> faster_from_rows = 1;
 };
-Bf16Speed bf16_speed(const kernels::Backend& be);
+Bf16Speed bf16_speed(const kernels::Backend& be, kernels::DType matrices);
 
 // --compute-dtype of a job whose GPU batches hold `batch_rows` sequences (each decode step
 // multiplies that many rows): "f32", "bf16", or "auto": bf16 for 16-bit or quantized weights

@@ -20,7 +20,7 @@ class CpuBackend final : public Backend {
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override {}
   bool native_bf16() const override;
-  std::int64_t bf16_faster_from_rows() const override;
+  std::optional<std::int64_t> bf16_faster_from_rows(DType weights) const override;
 
  protected:
   void do_gemm(const GemmArgs& a) override;

@@ -1,7 +1,8 @@
-// GEMM on the CPU: the paths of gemm_cpu.h and the choice between them. Few activation rows
-// (decode at small batch) take gemv_cpu.h's kernel, a few tens (decode at larger batch) the
-// tiled kernels (gemm_tiled_cpu.h; gemm_int8_cpu.h when FLEXH2O_CPU_GEMM=int8), which read the
-// weights as stored; more rows (prefill) and CPUs without AVX2/FMA/F16C take oneDNN: the
+// GEMM on the CPU: the paths of gemm_cpu.h and the choice between them. q4/q8 weights take the
+// int8 kernels (gemm_int8_cpu.h) at every row count unless FLEXH2O_CPU_GEMM says otherwise.
+// Other weights: few activation rows (decode at small batch) take gemv_cpu.h's kernel, a few
+// tens (decode at larger batch) the tiled kernel (gemm_tiled_cpu.h), which read the weights as
+// stored; more rows (prefill) and CPUs without AVX2/FMA/F16C take oneDNN: the
 // weight's output rows are cut into panels; each oneTBB task brings its panel into the compute
 // dtype in thread-local scratch where it is stored in another (fp16/bf16 converted, q4/q8
 // dequantized; fp32 weights and bf16 weights under bf16 compute are used in place) and
@@ -53,9 +54,11 @@ std::int64_t panel_rows(std::int64_t m, std::int64_t n, std::int64_t k, bool con
 // 256 rows it is 0.6-0.8x oneDNN);
 std::int64_t few_rows_max(DType t) { return is_quantized(t) ? 16 : 8; }
 std::int64_t tiled_max_rows() { return 128; }
-// the int8 kernel (when asked for) from 2 rows, with no upper limit (1.1-1.3x oneDNN at 1024
-// rows); one row stays with the few-row kernel, quantizing x costs more than it saves there.
-std::int64_t int8_min_rows() { return 2; }
+// The int8 path (the default for q4/q8 weights) from one row, with no upper limit: with the
+// AVX-512 kernel 3-10x the weight-only paths at 1-16 rows (a GEMV reads the 4-bit codes and
+// skips the fp32 expansion), 1.5-3x from 16 to 1024; and one path for every row count keeps a
+// sequence's tokens independent of how many others share its step.
+std::int64_t int8_min_rows() { return 1; }
 
 // v rounded to bf16, kept in fp32 (the emulated bf16 path).
 void round_to_bf16(float* v, std::size_t n) {
@@ -127,11 +130,11 @@ bool cpu_gemm_path_supported(CpuGemmPath p, const GemmArgs& a) {
 CpuGemmMode cpu_gemm_mode() {
   static const CpuGemmMode mode = [] {
     const char* v = std::getenv("FLEXH2O_CPU_GEMM");
-    const std::string s = v ? v : "weight-only";
+    const std::string s = v ? v : "int8";
     if (s == "weight-only") return CpuGemmMode::WeightOnly;
     if (s == "int8") return CpuGemmMode::Int8;
     if (s == "previous") return CpuGemmMode::Previous;
-    throw std::invalid_argument("FLEXH2O_CPU_GEMM=" + s + ": expected weight-only (the default), int8 or previous");
+    throw std::invalid_argument("FLEXH2O_CPU_GEMM=" + s + ": expected int8 (the default), weight-only or previous");
   }();
   return mode;
 }
@@ -143,6 +146,20 @@ CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode) {
   if (gemv_small_m_applies(a) && a.m <= few_rows_max(a.w.dtype)) return CpuGemmPath::FewRows;
   if (gemm_tiled_supported(a) && a.m <= tiled_max_rows()) return CpuGemmPath::Tiled;
   return CpuGemmPath::OnednnPanels;
+}
+
+void run_cpu_gemm_int8(const GemmArgs& a, Int8Kernel kernel) {
+  using Range = tbb::blocked_range<std::int64_t>;
+  Int8Rows q;  // per call: a task nested in this one may run another GEMM on this thread
+  resize_int8_rows(a.m, a.w.cols, q, kernel, a.w.dtype);
+  tbb::parallel_for(Range(0, a.m, 8), [&](const Range& r) { quantize_int8_rows(a.x, r.begin(), r.end(), q); });
+  // Tasks of whole tiles: 4 rows, or 32 for the AVX-512 kernel (two of them a task).
+  const std::int64_t tile = kernel == Int8Kernel::Avx512Vnni ? kInt8Avx512TileRows : 4;
+  const std::int64_t tiles = (a.w.rows + tile - 1) / tile, grain = std::max<std::int64_t>(1, kTiledTaskRows / tile);
+  tbb::parallel_for(
+      Range(0, tiles, grain),
+      [&](const Range& r) { gemm_int8(a, q, r.begin() * tile, std::min(a.w.rows, r.end() * tile), kernel); },
+      tbb::simple_partitioner());
 }
 
 void run_cpu_gemm_path(CpuGemmPath p, const GemmArgs& a) {
@@ -159,14 +176,7 @@ void run_cpu_gemm_path(CpuGemmPath p, const GemmArgs& a) {
       tbb::parallel_for(Range(0, a.w.rows, kTiledTaskRows), [&](const Range& r) { gemm_tiled(a, r.begin(), r.end()); },
                         tbb::simple_partitioner());
       return;
-    case CpuGemmPath::TiledInt8: {
-      Int8Rows q;  // per call: a task nested in this one may run another GEMM on this thread
-      resize_int8_rows(a.m, a.w.cols, q);
-      tbb::parallel_for(Range(0, a.m, 8), [&](const Range& r) { quantize_int8_rows(a.x, r.begin(), r.end(), q); });
-      tbb::parallel_for(Range(0, a.w.rows, kTiledTaskRows), [&](const Range& r) { gemm_int8(a, q, r.begin(), r.end()); },
-                        tbb::simple_partitioner());
-      return;
-    }
+    case CpuGemmPath::TiledInt8: return run_cpu_gemm_int8(a, int8_best_kernel());
     case CpuGemmPath::OnednnPanels: return gemm_onednn_panels(a);
   }
 }
@@ -177,11 +187,13 @@ bool CpuBackend::native_bf16() const { return onednn_native_bf16(); }
 // oneDNN's native bf16 GEMM against the fastest weight-only f32 path is 0.1-0.3x at 1-4 rows,
 // 0.6-0.75x at 16, 0.7-0.9x at 32, 1.0-1.16x at 64 and 1.45-1.9x from 128 rows, for f16, q8g32,
 // q4g32, q8 and q4 weights alike. Where the f32 kernels cannot run (no AVX2/FMA/F16C) bf16 wins
-// at every size.
-std::int64_t CpuBackend::bf16_faster_from_rows() const {
+// at every size. Quantized weights under the int8 mode never take bf16: the int8 path (f32
+// compute) measured 1.5-3x oneDNN's bf16 at 16-256 rows and on par or ahead at 1024.
+std::optional<std::int64_t> CpuBackend::bf16_faster_from_rows(DType weights) const {
   GemmArgs f32_decode;
   f32_decode.m = 16;
-  f32_decode.w.dtype = DType::F16;
+  f32_decode.w = {nullptr, weights, 1, kInt8Block};
+  if (cpu_gemm_mode() == CpuGemmMode::Int8 && gemm_int8_supported(f32_decode)) return std::nullopt;
   return gemm_tiled_supported(f32_decode) ? 64 : 1;
 }
 

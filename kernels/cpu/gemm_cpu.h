@@ -3,6 +3,7 @@
 #pragma once
 #include <string_view>
 
+#include "kernels/cpu/gemm_int8_cpu.h"
 #include "kernels/gemm.h"
 
 namespace flexh2o::kernels {
@@ -16,12 +17,17 @@ enum class CpuGemmPath {
 std::string_view cpu_gemm_path_name(CpuGemmPath p);
 
 // Which paths CpuBackend::gemm may take, from the environment variable FLEXH2O_CPU_GEMM:
-//   weight-only (default): the fastest measured of the paths that multiply the stored weights'
-//                exact values with fp32 activations;
-//   int8:        q4/q8 weights (k a multiple of 32) by integer dot products with activations
-//                quantized per 32-block, as llama.cpp does: faster, but not exact (SmolLM2-135M
-//                Q4_1 kept as q4g32, `eval --kv full --compress weight`, 128 chunks: top-1
-//                agreement 0.949 and KL 0.0058 against 0.999 and 0.0000 weight-only);
+//   int8 (default): q4/q8 weights (k a multiple of 32) by integer dot products with activations
+//                quantized per 32-block, as llama.cpp multiplies GGUF blocks; other weights as
+//                weight-only. Not exact: on SmolLM2-135M (`eval --kv full --compress weight
+//                --chunks 64 --batch 16`), the Q4_1 file kept as q4g32: top-1 0.954 and KL
+//                0.0040 against the same weights computed exactly; the HF model compressed to
+//                4 bits: KL 0.4392 and top-1 0.621 against 0.4335 and 0.620 weight-only, i.e.
+//                1.3% on top of what the 4-bit weights themselves cost; to 8 bits: KL 0.0054
+//                and top-1 0.952 against 0.0014 and 0.977 (there the activations cost more
+//                than the weights);
+//   weight-only: the fastest measured of the paths that multiply the stored weights' exact
+//                values with fp32 activations;
 //   previous:    the paths before the tiled kernels (few-row kernel, else oneDNN panels), for
 //                before/after measurements.
 // Any other value is an error naming the variable.
@@ -34,5 +40,7 @@ bool cpu_gemm_path_supported(CpuGemmPath p, const GemmArgs& a);
 CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode = cpu_gemm_mode());
 // Runs `a` by path p over the backend's threads; throws std::invalid_argument where p cannot.
 void run_cpu_gemm_path(CpuGemmPath p, const GemmArgs& a);
+// The int8 path with a given kernel (TiledInt8 takes int8_best_kernel()), for benchmarks and tests.
+void run_cpu_gemm_int8(const GemmArgs& a, Int8Kernel kernel);
 
 }  // namespace flexh2o::kernels

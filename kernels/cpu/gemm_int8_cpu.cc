@@ -18,6 +18,8 @@ const bool kSupported = cpu_has_avx2_fma_f16c();
 // vpdpbusd (AVX-512 VNNI on 256-bit vectors): unsigned x signed bytes summed straight into
 // int32, one instruction for vpmaddubsw + vpmaddwd, and no 16-bit saturation to avoid.
 const bool kVnni = kSupported && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+// The 512-bit kernel also needs AVX-512 BW (byte shifts and masks) and DQ.
+const bool kAvx512 = kVnni && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
 
 constexpr int kR = 4;  // weight rows per tile: their four sums share one vector
 constexpr int kM = 4;  // activation rows per micro-kernel call
@@ -224,8 +226,9 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 }
 
 // One block of 32 values: codes round(x * 127 / max |x|) (to nearest even, as vcvtps2dq does),
-// its scale and its sum.
-__attribute__((target("avx2,fma"))) void quantize_block(const float* x, std::int8_t* codes, float& scale, float& sum) {
+// in x's order or its even-indexed values first (even_odd), its scale, its sum and its codes' sum.
+__attribute__((target("avx2,fma"))) void quantize_block(const float* x, bool even_odd, std::int8_t* codes,
+                                                        float& scale, float& sum, std::int32_t& code_sum) {
   __m256 v[4];
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 amax = _mm256_setzero_ps();
@@ -240,9 +243,17 @@ __attribute__((target("avx2,fma"))) void quantize_block(const float* x, std::int
   __m256i c[4];
   for (int p = 0; p < 4; ++p) c[p] = _mm256_cvtps_epi32(_mm256_mul_ps(v[p], inv));
   // Packing works within 128-bit lanes; the permute puts the 4-byte groups back in order.
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  __m256i bytes = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  if (even_odd) {  // per 16 values: the 8 even ones, then the 8 odd ones; then the halves' evens first
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,  //
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(bytes, split), 0xD8);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), bytes);
+  // The codes offset to unsigned bytes, summed, less the offsets.
+  code_sum = byte_sum(_mm256_xor_si256(bytes, _mm256_set1_epi8(static_cast<char>(0x80)))) - 128 * 32;
 }
 
 template <bool Vnni>
@@ -262,12 +273,27 @@ bool gemm_int8_supported(const GemmArgs& a) {
   return kSupported && a.compute == DType::F32 && is_quantized(a.w.dtype) && a.w.cols % kBlock == 0 && a.m >= 1;
 }
 
-void resize_int8_rows(std::int64_t m, std::int64_t k, Int8Rows& q) {
+bool int8_kernel_available(Int8Kernel kernel) {
+  switch (kernel) {
+    case Int8Kernel::Avx2: return kSupported;
+    case Int8Kernel::Vnni256: return kVnni;
+    case Int8Kernel::Avx512Vnni: return kAvx512;
+  }
+  return false;
+}
+
+Int8Kernel int8_best_kernel() {
+  return kAvx512 ? Int8Kernel::Avx512Vnni : kVnni ? Int8Kernel::Vnni256 : Int8Kernel::Avx2;
+}
+
+void resize_int8_rows(std::int64_t m, std::int64_t k, Int8Rows& q, Int8Kernel kernel, DType w) {
   q.m = m;
   q.k = k;
+  q.even_odd = kernel == Int8Kernel::Avx512Vnni && quant_bits(w) == 4;
   q.codes.resize(static_cast<std::size_t>(m * k));
   q.scale.resize(static_cast<std::size_t>(m * (k / kBlock)));
   q.sum.resize(q.scale.size());
+  q.code_sum.resize(q.scale.size());
 }
 
 void quantize_int8_rows(const float* x, std::int64_t i0, std::int64_t i1, Int8Rows& q) {
@@ -275,18 +301,20 @@ void quantize_int8_rows(const float* x, std::int64_t i0, std::int64_t i1, Int8Ro
   for (std::int64_t i = i0; i < i1; ++i)
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t at = i * blocks + b;
-      quantize_block(x + i * q.k + b * kBlock, q.codes.data() + at * kBlock, q.scale[at], q.sum[at]);
+      quantize_block(x + i * q.k + b * kBlock, q.even_odd, q.codes.data() + at * kBlock, q.scale[at], q.sum[at],
+                     q.code_sum[at]);
     }
 }
 
-bool int8_vnni_available() { return kVnni; }
-
-void gemm_int8(const GemmArgs& a, const Int8Rows& q, std::int64_t n0, std::int64_t n1, bool vnni) {
-  if (vnni && !kVnni) throw std::invalid_argument("gemm_int8: this CPU has no AVX-512 VNNI");
-  if (vnni)
-    int8_dispatch<true>(a, q, n0, n1);
-  else
-    int8_dispatch<false>(a, q, n0, n1);
+void gemm_int8(const GemmArgs& a, const Int8Rows& q, std::int64_t n0, std::int64_t n1, Int8Kernel kernel) {
+  if (!int8_kernel_available(kernel)) throw std::invalid_argument("gemm_int8: this CPU lacks the kernel's instructions");
+  if (q.even_odd != (kernel == Int8Kernel::Avx512Vnni && quant_bits(a.w.dtype) == 4))
+    throw std::invalid_argument("gemm_int8: the activations were quantized for another kernel");
+  switch (kernel) {
+    case Int8Kernel::Avx2: return int8_dispatch<false>(a, q, n0, n1);
+    case Int8Kernel::Vnni256: return int8_dispatch<true>(a, q, n0, n1);
+    case Int8Kernel::Avx512Vnni: return gemm_int8_avx512(a, q, n0, n1);
+  }
 }
 
 }  // namespace flexh2o::kernels

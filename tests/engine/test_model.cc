@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "engine/runtime/generator.h"
@@ -189,9 +190,13 @@ TEST(ComputeDtype, AutoSettlesOncePerJobFromItsGpuBatch) {
   EXPECT_THROW(settle("fp16", DType::F16, native, 64), std::invalid_argument);
   // This backend's figures are the ones a run weighs.
   auto be = kernels::make_backend("cpu");
-  const engine::Bf16Speed here = engine::bf16_speed(*be);
+  const engine::Bf16Speed here = engine::bf16_speed(*be, DType::F16);
   EXPECT_EQ(here.native, be->native_bf16());
-  EXPECT_EQ(here.faster_from_rows, be->bf16_faster_from_rows());
+  EXPECT_EQ(here.faster_from_rows, be->bf16_faster_from_rows(DType::F16));
+  // Matrices whose own kernels beat bf16 at every size (the CPU's int8 path for q4) keep f32.
+  const engine::Bf16Speed never{.native = true, .faster_from_rows = std::nullopt};
+  EXPECT_EQ(settle("auto", DType::Q4, never, 1 << 20), DType::F32);
+  EXPECT_FALSE(engine::job_compute_dtype("auto", DType::Q4, never, 64).why.empty());
 }
 
 TEST(RandomOpt, SafetensorsModelMatchesStraightforwardImplementation) {

@@ -20,6 +20,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <limits>
@@ -47,6 +48,10 @@
 
 namespace flexh2o::kernels {
 namespace {
+
+// The CPU is the reference here, so its GEMMs multiply q4/q8 weights exactly: the CPU's int8
+// default rounds the activations, which the GPU does not (read at the first CPU GEMM).
+[[maybe_unused]] const int kExactCpuGemm = setenv("FLEXH2O_CPU_GEMM", "weight-only", 1);
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr DType kAllDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4, DType::Q8};

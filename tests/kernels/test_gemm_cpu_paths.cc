@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "kernels/cpu/gemm_cpu.h"
@@ -62,20 +63,17 @@ class CpuGemmPaths : public SeededTest {
   }
 
   // Runs path `path` and checks every output; `int8` adds the activation-rounding bound.
-  // avx2_int8 runs the int8 kernel's AVX2 instructions where the CPU would take VNNI's.
-  void check(CpuGemmPath path, const Problem& p, float beta, bool int8, bool avx2_int8 = false) {
+  // `kernel` runs that int8 kernel (over all rows at once) instead of the path.
+  void check(CpuGemmPath path, const Problem& p, float beta, bool int8, std::optional<Int8Kernel> kernel = {}) {
     SCOPED_TRACE(::testing::Message() << cpu_gemm_path_name(path) << " " << dtype_name(p.t) << " m=" << p.m
                                       << " n=" << p.n << " k=" << p.k << (p.bias.empty() ? "" : " bias")
-                                      << " beta=" << beta);
+                                      << " beta=" << beta << " int8 kernel " << (kernel ? static_cast<int>(*kernel) : -1));
     std::vector<float> y = p.y0;
     const GemmArgs a{p.x.data(), p.m, {p.w.data(), p.t, p.n, p.k}, p.bias.empty() ? nullptr : p.bias.data(),
                      y.data(), beta, DType::F32};
     ASSERT_TRUE(cpu_gemm_path_supported(path, a));
-    if (avx2_int8) {
-      Int8Rows q;
-      resize_int8_rows(p.m, p.k, q);
-      quantize_int8_rows(p.x.data(), 0, p.m, q);
-      gemm_int8(a, q, 0, p.n, false);
+    if (kernel) {
+      run_cpu_gemm_int8(a, *kernel);
     } else {
       run_cpu_gemm_path(path, a);
     }
@@ -126,16 +124,18 @@ TEST_F(CpuGemmPaths, WeightOnlyPathsMatchReference) {
 TEST_F(CpuGemmPaths, Int8PathWithinActivationRounding) {
   if (!cpu_gemm_path_supported(CpuGemmPath::Tiled, GemmArgs{nullptr, 1, {}, nullptr, nullptr, 0.0f, DType::F32}))
     GTEST_SKIP() << "no AVX2/FMA/F16C here";
+  // n: within one 16-row vector, past a 32-row tile of the AVX-512 kernel and off its edges.
   for (const DType t : kQuantized)
     for (const std::int64_t m : {1, 3, 4, 6, 17, 64})
       for (const std::int64_t k : {32, 96, 2080})  // 2080: past one 2048-column chunk
-        for (const std::int64_t n : {3, 70}) {
-          if (m * n * k > 64 * 70 * 96 && m > 6) continue;  // the reference is O(m n k) in doubles
+        for (const std::int64_t n : {3, 70, 97}) {
+          if (m * n * k > 64 * 97 * 96 && m > 6) continue;  // the reference is O(m n k) in doubles
           const bool bias = (m + n) % 2 == 1;
           const float beta = (m + k) % 2 == 0 ? 1.0f : 0.0f;
           const Problem p = make(t, m, n, k, bias, beta);
           check(CpuGemmPath::TiledInt8, p, beta, true);
-          if (int8_vnni_available()) check(CpuGemmPath::TiledInt8, p, beta, true, true);
+          for (const Int8Kernel kernel : {Int8Kernel::Avx2, Int8Kernel::Vnni256, Int8Kernel::Avx512Vnni})
+            if (int8_kernel_available(kernel)) check(CpuGemmPath::TiledInt8, p, beta, true, kernel);
           if (HasFatalFailure()) return;
         }
 }
@@ -168,7 +168,7 @@ TEST_F(CpuGemmPaths, ActivationCodesRoundEachBlock) {
   std::vector<float> x = random_floats(m * k, -3.0f, 3.0f);
   std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block: scale 0, codes 0
   Int8Rows q;
-  resize_int8_rows(m, k, q);
+  resize_int8_rows(m, k, q, Int8Kernel::Avx2, DType::Q8G32);
   quantize_int8_rows(x.data(), 0, m, q);
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t b = 0; b < k / kInt8Block; ++b) {
@@ -182,12 +182,26 @@ TEST_F(CpuGemmPaths, ActivationCodesRoundEachBlock) {
       }
       ASSERT_EQ(q.scale[at], amax / 127.0f);
       ASSERT_NEAR(q.sum[at], sum, u * 40 * sum_abs);
+      std::int32_t code_sum = 0;
       for (std::int64_t c = b * kInt8Block; c < (b + 1) * kInt8Block; ++c) {
         const int code = q.codes[static_cast<std::size_t>(i * k + c)];
+        code_sum += code;
         ASSERT_LE(std::abs(code), 127);
         ASSERT_LE(std::abs(x[i * k + c] - q.scale[at] * code), (0.5 + 0x1p-14) * q.scale[at] + 1e-30) << c;
       }
+      ASSERT_EQ(q.code_sum[at], code_sum);
     }
+  // For the AVX-512 kernel with 4-bit weights: the same codes, each block's even-indexed ones first.
+  Int8Rows even_odd;
+  resize_int8_rows(m, k, even_odd, Int8Kernel::Avx512Vnni, DType::Q4G32);
+  ASSERT_TRUE(even_odd.even_odd);
+  quantize_int8_rows(x.data(), 0, m, even_odd);
+  EXPECT_EQ(even_odd.scale, q.scale);
+  EXPECT_EQ(even_odd.code_sum, q.code_sum);
+  for (std::int64_t at = 0; at < m * k; ++at) {
+    const std::int64_t t = at % kInt8Block, from = at - t + (t < 16 ? 2 * t : 2 * (t - 16) + 1);
+    ASSERT_EQ(even_odd.codes[static_cast<std::size_t>(at)], q.codes[static_cast<std::size_t>(from)]) << at;
+  }
 }
 
 }  // namespace

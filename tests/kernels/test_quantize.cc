@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/gemm_cpu.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_code.h"
 #include "tests/kernels/reference_ops.h"
@@ -196,7 +197,6 @@ TEST_F(Quantize, ConvertRowsBetweenAllDtypes) {
 }
 
 TEST_F(Quantize, GemmOnCompressedWeights) {
-  auto be = make_cpu_backend();
   for (const DType t : kQuantized)
     for (const std::int64_t m : {1, 5, 33})
       for (const std::int64_t k : {63, 64, 200})
@@ -206,7 +206,10 @@ TEST_F(Quantize, GemmOnCompressedWeights) {
           const std::vector<float> bias = random_floats(n, -1, 1);
           const Stored sw = store(w, n, k, t);
           std::vector<float> y(static_cast<std::size_t>(m * n), kNaN);
-          be->gemm({x.data(), m, {sw.bytes.data(), t, n, k}, bias.data(), y.data(), 0.0f});
+          // The weight-only paths: the stored values' exact products (the int8 default rounds x;
+          // test_gemm_cpu_paths bounds that).
+          const GemmArgs a{x.data(), m, {sw.bytes.data(), t, n, k}, bias.data(), y.data(), 0.0f, DType::F32};
+          run_cpu_gemm_path(choose_cpu_gemm_path(a, CpuGemmMode::WeightOnly), a);
           const auto ref = ref::gemm(x, m, sw.values, n, k, bias, 0.0f, {});
           // fp32 sums of k + 1 terms in any order, at the size of their terms (sum |x w| + |bias|).
           const auto terms = ref::gemm(magnitudes(x), m, magnitudes(sw.values), n, k, magnitudes(bias), 0.0f, {});
