@@ -80,8 +80,10 @@ GenerationResult run_scheduler(const ModelConfig& cfg, const engine::WeightSourc
   return r;
 }
 
-// Shared against separate prefills, continuous (slots: the block) or one fixed block.
-void expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
+// Shared against separate prefills, continuous (slots: the block) or one fixed block. Returns
+// whether two choices of a sampled line drew other tokens (a short line at a peaked
+// distribution may well draw the same: the tests ask it of some run, not of every one).
+bool expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
                                    std::span<const std::int64_t> choices, std::uint64_t seed, bool continuous,
                                    std::int64_t prefill_budget = 512) {
   SCOPED_TRACE(s.name + (continuous ? ", continuous" : ", fixed") + ", seed " + std::to_string(seed) +
@@ -108,9 +110,10 @@ void expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightS
   // The forked KV is the prefilled slot's, computed in a step of other rows than the sibling's
   // own prefill would be: where the CPU GEMM's summation order follows the rows of a step, the
   // logits may differ within fp32 rounding of a forward pass, and a log-softmax by twice that.
-  ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-  for (std::size_t q = 0; q < a.logprobs.size() && a.tokens == b.tokens; ++q) {
-    ASSERT_EQ(a.logprobs[q].size(), b.logprobs[q].size());
+  EXPECT_EQ(a.logprobs.size(), b.logprobs.size());
+  for (std::size_t q = 0; q < a.logprobs.size() && a.tokens == b.tokens && a.logprobs.size() == b.logprobs.size(); ++q) {
+    EXPECT_EQ(a.logprobs[q].size(), b.logprobs[q].size());
+    if (a.logprobs[q].size() != b.logprobs[q].size()) continue;
     for (std::size_t i = 0; i < a.logprobs[q].size(); ++i) {
       const auto tokens = static_cast<std::int64_t>(shared.prompts[q].size() + i + 1);
       EXPECT_NEAR(a.logprobs[q][i], b.logprobs[q][i], 2 * testing::forward_tolerance(cfg, tokens, logits[q][i]))
@@ -128,7 +131,7 @@ void expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightS
   bool differ = false;
   for (std::size_t q = 1; q < a.tokens.size(); ++q)
     differ = differ || (shared.shares_prompt[q] && shared.sampling_each[q].temperature > 0 && a.tokens[q] != a.tokens[q - 1]);
-  EXPECT_TRUE(differ);
+  return differ;
 }
 
 // Placements of the KV cache: in memory, staged from cpu or disk, split over the three tiers
@@ -162,23 +165,27 @@ const std::int64_t kFixedChoices[] = {2, 3, 1};                 // one block of 
 TEST(PrefillFork, SharedEqualsSeparateOverTheTiersStories260k) {
   auto m = engine::open_model({});
   std::uint64_t seed = 900;
+  bool choices_differ = false;  // the forks drew with their own streams somewhere
   for (const Placement& s : placements()) {
-    expect_shared_equals_separate(m.config, *m.weights, s, kContinuousChoices, seed, true);
-    expect_shared_equals_separate(m.config, *m.weights, s, kContinuousChoices, seed + 1, true, 4);
-    expect_shared_equals_separate(m.config, *m.weights, s, kFixedChoices, seed + 2, false);
+    choices_differ |= expect_shared_equals_separate(m.config, *m.weights, s, kContinuousChoices, seed, true);
+    choices_differ |= expect_shared_equals_separate(m.config, *m.weights, s, kContinuousChoices, seed + 1, true, 4);
+    choices_differ |= expect_shared_equals_separate(m.config, *m.weights, s, kFixedChoices, seed + 2, false);
     seed += 3;
   }
+  EXPECT_TRUE(choices_differ);
 }
 
 TEST(PrefillFork, SharedEqualsSeparateOverTheTiersLlama) {
   const ModelConfig cfg = testing::tiny_llama_config();
   engine::DummyWeights src(cfg, 31);
   std::uint64_t seed = 920;
+  bool choices_differ = false;
   for (const Placement& s : placements()) {
-    expect_shared_equals_separate(cfg, src, s, kContinuousChoices, seed, true, 8);
-    expect_shared_equals_separate(cfg, src, s, kFixedChoices, seed + 1, false);
+    choices_differ |= expect_shared_equals_separate(cfg, src, s, kContinuousChoices, seed, true, 8);
+    choices_differ |= expect_shared_equals_separate(cfg, src, s, kFixedChoices, seed + 1, false);
     seed += 2;
   }
+  EXPECT_TRUE(choices_differ);
 }
 
 // Every --kv policy (its state per kv head copied with the KV) and both compressions.
@@ -187,15 +194,17 @@ TEST(PrefillFork, SharedEqualsSeparateEveryKvPolicyCompressed) {
   const char* kv[] = {"h2o:0.3", "local:0.3", "tova:0.3", "scissorhands:0.3", "pyramid:0.3", "snapkv:0.3",
                       "streaming:0.3", "flex:0.3", "flex:0.3,sink=1,merge=0"};
   std::uint64_t seed = 940;
+  bool choices_differ = false;
   for (const char* spec : kv)
     for (const bool compress : {false, true}) {
       Placement s = placements()[3];
       s.policy.kv = spec;
       s.policy.compress_weight = s.policy.compress_cache = compress;
       s.name = std::string(spec) + (compress ? " compressed" : "");
-      expect_shared_equals_separate(m.config, *m.weights, s, kContinuousChoices, seed++, true);
-      expect_shared_equals_separate(m.config, *m.weights, s, kFixedChoices, seed++, false);
+      choices_differ |= expect_shared_equals_separate(m.config, *m.weights, s, kContinuousChoices, seed++, true);
+      choices_differ |= expect_shared_equals_separate(m.config, *m.weights, s, kFixedChoices, seed++, false);
     }
+  EXPECT_TRUE(choices_differ);
 }
 
 // Each choice against its own prefill alone in memory (Generator), token by token.
