@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/json_near.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -71,25 +72,6 @@ Json timeless(Json j) {
 // layers that bounds a logit (and so a log-softmax) near 1e-4. Measured: about 1e-7.
 constexpr double kReorderedLogprob = 1e-4;
 
-// `got` equals `want` but for its time stamp: the same structure, strings and integers, and
-// floating-point numbers (the log-probabilities) within kReorderedLogprob.
-void expect_same_result(const Json& got, const Json& want, const std::string& where) {
-  if (got.is_number_float() || want.is_number_float()) {
-    ASSERT_TRUE(got.is_number() && want.is_number()) << where << ": " << got << " vs " << want;
-    EXPECT_NEAR(got.get<double>(), want.get<double>(), kReorderedLogprob) << where;
-  } else if (got.is_object() && want.is_object()) {
-    ASSERT_EQ(got.size(), want.size()) << where << ": " << got << " vs " << want;
-    for (const auto& [key, value] : want.items()) {
-      ASSERT_TRUE(got.contains(key)) << where << "." << key;
-      expect_same_result(got[key], value, where + "." + key);
-    }
-  } else if (got.is_array() && want.is_array()) {
-    ASSERT_EQ(got.size(), want.size()) << where;
-    for (std::size_t i = 0; i < want.size(); ++i) expect_same_result(got[i], want[i], where + "[" + std::to_string(i) + "]");
-  } else {
-    EXPECT_EQ(got, want) << where;
-  }
-}
 
 const char* kPrompts[] = {"Once upon a time", "The dog", "Lily and Tom", "One day", "The sun", "A little bird"};
 
@@ -140,7 +122,7 @@ TEST(CliOpenAiBatch, ThreeBadLinesAmongAHundredGiveErrorLinesAndTheJobResumes) {
   ASSERT_EQ(resumed.code, 0) << resumed.err;
   const std::map<std::string, Json> again = results(dir.file("out.jsonl"));
   ASSERT_EQ(again.size(), 100u);
-  for (const auto& [id, j] : all) expect_same_result(timeless(again.at(id)), timeless(j), id);
+  for (const auto& [id, j] : all) testing::expect_json_near(timeless(again.at(id)), timeless(j), kReorderedLogprob, id);
 }
 
 TEST(CliOpenAiBatch, SamplingFieldsBehaveAsOpenAiDocuments) {
@@ -178,7 +160,7 @@ TEST(CliOpenAiBatch, SamplingFieldsBehaveAsOpenAiDocuments) {
     ASSERT_EQ(r.code, 0) << r.err;
   }
   const std::map<std::string, Json> one = results(dir.file("b1.out")), all = results(dir.file("b8.out"));
-  for (const auto& [id, j] : one) expect_same_result(timeless(all.at(id)), timeless(j), id);
+  for (const auto& [id, j] : one) testing::expect_json_near(timeless(all.at(id)), timeless(j), kReorderedLogprob, id);
 
   EXPECT_EQ(text(all.at("stopped")), whole.substr(0, space)) << "stop '" << stop << "'";
   EXPECT_EQ(body(all.at("stopped"))["choices"][0]["finish_reason"], "stop");

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/json_near.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -192,23 +193,10 @@ std::string completion(const std::string& id, const Json& body) {
   return Json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}.dump() + "\n";
 }
 
-// Expects `got` to be `want`, numbers with a fraction within 1e-4: log-probabilities are the
-// log-softmax of fp32 logits whose summation order follows the rows of a step (the CPU GEMM's
-// path), so runs that batch a request otherwise differ in their last bits (~1e-6 here).
-void expect_near(const Json& got, const Json& want, const std::string& at) {
-  if (got.is_number_float() && want.is_number_float()) {
-    EXPECT_NEAR(got.get<double>(), want.get<double>(), 1e-4) << at;
-  } else if (got.is_object() && want.is_object() && got.size() == want.size()) {
-    for (const auto& [key, value] : want.items()) {
-      if (got.contains(key)) expect_near(got[key], value, at + "." + key);
-      else ADD_FAILURE() << at << " has no " << key;
-    }
-  } else if (got.is_array() && want.is_array() && got.size() == want.size()) {
-    for (std::size_t i = 0; i < want.size(); ++i) expect_near(got[i], want[i], at + "[" + std::to_string(i) + "]");
-  } else {
-    EXPECT_EQ(got, want) << at;
-  }
-}
+// Log-probabilities are the log-softmax of fp32 logits whose summation order follows the rows
+// of a step (the CPU GEMM's path), so runs that batch a request otherwise differ in their last
+// bits (~1e-6 here).
+constexpr double kReorderedLogprob = 1e-4;
 
 // An OpenAI results file's lines by custom_id (a bad line's by its id), each once, without
 // their time stamps (`created`).
@@ -229,7 +217,7 @@ void expect_same_results(const std::string& got, const std::string& want) {
   const auto g = results_by_id(got), w = results_by_id(want);
   EXPECT_EQ(g.size(), w.size());
   for (const auto& [id, j] : w) {
-    if (g.count(id)) expect_near(g.at(id), j, id);
+    if (g.count(id)) testing::expect_json_near(g.at(id), j, kReorderedLogprob, id);
     else ADD_FAILURE() << id << " has no result";
   }
 }
