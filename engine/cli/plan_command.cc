@@ -36,7 +36,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   plan->add_option("--gen-len", o.gen_len, "new tokens (the largest max_tokens of the job)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--batching", o.batching,
-                   "as run shares the slots: continuous (default, as run) or fixed blocks (--pipeline: fixed)")
+                   "as run shares the slots: continuous (default, as run) or fixed blocks (--pipeline: planned as fixed)")
       ->check(CLI::IsMember({"continuous", "fixed"}));
   plan->add_option("--mean-prompt-len", o.mean_prompt_len,
                    "continuous batching: the job's mean prompt tokens (default --prompt-len, the longest)")
@@ -79,7 +79,9 @@ policy::HardwareProfile this_machine(const PlanCliOptions& o, const engine::Mode
 policy::Workload plan_workload(const PlanCliOptions& o) {
   const bool means = o.mean_prompt_len || o.mean_gen_len;
   if (o.pipeline > 1 && (o.batching == "continuous" || means))
-    throw std::invalid_argument("--pipeline runs fixed blocks: --batching continuous and --mean-* do not apply");
+    throw std::invalid_argument(
+        "--pipeline plans every slot at its longest request, as for fixed blocks: --batching continuous and --mean-* "
+        "do not apply");
   const bool continuous = o.pipeline <= 1 && o.batching.value_or("continuous") == "continuous";
   if (!continuous && means)
     throw std::invalid_argument(std::string(o.mean_prompt_len ? "--mean-prompt-len" : "--mean-gen-len") +

@@ -400,7 +400,8 @@ policy::StageSlice take_stage(const json& stage, RunSetup& s) {
 
 // The stages' work: the job's requests (`requests`, kept alive beside it), with their stop
 // strings watched alike on every stage.
-distributed::PipelineWork pipeline_work(const json& job, const RunSetup& s, std::span<const job::Request> requests) {
+distributed::PipelineWork pipeline_work(const RunOptions& o, const json& job, const RunSetup& s,
+                                        std::span<const job::Request> requests) {
   distributed::PipelineWork work;
   for (const job::Request& r : requests) {
     work.prompts.push_back(r.prompt);
@@ -414,6 +415,8 @@ distributed::PipelineWork pipeline_work(const json& job, const RunSetup& s, std:
     };
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
+  work.continuous = o.batching == "continuous";
+  work.prefill_budget = o.prefill_budget;
   return work;
 }
 
@@ -437,27 +440,28 @@ void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_
   const double bubble = waited / (static_cast<double>(gathered.size()) * std::max(wall, 1e-9));
   const double tput = static_cast<double>(total.generated_tokens) / std::max(wall, 1e-9);
   fmt::print(stderr,
-             "pipeline over {} ranks, {} micro-batches: {} prompts, prompt tokens: {}, generated tokens: {}; total: "
-             "{:.3f} s, {:.1f} tok/s; bubble share {:.1f}% (time the stages waited on each other)\n",
-             gathered.size(), micro_batches, total.sequences, total.prompt_tokens, total.generated_tokens, wall, tput,
-             100 * bubble);
+             "pipeline over {} ranks, {} micro-batches ({} batching): {} prompts, prompt tokens: {}, generated tokens: "
+             "{}; total: {:.3f} s, {:.1f} tok/s; slot utilisation {:.2f} ({} sequence rows computed); bubble share "
+             "{:.1f}% (time the stages waited on each other)\n",
+             gathered.size(), micro_batches, o.batching, total.sequences, total.prompt_tokens, total.generated_tokens,
+             wall, tput, total.slot_utilisation(), total.sequence_steps, 100 * bubble);
   write_job_files(o,
                   {{"mode", "pipeline"}, {"model", s.model.description}, {"micro_batches", micro_batches},
                    {"stages", stage_reports}, {"prompts", total.sequences}, {"prompt_tokens", total.prompt_tokens},
                    {"generated_tokens", total.generated_tokens}, {"total_seconds", wall}, {"total_throughput", tput},
+                   {"batching", o.batching}, {"slot_utilisation", total.slot_utilisation()},
                    {"bubble_share", bubble}},
                   reports);
 }
 
-// A pipeline's interrupts: a first signal on any stage ends the job when a slot would take
-// its next block (every stage agrees there; the blocks in flight finish), a second abandons
-// them.
+// A pipeline's interrupts: a first signal on any stage stops the job from taking requests
+// (every stage agrees when; the requests in flight finish), a second abandons them.
 distributed::StageControl stage_control(const job::InterruptWatch& interrupts, const std::string& results_in) {
   return {.stop_requested = [&interrupts] { return interrupts.stop_requested(); },
           .before_step =
               [&interrupts, results_in] {
                 if (interrupts.abandon_requested())
-                  throw job::Interrupted("interrupted: the blocks in flight were abandoned; finished blocks are in " +
+                  throw job::Interrupted("interrupted: the requests in flight were abandoned; finished ones are in " +
                                          (results_in.empty() ? std::string("the output")
                                                              : results_in + "; rerun with --resume to continue"));
               }};
@@ -485,7 +489,7 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   const policy::StageSlice slice = take_stage(shared["stages"][static_cast<std::size_t>(me)], s);
   std::vector<job::Request> requests;
   for (const json& r : shared["requests"]) requests.push_back(job::request_from_json(r));
-  const distributed::PipelineWork work = pipeline_work(shared, s, requests);
+  const distributed::PipelineWork work = pipeline_work(o, shared, s, requests);
   settle_compute_dtype(o, s);
 
   offload::Tiers tiers(*s.backend, rank_tiers(s, mpi));
@@ -496,10 +500,11 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   mpi.barrier();  // every stage loaded: the clocks (and traces) start together
   if (trace) trace->reset_clock();
 
-  const auto block = static_cast<std::size_t>(work.block);
   JobResults results(o, s, out, root.openai ? &*root.openai : nullptr);  // rank 0 writes them
-  const auto finished = [&](std::size_t chunk, const GenerationResult& r) {
-    if (me == 0) results.add(std::span(requests).subspan(chunk * block, r.tokens.size()), r);
+  std::size_t finished_requests = 0;
+  const auto finished = [&](std::size_t first, const GenerationResult& r) {
+    results.add(std::span(requests).subspan(first, r.tokens.size()), r);
+    finished_requests += r.tokens.size();
   };
   const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, sched, work, trace ? &*trace : nullptr,
                                                                        finished, stage_control(interrupts, o.out_file));
@@ -517,8 +522,8 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   if (me == 0) report_pipeline(o, s, work.micro_batches, stats.total, all);
   if (!stats.stopped) return 0;
   if (me == 0)
-    fmt::print(stderr, "flexh2o: interrupted: the pipeline stopped after {} of {} blocks{}\n", stats.finished_blocks,
-               stats.blocks, o.out_file.empty() ? "" : "; rerun with --resume to continue");
+    fmt::print(stderr, "flexh2o: interrupted: the pipeline stopped after {} of {} requests{}\n", finished_requests,
+               requests.size(), o.out_file.empty() ? "" : "; rerun with --resume to continue");
   return 130;
 }
 

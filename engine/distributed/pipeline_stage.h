@@ -5,8 +5,13 @@
 // to s + 1 without waiting (MPI_Isend), so that s works on the next slot while s + 1 works on
 // this one. The last stage samples; the tokens go to every other stage (the first needs them
 // as the next input, all of them to end sequences at the same step), which takes them when the
-// slot's turn comes again. A finished block's slot takes the job's next block at once, on every
-// stage alike, so the pipeline does not drain between blocks.
+// slot's turn comes again. Under continuous batching (the default) each slot holds one
+// continuous block for the whole job: a sequence that ends frees its row, which takes the job's
+// next request at the slot's next step (prefilled beside the decode rows), the slots taking
+// requests from one queue in the order they step. With fixed blocks a finished block's slot
+// takes the job's next block at once. Either way every stage decides alike from the same
+// tokens, so the stages agree on every step's rows without telling each other, and the
+// pipeline does not drain.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,32 +34,36 @@ struct PipelineWork {
   std::function<bool(std::size_t p, std::span<const std::int32_t> generated)> stop_here;
   std::int64_t block = 1;          // prompts per micro-batch (gpu batch size x GPU batches)
   std::int64_t micro_batches = 1;  // blocks in flight
+  bool continuous = true;          // continuous batching in each micro-batch, else fixed blocks
+  std::int64_t prefill_budget = 512;  // continuous: GenerationRequest::prefill_budget
 };
 
 struct StageStats {
   engine::GenerationResult total;  // of the blocks this stage saw (tokens not kept)
   double wall_seconds = 0;
   double wait_seconds = 0;  // waiting for hidden states or tokens from another stage
-  std::size_t blocks = 0, finished_blocks = 0;  // of the job, and done
-  bool stopped = false;  // stop_requested ended the job before its last block
+  bool stopped = false;  // stop_requested ended the job before its last request started
 };
 
 // How a stage's job is interrupted (both optional, the same on every stage).
 struct StageControl {
-  // Asked on every stage at once whenever a slot would take the job's next block: true on any
-  // stage ends the job there on all of them (the blocks in flight finish).
+  // Asked on every stage at once (fixed blocks: whenever a slot would take the job's next
+  // block; continuous: every few rounds of the slots): true on any stage ends the job there on
+  // all of them (the requests in flight finish).
   std::function<bool()> stop_requested;
   // Called before each step; may throw to abandon the job.
   std::function<void()> before_step;
 };
 
-// Runs rank mpi.rank()'s stage; `sched` holds that stage's layers. `finished(c, result)` is
-// called when block c (prompts [c * block, ...)) is done, in the order blocks finish; on the
-// first stage its log-probabilities (sequences whose sampling asks) are the last stage's,
+// Called when prompts [first, first + result.tokens.size()) are done (a fixed block, or one
+// request under continuous batching), in the order they finish.
+using PromptsFinished = std::function<void(std::size_t first, const engine::GenerationResult& result)>;
+
+// Runs rank mpi.rank()'s stage; `sched` holds that stage's layers. On the first stage the
+// finished results' log-probabilities (sequences whose sampling asks) are the last stage's,
 // which sampled. Waits are recorded in `trace` (track "pipeline") when given.
 StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, const PipelineWork& work,
-                              offload::Trace* trace,
-                              const std::function<void(std::size_t, const engine::GenerationResult&)>& finished,
+                              offload::Trace* trace, const PromptsFinished& finished,
                               const StageControl& control = {});
 
 }  // namespace flexh2o::distributed

@@ -64,10 +64,6 @@ double useful_throughput(const RunReport& r) {
   return r.wall_seconds > 0 ? static_cast<double>(r.total.generated_tokens) / r.wall_seconds : 0;
 }
 
-double slot_utilisation(const engine::GenerationResult& t) {
-  return t.sequence_steps > 0 ? static_cast<double>(t.generated_tokens) / static_cast<double>(t.sequence_steps) : 0;
-}
-
 // "p50 A p90 B max C s" of the requests' first tokens or finishes.
 std::string spread(const std::vector<RequestTiming>& timings, double RequestTiming::*field) {
   std::vector<double> v;
@@ -146,7 +142,7 @@ std::string RunReport::text() const {
     s += fmt::format("{}useful: {} tokens in {:.3f} s, {:.1f} tok/s | slot utilisation {:.2f} ({} sequence rows "
                      "computed)\n",
                      batching.empty() ? "" : batching + " batching: ", total.generated_tokens, wall_seconds,
-                     useful_throughput(*this), slot_utilisation(total), total.sequence_steps);
+                     useful_throughput(*this), total.slot_utilisation(), total.sequence_steps);
   if (!timings.empty())
     s += fmt::format("per request: first token {} | finished {}\n", spread(timings, &RequestTiming::first_token),
                      spread(timings, &RequestTiming::finished));
@@ -181,7 +177,7 @@ nlohmann::json RunReport::to_json() const {
     j["useful_throughput"] = useful_throughput(*this);
   }
   j["sequence_steps"] = total.sequence_steps;
-  j["slot_utilisation"] = slot_utilisation(total);
+  j["slot_utilisation"] = total.slot_utilisation();
   nlohmann::json requests = nlohmann::json::array();
   for (const auto& t : timings)
     requests.push_back({{"id", nlohmann::json::parse(t.id_json)},

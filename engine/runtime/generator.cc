@@ -88,6 +88,10 @@ void GenerationResult::add(const GenerationResult& r) {
   sequence_steps += r.sequence_steps;
 }
 
+double GenerationResult::slot_utilisation() const {
+  return sequence_steps > 0 ? static_cast<double>(generated_tokens) / static_cast<double>(sequence_steps) : 0;
+}
+
 GenerationResult GenerationResult::sequence(std::size_t b) const {
   GenerationResult one;
   one.tokens = {tokens[b]};

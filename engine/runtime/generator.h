@@ -107,6 +107,7 @@ struct GenerationResult {
   double prefill_throughput() const;
   double decode_throughput() const;
   double total_throughput() const;
+  double slot_utilisation() const;  // generated_tokens / sequence_steps (0 before any step)
   // Adds another block's counts and times (a run's totals); tokens are not kept.
   void add(const GenerationResult& r);
   // Sequence b's tokens, finish reason and log-probabilities as a result of its own.

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -152,27 +153,61 @@ TEST(Mpi, DataParallelWithMoreRanksThanRequests) {
   expect_same_output(job, {{3, ""}, {3, " --batching fixed"}}, dir, 2);
 }
 
-// Requests with their own max_tokens under continuous batching (each rank's share through its
-// own slots): the lines of the one-process run, and of that run with fixed blocks.
-TEST(Mpi, DataParallelContinuousBatchingWithMixedLimits) {
-  testing::TempDir dir;
+// Ten prompts of 1-7 tokens, each with its own max_tokens (1-19).
+std::string mixed_limit_prompts() {
   std::string in;
   for (int i = 0; i < 10; ++i) {
     in += "{\"id\": \"m" + std::to_string(i) + "\", \"tokens\": [1";
     for (int t = 0; t <= (i * 3) % 7; ++t) in += ", " + std::to_string(20 + (41 * i + 13 * t) % 480);
     in += "], \"max_tokens\": " + std::to_string(1 + (i * 7) % 19) + "}\n";
   }
-  testing::write_file(dir.file("in.jsonl"), in);
-  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 20 --gpu-batch-size 2 --num-gpu-batches 2 "
-                          "--prefill-budget 6 --temperature 0.7 --seed 3";
-  expect_same_output(job, {{2, ""}, {2, " --batching fixed"}}, dir, 10);
+  return in;
+}
+
+const char* const kMixedLimitsJob = " --gen-len 20 --gpu-batch-size 2 --num-gpu-batches 2 --prefill-budget 6 "
+                                    "--temperature 0.7 --seed 3";
+
+// Requests with their own max_tokens under continuous batching (each rank's share through its
+// own slots; each pipeline micro-batch refilling its slots from the job's queue): the lines of
+// the one-process run, and of that run with fixed blocks.
+TEST(Mpi, DataParallelContinuousBatchingWithMixedLimits) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), mixed_limit_prompts());
+  const std::string job = "--prompts " + dir.file("in.jsonl") + kMixedLimitsJob;
+  expect_same_output(job, {{2, ""}, {2, " --batching fixed"}, {2, " --pipeline 2"}, {3, " --pipeline 3 --micro-batches 3"}},
+                     dir, 10);
+}
+
+// The sequence rows a pipeline run says it computed ("slot utilisation U (N sequence rows").
+long rows_computed(const std::string& err) {
+  static const std::regex said(R"(slot utilisation [0-9.]+ \((\d+) sequence rows computed\))");
+  std::smatch m;
+  return std::regex_search(err, m, said) ? std::stol(m[1]) : -1;
+}
+
+// A pipeline's micro-batches refill their slots under continuous batching: on requests of
+// mixed lengths they compute fewer sequence rows than fixed blocks, which run each block until
+// its longest request ends.
+TEST(Mpi, PipelineRefillComputesFewerRowsThanFixedBlocks) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), mixed_limit_prompts());
+  const std::string job = "run --prompts " + dir.file("in.jsonl") + kMixedLimitsJob + " --pipeline 2";
+  const Result continuous = run(mpirun(2), job, dir);
+  const Result fixed = run(mpirun(2), job + " --batching fixed", dir);
+  ASSERT_EQ(continuous.code, 0) << continuous.err;
+  ASSERT_EQ(fixed.code, 0) << fixed.err;
+  EXPECT_THAT(continuous.err, HasSubstr("(continuous batching)"));
+  const long refilled = rows_computed(continuous.err), blocks = rows_computed(fixed.err);
+  ASSERT_GT(refilled, 0) << continuous.err;
+  EXPECT_LT(refilled, blocks) << fixed.err;
 }
 
 TEST(Mpi, PipelineWritesTheOneProcessFileStories260K) {
   testing::TempDir dir;
   testing::write_file(dir.file("in.jsonl"), kStoryPrompts);
   const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 24 --temperature 0.8 --seed 5";
-  expect_same_output(job, {{2, " --pipeline 2"}, {3, " --pipeline 3 --micro-batches 2"}}, dir, 7);
+  expect_same_output(
+      job, {{2, " --pipeline 2"}, {3, " --pipeline 3 --micro-batches 2"}, {2, " --pipeline 2 --batching fixed"}}, dir, 7);
 }
 
 TEST(Mpi, PipelineWritesTheOneProcessFileDummyOpt) {
@@ -183,7 +218,7 @@ TEST(Mpi, PipelineWritesTheOneProcessFileDummyOpt) {
   std::filesystem::create_directory(offload);
   const std::string job = "--model " + write_opt(dir, 4, 128) + " --dummy --prompts " + dir.file("in.jsonl") +
                           " --gen-len 8 --gpu-batch-size 2 --percent 50 25 50 25 100 0 --offload-dir " + offload;
-  expect_same_output(job, {{2, " --pipeline 2"}, {3, " --pipeline 3"}}, dir, 9);
+  expect_same_output(job, {{2, " --pipeline 2"}, {3, " --pipeline 3"}, {2, " --pipeline 2 --batching fixed"}}, dir, 9);
   EXPECT_TRUE(std::filesystem::is_empty(offload)) << "offload files left behind";
 }
 
@@ -273,7 +308,7 @@ TEST(Mpi, OpenAiBatchFileGivesTheOneProcessResults) {
   EXPECT_EQ(cut["finish_reason"], "stop");
   EXPECT_EQ(cut["text"], whole.substr(0, space));
   EXPECT_FALSE(result_of(expected, "logprobs")["response"]["body"]["choices"][0]["logprobs"].is_null());
-  for (const std::string form : {"", " --batching fixed", " --pipeline 2"}) {
+  for (const std::string form : {"", " --batching fixed", " --pipeline 2", " --pipeline 2 --batching fixed"}) {
     SCOPED_TRACE("mpirun -np 2" + form);
     const std::string out = dir.file("np2.jsonl");
     std::filesystem::remove(out);
