@@ -74,9 +74,10 @@ ModelSizes model_sizes(const ModelShape& m) {
   return s;
 }
 
-std::int64_t ModelSizes::staging_slot(std::int64_t expert_slots, bool sep_layer) const {
+std::int64_t ModelSizes::staging_slot(std::int64_t expert_slots, bool sep_layer, bool embeddings_staged) const {
   const std::int64_t mlp = std::max(dense_mlp_unit, moe_unit_base > 0 ? moe_unit_base + expert_slots * expert_unit : 0);
-  return std::max({sep_layer ? std::max(attention_unit, mlp) : attention_unit + mlp, embedding_unit, head_unit});
+  const std::int64_t layer = sep_layer ? std::max(attention_unit, mlp) : attention_unit + mlp;
+  return embeddings_staged ? std::max({layer, embedding_unit, head_unit}) : layer;
 }
 
 ModelShape with_compression(ModelShape m, const Policy& p) {
@@ -247,12 +248,14 @@ struct Block {
   bool sep_layer = true;        // attention and MLP are separate units (off: one, a larger slot)
   std::string expert_loading = "auto";  // MoE: the policy's expert loading and staging slots
   std::int64_t expert_slots = 0;
+  bool resident_embeddings = false;  // the tensors outside the layers wholly on the gpu, never staged
   SlotStep slot_step;  // continuous batching: the job's mean slot-step over the block's slots
 };
 
 Block block_of(const Policy& p, const Workload& w) {
   Block b{p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute, p.weights.gpu < 1.0, p.activations.gpu < 1.0,
-          p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots};
+          p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots,
+          p.resident_embeddings};
   if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size);
   return b;
 }
@@ -298,7 +301,7 @@ Policy experts_policy_of(const Block& blk) {
 
 // Weights moved per layer and step when `rows_per_sequence` rows of each sequence compute:
 // the layer plus its share of the embeddings, a tied head's matrix again (the input embedding
-// unit and the head unit each stage it). MoE (as BlockScheduler loads them): a unit load
+// unit and the head unit each stage it); the layer alone when the embeddings are resident. MoE (as BlockScheduler loads them): a unit load
 // brings the experts the block's rows are expected to route to, or all of them as the
 // policy's expert loading says. When more are routed to than the staging slot holds, each GPU
 // batch runs its routed experts in chunks, fetched again per batch: its own expected active
@@ -306,9 +309,9 @@ Policy experts_policy_of(const Block& blk) {
 double weights_moved(const ModelShape& m, const ModelSizes& z, const Block& blk, double rows_per_sequence) {
   const double l = static_cast<double>(m.layers), g = static_cast<double>(blk.gbs), k = static_cast<double>(blk.k);
   const bool tied_twice = m.tied_embeddings && m.input_embedding && m.output_head;
-  const double all =
-      static_cast<double>(z.layer_weights) +
-      static_cast<double>(z.embedding_weights + (tied_twice ? z.head_weights : 0)) / l;
+  const double embeddings =
+      blk.resident_embeddings ? 0.0 : static_cast<double>(z.embedding_weights + (tied_twice ? z.head_weights : 0)) / l;
+  const double all = static_cast<double>(z.layer_weights) + embeddings;
   const Policy experts = experts_policy_of(blk);
   const auto rows = static_cast<std::int64_t>(g * k * rows_per_sequence);
   if (m.experts == 0 || !experts.routed_expert_loading(m.experts, m.top_k, rows)) return all;
@@ -331,7 +334,9 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
   const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
   const double hidden_row = static_cast<double>(m.hidden) * act, kv_token = static_cast<double>(z.kv_per_token_layer);
   const double blocks = static_cast<double>(std::max<std::int64_t>(o.blocks_in_flight, 1));
-  const double w_all = static_cast<double>(z.total_weights), kv_all = blocks * kv_token * layers * block * kv_slots;
+  // Resident embeddings sit on the gpu tier whatever the fractions, which then place the layers.
+  const double resident = blk.resident_embeddings ? static_cast<double>(z.embedding_weights) : 0.0;
+  const double w_all = static_cast<double>(z.total_weights) - resident, kv_all = blocks * kv_token * layers * block * kv_slots;
   // A GPU batch's step rows: fixed blocks prefill every prompt at once; under continuous
   // batching the other slots decode while newcomers prefill up to the budget, or one longer
   // prompt (BlockScheduler::continuous_rows).
@@ -344,7 +349,7 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
   const double scratch = blocks * (act * static_cast<double>(activation_buffers(m, step_rows, blk.gbs).total()) +
                                    static_cast<double>(moe_expert_scratch_bytes(m, step_rows)));
   const std::int64_t expert_slots = experts_policy_of(blk).expert_slot_count(m.experts, m.top_k);
-  const double slot = static_cast<double>(z.staging_slot(expert_slots, blk.sep_layer));
+  const double slot = static_cast<double>(z.staging_slot(expert_slots, blk.sep_layer, !blk.resident_embeddings));
   const double staging = blk.weights_staged ? 2.0 * slot : 0.0;
   const double kv_ring = blocks * 3 * gbs * kv_token * kv_slots;  // per staged fraction
   const double h_ring = blk.hidden_staged ? blocks * 3 * hidden_row * static_cast<double>(step_rows) : 0.0;
@@ -354,6 +359,7 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
   const double scores = evicting ? blocks * layers * block * static_cast<double>(m.kv_heads) * kv_slots * slot_state : 0;
   const auto lin = linear_form;
   t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
+                       {"resident embeddings and head", lin(resident, {})},
                        {"KV cache", lin(0, {{CG, kv_all}})},
                        {"hidden states", lin(0, {{HG, h_all}})},
                        {"weight staging slots", lin(staging, {})},
@@ -733,14 +739,16 @@ class Ranking {
  private:
   static bool same_policy(const Policy& a, const Policy& b) {
     return a.gpu_batch_size == b.gpu_batch_size && a.num_gpu_batches == b.num_gpu_batches &&
-           a.cpu_cache_compute == b.cpu_cache_compute && a.percent() == b.percent();
+           a.cpu_cache_compute == b.cpu_cache_compute && a.resident_embeddings == b.resident_embeddings &&
+           a.percent() == b.percent();
   }
   std::size_t keep_;
   std::vector<Estimate> best_;
 };
 
 // Solves the placement of one (gbs, K) for every engine variant: cpu_cache_compute or not,
-// weights and hidden states wholly on the gpu (no staging buffers) or split. Each feasible one
+// weights and hidden states wholly on the gpu (no staging buffers) or split, and split weights
+// with the embeddings and head split alike or resident. Each feasible one
 // goes into the ranking; true when any fits.
 bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
                     std::int64_t gbs, std::int64_t k, Ranking& ranking) {
@@ -749,8 +757,11 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
     for (bool weights_on_gpu : {true, false})
+      for (bool resident_embeddings : {false, true})
       for (bool hidden_on_gpu : {true, false}) {
+        if (weights_on_gpu && resident_embeddings) continue;  // nothing is staged either way
         Block blk{gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true};
+        blk.resident_embeddings = resident_embeddings;
         blk.slot_step = step;
         const Terms t = build_terms(m, hw, w, o, blk);
         const auto sol = solve(t, static_cast<double>(m.layers), w, weights_on_gpu, hidden_on_gpu);
@@ -759,6 +770,7 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
         p.gpu_batch_size = gbs;
         p.num_gpu_batches = k;
         p.cpu_cache_compute = ccc;
+        p.resident_embeddings = resident_embeddings;
         p.kv = o.kv.text.empty() ? o.kv.name : o.kv.text;
         p.compress_weight = o.compress_weight;
         p.compress_cache = o.compress_cache;

@@ -68,7 +68,7 @@ Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t p
 struct ModelSizes {
   std::int64_t layer_weights = 0;      // one decoder layer (attention + MLP; MoE: all experts, layer mean)
   std::int64_t layer_expert_weights = 0;  // the routed experts' part of layer_weights
-  std::int64_t embedding_weights = 0;  // input embedding (+ positions) + untied head
+  std::int64_t embedding_weights = 0;  // the tensors outside the decoder layers: input embedding (+ positions), final norm, untied head
   std::int64_t total_weights = 0;
   std::int64_t head_weights = 0;       // the output head's matrix (the input embedding when tied; 0 on a pipeline stage without it)
   // Scheduling units as a staging slot holds them: attention, dense MLP, a MoE MLP without its
@@ -78,8 +78,9 @@ struct ModelSizes {
   std::int64_t layer_params = 0;       // elements of one decoder layer's matrices a token multiplies
   std::int64_t kv_per_token_layer = 0; // K and V, one token, one layer, in the cache dtype
   // A weight staging slot: the biggest scheduling unit with `expert_slots` routed experts in a
-  // MoE unit, attention and MLP as one unit with sep_layer off.
-  std::int64_t staging_slot(std::int64_t expert_slots, bool sep_layer) const;
+  // MoE unit, attention and MLP as one unit with sep_layer off; the input embedding and head
+  // units only when they are staged (not Policy::resident_embeddings).
+  std::int64_t staging_slot(std::int64_t expert_slots, bool sep_layer, bool embeddings_staged = true) const;
 };
 ModelSizes model_sizes(const ModelShape& m);
 // The shape as stored under the policy's compress_weight / compress_cache / cache_dtype (an

@@ -104,7 +104,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   if (!root.IsMap()) throw std::invalid_argument(source + ": expected a mapping of policy fields");
   Policy p;
   static const std::set<std::string> known = {"gpu_batch_size", "num_gpu_batches", "percent",    "overlap",
-                                              "sep_layer",      "pin_weight",      "cpu_cache_compute",
+                                              "sep_layer",      "pin_weight",      "resident_embeddings", "cpu_cache_compute",
                                               "compress_weight", "compress_cache", "compress_bits", "cache_dtype", "kv",
                                               "expert_loading", "expert_slots"};
   for (const auto& kv : root) {
@@ -125,6 +125,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   get("overlap", p.overlap);
   get("sep_layer", p.sep_layer);
   get("pin_weight", p.pin_weight);
+  get("resident_embeddings", p.resident_embeddings);
   get("cpu_cache_compute", p.cpu_cache_compute);
   get("compress_weight", p.compress_weight);
   get("compress_cache", p.compress_cache);
@@ -174,6 +175,7 @@ std::string policy_to_yaml(const Policy& p) {
   out << YAML::Key << "overlap" << YAML::Value << p.overlap;
   out << YAML::Key << "sep_layer" << YAML::Value << p.sep_layer;
   out << YAML::Key << "pin_weight" << YAML::Value << p.pin_weight;
+  out << YAML::Key << "resident_embeddings" << YAML::Value << p.resident_embeddings;
   out << YAML::Key << "cpu_cache_compute" << YAML::Value << p.cpu_cache_compute;
   out << YAML::Key << "compress_weight" << YAML::Value << p.compress_weight;
   out << YAML::Key << "compress_cache" << YAML::Value << p.compress_cache;

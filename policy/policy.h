@@ -20,6 +20,12 @@ struct Policy {
   bool overlap = true;            // prefetch/write back while computing
   bool sep_layer = true;          // attention and MLP are separate scheduling units
   bool pin_weight = true;         // pin cpu-tier memory (costs RAM that cannot be paged)
+  // The tensors outside the decoder layers (input embedding, final norm, head) live wholly on
+  // the gpu tier and are never staged; the weight fractions place the decoder layers. A tied
+  // embedding/head staged is fetched twice per step (by the input embedding and the head units)
+  // and sizes both staging slots by itself; resident, it is held once and the slots are sized
+  // by the largest decoder unit.
+  bool resident_embeddings = false;
   bool cpu_cache_compute = false; // decode attention over a cpu-homed KV runs on the CPU
   bool compress_weight = false;   // weight matrices stored group-quantized (kernels/quantize.h)
   bool compress_cache = false;    // KV cache stored group-quantized
@@ -67,7 +73,7 @@ struct Policy {
 double expected_active_experts(std::int64_t experts, std::int64_t top_k, std::int64_t tokens);
 
 // Keys: gpu_batch_size, num_gpu_batches, percent: [WG, WC, CG, CC, AG, AC], overlap,
-// sep_layer, pin_weight, cpu_cache_compute, compress_weight, compress_cache, compress_bits,
+// sep_layer, pin_weight, resident_embeddings, cpu_cache_compute, compress_weight, compress_cache, compress_bits,
 // cache_dtype (f32, f16 or bf16; absent: the model's float dtype), kv, expert_loading (auto,
 // routed or all), expert_slots. Missing keys
 // keep their defaults; unknown keys are errors (a typo must not silently change a run).

@@ -14,8 +14,9 @@ std::string percent_text(const Policy& p, int decimals) {
 }
 
 std::string to_text(const Policy& p) {
-  return fmt::format("gpu batch {} x {} batches, percent [{}], overlap {}, sep_layer {}, cpu_cache_compute {}, kv {}",
-                     p.gpu_batch_size, p.num_gpu_batches, percent_text(p), p.overlap, p.sep_layer,
+  return fmt::format("gpu batch {} x {} batches, percent [{}]{}, overlap {}, sep_layer {}, cpu_cache_compute {}, kv {}",
+                     p.gpu_batch_size, p.num_gpu_batches, percent_text(p),
+                     p.resident_embeddings ? " (embeddings and head resident)" : "", p.overlap, p.sep_layer,
                      p.cpu_cache_compute, p.kv);
 }
 
@@ -26,6 +27,7 @@ nlohmann::json to_json(const Policy& p, std::int64_t experts, std::int64_t top_k
           {"overlap", p.overlap},
           {"sep_layer", p.sep_layer},
           {"pin_weight", p.pin_weight},
+          {"resident_embeddings", p.resident_embeddings},
           {"cpu_cache_compute", p.cpu_cache_compute},
           {"kv", p.kv},
           {"compress_weight", p.compress_weight},

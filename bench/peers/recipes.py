@@ -35,9 +35,15 @@ RECIPES = {
                             gen_len=32, threads=2),
     "llamacpp-offloaded": dict(preset="llama-1b-smol", weights="f16", batch_sizes="16,64", prompt_len=64,
                                gen_len=32, threads=2, mem_cap=int(1.5 * GIB),
-                               recipe_tuned=["16x1 --percent 40 0 100 0 100 0", "16x1 --percent 30 0 100 0 100 0",
-                                      "16x1 --percent 50 0 100 0 100 0", "64x1 --percent 30 0 100 0 100 0",
-                                      "32x2 --percent 40 0 100 0 100 0", "16x4 --percent 40 0 100 0 100 0"]),
+                               # The best found before the embeddings could stay resident (issue 32:
+                               # 16x1 at 40%, 64x1 at 30%), and the most of the layers that fits beside
+                               # resident embeddings in one and two GPU batches.
+                               recipe_tuned=["16x1 --percent 40 0 100 0 100 0",
+                                             "16x1 --resident-embeddings 1 --percent 47 0 100 0 100 0",
+                                             "8x2 --resident-embeddings 1 --percent 47 0 100 0 100 0",
+                                             "64x1 --percent 30 0 100 0 100 0",
+                                             "64x1 --resident-embeddings 1 --percent 39 0 100 0 100 0",
+                                             "32x2 --resident-embeddings 1 --percent 39 0 100 0 100 0"]),
     "sharegpt": dict(requests=96, in_flight=32, max_len=512, threads=2),
     # Blocks of 32 need a placement given (the planner's block is its own): 4 GPU batches of 8 (one
     # batch of 32 prompts of 512 tokens needs 1.5 GiB of attention activations), weights 10% and the

@@ -66,6 +66,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "WG WC CG CC AG AC: percent of weights, KV cache and activations on gpu and cpu (the rest on disk)")
       ->expected(6)
       ->group(sched);
+  run->add_option("--resident-embeddings", o.resident_embeddings,
+                  "1: the embeddings, final norm and head live wholly on the gpu tier, never staged (--percent "
+                  "then places the decoder layers); 0: they are split like every weight (default with --percent)")
+      ->check(CLI::Range(0, 1))
+      ->group(sched);
   run->add_option("--gpu-batch-size", o.gpu_batch_size, "sequences per GPU batch")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);

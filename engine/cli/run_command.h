@@ -33,6 +33,7 @@ struct RunOptions {
   std::string policy_file;  // a YAML file, or "auto"
   std::string hardware;     // profile for --policy auto
   std::vector<double> percent;  // WG WC CG CC AG AC
+  std::optional<int> resident_embeddings;  // embeddings and head wholly on the gpu tier
   std::optional<std::int64_t> gpu_batch_size;
   std::optional<std::int64_t> num_gpu_batches;
   std::optional<int> overlap, sep_layer, pin_weight;

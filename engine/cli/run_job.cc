@@ -23,6 +23,7 @@ namespace {
 policy::Policy make_policy(const RunOptions& o) {
   policy::Policy p = o.policy_file.empty() ? policy::Policy{} : policy::load_policy_file(o.policy_file);
   if (!o.percent.empty()) p.set_percent({o.percent[0], o.percent[1], o.percent[2], o.percent[3], o.percent[4], o.percent[5]});
+  if (o.resident_embeddings) p.resident_embeddings = *o.resident_embeddings != 0;
   // Without a policy file or --gpu-batch-size, all prompts of --batch form one GPU batch.
   if (o.gpu_batch_size) p.gpu_batch_size = *o.gpu_batch_size;
   else if (o.policy_file.empty()) p.gpu_batch_size = o.batch.value_or(1);
@@ -61,7 +62,7 @@ RunSetup open_run(const RunOptions& o) {
   // Throughput first: a batch job without placement flags runs the planner's policy (as large a
   // batch as fits this machine or --hardware, and the --*-mem limits); so does --policy auto.
   s.placed = (!o.policy_file.empty() && o.policy_file != "auto") || !o.percent.empty() || o.gpu_batch_size ||
-             o.num_gpu_batches;
+             o.num_gpu_batches || o.resident_embeddings;
   const bool batch_job = !o.prompts_file.empty() || o.batch.value_or(1) > 1;
   s.auto_policy = o.policy_file == "auto" || (!s.placed && batch_job);
   if (!s.auto_policy) s.policy = make_policy(o);
@@ -190,8 +191,9 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e) {
   const auto& pol = e.policy;
-  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}], cpu_cache_compute {}; predicted {} {:.2f} tok/s",
+  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}]{}, cpu_cache_compute {}; predicted {} {:.2f} tok/s",
                      hw.name, pol.gpu_batch_size, pol.num_gpu_batches, policy::percent_text(pol, 1),
+                     pol.resident_embeddings ? " (embeddings and head resident)" : "",
                      pol.cpu_cache_compute, e.continuous ? "generated" : "total", e.total_throughput);
 }
 

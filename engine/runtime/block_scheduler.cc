@@ -91,7 +91,8 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
   units_ = make_units(layers_, range.begin, end, policy_.sep_layer);
   holds_head_ = end == n;
   if (policy_.kv != "full") kv_policy_ = policy::make_kv_policy(policy::parse_kv_spec(policy_.kv), cfg_.n_layers);
-  auto weights = load_tiered_weights(cfg_, source, tiers_, policy_.weights, units_.weight_names);
+  auto weights = load_tiered_weights(cfg_, source, tiers_, policy_.weights, policy_.resident_embeddings,
+                                     units_.weight_names);
   copies_ = std::make_unique<offload::CopyEngine>(tiers_, copy, trace_);
   staging_ = std::make_unique<WeightStaging>(tiers_, std::move(weights), units_.units,
                                              policy_.expert_slot_count(cfg_.moe.experts, cfg_.moe.top_k), *copies_,

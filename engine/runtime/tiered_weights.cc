@@ -12,15 +12,19 @@ constexpr std::int64_t kChunkBytes = std::int64_t{16} << 20;
 }
 
 TieredWeights load_tiered_weights(const ModelConfig& cfg, const WeightSource& source, offload::Tiers& tiers,
-                                  const offload::TierFractions& fractions, std::span<const std::string> only) {
+                                  const offload::TierFractions& fractions, bool resident_embeddings,
+                                  std::span<const std::string> only) {
   check_weights(cfg, source);
   auto specs = weight_specs(cfg);
   if (!only.empty())
     std::erase_if(specs, [&](const WeightSpec& w) { return std::find(only.begin(), only.end(), w.name) == only.end(); });
   TieredWeights out;
   // Placement first (serially, so a budget that does not fit fails before any reading).
-  for (const auto& w : specs)
-    out.emplace(w.name, std::make_unique<offload::TieredTensor>(tiers, w.name, w.dtype(cfg), w.rows, w.cols, fractions));
+  for (const auto& w : specs) {
+    const bool resident = resident_embeddings && w.layer < 0;
+    out.emplace(w.name, std::make_unique<offload::TieredTensor>(tiers, w.name, w.dtype(cfg), w.rows, w.cols,
+                                                                resident ? offload::TierFractions{1, 0, 0} : fractions));
+  }
   tbb::parallel_for(std::size_t{0}, specs.size(), [&](std::size_t i) {
     offload::TieredTensor& t = *out.at(specs[i].name);
     const std::int64_t chunk_rows = std::max<std::int64_t>(1, kChunkBytes / std::max<std::int64_t>(1, t.row_bytes()));

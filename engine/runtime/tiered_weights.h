@@ -16,7 +16,10 @@ using TieredWeights = std::map<std::string, std::unique_ptr<offload::TieredTenso
 // Checks shapes, then loads tensor by tensor in parallel through bounded host buffers (a few
 // MiB per task), so the model is never held whole in RAM. Throws naming the tensor. `only`
 // (when not empty) names the tensors to load: a pipeline stage holds just its layers' weights.
+// `fractions` place the decoder layers' tensors, and the others (embeddings, final norm, head)
+// too unless `resident_embeddings` puts those wholly on the gpu tier (Policy::resident_embeddings).
 TieredWeights load_tiered_weights(const ModelConfig& cfg, const WeightSource& source, offload::Tiers& tiers,
-                                  const offload::TierFractions& fractions, std::span<const std::string> only = {});
+                                  const offload::TierFractions& fractions, bool resident_embeddings,
+                                  std::span<const std::string> only = {});
 
 }  // namespace flexh2o::engine

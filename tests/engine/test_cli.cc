@@ -172,6 +172,23 @@ TEST(Cli, TieredRunGeneratesWhatTheInMemoryRunDoes) {
   EXPECT_TRUE(tracks.count("compute") && tracks.count("copy: weights in")) << t.dump().substr(0, 400);
 }
 
+// --resident-embeddings 1: the embedding and head (tied in stories260K) stay wholly in memory
+// while --percent puts the layers on disk; same text as the in-memory run, and the report and
+// --metrics say the placement.
+TEST(Cli, ResidentEmbeddingsGenerateWhatTheInMemoryRunDoes) {
+  testing::TempDir dir;
+  const Result plain = run("run --gen-len 24");
+  const Result r = run("run --gen-len 24 --resident-embeddings 1 --percent 0 0 100 0 100 0 --offload-dir " +
+                       dir.path() + " --metrics " + dir.file("m.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, plain.out);
+  EXPECT_THAT(r.err, HasSubstr("(embeddings and head resident)"));
+  const auto m = nlohmann::json::parse(testing::read_file(dir.file("m.json")));
+  EXPECT_TRUE(m["policy"]["resident_embeddings"].get<bool>());
+  EXPECT_GT(m["peak_bytes"]["gpu"].get<std::int64_t>(), 0);
+  EXPECT_GT(m["peak_bytes"]["disk"].get<std::int64_t>(), 0);
+}
+
 // A dummy Mixtral-shaped model with its weights on cpu and disk: loading only the routed
 // experts generates what loading all of them does, and --metrics and --trace tell how many
 // experts each step fetched and their bytes (one sequence: at most top-2 per layer and step).

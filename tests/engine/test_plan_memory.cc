@@ -37,6 +37,7 @@ struct Case {
   bool ccc = false, compress = false;
   std::optional<kernels::DType> cache = {};
   std::int64_t expert_slots = 0;  // MoE: the policy's (0: from the block)
+  bool resident_embeddings = false;
 };
 
 void expect_peaks_within_slack(const engine::ModelConfig& cfg, const policy::Policy& p, const policy::Estimate& est,
@@ -52,6 +53,7 @@ void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   p.compress_weight = p.compress_cache = c.compress;
   p.cache_storage = c.cache;
   p.expert_slots = c.expert_slots;
+  p.resident_embeddings = c.resident_embeddings;
   const std::int64_t prompt = 12, gen = 5;
   const auto est = policy::estimate(engine::model_shape(cfg), roomy_cpu_profile(), {prompt, gen}, p);
   ASSERT_TRUE(est.has_value());
@@ -84,7 +86,9 @@ void expect_peaks_within_slack(const engine::ModelConfig& cfg, const policy::Pol
     }
   };
   const engine::ModelConfig stored = engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype));
-  for (const auto& w : engine::weight_specs(stored)) allow(p.weights, 1, kernels::row_bytes(w.dtype(stored), w.cols));
+  for (const auto& w : engine::weight_specs(stored))
+    allow(p.resident_embeddings && w.layer < 0 ? offload::TierFractions{1, 0, 0} : p.weights, 1,
+          kernels::row_bytes(w.dtype(stored), w.cols));
   allow(p.cache, 2 * cfg.n_layers * p.num_gpu_batches,
         cfg.n_kv_heads * capacity * kernels::kv_slot_bytes(p.cache_dtype(cfg.dtype), cfg.head_dim));
   allow(p.activations, p.num_gpu_batches, cfg.hidden * static_cast<std::int64_t>(sizeof(float)));
@@ -104,6 +108,9 @@ const Case kCases[] = {
     {"KV and weights on disk", 2, 2, {0, 0, 0, 0, 100, 0}},
     {"an fp16 KV", 2, 2, {100, 0, 50, 50, 100, 0}, false, false, kernels::DType::F16},
     {"4-bit weights and KV, half on disk", 2, 2, {50, 0, 50, 0, 100, 0}, false, true},
+    {"layers over three tiers, embeddings and head resident", 2, 2, {20, 30, 50, 50, 100, 0}, false, false, {}, 0,
+     true},
+    {"layers on disk, embeddings and head resident", 3, 1, {0, 0, 100, 0, 100, 0}, false, false, {}, 0, true},
 };
 
 TEST(PlanMemory, PredictedPeaksAreTheEnginesOpt) {

@@ -76,6 +76,7 @@ Case random_case(std::uint64_t seed) {
   p.compress_weight = rng() % 3 == 0;
   p.compress_cache = rng() % 3 == 0;
   p.compress_bits = rng() % 4 == 0 ? 8 : 4;
+  p.resident_embeddings = rng() % 3 == 0;
   return c;
 }
 
@@ -92,7 +93,7 @@ std::string describe(const Case& c) {
          " threads " + std::to_string(c.force_threads) + " kv " + p.kv + " compress weight/cache " +
          std::to_string(p.compress_weight) + "/" + std::to_string(p.compress_cache) + " bits " +
          std::to_string(p.compress_bits) + " experts " + p.expert_loading + " expert_slots " +
-         std::to_string(p.expert_slots);
+         std::to_string(p.expert_slots) + " resident_embeddings " + std::to_string(p.resident_embeddings);
 }
 
 std::vector<std::vector<std::int32_t>> random_prompts(const ModelConfig& cfg, std::int64_t n, std::uint64_t seed) {
