@@ -133,20 +133,26 @@ void push_lanes(unsigned lanes, std::int64_t base, std::vector<std::int32_t>& ou
   for (; lanes != 0; lanes &= lanes - 1) out.push_back(static_cast<std::int32_t>(base + __builtin_ctz(lanes)));
 }
 
-__attribute__((target("avx512f"))) std::int64_t indices_avx512(const float* z, std::int64_t n, float threshold,
+__attribute__((target("avx512f"))) std::int64_t indices_avx512(const float* z, std::int64_t n, float low, float high,
                                                                std::vector<std::int32_t>& out) {
-  const __m512 t = _mm512_set1_ps(threshold);
+  const __m512 lo = _mm512_set1_ps(low), hi = _mm512_set1_ps(high);
   std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16) push_lanes(_mm512_cmp_ps_mask(_mm512_loadu_ps(z + i), t, _CMP_GE_OQ), i, out);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(z + i);
+    push_lanes(_mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ), v, hi, _CMP_LT_OQ), i, out);
+  }
   return i;
 }
 
-__attribute__((target("avx2,fma"))) std::int64_t indices_avx2(const float* z, std::int64_t n, float threshold,
+__attribute__((target("avx2,fma"))) std::int64_t indices_avx2(const float* z, std::int64_t n, float low, float high,
                                                               std::vector<std::int32_t>& out) {
-  const __m256 t = _mm256_set1_ps(threshold);
+  const __m256 lo = _mm256_set1_ps(low), hi = _mm256_set1_ps(high);
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    push_lanes(static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(z + i), t, _CMP_GE_OQ))), i, out);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(z + i);
+    const __m256 in = _mm256_and_ps(_mm256_cmp_ps(v, lo, _CMP_GE_OQ), _mm256_cmp_ps(v, hi, _CMP_LT_OQ));
+    push_lanes(static_cast<unsigned>(_mm256_movemask_ps(in)), i, out);
+  }
   return i;
 }
 
@@ -176,13 +182,13 @@ ExpSum exp_sum(const float* z, std::int64_t n, float mx, double temperature) {
   return exp_sum_reference(z, n, mx, temperature);
 }
 
-void indices_at_least(const float* z, std::int64_t n, float threshold, std::vector<std::int32_t>& out) {
+void indices_in(const float* z, std::int64_t n, float low, float high, std::vector<std::int32_t>& out) {
   out.clear();
   std::int64_t i = 0;
-  if (kIsa == Isa::Avx512) i = indices_avx512(z, n, threshold, out);
-  else if (kIsa == Isa::Avx2) i = indices_avx2(z, n, threshold, out);
+  if (kIsa == Isa::Avx512) i = indices_avx512(z, n, low, high, out);
+  else if (kIsa == Isa::Avx2) i = indices_avx2(z, n, low, high, out);
   for (; i < n; ++i)
-    if (z[i] >= threshold) out.push_back(static_cast<std::int32_t>(i));
+    if (z[i] >= low && z[i] < high) out.push_back(static_cast<std::int32_t>(i));
 }
 
 }  // namespace flexh2o::kernels::sampling_vec

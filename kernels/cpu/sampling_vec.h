@@ -1,5 +1,5 @@
 // The vocabulary-wide passes of the CPU sampler (sampling_cpu.cc): a row's largest logit, the
-// softmax's normaliser and the tokens at or above a logit. Each has an AVX-512 and an AVX2+FMA
+// softmax's normaliser and the tokens within a range of logits. Each has an AVX-512 and an AVX2+FMA
 // path chosen at run time; the plain loops are their reference and the path of other CPUs.
 #pragma once
 #include <cstdint>
@@ -27,7 +27,7 @@ ExpSum exp_sum(const float* z, std::int64_t n, float mx, double temperature);
 // and its Horner steps: a generous bound of one term's error, in units of 2^-53.
 inline constexpr double kExpTermUlps = 6.0;
 
-// The indices i of z[0..n) with z[i] >= threshold, ascending (`out` is replaced).
-void indices_at_least(const float* z, std::int64_t n, float threshold, std::vector<std::int32_t>& out);
+// The indices i of z[0..n) with low <= z[i] < high, ascending (`out` is replaced).
+void indices_in(const float* z, std::int64_t n, float low, float high, std::vector<std::int32_t>& out);
 
 }  // namespace flexh2o::kernels::sampling_vec
