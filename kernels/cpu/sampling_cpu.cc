@@ -229,10 +229,11 @@ bool head_suffices(std::size_t held, double mass, double cutoff, std::size_t pos
 }
 
 // The head's cutoffs, as depths below the largest logit in units of the temperature (a weight is
-// e^depth). Of a flat row of a small model, tens of its 49152 tokens are above e^-3, hundreds
-// above e^-6 and thousands above e^-10; of a peaked one, a handful hold almost all the mass. A
-// band costs a pass over the row's logits (no exp), a candidate its exact weight and its sort.
-constexpr std::array<double, 11> kHeadDepths = {-2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -12.0, -15.0};
+// e^depth). Of a flat row of a small model, tens of its 49152 tokens are above e^-4, hundreds
+// above e^-6 and thousands above e^-9; of a peaked one, a handful hold almost all the mass. A
+// band costs a pass over the row's logits (no exp, as much as ~100 candidates' exact weights),
+// a candidate its exact weight and its sort: the bands are finest where they grow fastest.
+constexpr std::array<double, 8> kHeadDepths = {-4.0, -6.0, -7.0, -8.0, -9.0, -10.0, -12.0, -15.0};
 
 // The sampled token. The draw walks the most likely tokens, so it runs over a head of them, grown
 // a band of weights at a time until it holds what the draw needs (by the depths above, then down
