@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "kernels/cpu/cpu_features.h"
 
@@ -16,8 +17,14 @@ namespace flexh2o::kernels::sampling_vec {
 
 namespace {
 
-enum class Isa { Scalar, Avx2, Avx512 };
-const Isa kIsa = cpu_has_avx512f() ? Isa::Avx512 : (cpu_has_avx2_fma_f16c() ? Isa::Avx2 : Isa::Scalar);
+const bool kHasAvx2 = cpu_has_avx2_fma_f16c(), kHasAvx512 = cpu_has_avx512f();
+const Isa kIsa = kHasAvx512 ? Isa::Avx512 : (kHasAvx2 ? Isa::Avx2 : Isa::Scalar);
+
+Isa checked(Isa isa) {
+  if ((isa == Isa::Avx512 && !kHasAvx512) || (isa == Isa::Avx2 && !kHasAvx2))
+    throw std::invalid_argument("sampling_vec: this CPU lacks the instruction set asked for");
+  return isa;
+}
 
 // exp(x) = 2^n exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2] (Cody and Waite's
 // two-part ln2: n * kLn2Hi is exact for |n| < 2^21), exp(r) by its Taylor polynomial of degree
@@ -160,11 +167,20 @@ __attribute__((target("avx2,fma"))) std::int64_t indices_avx2(const float* z, st
 
 #pragma GCC diagnostic pop
 
-float max_of(const float* z, std::int64_t n) {
-  if (kIsa == Isa::Avx512) return max_avx512(z, n);
-  if (kIsa == Isa::Avx2) return max_avx2(z, n);
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> has = {Isa::Scalar};
+  if (kHasAvx2) has.push_back(Isa::Avx2);
+  if (kHasAvx512) has.push_back(Isa::Avx512);
+  return has;
+}
+
+float max_of(Isa isa, const float* z, std::int64_t n) {
+  if (checked(isa) == Isa::Avx512) return max_avx512(z, n);
+  if (isa == Isa::Avx2) return max_avx2(z, n);
   return *std::max_element(z, z + n);
 }
+
+float max_of(const float* z, std::int64_t n) { return max_of(kIsa, z, n); }
 
 ExpSum exp_sum_reference(const float* z, std::int64_t n, float mx, double temperature) {
   ExpSum s;
@@ -176,19 +192,27 @@ ExpSum exp_sum_reference(const float* z, std::int64_t n, float mx, double temper
   return s;
 }
 
-ExpSum exp_sum(const float* z, std::int64_t n, float mx, double temperature) {
-  if (kIsa == Isa::Avx512) return exp_sum_avx512(z, n, mx, temperature);
-  if (kIsa == Isa::Avx2) return exp_sum_avx2(z, n, mx, temperature);
+ExpSum exp_sum(Isa isa, const float* z, std::int64_t n, float mx, double temperature) {
+  if (checked(isa) == Isa::Avx512) return exp_sum_avx512(z, n, mx, temperature);
+  if (isa == Isa::Avx2) return exp_sum_avx2(z, n, mx, temperature);
   return exp_sum_reference(z, n, mx, temperature);
 }
 
-void indices_in(const float* z, std::int64_t n, float low, float high, std::vector<std::int32_t>& out) {
+ExpSum exp_sum(const float* z, std::int64_t n, float mx, double temperature) {
+  return exp_sum(kIsa, z, n, mx, temperature);
+}
+
+void indices_in(Isa isa, const float* z, std::int64_t n, float low, float high, std::vector<std::int32_t>& out) {
   out.clear();
   std::int64_t i = 0;
-  if (kIsa == Isa::Avx512) i = indices_avx512(z, n, low, high, out);
-  else if (kIsa == Isa::Avx2) i = indices_avx2(z, n, low, high, out);
+  if (checked(isa) == Isa::Avx512) i = indices_avx512(z, n, low, high, out);
+  else if (isa == Isa::Avx2) i = indices_avx2(z, n, low, high, out);
   for (; i < n; ++i)
     if (z[i] >= low && z[i] < high) out.push_back(static_cast<std::int32_t>(i));
+}
+
+void indices_in(const float* z, std::int64_t n, float low, float high, std::vector<std::int32_t>& out) {
+  indices_in(kIsa, z, n, low, high, out);
 }
 
 }  // namespace flexh2o::kernels::sampling_vec
