@@ -4,11 +4,14 @@
 // variants generate the same number of tokens (stop ids off). Variants run interleaved; the
 // table gives each median and the ratio measured in this run (the target: within 5%).
 // Usage: bench_sampling [model (default: SmolLM2-135M-Instruct's HF directory when present,
-//        else the embedded stories260K)] [gen_len (32)] [reps (3)]
+//        else the embedded stories260K)] [gen_len (32)] [reps (3)] [only: greedy | sampled]
+// `only` runs that variant alone (for a profiler); its median is printed, no ratio.
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <string>
 
 #include "bench/timing.h"
 #include "engine/job/prompts.h"
@@ -65,9 +68,20 @@ int main(int argc, char** argv) {
   engine::GenerationRequest sampled = greedy;
   sampled.sampling_each = mixed_sampling(kInFlight, m.config.vocab_size);
   std::int64_t tokens[2] = {0, 0};
-  const std::vector<double> s = bench::interleaved_medians(
-      {[&] { tokens[0] = gen.generate(greedy).generated_tokens; }, [&] { tokens[1] = gen.generate(sampled).generated_tokens; }},
-      reps);
+  const std::function<void()> variants[2] = {[&] { tokens[0] = gen.generate(greedy).generated_tokens; },
+                                             [&] { tokens[1] = gen.generate(sampled).generated_tokens; }};
+  if (argc > 4) {
+    const std::string only = argv[4];
+    if (only != "greedy" && only != "sampled") {
+      fmt::print(stderr, "bench_sampling: unknown variant '{}' (greedy or sampled)\n", only);
+      return 2;
+    }
+    const int v = only == "greedy" ? 0 : 1;
+    const double s = bench::interleaved_medians({variants[v]}, reps)[0];
+    fmt::print("{}: {:.3f} s, {:.1f} tok/s (median of {})\n", only, s, static_cast<double>(tokens[v]) / s, reps);
+    return 0;
+  }
+  const std::vector<double> s = bench::interleaved_medians({variants[0], variants[1]}, reps);
   const double greedy_tps = static_cast<double>(tokens[0]) / s[0], sampled_tps = static_cast<double>(tokens[1]) / s[1];
   fmt::print("model {} (vocab {}), {} in flight, {} new tokens each, median of {}\n", opt.model.empty() ? "stories260K" : opt.model,
              m.config.vocab_size, kInFlight, gen_len, reps);

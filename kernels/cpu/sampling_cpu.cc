@@ -191,27 +191,72 @@ struct Row {
   double temperature;
 };
 
-// draw() over the tokens of weight at least `cutoff` (and positive). They are found by their
-// logits first: a weight reaches the cutoff only where z >= mx + temperature ln(cutoff), and the
-// pre-filter's margin is far above the roundings of either side, so it keeps all of them (and
-// a few more, which their exact weight then drops).
-std::optional<std::int32_t> draw_among(const Row& row, Scratch& s, double cutoff, std::size_t positive, double total,
-                                       const SamplingParams& p, double u) {
-  s.candidates.clear();
-  const auto take = [&](std::int32_t id) {
+// A logit bound below (side -1) or above (side +1) every token of weight w: a weight reaches w
+// only where z >= mx + temperature ln(w), and the margin is far above the roundings of either
+// side, so the bound lets a few tokens too many through (their exact weight then drops them).
+float logit_bound(const Row& row, double w, double side) {
+  if (w <= 0.0) return -std::numeric_limits<float>::infinity();
+  if (std::isinf(w)) return std::numeric_limits<float>::infinity();
+  const double logit = row.mx + row.temperature * std::log(w);
+  const double margin = 1e-3 * (1.0 + std::abs(row.mx) + std::abs(logit - row.mx));
+  return static_cast<float>(logit + side * margin);
+}
+
+// Adds the tokens of weight in [low, high) (and positive) to s.candidates; returns their mass.
+double take_band(const Row& row, Scratch& s, double low, double high) {
+  sampling_vec::indices_in(row.z, row.vocab, logit_bound(row, low, -1.0), logit_bound(row, high, 1.0), s.tokens);
+  double mass = 0.0;
+  for (const std::int32_t id : s.tokens) {
     const double w = weight(row.z[id], row.mx, row.temperature);
-    if (w > 0.0 && w >= cutoff) s.candidates.push_back({w, id});
-  };
-  if (cutoff > 0.0) {
-    const double logit_cut = row.mx + row.temperature * std::log(cutoff);
-    const double margin = 1e-3 * (1.0 + std::abs(row.mx) + std::abs(logit_cut - row.mx));
-    sampling_vec::indices_at_least(row.z, row.vocab, static_cast<float>(logit_cut - margin), s.tokens);
-    for (const std::int32_t id : s.tokens) take(id);
-  } else {
-    for (std::int32_t id = 0; id < row.vocab; ++id) take(id);
+    if (w > 0.0 && w >= low && w < high) {
+      s.candidates.push_back({w, id});
+      mass += w;
+    }
   }
-  Descending d(s.candidates);
-  return draw(d, positive, total, p, u);
+  return mass;
+}
+
+// Whether the `held` most likely tokens, of weight >= `cutoff` and mass `mass`, hold what the draw
+// needs: the top_k, else the nucleus' mass, else a token below min_p, else the mass up to the
+// draw. Only a hint where the sums round: the draw itself says when they do not.
+bool head_suffices(std::size_t held, double mass, double cutoff, std::size_t positive, double total,
+                   const SamplingParams& p, double u) {
+  if (held == positive) return true;
+  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < positive) return held >= static_cast<std::size_t>(p.top_k);
+  if (p.top_p < 1.0f) return mass >= static_cast<double>(p.top_p) * total;
+  if (p.min_p > 0.0f) return cutoff < static_cast<double>(p.min_p);
+  return mass > u * total;
+}
+
+// The head's cutoffs, as depths below the largest logit in units of the temperature (a weight is
+// e^depth). Of a flat row of a small model, tens of its 49152 tokens are above e^-4, hundreds
+// above e^-6 and thousands above e^-9; of a peaked one, a handful hold almost all the mass. A
+// band costs a pass over the row's logits (no exp, as much as ~100 candidates' exact weights),
+// a candidate its exact weight and its sort: the bands are finest where they grow fastest.
+constexpr std::array<double, 8> kHeadDepths = {-4.0, -6.0, -7.0, -8.0, -9.0, -10.0, -12.0, -15.0};
+
+// The sampled token. The draw walks the most likely tokens, so it runs over a head of them, grown
+// a band of weights at a time until it holds what the draw needs (by the depths above, then down
+// to the tokens holding all but a 1e-4 share of the mass, then all): a head gives the token the
+// whole row gives, or none.
+std::int32_t draw_from_head(const Row& row, Scratch& s, const sampling_vec::ExpSum& sum, const SamplingParams& p,
+                            double u) {
+  const auto positive = static_cast<std::size_t>(sum.positive);
+  std::array<double, kHeadDepths.size() + 2> cutoffs;
+  std::size_t n = 0;
+  for (const double depth : kHeadDepths) cutoffs[n++] = std::exp(depth);
+  const double tail = sum.total * 1e-4 / static_cast<double>(row.vocab);
+  if (tail < cutoffs[n - 1]) cutoffs[n++] = tail;
+  cutoffs[n++] = 0.0;
+  s.candidates.clear();
+  double mass = 0.0, high = std::numeric_limits<double>::infinity();
+  for (std::size_t c = 0; c < n; high = cutoffs[c++]) {
+    mass += take_band(row, s, cutoffs[c], high);
+    if (!head_suffices(s.candidates.size(), mass, cutoffs[c], positive, sum.total, p, u)) continue;
+    Descending d(s.candidates);
+    if (const auto token = draw(d, positive, sum.total, p, u)) return *token;
+  }
+  throw std::logic_error("sample: the draw over every token found none");
 }
 
 // The k largest logits, descending (lowest id first on ties), in s.tokens.
@@ -263,14 +308,8 @@ void sample_row(const SampleArgs& a, std::size_t r, Scratch& s) {
     const sampling_vec::ExpSum sum = sampling_vec::exp_sum(z, a.vocab, mx, temperature);
     total = sum.total;
     const Row row{z, a.vocab, mx, temperature};
-    const auto positive = static_cast<std::size_t>(sum.positive);
     const double u = sampling_uniform(p.seed, a.streams[r], a.steps[r]);
-    // First among the tokens that hold all but a 1e-4 share of the mass: a draw, a nucleus or a
-    // top-k almost always ends there; when one does not, again over all tokens.
-    std::optional<std::int32_t> token =
-        draw_among(row, s, total * 1e-4 / static_cast<double>(a.vocab), positive, total, p, u);
-    if (!token) token = draw_among(row, s, 0.0, positive, total, p, u);
-    chosen = *token;
+    chosen = draw_from_head(row, s, sum, p, u);
   }
   a.out[r] = chosen;
   if (!want_logprobs) return;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "kernels/cpu/cpu_features.h"
 
@@ -16,8 +17,14 @@ namespace flexh2o::kernels::sampling_vec {
 
 namespace {
 
-enum class Isa { Scalar, Avx2, Avx512 };
-const Isa kIsa = cpu_has_avx512f() ? Isa::Avx512 : (cpu_has_avx2_fma_f16c() ? Isa::Avx2 : Isa::Scalar);
+const bool kHasAvx2 = cpu_has_avx2_fma_f16c(), kHasAvx512 = cpu_has_avx512f();
+const Isa kIsa = kHasAvx512 ? Isa::Avx512 : (kHasAvx2 ? Isa::Avx2 : Isa::Scalar);
+
+Isa checked(Isa isa) {
+  if ((isa == Isa::Avx512 && !kHasAvx512) || (isa == Isa::Avx2 && !kHasAvx2))
+    throw std::invalid_argument("sampling_vec: this CPU lacks the instruction set asked for");
+  return isa;
+}
 
 // exp(x) = 2^n exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2] (Cody and Waite's
 // two-part ln2: n * kLn2Hi is exact for |n| < 2^21), exp(r) by its Taylor polynomial of degree
@@ -133,20 +140,26 @@ void push_lanes(unsigned lanes, std::int64_t base, std::vector<std::int32_t>& ou
   for (; lanes != 0; lanes &= lanes - 1) out.push_back(static_cast<std::int32_t>(base + __builtin_ctz(lanes)));
 }
 
-__attribute__((target("avx512f"))) std::int64_t indices_avx512(const float* z, std::int64_t n, float threshold,
+__attribute__((target("avx512f"))) std::int64_t indices_avx512(const float* z, std::int64_t n, float low, float high,
                                                                std::vector<std::int32_t>& out) {
-  const __m512 t = _mm512_set1_ps(threshold);
+  const __m512 lo = _mm512_set1_ps(low), hi = _mm512_set1_ps(high);
   std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16) push_lanes(_mm512_cmp_ps_mask(_mm512_loadu_ps(z + i), t, _CMP_GE_OQ), i, out);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(z + i);
+    push_lanes(_mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ), v, hi, _CMP_LT_OQ), i, out);
+  }
   return i;
 }
 
-__attribute__((target("avx2,fma"))) std::int64_t indices_avx2(const float* z, std::int64_t n, float threshold,
+__attribute__((target("avx2,fma"))) std::int64_t indices_avx2(const float* z, std::int64_t n, float low, float high,
                                                               std::vector<std::int32_t>& out) {
-  const __m256 t = _mm256_set1_ps(threshold);
+  const __m256 lo = _mm256_set1_ps(low), hi = _mm256_set1_ps(high);
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    push_lanes(static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(z + i), t, _CMP_GE_OQ))), i, out);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(z + i);
+    const __m256 in = _mm256_and_ps(_mm256_cmp_ps(v, lo, _CMP_GE_OQ), _mm256_cmp_ps(v, hi, _CMP_LT_OQ));
+    push_lanes(static_cast<unsigned>(_mm256_movemask_ps(in)), i, out);
+  }
   return i;
 }
 
@@ -154,11 +167,20 @@ __attribute__((target("avx2,fma"))) std::int64_t indices_avx2(const float* z, st
 
 #pragma GCC diagnostic pop
 
-float max_of(const float* z, std::int64_t n) {
-  if (kIsa == Isa::Avx512) return max_avx512(z, n);
-  if (kIsa == Isa::Avx2) return max_avx2(z, n);
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> has = {Isa::Scalar};
+  if (kHasAvx2) has.push_back(Isa::Avx2);
+  if (kHasAvx512) has.push_back(Isa::Avx512);
+  return has;
+}
+
+float max_of(Isa isa, const float* z, std::int64_t n) {
+  if (checked(isa) == Isa::Avx512) return max_avx512(z, n);
+  if (isa == Isa::Avx2) return max_avx2(z, n);
   return *std::max_element(z, z + n);
 }
+
+float max_of(const float* z, std::int64_t n) { return max_of(kIsa, z, n); }
 
 ExpSum exp_sum_reference(const float* z, std::int64_t n, float mx, double temperature) {
   ExpSum s;
@@ -170,19 +192,27 @@ ExpSum exp_sum_reference(const float* z, std::int64_t n, float mx, double temper
   return s;
 }
 
-ExpSum exp_sum(const float* z, std::int64_t n, float mx, double temperature) {
-  if (kIsa == Isa::Avx512) return exp_sum_avx512(z, n, mx, temperature);
-  if (kIsa == Isa::Avx2) return exp_sum_avx2(z, n, mx, temperature);
+ExpSum exp_sum(Isa isa, const float* z, std::int64_t n, float mx, double temperature) {
+  if (checked(isa) == Isa::Avx512) return exp_sum_avx512(z, n, mx, temperature);
+  if (isa == Isa::Avx2) return exp_sum_avx2(z, n, mx, temperature);
   return exp_sum_reference(z, n, mx, temperature);
 }
 
-void indices_at_least(const float* z, std::int64_t n, float threshold, std::vector<std::int32_t>& out) {
+ExpSum exp_sum(const float* z, std::int64_t n, float mx, double temperature) {
+  return exp_sum(kIsa, z, n, mx, temperature);
+}
+
+void indices_in(Isa isa, const float* z, std::int64_t n, float low, float high, std::vector<std::int32_t>& out) {
   out.clear();
   std::int64_t i = 0;
-  if (kIsa == Isa::Avx512) i = indices_avx512(z, n, threshold, out);
-  else if (kIsa == Isa::Avx2) i = indices_avx2(z, n, threshold, out);
+  if (checked(isa) == Isa::Avx512) i = indices_avx512(z, n, low, high, out);
+  else if (isa == Isa::Avx2) i = indices_avx2(z, n, low, high, out);
   for (; i < n; ++i)
-    if (z[i] >= threshold) out.push_back(static_cast<std::int32_t>(i));
+    if (z[i] >= low && z[i] < high) out.push_back(static_cast<std::int32_t>(i));
+}
+
+void indices_in(const float* z, std::int64_t n, float low, float high, std::vector<std::int32_t>& out) {
+  indices_in(kIsa, z, n, low, high, out);
 }
 
 }  // namespace flexh2o::kernels::sampling_vec

@@ -1,6 +1,7 @@
-// The CPU sampler's vectorised vocabulary passes (kernels/cpu/sampling_vec.h) against their
-// scalar reference, and the sampler over a large vocabulary against the walk of the whole
-// sorted row with every weight and the normaliser computed as the scalar reference does.
+// The CPU sampler's vectorised vocabulary passes (kernels/cpu/sampling_vec.h), on every
+// instruction set this CPU has, against their scalar reference, and the sampler over a large
+// vocabulary against the walk of the whole sorted row with every weight and the normaliser
+// computed as the scalar reference does.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -43,34 +45,45 @@ TEST_F(SamplingVecTest, ExpSumIsTheReferencesWithinItsErrorBound) {
       const double temperature = shape == 1 ? 0.02 * static_cast<double>(random_int(1, 5))
                                             : 0.05 * static_cast<double>(random_int(1, 40));
       const sampling_vec::ExpSum want = sampling_vec::exp_sum_reference(z.data(), n, mx, temperature);
-      const sampling_vec::ExpSum got = sampling_vec::exp_sum(z.data(), n, mx, temperature);
-      EXPECT_EQ(got.positive, want.positive) << "n " << n << " shape " << shape;
-      // Each vector term within (kExpTermUlps + 2|x|) u of exp(x), the reference's within
-      // (1 + |x|) u (std::exp and the division), and either sum of nonnegative terms within
-      // (n - 1) u of the exact sum of its terms.
-      double spread = 0.0;  // sum of e |x|
-      for (const float v : z) {
-        const double x = static_cast<double>(v - mx) / temperature;
-        if (std::isfinite(x)) spread += std::exp(x) * std::abs(x);
+      for (const sampling_vec::Isa isa : sampling_vec::supported_isas()) {
+        const sampling_vec::ExpSum got = sampling_vec::exp_sum(isa, z.data(), n, mx, temperature);
+        EXPECT_EQ(got.positive, want.positive) << "n " << n << " shape " << shape << " isa " << static_cast<int>(isa);
+        // Each vector term within (kExpTermUlps + 2|x|) u of exp(x), the reference's within
+        // (1 + |x|) u (std::exp and the division), and either sum of nonnegative terms within
+        // (n - 1) u of the exact sum of its terms.
+        double spread = 0.0;  // sum of e |x|
+        for (const float v : z) {
+          const double x = static_cast<double>(v - mx) / temperature;
+          if (std::isfinite(x)) spread += std::exp(x) * std::abs(x);
+        }
+        const double terms = sampling_vec::kExpTermUlps + 1.0 + 2.0 * static_cast<double>(n - 1);
+        const double bound = 1.01 * kUnit * (terms * want.total + 3.0 * spread);
+        EXPECT_NEAR(got.total, want.total, bound)
+            << "n " << n << " shape " << shape << " temperature " << temperature << " isa " << static_cast<int>(isa);
       }
-      const double bound =
-          1.01 * kUnit * ((sampling_vec::kExpTermUlps + 1.0 + 2.0 * static_cast<double>(n - 1)) * want.total + 3.0 * spread);
-      EXPECT_NEAR(got.total, want.total, bound) << "n " << n << " shape " << shape << " temperature " << temperature;
     }
   }
 }
 
-TEST_F(SamplingVecTest, MaxAndIndicesAtLeastAreThePlainLoops) {
+TEST_F(SamplingVecTest, MaxAndIndicesInARangeAreThePlainLoops) {
   for (const std::int64_t n : {1, 5, 8, 15, 16, 17, 300, 49157}) {
     for (int shape = 0; shape < 4; ++shape) {
       const std::vector<float> z = random_logits(n, shape);
-      EXPECT_EQ(sampling_vec::max_of(z.data(), n), *std::max_element(z.begin(), z.end())) << "n " << n;
-      const float threshold = z[static_cast<std::size_t>(random_int(0, n - 1))];
+      for (const sampling_vec::Isa isa : sampling_vec::supported_isas())
+        EXPECT_EQ(sampling_vec::max_of(isa, z.data(), n), *std::max_element(z.begin(), z.end())) << "n " << n;
+      const auto pick = [&] { return z[static_cast<std::size_t>(random_int(0, n - 1))]; };
+      float low = pick(), high = pick();
+      if (low > high) std::swap(low, high);
+      if (random_int(0, 2) == 0) high = std::numeric_limits<float>::infinity();
+      if (random_int(0, 2) == 0) low = kMasked;
       std::vector<std::int32_t> want, got = {-1};
       for (std::int32_t i = 0; i < n; ++i)
-        if (z[static_cast<std::size_t>(i)] >= threshold) want.push_back(i);
-      sampling_vec::indices_at_least(z.data(), n, threshold, got);
-      EXPECT_EQ(got, want) << "n " << n << " shape " << shape;
+        if (z[static_cast<std::size_t>(i)] >= low && z[static_cast<std::size_t>(i)] < high) want.push_back(i);
+      for (const sampling_vec::Isa isa : sampling_vec::supported_isas()) {
+        sampling_vec::indices_in(isa, z.data(), n, low, high, got);
+        EXPECT_EQ(got, want) << "n " << n << " shape " << shape << " [" << low << ", " << high << ") isa "
+                             << static_cast<int>(isa);
+      }
     }
   }
 }
@@ -170,6 +183,48 @@ TEST_F(SamplingVecTest, ALargeVocabularyDrawsAsTheWholeRowWalk) {
     EXPECT_EQ(out[0], want) << "row " << i;
   }
   EXPECT_GE(compared, 40);
+}
+
+TEST_F(SamplingVecTest, AFlatRowDrawsAsTheWholeRowWalkAtAnyDepth) {
+  // A small model's row is flat: thousands of tokens within a few temperatures of the best. The
+  // sampler walks a head of the most likely tokens, grown band by band until it holds the draw,
+  // the nucleus, the top_k or a token below min_p: draws u from near 0 to near 1 reach every
+  // depth of it, down to the whole row.
+  constexpr std::int64_t kVocab = 49152;
+  auto be = make_cpu_backend();
+  int compared = 0;
+  for (int i = 0; i < 40; ++i) {
+    std::vector<float> z = random_floats(kVocab, -3.0f, 3.0f);
+    for (float& v : z) v += static_cast<float>(random_int(-3, 3));  // wider than uniform, a bell's shoulders
+    for (int k = 0; k < 5; ++k) z[static_cast<std::size_t>(random_int(0, kVocab - 1))] += 3.0f;
+    SamplingParams p;
+    p.temperature = 0.05f * static_cast<float>(random_int(8, 30));
+    p.top_p = i % 4 == 1 ? 0.5f + 0.01f * static_cast<float>(random_int(0, 50)) : 1.0f;
+    p.top_k = i % 5 == 2 ? static_cast<std::int32_t>(random_int(1, 2000)) : 0;
+    p.min_p = i % 6 == 3 ? 0.001f * static_cast<float>(random_int(0, 50)) : 0.0f;
+    p.seed = static_cast<std::uint64_t>(random_int(0, 1 << 30));
+    // Streams whose draws lie at both ends and in between.
+    std::vector<std::uint64_t> streams;
+    const std::vector<std::pair<double, double>> ranges = {{0.0, 1e-3}, {0.3, 0.7}, {0.9, 0.99}, {0.999, 1.0}};
+    for (const auto& [lo, hi] : ranges)
+      for (std::uint64_t st = 0;; ++st)
+        if (const double u = sampling_uniform(p.seed, st, 0); u >= lo && u < hi) {
+          streams.push_back(st);
+          break;
+        }
+    for (const std::uint64_t stream : streams) {
+      const std::vector<std::uint64_t> stream_of = {stream}, step = {0};
+      std::vector<std::int32_t> out(1);
+      be->sample({.logits = z.data(), .batch = 1, .vocab = kVocab, .params = std::span(&p, 1), .streams = stream_of,
+                  .steps = step, .out = out});
+      double margin = 0.0;
+      const std::int32_t want = whole_row_draw(z, p, sampling_uniform(p.seed, stream, 0), margin);
+      if (margin < 1e-9) continue;  // a near-tie (ALargeVocabularyDrawsAsTheWholeRowWalk)
+      ++compared;
+      EXPECT_EQ(out[0], want) << "row " << i << " stream " << stream;
+    }
+  }
+  EXPECT_GE(compared, 150);
 }
 
 TEST_F(SamplingVecTest, TopLogprobsKeepTheLowestIdAmongEqualLogits) {
