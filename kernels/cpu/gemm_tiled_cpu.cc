@@ -21,12 +21,14 @@ constexpr int kM = 3;  // activation rows per micro-kernel call: 12 accumulators
 constexpr std::int64_t kMaxChunk = 1024;
 constexpr std::int64_t kBlockRows = kTiledTaskRows;
 
-// Columns of k per chunk: x's chunk (m rows) about 256 KiB so it stays in L2 across the tiles
-// of a block; a multiple of 64 so every quantization group (32 or 64) lies in one chunk.
-std::int64_t chunk_cols(std::int64_t m, std::int64_t k) {
-  std::int64_t kc = (256 * 1024 / 4) / std::max<std::int64_t>(m, 1);
-  kc = std::clamp<std::int64_t>(kc / 64 * 64, 64, kMaxChunk);
-  return std::min(kc, k);
+// Columns of k per chunk: k cut into equal chunks of at most kMaxChunk, each a multiple of 64 so
+// that every quantization group (32 or 64) lies in one chunk. It depends on k alone: the chunks
+// fix each output's summation order (8 lanes per chunk, then the chunks in turn), so a row's
+// result does not depend on how many other rows share the GEMM. x's chunk stays in L2 across
+// the tiles of a block up to the path's 128 rows (128 x 1024 floats: 512 KiB).
+std::int64_t chunk_cols(std::int64_t k) {
+  const std::int64_t chunks = (k + kMaxChunk - 1) / kMaxChunk;
+  return std::min(k, ((k + chunks - 1) / chunks + 63) / 64 * 64);
 }
 
 std::uint16_t load_u16(const std::uint8_t* p) {
@@ -150,7 +152,7 @@ void tile_rows(const GemmArgs& a, const float* w, std::int64_t ws, std::int64_t 
 
 template <DType T>
 void tiled_rows(const GemmArgs& a, std::int64_t n0, std::int64_t n1) {
-  const std::int64_t k = a.w.cols, rb = row_bytes(T, k), kc = chunk_cols(a.m, k);
+  const std::int64_t k = a.w.cols, rb = row_bytes(T, k), kc = chunk_cols(k);
   const auto* base = static_cast<const std::uint8_t*>(a.w.data);
   float tile[kR * kMaxChunk];
   for (std::int64_t b0 = n0; b0 < n1; b0 += kBlockRows) {
