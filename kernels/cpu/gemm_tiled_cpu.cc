@@ -116,11 +116,13 @@ __attribute__((target("avx2,fma"))) void micro_tile(const float* w, std::int64_t
       for (int i = 0; i < M; ++i) acc[i][j] = _mm256_fmadd_ps(wv, xv[i], acc[i][j]);
     }
   }
+  for (int i = 0; i < M; ++i) sums[i] = hsum4(acc[i]);
+  if (c == len) return;
   for (int i = 0; i < M; ++i) {
     alignas(16) float tail[kR] = {};
     for (int j = 0; j < kR; ++j)
       for (std::int64_t t = c; t < len; ++t) tail[j] += w[j * ws + t] * x[i * k + t];
-    sums[i] = _mm_add_ps(hsum4(acc[i]), _mm_load_ps(tail));
+    sums[i] = _mm_add_ps(sums[i], _mm_load_ps(tail));
   }
 }
 
