@@ -21,12 +21,14 @@ constexpr int kM = 3;  // activation rows per micro-kernel call: 12 accumulators
 constexpr std::int64_t kMaxChunk = 1024;
 constexpr std::int64_t kBlockRows = kTiledTaskRows;
 
-// Columns of k per chunk: x's chunk (m rows) about 256 KiB so it stays in L2 across the tiles
-// of a block; a multiple of 64 so every quantization group (32 or 64) lies in one chunk.
-std::int64_t chunk_cols(std::int64_t m, std::int64_t k) {
-  std::int64_t kc = (256 * 1024 / 4) / std::max<std::int64_t>(m, 1);
-  kc = std::clamp<std::int64_t>(kc / 64 * 64, 64, kMaxChunk);
-  return std::min(kc, k);
+// Columns of k per chunk: k cut into equal chunks of at most kMaxChunk, each a multiple of 64 so
+// that every quantization group (32 or 64) lies in one chunk. It depends on k alone: the chunks
+// fix each output's summation order (8 lanes per chunk, then the chunks in turn), so a row's
+// result does not depend on how many other rows share the GEMM. x's chunk stays in L2 across
+// the tiles of a block up to the path's 128 rows (128 x 1024 floats: 512 KiB).
+std::int64_t chunk_cols(std::int64_t k) {
+  const std::int64_t chunks = (k + kMaxChunk - 1) / kMaxChunk;
+  return std::min(k, ((k + chunks - 1) / chunks + 63) / 64 * 64);
 }
 
 std::uint16_t load_u16(const std::uint8_t* p) {
@@ -114,11 +116,13 @@ __attribute__((target("avx2,fma"))) void micro_tile(const float* w, std::int64_t
       for (int i = 0; i < M; ++i) acc[i][j] = _mm256_fmadd_ps(wv, xv[i], acc[i][j]);
     }
   }
+  for (int i = 0; i < M; ++i) sums[i] = hsum4(acc[i]);
+  if (c == len) return;
   for (int i = 0; i < M; ++i) {
     alignas(16) float tail[kR] = {};
     for (int j = 0; j < kR; ++j)
       for (std::int64_t t = c; t < len; ++t) tail[j] += w[j * ws + t] * x[i * k + t];
-    sums[i] = _mm_add_ps(hsum4(acc[i]), _mm_load_ps(tail));
+    sums[i] = _mm_add_ps(sums[i], _mm_load_ps(tail));
   }
 }
 
@@ -129,13 +133,30 @@ int group_rows(std::int64_t i, std::int64_t m) {
   return left == 4 || left == 2 ? 2 : left == 1 ? 1 : 3;
 }
 
+// The next tile's stored bytes, brought towards the caches a few lines per micro-kernel call:
+// spread over the current tile's compute so that the next widening finds them there, without
+// filling the miss queues that the activations' loads also need.
+struct TilePrefetch {
+  const std::uint8_t* row[kR] = {};  // where each next row's bytes start; null: nothing to fetch
+  std::int64_t lines_per_row = 0, next = 0;
+
+  void issue(std::int64_t count) {
+    for (const std::int64_t end = std::min(next + count, kR * lines_per_row); next < end; ++next) {
+      const std::uint8_t* p = row[next / lines_per_row];
+      if (p) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * (next % lines_per_row)), _MM_HINT_T0);
+    }
+  }
+};
+
 // All activation rows against one widened tile (kR rows of w at stride ws, columns [c0, c0 + len)).
 void tile_rows(const GemmArgs& a, const float* w, std::int64_t ws, std::int64_t r, int rows, std::int64_t c0,
-               std::int64_t len) {
+               std::int64_t len, TilePrefetch& prefetch) {
   const std::int64_t k = a.w.cols;
+  const std::int64_t calls = (a.m + kM - 1) / kM, per_call = (kR * prefetch.lines_per_row + calls - 1) / calls;
   for (std::int64_t i0 = 0; i0 < a.m;) {
     const int mm = group_rows(i0, a.m);
     const float* x = a.x + i0 * k + c0;
+    prefetch.issue(per_call);
     __m128 sums[kM];
     if (mm == 3)
       micro_tile<3>(w, ws, x, k, len, sums);
@@ -146,12 +167,18 @@ void tile_rows(const GemmArgs& a, const float* w, std::int64_t ws, std::int64_t 
     for (int i = 0; i < mm; ++i) add_tile_sums(a, i0 + i, r, rows, c0 == 0, sums[i]);
     i0 += mm;
   }
+  prefetch.issue(kR * prefetch.lines_per_row);
 }
 
 template <DType T>
 void tiled_rows(const GemmArgs& a, std::int64_t n0, std::int64_t n1) {
-  const std::int64_t k = a.w.cols, rb = row_bytes(T, k), kc = chunk_cols(a.m, k);
+  const std::int64_t k = a.w.cols, rb = row_bytes(T, k), kc = chunk_cols(k);
   const auto* base = static_cast<const std::uint8_t*>(a.w.data);
+  // Where column c's bytes start in a stored row (c starts a group in quantized rows).
+  auto byte_of = [](std::int64_t c) {
+    if constexpr (is_quantized(T)) return c * quant_bits(T) / 8;
+    return c * static_cast<std::int64_t>(T == DType::F32 ? 4 : 2);
+  };
   float tile[kR * kMaxChunk];
   for (std::int64_t b0 = n0; b0 < n1; b0 += kBlockRows) {
     const std::int64_t b1 = std::min(n1, b0 + kBlockRows);
@@ -168,7 +195,13 @@ void tiled_rows(const GemmArgs& a, std::int64_t n0, std::int64_t n1) {
           else
             widen_float<T>(row, c0, len, tile + j * kc);
         }
-        tile_rows(a, tile, kc, r, rows, c0, len);
+        TilePrefetch prefetch;  // the block's next tile in this chunk
+        if (r + kR < b1) {
+          const std::int64_t from = byte_of(c0) / 64 * 64;
+          prefetch.lines_per_row = (byte_of(c0 + len) - from + 63) / 64;
+          for (int j = 0; j < kR && r + kR + j < b1; ++j) prefetch.row[j] = base + (r + kR + j) * rb + from;
+        }
+        tile_rows(a, tile, kc, r, rows, c0, len, prefetch);
       }
     }
   }

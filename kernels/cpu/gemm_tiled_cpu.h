@@ -4,7 +4,8 @@
 // (fp16 by F16C, bf16 by a shift, q4/q8 codes as q * s + m with their group's scale and
 // minimum), and every activation row is then multiplied with it by a register-blocked FMA
 // kernel (4 weight rows x 3 activation rows = 12 accumulators). The activations are walked in
-// chunks of k small enough to stay in L2 while all the tiles of a block of weight rows use them.
+// chunks of k small enough to stay in L2 while all the tiles of a block of weight rows use them;
+// the chunks depend on k alone, so a row's outputs are the same bits whatever the other rows.
 // AVX2 + FMA + F16C; gemm_cpu.cc takes oneDNN elsewhere.
 #pragma once
 #include <cstdint>

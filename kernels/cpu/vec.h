@@ -1,4 +1,4 @@
-// Short fp32 vector loops of the CPU kernels (attention over a KV cache), with an AVX2+FMA
+// Short fp32 vector loops of the CPU kernels (attention over a KV cache, SiLU), with an AVX2+FMA
 // path chosen at run time: the binary runs on any x86-64, and uses 8-wide FMAs where it can.
 #pragma once
 #include <cstdint>
@@ -22,5 +22,9 @@ float max(const float* x, std::int64_t n);
 float exp_shifted(float* x, std::int64_t n, float shift);
 // x[i] *= s
 void scale(float* x, std::int64_t n, float s);
+// out[i] = silu(gate[i]) * up[i] (up null: silu(gate[i])), silu(x) = x / (1 + exp(-x)); out may
+// alias gate or up. The vector path uses exp_shifted's exp (within 2 ulp), as x exp(x/2)^2 below
+// x = -80: within a few ulp of the exact value wherever that is a normal fp32.
+void silu_times(const float* gate, const float* up, float* out, std::int64_t n);
 
 }  // namespace flexh2o::kernels::vec

@@ -112,6 +112,35 @@ TEST_F(VecLoops, ExpShiftedWithinUlpsOfExp) {
   }
 }
 
+// silu(x) * up: the exp within 2 ulp, then 1 + e, a division and a product each rounded once:
+// 8 ulp of the exact value; below -80 two exps of x / 2 and two products, as many. Where the
+// exact value is subnormal (x below about -87.3 - ln 88) only its size is checked. Gates cover
+// the whole fp32 range of exp(-x), both sides of -80 and the overflow of exp(-x) near -88.7.
+TEST_F(VecLoops, SiluTimesWithinUlpsOfExact) {
+  for (const std::int64_t n : {1, 7, 8, 13, 301}) {
+    for (const bool with_up : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << (with_up ? " times up" : " alone"));
+      std::vector<float> gate = random_floats(n, -200, 100), up = random_floats(n, -2, 2);
+      const float edges[] = {0.0f, -80.0f, -80.0001f, -87.5f, -88.5f, -88.8f, -100.0f, -174.0f, -180.0f, 88.0f, 1e-30f};
+      for (std::size_t i = 0; i < std::size(edges) && static_cast<std::int64_t>(i) < n; ++i) gate[i] = edges[i];
+      std::vector<float> out(gate.size() + 1, kNaN);
+      vec::silu_times(gate.data(), with_up ? up.data() : nullptr, out.data(), n);
+      std::vector<float> aliased = gate;  // out over gate
+      vec::silu_times(aliased.data(), with_up ? up.data() : nullptr, aliased.data(), n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double g = gate[i], want = g / (1.0 + std::exp(-g)) * (with_up ? up[i] : 1.0);
+        if (std::abs(want) < 0x1p-126) {
+          EXPECT_LE(std::abs(out[i]), 0x1p-126) << i << " gate " << g;
+        } else {
+          EXPECT_NEAR(out[i], want, 8 * kF32Eps * std::abs(want)) << i << " gate " << g;
+        }
+        EXPECT_EQ(aliased[i], out[i]) << i;
+      }
+      EXPECT_TRUE(std::isnan(out[n])) << "wrote past n";
+    }
+  }
+}
+
 TEST_F(VecLoops, ExpShiftedAtTheEdges) {
   // A whole vector of zeros and of huge negatives, and values just above the flush point.
   std::vector<float> x = {0, 0, 0, 0, 0, 0, 0, 0, -1e30f, -200, -87.0f, -80.0f, -0.5f};

@@ -121,6 +121,30 @@ TEST_F(CpuGemmPaths, WeightOnlyPathsMatchReference) {
           }
 }
 
+// Continuous batching puts any mix of sequences in one GEMM: the tiled path must give each
+// activation row the same bits alone as beside any number of others (its chunks of k and each
+// output's summation order depend on k only), across the row counts the path takes (9..128,
+// past 64 where the chunks once shrank with m) and k past one chunk.
+TEST_F(CpuGemmPaths, TiledRowsIndependentOfOtherRows) {
+  for (const DType t : {DType::F16, DType::Q4G32})
+    for (const std::int64_t k : {200, 1536, 2100})
+      for (const std::int64_t m : {9, 33, 64, 65, 100, 128}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " m=" << m << " k=" << k);
+        const std::int64_t n = 37;
+        const Problem p = make(t, m, n, k, true, 0.0f);
+        std::vector<float> y(static_cast<std::size_t>(m * n));
+        const GemmArgs all{p.x.data(), m, {p.w.data(), t, n, k}, p.bias.data(), y.data(), 0.0f, DType::F32};
+        if (!cpu_gemm_path_supported(CpuGemmPath::Tiled, all)) GTEST_SKIP() << "no AVX2/FMA/F16C here";
+        run_cpu_gemm_path(CpuGemmPath::Tiled, all);
+        for (std::int64_t i = 0; i < m; i += 7) {
+          std::vector<float> alone(static_cast<std::size_t>(n));
+          const GemmArgs one{p.x.data() + i * k, 1, {p.w.data(), t, n, k}, p.bias.data(), alone.data(), 0.0f, DType::F32};
+          run_cpu_gemm_path(CpuGemmPath::Tiled, one);
+          for (std::int64_t j = 0; j < n; ++j) ASSERT_EQ(alone[j], y[i * n + j]) << "y[" << i << ", " << j << "]";
+        }
+      }
+}
+
 TEST_F(CpuGemmPaths, Int8PathWithinActivationRounding) {
   if (!cpu_gemm_path_supported(CpuGemmPath::Tiled, GemmArgs{nullptr, 1, {}, nullptr, nullptr, 0.0f, DType::F32}))
     GTEST_SKIP() << "no AVX2/FMA/F16C here";
