@@ -301,11 +301,11 @@ Policy experts_policy_of(const Block& blk) {
 
 // Weights moved per layer and step when `rows_per_sequence` rows of each sequence compute:
 // the layer plus its share of the embeddings, a tied head's matrix again (the input embedding
-// unit and the head unit each stage it); the layer alone when the embeddings are resident. MoE (as BlockScheduler loads them): a unit load
-// brings the experts the block's rows are expected to route to, or all of them as the
-// policy's expert loading says. When more are routed to than the staging slot holds, each GPU
-// batch runs its routed experts in chunks, fetched again per batch: its own expected active
-// experts, K times.
+// unit and the head unit each stage it); the layer alone when the embeddings are resident.
+// MoE (as BlockScheduler loads them): a unit load brings the experts the block's rows are
+// expected to route to, or all of them as the policy's expert loading says. When more are
+// routed to than the staging slot holds, each GPU batch runs its routed experts in chunks,
+// fetched again per batch: its own expected active experts, K times.
 double weights_moved(const ModelShape& m, const ModelSizes& z, const Block& blk, double rows_per_sequence) {
   const double l = static_cast<double>(m.layers), g = static_cast<double>(blk.gbs), k = static_cast<double>(blk.k);
   const bool tied_twice = m.tied_embeddings && m.input_embedding && m.output_head;
@@ -750,35 +750,45 @@ class Ranking {
 // weights and hidden states wholly on the gpu (no staging buffers) or split, and split weights
 // with the embeddings and head split alike or resident. Each feasible one
 // goes into the ranking; true when any fits.
+// The best placement of one engine variant (blk), when one fits.
+std::optional<Estimate> solve_variant(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
+                                      const PlanOptions& o, const Block& blk) {
+  const Terms t = build_terms(m, hw, w, o, blk);
+  const auto sol = solve(t, static_cast<double>(m.layers), w, !blk.weights_staged, !blk.hidden_staged);
+  if (!sol) return std::nullopt;
+  Policy p;
+  p.gpu_batch_size = blk.gbs;
+  p.num_gpu_batches = blk.k;
+  p.cpu_cache_compute = blk.ccc;
+  p.resident_embeddings = blk.resident_embeddings;
+  p.kv = o.kv.text.empty() ? o.kv.name : o.kv.text;
+  p.compress_weight = o.compress_weight;
+  p.compress_cache = o.compress_cache;
+  p.compress_bits = o.compress_bits;
+  p.cache_storage = o.cache_storage;
+  return make_estimate(m, w, t, sol->x, p);
+}
+
 bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
                     std::int64_t gbs, std::int64_t k, Ranking& ranking) {
   bool any = false;
   const SlotStep step = w.continuous ? slot_step(w, gbs * k, gbs) : SlotStep{};
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
-    for (bool weights_on_gpu : {true, false})
-      for (bool resident_embeddings : {false, true})
-      for (bool hidden_on_gpu : {true, false}) {
+    for (bool weights_on_gpu : {true, false}) {
+      for (bool resident_embeddings : {false, true}) {
         if (weights_on_gpu && resident_embeddings) continue;  // nothing is staged either way
-        Block blk{gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true};
-        blk.resident_embeddings = resident_embeddings;
-        blk.slot_step = step;
-        const Terms t = build_terms(m, hw, w, o, blk);
-        const auto sol = solve(t, static_cast<double>(m.layers), w, weights_on_gpu, hidden_on_gpu);
-        if (!sol) continue;
-        Policy p;
-        p.gpu_batch_size = gbs;
-        p.num_gpu_batches = k;
-        p.cpu_cache_compute = ccc;
-        p.resident_embeddings = resident_embeddings;
-        p.kv = o.kv.text.empty() ? o.kv.name : o.kv.text;
-        p.compress_weight = o.compress_weight;
-        p.compress_cache = o.compress_cache;
-        p.compress_bits = o.compress_bits;
-        p.cache_storage = o.cache_storage;
-        ranking.add(make_estimate(m, w, t, sol->x, p));
-        any = true;
+        for (bool hidden_on_gpu : {true, false}) {
+          Block blk{gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true};
+          blk.resident_embeddings = resident_embeddings;
+          blk.slot_step = step;
+          if (auto e = solve_variant(m, hw, w, o, blk)) {
+            ranking.add(std::move(*e));
+            any = true;
+          }
+        }
       }
+    }
   }
   return any;
 }
