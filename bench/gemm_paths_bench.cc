@@ -9,7 +9,8 @@
 // oneDNN panels), "int8 ratio" the same for the int8 kernel: how much faster the backend got,
 // measured interleaved in one run. "oneDNN bf16" is oneDNN on the same panels under bf16 compute
 // (what --compute-dtype auto picks for 16-bit and quantized weights where the CPU has native
-// bf16 units; "-" elsewhere), and "bf16 / best f32" its speed over the fastest weight-only path.
+// bf16 units; "-" elsewhere), "tiled bf16" the bf16 tiled kernel (f16/bf16 weights, AVX-512 BF16),
+// and "bf16 / best f32" the faster bf16 path's speed over the fastest weight-only path.
 // Usage: bench_gemm_paths [reps] [n k] [dtype ...]
 #include <fmt/format.h>
 #include <tbb/info.h>
@@ -45,8 +46,8 @@ int main(int argc, char** argv) {
   fmt::print("CPU GEMM paths, {} threads, median of {} interleaved runs, GFLOP/s\n\n", tbb::info::default_concurrency(),
              reps);
   fmt::print("| weights | n x k | m | few-row | oneDNN panels | tiled | int8 | int8 256 | picked | ratio | int8 ratio | "
-             "oneDNN bf16 | bf16 / best f32 |\n"
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+             "oneDNN bf16 | tiled bf16 | bf16 / best f32 |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const auto& [n, k] : shapes) {
@@ -80,20 +81,29 @@ int main(int argc, char** argv) {
         const CpuGemmPath picked = kernels::choose_cpu_gemm_path(a, kernels::CpuGemmMode::WeightOnly);
         const CpuGemmPath before = kernels::choose_cpu_gemm_path(a, kernels::CpuGemmMode::Previous);
         variants.emplace_back([&a, picked] { kernels::run_cpu_gemm_path(picked, a); });
+        const std::size_t picked_at = variants.size() - 1;
         kernels::GemmArgs a_bf16 = a;
         a_bf16.compute = DType::BF16;
-        const bool bf16 = kernels::onednn_native_bf16() && t != DType::F32;
-        if (bf16) variants.emplace_back([&a_bf16] { kernels::run_cpu_gemm_path(CpuGemmPath::OnednnPanels, a_bf16); });
+        int onednn_bf16_at = -1, tiled_bf16_at = -1;
+        if (kernels::onednn_native_bf16() && t != DType::F32) {
+          onednn_bf16_at = static_cast<int>(variants.size());
+          variants.emplace_back([&a_bf16] { kernels::run_cpu_gemm_path(CpuGemmPath::OnednnPanels, a_bf16); });
+        }
+        if (kernels::cpu_gemm_path_supported(CpuGemmPath::TiledBf16, a_bf16)) {
+          tiled_bf16_at = static_cast<int>(variants.size());
+          variants.emplace_back([&a_bf16] { kernels::run_cpu_gemm_path(CpuGemmPath::TiledBf16, a_bf16); });
+        }
         const std::vector<double> sec = bench::interleaved_medians(variants, reps);
         const double flop = 2.0 * static_cast<double>(m * n * k);
         auto cell = [&](int i) { return i < 0 ? std::string("-") : fmt::format("{:.1f}", flop / sec[i] / 1e9); };
         const double old = sec[slot[before == CpuGemmPath::FewRows ? 0 : 1]];
-        const std::size_t picked_at = variants.size() - (bf16 ? 2 : 1);
-        double best_f32 = sec[picked_at];
+        double best_f32 = sec[picked_at], best_bf16 = 0;
         for (int i : slot)
           if (i >= 0 && i != slot[3]) best_f32 = std::min(best_f32, sec[static_cast<std::size_t>(i)]);
-        const std::string bf16_cells = bf16 ? fmt::format("{:.1f} | {:.2f}", flop / sec.back() / 1e9, best_f32 / sec.back())
-                                            : std::string("- | -");
+        for (int i : {onednn_bf16_at, tiled_bf16_at})
+          if (i >= 0) best_bf16 = best_bf16 == 0 ? sec[i] : std::min(best_bf16, sec[i]);
+        const std::string bf16_cells = fmt::format("{} | {} | {}", cell(onednn_bf16_at), cell(tiled_bf16_at),
+                                                   best_bf16 == 0 ? "-" : fmt::format("{:.2f}", best_f32 / best_bf16));
         const std::string int8_ratio = slot[3] < 0 ? "-" : fmt::format("{:.2f}", old / sec[slot[3]]);
         fmt::print("| {} | {} x {} | {} | {} | {} | {} | {} | {} | {} | {:.2f} | {} | {} |\n", kernels::dtype_name(t), n, k,
                    m, cell(slot[0]), cell(slot[1]), cell(slot[2]), cell(slot[3]), cell(narrow_at),

@@ -25,4 +25,13 @@ inline bool cpu_has_avx512f() {
   return (lo & 0xe6) == 0xe6;  // SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM state
 }
 
+// AVX-512 F, BW, VL and BF16 (vdpbf16ps, vcvtne2ps2bf16), with F16C.
+inline bool cpu_has_avx512_bf16() {
+  if (!cpu_has_avx512f() || !cpu_has_avx2_fma_f16c()) return false;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & bit_AVX512BW) || !(b & bit_AVX512VL)) return false;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return a & bit_AVX512BF16;  // in CPUID.(7, 1):EAX
+}
+
 }  // namespace flexh2o::kernels

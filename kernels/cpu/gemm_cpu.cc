@@ -1,6 +1,7 @@
 // GEMM on the CPU: the paths of gemm_cpu.h and the choice between them. q4/q8 weights take the
 // int8 kernels (gemm_int8_cpu.h) at every row count unless FLEXH2O_CPU_GEMM says otherwise.
-// Other weights: few activation rows (decode at small batch) take gemv_cpu.h's kernel, a few
+// Under bf16 compute, f16/bf16 weights take the bf16 tiled kernel (gemm_tiled_bf16_cpu.h) at
+// every row count where the CPU has AVX-512 BF16. Other weights: few activation rows (decode at small batch) take gemv_cpu.h's kernel, a few
 // tens (decode at larger batch) the tiled kernel (gemm_tiled_cpu.h), which read the weights as
 // stored; more rows (prefill) and CPUs without AVX2/FMA/F16C take oneDNN: the
 // weight's output rows are cut into panels; each oneTBB task brings its panel into the compute
@@ -23,6 +24,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/gemm_int8_cpu.h"
+#include "kernels/cpu/gemm_tiled_bf16_cpu.h"
 #include "kernels/cpu/gemm_tiled_cpu.h"
 #include "kernels/cpu/gemv_cpu.h"
 #include "kernels/cpu/onednn_matmul.h"
@@ -105,6 +107,20 @@ void gemm_onednn_panels(const GemmArgs& a) {
   });
 }
 
+// x rounded to bf16 once (as the oneDNN path rounds it), then tasks of whole weight row blocks.
+void run_cpu_gemm_tiled_bf16(const GemmArgs& a) {
+  using Range = tbb::blocked_range<std::int64_t>;
+  const std::int64_t k = a.w.cols, stride = tiled_bf16_x_stride(k);
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(a.m * stride));
+  tbb::parallel_for(Range(0, a.m, 16), [&](const Range& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i)
+      convert_from_f32(a.x + i * k, DType::BF16, x.data() + i * stride, static_cast<std::size_t>(k));
+  });
+  tbb::parallel_for(
+      Range(0, a.w.rows, kTiledTaskRows), [&](const Range& r) { gemm_tiled_bf16(a, x.data(), r.begin(), r.end()); },
+      tbb::simple_partitioner());
+}
+
 }  // namespace
 
 std::string_view cpu_gemm_path_name(CpuGemmPath p) {
@@ -112,6 +128,7 @@ std::string_view cpu_gemm_path_name(CpuGemmPath p) {
     case CpuGemmPath::FewRows: return "few-row";
     case CpuGemmPath::Tiled: return "tiled";
     case CpuGemmPath::TiledInt8: return "tiled int8";
+    case CpuGemmPath::TiledBf16: return "tiled bf16";
     case CpuGemmPath::OnednnPanels: return "oneDNN panels";
   }
   return "?";
@@ -122,6 +139,7 @@ bool cpu_gemm_path_supported(CpuGemmPath p, const GemmArgs& a) {
     case CpuGemmPath::FewRows: return gemv_small_m_applies(a);
     case CpuGemmPath::Tiled: return gemm_tiled_supported(a);
     case CpuGemmPath::TiledInt8: return gemm_int8_supported(a);
+    case CpuGemmPath::TiledBf16: return gemm_tiled_bf16_supported(a);
     case CpuGemmPath::OnednnPanels: return true;
   }
   return false;
@@ -143,6 +161,7 @@ CpuGemmPath choose_cpu_gemm_path(const GemmArgs& a, CpuGemmMode mode) {
   if (mode == CpuGemmMode::Previous) return gemv_small_m_applies(a) ? CpuGemmPath::FewRows : CpuGemmPath::OnednnPanels;
   if (mode == CpuGemmMode::Int8 && gemm_int8_supported(a) && a.m >= int8_min_rows())
     return CpuGemmPath::TiledInt8;
+  if (gemm_tiled_bf16_supported(a)) return CpuGemmPath::TiledBf16;
   if (gemv_small_m_applies(a) && a.m <= few_rows_max(a.w.dtype)) return CpuGemmPath::FewRows;
   if (gemm_tiled_supported(a) && a.m <= tiled_max_rows()) return CpuGemmPath::Tiled;
   return CpuGemmPath::OnednnPanels;
@@ -177,6 +196,7 @@ void run_cpu_gemm_path(CpuGemmPath p, const GemmArgs& a) {
                         tbb::simple_partitioner());
       return;
     case CpuGemmPath::TiledInt8: return run_cpu_gemm_int8(a, int8_best_kernel());
+    case CpuGemmPath::TiledBf16: return run_cpu_gemm_tiled_bf16(a);
     case CpuGemmPath::OnednnPanels: return gemm_onednn_panels(a);
   }
 }
@@ -194,6 +214,9 @@ std::optional<std::int64_t> CpuBackend::bf16_faster_from_rows(DType weights) con
   f32_decode.m = 16;
   f32_decode.w = {nullptr, weights, 1, kInt8Block};
   if (cpu_gemm_mode() == CpuGemmMode::Int8 && gemm_int8_supported(f32_decode)) return std::nullopt;
+  GemmArgs bf16_decode = f32_decode;
+  bf16_decode.compute = DType::BF16;
+  if (gemm_tiled_bf16_supported(bf16_decode)) return 4;
   return gemm_tiled_supported(f32_decode) ? 64 : 1;
 }
 

@@ -12,6 +12,7 @@ enum class CpuGemmPath {
   FewRows,       // gemv_cpu.h: weights read in place, few activation rows
   Tiled,         // gemm_tiled_cpu.h: weight tiles widened in L1, register-blocked FMA
   TiledInt8,     // gemm_int8_cpu.h: q4/q8 tiles times activations quantized per 32-block
+  TiledBf16,     // gemm_tiled_bf16_cpu.h: under bf16 compute, f16/bf16 tiles by AVX-512 BF16 dot products
   OnednnPanels,  // weight panels brought to the compute dtype, oneDNN matmul per panel
 };
 std::string_view cpu_gemm_path_name(CpuGemmPath p);

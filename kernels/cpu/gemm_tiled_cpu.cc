@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm_tile_prefetch.h"
 #include "kernels/cpu/gemm_tile_sums.h"
 #include "kernels/quantize.h"
 
@@ -133,24 +134,9 @@ int group_rows(std::int64_t i, std::int64_t m) {
   return left == 4 || left == 2 ? 2 : left == 1 ? 1 : 3;
 }
 
-// The next tile's stored bytes, brought towards the caches a few lines per micro-kernel call:
-// spread over the current tile's compute so that the next widening finds them there, without
-// filling the miss queues that the activations' loads also need.
-struct TilePrefetch {
-  const std::uint8_t* row[kR] = {};  // where each next row's bytes start; null: nothing to fetch
-  std::int64_t lines_per_row = 0, next = 0;
-
-  void issue(std::int64_t count) {
-    for (const std::int64_t end = std::min(next + count, kR * lines_per_row); next < end; ++next) {
-      const std::uint8_t* p = row[next / lines_per_row];
-      if (p) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * (next % lines_per_row)), _MM_HINT_T0);
-    }
-  }
-};
-
 // All activation rows against one widened tile (kR rows of w at stride ws, columns [c0, c0 + len)).
 void tile_rows(const GemmArgs& a, const float* w, std::int64_t ws, std::int64_t r, int rows, std::int64_t c0,
-               std::int64_t len, TilePrefetch& prefetch) {
+               std::int64_t len, TilePrefetch<kR>& prefetch) {
   const std::int64_t k = a.w.cols;
   const std::int64_t calls = (a.m + kM - 1) / kM, per_call = (kR * prefetch.lines_per_row + calls - 1) / calls;
   for (std::int64_t i0 = 0; i0 < a.m;) {
@@ -167,7 +153,7 @@ void tile_rows(const GemmArgs& a, const float* w, std::int64_t ws, std::int64_t 
     for (int i = 0; i < mm; ++i) add_tile_sums(a, i0 + i, r, rows, c0 == 0, sums[i]);
     i0 += mm;
   }
-  prefetch.issue(kR * prefetch.lines_per_row);
+  prefetch.issue_all();
 }
 
 template <DType T>
@@ -195,7 +181,7 @@ void tiled_rows(const GemmArgs& a, std::int64_t n0, std::int64_t n1) {
           else
             widen_float<T>(row, c0, len, tile + j * kc);
         }
-        TilePrefetch prefetch;  // the block's next tile in this chunk
+        TilePrefetch<kR> prefetch;  // the block's next tile in this chunk
         if (r + kR < b1) {
           const std::int64_t from = byte_of(c0) / 64 * 64;
           prefetch.lines_per_row = (byte_of(c0 + len) - from + 63) / 64;

@@ -4,6 +4,8 @@
 // task, k past a chunk and off the 8-wide vectors. Tolerances follow from the arithmetic:
 //   weight-only paths: an fp32 sum of k products in any order, u (k + 16) sum |x| (|w| + |m|),
 //     where |m| covers q * s + m formed in one FMA instead of the stored value's two roundings;
+//   bf16 compute: the same sum of the exact products of x and w rounded to bf16 (the reference
+//     rounds them too);
 //   the int8 path: that, plus the activations' rounding to codes, at most dx / 2 per value
 //     (dx = max |x| / 127 of its block of 32), times the part of the weight the codes carry,
 //     (q - centre) * s (the kernel centres the codes on their range).
@@ -64,13 +66,16 @@ class CpuGemmPaths : public SeededTest {
 
   // Runs path `path` and checks every output; `int8` adds the activation-rounding bound.
   // `kernel` runs that int8 kernel (over all rows at once) instead of the path.
-  void check(CpuGemmPath path, const Problem& p, float beta, bool int8, std::optional<Int8Kernel> kernel = {}) {
+  // `compute` BF16 runs the path under bf16 compute, against a reference on bf16-rounded x and w.
+  void check(CpuGemmPath path, const Problem& p, float beta, bool int8, std::optional<Int8Kernel> kernel = {},
+             DType compute = DType::F32) {
     SCOPED_TRACE(::testing::Message() << cpu_gemm_path_name(path) << " " << dtype_name(p.t) << " m=" << p.m
                                       << " n=" << p.n << " k=" << p.k << (p.bias.empty() ? "" : " bias")
-                                      << " beta=" << beta << " int8 kernel " << (kernel ? static_cast<int>(*kernel) : -1));
+                                      << " beta=" << beta << " int8 kernel " << (kernel ? static_cast<int>(*kernel) : -1)
+                                      << " compute " << dtype_name(compute));
     std::vector<float> y = p.y0;
     const GemmArgs a{p.x.data(), p.m, {p.w.data(), p.t, p.n, p.k}, p.bias.empty() ? nullptr : p.bias.data(),
-                     y.data(), beta, DType::F32};
+                     y.data(), beta, compute};
     ASSERT_TRUE(cpu_gemm_path_supported(path, a));
     if (kernel) {
       run_cpu_gemm_int8(a, *kernel);
@@ -81,7 +86,8 @@ class CpuGemmPaths : public SeededTest {
       for (std::int64_t j = 0; j < p.n; ++j) {
         double want = 0, terms = 0, rounding = 0;
         for (std::int64_t c = 0; c < p.k; ++c) {
-          const double x = p.x[i * p.k + c], w = p.value[j * p.k + c], mn = p.min[j * p.k + c];
+          const double x = round_to(compute, p.x[i * p.k + c]), w = round_to(compute, p.value[j * p.k + c]);
+          const double mn = p.min[j * p.k + c];
           want += x * w;
           terms += std::abs(x) * (std::abs(w) + std::abs(mn));
         }
@@ -121,28 +127,73 @@ TEST_F(CpuGemmPaths, WeightOnlyPathsMatchReference) {
           }
 }
 
-// Continuous batching puts any mix of sequences in one GEMM: the tiled path must give each
-// activation row the same bits alone as beside any number of others (its chunks of k and each
-// output's summation order depend on k only), across the row counts the path takes (9..128,
-// past 64 where the chunks once shrank with m) and k past one chunk.
-TEST_F(CpuGemmPaths, TiledRowsIndependentOfOtherRows) {
-  for (const DType t : {DType::F16, DType::Q4G32})
-    for (const std::int64_t k : {200, 1536, 2100})
-      for (const std::int64_t m : {9, 33, 64, 65, 100, 128}) {
-        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " m=" << m << " k=" << k);
-        const std::int64_t n = 37;
-        const Problem p = make(t, m, n, k, true, 0.0f);
-        std::vector<float> y(static_cast<std::size_t>(m * n));
-        const GemmArgs all{p.x.data(), m, {p.w.data(), t, n, k}, p.bias.data(), y.data(), 0.0f, DType::F32};
-        if (!cpu_gemm_path_supported(CpuGemmPath::Tiled, all)) GTEST_SKIP() << "no AVX2/FMA/F16C here";
-        run_cpu_gemm_path(CpuGemmPath::Tiled, all);
-        for (std::int64_t i = 0; i < m; i += 7) {
-          std::vector<float> alone(static_cast<std::size_t>(n));
-          const GemmArgs one{p.x.data() + i * k, 1, {p.w.data(), t, n, k}, p.bias.data(), alone.data(), 0.0f, DType::F32};
-          run_cpu_gemm_path(CpuGemmPath::Tiled, one);
-          for (std::int64_t j = 0; j < n; ++j) ASSERT_EQ(alone[j], y[i * n + j]) << "y[" << i << ", " << j << "]";
+// The bf16 tiled kernel: f16 and bf16 weights, rows by sixes and their remainders and past a
+// 128-row block, k off the 32-wide vectors (masked tails) and past a 2048-column chunk, weight
+// rows past a tile and a task.
+TEST_F(CpuGemmPaths, TiledBf16MatchesBf16Reference) {
+  if (!cpu_gemm_path_supported(CpuGemmPath::TiledBf16,
+                               GemmArgs{nullptr, 1, {nullptr, DType::F16, 1, 1}, nullptr, nullptr, 0.0f, DType::BF16}))
+    GTEST_SKIP() << "no AVX-512 BF16 here";
+  for (const DType t : {DType::F16, DType::BF16})
+    for (const std::int64_t m : {1, 5, 6, 7, 13, 16, 64, 131})
+      for (const std::int64_t k : {7, 64, 200, 2100})
+        for (const std::int64_t n : {5, 70}) {
+          if (m > 64 && k > 200) continue;  // the reference is O(m n k) in doubles
+          const bool bias = (m + k) % 2 == 0;
+          const float beta = (m + n) % 2 == 0 ? 1.0f : 0.0f;
+          check(CpuGemmPath::TiledBf16, make(t, m, n, k, bias, beta), beta, false, {}, DType::BF16);
+          if (HasFatalFailure()) return;
         }
-      }
+}
+
+// One path for every row count under bf16 compute, so that a row's bits never follow the rows
+// beside it (rounding the next layer's input to bf16 would magnify a last-bit difference).
+TEST_F(CpuGemmPaths, Bf16ComputeTakesTiledBf16AtEveryRowCount) {
+  GemmArgs a{nullptr, 16, {nullptr, DType::F16, 8, 64}, nullptr, nullptr, 0.0f, DType::BF16};
+  if (!cpu_gemm_path_supported(CpuGemmPath::TiledBf16, a)) GTEST_SKIP() << "no AVX-512 BF16 here";
+  for (const std::int64_t m : {1, 16, 129, 4096}) {
+    a.m = m;
+    EXPECT_EQ(choose_cpu_gemm_path(a), CpuGemmPath::TiledBf16) << m;
+  }
+  a.m = 16;
+  a.w.dtype = DType::Q8G32;
+  EXPECT_FALSE(cpu_gemm_path_supported(CpuGemmPath::TiledBf16, a));
+  a.w.dtype = DType::F16;
+  a.compute = DType::F32;
+  EXPECT_FALSE(cpu_gemm_path_supported(CpuGemmPath::TiledBf16, a));
+}
+
+// Continuous batching puts any mix of sequences in one GEMM: the tiled paths must give each
+// activation row the same bits alone as beside any number of others (their chunks of k and each
+// output's summation order depend on k only), across the row counts they take (9..128 for the
+// fp32 kernel, past 64 where the chunks once shrank with m; every count for the bf16 one, past
+// its 128-row blocks) and k past one chunk.
+TEST_F(CpuGemmPaths, TiledRowsIndependentOfOtherRows) {
+  struct Case {
+    CpuGemmPath path;
+    DType compute;
+    std::vector<DType> weights;
+  };
+  const Case cases[] = {{CpuGemmPath::Tiled, DType::F32, {DType::F16, DType::Q4G32}},
+                        {CpuGemmPath::TiledBf16, DType::BF16, {DType::F16, DType::BF16}}};
+  for (const Case& c : cases)
+    for (const DType t : c.weights)
+      for (const std::int64_t k : {200, 1536, 2100, 4200})
+        for (const std::int64_t m : {9, 33, 64, 65, 100, 128, 300}) {
+          SCOPED_TRACE(::testing::Message() << cpu_gemm_path_name(c.path) << " " << dtype_name(t) << " m=" << m << " k=" << k);
+          const std::int64_t n = 37;
+          const Problem p = make(t, m, n, k, true, 0.0f);
+          std::vector<float> y(static_cast<std::size_t>(m * n));
+          const GemmArgs all{p.x.data(), m, {p.w.data(), t, n, k}, p.bias.data(), y.data(), 0.0f, c.compute};
+          if (!cpu_gemm_path_supported(c.path, all)) break;  // not on this CPU
+          run_cpu_gemm_path(c.path, all);
+          for (std::int64_t i = 0; i < m; i += 7) {
+            std::vector<float> alone(static_cast<std::size_t>(n));
+            const GemmArgs one{p.x.data() + i * k, 1, {p.w.data(), t, n, k}, p.bias.data(), alone.data(), 0.0f, c.compute};
+            run_cpu_gemm_path(c.path, one);
+            for (std::int64_t j = 0; j < n; ++j) ASSERT_EQ(alone[j], y[i * n + j]) << "y[" << i << ", " << j << "]";
+          }
+        }
 }
 
 TEST_F(CpuGemmPaths, Int8PathWithinActivationRounding) {
