@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_tile_prefetch.h"
@@ -44,16 +45,30 @@ std::int64_t chunk_cols(std::int64_t k) {
 // would then overflow the 8 ways.
 constexpr std::int64_t padded_stride(std::int64_t n) { return (((n + kLanes - 1) / kLanes) | 1) * kLanes; }
 
-// len fp16 values as bf16, rounded to nearest even (exact through fp32: fp16 -> fp32 is exact
-// and never subnormal, so the hardware's flush of subnormal inputs never applies).
-FLEXH2O_AVX512_BF16 void f16_to_bf16(const std::uint16_t* src, std::int64_t len, std::uint16_t* out) {
+// len fp16 or fp32 values as bf16, rounded to nearest even. fp16 -> fp32 is exact and never
+// subnormal; an fp32 subnormal becomes 0 here and a bf16 subnormal in f32_to_bf16, which
+// vdpbf16ps reads as 0 as well, so the products are those of the oneDNN path.
+template <DType T>
+FLEXH2O_AVX512_BF16 void widen_to_bf16(const void* row, std::int64_t c0, std::int64_t len, std::uint16_t* out) {
   std::int64_t i = 0;
   for (; i + kLanes <= len; i += kLanes) {
-    const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 16)));
+    __m512 lo, hi;
+    if constexpr (T == DType::F16) {
+      const auto* p = static_cast<const std::uint16_t*>(row) + c0 + i;
+      lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+    } else {
+      const float* p = static_cast<const float*>(row) + c0 + i;
+      lo = _mm512_loadu_ps(p);
+      hi = _mm512_loadu_ps(p + 16);
+    }
     _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
   }
-  for (; i < len; ++i) out[i] = f32_to_bf16(f16_to_f32(src[i]));
+  for (; i < len; ++i) {
+    const float v = T == DType::F16 ? f16_to_f32(static_cast<const std::uint16_t*>(row)[c0 + i])
+                                    : static_cast<const float*>(row)[c0 + i];
+    out[i] = f32_to_bf16(v);
+  }
 }
 
 // Lane j of the result = the sum of v[j]'s 16 lanes: the halves added, then an hadd tree.
@@ -131,24 +146,24 @@ template <DType T>
 void tiled_block(const GemmArgs& a, const std::uint16_t* x, std::int64_t m0, std::int64_t m1, std::int64_t b0,
                  std::int64_t b1, std::uint16_t* tile) {
   const std::int64_t k = a.w.cols, kc = chunk_cols(k), ts = padded_stride(kc);
-  const auto* base = static_cast<const std::uint16_t*>(a.w.data);
+  const std::int64_t es = T == DType::F32 ? 4 : 2, rb = es * k;  // bytes per value, per row
+  const auto* base = static_cast<const std::uint8_t*>(a.w.data);
   for (std::int64_t c0 = 0; c0 < k; c0 += kc) {
     const std::int64_t len = std::min(kc, k - c0);
     for (std::int64_t r = b0; r < b1; r += kR) {
       const int rows = static_cast<int>(std::min<std::int64_t>(kR, b1 - r));
       for (int j = 0; j < kR; ++j) {  // a short last tile repeats its last row; those sums are dropped
-        const std::uint16_t* src = base + (r + std::min(j, rows - 1)) * k + c0;
-        if constexpr (T == DType::F16)
-          f16_to_bf16(src, len, tile + j * ts);
+        const std::uint8_t* row = base + (r + std::min(j, rows - 1)) * rb;
+        if constexpr (T == DType::BF16)
+          std::memcpy(tile + j * ts, row + 2 * c0, static_cast<std::size_t>(len) * 2);
         else
-          std::memcpy(tile + j * ts, src, static_cast<std::size_t>(len) * 2);
+          widen_to_bf16<T>(row, c0, len, tile + j * ts);
       }
       TilePrefetch<kR> prefetch;  // the block's next tile in this chunk
       if (r + kR < b1) {
-        const std::int64_t from = 2 * c0 / 64 * 64;
-        prefetch.lines_per_row = (2 * (c0 + len) - from + 63) / 64;
-        for (int j = 0; j < kR && r + kR + j < b1; ++j)
-          prefetch.row[j] = reinterpret_cast<const std::uint8_t*>(base + (r + kR + j) * k) + from;
+        const std::int64_t from = es * c0 / 64 * 64;
+        prefetch.lines_per_row = (es * (c0 + len) - from + 63) / 64;
+        for (int j = 0; j < kR && r + kR + j < b1; ++j) prefetch.row[j] = base + (r + kR + j) * rb + from;
       }
       tile_rows(a, x, m0, m1, tile, ts, r, rows, c0, len, prefetch);
     }
@@ -171,12 +186,17 @@ void tiled_rows(const GemmArgs& a, const std::uint16_t* x, std::int64_t n0, std:
 std::int64_t tiled_bf16_x_stride(std::int64_t k) { return padded_stride(k); }
 
 bool gemm_tiled_bf16_supported(const GemmArgs& a) {
-  return kSupported && a.compute == DType::BF16 && (a.w.dtype == DType::F16 || a.w.dtype == DType::BF16) && a.m >= 1;
+  const DType t = a.w.dtype;
+  return kSupported && a.compute == DType::BF16 && (t == DType::F32 || t == DType::F16 || t == DType::BF16) && a.m >= 1;
 }
 
 void gemm_tiled_bf16(const GemmArgs& a, const std::uint16_t* x_bf16, std::int64_t n0, std::int64_t n1) {
-  if (a.w.dtype == DType::F16) return tiled_rows<DType::F16>(a, x_bf16, n0, n1);
-  tiled_rows<DType::BF16>(a, x_bf16, n0, n1);
+  switch (a.w.dtype) {
+    case DType::F32: return tiled_rows<DType::F32>(a, x_bf16, n0, n1);
+    case DType::F16: return tiled_rows<DType::F16>(a, x_bf16, n0, n1);
+    case DType::BF16: return tiled_rows<DType::BF16>(a, x_bf16, n0, n1);
+    default: throw std::invalid_argument("gemm_tiled_bf16: weights must be f32, f16 or bf16");
+  }
 }
 
 }  // namespace flexh2o::kernels

@@ -19,6 +19,7 @@
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
 #include "engine/model/model_source.h"
+#include "kernels/cpu/gemm_cpu.h"
 #include "policy/cost_model.h"
 #include "policy/eviction/kv_spec.h"
 #include "tests/support/forwarding_backend.h"
@@ -515,8 +516,9 @@ TEST(Scheduler, ReservesTheBackendsOpScratch) {
 // block's slots under random policies (tiers, staging, eviction, compression), with a prefill
 // budget from one token (a newcomer per GPU batch and step) to all of them: each request's
 // tokens are those of its solo in-memory run.
-void expect_refill_matches_solo(const Case& c, const ModelConfig& cfg, const engine::WeightSource& src,
-                                std::uint64_t seed, float temperature) {
+testing::RefillComparison expect_refill_matches_solo(const Case& c, const ModelConfig& cfg,
+                                                     const engine::WeightSource& src, std::uint64_t seed,
+                                                     float temperature) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c));
   GenerationRequest req;
   req.prompts = random_prompts(cfg, 3 * c.policy.block_size() + 1, seed);
@@ -536,6 +538,7 @@ void expect_refill_matches_solo(const Case& c, const ModelConfig& cfg, const eng
   auto be = kernels::make_cpu_backend();
   const auto r = testing::expect_refill_matches_solo(*be, cfg, src, c.policy, req, {c.always_stage});
   if (r.exact < r.requests) std::cout << "note: " << r.requests - r.exact << " of " << r.requests << " requests differ from their solo run (" << r.near_ties << " at near-ties)\n";
+  return r;
 }
 
 TEST(Scheduler, RefillMatchesSoloRunsStories260k) {
@@ -563,6 +566,29 @@ TEST(Scheduler, RefillMatchesSoloRunsMoe) {
     Case c = random_case(seed);
     c.policy.expert_loading = loading[seed % 3];
     expect_refill_matches_solo(c, cfg, src, seed, seed % 2 ? 0.8f : 0.0f);
+  }
+}
+
+// Under bf16 compute on a CPU with AVX-512 BF16 every projection of float weights takes the bf16
+// tiled kernel, whose rows never depend on each other: refill gives every request its solo
+// run's logits bit for bit, so no near-tie is ever needed. (fp32 is not there: its GEMM picks a
+// path by row count, and q4/q8 weights under bf16 take oneDNN.)
+TEST(Scheduler, RefillUnderBf16ComputeIsExact) {
+  const kernels::GemmArgs bf16{nullptr, 1, {nullptr, kernels::DType::F32, 1, 1}, nullptr, nullptr, 0.0f, kernels::DType::BF16};
+  if (!kernels::cpu_gemm_path_supported(kernels::CpuGemmPath::TiledBf16, bf16)) GTEST_SKIP() << "no AVX-512 BF16 here";
+  ModelConfig cfg = testing::tiny_llama_config();
+  cfg.compute_dtype = kernels::DType::BF16;
+  cfg.hidden = 512;  // wide enough that oneDNN's bf16 GEMM sums in another order at other row counts
+  cfg.ffn = 1024;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  engine::DummyWeights src(cfg, 12);
+  for (std::uint64_t seed = 900; seed < 906; ++seed) {
+    Case c = random_case(seed);
+    c.policy.compress_weight = false;
+    const auto r = expect_refill_matches_solo(c, cfg, src, seed, seed % 2 ? 0.8f : 0.0f);
+    EXPECT_EQ(r.bitwise, r.requests) << "seed " << seed;
   }
 }
 

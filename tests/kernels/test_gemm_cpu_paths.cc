@@ -127,14 +127,14 @@ TEST_F(CpuGemmPaths, WeightOnlyPathsMatchReference) {
           }
 }
 
-// The bf16 tiled kernel: f16 and bf16 weights, rows by sixes and their remainders and past a
+// The bf16 tiled kernel: f32, f16 and bf16 weights, rows by sixes and their remainders and past a
 // 128-row block, k off the 32-wide vectors (masked tails) and past a 2048-column chunk, weight
 // rows past a tile and a task.
 TEST_F(CpuGemmPaths, TiledBf16MatchesBf16Reference) {
   if (!cpu_gemm_path_supported(CpuGemmPath::TiledBf16,
                                GemmArgs{nullptr, 1, {nullptr, DType::F16, 1, 1}, nullptr, nullptr, 0.0f, DType::BF16}))
     GTEST_SKIP() << "no AVX-512 BF16 here";
-  for (const DType t : {DType::F16, DType::BF16})
+  for (const DType t : {DType::F32, DType::F16, DType::BF16})
     for (const std::int64_t m : {1, 5, 6, 7, 13, 16, 64, 131})
       for (const std::int64_t k : {7, 64, 200, 2100})
         for (const std::int64_t n : {5, 70}) {
@@ -175,7 +175,7 @@ TEST_F(CpuGemmPaths, TiledRowsIndependentOfOtherRows) {
     std::vector<DType> weights;
   };
   const Case cases[] = {{CpuGemmPath::Tiled, DType::F32, {DType::F16, DType::Q4G32}},
-                        {CpuGemmPath::TiledBf16, DType::BF16, {DType::F16, DType::BF16}}};
+                        {CpuGemmPath::TiledBf16, DType::BF16, {DType::F32, DType::F16, DType::BF16}}};
   for (const Case& c : cases)
     for (const DType t : c.weights)
       for (const std::int64_t k : {200, 1536, 2100, 4200})

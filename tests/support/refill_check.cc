@@ -112,6 +112,7 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
     EXPECT_EQ(g.logits.size(), g.tokens.size());
     if (g.logits.size() != g.tokens.size()) continue;
     if (g.tokens == w.tokens) ++c.exact;
+    if (g.tokens == w.tokens && g.logits == w.logits) ++c.bitwise;
     const auto tokens = static_cast<std::int64_t>(req.prompts[b].size() + w.tokens.size());
     bool tie = false;
     for (std::size_t i = 0; i < std::min(g.tokens.size(), w.tokens.size()) && !tie; ++i) {

@@ -18,7 +18,8 @@ namespace flexh2o::testing {
 struct RefillComparison {
   std::size_t requests = 0;
   std::size_t near_ties = 0;  // requests compared only up to a near-tie
-  std::size_t exact = 0;      // requests whose tokens equal the solo run's bit for bit
+  std::size_t exact = 0;      // requests whose tokens equal the solo run's
+  std::size_t bitwise = 0;    // requests whose tokens and the logits that picked them are the solo run's bits
 };
 
 // Runs `req` (prompts, limits, sampling, streams) under continuous batching over the policy's
