@@ -13,7 +13,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/gemm_tile_prefetch.h"
+#include "kernels/cpu/gemm_tile_walk.h"
 #include "kernels/cpu/gemm_tile_sums.h"
 #include "kernels/cpu/gemm_tiled_cpu.h"
 
@@ -46,8 +46,9 @@ std::int64_t chunk_cols(std::int64_t k) {
 constexpr std::int64_t padded_stride(std::int64_t n) { return (((n + kLanes - 1) / kLanes) | 1) * kLanes; }
 
 // len fp16 or fp32 values as bf16, rounded to nearest even. fp16 -> fp32 is exact and never
-// subnormal; an fp32 subnormal becomes 0 here and a bf16 subnormal in f32_to_bf16, which
-// vdpbf16ps reads as 0 as well, so the products are those of the oneDNN path.
+// subnormal. An fp32 subnormal becomes 0 here and a bf16 subnormal in f32_to_bf16, which
+// vdpbf16ps reads as 0 as well: only a weight within 2^-134 of 2^-126 (0 here, 2^-126 there)
+// can multiply differently from the oneDNN path.
 template <DType T>
 FLEXH2O_AVX512_BF16 void widen_to_bf16(const void* row, std::int64_t c0, std::int64_t len, std::uint16_t* out) {
   std::int64_t i = 0;
@@ -146,28 +147,18 @@ template <DType T>
 void tiled_block(const GemmArgs& a, const std::uint16_t* x, std::int64_t m0, std::int64_t m1, std::int64_t b0,
                  std::int64_t b1, std::uint16_t* tile) {
   const std::int64_t k = a.w.cols, kc = chunk_cols(k), ts = padded_stride(kc);
-  const std::int64_t es = T == DType::F32 ? 4 : 2, rb = es * k;  // bytes per value, per row
-  const auto* base = static_cast<const std::uint8_t*>(a.w.data);
-  for (std::int64_t c0 = 0; c0 < k; c0 += kc) {
-    const std::int64_t len = std::min(kc, k - c0);
-    for (std::int64_t r = b0; r < b1; r += kR) {
-      const int rows = static_cast<int>(std::min<std::int64_t>(kR, b1 - r));
-      for (int j = 0; j < kR; ++j) {  // a short last tile repeats its last row; those sums are dropped
-        const std::uint8_t* row = base + (r + std::min(j, rows - 1)) * rb;
-        if constexpr (T == DType::BF16)
-          std::memcpy(tile + j * ts, row + 2 * c0, static_cast<std::size_t>(len) * 2);
-        else
-          widen_to_bf16<T>(row, c0, len, tile + j * ts);
-      }
-      TilePrefetch<kR> prefetch;  // the block's next tile in this chunk
-      if (r + kR < b1) {
-        const std::int64_t from = es * c0 / 64 * 64;
-        prefetch.lines_per_row = (es * (c0 + len) - from + 63) / 64;
-        for (int j = 0; j < kR && r + kR + j < b1; ++j) prefetch.row[j] = base + (r + kR + j) * rb + from;
-      }
-      tile_rows(a, x, m0, m1, tile, ts, r, rows, c0, len, prefetch);
-    }
-  }
+  const std::int64_t es = T == DType::F32 ? 4 : 2;  // bytes per stored value
+  auto fill = [&](int j, const std::uint8_t* row, std::int64_t c0, std::int64_t len) {
+    if constexpr (T == DType::BF16)
+      std::memcpy(tile + j * ts, row + 2 * c0, static_cast<std::size_t>(len) * 2);
+    else
+      widen_to_bf16<T>(row, c0, len, tile + j * ts);
+  };
+  auto multiply = [&](std::int64_t r, int rows, std::int64_t c0, std::int64_t len, TilePrefetch<kR>& prefetch) {
+    tile_rows(a, x, m0, m1, tile, ts, r, rows, c0, len, prefetch);
+  };
+  walk_tiles<kR>(static_cast<const std::uint8_t*>(a.w.data), es * k, k, kc, b0, b1,
+                 [es](std::int64_t c) { return es * c; }, fill, multiply);
 }
 
 // Blocks of kRowBlock activation rows (their chunk of x stays in L2), each by every block of

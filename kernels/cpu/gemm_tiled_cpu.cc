@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/gemm_tile_prefetch.h"
+#include "kernels/cpu/gemm_tile_walk.h"
 #include "kernels/cpu/gemm_tile_sums.h"
 #include "kernels/quantize.h"
 
@@ -166,31 +166,19 @@ void tiled_rows(const GemmArgs& a, std::int64_t n0, std::int64_t n1) {
     return c * static_cast<std::int64_t>(T == DType::F32 ? 4 : 2);
   };
   float tile[kR * kMaxChunk];
-  for (std::int64_t b0 = n0; b0 < n1; b0 += kBlockRows) {
-    const std::int64_t b1 = std::min(n1, b0 + kBlockRows);
-    for (std::int64_t c0 = 0; c0 < k; c0 += kc) {
-      const std::int64_t len = std::min(kc, k - c0);
-      for (std::int64_t r = b0; r < b1; r += kR) {
-        const int rows = static_cast<int>(std::min<std::int64_t>(kR, b1 - r));
-        for (int j = 0; j < kR; ++j) {  // a short last tile repeats its last row; those sums are dropped
-          const std::uint8_t* row = base + (r + std::min(j, rows - 1)) * rb;
-          if constexpr (is_quantized(T))
-            widen_quant<T>(row, k, c0, len, tile + j * kc);
-          else if constexpr (T == DType::F32)
-            std::memcpy(tile + j * kc, reinterpret_cast<const float*>(row) + c0, static_cast<std::size_t>(len) * 4);
-          else
-            widen_float<T>(row, c0, len, tile + j * kc);
-        }
-        TilePrefetch<kR> prefetch;  // the block's next tile in this chunk
-        if (r + kR < b1) {
-          const std::int64_t from = byte_of(c0) / 64 * 64;
-          prefetch.lines_per_row = (byte_of(c0 + len) - from + 63) / 64;
-          for (int j = 0; j < kR && r + kR + j < b1; ++j) prefetch.row[j] = base + (r + kR + j) * rb + from;
-        }
-        tile_rows(a, tile, kc, r, rows, c0, len, prefetch);
-      }
-    }
-  }
+  auto fill = [&](int j, const std::uint8_t* row, std::int64_t c0, std::int64_t len) {
+    if constexpr (is_quantized(T))
+      widen_quant<T>(row, k, c0, len, tile + j * kc);
+    else if constexpr (T == DType::F32)
+      std::memcpy(tile + j * kc, reinterpret_cast<const float*>(row) + c0, static_cast<std::size_t>(len) * 4);
+    else
+      widen_float<T>(row, c0, len, tile + j * kc);
+  };
+  auto multiply = [&](std::int64_t r, int rows, std::int64_t c0, std::int64_t len, TilePrefetch<kR>& prefetch) {
+    tile_rows(a, tile, kc, r, rows, c0, len, prefetch);
+  };
+  for (std::int64_t b0 = n0; b0 < n1; b0 += kBlockRows)
+    walk_tiles<kR>(base, rb, k, kc, b0, std::min(n1, b0 + kBlockRows), byte_of, fill, multiply);
 }
 
 }  // namespace
