@@ -1,7 +1,7 @@
 // Attention on the CPU. Work is split by (sequence, kv head) so that the optional score
 // outputs, which sum over the query heads of a group, are written by one task only. Prefill
 // computes scores and outputs with single-threaded BLAS calls on tiles; decode reads the
-// cache's slots as blocks of fp32 rows with vectorised loops (kernels/cpu/vec.h).
+// cache's slots in place for all the query heads of a group (kernels/cpu/attention_vec.h).
 #include <cblas.h>
 #include <tbb/parallel_for.h>
 
@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/attention_vec.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/vec.h"
 
@@ -34,8 +35,9 @@ void softmax(float* x, std::int64_t n) {
 }
 
 constexpr std::int64_t kQueryTile = 64;
-// Decode converts a cache stored in another dtype this many slots at a time: 64 slots of
-// head_dim 64 in fp32 are 16 KiB, which stay in L1 while every query head of the group reads them.
+// Decode reads the cache this many slots at a time (a compressed one dequantized into fp32): 64
+// slots of head_dim 64 are 8 KiB in f16, 16 KiB in fp32, which stay in L1 while the group's
+// query heads read them column block by column block.
 constexpr std::int64_t kDecodeSlots = 64;
 
 }  // namespace
@@ -91,12 +93,12 @@ void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
   const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads, cap = a.capacity;
 
-  // One task per (sequence, kv head) reads its slots as blocks of fp32 rows for all the group's
-  // query heads: an fp32 cache in place, another dtype converted kDecodeSlots slots at a time
-  // into a thread-local block (no copy of the whole cache, each slot converted once per pass).
-  // Scores are computed eight slots at a time, the outputs as weighted sums of whole blocks.
+  // One task per (sequence, kv head) reads its slots kDecodeSlots at a time for all the group's
+  // query heads (kernels/cpu/attention_vec.h): an f32, f16 or bf16 cache in place, widened in
+  // registers; a compressed one dequantized into a thread-local fp32 block first (no copy of the
+  // whole cache, each slot dequantized once per pass).
   const std::int64_t slot = kv_slot_bytes(a.cache_dtype, D);
-  const bool in_place = a.cache_dtype == DType::F32;
+  const bool in_place = !is_quantized(a.cache_dtype);
   tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
     const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
     const std::int64_t n = a.lens[b];
@@ -108,19 +110,16 @@ void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
     scores.resize(static_cast<std::size_t>(group * m));
     acc.assign(static_cast<std::size_t>(group * D), 0.0f);
     block.resize(static_cast<std::size_t>(kDecodeSlots * D));
-    // Slots [j0, j0 + count) of `src` as fp32 rows of D.
-    auto read_slots = [&](const std::byte* src, std::int64_t j0, std::int64_t count) -> const float* {
-      if (in_place) return reinterpret_cast<const float*>(src + j0 * slot);
+    // Slots [j0, j0 + count) of `src`.
+    auto read_slots = [&](const std::byte* src, std::int64_t j0, std::int64_t count) -> attention_vec::Slots {
+      if (in_place) return {src + j0 * slot, a.cache_dtype, count, D};
       convert_rows(src + j0 * slot, a.cache_dtype, block.data(), DType::F32, count, D);
-      return block.data();
+      return {block.data(), DType::F32, count, D};
     };
-    const std::int64_t step = in_place ? std::max<std::int64_t>(m, 1) : kDecodeSlots;
     const float* q = a.q + (b * s.n_heads + g * group) * D;
-    for (std::int64_t j0 = 0; j0 < m; j0 += step) {
-      const std::int64_t count = std::min(step, m - j0);
-      const float* keys = read_slots(k_src, j0, count);
-      for (std::int64_t h = 0; h < group; ++h) vec::dots(q + h * D, keys, count, D, s.scale, scores.data() + h * m + j0);
-    }
+    for (std::int64_t j0 = 0; j0 < m; j0 += kDecodeSlots)
+      attention_vec::scores(q, group, read_slots(k_src, j0, std::min(kDecodeSlots, m - j0)), s.scale,
+                            scores.data() + j0, m);
     float* probs = a.probs ? a.probs + task * cap : nullptr;
     if (probs) std::fill_n(probs, n, 0.0f);
     const float* bias = a.slot_bias ? a.slot_bias + task * cap + first : nullptr;
@@ -133,12 +132,9 @@ void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
       if (probs)
         for (std::int64_t j = 0; j < m; ++j) probs[first + j] += p[j];
     }
-    for (std::int64_t j0 = 0; j0 < m; j0 += step) {
-      const std::int64_t count = std::min(step, m - j0);
-      const float* values = read_slots(v_src, j0, count);
-      for (std::int64_t h = 0; h < group; ++h)
-        vec::add_weighted_rows(scores.data() + h * m + j0, values, count, D, acc.data() + h * D);
-    }
+    for (std::int64_t j0 = 0; j0 < m; j0 += kDecodeSlots)
+      attention_vec::weighted_sum(scores.data() + j0, m, group, read_slots(v_src, j0, std::min(kDecodeSlots, m - j0)),
+                                  acc.data());
     std::copy(acc.begin(), acc.end(), a.out + (b * s.n_heads + g * group) * D);
   });
 }

@@ -6,6 +6,10 @@
 
 namespace flexh2o::kernels {
 
+// The paths of a kernel with vector variants: the plain loops (every x86-64), AVX2+FMA+F16C,
+// AVX-512. Kernels that take one let the tests run every path the CPU has.
+enum class Isa { Scalar, Avx2, Avx512 };
+
 // AVX2 + FMA + F16C, with the OS saving the ymm registers.
 inline bool cpu_has_avx2_fma_f16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;

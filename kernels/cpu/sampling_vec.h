@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
+
 namespace flexh2o::kernels::sampling_vec {
 
-enum class Isa { Scalar, Avx2, Avx512 };
+using kernels::Isa;
 // The instruction sets this CPU has, the plain loops first; a pass given another one throws.
 std::vector<Isa> supported_isas();
 

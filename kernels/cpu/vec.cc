@@ -56,63 +56,6 @@ __attribute__((target("avx2,fma"))) void dot_and_square_avx2(const float* a, con
   }
 }
 
-// The sums of 8 vectors, one per lane: lane r holds the sum of a[r]'s lanes.
-__attribute__((target("avx2,fma"))) __m256 hsum8_avx2(const __m256 a[8]) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  // u0 = [a0 a1 a2 a3 (lanes 0-3) | a0 a1 a2 a3 (lanes 4-7)], u1 the same for a4..a7
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// Eight rows at a time, one accumulator each, so q is loaded once per eight FMAs and no row
-// needs a horizontal sum of its own.
-__attribute__((target("avx2,fma"))) void dots_avx2(const float* q, const float* rows, std::int64_t m, std::int64_t n,
-                                                   float scale, float* out) {
-  const std::int64_t vn = n / 8 * 8;
-  std::int64_t j = 0;
-  for (; j + 8 <= m; j += 8) {
-    const float* r = rows + j * n;
-    __m256 acc[8];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (std::int64_t i = 0; i < vn; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r + t * n + i), acc[t]);
-    }
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, hsum8_avx2(acc));
-    for (int t = 0; t < 8; ++t) {
-      for (std::int64_t i = vn; i < n; ++i) sums[t] += q[i] * r[t * n + i];
-      out[j + t] = scale * sums[t];
-    }
-  }
-  for (; j < m; ++j) out[j] = scale * dot_avx2(q, rows + j * n, n);
-}
-
-// Columns in blocks of 64 (eight accumulators in registers, eight independent FMA chains),
-// then of 8, then one at a time.
-__attribute__((target("avx2,fma"))) void add_weighted_rows_avx2(const float* w, const float* rows, std::int64_t m,
-                                                                std::int64_t n, float* acc) {
-  std::int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    __m256 a[8];
-    for (int t = 0; t < 8; ++t) a[t] = _mm256_loadu_ps(acc + i + 8 * t);
-    for (std::int64_t j = 0; j < m; ++j) {
-      const __m256 wj = _mm256_set1_ps(w[j]);
-      const float* r = rows + j * n + i;
-      for (int t = 0; t < 8; ++t) a[t] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8 * t), a[t]);
-    }
-    for (int t = 0; t < 8; ++t) _mm256_storeu_ps(acc + i + 8 * t, a[t]);
-  }
-  for (; i + 8 <= n; i += 8) {
-    __m256 a = _mm256_loadu_ps(acc + i);
-    for (std::int64_t j = 0; j < m; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(rows + j * n + i), a);
-    _mm256_storeu_ps(acc + i, a);
-  }
-  for (; i < n; ++i)
-    for (std::int64_t j = 0; j < m; ++j) acc[i] += w[j] * rows[j * n + i];
-}
-
 __attribute__((target("avx2,fma"))) float max_avx2(const float* x, std::int64_t n) {
   __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   std::int64_t i = 0;
@@ -218,17 +161,6 @@ void dot_and_square(const float* a, const float* b, std::int64_t n, float& ab, f
     ab += a[i] * b[i];
     bb += b[i] * b[i];
   }
-}
-
-void dots(const float* q, const float* rows, std::int64_t m, std::int64_t n, float scale, float* out) {
-  if (kAvx2Fma) return dots_avx2(q, rows, m, n, scale, out);
-  for (std::int64_t j = 0; j < m; ++j) out[j] = scale * dot(q, rows + j * n, n);
-}
-
-void add_weighted_rows(const float* w, const float* rows, std::int64_t m, std::int64_t n, float* acc) {
-  if (kAvx2Fma) return add_weighted_rows_avx2(w, rows, m, n, acc);
-  for (std::int64_t j = 0; j < m; ++j)
-    for (std::int64_t i = 0; i < n; ++i) acc[i] += w[j] * rows[j * n + i];
 }
 
 float max(const float* x, std::int64_t n) {

@@ -1,5 +1,5 @@
-// Short fp32 vector loops of the CPU kernels (attention over a KV cache, SiLU), with an AVX2+FMA
-// path chosen at run time: the binary runs on any x86-64, and uses 8-wide FMAs where it can.
+// Short fp32 vector loops of the CPU kernels (softmax and similarity over a KV cache, SiLU), with
+// an AVX2+FMA path chosen at run time: the binary runs on any x86-64, and uses 8-wide FMAs where it can.
 #pragma once
 #include <cstdint>
 
@@ -9,11 +9,6 @@ namespace flexh2o::kernels::vec {
 float dot(const float* a, const float* b, std::int64_t n);
 // sum_i a[i] * b[i] and sum_i b[i] * b[i] in one pass over b (a cosine against many rows)
 void dot_and_square(const float* a, const float* b, std::int64_t n, float& ab, float& bb);
-// Rows of a cache read as one block: `rows` holds m rows of n floats each, back to back.
-// out[j] = scale * sum_i q[i] * rows[j * n + i], for j < m.
-void dots(const float* q, const float* rows, std::int64_t m, std::int64_t n, float scale, float* out);
-// acc[i] += sum_j w[j] * rows[j * n + i], for i < n.
-void add_weighted_rows(const float* w, const float* rows, std::int64_t m, std::int64_t n, float* acc);
 
 // max_i x[i] (-inf for n = 0)
 float max(const float* x, std::int64_t n);

@@ -1,8 +1,8 @@
-// The CPU decode attention's own loops (kernels/cpu/vec.h) and its blocked reading of the
-// cache, on fresh random data against double-precision references. Shapes cross the loops'
-// edges: rows by eights and the remainder, columns by blocks of 64, by 8 and one at a time
-// (head_dim 20, 72, 100), and sequence lengths across the 64-slot blocks a cache stored in
-// another dtype is converted in. Tolerances follow from the arithmetic (tests/support/fp_tolerance.h).
+// The CPU decode attention's own loops (kernels/cpu/attention_vec.h, kernels/cpu/vec.h) on every
+// path this CPU has, and its blocked reading of the cache, on fresh random data against
+// double-precision references. Shapes cross the loops' edges: slots by tiles of 4 and 8 and the
+// remainder, heads by threes and the remainder, columns by blocks of 32 and 64, by 8 and one at a
+// time (head_dim 20, 72, 100), and sequence lengths across the 64-slot blocks the cache is read in. Tolerances follow from the arithmetic (tests/support/fp_tolerance.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/attention_vec.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/reference_ops.h"
@@ -32,44 +33,110 @@ constexpr std::int64_t kWidths[] = {1, 7, 8, 20, 64, 72, 100, 136};
 // Row counts around the eight-row groups.
 constexpr std::int64_t kRows[] = {1, 7, 8, 9, 17, 64};
 
-TEST_F(VecLoops, DotsMatchDoubleReference) {
-  for (const std::int64_t n : kWidths)
-    for (const std::int64_t m : kRows) {
-      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n);
-      const std::vector<float> q = random_floats(n, -3, 3), rows = random_floats(m * n);
-      const float scale = 0.125f;
-      std::vector<float> out(static_cast<std::size_t>(m + 1), kNaN);
-      vec::dots(q.data(), rows.data(), m, n, scale, out.data());
-      for (std::int64_t j = 0; j < m; ++j) {
-        double want = 0, size = 0;
-        for (std::int64_t i = 0; i < n; ++i) {
-          want += static_cast<double>(q[i]) * rows[j * n + i];
-          size += std::abs(static_cast<double>(q[i]) * rows[j * n + i]);
+using GroupLoops = SeededTest;
+
+// Heads by threes and the remainder (1..7), every path this CPU has, every dtype read in place.
+constexpr std::int64_t kHeads[] = {1, 2, 3, 4, 7};
+constexpr DType kSlotDtypes[] = {DType::F32, DType::F16, DType::BF16};
+
+// Slots stored in t, and the values they hold.
+struct StoredSlots {
+  std::vector<std::uint8_t> bytes;
+  std::vector<float> values;
+};
+StoredSlots store_slots(const std::vector<float>& x, DType t, std::int64_t m, std::int64_t d) {
+  StoredSlots s{stored_rows(x, t, m, d), std::vector<float>(x.size())};
+  convert_rows(s.bytes.data(), t, s.values.data(), DType::F32, m, d);
+  return s;
+}
+
+// Each score is an fp32 sum of d products, the vector path's in another order than the plain
+// loops': both within the rounding of such a sum of the double-precision value.
+TEST_F(GroupLoops, ScoresMatchDoubleReference) {
+  for (const Isa isa : attention_vec::supported_isas())
+    for (const DType t : kSlotDtypes)
+      for (const std::int64_t heads : kHeads)
+        for (const std::int64_t d : kWidths)
+          for (const std::int64_t m : kRows) {
+            SCOPED_TRACE(::testing::Message() << "isa " << static_cast<int>(isa) << " " << dtype_name(t) << " heads "
+                                              << heads << " m " << m << " d " << d);
+            const std::vector<float> q = random_floats(heads * d, -3, 3);
+            const StoredSlots k = store_slots(random_floats(m * d), t, m, d);
+            const float scale = 0.125f;
+            const std::int64_t ld = m + 3;  // rows of the score matrix apart, the gaps never written
+            std::vector<float> out(static_cast<std::size_t>(heads * ld), kNaN);
+            attention_vec::scores(isa, q.data(), heads, {k.bytes.data(), t, m, d}, scale, out.data(), ld);
+            for (std::int64_t h = 0; h < heads; ++h) {
+              for (std::int64_t j = 0; j < m; ++j) {
+                double want = 0, size = 0;
+                for (std::int64_t i = 0; i < d; ++i) {
+                  const double p = static_cast<double>(q[h * d + i]) * k.values[j * d + i];
+                  want += p;
+                  size += std::abs(p);
+                }
+                ASSERT_NEAR(out[h * ld + j], scale * want, scale * sum_tolerance(kF32Eps, d, size)) << h << " " << j;
+              }
+              for (std::int64_t j = m; j < ld; ++j) ASSERT_TRUE(std::isnan(out[h * ld + j])) << "wrote past m";
+            }
+          }
+}
+
+// Each output is acc plus an fp32 sum of m products, in order of the slots on every path.
+TEST_F(GroupLoops, WeightedSumMatchesDoubleReference) {
+  for (const Isa isa : attention_vec::supported_isas())
+    for (const DType t : kSlotDtypes)
+      for (const std::int64_t heads : kHeads)
+        for (const std::int64_t d : kWidths)
+          for (const std::int64_t m : kRows) {
+            SCOPED_TRACE(::testing::Message() << "isa " << static_cast<int>(isa) << " " << dtype_name(t) << " heads "
+                                              << heads << " m " << m << " d " << d);
+            const std::int64_t ld = m + 3;
+            const std::vector<float> w = random_floats(heads * ld, 0, 1), acc0 = random_floats(heads * d);
+            const StoredSlots v = store_slots(random_floats(m * d), t, m, d);
+            std::vector<float> acc = acc0;
+            acc.push_back(kNaN);
+            attention_vec::weighted_sum(isa, w.data(), ld, heads, {v.bytes.data(), t, m, d}, acc.data());
+            for (std::int64_t h = 0; h < heads; ++h)
+              for (std::int64_t i = 0; i < d; ++i) {
+                double want = acc0[h * d + i], size = std::abs(acc0[h * d + i]);
+                for (std::int64_t j = 0; j < m; ++j) {
+                  const double p = static_cast<double>(w[h * ld + j]) * v.values[j * d + i];
+                  want += p;
+                  size += std::abs(p);
+                }
+                ASSERT_NEAR(acc[h * d + i], want, sum_tolerance(kF32Eps, m + 1, size)) << h << " " << i;
+              }
+            EXPECT_TRUE(std::isnan(acc[heads * d])) << "wrote past the heads' columns";
+          }
+}
+
+// The vector path sums each score's lanes in one fixed order whatever the slot's place among
+// the tiles of 4 or 8 slots and the head's among the tiles of 3 heads: a slot's score does not
+// depend on how many slots or heads are read with it.
+TEST_F(GroupLoops, ScoresDoNotDependOnTheTiling) {
+  for (const Isa isa : attention_vec::supported_isas())
+    for (const DType t : kSlotDtypes) {
+      const std::int64_t heads = 7, d = 72, m = 13;
+      const std::vector<float> q = random_floats(heads * d, -3, 3);
+      const StoredSlots k = store_slots(random_floats(m * d), t, m, d);
+      std::vector<float> all(static_cast<std::size_t>(heads * m));
+      attention_vec::scores(isa, q.data(), heads, {k.bytes.data(), t, m, d}, 0.5f, all.data(), m);
+      const std::int64_t slot = static_cast<std::int64_t>(row_bytes(t, d));
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t j = 0; j < m; ++j) {
+          float one = kNaN;
+          attention_vec::scores(isa, q.data() + h * d, 1, {k.bytes.data() + j * slot, t, 1, d}, 0.5f, &one, 1);
+          ASSERT_EQ(one, all[h * m + j]) << dtype_name(t) << " head " << h << " slot " << j;
         }
-        EXPECT_NEAR(out[j], scale * want, scale * sum_tolerance(kF32Eps, n, size)) << j;
-      }
-      EXPECT_TRUE(std::isnan(out[m])) << "wrote past m";
     }
 }
 
-TEST_F(VecLoops, AddWeightedRowsMatchesDoubleReference) {
-  for (const std::int64_t n : kWidths)
-    for (const std::int64_t m : kRows) {
-      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n);
-      const std::vector<float> w = random_floats(m, 0, 1), rows = random_floats(m * n), acc0 = random_floats(n);
-      std::vector<float> acc = acc0;
-      acc.push_back(kNaN);
-      vec::add_weighted_rows(w.data(), rows.data(), m, n, acc.data());
-      for (std::int64_t i = 0; i < n; ++i) {
-        double want = acc0[i], size = std::abs(acc0[i]);
-        for (std::int64_t j = 0; j < m; ++j) {
-          want += static_cast<double>(w[j]) * rows[j * n + i];
-          size += std::abs(static_cast<double>(w[j]) * rows[j * n + i]);
-        }
-        EXPECT_NEAR(acc[i], want, sum_tolerance(kF32Eps, m + 1, size)) << i;
-      }
-      EXPECT_TRUE(std::isnan(acc[n])) << "wrote past n";
-    }
+TEST_F(GroupLoops, RefusesCompressedSlots) {
+  const std::vector<std::uint8_t> bytes(static_cast<std::size_t>(row_bytes(DType::Q8, 64)));
+  const std::vector<float> q(64);
+  std::vector<float> out(1);
+  EXPECT_THROW(attention_vec::scores(q.data(), 1, {bytes.data(), DType::Q8, 1, 64}, 1.0f, out.data(), 1),
+               std::invalid_argument);
 }
 
 TEST_F(VecLoops, MaxIsExact) {
@@ -156,45 +223,59 @@ TEST_F(VecLoops, ExpShiftedAtTheEdges) {
 using DecodeBlocks = SeededTest;
 
 // Decode over caches in every dtype a KV cache takes, with lengths on both sides of the 64-slot
-// blocks and a window that starts inside one, against the reference on the decoded cache.
+// blocks and a window that starts inside one, groups of 3 (as SmolLM2's), 4 and 1 query heads,
+// plain and with a soft cap and slot biases (merged tokens' mass), against the reference on the
+// decoded cache.
 TEST_F(DecodeBlocks, EveryCacheDtypeAcrossSlotBlocks) {
   auto be = make_cpu_backend();
   const std::vector<std::int64_t> lens = {1, 63, 64, 65, 130, 200};
   const std::int64_t B = static_cast<std::int64_t>(lens.size()), cap = 208;
+  const std::pair<std::int64_t, std::int64_t> heads[] = {{6, 2}, {8, 2}, {3, 3}};  // query heads, kv heads
   for (const DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4G32})
     for (const std::int64_t head_dim : {20, 64, 72})
-      for (const std::int64_t window : {0, 100}) {
-        const AttentionShape shape{6, 2, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim)), 0.0f, window};
-        const std::int64_t H = shape.n_kv_heads, D = head_dim;
-        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " head_dim " << D << " window " << window);
-        // The cache as stored, and the values it decodes to (NaN beyond each length: never read).
-        const std::vector<float> k = random_floats(B * H * cap * D, -2, 2), v = random_floats(B * H * cap * D, -2, 2);
-        const std::vector<std::uint8_t> kc = stored_rows(k, t, B * H * cap, D), vc = stored_rows(v, t, B * H * cap, D);
-        std::vector<float> k_ref(k.size()), v_ref(v.size());
-        convert_rows(kc.data(), t, k_ref.data(), DType::F32, B * H * cap, D);
-        convert_rows(vc.data(), t, v_ref.data(), DType::F32, B * H * cap, D);
-        for (std::int64_t b = 0; b < B; ++b)
-          for (std::int64_t g = 0; g < H; ++g) {
-            const std::int64_t end = (b * H + g + 1) * cap * D;
-            std::fill(k_ref.begin() + (b * H + g) * cap * D + lens[b] * D, k_ref.begin() + end, kNaN);
-            std::fill(v_ref.begin() + (b * H + g) * cap * D + lens[b] * D, v_ref.begin() + end, kNaN);
+      for (const std::int64_t window : {0, 100})
+        for (const auto& [n_heads, n_kv_heads] : heads)
+          for (const bool capped : {false, true}) {
+            const float softcap = capped ? 5.0f : 0.0f;
+            const AttentionShape shape{n_heads, n_kv_heads, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                                       softcap, window};
+            const std::int64_t H = shape.n_kv_heads, D = head_dim;
+            SCOPED_TRACE(::testing::Message() << dtype_name(t) << " head_dim " << D << " window " << window << " heads "
+                                              << n_heads << "/" << n_kv_heads << (capped ? " capped, biased" : ""));
+            // The cache as stored, and the values it decodes to (NaN beyond each length: never read).
+            const std::vector<float> k = random_floats(B * H * cap * D, -2, 2), v = random_floats(B * H * cap * D, -2, 2);
+            const std::vector<std::uint8_t> kc = stored_rows(k, t, B * H * cap, D), vc = stored_rows(v, t, B * H * cap, D);
+            std::vector<float> k_ref(k.size()), v_ref(v.size());
+            convert_rows(kc.data(), t, k_ref.data(), DType::F32, B * H * cap, D);
+            convert_rows(vc.data(), t, v_ref.data(), DType::F32, B * H * cap, D);
+            for (std::int64_t b = 0; b < B; ++b)
+              for (std::int64_t g = 0; g < H; ++g) {
+                const std::int64_t end = (b * H + g + 1) * cap * D;
+                std::fill(k_ref.begin() + (b * H + g) * cap * D + lens[b] * D, k_ref.begin() + end, kNaN);
+                std::fill(v_ref.begin() + (b * H + g) * cap * D + lens[b] * D, v_ref.begin() + end, kNaN);
+              }
+            const std::vector<float> q = random_floats(B * shape.n_heads * D, -1, 1);
+            const std::vector<float> bias = capped ? random_floats(B * H * cap, -1, 0) : std::vector<float>{};
+            std::vector<float> out(q.size(), kNaN), probs(static_cast<std::size_t>(B * H * cap), -7.0f);
+            be->attention_decode({.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
+                                  .capacity = cap, .lens = lens, .out = out.data(), .probs = probs.data(),
+                                  .cache_dtype = t, .slot_bias = capped ? bias.data() : nullptr});
+            const auto ref = ref::attention_decode(shape, q, k_ref, v_ref, cap, lens,
+                                                   std::vector<float>(probs.size(), -7.0f), bias);
+            // As KvCacheOpsOnCompressedSlots: a score is an fp32 dot product of |q| <= 1 and |k| <= 2
+            // over D, scaled (at most 2 sqrt(D)); the cap (a division, tanh within a few ulp, a
+            // product) and the bias add a few roundings of at most 2 sqrt(D) + 1. Its error moves each
+            // probability by that much relative, an output (|v| <= 2) or a group's probability sum by
+            // that times 2 or the group's heads, plus the rounding of the sums over up to `cap` keys.
+            const double score_max = 2 * std::sqrt(static_cast<double>(D));
+            const double score_tol =
+                sum_tolerance(kF32Eps, D, score_max) + (capped ? 4 * kF32Eps * (score_max + 1) : 0.0);
+            const double group = static_cast<double>(n_heads / n_kv_heads);
+            const double out_tol = 2 * score_tol + sum_tolerance(kF32Eps, cap, 2);
+            const double probs_tol = group * (score_tol + sum_tolerance(kF32Eps, cap, 1));
+            for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], out_tol) << i;
+            for (std::size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], ref.probs[i], probs_tol) << i;
           }
-        const std::vector<float> q = random_floats(B * shape.n_heads * D, -1, 1);
-        std::vector<float> out(q.size(), kNaN), probs(static_cast<std::size_t>(B * H * cap), -7.0f);
-        be->attention_decode({.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
-                              .capacity = cap, .lens = lens, .out = out.data(), .probs = probs.data(),
-                              .cache_dtype = t});
-        const auto ref = ref::attention_decode(shape, q, k_ref, v_ref, cap, lens, std::vector<float>(probs.size(), -7.0f));
-        // As KvCacheOpsOnCompressedSlots: a score is an fp32 dot product of |q| <= 1 and |k| <= 2
-        // over D, scaled (at most 2 sqrt(D)); its rounding moves each probability by that much
-        // relative, an output (|v| <= 2) or a group's probability sum by that times 2 or the
-        // group's 3 heads, plus the rounding of the sums over up to `cap` keys.
-        const double score_tol = sum_tolerance(kF32Eps, D, 2 * std::sqrt(static_cast<double>(D)));
-        const double out_tol = 2 * score_tol + sum_tolerance(kF32Eps, cap, 2);
-        const double probs_tol = 3 * (score_tol + sum_tolerance(kF32Eps, cap, 1));
-        for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], out_tol) << i;
-        for (std::size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], ref.probs[i], probs_tol) << i;
-      }
 }
 
 }  // namespace
