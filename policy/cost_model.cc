@@ -721,15 +721,15 @@ class Ranking {
     if (best_.size() > keep_) best_.pop_back();
   }
   const std::vector<Estimate>& best() const { return best_; }
-  // Fastest first, except that of the policies within 1% of the fastest (typically bound by
-  // the same transfer, their compute hidden behind it) the one with the least compute leads:
+  // Fastest first, except that of the policies within kPlanNearTie of the fastest (typically bound
+  // by the same transfer, their compute hidden behind it) the one with the least compute leads:
   // it stays ahead when the rates are off, e.g. one GPU batch of 16 rows rather than 16
   // batches of one row each on a CPU.
   std::vector<Estimate> ranked(std::size_t count) const {
     std::vector<Estimate> r = best_;
     if (r.empty()) return r;
     auto robust = r.begin();
-    for (auto it = r.begin(); it != r.end() && it->total_throughput >= 0.99 * r.front().total_throughput; ++it)
+    for (auto it = r.begin(); it != r.end() && it->total_throughput >= (1 - kPlanNearTie) * r.front().total_throughput; ++it)
       if (it->compute_seconds < robust->compute_seconds) robust = it;
     std::rotate(r.begin(), robust, robust + 1);
     r.resize(std::min(r.size(), count));
@@ -905,7 +905,7 @@ std::optional<Estimate> best_placement(const ModelShape& m, const HardwareProfil
 std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
                                   const PlanOptions& o, std::size_t count) {
   const ModelShape m = with_compression(shape, o);
-  Ranking ranking(std::max<std::size_t>(count, 64));  // enough to hold those within 1% of the fastest
+  Ranking ranking(std::max<std::size_t>(count, 64));  // enough to hold those within kPlanNearTie of the fastest
   // Every block tried is ranked.
   search_blocks(o.max_block,
                 [&](std::int64_t gbs, std::int64_t k) { return evaluate_block(m, hw, w, o, gbs, k, ranking); });

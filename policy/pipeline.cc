@@ -100,6 +100,25 @@ PlanOptions stage_options(PlanOptions o, std::int64_t micro_batches) {
   return o;
 }
 
+// As plan() chooses: of the pipelines within kPlanNearTie of the fastest, the one whose stages
+// compute least (the fastest of those at equal compute).
+PipelineEstimate near_tie_choice(const std::vector<PipelineEstimate>& found) {
+  auto compute = [](const PipelineEstimate& p) {
+    double s = 0;
+    for (const Estimate& e : p.stages) s += e.compute_seconds;
+    return s;
+  };
+  const double fastest = std::ranges::max(found, {}, &PipelineEstimate::total_throughput).total_throughput;
+  const PipelineEstimate* pick = nullptr;
+  for (const PipelineEstimate& p : found) {
+    if (p.total_throughput < (1 - kPlanNearTie) * fastest) continue;
+    if (!pick || compute(p) < compute(*pick) ||
+        (compute(p) == compute(*pick) && p.total_throughput > pick->total_throughput))
+      pick = &p;
+  }
+  return *pick;
+}
+
 void check_stages(std::span<const HardwareProfile> hws, std::int64_t micro_batches) {
   if (hws.empty()) throw std::invalid_argument("a pipeline needs at least one stage");
   if (micro_batches < 1) throw std::invalid_argument("a pipeline needs at least one micro-batch");
@@ -122,15 +141,14 @@ PipelineEstimate plan_pipeline(const ModelShape& shape, std::span<const Hardware
     }
     return out;
   };
-  std::optional<PipelineEstimate> best;
+  std::vector<PipelineEstimate> found;
   search_blocks(o.max_block, [&](std::int64_t gbs, std::int64_t k) {
     auto stages = stages_at(gbs, k);
     if (!stages) return false;
-    PipelineEstimate p = combine_stages(slices, std::move(*stages), w, micro_batches);
-    if (!best || p.total_throughput > best->total_throughput) best = std::move(p);
+    found.push_back(combine_stages(slices, std::move(*stages), w, micro_batches));
     return true;
   });
-  if (best) return *best;
+  if (!found.empty()) return near_tie_choice(found);
   // Nothing fits: say which stage does not, at the smallest block.
   for (std::size_t s = 0; s < slices.size(); ++s)
     try {

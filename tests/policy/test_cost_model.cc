@@ -422,12 +422,12 @@ TEST(CostModel, SearchNeverReturnsAPolicySlowerThanOneItEvaluated) {
     const std::vector<Estimate> ranked = plan_ranked(m, hw, w, {}, 40);
     ASSERT_EQ(ranked.size(), 40u);
     EXPECT_DOUBLE_EQ(plan(m, hw, w).total_throughput, ranked.front().total_throughput);
-    // The plan is within 1% of the fastest (the least compute of those that close); the rest
+    // The plan is within 5% of the fastest (the least compute of those that close); the rest
     // follow fastest first.
     const double fastest = std::ranges::max(ranked, {}, &Estimate::total_throughput).total_throughput;
-    EXPECT_GE(ranked.front().total_throughput, 0.99 * fastest);
+    EXPECT_GE(ranked.front().total_throughput, 0.95 * fastest);
     for (const Estimate& r : ranked) {
-      if (r.total_throughput >= 0.99 * fastest) {
+      if (r.total_throughput >= 0.95 * fastest) {
         EXPECT_GE(r.compute_seconds, ranked.front().compute_seconds);
       }
     }
