@@ -50,9 +50,10 @@ StoredSlots store_slots(const std::vector<float>& x, DType t, std::int64_t m, st
   return s;
 }
 
-// Each score is an fp32 sum of d products, the vector path's in another order than the plain
-// loops': both within the rounding of such a sum of the double-precision value.
-TEST_F(GroupLoops, ScoresMatchDoubleReference) {
+// f(isa, dtype, heads, d, m) for every path this CPU runs, slot dtype, group size, width and
+// slot count, each under its own trace; stops at the first fatal failure.
+template <class F>
+void for_each_case(F&& f) {
   for (const Isa isa : attention_vec::supported_isas())
     for (const DType t : kSlotDtypes)
       for (const std::int64_t heads : kHeads)
@@ -60,54 +61,57 @@ TEST_F(GroupLoops, ScoresMatchDoubleReference) {
           for (const std::int64_t m : kRows) {
             SCOPED_TRACE(::testing::Message() << "isa " << static_cast<int>(isa) << " " << dtype_name(t) << " heads "
                                               << heads << " m " << m << " d " << d);
-            const std::vector<float> q = random_floats(heads * d, -3, 3);
-            const StoredSlots k = store_slots(random_floats(m * d), t, m, d);
-            const float scale = 0.125f;
-            const std::int64_t ld = m + 3;  // rows of the score matrix apart, the gaps never written
-            std::vector<float> out(static_cast<std::size_t>(heads * ld), kNaN);
-            attention_vec::scores(isa, q.data(), heads, {k.bytes.data(), t, m, d}, scale, out.data(), ld);
-            for (std::int64_t h = 0; h < heads; ++h) {
-              for (std::int64_t j = 0; j < m; ++j) {
-                double want = 0, size = 0;
-                for (std::int64_t i = 0; i < d; ++i) {
-                  const double p = static_cast<double>(q[h * d + i]) * k.values[j * d + i];
-                  want += p;
-                  size += std::abs(p);
-                }
-                ASSERT_NEAR(out[h * ld + j], scale * want, scale * sum_tolerance(kF32Eps, d, size)) << h << " " << j;
-              }
-              for (std::int64_t j = m; j < ld; ++j) ASSERT_TRUE(std::isnan(out[h * ld + j])) << "wrote past m";
-            }
+            f(isa, t, heads, d, m);
+            if (::testing::Test::HasFatalFailure()) return;
           }
+}
+
+// Each score is an fp32 sum of d products, the vector path's in another order than the plain
+// loops': both within the rounding of such a sum of the double-precision value.
+TEST_F(GroupLoops, ScoresMatchDoubleReference) {
+  for_each_case([&](Isa isa, DType t, std::int64_t heads, std::int64_t d, std::int64_t m) {
+    const std::vector<float> q = random_floats(heads * d, -3, 3);
+    const StoredSlots k = store_slots(random_floats(m * d), t, m, d);
+    const float scale = 0.125f;
+    const std::int64_t ld = m + 3;  // rows of the score matrix apart, the gaps never written
+    std::vector<float> out(static_cast<std::size_t>(heads * ld), kNaN);
+    attention_vec::scores(isa, q.data(), heads, {k.bytes.data(), t, m, d}, scale, out.data(), ld);
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t j = 0; j < m; ++j) {
+        double want = 0, size = 0;
+        for (std::int64_t i = 0; i < d; ++i) {
+          const double p = static_cast<double>(q[h * d + i]) * k.values[j * d + i];
+          want += p;
+          size += std::abs(p);
+        }
+        ASSERT_NEAR(out[h * ld + j], scale * want, scale * sum_tolerance(kF32Eps, d, size)) << h << " " << j;
+      }
+      for (std::int64_t j = m; j < ld; ++j) ASSERT_TRUE(std::isnan(out[h * ld + j])) << "wrote past m";
+    }
+  });
 }
 
 // Each output is acc plus an fp32 sum of m products, in order of the slots on every path.
 TEST_F(GroupLoops, WeightedSumMatchesDoubleReference) {
-  for (const Isa isa : attention_vec::supported_isas())
-    for (const DType t : kSlotDtypes)
-      for (const std::int64_t heads : kHeads)
-        for (const std::int64_t d : kWidths)
-          for (const std::int64_t m : kRows) {
-            SCOPED_TRACE(::testing::Message() << "isa " << static_cast<int>(isa) << " " << dtype_name(t) << " heads "
-                                              << heads << " m " << m << " d " << d);
-            const std::int64_t ld = m + 3;
-            const std::vector<float> w = random_floats(heads * ld, 0, 1), acc0 = random_floats(heads * d);
-            const StoredSlots v = store_slots(random_floats(m * d), t, m, d);
-            std::vector<float> acc = acc0;
-            acc.push_back(kNaN);
-            attention_vec::weighted_sum(isa, w.data(), ld, heads, {v.bytes.data(), t, m, d}, acc.data());
-            for (std::int64_t h = 0; h < heads; ++h)
-              for (std::int64_t i = 0; i < d; ++i) {
-                double want = acc0[h * d + i], size = std::abs(acc0[h * d + i]);
-                for (std::int64_t j = 0; j < m; ++j) {
-                  const double p = static_cast<double>(w[h * ld + j]) * v.values[j * d + i];
-                  want += p;
-                  size += std::abs(p);
-                }
-                ASSERT_NEAR(acc[h * d + i], want, sum_tolerance(kF32Eps, m + 1, size)) << h << " " << i;
-              }
-            EXPECT_TRUE(std::isnan(acc[heads * d])) << "wrote past the heads' columns";
-          }
+  for_each_case([&](Isa isa, DType t, std::int64_t heads, std::int64_t d, std::int64_t m) {
+    const std::int64_t ld = m + 3;
+    const std::vector<float> w = random_floats(heads * ld, 0, 1), acc0 = random_floats(heads * d);
+    const StoredSlots v = store_slots(random_floats(m * d), t, m, d);
+    std::vector<float> acc = acc0;
+    acc.push_back(kNaN);
+    attention_vec::weighted_sum(isa, w.data(), ld, heads, {v.bytes.data(), t, m, d}, acc.data());
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < d; ++i) {
+        double want = acc0[h * d + i], size = std::abs(acc0[h * d + i]);
+        for (std::int64_t j = 0; j < m; ++j) {
+          const double p = static_cast<double>(w[h * ld + j]) * v.values[j * d + i];
+          want += p;
+          size += std::abs(p);
+        }
+        ASSERT_NEAR(acc[h * d + i], want, sum_tolerance(kF32Eps, m + 1, size)) << h << " " << i;
+      }
+    EXPECT_TRUE(std::isnan(acc[heads * d])) << "wrote past the heads' columns";
+  });
 }
 
 // The vector path sums each score's lanes in one fixed order whatever the slot's place among
