@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/float_lanes.h"
+
 namespace flexh2o::kernels::attention_vec {
 
 namespace {
@@ -17,18 +19,6 @@ Isa checked(Isa isa) {
   if (isa == Isa::Avx512 || (isa == Isa::Avx2 && !kHasAvx2))
     throw std::invalid_argument("attention_vec: no path for the instruction set asked for on this CPU");
   return isa;
-}
-
-// Element k of rows stored in T, as fp32 (exact for f16 and bf16).
-template <DType T>
-float element(const void* rows, std::int64_t k) {
-  if constexpr (T == DType::F32) {
-    return static_cast<const float*>(rows)[k];
-  } else if constexpr (T == DType::F16) {
-    return f16_to_f32(static_cast<const std::uint16_t*>(rows)[k]);
-  } else {
-    return bf16_to_f32(static_cast<const std::uint16_t*>(rows)[k]);
-  }
 }
 
 // Calls f.template operator()<T>() for the slots' dtype.
@@ -47,7 +37,7 @@ void scores_plain(const float* q, std::int64_t heads, const Slots& k, float scal
   for (std::int64_t h = 0; h < heads; ++h)
     for (std::int64_t j = 0; j < k.m; ++j) {
       float s = 0.0f;
-      for (std::int64_t i = 0; i < k.d; ++i) s += q[h * k.d + i] * element<T>(k.data, j * k.d + i);
+      for (std::int64_t i = 0; i < k.d; ++i) s += q[h * k.d + i] * stored_float<T>(k.data, j * k.d + i);
       out[h * ld + j] = scale * s;
     }
 }
@@ -56,25 +46,7 @@ template <DType T>
 void weighted_sum_plain(const float* w, std::int64_t ld, std::int64_t heads, const Slots& v, float* acc) {
   for (std::int64_t h = 0; h < heads; ++h)
     for (std::int64_t j = 0; j < v.m; ++j)
-      for (std::int64_t i = 0; i < v.d; ++i) acc[h * v.d + i] += w[h * ld + j] * element<T>(v.data, j * v.d + i);
-}
-
-// Elements [k, k + 8) of rows stored in T, as fp32.
-template <DType T>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const void* rows, std::int64_t k) {
-  if constexpr (T == DType::F32) {
-    return _mm256_loadu_ps(static_cast<const float*>(rows) + k);
-  } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(rows) + k));
-    if constexpr (T == DType::F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: fp32's top half
-  }
-}
-
-// Lane r of the result: ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) of the r-th argument.
-__attribute__((target("avx2,fma,f16c"))) inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 e) {
-  const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, e));
-  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+      for (std::int64_t i = 0; i < v.d; ++i) acc[h * v.d + i] += w[h * ld + j] * stored_float<T>(v.data, j * v.d + i);
 }
 
 // The scores of H heads for slots [j, j + R): H x R accumulators, so each key vector is loaded
@@ -90,7 +62,7 @@ __attribute__((target("avx2,fma,f16c"))) void score_tile(const float* q, const S
     for (auto& a : head) a = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < vd; i += 8)
     for (int r = 0; r < R; ++r) {
-      const __m256 key = load8<T>(keys, (j + r) * d + i);
+      const __m256 key = load8_floats<T>(keys, (j + r) * d + i);
       for (int h = 0; h < H; ++h) acc[h][r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + i), key, acc[h][r]);
     }
   for (int h = 0; h < H; ++h)
@@ -99,7 +71,7 @@ __attribute__((target("avx2,fma,f16c"))) void score_tile(const float* q, const S
       _mm_store_ps(sums, hsum4(acc[h][r0], acc[h][r0 + 1], acc[h][r0 + 2], acc[h][r0 + 3]));
       for (int r = r0; r < std::min(R, r0 + 4); ++r) {
         float s = sums[r - r0];
-        for (std::int64_t i = vd; i < d; ++i) s += q[h * d + i] * element<T>(keys, (j + r) * d + i);
+        for (std::int64_t i = vd; i < d; ++i) s += q[h * d + i] * stored_float<T>(keys, (j + r) * d + i);
         out[h * ld + j + r] = scale * s;
       }
     }
@@ -133,7 +105,7 @@ __attribute__((target("avx2,fma,f16c"))) void weighted_tile(const float* w, std:
     __m256 wj[H];
     for (int h = 0; h < H; ++h) wj[h] = _mm256_broadcast_ss(w + h * ld + j);
     for (int c = 0; c < C; ++c) {
-      const __m256 value = load8<T>(values, j * d + i + 8 * c);
+      const __m256 value = load8_floats<T>(values, j * d + i + 8 * c);
       for (int h = 0; h < H; ++h) a[h][c] = _mm256_fmadd_ps(wj[h], value, a[h][c]);
     }
   }
@@ -152,7 +124,7 @@ __attribute__((target("avx2,fma,f16c"))) void weighted_heads(const float* w, std
   for (; i + 8 <= d; i += 8) weighted_tile<T, H, 1>(w, ld, v, i, acc);
   for (; i < d; ++i)
     for (int h = 0; h < H; ++h)
-      for (std::int64_t j = 0; j < v.m; ++j) acc[h * d + i] += w[h * ld + j] * element<T>(v.data, j * d + i);
+      for (std::int64_t j = 0; j < v.m; ++j) acc[h * d + i] += w[h * ld + j] * stored_float<T>(v.data, j * d + i);
 }
 
 // Calls f.template operator()<H>(h) for the heads [h, h + H) of `heads`, by threes.

@@ -8,6 +8,14 @@
 
 namespace flexh2o::kernels {
 
+// Columns per chunk of k: k in equal chunks of at most max_chunk, each rounded up to a multiple
+// of `multiple`. It depends on k alone: the chunks fix each output's summation order, so a row's
+// result does not depend on how many other rows share the GEMM.
+inline std::int64_t equal_chunks(std::int64_t k, std::int64_t max_chunk, std::int64_t multiple) {
+  const std::int64_t chunks = (k + max_chunk - 1) / max_chunk;
+  return std::min(k, ((k + chunks - 1) / chunks + multiple - 1) / multiple * multiple);
+}
+
 // The next tile's stored bytes, brought towards the caches a few lines per micro-kernel call:
 // spread over the current tile's compute so that the next tile's widening finds them there,
 // without filling the miss queues that the activations' loads also need.

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/float_lanes.h"
 #include "kernels/cpu/gemm_tile_walk.h"
 #include "kernels/cpu/gemm_tile_sums.h"
 #include "kernels/cpu/gemm_tiled_cpu.h"
@@ -35,10 +36,7 @@ constexpr std::int64_t kRowBlock = 128;
 
 // Columns per chunk: k in equal chunks of at most kMaxChunk, each a multiple of 32 (whole
 // vectors but the last). Depends on k alone: it fixes each output's summation order.
-std::int64_t chunk_cols(std::int64_t k) {
-  const std::int64_t chunks = (k + kMaxChunk - 1) / kMaxChunk;
-  return std::min(k, ((k + chunks - 1) / chunks + kLanes - 1) / kLanes * kLanes);
-}
+std::int64_t chunk_cols(std::int64_t k) { return equal_chunks(k, kMaxChunk, kLanes); }
 
 // A row stride for n bf16 values that is an odd number of cache lines: rows at a multiple of
 // 4 KiB apart (k = 2048) would share L1 sets, and a micro-kernel's 4 weight and 6 activation rows
@@ -65,19 +63,14 @@ FLEXH2O_AVX512_BF16 void widen_to_bf16(const void* row, std::int64_t c0, std::in
     }
     _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
   }
-  for (; i < len; ++i) {
-    const float v = T == DType::F16 ? f16_to_f32(static_cast<const std::uint16_t*>(row)[c0 + i])
-                                    : static_cast<const float*>(row)[c0 + i];
-    out[i] = f32_to_bf16(v);
-  }
+  for (; i < len; ++i) out[i] = f32_to_bf16(stored_float<T>(row, c0 + i));
 }
 
-// Lane j of the result = the sum of v[j]'s 16 lanes: the halves added, then an hadd tree.
-FLEXH2O_AVX512_BF16 inline __m128 hsum4(const __m512 (&v)[kR]) {
+// Lane j of the result = the sum of v[j]'s 16 lanes: the halves added, then hsum4's tree.
+FLEXH2O_AVX512_BF16 inline __m128 hsum16x4(const __m512 (&v)[kR]) {
   __m256 h[kR];
   for (int j = 0; j < kR; ++j) h[j] = _mm256_add_ps(_mm512_castps512_ps256(v[j]), _mm512_extractf32x8_ps(v[j], 1));
-  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+  return hsum4(h[0], h[1], h[2], h[3]);
 }
 
 FLEXH2O_AVX512_BF16 inline __m512bh load_bh(const std::uint16_t* p) {
@@ -111,7 +104,7 @@ FLEXH2O_AVX512_BF16 void micro_tile(const std::uint16_t* w, std::int64_t ws, con
   std::int64_t c = 0;
   for (; c + kLanes <= len; c += kLanes) dot_step<M, false>(w, ws, x, xs, c, 0, acc);
   if (c < len) dot_step<M, true>(w, ws, x, xs, c, _cvtu32_mask32((1u << (len - c)) - 1u), acc);
-  for (int i = 0; i < M; ++i) sums[i] = hsum4(acc[i]);
+  for (int i = 0; i < M; ++i) sums[i] = hsum16x4(acc[i]);
 }
 
 // Activation rows per micro-kernel call from row i of m: sixes, the remainder in one call.

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/float_lanes.h"
 #include "kernels/cpu/gemm_tile_walk.h"
 #include "kernels/cpu/gemm_tile_sums.h"
 #include "kernels/quantize.h"
@@ -27,10 +28,7 @@ constexpr std::int64_t kBlockRows = kTiledTaskRows;
 // fix each output's summation order (8 lanes per chunk, then the chunks in turn), so a row's
 // result does not depend on how many other rows share the GEMM. x's chunk stays in L2 across
 // the tiles of a block up to the path's 128 rows (128 x 1024 floats: 512 KiB).
-std::int64_t chunk_cols(std::int64_t k) {
-  const std::int64_t chunks = (k + kMaxChunk - 1) / kMaxChunk;
-  return std::min(k, ((k + chunks - 1) / chunks + 63) / 64 * 64);
-}
+std::int64_t chunk_cols(std::int64_t k) { return equal_chunks(k, kMaxChunk, 64); }
 
 std::uint16_t load_u16(const std::uint8_t* p) {
   std::uint16_t v;
@@ -38,27 +36,13 @@ std::uint16_t load_u16(const std::uint8_t* p) {
   return v;
 }
 
-template <DType T>
-inline float widen1(const std::uint8_t* row, std::int64_t i) {
-  if constexpr (T == DType::F16) return f16_to_f32(load_u16(row + 2 * i));
-  if constexpr (T == DType::BF16) return bf16_to_f32(load_u16(row + 2 * i));
-  return reinterpret_cast<const float*>(row)[i];
-}
-
 // Columns [c0, c0 + len) of a float row as fp32.
 template <DType T>
 __attribute__((target("avx2,fma,f16c"))) void widen_float(const std::uint8_t* row, std::int64_t c0, std::int64_t len,
                                                           float* out) {
   std::int64_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const auto* p = reinterpret_cast<const __m128i*>(row + 2 * (c0 + i));
-    if constexpr (T == DType::F16) {
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(p)));
-    } else {  // bf16: the top half of an fp32
-      _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p)), 16)));
-    }
-  }
-  for (; i < len; ++i) out[i] = widen1<T>(row, c0 + i);
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(out + i, load8_floats<T>(row, c0 + i));
+  for (; i < len; ++i) out[i] = stored_float<T>(row, c0 + i);
 }
 
 // Columns [c0, c0 + len) of a quantized row (kernels/quantize.h) as q * s + m; c0 starts a group.
@@ -92,13 +76,6 @@ __attribute__((target("avx2,fma,f16c"))) void widen_quant(const std::uint8_t* ro
   }
 }
 
-// The four sums of v[0..3]'s lanes, as one vector (v[j]'s sum in lane j).
-__attribute__((target("avx2,fma"))) inline __m128 hsum4(const __m256 (&v)[kR]) {
-  const __m256 ab = _mm256_hadd_ps(v[0], v[1]), cd = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // per 128-bit half: a b c d partial sums
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-}
-
 // sums[i] (lane j) = sum over c < len of w[j * ws + c] * x[i * k + c], for kR weight rows and M
 // activation rows: each weight vector is loaded once for the M rows, each x vector once for
 // the kR rows.
@@ -117,7 +94,7 @@ __attribute__((target("avx2,fma"))) void micro_tile(const float* w, std::int64_t
       for (int i = 0; i < M; ++i) acc[i][j] = _mm256_fmadd_ps(wv, xv[i], acc[i][j]);
     }
   }
-  for (int i = 0; i < M; ++i) sums[i] = hsum4(acc[i]);
+  for (int i = 0; i < M; ++i) sums[i] = hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
   if (c == len) return;
   for (int i = 0; i < M; ++i) {
     alignas(16) float tail[kR] = {};
