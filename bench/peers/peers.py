@@ -428,7 +428,7 @@ def main():
     load_start = os.getloadavg()[0]
     runs, dropped = [], set()  # dropped: (system, batch) past a batch that ran out of memory
     for rep in range(a.repeat):
-        for system in a.systems:
+        for system in recipes.rotated(a.systems, rep):
             for batch in batches[system]:
                 if (system, batch) in dropped:
                     continue
