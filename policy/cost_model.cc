@@ -721,16 +721,14 @@ class Ranking {
     if (best_.size() > keep_) best_.pop_back();
   }
   const std::vector<Estimate>& best() const { return best_; }
-  // Fastest first, except that of the policies within kPlanNearTie of the fastest (typically bound
-  // by the same transfer, their compute hidden behind it) the one with the least compute leads:
-  // it stays ahead when the rates are off, e.g. one GPU batch of 16 rows rather than 16
-  // batches of one row each on a CPU.
+  // Fastest first, except that near_tie_pick's choice leads: e.g. one GPU batch of 16 rows
+  // rather than 16 batches of one row each on a CPU.
   std::vector<Estimate> ranked(std::size_t count) const {
     std::vector<Estimate> r = best_;
     if (r.empty()) return r;
-    auto robust = r.begin();
-    for (auto it = r.begin(); it != r.end() && it->total_throughput >= (1 - kPlanNearTie) * r.front().total_throughput; ++it)
-      if (it->compute_seconds < robust->compute_seconds) robust = it;
+    const Estimate& pick = near_tie_pick(std::span<const Estimate>(r), [](const Estimate& e) { return e.total_throughput; },
+                                         [](const Estimate& e) { return e.compute_seconds; });
+    const auto robust = r.begin() + (&pick - r.data());
     std::rotate(r.begin(), robust, robust + 1);
     r.resize(std::min(r.size(), count));
     return r;

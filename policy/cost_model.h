@@ -6,10 +6,12 @@
 // activation dtype). For one (gbs, K) the placement is a small LP solved with GLPK; the search
 // walks gbs and K and ranks every policy it evaluates.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +150,23 @@ Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const
 // GFLOP/s over four runs in a 1.5 GiB cgroup); with 1% one run's plan flipped from one GPU
 // batch of 64 rows (32.5 tok/s measured) to two of 32 (25.8).
 constexpr double kPlanNearTie = 0.05;
+
+// The planner's choice among `items` (not empty, any order): of those within kPlanNearTie of
+// the fastest, the one that computes least (they are typically bound by the same transfer, their
+// compute hidden behind it, and the least compute stays ahead when the rates are off), the
+// faster at equal compute. Single placements (plan) and pipelines (plan_pipeline) alike.
+template <class T, class Throughput, class Compute>
+const T& near_tie_pick(std::span<const T> items, Throughput throughput, Compute compute) {
+  double fastest = 0;
+  for (const T& x : items) fastest = std::max(fastest, throughput(x));
+  const T* pick = nullptr;
+  for (const T& x : items) {
+    if (throughput(x) < (1 - kPlanNearTie) * fastest) continue;
+    if (!pick || compute(x) < compute(*pick) || (compute(x) == compute(*pick) && throughput(x) > throughput(*pick)))
+      pick = &x;
+  }
+  return *pick;
+}
 
 // The best policy found: none the search evaluated predicts more than kPlanNearTie more total
 // throughput, and of those within it of the fastest it has the least compute (see Ranking). Throws

@@ -100,23 +100,15 @@ PlanOptions stage_options(PlanOptions o, std::int64_t micro_batches) {
   return o;
 }
 
-// As plan() chooses: of the pipelines within kPlanNearTie of the fastest, the one whose stages
-// compute least (the fastest of those at equal compute).
+// As plan() chooses, by the compute of all the stages.
 PipelineEstimate near_tie_choice(const std::vector<PipelineEstimate>& found) {
   auto compute = [](const PipelineEstimate& p) {
     double s = 0;
     for (const Estimate& e : p.stages) s += e.compute_seconds;
     return s;
   };
-  const double fastest = std::ranges::max(found, {}, &PipelineEstimate::total_throughput).total_throughput;
-  const PipelineEstimate* pick = nullptr;
-  for (const PipelineEstimate& p : found) {
-    if (p.total_throughput < (1 - kPlanNearTie) * fastest) continue;
-    if (!pick || compute(p) < compute(*pick) ||
-        (compute(p) == compute(*pick) && p.total_throughput > pick->total_throughput))
-      pick = &p;
-  }
-  return *pick;
+  return near_tie_pick(std::span<const PipelineEstimate>(found), [](const PipelineEstimate& p) { return p.total_throughput; },
+                       compute);
 }
 
 void check_stages(std::span<const HardwareProfile> hws, std::int64_t micro_batches) {

@@ -8,7 +8,8 @@ request generates exactly that many), as issue 30 samples; as vLLM's benchmark_t
 the pairs are shuffled with the seed, and prompts or replies under 4 tokens are dropped (and
 here those over --max-len tokens). vLLM pairs a conversation's first two turns whoever speaks:
 in this split data set many chunks start with a gpt turn, so its "replies" are often short
-human turns (mean 162-183 tokens against 247-262 here, seeds 0-3). Writes flexh2o's JSONL: {"id", "tokens", "max_tokens"} per line.
+human turns (mean 162-183 tokens against 247-262 here, seeds 0-3).
+Writes flexh2o's JSONL: {"id", "tokens", "max_tokens"} per line.
 """
 
 import argparse

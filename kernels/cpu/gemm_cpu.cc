@@ -4,11 +4,11 @@
 // row count where the CPU has AVX-512 BF16. Otherwise: few activation rows (decode at small
 // batch) take gemv_cpu.h's kernel, a few tens (decode at larger batch) the tiled kernel
 // (gemm_tiled_cpu.h), which read the weights as stored; more rows (prefill) and CPUs without
-// AVX2/FMA/F16C take oneDNN: the
-// weight's output rows are cut into panels; each oneTBB task brings its panel into the compute
-// dtype in thread-local scratch where it is stored in another (fp16/bf16 converted, q4/q8
-// dequantized; fp32 weights and bf16 weights under bf16 compute are used in place) and
-// multiplies it with a single-threaded oneDNN matmul, so the weight is never expanded whole.
+// AVX2/FMA/F16C take oneDNN: the weight's output rows are cut into panels; each oneTBB task
+// brings its panel into the compute dtype in thread-local scratch where it is stored in another
+// (fp16/bf16 converted, q4/q8 dequantized; fp32 weights and bf16 weights under bf16 compute are
+// used in place) and multiplies it with a single-threaded oneDNN matmul, so the weight is never
+// expanded whole.
 // bf16 compute runs natively where oneDNN has AVX-512 BF16 or AMX; elsewhere the same products
 // are formed in fp32 from bf16-rounded inputs (exact: 8-bit significands).
 #include <tbb/enumerable_thread_specific.h>
