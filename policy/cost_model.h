@@ -169,7 +169,7 @@ const T& near_tie_pick(std::span<const T> items, Throughput throughput, Compute 
 }
 
 // The best policy found: none the search evaluated predicts more than kPlanNearTie more total
-// throughput, and of those within it of the fastest it has the least compute (see Ranking). Throws
+// throughput, and of those within it of the fastest it has the least compute (near_tie_pick). Throws
 // std::invalid_argument naming the smallest change that fits when nothing does (more memory
 // on a tier, --disk-mem, or a KV budget).
 Estimate plan(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o = {});
