@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "engine/loaders/dummy_weights.h"
+#include "engine/model/model_source.h"
 #include "engine/model/weights.h"
 #include "kernels/backend.h"
 #include "tests/support/test_models.h"
@@ -412,6 +413,20 @@ TEST(Cli, CalibrateWritesAProfilePlanReads) {
                        " --out " + dir.file("hw.yaml"));
   ASSERT_EQ(c.code, 0) << c.err;
   const std::string profile = testing::read_file(dir.file("hw.yaml"));
+  // Every GEMM in the compute dtype a run of those rows computes in (--compute-dtype auto for
+  // the model's f16 matrices on this CPU), as the unit curves are.
+  auto cpu = kernels::make_cpu_backend();
+  const engine::Bf16Speed bf16 = engine::bf16_speed(*cpu, kernels::DType::F16);
+  std::string by_rows;
+  for (const std::int64_t rows : {1, 4, 16, 64, 256}) {
+    const std::string dtype(kernels::dtype_name(engine::job_compute_dtype("auto", kernels::DType::F16, bf16, rows).dtype));
+    const std::string m = std::to_string(rows);
+    EXPECT_THAT(c.err, HasSubstr("gemm curve m=" + m + " n=k=128 f16 weights, " + dtype + " compute"));
+    by_rows += (by_rows.empty() ? "" : ", ") + m + " " + dtype;
+  }
+  EXPECT_THAT(profile, HasSubstr("GEMMs of f16 weights in the compute dtype --compute-dtype auto gives each row count (" +
+                                 by_rows + ")"));
+  EXPECT_THAT(c.err, HasSubstr("decoder layer, 64 rows, "));
   EXPECT_THAT(profile, HasSubstr("layer_tflops_by_rows: {1: "));
   EXPECT_THAT(profile, HasSubstr("head_tflops_by_rows: {1: "));
   const Result p = run("plan --model opt-125m --hardware " + dir.file("hw.yaml") + " --prompt-len 64 --gen-len 8");
