@@ -77,7 +77,7 @@ Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t p
 // prefill fills them: a uniform job takes no more steps than fixed blocks. A GPU's step time
 // grows little with its rows until thousands, so every step a smaller budget adds costs about
 // a decode step's weights and launches (measured on an H200, OPT-1.3B, 64 prompts of 512:
-// 96 steps and 664 tok/s at 512 a step, 1,201 tok/s as fixed blocks). Where the gpu tier is
+// 95 steps and 664 tok/s at 512 a step, 1,201 tok/s as fixed blocks). Where the gpu tier is
 // host memory (the CPU backend) kHostPrefillBudget: a CPU's rows cost the same in any step,
 // and the activations of a larger step take host memory from the weights (docs/planner.md).
 std::int64_t default_prefill_budget(const HardwareProfile& hw, const Workload& w, std::int64_t gpu_batch);

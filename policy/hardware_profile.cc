@@ -248,7 +248,13 @@ double rows_rate_at(const RateCurve& curve, double x, double fallback, double ce
 }
 
 double HardwareProfile::rows_rate(const RateCurve& unit, double rows, double fallback) const {
-  return rows_rate_at(unit.empty() ? gemm_by_rows : unit, rows, fallback, gpu_gemm_prefill);
+  if (unit.empty()) return rows_rate_at(gemm_by_rows, rows, fallback, gpu_gemm_prefill);
+  const auto [last_rows, last_rate] = unit.back();
+  if (gemm_by_rows.empty() || rows <= static_cast<double>(last_rows))
+    return rows_rate_at(unit, rows, fallback, gpu_gemm_prefill);
+  const double growth = rows_rate_at(gemm_by_rows, rows, 1, gpu_gemm_prefill) /
+                        rows_rate_at(gemm_by_rows, static_cast<double>(last_rows), 1, gpu_gemm_prefill);
+  return std::max(last_rate, std::min(last_rate * growth, gpu_gemm_prefill));
 }
 
 HardwareProfile load_hardware_file(const std::string& path) {

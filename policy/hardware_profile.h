@@ -78,7 +78,9 @@ struct HardwareProfile {
   double dequant = 0;
   // The rate of a GEMM (`unit` empty: gemm_by_rows) or of a unit (layer_by_rows,
   // head_by_rows) at `rows` (rows_rate_at up to the compute peak, gpu_gemm_prefill), or
-  // `fallback` when there is no curve.
+  // `fallback` when there is no curve. Past a unit curve's last point, where gemm_by_rows goes
+  // on, the unit's rate grows as the GEMM's does from that point (its GEMMs are what grow; a
+  // CPU's GEMM curve is flat there while its layer curve still rose a little).
   double rows_rate(const RateCurve& unit, double rows, double fallback) const;
 };
 

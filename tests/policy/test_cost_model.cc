@@ -331,8 +331,16 @@ TEST(CostModel, GemmRateCurveInterpolatesExtendsAndRoundTrips) {
   // A unit's curve where given; one that falls at its end stays at its last point, and one that
   // climbs faster than its rows is taken to grow with them at most.
   h.gpu_gemm_prefill = 1e13;
+  h.gemm_by_rows.clear();
   EXPECT_DOUBLE_EQ(h.rows_rate({{1, 2e10}, {4, 1e10}}, 64, 0), 1e10);
   EXPECT_NEAR(h.rows_rate({{1, 1e9}, {2, 4e9}}, 8, 0), 1.6e10, 1e3);
+  // Past a unit curve's end, where the GEMM curve goes on, the unit grows as the GEMMs do from
+  // there (x1.6 from 16 to 256 rows), and never falls below its last point where they level off.
+  h.gemm_by_rows = {{1, 1e10}, {16, 1.6e11}, {256, 2.56e11}};
+  EXPECT_NEAR(h.rows_rate({{1, 5e9}, {16, 8e10}}, 256, 0), 8e10 * 1.6, 1e3);
+  EXPECT_NEAR(h.rows_rate({{1, 5e9}, {4, 2e10}}, 8, 0), 2e10 * h.rows_rate({}, 8, 0) / 4e10, 1e3);
+  h.gemm_by_rows = {{256, 2e11}, {1024, 1.9e11}};
+  EXPECT_DOUBLE_EQ(h.rows_rate({{64, 1e11}, {256, 1.2e11}}, 4096, 0), 1.2e11);
   const HardwareProfile back = load_hardware_yaml(hardware_to_yaml(h), "roundtrip");
   EXPECT_EQ(back.gemm_by_rows, h.gemm_by_rows);
   EXPECT_THROW(load_hardware_yaml(hardware_to_yaml(h) + "gemm_tflops_by_rows_x: 1\n", "x"), std::invalid_argument);

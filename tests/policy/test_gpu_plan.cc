@@ -70,7 +70,7 @@ TEST(GpuPlan, LargerGpuBatchesNeverPredictSlowerInMemory) {
 
 // The default budget on a device is a GPU batch of the job's mean prompts: a uniform job under
 // continuous batching admits a whole GPU batch in the step its slots free, so it takes the
-// steps of fixed blocks (measured on the H200 at 512 tokens a step: 96 steps for 64 prompts
+// steps of fixed blocks (measured on the H200 at 512 tokens a step: 95 steps for 64 prompts
 // of 512 + 32 in one GPU batch, 664 tok/s, against 32 steps and 1,201 tok/s as a fixed block).
 TEST(GpuPlan, DefaultPrefillBudgetTakesTheStepsOfFixedBlocks) {
   const HardwareProfile hw = h200();
