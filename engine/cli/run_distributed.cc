@@ -160,6 +160,7 @@ void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const
   const policy::Estimate e =
       policy::plan(model_shape(s.model.config), hw, job_workload(o, todo, s.gen_len), plan_options(o, s, share));
   adopt_plan(o, s, e.policy, hw);
+  s.predicted = e;
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
 }
 
@@ -185,7 +186,7 @@ json run_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<
     job::BlockLoopOptions loop;
     loop.block = static_cast<std::size_t>(s.policy.block_size());
     loop.continuous = o.batching == "continuous";
-    loop.prefill_budget = o.prefill_budget;
+    loop.prefill_budget = prefill_budget_of(o, s);
     loop.share_prefill = o.share_prefill == 1;
     loop.source = &source;
     loop.interrupts = &interrupts;
@@ -416,7 +417,7 @@ distributed::PipelineWork pipeline_work(const RunOptions& o, const json& job, co
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
   work.continuous = o.batching == "continuous";
-  work.prefill_budget = o.prefill_budget;
+  work.prefill_budget = prefill_budget_of(o, s);
   return work;
 }
 

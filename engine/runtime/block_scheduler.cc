@@ -461,8 +461,10 @@ void BlockScheduler::end_step(Block& blk) {
 
 void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
   std::int64_t computed = 0;
+  bool prefilled = false;
   for (GpuBatch& b : st.batches)
     for (std::int64_t i = 0; i < b.n; ++i) {
+      prefilled = prefilled || b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Prefill;
       const auto slot = static_cast<std::size_t>(b.first_sequence + i);
       // A fork sampled its first token from the prefill of this step it shares.
       if (b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Idle && st.fork_of[slot] < 0) continue;
@@ -476,7 +478,7 @@ void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
         tokens.push_back(token);
       }
     }
-  log.end_step(st.step, computed);
+  log.end_step(st.step, computed, prefilled);
 }
 
 void BlockScheduler::next_steps(BlockState& st) {
