@@ -126,7 +126,7 @@ offload::TraceProcess trace_process(const json& report) {
 // The model as the one-process report names it, and its size as stored.
 std::string model_lines(const RunSetup& s) {
   const ModelConfig c = with_weight_dtype(s.model.config, s.policy.weight_dtype(s.model.config.dtype));
-  return job::model_line(s.model.description, c) + "\nmodel size: " + offload::format_bytes(job::model_bytes(c));
+  return job::model_line(s.model.description, c) + "\nmodel size: " + offload::format_bytes(c.weight_bytes());
 }
 
 // Where a job's results and reports land: rank 0's output file (or stdout) and metrics.

@@ -268,7 +268,7 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
 
 bool BlockScheduler::active(const Block& b) const { return b.log.active(); }
 
-// FlexGen's loop (ALGORITHMS.md, "zig-zag block schedule"): for every unit j and GPU batch k,
+// FlexGen's loop (docs/offloading.md, "The block schedule"): for every unit j and GPU batch k,
 // load weight j+1, load cache and hidden k+1, compute (j, k), store cache and hidden k.
 void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
   if (!blk.log.active()) throw std::logic_error("run_step on a finished block");
