@@ -129,8 +129,6 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   if (continuous && req.on_logits)
     throw std::invalid_argument("on_logits needs a fixed block; under continuous batching use on_sequence_logits");
   if (continuous && req.prefill_budget < 1) throw std::invalid_argument("the prefill token budget must be at least 1");
-  if (!req.shares_prompt.empty() && (!holds_input() || !holds_head_))
-    throw std::invalid_argument("shared prefills need the whole model in one scheduler");
   if (!req.shares_prompt.empty() && req.on_logits)
     throw std::invalid_argument("on_logits needs each prompt prefilled on its own (no shares_prompt)");
   if (B == 0) return blk;
