@@ -2,7 +2,8 @@
 // Word::merge_all) and the score model (by piece score, llama2.c / SentencePiece): a heap of
 // candidate merges by (priority, position) over a linked list of symbols, O(n log n) where
 // rescanning every pair per merge is O(n^2). An entry is stale when its left symbol was merged
-// away or the pair there no longer merges into the same token.
+// away or the pair there no longer merges into the same token; find_merge is asked again only
+// when the pair's symbols changed since the entry was pushed.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +33,7 @@ void merge_pairs(std::vector<std::int32_t>& symbols, const FindMerge& find_merge
   struct Candidate {
     double priority;
     std::size_t pos;
-    std::int32_t merged;
+    std::int32_t left, right, merged;
   };
   const auto later = [](const Candidate& a, const Candidate& b) {
     return a.priority != b.priority ? a.priority > b.priority : a.pos > b.pos;
@@ -40,8 +41,8 @@ void merge_pairs(std::vector<std::int32_t>& symbols, const FindMerge& find_merge
   std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> heap(later);
   const auto push = [&](std::size_t left) {
     if (left == kNone || next[left] == kNone) return;
-    if (const std::optional<PairMerge> m = find_merge(symbols[left], symbols[next[left]]))
-      heap.push({m->priority, left, m->merged});
+    const std::int32_t a = symbols[left], b = symbols[next[left]];
+    if (const std::optional<PairMerge> m = find_merge(a, b)) heap.push({m->priority, left, a, b, m->merged});
   };
   for (std::size_t i = 0; i + 1 < n; ++i) push(i);
 
@@ -50,8 +51,10 @@ void merge_pairs(std::vector<std::int32_t>& symbols, const FindMerge& find_merge
     heap.pop();
     if (!alive[top.pos] || next[top.pos] == kNone) continue;
     const std::size_t right = next[top.pos];
-    const std::optional<PairMerge> m = find_merge(symbols[top.pos], symbols[right]);
-    if (!m || m->merged != top.merged) continue;
+    if (symbols[top.pos] != top.left || symbols[right] != top.right) {
+      const std::optional<PairMerge> m = find_merge(symbols[top.pos], symbols[right]);
+      if (!m || m->merged != top.merged) continue;
+    }
     symbols[top.pos] = top.merged;
     alive[right] = false;
     next[top.pos] = next[right];
