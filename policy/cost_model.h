@@ -1,4 +1,4 @@
-// FlexGen's cost model and placement search (ALGORITHMS.md section 3), extended with what
+// FlexGen's cost model and placement search (docs/planner.md), extended with what
 // flexh2o runs: exact row-split fractions, the KV eviction budget (KV term sized by the budget
 // plus the policy's score arrays), cpu_cache_compute, embeddings, overlap off, GEMMs bounded
 // by reading their weights from device memory, and the engine's own working set (two weight

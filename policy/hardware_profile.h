@@ -1,5 +1,5 @@
-// What a machine can hold and move, for the cost model (FlexGen's constants, ALGORITHMS.md
-// section 3): tier capacities, link bandwidths and compute rates. Loaded from
+// What a machine can hold and move, for the cost model (FlexGen's constants, docs/planner.md
+// "The cost model"): tier capacities, link bandwidths and compute rates. Loaded from
 // configs/hardware/*.yaml or written by `flexh2o calibrate`.
 #pragma once
 #include <cstdint>

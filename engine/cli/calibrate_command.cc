@@ -31,7 +31,7 @@
 #include <tbb/parallel_for.h>
 
 #include "engine/model/model_config.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "kernels/attention.h"
 #include "kernels/backend.h"
 #include "kernels/quantize.h"

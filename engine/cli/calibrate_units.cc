@@ -9,7 +9,7 @@
 #include "engine/model/layers.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/model/step.h"
 #include "policy/cost_model.h"
 

@@ -5,7 +5,7 @@
 
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "offload/text_file.h"
 #include "offload/budget.h"
 #include "policy/eviction/kv_spec.h"

@@ -17,7 +17,7 @@
 #include "engine/distributed/launch.h"
 #include "engine/model/model_shape.h"
 #include "offload/text_file.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "kernels/backend.h"
 #ifdef FLEXH2O_HAVE_MPI

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "engine/chat/chat_template.h"
-#include "engine/chat/template_source.h"
+#include "engine/loaders/template_source.h"
 #include "engine/job/result_file.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"

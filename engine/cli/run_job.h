@@ -14,7 +14,7 @@
 #include "engine/job/openai_job.h"
 #include "engine/job/request.h"
 #include "engine/job/result_file.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "kernels/backend.h"
 #include "offload/tiers.h"

@@ -12,12 +12,6 @@ namespace flexh2o::job {
 
 using offload::format_bytes;
 
-std::int64_t model_bytes(const engine::ModelConfig& c) {
-  std::int64_t b = 0;
-  for (const auto& w : engine::weight_specs(c)) b += w.rows * kernels::row_bytes(w.dtype(c), w.cols);
-  return b;
-}
-
 std::string model_line(const std::string& description, const engine::ModelConfig& c) {
   return fmt::format("model: {} ({} layers, hidden {}, {} weights)", description, c.n_layers, c.hidden,
                      engine::matrix_dtypes_text(c));
@@ -141,7 +135,7 @@ std::int64_t RunReport::decode_expert_bytes_per_token() const {
 
 std::string RunReport::text() const {
   std::string s = model_line(model, stored) + "\n";
-  s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(model_bytes(stored)),
+  s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(stored.weight_bytes()),
                    format_bytes(cache_bytes), format_bytes(hidden_bytes));
   s += fmt::format("policy: {}, cache {}, compute {}{}\n", policy::to_text(policy), kernels::dtype_name(cache_dtype),
                    kernels::dtype_name(stored.compute_dtype), compute_why.empty() ? "" : " (" + compute_why + ")");
@@ -177,7 +171,7 @@ nlohmann::json RunReport::to_json() const {
   j["model"] = model;
   j["policy"] = policy::to_json(policy, moe.experts, moe.top_k);
   j["compute_dtype"] = std::string(kernels::dtype_name(stored.compute_dtype));
-  j["model_bytes"] = model_bytes(stored);
+  j["model_bytes"] = stored.weight_bytes();
   j["cache_bytes"] = cache_bytes;
   j["hidden_bytes"] = hidden_bytes;
   j["peak_bytes"] = job::to_json(peaks);

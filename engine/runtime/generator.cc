@@ -1,6 +1,6 @@
 #include "engine/runtime/generator.h"
 
-#include "engine/runtime/kv_eviction.h"
+#include "engine/model/kv_eviction.h"
 #include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
 

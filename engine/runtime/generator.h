@@ -107,7 +107,7 @@ struct GenerationResult {
   // Per sequence, seconds from the start of the generation to its first token and its last.
   std::vector<double> first_token_at, finished_at;
 
-  // Tokens/s as FlexGen reports them (ALGORITHMS.md section 1): prompt tokens over the prefill,
+  // Tokens/s as FlexGen reports them (docs/benchmarks.md): prompt tokens over the prefill,
   // the decode-only steps' tokens (fixed blocks: those after each sequence's first) over the
   // decode, all generated tokens over both.
   double prefill_throughput() const;

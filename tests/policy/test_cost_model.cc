@@ -354,7 +354,7 @@ namespace {
 
 const std::string kFlexGenPolicies = std::string(FLEXH2O_SOURCE_DIR) + "/configs/policies/flexgen/";
 
-// FlexGen's published throughput on its T4 for its own policies (ALGORITHMS.md section 4).
+// FlexGen's published throughput on its T4 for its own policies (docs/planner.md).
 struct Published {
   const char* file;
   ModelShape model;
