@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "engine/loaders/dummy_weights.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/model/weights.h"
 #include "kernels/backend.h"
 #include "tests/support/test_models.h"

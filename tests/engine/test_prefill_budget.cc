@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/runtime/block_scheduler.h"
 #include "kernels/backend.h"
 #include "offload/tiers.h"
