@@ -10,8 +10,10 @@
 // Prefill (tiled): a block per (tile of kQueryTile query rows of one sequence, query head)
 // keeps its queries in shared memory and streams the causal keys and values through it
 // kKeyTile at a time (those within the sliding window, if any), with an online softmax per
-// row; (m, l) per row go to `stats` when the column sums are wanted. Column sums: a block per (tile of keys, kv head) sums w_i * p(i, j)
-// over the group's heads and the queries i >= j, in a fixed order.
+// row; (m, l) per row go to `stats` when the column sums are wanted. Column sums: a block per
+// (tile of keys, kv head) sums w_i * p(i, j) over the group's heads and the queries i >= j, in
+// a fixed order. Under bf16 compute without column sums, prefill runs on tensor cores instead
+// (attention_prefill_mma.cu).
 //
 // Decode (flash-decoding, plan_decode; docs/backends.md): a block per (sequence, kv head, chunk
 // of the group's query heads, split of the keys) reads each cached key and value once, in
@@ -28,6 +30,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/quantize.h"
@@ -829,6 +832,15 @@ std::vector<std::int64_t> row_tiles(std::span<const std::int64_t> offsets, std::
 
 std::size_t floats_bytes(std::size_t floats) { return floats * sizeof(float); }
 
+// Under bf16 compute, prefill runs on tensor cores (attention_prefill_mma.cu) for the head dims
+// that kernel has; with column sums it stays on the fp32 kernels, whose column-sum pass
+// recomputes the very scores the softmax used.
+bool prefill_on_tensor_cores(const AttentionPrefillArgs& a) {
+  auto aligned = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  return a.compute == DType::BF16 && a.col_sums == nullptr && mma_prefill_has(a.shape.head_dim) && aligned(a.q, 16) &&
+         aligned(a.k, 16) && aligned(a.v, 16) && aligned(a.out, 8);
+}
+
 // Bytes a DeviceBuffer of `bytes` takes from the pool (none when empty).
 std::int64_t scratch_of(std::int64_t bytes) {
   return bytes <= 0 ? 0 : std::max<std::int64_t>(bytes, static_cast<std::int64_t>(kMinScratch));
@@ -901,12 +913,19 @@ void CudaBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
   const bool weighted = !a.query_weights.empty();
   if (T <= 0) return;
   const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
-  const std::size_t shared = floats_bytes(prefill_shared_floats(D));
-  allow_shared(reinterpret_cast<const void*>(prefill_kernel), shared, "attention_prefill");
-  const std::vector<std::int64_t> tiles = row_tiles(a.seq_offsets, kQueryTile);
+  const bool mma = prefill_on_tensor_cores(a);
+  const std::size_t shared = mma ? mma_prefill_shared_bytes(D) : floats_bytes(prefill_shared_floats(D));
+  allow_shared(mma ? mma_prefill_kernel(D) : reinterpret_cast<const void*>(prefill_kernel), shared, "attention_prefill");
+  const std::vector<std::int64_t> tiles = row_tiles(a.seq_offsets, mma ? kMmaQueryTile : kQueryTile);
   const std::int64_t n_tiles = static_cast<std::int64_t>(tiles.size()) / 2;
   const DeviceBuffer offsets = upload(a.seq_offsets);
   const DeviceBuffer tiles_d = upload(std::span<const std::int64_t>(tiles));
+  if (mma) {
+    launch_mma_prefill({.shape = s, .q = a.q, .k = a.k, .v = a.v, .out = a.out, .tiles = tiles_d.as<std::int64_t>(),
+                        .n_tiles = n_tiles, .offsets = offsets.as<std::int64_t>()},
+                       stream_);
+    return;
+  }
   DeviceBuffer stats;
   if (a.col_sums != nullptr) stats = DeviceBuffer(*this, static_cast<std::size_t>(T * H) * 2 * sizeof(float));
   prefill_kernel<<<blocks_for(n_tiles * H, 1), kAttnThreads, shared, stream_>>>(

@@ -193,7 +193,10 @@ class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<s
   void check_gemm(DType dtype, DType compute, std::int64_t m, std::int64_t k, std::int64_t n, bool bias,
                   float beta, float xmax = 1.0f);
   void check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D, const std::vector<std::int64_t>& lens,
-                     bool col_sums, bool weighted, float softcap = 0.0f, std::int64_t window = 0);
+                     bool col_sums, bool weighted, float softcap = 0.0f, std::int64_t window = 0,
+                     DType compute = DType::F32);
+  void check_prefill_bf16(std::int64_t H, std::int64_t Hkv, std::int64_t D, const std::vector<std::int64_t>& lens,
+                          float softcap = 0.0f, std::int64_t window = 0);
   void check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t capacity,
                     const std::vector<std::int64_t>& lens, bool probs, float softcap = 0.0f, std::int64_t window = 0,
                     bool slot_bias = false, std::int64_t cache_offset = 0);
@@ -415,10 +418,10 @@ TEST_P(BackendOpsTest, EmbeddingOutOfRangeThrows) {
 
 void BackendOpsTest::check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D,
                                    const std::vector<std::int64_t>& lens, bool with_col_sums, bool weighted,
-                                   float softcap, std::int64_t window) {
+                                   float softcap, std::int64_t window, DType compute) {
   SCOPED_TRACE(::testing::Message() << "prefill H=" << H << " Hkv=" << Hkv << " D=" << D << " col_sums="
                                     << with_col_sums << " weighted=" << weighted << " softcap=" << softcap
-                                    << " window=" << window);
+                                    << " window=" << window << " compute " << dtype_name(compute));
   std::vector<std::int64_t> offsets{0};
   for (std::int64_t n : lens) offsets.push_back(offsets.back() + n);
   const std::int64_t T = offsets.back();
@@ -438,6 +441,7 @@ void BackendOpsTest::check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_
     a.seq_offsets = offsets;
     a.col_sums = with_col_sums ? (on_cpu ? cols.cpu : cols.dev).as<float>() : nullptr;
     a.query_weights = weights;
+    a.compute = compute;
     (on_cpu ? *cpu_ : *dev_).attention_prefill(a);
   }
   const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
@@ -483,6 +487,96 @@ TEST_P(BackendOpsTest, AttentionPrefillTiles) {
   check_prefill(8, 2, 64, {129, 47}, true, true);
   check_prefill(4, 1, 256, {70, 33}, true, false);
   check_prefill(8, 2, 64, {300, 70, 5}, true, true, 30.0f, 100);  // a window across several key tiles
+}
+
+// ---------------------------------------------------------------------------- attention prefill, bf16 compute
+
+// The values a bf16 matrix unit multiplies: x rounded to bf16 (to nearest even).
+std::vector<float> rounded_to_bf16(std::vector<float> x) {
+  for (float& f : x) f = bf16_to_f32(f32_to_bf16(f));
+  return x;
+}
+
+// Under bf16 compute a device may run prefill on bf16 matrix units (the CUDA backend's
+// tensor-core kernel, for head_dim 64, 80, 96, 128 and 256): q, k and v rounded to bf16 (to
+// nearest even), scores and outputs accumulated in fp32, each unnormalised probability rounded
+// to bf16 before P V. The reference is the CPU's fp32 attention on q, k and v rounded to bf16 on
+// the host, so both sides start from the same numbers and the tolerance is that of the rest:
+//  - a score is a sum of D products that are exact in fp32 (8-bit significands), summed in
+//    another order, and the normaliser and the outputs sums of up to n terms: attention_rel_error
+//    counts that for fp32, and it is doubled since matrix units may truncate when they
+//    accumulate (gemm_tolerance);
+//  - the kernel rounds p_j = exp(s_j - m) to bf16 for P V and keeps the normaliser
+//    l = sum_j p_j unrounded: |bf16(p_j) - p_j| <= u p_j (u = kBF16Eps = 2^-8, twice the
+//    round-to-nearest bound), so the output sum_j bf16(p_j) v_j / l is off by at most
+//    u sum_j p_j |v_j| / l <= u vmax, however many keys.
+// So |out - ref| <= (2 rel + u) vmax. Against the CPU on the unrounded inputs the device must
+// differ by more than fp32 arithmetic allows (inputs rounded by 2^-9 relative move outputs by
+// ~1e-3, the fp32 bound is ~1e-4): that shows the tensor cores ran, not the fp32 kernel.
+void BackendOpsTest::check_prefill_bf16(std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                                        const std::vector<std::int64_t>& lens, float softcap, std::int64_t window) {
+  SCOPED_TRACE(::testing::Message() << "bf16 prefill H=" << H << " Hkv=" << Hkv << " D=" << D << " lens "
+                                    << ::testing::PrintToString(lens) << " softcap=" << softcap << " window=" << window);
+  std::vector<std::int64_t> offsets{0};
+  for (std::int64_t n : lens) offsets.push_back(offsets.back() + n);
+  const std::int64_t T = offsets.back();
+  // The device gets the values as they are and rounds them itself; the CPU the rounded values.
+  auto upload_exact_and_rounded = [&](const std::vector<float>& exact) {
+    const std::vector<float> rounded = rounded_to_bf16(exact);
+    Twin t{DeviceBuffer(*cpu_, exact.size() * sizeof(float)), DeviceBuffer(*dev_, exact.size() * sizeof(float))};
+    cpu_->copy_to_device(t.cpu.data(), rounded.data(), t.cpu.bytes());
+    dev_->copy_to_device(t.dev.data(), exact.data(), t.dev.bytes());
+    return t;
+  };
+  const std::vector<float> qh = random_floats(T * H * D, -2.0f, 2.0f), kh = random_floats(T * Hkv * D, -2.0f, 2.0f),
+                           vh = random_floats(T * Hkv * D);
+  const Twin q = upload_exact_and_rounded(qh), k = upload_exact_and_rounded(kh), v = upload_exact_and_rounded(vh);
+  const Twin out = upload(std::vector<float>(sz(T * H * D), kNaN));
+  const Twin exact_out = upload(std::vector<float>(sz(T * H * D), kNaN));  // the CPU on unrounded inputs
+  const Twin exact_q = upload(qh), exact_k = upload(kh), exact_v = upload(vh);
+  auto args = [&](const Twin& q_in, const Twin& k_in, const Twin& v_in, const Twin& o, bool on_cpu) {
+    AttentionPrefillArgs a;
+    a.shape = AttentionShape{H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window};
+    a.q = (on_cpu ? q_in.cpu : q_in.dev).as<float>();
+    a.k = (on_cpu ? k_in.cpu : k_in.dev).as<float>();
+    a.v = (on_cpu ? v_in.cpu : v_in.dev).as<float>();
+    a.out = (on_cpu ? o.cpu : o.dev).as<float>();
+    a.seq_offsets = offsets;
+    a.compute = DType::BF16;
+    return a;
+  };
+  cpu_->attention_prefill(args(q, k, v, out, true));
+  dev_->attention_prefill(args(q, k, v, out, false));
+  cpu_->attention_prefill(args(exact_q, exact_k, exact_v, exact_out, true));
+  const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
+  const double rel = attention_rel_error(D, longest, 1.0 / std::sqrt(static_cast<double>(D)), 2.0, 2.0);
+  const auto [want, got] = download(out);
+  EXPECT_TRUE(within(want, got, (2.0 * rel + kBF16Eps) * 1.0));  // |v| <= 1
+  EXPECT_FALSE(within(download(*cpu_, exact_out.cpu), got, rel * 1.0)) << "the device did not round to bf16";
+}
+
+// Every head dim of the kernel, GQA groups of 1, 2, 3, 4 and 8, sequence lengths on both sides
+// of the 64-row query tiles and of the 64- and 32-key tiles, an empty sequence among them.
+TEST_P(BackendOpsTest, AttentionPrefillBf16HeadDimsAndGroups) {
+  check_prefill_bf16(8, 2, 64, {1, 15, 17, 63, 129, 520});
+  check_prefill_bf16(4, 4, 80, {17, 129, 0, 63});
+  check_prefill_bf16(6, 2, 96, {129, 1, 70});
+  check_prefill_bf16(8, 1, 128, {520, 15});
+  check_prefill_bf16(6, 2, 256, {129, 17, 63, 1});
+}
+
+TEST_P(BackendOpsTest, AttentionPrefillBf16WindowAndSoftcap) {
+  check_prefill_bf16(8, 2, 64, {520, 129, 1}, 0.0f, 100);  // a window across several key tiles
+  check_prefill_bf16(8, 2, 64, {63, 17}, 0.0f, 1);         // each query sees only itself
+  check_prefill_bf16(4, 2, 128, {129, 15}, 30.0f, 0);      // soft-capped scores
+  check_prefill_bf16(4, 2, 256, {520, 17}, 50.0f, 64);     // Gemma-2: both, head_dim 256
+}
+
+// Head dims the tensor-core kernel lacks, and the column sums of the eviction policies, keep the
+// fp32 kernels under bf16 compute: the fp32 tolerance holds.
+TEST_P(BackendOpsTest, AttentionPrefillBf16FallsBackToFp32) {
+  check_prefill(6, 2, 40, {5, 1, 70, 33}, false, false, 0.0f, 0, DType::BF16);
+  check_prefill(8, 2, 64, {129, 47}, true, true, 0.0f, 0, DType::BF16);
 }
 
 // ---------------------------------------------------------------------------- attention decode
