@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "engine/chat/methods.h"
 #include "engine/chat/text.h"
@@ -183,6 +184,25 @@ std::string printf_float(double magnitude, char type, std::int64_t precision, bo
   return buf;
 }
 
+// A float with a precision and no type: like 'g', but exponent notation from 10^(p-1) on and a
+// fixed-point result keeps a ".0" (CPython's repr mode with Py_DTSF_ADD_DOT_0).
+std::string repr_with_precision(double magnitude, std::int64_t p, bool alternate) {
+  const std::string sci = printf_float(magnitude, 'e', p - 1, alternate);
+  const int exponent = std::atoi(sci.c_str() + sci.find('e') + 1);
+  std::string body = exponent < -4 || exponent >= p - 1 ? sci : printf_float(magnitude, 'f', p - 1 - exponent, alternate);
+  if (!alternate) {  // 'g' drops trailing zeros of the digits, and a bare point
+    const std::size_t e = std::min(body.find('e'), body.size());
+    std::string digits = body.substr(0, e);
+    if (digits.find('.') != std::string::npos) {
+      digits.erase(digits.find_last_not_of('0') + 1);
+      if (digits.back() == '.') digits.pop_back();
+    }
+    body = digits + body.substr(e);
+  }
+  if (body.find_first_of(".e") == std::string::npos) body += ".0";
+  return body;
+}
+
 std::string format_float(double d, const Spec& spec, int line) {
   char t = spec.type;
   if (t && std::string("eEfFgGn%").find(t) == std::string::npos) {
@@ -194,17 +214,19 @@ std::string format_float(double d, const Spec& spec, int line) {
   std::string body;
   if (!t && spec.precision < 0) {
     body = float_repr(magnitude);
+    const std::size_t e = body.find('e');
+    if (spec.alternate && e != std::string::npos && body.find('.') == std::string::npos) body.insert(e, ".");
+  } else if (!t && std::isfinite(magnitude)) {
+    body = repr_with_precision(magnitude, std::max<std::int64_t>(spec.precision, 1), spec.alternate);
   } else if (std::isinf(magnitude) || std::isnan(magnitude)) {
     body = std::isinf(magnitude) ? "inf" : "nan";
     if (t == 'E' || t == 'F' || t == 'G') body = upper(body);
     if (t == '%') body += "%";
   } else {
     std::int64_t precision = spec.precision < 0 ? 6 : spec.precision;
-    const char c = !t || t == 'n' ? 'g' : t == '%' ? 'f' : t;
+    const char c = t == 'n' ? 'g' : t == '%' ? 'f' : t;
     if (c == 'g' || c == 'G') precision = std::max<std::int64_t>(precision, 1);
     body = printf_float(t == '%' ? magnitude * 100 : magnitude, c, precision, spec.alternate);
-    // No type with a precision: like 'g', but a number without exponent keeps a ".0".
-    if (!t && body.find_first_of(".e") == std::string::npos) body += ".0";
     if (t == '%') body += "%";
   }
   if (negative && spec.no_negative_zero && body.find_first_not_of("0.%e+-") == std::string::npos) negative = false;
@@ -516,6 +538,7 @@ class PercentFormatter {
   }
 
   std::string format_char(const Value& v, Spec spec) {
+    spec.precision = -1;  // printf ignores a precision for %c
     if (v.is_string() && to_code_points(v.as_string()).size() == 1) return format_str(v.as_string(), spec, line_);
     if (!is_integral(v)) throw TemplateError("%c requires an int or a unicode character, not " + type_name(v), line_);
     spec.type = 'c';
