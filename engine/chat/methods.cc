@@ -108,6 +108,11 @@ Value get_attribute(const Value& obj, const std::string& name, int line) {
     return v ? *v : missing(obj, name);
   }
   if (obj.is_string()) return is_string_method(name) ? string_method(obj, name) : missing(obj, name);
+  if (obj.is_callable()) {
+    for (const auto& [key, value] : obj.as_callable().attributes) {
+      if (key == name) return value;
+    }
+  }
   if (obj.is_list() && kListAttrs.count(name)) return kListUnsafe.count(name) ? unsafe(obj, name) : list_method(obj, name);
   if (obj.is_tuple() && kTupleAttrs.count(name)) return list_method(obj, name);
   if (obj.is_dict()) {

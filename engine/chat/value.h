@@ -70,6 +70,7 @@ struct CallArgs {
 struct Callable {
   std::string name;  // for messages: "raise_exception", "str.split", "macro render_type"
   std::function<Value(Interpreter&, CallArgs&)> call;
+  std::vector<std::pair<std::string, Value>> attributes;  // e.g. transformers' dict.fromkeys
 };
 
 class Value {

@@ -294,6 +294,11 @@ TEST(ChatTemplate, GlobalsAndInputs) {
   EXPECT_EQ(render("{{ strftime_now(\"%d %b %Y\") }}|{{ strftime_now(\"%Y-%m-%d %A %B\") }}"),
             "25 Nov 2026|2026-11-25 Wednesday November");
   EXPECT_EQ(render("{{ bos_token }}{{ eos_token }}{{ add_generation_prompt }}{{ tools }}{{ documents }}"), "<s></s>TrueNoneNone");
+  // transformers' TemplateDict: dict() and dict.fromkeys().
+  EXPECT_EQ(render("{{ dict.fromkeys(['a', 'b'], 0) }}|{{ dict.fromkeys('xy') }}|{{ dict.fromkeys([]) }}|{{ dict(a=1) }}"),
+            "{'a': 0, 'b': 0}|{'x': None, 'y': None}|{}|{'a': 1}");
+  EXPECT_EQ(error_of("{{ dict.fromkeys() }}"), "t.jinja:1: fromkeys expected at least 1 argument, got 0");
+  EXPECT_EQ(error_of("{{ dict.fromkeys(1) }}"), "t.jinja:1: 'int' object is not iterable");
   ChatInputs in = conversation();
   in.bos_token.reset();
   in.add_generation_prompt = false;
