@@ -36,12 +36,18 @@ Value alias_reasoning(const Value& message) {
   return out;
 }
 
+// transformers' _normalize_chat_messages drops the keys whose value is None (OpenAI's
+// "content": null beside tool_calls), which templates handle as missing; then the aliases.
 Value messages_value(const nlohmann::ordered_json& messages) {
   if (!messages.is_array()) throw TemplateError("messages must be a JSON array of message objects", 0);
   std::vector<Value> out;
   for (const auto& m : messages) {
     if (!m.is_object()) throw TemplateError("chat messages must be JSON objects, but got " + m.dump(), 0);
-    out.push_back(alias_reasoning(from_json(m)));
+    Value message = Value::dict();
+    for (const auto& [k, v] : m.items()) {
+      if (!v.is_null()) message.as_dict().set(Value(k), from_json(v));
+    }
+    out.push_back(alias_reasoning(message));
   }
   return Value::list(std::move(out));
 }

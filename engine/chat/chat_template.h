@@ -1,8 +1,9 @@
 // A model's chat template: parsed once, rendered per conversation as transformers'
 // apply_chat_template renders it (render_jinja_template): the variables messages, tools,
 // documents, add_generation_prompt, bos_token and eos_token (when known) and any extra ones
-// (enable_thinking, ...); messages carrying reasoning get it under every name templates read
-// (thinking, reasoning_content), as transformers does.
+// (enable_thinking, ...); a message's keys whose value is null are dropped, and messages
+// carrying reasoning get it under every name templates read (thinking, reasoning_content), as
+// transformers does.
 #pragma once
 #include <ctime>
 #include <memory>

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "engine/chat/args.h"
+#include "engine/chat/formatting.h"
 #include "engine/chat/interpreter.h"
 #include "engine/chat/json_value.h"
 #include "engine/chat/methods.h"
@@ -22,11 +23,16 @@ namespace flexh2o::engine::chat {
 namespace {
 
 // jinja2's builtin filters this engine leaves out: using one is an error naming it.
-const std::set<std::string> kNotImplemented = {"batch",    "filesizeformat", "format",  "groupby", "pprint",
-                                               "random",   "slice",          "striptags", "truncate", "urlencode",
-                                               "urlize",   "wordwrap",       "xmlattr"};
+const std::set<std::string> kNotImplemented = {"batch",  "filesizeformat", "groupby",  "pprint",    "random",
+                                               "slice",  "striptags",      "truncate", "urlencode", "urlize",
+                                               "wordwrap", "xmlattr"};
 
 using Filter = std::function<Value(Interpreter& in, const Value& v, CallArgs& a, const std::string& what)>;
+
+// A filter's text result is a Markup when its input was (Markup's str methods give Markup).
+Value same_kind(const Value& input, std::string text) {
+  return input.is_markup() ? Value::markup(std::move(text)) : Value(std::move(text));
+}
 
 // Python's len().
 Value length_of(const Value& v, int line) {
@@ -75,21 +81,6 @@ std::vector<Value> sorted_values(std::vector<Value> items, const std::function<V
   });
   std::vector<Value> out;
   for (auto& kv : keyed) out.push_back(std::move(kv.second));
-  return out;
-}
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
   return out;
 }
 
@@ -223,6 +214,8 @@ Value tojson_filter(const Value& v, const BoundArgs& b, int line) {
 }
 
 Value select_like(Interpreter& in, const Value& v, CallArgs& a, bool by_attribute, bool keep) {
+  // jinja2's generator starts with `if value:`: None or an empty value selects nothing, unchecked.
+  if (!truthy(v)) return Value::sequence(SeqKind::Iterator, {});
   const std::string what = std::string(keep ? "select" : "reject") + (by_attribute ? "attr" : "");
   std::size_t next = 0;
   std::function<Value(const Value&)> getter = [](const Value& x) { return x; };
@@ -234,7 +227,7 @@ Value select_like(Interpreter& in, const Value& v, CallArgs& a, bool by_attribut
   if (next < a.positional.size()) {
     if (!a.positional[next].is_string()) throw TemplateError(what + ": the test name must be a string", a.line);
     test = a.positional[next++].as_string();
-    if (!is_jinja_test(test)) throw TemplateError("no test named '" + test + "'", a.line);
+    if (!is_jinja_test(test)) throw TemplateError("No test named '" + test + "'.", a.line);
   }
   CallArgs test_args;
   test_args.line = a.line;
@@ -252,6 +245,7 @@ Value select_like(Interpreter& in, const Value& v, CallArgs& a, bool by_attribut
 }
 
 Value map_filter(Interpreter& in, const Value& v, CallArgs& a) {
+  if (!truthy(v)) return Value::sequence(SeqKind::Iterator, {});  // as select_like
   std::vector<Value> out;
   if (a.positional.empty()) {
     BoundArgs b(a, {"attribute", "default"}, "filter 'map'");
@@ -267,7 +261,7 @@ Value map_filter(Interpreter& in, const Value& v, CallArgs& a) {
   }
   if (!a.positional[0].is_string()) throw TemplateError("map: the filter name must be a string", a.line);
   const std::string name = a.positional[0].as_string();
-  if (!is_jinja_filter(name)) throw TemplateError("no filter named '" + name + "'", a.line);
+  if (!is_jinja_filter(name)) throw TemplateError("No filter named '" + name + "'.", a.line);
   CallArgs rest;
   rest.line = a.line;
   rest.positional.assign(a.positional.begin() + 1, a.positional.end());
@@ -348,6 +342,21 @@ Value first_or_last(const Value& v, int line, bool last) {
   return last ? items.back() : items.front();
 }
 
+// jinja2's format: printf-style, with the positional arguments or the keyword ones.
+Value format_filter(Interpreter& in, const Value& v, CallArgs& a) {
+  if (!a.positional.empty() && !a.keyword.empty()) {
+    throw TemplateError("can't handle positional and keyword arguments at the same time", a.line);
+  }
+  Value args = Value::tuple(a.positional);
+  if (!a.keyword.empty()) {
+    args = Value::dict();
+    for (const auto& [k, x] : a.keyword) args.as_dict().set(Value(k), x);
+  }
+  std::string text = format_percent(to_str(v, a.line), args, v.is_markup(), a.line);
+  in.check_size(text.size(), a.line);
+  return same_kind(v, std::move(text));
+}
+
 Value items_filter(const Value& v, int line) {
   if (v.is_undefined()) return Value::sequence(SeqKind::Iterator, {});
   if (!v.is_dict()) throw TemplateError("Can only get item pairs from a mapping.", line);
@@ -416,12 +425,14 @@ const std::map<std::string, Simple>& simple_filters() {
       {"attr", {{"name"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
          return get_attribute(v, b.string_or(0, "", l), l);
        }}},
-      {"capitalize", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) -> Value { return py_capitalize(to_str(v, l)); }}},
+      {"capitalize", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) {
+         return same_kind(v, py_capitalize(to_str(v, l)));
+       }}},
       {"center", {{"width"}, [](Interpreter& in, const Value& v, const BoundArgs& b, int l) -> Value {
          CallArgs a;
          a.line = l;
          a.positional.push_back(b.get_or(0, Value(std::int64_t{80})));
-         return string_method(Value(to_str(v, l)), "center").as_callable().call(in, a);
+         return same_kind(v, string_method(Value(to_str(v, l)), "center").as_callable().call(in, a).as_string());
        }}},
       {"count", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return length_of(v, l); }}},
       {"length", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return length_of(v, l); }}},
@@ -432,22 +443,24 @@ const std::map<std::string, Simple>& simple_filters() {
       {"dictsort", {{"case_sensitive", "by", "reverse"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
          return dictsort_filter(v, b, l);
        }}},
-      {"escape", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) -> Value { return html_escape(to_str(v, l)); }}},
-      {"forceescape", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) -> Value { return html_escape(to_str(v, l)); }}},
+      {"escape", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return Value::markup(escaped_text(v, l)); }}},
+      {"forceescape", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) {
+         return Value::markup(html_escape(to_str(v, l)));
+       }}},
       {"first", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return first_or_last(v, l, false); }}},
       {"last", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return first_or_last(v, l, true); }}},
       {"float", {{"default"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) { return to_float_filter(v, b, l); }}},
       {"int", {{"default", "base"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) { return to_int_filter(v, b, l); }}},
       {"indent", {{"width", "first", "blank"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
-         return indent_filter(v, b, l);
+         return same_kind(v, indent_filter(v, b, l).as_string());
        }}},
       {"items", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return items_filter(v, l); }}},
       {"join", {{"d", "attribute"}, [](Interpreter& in, const Value& v, const BoundArgs& b, int l) {
          return join_filter(in, v, b, l);
        }}},
       {"list", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return Value::list(iterate(v, l)); }}},
-      {"lower", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) -> Value { return lower(to_str(v, l)); }}},
-      {"upper", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) -> Value { return upper(to_str(v, l)); }}},
+      {"lower", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return same_kind(v, lower(to_str(v, l))); }}},
+      {"upper", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return same_kind(v, upper(to_str(v, l))); }}},
       {"max", {{"case_sensitive", "attribute"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
          return min_max(v, b, l, true);
        }}},
@@ -462,14 +475,16 @@ const std::map<std::string, Simple>& simple_filters() {
       {"round", {{"precision", "method"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
          return round_filter(v, b, l);
        }}},
-      {"safe", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) -> Value { return to_str(v, l); }}},
+      {"safe", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return Value::markup(to_str(v, l)); }}},
       {"sort", {{"reverse", "case_sensitive", "attribute"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
          const bool case_sensitive = b.bool_or(1, false);
          const auto getter = attribute_getter(b.get_or(2, None{}), l);
          return Value::list(sorted_values(
              iterate(v, l), [&](const Value& x) { return fold_case(getter(x), case_sensitive); }, b.bool_or(0, false), l));
        }}},
-      {"string", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) -> Value { return to_str(v, l); }}},
+      {"string", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) {
+         return v.is_string() ? v : Value(to_str(v, l));  // soft_str: a Markup stays one
+       }}},
       {"sum", {{"attribute", "start"}, [](Interpreter& in, const Value& v, const BoundArgs& b, int l) {
          return sum_filter(in, v, b, l);
        }}},
@@ -477,7 +492,7 @@ const std::map<std::string, Simple>& simple_filters() {
       {"tojson", {{"ensure_ascii", "indent", "separators", "sort_keys"},
                   [](Interpreter&, const Value& v, const BoundArgs& b, int l) { return tojson_filter(v, b, l); }}},
       {"trim", {{"chars"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) -> Value {
-         return py_strip(to_str(v, l), b.get_or(0, None{}), true, true, l);
+         return same_kind(v, py_strip(to_str(v, l), b.get_or(0, None{}), true, true, l));
        }}},
       {"unique", {{"case_sensitive", "attribute"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
          return unique_filter(v, b, l);
@@ -498,19 +513,21 @@ std::string canonical(const std::string& name) {
 bool is_jinja_filter(const std::string& name) {
   const std::string n = canonical(name);
   return simple_filters().count(n) || kNotImplemented.count(n) || n == "map" || n == "select" || n == "reject" ||
-         n == "selectattr" || n == "rejectattr";
+         n == "selectattr" || n == "rejectattr" || n == "format";
 }
 
 Value apply_filter(Interpreter& in, const std::string& name, const Value& value, CallArgs& args) {
   in.step(args.line);
   const std::string n = canonical(name);
   if (n == "map") return map_filter(in, value, args);
+  if (n == "format") return format_filter(in, value, args);
   if (n == "select" || n == "reject") return select_like(in, value, args, false, n == "select");
   if (n == "selectattr" || n == "rejectattr") return select_like(in, value, args, true, n == "selectattr");
   const auto it = simple_filters().find(n);
   if (it == simple_filters().end()) {
     if (kNotImplemented.count(n)) throw TemplateError("filter '" + name + "' is not implemented", args.line);
-    throw TemplateError("no filter named '" + name + "'", args.line);
+    // Only a filter the parser let through in an if (see parser.cc) gets here, as in jinja2.
+    throw TemplateError("No filter named '" + name + "' found.", args.line);
   }
   BoundArgs b(args, it->second.params, "filter '" + name + "'");
   return it->second.fn(in, value, b, args.line);

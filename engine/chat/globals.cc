@@ -87,6 +87,19 @@ Value dict_global(Interpreter&, CallArgs& a) {
   return d;
 }
 
+// transformers' TemplateDict: dict(...) and dict.fromkeys(iterable, value=None).
+Value dict_fromkeys(Interpreter&, CallArgs& a) {
+  if (!a.keyword.empty()) throw TemplateError("dict.fromkeys() takes no keyword arguments", a.line);
+  if (a.positional.empty()) throw TemplateError("fromkeys expected at least 1 argument, got 0", a.line);
+  if (a.positional.size() > 2) {
+    throw TemplateError("fromkeys expected at most 2 arguments, got " + std::to_string(a.positional.size()), a.line);
+  }
+  const Value value = a.positional.size() == 2 ? a.positional[1] : Value(None{});
+  Value d = Value::dict();
+  for (const Value& key : iterate(a.positional[0], a.line)) d.as_dict().set(key, value);
+  return d;
+}
+
 Value raise_exception(Interpreter&, CallArgs& a) {
   const std::string message = a.positional.empty() ? "" : to_str(a.positional[0], a.line);
   throw TemplateError(message, a.line);
@@ -134,7 +147,9 @@ std::string format_time(const std::string& format, const std::tm& t, int line) {
 
 void add_globals(Scope& scope, const std::optional<std::tm>& now) {
   scope.set("range", Value::callable("range", range_global));
-  scope.set("dict", Value::callable("dict", dict_global));
+  Value dict = Value::callable("dict", dict_global);
+  dict.as_callable().attributes.emplace_back("fromkeys", Value::callable("dict.fromkeys", dict_fromkeys));
+  scope.set("dict", dict);
   scope.set("namespace", Value::callable("namespace", namespace_global));
   scope.set("raise_exception", Value::callable("raise_exception", raise_exception));
   scope.set("strftime_now", Value::callable("strftime_now", [now](Interpreter&, CallArgs& a) -> Value {

@@ -89,7 +89,8 @@ Value index_sequence(const Value& obj, std::int64_t i) {
     const auto n = static_cast<std::int64_t>(cps.size());
     if (i < 0) i += n;
     if (i < 0 || i >= n) return Undefined{"string index out of range"};
-    return to_utf8(cps.substr(static_cast<std::size_t>(i), 1));
+    std::string c = to_utf8(cps.substr(static_cast<std::size_t>(i), 1));
+    return obj.is_markup() ? Value::markup(std::move(c)) : Value(std::move(c));
   }
   const auto& items = obj.as_list().items;
   const auto n = static_cast<std::int64_t>(items.size());
@@ -107,6 +108,11 @@ Value get_attribute(const Value& obj, const std::string& name, int line) {
     return v ? *v : missing(obj, name);
   }
   if (obj.is_string()) return is_string_method(name) ? string_method(obj, name) : missing(obj, name);
+  if (obj.is_callable()) {
+    for (const auto& [key, value] : obj.as_callable().attributes) {
+      if (key == name) return value;
+    }
+  }
   if (obj.is_list() && kListAttrs.count(name)) return kListUnsafe.count(name) ? unsafe(obj, name) : list_method(obj, name);
   if (obj.is_tuple() && kTupleAttrs.count(name)) return list_method(obj, name);
   if (obj.is_dict()) {
@@ -166,7 +172,7 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
     const std::u32string cps = to_code_points(obj.as_string());
     std::u32string out;
     for (std::size_t i : slice_positions(static_cast<std::int64_t>(cps.size()), start, stop, step, line)) out += cps[i];
-    return to_utf8(out);
+    return obj.is_markup() ? Value::markup(to_utf8(out)) : Value(to_utf8(out));
   }
   if (!obj.is_sequence_obj()) throw TemplateError("'" + type_name(obj) + "' object is not subscriptable", line);
   const auto& items = obj.as_list().items;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "engine/chat/formatting.h"
 #include "engine/chat/interpreter.h"
 
 namespace flexh2o::engine::chat {
@@ -92,7 +93,7 @@ Value repeat(Interpreter& in, const Value& seq, std::int64_t n, int line) {
     in.check_size(seq.as_string().size() * static_cast<std::size_t>(n), line);
     std::string out;
     for (std::int64_t i = 0; i < n; ++i) out += seq.as_string();
-    return out;
+    return seq.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
   }
   in.check_size(seq.as_list().items.size() * static_cast<std::size_t>(n) * 16, line);
   std::vector<Value> items;
@@ -103,6 +104,7 @@ Value repeat(Interpreter& in, const Value& seq, std::int64_t n, int line) {
 Value concat(Interpreter& in, const Value& a, const Value& b, int line) {
   if (a.is_string()) {
     in.check_size(a.as_string().size() + b.as_string().size(), line);
+    if (a.is_markup() || b.is_markup()) return Value::markup(escaped_text(a, line) + escaped_text(b, line));
     return a.as_string() + b.as_string();
   }
   std::vector<Value> items = a.as_list().items;
@@ -124,7 +126,11 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     if ((a.is_string() || a.is_sequence_obj()) && is_integral(b)) return repeat(in, a, to_int64(b), line);
     if (is_integral(a) && (b.is_string() || b.is_sequence_obj())) return repeat(in, b, to_int64(a), line);
   }
-  if (op == "%" && a.is_string()) throw TemplateError("printf-style formatting ('...' % value) is not implemented", line);
+  if (op == "%" && a.is_string()) {
+    std::string text = format_percent(a.as_string(), b, a.is_markup(), line);
+    in.check_size(text.size(), line);
+    return a.is_markup() ? Value::markup(std::move(text)) : Value(std::move(text));
+  }
   unsupported(op, a, b, line);
 }
 

@@ -34,6 +34,7 @@ class Parser {
     std::string end;
     Body body = parse_body({}, end);
     if (cur().type != TokenType::End) fail("unexpected '" + describe(cur()) + "'");
+    check_unknown_names();
     return body;
   }
 
@@ -161,6 +162,7 @@ class Parser {
   }
 
   StmtPtr parse_if(int line) {
+    const Soft soft(*this, true);
     auto s = make_stmt(StmtKind::If, line);
     ExprPtr cond = parse_tuple(true, {}, false);
     expect_block_end();
@@ -188,6 +190,7 @@ class Parser {
     s->target = parse_target(false);
     if (!skip_name("in")) fail("expected 'in' in the for loop, found '" + describe(cur()) + "'");
     s->expr = parse_tuple(false, {"recursive", "if"}, false);
+    const Soft inner(*this, false);
     if (skip_name("if")) s->condition = parse_expression(true);
     if (is_name("recursive")) fail("recursive for loops are not implemented");
     expect_block_end();
@@ -214,6 +217,7 @@ class Parser {
     }
     if (target.unpack || !target.attribute.empty()) fail("a block set ({% set x %}...{% endset %}) takes one name");
     auto s = make_stmt(StmtKind::SetBlock, line);
+    const Soft inner(*this, false);
     s->target = std::move(target);
     while (skip_op("|")) s->filters.push_back(parse_filter(nullptr));
     expect_block_end();
@@ -225,6 +229,7 @@ class Parser {
 
   StmtPtr parse_macro(int line) {
     auto s = make_stmt(StmtKind::Macro, line);
+    const Soft inner(*this, false);
     s->name = expect_name();
     s->params = parse_params();
     expect_block_end();
@@ -261,6 +266,7 @@ class Parser {
     s->expr = parse_expression(true);
     if (s->expr->kind != ExprKind::Call) fail("expected a macro call in {% call %}");
     expect_block_end();
+    const Soft inner(*this, false);
     std::string end;
     s->body = parse_body({"endcall"}, end);
     expect_block_end();
@@ -269,6 +275,7 @@ class Parser {
 
   StmtPtr parse_filter_block(int line) {
     auto s = make_stmt(StmtKind::FilterBlock, line);
+    const Soft inner(*this, false);
     s->filters.push_back(parse_filter(nullptr));
     while (skip_op("|")) s->filters.push_back(parse_filter(nullptr));
     expect_block_end();
@@ -287,6 +294,7 @@ class Parser {
       s->assignments.emplace_back(std::move(t), parse_expression(true));
     }
     expect_block_end();
+    const Soft inner(*this, false);
     std::string end;
     s->body = parse_body({"endwith"}, end);
     expect_block_end();
@@ -296,6 +304,7 @@ class Parser {
   // transformers' {% generation %} marks assistant text for training masks; it renders its body.
   StmtPtr parse_generation(int line) {
     auto s = make_stmt(StmtKind::Scope, line);
+    const Soft inner(*this, false);
     expect_block_end();
     std::string end;
     s->body = parse_body({"endgeneration"}, end);
@@ -358,7 +367,11 @@ class Parser {
 
   ExprPtr parse_condexpr() {
     const Nest nest(*this);
+    const std::size_t first_unknown = unknown_names_.size();
     ExprPtr expr = parse_or();
+    if (!is_name("if")) return expr;
+    for (std::size_t i = first_unknown; i < unknown_names_.size(); ++i) unknown_names_[i].soft = true;
+    const Soft soft(*this, true);
     while (is_name("if")) {
       const int line = cur().line;
       advance();
@@ -709,7 +722,7 @@ class Parser {
     auto e = make_expr(ExprKind::Filter, line);
     e->target = std::move(node);
     e->name = dotted_name();
-    if (!is_jinja_filter(e->name)) throw TemplateError("no filter named '" + e->name + "'", line);
+    if (!is_jinja_filter(e->name)) note_unknown("filter", e->name, line);
     if (is_op("(")) parse_call_args(*e);
     return e;
   }
@@ -721,7 +734,7 @@ class Parser {
     e->negated = skip_name("not");
     e->target = std::move(node);
     e->name = dotted_name();
-    if (!is_jinja_test(e->name)) throw TemplateError("no test named '" + e->name + "'", line);
+    if (!is_jinja_test(e->name)) note_unknown("test", e->name, line);
     const Token& t = cur();
     const bool arg_starts = t.type == TokenType::Name || t.type == TokenType::String || t.type == TokenType::Integer ||
                             t.type == TokenType::Float ||
@@ -733,6 +746,36 @@ class Parser {
       e->items.push_back(parse_postfix(parse_primary()));
     }
     return e;
+  }
+
+  // jinja2 3.x: an unknown filter or test fails the template when it compiles, unless it sits
+  // in an `if` statement or an if-expression (a "soft frame", not inside a loop, macro or block
+  // there): then only using it fails, when the template runs.
+  struct UnknownName {
+    std::string message;
+    int line;
+    bool soft;
+  };
+  class Soft {
+   public:
+    Soft(Parser& p, bool soft) : p_(p), saved_(p.soft_) { p.soft_ = soft; }
+    ~Soft() { p_.soft_ = saved_; }
+    Soft(const Soft&) = delete;
+    Soft& operator=(const Soft&) = delete;
+
+   private:
+    Parser& p_;
+    bool saved_;
+  };
+
+  void note_unknown(const char* kind, const std::string& name, int line) {
+    unknown_names_.push_back({std::string("No ") + kind + " named '" + name + "'.", line, soft_});
+  }
+
+  void check_unknown_names() const {
+    for (const UnknownName& u : unknown_names_) {
+      if (!u.soft) throw TemplateError(u.message, u.line);
+    }
   }
 
   void note_name(const std::string& name) {
@@ -747,6 +790,8 @@ class Parser {
   std::size_t pos_ = 0;
   int loop_depth_ = 0;
   int nesting_ = 0;
+  bool soft_ = false;
+  std::vector<UnknownName> unknown_names_;
   std::vector<Stmt*> macro_frames_;
 };
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "engine/chat/args.h"
+#include "engine/chat/formatting.h"
 
 namespace flexh2o::engine::chat {
 
@@ -57,6 +58,23 @@ bool all_of_cps(const std::string& s, const std::function<bool(char32_t)>& pred)
 }
 
 using Method = std::function<Value(const std::string& self, CallArgs& a, const std::string& what)>;
+
+// str.format through jinja2's SandboxedFormatter; `escape`: self is a Markup (EscapeFormatter).
+Value format_method(const std::string& s, CallArgs& a, bool escape) {
+  Value kwargs = Value::dict();
+  for (const auto& [k, v] : a.keyword) kwargs.as_dict().set(Value(k), v);
+  return format_braces(s, a.positional, kwargs, escape, a.line);
+}
+
+Value format_map_method(const std::string& s, CallArgs& a, bool escape) {
+  if (!a.keyword.empty()) throw TemplateError("format_map() takes no keyword arguments", a.line);
+  if (a.positional.size() != 1) {
+    throw TemplateError("format_map() takes exactly one argument (" + std::to_string(a.positional.size()) + " given)",
+                        a.line);
+  }
+  if (!a.positional[0].is_dict()) throw TemplateError("format_map() argument must be a mapping", a.line);
+  return format_braces(s, {}, a.positional[0], escape, a.line);
+}
 
 Value find_like(const std::string& self, CallArgs& a, const std::string& what, bool reverse, bool must) {
   BoundArgs b(a, {"sub"}, what);
@@ -232,6 +250,8 @@ const std::map<std::string, Method>& methods() {
        }},
       {"partition", [](const std::string& s, CallArgs& a, const std::string& w) { return partition(s, a, w, false); }},
       {"rpartition", [](const std::string& s, CallArgs& a, const std::string& w) { return partition(s, a, w, true); }},
+      {"format", [](const std::string& s, CallArgs& a, const std::string&) { return format_method(s, a, false); }},
+      {"format_map", [](const std::string& s, CallArgs& a, const std::string&) { return format_map_method(s, a, false); }},
       {"removeprefix", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
          BoundArgs b(a, {"prefix"}, w);
          const std::string p = need_str(b.get(0), w, a.line);
@@ -247,6 +267,44 @@ const std::map<std::string, Method>& methods() {
   return m;
 }
 
+// markupsafe's Markup methods: these escape their str arguments and give a Markup back.
+const std::set<std::string> kMarkupEscaping = {"capitalize", "title",  "lower", "upper",  "replace", "ljust",   "rjust",
+                                               "lstrip",     "rstrip", "center", "strip", "swapcase", "zfill",
+                                               "partition",  "rpartition"};
+
+Value as_markup(const Value& v) {
+  if (v.is_string()) return Value::markup(v.as_string());
+  if (!v.is_iterable_obj()) return v;
+  std::vector<Value> items;
+  for (const Value& x : v.as_list().items) items.push_back(as_markup(x));
+  return Value::sequence(v.as_list().kind, std::move(items));
+}
+
+Value markup_method(const Value& self, const std::string& name, const Method& method, const std::string& what) {
+  return Value::callable(what, [self, name, &method, what](Interpreter&, CallArgs& a) -> Value {
+    const std::string& s = self.as_string();
+    if (name == "format") return Value::markup(format_method(s, a, true).as_string());
+    if (name == "format_map") return Value::markup(format_map_method(s, a, true).as_string());
+    if (name == "join") {
+      BoundArgs b(a, {"iterable"}, what);
+      std::vector<Value> escaped;
+      for (const Value& v : iterate(b.get(0), a.line)) escaped.emplace_back(escaped_text(v, a.line));
+      CallArgs inner;
+      inner.line = a.line;
+      inner.positional.push_back(Value::list(std::move(escaped)));
+      return Value::markup(method(s, inner, what).as_string());
+    }
+    const bool escaping = kMarkupEscaping.count(name) > 0;
+    if (escaping) {
+      for (Value& v : a.positional) v = v.is_string() ? Value(escaped_text(v, a.line)) : v;
+      for (auto& kv : a.keyword) kv.second = kv.second.is_string() ? Value(escaped_text(kv.second, a.line)) : kv.second;
+    }
+    const Value result = method(s, a, what);
+    const bool gives_markup = escaping || name == "split" || name == "rsplit" || name == "splitlines";
+    return gives_markup ? as_markup(result) : result;
+  });
+}
+
 }  // namespace
 
 bool is_string_method(const std::string& name) { return kStrAttrs.count(name) > 0; }
@@ -260,6 +318,7 @@ Value string_method(const Value& self, const std::string& name) {
     });
   }
   const Method& method = it->second;
+  if (self.is_markup()) return markup_method(self, name, method, what);
   return Value::callable(what, [self, &method, what](Interpreter&, CallArgs& a) { return method(self.as_string(), a, what); });
 }
 

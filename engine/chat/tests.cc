@@ -114,7 +114,8 @@ bool is_jinja_test(const std::string& name) { return tests().count(name) > 0; }
 
 bool apply_test(Interpreter&, const std::string& name, const Value& value, CallArgs& args) {
   const auto it = tests().find(name);
-  if (it == tests().end()) throw TemplateError("no test named '" + name + "'", args.line);
+  // Only a test the parser let through in an if (see parser.cc) gets here, as in jinja2.
+  if (it == tests().end()) throw TemplateError("No test named '" + name + "' found.", args.line);
   BoundArgs b(args, it->second.params, "test '" + name + "'");
   for (std::size_t i = 0; i < it->second.params.size(); ++i) {
     if (!b.has(i)) throw TemplateError("test '" + name + "' needs an argument", args.line);

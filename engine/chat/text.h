@@ -31,6 +31,8 @@ bool py_isprintable(char32_t c);
 
 // repr(float): the shortest text that reads back as the same double ("1.0", "1e-05", "inf").
 std::string float_repr(double d);
+// markupsafe's escape(): & < > " ' as HTML entities.
+std::string html_escape(std::string_view s);
 // repr(str): quoted and escaped as Python prints it.
 std::string string_repr(std::string_view s);
 

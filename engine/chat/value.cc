@@ -40,6 +40,12 @@ void Object::set(const std::string& name, Value v) {
   attrs.emplace_back(name, std::move(v));
 }
 
+Value Value::markup(std::string s) {
+  Value v(std::move(s));
+  v.markup_ = true;
+  return v;
+}
+
 Value Value::list(std::vector<Value> items) {
   auto l = std::make_shared<ListObj>();
   l->items = std::move(items);
@@ -296,6 +302,10 @@ bool contains(const Value& container, const Value& item, int line) {
     if (equals(v, item)) return true;
   }
   return false;
+}
+
+std::string escaped_text(const Value& v, int line) {
+  return v.is_markup() ? v.as_string() : html_escape(to_str(v, line));
 }
 
 void fail_undefined(const Value& v, int line) {

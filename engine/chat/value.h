@@ -70,6 +70,7 @@ struct CallArgs {
 struct Callable {
   std::string name;  // for messages: "raise_exception", "str.split", "macro render_type"
   std::function<Value(Interpreter&, CallArgs&)> call;
+  std::vector<std::pair<std::string, Value>> attributes;  // e.g. transformers' dict.fromkeys
 };
 
 class Value {
@@ -95,6 +96,9 @@ class Value {
   Value(ObjectPtr o) : data_(std::move(o)) {}
   Value(CallablePtr c) : data_(std::move(c)) {}
 
+  // jinja2's Markup: a str marked safe (`| safe`, `| escape`); a plain str added to it, or
+  // formatted into it, is HTML-escaped first, and its str methods give Markup back.
+  static Value markup(std::string s);
   static Value list(std::vector<Value> items = {});
   static Value tuple(std::vector<Value> items);
   static Value sequence(SeqKind kind, std::vector<Value> items);
@@ -108,7 +112,8 @@ class Value {
   bool is_int() const { return std::holds_alternative<std::int64_t>(data_); }  // not bool
   bool is_float() const { return std::holds_alternative<double>(data_); }
   bool is_number() const { return is_bool() || is_int() || is_float(); }  // Python's numbers.Number
-  bool is_string() const { return std::holds_alternative<std::string>(data_); }
+  bool is_string() const { return std::holds_alternative<std::string>(data_); }  // Markup too
+  bool is_markup() const { return markup_; }
   bool is_list() const { return is_kind(SeqKind::List); }
   bool is_tuple() const { return is_kind(SeqKind::Tuple); }
   bool is_sequence_obj() const { return is_list() || is_tuple(); }
@@ -133,6 +138,7 @@ class Value {
 
  private:
   Data data_;
+  bool markup_ = false;
 };
 
 // Counts nesting while walking a value (printing, comparing, converting): a value nested deeper
@@ -166,6 +172,9 @@ std::int64_t to_int64(const Value& v);  // of an integral value
 std::vector<Value> iterate(const Value& v, int line);
 // Python's `item in container`.
 bool contains(const Value& container, const Value& item, int line);
+
+// markupsafe's escape(v) as text: a Markup as it is, anything else str() then HTML-escaped.
+std::string escaped_text(const Value& v, int line);
 
 // The error jinja2 raises on using an undefined value.
 [[noreturn]] void fail_undefined(const Value& v, int line);

@@ -153,6 +153,24 @@ TEST(ChatTemplate, UndefinedLikeJinja2) {
   EXPECT_THAT(error_of("{{ undefined_var + 1 }}"), HasSubstr("'undefined_var' is undefined"));
 }
 
+// jinja2 3.x: an unknown filter or test inside an `if` (or an if-expression) fails only when it
+// runs, so a template may use one (DeepSeek V3.2's `from_json`) on a branch transformers never takes.
+TEST(ChatTemplate, UnknownFiltersInConditionsFailWhenTheyRun) {
+  EXPECT_EQ(render("{% if false %}{{ x | nosuch }}{% endif %}ok"), "ok");
+  EXPECT_EQ(render("{% if false %}{% set x = 1 | nosuch %}{% endif %}ok"), "ok");
+  EXPECT_EQ(render("{{ x | nosuch if false else 'b' }}"), "b");
+  EXPECT_EQ(error_of("{% if true %}{{ 1 | nosuch }}{% endif %}"), "t.jinja:1: No filter named 'nosuch' found.");
+  EXPECT_EQ(error_of("{{ 'a' if x is nosuchtest else 'b' }}"), "t.jinja:1: No test named 'nosuchtest' found.");
+  EXPECT_EQ(error_of("{{ [1] | map('nosuch') | list }}"), "t.jinja:1: No filter named 'nosuch'.");
+  // A loop, macro or block inside the if is a frame of its own: checked when the template parses.
+  EXPECT_EQ(error_of("{% if false %}{% for m in messages %}{{ m | nosuch }}{% endfor %}{% endif %}"),
+            "t.jinja:1: No filter named 'nosuch'.");
+  EXPECT_EQ(error_of("{% if false %}{% set x %}{{ 1 | nosuch }}{% endset %}{% endif %}"),
+            "t.jinja:1: No filter named 'nosuch'.");
+  EXPECT_EQ(error_of("{% if false %}{% macro f() %}{{ 1 | nosuch }}{% endmacro %}{% endif %}"),
+            "t.jinja:1: No filter named 'nosuch'.");
+}
+
 TEST(ChatTemplate, PythonArithmetic) {
   EXPECT_EQ(render("{{ \"a\" * 3 }}{{ [0] * 2 }}{{ 10 // 3 }}{{ 2 ** -1 }}{{ 5 % -3 }}{{ -5.5 // 2 }}{{ 7.5 % 2 }}"),
             "aaa[0, 0]30.5-1-3.01.5");
@@ -162,8 +180,8 @@ TEST(ChatTemplate, PythonArithmetic) {
 }
 
 TEST(ChatTemplate, ErrorsNameTheLine) {
-  EXPECT_THAT(error_of("line1\n{{ x | nosuchfilter }}"), HasSubstr("t.jinja:2: no filter named 'nosuchfilter'"));
-  EXPECT_THAT(error_of("{{ x is nosuchtest }}"), HasSubstr("t.jinja:1: no test named 'nosuchtest'"));
+  EXPECT_EQ(error_of("line1\n{{ x | nosuchfilter }}"), "t.jinja:2: No filter named 'nosuchfilter'.");
+  EXPECT_EQ(error_of("{{ x is nosuchtest }}"), "t.jinja:1: No test named 'nosuchtest'.");
   EXPECT_EQ(error_of("a\nb\n{{ raise_exception(\"custom \" ~ 42) }}"), "t.jinja:3: custom 42");
   EXPECT_THAT(error_of("{{ messages.append(1) }}"), HasSubstr("access to attribute 'append' of 'list' object is unsafe."));
   EXPECT_THAT(error_of("\n{% include \"x.jinja\" %}"), HasSubstr("t.jinja:2: '{% include %}' is not supported"));
@@ -173,10 +191,81 @@ TEST(ChatTemplate, ErrorsNameTheLine) {
   EXPECT_THAT(error_of("{{ 1 "), HasSubstr("t.jinja:1: unclosed '{{'"));
   EXPECT_THAT(error_of("{# never closed"), HasSubstr("missing end of comment tag"));
   EXPECT_THAT(error_of("{{ 'x' | groupby('a') }}"), HasSubstr("filter 'groupby' is not implemented"));
-  EXPECT_THAT(error_of("{{ 'a{}'.format(1) }}"), HasSubstr("str.format() is not implemented"));
-  EXPECT_THAT(error_of("{{ '%s' % 1 }}"), HasSubstr("printf-style formatting"));
+  EXPECT_THAT(error_of("{{ 'a'.expandtabs() }}"), HasSubstr("str.expandtabs() is not implemented"));
   EXPECT_THAT(error_of("{% for x in recursive_thing recursive %}{% endfor %}"), HasSubstr("recursive for loops"));
   EXPECT_THAT(error_of("{{ 'x' | map }}"), HasSubstr("map needs a filter name"));
+}
+
+// str.format / format_map (string.Formatter through jinja2's sandbox) and printf-style `%` and
+// `| format`: every expected text and message is what transformers' renderer gives.
+TEST(ChatTemplate, PythonStringFormatting) {
+  EXPECT_EQ(render("{{ '<x{}y{}>'.format(1, 'a') }}|{{ '{0}{1}{0}'.format('a', 2) }}|{{ '{n}-{m!r}'.format(n=3, m='q') }}|"
+                   "{{ '{{}}{:>5}|{:<4}|{:^7}|{:*^7}'.format('ab', 'c', 'mid', 'x') }}"),
+            "<x1ya>|a2a|3-'q'|{}   ab|c   |  mid  |***x***");
+  EXPECT_EQ(render("{{ '{:+d} {: d} {:05d} {:,} {:_x} {:#x} {:#o} {:b} {:X} {:c}'.format(42, 42, -42, 1234567, "
+                   "1048575, 255, 8, 5, 255, 65) }}"),
+            "+42  42 -0042 1,234,567 f_ffff 0xff 0o10 101 FF A");
+  EXPECT_EQ(render("{{ '{:.2f} {:.3e} {:g} {:.3} {:%} {:10.3f}| {:,.2f} {} {:.1f}'.format(3.14159, 12345.678, "
+                   "0.00001, 1.0, 0.25, -2.5, 1234567.891, 1e16, 2.25) }}"),
+            "3.14 1.235e+04 1e-05 1.0 25.000000%     -2.500| 1,234,567.89 1e+16 2.2");
+  EXPECT_EQ(render("{{ '{0[role]}: {0[content]} / {1.content}'.format(messages[0], messages[1]) }}|"
+                   "{{ '{a}{b}'.format_map({'a': 1, 'b': none}) }}|{{ '{:010,}'.format(1234) }}|{{ '{!a}'.format('é') }}|"
+                   "{{ '{:>{w}}'.format('r', w=4) }}"),
+            "user: Hi / Hello|1None|00,001,234|'\\xe9'|   r");
+  EXPECT_EQ(render("{{ '{} {}'.format(true, none) }}|{{ '{:d}'.format(true) }}|{{ '{:5}'.format(true) }}|"
+                   "{{ '{:5}|{:<5}'.format(7, 1.5) }}|{{ '{:.2}'.format('abc') }}|{{ '{0.nope}|'.format(messages[0]) }}"),
+            "True None|1|    1|    7|1.5  |ab||");
+  EXPECT_EQ(render("{{ '%s-%d-%05.1f-%x-%r-%%-%c' % ('a', 3.9, 2.25, 255, 'q', 65) }}|{{ '%(a)s=%(b)03d' % {'a': 'k', "
+                   "'b': 7} }}|{{ '%s' % [1, 2] }}|{{ '%s' % {'a': 1} }}|{{ '%-5s|%5s|%.2s' % ('ab', 'cd', 'xyz') }}|"
+                   "{{ '%+d % d %#o %#X %.3d %e %g' % (5, 5, 8, 255, 7, 1234.5, 0.0001) }}"),
+            "a-3-002.2-ff-'q'-%-A|k=007|[1, 2]|{'a': 1}|ab   |   cd|xy|+5  5 0o10 0XFF 007 1.234500e+03 0.0001");
+  EXPECT_EQ(render("{{ '%s and %s' | format('a', 'b') }}|{{ '%(x)s!' | format(x=1) }}|{{ '%s' % 'solo' }}|"
+                   "{{ '%5.1f%%' % 99.44 }}|{{ '%i|%u' % (3, 4) }}|{{ '%*d|%-*d|' % (4, 1, 3, 2) }}"),
+            "a and b|1!|solo| 99.4%|3|4|   1|2  |");
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"{{ '{0}{}'.format(1) }}", "cannot switch from manual field specification to automatic field numbering"},
+      {"{{ '{}{0}'.format(1) }}", "cannot switch from manual field specification to automatic field numbering"},
+      {"{{ '{2}'.format(1) }}", "tuple index out of range"},
+      {"{{ '{x}'.format(y=1) }}", "'x'"},
+      {"{{ '}'.format(1) }}", "Single '}' encountered in format string"},
+      {"{{ '{:d}'.format('a') }}", "Unknown format code 'd' for object of type 'str'"},
+      {"{{ '{:5}'.format(none) }}", "unsupported format string passed to NoneType.__format__"},
+      {"{{ '{:+s}'.format('a') }}", "Sign not allowed in string format specifier"},
+      {"{{ '{:.2d}'.format(1) }}", "Precision not allowed in integer format specifier"},
+      {"{{ '%s %s' % ('a',) }}", "not enough arguments for format string"},
+      {"{{ '%s' % ('a', 'b') }}", "not all arguments converted during string formatting"},
+      {"{{ 'x' % 'a' }}", "not all arguments converted during string formatting"},
+      {"{{ '%d' % 'a' }}", "%d format: a real number is required, not str"},
+      {"{{ '%x' % 1.5 }}", "%x format: an integer is required, not float"},
+      {"{{ '%q' % 1 }}", "unsupported format character 'q' (0x71) at index 1"},
+      {"{{ '%(a)s' % (1,) }}", "format requires a mapping"},
+      {"{{ '%s' | format(1, x=2) }}", "can't handle positional and keyword arguments at the same time"},
+      {"{{ '%' % () }}", "incomplete format"},
+      {"{{ '%f' % 'a' }}", "must be real number, not str"},
+  };
+  for (const auto& [src, message] : refused) EXPECT_EQ(error_of(src), "t.jinja:1: " + message) << src;
+}
+
+// jinja2's Markup (`| safe`, `| escape`): a plain str joined to it with + (Functionary v3.1 does
+// `"..."|safe + name`), formatted into it or passed to its str methods is HTML-escaped; `~`,
+// `| join` and `| replace` give plain str. Expected texts from transformers' renderer.
+TEST(ChatTemplate, MarkupEscapesWhatIsAddedToIt) {
+  EXPECT_EQ(render("{{ \"it's\"|safe + \" a <b> 'q'\" }}|{{ 'x' + ('<y>'|safe) }}|{{ ('<a>'|e) + '<b>' }}|{{ '<c>'|e|e }}|"
+                   "{{ '<d>'|forceescape|forceescape }}|{{ ('a'|safe) ~ '<' }}|{{ ('<%s>'|safe) % '&' }}|"
+                   "{{ ('{}'|safe).format('<') }}|{{ ('ab'|safe|upper) + '<' }}|{{ ('a b'|safe).split()[1] + '&' }}|"
+                   "{{ ('-'|safe).join(['<', '>']) }}|{{ ('a'|safe).replace('a', '<') }}|{{ (' a '|safe|trim) + '\"' }}|"
+                   "{{ ('x'|safe|string) + '>' }}|{{ ('<%s>'|safe)|format('&') }}|{{ ('ab'|safe)[0] + '<' }}|"
+                   "{{ ('a'|safe) * 2 + '<' }}|{{ ('<x>'|safe|replace('x', 'y')) + '<' }}|{{ ('a'|safe).startswith('a') }}"),
+            "it's a &lt;b&gt; &#39;q&#39;|x<y>|&lt;a&gt;&lt;b&gt;|&lt;c&gt;|&amp;lt;d&amp;gt;|a<|<&amp;>|&lt;|AB&lt;|b&amp;|"
+            "&lt;-&gt;|&lt;|a&#34;|x&gt;|<&amp;>|a&lt;|aa&lt;|<y><|True");
+}
+
+// select, reject, selectattr, rejectattr and map start with jinja2's `if value:`: a None (an
+// absent `tools`, as Functionary v3.1 filters it) gives nothing, its arguments unchecked.
+TEST(ChatTemplate, SelectAndMapOfNothingGiveNothing) {
+  EXPECT_EQ(render("{{ none | selectattr('type', 'equalto', 'x') | list }}|{{ none | map('nosuch') | list }}|"
+                   "{{ 0 | reject | list }}|{{ '' | select('nosuchtest') | list }}"),
+            "[]|[]|[]|[]");
 }
 
 TEST(ChatTemplate, LimitsStopRunawayTemplates) {
@@ -205,6 +294,11 @@ TEST(ChatTemplate, GlobalsAndInputs) {
   EXPECT_EQ(render("{{ strftime_now(\"%d %b %Y\") }}|{{ strftime_now(\"%Y-%m-%d %A %B\") }}"),
             "25 Nov 2026|2026-11-25 Wednesday November");
   EXPECT_EQ(render("{{ bos_token }}{{ eos_token }}{{ add_generation_prompt }}{{ tools }}{{ documents }}"), "<s></s>TrueNoneNone");
+  // transformers' TemplateDict: dict() and dict.fromkeys().
+  EXPECT_EQ(render("{{ dict.fromkeys(['a', 'b'], 0) }}|{{ dict.fromkeys('xy') }}|{{ dict.fromkeys([]) }}|{{ dict(a=1) }}"),
+            "{'a': 0, 'b': 0}|{'x': None, 'y': None}|{}|{'a': 1}");
+  EXPECT_EQ(error_of("{{ dict.fromkeys() }}"), "t.jinja:1: fromkeys expected at least 1 argument, got 0");
+  EXPECT_EQ(error_of("{{ dict.fromkeys(1) }}"), "t.jinja:1: 'int' object is not iterable");
   ChatInputs in = conversation();
   in.bos_token.reset();
   in.add_generation_prompt = false;
