@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/runtime/kv_eviction.h"
+#include "engine/model/kv_eviction.h"
 #include "engine/model/model_shape.h"
 #include "engine/model/rope_scaling.h"
 #include "engine/model/weights.h"

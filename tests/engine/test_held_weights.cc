@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/loaders/dummy_weights.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/generator.h"
 #include "kernels/cpu/gemm_cpu.h"
