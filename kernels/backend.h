@@ -78,6 +78,12 @@ class Backend {
   // with f32 here (where --compute-dtype auto takes bf16): 1 where bf16 always wins (a GPU's
   // matrix units), none where it never does.
   virtual std::optional<std::int64_t> bf16_faster_from_rows(DType /*weights*/) const { return 1; }
+  // The dtype this backend's GEMMs multiply a weight stored as `stored` in under `compute`, when
+  // the weight arrives in it already rounded (bit for bit what the GEMM would do to it), at the
+  // same bytes per row: the engine converts such matrices once when it loads them
+  // (engine/model/weights.h, held_dtype) rather than gemm converting them on every call.
+  // `stored` where the GEMM reads the storage as it is (the CPU: its kernels read f16/bf16/q4/q8).
+  virtual DType gemm_weight_dtype(DType stored, DType /*compute*/) const { return stored; }
 
   // The ops. Each checks its arguments here, once for every device (kernels/<op>.cc), then
   // runs the device's implementation (do_<op> in kernels/cpu/<op>_cpu.cc, kernels/cuda/<op>_gpu.cu).

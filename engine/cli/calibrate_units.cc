@@ -17,7 +17,8 @@ namespace flexh2o::cli {
 
 namespace {
 
-// The weights of `units` on the device, random in the model's dtype; one LayerWeights per unit.
+// The weights of `units` on the device, random in the model's dtype, held as a run in
+// cfg.compute_dtype holds them (held_dtype); one LayerWeights per unit.
 struct UnitWeights {
   std::vector<kernels::DeviceBuffer> buffers;
   std::vector<engine::LayerWeights> layers;
@@ -33,12 +34,13 @@ UnitWeights load_unit_weights(kernels::Backend& be, const engine::ModelConfig& c
   auto load = [&](const policy::TensorSpec& tensor) {
     if (const auto it = on_device.find(tensor.name); it != on_device.end()) return it->second;
     const engine::WeightSpec& s = specs.at(tensor.name);
-    const kernels::DType t = s.dtype(cfg);
+    const kernels::DType t = s.dtype(cfg), held = engine::held_dtype(s, cfg, t, be);
     std::vector<std::byte> host(static_cast<std::size_t>(s.rows * kernels::row_bytes(t, s.cols)));
     source.read_rows(s.name, 0, s.rows, host.data(), t);
+    engine::hold_rows(host.data(), t, held, s.rows, s.cols);
     w.buffers.emplace_back(be, host.size());
     be.copy_to_device(w.buffers.back().data(), host.data(), host.size());
-    return on_device[s.name] = {w.buffers.back().data(), t, s.rows, s.cols};
+    return on_device[s.name] = {w.buffers.back().data(), held, s.rows, s.cols};
   };
   for (const engine::Layer* u : units) w.layers.push_back(engine::resolve_weights(*u, load));
   return w;
@@ -53,7 +55,7 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
   const auto layers = engine::build_layers(run);
   // build_layers: the input embedding, then attention and MLP per decoder layer, the head last.
   const engine::Layer *attention = layers[1].get(), *mlp = layers[2].get(), *head = layers.back().get();
-  const UnitWeights w = load_unit_weights(be, cfg, {attention, mlp, head});
+  std::map<kernels::DType, UnitWeights> held_as;  // by the dtype the backend multiplies the matrices in
   const double layer_flops = 2.0 * static_cast<double>(policy::model_sizes(engine::model_shape(cfg)).layer_params);
   const double head_flops = 2.0 * static_cast<double>(cfg.vocab_size) * static_cast<double>(cfg.hidden);
 
@@ -64,6 +66,9 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
                                rows * cfg.hidden * static_cast<std::int64_t>(sizeof(float));
     if (bytes > max_bytes) break;
     run.compute_dtype = engine::job_compute_dtype("auto", cfg.dtype, engine::bf16_speed(be, cfg.dtype), rows).dtype;
+    const kernels::DType held = be.gemm_weight_dtype(cfg.dtype, run.compute_dtype);
+    if (!held_as.contains(held)) held_as.emplace(held, load_unit_weights(be, run, {attention, mlp, head}));
+    const UnitWeights& w = held_as.at(held);
     engine::Activations act(be, cfg, rows, rows);
     kernels::DeviceBuffer hidden(be, static_cast<std::size_t>(rows * cfg.hidden) * sizeof(float));
     const std::vector<float> small(static_cast<std::size_t>(rows * cfg.hidden), 0.01f);

@@ -10,6 +10,7 @@
 #include "engine/model/kv_eviction.h"
 #include "engine/model/model_shape.h"
 #include "engine/model/rope_scaling.h"
+#include "engine/model/weights.h"
 
 namespace flexh2o::engine {
 
@@ -387,15 +388,15 @@ std::int64_t Activations::buffer_bytes(const ModelConfig& c, std::int64_t rows, 
 std::int64_t Activations::bytes(const kernels::Backend& be, const ModelConfig& c, std::int64_t rows,
                                 std::int64_t batch, std::int64_t capacity, bool scores) {
   // Ops run one at a time on the step's stream, so the largest scratch of any op counts: a
-  // projection of every matrix a step multiplies (the head's over `batch` rows; embedding
-  // tables are gathered, not multiplied) and attention.
+  // projection of every matrix a step multiplies, held as the backend holds it (held_dtype; the
+  // head's over `batch` rows; embedding tables are gathered, not multiplied) and attention.
   const policy::ModelShape m = tensor_shape(c);
   std::int64_t scratch = 0;
   auto project = [&](const std::vector<policy::TensorSpec>& unit, std::int64_t m_rows) {
     for (const policy::TensorSpec& t : unit)
       if (t.matrix && t.role != policy::WeightRole::TokEmbed && t.role != policy::WeightRole::PosEmbed)
-        scratch = std::max(scratch,
-                           be.gemm_scratch_bytes(m_rows, t.cols, t.rows, c.dtype, c.compute_dtype));
+        scratch = std::max(scratch, be.gemm_scratch_bytes(m_rows, t.cols, t.rows, held_dtype(t, c, c.dtype, be),
+                                                          c.compute_dtype));
   };
   project(policy::input_embedding_tensors(m), rows);
   project(policy::attention_tensors(m, 0), rows);

@@ -16,6 +16,22 @@ kernels::DType WeightSpec::dtype(const ModelConfig& c) const {
   return c.dtype;
 }
 
+kernels::DType held_dtype(const policy::TensorSpec& t, const ModelConfig& c, kernels::DType stored,
+                          const kernels::Backend& be) {
+  using policy::WeightRole;
+  const bool gathered = t.role == WeightRole::TokEmbed || t.role == WeightRole::PosEmbed ||
+                        (t.role == WeightRole::Head && c.tie_embeddings);
+  if (!t.matrix || gathered) return stored;
+  const kernels::DType held = be.gemm_weight_dtype(stored, c.compute_dtype);
+  if (kernels::row_bytes(held, t.cols) != kernels::row_bytes(stored, t.cols))
+    throw std::logic_error(be.name() + ": gemm_weight_dtype changes the bytes of " + t.name + "'s rows");
+  return held;
+}
+
+void hold_rows(void* rows_data, kernels::DType stored, kernels::DType held, std::int64_t rows, std::int64_t cols) {
+  if (held != stored) kernels::convert_rows(rows_data, stored, rows_data, held, rows, cols);
+}
+
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   const policy::ModelShape m = tensor_shape(c);
   std::vector<WeightSpec> out;

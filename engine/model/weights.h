@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/model/model_config.h"
+#include "kernels/backend.h"
 #include "kernels/gemm.h"
 #include "policy/unit_weights.h"
 
@@ -21,6 +22,16 @@ namespace flexh2o::engine {
 struct WeightSpec : policy::TensorSpec {
   kernels::DType dtype(const ModelConfig& c) const;
 };
+
+// The dtype a backend holds tensor `t`, stored as `stored`, in for a run of config `c`: a matrix
+// the model only multiplies (every one but the embedding tables, which are gathered, the token
+// table also when a tied head multiplies it) in what the backend's GEMMs multiply under
+// c.compute_dtype (Backend::gemm_weight_dtype), converted once when loaded; the rest as stored.
+// Same bytes per row either way.
+kernels::DType held_dtype(const policy::TensorSpec& t, const ModelConfig& c, kernels::DType stored,
+                          const kernels::Backend& be);
+// Converts `rows` rows of `cols` elements in place from `stored` to `held` (held_dtype).
+void hold_rows(void* rows_data, kernels::DType stored, kernels::DType held, std::int64_t rows, std::int64_t cols);
 
 // Every tensor of the model once, in load order: the input embedding, then per decoder layer
 // its attention and MLP (a MoE layer's experts after its router), then the head.

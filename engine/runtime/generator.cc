@@ -53,16 +53,28 @@ void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens) {
 Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
                      kernels::DType cache_dtype)
     : be_(be), cfg_(cfg), cache_dtype_(cache_dtype), layers_(build_layers(cfg_)) {
+  std::map<std::string, const WeightSpec*> specs;
+  const std::vector<WeightSpec> all_specs = weight_specs(cfg_);
+  for (const WeightSpec& w : all_specs) specs.emplace(w.name, &w);
   std::map<std::string, MatrixRef> on_device;  // a tied head shares the input embedding's copy
   for (const auto& [name, t] : weights) {
-    if (be.kind() == kernels::DeviceKind::Cpu) {
+    const auto spec = specs.find(name);
+    const kernels::DType held = spec == specs.end() ? t.dtype : held_dtype(*spec->second, cfg_, t.dtype, be);
+    if (be.kind() == kernels::DeviceKind::Cpu && held == t.dtype) {
       on_device[name] = t.ref();
       continue;
     }
     const auto bytes = static_cast<std::size_t>(t.rows * kernels::row_bytes(t.dtype, t.cols));
+    std::vector<std::byte> converted;
+    const void* host = t.data.get();
+    if (held != t.dtype) {  // rounded once here, not by every GEMM
+      converted.assign(t.data.get(), t.data.get() + bytes);
+      hold_rows(converted.data(), t.dtype, held, t.rows, t.cols);
+      host = converted.data();
+    }
     device_copies_.emplace_back(be, bytes);
-    be.copy_to_device(device_copies_.back().data(), t.data.get(), bytes);
-    on_device[name] = {device_copies_.back().data(), t.dtype, t.rows, t.cols};
+    be.copy_to_device(device_copies_.back().data(), host, bytes);
+    on_device[name] = {device_copies_.back().data(), held, t.rows, t.cols};
   }
   for (const auto& layer : layers_)
     weights_.push_back(resolve_weights(*layer, [&](const policy::TensorSpec& t) { return on_device.at(t.name); }));

@@ -186,8 +186,9 @@ class GenerationLog {
 
 class Generator {
  public:
-  // Weights stay where they are on a CPU backend; other backends get a device copy. The KV
-  // cache is kept in `cache_dtype` (q4/q8: compress_cache).
+  // Weights stay where they are on a CPU backend; other backends get a device copy, in the
+  // dtype they hold it in for cfg.compute_dtype (held_dtype: rounded once here). The KV cache
+  // is kept in `cache_dtype` (q4/q8: compress_cache).
   Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
             kernels::DType cache_dtype = kernels::DType::F32);
   GenerationResult generate(const GenerationRequest& req);

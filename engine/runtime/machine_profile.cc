@@ -70,7 +70,8 @@ namespace {
 
 // A GEMM of m rows (up to max_rows) over an f16 matrix of 8192 x 4096 (64 MiB: larger than a
 // CPU's last-level cache, as a large model's weights are), timed in the compute dtype the engine
-// runs m rows in.
+// runs m rows in, with the matrix held as a run holds it there (Backend::gemm_weight_dtype: bf16
+// on a GPU).
 class DecodeGemm {
  public:
   static constexpr std::int64_t kN = 8192, kK = 4096;
@@ -81,6 +82,11 @@ class DecodeGemm {
         y_(be, static_cast<std::size_t>(max_rows * kN) * sizeof(float)) {
     const std::vector<std::uint16_t> w(static_cast<std::size_t>(kN * kK), 0x2e66);  // 0.1 in f16
     be.copy_to_device(w_.data(), w.data(), w_.bytes());
+    if (be.gemm_weight_dtype(kernels::DType::F16, kernels::DType::BF16) == kernels::DType::BF16) {
+      w_bf16_ = kernels::DeviceBuffer(be, w_.bytes());
+      const std::vector<std::uint16_t> held(w.size(), 0x3dcd);  // 0.1 in bf16
+      be.copy_to_device(w_bf16_.data(), held.data(), w_bf16_.bytes());
+    }
     const std::vector<float> x(x_.bytes() / sizeof(float), 1.0f);
     be.copy_to_device(x_.data(), x.data(), x_.bytes());
   }
@@ -90,7 +96,8 @@ class DecodeGemm {
     kernels::GemmArgs a;
     a.x = x_.as<float>();
     a.m = m;
-    a.w = {w_.data(), kernels::DType::F16, kN, kK};
+    const kernels::DType held = be_.gemm_weight_dtype(kernels::DType::F16, compute);
+    a.w = {held == kernels::DType::BF16 ? w_bf16_.data() : w_.data(), held, kN, kK};
     a.y = y_.as<float>();
     a.compute = compute;
     const auto t0 = std::chrono::steady_clock::now();
@@ -121,7 +128,7 @@ class DecodeGemm {
 
  private:
   kernels::Backend& be_;
-  kernels::DeviceBuffer w_, x_, y_;
+  kernels::DeviceBuffer w_, x_, y_, w_bf16_;
 };
 
 // The rows this machine's GEMMs are timed at: a CPU's rate levels off by 256 rows; a GPU's

@@ -1,5 +1,6 @@
 // The model's weights placed across the tiers: every tensor a TieredTensor split by the
-// policy's weight fractions, read from the checkpoint straight into its home tiers.
+// policy's weight fractions, read from the checkpoint straight into its home tiers, in the
+// dtype the tiers' backend holds it in for cfg.compute_dtype (held_dtype, weights.h).
 #pragma once
 #include <map>
 #include <memory>

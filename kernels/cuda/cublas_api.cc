@@ -63,6 +63,18 @@ std::optional<CublasApi> load_cublas(const std::string& library, std::string* wh
   get(api.gemm_ex, "cublasGemmEx");
   get(api.status_name, "cublasGetStatusName");
   get(api.status_string, "cublasGetStatusString");
+  get(api.lt_create, "cublasLtCreate");
+  get(api.lt_destroy, "cublasLtDestroy");
+  get(api.lt_desc_create, "cublasLtMatmulDescCreate");
+  get(api.lt_desc_destroy, "cublasLtMatmulDescDestroy");
+  get(api.lt_desc_set, "cublasLtMatmulDescSetAttribute");
+  get(api.lt_layout_create, "cublasLtMatrixLayoutCreate");
+  get(api.lt_layout_destroy, "cublasLtMatrixLayoutDestroy");
+  get(api.lt_pref_create, "cublasLtMatmulPreferenceCreate");
+  get(api.lt_pref_destroy, "cublasLtMatmulPreferenceDestroy");
+  get(api.lt_pref_set, "cublasLtMatmulPreferenceSetAttribute");
+  get(api.lt_heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  get(api.lt_matmul, "cublasLtMatmul");
   if (!complete) return std::nullopt;
   return api;
 }

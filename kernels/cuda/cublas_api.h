@@ -2,6 +2,7 @@
 // without libcublas, and make_backend("auto") falls back to the CPU saying why, as it does
 // without a driver. The backend calls cuBLAS only through these pointers.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <optional>
@@ -21,13 +22,28 @@ struct CublasApi {
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
   decltype(&::cublasGetStatusName) status_name = nullptr;
   decltype(&::cublasGetStatusString) status_string = nullptr;
+  // cuBLASLt (libcublasLt, which libcublas needs, so found through it): GEMMs with the bias in
+  // the epilogue (gemm_lt.h).
+  decltype(&::cublasLtCreate) lt_create = nullptr;
+  decltype(&::cublasLtDestroy) lt_destroy = nullptr;
+  decltype(&::cublasLtMatmulDescCreate) lt_desc_create = nullptr;
+  decltype(&::cublasLtMatmulDescDestroy) lt_desc_destroy = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) lt_desc_set = nullptr;
+  decltype(&::cublasLtMatrixLayoutCreate) lt_layout_create = nullptr;
+  decltype(&::cublasLtMatrixLayoutDestroy) lt_layout_destroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceCreate) lt_pref_create = nullptr;
+  decltype(&::cublasLtMatmulPreferenceDestroy) lt_pref_destroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) lt_pref_set = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) lt_heuristic = nullptr;
+  decltype(&::cublasLtMatmul) lt_matmul = nullptr;
 };
 
 // libcublas.so.<major version of the cuBLAS headers this build used>.
 std::string cublas_library_name();
 
 // Loads `library` (a name the dynamic loader searches for, or a path) and looks up every
-// function; empty, with the reason in *why, when the library or a function is missing.
+// function (cuBLASLt's in the libcublasLt it depends on); empty, with the reason in *why,
+// when the library or a function is missing.
 std::optional<CublasApi> load_cublas(const std::string& library, std::string* why);
 
 // The process's cuBLAS: cublas_library_name() from the loader's search path, else from the

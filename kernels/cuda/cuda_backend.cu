@@ -111,6 +111,7 @@ CudaBackend::CudaBackend(int device) : device_(device), blas_(&cublas()) {
     FLEXH2O_CUBLAS_CHECK(blas_->set_stream(cublas_, stream_));
     // Plain fp32 GEMMs stay fp32 (no TF32); fp16/bf16 GemmEx calls use tensor cores anyway.
     FLEXH2O_CUBLAS_CHECK(blas_->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));
+    lt_ = std::make_unique<LtGemms>(*blas_);
   } catch (...) {
     if (cublas_) blas_->destroy(cublas_);
     if (pool_) cudaMemPoolDestroy(pool_);
@@ -133,6 +134,7 @@ CudaBackend::~CudaBackend() {
     if (s.done) (void)cudaEventDestroy(s.done);
     if (s.host) (void)cudaFreeHost(s.host);
   }
+  lt_.reset();
   (void)blas_->destroy(cublas_);
   // Memory still allocated keeps the pool alive until it is freed (cudaMemPoolDestroy).
   (void)cudaMemPoolDestroy(pool_);

@@ -1,6 +1,7 @@
-// CUDA implementation of Backend: cuBLAS (loaded at run time, cublas_api.h) for GEMM, own
-// kernels for everything else. Each op family lives in its own *_gpu.cu next to this header;
-// the CPU backend (kernels/cpu) is the reference whose semantics every op follows.
+// CUDA implementation of Backend: cuBLAS (loaded at run time, cublas_api.h) for GEMM, cuBLASLt
+// where it adds the bias in the epilogue (gemm_lt.h), own kernels for everything else. Each op
+// family lives in its own *_gpu.cu next to this header; the CPU backend (kernels/cpu) is the
+// reference whose semantics every op follows.
 //
 // Streams: all ops run in order on one compute stream, asynchronously to the host. Copies
 // are synchronous calls made from several host threads (the offload copy lanes): each
@@ -25,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <span>
@@ -35,6 +37,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_lt.h"
 
 namespace flexh2o::kernels::cuda {
 
@@ -49,12 +52,14 @@ class CudaOutOfMemory : public std::bad_alloc {
 };
 
 // How gemm runs y[m, n] = x[m, k] @ w[n, k]^T for a weight dtype and a compute dtype, and the
-// device scratch it allocates: cuBLAS multiplies `inputs` (F32: cublasSgemm; BF16: GemmEx with
-// fp32 accumulation); under BF16, x is converted x_rows rows at a time; a weight not stored
-// as `inputs` is converted (dequantized) w_rows rows at a time (0: used in place).
+// device scratch it allocates at most: cuBLAS multiplies `inputs` (F32: cublasSgemm; BF16:
+// GemmEx with fp32 accumulation); under BF16, x is converted x_rows rows at a time; a weight
+// not stored as `inputs` is converted (dequantized) w_rows rows at a time (0: used in place);
+// with a bias, cuBLASLt's workspace (gemm_lt.h) too.
 struct GemmPlan {
   DType inputs = DType::F32;
   std::int64_t x_rows = 0, w_rows = 0;
+  std::int64_t workspace_bytes = 0;
   std::int64_t scratch_bytes = 0;
 };
 constexpr std::int64_t kGemmXPanelBytes = std::int64_t{32} << 20;  // converted x per cuBLAS call, at most
@@ -103,6 +108,12 @@ class CudaBackend final : public Backend {
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override;
   bool native_bf16() const override { return true; }  // tensor cores (sm_80+)
+  // Under bf16 compute cuBLAS multiplies bf16 (GemmPlan): f16 weights are rounded to bf16 once
+  // at load instead of a panel at a time in every GEMM. f32 weights stay (half the bytes would
+  // change what the budgets hold); q4/q8 are dequantized per GEMM.
+  DType gemm_weight_dtype(DType stored, DType compute) const override {
+    return stored == DType::F16 && compute == DType::BF16 ? DType::BF16 : stored;
+  }
   std::shared_ptr<const Fence> fence() override;
   void copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) override;
   bool pin_host(void* p, std::size_t bytes) override;
@@ -148,6 +159,15 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
 
  private:
+  // One cuBLAS call of gemm: rows [m0, m0 + mr) of y, columns [n0, n0 + nr), from x and w
+  // as the plan's inputs; `workspace` is cuBLASLt's (null without a bias).
+  struct GemmPanel {
+    std::int64_t m0 = 0, mr = 0, n0 = 0, nr = 0;
+    const void* x = nullptr;
+    const void* w = nullptr;
+    void* workspace = nullptr;
+  };
+  void gemm_panel(const GemmArgs& a, const GemmPlan& plan, const GemmPanel& p);
   struct CopyLane {
     cudaStream_t stream = nullptr;
     cudaEvent_t compute_done = nullptr;  // recorded on the compute stream by copies without a fence
@@ -182,7 +202,8 @@ class CudaBackend final : public Backend {
   cudaMemPool_t pool_ = nullptr;
   const CublasApi* blas_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  std::mutex cublas_mu_;  // a cuBLAS handle must not be used by two threads at once
+  std::unique_ptr<LtGemms> lt_;  // cuBLASLt's handle and plans, for GEMMs with a bias
+  std::mutex cublas_mu_;  // a cuBLAS handle must not be used by two threads at once (nor lt_)
   std::mutex lanes_mu_;
   std::map<std::thread::id, CopyLane> lanes_;
   std::once_flag pin_warning_;

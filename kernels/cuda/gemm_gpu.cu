@@ -4,12 +4,17 @@
 //   f32:   fp32 throughout, cublasSgemm (default math mode, no TF32); f16/bf16/q4/q8 weights
 //          are converted (dequantized) to fp32 a panel of rows at a time. Activations are
 //          never rounded: no inf beyond fp16's 65504, quantized weights multiply fp32.
-//   bf16:  x rounded to bf16 (a panel of rows at a time) and the weight too (bf16 weights in
-//          place, others converted a panel at a time); cublasGemmEx with bf16 inputs and fp32
-//          accumulation and output, as bf16 matrix units do.
+//   bf16:  x rounded to bf16 (a panel of rows at a time) and the weight too; cublasGemmEx with
+//          bf16 inputs and fp32 accumulation and output, as bf16 matrix units do. bf16 weights
+//          are read in place: the engine holds f16 matrices as bf16 under bf16 compute
+//          (CudaBackend::gemm_weight_dtype), rounded once at load, so only what it could not
+//          (a head tied to the f16 token table, q4/q8 codes) is converted a panel at a time.
+//          x stays a rounding pass per GEMM: cuBLAS multiplies bf16 only by bf16, and x is the
+//          fp32 output of the op before.
 // The panels bound the device scratch (plan_gemm), which the caller's budget counts.
 // Bias and beta follow gemm_cpu.cc: y = x w^T + beta * y (y not read when beta == 0), then
-// y += bias.
+// y += bias; the bias is added in cuBLASLt's epilogue where it takes the shape (gemm_lt.h),
+// else by a pass over y.
 #include <algorithm>
 #include <climits>
 #include <mutex>
@@ -37,12 +42,12 @@ __global__ void convert_kernel(const std::uint8_t* in, DType t, std::int64_t rby
   }
 }
 
-// y[i, j] += bias[j] over an m x n row-major matrix.
-__global__ void add_bias_kernel(float* y, const float* bias, std::int64_t m, std::int64_t n) {
+// y[i, j] += bias[j] over m rows of n (row stride ldy).
+__global__ void add_bias_kernel(float* y, std::int64_t ldy, const float* bias, std::int64_t m, std::int64_t n) {
   const std::int64_t total = m * n;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    y[e] += bias[e % n];
+    y[(e / n) * ldy + e % n] += bias[e % n];
 }
 
 // k == 0: the product is empty, y = beta * y (0 when beta == 0, y not read).
@@ -68,8 +73,32 @@ GemmPlan plan_gemm(std::int64_t m, std::int64_t k, std::int64_t n, DType w, DTyp
   const std::int64_t elem = p.inputs == DType::BF16 ? 2 : 4;
   if (p.inputs == DType::BF16) p.x_rows = std::clamp<std::int64_t>(kGemmXPanelBytes / (2 * k), 1, m);
   if (w != p.inputs) p.w_rows = std::clamp<std::int64_t>(kGemmWPanelBytes / (elem * k), 1, n);
-  p.scratch_bytes = (p.x_rows + p.w_rows) * k * elem;
+  p.workspace_bytes = kGemmLtWorkspaceBytes;
+  p.scratch_bytes = (p.x_rows + p.w_rows) * k * elem + p.workspace_bytes;
   return p;
+}
+
+// One cuBLAS call: rows [m0, m0 + mr) of y from x (as the plan's inputs), columns [n0, n0 + nr)
+// from w (likewise), the bias of those columns (if any) in the epilogue or by a pass after.
+void CudaBackend::gemm_panel(const GemmArgs& a, const GemmPlan& plan, const GemmPanel& p) {
+  const std::int64_t n = a.w.rows, k = a.w.cols;
+  const float one = 1.0f, beta = a.beta;
+  float* y = a.y + p.m0 * n + p.n0;
+  const float* bias = a.bias ? a.bias + p.n0 : nullptr;
+  std::lock_guard lock(cublas_mu_);
+  if (bias && lt_->run({plan.inputs, p.mr, p.nr, k, n, p.w, p.x, y, bias, beta}, p.workspace, stream_)) return;
+  const int N = static_cast<int>(n), K = static_cast<int>(k), nr = static_cast<int>(p.nr), mr = static_cast<int>(p.mr);
+  if (plan.inputs == DType::BF16)
+    FLEXH2O_CUBLAS_CHECK(blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, mr, K, &one, p.w, CUDA_R_16BF, K, p.x,
+                                        CUDA_R_16BF, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+  else
+    FLEXH2O_CUBLAS_CHECK(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, mr, K, &one, static_cast<const float*>(p.w),
+                                      K, static_cast<const float*>(p.x), K, &beta, y, N));
+  if (bias) {
+    add_bias_kernel<<<blocks_for(p.mr * p.nr), kThreads, 0, stream_>>>(y, n, bias, p.mr, p.nr);
+    FLEXH2O_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void CudaBackend::do_gemm(const GemmArgs& a) {
@@ -77,52 +106,43 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
   if (m == 0 || n == 0) return;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
     throw std::invalid_argument("gemm: a dimension exceeds 2^31 - 1 (cuBLAS's int sizes)");
-  const int N = static_cast<int>(n), K = static_cast<int>(k);
-  const float one = 1.0f, beta = a.beta;
+  if (k == 0) {
+    scale_kernel<<<blocks_for(m * n), kThreads, 0, stream_>>>(a.y, a.beta, m * n);
+    FLEXH2O_CUDA_CHECK_LAUNCH();
+    if (a.bias) {
+      add_bias_kernel<<<blocks_for(m * n), kThreads, 0, stream_>>>(a.y, n, a.bias, m, n);
+      FLEXH2O_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
   const GemmPlan plan = plan_gemm(m, k, n, a.w.dtype, a.compute);
   const bool bf16 = plan.inputs == DType::BF16;
   const std::int64_t elem = bf16 ? 2 : 4;
-
-  if (k == 0) {
-    scale_kernel<<<blocks_for(m * n), kThreads, 0, stream_>>>(a.y, beta, m * n);
-    FLEXH2O_CUDA_CHECK_LAUNCH();
-  } else {
-    DeviceBuffer scratch(*this, static_cast<std::size_t>(plan.scratch_bytes));
-    auto* x_panel = scratch.as<std::byte>();                     // plan.x_rows rows of bf16 x
-    auto* w_panel = x_panel + plan.x_rows * k * elem;             // plan.w_rows converted weight rows
-    const std::int64_t x_step = bf16 ? plan.x_rows : m, w_step = plan.w_rows > 0 ? plan.w_rows : n;
-    const std::int64_t wrow = row_bytes(a.w.dtype, k);
-    // Rows [m0, m0 + mr) of y from x's rows, columns [n0, n0 + nr) from the weight's rows.
-    for (std::int64_t m0 = 0; m0 < m; m0 += x_step) {
-      const std::int64_t mr = std::min(x_step, m - m0);
-      const void* x = a.x + m0 * k;
-      if (bf16) {
-        convert(a.x + m0 * k, DType::F32, mr, k, x_panel, true, stream_);
-        x = x_panel;
-      }
-      for (std::int64_t n0 = 0; n0 < n; n0 += w_step) {  // (re-converted per x panel: O(nk) beside O(mr nk))
-        const std::int64_t nr = std::min(w_step, n - n0);
-        const void* w = static_cast<const std::uint8_t*>(a.w.data) + n0 * wrow;
-        if (plan.w_rows > 0) {
-          convert(w, a.w.dtype, nr, k, w_panel, bf16, stream_);
-          w = w_panel;
-        }
-        float* y = a.y + m0 * n + n0;
-        std::lock_guard lock(cublas_mu_);
-        if (bf16)
-          FLEXH2O_CUBLAS_CHECK(blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr),
-                                              static_cast<int>(mr), K, &one, w, CUDA_R_16BF, K, x, CUDA_R_16BF, K,
-                                              &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        else
-          FLEXH2O_CUBLAS_CHECK(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nr),
-                                            static_cast<int>(mr), K, &one, static_cast<const float*>(w), K,
-                                            static_cast<const float*>(x), K, &beta, y, N));
-      }
+  // cuBLASLt's workspace (for a bias) first, at the pool's alignment, then the panels.
+  const std::int64_t workspace = a.bias ? plan.workspace_bytes : 0;
+  DeviceBuffer scratch(*this, static_cast<std::size_t>(plan.scratch_bytes - plan.workspace_bytes + workspace));
+  GemmPanel p;
+  p.workspace = scratch.data();
+  auto* x_panel = scratch.as<std::byte>() + workspace;  // plan.x_rows rows of bf16 x
+  auto* w_panel = x_panel + plan.x_rows * k * elem;     // plan.w_rows converted weight rows
+  const std::int64_t x_step = bf16 ? plan.x_rows : m, w_step = plan.w_rows > 0 ? plan.w_rows : n;
+  const std::int64_t wrow = row_bytes(a.w.dtype, k);
+  for (p.m0 = 0; p.m0 < m; p.m0 += x_step) {
+    p.mr = std::min(x_step, m - p.m0);
+    p.x = a.x + p.m0 * k;
+    if (bf16) {
+      convert(a.x + p.m0 * k, DType::F32, p.mr, k, x_panel, true, stream_);
+      p.x = x_panel;
     }
-  }
-  if (a.bias) {
-    add_bias_kernel<<<blocks_for(m * n), kThreads, 0, stream_>>>(a.y, a.bias, m, n);
-    FLEXH2O_CUDA_CHECK_LAUNCH();
+    for (p.n0 = 0; p.n0 < n; p.n0 += w_step) {  // (re-converted per x panel: O(nk) beside O(mr nk))
+      p.nr = std::min(w_step, n - p.n0);
+      p.w = static_cast<const std::uint8_t*>(a.w.data) + p.n0 * wrow;
+      if (plan.w_rows > 0) {
+        convert(p.w, a.w.dtype, p.nr, k, w_panel, bf16, stream_);
+        p.w = w_panel;
+      }
+      gemm_panel(a, plan, p);
+    }
   }
 }
 

@@ -270,6 +270,89 @@ TEST_P(BackendOpsTest, GemmAcrossConversionPanels) {
   check_gemm(DType::Q8, DType::BF16, 3, k, 8200, true, 1.0f);
 }
 
+// ---------------------------------------------------------------------------- gemm: bias epilogue
+
+// Where x, w, y and the bias sit relative to their allocations, in elements: staged weights,
+// activation views and bias vectors need not be aligned beyond their element size. The CUDA
+// backend adds a bias in cuBLASLt's epilogue when the bias is 16-byte aligned (cuBLASLt told
+// each operand's own alignment), else in a pass of its own: both are checked against the CPU.
+struct GemmOffsets {
+  std::int64_t x = 0, w = 0, y = 0, bias = 0;
+};
+
+TEST_P(BackendOpsTest, GemmBiasAtAnyAlignment) {
+  const GemmOffsets offsets[] = {{0, 0, 0, 0}, {1, 1, 1, 4}, {0, 3, 2, 1}, {3, 0, 0, 4}};
+  for (DType compute : {DType::F32, DType::BF16})
+    for (DType t : {DType::F32, DType::F16, DType::BF16})
+      for (const GemmOffsets& o : offsets)
+        for (float beta : {0.0f, 1.0f}) {
+          const std::int64_t m = 9, k = 70, n = 37;
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " compute " << dtype_name(compute) << " offsets x "
+                                            << o.x << " w " << o.w << " y " << o.y << " bias " << o.bias
+                                            << " beta " << beta);
+          const std::vector<float> xh = random_floats(o.x + m * k);
+          const Twin x = upload(xh);
+          const Twin w = upload(stored_rows(random_floats(o.w + n * k), t, 1, o.w + n * k));
+          const Twin bias = upload(random_floats(o.bias + n));
+          const Twin y = upload(random_floats(o.y + m * n));
+          auto args = [&](bool on_cpu) {
+            auto at = [&](const Twin& b) { return static_cast<const std::byte*>((on_cpu ? b.cpu : b.dev).data()); };
+            GemmArgs a;
+            a.x = reinterpret_cast<const float*>(at(x)) + o.x;
+            a.m = m;
+            a.w = MatrixRef{at(w) + o.w * static_cast<std::int64_t>(dtype_size(t)), t, n, k};
+            a.bias = reinterpret_cast<const float*>(at(bias)) + o.bias;
+            a.y = (on_cpu ? y.cpu : y.dev).as<float>() + o.y;
+            a.beta = beta;
+            a.compute = compute;
+            return a;
+          };
+          cpu_->gemm(args(true));
+          dev_->gemm(args(false));
+          const auto [want, got] = download(y);
+          const double round = compute == DType::BF16 ? 1.0 + kBF16Eps : 1.0;
+          EXPECT_TRUE(within(want, got, gemm_tolerance(compute, k, round, round, 1.0, 1.0)));
+        }
+}
+
+// GEMMs of one shape with their own biases, queued back to back before anything waits: each
+// gets its own bias (cuBLASLt's plan for the shape is reused; the bias is taken per call).
+TEST_P(BackendOpsTest, GemmBiasPerCallOfOneShape) {
+  const std::int64_t m = 16, k = 64, n = 48, calls = 3;
+  for (DType compute : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    const Twin x = upload(random_floats(m * k));
+    const Twin w = upload(stored_rows(random_floats(n * k), DType::BF16, n, k));
+    const Twin bias = upload(random_floats(calls * n, -4.0f, 4.0f));
+    const Twin y = upload(std::vector<float>(sz(calls * m * n), kNaN));
+    for (const bool on_cpu : {true, false})
+      for (std::int64_t c = 0; c < calls; ++c) {
+        GemmArgs a;
+        a.x = (on_cpu ? x.cpu : x.dev).as<float>();
+        a.m = m;
+        a.w = MatrixRef{(on_cpu ? w.cpu : w.dev).data(), DType::BF16, n, k};
+        a.bias = (on_cpu ? bias.cpu : bias.dev).as<float>() + c * n;
+        a.y = (on_cpu ? y.cpu : y.dev).as<float>() + c * m * n;
+        a.compute = compute;
+        (on_cpu ? *cpu_ : *dev_).gemm(a);
+      }
+    const auto [want, got] = download(y);
+    EXPECT_TRUE(within(want, got, gemm_tolerance(compute, k, 1.0 + kBF16Eps, 1.0, 0.0, 4.0)));
+  }
+}
+
+#if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
+// cuBLASLt's functions are looked up through libcublas, which depends on libcublasLt: where
+// this host has cuBLAS, every one the bias epilogue calls is found.
+TEST(CudaPlans, CublasLtComesWithCublas) {
+  if (const std::string why = cuda::cublas_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  const cuda::CublasApi& api = cuda::cublas();
+  for (const void* fn : {reinterpret_cast<const void*>(api.lt_create), reinterpret_cast<const void*>(api.lt_matmul),
+                         reinterpret_cast<const void*>(api.lt_heuristic), reinterpret_cast<const void*>(api.lt_desc_set)})
+    EXPECT_NE(fn, nullptr);
+}
+#endif
+
 // ---------------------------------------------------------------------------- norms
 
 TEST_P(BackendOpsTest, Norms) {
@@ -1061,11 +1144,12 @@ TEST(CudaPlans, GemmScratchIsBoundedPanels) {
           EXPECT_TRUE(p.w_rows * k * elem <= cuda::kGemmWPanelBytes || p.w_rows == 1);
         }
         EXPECT_TRUE(p.x_rows * k * 2 <= cuda::kGemmXPanelBytes || p.x_rows == 1);
-        EXPECT_EQ(p.scratch_bytes, (p.x_rows + p.w_rows) * k * elem);
+        EXPECT_EQ(p.workspace_bytes, cuda::kGemmLtWorkspaceBytes);  // cuBLASLt's, for a bias
+        EXPECT_EQ(p.scratch_bytes, (p.x_rows + p.w_rows) * k * elem + p.workspace_bytes);
       }
   // OPT-175B's prefill at gbs 32 x 512 tokens under bf16: x alone would be 400 MB in 16 bits.
   EXPECT_EQ(cuda::plan_gemm(16384, 12288, 49152, DType::BF16, DType::BF16).scratch_bytes,
-            (32 << 20) / (2 * 12288) * 12288 * 2);
+            (32 << 20) / (2 * 12288) * 12288 * 2 + cuda::kGemmLtWorkspaceBytes);
 }
 
 // Flash-decoding's plan: the splits cover the longest sequence with no empty one, each at

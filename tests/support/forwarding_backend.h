@@ -32,6 +32,9 @@ class ForwardingBackend : public kernels::Backend {
   void unpin_host(void* p) noexcept override { inner_->unpin_host(p); }
 
   bool native_bf16() const override { return inner_->native_bf16(); }
+  kernels::DType gemm_weight_dtype(kernels::DType stored, kernels::DType compute) const override {
+    return inner_->gemm_weight_dtype(stored, compute);
+  }
   std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, kernels::DType w,
                                   kernels::DType compute) const override {
     return inner_->gemm_scratch_bytes(m, k, n, w, compute);
