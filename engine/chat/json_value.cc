@@ -34,8 +34,10 @@ Value from_json(const nlohmann::ordered_json& j) {
       return Value::list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
+      // A JSON object's keys are distinct strings: appended as they are, not each looked up
+      // among those before it (a scan per key, quadratic in a large object).
       Value d = Value::dict();
-      for (const auto& [k, v] : j.items()) d.as_dict().set(Value(k), from_json(v));
+      for (const auto& [k, v] : j.items()) d.as_dict().items.emplace_back(Value(k), from_json(v));
       return d;
     }
     default:

@@ -38,15 +38,19 @@ class LineReader {
     for (;;) {
       const std::size_t newline = buffer_.find('\n', scanned_);
       if (newline != std::string::npos) {
-        line.assign(buffer_, 0, newline);
-        buffer_.erase(0, newline + 1);
-        scanned_ = 0;
+        line.assign(buffer_, begin_, newline - begin_);
+        begin_ = scanned_ = newline + 1;
         return true;
       }
       scanned_ = buffer_.size();
-      if (buffer_.size() > max_line_bytes_)
+      if (scanned_ - begin_ > max_line_bytes_)
         throw std::runtime_error(path_ + ":" + std::to_string(lines_ + 1) + ": a line longer than " +
                                  std::to_string(max_line_bytes_ >> 20) + " MiB; no prompt is that long");
+      // The lines read so far go once per read, not once per line (that would copy the rest
+      // of the buffer for every short line).
+      buffer_.erase(0, begin_);
+      scanned_ -= begin_;
+      begin_ = 0;
       if (!fill()) {
         if (buffer_.empty()) return false;
         line = std::move(buffer_);
@@ -74,7 +78,8 @@ class LineReader {
   std::size_t max_line_bytes_;
   int fd_ = -1;
   std::string buffer_;
-  std::size_t scanned_ = 0;  // bytes of buffer_ known to hold no newline
+  std::size_t begin_ = 0;    // where the next line starts in buffer_
+  std::size_t scanned_ = 0;  // buffer_ holds no newline from begin_ up to here
   std::int64_t lines_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "engine/job/line_reader.h"
+#include "engine/job/linear_json.h"
 #include "engine/job/prompts.h"
 #include "engine/io/json_input.h"
 
@@ -69,6 +70,9 @@ std::vector<std::int32_t> token_ids(const Json& v, const std::string& field) {
 
 std::vector<std::string> stop_strings(const Json& v) {
   std::vector<std::string> stop;
+  if (v.is_array() && v.size() > kMaxStopStrings)
+    bad("stop", "body.stop holds " + std::to_string(v.size()) + " strings; at most " +
+                    std::to_string(kMaxStopStrings) + " (as OpenAI's API)");
   if (v.is_string()) stop.push_back(v.get<std::string>());
   else if (v.is_array())
     for (const Json& s : v) {
@@ -230,7 +234,7 @@ OpenAiLine parse_openai_line(const std::string& text, std::int64_t line) {
   r.line = line;
   r.key = "line " + std::to_string(line);
   try {
-    const Json j = engine::parse_json<Json>(text, "the line");
+    const Json j = parse_linear_json(text, "the line");
     read_line(j, r);
   } catch (const LineError& e) {
     r.error = e.message;
@@ -245,9 +249,13 @@ bool is_openai_batch_file(const std::string& path) {
   engine::LineReader in(path, engine::kMaxPromptLineBytes);
   std::string line;
   while (in.next(line)) {
-    const Json j = Json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;
-    return j.contains("custom_id");
+    Json j;
+    try {
+      j = parse_linear_json(line, path);
+    } catch (const std::runtime_error&) {
+      continue;
+    }
+    if (j.is_object()) return j.contains("custom_id");
   }
   return false;
 }

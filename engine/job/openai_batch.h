@@ -38,8 +38,10 @@ struct OpenAiLine {
   std::int64_t n = 1;                         // choices
 };
 
-// The most choices one request may ask for.
+// The most choices one request may ask for (OpenAI's API: n <= 128).
 constexpr std::int64_t kMaxChoices = 128;
+// The most stop strings one request may give (OpenAI: "up to 4 sequences").
+constexpr std::size_t kMaxStopStrings = 4;
 
 // Whether `path` holds OpenAI batch lines: its first line that is a JSON object has a
 // "custom_id" (our own format's lines have an "id").

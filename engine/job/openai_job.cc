@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "engine/job/prompts.h"
 #include "engine/runtime/generator.h"
@@ -11,13 +13,39 @@ namespace flexh2o::job {
 
 namespace {
 
+// A field of a well-formed line that the model bounds.
+struct FieldError : std::invalid_argument {
+  FieldError(std::string field, const std::string& message)
+      : std::invalid_argument(message), param(std::move(field)) {}
+  std::string param;
+};
+
+// Bounds the model sets (docs/batch-jobs.md), checked before a chat template renders anything:
+// every message takes at least a position, and a logit_bias (each token once) or a list of
+// stop ids longer than the vocabulary names a token outside it or one twice.
+void check_sizes(const OpenAiLine& r, const engine::ModelConfig& cfg) {
+  const auto at_most = [](const char* field, std::size_t n, std::int64_t bound, const std::string& of) {
+    if (static_cast<std::int64_t>(n) > bound)
+      throw FieldError(field, "body." + std::string(field) + " has " + std::to_string(n) + " entries, more than the " +
+                                  std::to_string(bound) + " " + of);
+  };
+  at_most("messages", r.messages.size(), cfg.position_limit(), "positions of the model");
+  at_most("logit_bias", r.sampling.logit_bias.size(), cfg.vocab_size, "tokens of the model's vocabulary");
+  at_most("stop_token_ids", r.sampling.stop_token_ids.size(), cfg.vocab_size, "tokens of the model's vocabulary");
+}
+
 std::vector<std::int32_t> prompt_of(const OpenAiLine& r, const OpenAiPromptContext& ctx) {
   const engine::ModelConfig& cfg = *ctx.config;
   if (r.endpoint == Endpoint::Chat) {
     if (!ctx.tok) throw std::invalid_argument("model '" + cfg.name + "' has no tokenizer to read chat messages with");
     if (!ctx.render_chat) throw std::invalid_argument("model '" + cfg.name + "' has no chat template");
     // As transformers' apply_chat_template(tokenize=True): the template places the special tokens.
-    return ctx.tok->encode(ctx.render_chat(r.messages), false);
+    const std::string text = ctx.render_chat(r.messages);
+    if (static_cast<std::int64_t>(text.size()) > cfg.position_limit() * engine::kMaxBytesPerToken)
+      throw FieldError("messages", "body.messages make a text of " + std::to_string(text.size()) +
+                                       " bytes through the chat template, too long for the model's " +
+                                       std::to_string(cfg.position_limit()) + " positions");
+    return ctx.tok->encode(text, false);
   }
   if (!r.prompt_text) return r.prompt_tokens;
   if (!ctx.tok)
@@ -31,6 +59,7 @@ std::vector<std::int32_t> prompt_of(const OpenAiLine& r, const OpenAiPromptConte
 
 // The prompt of a good line, checked against the model; throws naming what is wrong.
 std::vector<std::int32_t> prepare(const OpenAiLine& r, const OpenAiPromptContext& ctx) {
+  check_sizes(r, *ctx.config);
   std::vector<std::int32_t> prompt = prompt_of(r, ctx);
   const std::string name = "of custom_id " + r.key;
   engine::check_prompts(*ctx.config, std::span(&prompt, 1), r.max_tokens.value_or(ctx.gen_len), std::span(&name, 1));
@@ -49,6 +78,10 @@ OpenAiJob open_openai_job(const std::string& path, const OpenAiPromptContext& ct
     if (!r.error.empty()) continue;
     try {
       job.prompts[i] = prepare(r, ctx);
+    } catch (const FieldError& e) {
+      r.error = e.what();
+      r.error_param = e.param;
+      continue;
     } catch (const std::exception& e) {  // the chat template's errors, a prompt too long, ...
       r.error = e.what();
       continue;

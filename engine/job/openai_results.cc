@@ -142,7 +142,8 @@ std::string openai_error_line(const OpenAiLine& r) {
 }
 
 std::optional<std::string> openai_result_key(const std::string& line) {
-  const Json j = Json::parse(line, nullptr, false);
+  // Looked up, never echoed: a std::map object (ordered_json's would parse in quadratic time).
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_string() || !j.contains("custom_id") ||
       !j.contains("response") || !j.contains("error"))
     return std::nullopt;

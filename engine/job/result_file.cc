@@ -8,14 +8,16 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/job/openai_results.h"
+#include "engine/io/json_input.h"
+#include "engine/job/out_lock.h"
 
 namespace flexh2o::job {
 
@@ -89,12 +91,21 @@ ResultFile::ResultFile(std::string path, bool resume, const std::string& prompts
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) {
     if (errno != ENOENT) throw std::runtime_error(path_ + ": cannot open for writing: " + std::strerror(errno));
-    // A new file: its directory must take it (checked now, not after the whole run).
-    const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
-    if (::access(dir.empty() ? "." : dir.c_str(), W_OK | X_OK) != 0)
-      throw std::runtime_error(path_ + ": cannot open for writing: " + std::strerror(errno));
-    return;
+  } else {
+    check_existing(st, prompts_path);
   }
+  if (stream_) return;
+  // Held until the run ends: a second run on this file stops here, before it reads or cuts it.
+  fd_ = open_locked(path_, &created_);
+  try {
+    if (resume_) check_resumable(read_all(path_));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void ResultFile::check_existing(const struct stat& st, const std::string& prompts_path) {
   struct stat prompts {};
   if (!prompts_path.empty() && ::stat(prompts_path.c_str(), &prompts) == 0 && same_file(st, prompts))
     throw std::invalid_argument("--out " + path_ + " is the --prompts file " + prompts_path +
@@ -104,11 +115,9 @@ ResultFile::ResultFile(std::string path, bool resume, const std::string& prompts
     throw std::invalid_argument("--out " + path_ + " is not a regular file (nor a device or pipe to stream to)");
   if (::access(path_.c_str(), W_OK) != 0)
     throw std::runtime_error(path_ + ": cannot open for writing: " + std::strerror(errno));
-  if (!resume_) return;
-  if (stream_)
+  if (resume_ && stream_)
     throw std::invalid_argument("--resume reads the results already in --out, but " + path_ +
                                 " is not a regular file");
-  check_resumable(read_all(path_));
 }
 
 void ResultFile::check_resumable(const std::string& text) {
@@ -118,6 +127,7 @@ void ResultFile::check_resumable(const std::string& text) {
     throw std::runtime_error(where + ": not a result line of flexh2o, so --resume cannot continue this file (it was "
                              "left as it was); give --out the results file of the interrupted job");
   };
+  std::map<std::string, std::int64_t> line_of_id;
   std::size_t begin = 0;
   for (std::int64_t lineno = 1; begin < static_cast<std::size_t>(keep_bytes_); ++lineno) {
     const std::size_t end = text.find('\n', begin);
@@ -126,6 +136,11 @@ void ResultFile::check_resumable(const std::string& text) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     std::string id;
     if (!is_result_line(format_, line, &id)) refuse(path_ + ":" + std::to_string(lineno));
+    if (const auto [first, fresh] = line_of_id.emplace(id, lineno); !fresh)
+      throw std::runtime_error(path_ + ":" + std::to_string(lineno) + ": id " + engine::bounded_excerpt(id, 80) +
+                               " is on line " + std::to_string(first->second) +
+                               " too, so --resume cannot continue this file (it was left as it was): two runs wrote "
+                               "to it at once, or it was edited; keep one line of each id, or start a new --out");
     done_ids_.insert(id);
     ++results_;
   }
@@ -133,8 +148,13 @@ void ResultFile::check_resumable(const std::string& text) {
   if (!tail.empty() && !starts_like_a_result(tail)) refuse(path_ + ": the last line");
 }
 
-ResultFile::~ResultFile() {
+ResultFile::~ResultFile() { release(); }
+
+void ResultFile::release() {
+  // A file this run created and never wrote to goes again (unlinked while still locked).
+  if (created_ && !writing_) ::unlink(path_.c_str());
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 std::string ResultFile::line(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens) {
@@ -146,13 +166,17 @@ std::string ResultFile::line(const std::string& id_json, const std::string& text
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
-void ResultFile::open_for_writing() {
-  const int flags = O_WRONLY | O_CLOEXEC | (stream_ ? 0 : O_CREAT) | (!stream_ && !resume_ ? O_TRUNC : 0);
-  fd_ = ::open(path_.c_str(), flags, 0644);
-  if (fd_ < 0) throw std::runtime_error(path_ + ": cannot open for writing: " + std::strerror(errno));
-  if (stream_) return;
-  // Resuming: drop the unfinished line a killed job left after the last whole one.
-  if (resume_ && ::ftruncate(fd_, keep_bytes_) != 0) fail("cannot cut off a torn last line", errno);
+void ResultFile::start_writing() {
+  writing_ = true;
+  if (stream_) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) throw std::runtime_error(path_ + ": cannot open for writing: " + std::strerror(errno));
+    return;
+  }
+  // A new run replaces the file; resuming drops the unfinished line a killed job left after
+  // the last whole one.
+  if (::ftruncate(fd_, resume_ ? keep_bytes_ : 0) != 0)
+    fail(resume_ ? "cannot cut off a torn last line" : "cannot truncate", errno);
   if (::lseek(fd_, 0, SEEK_END) < 0) fail("seek failed", errno);
 }
 
@@ -164,7 +188,7 @@ void ResultFile::fail(const char* what, int err) {
 
 void ResultFile::flush() {
   if (pending_.empty()) return;
-  if (fd_ < 0) open_for_writing();
+  if (!writing_) start_writing();
   const off_t whole = stream_ ? 0 : ::lseek(fd_, 0, SEEK_END);
   const char* p = pending_.data();
   std::size_t left = pending_.size();

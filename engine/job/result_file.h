@@ -1,12 +1,14 @@
 // The job's --out file: one JSON line per finished request ({"id", "text", "tokens"}), written
 // so that a run never damages what the user had:
+//  - Opening takes the file's lock for the whole run (out_lock.h): a second run on it stops
+//    with an error naming the holder.
 //  - Opening checks what could go wrong later, before the model loads: the path is a regular
 //    file or a stream (a character device or FIFO, e.g. /dev/null, written to without
 //    truncation or fsync), it is not the prompts file (same device and inode: symlinks and hard
 //    links count), and with resume every complete line is a result line and an unfinished last
-//    line is the start of one. Only then may the unfinished line be cut.
+//    line is the start of one, and no id is on two lines. Only then may the unfinished line be cut.
 //  - Nothing is truncated or cut until the first results are written: a run that fails before
-//    its first result leaves an existing file exactly as it was.
+//    its first result leaves an existing file exactly as it was (and removes one it created).
 //  - Lines are appended whole: when a write or fsync fails (ENOSPC, EFBIG) the part written is
 //    cut back and the error says how many results the file holds.
 #pragma once
@@ -15,6 +17,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <vector>
 
@@ -46,15 +49,19 @@ class ResultFile {
   void flush();
 
  private:
+  void check_existing(const struct stat& st, const std::string& prompts_path);
   void check_resumable(const std::string& text);
-  void open_for_writing();
+  void start_writing();
+  void release();
   [[noreturn]] void fail(const char* what, int err);
 
   std::string path_;
   bool resume_ = false;
   ResultFormat format_ = ResultFormat::Simple;
-  bool stream_ = false;   // not a regular file: written through, never truncated, cut or fsynced
-  int fd_ = -1;           // opened by the first flush
+  bool stream_ = false;   // not a regular file: written through, never truncated, cut or fsynced, not locked
+  int fd_ = -1;           // a regular file: opened and locked at once (out_lock.h); a stream: by the first flush
+  bool created_ = false;  // the file was not there before this run
+  bool writing_ = false;  // the first flush has truncated (or, resuming, cut) the file
   off_t keep_bytes_ = 0;  // resume: the whole lines found; an unfinished tail after them is cut
   std::int64_t results_ = 0;  // result lines in the file
   std::string pending_;

@@ -7,9 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/job/linear_json.h"
 #include "engine/job/openai_batch.h"
+#include "engine/job/openai_job.h"
 #include "engine/job/openai_results.h"
 #include "engine/job/result_file.h"
+#include "tests/support/error_of.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -106,6 +109,9 @@ TEST(OpenAiBatch, BadLinesCarryTheirError) {
       {chat_line("x", R"("logit_bias": {"abc": 1})"), "not a token id", "logit_bias"},
       {chat_line("x", R"("logit_bias": {"5": 200})"), "[-100, 100]", "logit_bias"},
       {chat_line("x", R"("stop": [""])"), "empty string", "stop"},
+      {chat_line("x", R"("stop": ["a", "b", "c", "d", "e"])"), "body.stop holds 5 strings; at most 4", "stop"},
+      {chat_line("x", R"("temperature": 0.5, "temperature": 1)"), "\"temperature\" appears twice", ""},
+      {chat_line("x", R"("logit_bias": {"5": 1, "5": 2})"), "\"5\" appears twice", ""},
       {chat_line("x", R"("stream": true)"), "stream", "stream"},
       {chat_line("x", R"("max_tokens": 0)"), "max_tokens", "max_tokens"},
       {chat_line("x", R"("max_tokens": 5, "max_completion_tokens": 5)"), "both", "max_completion_tokens"},
@@ -137,6 +143,63 @@ TEST(OpenAiBatch, ReadsAFileKeepingBadAndRepeatedLines) {
   EXPECT_EQ(lines[3].error, "");
   testing::write_file(dir.file("own.jsonl"), "{\"id\": 1, \"prompt\": \"x\"}\n");
   EXPECT_FALSE(job::is_openai_batch_file(dir.file("own.jsonl")));
+}
+
+TEST(OpenAiBatch, LinesParseAsNlohmannParsesThem) {
+  // The same value, keys in the order given, as nlohmann's own (quadratic) ordered parse.
+  for (const std::string& text :
+       {chat_line("a", R"("logit_bias": {"9": 1, "3": -2.5, "100": 0}, "stop": ["x", "y"], "seed": 18446744073709551615)"),
+        std::string(R"([1, -2, 3.5e3, true, false, null, "s\u00e9\n", {}, [], {"b": {"a": [{}]}, "a": 1}])"),
+        std::string("\"just a string\""), std::string("  42  ")}) {
+    EXPECT_EQ(job::parse_linear_json(text, "t"), nlohmann::ordered_json::parse(text)) << text;
+    EXPECT_EQ(job::parse_linear_json(text, "t").dump(), nlohmann::ordered_json::parse(text).dump()) << text;
+  }
+  for (const std::string& bad : {std::string("{\"a\": 1,}"), std::string("[1 2]"), std::string(""), std::string("{} x"),
+                                std::string(200, '[') + std::string(200, ']')}) {
+    const std::string err = testing::error_of([&] { job::parse_linear_json(bad, "where"); });
+    EXPECT_EQ(err.rfind("where: ", 0), 0u) << bad << ": " << err;
+  }
+  // A key may repeat in different objects, not within one.
+  EXPECT_NO_THROW(job::parse_linear_json(R"({"a": {"a": 1}, "b": [{"a": 1}, {"a": 2}]})", "t"));
+  EXPECT_NE(testing::error_of([] { job::parse_linear_json(R"([{"a": 1, "b": 2, "a": 3}])", "t"); })
+                .find("\"a\" appears twice in one object"),
+            std::string::npos);
+}
+
+// Bounds the model sets, each an error line naming its field, before anything renders.
+TEST(OpenAiBatch, ListsLongerThanTheModelAllowsAreErrorLinesNamingTheField) {
+  testing::TempDir dir;
+  const engine::ModelConfig cfg = testing::tiny_opt_config();  // 97 tokens, 64 positions
+  std::string messages, bias, stop_ids;
+  for (int i = 0; i < 98; ++i) {
+    const std::string comma = i > 0 ? ", " : "";
+    if (i < 65) messages += comma + R"({"role": "user", "content": "hi"})";
+    bias += comma + "\"" + std::to_string(i) + "\": 1";
+    stop_ids += comma + std::to_string(i % 90);
+  }
+  const std::string file =
+      R"({"custom_id": "m", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [)" + messages +
+      "]}}\n" + completion_line("b", R"("logit_bias": {)" + bias + "}") + "\n" +
+      completion_line("s", R"("stop_token_ids": [)" + stop_ids + "]") + "\n";
+  testing::write_file(dir.file("b.jsonl"), file);
+  bool rendered = false;
+  const job::OpenAiPromptContext ctx{.config = &cfg,
+                                     .tok = nullptr,
+                                     .render_chat = [&](const nlohmann::ordered_json&) {
+                                       rendered = true;
+                                       return std::string();
+                                     },
+                                     .gen_len = 4,
+                                     .default_seed = 1};
+  const job::OpenAiJob oj = job::open_openai_job(dir.file("b.jsonl"), ctx);
+  ASSERT_EQ(oj.lines.size(), 3u);
+  EXPECT_EQ(oj.lines[0].error, "body.messages has 65 entries, more than the 64 positions of the model");
+  EXPECT_EQ(oj.lines[0].error_param, "messages");
+  EXPECT_FALSE(rendered);
+  EXPECT_EQ(oj.lines[1].error, "body.logit_bias has 98 entries, more than the 97 tokens of the model's vocabulary");
+  EXPECT_EQ(oj.lines[1].error_param, "logit_bias");
+  EXPECT_EQ(oj.lines[2].error_param, "stop_token_ids");
+  EXPECT_TRUE(oj.requests.empty());
 }
 
 TEST(OpenAiResults, ResultLinesHaveOpenAisShape) {

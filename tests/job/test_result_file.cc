@@ -72,6 +72,55 @@ TEST(ResultFile, AnExistingFileIsReplacedOnlyByTheFirstResults) {
   EXPECT_EQ(testing::read_file(path), result("1") + result("2"));
 }
 
+// The lock belongs to the open file (flock), so a second open in this same process meets it
+// as another run would; through a hard link too.
+TEST(ResultFile, ASecondOpenOfAHeldFileIsAnErrorNamingTheHolder) {
+  testing::TempDir dir;
+  const std::string path = dir.file("out.jsonl");
+  testing::write_file(path, result("1"));
+  std::filesystem::create_hard_link(path, dir.file("link.jsonl"));
+  {
+    const ResultFile held(path, true, "");
+    for (const std::string& other : {path, dir.file("link.jsonl")})
+      for (const bool resume : {false, true}) {
+        const std::string err = error_of([&] { ResultFile second(other, resume, ""); });
+        EXPECT_NE(err.find("--out " + other + " is in use by another run (pid " + std::to_string(::getpid()) +
+                           " on host "),
+                  std::string::npos)
+            << err;
+      }
+    EXPECT_EQ(testing::read_file(path), result("1"));
+  }
+  EXPECT_NO_THROW(ResultFile again(path, true, "")) << "the lock goes with the run";
+}
+
+TEST(ResultFile, ANewFileThatGetsNoResultIsRemovedAgain) {
+  testing::TempDir dir;
+  const std::string path = dir.file("new.jsonl");
+  {
+    const ResultFile out(path, false, "");
+    EXPECT_TRUE(std::filesystem::exists(path)) << "created, to be locked";
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  {
+    ResultFile out(path, false, "");
+    out.add_line(result("1"));
+    out.flush();
+  }
+  EXPECT_EQ(testing::read_file(path), result("1"));
+}
+
+TEST(ResultFile, ResumeRefusesAFileHoldingAnIdTwice) {
+  testing::TempDir dir;
+  const std::string path = dir.file("out.jsonl");
+  const std::string text = result("1") + result("\"a\"") + result("1");
+  testing::write_file(path, text);
+  const std::string err = error_of([&] { ResultFile out(path, true, ""); });
+  EXPECT_NE(err.find(path + ":3: id 1 is on line 1 too"), std::string::npos) << err;
+  EXPECT_EQ(testing::read_file(path), text);
+  EXPECT_NO_THROW(ResultFile again(path, false, "")) << "the refused run let go of the lock";
+}
+
 TEST(ResultFile, ThePromptsFileIsNeverTheOutFile) {
   testing::TempDir dir;
   const std::string prompts = dir.file("in.jsonl");
