@@ -149,7 +149,9 @@ class GbnfParser {
     }
     if (peek('(')) {
       ++at_;
+      if (++depth_ > 256) fail("groups nested deeper than 256");
       Expr e = alternation();
+      --depth_;
       skip_space();
       if (!peek(')')) fail("missing ')'");
       ++at_;
@@ -212,6 +214,7 @@ class GbnfParser {
 
   std::string_view text_;
   std::size_t at_ = 0;
+  int depth_ = 0;  // open parentheses
   GrammarBuilder builder_;
   std::map<std::string, std::uint32_t> rules_;
 };

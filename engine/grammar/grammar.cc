@@ -1,6 +1,5 @@
 #include "engine/grammar/grammar.h"
 
-#include <functional>
 #include <stdexcept>
 
 namespace flexh2o::grammar {
@@ -117,20 +116,29 @@ std::int32_t left_recursive_rule(const Grammar& g, const std::vector<bool>& null
       }
     }
   }
+  // Depth-first search with an explicit stack (grammars may chain thousands of rules).
   std::vector<int> color(g.rule_count(), 0);  // 0 unseen, 1 on the path, 2 done
-  std::int32_t found = -1;
-  std::function<void(std::int32_t)> visit = [&](std::int32_t r) {
-    color[static_cast<std::size_t>(r)] = 1;
-    for (std::int32_t next : left_calls[static_cast<std::size_t>(r)]) {
-      if (found >= 0) return;
-      if (color[static_cast<std::size_t>(next)] == 1) found = next;
-      else if (color[static_cast<std::size_t>(next)] == 0) visit(next);
+  for (std::size_t start = 0; start < g.rule_count(); ++start) {
+    if (color[start] != 0) continue;
+    std::vector<std::pair<std::int32_t, std::size_t>> path = {{static_cast<std::int32_t>(start), 0}};
+    color[start] = 1;
+    while (!path.empty()) {
+      auto& [rule, next_call] = path.back();
+      const std::vector<std::int32_t>& calls = left_calls[static_cast<std::size_t>(rule)];
+      if (next_call == calls.size()) {
+        color[static_cast<std::size_t>(rule)] = 2;
+        path.pop_back();
+        continue;
+      }
+      const std::int32_t callee = calls[next_call++];
+      if (color[static_cast<std::size_t>(callee)] == 1) return callee;
+      if (color[static_cast<std::size_t>(callee)] == 0) {
+        color[static_cast<std::size_t>(callee)] = 1;
+        path.emplace_back(callee, 0);
+      }
     }
-    color[static_cast<std::size_t>(r)] = 2;
-  };
-  for (std::size_t r = 0; r < g.rule_count() && found < 0; ++r)
-    if (color[r] == 0) visit(static_cast<std::int32_t>(r));
-  return found;
+  }
+  return -1;
 }
 
 }  // namespace

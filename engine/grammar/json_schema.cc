@@ -75,11 +75,11 @@ class JsonSchemaCompiler {
 
   Grammar schema_grammar() {
     const std::uint32_t root = builder_.add_rule("root");
-    builder_.define(root, schema_expr(root_, "", 0));
+    builder_.define(root, schema_expr(root_, ""));
     while (!pending_.empty()) {
       const auto [ref, rule] = pending_.back();
       pending_.pop_back();
-      builder_.define(rule, schema_expr(resolve(ref, ref), ref.substr(1), 0));
+      builder_.define(rule, schema_expr(resolve(ref, ref), ref.substr(1)));
     }
     return std::move(builder_).build(root);
   }
@@ -105,8 +105,8 @@ class JsonSchemaCompiler {
   Expr ref_expr(const std::string& ref, const std::string& path);
   Json inline_ref(const Json& schema, const std::string& path);
   Json merge(Json into, const Json& other, const std::string& path);
-  Expr schema_expr(const Json& schema, const std::string& path, int depth);
-  Expr combined_expr(const Json& schema, const std::string& path, int depth);
+  Expr schema_expr(const Json& schema, const std::string& path);
+  Expr combined_expr(const Json& schema, const std::string& path);
   Expr typed_expr(const Json& schema, const std::string& type, const std::string& path);
   std::vector<std::string> types_of(const Json& schema, const std::string& path);
   Expr number_expr(const Json& schema, bool integer, const std::string& path);
@@ -119,6 +119,7 @@ class JsonSchemaCompiler {
   JsonStrings strings_;
   std::map<std::string, std::uint32_t> ref_rules_;
   std::vector<std::pair<std::string, std::uint32_t>> pending_;
+  int nesting_ = 0;  // schema_expr calls in progress
 };
 
 // A JSON pointer into the document ("#", "#/$defs/a", "#/properties/x/items").
@@ -161,8 +162,17 @@ Json JsonSchemaCompiler::inline_ref(const Json& schema, const std::string& path)
   return merge(target.is_boolean() ? Json::object() : target, without(schema, "$ref"), path);
 }
 
-Expr JsonSchemaCompiler::schema_expr(const Json& schema, const std::string& path, int depth) {
-  if (depth > 64) fail(path, "allOf/$ref nest deeper than 64 (a cycle?)");
+// Nesting (and allOf/$ref inlining) deeper than this is an error: it bounds the recursion on
+// untrusted schemas and ends cycles such as {"allOf": [{"$ref": "#"}]}.
+constexpr int kMaxNesting = 128;
+
+Expr JsonSchemaCompiler::schema_expr(const Json& schema, const std::string& path) {
+  if (nesting_ >= kMaxNesting) fail(path, "the schema nests deeper than 128 (or allOf/$ref form a cycle)");
+  ++nesting_;
+  struct Leave {
+    int& nesting;
+    ~Leave() { --nesting; }
+  } leave{nesting_};
   if (schema.is_boolean()) {
     if (!schema.get<bool>()) fail(path, "schema 'false' matches nothing");
     return strings_.any_value();
@@ -174,10 +184,10 @@ Expr JsonSchemaCompiler::schema_expr(const Json& schema, const std::string& path
   if (schema.contains("$ref")) {
     if (!schema["$ref"].is_string()) fail(path, "'$ref' is not a string");
     if (!has_validation(without(schema, "$ref"))) return ref_expr(schema["$ref"].get<std::string>(), path);
-    return schema_expr(inline_ref(schema, path), path, depth + 1);
+    return schema_expr(inline_ref(schema, path), path);
   }
   if (schema.contains("allOf") || schema.contains("anyOf") || schema.contains("oneOf"))
-    return combined_expr(schema, path, depth);
+    return combined_expr(schema, path);
   if (schema.contains("const")) return literal(schema["const"].dump());
   if (schema.contains("enum")) {
     if (!schema["enum"].is_array()) fail(path, "'enum' is not an array");
@@ -196,13 +206,13 @@ Expr JsonSchemaCompiler::schema_expr(const Json& schema, const std::string& path
 
 // allOf: the branches merged into one schema. anyOf/oneOf: one branch, each merged with the
 // schema's other keywords (oneOf is read as anyOf: docs/structured-output.md).
-Expr JsonSchemaCompiler::combined_expr(const Json& schema, const std::string& path, int depth) {
+Expr JsonSchemaCompiler::combined_expr(const Json& schema, const std::string& path) {
   if (schema.contains("allOf")) {
     if (!schema["allOf"].is_array()) fail(path, "'allOf' is not an array");
     Json merged = without(schema, "allOf");
     for (std::size_t i = 0; i < schema["allOf"].size(); ++i)
       merged = merge(std::move(merged), inline_ref(schema["allOf"][i], path + "/allOf/" + std::to_string(i)), path + "/allOf");
-    return schema_expr(merged, path, depth + 1);
+    return schema_expr(merged, path);
   }
   if (schema.contains("anyOf") && schema.contains("oneOf")) fail(path, "'anyOf' together with 'oneOf'");
   const std::string key = schema.contains("anyOf") ? "anyOf" : "oneOf";
@@ -212,8 +222,8 @@ Expr JsonSchemaCompiler::combined_expr(const Json& schema, const std::string& pa
   std::vector<Expr> options;
   for (std::size_t i = 0; i < branches.size(); ++i) {
     const std::string branch_path = path + "/" + key + "/" + std::to_string(i);
-    if (!has_validation(siblings)) options.push_back(schema_expr(branches[i], branch_path, depth + 1));
-    else options.push_back(schema_expr(merge(siblings, inline_ref(branches[i], branch_path), branch_path), branch_path, depth + 1));
+    if (!has_validation(siblings)) options.push_back(schema_expr(branches[i], branch_path));
+    else options.push_back(schema_expr(merge(siblings, inline_ref(branches[i], branch_path), branch_path), branch_path));
   }
   return alt(std::move(options));
 }
@@ -348,7 +358,7 @@ Expr JsonSchemaCompiler::object_expr(const Json& schema, const std::string& path
     std::vector<std::string> names;
     for (const auto& [name, s] : properties.items()) names.push_back(name);
     Expr key = names.empty() ? strings_.any_string() : strings_.key_not_in(names);
-    Expr value = additional == true ? strings_.any_value() : schema_expr(additional, path + "/additionalProperties", 0);
+    Expr value = additional == true ? strings_.any_value() : schema_expr(additional, path + "/additionalProperties");
     extra = as_rule(path + "/additionalProperties", seq({key, literal(":"), strings_.ws(), value, strings_.ws()}));
   }
   const std::size_t n = properties.size();
@@ -364,7 +374,7 @@ Expr JsonSchemaCompiler::object_expr(const Json& schema, const std::string& path
     const std::string& name = listed[i].first;
     const std::string member_path = path + "/properties/" + name;
     const Expr member = as_rule(member_path, seq({literal(Json(name).dump()), literal(":"), strings_.ws(),
-                                                   schema_expr(listed[i].second, member_path, 0), strings_.ws()}));
+                                                   schema_expr(listed[i].second, member_path), strings_.ws()}));
     const bool is_required = std::find(required.begin(), required.end(), Json(name)) != required.end();
     for (int written = 0; written < 2; ++written) {
       Expr present = seq({written ? comma : empty_expr(), member, rule_expr(rest[i + 1][1])});
@@ -401,8 +411,8 @@ Expr JsonSchemaCompiler::array_expr(const Json& schema, const std::string& path)
   std::vector<Expr> slot;  // the schema of element j, j < prefix size; then the items schema
   for (std::size_t j = 0; j < prefix.size(); ++j)
     slot.push_back(as_rule(path + "/prefixItems/" + std::to_string(j),
-                           seq({schema_expr(prefix[j], path + "/prefixItems/" + std::to_string(j), 0), strings_.ws()})));
-  const Expr rest_item = items == false ? empty_expr() : as_rule(path + "/items", seq({schema_expr(items, path + "/items", 0), strings_.ws()}));
+                           seq({schema_expr(prefix[j], path + "/prefixItems/" + std::to_string(j)), strings_.ws()})));
+  const Expr rest_item = items == false ? empty_expr() : as_rule(path + "/items", seq({schema_expr(items, path + "/items"), strings_.ws()}));
   auto element = [&](std::uint64_t j) { return j < slot.size() ? slot[j] : rest_item; };
   const Expr comma = seq({literal(","), strings_.ws()});
   // From the last distinct tail down to tail(1): past max(prefix, min) they are all one star.

@@ -38,8 +38,11 @@ std::size_t CompiledGrammar::state_count() const {
 // Walks the trie in preorder, keeping the state after each prefix of the current path; a
 // prefix the automaton rejects skips its subtree.
 const std::vector<std::uint64_t>& CompiledGrammar::token_mask(std::int32_t state) const {
-  auto [it, inserted] = masks_.try_emplace(state);
-  if (!inserted) return it->second;
+  auto found = masks_.find(state);
+  if (found != masks_.end()) return found->second;
+  const std::size_t mask_bytes = mask_words(trie_->vocab_size()) * sizeof(std::uint64_t);
+  if ((masks_.size() + 1) * mask_bytes > kMaskCacheBytes) masks_.clear();  // recomputed on demand
+  auto it = masks_.try_emplace(state).first;
   std::vector<std::uint64_t>& mask = it->second;
   mask.assign(mask_words(trie_->vocab_size()), 0);
   std::vector<std::int32_t> path(trie_->max_depth() + 1);

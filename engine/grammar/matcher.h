@@ -23,6 +23,10 @@ inline bool mask_allows(std::span<const std::uint64_t> mask, std::int32_t token)
 
 class CompiledGrammar {
  public:
+  // The masks kept per compiled constraint; past this the cache starts over (a grammar whose
+  // states keep changing, e.g. long length-bounded strings, recomputes instead of growing).
+  static constexpr std::size_t kMaskCacheBytes = std::size_t{256} << 20;
+
   CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTrie> trie);
   std::int32_t initial_state() const { return initial_; }
   // The state after `bytes`, or Automaton::kDead.

@@ -144,7 +144,7 @@ class RegexParser {
       else if (peek('<') && at_ + 1 < text_.size() && text_[at_ + 1] != '=' && text_[at_ + 1] != '!') skip_name(at_ + 1);
       else fail("lookaround or inline flags '(?'");
     }
-    ++depth_;
+    if (++depth_ > 256) fail("groups nested deeper than 256");
     Expr e = alternation();
     --depth_;
     if (!peek(')')) fail("missing ')'");

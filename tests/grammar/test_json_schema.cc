@@ -54,6 +54,18 @@ TEST(JsonSchema, ErrorsNameTheSchemaLocation) {
   }
 }
 
+TEST(JsonSchema, DeepNestingAndCyclesAreErrors) {
+  Json deep = Json::object();
+  for (int i = 0; i < 200; ++i) deep = Json{{"type", "array"}, {"items", deep}};
+  EXPECT_THROW(json_schema_grammar(deep), std::invalid_argument);
+  try {
+    json_schema_grammar(Json::parse(R"({"allOf":[{"$ref":"#"}]})"));
+    FAIL() << "compiled";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("nests deeper than 128"), std::string::npos) << e.what();
+  }
+}
+
 TEST(JsonSchema, CompactWhitespaceOption) {
   const Grammar g = json_schema_grammar(Json::parse(R"({"type":"array","items":{"type":"integer"}})"),
                                         JsonOptions{.max_whitespace = 0});

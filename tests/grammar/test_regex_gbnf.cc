@@ -106,6 +106,8 @@ TEST(Regex, UnsupportedConstructsAreErrorsNamingThem) {
     }
   }
   EXPECT_THROW(regex_grammar("^a|b", RegexAlphabet::Utf8, true), std::invalid_argument);
+  EXPECT_THROW(regex_grammar(std::string(300, '(') + "a" + std::string(300, ')')), std::invalid_argument);
+  EXPECT_TRUE(accepts(regex_grammar(std::string(200, '(') + "a" + std::string(200, ')')), "a"));
   EXPECT_THROW(regex_grammar("(a*)*"), std::invalid_argument);  // repeats something empty
 }
 
@@ -133,7 +135,8 @@ TEST(Gbnf, ErrorsNameTheLine) {
       {"root ::= \"x\n", "unterminated string"},
       {"root ::= root \"x\" | \"y\"", "left-recursive"},
       {"root ::= \"x\" root", "can never complete"},
-      {"root := \"x\"", "expected '::='"}};
+      {"root := \"x\"", "expected '::='"},
+      {"root ::= \"x\" | \"\\q\"", "unknown escape"}};
   for (const auto& [text, message] : cases) {
     try {
       parse_gbnf(text);
