@@ -82,26 +82,49 @@ Expr integer_range_expr(std::optional<std::int64_t> lo, std::optional<std::int64
 
 Expr any_number_expr() {
   Expr exponent = seq({bytes_expr(ByteClass::of("eE")), optional(bytes_expr(ByteClass::of("+-"))),
-                       repeat(digit_class('0', '9'), 1, Expr::kUnbounded)});
+                       repeat(digit_class('0', '9'), 1, 2)});
   return seq({optional(literal("-")), natural_range(0, std::nullopt), optional(fraction()), optional(std::move(exponent))});
 }
 
-Expr number_range_expr(std::optional<std::int64_t> lo, std::optional<std::int64_t> hi) {
-  check_bounds(lo, hi);
-  std::vector<Expr> options = {integer_range_expr(lo, hi)};
-  // x = I.F with I in [lo, hi - 1] (x >= 0) or x = -I.F with I in [-hi, -lo - 1] (x < 0).
-  if (!hi || *hi >= 1) {
-    const std::int64_t i_lo = lo && *lo > 0 ? *lo : 0;
-    std::optional<std::int64_t> i_hi;
-    if (hi) i_hi = *hi - 1;
-    if (!i_hi || i_lo <= *i_hi) options.push_back(seq({integer_range_expr(i_lo, i_hi), fraction()}));
+namespace {
+
+// Magnitudes m = I or I.F with lo < m (or <=) and m < hi (or <=), lo >= 0: integers in the
+// closed range, fractions with I strictly inside, and I = lo with a nonzero fraction when lo is
+// exclusive.
+Expr magnitude_expr(NumberBound lo, std::optional<NumberBound> hi) {
+  const std::int64_t int_lo = lo.value + (lo.exclusive ? 1 : 0);
+  std::optional<std::int64_t> int_hi, frac_hi;
+  if (hi) int_hi = hi->value - (hi->exclusive ? 1 : 0), frac_hi = hi->value - 1;
+  std::vector<Expr> options;
+  if (!int_hi || int_lo <= *int_hi) options.push_back(integer_range_expr(int_lo, int_hi));
+  if (!frac_hi || int_lo <= *frac_hi) options.push_back(seq({integer_range_expr(int_lo, frac_hi), fraction()}));
+  if (lo.exclusive && (!hi || lo.value < hi->value)) {
+    Expr nonzero_fraction = seq({literal("."), star(digit_class('0', '9')), digit_class('1', '9'), star(digit_class('0', '9'))});
+    options.push_back(seq({integer_range_expr(lo.value, lo.value), std::move(nonzero_fraction)}));
   }
-  if (!lo || *lo <= -1) {
-    const std::int64_t i_lo = hi && *hi < 0 ? -*hi : 0;
-    std::optional<std::int64_t> i_hi;
-    if (lo) i_hi = -*lo - 1;
-    if (!i_hi || i_lo <= *i_hi) options.push_back(seq({literal("-"), integer_range_expr(i_lo, i_hi), fraction()}));
+  if (options.empty()) return alt({});
+  return alt(std::move(options));
+}
+
+}  // namespace
+
+Expr number_range_expr(std::optional<NumberBound> lo, std::optional<NumberBound> hi) {
+  check_bounds(lo ? std::optional(lo->value) : std::nullopt, hi ? std::optional(hi->value) : std::nullopt);
+  std::vector<Expr> options;
+  // x >= 0: m = x within [max(lo, 0), hi].
+  if (!hi || hi->value > 0 || (hi->value == 0 && !hi->exclusive)) {
+    const NumberBound m_lo = lo && lo->value >= 0 ? *lo : NumberBound{0, false};
+    options.push_back(magnitude_expr(m_lo, hi));
   }
+  // x < 0: m = -x within (max(-hi, 0), -lo], "-0" left out.
+  if (!lo || lo->value < 0) {
+    const NumberBound m_lo = hi && hi->value < 0 ? NumberBound{-hi->value, hi->exclusive} : NumberBound{0, true};
+    std::optional<NumberBound> m_hi;
+    if (lo) m_hi = NumberBound{-lo->value, lo->exclusive};
+    options.push_back(seq({literal("-"), magnitude_expr(m_lo, m_hi)}));
+  }
+  std::erase_if(options, [](const Expr& e) { return e.kind == Expr::Kind::Alt && e.items.empty(); });
+  if (options.empty()) throw std::invalid_argument("number bounds that no value satisfies");
   return alt(std::move(options));
 }
 

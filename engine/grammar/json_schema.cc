@@ -313,9 +313,8 @@ Json JsonSchemaCompiler::merge(Json into, const Json& other, const std::string& 
 }
 
 Expr JsonSchemaCompiler::number_expr(const Json& schema, bool integer, const std::string& path) {
-  // Bounds rounded inward to integers: exact for integers (docs/structured-output.md, "Numbers").
-  std::optional<double> lo, hi;
-  bool lo_open = false, hi_open = false;
+  // The tighter of each pair of bounds; a fractional bound rounded inward to an inclusive
+  // integer (docs/structured-output.md, "Numbers").
   auto bound = [&](const char* key) -> std::optional<double> {
     if (!schema.contains(key) || schema[key].is_boolean()) return std::nullopt;
     if (!schema[key].is_number()) fail(path, std::string("'") + key + "' is not a number");
@@ -323,19 +322,22 @@ Expr JsonSchemaCompiler::number_expr(const Json& schema, bool integer, const std
     if (std::abs(v) > 1e18) fail(path, std::string("'") + key + "' beyond 1e18 is not supported");
     return v;
   };
-  lo = bound("minimum");
-  hi = bound("maximum");
-  if (schema.value("exclusiveMinimum", Json(false)) == true) lo_open = true;  // draft 4
-  if (schema.value("exclusiveMaximum", Json(false)) == true) hi_open = true;
-  if (auto v = bound("exclusiveMinimum"); v && (!lo || *v >= *lo)) lo = v, lo_open = true;
-  if (auto v = bound("exclusiveMaximum"); v && (!hi || *v <= *hi)) hi = v, hi_open = true;
-  std::optional<std::int64_t> lo_int, hi_int;
-  if (lo) lo_int = static_cast<std::int64_t>(lo_open ? std::floor(*lo) + 1 : std::ceil(*lo));
-  if (hi) hi_int = static_cast<std::int64_t>(hi_open ? std::ceil(*hi) - 1 : std::floor(*hi));
+  auto tighter = [&](const char* inclusive, const char* exclusive, bool lower) -> std::optional<NumberBound> {
+    std::optional<double> v = bound(inclusive);
+    bool open = schema.value(exclusive, Json(false)) == true;  // draft 4: a flag on the bound
+    if (auto e = bound(exclusive); e && (!v || (lower ? *e >= *v : *e <= *v))) v = e, open = true;
+    if (!v) return std::nullopt;
+    const double rounded = lower ? std::ceil(*v) : std::floor(*v);
+    if (rounded != *v) return NumberBound{static_cast<std::int64_t>(rounded), false};
+    if (integer && open) return NumberBound{static_cast<std::int64_t>(rounded) + (lower ? 1 : -1), false};
+    return NumberBound{static_cast<std::int64_t>(rounded), open};
+  };
+  const std::optional<NumberBound> lo = tighter("minimum", "exclusiveMinimum", true);
+  const std::optional<NumberBound> hi = tighter("maximum", "exclusiveMaximum", false);
   try {
-    if (integer) return integer_range_expr(lo_int, hi_int);
+    if (integer) return integer_range_expr(lo ? std::optional(lo->value) : std::nullopt, hi ? std::optional(hi->value) : std::nullopt);
     if (!lo && !hi) return any_number_expr();
-    return number_range_expr(lo_int, hi_int);
+    return number_range_expr(lo, hi);
   } catch (const std::invalid_argument& e) {
     fail(path, e.what());
   }
