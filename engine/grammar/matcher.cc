@@ -22,12 +22,12 @@ std::int32_t CompiledGrammar::advance(std::int32_t state, std::string_view bytes
 
 bool CompiledGrammar::accepts(std::int32_t state) const {
   std::lock_guard lock(mutex_);
-  return automaton_.accepts(state);
+  return state != Automaton::kDead && automaton_.accepts(state);
 }
 
 bool CompiledGrammar::continues(std::int32_t state) const {
   std::lock_guard lock(mutex_);
-  return automaton_.continues(state);
+  return state != Automaton::kDead && automaton_.continues(state);
 }
 
 std::size_t CompiledGrammar::state_count() const {

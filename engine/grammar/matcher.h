@@ -33,7 +33,9 @@ class CompiledGrammar {
   std::int32_t advance(std::int32_t state, std::string_view bytes) const;
   bool accepts(std::int32_t state) const;
   bool continues(std::int32_t state) const;
-  // The tokens allowed in `state` (bit set = allowed), stop tokens included when it accepts.
+  // Whether input may end in / continue from `state` (false for Automaton::kDead).
+  // fill_mask: the tokens allowed in `state` (bit set = allowed), stop tokens included when it
+  // accepts.
   void fill_mask(std::int32_t state, std::span<std::uint64_t> mask) const;
   const TokenTrie& trie() const { return *trie_; }
   std::size_t state_count() const;

@@ -11,8 +11,10 @@ TokenTrie::TokenTrie(Vocabulary vocabulary) : vocabulary_(std::move(vocabulary))
     if (stop < 0 || static_cast<std::size_t>(stop) >= bytes.size())
       throw std::invalid_argument("stop token " + std::to_string(stop) + " is outside the vocabulary");
   std::vector<std::int32_t> order;
+  std::vector<bool> stop(bytes.size(), false);  // stop tokens are never text, whatever they spell
+  for (std::int32_t id : vocabulary_.stop_tokens) stop[static_cast<std::size_t>(id)] = true;
   for (std::size_t id = 0; id < bytes.size(); ++id)
-    if (!bytes[id].empty()) order.push_back(static_cast<std::int32_t>(id));
+    if (!bytes[id].empty() && !stop[id]) order.push_back(static_cast<std::int32_t>(id));
   std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
     return bytes[static_cast<std::size_t>(a)] < bytes[static_cast<std::size_t>(b)];
   });

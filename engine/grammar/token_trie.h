@@ -9,7 +9,8 @@ namespace flexh2o::grammar {
 
 // The tokens as byte strings (byte-level BPE bytes, SentencePiece pieces with "▁" as a space
 // and <0xNN> as the byte). An empty string is a control token the grammar never allows; the
-// stop tokens (EOS, end of turn) are allowed exactly where the output is complete.
+// stop tokens (EOS, end of turn) are allowed exactly where the output is complete, never as
+// the text their bytes spell.
 struct Vocabulary {
   std::vector<std::string> token_bytes;
   std::vector<std::int32_t> stop_tokens;

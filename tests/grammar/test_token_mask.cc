@@ -165,5 +165,21 @@ TEST(TokenMask, StopOnlyWhereComplete) {
   EXPECT_TRUE(std::all_of(mask.begin(), mask.end(), [](std::uint64_t w) { return w == 0; }));
 }
 
+TEST(TokenMask, StopTokenWithBytesIsNeverText) {
+  Vocabulary v;
+  v.token_bytes = {"a", "b", "</s>"};
+  v.stop_tokens = {2};
+  ConstraintCache cache(std::make_shared<const TokenTrie>(std::move(v)));
+  Matcher m(cache.get({.kind = Constraint::Kind::Regex, .text = "a(</s>)?"}));
+  std::vector<std::uint64_t> mask(1);
+  m.fill_mask(mask);
+  EXPECT_EQ(mask[0], 0b001u);
+  ASSERT_TRUE(m.accept_token(0));
+  m.fill_mask(mask);
+  EXPECT_EQ(mask[0], 0b100u);  // allowed as the stop it is (the output is complete)
+  EXPECT_TRUE(m.accept_token(2));
+  EXPECT_FALSE(m.accept_bytes("</s>"));  // stopped
+}
+
 }  // namespace
 }  // namespace flexh2o::grammar
