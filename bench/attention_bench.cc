@@ -1,13 +1,23 @@
-// Decode attention over a KV cache on the CPU backend at SmolLM2-135M's shape (9 query heads,
-// 3 kv heads, head_dim 64): 32 sequences of one context length, each call one layer, the layers'
-// caches taken in turn so that, as in a real step, a call reads its cache from memory rather
-// than from the cache of the last call. Per cache dtype and context: microseconds per layer
-// call (median of the reps) and the cache bytes read per second.
-// Usage: bench_attention [reps (7)] [contexts (128,256,512,1024)] [dtypes (f16,bf16,f32)]
+// Decode attention over a KV cache on a backend, by default the CPU at SmolLM2-135M's shape (9
+// query heads, 3 kv heads, head_dim 64) with 32 sequences of one context length: each call one
+// layer, the layers' caches taken in turn so that, as in a real step, a call reads its cache
+// from memory rather than from the cache of the last call (8 layers on the CPU, beyond L3; on
+// a GPU enough layers for 512 MiB, beyond L2, at least 2). Per cache dtype and context:
+// microseconds per layer call (median of the reps, launches included) and the KV bytes read
+// per second. With a GPU backend, also the device's copy bandwidth measured in the same run
+// (copy_on_device of one layer's K and V into the next layer's, interleaved with the attention
+// calls; bytes read + written per second) and the attention's share of it.
+// Usage: bench_attention [reps (7)] [contexts (128,256,512,1024)] [dtypes (f16,bf16,f32; q8, q4)]
+//        [--backend cpu|cuda] [--seqs 32] [--heads 9] [--kv-heads 3] [--head-dim 64]
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <memory>
+#include <stdexcept>
 #include <random>
 #include <sstream>
 #include <string>
@@ -21,9 +31,11 @@ using namespace flexh2o;
 
 namespace {
 
-constexpr std::int64_t kSeqs = 32, kHeads = 9, kKvHeads = 3, kHeadDim = 64;
-// Layers' caches cycled through: at a context of 128 in f16 they are 8 x 6 MiB, beyond L3.
-constexpr std::int64_t kLayers = 8;
+struct Options {
+  int reps = 7;
+  std::string contexts = "128,256,512,1024", dtypes = "f16,bf16,f32", backend = "cpu";
+  std::int64_t seqs = 32, heads = 9, kv_heads = 3, head_dim = 64;
+};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -32,56 +44,124 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-// A layer's keys and values for kSeqs sequences of `len` slots, in `dtype`, from random fp32.
-std::vector<std::uint8_t> random_cache(std::minstd_rand& rng, kernels::DType dtype, std::int64_t len) {
+constexpr std::int64_t kCpuLayers = 8, kMaxLayers = 8;
+constexpr double kGpuCycleBytes = 512.0 * (1 << 20);
+// The random slots written over and over into each cache (their values do not change the time).
+constexpr std::int64_t kFillSlots = 16384;
+
+// Fills `bytes` of device memory with copies of `pattern`.
+void fill(kernels::Backend& be, void* dst, std::size_t bytes, const std::vector<std::uint8_t>& pattern) {
+  for (std::size_t at = 0; at < bytes; at += pattern.size())
+    be.copy_to_device(static_cast<std::uint8_t*>(dst) + at, pattern.data(), std::min(pattern.size(), bytes - at));
+}
+
+// One layer's keys or values: seqs * kv_heads * len slots of `dtype`.
+struct Layer {
+  kernels::DeviceBuffer k, v;
+};
+
+void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, std::int64_t len, std::minstd_rand& rng) {
+  const bool gpu = be.kind() != kernels::DeviceKind::Cpu;
+  const std::int64_t slots = o.seqs * o.kv_heads * len, slot_bytes = kernels::kv_slot_bytes(dtype, o.head_dim);
+  const std::size_t cache_bytes = static_cast<std::size_t>(slots * slot_bytes);
+  const double layer_bytes = 2.0 * static_cast<double>(cache_bytes);
+  const std::int64_t layers =
+      gpu ? std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(kGpuCycleBytes / layer_bytes)), 2, kMaxLayers)
+          : kCpuLayers;
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  std::vector<float> values(static_cast<std::size_t>(kSeqs * kKvHeads * len * kHeadDim));
-  for (float& v : values) v = dist(rng);
-  const std::int64_t rows = kSeqs * kKvHeads * len;
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * kernels::kv_slot_bytes(dtype, kHeadDim)));
-  kernels::convert_rows(values.data(), kernels::DType::F32, bytes.data(), dtype, rows, kHeadDim);
-  return bytes;
+  const std::int64_t pattern_slots = std::min(slots, kFillSlots);
+  std::vector<float> values(static_cast<std::size_t>(pattern_slots * o.head_dim));
+  for (float& x : values) x = dist(rng);
+  std::vector<std::uint8_t> pattern(static_cast<std::size_t>(pattern_slots * slot_bytes));
+  kernels::convert_rows(values.data(), kernels::DType::F32, pattern.data(), dtype, pattern_slots, o.head_dim);
+  std::vector<Layer> caches;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    caches.push_back({kernels::DeviceBuffer(be, cache_bytes), kernels::DeviceBuffer(be, cache_bytes)});
+    fill(be, caches.back().k.data(), cache_bytes, pattern);
+    fill(be, caches.back().v.data(), cache_bytes, pattern);
+  }
+  std::vector<float> q(static_cast<std::size_t>(o.seqs * o.heads * o.head_dim));
+  for (float& x : q) x = dist(rng);
+  kernels::DeviceBuffer q_dev(be, q.size() * sizeof(float)), out(be, q.size() * sizeof(float));
+  be.copy_to_device(q_dev.data(), q.data(), q_dev.bytes());
+  const std::vector<std::int64_t> lens(static_cast<std::size_t>(o.seqs), len);
+  const kernels::AttentionShape shape{o.heads, o.kv_heads, o.head_dim, 1.0f / std::sqrt(static_cast<float>(o.head_dim))};
+  std::vector<std::function<void()>> variants = {[&] {
+    for (const Layer& layer : caches)
+      be.attention_decode({.shape = shape,
+                           .q = q_dev.as<float>(),
+                           .k_cache = layer.k.data(),
+                           .v_cache = layer.v.data(),
+                           .capacity = len,
+                           .lens = lens,
+                           .out = out.as<float>(),
+                           .cache_dtype = dtype});
+    be.synchronize();
+  }};
+  if (gpu)
+    variants.push_back([&] {
+      be.copy_on_device(caches[1].k.data(), caches[0].k.data(), cache_bytes);
+      be.copy_on_device(caches[1].v.data(), caches[0].v.data(), cache_bytes);
+      be.synchronize();
+    });
+  const std::vector<double> s = bench::interleaved_medians(variants, o.reps);
+  const double per_layer = s[0] / static_cast<double>(layers), gbps = layer_bytes / per_layer / 1e9;
+  std::string row = fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} |", kernels::dtype_name(dtype), len,
+                                layer_bytes / 1e6, per_layer * 1e6, gbps);
+  if (gpu) {
+    const double copy_gbps = 2.0 * layer_bytes / s[1] / 1e9;  // read + written
+    row += fmt::format(" {:.1f} | {:.2f} |", copy_gbps, gbps / copy_gbps);
+  }
+  fmt::print("{}\n", row);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
-  const std::vector<std::string> contexts = split(argc > 2 ? argv[2] : "128,256,512,1024");
-  const std::vector<std::string> dtypes = split(argc > 3 ? argv[3] : "f16,bf16,f32");
-  auto be = kernels::make_cpu_backend();
-  std::minstd_rand rng(1);
-  const kernels::AttentionShape shape{kHeads, kKvHeads, kHeadDim, 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
-  fmt::print("decode attention, {} sequences, {} query / {} kv heads, head_dim {}, {} layers' caches in turn, median of {}\n",
-             kSeqs, kHeads, kKvHeads, kHeadDim, kLayers, reps);
-  fmt::print("| cache | context | us per layer | cache GB/s |\n|---|---|---|---|\n");
-  for (const std::string& name : dtypes) {
-    const kernels::DType dtype = kernels::parse_float_dtype(name);
-    for (const std::string& c : contexts) {
-      const std::int64_t len = std::atoll(c.c_str());
-      std::vector<std::vector<std::uint8_t>> k, v;
-      for (std::int64_t l = 0; l < kLayers; ++l) {
-        k.push_back(random_cache(rng, dtype, len));
-        v.push_back(random_cache(rng, dtype, len));
-      }
-      std::vector<float> q(static_cast<std::size_t>(kSeqs * kHeads * kHeadDim), 0.1f), out(q.size());
-      const std::vector<std::int64_t> lens(static_cast<std::size_t>(kSeqs), len);
-      const double s = bench::interleaved_medians({[&] {
-                                                    for (std::int64_t l = 0; l < kLayers; ++l)
-                                                      be->attention_decode({.shape = shape,
-                                                                            .q = q.data(),
-                                                                            .k_cache = k[l].data(),
-                                                                            .v_cache = v[l].data(),
-                                                                            .capacity = len,
-                                                                            .lens = lens,
-                                                                            .out = out.data(),
-                                                                            .cache_dtype = dtype});
-                                                  }},
-                                                  reps)[0] /
-                       kLayers;
-      const double bytes = 2.0 * static_cast<double>(k[0].size());
-      fmt::print("| {} | {} | {:.1f} | {:.1f} |\n", name, len, s * 1e6, bytes / s / 1e9);
-    }
+  Options o;
+  CLI::App app{"decode attention: microseconds per layer and KV GB/s"};
+  app.add_option("reps", o.reps, "measured rounds; medians are reported")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("contexts", o.contexts, "context lengths, comma-separated")->capture_default_str();
+  app.add_option("dtypes", o.dtypes, "cache dtypes, comma-separated (f32, f16, bf16, q8, q4)")->capture_default_str();
+  app.add_option("--backend", o.backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--seqs", o.seqs, "sequences per call")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads, "query heads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", o.kv_heads, "kv heads (divide the query heads)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--head-dim", o.head_dim, "head_dim")->capture_default_str()->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (o.heads % o.kv_heads != 0) {
+    fmt::print(stderr, "bench_attention: --kv-heads {} does not divide --heads {}\n", o.kv_heads, o.heads);
+    return 2;
   }
+  std::unique_ptr<kernels::Backend> be;
+  std::vector<kernels::DType> dtypes;
+  std::vector<std::int64_t> contexts;
+  try {
+    be = kernels::make_backend(o.backend);
+    for (const std::string& name : split(o.dtypes)) {
+      const kernels::DType t = kernels::parse_dtype(name);
+      if (t == kernels::DType::Q4G32 || t == kernels::DType::Q8G32)
+        throw std::invalid_argument("a KV cache is never " + name + " (expected f32, f16, bf16, q8 or q4)");
+      dtypes.push_back(t);
+    }
+    for (const std::string& c : split(o.contexts)) contexts.push_back(std::stoll(c));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_attention: {}\n", e.what());
+    return 2;
+  }
+  const bool gpu = be->kind() != kernels::DeviceKind::Cpu;
+  fmt::print("decode attention on {}, {} sequences, {} query / {} kv heads, head_dim {}, median of {}\n", be->name(),
+             o.seqs, o.heads, o.kv_heads, o.head_dim, o.reps);
+  fmt::print("| cache | context | KV MB per layer | us per layer | KV GB/s |{}\n|---|---|---|---|---|{}\n",
+             gpu ? " copy GB/s (read + write) | attention / copy |" : "", gpu ? "---|---|" : "");
+  std::minstd_rand rng(1);
+  for (kernels::DType dtype : dtypes)
+    for (std::int64_t len : contexts) {
+      if (len <= 0) {
+        fmt::print(stderr, "bench_attention: context {} is not positive\n", len);
+        return 2;
+      }
+      bench_case(*be, o, dtype, len, rng);
+    }
   return 0;
 }

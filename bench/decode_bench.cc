@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "engine/runtime/generator.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 
 using namespace flexh2o;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 
 using namespace flexh2o;

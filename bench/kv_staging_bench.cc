@@ -20,7 +20,7 @@
 #include "bench/timing.h"
 #include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/kv_staging.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "offload/tiered_tensor.h"
 

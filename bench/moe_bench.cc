@@ -17,6 +17,7 @@
 
 #include "bench/timing.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/families/model_yaml.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/job/prompts.h"
 

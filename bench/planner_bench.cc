@@ -19,7 +19,8 @@
 
 #include "engine/runtime/block_scheduler.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/families/model_yaml.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "policy/cost_model.h"
 

@@ -15,7 +15,7 @@
 
 #include "bench/timing.h"
 #include "engine/job/prompts.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/runtime/generator.h"
 
 using namespace flexh2o;

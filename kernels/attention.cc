@@ -48,6 +48,8 @@ void check_prefill(const AttentionPrefillArgs& a) {
   if (!a.query_weights.empty() && static_cast<std::int64_t>(a.query_weights.size()) != T)
     throw std::invalid_argument("attention_prefill: query_weights needs one weight per row");
   if (a.seq_offsets[0] != 0) throw std::invalid_argument("attention_prefill: seq_offsets[0] must be 0");
+  if (a.compute != DType::F32 && a.compute != DType::BF16)
+    throw std::invalid_argument("attention_prefill: compute must be f32 or bf16");
   for (std::size_t b = 0; b + 1 < a.seq_offsets.size(); ++b)
     if (a.seq_offsets[b + 1] < a.seq_offsets[b])
       throw std::invalid_argument("attention_prefill: seq_offsets must be non-decreasing");

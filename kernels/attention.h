@@ -42,6 +42,11 @@ struct AttentionPrefillArgs {
   // host, [T]: w_i of each query row (an eviction policy's observers, e.g. SnapKV's last
   // window); empty means 1 for every row.
   std::span<const float> query_weights;
+  // F32 or BF16 (the run's compute dtype, as GemmArgs::compute). Under BF16 a device with bf16
+  // matrix units may round q, k, v and the unnormalised probabilities to bf16 and accumulate
+  // their products in fp32 (the CUDA backend's tensor-core kernel, docs/backends.md); the CPU
+  // computes in fp32 either way, and so does every device when col_sums are requested.
+  DType compute = DType::F32;
 };
 
 // One new query per sequence against its cache. Slots [0, lens[b]) of sequence b are valid

@@ -1,5 +1,5 @@
 // Group-wise asymmetric min-max quantization (FlexGen's --compress-weight/--compress-cache,
-// ALGORITHMS.md section 2), the storage format of DType::Q4 and DType::Q8, and of Q4G32 and
+// docs/offloading.md), the storage format of DType::Q4 and DType::Q8, and of Q4G32 and
 // Q8G32 (GGUF blocks kept as they are).
 //
 // A row of n values (a weight row, grouped along the input dimension, or one head's key or

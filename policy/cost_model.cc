@@ -133,6 +133,18 @@ Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t p
   return w;
 }
 
+std::int64_t default_prefill_budget(const HardwareProfile& hw, const Workload& w, std::int64_t gpu_batch) {
+  if (hw.gpu_is_host_memory) return kHostPrefillBudget;
+  const double mean_prompt = w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len);
+  const auto batch = static_cast<std::int64_t>(std::ceil(static_cast<double>(std::max<std::int64_t>(gpu_batch, 1)) * mean_prompt));
+  return std::max(kHostPrefillBudget, batch);
+}
+
+Workload with_prefill_budget(Workload w, const HardwareProfile& hw, std::int64_t gpu_batch) {
+  if (w.prefill_budget <= 0) w.prefill_budget = default_prefill_budget(hw, w, gpu_batch);
+  return w;
+}
+
 namespace {
 
 // The steps a continuous job takes, as BlockScheduler::next_steps admits: at each step each GPU
@@ -417,7 +429,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // A unit's own measured curve (a decoder layer, the head), where the profile has it, counts
   // what the engine pays around the GEMMs too.
   auto rate = [&](const RateCurve& unit, double rows, double fallback_rate) {
-    return unit.empty() ? hw.gemm_rate(rows, fallback_rate) : rate_at(unit, rows, fallback_rate);
+    return hw.rows_rate(unit, rows, fallback_rate);
   };
   auto read_floor = [&](double weight_bytes) { return hw.gpu_memory > 0 ? weight_bytes / hw.gpu_memory : 0.0; };
   auto gemm = [&](const RateCurve& unit, double rows, double flops_per_row, double weight_bytes, double fallback_rate) {
@@ -679,6 +691,7 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
   p.cache = {x[CG], x[CC], x[CN]};
   p.activations = {x[HG], x[HC], x[HN]};
   e.policy = p;
+  if (w.continuous) e.prefill_budget = w.prefill_budget;
   const double l = static_cast<double>(m.layers), bls = static_cast<double>(p.block_size());
   e.decode_step_seconds = l * step_time_gen(t, x);
   if (w.continuous) {
@@ -691,6 +704,7 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
     e.decode_seconds = steps * e.decode_step_seconds;
     e.decode_throughput = e.total_throughput = ss.busy * bls / e.decode_step_seconds;
     e.compute_seconds = l * steps * t.comp_gen.at(x);
+    e.generated_tokens = ss.busy * bls * steps;
   } else {
     e.prefill_seconds = l * step_time_pre(t, x);
     e.decode_seconds = static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * e.decode_step_seconds;
@@ -699,6 +713,7 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
     e.total_throughput = bls * static_cast<double>(w.gen_len) / (e.prefill_seconds + e.decode_seconds);
     e.compute_seconds =
         l * (t.comp_pre.at(x) + static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * t.comp_gen.at(x));
+    e.generated_tokens = bls * static_cast<double>(w.gen_len);
   }
   for (int tier = 0; tier < 3; ++tier) {
     e.peak_bytes[static_cast<std::size_t>(tier)] = static_cast<std::int64_t>(t.memory(tier).at(x));
@@ -727,7 +742,7 @@ class Ranking {
     std::vector<Estimate> r = best_;
     if (r.empty()) return r;
     const Estimate& pick = near_tie_pick(std::span<const Estimate>(r), [](const Estimate& e) { return e.total_throughput; },
-                                         [](const Estimate& e) { return e.compute_seconds; });
+                                         [](const Estimate& e) { return e.compute_per_token(); });
     const auto robust = r.begin() + (&pick - r.data());
     std::rotate(r.begin(), robust, robust + 1);
     r.resize(std::min(r.size(), count));
@@ -767,9 +782,10 @@ std::optional<Estimate> solve_variant(const ModelShape& m, const HardwareProfile
   return make_estimate(m, w, t, sol->x, p);
 }
 
-bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
+bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Workload& job, const PlanOptions& o,
                     std::int64_t gbs, std::int64_t k, Ranking& ranking) {
   bool any = false;
+  const Workload w = with_prefill_budget(job, hw, gbs);
   const SlotStep step = w.continuous ? slot_step(w, gbs * k, gbs) : SlotStep{};
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
@@ -827,18 +843,20 @@ std::optional<Shortfall> first_shortfall(const Terms& t, const Fractions& x) {
 
 }  // namespace
 
-std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
+std::optional<Estimate> estimate(const ModelShape& shape, const HardwareProfile& hw, const Workload& job,
                                  const Policy& p, const PlanOptions& o) {
   const ModelShape m = with_compression(shape, p);
+  const Workload w = with_prefill_budget(job, hw, p.gpu_batch_size);
   const Fractions x = fractions_of(p);
   const Terms t = build_terms(m, hw, w, o, block_of(p, w));
   if (first_shortfall(t, x)) return std::nullopt;
   return make_estimate(m, w, t, x, p);
 }
 
-std::optional<Shortfall> shortfall(const ModelShape& shape, const HardwareProfile& hw, const Workload& w,
+std::optional<Shortfall> shortfall(const ModelShape& shape, const HardwareProfile& hw, const Workload& job,
                                    const Policy& p, const PlanOptions& o) {
   const ModelShape m = with_compression(shape, p);
+  const Workload w = with_prefill_budget(job, hw, p.gpu_batch_size);
   return first_shortfall(build_terms(m, hw, w, o, block_of(p, w)), fractions_of(p));
 }
 
@@ -912,8 +930,9 @@ std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile
   const ModelSizes z = model_sizes(m);
   const double safety = hw.memory_safety;
   Block smallest{1, 1, false, true, true, true, true};
-  if (w.continuous) smallest.slot_step = slot_step(w, 1, 1);
-  const Terms t = build_terms(m, hw, w, o, smallest);
+  const Workload w1 = with_prefill_budget(w, hw, 1);
+  if (w.continuous) smallest.slot_step = slot_step(w1, 1, 1);
+  const Terms t = build_terms(m, hw, w1, o, smallest);
   Fractions off_gpu{0, 0, 1, 0, 0, 1, 0, 0, 1};
   const double gpu_need = t.memory(0).at(off_gpu);
   std::string msg = "no placement of " + m.name + " fits " + hw.name + ": ";

@@ -1,4 +1,4 @@
-// FlexGen's cost model and placement search (ALGORITHMS.md section 3), extended with what
+// FlexGen's cost model and placement search (docs/planner.md), extended with what
 // flexh2o runs: exact row-split fractions, the KV eviction budget (KV term sized by the budget
 // plus the policy's score arrays), cpu_cache_compute, embeddings, overlap off, GEMMs bounded
 // by reading their weights from device memory, and the engine's own working set (two weight
@@ -25,6 +25,10 @@
 
 namespace flexh2o::policy {
 
+// Continuous batching's prefill budget where the gpu tier is host memory (the CPU backend):
+// prompt tokens a GPU batch's step prefills for newcomers.
+constexpr std::int64_t kHostPrefillBudget = 512;
+
 // One request of a job: its prompt tokens and its max_tokens.
 struct RequestLength {
   std::int64_t prompt = 0, gen = 0;
@@ -42,7 +46,9 @@ struct Workload {
   // Continuous batching: the job's requests in admission order (empty: steady state at the means).
   std::vector<RequestLength> requests;
   double mean_prompt_len = 0, mean_gen_len = 0;  // 0: the maxima; with `requests`, theirs
-  std::int64_t prefill_budget = 512;             // prompt tokens a GPU batch prefills per step (run --prefill-budget)
+  // Prompt tokens a GPU batch prefills per step (run --prefill-budget); 0: the profile's
+  // default for each GPU batch size (default_prefill_budget).
+  std::int64_t prefill_budget = kHostPrefillBudget;
   // KV tokens a slot must hold: the longest prompt + max_tokens of one request (its KV at the
   // end), or the longest prompt + the largest max_tokens when the requests are not known.
   std::int64_t sequence_capacity() const;
@@ -65,6 +71,18 @@ struct SlotStep {
 SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch);
 // The job's requests as a continuous workload (maxima and means from them).
 Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget);
+// Continuous batching's prefill budget when none is given, for GPU batches of `gpu_batch`
+// slots. On a device with its own memory: a GPU batch of the job's mean prompts (at least
+// kHostPrefillBudget), so that its slots fill in the step they free, as a fixed block's
+// prefill fills them: a uniform job takes no more steps than fixed blocks. A GPU's step time
+// grows little with its rows until thousands, so every step a smaller budget adds costs about
+// a decode step's weights and launches (measured on an H200, OPT-1.3B, 64 prompts of 512:
+// 95 steps and 664 tok/s at 512 a step, 1,201 tok/s as fixed blocks). Where the gpu tier is
+// host memory (the CPU backend) kHostPrefillBudget: a CPU's rows cost the same in any step,
+// and the activations of a larger step take host memory from the weights (docs/planner.md).
+std::int64_t default_prefill_budget(const HardwareProfile& hw, const Workload& w, std::int64_t gpu_batch);
+// `w` with its prefill budget resolved for GPU batches of `gpu_batch` (a budget given is kept).
+Workload with_prefill_budget(Workload w, const HardwareProfile& hw, std::int64_t gpu_batch);
 
 // Sizes the engine allocates, in bytes (unit tests check them by hand).
 struct ModelSizes {
@@ -105,7 +123,11 @@ struct Estimate {
   // What makes up each tier's peak: named items with their bytes, largest first.
   std::array<std::vector<std::pair<std::string, std::int64_t>>, 3> memory;
   std::string bottleneck;  // the decode term that sets the step time
+  std::int64_t prefill_budget = 0;  // continuous batching: the prefill budget estimated with
   double compute_seconds = 0;  // one block's compute terms alone (prefill + decode), hidden or not
+  double generated_tokens = 0;  // the tokens those compute seconds give (a block's, or the job's steps')
+  // What plans of different blocks compare: compute per generated token.
+  double compute_per_token() const { return generated_tokens > 0 ? compute_seconds / generated_tokens : compute_seconds; }
 };
 
 struct PlanOptions {
@@ -145,7 +167,8 @@ std::optional<Shortfall> shortfall(const ModelShape& m, const HardwareProfile& h
 Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const Policy& p,
                            const PlanOptions& o, const std::string& what);
 
-// How close to the fastest a policy with less compute may predict and still be the plan: the
+// How close to the fastest a policy with less compute (per generated token: blocks of
+// different sizes compare by it) may predict and still be the plan: the
 // spread of the GEMM rates a run measures at its start on a 2-core VM (a 64-row layer at 261-285
 // GFLOP/s over four runs in a 1.5 GiB cgroup); with 1% one run's plan flipped from one GPU
 // batch of 64 rows (32.5 tok/s measured) to two of 32 (25.8).
@@ -159,11 +182,14 @@ template <class T, class Throughput, class Compute>
 const T& near_tie_pick(std::span<const T> items, Throughput throughput, Compute compute) {
   double fastest = 0;
   for (const T& x : items) fastest = std::max(fastest, throughput(x));
+  // Equal compute within rounding (per token it often is: rates that do not depend on the rows
+  // price every block's token alike), the faster.
+  constexpr double kSame = 1e-9;
   const T* pick = nullptr;
   for (const T& x : items) {
     if (throughput(x) < (1 - kPlanNearTie) * fastest) continue;
-    if (!pick || compute(x) < compute(*pick) || (compute(x) == compute(*pick) && throughput(x) > throughput(*pick)))
-      pick = &x;
+    const double c = compute(x), least = pick ? compute(*pick) : 0;
+    if (!pick || c < least * (1 - kSame) || (c <= least * (1 + kSame) && throughput(x) > throughput(*pick))) pick = &x;
   }
   return *pick;
 }

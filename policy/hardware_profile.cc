@@ -238,7 +238,24 @@ double rate_at(const RateCurve& curve, double x, double fallback) {
   return curve.back().second;
 }
 
-double HardwareProfile::gemm_rate(double rows, double fallback) const { return rate_at(gemm_by_rows, rows, fallback); }
+double rows_rate_at(const RateCurve& curve, double x, double fallback, double ceiling) {
+  if (curve.size() < 2 || x <= static_cast<double>(curve.back().first)) return rate_at(curve, x, fallback);
+  const auto [x0, v0] = curve[curve.size() - 2];
+  const auto [x1, v1] = curve.back();
+  const double slope = std::clamp(std::log(v1 / v0) / std::log(static_cast<double>(x1) / static_cast<double>(x0)), 0.0, 1.0);
+  const double extended = v1 * std::pow(x / static_cast<double>(x1), slope);
+  return std::max(v1, std::min(extended, ceiling));
+}
+
+double HardwareProfile::rows_rate(const RateCurve& unit, double rows, double fallback) const {
+  if (unit.empty()) return rows_rate_at(gemm_by_rows, rows, fallback, gpu_gemm_prefill);
+  const auto [last_rows, last_rate] = unit.back();
+  if (gemm_by_rows.empty() || rows <= static_cast<double>(last_rows))
+    return rows_rate_at(unit, rows, fallback, gpu_gemm_prefill);
+  const double growth = rows_rate_at(gemm_by_rows, rows, 1, gpu_gemm_prefill) /
+                        rows_rate_at(gemm_by_rows, static_cast<double>(last_rows), 1, gpu_gemm_prefill);
+  return std::max(last_rate, std::min(last_rate * growth, gpu_gemm_prefill));
+}
 
 HardwareProfile load_hardware_file(const std::string& path) {
   const auto text = offload::read_text_file(path);

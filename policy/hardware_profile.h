@@ -1,5 +1,5 @@
-// What a machine can hold and move, for the cost model (FlexGen's constants, ALGORITHMS.md
-// section 3): tier capacities, link bandwidths and compute rates. Loaded from
+// What a machine can hold and move, for the cost model (FlexGen's constants, docs/planner.md
+// "The cost model"): tier capacities, link bandwidths and compute rates. Loaded from
 // configs/hardware/*.yaml or written by `flexh2o calibrate`.
 #pragma once
 #include <cstdint>
@@ -16,6 +16,13 @@ namespace flexh2o::policy {
 using RateCurve = std::vector<std::pair<std::int64_t, double>>;
 // The curve at x, or `fallback` when the curve is empty.
 double rate_at(const RateCurve& curve, double x, double fallback);
+// A rate by rows (a GEMM, a decoder layer, the head) at x: as rate_at within the curve; past
+// its last point it goes on along the last segment's log-log slope (taken within [0, 1]: a
+// rate never falls with rows, nor grows faster than they do) up to `ceiling`, never below the
+// last point. A GPU's curve measured to a few hundred rows is still climbing there (the time
+// of a call is the weights' read and the launch, not the arithmetic, until the rows fill the
+// card): clamping it priced every row beyond as dearly as the last (docs/planner.md).
+double rows_rate_at(const RateCurve& curve, double x, double fallback, double ceiling);
 
 struct HardwareProfile {
   std::string name;
@@ -69,9 +76,12 @@ struct HardwareProfile {
   // i.e. free, as on a GPU where it hides behind PCIe). The CPU pays for it per GEMM call
   // and per decode step of a compressed cache.
   double dequant = 0;
-  // The GEMM rate at `rows` from gemm_by_rows (log-log interpolation, clamped to the ends),
-  // or `fallback` when there is no curve.
-  double gemm_rate(double rows, double fallback) const;
+  // The rate of a GEMM (`unit` empty: gemm_by_rows) or of a unit (layer_by_rows,
+  // head_by_rows) at `rows` (rows_rate_at up to the compute peak, gpu_gemm_prefill), or
+  // `fallback` when there is no curve. Past a unit curve's last point, where gemm_by_rows goes
+  // on, the unit's rate grows as the GEMM's does from that point (its GEMMs are what grow; a
+  // CPU's GEMM curve is flat there while its layer curve still rose a little).
+  double rows_rate(const RateCurve& unit, double rows, double fallback) const;
 };
 
 // Keys: name, source, gpu_mem/cpu_mem/disk_mem (sizes like "15GiB" or bytes), bandwidths in

@@ -104,7 +104,7 @@ PlanOptions stage_options(PlanOptions o, std::int64_t micro_batches) {
 PipelineEstimate near_tie_choice(const std::vector<PipelineEstimate>& found) {
   auto compute = [](const PipelineEstimate& p) {
     double s = 0;
-    for (const Estimate& e : p.stages) s += e.compute_seconds;
+    for (const Estimate& e : p.stages) s += e.compute_per_token();
     return s;
   };
   return near_tie_pick(std::span<const PipelineEstimate>(found), [](const PipelineEstimate& p) { return p.total_throughput; },

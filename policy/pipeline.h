@@ -1,4 +1,4 @@
-// FlexGen-style pipeline parallelism (ALGORITHMS.md section 4; flexgen.dist_flex_opt): N ranks
+// FlexGen-style pipeline parallelism (docs/distributed.md; flexgen.dist_flex_opt): N ranks
 // hold contiguous slices of the decoder layers (the first also the input embedding, the last
 // the output head), hidden states go rank to rank, and M micro-batches (blocks of gbs x K
 // sequences, each in the zig-zag order on every stage) are in flight so that the stages work

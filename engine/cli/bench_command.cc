@@ -11,7 +11,7 @@
 #include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "offload/text_file.h"
 #include "policy/cost_model.h"

@@ -31,7 +31,7 @@
 #include <tbb/parallel_for.h>
 
 #include "engine/model/model_config.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "kernels/attention.h"
 #include "kernels/backend.h"
 #include "kernels/quantize.h"
@@ -78,14 +78,15 @@ struct Plan {
   std::vector<std::int64_t> attn_decode_lens;  // cached tokens: the rate's curve
   std::int64_t heads, kv_heads, head_dim;
   kernels::DType cache_dtype;  // the KV cache as runs keep it by default: the model's float dtype
+  kernels::DType weight_dtype;  // the GEMMs' matrices: the model's dtype (f16 without --model)
   std::int64_t memory_bytes;  // cpu <-> gpu copies per pass
   std::int64_t disk_bytes;    // disk <-> cpu, one pass each way
 };
 
 Plan make_plan(bool quick) {
   const auto f16 = kernels::DType::F16;
-  if (quick) return {0.05, {512}, {16}, 2048, 2048, 2, 256, 8, {256}, 16, 16, 128, f16, 128 * kMiB, 128 * kMiB};
-  return {0.4,  {512, 1024, 2048}, {8, 16, 32}, 2048, 2048, 4, 512, 8, {64, 256, 1024}, 16, 16, 128, f16,
+  if (quick) return {0.05, {512}, {16}, 2048, 2048, 2, 256, 8, {256}, 16, 16, 128, f16, f16, 128 * kMiB, 128 * kMiB};
+  return {0.4,  {512, 1024, 2048}, {8, 16, 32}, 2048, 2048, 4, 512, 8, {64, 256, 1024}, 16, 16, 128, f16, f16,
           512 * kMiB, 512 * kMiB};
 }
 
@@ -151,16 +152,18 @@ DeviceBuffer device_floats(Backend& be, std::int64_t n, std::uint32_t seed) {
 
 // ---- Compute -----------------------------------------------------------------------------
 
-// flop/s of y[m, n] = x[m, k] @ w[n, k]^T over the given row counts, with fp16 weights (as
-// the engine stores them): total flops over total time.
-double gemm_rate(Backend& be, const Plan& plan, const std::vector<std::int64_t>& ms, const char* phase) {
+// flop/s of y[m, n] = x[m, k] @ w[n, k]^T over the given row counts, with the weights in the
+// model's dtype (as the engine stores them), each count multiplied in the compute dtype a run
+// gives it (`compute_at`): total flops over total time.
+double gemm_rate(Backend& be, const Plan& plan, const std::vector<std::int64_t>& ms, const char* phase,
+                 const engine::GemmDtypeAt& compute_at) {
   const std::int64_t n = plan.gemm_n, k = plan.gemm_k;
   std::vector<float> wf(static_cast<std::size_t>(n * k));
   fill(wf.data(), n * k, 1);
-  std::vector<std::uint16_t> wh(wf.size());
-  kernels::convert_from_f32(wf.data(), kernels::DType::F16, wh.data(), wh.size());
-  DeviceBuffer w(be, wh.size() * sizeof(std::uint16_t));
-  be.copy_to_device(w.data(), wh.data(), w.bytes());
+  std::vector<std::byte> stored(static_cast<std::size_t>(n * kernels::row_bytes(plan.weight_dtype, k)));
+  kernels::convert_from_f32(wf.data(), plan.weight_dtype, stored.data(), wf.size());
+  DeviceBuffer w(be, stored.size());
+  be.copy_to_device(w.data(), stored.data(), w.bytes());
   const std::int64_t max_m = *std::max_element(ms.begin(), ms.end());
   DeviceBuffer x = device_floats(be, max_m * k, 2);
   DeviceBuffer y(be, static_cast<std::size_t>(max_m * n) * sizeof(float));
@@ -170,8 +173,9 @@ double gemm_rate(Backend& be, const Plan& plan, const std::vector<std::int64_t>&
     kernels::GemmArgs a;
     a.x = x.as<float>();
     a.m = m;
-    a.w = {w.data(), kernels::DType::F16, n, k};
+    a.w = {w.data(), plan.weight_dtype, n, k};
     a.y = y.as<float>();
+    a.compute = compute_at(m);
     const double t = time_per_call(
         [&] {
           be.gemm(a);
@@ -179,7 +183,9 @@ double gemm_rate(Backend& be, const Plan& plan, const std::vector<std::int64_t>&
         },
         plan.min_seconds);
     const double f = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-    progress(fmt::format("gemm {} m={} n=k={} f16", phase, m, n), gflops(f / t));
+    progress(fmt::format("gemm {} m={} n=k={} {} weights, {} compute", phase, m, n, kernels::dtype_name(plan.weight_dtype),
+                         kernels::dtype_name(a.compute)),
+             gflops(f / t));
     flops += f;
     seconds += t;
   }
@@ -472,6 +478,7 @@ int calibrate_command(const CalibrateOptions& o) {
     plan.kv_heads = cfg.n_kv_heads;
     plan.head_dim = cfg.head_dim;
     plan.cache_dtype = cfg.dtype;
+    plan.weight_dtype = cfg.dtype;
   }
   const auto started = Clock::now();
   auto be = kernels::make_backend(o.backend);
@@ -489,13 +496,21 @@ int calibrate_command(const CalibrateOptions& o) {
   policy::HardwareProfile hw;
   hw.name = o.name.empty() ? host_name() + "-" + o.backend : o.name;
 
-  // Compute rates. FlexGen fits GEMM and attention matmul rates separately for prefill
-  // (compute-bound) and decode (memory-bound); the same split is measured here.
-  hw.gpu_gemm_prefill = round_sig(gemm_rate(*be, plan, plan.prefill_m, "prefill"));
-  hw.gpu_gemm_decode = round_sig(gemm_rate(*be, plan, plan.decode_m, "decode"));
-  // The rate by rows, which the cost model reads at each policy's batch (efficiency grows with rows).
-  for (std::int64_t m = 1; m <= (o.quick ? 256 : 4096); m *= 4) {
-    const double r = gemm_rate(*be, plan, {m}, "curve");
+  // Compute rates, each GEMM in the compute dtype --compute-dtype auto gives a job of that many
+  // rows per GPU batch (the model's matrices' dtype, f16 without --model). FlexGen fits GEMM and
+  // attention matmul rates separately for prefill (compute-bound) and decode (memory-bound);
+  // the same split is measured here.
+  const engine::GemmDtypeAt compute_at = [&, bf16 = engine::bf16_speed(*be, plan.weight_dtype)](std::int64_t rows) {
+    return engine::job_compute_dtype("auto", plan.weight_dtype, bf16, rows).dtype;
+  };
+  hw.gpu_gemm_prefill = round_sig(gemm_rate(*be, plan, plan.prefill_m, "prefill", compute_at));
+  hw.gpu_gemm_decode = round_sig(gemm_rate(*be, plan, plan.decode_m, "decode", compute_at));
+  // The rate by rows, which the cost model reads at each policy's batch (efficiency grows with
+  // rows). A GPU's rate climbs until thousands of rows (its calls are launch- and read-bound
+  // before), so there the curves reach a large prefill's rows; a CPU's levels off by a few hundred.
+  const std::int64_t curve_rows = on_cpu ? (o.quick ? 256 : 4096) : 16384;
+  for (std::int64_t m = 1; m <= curve_rows; m *= 4) {
+    const double r = gemm_rate(*be, plan, {m}, "curve", compute_at);
     hw.gemm_by_rows.emplace_back(m, round_sig(r));
   }
   if (!o.model.empty()) {
@@ -503,7 +518,8 @@ int calibrate_command(const CalibrateOptions& o) {
     // around its GEMMs), in the compute dtype a run would choose.
     const engine::ModelConfig cfg = model_config_of(o.model);
     const UnitCurves units = measure_unit_curves(
-        *be, cfg, o.quick ? 64 : 1024, std::int64_t{1} << 30,
+        *be, cfg, on_cpu ? (o.quick ? 64 : 1024) : curve_rows,
+        on_cpu ? std::int64_t{1} << 30 : be->memory_capacity() / 8,
         [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); }, progress);
     for (const auto& [rows, rate] : units.layer_by_rows) hw.layer_by_rows.emplace_back(rows, round_sig(rate));
     for (const auto& [rows, rate] : units.head_by_rows) hw.head_by_rows.emplace_back(rows, round_sig(rate));
@@ -525,7 +541,10 @@ int calibrate_command(const CalibrateOptions& o) {
     progress("weight read, one-row GEMM over 64 MiB of f16", gbps(hw.gpu_memory));
   } else {
     auto cpu = kernels::make_cpu_backend();
-    hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode"));
+    const engine::GemmDtypeAt cpu_compute_at = [&, bf16 = engine::bf16_speed(*cpu, plan.weight_dtype)](std::int64_t rows) {
+      return engine::job_compute_dtype("auto", plan.weight_dtype, bf16, rows).dtype;
+    };
+    hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode", cpu_compute_at));
     hw.cpu_attn_decode_by_len = attention_decode_curve(*cpu, plan);
     hw.cpu_attn_decode = hw.cpu_attn_decode_by_len.back().second;
   }
@@ -597,8 +616,13 @@ int calibrate_command(const CalibrateOptions& o) {
                             : "gpu " + off::format_bytes(hw.gpu_mem) + ", cpu " + off::format_bytes(hw.cpu_mem));
   progress("disk", off::format_bytes(hw.disk_mem) + " free under " + disk.dir());
 
-  hw.source = fmt::format("measured by flexh2o calibrate{} on {}, {}: {} backend, {} hardware threads{}",
+  std::string computes;  // the compute dtype of each curve point, e.g. "1 f32, 4 bf16"
+  for (const auto& [rows, rate] : hw.gemm_by_rows)
+    computes += fmt::format("{}{} {}", computes.empty() ? "" : ", ", rows, kernels::dtype_name(compute_at(rows)));
+  hw.source = fmt::format("measured by flexh2o calibrate{} on {}, {}: {} backend, {} hardware threads; GEMMs of {} "
+                          "weights in the compute dtype --compute-dtype auto gives each row count ({}){}",
                           o.quick ? " --quick" : "", host_name(), utc_now(), be->name(), threads,
+                          kernels::dtype_name(plan.weight_dtype), computes,
                           on_cpu ? "; the gpu tier is host memory (gpu_mem = cpu_mem = RAM) and cpu rates equal "
                                    "the gpu decode rates"
                                  : "");

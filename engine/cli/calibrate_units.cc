@@ -9,7 +9,7 @@
 #include "engine/model/layers.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/model/step.h"
 #include "policy/cost_model.h"
 
@@ -78,7 +78,7 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
       be.synchronize();
     });
     const double layer_rate = layer_flops * static_cast<double>(rows) / layer_s;
-    progress(fmt::format("decoder layer, {} rows", rows), fmt::format("{:.3g} ms, {:.3g} GFLOP/s", layer_s * 1e3, layer_rate / 1e9));
+    progress(fmt::format("decoder layer, {} rows, {} compute", rows, kernels::dtype_name(run.compute_dtype)), fmt::format("{:.3g} ms, {:.3g} GFLOP/s", layer_s * 1e3, layer_rate / 1e9));
     c.layer_by_rows.emplace_back(rows, layer_rate);
 
     if (rows > max_rows / 4) continue;  // the head runs per GPU batch: rarely this many sequences
@@ -92,7 +92,7 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
       be.synchronize();
     });
     const double head_rate = head_flops * static_cast<double>(rows) / head_s;
-    progress(fmt::format("output head, {} sequences", rows), fmt::format("{:.3g} ms, {:.3g} GFLOP/s", head_s * 1e3, head_rate / 1e9));
+    progress(fmt::format("output head, {} sequences, {} compute", rows, kernels::dtype_name(run.compute_dtype)), fmt::format("{:.3g} ms, {:.3g} GFLOP/s", head_s * 1e3, head_rate / 1e9));
     c.head_by_rows.emplace_back(rows, head_rate);
   }
   return c;

@@ -5,8 +5,8 @@
 #include <stdexcept>
 
 #include "engine/chat/chat_template.h"
-#include "engine/chat/template_source.h"
-#include "engine/loaders/json_input.h"
+#include "engine/loaders/template_source.h"
+#include "engine/io/json_input.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::cli {

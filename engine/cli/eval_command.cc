@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "engine/runtime/kv_quality.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "offload/text_file.h"
 

@@ -5,7 +5,7 @@
 
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "offload/text_file.h"
 #include "offload/budget.h"
 #include "policy/eviction/kv_spec.h"
@@ -96,7 +96,7 @@ policy::Workload plan_workload(const PlanCliOptions& o) {
   w.continuous = continuous;
   w.mean_prompt_len = o.mean_prompt_len.value_or(0);
   w.mean_gen_len = o.mean_gen_len.value_or(0);
-  w.prefill_budget = o.prefill_budget;
+  w.prefill_budget = o.prefill_budget.value_or(0);
   return w;
 }
 
@@ -177,6 +177,9 @@ int plan_command(const PlanCliOptions& o) {
   policy::PlanOptions po;
   po.kv = policy::parse_kv_spec(o.kv);
   o.compress.apply(po);
+  // As run plans: attention over a cpu-homed KV in place (cpu_cache_compute) runs on the CPU
+  // backend only, whose profiles have the gpu tier in host memory.
+  po.allow_cpu_cache_compute = hw.gpu_is_host_memory;
   if (o.batch) po.max_block = *o.batch;
   const policy::ModelShape shape = engine::model_shape(cfg);
   const policy::Workload w = plan_workload(o);
@@ -223,9 +226,12 @@ int plan_command(const PlanCliOptions& o) {
       fmt::print("{} tier: {}\n", offload::tier_name(static_cast<offload::Tier>(tier)),
                  items_text(e.memory[static_cast<std::size_t>(tier)]));
     if (e.continuous) {
-      const policy::SlotStep ss = policy::slot_step(w, p.block_size(), p.gpu_batch_size);
-      fmt::print("mean slot-step: {:.3f} prompt rows + {:.3f} decode rows attending over {:.1f} KV tokens, {:.2f} busy\n",
-                 ss.prefill_rows, ss.decode_rows, ss.decode_rows > 0 ? ss.kv_attended / ss.decode_rows : 0.0, ss.busy);
+      const policy::SlotStep ss =
+          policy::slot_step(policy::with_prefill_budget(w, hw, p.gpu_batch_size), p.block_size(), p.gpu_batch_size);
+      fmt::print("mean slot-step: {:.3f} prompt rows + {:.3f} decode rows attending over {:.1f} KV tokens, {:.2f} busy; "
+                 "prefill budget {} tokens a step\n",
+                 ss.prefill_rows, ss.decode_rows, ss.decode_rows > 0 ? ss.kv_attended / ss.decode_rows : 0.0, ss.busy,
+                 e.prefill_budget);
     } else {
       fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
     }

@@ -22,7 +22,7 @@ struct PlanCliOptions {
   // the time follows the job's mean lengths (default: the maxima) and the prefill budget.
   std::optional<std::string> batching;
   std::optional<double> mean_prompt_len, mean_gen_len;
-  std::int64_t prefill_budget = 512;
+  std::optional<std::int64_t> prefill_budget;  // unset: policy::default_prefill_budget
   std::string kv = "full";
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string out_file;

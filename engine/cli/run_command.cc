@@ -17,7 +17,7 @@
 #include "engine/distributed/launch.h"
 #include "engine/model/model_shape.h"
 #include "offload/text_file.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "kernels/backend.h"
 #ifdef FLEXH2O_HAVE_MPI
@@ -109,7 +109,8 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->group(sched);
   run->add_option("--prefill-budget", o.prefill_budget,
                   "continuous batching: prompt tokens a GPU batch's step prefills for requests joining it "
-                  "(one joins anyway when none else does), so that long prompts do not stall the others")
+                  "(one joins anyway when none else does), so that long prompts do not stall the others; default: "
+                  "a GPU batch of the job's mean prompts on a GPU (at least 512), 512 on the CPU")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);
   run->add_option("--share-prefill", o.share_prefill,
@@ -205,7 +206,7 @@ int run_one_process(const RunOptions& o) {
   BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
   job::BlockLoopOptions loop{.block = static_cast<std::size_t>(s.policy.block_size()),
                              .continuous = o.batching == "continuous",
-                             .prefill_budget = o.prefill_budget,
+                             .prefill_budget = prefill_budget_of(o, s),
                              .source = nullptr,  // every request, in order
                              .share_prefill = o.share_prefill == 1,
                              .interrupts = &interrupts,

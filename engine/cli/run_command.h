@@ -43,9 +43,10 @@ struct RunOptions {
   std::optional<std::int64_t> expert_slots;  // MoE: experts a staging slot holds
   CompressionFlags compress;
   // Continuous batching (a finished request's slot takes the next at once) or fixed blocks,
-  // and the prompt tokens a GPU batch's step prefills for newcomers.
+  // and the prompt tokens a GPU batch's step prefills for newcomers (unset: the planner's
+  // default for the backend, policy::default_prefill_budget).
   std::string batching = "continuous";
-  std::int64_t prefill_budget = 512;
+  std::optional<std::int64_t> prefill_budget;
   int share_prefill = 1;  // the n choices of a request share one prefill (0: each prefills its own)
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;

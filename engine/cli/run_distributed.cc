@@ -126,7 +126,7 @@ offload::TraceProcess trace_process(const json& report) {
 // The model as the one-process report names it, and its size as stored.
 std::string model_lines(const RunSetup& s) {
   const ModelConfig c = with_weight_dtype(s.model.config, s.policy.weight_dtype(s.model.config.dtype));
-  return job::model_line(s.model.description, c) + "\nmodel size: " + offload::format_bytes(job::model_bytes(c));
+  return job::model_line(s.model.description, c) + "\nmodel size: " + offload::format_bytes(c.weight_bytes());
 }
 
 // Where a job's results and reports land: rank 0's output file (or stdout) and metrics.
@@ -160,6 +160,7 @@ void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const
   const policy::Estimate e =
       policy::plan(model_shape(s.model.config), hw, job_workload(o, todo, s.gen_len), plan_options(o, s, share));
   adopt_plan(o, s, e.policy, hw);
+  s.predicted = e;
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
 }
 
@@ -185,7 +186,7 @@ json run_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<
     job::BlockLoopOptions loop;
     loop.block = static_cast<std::size_t>(s.policy.block_size());
     loop.continuous = o.batching == "continuous";
-    loop.prefill_budget = o.prefill_budget;
+    loop.prefill_budget = prefill_budget_of(o, s);
     loop.share_prefill = o.share_prefill == 1;
     loop.source = &source;
     loop.interrupts = &interrupts;
@@ -408,6 +409,7 @@ distributed::PipelineWork pipeline_work(const RunOptions& o, const json& job, co
     work.streams.push_back(r.stream);
     work.max_new_tokens.push_back(r.max_tokens);
     work.sampling.push_back(r.sampling);
+    if (o.share_prefill == 1) work.shares_prompt.push_back(job::shares_prompt_of_previous(requests, work.prompts.size() - 1));
   }
   if (auto seen = stop_string_watch(s))
     work.stop_here = [requests, seen = std::move(seen)](std::size_t p, std::span<const std::int32_t> generated) {
@@ -416,7 +418,7 @@ distributed::PipelineWork pipeline_work(const RunOptions& o, const json& job, co
   work.block = s.policy.block_size();
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
   work.continuous = o.batching == "continuous";
-  work.prefill_budget = o.prefill_budget;
+  work.prefill_budget = prefill_budget_of(o, s);
   return work;
 }
 
@@ -440,15 +442,16 @@ void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_
   const double bubble = waited / (static_cast<double>(gathered.size()) * std::max(wall, 1e-9));
   const double tput = static_cast<double>(total.generated_tokens) / std::max(wall, 1e-9);
   fmt::print(stderr,
-             "pipeline over {} ranks, {} micro-batches ({} batching): {} prompts, prompt tokens: {}, generated tokens: "
-             "{}; total: {:.3f} s, {:.1f} tok/s; slot utilisation {:.2f} ({} sequence rows computed); bubble share "
-             "{:.1f}% (time the stages waited on each other)\n",
-             gathered.size(), micro_batches, o.batching, total.sequences, total.prompt_tokens, total.generated_tokens,
-             wall, tput, total.slot_utilisation(), total.sequence_steps, 100 * bubble);
+             "pipeline over {} ranks, {} micro-batches ({} batching): {} prompts, prompt tokens: {} ({} computed), "
+             "generated tokens: {}; total: {:.3f} s, {:.1f} tok/s; slot utilisation {:.2f} ({} sequence rows "
+             "computed); bubble share {:.1f}% (time the stages waited on each other)\n",
+             gathered.size(), micro_batches, o.batching, total.sequences, total.prompt_tokens,
+             total.prompt_tokens_computed, total.generated_tokens, wall, tput, total.slot_utilisation(),
+             total.sequence_steps, 100 * bubble);
   write_job_files(o,
                   {{"mode", "pipeline"}, {"model", s.model.description}, {"micro_batches", micro_batches},
                    {"stages", stage_reports}, {"prompts", total.sequences}, {"prompt_tokens", total.prompt_tokens},
-                   {"generated_tokens", total.generated_tokens}, {"total_seconds", wall}, {"total_throughput", tput},
+                   {"prompt_tokens_computed", total.prompt_tokens_computed}, {"generated_tokens", total.generated_tokens}, {"total_seconds", wall}, {"total_throughput", tput},
                    {"batching", o.batching}, {"slot_utilisation", total.slot_utilisation()},
                    {"bubble_share", bubble}},
                   reports);

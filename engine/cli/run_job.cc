@@ -7,7 +7,7 @@
 #include <random>
 
 #include "engine/chat/chat_template.h"
-#include "engine/chat/template_source.h"
+#include "engine/loaders/template_source.h"
 #include "engine/job/result_file.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
@@ -136,7 +136,8 @@ policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::in
 namespace {
 
 policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLength> lengths) {
-  if (o.batching == "continuous" && o.pipeline <= 1) return policy::continuous_workload(std::move(lengths), o.prefill_budget);
+  if (o.batching == "continuous" && o.pipeline <= 1)
+    return policy::continuous_workload(std::move(lengths), o.prefill_budget.value_or(0));
   policy::Workload w;
   w.prompt_len = w.gen_len = 0;
   for (const auto& r : lengths) {
@@ -158,6 +159,11 @@ policy::Workload job_workload(const RunOptions& o, std::span<const job::Request>
 policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len) {
   return workload_of(o, std::vector<policy::RequestLength>(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)),
                                                            {o.prompt_len, gen_len}));
+}
+
+std::int64_t prefill_budget_of(const RunOptions& o, const RunSetup& s) {
+  if (o.prefill_budget) return *o.prefill_budget;
+  return s.predicted && s.predicted->prefill_budget > 0 ? s.predicted->prefill_budget : policy::kHostPrefillBudget;
 }
 
 policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {

@@ -14,7 +14,7 @@
 #include "engine/job/openai_job.h"
 #include "engine/job/request.h"
 #include "engine/job/result_file.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "kernels/backend.h"
 #include "offload/tiers.h"
@@ -57,6 +57,9 @@ policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::in
 policy::Workload job_workload(const RunOptions& o, std::span<const job::Request> requests, std::int64_t gen_len);
 // Synthetic prompts: `count` requests of --prompt-len tokens and `gen_len` new tokens.
 policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len);
+// Continuous batching's prefill budget: --prefill-budget, else the one the policy run was
+// planned or checked with (policy::default_prefill_budget for its GPU batch and the profile).
+std::int64_t prefill_budget_of(const RunOptions& o, const RunSetup& s);
 // A planned policy with the schedule flags (--overlap, --sep-layer, --pin-weight) applied.
 policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy planned);
 // A given placement checked, before anything is loaded, against `hw`: what planning_profile

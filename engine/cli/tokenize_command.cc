@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "engine/loaders/json_input.h"
-#include "engine/model/model_source.h"
+#include "engine/io/json_input.h"
+#include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "offload/text_file.h"
 

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/runtime/prefill_fork.h"
+
 namespace flexh2o::distributed {
 
 namespace {
@@ -44,6 +46,10 @@ engine::GenerationRequest block_request(const PipelineWork& work, std::size_t fi
   req.max_new_tokens_each.assign(work.max_new_tokens.begin() + from, work.max_new_tokens.begin() + to);
   req.max_new_tokens = *std::max_element(req.max_new_tokens_each.begin(), req.max_new_tokens_each.end());
   req.sampling_each.assign(work.sampling.begin() + from, work.sampling.begin() + to);
+  if (!work.shares_prompt.empty()) {
+    req.shares_prompt.assign(work.shares_prompt.begin() + from, work.shares_prompt.begin() + to);
+    req.shares_prompt[0] = false;  // a run cut by the block's start prefills again
+  }
   if (work.stop_here)
     req.stop_here = [&work, first](std::size_t b, std::span<const std::int32_t> generated) {
       return work.stop_here(first + b, generated);
@@ -59,6 +65,7 @@ engine::GenerationRequest continuous_request(const PipelineWork& work) {
   req.max_new_tokens_each = work.max_new_tokens;
   req.max_new_tokens = *std::max_element(work.max_new_tokens.begin(), work.max_new_tokens.end());
   req.sampling_each = work.sampling;
+  req.shares_prompt = work.shares_prompt;
   req.stop_here = work.stop_here;
   req.slots = work.block;
   req.prefill_budget = work.prefill_budget;
@@ -169,10 +176,15 @@ class StageLoop {
   }
 
   // Continuous: the prompt the job's queue gives slot s, which asks from `from` on (those
-  // before it another slot took); the slot keeps it until it takes it. Every stage's slots
-  // ask in the same order, so they get the same prompts.
+  // before it another slot took); the slot keeps it until it takes it, with the prompts that
+  // share its prefill (the scheduler admits them together, at most a block of them). Every
+  // stage's slots ask in the same order, so they get the same prompts.
   std::optional<std::size_t> queue_next(Slot& s, std::size_t from) {
-    if (s.given == kNoPrompt || s.given < from) s.given = std::min(next_first_++, work_.prompts.size());
+    if (s.given == kNoPrompt || s.given < from) {
+      s.given = std::min(next_first_, work_.prompts.size());
+      next_first_ = s.given + static_cast<std::size_t>(
+                                  std::min(engine::shared_prompt_run(s.req, s.given), work_.block));
+    }
     return s.given;
   }
 

@@ -29,6 +29,9 @@ struct PipelineWork {
   std::vector<std::uint64_t> streams;              // the sampling stream of each
   std::vector<std::int64_t> max_new_tokens;        // the new tokens limit of each
   std::vector<kernels::SamplingParams> sampling;  // the sampling of each
+  // Prompt p shares the prefill of p - 1 (GenerationRequest::shares_prompt); empty: none does.
+  // The job's queue gives a run of them to one slot together.
+  std::vector<bool> shares_prompt;
   // Whether prompt p's sequence ends after `generated` (stop strings; null: none): every stage
   // asks it alike, so that they end sequences at the same step.
   std::function<bool(std::size_t p, std::span<const std::int32_t> generated)> stop_here;

@@ -3,7 +3,7 @@
 #include <array>
 
 #include "engine/families/families.h"
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 
 namespace flexh2o::engine {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 
 namespace flexh2o::engine {
 

@@ -4,16 +4,18 @@
 
 #include "engine/grammar/gbnf.h"
 #include "engine/grammar/regex.h"
+#include "engine/io/json_input.h"
 
 namespace flexh2o::grammar {
 
 namespace {
 
+// Depth-bounded (engine/io): re-serializing and copying a schema recurse per level.
 nlohmann::ordered_json parse_schema(const std::string& text) {
   try {
-    return nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument(std::string("json schema is not JSON: ") + e.what());
+    return engine::parse_json<nlohmann::ordered_json>(text, "json schema");
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(e.what());
   }
 }
 

@@ -22,6 +22,10 @@ bool stop_string_ends(const std::function<bool(const Request&, std::span<const s
   return !r.stop.empty() && static_cast<std::int64_t>(generated.size()) >= r.sampling.min_tokens && seen(r, generated);
 }
 
+bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i) {
+  return i > 0 && requests[i].choice > 0 && requests[i - 1].source == requests[i].source;
+}
+
 namespace {
 
 engine::GenerationRequest block_request(std::span<const Request> block, const BlockLoopOptions& opt) {
@@ -33,9 +37,7 @@ engine::GenerationRequest block_request(std::span<const Request> block, const Bl
   req.max_new_tokens = 0;
   for (std::size_t i = 0; i < block.size(); ++i) {
     const Request& r = block[i];
-    // The n choices of one request line (OpenAI's `n`): each after the first shares its prompt.
-    // Only those: two lines that happen to hold one prompt are two requests, each prefilled.
-    if (opt.share_prefill) req.shares_prompt.push_back(i > 0 && r.choice > 0 && block[i - 1].source == r.source);
+    if (opt.share_prefill) req.shares_prompt.push_back(shares_prompt_of_previous(block, i));
     req.prompts.push_back(r.prompt);
     req.sampling_each.push_back(r.sampling);
     req.streams.push_back(r.stream);

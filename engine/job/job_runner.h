@@ -55,6 +55,12 @@ struct BlockLoopOptions {
 bool stop_string_ends(const std::function<bool(const Request&, std::span<const std::int32_t>)>& seen,
                       const Request& r, std::span<const std::int32_t> generated);
 
+// Whether request i of `requests` shares the prefill of request i - 1: the n choices of one
+// request line (OpenAI's `n`), each after the first. Only those: two lines that happen to hold
+// one prompt are two requests, each prefilled. Runs of them in a GenerationRequest are its
+// shares_prompt.
+bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i);
+
 struct JobOutcome {
   engine::GenerationResult total;  // counts and times of the requests run (tokens not kept)
   std::size_t requests = 0;        // of the job

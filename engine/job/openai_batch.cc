@@ -7,7 +7,7 @@
 
 #include "engine/job/line_reader.h"
 #include "engine/job/prompts.h"
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 
 namespace flexh2o::job {
 

@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "engine/job/line_reader.h"
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 
 namespace flexh2o::engine {
 

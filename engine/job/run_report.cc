@@ -12,12 +12,6 @@ namespace flexh2o::job {
 
 using offload::format_bytes;
 
-std::int64_t model_bytes(const engine::ModelConfig& c) {
-  std::int64_t b = 0;
-  for (const auto& w : engine::weight_specs(c)) b += w.rows * kernels::row_bytes(w.dtype(c), w.cols);
-  return b;
-}
-
 std::string model_line(const std::string& description, const engine::ModelConfig& c) {
   return fmt::format("model: {} ({} layers, hidden {}, {} weights)", description, c.n_layers, c.hidden,
                      engine::matrix_dtypes_text(c));
@@ -43,7 +37,9 @@ nlohmann::json to_json(const engine::GenerationResult& r) {
           {"prompt_tokens", r.prompt_tokens},
           {"prompt_tokens_computed", r.prompt_tokens_computed},
           {"generated_tokens", r.generated_tokens},
+          {"prefill_steps", r.prefill_steps},
           {"decode_steps", r.decode_steps},
+          {"decode_tokens", r.decode_tokens},
           {"prefill_seconds", r.prefill_seconds},
           {"decode_seconds", r.decode_seconds},
           {"prefill_throughput", r.prefill_throughput()},
@@ -62,6 +58,17 @@ namespace {
 
 double useful_throughput(const RunReport& r) {
   return r.wall_seconds > 0 ? static_cast<double>(r.total.generated_tokens) / r.wall_seconds : 0;
+}
+
+// The prefill, decode and total lines. Where steps both prefilled and decoded (continuous
+// batching), the split says it: the steps with prompt rows, their prompt tokens per second, and
+// the decode-only steps, their tokens per second.
+std::string phases_text(const engine::GenerationResult& t) {
+  const bool mixed = t.prefill_steps > 1;
+  return fmt::format("prefill{}: {:.3f} s, {:.1f} tok/s | decode{}: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
+                     mixed ? fmt::format(" ({} steps with prompt rows)", t.prefill_steps) : "", t.prefill_seconds,
+                     t.prefill_throughput(), mixed ? fmt::format(" ({} decode-only steps)", t.decode_steps) : "",
+                     t.decode_seconds, t.decode_throughput(), t.prefill_seconds + t.decode_seconds, t.total_throughput());
 }
 
 // "p50 A p90 B max C s" of the requests' first tokens or finishes.
@@ -86,9 +93,9 @@ Prediction RunReport::measured() const {
   m.continuous = predicted && predicted->continuous;
   const double seconds = total.prefill_seconds + total.decode_seconds;
   if (m.continuous) {
-    // One job: its first step (prefill_seconds) and the steps after it.
+    // One job: its steps, those that prefilled and those that only decoded.
     m.throughput = seconds > 0 ? static_cast<double>(total.generated_tokens) / seconds : 0;
-    m.step_seconds = seconds / static_cast<double>(total.decode_steps + 1);
+    m.step_seconds = seconds / static_cast<double>(std::max<std::int64_t>(total.prefill_steps + total.decode_steps, 1));
     m.block_seconds = seconds;
   } else {
     m.throughput = total.total_throughput();
@@ -128,16 +135,14 @@ std::int64_t RunReport::decode_expert_bytes_per_token() const {
 
 std::string RunReport::text() const {
   std::string s = model_line(model, stored) + "\n";
-  s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(model_bytes(stored)),
+  s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(stored.weight_bytes()),
                    format_bytes(cache_bytes), format_bytes(hidden_bytes));
   s += fmt::format("policy: {}, cache {}, compute {}{}\n", policy::to_text(policy), kernels::dtype_name(cache_dtype),
                    kernels::dtype_name(stored.compute_dtype), compute_why.empty() ? "" : " (" + compute_why + ")");
   s += "peak memory: " + job::to_text(peaks) + "\n";
   s += fmt::format("prompts: {}, prompt tokens: {} ({} computed), generated tokens: {}\n", prompts,
                    total.prompt_tokens, total.prompt_tokens_computed, total.generated_tokens);
-  s += fmt::format("prefill: {:.3f} s, {:.1f} tok/s | decode: {:.3f} s, {:.1f} tok/s | total: {:.3f} s, {:.1f} tok/s\n",
-                   total.prefill_seconds, total.prefill_throughput(), total.decode_seconds, total.decode_throughput(),
-                   total.prefill_seconds + total.decode_seconds, total.total_throughput());
+  s += phases_text(total);
   if (wall_seconds > 0)
     s += fmt::format("{}useful: {} tokens in {:.3f} s, {:.1f} tok/s | slot utilisation {:.2f} ({} sequence rows "
                      "computed)\n",
@@ -166,7 +171,7 @@ nlohmann::json RunReport::to_json() const {
   j["model"] = model;
   j["policy"] = policy::to_json(policy, moe.experts, moe.top_k);
   j["compute_dtype"] = std::string(kernels::dtype_name(stored.compute_dtype));
-  j["model_bytes"] = model_bytes(stored);
+  j["model_bytes"] = stored.weight_bytes();
   j["cache_bytes"] = cache_bytes;
   j["hidden_bytes"] = hidden_bytes;
   j["peak_bytes"] = job::to_json(peaks);

@@ -20,8 +20,6 @@
 
 namespace flexh2o::job {
 
-// Bytes of the model's weights as stored (`stored`: the config with the policy's weight dtype).
-std::int64_t model_bytes(const engine::ModelConfig& stored);
 // "model: NAME (L layers, hidden H, DTYPES weights)"
 std::string model_line(const std::string& description, const engine::ModelConfig& stored);
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "engine/families/family.h"
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 #include "engine/loaders/read_rows.h"
 
 namespace flexh2o::engine {

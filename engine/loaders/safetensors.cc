@@ -14,7 +14,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 #include "engine/loaders/regular_file.h"
 
 namespace flexh2o::engine {

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/runtime/kv_eviction.h"
+#include "engine/model/kv_eviction.h"
 #include "engine/model/model_shape.h"
 #include "engine/model/rope_scaling.h"
 
@@ -163,7 +163,7 @@ class Attention final : public Layer {
                  .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
     if (p.prefill)
       be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
-                            .seq_offsets = p.seq_offsets});
+                            .seq_offsets = p.seq_offsets, .compute = cfg_.compute_dtype});
     else
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
                            .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});

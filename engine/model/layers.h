@@ -24,7 +24,7 @@ struct KvPart {
   void* k = nullptr;
   void* v = nullptr;
 };
-class KvEvictionLayer;  // engine/runtime/kv_eviction.h
+class KvEvictionLayer;  // engine/model/kv_eviction.h
 struct KvView {
   std::int64_t capacity = 0;
   kernels::DType dtype = kernels::DType::F32;

@@ -1,6 +1,6 @@
 #include "engine/runtime/block_scheduler.h"
 
-#include "engine/runtime/kv_eviction.h"
+#include "engine/model/kv_eviction.h"
 #include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
 
@@ -129,8 +129,6 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   if (continuous && req.on_logits)
     throw std::invalid_argument("on_logits needs a fixed block; under continuous batching use on_sequence_logits");
   if (continuous && req.prefill_budget < 1) throw std::invalid_argument("the prefill token budget must be at least 1");
-  if (!req.shares_prompt.empty() && (!holds_input() || !holds_head_))
-    throw std::invalid_argument("shared prefills need the whole model in one scheduler");
   if (!req.shares_prompt.empty() && req.on_logits)
     throw std::invalid_argument("on_logits needs each prompt prefilled on its own (no shares_prompt)");
   if (B == 0) return blk;
@@ -268,7 +266,7 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
 
 bool BlockScheduler::active(const Block& b) const { return b.log.active(); }
 
-// FlexGen's loop (ALGORITHMS.md, "zig-zag block schedule"): for every unit j and GPU batch k,
+// FlexGen's loop (docs/offloading.md, "The block schedule"): for every unit j and GPU batch k,
 // load weight j+1, load cache and hidden k+1, compute (j, k), store cache and hidden k.
 void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
   if (!blk.log.active()) throw std::logic_error("run_step on a finished block");
@@ -461,8 +459,10 @@ void BlockScheduler::end_step(Block& blk) {
 
 void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
   std::int64_t computed = 0;
+  bool prefilled = false;
   for (GpuBatch& b : st.batches)
     for (std::int64_t i = 0; i < b.n; ++i) {
+      prefilled = prefilled || b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Prefill;
       const auto slot = static_cast<std::size_t>(b.first_sequence + i);
       // A fork sampled its first token from the prefill of this step it shares.
       if (b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Idle && st.fork_of[slot] < 0) continue;
@@ -476,7 +476,7 @@ void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
         tokens.push_back(token);
       }
     }
-  log.end_step(st.step, computed);
+  log.end_step(st.step, computed, prefilled);
 }
 
 void BlockScheduler::next_steps(BlockState& st) {

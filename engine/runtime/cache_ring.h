@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/runtime/kv_eviction.h"
+#include "engine/model/kv_eviction.h"
 #include "engine/runtime/gpu_buffer.h"
 #include "engine/runtime/units.h"
 #include "engine/model/step.h"

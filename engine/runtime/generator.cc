@@ -1,6 +1,6 @@
 #include "engine/runtime/generator.h"
 
-#include "engine/runtime/kv_eviction.h"
+#include "engine/model/kv_eviction.h"
 #include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
 
@@ -72,7 +72,7 @@ double GenerationResult::prefill_throughput() const {
   return static_cast<double>(prompt_tokens) / std::max(prefill_seconds, 1e-9);
 }
 double GenerationResult::decode_throughput() const {
-  return static_cast<double>(generated_tokens - sequences) / std::max(decode_seconds, 1e-9);
+  return static_cast<double>(decode_tokens) / std::max(decode_seconds, 1e-9);
 }
 double GenerationResult::total_throughput() const {
   return static_cast<double>(generated_tokens) / std::max(prefill_seconds + decode_seconds, 1e-9);
@@ -80,6 +80,8 @@ double GenerationResult::total_throughput() const {
 void GenerationResult::add(const GenerationResult& r) {
   prefill_seconds += r.prefill_seconds;
   decode_seconds += r.decode_seconds;
+  prefill_steps += r.prefill_steps;
+  decode_tokens += r.decode_tokens;
   prompt_tokens += r.prompt_tokens;
   prompt_tokens_computed += r.prompt_tokens_computed;
   generated_tokens += r.generated_tokens;
@@ -204,13 +206,14 @@ void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
   }
   for (std::size_t b = 0; b < std::min(done_.size(), req_.forced.size()); ++b)
     if (step < static_cast<std::int64_t>(req_.forced[b].size())) next[b] = req_.forced[b][step];
-  end_step(step, static_cast<std::int64_t>(done_.size()));  // finished sequences are computed too
+  end_step(step, static_cast<std::int64_t>(done_.size()), step == 0);  // finished sequences are computed too
 }
 
 bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   auto& tokens = res_.tokens[b];
   const auto index = static_cast<std::int64_t>(tokens.size());
   tokens.push_back(token);
+  ++step_tokens_;
   if (index == 0) res_.first_token_at[b] = now_seconds() - start_;
   if (logprobs_ && sampling_[b].logprobs >= 0) {
     res_.logprobs[b].push_back(chosen_logprob_[b]);
@@ -246,21 +249,23 @@ void GenerationLog::share_prefill(std::size_t b) {
   res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.prompts[b].size());
 }
 
-void GenerationLog::end_step(std::int64_t step, std::int64_t sequences) {
+void GenerationLog::end_step(std::int64_t step, std::int64_t sequences, bool prefilled) {
   res_.sequence_steps += sequences;
   if (req_.on_step) req_.on_step(step, req_.max_new_tokens);
-  if (step == 0) {
-    be_.synchronize();
-    res_.prefill_seconds = now_seconds() - t0_;
-    t0_ = now_seconds();
-  } else {
-    ++res_.decode_steps;
-  }
+  be_.synchronize();
+  const double now = now_seconds();
+  (prefilled ? res_.prefill_seconds : res_.decode_seconds) += now - t0_;
+  ++(prefilled ? res_.prefill_steps : res_.decode_steps);
+  if (!prefilled) res_.decode_tokens += step_tokens_;
+  step_tokens_ = 0;
+  last_prefilled_ = prefilled;
+  t0_ = now;
 }
 
 GenerationResult GenerationLog::finish() {
   be_.synchronize();
-  if (res_.decode_steps > 0) res_.decode_seconds = now_seconds() - t0_;
+  if (res_.prefill_steps + res_.decode_steps > 0)  // the time since the last step
+    (last_prefilled_ ? res_.prefill_seconds : res_.decode_seconds) += now_seconds() - t0_;
   for (const auto& t : res_.tokens) res_.generated_tokens += static_cast<std::int64_t>(t.size());
   return std::move(res_);
 }

@@ -88,13 +88,18 @@ struct GenerationResult {
   // chosen token's log-probability and the top alternatives (sampling.h).
   std::vector<std::vector<float>> logprobs;
   std::vector<std::vector<std::vector<kernels::TokenLogprob>>> top_logprobs;
+  // The steps that prefilled (fixed blocks: the first; continuous batching: every step with a
+  // newcomer's prompt rows, the other slots' decode rows in it included) and those that only
+  // decoded: their time, their count, and the tokens the decode-only steps gave.
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  std::int64_t prefill_steps = 0;
+  std::int64_t decode_steps = 0;
+  std::int64_t decode_tokens = 0;
   std::int64_t prompt_tokens = 0;     // sum of prompt lengths
   // Prompt tokens the prefills computed: prompt_tokens less the prompts taken from a shared prefill.
   std::int64_t prompt_tokens_computed = 0;
   std::int64_t generated_tokens = 0;  // sum of generated lengths
-  std::int64_t decode_steps = 0;
   std::int64_t sequences = 0;
   // Sequence rows computed over all steps: a fixed block computes its finished sequences until
   // its last ends; generated_tokens / sequence_steps is the slot utilisation.
@@ -102,8 +107,9 @@ struct GenerationResult {
   // Per sequence, seconds from the start of the generation to its first token and its last.
   std::vector<double> first_token_at, finished_at;
 
-  // Tokens/s as FlexGen reports them (ALGORITHMS.md section 1): prompt tokens over the prefill,
-  // tokens after each sequence's first over the decode, all generated tokens over both.
+  // Tokens/s as FlexGen reports them (docs/benchmarks.md): prompt tokens over the prefill,
+  // the decode-only steps' tokens (fixed blocks: those after each sequence's first) over the
+  // decode, all generated tokens over both.
   double prefill_throughput() const;
   double decode_throughput() const;
   double total_throughput() const;
@@ -143,8 +149,9 @@ class GenerationLog {
   // when that ended it (stop id unless forced, or its limit); a forced input replaces `token`.
   bool record_token(std::size_t b, std::int32_t& token);
   // After every sequence of step `step` was recorded (clocks, on_step); `sequences`: the
-  // sequence rows the step computed.
-  void end_step(std::int64_t step, std::int64_t sequences);
+  // sequence rows the step computed; `prefilled`: it computed prompt rows (its time counts as
+  // prefill, else as decode).
+  void end_step(std::int64_t step, std::int64_t sequences, bool prefilled);
   // Continuous batching: sequence b never started and will not (admission stopped): it ends
   // without tokens and counts in no total.
   void drop(std::size_t b);
@@ -171,7 +178,9 @@ class GenerationLog {
   std::int64_t max_prompt_ = 0;
   std::vector<bool> done_;
   std::int64_t active_ = 0;
-  double start_ = 0, t0_ = 0;
+  double start_ = 0, t0_ = 0;  // t0_: the end of the last step
+  std::int64_t step_tokens_ = 0;  // tokens recorded in the current step
+  bool last_prefilled_ = true;
   GenerationResult res_;
 };
 

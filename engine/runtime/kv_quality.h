@@ -1,5 +1,5 @@
 // Quality of KV eviction policies and compression against the full, uncompressed model
-// (ALGORITHMS.md section 5's protocol): each chunk is processed one token at a time as in
+// (docs/kv-eviction.md, "The eval protocol"): each chunk is processed one token at a time as in
 // decode (BOS as the prompt, the rest teacher-forced), with eviction active; every predicted
 // token contributes its NLL under the variant, whether the variant's argmax equals the
 // reference's, and KL(reference || variant). With a longer prompt (PromptSplit) the first

@@ -68,19 +68,20 @@ std::int64_t available_memory() {
 
 namespace {
 
-// A GEMM of m rows over an f16 matrix of 8192 x 4096 (64 MiB: larger than a CPU's last-level
-// cache, as a large model's weights are), timed in the compute dtype the engine runs m rows in.
+// A GEMM of m rows (up to max_rows) over an f16 matrix of 8192 x 4096 (64 MiB: larger than a
+// CPU's last-level cache, as a large model's weights are), timed in the compute dtype the engine
+// runs m rows in.
 class DecodeGemm {
  public:
-  static constexpr std::int64_t kN = 8192, kK = 4096, kMaxRows = 256;
-  explicit DecodeGemm(kernels::Backend& be)
+  static constexpr std::int64_t kN = 8192, kK = 4096;
+  DecodeGemm(kernels::Backend& be, std::int64_t max_rows)
       : be_(be),
         w_(be, static_cast<std::size_t>(kN * kK) * 2),
-        x_(be, static_cast<std::size_t>(kMaxRows * kK) * sizeof(float)),
-        y_(be, static_cast<std::size_t>(kMaxRows * kN) * sizeof(float)) {
+        x_(be, static_cast<std::size_t>(max_rows * kK) * sizeof(float)),
+        y_(be, static_cast<std::size_t>(max_rows * kN) * sizeof(float)) {
     const std::vector<std::uint16_t> w(static_cast<std::size_t>(kN * kK), 0x2e66);  // 0.1 in f16
     be.copy_to_device(w_.data(), w.data(), w_.bytes());
-    const std::vector<float> x(static_cast<std::size_t>(kMaxRows * kK), 1.0f);
+    const std::vector<float> x(x_.bytes() / sizeof(float), 1.0f);
     be.copy_to_device(x_.data(), x.data(), x_.bytes());
   }
   std::int64_t weight_bytes() const { return static_cast<std::int64_t>(w_.bytes()); }
@@ -123,28 +124,35 @@ class DecodeGemm {
   kernels::DeviceBuffer w_, x_, y_;
 };
 
+// The rows this machine's GEMMs are timed at: a CPU's rate levels off by 256 rows; a GPU's
+// climbs until thousands (its calls are launch- and read-bound before), and it times them fast.
+std::vector<std::int64_t> measured_rows(bool cpu) {
+  if (cpu) return {1, 4, 16, 64, 256};
+  return {1, 4, 16, 64, 256, 1024, 4096, 16384};
+}
+
 // The built-in profile's rate curves brought to this machine as it is now: each is scaled by
-// measured / built-in GEMM rate at its rows (1 to 256; the 256-row ratio beyond), so the curves
+// measured / built-in GEMM rate at its rows (up to the last measured; its ratio beyond), so the curves
 // keep calibrate's shape and what the engine pays around its GEMMs, at the level a large
 // model's GEMMs reach here in the dtype the engine computes them in (the built-in curves come
 // from OPT-125M, whose weights stay in cache, on another CPU, unloaded, in fp32).
 void scale_to_measured(policy::HardwareProfile& hw, const policy::RateCurve& measured) {
   const policy::RateCurve builtin = hw.gemm_by_rows;
   auto factor = [&](std::int64_t rows) {
-    const double x = static_cast<double>(std::min<std::int64_t>(rows, DecodeGemm::kMaxRows));
+    const double x = static_cast<double>(std::min(rows, measured.back().first));
     return policy::rate_at(measured, x, 1) / policy::rate_at(builtin, x, policy::rate_at(measured, x, 1));
   };
   for (policy::RateCurve* curve : {&hw.gemm_by_rows, &hw.layer_by_rows, &hw.head_by_rows})
     for (auto& [rows, rate] : *curve) rate *= factor(rows);
   if (hw.gemm_by_rows.empty()) hw.gemm_by_rows = measured;
   hw.gpu_gemm_decode = policy::rate_at(measured, 16, hw.gpu_gemm_decode);
-  hw.gpu_gemm_prefill = policy::rate_at(measured, static_cast<double>(DecodeGemm::kMaxRows), hw.gpu_gemm_prefill);
+  hw.gpu_gemm_prefill = measured.back().second;
 }
 
 }  // namespace
 
 double weight_read_rate(kernels::Backend& be) {
-  DecodeGemm g(be);
+  DecodeGemm g(be, 1);
   return static_cast<double>(g.weight_bytes()) /
          g.median_seconds({1}, [](std::int64_t) { return kernels::DType::F32; })[0];
 }
@@ -162,21 +170,19 @@ policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::st
   hw.gpu_mem = cpu ? memory : be.memory_capacity();
   hw.cpu_mem = memory;
   hw.disk_mem = free_disk(offload_dir);
-  if (cpu) {
-    DecodeGemm g(be);
-    const std::vector<std::int64_t> rows{1, 4, 16, 64, DecodeGemm::kMaxRows};
-    const std::vector<double> seconds = g.median_seconds(rows, dtype_at);
-    policy::RateCurve measured;
-    for (std::size_t i = 0; i < rows.size(); ++i) measured.emplace_back(rows[i], g.flops(rows[i]) / seconds[i]);
-    if (hw.gpu_memory == 0) hw.gpu_memory = static_cast<double>(g.weight_bytes()) / seconds[0];
-    scale_to_measured(hw, measured);
-    std::string points;
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      points += fmt::format("{}{:.1f} ({})", i ? "/" : "", measured[i].second / 1e9,
-                            kernels::dtype_name(dtype_at(rows[i])));
-    hw.source += fmt::format("; GEMMs measured now: {} GFLOP/s at {} rows, weights read at {:.1f} GB/s", points,
-                             fmt::join(rows, "/"), hw.gpu_memory / 1e9);
-  }
+  const std::vector<std::int64_t> rows = measured_rows(cpu);
+  DecodeGemm g(be, rows.back());
+  const std::vector<double> seconds = g.median_seconds(rows, dtype_at);
+  policy::RateCurve measured;
+  for (std::size_t i = 0; i < rows.size(); ++i) measured.emplace_back(rows[i], g.flops(rows[i]) / seconds[i]);
+  if (hw.gpu_memory == 0) hw.gpu_memory = static_cast<double>(g.weight_bytes()) / seconds[0];
+  scale_to_measured(hw, measured);
+  std::string points;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    points += fmt::format("{}{:.1f} ({})", i ? "/" : "", measured[i].second / 1e9,
+                          kernels::dtype_name(dtype_at(rows[i])));
+  hw.source += fmt::format("; GEMMs measured now: {} GFLOP/s at {} rows, weights read at {:.1f} GB/s", points,
+                           fmt::join(rows, "/"), hw.gpu_memory / 1e9);
   return hw;
 }
 

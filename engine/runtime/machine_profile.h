@@ -28,11 +28,13 @@ using GemmDtypeAt = std::function<kernels::DType(std::int64_t rows)>;
 // (ci-cpu for the CPU, h100-pcie for CUDA; `flexh2o calibrate` measures better ones), and the
 // capacities it has now: on the CPU backend, where the gpu and cpu tiers are both host
 // memory, both are planned into available_memory(); on CUDA the device's memory and the host's;
-// disk the free space where the offload directory goes. On the CPU its GEMMs are measured now
-// (1 to 256 rows over 64 MiB of f16 weights, each in the dtype `dtype_at` gives those rows,
-// the median of 3 interleaved rounds, about 0.5 s): the built-in curves, from a small model
-// whose weights stay in cache on another CPU, are scaled to them, and the weight read rate
-// (one row) bounds every GEMM over few rows, once per GPU batch.
+// disk the free space where the offload directory goes. Its GEMMs are measured now (over 64
+// MiB of f16 weights, each row count in the dtype `dtype_at` gives it, the median of 3
+// interleaved rounds: on the CPU 1 to 256 rows, about 0.5 s; on a GPU 1 to 16384, whose rate
+// still climbs past a few hundred): the built-in curves, from a small model whose weights stay
+// in cache on another CPU, are scaled to them (h100-pcie has none: the measured curve is the
+// GEMM curve), and the weight read rate (one row) bounds every GEMM over few rows, once per
+// GPU batch, where the built-in profile gives none.
 policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::string& offload_dir,
                                              const GemmDtypeAt& dtype_at);
 

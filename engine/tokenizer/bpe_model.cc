@@ -1,9 +1,9 @@
 #include "engine/tokenizer/bpe_model.h"
 
 #include <cstdio>
-#include <queue>
 #include <stdexcept>
 
+#include "engine/tokenizer/pair_merge.h"
 #include "engine/tokenizer/utf8.h"
 
 namespace flexh2o::engine::tok {
@@ -85,50 +85,15 @@ void BpeModel::tokenize(std::string_view piece, std::vector<std::int32_t>& out) 
   merge_all(symbols, out);
 }
 
-// Hugging Face's Word::merge_all: a heap of candidate merges by (rank, position) over a
-// linked list of symbols, O(n log n). An entry is stale when its left symbol was merged away
-// or the pair there no longer merges into the same token.
 void BpeModel::merge_all(std::vector<std::int32_t>& symbols, std::vector<std::int32_t>& out) const {
-  const std::size_t n = symbols.size();
-  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> prev(n), next(n);
-  std::vector<bool> alive(n, true);
-  for (std::size_t i = 0; i < n; ++i) {
-    prev[i] = i == 0 ? kNone : i - 1;
-    next[i] = i + 1 == n ? kNone : i + 1;
-  }
-  struct Candidate {
-    std::int32_t rank;
-    std::size_t pos;
-    std::int32_t merged;
-  };
-  const auto later = [](const Candidate& a, const Candidate& b) {
-    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> heap(later);
-  const auto push = [&](std::size_t left) {
-    if (left == kNone || next[left] == kNone) return;
-    if (const Merge* m = find_merge(symbols[left], symbols[next[left]])) heap.push({m->rank, left, m->merged});
-  };
-  for (std::size_t i = 0; i + 1 < n; ++i) push(i);
-
-  while (!heap.empty()) {
-    const Candidate top = heap.top();
-    heap.pop();
-    if (!alive[top.pos] || next[top.pos] == kNone) continue;
-    const std::size_t right = next[top.pos];
-    const Merge* m = find_merge(symbols[top.pos], symbols[right]);
-    if (m == nullptr || m->merged != top.merged) continue;
-    symbols[top.pos] = top.merged;
-    alive[right] = false;
-    next[top.pos] = next[right];
-    if (next[right] != kNone) prev[next[right]] = top.pos;
-    push(prev[top.pos]);
-    push(top.pos);
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (alive[i]) out.push_back(symbols[i]);
-  }
+  merge_pairs(
+      symbols,
+      [this](std::int32_t left, std::int32_t right) -> std::optional<PairMerge> {
+        const Merge* m = find_merge(left, right);
+        if (m == nullptr) return std::nullopt;
+        return PairMerge{static_cast<double>(m->rank), m->merged};
+      },
+      out);
 }
 
 }  // namespace flexh2o::engine::tok

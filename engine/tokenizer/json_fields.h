@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 #include "engine/tokenizer/vocab.h"
 
 namespace flexh2o::engine::tok {

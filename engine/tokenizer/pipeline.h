@@ -42,7 +42,6 @@ class Pipeline {
   std::string decode(std::span<const std::int32_t> ids, bool skip_special) const;
 
   std::int32_t vocab_size() const { return vocab_size_; }
-  bool has_post_processor() const { return post_processor_ != nullptr; }
   // What the post-processor puts before and after a text.
   std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> special_tokens_around() const;
   const std::string& name() const { return name_; }

@@ -1,8 +1,8 @@
 #include "engine/tokenizer/score_model.h"
 
-#include <queue>
 #include <stdexcept>
 
+#include "engine/tokenizer/pair_merge.h"
 #include "engine/tokenizer/utf8.h"
 
 namespace flexh2o::engine::tok {
@@ -48,54 +48,20 @@ void ScoreModel::tokenize(std::string_view piece, std::vector<std::int32_t>& out
     }
   }
 
-  // A heap ordered by (score desc, position asc) over a linked list; entries are checked for
-  // staleness when popped. O(n log n) where run.c rescans all pairs per merge.
-  const std::size_t n = tokens.size();
-  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> prev(n), next(n);
-  std::vector<bool> alive(n, true);
-  for (std::size_t i = 0; i < n; ++i) {
-    prev[i] = i == 0 ? kNone : i - 1;
-    next[i] = i + 1 == n ? kNone : i + 1;
-  }
-  struct Candidate {
-    float score;
-    std::size_t left, right;
-    std::int32_t left_id, right_id, merged_id;
-  };
-  const auto worse = [](const Candidate& a, const Candidate& b) {
-    return a.score != b.score ? a.score < b.score : a.left > b.left;
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
+  // The best-scoring pair first (pair_merge.h), as run.c merges but O(n log n).
   std::string buf;
-  const auto push = [&](std::size_t left) {
-    if (left == kNone || next[left] == kNone) return;
-    const std::size_t right = next[left];
-    buf = *vocab_.token(tokens[left]);
-    buf += *vocab_.token(tokens[right]);
-    const auto id = vocab_.find(buf);
-    if (!id) return;
-    const float score = scores_[static_cast<std::size_t>(*id)];
-    if (score > options_.min_score) heap.push({score, left, right, tokens[left], tokens[right], *id});
-  };
-  for (std::size_t i = 0; i + 1 < n; ++i) push(i);
-
-  while (!heap.empty()) {
-    const Candidate c = heap.top();
-    heap.pop();
-    if (!alive[c.left] || next[c.left] != c.right || tokens[c.left] != c.left_id || tokens[c.right] != c.right_id) {
-      continue;  // stale: the left symbol was merged away or the pair changed
-    }
-    tokens[c.left] = c.merged_id;
-    alive[c.right] = false;
-    next[c.left] = next[c.right];
-    if (next[c.right] != kNone) prev[next[c.right]] = c.left;
-    push(prev[c.left]);
-    push(c.left);
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (alive[i]) out.push_back(tokens[i]);
-  }
+  merge_pairs(
+      tokens,
+      [&](std::int32_t left, std::int32_t right) -> std::optional<PairMerge> {
+        buf = *vocab_.token(left);
+        buf += *vocab_.token(right);
+        const auto id = vocab_.find(buf);
+        if (!id) return std::nullopt;
+        const float score = scores_[static_cast<std::size_t>(*id)];
+        if (!(score > options_.min_score)) return std::nullopt;
+        return PairMerge{-static_cast<double>(score), *id};
+      },
+      out);
 }
 
 }  // namespace flexh2o::engine::tok

@@ -10,21 +10,30 @@
 // Prefill (tiled): a block per (tile of kQueryTile query rows of one sequence, query head)
 // keeps its queries in shared memory and streams the causal keys and values through it
 // kKeyTile at a time (those within the sliding window, if any), with an online softmax per
-// row; (m, l) per row go to `stats` when the column sums are wanted. Column sums: a block per (tile of keys, kv head) sums w_i * p(i, j)
-// over the group's heads and the queries i >= j, in a fixed order.
+// row; (m, l) per row go to `stats` when the column sums are wanted. Column sums: a block per
+// (tile of keys, kv head) sums w_i * p(i, j) over the group's heads and the queries i >= j, in
+// a fixed order. Under bf16 compute without column sums, prefill runs on tensor cores instead
+// (attention_prefill_mma.cu).
 //
-// Decode (flash-decoding, plan_decode): a block per (sequence, kv head, chunk of the group's
-// query heads, split of the keys) loads each K/V tile once for all the chunk's heads and
-// leaves an unnormalised partial (acc, m, l) per head and split; a combine block per
-// (sequence, head) merges the splits; the probs kernel sums the group's probabilities per
-// slot from the kept scores and the final (m, l).
+// Decode (flash-decoding, plan_decode; docs/backends.md): a block per (sequence, kv head, chunk
+// of the group's query heads, split of the keys) reads each cached key and value once, in
+// place with 16-byte loads, for all the chunk's heads, in registers (its dot products are
+// summed across lanes, not by score()); with several splits it leaves an unnormalised partial
+// (acc, m, l) per head and split and a combine block per (sequence, head) merges them; the
+// probs kernel sums the group's probabilities per slot from the kept scores and the final (m, l).
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/quantize.h"
 
 namespace flexh2o::kernels::cuda {
 
@@ -33,7 +42,7 @@ namespace {
 constexpr int kAttnThreads = 128;  // 4 warps
 constexpr std::int64_t kQueryTile = 16;  // prefill: query rows per block
 constexpr std::int64_t kKeyTile = 32;    // keys per shared-memory tile (a warp's width)
-static_assert(kKeyTile == 32 && kDecodeKeyTile == kKeyTile, "the softmax update gives each key of a tile a lane");
+static_assert(kKeyTile == 32, "the softmax update gives each key of a tile a lane");
 constexpr std::size_t kMinScratch = 256;  // CudaBackend::alloc's smallest allocation
 
 // scale * (q . k) over d in [0, D), in this order, each step one rounding; then, with a
@@ -242,83 +251,370 @@ __global__ void col_sums_kernel(const float* q, const float* k, const float* sta
 
 // -------------------------------------------------------------------------------- decode
 
-std::size_t decode_shared_floats(std::int64_t D, std::int64_t heads) {
-  return static_cast<std::size_t>((heads + kKeyTile) * (D + 1) + heads * D + heads * kKeyTile + 3 * heads);
+// Decode reads every cached byte once per step, so it is bound by memory: the kernel keeps the
+// loads wide and many in flight, and does the arithmetic in registers.
+//
+// Layout of a block (kDecodeThreads threads, task = (sequence, kv head, head chunk, split)):
+// a key takes `lanes` consecutive lanes (a power of two, lanes * 8 * C >= head_dim), lane
+// `sub` of a key holding elements [8 * (c * lanes + sub), + 8) for c < C; the block's
+// kDecodeThreads / lanes key groups take consecutive slots, U keys each per step, so a warp's
+// loads of one step are contiguous. Every key group keeps its own online softmax (m, l, acc)
+// per query head of the chunk (HB of them in registers, the chunk's heads and up to HB - nh
+// idle ones with a zero query); dot products are summed across the key's lanes by xor
+// shuffles, which leave the same bits in every lane. At the end the key groups of a warp merge
+// by shuffles, the warps through shared memory, in a fixed order: no atomics, the same bits
+// on every run.
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+
+// Where the parts of a cache slot lie: head_dim values, then (quantized caches) a 4-byte
+// (f16 scale, f16 min) per group of kQuantGroupSize values after code_bytes of codes.
+struct SlotFormat {
+  std::int64_t head_dim = 0, code_bytes = 0;
+  DType dtype = DType::F32;
+};
+
+// Eight consecutive values [e0, e0 + 8) of a slot, loaded with the fewest accesses the dtype
+// allows and widened to fp32 where they are used (registers hold the narrow form meanwhile).
+// A default-constructed slice widens to zeros: lanes past head_dim and keys past the split.
+// The vector forms need head_dim % 8 == 0 and slots aligned to 16 bytes (f32/f16/bf16) or 4
+// (q8/q4, whose rows are then a multiple of 4 bytes); AnySlice reads any slot value by value.
+struct F32Slice {
+  float4 lo{}, hi{};
+  __device__ __forceinline__ void load(const std::uint8_t* slot, const SlotFormat&, std::int64_t e0) {
+    const auto* p = reinterpret_cast<const float4*>(slot + 4 * e0);
+    lo = __ldg(p);
+    hi = __ldg(p + 1);
+  }
+  __device__ __forceinline__ void widen(float (&x)[8], const SlotFormat&) const {
+    x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
+  }
+};
+
+template <bool kBf16>
+struct Half16Slice {  // f16 or bf16: one 16-byte load
+  uint4 bits{};
+  __device__ __forceinline__ void load(const std::uint8_t* slot, const SlotFormat&, std::int64_t e0) {
+    bits = __ldg(reinterpret_cast<const uint4*>(slot + 2 * e0));
+  }
+  __device__ __forceinline__ void widen(float (&x)[8], const SlotFormat&) const {
+    const unsigned words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const auto lo = static_cast<std::uint16_t>(words[w] & 0xffffu), hi = static_cast<std::uint16_t>(words[w] >> 16);
+      x[2 * w] = kBf16 ? bf16_bits_to_f32(lo) : f16_bits_to_f32(lo);
+      x[2 * w + 1] = kBf16 ? bf16_bits_to_f32(hi) : f16_bits_to_f32(hi);
+    }
+  }
+};
+using F16Slice = Half16Slice<false>;
+using BF16Slice = Half16Slice<true>;
+
+// q * scale + min with the (scale, min) of the slice's group, rounded as dequant_at does.
+__device__ __forceinline__ float dequant(unsigned code, unsigned params) {
+  const float s = f16_bits_to_f32(static_cast<std::uint16_t>(params & 0xffffu));
+  const float m = f16_bits_to_f32(static_cast<std::uint16_t>(params >> 16));
+  return __fadd_rn(__fmul_rn(static_cast<float>(code), s), m);
+}
+__device__ __forceinline__ unsigned group_params(const std::uint8_t* slot, const SlotFormat& f, std::int64_t e0) {
+  return __ldg(reinterpret_cast<const unsigned*>(slot + f.code_bytes + 4 * (e0 / kQuantGroupSize)));
 }
 
-// Block per (sequence b, kv head g, head chunk c, split sp): keys [first + sp * kps, + kps) of
-// the visible ones [first, lens[b]) (first > 0 under a sliding window: the cache's slot s holds
-// position s), query heads [g * group + c * hb, + hb) (fewer in the last chunk).
-// Writes per (head, split) the unnormalised acc (part_acc) and (m, l) (part_ml), and the raw
-// scores of its keys to scores[(b * H + h) * capacity + j] when not null.
-__global__ void decode_split_kernel(const float* q, const std::uint8_t* k_cache, const std::uint8_t* v_cache,
-                                    const std::int64_t* lens, std::int64_t B, std::int64_t H, std::int64_t Hkv,
-                                    std::int64_t D, std::int64_t capacity, std::int64_t slot_bytes, DType dtype,
-                                    float scale, float cap, std::int64_t window, std::int64_t hb, std::int64_t chunks,
-                                    std::int64_t splits, std::int64_t kps, float* part_acc, float* part_ml,
-                                    float* scores, const float* slot_bias) {
-  extern __shared__ float sh[];
-  const std::int64_t P = D + 1;
-  float* q_sh = sh;                     // [hb][P]
-  float* kv_sh = q_sh + hb * P;         // [kKeyTile][P]: keys, then values
-  float* acc_sh = kv_sh + kKeyTile * P; // [hb][D]
-  float* p_sh = acc_sh + hb * D;        // [hb][kKeyTile]
-  float* m_sh = p_sh + hb * kKeyTile;   // [hb]
-  float* l_sh = m_sh + hb;
-  float* alpha_sh = l_sh + hb;
-  const std::int64_t group = H / Hkv;
-  for (std::int64_t task = blockIdx.x; task < B * Hkv * chunks * splits; task += gridDim.x) {
-    const std::int64_t sp = task % splits, c = (task / splits) % chunks, g = (task / (splits * chunks)) % Hkv;
-    const std::int64_t b = task / (splits * chunks * Hkv);
+struct Q8Slice {  // 8 code bytes and the group's parameters: three 4-byte loads
+  unsigned lo = 0, hi = 0, params = 0;
+  __device__ __forceinline__ void load(const std::uint8_t* slot, const SlotFormat& f, std::int64_t e0) {
+    const auto* codes = reinterpret_cast<const unsigned*>(slot + e0);
+    lo = __ldg(codes);
+    hi = __ldg(codes + 1);
+    params = group_params(slot, f, e0);
+  }
+  __device__ __forceinline__ void widen(float (&x)[8], const SlotFormat&) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = dequant(((i < 4 ? lo : hi) >> (8 * (i % 4))) & 0xffu, params);
+  }
+};
+
+struct Q4Slice {  // 8 nibbles and the group's parameters: two 4-byte loads
+  unsigned codes = 0, params = 0;
+  __device__ __forceinline__ void load(const std::uint8_t* slot, const SlotFormat& f, std::int64_t e0) {
+    codes = __ldg(reinterpret_cast<const unsigned*>(slot + e0 / 2));
+    params = group_params(slot, f, e0);
+  }
+  __device__ __forceinline__ void widen(float (&x)[8], const SlotFormat&) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = dequant((codes >> (4 * i)) & 0xfu, params);
+  }
+};
+
+struct AnySlice {  // any dtype and head_dim: value by value, read where used (few registers)
+  const std::uint8_t* slot = nullptr;
+  std::int64_t e0 = 0;
+  __device__ __forceinline__ void load(const std::uint8_t* s, const SlotFormat&, std::int64_t first) {
+    slot = s;
+    e0 = first;
+  }
+  __device__ __forceinline__ void widen(float (&x)[8], const SlotFormat& f) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      x[i] = slot != nullptr && e0 + i < f.head_dim ? load_elem(slot, f.dtype, f.head_dim, e0 + i) : 0.0f;
+  }
+};
+
+struct DecodeParams {
+  const float* q = nullptr;  // [B, H, D]
+  const std::uint8_t* k_cache = nullptr;
+  const std::uint8_t* v_cache = nullptr;
+  const std::int64_t* lens = nullptr;
+  const float* slot_bias = nullptr;  // [B, Hkv, capacity] or null
+  std::int64_t H = 0, Hkv = 0, capacity = 0, slot_bytes = 0;
+  SlotFormat format;
+  float scale = 1.0f, softcap = 0.0f;
+  std::int64_t window = 0;
+  DecodePlan plan;
+  std::int64_t tasks = 0;  // B * Hkv * head_chunks * splits
+  int lanes = 1;           // per key
+  // With one split: out [B, H, D] and, when not null, the (m, l) of every (sequence, head) in
+  // ml. With several: part_acc [B, H, splits, D] (unnormalised) and part_ml [B, H, splits, 2].
+  float* out = nullptr;
+  float* ml = nullptr;
+  float* part_acc = nullptr;
+  float* part_ml = nullptr;
+  float* scores = nullptr;  // [B, H, capacity]: the softmax's scores, when not null
+};
+
+// One key group's online softmax over the keys it has seen, per query head of the chunk:
+// E = 8 * C elements of q and of the unnormalised output in each lane.
+template <int HB, int E>
+struct HeadStates {
+  float q[HB][E];
+  float acc[HB][E];
+  float m[HB], l[HB];
+};
+
+// 0 for a state that has seen no key (m = -inf), else exp(m - to).
+__device__ __forceinline__ float rescale(float m, float to) { return m == -INFINITY ? 0.0f : expf(m - to); }
+
+// The element a lane holds at slice c, value i.
+__device__ __forceinline__ std::int64_t lane_elem(int c, int lanes, int sub, int i) { return 8 * (c * lanes + sub) + i; }
+
+template <int HB, int C>
+__device__ __forceinline__ void start_heads(HeadStates<HB, 8 * C>& st, const float* q, std::int64_t nh,
+                                            std::int64_t D, int lanes, int sub) {
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    st.m[h] = -INFINITY;
+    st.l[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const std::int64_t d = lane_elem(c, lanes, sub, i);
+        st.q[h][8 * c + i] = h < nh && d < D ? q[h * D + d] : 0.0f;
+        st.acc[h][8 * c + i] = 0.0f;
+      }
+  }
+}
+
+// Scores of U keys, the split's keys r[u] (-inf for r[u] >= count, past the split), for every
+// head: q . k summed over the key's lanes, scaled, soft-capped and biased as the CPU does; kept
+// in `scores` when asked for. bias and scores start at the split's first key.
+template <class Slice, int HB, int C, int U>
+__device__ __forceinline__ void key_scores(const HeadStates<HB, 8 * C>& st, const Slice (&k)[U][C], const int (&r)[U],
+                                           int count, const DecodeParams& p, const float* bias, float* scores,
+                                           std::int64_t nh, int lanes, int sub, float (&s)[U][HB]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    float dot[HB] = {};
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float x[8];
+      k[u][c].widen(x, p.format);
+#pragma unroll
+      for (int h = 0; h < HB; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot[h] = fmaf(st.q[h][8 * c + i], x[i], dot[h]);
+    }
+    for (int off = lanes >> 1; off > 0; off >>= 1)
+#pragma unroll
+      for (int h = 0; h < HB; ++h) dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], off);
+    const bool valid = r[u] < count;
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      float x = p.scale * dot[h];
+      if (p.softcap != 0.0f) x = p.softcap * tanhf(x / p.softcap);
+      if (bias != nullptr && valid) x += bias[r[u]];
+      s[u][h] = valid ? x : -INFINITY;
+      if (scores != nullptr && valid && sub == 0 && h < nh) scores[h * p.capacity + r[u]] = x;
+    }
+  }
+}
+
+// The online-softmax step over U keys: m grows to the largest score seen, the accumulator
+// and l are rescaled to it, and each key's value is added with weight exp(s - m).
+template <class Slice, int HB, int C, int U>
+__device__ __forceinline__ void key_values(HeadStates<HB, 8 * C>& st, const Slice (&v)[U][C], const SlotFormat& f,
+                                           float (&s)[U][HB]) {
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    float m_new = st.m[h];
+#pragma unroll
+    for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, s[u][h]);
+    // A head that has seen no key yet (m_new = -inf) keeps weight 0 and its accumulator.
+    const bool none = m_new == -INFINITY;
+    const float alpha = none ? 1.0f : expf(st.m[h] - m_new);  // 0 on a head's first keys
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[u][h] = none ? 0.0f : expf(s[u][h] - m_new);  // 0 for keys past the split
+      sum += s[u][h];
+    }
+    st.l[h] = st.l[h] * alpha + sum;
+    st.m[h] = m_new;
+#pragma unroll
+    for (int e = 0; e < 8 * C; ++e) st.acc[h][e] *= alpha;
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float x[8];
+      v[u][c].widen(x, f);
+#pragma unroll
+      for (int h = 0; h < HB; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) st.acc[h][8 * c + i] = fmaf(s[u][h], x[i], st.acc[h][8 * c + i]);
+    }
+}
+
+// Merges the key groups of a warp (lanes `lanes` apart hold the same elements) by xor
+// shuffles: every lane ends with the warp's state of its elements.
+template <int HB, int E>
+__device__ __forceinline__ void merge_warp(HeadStates<HB, E>& st, int lanes) {
+  for (int off = lanes; off < 32; off <<= 1)
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      const float m_o = __shfl_xor_sync(0xffffffffu, st.m[h], off);
+      const float l_o = __shfl_xor_sync(0xffffffffu, st.l[h], off);
+      const float m = fmaxf(st.m[h], m_o), f = rescale(st.m[h], m), f_o = rescale(m_o, m);
+      st.l[h] = st.l[h] * f + l_o * f_o;
+      st.m[h] = m;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float a_o = __shfl_xor_sync(0xffffffffu, st.acc[h][e], off);
+        st.acc[h][e] = st.acc[h][e] * f + a_o * f_o;
+      }
+    }
+}
+
+// Merges the warps' states (in warp order) through shared memory `sh` (kDecodeWarps * HB *
+// (D + 2) floats) and stores the chunk's heads: the output itself with one split, else the
+// split's partial. Synchronises the block; the caller may reuse `sh` afterwards.
+template <int HB, int C>
+__device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, float* sh, const DecodeParams& p,
+                                            std::int64_t bh0, std::int64_t nh, std::int64_t sp, int lanes,
+                                            int sub) {
+  const std::int64_t D = p.format.head_dim;
+  float* m_sh = sh;                          // [warp][HB]
+  float* l_sh = m_sh + kDecodeWarps * HB;    // [warp][HB]
+  float* acc_sh = l_sh + kDecodeWarps * HB;  // [warp][HB][D]
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  if (lane < lanes) {  // the first key group of the warp
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      m_sh[warp * HB + h] = st.m[h];
+      l_sh[warp * HB + h] = st.l[h];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const std::int64_t d = lane_elem(c, lanes, sub, i);
+          if (d < D) acc_sh[(warp * HB + h) * D + d] = st.acc[h][8 * c + i];
+        }
+    }
+  }
+  __syncthreads();
+  const std::int64_t splits = p.plan.splits;
+  for (std::int64_t e = threadIdx.x; e < nh * D; e += kDecodeThreads) {
+    const std::int64_t h = e / D, d = e % D, bh = bh0 + h;
+    float m = -INFINITY;
+    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, m_sh[w * HB + h]);
+    float l = 0.0f, o = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float f = rescale(m_sh[w * HB + h], m);
+      l += l_sh[w * HB + h] * f;
+      o += acc_sh[(w * HB + h) * D + d] * f;
+    }
+    // An empty split (no visible key) leaves (m, l) = (-inf, 0) and acc = 0: it weighs nothing
+    // in the combine; with one split every sequence has a key, so l > 0.
+    float* ml = nullptr;
+    if (splits == 1) {
+      p.out[bh * D + d] = o / l;
+      if (p.ml != nullptr) ml = p.ml + 2 * bh;
+    } else {
+      p.part_acc[(bh * splits + sp) * D + d] = o;
+      ml = p.part_ml + 2 * (bh * splits + sp);
+    }
+    if (ml != nullptr && d == 0) {
+      ml[0] = m;
+      ml[1] = l;
+    }
+  }
+  __syncthreads();  // the next task may write sh
+}
+
+// Block per task (sequence b, kv head g, head chunk c, split sp): keys [k0, k1) = the split's
+// share of the visible ones [first_visible(lens[b] - 1), lens[b]) (slot s holds position s
+// under a window), query heads [g * group + c * hb, + nh).
+template <class Slice, int HB, int C>
+__global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeParams p) {
+  extern __shared__ float merge_sh[];
+  // Keys in flight per key group and step: fewer where the registers are full of heads (and one
+  // for AnySlice, which reads where it widens).
+  constexpr int U = C > 1 || std::is_same_v<Slice, AnySlice> ? 1 : (HB >= 8 ? 2 : 4);
+  const int lanes = p.lanes, sub = static_cast<int>(threadIdx.x) & (lanes - 1);
+  const int key_group = static_cast<int>(threadIdx.x) / lanes, key_groups = kDecodeThreads / lanes;
+  const std::int64_t D = p.format.head_dim, group = p.H / p.Hkv, hb = p.plan.heads_per_block;
+  const std::int64_t splits = p.plan.splits, chunks = p.plan.head_chunks, kps = p.plan.keys_per_split;
+  for (std::int64_t task = blockIdx.x; task < p.tasks; task += gridDim.x) {
+    const std::int64_t sp = task % splits, c = (task / splits) % chunks, bg = task / (splits * chunks);
+    const std::int64_t b = bg / p.Hkv, g = bg % p.Hkv;
     const std::int64_t h0 = g * group + c * hb, nh = group - c * hb < hb ? group - c * hb : hb;
-    const std::int64_t n = lens[b], k0 = first_visible(n - 1, window) + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
-    const std::uint8_t* k_head = k_cache + (b * Hkv + g) * capacity * slot_bytes;
-    const std::uint8_t* v_head = v_cache + (b * Hkv + g) * capacity * slot_bytes;
-    __syncthreads();  // the previous task is done with the shared arrays
-    for (std::int64_t e = threadIdx.x; e < nh * D; e += blockDim.x) {
-      const std::int64_t hh = e / D, d = e % D;
-      q_sh[hh * P + d] = q[(b * H + h0 + hh) * D + d];
-      acc_sh[e] = 0.0f;
-    }
-    for (std::int64_t hh = threadIdx.x; hh < nh; hh += blockDim.x) {
-      m_sh[hh] = -INFINITY;
-      l_sh[hh] = 0.0f;
-    }
-    for (std::int64_t j0 = k0; j0 < k1; j0 += kKeyTile) {
-      const std::int64_t cnt = k1 - j0 < kKeyTile ? k1 - j0 : kKeyTile;
-      __syncthreads();  // the previous tile's readers are done with kv_sh and p_sh
-      for (std::int64_t e = threadIdx.x; e < cnt * D; e += blockDim.x) {
-        const std::int64_t j = e / D, d = e % D;
-        kv_sh[j * P + d] = load_elem(k_head + (j0 + j) * slot_bytes, dtype, D, d);
+    const std::int64_t n = p.lens[b], k0 = first_visible(n - 1, p.window) + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
+    // This key group's keys: the split's r = key_group, + key_groups, ...; pointers to the first.
+    const int count = static_cast<int>(k1 > k0 ? k1 - k0 : 0);
+    const std::int64_t stride = key_groups * p.slot_bytes;
+    const std::uint8_t* k_slot = p.k_cache + (bg * p.capacity + k0 + key_group) * p.slot_bytes;
+    const std::uint8_t* v_slot = p.v_cache + (bg * p.capacity + k0 + key_group) * p.slot_bytes;
+    const float* bias = p.slot_bias != nullptr ? p.slot_bias + bg * p.capacity + k0 : nullptr;
+    float* scores = p.scores != nullptr ? p.scores + (b * p.H + h0) * p.capacity + k0 : nullptr;
+    HeadStates<HB, 8 * C> st;
+    start_heads<HB, C>(st, p.q + (b * p.H + h0) * D, nh, D, lanes, sub);
+    // The same steps in every lane (the shuffles need the whole warp); keys past the split are
+    // not read and score -inf.
+#pragma unroll 1
+    for (int r0 = 0; r0 < count; r0 += key_groups * U) {
+      Slice ks[U][C], vs[U][C];
+      int r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        r[u] = r0 + u * key_groups + key_group;
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc) {
+          const std::int64_t e0 = lane_elem(cc, lanes, sub, 0);
+          if (r[u] < count && e0 < D) {
+            ks[u][cc].load(k_slot + u * stride, p.format, e0);
+            vs[u][cc].load(v_slot + u * stride, p.format, e0);
+          }
+        }
       }
-      __syncthreads();
-      for (std::int64_t e = threadIdx.x; e < nh * kKeyTile; e += blockDim.x) {
-        const std::int64_t hh = e / kKeyTile, j = e % kKeyTile;
-        float s = j < cnt ? score(q_sh + hh * P, kv_sh + j * P, D, scale, cap) : -INFINITY;
-        if (slot_bias != nullptr && j < cnt) s = __fadd_rn(s, slot_bias[(b * Hkv + g) * capacity + j0 + j]);
-        p_sh[e] = s;
-        if (scores != nullptr && j < cnt) scores[(b * H + h0 + hh) * capacity + j0 + j] = s;
-      }
-      __syncthreads();
-      softmax_tile(p_sh, m_sh, l_sh, alpha_sh, nh);
-      __syncthreads();  // the keys are read: the values take their place
-      for (std::int64_t e = threadIdx.x; e < cnt * D; e += blockDim.x) {
-        const std::int64_t j = e / D, d = e % D;
-        kv_sh[j * P + d] = load_elem(v_head + (j0 + j) * slot_bytes, dtype, D, d);
-      }
-      __syncthreads();
-      accumulate_tile(acc_sh, p_sh, kv_sh, alpha_sh, nh, cnt, D, P);
+      k_slot += U * stride;
+      v_slot += U * stride;
+      float s[U][HB];
+      key_scores<Slice, HB, C, U>(st, ks, r, count, p, bias, scores, nh, lanes, sub, s);
+      key_values<Slice, HB, C, U>(st, vs, p.format, s);
     }
-    __syncthreads();
-    // An empty split (k0 >= n) leaves (m, l) = (-inf, 0) and acc = 0: it weighs nothing below.
-    for (std::int64_t e = threadIdx.x; e < nh * D; e += blockDim.x) {
-      const std::int64_t hh = e / D, d = e % D;
-      part_acc[((b * H + h0 + hh) * splits + sp) * D + d] = acc_sh[e];
-    }
-    for (std::int64_t hh = threadIdx.x; hh < nh; hh += blockDim.x) {
-      part_ml[2 * ((b * H + h0 + hh) * splits + sp)] = m_sh[hh];
-      part_ml[2 * ((b * H + h0 + hh) * splits + sp) + 1] = l_sh[hh];
-    }
+    merge_warp(st, lanes);
+    store_heads<HB, C>(st, merge_sh, p, b * p.H + h0, nh, sp, lanes, sub);
   }
 }
 
@@ -332,10 +628,10 @@ __global__ void decode_combine_kernel(const float* part_acc, const float* part_m
     float m = -INFINITY;
     for (std::int64_t sp = 0; sp < splits; ++sp) m = fmaxf(m, pm[2 * sp]);  // split 0 holds the first visible key: m is finite
     float l = 0.0f;
-    for (std::int64_t sp = 0; sp < splits; ++sp) l += pm[2 * sp + 1] * expf(pm[2 * sp] - m);
+    for (std::int64_t sp = 0; sp < splits; ++sp) l += pm[2 * sp + 1] * rescale(pm[2 * sp], m);
     for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.0f;
-      for (std::int64_t sp = 0; sp < splits; ++sp) o += part_acc[(task * splits + sp) * D + d] * expf(pm[2 * sp] - m);
+      for (std::int64_t sp = 0; sp < splits; ++sp) o += part_acc[(task * splits + sp) * D + d] * rescale(pm[2 * sp], m);
       out[task * D + d] = o / l;
     }
     if (ml != nullptr && threadIdx.x == 0) {
@@ -365,6 +661,55 @@ __global__ void decode_probs_kernel(const float* scores, const float* ml, const 
       p += expf(scores[(b * H + h) * capacity + j] - ml[2 * (b * H + h)]) / ml[2 * (b * H + h) + 1];
     probs[e] = p;
   }
+}
+
+template <class Slice, int HB, int C>
+void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  const std::size_t shared = static_cast<std::size_t>(kDecodeWarps * HB * (p.format.head_dim + 2)) * sizeof(float);
+  decode_kernel<Slice, HB, C><<<blocks_for(p.tasks, 1), kDecodeThreads, shared, stream>>>(p);
+}
+
+// Registers for HB = 1, 2, 4 or 8 heads of eight values a lane, or one head of 32 values a
+// lane above kDecodeWideHeadDim.
+template <class Slice>
+void launch_decode_heads(const DecodeParams& p, cudaStream_t stream) {
+  const std::int64_t hb = p.plan.heads_per_block;
+  if (p.format.head_dim > kDecodeWideHeadDim) return launch_decode<Slice, 1, 4>(p, stream);
+  if (hb == 1) return launch_decode<Slice, 1, 1>(p, stream);
+  if (hb == 2) return launch_decode<Slice, 2, 1>(p, stream);
+  if (hb <= 4) return launch_decode<Slice, 4, 1>(p, stream);
+  launch_decode<Slice, 8, 1>(p, stream);
+}
+
+bool aligned_to(const void* ptr, std::int64_t slot_bytes, std::int64_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(ptr) % static_cast<std::uintptr_t>(bytes) == 0 && slot_bytes % bytes == 0;
+}
+
+// The widest loads the cache's dtype and alignment allow (SlotFormat, F32Slice...).
+void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  const std::int64_t align = is_quantized(p.format.dtype) ? 4 : 16;
+  const bool vector = p.format.head_dim % 8 == 0 && aligned_to(p.k_cache, p.slot_bytes, align) &&
+                      aligned_to(p.v_cache, p.slot_bytes, align);
+  if (!vector) return launch_decode_heads<AnySlice>(p, stream);
+  switch (p.format.dtype) {
+    case DType::F32: return launch_decode_heads<F32Slice>(p, stream);
+    case DType::F16: return launch_decode_heads<F16Slice>(p, stream);
+    case DType::BF16: return launch_decode_heads<BF16Slice>(p, stream);
+    case DType::Q8: return launch_decode_heads<Q8Slice>(p, stream);
+    case DType::Q4: return launch_decode_heads<Q4Slice>(p, stream);
+    case DType::Q4G32:
+    case DType::Q8G32: break;  // groups of 32: value by value
+  }
+  launch_decode_heads<AnySlice>(p, stream);
+}
+
+// Lanes a key takes: enough for head_dim at 8 values a lane (32 above kDecodeWideHeadDim),
+// rounded up to a power of two so that a key's lanes lie within a warp, aligned.
+int decode_lanes(std::int64_t D) {
+  const std::int64_t per_lane = D > kDecodeWideHeadDim ? 32 : 8, need = (D + per_lane - 1) / per_lane;
+  int lanes = 1;
+  while (lanes < need) lanes *= 2;
+  return lanes;
 }
 
 // --------------------------------------------------------------------------- KV cache ops
@@ -487,9 +832,36 @@ std::vector<std::int64_t> row_tiles(std::span<const std::int64_t> offsets, std::
 
 std::size_t floats_bytes(std::size_t floats) { return floats * sizeof(float); }
 
+// Under bf16 compute, prefill runs on tensor cores (attention_prefill_mma.cu) for the head dims
+// that kernel has; with column sums it stays on the fp32 kernels, whose column-sum pass
+// recomputes the very scores the softmax used.
+bool prefill_on_tensor_cores(const AttentionPrefillArgs& a) {
+  auto aligned = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  return a.compute == DType::BF16 && a.col_sums == nullptr && mma_prefill_has(a.shape.head_dim) && aligned(a.q, 16) &&
+         aligned(a.k, 16) && aligned(a.v, 16) && aligned(a.out, 8);
+}
+
 // Bytes a DeviceBuffer of `bytes` takes from the pool (none when empty).
 std::int64_t scratch_of(std::int64_t bytes) {
   return bytes <= 0 ? 0 : std::max<std::int64_t>(bytes, static_cast<std::int64_t>(kMinScratch));
+}
+
+// Chunks of at most kDecodeMaxHeadsPerBlock query heads (one above kDecodeWideHeadDim) a
+// group is read in.
+std::int64_t decode_head_chunks(const AttentionShape& s) {
+  const std::int64_t group = s.n_heads / s.n_kv_heads;
+  const std::int64_t most_heads = s.head_dim > kDecodeWideHeadDim ? 1 : kDecodeMaxHeadsPerBlock;
+  return (group + most_heads - 1) / most_heads;
+}
+
+// The splits plan_decode asks for before rounding them to whole tiles (which never adds one):
+// enough for kDecodeBlocksPerSm blocks per SM, each of at least kDecodeMinKeys keys. It grows
+// with max_len, so the bound at a cache's capacity covers every shorter decode.
+std::int64_t decode_splits_bound(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count) {
+  const std::int64_t blocks = std::max<std::int64_t>(batch * s.n_kv_heads * decode_head_chunks(s), 1);
+  const std::int64_t target = kDecodeBlocksPerSm * static_cast<std::int64_t>(std::max(sm_count, 1));
+  const std::int64_t most = (std::max<std::int64_t>(max_len, 1) + kDecodeMinKeys - 1) / kDecodeMinKeys;
+  return std::clamp<std::int64_t>((target + blocks - 1) / blocks, 1, most);
 }
 
 }  // namespace
@@ -497,13 +869,10 @@ std::int64_t scratch_of(std::int64_t bytes) {
 DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count) {
   DecodePlan p;
   const std::int64_t group = s.n_heads / s.n_kv_heads;
-  p.head_chunks = (group + kDecodeMaxHeadsPerBlock - 1) / kDecodeMaxHeadsPerBlock;
+  p.head_chunks = decode_head_chunks(s);
   p.heads_per_block = (group + p.head_chunks - 1) / p.head_chunks;  // chunks of even size
   max_len = std::max<std::int64_t>(max_len, 1);
-  const std::int64_t blocks = std::max<std::int64_t>(batch * s.n_kv_heads * p.head_chunks, 1);
-  const std::int64_t want = (2 * static_cast<std::int64_t>(std::max(sm_count, 1)) + blocks - 1) / blocks;
-  const std::int64_t most = (max_len + kDecodeMinKeys - 1) / kDecodeMinKeys;
-  const std::int64_t splits = std::clamp<std::int64_t>(want, 1, most);
+  const std::int64_t splits = decode_splits_bound(s, batch, max_len, sm_count);
   const std::int64_t per = (max_len + splits - 1) / splits;
   p.keys_per_split = (per + kDecodeKeyTile - 1) / kDecodeKeyTile * kDecodeKeyTile;
   p.splits = (max_len + p.keys_per_split - 1) / p.keys_per_split;  // none empty for the longest sequence
@@ -531,9 +900,8 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   if (scores) prefill += scratch_of(8 * rows * H) + scratch_of(16 * key_tiles) + scratch_of(4 * rows);
   // Decode: lens, the partials of every (sequence, head, split), and with the probabilities
   // the kept scores and the combined (m, l).
-  const DecodePlan plan = plan_decode(s, batch, capacity, sm_count);
-  std::int64_t decode = scratch_of(8 * batch) + scratch_of(4 * batch * H * plan.splits * D) +
-                        scratch_of(8 * batch * H * plan.splits);
+  const std::int64_t splits = decode_splits_bound(s, batch, capacity, sm_count);
+  std::int64_t decode = scratch_of(8 * batch) + scratch_of(4 * batch * H * splits * D) + scratch_of(8 * batch * H * splits);
   if (scores) decode += scratch_of(4 * batch * H * capacity) + scratch_of(8 * batch * H);
   return std::max({kv_ops, prefill, decode});
 }
@@ -545,12 +913,19 @@ void CudaBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
   const bool weighted = !a.query_weights.empty();
   if (T <= 0) return;
   const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
-  const std::size_t shared = floats_bytes(prefill_shared_floats(D));
-  allow_shared(reinterpret_cast<const void*>(prefill_kernel), shared, "attention_prefill");
-  const std::vector<std::int64_t> tiles = row_tiles(a.seq_offsets, kQueryTile);
+  const bool mma = prefill_on_tensor_cores(a);
+  const std::size_t shared = mma ? mma_prefill_shared_bytes(D) : floats_bytes(prefill_shared_floats(D));
+  allow_shared(mma ? mma_prefill_kernel(D) : reinterpret_cast<const void*>(prefill_kernel), shared, "attention_prefill");
+  const std::vector<std::int64_t> tiles = row_tiles(a.seq_offsets, mma ? kMmaQueryTile : kQueryTile);
   const std::int64_t n_tiles = static_cast<std::int64_t>(tiles.size()) / 2;
   const DeviceBuffer offsets = upload(a.seq_offsets);
   const DeviceBuffer tiles_d = upload(std::span<const std::int64_t>(tiles));
+  if (mma) {
+    launch_mma_prefill({.shape = s, .q = a.q, .k = a.k, .v = a.v, .out = a.out, .tiles = tiles_d.as<std::int64_t>(),
+                        .n_tiles = n_tiles, .offsets = offsets.as<std::int64_t>()},
+                       stream_);
+    return;
+  }
   DeviceBuffer stats;
   if (a.col_sums != nullptr) stats = DeviceBuffer(*this, static_cast<std::size_t>(T * H) * 2 * sizeof(float));
   prefill_kernel<<<blocks_for(n_tiles * H, 1), kAttnThreads, shared, stream_>>>(
@@ -581,31 +956,55 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
     max_len = std::max(max_len, n - first_visible(n - 1, s.window));
   }
   if (B == 0) return;
-  const std::int64_t H = s.n_heads, Hkv = s.n_kv_heads, D = s.head_dim;
-  const DecodePlan plan = plan_decode(s, B, max_len, sm_count_);
-  const std::size_t shared = floats_bytes(decode_shared_floats(D, plan.heads_per_block));
-  allow_shared(reinterpret_cast<const void*>(decode_split_kernel), shared, "attention_decode");
+  const std::int64_t H = s.n_heads, D = s.head_dim;
+  if (D > kDecodeMaxHeadDim)
+    throw std::invalid_argument("attention_decode: head_dim " + std::to_string(D) + " is above the CUDA kernel's " +
+                                std::to_string(kDecodeMaxHeadDim));
+  if (a.capacity > std::numeric_limits<int>::max() / 2)  // the kernel counts a split's keys in int
+    throw std::invalid_argument("attention_decode: capacity " + std::to_string(a.capacity) +
+                                " is above the CUDA kernel's " + std::to_string(std::numeric_limits<int>::max() / 2));
+  DecodeParams p;
+  p.plan = plan_decode(s, B, max_len, sm_count_);
   const DeviceBuffer lens = upload(a.lens);
-  DeviceBuffer part_acc(*this, static_cast<std::size_t>(B * H * plan.splits * D) * sizeof(float));
-  DeviceBuffer part_ml(*this, static_cast<std::size_t>(B * H * plan.splits) * 2 * sizeof(float));
-  DeviceBuffer scores, ml;
+  DeviceBuffer part_acc, part_ml, scores, ml;
+  if (p.plan.splits > 1) {
+    part_acc = DeviceBuffer(*this, static_cast<std::size_t>(B * H * p.plan.splits * D) * sizeof(float));
+    part_ml = DeviceBuffer(*this, static_cast<std::size_t>(B * H * p.plan.splits) * 2 * sizeof(float));
+  }
   if (a.probs != nullptr) {
     scores = DeviceBuffer(*this, static_cast<std::size_t>(B * H * a.capacity) * sizeof(float));
     ml = DeviceBuffer(*this, static_cast<std::size_t>(B * H) * 2 * sizeof(float));
   }
-  const std::int64_t tasks = B * Hkv * plan.head_chunks * plan.splits;
-  decode_split_kernel<<<blocks_for(tasks, 1), kAttnThreads, shared, stream_>>>(
-      a.q, static_cast<const std::uint8_t*>(a.k_cache), static_cast<const std::uint8_t*>(a.v_cache),
-      lens.as<std::int64_t>(), B, H, Hkv, D, a.capacity, kv_slot_bytes(a.cache_dtype, D), a.cache_dtype, s.scale,
-      s.softcap, s.window, plan.heads_per_block, plan.head_chunks, plan.splits, plan.keys_per_split, part_acc.as<float>(),
-      part_ml.as<float>(), scores.as<float>(), a.slot_bias);
+  p.q = a.q;
+  p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
+  p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
+  p.lens = lens.as<std::int64_t>();
+  p.slot_bias = a.slot_bias;
+  p.H = H;
+  p.Hkv = s.n_kv_heads;
+  p.capacity = a.capacity;
+  p.slot_bytes = kv_slot_bytes(a.cache_dtype, D);
+  p.format = SlotFormat{D, is_quantized(a.cache_dtype) ? quant_code_bytes(a.cache_dtype, D) : 0, a.cache_dtype};
+  p.scale = s.scale;
+  p.softcap = s.softcap;
+  p.window = s.window;
+  p.tasks = B * p.Hkv * p.plan.head_chunks * p.plan.splits;
+  p.lanes = decode_lanes(D);
+  p.out = a.out;
+  p.ml = ml.as<float>();
+  p.part_acc = part_acc.as<float>();
+  p.part_ml = part_ml.as<float>();
+  p.scores = scores.as<float>();
+  launch_decode(p, stream_);
   FLEXH2O_CUDA_CHECK_LAUNCH();
-  decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(part_acc.as<float>(), part_ml.as<float>(),
-                                                                             B * H, plan.splits, D, a.out, ml.as<float>());
-  FLEXH2O_CUDA_CHECK_LAUNCH();
+  if (p.plan.splits > 1) {
+    decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(
+        part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, a.out, ml.as<float>());
+    FLEXH2O_CUDA_CHECK_LAUNCH();
+  }
   if (a.probs != nullptr) {
-    decode_probs_kernel<<<blocks_for(B * Hkv * a.capacity), kThreads, 0, stream_>>>(
-        scores.as<float>(), ml.as<float>(), lens.as<std::int64_t>(), B, H, Hkv, a.capacity, s.window, a.probs);
+    decode_probs_kernel<<<blocks_for(B * p.Hkv * a.capacity), kThreads, 0, stream_>>>(
+        scores.as<float>(), ml.as<float>(), lens.as<std::int64_t>(), B, H, p.Hkv, a.capacity, s.window, a.probs);
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
 }

@@ -61,16 +61,22 @@ constexpr std::int64_t kGemmXPanelBytes = std::int64_t{32} << 20;  // converted 
 constexpr std::int64_t kGemmWPanelBytes = std::int64_t{64} << 20;  // converted weight per cuBLAS call, at most
 GemmPlan plan_gemm(std::int64_t m, std::int64_t k, std::int64_t n, DType w, DType compute);
 
-// Flash-decoding: a block per (sequence, kv head, chunk of the group's query heads, split of
-// the keys), sharing each K/V tile across the chunk's heads; enough splits to give every SM
-// two blocks, each of at least kDecodeMinKeys keys.
+// Flash-decoding (attention_gpu.cu): a block per (sequence, kv head, chunk of the group's query
+// heads, split of the keys) reads each key and value once for the chunk's heads; enough splits
+// for kDecodeBlocksPerSm blocks per SM, each of at least kDecodeMinKeys keys (in whole
+// kDecodeKeyTile tiles). Chunks hold at most kDecodeMaxHeadsPerBlock heads, one above
+// kDecodeWideHeadDim (the per-lane registers grow with head_dim); head_dim up to
+// kDecodeMaxHeadDim.
 struct DecodePlan {
   std::int64_t heads_per_block = 1, head_chunks = 1;
   std::int64_t splits = 1, keys_per_split = 1;
 };
 constexpr std::int64_t kDecodeMaxHeadsPerBlock = 8;
-constexpr std::int64_t kDecodeKeyTile = 32;  // keys per shared-memory tile (a warp's width)
+constexpr std::int64_t kDecodeKeyTile = 32;
 constexpr std::int64_t kDecodeMinKeys = 64;
+constexpr std::int64_t kDecodeBlocksPerSm = 8;
+constexpr std::int64_t kDecodeWideHeadDim = 256;
+constexpr std::int64_t kDecodeMaxHeadDim = 1024;
 DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count);
 
 // Device bytes the attention ops (KV writes and moves, prefill, decode) allocate, at most: the

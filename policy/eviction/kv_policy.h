@@ -1,4 +1,4 @@
-// KV eviction policies (ALGORITHMS.md section 5): which cached tokens of one (layer, sequence,
+// KV eviction policies (docs/kv-eviction.md): which cached tokens of one (layer, sequence,
 // kv head) stay in its fixed slot array. Pure logic: the attention kernels report the
 // attention mass (prefill column sums, decode per-slot probabilities, both summed over the kv
 // head's query heads) and the engine moves K/V rows; the policy only decides.
@@ -211,7 +211,6 @@ class KvPolicy {
   static std::span<float> logit_biases(KvHeadState& s) { return s.bias_; }
   static std::span<std::uint64_t> history(KvHeadState& s) { return s.bits_; }
   static std::int64_t history_words(const KvHeadState& s) { return s.words_; }
-  static std::int64_t history_len(const KvHeadState& s) { return s.history_; }
   static void release(KvHeadState& s, std::int64_t slot, std::vector<std::int64_t>& evict) {
     s.release(slot);
     evict.push_back(slot);

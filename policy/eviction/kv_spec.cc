@@ -149,15 +149,6 @@ double KvSpec::param(const std::string& key) const {
   return it->second;
 }
 
-const std::vector<std::string>& kv_policy_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (const auto& d : policy_defs()) out.emplace_back(d.name);
-    return out;
-  }();
-  return names;
-}
-
 KvSpec parse_kv_spec(std::string_view raw) {
   const std::string_view text = trim(raw);
   if (text.empty()) fail(text, cat("empty; valid policies: ", join_names(), " (e.g. h2o:0.2)"));

@@ -54,9 +54,6 @@ struct KvSpec {
   double param(const std::string& key) const;  // throws std::out_of_range when absent
 };
 
-// The policy names parse_kv_spec accepts, in the order above.
-const std::vector<std::string>& kv_policy_names();
-
 // Throws std::invalid_argument naming the text and saying what is valid.
 KvSpec parse_kv_spec(std::string_view text);
 
@@ -66,7 +63,7 @@ std::vector<KvSpec> parse_kv_specs(std::string_view list);
 
 // Budget in tokens for a sequence of n tokens (BOS included): fraction f -> max(8, round(f*n)),
 // tokens B -> B, h2o heavy+recent -> the sum (floor 8 when either part is a fraction), full -> n;
-// never more than n. (ALGORITHMS.md section 5.) Pyramid's per-layer budget is
+// never more than n. (docs/kv-eviction.md.) Pyramid's per-layer budget is
 // KvPolicy::budget(layer, n); this is its layer-0 budget.
 std::int64_t budget_tokens(const KvSpec& spec, std::int64_t n);
 

@@ -1,4 +1,4 @@
-// The eviction policies of ALGORITHMS.md section 5. Conventions shared by all of them:
+// The eviction policies of docs/kv-eviction.md ("Definitions"). Conventions shared by all of them:
 //  - "oldest" / "newest" compare original positions; ties in a score are broken against the
 //    oldest token, at prefill and decode alike (the prefill keeps the newer of two equal
 //    tokens, exactly as repeated "evict the lowest, ties oldest" would).
@@ -241,8 +241,8 @@ class AccumulatedPolicy : public KvPolicy {
   }
 };
 
-// h2o: recent = floor(B/2) including the current token, heavy = B - recent (ALGORITHMS.md
-// evaluation protocol), or the explicit heavy=/recent= split. Prefill keeps the recent window
+// h2o: recent = floor(B/2) including the current token, heavy = B - recent (H2O's evaluation
+// split; docs/kv-eviction.md), or the explicit heavy=/recent= split. Prefill keeps the recent window
 // plus the top-heavy column sums of the older tokens; the column sums seed the scores.
 class H2oPolicy final : public AccumulatedPolicy {
  public:

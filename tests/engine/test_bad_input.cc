@@ -12,7 +12,8 @@
 
 #include "engine/runtime/cgroup_memory.h"
 #include "engine/families/family.h"
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
+#include "engine/families/model_yaml.h"
 #include "engine/model/model_config.h"
 #include "engine/job/result_file.h"
 #include "engine/job/prompts.h"

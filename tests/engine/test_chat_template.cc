@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "engine/chat/chat_template.h"
-#include "engine/chat/template_source.h"
+#include "engine/loaders/template_source.h"
 
 namespace {
 

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "engine/loaders/dummy_weights.h"
+#include "engine/loaders/model_source.h"
 #include "engine/model/weights.h"
 #include "kernels/backend.h"
 #include "tests/support/test_models.h"
@@ -325,6 +326,41 @@ TEST(Cli, PlanIsADryRunWhosePolicyRunAccepts) {
   expect_clean_error(run("plan --model opt-30b --hardware " + dir.file("nope.yaml")), "nope.yaml");
 }
 
+// Under continuous batching the report's prefill is every step that prefilled (a newcomer's
+// prompt rows, the other slots' decode rows beside them), not the first step alone: 12 prompts
+// of 40 tokens in 4 slots at 40 prompt tokens a step join one a step, each in a step of its own.
+TEST(Cli, ContinuousReportCountsEveryPrefillStep) {
+  testing::TempDir dir;
+  std::string prompts;
+  for (int i = 0; i < 12; ++i) {
+    std::string tokens = "1";
+    for (int t = 1; t < 40; ++t) tokens += ", " + std::to_string(3 + (i * 7 + t * 13) % 500);
+    prompts += "{\"id\": " + std::to_string(i) + ", \"tokens\": [" + tokens + "]}\n";
+  }
+  testing::write_file(dir.file("in.jsonl"), prompts);
+  const Result r = run("run --prompts " + dir.file("in.jsonl") + " --gen-len 6 --ignore-eos --gpu-batch-size 4 " +
+                       "--batching continuous --prefill-budget 40 --metrics " + dir.file("m.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("prefill (12 steps with prompt rows): "));
+  const auto m = nlohmann::json::parse(testing::read_file(dir.file("m.json")));
+  EXPECT_EQ(m.at("prompt_tokens"), 12 * 40);
+  EXPECT_EQ(m.at("generated_tokens"), 12 * 6);
+  EXPECT_EQ(m.at("prefill_steps"), 12);
+  // Requests 0-3 join in steps 0-3, 4-7 in steps 6-9 (each the step after one ends: 6 steps
+  // each), 8-11 in steps 12-15; the last ends with step 20. Decode-only: 4, 5, 10, 11, 16-20.
+  EXPECT_EQ(m.at("decode_steps"), 9);
+  const double prefill = m.at("prefill_seconds").get<double>(), decode = m.at("decode_seconds").get<double>();
+  ASSERT_GT(prefill, 0);
+  ASSERT_GT(decode, 0);
+  EXPECT_NEAR(m.at("prefill_throughput").get<double>(), 12 * 40 / prefill, 1e-9 * 12 * 40 / prefill);
+  // The decode-only steps' tokens: one per busy slot (4 in each but the last three: 3, 2, 1).
+  const auto decode_tokens = m.at("decode_tokens").get<std::int64_t>();
+  EXPECT_EQ(decode_tokens, 6 * 4 + 3 + 2 + 1);
+  EXPECT_NEAR(m.at("decode_throughput").get<double>(), static_cast<double>(decode_tokens) / decode,
+              1e-9 * static_cast<double>(decode_tokens) / decode);
+  EXPECT_LE(prefill + decode, m.at("wall_seconds").get<double>() * 1.001 + 1e-3);
+}
+
 // The planner plans a continuous job for its requests' lengths, and run --explain sets its
 // prediction (tok/s, step time, memory per tier) beside what the run measured; --metrics
 // carries both. plan takes the means on the command line, checked.
@@ -377,6 +413,20 @@ TEST(Cli, CalibrateWritesAProfilePlanReads) {
                        " --out " + dir.file("hw.yaml"));
   ASSERT_EQ(c.code, 0) << c.err;
   const std::string profile = testing::read_file(dir.file("hw.yaml"));
+  // Every GEMM in the compute dtype a run of those rows computes in (--compute-dtype auto for
+  // the model's f16 matrices on this CPU), as the unit curves are.
+  auto cpu = kernels::make_cpu_backend();
+  const engine::Bf16Speed bf16 = engine::bf16_speed(*cpu, kernels::DType::F16);
+  std::string by_rows;
+  for (const std::int64_t rows : {1, 4, 16, 64, 256}) {
+    const std::string dtype(kernels::dtype_name(engine::job_compute_dtype("auto", kernels::DType::F16, bf16, rows).dtype));
+    const std::string m = std::to_string(rows);
+    EXPECT_THAT(c.err, HasSubstr("gemm curve m=" + m + " n=k=128 f16 weights, " + dtype + " compute"));
+    by_rows += (by_rows.empty() ? "" : ", ") + m + " " + dtype;
+  }
+  EXPECT_THAT(profile, HasSubstr("GEMMs of f16 weights in the compute dtype --compute-dtype auto gives each row count (" +
+                                 by_rows + ")"));
+  EXPECT_THAT(c.err, HasSubstr("decoder layer, 64 rows, "));
   EXPECT_THAT(profile, HasSubstr("layer_tflops_by_rows: {1: "));
   EXPECT_THAT(profile, HasSubstr("head_tflops_by_rows: {1: "));
   const Result p = run("plan --model opt-125m --hardware " + dir.file("hw.yaml") + " --prompt-len 64 --gen-len 8");

@@ -18,7 +18,7 @@
 #include "engine/loaders/gguf_blocks.h"
 #include "engine/loaders/gguf_checkpoint.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "kernels/quantize.h"
 #include "tests/support/error_of.h"
 #include "tests/support/gguf_edit.h"

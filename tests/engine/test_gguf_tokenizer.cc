@@ -7,7 +7,7 @@
 
 #include "engine/loaders/gguf_file.h"
 #include "engine/loaders/gguf_tokenizer_keys.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/tokenizer/byte_level.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
 #include "tests/support/error_of.h"

@@ -10,7 +10,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/runtime/kv_quality.h"
 #include "engine/loaders/dummy_weights.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "policy/eviction/kv_spec.h"
 #include "tests/support/test_models.h"
 

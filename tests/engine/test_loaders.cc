@@ -10,7 +10,8 @@
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
-#include "engine/model/model_source.h"
+#include "engine/families/model_yaml.h"
+#include "engine/loaders/model_source.h"
 #include "tests/support/error_of.h"
 #include "tests/support/test_models.h"
 

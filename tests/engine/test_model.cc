@@ -9,7 +9,7 @@
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "tests/support/fp_tolerance.h"
 #include "tests/support/test_models.h"
 

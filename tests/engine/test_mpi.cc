@@ -360,6 +360,46 @@ std::string signalled_job(const testing::TempDir& dir) {
          " --gen-len 16 --gpu-batch-size 1 --out ";
 }
 
+// --share-prefill under --pipeline: a request's n choices share one prefill on every stage
+// (each stage forks the prefilled slot's KV rows of its own layers), as in one process. The out
+// file is the one-process run's, and so is the count of prompt tokens computed, which is below
+// the prompt tokens (with --share-prefill 0 every choice prefills its own), under continuous
+// batching and fixed blocks (a block boundary cuts a request's choices apart).
+TEST(Mpi, PipelineSharesPrefillsAsOneProcess) {
+  testing::TempDir dir;
+  const char* prompts[] = {"Once upon a time", "The dog ran", "Lily and Tom went to the park", "One day"};
+  std::string file;
+  for (int i = 0; i < 7; ++i)
+    file += completion("r" + std::to_string(i), {{"prompt", prompts[i % 4]}, {"max_tokens", 4 + (i * 5) % 9},
+                                                {"temperature", 1.0}, {"n", 1 + i % 4}, {"seed", i}});
+  testing::write_file(dir.file("batch.jsonl"), file);
+  const std::string job = "run --prompts " + dir.file("batch.jsonl") + " --gpu-batch-size 2 --num-gpu-batches 2";
+  // The prompt tokens and those computed, from --metrics.
+  const auto counts = [&](const std::string& metrics) {
+    const Json m = Json::parse(testing::read_file(metrics));
+    return std::pair{m["prompt_tokens"].get<std::int64_t>(), m["prompt_tokens_computed"].get<std::int64_t>()};
+  };
+  for (const std::string batching : {"", " --batching fixed"}) {
+    SCOPED_TRACE("batching:" + batching);
+    const Result one = run("", job + batching + " --out " + dir.file("one.jsonl") + " --metrics " + dir.file("one.json"), dir);
+    ASSERT_EQ(one.code, 0) << one.err;
+    const auto [prompt_tokens, one_computed] = counts(dir.file("one.json"));
+    ASSERT_LT(one_computed, prompt_tokens) << "the one-process run shares no prefill";
+    for (const int share : {1, 0}) {
+      SCOPED_TRACE("--share-prefill " + std::to_string(share));
+      const std::string out = dir.file("pipe" + std::to_string(share) + ".jsonl");
+      std::filesystem::remove(out);
+      const Result r = run(mpirun(2), job + batching + " --pipeline 2 --share-prefill " + std::to_string(share) +
+                                          " --out " + out + " --metrics " + dir.file("pipe.json"), dir);
+      ASSERT_EQ(r.code, 0) << r.err;
+      expect_same_results(testing::read_file(out), testing::read_file(dir.file("one.jsonl")));
+      const auto [pipe_prompt_tokens, pipe_computed] = counts(dir.file("pipe.json"));
+      EXPECT_EQ(pipe_prompt_tokens, prompt_tokens);
+      EXPECT_EQ(pipe_computed, share ? one_computed : prompt_tokens);
+    }
+  }
+}
+
 TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
   testing::TempDir dir;
   const std::string job = signalled_job(dir);

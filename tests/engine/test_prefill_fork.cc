@@ -12,7 +12,7 @@
 
 #include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/prefill_fork.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "engine/loaders/dummy_weights.h"
 #include "tests/support/refill_check.h"
 #include "tests/support/test_models.h"

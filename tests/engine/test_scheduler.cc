@@ -18,7 +18,7 @@
 #include "engine/runtime/kv_staging.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "policy/cost_model.h"
 #include "policy/eviction/kv_spec.h"

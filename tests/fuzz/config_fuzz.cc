@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/families/family.h"
+#include "engine/families/model_yaml.h"
 #include "engine/model/model_config.h"
 #include "policy/hardware_profile.h"
 #include "policy/policy.h"

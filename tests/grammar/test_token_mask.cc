@@ -143,6 +143,9 @@ TEST(TokenMask, CacheCompilesEachDistinctConstraintOnce) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   EXPECT_EQ(cache.size(), 2u);
+  // Schema texts are untrusted: too deep or not JSON is an error, not a stack overflow.
+  EXPECT_THROW(cache.get({.kind = Constraint::Kind::JsonSchema, .text = std::string(100000, '[')}), std::invalid_argument);
+  EXPECT_THROW(cache.get({.kind = Constraint::Kind::JsonSchema, .text = "{\"type\":"}), std::invalid_argument);
 }
 
 TEST(TokenMask, StopOnlyWhereComplete) {

@@ -193,9 +193,13 @@ class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<s
   void check_gemm(DType dtype, DType compute, std::int64_t m, std::int64_t k, std::int64_t n, bool bias,
                   float beta, float xmax = 1.0f);
   void check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D, const std::vector<std::int64_t>& lens,
-                     bool col_sums, bool weighted, float softcap = 0.0f, std::int64_t window = 0);
+                     bool col_sums, bool weighted, float softcap = 0.0f, std::int64_t window = 0,
+                     DType compute = DType::F32);
+  void check_prefill_bf16(std::int64_t H, std::int64_t Hkv, std::int64_t D, const std::vector<std::int64_t>& lens,
+                          float softcap = 0.0f, std::int64_t window = 0);
   void check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t capacity,
-                    const std::vector<std::int64_t>& lens, bool probs, float softcap = 0.0f, std::int64_t window = 0);
+                    const std::vector<std::int64_t>& lens, bool probs, float softcap = 0.0f, std::int64_t window = 0,
+                    bool slot_bias = false, std::int64_t cache_offset = 0);
 
   std::unique_ptr<Backend> cpu_, dev_;
 };
@@ -414,10 +418,10 @@ TEST_P(BackendOpsTest, EmbeddingOutOfRangeThrows) {
 
 void BackendOpsTest::check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_t D,
                                    const std::vector<std::int64_t>& lens, bool with_col_sums, bool weighted,
-                                   float softcap, std::int64_t window) {
+                                   float softcap, std::int64_t window, DType compute) {
   SCOPED_TRACE(::testing::Message() << "prefill H=" << H << " Hkv=" << Hkv << " D=" << D << " col_sums="
                                     << with_col_sums << " weighted=" << weighted << " softcap=" << softcap
-                                    << " window=" << window);
+                                    << " window=" << window << " compute " << dtype_name(compute));
   std::vector<std::int64_t> offsets{0};
   for (std::int64_t n : lens) offsets.push_back(offsets.back() + n);
   const std::int64_t T = offsets.back();
@@ -437,6 +441,7 @@ void BackendOpsTest::check_prefill(std::int64_t H, std::int64_t Hkv, std::int64_
     a.seq_offsets = offsets;
     a.col_sums = with_col_sums ? (on_cpu ? cols.cpu : cols.dev).as<float>() : nullptr;
     a.query_weights = weights;
+    a.compute = compute;
     (on_cpu ? *cpu_ : *dev_).attention_prefill(a);
   }
   const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
@@ -484,32 +489,138 @@ TEST_P(BackendOpsTest, AttentionPrefillTiles) {
   check_prefill(8, 2, 64, {300, 70, 5}, true, true, 30.0f, 100);  // a window across several key tiles
 }
 
+// ---------------------------------------------------------------------------- attention prefill, bf16 compute
+
+// The values a bf16 matrix unit multiplies: x rounded to bf16 (to nearest even).
+std::vector<float> rounded_to_bf16(std::vector<float> x) {
+  for (float& f : x) f = bf16_to_f32(f32_to_bf16(f));
+  return x;
+}
+
+// Under bf16 compute a device may run prefill on bf16 matrix units (the CUDA backend's
+// tensor-core kernel, for head_dim 64, 80, 96, 128 and 256): q, k and v rounded to bf16 (to
+// nearest even), scores and outputs accumulated in fp32, each unnormalised probability rounded
+// to bf16 before P V. The reference is the CPU's fp32 attention on q, k and v rounded to bf16 on
+// the host, so both sides start from the same numbers and the tolerance is that of the rest:
+//  - a score is a sum of D products that are exact in fp32 (8-bit significands), summed in
+//    another order, and the normaliser and the outputs sums of up to n terms: attention_rel_error
+//    counts that for fp32, and it is doubled since matrix units may truncate when they
+//    accumulate (gemm_tolerance);
+//  - the kernel rounds p_j = exp(s_j - m) to bf16 for P V and keeps the normaliser
+//    l = sum_j p_j unrounded: |bf16(p_j) - p_j| <= u p_j (u = kBF16Eps = 2^-8, twice the
+//    round-to-nearest bound), so the output sum_j bf16(p_j) v_j / l is off by at most
+//    u sum_j p_j |v_j| / l <= u vmax, however many keys.
+// So |out - ref| <= (2 rel + u) vmax. Against the CPU on the unrounded inputs the device must
+// differ by more than fp32 arithmetic allows (inputs rounded by 2^-9 relative move outputs by
+// ~1e-3, the fp32 bound is ~1e-4): that shows the tensor cores ran, not the fp32 kernel.
+void BackendOpsTest::check_prefill_bf16(std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                                        const std::vector<std::int64_t>& lens, float softcap, std::int64_t window) {
+  SCOPED_TRACE(::testing::Message() << "bf16 prefill H=" << H << " Hkv=" << Hkv << " D=" << D << " lens "
+                                    << ::testing::PrintToString(lens) << " softcap=" << softcap << " window=" << window);
+  std::vector<std::int64_t> offsets{0};
+  for (std::int64_t n : lens) offsets.push_back(offsets.back() + n);
+  const std::int64_t T = offsets.back();
+  // The device gets the values as they are and rounds them itself; the CPU the rounded values.
+  auto upload_exact_and_rounded = [&](const std::vector<float>& exact) {
+    const std::vector<float> rounded = rounded_to_bf16(exact);
+    Twin t{DeviceBuffer(*cpu_, exact.size() * sizeof(float)), DeviceBuffer(*dev_, exact.size() * sizeof(float))};
+    cpu_->copy_to_device(t.cpu.data(), rounded.data(), t.cpu.bytes());
+    dev_->copy_to_device(t.dev.data(), exact.data(), t.dev.bytes());
+    return t;
+  };
+  const std::vector<float> qh = random_floats(T * H * D, -2.0f, 2.0f), kh = random_floats(T * Hkv * D, -2.0f, 2.0f),
+                           vh = random_floats(T * Hkv * D);
+  const Twin q = upload_exact_and_rounded(qh), k = upload_exact_and_rounded(kh), v = upload_exact_and_rounded(vh);
+  const Twin out = upload(std::vector<float>(sz(T * H * D), kNaN));
+  const Twin exact_out = upload(std::vector<float>(sz(T * H * D), kNaN));  // the CPU on unrounded inputs
+  const Twin exact_q = upload(qh), exact_k = upload(kh), exact_v = upload(vh);
+  auto args = [&](const Twin& q_in, const Twin& k_in, const Twin& v_in, const Twin& o, bool on_cpu) {
+    AttentionPrefillArgs a;
+    a.shape = AttentionShape{H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window};
+    a.q = (on_cpu ? q_in.cpu : q_in.dev).as<float>();
+    a.k = (on_cpu ? k_in.cpu : k_in.dev).as<float>();
+    a.v = (on_cpu ? v_in.cpu : v_in.dev).as<float>();
+    a.out = (on_cpu ? o.cpu : o.dev).as<float>();
+    a.seq_offsets = offsets;
+    a.compute = DType::BF16;
+    return a;
+  };
+  cpu_->attention_prefill(args(q, k, v, out, true));
+  dev_->attention_prefill(args(q, k, v, out, false));
+  cpu_->attention_prefill(args(exact_q, exact_k, exact_v, exact_out, true));
+  const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
+  const double rel = attention_rel_error(D, longest, 1.0 / std::sqrt(static_cast<double>(D)), 2.0, 2.0);
+  const auto [want, got] = download(out);
+  EXPECT_TRUE(within(want, got, (2.0 * rel + kBF16Eps) * 1.0));  // |v| <= 1
+  EXPECT_FALSE(within(download(*cpu_, exact_out.cpu), got, rel * 1.0)) << "the device did not round to bf16";
+}
+
+// Every head dim of the kernel, GQA groups of 1, 2, 3, 4 and 8, sequence lengths on both sides
+// of the 64-row query tiles and of the 64- and 32-key tiles, an empty sequence among them.
+TEST_P(BackendOpsTest, AttentionPrefillBf16HeadDimsAndGroups) {
+  check_prefill_bf16(8, 2, 64, {1, 15, 17, 63, 129, 520});
+  check_prefill_bf16(4, 4, 80, {17, 129, 0, 63});
+  check_prefill_bf16(6, 2, 96, {129, 1, 70});
+  check_prefill_bf16(8, 1, 128, {520, 15});
+  check_prefill_bf16(6, 2, 256, {129, 17, 63, 1});
+}
+
+TEST_P(BackendOpsTest, AttentionPrefillBf16WindowAndSoftcap) {
+  check_prefill_bf16(8, 2, 64, {520, 129, 1}, 0.0f, 100);  // a window across several key tiles
+  check_prefill_bf16(8, 2, 64, {63, 17}, 0.0f, 1);         // each query sees only itself
+  check_prefill_bf16(4, 2, 128, {129, 15}, 30.0f, 0);      // soft-capped scores
+  check_prefill_bf16(4, 2, 256, {520, 17}, 50.0f, 64);     // Gemma-2: both, head_dim 256
+}
+
+// Head dims the tensor-core kernel lacks, and the column sums of the eviction policies, keep the
+// fp32 kernels under bf16 compute: the fp32 tolerance holds.
+TEST_P(BackendOpsTest, AttentionPrefillBf16FallsBackToFp32) {
+  check_prefill(6, 2, 40, {5, 1, 70, 33}, false, false, 0.0f, 0, DType::BF16);
+  check_prefill(8, 2, 64, {129, 47}, true, true, 0.0f, 0, DType::BF16);
+}
+
 // ---------------------------------------------------------------------------- attention decode
 
+// Decode of `lens` (slots [0, capacity) per sequence and kv head) on both backends from the
+// same bytes; slot_bias adds a random bias in [-1, 1] per slot; cache_offset starts both caches
+// that many bytes into their buffers (a slot then is not 16-byte aligned: the value-by-value
+// loads). The device runs twice and must give the same bits (no atomics, no timing).
 void BackendOpsTest::check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
                                   std::int64_t capacity, const std::vector<std::int64_t>& lens, bool with_probs,
-                                  float softcap, std::int64_t window) {
+                                  float softcap, std::int64_t window, bool slot_bias, std::int64_t cache_offset) {
   SCOPED_TRACE(::testing::Message() << "decode " << dtype_name(cache) << " H=" << H << " Hkv=" << Hkv << " D=" << D
                                     << " capacity=" << capacity << " probs=" << with_probs << " softcap=" << softcap
-                                    << " window=" << window);
+                                    << " window=" << window << " slot_bias=" << slot_bias
+                                    << " cache_offset=" << cache_offset);
   const std::int64_t B = static_cast<std::int64_t>(lens.size());
   const std::int64_t slots = B * Hkv * capacity;
+  auto offset_rows = [&](std::vector<std::uint8_t> rows) {
+    rows.insert(rows.begin(), sz(cache_offset), std::uint8_t{0});
+    return rows;
+  };
   const Twin q = upload(random_floats(B * H * D, -2.0f, 2.0f));
-  const Twin kc = upload(stored_rows(random_floats(slots * D, -2.0f, 2.0f), cache, slots, D));
-  const Twin vc = upload(stored_rows(random_floats(slots * D), cache, slots, D));
+  const Twin kc = upload(offset_rows(stored_rows(random_floats(slots * D, -2.0f, 2.0f), cache, slots, D)));
+  const Twin vc = upload(offset_rows(stored_rows(random_floats(slots * D), cache, slots, D)));
+  const Twin bias = upload(random_floats(slots));
   const Twin out = upload(std::vector<float>(sz(B * H * D), kNaN));
   const Twin probs = upload(std::vector<float>(sz(slots), kNaN));
-  for (bool on_cpu : {true, false}) {
+  const Twin again = upload(std::vector<float>(sz(B * H * D), kNaN));
+  const Twin probs_again = upload(std::vector<float>(sz(slots), kNaN));
+  for (int run = 0; run < 3; ++run) {
+    const bool on_cpu = run == 0;
     AttentionDecodeArgs a;
     a.shape = AttentionShape{H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window};
     a.q = (on_cpu ? q.cpu : q.dev).as<float>();
-    a.k_cache = (on_cpu ? kc.cpu : kc.dev).data();
-    a.v_cache = (on_cpu ? vc.cpu : vc.dev).data();
+    a.k_cache = (on_cpu ? kc.cpu : kc.dev).as<std::uint8_t>() + cache_offset;
+    a.v_cache = (on_cpu ? vc.cpu : vc.dev).as<std::uint8_t>() + cache_offset;
     a.capacity = capacity;
     a.lens = lens;
-    a.out = (on_cpu ? out.cpu : out.dev).as<float>();
-    a.probs = with_probs ? (on_cpu ? probs.cpu : probs.dev).as<float>() : nullptr;
+    const Twin& o = run == 2 ? again : out;
+    const Twin& p = run == 2 ? probs_again : probs;
+    a.out = (on_cpu ? o.cpu : o.dev).as<float>();
+    a.probs = with_probs ? (on_cpu ? p.cpu : p.dev).as<float>() : nullptr;
     a.cache_dtype = cache;
+    a.slot_bias = slot_bias ? (on_cpu ? bias.cpu : bias.dev).as<float>() : nullptr;
     (on_cpu ? *cpu_ : *dev_).attention_decode(a);
   }
   const std::int64_t longest = *std::max_element(lens.begin(), lens.end());
@@ -518,7 +629,9 @@ void BackendOpsTest::check_decode(DType cache, std::int64_t H, std::int64_t Hkv,
   const double rel = attention_rel_error(D, longest, 1.0 / std::sqrt(static_cast<double>(D)), 2.0, 2.0 + step);
   const auto [want, got] = download(out);
   EXPECT_TRUE(within(want, got, rel * (1.0 + step)));
+  EXPECT_TRUE(identical(got, download(*dev_, again.dev)));
   const auto [want_p, got_p] = download(probs);
+  EXPECT_TRUE(identical(got_p, download(*dev_, probs_again.dev)));
   const double rel_p = rel + sum_tolerance(kF32Eps, H / Hkv, 1.0);  // a sum over the group's heads
   // (Below the smallest normal float the relative precision of a probability is gone.)
   EXPECT_TRUE(within(want_p, got_p, std::numeric_limits<float>::min(), rel_p));  // past lens: NaN
@@ -545,9 +658,47 @@ TEST_P(BackendOpsTest, AttentionDecodeAllCacheDtypes) {
   check_decode(DType::F32, 12, 3, 128, 300, {300, 129, 1}, true);
 }
 
+// What the decode kernel branches on: the cache dtype (16-byte loads of f32/f16/bf16, 4-byte
+// loads of q8/q4 codes), head_dim (lanes per key: 8 at 64, 16 at 72/80/128 with idle lanes at
+// 72 and 80), the group (1, 2, 4 and 8 heads in registers), sequences of very unequal length
+// (empty splits beside full ones) and of one key, slot biases and the kept scores.
+TEST_P(BackendOpsTest, AttentionDecodeKernelBranches) {
+  const std::vector<std::int64_t> lens = {1, 700, 3, 129};
+  for (DType t : kAllDTypes)
+    for (const auto& [H, Hkv, D] : std::vector<std::array<std::int64_t, 3>>{
+             {16, 16, 64}, {8, 4, 128}, {16, 4, 80}, {16, 2, 72}}) {
+      check_decode(t, H, Hkv, D, 700, lens, true, 0.0f, 0, true);
+    }
+  // Sliding window, soft cap and slot biases together, the group's 8 heads in one block.
+  check_decode(DType::F16, 16, 2, 64, 700, lens, true, 30.0f, 200, true);
+  check_decode(DType::BF16, 16, 16, 128, 700, lens, true, 50.0f, 64, true);
+  // Many short sequences: one split, the output written by the kernel itself.
+  std::vector<std::int64_t> short_lens;
+  for (std::int64_t b = 0; b < 128; ++b) short_lens.push_back(1 + (b * 37) % 64);
+  check_decode(DType::F16, 16, 16, 64, 64, short_lens, true, 0.0f, 0, true);
+  check_decode(DType::Q8, 32, 8, 128, 64, short_lens, true);
+}
+
+// head_dim not a multiple of 8, and caches that start off 16-byte alignment, read value by
+// value; head_dim above 256 (32 values a lane, a head per block) and at the largest a model
+// may have (1024).
+TEST_P(BackendOpsTest, AttentionDecodeOddLayouts) {
+  for (DType t : {DType::F32, DType::F16, DType::Q4}) {
+    check_decode(t, 6, 2, 100, 300, {300, 1, 77}, true, 0.0f, 0, true);
+    check_decode(t, 2, 1, 3, 90, {90, 2}, true);
+  }
+  check_decode(DType::F32, 8, 2, 64, 200, {200, 5}, true, 0.0f, 0, true, 4);
+  check_decode(DType::F16, 8, 2, 64, 200, {200, 5}, true, 0.0f, 0, true, 2);
+  check_decode(DType::BF16, 8, 8, 128, 200, {200, 5}, true, 0.0f, 0, false, 6);
+  check_decode(DType::Q8, 8, 2, 64, 200, {200, 5}, true, 0.0f, 0, false, 2);
+  check_decode(DType::F16, 4, 2, 512, 300, {300, 31}, true, 0.0f, 0, true);
+  check_decode(DType::BF16, 4, 1, 320, 300, {300, 31}, true, 10.0f, 100);
+  check_decode(DType::Q4, 2, 2, 1024, 130, {130, 64}, true);
+}
+
 // Flash-decoding: LLaMA-3-8B's shape at batch 1 (8 kv heads of 4 query heads) over 2048 keys
 // splits them across many blocks; a short sequence beside long ones leaves splits empty;
-// groups of more than 8 heads run in chunks; head_dim 256 opts in to more shared memory.
+// groups of more than 8 heads run in chunks; head_dim 256 holds 8 heads of 8 values a lane.
 TEST_P(BackendOpsTest, AttentionDecodeSplitsAndHeadChunks) {
   check_decode(DType::F32, 32, 8, 128, 2048, {2048}, true);
   check_decode(DType::Q4, 32, 8, 128, 2048, {1999}, true);
@@ -555,6 +706,7 @@ TEST_P(BackendOpsTest, AttentionDecodeSplitsAndHeadChunks) {
   check_decode(DType::F32, 24, 1, 64, 400, {400, 3}, true);  // one group of 24 heads: chunks of 8
   check_decode(DType::BF16, 12, 1, 96, 257, {257, 256}, true);  // chunks of 6
   check_decode(DType::Q8, 8, 2, 256, 300, {300, 31}, true);
+  check_decode(DType::F32, 16, 2, 256, 300, {300, 31}, true, 0.0f, 0, true);
   check_decode(DType::F32, 32, 8, 128, 2048, {2048, 1500, 90}, true, 50.0f, 700);  // splits of the window only
 }
 
@@ -918,17 +1070,20 @@ TEST(CudaPlans, GemmScratchIsBoundedPanels) {
 
 // Flash-decoding's plan: the splits cover the longest sequence with no empty one, each at
 // least kDecodeMinKeys keys (tile-aligned), and fill the GPU when the keys allow; head chunks
-// of at most kDecodeMaxHeadsPerBlock, of even size, cover the group.
+// of at most kDecodeMaxHeadsPerBlock (one above kDecodeWideHeadDim), of even size, cover the
+// group.
 TEST(CudaPlans, DecodeSplitsFillTheGpu) {
-  for (const auto& [H, Hkv, B, len] : std::vector<std::array<std::int64_t, 4>>{
-           {32, 8, 1, 2048}, {32, 8, 1, 1}, {32, 8, 64, 2048}, {96, 96, 32, 544}, {24, 1, 2, 400}, {12, 1, 1, 257},
-           {64, 8, 1, 100000}})
+  for (const auto& [H, Hkv, D, B, len] : std::vector<std::array<std::int64_t, 5>>{
+           {32, 8, 128, 1, 2048}, {32, 8, 128, 1, 1}, {32, 8, 128, 64, 2048}, {96, 96, 128, 32, 544},
+           {24, 1, 128, 2, 400}, {12, 1, 128, 1, 257}, {64, 8, 128, 1, 100000}, {32, 32, 64, 16, 520},
+           {32, 32, 64, 256, 4096}, {8, 2, 512, 3, 1000}})
     for (int sms : {1, 132}) {
-      SCOPED_TRACE(::testing::Message() << "H=" << H << " Hkv=" << Hkv << " B=" << B << " len=" << len << " sms=" << sms);
-      const AttentionShape s{H, Hkv, 128, 1.0f};
+      SCOPED_TRACE(::testing::Message() << "H=" << H << " Hkv=" << Hkv << " D=" << D << " B=" << B << " len=" << len
+                                        << " sms=" << sms);
+      const AttentionShape s{H, Hkv, D, 1.0f};
       const cuda::DecodePlan p = cuda::plan_decode(s, B, len, sms);
       const std::int64_t group = H / Hkv;
-      EXPECT_LE(p.heads_per_block, cuda::kDecodeMaxHeadsPerBlock);
+      EXPECT_LE(p.heads_per_block, D > cuda::kDecodeWideHeadDim ? 1 : cuda::kDecodeMaxHeadsPerBlock);
       EXPECT_GE(p.heads_per_block * p.head_chunks, group);
       EXPECT_LT((p.head_chunks - 1) * p.heads_per_block, group);
       EXPECT_EQ(p.keys_per_split % cuda::kDecodeKeyTile, 0);
@@ -937,18 +1092,24 @@ TEST(CudaPlans, DecodeSplitsFillTheGpu) {
       if (p.splits > 1) {
         EXPECT_GE(p.keys_per_split, cuda::kDecodeMinKeys);
       }
-      // Splits for two blocks per SM, as far as kDecodeMinKeys keys each allow (the rounding of a
-      // split to whole tiles may take up to a third of them away).
-      const std::int64_t base = B * Hkv * p.head_chunks;
-      const std::int64_t wanted = std::min((2 * sms + base - 1) / base, (len + cuda::kDecodeMinKeys - 1) / cuda::kDecodeMinKeys);
+      // Splits for kDecodeBlocksPerSm blocks per SM, as far as kDecodeMinKeys keys each allow
+      // (the rounding of a split to whole tiles may take up to a third of them away).
+      const std::int64_t base = B * Hkv * p.head_chunks, target = cuda::kDecodeBlocksPerSm * sms;
+      const std::int64_t wanted =
+          std::min((target + base - 1) / base, (len + cuda::kDecodeMinKeys - 1) / cuda::kDecodeMinKeys);
       EXPECT_GE(3 * p.splits, 2 * wanted);
     }
-  // LLaMA-3-8B at batch 1 over 2048 keys on 132 SMs: 8 blocks before, now 8 x 32.
+  // LLaMA-3-8B at batch 1 over 2048 keys on 132 SMs: 8 x 32 blocks of 64 keys.
   EXPECT_EQ(cuda::plan_decode({32, 8, 128, 1.0f}, 1, 2048, 132).splits, 32);
+  // OPT-1.3B, 16 sequences of 520 keys (issue 43's step): 512 (sequence, head) pairs in 3 splits.
+  EXPECT_EQ(cuda::plan_decode({32, 32, 64, 1.0f}, 16, 520, 132).splits, 3);
+  // 256 sequences fill the GPU without splitting.
+  EXPECT_EQ(cuda::plan_decode({32, 32, 64, 1.0f}, 256, 4096, 132).splits, 1);
 }
 
-// The attention scratch bound covers the decode partials and kept scores it is made of, and
-// grows with the shape.
+// The attention scratch bound covers the decode partials and kept scores it is made of, for
+// every length up to the capacity (the splits' rounding to whole tiles makes them not grow
+// monotonically with the length), and grows with the shape.
 TEST(CudaPlans, AttentionScratchCoversTheDecodeBuffers) {
   const AttentionShape s{32, 8, 128, 1.0f};
   const cuda::DecodePlan p = cuda::plan_decode(s, 4, 1024, 132);
@@ -957,6 +1118,15 @@ TEST(CudaPlans, AttentionScratchCoversTheDecodeBuffers) {
   EXPECT_GE(cuda::attention_scratch(s, 4, 4, 1024, true, 132), partials + 4 * 32 * 1024 * 4);
   EXPECT_GE(cuda::attention_scratch(s, 8192, 4, 1024, true, 132), 8192 * 32 * 8);  // prefill (m, l) per row and head
   EXPECT_LE(cuda::attention_scratch(s, 4, 4, 1024, false, 132), cuda::attention_scratch(s, 4, 4, 1024, true, 132));
+  const std::int64_t capacity = 100000;
+  const std::int64_t bound = cuda::attention_scratch(s, 1, 1, capacity, false, 132);
+  std::int64_t most_splits = 0;
+  for (std::int64_t len = 1; len <= capacity; ++len) {
+    const std::int64_t splits = cuda::plan_decode(s, 1, len, 132).splits;
+    most_splits = std::max(most_splits, splits);
+    ASSERT_GE(bound, 8 + 32 * splits * (128 + 2) * 4) << "len " << len;
+  }
+  EXPECT_GT(most_splits, cuda::plan_decode(s, 1, capacity, 132).splits);  // the case the loop is for
 }
 
 // cuBLAS is loaded at run time: a missing library is a reason, not a failed start.

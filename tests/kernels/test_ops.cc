@@ -1225,6 +1225,7 @@ TEST_P(OpsTest, RefusesBadArgumentsAlike) {
   const AttentionShape uneven{.n_heads = 3, .n_kv_heads = 2, .head_dim = 4};
   const std::vector<std::int64_t> one = {0, 1};
   EXPECT_THROW(be.attention_prefill({.shape = uneven, .seq_offsets = one}), std::invalid_argument);
+  EXPECT_THROW(be.attention_prefill({.shape = shape, .seq_offsets = one, .compute = DType::F16}), std::invalid_argument);
   const std::vector<std::int64_t> lens = {0};
   EXPECT_THROW(be.attention_decode({.shape = shape, .capacity = 4, .lens = lens}), std::invalid_argument);
   const std::vector<std::int64_t> seq = {0}, slot = {4};

@@ -1,5 +1,5 @@
 // KV eviction policies: spec parsing, budgets, and every policy's prefill and decode choices
-// against brute-force references written from ALGORITHMS.md section 5 (the references keep
+// against brute-force references written from docs/kv-eviction.md ("Definitions") (the references keep
 // the full attention history per original position and choose by sorting).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -292,7 +292,7 @@ std::int64_t ref_flex_recent(const KvSpec& spec, std::int64_t B) {
   return std::clamp<std::int64_t>(std::llround(spec.param("recent") * static_cast<double>(B)), 1, B);
 }
 
-// The reference of each policy's prefill, from its definition in ALGORITHMS.md. Scores come
+// The reference of each policy's prefill, from its definition in docs/kv-eviction.md. Scores come
 // straight from the attention matrix when one is given (checks the query-weight contract);
 // otherwise from `sums` (random, tie-heavy).
 struct PrefillRef {

@@ -65,7 +65,7 @@ std::string error_of(const std::string& text) {
   return "no error";
 }
 
-// FlexGen's fitted T4 bandwidths and rates (ALGORITHMS.md section 3) in struct units.
+// FlexGen's fitted T4 bandwidths and rates (docs/planner.md) in struct units.
 void expect_t4_rates(const HardwareProfile& h) {
   EXPECT_DOUBLE_EQ(h.cpu_to_gpu, 12.89e9);
   EXPECT_DOUBLE_EQ(h.gpu_to_cpu, 0.97e9);

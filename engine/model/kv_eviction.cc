@@ -1,4 +1,4 @@
-#include "engine/runtime/kv_eviction.h"
+#include "engine/model/kv_eviction.h"
 
 #include <algorithm>
 #include <cmath>

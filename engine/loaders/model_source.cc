@@ -1,4 +1,4 @@
-#include "engine/model/model_source.h"
+#include "engine/loaders/model_source.h"
 
 #include <fmt/format.h>
 
@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "engine/families/model_yaml.h"
 #include "engine/model/embedded.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/gguf_checkpoint.h"

@@ -1,4 +1,4 @@
-#include "engine/chat/template_source.h"
+#include "engine/loaders/template_source.h"
 
 #include <filesystem>
 #include <map>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "engine/loaders/gguf_file.h"
-#include "engine/loaders/json_input.h"
+#include "engine/io/json_input.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::engine::chat {

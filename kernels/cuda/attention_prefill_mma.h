@@ -1,0 +1,37 @@
+// Prefill attention on tensor cores (FlashAttention-2 tiles, attention_prefill_mma.cu): what
+// CudaBackend::do_attention_prefill runs under bf16 compute for the head dims it has.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention.h"
+
+namespace flexh2o::kernels::cuda {
+
+constexpr std::int64_t kMmaQueryTile = 64;  // query rows per block: 4 warps of 16
+
+// Whether the kernel has a version for this head_dim (64, 80, 96, 128, 256).
+bool mma_prefill_has(std::int64_t head_dim);
+// The version for head_dim (for the shared-memory opt-in) and the dynamic shared memory it
+// takes; head dims it has not throw std::invalid_argument.
+const void* mma_prefill_kernel(std::int64_t head_dim);
+std::size_t mma_prefill_shared_bytes(std::int64_t head_dim);
+
+// One launch. Device arrays: tiles holds a (first row, sequence) pair per tile of
+// kMmaQueryTile rows of each sequence (the last one of a sequence may be shorter), offsets
+// the seq_offsets. q, k and v 16-byte aligned, out 8-byte aligned.
+struct MmaPrefillLaunch {
+  AttentionShape shape;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* out = nullptr;
+  const std::int64_t* tiles = nullptr;
+  std::int64_t n_tiles = 0;
+  const std::int64_t* offsets = nullptr;
+};
+void launch_mma_prefill(const MmaPrefillLaunch& l, cudaStream_t stream);
+
+}  // namespace flexh2o::kernels::cuda
