@@ -14,6 +14,7 @@ declare -A may_use=(
   [engine/io]=""
   [engine/tokenizer]="engine/io offload kernels"
   [engine/chat]=""
+  [engine/grammar]="engine/io"
   [engine/model]="kernels offload policy"
   [engine/families]="engine/model engine/io kernels offload policy"
   [engine/loaders]="engine/families engine/model engine/tokenizer engine/io kernels offload policy"

@@ -1,0 +1,61 @@
+// The grammar as a pushdown automaton over bytes, determinized lazily: a stack is a node
+// (position, return node), nodes are shared (hash-consed) so that a stack is one integer, and a
+// state is the set of stacks whose top is a byte class, plus whether the input may end there.
+// A state's transitions are computed on first use and kept, so a state reached again (the
+// inside of a JSON string, after a comma, ...) costs a table lookup per byte. Tail calls reuse
+// the caller's frame: right recursion (repetitions) keeps stacks flat and states few.
+// Not thread-safe: the owner (matcher.h) serializes calls.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/grammar/grammar.h"
+
+namespace flexh2o::grammar {
+
+class Automaton {
+ public:
+  static constexpr std::int32_t kDead = -1;
+
+  explicit Automaton(Grammar grammar);
+  std::int32_t initial() const { return initial_; }
+  // The state after `byte`, or kDead when the grammar cannot continue with it.
+  std::int32_t next(std::int32_t state, std::uint8_t byte) {
+    const std::size_t slot = static_cast<std::size_t>(state) * 256 + byte;
+    if (transitions_[slot] == kUnknown) {
+      const std::int32_t to = compute_next(state, byte);  // may grow transitions_
+      transitions_[slot] = to;
+    }
+    return transitions_[slot];
+  }
+  // Whether the input may end in this state.
+  bool accepts(std::int32_t state) const { return states_[static_cast<std::size_t>(state)].accepts; }
+  // Whether some byte continues the input from this state.
+  bool continues(std::int32_t state) const { return !states_[static_cast<std::size_t>(state)].stacks.empty(); }
+  std::size_t state_count() const { return states_.size(); }
+  const Grammar& grammar() const { return grammar_; }
+
+ private:
+  static constexpr std::int32_t kUnknown = -2;
+  static constexpr std::int32_t kNoParent = -1;
+  struct State {
+    std::vector<std::int32_t> stacks;  // nodes whose position is a byte class, sorted
+    bool accepts = false;
+  };
+  std::int32_t node(std::int32_t pos, std::int32_t parent);
+  void close(std::int32_t start, std::vector<std::int32_t>& stacks, bool& accepts);
+  std::int32_t intern_state(std::vector<std::int32_t> stacks, bool accepts);
+  std::int32_t compute_next(std::int32_t state, std::uint8_t byte);
+
+  Grammar grammar_;
+  std::vector<std::int32_t> node_pos_, node_parent_;
+  std::unordered_map<std::uint64_t, std::int32_t> node_index_;
+  std::vector<State> states_;
+  std::unordered_map<std::string, std::int32_t> state_index_;
+  std::vector<std::int32_t> transitions_;  // 256 per state
+  std::int32_t initial_ = kDead;
+};
+
+}  // namespace flexh2o::grammar
