@@ -54,7 +54,7 @@ std::int32_t Automaton::intern_state(std::vector<std::int32_t> stacks, bool acce
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   if (stacks.empty() && !accepts) return kDead;
   std::string key(stacks.size() * sizeof(std::int32_t) + 1, '\0');
-  std::memcpy(key.data(), stacks.data(), stacks.size() * sizeof(std::int32_t));
+  if (!stacks.empty()) std::memcpy(key.data(), stacks.data(), stacks.size() * sizeof(std::int32_t));
   key.back() = accepts ? '\1' : '\0';
   auto [it, inserted] = state_index_.try_emplace(std::move(key), static_cast<std::int32_t>(states_.size()));
   if (inserted) {
