@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/json_near.h"
+#include "tests/support/cli_run.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -24,19 +25,9 @@ namespace {
 
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
+using Output = testing::CliOutput;
 
-struct Output {
-  int code;
-  std::string err;
-};
-
-Output run(const std::string& args) {
-  testing::TempDir dir;
-  const std::string cmd =
-      std::string(FLEXH2O_BINARY) + " run " + args + " >" + dir.file("out") + " 2>" + dir.file("err") + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), testing::read_file(dir.file("err"))};
-}
+Output run(const std::string& args) { return testing::run_cli(args); }
 
 std::string completion(const std::string& id, const Json& body) {
   return Json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}.dump() + "\n";

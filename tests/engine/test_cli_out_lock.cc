@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/cli_run.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -28,19 +29,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using Json = nlohmann::json;
+using Output = testing::CliOutput;
 
-struct Output {
-  int code;
-  std::string err;
-};
-
-Output run(const std::string& args) {
-  testing::TempDir dir;
-  const std::string cmd =
-      std::string(FLEXH2O_BINARY) + " run " + args + " >" + dir.file("out") + " 2>" + dir.file("err") + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), testing::read_file(dir.file("err"))};
-}
+Output run(const std::string& args) { return testing::run_cli(args); }
 
 // `flexh2o run args` in the background (its own pid: the shell execs it).
 pid_t spawn(const std::string& args, const testing::TempDir& dir) {
