@@ -193,8 +193,9 @@ double gemm_rate(Backend& be, const Plan& plan, const std::vector<std::int64_t>&
 }
 
 // flop/s of causal prefill attention, counted as FlexGen does: 4 * s^2 * h per sequence
-// (QK^T and PV over the full square, though causal attention computes about half of it).
-double attention_prefill_rate(Backend& be, const Plan& plan) {
+// (QK^T and PV over the full square, though causal attention computes about half of it), in
+// the compute dtype a job of that many sequences gets (on a GPU, bf16 runs the tensor-core kernel).
+double attention_prefill_rate(Backend& be, const Plan& plan, const engine::GemmDtypeAt& compute_at) {
   const std::int64_t b = plan.attn_prefill_seqs, s = plan.attn_prefill_len, h = plan.heads * plan.head_dim;
   const std::int64_t rows = b * s;
   DeviceBuffer q = device_floats(be, rows * h, 3), k = device_floats(be, rows * h, 4),
@@ -209,6 +210,7 @@ double attention_prefill_rate(Backend& be, const Plan& plan) {
   a.v = v.as<float>();
   a.out = out.as<float>();
   a.seq_offsets = offsets;
+  a.compute = compute_at(b);
   const double t = time_per_call(
       [&] {
         be.attention_prefill(a);
@@ -217,7 +219,8 @@ double attention_prefill_rate(Backend& be, const Plan& plan) {
       plan.min_seconds);
   const double rate =
       4.0 * static_cast<double>(b) * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(h) / t;
-  progress(fmt::format("attention prefill {} x {} tokens, h={}", b, s, h), gflops(rate));
+  progress(fmt::format("attention prefill {} x {} tokens, h={}, {} compute", b, s, h, kernels::dtype_name(a.compute)),
+           gflops(rate));
   return rate;
 }
 
@@ -524,7 +527,7 @@ int calibrate_command(const CalibrateOptions& o) {
     for (const auto& [rows, rate] : units.layer_by_rows) hw.layer_by_rows.emplace_back(rows, round_sig(rate));
     for (const auto& [rows, rate] : units.head_by_rows) hw.head_by_rows.emplace_back(rows, round_sig(rate));
   }
-  hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan));
+  hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan, compute_at));
   // Decode attention by cached tokens; the constant is the rate at the longest.
   hw.gpu_attn_decode_by_len = attention_decode_curve(*be, plan);
   hw.gpu_attn_decode = hw.gpu_attn_decode_by_len.back().second;
