@@ -20,6 +20,7 @@
 #include "engine/loaders/model_source.h"
 #include "engine/model/weights.h"
 #include "kernels/backend.h"
+#include "tests/support/cli_run.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -51,13 +52,7 @@ Result run(const std::string& args, const std::string& launcher = "") {
   return r;
 }
 
-void expect_clean_error(const Result& r, const std::string& mention) {
-  EXPECT_NE(r.code, 0);
-  EXPECT_LT(r.code, 128) << "killed by a signal";
-  EXPECT_THAT(r.err, StartsWith("flexh2o: error: "));
-  EXPECT_THAT(r.err, HasSubstr(mention));
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-}
+using testing::expect_clean_error;
 
 TEST(Cli, NoArgumentsRunsTheEmbeddedModel) {
   const Result r = run("");

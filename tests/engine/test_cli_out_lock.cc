@@ -61,14 +61,6 @@ bool wait_for_lines(const std::string& path, std::size_t lines, pid_t pid) {
   return true;
 }
 
-void expect_one_error_line(const Output& r, const std::string& mention) {
-  EXPECT_NE(r.code, 0);
-  EXPECT_LT(r.code, 128) << "killed by a signal";
-  EXPECT_THAT(r.err, StartsWith("flexh2o: error: "));
-  EXPECT_THAT(r.err, HasSubstr(mention));
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-}
-
 // A job of `lines` OpenAI completion requests mixing greedy, seeded and unseeded sampling, and
 // n = 2, so that a resumed job must reproduce every kind of draw.
 std::string batch_file(int lines) {
@@ -115,7 +107,7 @@ TEST(CliOutLock, ASecondRunOnAHeldOutStopsWithOneLineAndLeavesTheFile) {
   for (const std::string& second : {job, job + " --resume", "--prompts " + dir.file("in.jsonl") + " --out " +
                                                                dir.file("alias.jsonl")}) {
     SCOPED_TRACE(second);
-    expect_one_error_line(run(second), "is in use by another run (pid " + std::to_string(holder) + " on host ");
+    testing::expect_clean_error(run(second), "is in use by another run (pid " + std::to_string(holder) + " on host ");
     EXPECT_EQ(testing::read_file(out), before);
   }
   ::kill(holder, SIGKILL);
@@ -135,7 +127,7 @@ TEST(CliOutLock, ResumeRefusesAFileHoldingAnIdTwice) {
   // Two runs at once wrote the file: a result line is on lines 1 and 3.
   const std::string doubled = first + "\n" + second + "\n" + first + "\n";
   testing::write_file(out, doubled);
-  expect_one_error_line(run(job + " --resume"), out + ":3: id \"" + Json::parse(first)["custom_id"].get<std::string>() +
+  testing::expect_clean_error(run(job + " --resume"), out + ":3: id \"" + Json::parse(first)["custom_id"].get<std::string>() +
                                                     "\" is on line 1 too");
   EXPECT_EQ(testing::read_file(out), doubled);
 }
