@@ -507,7 +507,7 @@ def sharing_variants(a):
     if has_prefix_sharing(a.flexh2o):
         variants = [("prefix sharing on", block), ("prefix sharing off", block + SHARING_OFF)]
     else:
-        variants = [("prefix sharing off (a build without it)", block)]
+        variants = [("prefix sharing off (build without it)", block)]
     return variants + [(name, block + flags) for name, flags in extra_variants(a)]
 
 
@@ -546,7 +546,8 @@ def shared_prefix_table(bench, cells, summary, peer):
                   "useful tok/s = that / generation seconds (flexh2o: prefill + decode from --metrics; llama-server: "
                   "first request sent to last answer, the server loaded before)",
               f"- prefixes of {', '.join(map(str, summary['prefix_tokens']))} tokens, requests per prefix "
-              f"{', '.join(map(str, summary['requests_per_prefix']))} (in random order); items mean "
+              f"{', '.join(map(str, summary['requests_per_prefix']))}"
+              f"{' (mixed in random order)' if len(summary['prefix_tokens']) > 1 else ''}; items mean "
               f"{summary['item_tokens_mean']:.0f} tokens; {summary['prompt_tokens']:,} prompt tokens given",
               "- prompt tokens computed: flexh2o's `prompt_tokens_computed` (--metrics); llama-server's `prompt_n` "
               "of every answer's timings (tokens not taken from the slot's cache)"]
