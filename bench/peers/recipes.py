@@ -57,10 +57,11 @@ RECIPES = {
     "sharegpt-offloaded": dict(preset="llama-1b-smol", requests=96, in_flight=32, max_len=512, threads=2,
                                mem_cap=int(1.5 * GIB), flexh2o_block="8x4", flexh2o_args="--percent 10 0 20 0 100 0"),
     "shared-prefix": dict(requests=512, in_flight=32, prefixes=1, threads=2),
-    # Sharing off prefills 96 x ~1,060 prompt tokens of a 1B model through weights read from disk (about
-    # 40 min on 2 cores), hence 96 requests. The placement of sharegpt-offloaded with the KV cache on the
-    # cpu tier (attended there) and disk: 20% of the sequences in memory, the rest on disk.
-    "shared-prefix-offloaded": dict(preset="llama-1b-smol", requests=96, in_flight=32, prefixes=1, threads=2,
+    # Sharing off prefills 64 x ~1,050 prompt tokens of a 1B model (about 140 TFLOP: half an hour on 2
+    # cores), hence 64 requests. The placement of sharegpt-offloaded with the KV cache on the cpu tier
+    # (attended there) for 20% of the sequences and on disk for the rest; flexh2o plan predicts 1.0 GiB
+    # in memory for it (gpu tier 771 MiB, cpu 237 MiB).
+    "shared-prefix-offloaded": dict(preset="llama-1b-smol", requests=64, in_flight=32, prefixes=1, threads=2,
                                     mem_cap=int(1.5 * GIB), flexh2o_block="8x4", timeout=4 * 3600,
                                     flexh2o_args="--percent 10 0 0 20 100 0 --cpu-cache-compute"),
 }
@@ -542,15 +543,15 @@ def shared_prefix_table(bench, cells, summary, peer):
         lines.append(f"| {name} | {bench.a.in_flight} | {summary_cell(runs)} | {f'{gen:.1f}' if gen else '-'} | "
                      f"{prompt} | {ratio(tok_s, off)} | {ratio(tok_s, base) + ' | ' if peer else ''}"
                      f"{same_tokens(runs[0], cells[off_name][0])} | {median(runs, lambda r: r.others_cores) or 0:.2f} |")
+    server_time = "; llama-server: first request sent to last answer, the server loaded before" if peer else ""
+    server_prompt = "; llama-server's `prompt_n` of every answer's timings (tokens not taken from the slot's cache)"
     lines += ["", f"- {summary['requests']} requests, {summary['new_tokens']:,} tokens wanted (sum of max_tokens); "
-                  "useful tok/s = that / generation seconds (flexh2o: prefill + decode from --metrics; llama-server: "
-                  "first request sent to last answer, the server loaded before)",
+                  f"useful tok/s = that / generation seconds (flexh2o: prefill + decode from --metrics{server_time})",
               f"- prefixes of {', '.join(map(str, summary['prefix_tokens']))} tokens, requests per prefix "
               f"{', '.join(map(str, summary['requests_per_prefix']))}"
               f"{' (mixed in random order)' if len(summary['prefix_tokens']) > 1 else ''}; items mean "
               f"{summary['item_tokens_mean']:.0f} tokens; {summary['prompt_tokens']:,} prompt tokens given",
-              "- prompt tokens computed: flexh2o's `prompt_tokens_computed` (--metrics); llama-server's `prompt_n` "
-              "of every answer's timings (tokens not taken from the slot's cache)"]
+              "- prompt tokens computed: flexh2o's `prompt_tokens_computed` (--metrics)" + (server_prompt if peer else "")]
     lines += [f"- {name}: {runs[0].detail}" for name, runs in cells.items() if runs[0].detail]
     lines += [f"- {name}: --metrics " + ", ".join(f"{k} {v}" for k, v in runs[0].prefix_metrics.items())
               for name, runs in cells.items() if runs[0].prefix_metrics]
