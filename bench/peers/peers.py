@@ -343,7 +343,7 @@ def parse_args():
                    help="a hand-tuned flexh2o policy for llamacpp-offloaded: gpu batch x gpu batches, then flags; "
                         "repeatable (replaces the recipe's list)")
     g.add_argument("--requests", type=int, default=96, help="requests of the sharegpt and shared-prefix recipes "
-                                                             "(default 96; shared-prefix: 512)")
+                                                             "(default 96; shared-prefix: 512, shared-prefix-offloaded: 64)")
     g.add_argument("--in-flight", type=int, default=32,
                    help="sequences in flight for every system: flexh2o's block, llama-server's -np (default 32)")
     g.add_argument("--max-len", type=int, default=512, help="longest ShareGPT prompt and reply in tokens (default 512)")
