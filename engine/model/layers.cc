@@ -399,8 +399,14 @@ class OutputEmbed final : public Layer {
     const std::int64_t B = s.batch(), H = cfg_.hidden;
     const float* h = act.hidden;
     float* last = act.last.as<float>();
-    for (std::int64_t b = 0; b < B; ++b)
-      be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>(H) * sizeof(float));
+    // The rows that predict the next tokens, a run of consecutive rows per copy (a decode step's
+    // are one run: one copy instead of one per sequence).
+    for (std::int64_t b = 0; b < B;) {
+      std::int64_t e = b + 1;
+      while (e < B && s.last_rows[e] == s.last_rows[e - 1] + 1) ++e;
+      be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>((e - b) * H) * sizeof(float));
+      b = e;
+    }
     if (cfg_.final_norm) norm(be, cfg_, w.norm, last, last, B);
     const float* head_in = last;
     if (cfg_.embedding_width() != H) {  // back to the embedding's width (OPT-350m)

@@ -573,6 +573,74 @@ TEST_P(BackendOpsTest, BiasAct) {
         }
 }
 
+// ---------------------------------------------------------------------------- mixture of experts
+
+// Routed experts' MLPs (moe_experts), fp32 and bf16 compute (the gather and the GLU then write
+// bf16 rows the GEMMs read in place), rows of a width that takes the 16-byte path and one that
+// does not. Weights scaled by 1/sqrt(fan-in) keep g = W_gate x and u = W_up x of size ~1. The
+// tolerance: each GEMM's sum order (check_gemm's bound, at the largest h = silu(g) u the host
+// computes in double, with the first GEMMs' error carried through h), plus under bf16 one bf16
+// unit (2^-7) of h wherever the two backends' fp32 h fall on either side of a rounding boundary
+// (a random walk over at most I such terms), times the k routing weights (< 1 each) of a row.
+TEST_P(BackendOpsTest, MoeExpertsMatchCpu) {
+  for (DType compute : {DType::F32, DType::BF16})
+    for (std::int64_t H : {33, 64}) {
+      SCOPED_TRACE(::testing::Message() << "compute " << dtype_name(compute) << " hidden " << H);
+      const std::int64_t rows = 9, I = 40, E = 4, k = 2;
+      const float s1 = 1.0f / std::sqrt(static_cast<float>(H)), s2 = 1.0f / std::sqrt(static_cast<float>(I));
+      const std::vector<float> xh = random_floats(rows * H);
+      std::vector<std::vector<float>> gate, up;
+      std::vector<Twin> mats;
+      for (std::int64_t e = 0; e < E; ++e) {
+        gate.push_back(random_floats(I * H, -s1, s1));
+        up.push_back(random_floats(I * H, -s1, s1));
+        mats.push_back(upload(stored_rows(gate.back(), DType::BF16, I, H)));
+        mats.push_back(upload(stored_rows(up.back(), DType::BF16, I, H)));
+        mats.push_back(upload(stored_rows(random_floats(H * I, -s2, s2), DType::BF16, H, I)));
+      }
+      std::vector<std::int32_t> expert_of;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        std::vector<std::int32_t> pick = {0, 1, 2, 3};
+        std::shuffle(pick.begin(), pick.end(), rng_);
+        expert_of.insert(expert_of.end(), pick.begin(), pick.begin() + k);
+      }
+      const std::vector<float> weight_of = random_floats(rows * k, 0.1f, 1.0f);
+      const Twin x = upload(xh), y = upload(random_floats(rows * H));
+      for (bool on_cpu : {true, false}) {
+        std::vector<ExpertMatrices> experts;
+        for (std::int64_t e = 0; e < E; ++e) {
+          auto at = [&](std::int64_t i) { return (on_cpu ? mats[sz(3 * e + i)].cpu : mats[sz(3 * e + i)].dev).data(); };
+          experts.push_back({{at(0), DType::BF16, I, H}, {at(1), DType::BF16, I, H}, {at(2), DType::BF16, H, I}});
+        }
+        (on_cpu ? *cpu_ : *dev_)
+            .moe_experts({.x = (on_cpu ? x.cpu : x.dev).as<float>(), .rows = rows, .hidden = H, .top_k = k,
+                          .expert_of = expert_of, .weight_of = weight_of, .experts = experts, .act = Activation::Silu,
+                          .compute = compute, .y = (on_cpu ? y.cpu : y.dev).as<float>()});
+      }
+      double hmax = 0.0;  // the largest |silu(g) u| over the routed rows, in double
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < k; ++j) {
+          const auto e = sz(expert_of[sz(r * k + j)]);
+          for (std::int64_t i = 0; i < I; ++i) {
+            double g = 0.0, u = 0.0;
+            for (std::int64_t c = 0; c < H; ++c) {
+              g += static_cast<double>(gate[e][sz(i * H + c)]) * xh[sz(r * H + c)];
+              u += static_cast<double>(up[e][sz(i * H + c)]) * xh[sz(r * H + c)];
+            }
+            hmax = std::max(hmax, std::abs(g / (1.0 + std::exp(-g)) * u));
+          }
+        }
+      const double round = compute == DType::BF16 ? 1.0 + kBF16Eps : 1.0;
+      // An error e in g or u moves h by at most ~e (|u| + |silu(g)|) <= 2 e max(1, hmax).
+      const double h_error = 2 * gemm_tolerance(compute, H, round, s1 * round, 0.0, 0.0) * std::max(1.0, hmax);
+      const double sums = std::sqrt(static_cast<double>(I)) * s2 * h_error +
+                          gemm_tolerance(compute, I, hmax * round, s2 * round, 0.0, 0.0);
+      const double flips = compute == DType::BF16 ? 0x1p-7 * std::sqrt(static_cast<double>(I)) * s2 * hmax : 0.0;
+      const auto [want, got] = download(y);
+      EXPECT_TRUE(within(want, got, k * (sums + flips)));
+    }
+}
+
 // ---------------------------------------------------------------------------- embedding
 
 TEST_P(BackendOpsTest, EmbeddingAllDtypes) {
