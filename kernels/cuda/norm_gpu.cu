@@ -3,9 +3,8 @@
 // added into y, or rounded to bf16). A thread holds a RowPart of the row (device_common.cuh),
 // so a row of up to kThreads * 4 * kRowUnroll values (8192) is read from memory once, with all
 // its loads in flight together, and stays in registers for the passes; longer rows are read
-// again per pass. y may equal x: every thread reads its elements for the
-// reductions before any thread writes (block_sum synchronises), and each writes only the
-// elements it read.
+// again per pass. y may equal x: every thread reads its elements for the reductions before any
+// thread writes (block_sum synchronises), and each writes only the elements it read.
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_common.cuh"
 
