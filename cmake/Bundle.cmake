@@ -54,6 +54,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
   bin/test_backend_ops                 every op on the GPU against the CPU backend
   bin/test_kernels                     CPU op tests
   bin/bench_attention --backend cuda   decode attention's KV GB/s beside the device's copy bandwidth
+  bin/bench_small_ops --backend cuda   the small ops between a layer's GEMMs, fused and unfused
 lib/ holds the non-system libraries. The machine provides glibc >= 2.34, GCC 12's libstdc++
 (Debian 12, Ubuntu 22.04 or newer), the NVIDIA driver and the CUDA ${BUNDLE_CUDA_VERSION} toolkit's
 libcublas/libcublasLt (found through ldconfig or LD_LIBRARY_PATH).
@@ -70,7 +71,7 @@ libcublas/libcublasLt (found through ldconfig or LD_LIBRARY_PATH).
 endif()
 
 set(_flexh2o_bundle_targets flexh2o)
-foreach(_t test_backend_ops test_kernels bench_attention)
+foreach(_t test_backend_ops test_kernels bench_attention bench_small_ops)
   if(TARGET ${_t})
     list(APPEND _flexh2o_bundle_targets ${_t})
   endif()

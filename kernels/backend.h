@@ -84,6 +84,11 @@ class Backend {
   // (engine/model/weights.h, held_dtype) rather than gemm converting them on every call.
   // `stored` where the GEMM reads the storage as it is (the CPU: its kernels read f16/bf16/q4/q8).
   virtual DType gemm_weight_dtype(DType stored, DType /*compute*/) const { return stored; }
+  // Whether the ops that feed a bf16-compute GEMM should write its input already rounded to
+  // bf16 (NormArgs::y_bf16, BiasActArgs::out_bf16, GemmArgs::x_bf16): where the GEMM would
+  // otherwise round x in a pass of its own before it multiplies (CUDA). The results are the same
+  // either way; the CPU rounds inside its GEMM kernels, so it gains nothing.
+  virtual bool takes_bf16_gemm_inputs() const { return false; }
 
   // The ops. Each checks its arguments here, once for every device (kernels/<op>.cc), then
   // runs the device's implementation (do_<op> in kernels/cpu/<op>_cpu.cc, kernels/cuda/<op>_gpu.cu).
@@ -94,6 +99,9 @@ class Backend {
   void activation(Activation act, float* x, std::int64_t n);
   // out = act(gate) * up (SwiGLU, GeGLU); out may alias gate or up.
   void glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n);
+  // out = act(x + bias) * up (BiasActArgs): a projection's bias and activation, a gated MLP's
+  // product, fp32 or bf16 out, in one pass.
+  void bias_act(const BiasActArgs& a);
   // x = cap * tanh(x / cap) (Gemma-2's final-logit soft-cap).
   void softcap(float* x, std::int64_t n, float cap);
   // x += y
@@ -135,6 +143,7 @@ class Backend {
   virtual void do_rope(const RopeArgs& a) = 0;
   virtual void do_activation(Activation act, float* x, std::int64_t n) = 0;
   virtual void do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) = 0;
+  virtual void do_bias_act(const BiasActArgs& a) = 0;
   virtual void do_softcap(float* x, std::int64_t n, float cap) = 0;
   virtual void do_add(float* x, const float* y, std::int64_t n) = 0;
   virtual void do_embedding(const EmbeddingArgs& a) = 0;

@@ -28,6 +28,19 @@ void Backend::glu(Activation act, const float* gate, const float* up, float* out
   do_glu(act, gate, up, out, n);
 }
 
+void Backend::bias_act(const BiasActArgs& a) {
+  if (a.rows < 0 || a.cols < 0) throw std::invalid_argument("bias_act: negative dimension");
+  if ((a.out == nullptr) == (a.out_bf16 == nullptr)) throw std::invalid_argument("bias_act: needs one of out and out_bf16");
+  if (a.out_bf16) {
+    if (a.out_stride != 0 && a.out_stride < a.cols) throw std::invalid_argument("bias_act: out_stride below cols");
+    if (static_cast<const void*>(a.out_bf16) == static_cast<const void*>(a.x) && a.out_stride != 2 * a.cols)
+      throw std::invalid_argument("bias_act: out_bf16 in x's memory needs out_stride = 2 * cols");
+  } else if (a.out_stride != 0) {
+    throw std::invalid_argument("bias_act: out_stride is for out_bf16 only");
+  }
+  if (a.rows > 0 && a.cols > 0) do_bias_act(a);
+}
+
 void Backend::softcap(float* x, std::int64_t n, float cap) {
   check_length(n, "softcap");
   if (!(cap > 0.0f)) throw std::invalid_argument("softcap: the cap must be positive");

@@ -9,6 +9,13 @@ void Backend::gemm(const GemmArgs& a) {
   if (a.m < 0 || a.w.rows < 0 || a.w.cols < 0) throw std::invalid_argument("gemm: negative dimension");
   if (a.beta != 0.0f && a.beta != 1.0f) throw std::invalid_argument("gemm: beta must be 0 or 1");
   if (a.compute != DType::F32 && a.compute != DType::BF16) throw std::invalid_argument("gemm: compute must be f32 or bf16");
+  if (a.x_bf16) {
+    if (a.x) throw std::invalid_argument("gemm: x and x_bf16 both given");
+    if (a.compute != DType::BF16) throw std::invalid_argument("gemm: x_bf16 needs bf16 compute");
+    if (a.x_stride != 0 && a.x_stride < a.w.cols) throw std::invalid_argument("gemm: x_stride below k");
+  } else if (a.x_stride != 0) {
+    throw std::invalid_argument("gemm: x_stride is for x_bf16 only");
+  }
   do_gemm(a);
 }
 

@@ -25,6 +25,11 @@ struct GemmArgs {
   float* y = nullptr;
   float beta = 0.0f;  // 1 adds the product into y (residual connections); with 0, y is not read
   DType compute = DType::F32;
+  // Instead of x, under bf16 compute: x already rounded to bf16 (the rounding the GEMM would
+  // do, done by the op that wrote it), row i at x_bf16 + i * x_stride (0: k). The same result
+  // as the fp32 x, except on the CPU's int8 path for q4/q8 weights, which quantizes x itself.
+  const std::uint16_t* x_bf16 = nullptr;
+  std::int64_t x_stride = 0;
 };
 
 }  // namespace flexh2o::kernels

@@ -10,6 +10,10 @@ namespace {
 void check_norm(const NormArgs& a, const char* op) {
   if (a.rows < 0 || a.cols < 0) throw std::invalid_argument(std::string(op) + ": negative dimension");
   if (a.rows > 0 && (a.cols == 0 || !a.weight)) throw std::invalid_argument(std::string(op) + ": needs cols > 0 and a weight");
+  if ((a.y == nullptr) == (a.y_bf16 == nullptr)) throw std::invalid_argument(std::string(op) + ": needs one of y and y_bf16");
+  if (a.accumulate && (!a.y || a.y == a.x)) throw std::invalid_argument(std::string(op) + ": accumulate needs a y that is not x");
+  if (a.y_bf16 && static_cast<const void*>(a.y_bf16) == static_cast<const void*>(a.x))
+    throw std::invalid_argument(std::string(op) + ": y_bf16 must not overlap x");
 }
 }  // namespace
 

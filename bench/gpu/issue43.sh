@@ -22,6 +22,11 @@ done
 step 30 "$B/bench_attention" 5 520 f16,bf16,f32,q8,q4 --backend cuda --seqs 16 --heads 32 --kv-heads 32 --head-dim 64
 step 30 "$B/bench_attention" 5 512,4096 f16 --backend cuda --seqs 64 --heads 32 --kv-heads 8 --head-dim 128
 
+# The small ops between the GEMMs (bias, activation, norm, the GEMMs' bf16 rounding), fused
+# against the unfused ops they replace: microseconds per call at decode batches 16 and 256 and
+# a 12 x 512 prefill, OPT-1.3B's and Llama-2-7B's shapes (predictions in docs/backends.md).
+for m in opt llama; do step 20 "$B/bench_small_ops" 5 16,256,6144 --backend cuda --model $m; done
+
 # Prefill attention on tensor cores: >= 100 TFLOP/s at 512 tokens. ncu times the kernel of one
 # layer of a bf16 run (12 x 512 and 256 x 512, OPT-1.3B); FLOPs = 4 * rows * 512 * 64 * 32 / 2.
 R="$F run --backend cuda --model opt-1.3b --dummy --prompt-len 512 --gen-len 2 --batching fixed --compute-dtype bf16"

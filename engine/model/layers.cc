@@ -17,22 +17,61 @@ namespace flexh2o::engine {
 namespace {
 
 
+// The input of projections: fp32, or already rounded to bf16 by the op that wrote it where the
+// backend takes bf16 GEMM inputs under bf16 compute (the rounding the GEMM would do, saving
+// it a pass of its own), row i at bf16 + i * stride.
+struct GemmInput {
+  const float* f32 = nullptr;
+  const std::uint16_t* bf16 = nullptr;
+  std::int64_t stride = 0;
+};
+
+bool bf16_gemm_inputs(const kernels::Backend& be, const ModelConfig& cfg) {
+  return cfg.compute_dtype == kernels::DType::BF16 && be.takes_bf16_gemm_inputs();
+}
+
 // A projection, in the run's compute dtype.
 void linear(kernels::Backend& be, const ModelConfig& cfg, kernels::GemmArgs a) {
   a.compute = cfg.compute_dtype;
   be.gemm(a);
 }
 
-// y = norm(x) (rows of cfg.hidden; x may equal y).
-void norm(kernels::Backend& be, const ModelConfig& cfg, const NormWeights& n, const float* x, float* y,
-          std::int64_t rows) {
-  kernels::NormArgs a{x, y, rows, cfg.hidden, n.weight, nullptr, cfg.norm_eps, cfg.norm_weight_offset};
+// A projection of `in` (a.x unset).
+void linear(kernels::Backend& be, const ModelConfig& cfg, const GemmInput& in, kernels::GemmArgs a) {
+  a.x = in.f32;
+  a.x_bf16 = in.bf16;
+  a.x_stride = in.bf16 ? in.stride : 0;
+  linear(be, cfg, a);
+}
+
+// norm(x) (rows of cfg.hidden), into y (x may equal y) or added to it.
+void norm(kernels::Backend& be, const ModelConfig& cfg, const NormWeights& n, kernels::NormArgs a) {
+  a.cols = cfg.hidden;
+  a.weight = n.weight;
+  a.eps = cfg.norm_eps;
+  a.weight_offset = cfg.norm_weight_offset;
   if (cfg.norm_has_bias()) {
     a.bias = n.bias;
     be.layer_norm(a);
   } else {
     be.rms_norm(a);
   }
+}
+
+void norm(kernels::Backend& be, const ModelConfig& cfg, const NormWeights& n, const float* x, float* y,
+          std::int64_t rows) {
+  norm(be, cfg, n, {.x = x, .y = y, .rows = rows});
+}
+
+// norm(h) as the input of the projections after it, in `buffer` (rows of cfg.hidden fp32).
+GemmInput norm_for_gemm(kernels::Backend& be, const ModelConfig& cfg, const NormWeights& n, const float* h,
+                        kernels::DeviceBuffer& buffer, std::int64_t rows) {
+  if (!bf16_gemm_inputs(be, cfg)) {
+    norm(be, cfg, n, h, buffer.as<float>(), rows);
+    return {buffer.as<float>()};
+  }
+  norm(be, cfg, n, {.x = h, .rows = rows, .y_bf16 = buffer.as<std::uint16_t>()});
+  return {nullptr, buffer.as<std::uint16_t>(), cfg.hidden};
 }
 
 // A sublayer's output `out` (rows of hidden, from `project`) joins the residual stream h as
@@ -51,8 +90,7 @@ void add_to_stream(kernels::Backend& be, const ModelConfig& cfg, const NormWeigh
       return;
     case NormPlacement::Sandwich:
       project(scratch, 0.0f);
-      norm(be, cfg, out_norm, scratch, scratch, rows);
-      be.add(h, scratch, rows * cfg.hidden);
+      norm(be, cfg, out_norm, {.x = scratch, .y = h, .rows = rows, .accumulate = true});
       return;
   }
 }
@@ -97,15 +135,13 @@ class Attention final : public Layer {
     const auto& w = std::get<AttentionWeights>(lw);
     const std::int64_t rows = s.rows();
     float* h = act.hidden;
-    float* x = act.normed.as<float>();
-    if (cfg_.norm_placement == NormPlacement::Post)
-      x = h;  // OPT-350m norms after the residual add: the sublayer reads the stream itself
-    else
-      norm(be, cfg_, w.norm, h, x, rows);
+    // OPT-350m norms after the residual add: the sublayer reads the stream itself.
+    const GemmInput x = cfg_.norm_placement == NormPlacement::Post ? GemmInput{h}
+                                                                  : norm_for_gemm(be, cfg_, w.norm, h, act.normed, rows);
     float *q = act.q.as<float>(), *k = act.k.as<float>(), *v = act.v.as<float>();
-    linear(be, cfg_, {x, rows, w.wq, w.bq, q, 0.0f});
-    linear(be, cfg_, {x, rows, w.wk, w.bk, k, 0.0f});
-    linear(be, cfg_, {x, rows, w.wv, w.bv, v, 0.0f});
+    linear(be, cfg_, x, {.m = rows, .w = w.wq, .bias = w.bq, .y = q});
+    linear(be, cfg_, x, {.m = rows, .w = w.wk, .bias = w.bk, .y = k});
+    linear(be, cfg_, x, {.m = rows, .w = w.wv, .bias = w.bv, .y = v});
     if (cfg_.qk_norm) {  // per head, before RoPE (Qwen3)
       be.rms_norm({.x = q, .y = q, .rows = rows * cfg_.n_heads, .cols = cfg_.head_dim, .weight = w.q_norm,
                    .eps = cfg_.norm_eps, .weight_offset = cfg_.norm_weight_offset});
@@ -213,6 +249,22 @@ class Attention final : public Layer {
   std::optional<RopeFrequencies> fixed_rope_;
 };
 
+// The activation `f` (x and out unset) of `x` in place, as the input of the projection after
+// it: in fp32, or in bf16 in the first half of each of x's rows (BiasActArgs) where the
+// backend takes bf16 GEMM inputs.
+GemmInput activate_for_gemm(kernels::Backend& be, const ModelConfig& cfg, float* x, kernels::BiasActArgs f) {
+  f.x = x;
+  if (!bf16_gemm_inputs(be, cfg)) {
+    f.out = x;
+    be.bias_act(f);
+    return {x};
+  }
+  f.out_bf16 = reinterpret_cast<std::uint16_t*>(x);
+  f.out_stride = 2 * f.cols;
+  be.bias_act(f);
+  return {nullptr, f.out_bf16, f.out_stride};
+}
+
 class Mlp final : public Layer {
  public:
   Mlp(const ModelConfig& cfg, const policy::ModelShape& m, std::int64_t layer)
@@ -224,22 +276,24 @@ class Mlp final : public Layer {
     const auto& w = std::get<MlpWeights>(lw);
     const std::int64_t rows = s.rows();
     float* h = act.hidden;
-    float* x = act.normed.as<float>();
-    if (cfg_.norm_placement == NormPlacement::Post)
-      x = h;
-    else
-      norm(be, cfg_, w.norm, h, x, rows);
+    const GemmInput x = cfg_.norm_placement == NormPlacement::Post ? GemmInput{h}
+                                                                  : norm_for_gemm(be, cfg_, w.norm, h, act.normed, rows);
     float *a = act.ffn_a.as<float>(), *b = act.ffn_b.as<float>();
+    // act(gate) * up, or act(up + bias) (the bias joins the activation's pass instead of one
+    // after the GEMM).
+    kernels::BiasActArgs f{.act = cfg_.mlp_act, .rows = rows, .cols = cfg_.ffn};
     if (cfg_.gated_mlp) {
-      linear(be, cfg_, {x, rows, w.gate, w.b_gate, a, 0.0f});
-      linear(be, cfg_, {x, rows, w.up, w.b_up, b, 0.0f});
-      be.glu(cfg_.mlp_act, a, b, a, rows * cfg_.ffn);
+      linear(be, cfg_, x, {.m = rows, .w = w.gate, .bias = w.b_gate, .y = a});
+      linear(be, cfg_, x, {.m = rows, .w = w.up, .bias = w.b_up, .y = b});
+      f.up = b;
     } else {
-      linear(be, cfg_, {x, rows, w.up, w.b_up, a, 0.0f});
-      be.activation(cfg_.mlp_act, a, rows * cfg_.ffn);
+      linear(be, cfg_, x, {.m = rows, .w = w.up, .y = a});
+      f.bias = w.b_up;
     }
-    add_to_stream(be, cfg_, w.norm, w.out_norm, h, act.normed.as<float>(), rows,
-                  [&](float* y, float beta) { linear(be, cfg_, {a, rows, w.down, w.b_down, y, beta}); });
+    const GemmInput down_in = activate_for_gemm(be, cfg_, a, f);
+    add_to_stream(be, cfg_, w.norm, w.out_norm, h, act.normed.as<float>(), rows, [&](float* y, float beta) {
+      linear(be, cfg_, down_in, {.m = rows, .w = w.down, .bias = w.b_down, .y = y, .beta = beta});
+    });
   }
 
  private:
@@ -345,8 +399,14 @@ class OutputEmbed final : public Layer {
     const std::int64_t B = s.batch(), H = cfg_.hidden;
     const float* h = act.hidden;
     float* last = act.last.as<float>();
-    for (std::int64_t b = 0; b < B; ++b)
-      be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>(H) * sizeof(float));
+    // The rows that predict the next tokens, a run of consecutive rows per copy (a decode step's
+    // are one run: one copy instead of one per sequence).
+    for (std::int64_t b = 0; b < B;) {
+      std::int64_t e = b + 1;
+      while (e < B && s.last_rows[e] == s.last_rows[e - 1] + 1) ++e;
+      be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>((e - b) * H) * sizeof(float));
+      b = e;
+    }
     if (cfg_.final_norm) norm(be, cfg_, w.norm, last, last, B);
     const float* head_in = last;
     if (cfg_.embedding_width() != H) {  // back to the embedding's width (OPT-350m)

@@ -54,6 +54,8 @@ struct Activations {
   static std::int64_t buffer_bytes(const ModelConfig& cfg, std::int64_t max_rows, std::int64_t max_batch);
   std::int64_t max_rows, max_batch;
   float* hidden = nullptr;       // [rows, hidden]: the residual stream, owned by the caller
+  // fp32 buffers; normed and ffn_a hold their rows in bf16 (ffn_a: in the first half of each
+  // row) where the projections that read them take bf16 inputs (layers.cc, GemmInput).
   kernels::DeviceBuffer normed;  // [rows, hidden]
   kernels::DeviceBuffer q, k, v, attn;  // [rows, heads * head_dim] (k, v: kv heads)
   kernels::DeviceBuffer ffn_a, ffn_b;   // [rows, ffn] (ffn_b: gated MLPs)

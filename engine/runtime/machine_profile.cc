@@ -71,7 +71,8 @@ namespace {
 // A GEMM of m rows (up to max_rows) over an f16 matrix of 8192 x 4096 (64 MiB: larger than a
 // CPU's last-level cache, as a large model's weights are), timed in the compute dtype the engine
 // runs m rows in, with the matrix held as a run holds it there (Backend::gemm_weight_dtype: bf16
-// on a GPU).
+// on a GPU) and its input as a run hands it over (bf16 under bf16 compute where the backend
+// takes bf16 GEMM inputs: no rounding pass).
 class DecodeGemm {
  public:
   static constexpr std::int64_t kN = 8192, kK = 4096;
@@ -89,12 +90,20 @@ class DecodeGemm {
     }
     const std::vector<float> x(x_.bytes() / sizeof(float), 1.0f);
     be.copy_to_device(x_.data(), x.data(), x_.bytes());
+    if (be.takes_bf16_gemm_inputs()) {
+      x_bf16_ = kernels::DeviceBuffer(be, x.size() * sizeof(std::uint16_t));
+      const std::vector<std::uint16_t> x_bf16(x.size(), 0x3f80);  // 1.0 in bf16
+      be.copy_to_device(x_bf16_.data(), x_bf16.data(), x_bf16_.bytes());
+    }
   }
   std::int64_t weight_bytes() const { return static_cast<std::int64_t>(w_.bytes()); }
   double flops(std::int64_t m) const { return 2.0 * static_cast<double>(m * kN * kK); }
   double seconds(std::int64_t m, kernels::DType compute) {
     kernels::GemmArgs a;
-    a.x = x_.as<float>();
+    if (compute == kernels::DType::BF16 && be_.takes_bf16_gemm_inputs())
+      a.x_bf16 = x_bf16_.as<std::uint16_t>();
+    else
+      a.x = x_.as<float>();
     a.m = m;
     const kernels::DType held = be_.gemm_weight_dtype(kernels::DType::F16, compute);
     a.w = {held == kernels::DType::BF16 ? w_bf16_.data() : w_.data(), held, kN, kK};
@@ -128,7 +137,7 @@ class DecodeGemm {
 
  private:
   kernels::Backend& be_;
-  kernels::DeviceBuffer w_, x_, y_, w_bf16_;
+  kernels::DeviceBuffer w_, x_, y_, w_bf16_, x_bf16_;
 };
 
 // The rows this machine's GEMMs are timed at: a CPU's rate levels off by 256 rows; a GPU's

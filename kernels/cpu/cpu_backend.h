@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
   void do_rope(const RopeArgs& a) override;
   void do_activation(Activation act, float* x, std::int64_t n) override;
   void do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) override;
+  void do_bias_act(const BiasActArgs& a) override;
   void do_softcap(float* x, std::int64_t n, float cap) override;
   void do_add(float* x, const float* y, std::int64_t n) override;
   void do_embedding(const EmbeddingArgs& a) override;

@@ -1,9 +1,11 @@
 #include <tbb/parallel_for.h>
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/dtype.h"
 
 namespace flexh2o::kernels {
 
@@ -49,6 +51,30 @@ void CpuBackend::do_glu(Activation act, const float* gate, const float* up, floa
   if (act == Activation::Silu)
     return for_ranges(n, [=](std::int64_t b, std::int64_t e) { vec::silu_times(gate + b, up + b, out + b, e - b); });
   for_chunks(n, [=](std::int64_t i) { out[i] = activate(act, gate[i]) * up[i]; });
+}
+
+namespace {
+// One row of bias_act in fp32 (x, up and out at the row).
+void bias_act_row(const BiasActArgs& a, const float* x, const float* up, float* out) {
+  if (a.act == Activation::Silu && !a.bias) return vec::silu_times(x, up, out, a.cols);
+  for (std::int64_t c = 0; c < a.cols; ++c) {
+    const float v = activate(a.act, a.bias ? x[c] + a.bias[c] : x[c]);
+    out[c] = up ? v * up[c] : v;
+  }
+}
+}  // namespace
+
+// bf16 out: the fp32 row rounded, so it is the fp32 result rounded bit for bit (and out_bf16
+// may be x's memory: the row is read whole before it is written).
+void CpuBackend::do_bias_act(const BiasActArgs& a) {
+  tbb::parallel_for(std::int64_t{0}, a.rows, [&](std::int64_t r) {
+    const float* x = a.x + r * a.cols;
+    const float* up = a.up ? a.up + r * a.cols : nullptr;
+    if (!a.out_bf16) return bias_act_row(a, x, up, a.out + r * a.cols);
+    std::vector<float> row(static_cast<std::size_t>(a.cols));
+    bias_act_row(a, x, up, row.data());
+    convert_from_f32(row.data(), DType::BF16, a.out_bf16 + r * (a.out_stride ? a.out_stride : a.cols), row.size());
+  });
 }
 
 void CpuBackend::do_softcap(float* x, std::int64_t n, float cap) {

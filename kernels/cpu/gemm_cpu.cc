@@ -225,7 +225,17 @@ std::optional<std::int64_t> CpuBackend::bf16_faster_from_rows(DType weights) con
 
 void CpuBackend::do_gemm(const GemmArgs& a) {
   if (a.m == 0 || a.w.rows == 0) return;
-  run_cpu_gemm_path(choose_cpu_gemm_path(a), a);
+  if (!a.x_bf16) return run_cpu_gemm_path(choose_cpu_gemm_path(a), a);
+  // x already rounded to bf16: widened to fp32 (exactly), every path rounds it to itself again.
+  const std::int64_t k = a.w.cols, stride = a.x_stride ? a.x_stride : k;
+  std::vector<float> x(static_cast<std::size_t>(a.m * k));
+  for (std::int64_t i = 0; i < a.m; ++i)
+    for (std::int64_t c = 0; c < k; ++c) x[static_cast<std::size_t>(i * k + c)] = bf16_to_f32(a.x_bf16[i * stride + c]);
+  GemmArgs widened = a;
+  widened.x = x.data();
+  widened.x_bf16 = nullptr;
+  widened.x_stride = 0;
+  run_cpu_gemm_path(choose_cpu_gemm_path(widened), widened);
 }
 
 }  // namespace flexh2o::kernels

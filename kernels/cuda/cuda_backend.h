@@ -114,6 +114,8 @@ class CudaBackend final : public Backend {
   DType gemm_weight_dtype(DType stored, DType compute) const override {
     return stored == DType::F16 && compute == DType::BF16 ? DType::BF16 : stored;
   }
+  // cuBLAS multiplies bf16 by bf16 only: an fp32 x costs a rounding pass per GEMM.
+  bool takes_bf16_gemm_inputs() const override { return true; }
   std::shared_ptr<const Fence> fence() override;
   void copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) override;
   bool pin_host(void* p, std::size_t bytes) override;
@@ -126,6 +128,7 @@ class CudaBackend final : public Backend {
   void do_rope(const RopeArgs& a) override;
   void do_activation(Activation act, float* x, std::int64_t n) override;
   void do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) override;
+  void do_bias_act(const BiasActArgs& a) override;
   void do_softcap(float* x, std::int64_t n, float cap) override;
   void do_add(float* x, const float* y, std::int64_t n) override;
   void do_embedding(const EmbeddingArgs& a) override;
@@ -163,6 +166,7 @@ class CudaBackend final : public Backend {
   // as the plan's inputs; `workspace` is cuBLASLt's (null without a bias).
   struct GemmPanel {
     std::int64_t m0 = 0, mr = 0, n0 = 0, nr = 0;
+    std::int64_t ldx = 0;  // x's row stride in elements
     const void* x = nullptr;
     const void* w = nullptr;
     void* workspace = nullptr;

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/dtype.h"
@@ -158,6 +159,62 @@ __device__ __forceinline__ void quantize_group(const float* x, std::int64_t n, b
     }
   }
 }
+
+// ---------------------------------------------------------------- 16-byte row access
+
+// Row kernels move V consecutive values at a time: V = 4 (one 16-byte load or store of fp32,
+// 8 bytes of bf16) where every pointer and the row length allow (vector_rows), else V = 1.
+inline bool aligned_to(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+template <int V>
+__device__ __forceinline__ void load_floats(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+    for (int i = 0; i < V; ++i) v[i] = p[i];
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_floats(float* p, const float (&v)[V]) {
+  if constexpr (V == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else
+    for (int i = 0; i < V; ++i) p[i] = v[i];
+}
+
+// v rounded to bf16 as f32_to_bf16_bits does.
+template <int V>
+__device__ __forceinline__ void store_bf16(std::uint16_t* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    const auto pair = [&](int i) { return f32_to_bf16_bits(v[i]) | (static_cast<unsigned>(f32_to_bf16_bits(v[i + 1])) << 16); };
+    *reinterpret_cast<uint2*>(p) = make_uint2(pair(0), pair(2));
+  } else {
+    for (int i = 0; i < V; ++i) p[i] = f32_to_bf16_bits(v[i]);
+  }
+}
+
+// A thread's part of a row for the one-block-per-row kernels: group u of the part starting at
+// column c0 holds the V values from column c0 + (u * blockDim.x + threadIdx.x) * V (present
+// where that is below the row's length). All kRowUnroll groups are loaded before any is used,
+// so their loads are in flight together (a row's worth for a block at 16-byte loads).
+constexpr int kRowUnroll = 8;
+
+template <int V>
+struct RowPart {
+  float v[kRowUnroll][V];
+  __device__ static std::int64_t col(std::int64_t c0, int u) {
+    return c0 + (static_cast<std::int64_t>(u) * blockDim.x + threadIdx.x) * V;
+  }
+  // Columns a part covers: a block's threads times V times kRowUnroll.
+  __device__ static std::int64_t span() { return static_cast<std::int64_t>(blockDim.x) * V * kRowUnroll; }
+  __device__ void load(const float* row, std::int64_t cols, std::int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u)
+      if (col(c0, u) < cols) load_floats<V>(row + col(c0, u), v[u]);
+  }
+};
 
 // ---------------------------------------------------------------- reductions
 

@@ -29,6 +29,49 @@ __global__ void glu_kernel(Activation act, const float* gate, const float* up, f
     out[i] = activate(act, gate[i]) * up[i];
 }
 
+struct ActRows {
+  Activation act = Activation::Relu;
+  const float* x = nullptr;
+  const float* bias = nullptr;
+  const float* up = nullptr;
+  float* out = nullptr;
+  std::uint16_t* out_bf16 = nullptr;
+  std::int64_t rows = 0, cols = 0, out_stride = 0;
+};
+
+// One block per row, a RowPart (device_common.cuh) at a time. A bf16 output may be x's own
+// memory (BiasActArgs): a part's values land in fp32 elements below the part's end, all read
+// once every thread has loaded its share of the part (the barrier), and below the next parts'
+// elements, so no value is overwritten before it is read.
+template <int V>
+__global__ void bias_act_kernel(ActRows a) {
+  const std::int64_t step = RowPart<V>::span();
+  for (std::int64_t r = blockIdx.x; r < a.rows; r += gridDim.x)
+    for (std::int64_t c0 = 0; c0 < a.cols; c0 += step) {
+      RowPart<V> x, up;
+      x.load(a.x + r * a.cols, a.cols, c0);
+      if (a.up) up.load(a.up + r * a.cols, a.cols, c0);
+      if (a.out_bf16) __syncthreads();
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const std::int64_t c = x.col(c0, u);
+        if (c >= a.cols) continue;
+        if (a.bias) {
+          float b[V];
+          load_floats<V>(a.bias + c, b);
+          for (int i = 0; i < V; ++i) x.v[u][i] += b[i];
+        }
+        for (int i = 0; i < V; ++i) x.v[u][i] = activate(a.act, x.v[u][i]);
+        if (a.up)
+          for (int i = 0; i < V; ++i) x.v[u][i] *= up.v[u][i];
+        if (a.out_bf16)
+          store_bf16<V>(a.out_bf16 + r * a.out_stride + c, x.v[u]);
+        else
+          store_floats<V>(a.out + r * a.cols + c, x.v[u]);
+      }
+    }
+}
+
 __global__ void softcap_kernel(float* x, std::int64_t n, float cap) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
@@ -52,6 +95,19 @@ void CudaBackend::do_activation(Activation act, float* x, std::int64_t n) {
 void CudaBackend::do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) {
   if (n <= 0) return;
   glu_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(act, gate, up, out, n);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::do_bias_act(const BiasActArgs& a) {
+  const ActRows rows{a.act,  a.x,    a.bias, a.up, a.out, a.out_bf16, a.rows, a.cols,
+                     a.out_stride ? a.out_stride : a.cols};
+  const bool vec = a.cols % 4 == 0 && aligned_to(a.x, 16) && (!a.bias || aligned_to(a.bias, 16)) &&
+                   (!a.up || aligned_to(a.up, 16)) &&
+                   (a.out_bf16 ? rows.out_stride % 4 == 0 && aligned_to(a.out_bf16, 8) : aligned_to(a.out, 16));
+  if (vec)
+    bias_act_kernel<4><<<blocks_for(a.rows, 1), kThreads, 0, stream_>>>(rows);
+  else
+    bias_act_kernel<1><<<blocks_for(a.rows, 1), kThreads, 0, stream_>>>(rows);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 

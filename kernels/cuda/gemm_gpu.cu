@@ -9,8 +9,9 @@
 //          are read in place: the engine holds f16 matrices as bf16 under bf16 compute
 //          (CudaBackend::gemm_weight_dtype), rounded once at load, so only what it could not
 //          (a head tied to the f16 token table, q4/q8 codes) is converted a panel at a time.
-//          x stays a rounding pass per GEMM: cuBLAS multiplies bf16 only by bf16, and x is the
-//          fp32 output of the op before.
+//          x is rounded in a pass of its own unless the op before wrote it in bf16
+//          (GemmArgs::x_bf16, read in place at its row stride): cuBLAS multiplies bf16 only by
+//          bf16.
 // The panels bound the device scratch (plan_gemm), which the caller's budget counts.
 // Bias and beta follow gemm_cpu.cc: y = x w^T + beta * y (y not read when beta == 0), then
 // y += bias; the bias is added in cuBLASLt's epilogue where it takes the shape (gemm_lt.h),
@@ -86,15 +87,16 @@ void CudaBackend::gemm_panel(const GemmArgs& a, const GemmPlan& plan, const Gemm
   float* y = a.y + p.m0 * n + p.n0;
   const float* bias = a.bias ? a.bias + p.n0 : nullptr;
   std::lock_guard lock(cublas_mu_);
-  if (bias && lt_->run({plan.inputs, p.mr, p.nr, k, n, p.w, p.x, y, bias, beta}, p.workspace, stream_)) return;
+  if (bias && lt_->run({plan.inputs, p.mr, p.nr, k, p.ldx, n, p.w, p.x, y, bias, beta}, p.workspace, stream_)) return;
   const int N = static_cast<int>(n), K = static_cast<int>(k), nr = static_cast<int>(p.nr), mr = static_cast<int>(p.mr);
+  const int ldx = static_cast<int>(p.ldx);
   if (plan.inputs == DType::BF16)
     FLEXH2O_CUBLAS_CHECK(blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, mr, K, &one, p.w, CUDA_R_16BF, K, p.x,
-                                        CUDA_R_16BF, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                        CUDA_R_16BF, ldx, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
   else
     FLEXH2O_CUBLAS_CHECK(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, mr, K, &one, static_cast<const float*>(p.w),
-                                      K, static_cast<const float*>(p.x), K, &beta, y, N));
+                                      K, static_cast<const float*>(p.x), ldx, &beta, y, N));
   if (bias) {
     add_bias_kernel<<<blocks_for(p.mr * p.nr), kThreads, 0, stream_>>>(y, n, bias, p.mr, p.nr);
     FLEXH2O_CUDA_CHECK_LAUNCH();
@@ -104,7 +106,7 @@ void CudaBackend::gemm_panel(const GemmArgs& a, const GemmPlan& plan, const Gemm
 void CudaBackend::do_gemm(const GemmArgs& a) {
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m == 0 || n == 0) return;
-  if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+  if (m > INT_MAX || n > INT_MAX || k > INT_MAX || a.x_stride > INT_MAX)
     throw std::invalid_argument("gemm: a dimension exceeds 2^31 - 1 (cuBLAS's int sizes)");
   if (k == 0) {
     scale_kernel<<<blocks_for(m * n), kThreads, 0, stream_>>>(a.y, a.beta, m * n);
@@ -116,23 +118,29 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
     return;
   }
   const GemmPlan plan = plan_gemm(m, k, n, a.w.dtype, a.compute);
-  const bool bf16 = plan.inputs == DType::BF16;
+  const bool bf16 = plan.inputs == DType::BF16, convert_x = bf16 && !a.x_bf16;
   const std::int64_t elem = bf16 ? 2 : 4;
   // cuBLASLt's workspace (for a bias) first, at the pool's alignment, then the panels.
   const std::int64_t workspace = a.bias ? plan.workspace_bytes : 0;
-  DeviceBuffer scratch(*this, static_cast<std::size_t>(plan.scratch_bytes - plan.workspace_bytes + workspace));
+  const std::int64_t x_panel_bytes = convert_x ? plan.x_rows * k * elem : 0;
+  DeviceBuffer scratch(*this, static_cast<std::size_t>(plan.scratch_bytes - plan.workspace_bytes + workspace -
+                                                       plan.x_rows * k * elem + x_panel_bytes));
   GemmPanel p;
   p.workspace = scratch.data();
   auto* x_panel = scratch.as<std::byte>() + workspace;  // plan.x_rows rows of bf16 x
-  auto* w_panel = x_panel + plan.x_rows * k * elem;     // plan.w_rows converted weight rows
-  const std::int64_t x_step = bf16 ? plan.x_rows : m, w_step = plan.w_rows > 0 ? plan.w_rows : n;
+  auto* w_panel = x_panel + x_panel_bytes;              // plan.w_rows converted weight rows
+  const std::int64_t x_step = convert_x ? plan.x_rows : m, w_step = plan.w_rows > 0 ? plan.w_rows : n;
   const std::int64_t wrow = row_bytes(a.w.dtype, k);
+  p.ldx = a.x_bf16 && a.x_stride ? a.x_stride : k;
   for (p.m0 = 0; p.m0 < m; p.m0 += x_step) {
     p.mr = std::min(x_step, m - p.m0);
-    p.x = a.x + p.m0 * k;
-    if (bf16) {
+    if (a.x_bf16) {
+      p.x = a.x_bf16 + p.m0 * p.ldx;
+    } else if (convert_x) {
       convert(a.x + p.m0 * k, DType::F32, p.mr, k, x_panel, true, stream_);
       p.x = x_panel;
+    } else {
+      p.x = a.x + p.m0 * k;
     }
     for (p.n0 = 0; p.n0 < n; p.n0 += w_step) {  // (re-converted per x panel: O(nk) beside O(mr nk))
       p.nr = std::min(w_step, n - p.n0);

@@ -44,7 +44,7 @@ void LtGemms::destroy(Plan& p) noexcept {
 }
 
 LtGemms::Plan LtGemms::make_plan(const Key& key) {
-  const auto [inputs, m, n, k, ldy, align_w, align_x, align_y] = key;
+  const auto [inputs, m, n, k, ldx, ldy, align_w, align_x, align_y] = key;
   Plan p;
   cublasLtMatmulPreference_t pref = nullptr;
   try {
@@ -58,7 +58,7 @@ LtGemms::Plan LtGemms::make_plan(const Key& key) {
     FLEXH2O_CUBLAS_CHECK(api_.lt_desc_set(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
     const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
     FLEXH2O_CUBLAS_CHECK(api_.lt_layout_create(&p.w, cuda_type(inputs), u(k), u(n), k));
-    FLEXH2O_CUBLAS_CHECK(api_.lt_layout_create(&p.x, cuda_type(inputs), u(k), u(m), k));
+    FLEXH2O_CUBLAS_CHECK(api_.lt_layout_create(&p.x, cuda_type(inputs), u(k), u(m), ldx));
     FLEXH2O_CUBLAS_CHECK(api_.lt_layout_create(&p.y, CUDA_R_32F, u(n), u(m), ldy));
     FLEXH2O_CUBLAS_CHECK(api_.lt_pref_create(&pref));
     const std::uint64_t workspace = kGemmLtWorkspaceBytes;
@@ -90,7 +90,7 @@ bool LtGemms::run(const LtBiasGemm& g, void* workspace, cudaStream_t stream) {
   if (!within(g.m) || !within(g.n) || !within(g.k) || g.bias == nullptr ||
       reinterpret_cast<std::uintptr_t>(g.bias) % kBiasAlignment != 0)
     return false;
-  const Key key{g.inputs, g.m, g.n, g.k, g.ldy, alignment(g.w), alignment(g.x), alignment(g.y)};
+  const Key key{g.inputs, g.m, g.n, g.k, g.ldx, g.ldy, alignment(g.w), alignment(g.x), alignment(g.y)};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     if (plans_.size() >= kMaxPlans) {

@@ -28,9 +28,9 @@ constexpr std::int64_t kGemmLtWorkspaceBytes = std::int64_t{32} << 20;
 
 struct LtBiasGemm {
   DType inputs = DType::BF16;  // of w and x: BF16 or F32
-  std::int64_t m = 0, n = 0, k = 0, ldy = 0;
+  std::int64_t m = 0, n = 0, k = 0, ldx = 0, ldy = 0;
   const void* w = nullptr;  // n rows of k
-  const void* x = nullptr;  // m rows of k
+  const void* x = nullptr;  // m rows of k, row stride ldx
   float* y = nullptr;       // m rows of n, row stride ldy
   const float* bias = nullptr;
   float beta = 0.0f;  // 0: y is not read
@@ -54,9 +54,9 @@ class LtGemms {
     cublasLtMatmulAlgo_t algo{};
     bool usable = false;
   };
-  // inputs, m, n, k, ldy and the alignments of w, x and y.
-  using Key = std::tuple<DType, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t,
-                         std::uint32_t>;
+  // inputs, m, n, k, ldx, ldy and the alignments of w, x and y.
+  using Key = std::tuple<DType, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::uint32_t,
+                         std::uint32_t, std::uint32_t>;
   Plan make_plan(const Key& key);
   void destroy(Plan& p) noexcept;
 

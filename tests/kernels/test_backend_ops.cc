@@ -270,6 +270,39 @@ TEST_P(BackendOpsTest, GemmAcrossConversionPanels) {
   check_gemm(DType::Q8, DType::BF16, 3, k, 8200, true, 1.0f);
 }
 
+// x handed over in bf16 (GemmArgs::x_bf16, as the norms and bias_act write it for the next
+// GEMM), at row strides k and 2k (bias_act's in-place rows), with and without a bias (cuBLASLt
+// told x's stride, and the pass after): what the CPU computes from the fp32 x under bf16
+// compute, to check_gemm's tolerance.
+TEST_P(BackendOpsTest, GemmTakesBf16X) {
+  for (DType t : {DType::F16, DType::BF16, DType::Q8})
+    for (std::int64_t m : {1, 19, 64})
+      for (bool with_bias : {false, true})
+        for (std::int64_t stride_factor : {1, 2}) {
+          const std::int64_t k = 256, n = 96, stride = stride_factor * k;
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " m=" << m << " bias=" << with_bias << " stride=" << stride);
+          const std::vector<float> xh = random_floats(m * k);
+          std::vector<std::uint16_t> x16(sz(m * stride), 0xffff);
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t c = 0; c < k; ++c) x16[sz(i * stride + c)] = f32_to_bf16(xh[sz(i * k + c)]);
+          const Twin x = upload(xh), xb = upload(x16);
+          const Twin w = upload(stored_rows(random_floats(n * k), t, n, k));
+          const Twin bias = upload(random_floats(n));
+          const Twin y = upload(random_floats(m * n));
+          GemmArgs a{.m = m, .w = {w.cpu.data(), t, n, k}, .bias = with_bias ? bias.cpu.as<float>() : nullptr,
+                     .y = y.cpu.as<float>(), .beta = 1.0f, .compute = DType::BF16};
+          a.x = x.cpu.as<float>();
+          cpu_->gemm(a);
+          a = {.m = m, .w = {w.dev.data(), t, n, k}, .bias = with_bias ? bias.dev.as<float>() : nullptr,
+               .y = y.dev.as<float>(), .beta = 1.0f, .compute = DType::BF16, .x_bf16 = xb.dev.as<std::uint16_t>(),
+               .x_stride = stride};
+          dev_->gemm(a);
+          const auto [want, got] = download(y);
+          const double round = 1.0 + kBF16Eps, wmax = (1.0 + (is_quantized(t) ? 2.0 / 15.0 : 0.0)) * round;
+          EXPECT_TRUE(within(want, got, gemm_tolerance(DType::BF16, k, round, wmax, 1.0, with_bias ? 1.0 : 0.0)));
+        }
+}
+
 // ---------------------------------------------------------------------------- gemm: bias epilogue
 
 // Where x, w, y and the bias sit relative to their allocations, in elements: staged weights,
@@ -384,6 +417,48 @@ TEST_P(BackendOpsTest, Norms) {
         }
 }
 
+// A bf16 output (the round of an fp32 value the two backends compute within kF32Tol) is the same
+// bf16 value or its neighbour: within one bf16 unit, 2^-7 relative.
+constexpr double kBf16Unit = 0x1p-7;
+
+std::vector<float> widened(const std::vector<std::uint16_t>& bf16) {
+  std::vector<float> out(bf16.size());
+  for (std::size_t i = 0; i < bf16.size(); ++i) out[i] = bf16_to_f32(bf16[i]);
+  return out;
+}
+
+// The norms' fused forms: added into y (accumulate), and rounded to bf16 (y_bf16); rows that
+// take the 16-byte path (cols a multiple of 4) and rows that do not.
+TEST_P(BackendOpsTest, NormsFusedForms) {
+  for (std::int64_t cols : {97, 1024, 4100})
+    for (bool layer : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << (layer ? "layer_norm" : "rms_norm") << " cols=" << cols);
+      const std::int64_t rows = 9;
+      const Twin x = upload(random_floats(rows * cols, -3.0f, 2.0f));
+      const Twin weight = upload(random_floats(cols, 0.5f, 1.5f)), b = upload(random_floats(cols));
+      const Twin summed = upload(random_floats(rows * cols, -2.0f, 2.0f));
+      const Twin rounded = upload(std::vector<std::uint16_t>(sz(rows * cols), 0xffff));
+      for (bool on_cpu : {true, false}) {
+        auto at = [&](const Twin& t) { return (on_cpu ? t.cpu : t.dev).data(); };
+        NormArgs a{.x = static_cast<const float*>(at(x)), .rows = rows, .cols = cols,
+                   .weight = static_cast<const float*>(at(weight)), .bias = layer ? static_cast<const float*>(at(b)) : nullptr,
+                   .weight_offset = layer ? 0.0f : 1.0f};
+        Backend& be = on_cpu ? *cpu_ : *dev_;
+        a.y = static_cast<float*>(at(summed));
+        a.accumulate = true;
+        layer ? be.layer_norm(a) : be.rms_norm(a);
+        a.y = nullptr;
+        a.accumulate = false;
+        a.y_bf16 = static_cast<std::uint16_t*>(at(rounded));
+        layer ? be.layer_norm(a) : be.rms_norm(a);
+      }
+      const auto [want, got] = download(summed);
+      EXPECT_TRUE(close(want, got, kF32Tol));
+      const auto [want16, got16] = download<std::uint16_t>(rounded);
+      EXPECT_TRUE(within(widened(want16), widened(got16), kF32Tol, kBf16Unit));
+    }
+}
+
 // ---------------------------------------------------------------------------- rope
 
 TEST_P(BackendOpsTest, RopeBothLayouts) {
@@ -458,6 +533,112 @@ TEST_P(BackendOpsTest, GatedActivationsSoftcapAndAdd) {
   dev_->add(x.dev.as<float>(), y.dev.as<float>(), n);
   const auto [want, got] = download(x);
   EXPECT_TRUE(identical(want, got));
+}
+
+// bias_act: every activation with and without the bias and the up factor, fp32 out, bf16 out
+// into x's own memory (stride 2 cols), on rows that take the 16-byte path and rows that do not.
+TEST_P(BackendOpsTest, BiasAct) {
+  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::GeluTanh, Activation::Silu})
+    for (bool with_bias : {false, true})
+      for (bool with_up : {false, true})
+        for (std::int64_t cols : {37, 2048, 8196}) {
+          SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(act) << " bias " << with_bias << " up "
+                                            << with_up << " cols " << cols);
+          const std::int64_t rows = 5;
+          const std::vector<float> xh = random_floats(rows * cols, -6.0f, 6.0f);
+          const Twin x = upload(xh), in_place = upload(xh), bias = upload(random_floats(cols));
+          const Twin up = upload(random_floats(rows * cols, -2.0f, 2.0f));
+          const Twin out = upload(std::vector<float>(sz(rows * cols), kNaN));
+          for (bool on_cpu : {true, false}) {
+            auto at = [&](const Twin& t) { return (on_cpu ? t.cpu : t.dev).as<float>(); };
+            Backend& be = on_cpu ? *cpu_ : *dev_;
+            BiasActArgs a{.act = act, .x = at(x), .bias = with_bias ? at(bias) : nullptr, .up = with_up ? at(up) : nullptr,
+                          .rows = rows, .cols = cols, .out = at(out)};
+            be.bias_act(a);
+            a.x = at(in_place);
+            a.out = nullptr;
+            a.out_bf16 = reinterpret_cast<std::uint16_t*>(at(in_place));
+            a.out_stride = 2 * cols;
+            be.bias_act(a);
+          }
+          const auto [want, got] = download(out);
+          EXPECT_TRUE(close(want, got, kF32Tol));
+          const auto [want16, got16] = download<std::uint16_t>(in_place);
+          std::vector<std::uint16_t> rows_cpu, rows_dev;  // the first half of each row
+          for (std::int64_t r = 0; r < rows; ++r) {
+            rows_cpu.insert(rows_cpu.end(), want16.begin() + r * 2 * cols, want16.begin() + r * 2 * cols + cols);
+            rows_dev.insert(rows_dev.end(), got16.begin() + r * 2 * cols, got16.begin() + r * 2 * cols + cols);
+          }
+          EXPECT_TRUE(within(widened(rows_cpu), widened(rows_dev), kF32Tol, kBf16Unit));
+        }
+}
+
+// ---------------------------------------------------------------------------- mixture of experts
+
+// Routed experts' MLPs (moe_experts), fp32 and bf16 compute (the gather and the GLU then write
+// bf16 rows the GEMMs read in place), rows of a width that takes the 16-byte path and one that
+// does not. Weights scaled by 1/sqrt(fan-in) keep g = W_gate x and u = W_up x of size ~1. The
+// tolerance: each GEMM's sum order (check_gemm's bound, at the largest h = silu(g) u the host
+// computes in double, with the first GEMMs' error carried through h), plus under bf16 one bf16
+// unit (2^-7) of h wherever the two backends' fp32 h fall on either side of a rounding boundary
+// (a random walk over at most I such terms), times the k routing weights (< 1 each) of a row.
+TEST_P(BackendOpsTest, MoeExpertsMatchCpu) {
+  for (DType compute : {DType::F32, DType::BF16})
+    for (std::int64_t H : {33, 64}) {
+      SCOPED_TRACE(::testing::Message() << "compute " << dtype_name(compute) << " hidden " << H);
+      const std::int64_t rows = 9, I = 40, E = 4, k = 2;
+      const float s1 = 1.0f / std::sqrt(static_cast<float>(H)), s2 = 1.0f / std::sqrt(static_cast<float>(I));
+      const std::vector<float> xh = random_floats(rows * H);
+      std::vector<std::vector<float>> gate, up;
+      std::vector<Twin> mats;
+      for (std::int64_t e = 0; e < E; ++e) {
+        gate.push_back(random_floats(I * H, -s1, s1));
+        up.push_back(random_floats(I * H, -s1, s1));
+        mats.push_back(upload(stored_rows(gate.back(), DType::BF16, I, H)));
+        mats.push_back(upload(stored_rows(up.back(), DType::BF16, I, H)));
+        mats.push_back(upload(stored_rows(random_floats(H * I, -s2, s2), DType::BF16, H, I)));
+      }
+      std::vector<std::int32_t> expert_of;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        std::vector<std::int32_t> pick = {0, 1, 2, 3};
+        std::shuffle(pick.begin(), pick.end(), rng_);
+        expert_of.insert(expert_of.end(), pick.begin(), pick.begin() + k);
+      }
+      const std::vector<float> weight_of = random_floats(rows * k, 0.1f, 1.0f);
+      const Twin x = upload(xh), y = upload(random_floats(rows * H));
+      for (bool on_cpu : {true, false}) {
+        std::vector<ExpertMatrices> experts;
+        for (std::int64_t e = 0; e < E; ++e) {
+          auto at = [&](std::int64_t i) { return (on_cpu ? mats[sz(3 * e + i)].cpu : mats[sz(3 * e + i)].dev).data(); };
+          experts.push_back({{at(0), DType::BF16, I, H}, {at(1), DType::BF16, I, H}, {at(2), DType::BF16, H, I}});
+        }
+        (on_cpu ? *cpu_ : *dev_)
+            .moe_experts({.x = (on_cpu ? x.cpu : x.dev).as<float>(), .rows = rows, .hidden = H, .top_k = k,
+                          .expert_of = expert_of, .weight_of = weight_of, .experts = experts, .act = Activation::Silu,
+                          .compute = compute, .y = (on_cpu ? y.cpu : y.dev).as<float>()});
+      }
+      double hmax = 0.0;  // the largest |silu(g) u| over the routed rows, in double
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < k; ++j) {
+          const auto e = sz(expert_of[sz(r * k + j)]);
+          for (std::int64_t i = 0; i < I; ++i) {
+            double g = 0.0, u = 0.0;
+            for (std::int64_t c = 0; c < H; ++c) {
+              g += static_cast<double>(gate[e][sz(i * H + c)]) * xh[sz(r * H + c)];
+              u += static_cast<double>(up[e][sz(i * H + c)]) * xh[sz(r * H + c)];
+            }
+            hmax = std::max(hmax, std::abs(g / (1.0 + std::exp(-g)) * u));
+          }
+        }
+      const double round = compute == DType::BF16 ? 1.0 + kBF16Eps : 1.0;
+      // An error e in g or u moves h by at most ~e (|u| + |silu(g)|) <= 2 e max(1, hmax).
+      const double h_error = 2 * gemm_tolerance(compute, H, round, s1 * round, 0.0, 0.0) * std::max(1.0, hmax);
+      const double sums = std::sqrt(static_cast<double>(I)) * s2 * h_error +
+                          gemm_tolerance(compute, I, hmax * round, s2 * round, 0.0, 0.0);
+      const double flips = compute == DType::BF16 ? 0x1p-7 * std::sqrt(static_cast<double>(I)) * s2 * hmax : 0.0;
+      const auto [want, got] = download(y);
+      EXPECT_TRUE(within(want, got, k * (sums + flips)));
+    }
 }
 
 // ---------------------------------------------------------------------------- embedding

@@ -224,6 +224,35 @@ TEST_P(OpsTest, Gemm) {
               for (const DType compute : {DType::F32, DType::BF16}) check_gemm(dtype, m, k, n, with_bias, beta, compute);
 }
 
+// x handed over already rounded to bf16 (GemmArgs::x_bf16, at a row stride past k) gives what
+// bf16 compute gives from the fp32 x, bit for bit: the GEMM rounds x to the same values. Float
+// weights (the CPU's int8 path for q4/q8 quantizes x itself, from the values it gets).
+TEST_P(OpsTest, GemmTakesBf16X) {
+  for (const DType dtype : kDTypes)
+    for (const bool with_bias : {false, true})
+      for (const std::int64_t m : {1, 5, 40}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " m=" << m << " bias " << with_bias);
+        const std::int64_t k = 67, n = 45, stride = 2 * k;
+        const std::vector<float> x = random_floats(m * k);
+        std::vector<std::uint16_t> x16(sz(m * stride), 0xffff);  // NaN between the rows: never read
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t c = 0; c < k; ++c) x16[sz(i * stride + c)] = f32_to_bf16(x[sz(i * k + c)]);
+        const StoredMatrix w = store_rows(random_floats(n * k), dtype, n, k);
+        const DeviceBuffer dx = upload(x), dx16 = upload(x16), dw = upload(w.bytes), db = upload(random_floats(n));
+        const std::vector<float> y0 = random_floats(m * n);
+        const DeviceBuffer from_f32 = upload(y0), from_bf16 = upload(y0);
+        GemmArgs a{.x = dx.as<float>(), .m = m, .w = {dw.data(), dtype, n, k}, .bias = with_bias ? db.as<float>() : nullptr,
+                   .y = from_f32.as<float>(), .beta = 1.0f, .compute = DType::BF16};
+        backend_->gemm(a);
+        a.x = nullptr;
+        a.x_bf16 = dx16.as<std::uint16_t>();
+        a.x_stride = stride;
+        a.y = from_bf16.as<float>();
+        backend_->gemm(a);
+        EXPECT_EQ(download(from_f32), download(from_bf16));
+      }
+}
+
 TEST_P(OpsTest, GemmAcrossPanels) {
   // n = 1000 rows of k = 300 split into several weight panels whichever way the CPU sizes
   // them (from m: small panels for few rows, large ones for m > 16), so panel offsets into
@@ -299,6 +328,49 @@ TEST_P(OpsTest, RmsNorm) {
         backend_->rms_norm(a);
         EXPECT_TRUE(near_all(download(out), ref::rms_norm(x, rows, cols, weight, a.eps, offset), kNormTol));
       }
+}
+
+// The fused forms of both norms (NormArgs): accumulate adds the normed row into y (a sandwich
+// norm's residual add), y_bf16 takes it rounded to bf16. Each is the plain op's fp32 result
+// added or rounded: accumulate within the plain op's tolerance plus one fp32 addition
+// (2^-24 |sum|); bf16 out bit for bit the plain op's output rounded by f32_to_bf16, so a GEMM
+// reading it gets what it would have rounded x to itself.
+TEST_P(OpsTest, NormsFusedForms) {
+  for (const bool layer : {true, false})
+    for (const std::int64_t cols : {7, 256, 1000}) {
+      SCOPED_TRACE(::testing::Message() << (layer ? "layer_norm" : "rms_norm") << " cols=" << cols);
+      const std::int64_t rows = 5;
+      const std::vector<float> x = random_floats(rows * cols, -3.0f, 2.0f);
+      const std::vector<float> weight = random_floats(cols, 0.5f, 1.5f), bias = random_floats(cols);
+      const std::vector<float> y0 = random_floats(rows * cols, -2.0f, 2.0f);
+      const DeviceBuffer dx = upload(x), dw = upload(weight), db = upload(bias);
+      const DeviceBuffer plain = upload(std::vector<float>(x.size(), kNaN)), summed = upload(y0);
+      const DeviceBuffer rounded = upload(std::vector<std::uint16_t>(x.size(), 0xffff));
+      auto run = [&](NormArgs a) {
+        a.x = dx.as<float>();
+        a.rows = rows;
+        a.cols = cols;
+        a.weight = dw.as<float>();
+        a.bias = layer ? db.as<float>() : nullptr;
+        a.weight_offset = layer ? 0.0f : 1.0f;
+        layer ? backend_->layer_norm(a) : backend_->rms_norm(a);
+      };
+      run({.y = plain.as<float>()});
+      run({.y = summed.as<float>(), .accumulate = true});
+      run({.y_bf16 = rounded.as<std::uint16_t>()});
+      const std::vector<float> normed = download(plain);
+      const std::vector<double> ref = layer ? ref::layer_norm(x, rows, cols, weight, bias, 1e-5f)
+                                            : ref::rms_norm(x, rows, cols, weight, 1e-5f, 1.0f);
+      std::vector<double> ref_sum(ref.size());
+      for (std::size_t i = 0; i < ref.size(); ++i) ref_sum[i] = y0[i] + ref[i];
+      EXPECT_TRUE(near_all(download(summed), ref_sum, [&](std::size_t i) {
+        return kNormTol * std::max(1.0, std::abs(ref[i])) + 0x1p-24 * std::abs(ref_sum[i]);
+      }));
+      const std::vector<std::uint16_t> got = download<std::uint16_t>(rounded);
+      std::size_t mismatches = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) mismatches += got[i] != f32_to_bf16(normed[i]);
+      EXPECT_EQ(mismatches, 0u) << "bf16 outputs that are not the fp32 output rounded";
+    }
 }
 
 // ---------------------------------------------------------------------------- rope
@@ -420,6 +492,60 @@ TEST_P(OpsTest, GatedActivations) {
       EXPECT_TRUE(near_all(download(out), ref::glu(act, gate, up), 1e-5));
       }
     }
+}
+
+// bias_act: act(x + bias) * up over rows of cols, every activation, with and without the bias
+// and the up factor. fp32 out against the double reference (one rounded addition, the
+// activation and a product: 1e-5 relative as above); bf16 out, into a buffer of its own with a
+// row stride past cols (the gap untouched) and into x's own memory (stride 2 cols), bit for
+// bit the fp32 output rounded by f32_to_bf16.
+TEST_P(OpsTest, BiasAct) {
+  for (const Activation act : {Activation::Relu, Activation::Gelu, Activation::GeluTanh, Activation::Silu})
+    for (const bool with_bias : {false, true})
+      for (const bool with_up : {false, true})
+        for (const std::int64_t cols : {1, 37, 1024}) {
+          SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(act) << " bias " << with_bias
+                                            << " up " << with_up << " cols " << cols);
+          const std::int64_t rows = 3, stride = cols + 5;
+          const std::vector<float> x = random_floats(rows * cols, -6.0f, 6.0f), bias = random_floats(cols);
+          const std::vector<float> up = random_floats(rows * cols, -2.0f, 2.0f);
+          const DeviceBuffer dx = upload(x), db = upload(bias), du = upload(up);
+          const DeviceBuffer out = upload(std::vector<float>(x.size(), kNaN));
+          const DeviceBuffer out16 = upload(std::vector<std::uint16_t>(sz(rows * stride), 0xffff));
+          const DeviceBuffer in_place = upload(x);
+          BiasActArgs a{.act = act, .x = dx.as<float>(), .bias = with_bias ? db.as<float>() : nullptr,
+                        .up = with_up ? du.as<float>() : nullptr, .rows = rows, .cols = cols, .out = out.as<float>()};
+          backend_->bias_act(a);
+          a.out = nullptr;
+          a.out_bf16 = out16.as<std::uint16_t>();
+          a.out_stride = stride;
+          backend_->bias_act(a);
+          a.x = in_place.as<float>();
+          a.out_bf16 = in_place.as<std::uint16_t>();
+          a.out_stride = 2 * cols;
+          backend_->bias_act(a);
+
+          std::vector<double> ref(x.size());
+          for (std::size_t i = 0; i < x.size(); ++i) {
+            const float in = with_bias ? x[i] + bias[i % sz(cols)] : x[i];
+            ref[i] = ref::activate(act, in) * (with_up ? up[i] : 1.0);
+          }
+          const std::vector<float> got = download(out);
+          EXPECT_TRUE(near_all(got, ref, 1e-5));
+          const std::vector<std::uint16_t> got16 = download<std::uint16_t>(out16), got_in_place = download<std::uint16_t>(in_place);
+          std::size_t off_separate = 0, off_in_place = 0, gap_written = 0;
+          for (std::int64_t r = 0; r < rows; ++r) {
+            for (std::int64_t c = 0; c < cols; ++c) {
+              const std::uint16_t want = f32_to_bf16(got[sz(r * cols + c)]);
+              off_separate += got16[sz(r * stride + c)] != want;
+              off_in_place += got_in_place[sz(r * 2 * cols + c)] != want;
+            }
+            for (std::int64_t c = cols; c < stride; ++c) gap_written += got16[sz(r * stride + c)] != 0xffff;
+          }
+          EXPECT_EQ(off_separate, 0u);
+          EXPECT_EQ(off_in_place, 0u);
+          EXPECT_EQ(gap_written, 0u);
+        }
 }
 
 TEST_P(OpsTest, Add) {
@@ -1219,6 +1345,20 @@ TEST_P(OpsTest, RefusesBadArgumentsAlike) {
   Backend& be = *backend_;
   const AttentionShape shape{.n_heads = 2, .n_kv_heads = 1, .head_dim = 4, .scale = 0.5f};
   EXPECT_THROW(be.gemm({.m = 1, .w = {nullptr, DType::F32, 2, 2}, .beta = 0.5f}), std::invalid_argument);
+  std::uint16_t x16[4] = {};
+  float x32[4] = {}, y32[4] = {};
+  EXPECT_THROW(be.gemm({.m = 1, .w = {nullptr, DType::F32, 2, 2}, .x_bf16 = x16}), std::invalid_argument);  // f32 compute
+  EXPECT_THROW(be.gemm({.x = x32, .m = 1, .w = {nullptr, DType::F32, 2, 2}, .compute = DType::BF16, .x_bf16 = x16}),
+               std::invalid_argument);  // both
+  EXPECT_THROW(be.gemm({.m = 1, .w = {nullptr, DType::F32, 2, 2}, .compute = DType::BF16, .x_bf16 = x16, .x_stride = 1}),
+               std::invalid_argument);  // stride below k
+  EXPECT_THROW(be.rms_norm({.x = x32, .y = x32, .rows = 1, .cols = 4, .weight = x32, .accumulate = true}),
+               std::invalid_argument);  // accumulate into x
+  EXPECT_THROW(be.rms_norm({.x = x32, .y = y32, .rows = 1, .cols = 4, .weight = x32, .y_bf16 = x16}),
+               std::invalid_argument);  // two outputs
+  EXPECT_THROW(be.bias_act({.x = x32, .rows = 1, .cols = 2, .out_bf16 = reinterpret_cast<std::uint16_t*>(x32)}),
+               std::invalid_argument);  // in x's memory at the wrong stride
+  EXPECT_THROW(be.bias_act({.x = x32, .rows = 1, .cols = 2}), std::invalid_argument);  // no output
   const std::vector<std::int64_t> decreasing = {0, 3, 2}, not_from_zero = {1, 3};
   EXPECT_THROW(be.attention_prefill({.shape = shape, .seq_offsets = decreasing}), std::invalid_argument);
   EXPECT_THROW(be.attention_prefill({.shape = shape, .seq_offsets = not_from_zero}), std::invalid_argument);

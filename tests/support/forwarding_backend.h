@@ -35,6 +35,7 @@ class ForwardingBackend : public kernels::Backend {
   kernels::DType gemm_weight_dtype(kernels::DType stored, kernels::DType compute) const override {
     return inner_->gemm_weight_dtype(stored, compute);
   }
+  bool takes_bf16_gemm_inputs() const override { return inner_->takes_bf16_gemm_inputs(); }
   std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, kernels::DType w,
                                   kernels::DType compute) const override {
     return inner_->gemm_scratch_bytes(m, k, n, w, compute);
@@ -55,6 +56,7 @@ class ForwardingBackend : public kernels::Backend {
   void do_glu(kernels::Activation act, const float* gate, const float* up, float* out, std::int64_t n) override {
     inner_->glu(act, gate, up, out, n);
   }
+  void do_bias_act(const kernels::BiasActArgs& a) override { inner_->bias_act(a); }
   void do_softcap(float* x, std::int64_t n, float cap) override { inner_->softcap(x, n, cap); }
   void do_add(float* x, const float* y, std::int64_t n) override { inner_->add(x, y, n); }
   void do_embedding(const kernels::EmbeddingArgs& a) override { inner_->embedding(a); }
