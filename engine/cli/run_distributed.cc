@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,7 +18,7 @@
 #include "engine/job/engine.h"
 #include "engine/job/run_report.h"
 #include "engine/distributed/mpi_comm.h"
-#include "engine/distributed/job_queue.h"
+#include "engine/distributed/data_parallel.h"
 #include "engine/distributed/pipeline_stage.h"
 #include "engine/model/model_shape.h"
 #include "policy/pipeline.h"
@@ -30,11 +29,10 @@ namespace flexh2o::cli {
 using namespace flexh2o::engine;
 using distributed::Bytes;
 using distributed::Mpi;
+using distributed::rank_name;
 using nlohmann::json;
 
 namespace {
-
-std::string rank_name(const Mpi& mpi) { return fmt::format("rank {} ({})", mpi.rank(), mpi.host()); }
 
 // The job rank 0 reads: the requests a one-process run of these flags would make (an OpenAI
 // batch file's, its bad lines' error lines written first), checked against the model before any
@@ -57,18 +55,6 @@ RootJob read_job(const RunOptions& o, const RunSetup& s, std::optional<job::Resu
   job::check_requests(s.model.config, requests);
   root.todo = job::requests_to_run(requests, out, o.resume, o.out_file);
   return root;
-}
-
-// Rank 0's requests on every rank.
-std::vector<job::Request> share_requests(const Mpi& mpi, const std::vector<job::Request>& todo) {
-  json all = json::array();
-  if (mpi.rank() == 0)
-    for (const job::Request& r : todo) all.push_back(job::to_json(r));
-  const json got = distributed::from_bytes(mpi.broadcast(mpi.rank() == 0 ? distributed::to_bytes(all) : Bytes{}, 0));
-  if (mpi.rank() == 0) return todo;
-  std::vector<job::Request> requests;
-  for (const json& r : got) requests.push_back(job::request_from_json(r));
-  return requests;
 }
 
 job::ResultFormat result_format(const RunOptions& o) {
@@ -96,16 +82,14 @@ job::EngineOptions rank_engine_options(const RunOptions& o, const RunSetup& s, c
   return eo;
 }
 
-// The report over several ranks from their parts (JSON, as each sent it), in rank order: the
-// model as rank 0 stores it.
-job::RunReport ranks_report(job::RunMode mode, const RunOptions& o, const RunSetup& s, const std::vector<json>& sent) {
+// The report over several ranks from their parts (in rank order): the model as rank 0 stores it.
+job::RunReport ranks_report(job::RunMode mode, const RunOptions& o, const RunSetup& s, std::vector<job::RunPart> parts) {
   job::RunReport r;
   r.mode = mode;
   r.model = s.model.description;
   r.stored = with_weight_dtype(s.model.config, s.policy.weight_dtype(s.model.config.dtype));
   r.batching = o.batching;
-  for (const json& j : sent) r.parts.push_back(job::part_from_json(j));
-  std::ranges::sort(r.parts, {}, &job::RunPart::rank);
+  r.parts = std::move(parts);
   return r;
 }
 
@@ -127,58 +111,11 @@ void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
 }
 
-// Requests a rank keeps in hand beyond those running: under continuous batching a few, so that
-// a freed slot rarely waits for rank 0's answer; fixed blocks ask for a block as one starts.
-std::size_t requests_ahead(const RunOptions& o, std::int64_t slots) {
-  return o.batching == "continuous" ? 1 + static_cast<std::size_t>(slots) / 16 : 0;
-}
-
-// Runs the requests `source` deals this rank with the engine; each finished one goes to
-// `finished`. A first signal stops taking requests (those running finish), a second abandons
-// them (throws job::Interrupted). Returns the rank's part of the report.
-job::RunPart run_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<const job::Request> todo,
-                      job::RequestSource& source, const job::BlockFinished& finished,
-                      const std::function<void()>& between_steps, const job::InterruptWatch& interrupts) {
-  if (todo.empty()) return {.name = rank_name(mpi), .rank = mpi.rank(), .host = mpi.host()};
-  job::Engine engine(*s.backend, s.model.config, *s.model.weights, rank_engine_options(o, s, mpi), &interrupts);
-  const job::JobOutcome done = engine.run(todo, finished, &source, between_steps);
-  job::RunPart part = engine.part(rank_name(mpi), mpi.rank(), mpi.host(), done.total);
-  part.finished_requests = done.finished_requests;
-  part.stopped = done.stopped;
-  return part;
-}
-
-// Where each request is in the job, by its id and choice (a fixed block hands the runner's
-// callback copies of the requests).
-std::map<std::pair<std::string, std::int64_t>, std::size_t> request_positions(std::span<const job::Request> todo) {
-  std::map<std::pair<std::string, std::int64_t>, std::size_t> at;
-  for (std::size_t i = 0; i < todo.size(); ++i) at.emplace(std::pair(todo[i].id_json, todo[i].choice), i);
-  return at;
-}
-
-// A rank other than 0: runs what rank 0 deals it and sends back each finished request, then its
-// report. Its exit status: 130 when a signal stopped it.
-int run_other_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<const job::Request> todo,
-                   const job::InterruptWatch& interrupts) {
-  const std::int64_t slots = s.policy.block_size();
-  distributed::RankQueue queue(mpi, static_cast<std::size_t>(slots), requests_ahead(o, slots));
-  const auto at = request_positions(todo);
-  const job::RunPart part = run_rank(
-      mpi, o, s, todo, queue,
-      [&](std::span<const job::Request> done, const GenerationResult& r) {
-        for (std::size_t t = 0; t < done.size(); ++t)
-          queue.send_finished(at.at({done[t].id_json, done[t].choice}), r.sequence(t));
-      },
-      {}, interrupts);
-  queue.send_report(job::to_json(part, true));
-  return part.stopped ? 130 : 0;
-}
-
 // The ranks' report (the job's totals are their sums), on stderr and in --metrics and --trace;
 // where an interrupt stopped some rank, says how far the job got and gives the interrupted
 // run's exit status (130) as the one-process run does.
-int report_data_parallel(const RunOptions& o, const RunSetup& s, const std::vector<json>& sent, std::size_t requests) {
-  job::RunReport report = ranks_report(job::RunMode::DataParallel, o, s, sent);
+int report_data_parallel(const RunOptions& o, const RunSetup& s, std::vector<job::RunPart> parts, std::size_t requests) {
+  job::RunReport report = ranks_report(job::RunMode::DataParallel, o, s, std::move(parts));
   std::size_t finished = 0;
   bool stopped = false;
   for (const job::RunPart& p : report.parts) {
@@ -208,24 +145,20 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
     if (!setup->auto_policy && !root.todo.empty())
       check_placement_fits(o, *setup, root.todo, rank_profile(o, *setup, mpi));
   }
-  const std::vector<job::Request> todo = share_requests(mpi, root.todo);
+  const std::vector<job::Request> todo = distributed::share_requests(mpi, root.todo);
   if (mpi.rank() != 0) setup.emplace(open_run(o));
   RunSetup& s = *setup;
   plan_rank(mpi, o, s, todo);
   settle_compute_dtype(o, s);
-  if (mpi.rank() != 0) return run_other_rank(mpi, o, s, todo, interrupts);
+  const distributed::RankEngine engine{*s.backend, s.model.config, *s.model.weights, rank_engine_options(o, s, mpi)};
+  if (mpi.rank() != 0) return distributed::run_dealt_rank(mpi, engine, todo, interrupts).stopped ? 130 : 0;
 
   JobResults results(o, s, out, root.openai ? &*root.openai : nullptr);
-  const std::int64_t slots = s.policy.block_size();  // the others' too, where they plan alike
-  distributed::RootQueue queue(mpi, todo, static_cast<std::size_t>(slots) + requests_ahead(o, slots),
-                               [&](std::size_t i, const GenerationResult& one) {
-                                 results.add(std::span(todo).subspan(i, 1), one);
-                               });
-  const job::RunPart part = run_rank(
-      mpi, o, s, todo, queue.source(),
-      [&](std::span<const job::Request> done, const GenerationResult& r) { results.add(done, r); },
-      [&] { queue.poll(); }, interrupts);
-  return report_data_parallel(o, s, queue.reports(job::to_json(part, true)), todo.size());
+  std::vector<job::RunPart> parts =
+      distributed::run_dealing_rank(mpi, engine, todo, interrupts, [&](std::size_t i, const GenerationResult& one) {
+        results.add(std::span(todo).subspan(i, 1), one);
+      });
+  return report_data_parallel(o, s, std::move(parts), todo.size());
 }
 
 // ---- pipeline parallel ---------------------------------------------------------------------
@@ -303,9 +236,9 @@ policy::StageSlice take_stage(const json& stage, RunSetup& s) {
 // --metrics and --trace.
 void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_batches, const GenerationResult& total,
                      const std::vector<Bytes>& gathered) {
-  std::vector<json> sent;
-  for (const Bytes& b : gathered) sent.push_back(distributed::from_bytes(b));
-  job::RunReport report = ranks_report(job::RunMode::Pipeline, o, s, sent);
+  std::vector<job::RunPart> parts;
+  for (const Bytes& b : gathered) parts.push_back(job::part_from_json(distributed::from_bytes(b)));
+  job::RunReport report = ranks_report(job::RunMode::Pipeline, o, s, std::move(parts));
   report.micro_batches = micro_batches;
   report.total = total;
   fmt::print(stderr, "{}", report.text());
