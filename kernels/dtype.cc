@@ -1,6 +1,7 @@
 #include "kernels/dtype.h"
 
 #include "kernels/quantize.h"
+#include "kernels/option_error.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -27,8 +28,8 @@ std::string_view dtype_name(DType t) {
 DType parse_float_dtype(std::string_view s) {
   const DType t = parse_dtype(s);
   if (is_quantized(t))
-    throw std::invalid_argument("'" + std::string(s) + "' is a compression, not a model dtype (expected f32, f16 or bf16; "
-                                "use --compress-weight for 4-bit weights)");
+    throw OptionError{"'" + std::string(s) + "' is a compression, not a model dtype (expected f32, f16 or bf16; use ",
+                      Option::CompressWeight, " for 4-bit weights)"};
   return t;
 }
 

@@ -44,13 +44,14 @@ std::string_view trim(std::string_view s) {
 
 }  // namespace
 
-std::string tier_hint(Tier t) {
+std::vector<kernels::OptionText::Piece> tier_hint(Tier t) {
+  using kernels::Option;
   switch (t) {
-    case Tier::Gpu: return "raise --gpu-mem or move more to cpu/disk";
-    case Tier::Cpu: return "raise --cpu-mem or move more to disk";
-    case Tier::Disk: return "raise --disk-mem or use --offload-dir on a larger disk";
+    case Tier::Gpu: return {"raise ", Option::GpuMem, " or move more to cpu/disk"};
+    case Tier::Cpu: return {"raise ", Option::CpuMem, " or move more to disk"};
+    case Tier::Disk: return {"raise ", Option::DiskMem, " or use ", Option::OffloadDir, " on a larger disk"};
   }
-  return "";
+  return {};
 }
 
 std::int64_t parse_bytes(std::string_view text) {
@@ -142,9 +143,12 @@ void Budget::reserve(std::int64_t bytes, std::string_view what) {
   }
   std::lock_guard lock(mu_);
   if (bytes > capacity_ - used_) {
-    throw BudgetExceeded(std::string(tier_name(tier_)) + " tier: cannot reserve " + format_bytes(bytes) + " for '" +
-                         std::string(what) + "': " + format_bytes(capacity_ - used_) + " of " + format_bytes(capacity_) +
-                         " free (" + format_bytes(used_) + " in use); " + tier_hint(tier_));
+    std::vector<kernels::OptionText::Piece> text{std::string(tier_name(tier_)) + " tier: cannot reserve " +
+                                                 format_bytes(bytes) + " for '" + std::string(what) + "': " +
+                                                 format_bytes(capacity_ - used_) + " of " + format_bytes(capacity_) +
+                                                 " free (" + format_bytes(used_) + " in use); "};
+    for (auto& piece : tier_hint(tier_)) text.push_back(std::move(piece));
+    throw BudgetExceeded(std::move(text));
   }
   used_ += bytes;
   peak_ = std::max(peak_, used_);

@@ -7,7 +7,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "kernels/option_error.h"
 #include "offload/tier.h"
 
 namespace flexh2o::offload {
@@ -18,12 +20,14 @@ namespace flexh2o::offload {
 std::int64_t parse_bytes(std::string_view text);
 // 1610612736 -> "1.50 GiB"; below 1 KiB -> "123 B".
 std::string format_bytes(std::int64_t bytes);
-// What to change when a tier is full, e.g. "raise --gpu-mem or move more to cpu/disk".
-std::string tier_hint(Tier t);
+// What to change when a tier is full, e.g. "raise <the gpu tier's capacity> or move more to
+// cpu/disk", naming the options that give it room.
+std::vector<kernels::OptionText::Piece> tier_hint(Tier t);
 
-class BudgetExceeded : public std::runtime_error {
+// A reservation beyond a tier's capacity; its text ends with the tier's hint.
+class BudgetExceeded : public kernels::OptionRuntimeError {
  public:
-  using std::runtime_error::runtime_error;
+  using kernels::OptionRuntimeError::OptionRuntimeError;
 };
 
 class Budget;

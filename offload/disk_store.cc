@@ -1,6 +1,7 @@
 #include "offload/disk_store.h"
 #include "offload/offload_marks.h"
 
+#include "kernels/option_error.h"
 #include "offload/disk_io_engines.h"
 #include "offload/extent_allocator.h"
 #include "offload/io_text.h"
@@ -102,7 +103,7 @@ using disk_io::Chunk;
 
 namespace {
 
-std::string io_error_message(const std::string& path, const Op& op, int err) {
+kernels::OptionRuntimeError io_error(const std::string& path, const Op& op, int err) {
   std::string msg = "disk store: " + std::string(op.write ? "write" : "read") + " of " +
                     std::to_string(op.len) + " bytes at offset " + std::to_string(op.offset) + " in " + path +
                     " failed: " +
@@ -111,9 +112,9 @@ std::string io_error_message(const std::string& path, const Op& op, int err) {
   if (err == ENOSPC || err == EFBIG) {
     msg += "; the offload directory's disk is full";
     if (err == EFBIG) msg += " or the file size limit (ulimit -f) was reached";
-    msg += "; free space or use --offload-dir on a larger disk";
+    return kernels::OptionRuntimeError{msg + "; free space or use ", kernels::Option::OffloadDir, " on a larger disk"};
   }
-  return msg;
+  return kernels::OptionRuntimeError{msg};
 }
 
 std::string invalid_region_message(const std::string& path, std::int64_t extent_offset) {
@@ -201,8 +202,9 @@ struct DiskStore::Impl final : CompletionSink {
       const std::string base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
       std::string tmpl = base + "/flexh2o-XXXXXX";
       if (::mkdtemp(tmpl.data()) == nullptr) {
-        throw std::runtime_error("cannot create an offload directory under " + base + ": " +
-                                 errno_text(errno) + "; set TMPDIR or use --offload-dir");
+        throw kernels::OptionRuntimeError{
+            "cannot create an offload directory under " + base + ": " + errno_text(errno) + "; set TMPDIR or use ",
+            kernels::Option::OffloadDir};
       }
       files.dir = tmpl;
       files.owns_dir = true;
@@ -212,8 +214,9 @@ struct DiskStore::Impl final : CompletionSink {
       if (::mkdir(requested.c_str(), 0700) == 0) {
         files.owns_dir = true;
       } else if (errno != EEXIST) {
-        throw std::runtime_error("cannot create offload directory " + requested + ": " + errno_text(errno) +
-                                 "; use --offload-dir with an existing writable directory");
+        throw kernels::OptionRuntimeError{"cannot create offload directory " + requested + ": " + errno_text(errno) +
+                                              "; use ",
+                                          kernels::Option::OffloadDir, " in an existing writable directory"};
       }
     }
     if (files.owns_dir) files.dir_slot = register_live_path(files.dir, true);
@@ -221,8 +224,9 @@ struct DiskStore::Impl final : CompletionSink {
     std::string tmpl = files.dir + "/flexh2o-offload-XXXXXX";
     const int fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
     if (fd < 0) {
-      throw std::runtime_error("cannot create a file in offload directory " + files.dir + ": " +
-                               errno_text(errno) + "; use --offload-dir with a writable directory");
+      throw kernels::OptionRuntimeError{"cannot create a file in offload directory " + files.dir + ": " +
+                                            errno_text(errno) + "; use ",
+                                        kernels::Option::OffloadDir, " on a writable disk"};
     }
     files.fd = fd;
     files.path = tmpl;
@@ -439,7 +443,7 @@ struct DiskStore::Impl final : CompletionSink {
     std::exception_ptr error;
     const int err = c.err.load();
     try {
-      if (err != 0) error = std::make_exception_ptr(std::runtime_error(io_error_message(files.path, *c.failed, err)));
+      if (err != 0) error = std::make_exception_ptr(io_error(files.path, *c.failed, err));
     } catch (...) {
       error = std::current_exception();
     }

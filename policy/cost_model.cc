@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/option_error.h"
 #include "offload/budget.h"
 #include "policy/eviction/kv_policy.h"
 #include "policy/unit_weights.h"
@@ -875,8 +876,10 @@ Estimate estimate_or_throw(const ModelShape& m, const HardwareProfile& hw, const
                            const PlanOptions& o, const std::string& what) {
   if (const auto e = estimate(m, hw, w, p, o)) return *e;
   const auto s = shortfall(m, hw, w, p, o);
-  throw std::invalid_argument(what + " does not fit " + hw.name + ": " + (s ? s->describe() : "no tier is short") + "; " +
-                              offload::tier_hint(s ? s->tier : offload::Tier::Gpu));
+  std::vector<kernels::OptionText::Piece> text{what + " does not fit " + hw.name + ": " +
+                                               (s ? s->describe() : "no tier is short") + "; "};
+  for (auto& piece : offload::tier_hint(s ? s->tier : offload::Tier::Gpu)) text.push_back(std::move(piece));
+  throw kernels::OptionError(std::move(text));
 }
 
 ModelShape with_compression(const ModelShape& shape, const PlanOptions& o) {
@@ -935,21 +938,26 @@ std::vector<Estimate> plan_ranked(const ModelShape& shape, const HardwareProfile
   const Terms t = build_terms(m, hw, w1, o, smallest);
   Fractions off_gpu{0, 0, 1, 0, 0, 1, 0, 0, 1};
   const double gpu_need = t.memory(0).at(off_gpu);
-  std::string msg = "no placement of " + m.name + " fits " + hw.name + ": ";
+  using kernels::Option;
+  const std::string msg = "no placement of " + m.name + " fits " + hw.name + ": ";
   if (gpu_need > t.capacity[0]) {
-    msg += "even with everything off the gpu it needs " + offload::format_bytes(static_cast<std::int64_t>(gpu_need / safety)) +
-           " of GPU memory (has " + offload::format_bytes(hw.gpu_mem) + "); use a larger GPU or --gpu-mem";
-  } else {
-    const double need = t.memory(1).at(Fractions{0, 1, 0, 0, 1, 0, 0, 1, 0});
-    const double short_by = need - t.capacity[1] - t.capacity[2];
-    msg += "weights, KV and activations need " + offload::format_bytes(static_cast<std::int64_t>(need)) +
-           " but cpu + disk allow " + offload::format_bytes(static_cast<std::int64_t>(t.capacity[1] + t.capacity[2])) +
-           "; needs " + offload::format_bytes(static_cast<std::int64_t>(short_by / safety)) +
-           " more CPU memory, or --disk-mem >= " +
-           offload::format_bytes(static_cast<std::int64_t>((need - t.capacity[1]) / safety) + 1);
-    if (o.kv.name == "full" && static_cast<double>(z.total_weights) < need * 0.5) msg += ", or --kv h2o:0.2";
+    throw kernels::OptionError{msg + "even with everything off the gpu it needs " +
+                                   offload::format_bytes(static_cast<std::int64_t>(gpu_need / safety)) +
+                                   " of GPU memory (has " + offload::format_bytes(hw.gpu_mem) +
+                                   "); use a larger GPU or ",
+                               Option::GpuMem};
   }
-  throw std::invalid_argument(msg);
+  const double need = t.memory(1).at(Fractions{0, 1, 0, 0, 1, 0, 0, 1, 0});
+  const double short_by = need - t.capacity[1] - t.capacity[2];
+  std::vector<kernels::OptionText::Piece> text{
+      msg + "weights, KV and activations need " + offload::format_bytes(static_cast<std::int64_t>(need)) +
+          " but cpu + disk allow " + offload::format_bytes(static_cast<std::int64_t>(t.capacity[1] + t.capacity[2])) +
+          "; needs " + offload::format_bytes(static_cast<std::int64_t>(short_by / safety)) + " more CPU memory, or ",
+      Option::DiskMem,
+      " >= " + offload::format_bytes(static_cast<std::int64_t>((need - t.capacity[1]) / safety) + 1)};
+  if (o.kv.name == "full" && static_cast<double>(z.total_weights) < need * 0.5)
+    text.insert(text.end(), {", or ", Option::KvPolicy, " h2o:0.2"});
+  throw kernels::OptionError(std::move(text));
 }
 
 Estimate plan(const ModelShape& shape, const HardwareProfile& hw, const Workload& w, const PlanOptions& o) {

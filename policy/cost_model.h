@@ -21,6 +21,7 @@
 #include "policy/eviction/kv_spec.h"
 #include "policy/hardware_profile.h"
 #include "policy/model_shape.h"
+#include "policy/gen_len.h"
 #include "policy/policy.h"
 
 namespace flexh2o::policy {
@@ -41,7 +42,7 @@ struct RequestLength {
 // the time follows the job's lengths: `requests` when the job's are known, else the means.
 struct Workload {
   std::int64_t prompt_len = 512;  // the longest prompt
-  std::int64_t gen_len = 32;      // the largest max_tokens
+  std::int64_t gen_len = kDefaultGenLen;      // the largest max_tokens
   bool continuous = false;
   // Continuous batching: the job's requests in admission order (empty: steady state at the means).
   std::vector<RequestLength> requests;

@@ -18,9 +18,9 @@ offload::TierFractions from_percent(double gpu, double cpu) {
   return {gpu / 100.0, cpu / 100.0, std::max(0.0, (100.0 - gpu - cpu) / 100.0)};
 }
 
-void check_pair(double gpu, double cpu, const std::string& what, const std::string& source) {
+void check_pair(double gpu, double cpu, const std::string& what) {
   if (gpu < 0 || cpu < 0 || gpu > 100 || cpu > 100 || gpu + cpu > 100 + 1e-9)
-    throw std::invalid_argument(source + ": " + what + " percentages " + std::to_string(gpu) + " (gpu) and " +
+    throw std::invalid_argument(what + " percentages " + std::to_string(gpu) + " (gpu) and " +
                                 std::to_string(cpu) + " (cpu) must each be in [0, 100] and sum to at most 100; " +
                                 "the rest goes to disk");
 }
@@ -28,9 +28,9 @@ void check_pair(double gpu, double cpu, const std::string& what, const std::stri
 }  // namespace
 
 void Policy::set_percent(const std::array<double, 6>& p) {
-  check_pair(p[0], p[1], "weight", "--percent");
-  check_pair(p[2], p[3], "cache", "--percent");
-  check_pair(p[4], p[5], "activation", "--percent");
+  check_pair(p[0], p[1], "weight");
+  check_pair(p[2], p[3], "cache");
+  check_pair(p[4], p[5], "activation");
   weights = from_percent(p[0], p[1]);
   cache = from_percent(p[2], p[3]);
   activations = from_percent(p[4], p[5]);

@@ -464,9 +464,8 @@ std::string utc_now() {
   return buf.data();
 }
 
-}  // namespace
-
-int calibrate_command(const CalibrateOptions& o) {
+// The shapes to measure at: the model's (--model) or the defaults.
+Plan plan_of(const CalibrateOptions& o) {
   if (!o.out_file.empty()) {  // fail before measuring, not after
     const std::filesystem::path dir = std::filesystem::path(o.out_file).parent_path();
     if (!dir.empty() && !std::filesystem::is_directory(dir))
@@ -483,37 +482,30 @@ int calibrate_command(const CalibrateOptions& o) {
     plan.cache_dtype = cfg.dtype;
     plan.weight_dtype = cfg.dtype;
   }
-  const auto started = Clock::now();
-  auto be = kernels::make_backend(o.backend);
-  const bool on_cpu = be->kind() == kernels::DeviceKind::Cpu;
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  fmt::print(stderr, "calibrate: {} backend, {} hardware threads{}\n", be->name(), threads, o.quick ? ", --quick" : "");
+  return plan;
+}
 
-  off::TierOptions to;
-  to.offload_dir = o.offload_dir;
-  off::Tiers tiers(*be, to);
-  off::DiskStore& disk = tiers.disk();  // opened now, so a bad --offload-dir fails at once
-  off::CopyEngine engine(tiers);
-  const int lane = engine.add_lane("calibrate");
-
-  policy::HardwareProfile hw;
-  hw.name = o.name.empty() ? host_name() + "-" + o.backend : o.name;
-
-  // Compute rates, each GEMM in the compute dtype --compute-dtype auto gives a job of that many
-  // rows per GPU batch (the model's matrices' dtype, f16 without --model). FlexGen fits GEMM and
-  // attention matmul rates separately for prefill (compute-bound) and decode (memory-bound);
-  // the same split is measured here.
-  const engine::GemmDtypeAt compute_at = [&, bf16 = engine::bf16_speed(*be, plan.weight_dtype)](std::int64_t rows) {
+// The compute dtype --compute-dtype auto gives a job of that many rows per GPU batch on `be`.
+engine::GemmDtypeAt auto_compute_dtype(kernels::Backend& be, const Plan& plan) {
+  return [&plan, bf16 = engine::bf16_speed(be, plan.weight_dtype)](std::int64_t rows) {
     return engine::job_compute_dtype("auto", plan.weight_dtype, bf16, rows).dtype;
   };
-  hw.gpu_gemm_prefill = round_sig(gemm_rate(*be, plan, plan.prefill_m, "prefill", compute_at));
-  hw.gpu_gemm_decode = round_sig(gemm_rate(*be, plan, plan.decode_m, "decode", compute_at));
+}
+
+// Compute rates, each GEMM in the compute dtype `compute_at` gives (the model's matrices'
+// dtype, f16 without --model). FlexGen fits GEMM and attention matmul rates separately for
+// prefill (compute-bound) and decode (memory-bound); the same split is measured here.
+void measure_compute(kernels::Backend& be, const Plan& plan, const CalibrateOptions& o,
+                     const engine::GemmDtypeAt& compute_at, policy::HardwareProfile& hw) {
+  const bool on_cpu = be.kind() == kernels::DeviceKind::Cpu;
+  hw.gpu_gemm_prefill = round_sig(gemm_rate(be, plan, plan.prefill_m, "prefill", compute_at));
+  hw.gpu_gemm_decode = round_sig(gemm_rate(be, plan, plan.decode_m, "decode", compute_at));
   // The rate by rows, which the cost model reads at each policy's batch (efficiency grows with
   // rows). A GPU's rate climbs until thousands of rows (its calls are launch- and read-bound
   // before), so there the curves reach a large prefill's rows; a CPU's levels off by a few hundred.
   const std::int64_t curve_rows = on_cpu ? (o.quick ? 256 : 4096) : 16384;
   for (std::int64_t m = 1; m <= curve_rows; m *= 4) {
-    const double r = gemm_rate(*be, plan, {m}, "curve", compute_at);
+    const double r = gemm_rate(be, plan, {m}, "curve", compute_at);
     hw.gemm_by_rows.emplace_back(m, round_sig(r));
   }
   if (!o.model.empty()) {
@@ -521,114 +513,158 @@ int calibrate_command(const CalibrateOptions& o) {
     // around its GEMMs), in the compute dtype a run would choose.
     const engine::ModelConfig cfg = model_config_of(o.model);
     const UnitCurves units = measure_unit_curves(
-        *be, cfg, on_cpu ? (o.quick ? 64 : 1024) : curve_rows,
-        on_cpu ? std::int64_t{1} << 30 : be->memory_capacity() / 8,
+        be, cfg, on_cpu ? (o.quick ? 64 : 1024) : curve_rows,
+        on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,
         [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); }, progress);
     for (const auto& [rows, rate] : units.layer_by_rows) hw.layer_by_rows.emplace_back(rows, round_sig(rate));
     for (const auto& [rows, rate] : units.head_by_rows) hw.head_by_rows.emplace_back(rows, round_sig(rate));
   }
-  hw.gpu_attn_prefill = round_sig(attention_prefill_rate(*be, plan, compute_at));
+  hw.gpu_attn_prefill = round_sig(attention_prefill_rate(be, plan, compute_at));
   // Decode attention by cached tokens; the constant is the rate at the longest.
-  hw.gpu_attn_decode_by_len = attention_decode_curve(*be, plan);
+  hw.gpu_attn_decode_by_len = attention_decode_curve(be, plan);
   hw.gpu_attn_decode = hw.gpu_attn_decode_by_len.back().second;
-  // The cpu-side rates (attention over a cpu-homed cache with cpu_cache_compute) at decode
-  // shapes: on the CPU backend the "gpu" is this CPU, so they are the same measurements.
-  if (on_cpu) {
+}
+
+// The cpu-side rates (attention over a cpu-homed cache with cpu_cache_compute) at decode
+// shapes: on the CPU backend the "gpu" is this CPU, so they are the same measurements.
+void measure_cpu_side(kernels::Backend& be, const Plan& plan, policy::HardwareProfile& hw) {
+  if (be.kind() == kernels::DeviceKind::Cpu) {
     hw.cpu_gemm = hw.gpu_gemm_decode;
     hw.cpu_attn_decode_by_len = hw.gpu_attn_decode_by_len;
     hw.cpu_attn_decode = hw.gpu_attn_decode;
     // What compressed weights and KV cost the CPU to expand (a GPU hides it behind PCIe).
     hw.dequant = round_sig(dequant_rate(plan));
     // A GEMM over few rows reads its whole weight matrix from memory, once per GPU batch.
-    hw.gpu_memory = round_sig(engine::weight_read_rate(*be));
+    hw.gpu_memory = round_sig(engine::weight_read_rate(be));
     progress("weight read, one-row GEMM over 64 MiB of f16", gbps(hw.gpu_memory));
-  } else {
-    auto cpu = kernels::make_cpu_backend();
-    const engine::GemmDtypeAt cpu_compute_at = [&, bf16 = engine::bf16_speed(*cpu, plan.weight_dtype)](std::int64_t rows) {
-      return engine::job_compute_dtype("auto", plan.weight_dtype, bf16, rows).dtype;
-    };
-    hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode", cpu_compute_at));
-    hw.cpu_attn_decode_by_len = attention_decode_curve(*cpu, plan);
-    hw.cpu_attn_decode = hw.cpu_attn_decode_by_len.back().second;
+    return;
   }
+  auto cpu = kernels::make_cpu_backend();
+  hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode", auto_compute_dtype(*cpu, plan)));
+  hw.cpu_attn_decode_by_len = attention_decode_curve(*cpu, plan);
+  hw.cpu_attn_decode = hw.cpu_attn_decode_by_len.back().second;
+}
 
-  // cpu <-> gpu. On the CPU backend the gpu tier is host memory and these are memcpy.
-  {
-    off::HostBuffer host(static_cast<std::size_t>(plan.memory_bytes), be.get());
-    DeviceBuffer dev(*be, static_cast<std::size_t>(plan.memory_bytes));
-    std::memset(host.data(), 0x5a, host.bytes());
-    const double c2g = memory_rate(engine, lane, dev.data(), off::Tier::Gpu, host.data(), off::Tier::Cpu,
-                                   plan.memory_bytes, plan.min_seconds);
-    progress("cpu->gpu " + mib(plan.memory_bytes), gbps(c2g));
-    const double g2c = memory_rate(engine, lane, host.data(), off::Tier::Cpu, dev.data(), off::Tier::Gpu,
-                                   plan.memory_bytes, plan.min_seconds);
-    progress("gpu->cpu " + mib(plan.memory_bytes), gbps(g2c));
-    hw.cpu_to_gpu = round_sig(c2g);
-    hw.gpu_to_cpu = round_sig(g2c);
-    hw.copy_overlap = std::round(copy_overlap(*be, plan, engine, lane, c2g) * 100) / 100;
+// cpu <-> gpu. On the CPU backend the gpu tier is host memory and these are memcpy.
+void measure_host_device(kernels::Backend& be, const Plan& plan, off::CopyEngine& engine, int lane,
+                         policy::HardwareProfile& hw) {
+  off::HostBuffer host(static_cast<std::size_t>(plan.memory_bytes), &be);
+  DeviceBuffer dev(be, static_cast<std::size_t>(plan.memory_bytes));
+  std::memset(host.data(), 0x5a, host.bytes());
+  const double c2g = memory_rate(engine, lane, dev.data(), off::Tier::Gpu, host.data(), off::Tier::Cpu,
+                                 plan.memory_bytes, plan.min_seconds);
+  progress("cpu->gpu " + mib(plan.memory_bytes), gbps(c2g));
+  const double g2c = memory_rate(engine, lane, host.data(), off::Tier::Cpu, dev.data(), off::Tier::Gpu,
+                                 plan.memory_bytes, plan.min_seconds);
+  progress("gpu->cpu " + mib(plan.memory_bytes), gbps(g2c));
+  hw.cpu_to_gpu = round_sig(c2g);
+  hw.gpu_to_cpu = round_sig(g2c);
+  hw.copy_overlap = std::round(copy_overlap(be, plan, engine, lane, c2g) * 100) / 100;
+}
+
+// The disk tier's rates through `extent` of it, filled from `host`: written first (fresh blocks,
+// as the engine offloads), then the fastest of three passes each way.
+void measure_disk_passes(off::Tiers& tiers, const Plan& plan, off::CopyEngine& engine, int lane, off::Extent extent,
+                         off::HostBuffer& host, policy::HardwareProfile& hw) {
+  off::DiskStore& disk = tiers.disk();
+  const std::string how =
+      disk.uses_direct_io() ? "" : " (buffered: the filesystem refuses O_DIRECT, reads may hit the page cache)";
+  auto at_disk = [extent](std::int64_t offset) { return off::Place::disk(extent, offset); };
+  auto at_host = [&host](std::int64_t offset) { return off::Place::cpu(host.as<std::byte>() + offset); };
+  double write = lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host), read = 1e300;
+  for (int pass = 0; pass < 3; ++pass) {
+    read = std::min(read, lane_pass(engine, lane, plan.disk_bytes, at_host, at_disk));
+    if (pass < 2) write = std::min(write, lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host));
   }
+  const double c2d = static_cast<double>(plan.disk_bytes) / write, d2c = static_cast<double>(plan.disk_bytes) / read;
+  progress("cpu->disk " + mib(plan.disk_bytes), gbps(c2d) + how);
+  progress("disk->cpu " + mib(plan.disk_bytes), gbps(d2c) + how);
+  hw.cpu_to_disk = round_sig(c2d);
+  hw.disk_to_cpu = round_sig(d2c);
+  const DiskRequests r = disk_requests(tiers, plan, extent, host.as<std::byte>(), d2c, c2d);
+  hw.disk_read_request = r.read;
+  hw.disk_write_request = r.write;
+  hw.disk_rows_write_request = r.rows_write;
+}
 
-  // disk <-> cpu through the disk store (O_DIRECT where the filesystem allows it), one pass
-  // each way over a fresh extent: written first (as the engine offloads), then read back.
-  {
-    hw.disk_mem = free_bytes_at(disk.dir());
-    if (hw.disk_mem < 2 * plan.disk_bytes)
-      throw std::runtime_error("offload directory " + disk.dir() + " has only " + off::format_bytes(hw.disk_mem) +
-                               " free; calibrate writes " + off::format_bytes(plan.disk_bytes) +
-                               "; use --offload-dir on a larger disk");
-    const std::string how =
-        disk.uses_direct_io() ? "" : " (buffered: the filesystem refuses O_DIRECT, reads may hit the page cache)";
-    off::HostBuffer host(static_cast<std::size_t>(plan.disk_bytes), be.get());
-    std::uint32_t s = 12345;
-    for (std::size_t i = 0; i < host.bytes() / 4; ++i) {
-      s = s * 1664525u + 1013904223u;
-      host.as<std::uint32_t>()[i] = s;
-    }
-    const off::Extent e = disk.allocate(plan.disk_bytes, "calibrate");
-    auto at_disk = [e](std::int64_t offset) { return off::Place::disk(e, offset); };
-    auto at_host = [&host](std::int64_t offset) { return off::Place::cpu(host.as<std::byte>() + offset); };
-    try {
-      // Written first (fresh blocks, as the engine offloads), then the fastest of three
-      // passes each way.
-      double write = lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host), read = 1e300;
-      for (int pass = 0; pass < 3; ++pass) {
-        read = std::min(read, lane_pass(engine, lane, plan.disk_bytes, at_host, at_disk));
-        if (pass < 2) write = std::min(write, lane_pass(engine, lane, plan.disk_bytes, at_disk, at_host));
-      }
-      const double c2d = static_cast<double>(plan.disk_bytes) / write, d2c = static_cast<double>(plan.disk_bytes) / read;
-      progress("cpu->disk " + mib(plan.disk_bytes), gbps(c2d) + how);
-      progress("disk->cpu " + mib(plan.disk_bytes), gbps(d2c) + how);
-      hw.cpu_to_disk = round_sig(c2d);
-      hw.disk_to_cpu = round_sig(d2c);
-      const DiskRequests r = disk_requests(tiers, plan, e, host.as<std::byte>(), d2c, c2d);
-      hw.disk_read_request = r.read;
-      hw.disk_write_request = r.write;
-      hw.disk_rows_write_request = r.rows_write;
-    } catch (...) {
-      disk.free(e);
-      throw;
-    }
+// disk <-> cpu through the disk store (O_DIRECT where the filesystem allows it), one pass
+// each way over a fresh extent.
+void measure_disk(kernels::Backend& be, off::Tiers& tiers, const Plan& plan, off::CopyEngine& engine, int lane,
+                  policy::HardwareProfile& hw) {
+  off::DiskStore& disk = tiers.disk();
+  hw.disk_mem = free_bytes_at(disk.dir());
+  if (hw.disk_mem < 2 * plan.disk_bytes)
+    throw std::runtime_error("offload directory " + disk.dir() + " has only " + off::format_bytes(hw.disk_mem) +
+                             " free; calibrate writes " + off::format_bytes(plan.disk_bytes) +
+                             "; use --offload-dir on a larger disk");
+  off::HostBuffer host(static_cast<std::size_t>(plan.disk_bytes), &be);
+  std::uint32_t s = 12345;
+  for (std::size_t i = 0; i < host.bytes() / 4; ++i) {
+    s = s * 1664525u + 1013904223u;
+    host.as<std::uint32_t>()[i] = s;
+  }
+  const off::Extent e = disk.allocate(plan.disk_bytes, "calibrate");
+  try {
+    measure_disk_passes(tiers, plan, engine, lane, e, host, hw);
+  } catch (...) {
     disk.free(e);
+    throw;
   }
+  disk.free(e);
+}
 
-  // Capacities. On the CPU backend the gpu tier is host memory too, so both are the RAM.
+// Capacities. On the CPU backend the gpu tier is host memory too, so both are the RAM.
+void measure_capacities(kernels::Backend& be, const std::string& disk_dir, policy::HardwareProfile& hw) {
+  const bool on_cpu = be.kind() == kernels::DeviceKind::Cpu;
   hw.cpu_mem = host_memory_bytes();
-  hw.gpu_mem = on_cpu ? hw.cpu_mem : be->memory_capacity();
+  hw.gpu_mem = on_cpu ? hw.cpu_mem : be.memory_capacity();
   hw.gpu_is_host_memory = on_cpu;
   progress("memory", on_cpu ? off::format_bytes(hw.cpu_mem) + " (physical RAM; on the cpu backend the gpu tier is host memory)"
                             : "gpu " + off::format_bytes(hw.gpu_mem) + ", cpu " + off::format_bytes(hw.cpu_mem));
-  progress("disk", off::format_bytes(hw.disk_mem) + " free under " + disk.dir());
+  progress("disk", off::format_bytes(hw.disk_mem) + " free under " + disk_dir);
+}
 
-  std::string computes;  // the compute dtype of each curve point, e.g. "1 f32, 4 bf16"
+// Where the profile came from: the machine, the run, the compute dtype of each curve point.
+std::string profile_source(const CalibrateOptions& o, kernels::Backend& be, const Plan& plan, unsigned threads,
+                           const engine::GemmDtypeAt& compute_at, const policy::HardwareProfile& hw) {
+  std::string computes;  // e.g. "1 f32, 4 bf16"
   for (const auto& [rows, rate] : hw.gemm_by_rows)
     computes += fmt::format("{}{} {}", computes.empty() ? "" : ", ", rows, kernels::dtype_name(compute_at(rows)));
-  hw.source = fmt::format("measured by flexh2o calibrate{} on {}, {}: {} backend, {} hardware threads; GEMMs of {} "
-                          "weights in the compute dtype --compute-dtype auto gives each row count ({}){}",
-                          o.quick ? " --quick" : "", host_name(), utc_now(), be->name(), threads,
-                          kernels::dtype_name(plan.weight_dtype), computes,
-                          on_cpu ? "; the gpu tier is host memory (gpu_mem = cpu_mem = RAM) and cpu rates equal "
-                                   "the gpu decode rates"
-                                 : "");
+  return fmt::format("measured by flexh2o calibrate{} on {}, {}: {} backend, {} hardware threads; GEMMs of {} "
+                     "weights in the compute dtype --compute-dtype auto gives each row count ({}){}",
+                     o.quick ? " --quick" : "", host_name(), utc_now(), be.name(), threads,
+                     kernels::dtype_name(plan.weight_dtype), computes,
+                     hw.gpu_is_host_memory ? "; the gpu tier is host memory (gpu_mem = cpu_mem = RAM) and cpu rates "
+                                             "equal the gpu decode rates"
+                                           : "");
+}
+
+}  // namespace
+
+int calibrate_command(const CalibrateOptions& o) {
+  const Plan plan = plan_of(o);
+  const auto started = Clock::now();
+  auto be = kernels::make_backend(o.backend);
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  fmt::print(stderr, "calibrate: {} backend, {} hardware threads{}\n", be->name(), threads, o.quick ? ", --quick" : "");
+
+  off::TierOptions to;
+  to.offload_dir = o.offload_dir;
+  off::Tiers tiers(*be, to);
+  const std::string disk_dir = tiers.disk().dir();  // opened now, so a bad --offload-dir fails at once
+  off::CopyEngine engine(tiers);
+  const int lane = engine.add_lane("calibrate");
+
+  policy::HardwareProfile hw;
+  hw.name = o.name.empty() ? host_name() + "-" + o.backend : o.name;
+  const engine::GemmDtypeAt compute_at = auto_compute_dtype(*be, plan);
+  measure_compute(*be, plan, o, compute_at, hw);
+  measure_cpu_side(*be, plan, hw);
+  measure_host_device(*be, plan, engine, lane, hw);
+  measure_disk(*be, tiers, plan, engine, lane, hw);
+  measure_capacities(*be, disk_dir, hw);
+  hw.source = profile_source(o, *be, plan, threads, compute_at, hw);
+
   const std::string yaml = policy::hardware_to_yaml(hw);
   // What we write must load; a failure here is a bug, caught before the file exists.
   policy::load_hardware_yaml(yaml, "calibrate output");

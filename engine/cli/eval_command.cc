@@ -44,19 +44,13 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   return eval;
 }
 
-int eval_command(const EvalOptions& o) {
-  const std::vector<policy::KvSpec> specs = policy::parse_kv_specs(o.kv);
-  const PromptSplit split = parse_prompt_split(o.prefill);
-  ModelOptions mo;
-  mo.model = o.model;
-  mo.tokenizer = o.tokenizer;
-  mo.dummy = o.dummy;
-  ModelSource m = open_model(mo);
-  if (!m.tokenizer) throw std::invalid_argument("eval needs a tokenizer for the text; pass --tokenizer");
-  const auto text = offload::read_text_file(o.text_file, offload::kMaxInputFileBytes);
-  if (!text) throw std::invalid_argument("cannot read --text file " + o.text_file);
+namespace {
+
+// The text's paragraphs after --skip, tokenized, at most --chunks of them (each of at least 2
+// tokens, cut to the model's positions).
+std::vector<std::vector<std::int32_t>> text_chunks(const EvalOptions& o, const ModelSource& m, const std::string& text) {
   std::vector<std::vector<std::int32_t>> chunks;
-  const auto paragraphs = split_paragraphs(*text);
+  const auto paragraphs = split_paragraphs(text);
   for (std::size_t i = static_cast<std::size_t>(std::min<std::int64_t>(o.skip, static_cast<std::int64_t>(paragraphs.size())));
        i < paragraphs.size(); ++i) {
     const std::string& para = paragraphs[i];
@@ -69,9 +63,11 @@ int eval_command(const EvalOptions& o) {
   if (chunks.empty())
     throw std::invalid_argument(o.text_file + ": no paragraph of at least 2 tokens" +
                                 (o.skip > 0 ? " after skipping " + std::to_string(o.skip) : std::string()));
+  return chunks;
+}
 
-  // One generator per (weights, cache) storage the --compress list asks for.
-  const kernels::DType q = o.compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4;
+// The --compress list: none, cache, weight or both.
+std::vector<std::string> compress_modes(const EvalOptions& o) {
   std::vector<std::string> modes;
   std::stringstream list(o.compress);
   for (std::string spec; std::getline(list, spec, ',');) {
@@ -80,11 +76,11 @@ int eval_command(const EvalOptions& o) {
     modes.push_back(spec);
   }
   if (modes.empty()) throw std::invalid_argument("--compress: give at least one of none, cache, weight, both");
-  auto be = kernels::make_backend(o.backend);
-  const HostWeights weights = load_weights(m.config, *m.weights);
-  Generator reference(*be, m.config, weights);
-  const bool any_weight = std::ranges::any_of(modes, [](const auto& s) { return s == "weight" || s == "both"; });
-  const HostWeights qweights = any_weight ? load_weights(with_weight_dtype(m.config, q), *m.weights) : HostWeights{};
+  return modes;
+}
+
+// The --compute-dtype list: f32, bf16 or both.
+std::vector<kernels::DType> compute_dtypes(const EvalOptions& o) {
   std::vector<kernels::DType> computes;
   std::stringstream compute_list(o.compute_dtypes);
   for (std::string c; std::getline(compute_list, c, ',');) {
@@ -92,6 +88,53 @@ int eval_command(const EvalOptions& o) {
     computes.push_back(kernels::parse_dtype(c));
   }
   if (computes.empty()) throw std::invalid_argument("--compute-dtype: give f32, bf16 or both");
+  return computes;
+}
+
+// The table of every variant's scores, on stdout and in --csv.
+void print_results(const EvalOptions& o, const ModelSource& m, std::size_t chunks, const PromptSplit& split,
+                   const std::vector<KvQuality>& results) {
+  const std::string protocol =
+      split.fraction ? fmt::format("first {} of each chunk prefilled", *split.fraction)
+                     : (split.tokens == 1 ? std::string("decode only") : fmt::format("first {} tokens of each chunk prefilled", split.tokens));
+  fmt::print("model: {} | text: {} | {} chunks (skipped {}), {}, {} predicted tokens\n\n", m.description, o.text_file,
+             chunks, o.skip, protocol, results.front().tokens);
+  fmt::print("| kv policy | mean NLL | perplexity | top-1 agreement | mean KL(full \\|\\| policy) |\n|---|---|---|---|---|\n");
+  for (const auto& r : results)
+    fmt::print("| {} | {:.4f} | {:.3f} | {:.4f} | {:.5f} |\n", r.label, r.mean_nll, r.perplexity, r.top1_agreement,
+               r.mean_kl);
+  if (!o.csv_file.empty()) {
+    std::string csv = "policy,tokens,mean_nll,perplexity,top1_agreement,mean_kl\n";
+    for (const auto& r : results)
+      csv += fmt::format("\"{}\",{},{},{},{},{}\n", r.label, r.tokens, r.mean_nll, r.perplexity, r.top1_agreement,
+                         r.mean_kl);
+    offload::write_file_atomically(o.csv_file, csv);
+  }
+}
+
+}  // namespace
+
+int eval_command(const EvalOptions& o) {
+  const std::vector<policy::KvSpec> specs = policy::parse_kv_specs(o.kv);
+  const PromptSplit split = parse_prompt_split(o.prefill);
+  ModelOptions mo;
+  mo.model = o.model;
+  mo.tokenizer = o.tokenizer;
+  mo.dummy = o.dummy;
+  ModelSource m = open_model(mo);
+  if (!m.tokenizer) throw std::invalid_argument("eval needs a tokenizer for the text; pass --tokenizer");
+  const auto text = offload::read_text_file(o.text_file, offload::kMaxInputFileBytes);
+  if (!text) throw std::invalid_argument("cannot read --text file " + o.text_file);
+  const std::vector<std::vector<std::int32_t>> chunks = text_chunks(o, m, *text);
+  // One generator per (weights, cache) storage the --compress list asks for.
+  const kernels::DType q = o.compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4;
+  const std::vector<std::string> modes = compress_modes(o);
+  auto be = kernels::make_backend(o.backend);
+  const HostWeights weights = load_weights(m.config, *m.weights);
+  Generator reference(*be, m.config, weights);
+  const bool any_weight = std::ranges::any_of(modes, [](const auto& s) { return s == "weight" || s == "both"; });
+  const HostWeights qweights = any_weight ? load_weights(with_weight_dtype(m.config, q), *m.weights) : HostWeights{};
+  const std::vector<kernels::DType> computes = compute_dtypes(o);
   std::map<std::pair<std::string, kernels::DType>, std::unique_ptr<Generator>> generators;
   std::vector<EvalVariant> variants;
   for (const auto& spec : specs)
@@ -111,22 +154,7 @@ int eval_command(const EvalOptions& o) {
     }
   const auto results = evaluate_variants(reference, chunks, variants, o.batch, split);
 
-  const std::string protocol =
-      split.fraction ? fmt::format("first {} of each chunk prefilled", *split.fraction)
-                     : (split.tokens == 1 ? std::string("decode only") : fmt::format("first {} tokens of each chunk prefilled", split.tokens));
-  fmt::print("model: {} | text: {} | {} chunks (skipped {}), {}, {} predicted tokens\n\n", m.description, o.text_file,
-             chunks.size(), o.skip, protocol, results.front().tokens);
-  fmt::print("| kv policy | mean NLL | perplexity | top-1 agreement | mean KL(full \\|\\| policy) |\n|---|---|---|---|---|\n");
-  for (const auto& r : results)
-    fmt::print("| {} | {:.4f} | {:.3f} | {:.4f} | {:.5f} |\n", r.label, r.mean_nll, r.perplexity, r.top1_agreement,
-               r.mean_kl);
-  if (!o.csv_file.empty()) {
-    std::string csv = "policy,tokens,mean_nll,perplexity,top1_agreement,mean_kl\n";
-    for (const auto& r : results)
-      csv += fmt::format("\"{}\",{},{},{},{},{}\n", r.label, r.tokens, r.mean_nll, r.perplexity, r.top1_agreement,
-                         r.mean_kl);
-    offload::write_file_atomically(o.csv_file, csv);
-  }
+  print_results(o, m, chunks.size(), split, results);
   return 0;
 }
 

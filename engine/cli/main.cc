@@ -9,6 +9,7 @@
 #include "engine/cli/calibrate_command.h"
 #include "engine/cli/chat_template_command.h"
 #include "engine/cli/eval_command.h"
+#include "engine/cli/option_flags.h"
 #include "engine/job/interrupts.h"
 #include "engine/cli/plan_command.h"
 #include "engine/cli/run_command.h"
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
                "--compress-weight; or let the planner fit it (leave out --percent and --policy), within --cpu-mem\n");
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "flexh2o: error: {}\n", e.what());
+    fmt::print(stderr, "flexh2o: error: {}\n", flexh2o::cli::error_text(e));
     return 1;
   }
 }

@@ -158,10 +158,8 @@ int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cf
   return 0;
 }
 
-}  // namespace
-
-int plan_command(const PlanCliOptions& o) {
-  const engine::ModelConfig cfg = model_config_of(o.model);
+// The profile to plan with: --hardware or this machine, its capacities lowered by --*-mem.
+policy::HardwareProfile plan_profile(const PlanCliOptions& o, const engine::ModelConfig& cfg) {
   policy::HardwareProfile hw = o.hardware.empty() ? this_machine(o, cfg) : engine::hardware_profile(o.hardware);
   auto override_mem = [](const std::string& text, std::int64_t& field, const char* flag) {
     if (text.empty()) return;
@@ -174,6 +172,77 @@ int plan_command(const PlanCliOptions& o) {
   override_mem(o.gpu_mem, hw.gpu_mem, "--gpu-mem");
   override_mem(o.cpu_mem, hw.cpu_mem, "--cpu-mem");
   override_mem(o.disk_mem, hw.disk_mem, "--disk-mem");
+  return hw;
+}
+
+// The sizes, capacities, each tier's items and the step or block times behind an estimate.
+void print_explanation(const policy::ModelShape& shape, const policy::HardwareProfile& hw, const policy::Workload& w,
+                       const policy::PlanOptions& po, const policy::Estimate& e) {
+  const auto& p = e.policy;
+  const auto z = policy::model_sizes(policy::with_compression(shape, p));
+  fmt::print("sizes: weights {} ({} per layer, embeddings {}), KV {} per token per layer, KV tokens per sequence {}\n",
+             offload::format_bytes(z.total_weights), offload::format_bytes(z.layer_weights),
+             offload::format_bytes(z.embedding_weights), offload::format_bytes(z.kv_per_token_layer),
+             policy::kv_tokens(shape, w, po.kv));
+  fmt::print("capacities (x{} safety): gpu {} | cpu {} | disk {}; activations in {}\n", hw.memory_safety,
+             offload::format_bytes(hw.gpu_mem), offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem),
+             kernels::dtype_name(hw.activation_dtype));
+  for (int tier = 0; tier < 3; ++tier)
+    fmt::print("{} tier: {}\n", offload::tier_name(static_cast<offload::Tier>(tier)),
+               items_text(e.memory[static_cast<std::size_t>(tier)]));
+  if (e.continuous) {
+    const policy::SlotStep ss =
+        policy::slot_step(policy::with_prefill_budget(w, hw, p.gpu_batch_size), p.block_size(), p.gpu_batch_size);
+    fmt::print("mean slot-step: {:.3f} prompt rows + {:.3f} decode rows attending over {:.1f} KV tokens, {:.2f} busy; "
+               "prefill budget {} tokens a step\n",
+               ss.prefill_rows, ss.decode_rows, ss.decode_rows > 0 ? ss.kv_attended / ss.decode_rows : 0.0, ss.busy,
+               e.prefill_budget);
+  } else {
+    fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
+  }
+}
+
+// The policies the search ranked best, as a table.
+void print_ranked(const std::vector<policy::Estimate>& ranked, bool continuous) {
+  fmt::print("top {} of the policies the search evaluated:\n", ranked.size());
+  fmt::print("| rank | gbs x K | percent (WG WC CG CC AG AC) | ccc | total tok/s | {} | bottleneck |\n"
+             "|---|---|---|---|---|---|---|---|\n",
+             continuous ? "step s | steps" : "prefill s | decode s");
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
+    const policy::Estimate& r = ranked[i];
+    const std::string times =
+        r.continuous ? fmt::format("{:.4f} | {:.0f}", r.decode_step_seconds, r.decode_seconds / r.decode_step_seconds)
+                     : fmt::format("{:.1f} | {:.1f}", r.prefill_seconds, r.decode_seconds);
+    fmt::print("| {} | {} x {} | [{}] | {} | {:.3f} | {} | {} |\n", i + 1, r.policy.gpu_batch_size,
+               r.policy.num_gpu_batches, policy::percent_text(r.policy, 1), r.policy.cpu_cache_compute ? "yes" : "no",
+               r.total_throughput, times, r.bottleneck);
+  }
+}
+
+// The chosen policy, its predicted throughput and memory.
+void print_estimate(const engine::ModelConfig& cfg, const policy::HardwareProfile& hw, const policy::Workload& w,
+                    const policy::Estimate& e) {
+  const auto& p = e.policy;
+  fmt::print("model: {} on {} ({}), {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source, workload_text(w),
+             p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
+             kernels::dtype_name(p.cache_dtype(cfg.dtype)));
+  fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{}], cpu_cache_compute {}{}\n", p.gpu_batch_size,
+             p.num_gpu_batches, p.block_size(), policy::percent_text(p, 1), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");
+  if (e.continuous)
+    fmt::print("predicted: {:.2f} tok/s generated (continuous batching), mean step {:.4f} s\n", e.total_throughput,
+               e.decode_step_seconds);
+  else
+    fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per block)\n",
+               e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds);
+  fmt::print("memory: gpu {} | cpu {} | disk {}\nbottleneck: {}\n", offload::format_bytes(e.peak_bytes[0]),
+             offload::format_bytes(e.peak_bytes[1]), offload::format_bytes(e.peak_bytes[2]), e.bottleneck);
+}
+
+}  // namespace
+
+int plan_command(const PlanCliOptions& o) {
+  const engine::ModelConfig cfg = model_config_of(o.model);
+  const policy::HardwareProfile hw = plan_profile(o, cfg);
   policy::PlanOptions po;
   po.kv = policy::parse_kv_spec(o.kv);
   o.compress.apply(po);
@@ -199,59 +268,12 @@ int plan_command(const PlanCliOptions& o) {
     po.kv = policy::parse_kv_spec(fixed.kv);
     e = policy::estimate_or_throw(shape, hw, w, fixed, po, "the policy in " + o.policy_file);
   }
-  const auto& p = e.policy;
-  fmt::print("model: {} on {} ({}), {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source, workload_text(w),
-             p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
-             kernels::dtype_name(p.cache_dtype(cfg.dtype)));
-  fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{}], cpu_cache_compute {}{}\n", p.gpu_batch_size,
-             p.num_gpu_batches, p.block_size(), policy::percent_text(p, 1), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");
-  if (e.continuous)
-    fmt::print("predicted: {:.2f} tok/s generated (continuous batching), mean step {:.4f} s\n", e.total_throughput,
-               e.decode_step_seconds);
-  else
-    fmt::print("predicted: prefill {:.1f} tok/s, decode {:.2f} tok/s, total {:.2f} tok/s ({:.1f} s per block)\n",
-               e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds);
-  fmt::print("memory: gpu {} | cpu {} | disk {}\nbottleneck: {}\n", offload::format_bytes(e.peak_bytes[0]),
-             offload::format_bytes(e.peak_bytes[1]), offload::format_bytes(e.peak_bytes[2]), e.bottleneck);
+  print_estimate(cfg, hw, w, e);
   if (o.explain) {
-    const auto z = policy::model_sizes(policy::with_compression(shape, p));
-    fmt::print("sizes: weights {} ({} per layer, embeddings {}), KV {} per token per layer, KV tokens per sequence {}\n",
-               offload::format_bytes(z.total_weights), offload::format_bytes(z.layer_weights),
-               offload::format_bytes(z.embedding_weights), offload::format_bytes(z.kv_per_token_layer),
-               policy::kv_tokens(shape, w, po.kv));
-    fmt::print("capacities (x{} safety): gpu {} | cpu {} | disk {}; activations in {}\n", hw.memory_safety,
-               offload::format_bytes(hw.gpu_mem), offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem),
-               kernels::dtype_name(hw.activation_dtype));
-    for (int tier = 0; tier < 3; ++tier)
-      fmt::print("{} tier: {}\n", offload::tier_name(static_cast<offload::Tier>(tier)),
-                 items_text(e.memory[static_cast<std::size_t>(tier)]));
-    if (e.continuous) {
-      const policy::SlotStep ss =
-          policy::slot_step(policy::with_prefill_budget(w, hw, p.gpu_batch_size), p.block_size(), p.gpu_batch_size);
-      fmt::print("mean slot-step: {:.3f} prompt rows + {:.3f} decode rows attending over {:.1f} KV tokens, {:.2f} busy; "
-                 "prefill budget {} tokens a step\n",
-                 ss.prefill_rows, ss.decode_rows, ss.decode_rows > 0 ? ss.kv_attended / ss.decode_rows : 0.0, ss.busy,
-                 e.prefill_budget);
-    } else {
-      fmt::print("prefill {:.2f} s, decode {:.2f} s per block\n", e.prefill_seconds, e.decode_seconds);
-    }
-    if (!ranked.empty()) {
-      fmt::print("top {} of the policies the search evaluated:\n", ranked.size());
-      fmt::print("| rank | gbs x K | percent (WG WC CG CC AG AC) | ccc | total tok/s | {} | bottleneck |\n"
-                 "|---|---|---|---|---|---|---|---|\n",
-                 e.continuous ? "step s | steps" : "prefill s | decode s");
-      for (std::size_t i = 0; i < ranked.size(); ++i) {
-        const policy::Estimate& r = ranked[i];
-        const std::string times =
-            r.continuous ? fmt::format("{:.4f} | {:.0f}", r.decode_step_seconds, r.decode_seconds / r.decode_step_seconds)
-                         : fmt::format("{:.1f} | {:.1f}", r.prefill_seconds, r.decode_seconds);
-        fmt::print("| {} | {} x {} | [{}] | {} | {:.3f} | {} | {} |\n", i + 1, r.policy.gpu_batch_size,
-                   r.policy.num_gpu_batches, policy::percent_text(r.policy, 1), r.policy.cpu_cache_compute ? "yes" : "no",
-                   r.total_throughput, times, r.bottleneck);
-      }
-    }
+    print_explanation(shape, hw, w, po, e);
+    if (!ranked.empty()) print_ranked(ranked, e.continuous);
   }
-  if (!o.out_file.empty()) offload::write_file_atomically(o.out_file, policy::policy_to_yaml(p));
+  if (!o.out_file.empty()) offload::write_file_atomically(o.out_file, policy::policy_to_yaml(e.policy));
   return 0;
 }
 

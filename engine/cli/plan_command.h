@@ -17,7 +17,7 @@ struct PlanCliOptions {
   std::string backend = "auto", offload_dir;
   std::optional<std::int64_t> batch;  // the job's prompts: the largest block
   std::int64_t prompt_len = 512;  // the longest prompt
-  std::int64_t gen_len = 32;      // the largest max_tokens
+  std::int64_t gen_len = policy::kDefaultGenLen;      // the largest max_tokens
   // How run shares the block's slots (default continuous, as run); under continuous batching
   // the time follows the job's mean lengths (default: the maxima) and the prefill budget.
   std::optional<std::string> batching;

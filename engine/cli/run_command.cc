@@ -8,15 +8,13 @@
 
 #include <unistd.h>
 
-#include "engine/runtime/block_scheduler.h"
 #include "engine/cli/number_checks.h"
 #include "engine/cli/run_job.h"
 #include "engine/job/interrupts.h"
-#include "engine/job/job_runner.h"
+#include "engine/job/engine.h"
 #include "engine/job/run_report.h"
 #include "engine/distributed/launch.h"
 #include "engine/model/model_shape.h"
-#include "offload/text_file.h"
 #include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "kernels/backend.h"
@@ -28,35 +26,10 @@ namespace flexh2o::cli {
 
 using namespace flexh2o::engine;
 
-CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
-  auto* run = app.add_subcommand("run", "Generate text for a batch of prompts (default: the embedded stories260K model)");
-  run->add_option("--model", o.model,
-                  "Hugging Face directory, llama2.c .bin, model YAML or built-in config name (with --dummy); "
-                  "default: the embedded stories260K");
-  run->add_option("--tokenizer", o.tokenizer, "tokenizer.json, llama2.c tok*.bin, or a directory with vocab.json + merges.txt");
-  auto* p = run->add_option("--prompt", o.prompt, "one prompt text (repeated --batch times)");
-  run->add_option("--prompts", o.prompts_file, "JSONL file of {\"id\", \"prompt\"|\"tokens\"}")->excludes(p);
-  run->add_option("--out", o.out_file, "JSONL output of {\"id\", \"text\", \"tokens\"}, one line per prompt");
-  run->add_option("--gen-len", o.gen_len, "new tokens per prompt (default 256 for the embedded model, else 32)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  run->add_option("--batch", o.batch, "number of prompts for --prompt or synthetic prompts (default: one block)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  run->add_option("--prompt-len", o.prompt_len, "length of synthetic random prompts")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  run->add_option("--temperature", o.temperature, "0 = greedy")->check(kFiniteNumber & CLI::Range(0.0f, 100.0f));
-  run->add_option("--top-p", o.top_p, "nucleus sampling mass")->check(kFiniteNumber & CLI::Range(0.0f, 1.0f));
-  run->add_option("--seed", o.seed, "seed of sampling and dummy weights")->check(kUint64);
-  run->add_flag("--dummy", o.dummy, "random weights of the model's shape (no checkpoint needed)");
-  run->add_flag("--ignore-eos", o.ignore_eos, "generate --gen-len tokens per prompt even past the model's end-of-sequence tokens");
-  run->add_option("--dtype", o.dtype, "storage dtype of weight matrices: f32, f16 or bf16")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  run->add_option("--backend", o.backend, "compute backend: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  run->add_option("--compute-dtype", o.compute_dtype,
-                  "how projections multiply: auto (bf16 for 16-bit weights where the hardware has bf16 units, else "
-                  "f32), f32 or bf16")
-      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+namespace {
 
+// Where the placement goes: the policy, the tiers' shares and the schedule.
+void add_placement_options(CLI::App* run, RunOptions& o) {
   const char* sched = "Placement and schedule";
   run->add_option("--policy", o.policy_file,
                   "policy YAML (flags below override its fields), or auto: plan with --hardware, then run")
@@ -102,6 +75,11 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);
   o.compress.add_to(run, sched);
+}
+
+// How requests share the slots, and the tiers' capacities.
+void add_batching_options(CLI::App* run, RunOptions& o) {
+  const char* sched = "Placement and schedule";
   run->add_option("--batching", o.batching,
                   "continuous (default): a request that ends frees its slot for the next one at the next step; "
                   "fixed: blocks of gpu_batch_size x num_gpu_batches requests, each until its longest ends")
@@ -123,6 +101,43 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
   run->add_option("--offload-dir", o.offload_dir, "directory of the disk tier (default: a fresh temp directory)")
       ->group(sched);
+}
+
+}  // namespace
+
+CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
+  auto* run = app.add_subcommand("run", "Generate text for a batch of prompts (default: the embedded stories260K model)");
+  run->add_option("--model", o.model,
+                  "Hugging Face directory, llama2.c .bin, model YAML or built-in config name (with --dummy); "
+                  "default: the embedded stories260K");
+  run->add_option("--tokenizer", o.tokenizer, "tokenizer.json, llama2.c tok*.bin, or a directory with vocab.json + merges.txt");
+  auto* p = run->add_option("--prompt", o.prompt, "one prompt text (repeated --batch times)");
+  run->add_option("--prompts", o.prompts_file, "JSONL file of {\"id\", \"prompt\"|\"tokens\"}")->excludes(p);
+  run->add_option("--out", o.out_file, "JSONL output of {\"id\", \"text\", \"tokens\"}, one line per prompt");
+  run->add_option("--gen-len", o.gen_len,
+                  fmt::format("new tokens per prompt (default {} for the embedded model, else {})", kEmbeddedGenLen,
+                              policy::kDefaultGenLen))
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  run->add_option("--batch", o.batch, "number of prompts for --prompt or synthetic prompts (default: one block)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  run->add_option("--prompt-len", o.prompt_len, "length of synthetic random prompts")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  run->add_option("--temperature", o.temperature, "0 = greedy")->check(kFiniteNumber & CLI::Range(0.0f, 100.0f));
+  run->add_option("--top-p", o.top_p, "nucleus sampling mass")->check(kFiniteNumber & CLI::Range(0.0f, 1.0f));
+  run->add_option("--seed", o.seed, "seed of sampling and dummy weights")->check(kUint64);
+  run->add_flag("--dummy", o.dummy, "random weights of the model's shape (no checkpoint needed)");
+  run->add_flag("--ignore-eos", o.ignore_eos, "generate --gen-len tokens per prompt even past the model's end-of-sequence tokens");
+  run->add_option("--dtype", o.dtype, "storage dtype of weight matrices: f32, f16 or bf16")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  run->add_option("--backend", o.backend, "compute backend: auto (CUDA when a GPU is usable, else CPU), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  run->add_option("--compute-dtype", o.compute_dtype,
+                  "how projections multiply: auto (bf16 for 16-bit weights where the hardware has bf16 units, else "
+                  "f32), f32 or bf16")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+
+  add_placement_options(run, o);
+  add_batching_options(run, o);
   run->add_flag("--resume", o.resume, "skip prompts whose ids are already in --out and append the rest");
   const char* dist = "Several ranks (under mpirun or srun)";
   run->add_option("--pipeline", o.pipeline,
@@ -198,44 +213,21 @@ int run_one_process(const RunOptions& o) {
   const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
 
   settle_compute_dtype(o, s);
-  offload::TierOptions to = s.tiers;
-  to.pin_host = s.policy.pin_weight;
-  offload::Tiers tiers(*s.backend, to);
-  std::optional<offload::Trace> trace;
-  if (!o.metrics_file.empty() || !o.trace_file.empty()) trace.emplace();
-  BlockScheduler sched(*s.backend, tiers, s.model.config, *s.model.weights, s.policy, trace ? &*trace : nullptr);
-  job::BlockLoopOptions loop{.block = static_cast<std::size_t>(s.policy.block_size()),
-                             .continuous = o.batching == "continuous",
-                             .prefill_budget = prefill_budget_of(o, s),
-                             .source = nullptr,  // every request, in order
-                             .share_prefill = o.share_prefill == 1,
-                             .interrupts = &interrupts,
-                             .results_in = o.out_file,
-                             .progress = ::isatty(STDERR_FILENO) == 1,
-                             .between_steps = {},
-                             .stop_string_seen = stop_string_watch(s)};
+  job::EngineOptions eo = engine_options(o, s);
+  eo.progress = ::isatty(STDERR_FILENO) == 1;
+  job::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
   JobResults results(o, s, out, oj ? &*oj : nullptr);
   const job::JobOutcome done =
-      job::run_blocks(sched, todo, loop, [&](std::span<const job::Request> block, const GenerationResult& r) {
-        results.add(block, r);
-      });
+      engine.run(todo, [&](std::span<const job::Request> block, const GenerationResult& r) { results.add(block, r); });
   if (done.stopped)
-    fmt::print(stderr, "flexh2o: interrupted: stopped after {} of {} prompts{}\n", done.finished_requests, done.requests,
-               o.out_file.empty() ? "" : "; rerun with --resume to continue");
+    fmt::print(stderr, "{}", job::stopped_message("the run", done.finished_requests, done.requests, o.out_file));
 
-  job::RunReport report =
-      job::make_run_report(s.model.description, s.model.config, s.policy, static_cast<std::int64_t>(requests.size()),
-                           job::longest_prompt(requests), job::longest_limit(requests, s.gen_len), done.total, tiers,
-                           sched, trace ? &*trace : nullptr);
+  job::RunReport report = engine.report(s.model.description, requests, s.gen_len, done);
   report.compute_why = s.compute_why;
-  report.batching = o.batching;
-  report.wall_seconds = done.wall_seconds;
-  report.timings = done.timings;
   if (s.predicted) report.predicted = job::prediction_of(*s.predicted);
   report.explain = o.explain;
   fmt::print(stderr, "{}", report.text());
-  if (!o.metrics_file.empty()) offload::write_file_atomically(o.metrics_file, report.to_json().dump(2) + "\n");
-  if (!o.trace_file.empty()) trace->write_chrome_json(o.trace_file);
+  report.write_files(o.metrics_file, o.trace_file, engine.trace());
   return done.stopped ? 130 : 0;
 }
 

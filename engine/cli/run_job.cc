@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/chat/chat_template.h"
+#include "engine/cli/option_flags.h"
 #include "engine/loaders/template_source.h"
 #include "engine/job/result_file.h"
 #include "engine/runtime/machine_profile.h"
@@ -22,7 +23,13 @@ namespace {
 
 policy::Policy make_policy(const RunOptions& o) {
   policy::Policy p = o.policy_file.empty() ? policy::Policy{} : policy::load_policy_file(o.policy_file);
-  if (!o.percent.empty()) p.set_percent({o.percent[0], o.percent[1], o.percent[2], o.percent[3], o.percent[4], o.percent[5]});
+  if (!o.percent.empty()) {
+    try {
+      p.set_percent({o.percent[0], o.percent[1], o.percent[2], o.percent[3], o.percent[4], o.percent[5]});
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--percent: ") + e.what());
+    }
+  }
   if (o.resident_embeddings) p.resident_embeddings = *o.resident_embeddings != 0;
   // Without a policy file or --gpu-batch-size, all prompts of --batch form one GPU batch.
   if (o.gpu_batch_size) p.gpu_batch_size = *o.gpu_batch_size;
@@ -73,7 +80,7 @@ RunSetup open_run(const RunOptions& o) {
   s.model = open_model(mo);
   s.backend = kernels::make_backend(o.backend);
   if (o.ignore_eos) s.model.config.stop_ids.clear();
-  s.gen_len = o.gen_len.value_or(o.model.empty() ? 256 : 32);
+  s.gen_len = o.gen_len.value_or(o.model.empty() ? kEmbeddedGenLen : policy::kDefaultGenLen);
   return s;
 }
 
@@ -227,7 +234,7 @@ std::function<std::string(const nlohmann::ordered_json&)> chat_renderer(const Ru
       return tmpl->render(in);
     };
   } catch (const std::exception& e) {
-    return [why = std::string(e.what())](const nlohmann::ordered_json&) -> std::string {
+    return [why = error_text(e)](const nlohmann::ordered_json&) -> std::string {
       throw std::invalid_argument("no chat template: " + why);
     };
   }
@@ -275,7 +282,7 @@ job::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::opti
   return oj;
 }
 
-std::function<bool(const job::Request&, std::span<const std::int32_t>)> stop_string_watch(const RunSetup& s) {
+job::StopStringSeen stop_string_watch(const RunSetup& s) {
   if (!s.model.tokenizer) return {};
   // The text of the new tokens after the prompt's last token (enough context for the
   // tokenizer's spacing).
@@ -283,6 +290,19 @@ std::function<bool(const job::Request&, std::span<const std::int32_t>)> stop_str
     return job::stop_position(job::Continuation(tok, std::span(r.prompt).last(1)).text(generated), r.stop) !=
            std::string::npos;
   };
+}
+
+job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
+  return {.policy = s.policy,
+          .tiers = s.tiers,
+          .continuous = o.batching == "continuous",
+          .prefill_budget = prefill_budget_of(o, s),
+          .share_prefill = o.share_prefill == 1,
+          .trace = !o.metrics_file.empty() || !o.trace_file.empty(),
+          .stage = std::nullopt,
+          .stop_string_seen = stop_string_watch(s),
+          .results_in = o.out_file,
+          .progress = false};
 }
 
 JobResults::JobResults(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out,

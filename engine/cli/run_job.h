@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/cli/run_command.h"
+#include "engine/job/engine.h"
 #include "engine/job/openai_job.h"
 #include "engine/job/request.h"
 #include "engine/job/result_file.h"
@@ -23,10 +24,14 @@
 
 namespace flexh2o::cli {
 
+// --gen-len's default for the embedded stories260K, whose stories run longer than the default
+// of every other model (policy::kDefaultGenLen).
+inline constexpr std::int64_t kEmbeddedGenLen = 256;
+
 struct RunSetup {
   engine::ModelSource model;
   std::unique_ptr<kernels::Backend> backend;
-  std::int64_t gen_len = 32;
+  std::int64_t gen_len = policy::kDefaultGenLen;
   bool placed = false;       // a policy file or placement flags were given
   bool auto_policy = false;  // the planner chooses the policy (plan_run)
   policy::Policy policy;     // the given one (auto: set by plan_run)
@@ -97,9 +102,12 @@ std::string result_line(const RunOptions& o, const engine::ModelSource& m, const
 // bad lines not in `out` yet written first.
 job::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out);
 
-// Whether request r's text so far holds one of its stop strings (job::BlockLoopOptions); null
-// without a tokenizer.
-std::function<bool(const job::Request&, std::span<const std::int32_t>)> stop_string_watch(const RunSetup& s);
+// Whether request r's text so far holds one of its stop strings; null without a tokenizer.
+job::StopStringSeen stop_string_watch(const RunSetup& s);
+
+// The engine of this run (job/engine.h): the policy and tiers of `s`, and what the flags say of
+// batching, the prefill budget, shared prefills, tracing and stop strings.
+job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s);
 
 // Where a job's finished requests go, as they finish (in any order): their result lines (an
 // OpenAI line's once its n choices are done) appended to --out and fsynced, or printed.

@@ -36,42 +36,6 @@ struct Slot {
   bool awaiting_tokens = false;  // ran a step whose tokens the last stage has not sent yet
 };
 
-// The fixed block of prompts [first, first + work.block).
-engine::GenerationRequest block_request(const PipelineWork& work, std::size_t first) {
-  const auto end = std::min(work.prompts.size(), first + static_cast<std::size_t>(work.block));
-  const auto from = static_cast<std::ptrdiff_t>(first), to = static_cast<std::ptrdiff_t>(end);
-  engine::GenerationRequest req;
-  req.prompts.assign(work.prompts.begin() + from, work.prompts.begin() + to);
-  req.streams.assign(work.streams.begin() + from, work.streams.begin() + to);
-  req.max_new_tokens_each.assign(work.max_new_tokens.begin() + from, work.max_new_tokens.begin() + to);
-  req.max_new_tokens = *std::max_element(req.max_new_tokens_each.begin(), req.max_new_tokens_each.end());
-  req.sampling_each.assign(work.sampling.begin() + from, work.sampling.begin() + to);
-  if (!work.shares_prompt.empty()) {
-    req.shares_prompt.assign(work.shares_prompt.begin() + from, work.shares_prompt.begin() + to);
-    req.shares_prompt[0] = false;  // a run cut by the block's start prefills again
-  }
-  if (work.stop_here)
-    req.stop_here = [&work, first](std::size_t b, std::span<const std::int32_t> generated) {
-      return work.stop_here(first + b, generated);
-    };
-  return req;
-}
-
-// A continuous block over the whole job (the slot's queue hooks are set by the caller).
-engine::GenerationRequest continuous_request(const PipelineWork& work) {
-  engine::GenerationRequest req;
-  req.prompts = work.prompts;
-  req.streams = work.streams;
-  req.max_new_tokens_each = work.max_new_tokens;
-  req.max_new_tokens = *std::max_element(work.max_new_tokens.begin(), work.max_new_tokens.end());
-  req.sampling_each = work.sampling;
-  req.shares_prompt = work.shares_prompt;
-  req.stop_here = work.stop_here;
-  req.slots = work.block;
-  req.prefill_budget = work.prefill_budget;
-  return req;
-}
-
 // Log-probabilities as the last stage sends them to the first: of the fixed block or the one
 // request whose first prompt is `first`.
 Bytes logprobs_bytes(std::size_t first, const engine::GenerationResult& r) {
@@ -106,10 +70,12 @@ void take_logprobs(const Bytes& bytes, std::size_t first, engine::GenerationResu
 // One stage's walk over its slots, round after round, until no slot has work.
 class StageLoop {
  public:
-  StageLoop(const Mpi& mpi, engine::BlockScheduler& sched, const PipelineWork& work, offload::Trace* trace,
-            const PromptsFinished& finished, const StageControl& control)
-      : mpi_(mpi), sched_(sched), work_(work), trace_(trace), finished_(finished), control_(control),
-        me_(mpi.rank()), last_(mpi.size() - 1), slots_(static_cast<std::size_t>(work.micro_batches)) {
+  StageLoop(const Mpi& mpi, job::Engine& engine, std::span<const job::Request> requests, std::int64_t micro_batches,
+            const PromptsFinished& finished)
+      : mpi_(mpi), engine_(engine), sched_(engine.scheduler()), requests_(requests), trace_(engine.trace()),
+        finished_(finished), continuous_(engine.options().continuous),
+        block_(static_cast<std::size_t>(engine.options().policy.block_size())), me_(mpi.rank()),
+        last_(mpi.size() - 1), slots_(static_cast<std::size_t>(micro_batches)) {
     if (me_ > 0) links_.receive = [this](std::int64_t, std::span<float> hidden) { receive_hidden(hidden); };
     if (me_ < last_) links_.send = [this](std::int64_t, std::span<const float> hidden) { send_hidden(hidden); };
   }
@@ -118,11 +84,11 @@ class StageLoop {
     const double t0 = now_seconds();
     for (bool any = true; any; ++round_) {
       any = false;
-      if (work_.continuous) poll_stop();
+      if (continuous_) poll_stop();
       for (current_ = 0; current_ < slots_.size(); ++current_) any = visit(slots_[current_]) || any;
     }
     for (auto& s : sends_) s.wait();
-    if (work_.continuous) stats_.stopped = stop_admitting_ && finished_requests_ < work_.prompts.size();
+    if (continuous_) stats_.stopped = stop_admitting_ && finished_requests_ < requests_.size();
     stats_.wall_seconds = now_seconds() - t0;
     return stats_;
   }
@@ -135,7 +101,7 @@ class StageLoop {
     if (s.awaiting_tokens) take_tokens(s);
     if (s.block && !sched_.active(*s.block)) finish(s);
     if (!s.block && !begin(s)) return false;
-    if (control_.before_step) control_.before_step();
+    engine_.check_abandon();
     sched_.run_step(*s.block, links_);
     if (me_ == last_) {
       const auto next = std::as_bytes(sched_.next_tokens(*s.block));
@@ -150,10 +116,10 @@ class StageLoop {
   // block over the whole job; false when there is none. A continuous block may have no
   // request left to take at its start: it ends at once.
   bool begin(Slot& s) {
-    if (work_.continuous) {
+    if (continuous_) {
       if (s.started) return false;
       s.started = true;
-      s.req = continuous_request(work_);
+      s.req = engine_.continuous_request(requests_);
       s.req.stop_admitting = [this] { return stop_admitting_; };
       s.req.next_prompt = [this, &s](std::size_t from, bool) { return queue_next(s, from); };
       // Every stage ends request b at the same step.
@@ -162,12 +128,12 @@ class StageLoop {
         prompts_finished(b, so_far.sequence(b));
       };
     } else {
-      if (next_first_ >= work_.prompts.size() || stats_.stopped) return false;
-      stats_.stopped = control_.stop_requested && mpi_.any(control_.stop_requested());
+      if (next_first_ >= requests_.size() || stats_.stopped) return false;
+      stats_.stopped = mpi_.any(engine_.stop_requested());
       if (stats_.stopped) return false;
       s.first = next_first_;
-      next_first_ += static_cast<std::size_t>(work_.block);
-      s.req = block_request(work_, s.first);
+      next_first_ = std::min(requests_.size(), next_first_ + block_);
+      s.req = engine_.block_request(requests_.subspan(s.first, next_first_ - s.first));
     }
     s.block = sched_.begin(s.req);
     if (sched_.active(*s.block)) return true;
@@ -181,17 +147,16 @@ class StageLoop {
   // stage's slots ask in the same order, so they get the same prompts.
   std::optional<std::size_t> queue_next(Slot& s, std::size_t from) {
     if (s.given == kNoPrompt || s.given < from) {
-      s.given = std::min(next_first_, work_.prompts.size());
-      next_first_ = s.given + static_cast<std::size_t>(
-                                  std::min(engine::shared_prompt_run(s.req, s.given), work_.block));
+      s.given = std::min(next_first_, requests_.size());
+      next_first_ = s.given + std::min(static_cast<std::size_t>(engine::shared_prompt_run(s.req, s.given)), block_);
     }
     return s.given;
   }
 
   // Continuous: every few rounds the stages agree whether to stop taking requests.
   void poll_stop() {
-    if (!control_.stop_requested || round_ % kStopPollRounds != 0 || stop_admitting_) return;
-    stop_admitting_ = mpi_.any(control_.stop_requested());
+    if (round_ % kStopPollRounds != 0 || stop_admitting_) return;
+    stop_admitting_ = mpi_.any(engine_.stop_requested());
   }
 
   // The last stage sampled them itself.
@@ -209,7 +174,7 @@ class StageLoop {
     engine::GenerationResult r = sched_.finish(*s.block);
     s.block.reset();
     stats_.total.add(r);
-    if (!work_.continuous) prompts_finished(s.first, std::move(r));
+    if (!continuous_) prompts_finished(s.first, std::move(r));
   }
 
   // Results at prompt `first`: the last stage, which sampled, sends their log-probabilities
@@ -250,11 +215,13 @@ class StageLoop {
   }
 
   const Mpi& mpi_;
+  job::Engine& engine_;
   engine::BlockScheduler& sched_;
-  const PipelineWork& work_;
+  std::span<const job::Request> requests_;
   offload::Trace* trace_;
   const PromptsFinished& finished_;
-  const StageControl& control_;
+  const bool continuous_;    // continuous batching in each slot, else fixed blocks
+  const std::size_t block_;  // requests per micro-batch (gpu batch size x GPU batches)
   const int me_, last_;
   std::vector<Slot> slots_;
   engine::StageLinks links_;
@@ -269,13 +236,14 @@ class StageLoop {
 
 }  // namespace
 
-StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, const PipelineWork& work,
-                              offload::Trace* trace, const PromptsFinished& finished, const StageControl& control) {
+StageStats run_pipeline_stage(const Mpi& mpi, job::Engine& engine, std::span<const job::Request> requests,
+                              std::int64_t micro_batches, const PromptsFinished& finished) {
+  const engine::BlockScheduler& sched = engine.scheduler();
   if (sched.holds_input() != (mpi.rank() == 0) || sched.holds_head() != (mpi.rank() == mpi.size() - 1))
     throw std::logic_error("pipeline rank " + std::to_string(mpi.rank()) + " holds the wrong end of the model");
-  if (work.block < 1 || work.micro_batches < 1) throw std::invalid_argument("a pipeline needs blocks and micro-batches");
-  if (work.prompts.empty()) return {};
-  return StageLoop(mpi, sched, work, trace, finished, control).run();
+  if (micro_batches < 1) throw std::invalid_argument("a pipeline needs micro-batches");
+  if (requests.empty()) return {};
+  return StageLoop(mpi, engine, requests, micro_batches, finished).run();
 }
 
 }  // namespace flexh2o::distributed

@@ -18,55 +18,32 @@
 #include <span>
 #include <vector>
 
-#include "engine/runtime/block_scheduler.h"
 #include "engine/distributed/mpi_comm.h"
-#include "offload/trace.h"
+#include "engine/job/engine.h"
+#include "engine/job/request.h"
 
 namespace flexh2o::distributed {
-
-struct PipelineWork {
-  std::vector<std::vector<std::int32_t>> prompts;  // the job's prompts, in order
-  std::vector<std::uint64_t> streams;              // the sampling stream of each
-  std::vector<std::int64_t> max_new_tokens;        // the new tokens limit of each
-  std::vector<kernels::SamplingParams> sampling;  // the sampling of each
-  // Prompt p shares the prefill of p - 1 (GenerationRequest::shares_prompt); empty: none does.
-  // The job's queue gives a run of them to one slot together.
-  std::vector<bool> shares_prompt;
-  // Whether prompt p's sequence ends after `generated` (stop strings; null: none): every stage
-  // asks it alike, so that they end sequences at the same step.
-  std::function<bool(std::size_t p, std::span<const std::int32_t> generated)> stop_here;
-  std::int64_t block = 1;          // prompts per micro-batch (gpu batch size x GPU batches)
-  std::int64_t micro_batches = 1;  // blocks in flight
-  bool continuous = true;          // continuous batching in each micro-batch, else fixed blocks
-  std::int64_t prefill_budget = 512;  // continuous: GenerationRequest::prefill_budget
-};
 
 struct StageStats {
   engine::GenerationResult total;  // of the blocks this stage saw (tokens not kept)
   double wall_seconds = 0;
   double wait_seconds = 0;  // waiting for hidden states or tokens from another stage
-  bool stopped = false;  // stop_requested ended the job before its last request started
-};
-
-// How a stage's job is interrupted (both optional, the same on every stage).
-struct StageControl {
-  // Asked on every stage at once (fixed blocks: whenever a slot would take the job's next
-  // block; continuous: every few rounds of the slots): true on any stage ends the job there on
-  // all of them (the requests in flight finish).
-  std::function<bool()> stop_requested;
-  // Called before each step; may throw to abandon the job.
-  std::function<void()> before_step;
+  bool stopped = false;  // an interrupt ended the job before its last request started
 };
 
 // Called when prompts [first, first + result.tokens.size()) are done (a fixed block, or one
 // request under continuous batching), in the order they finish.
 using PromptsFinished = std::function<void(std::size_t first, const engine::GenerationResult& result)>;
 
-// Runs rank mpi.rank()'s stage; `sched` holds that stage's layers. On the first stage the
-// finished results' log-probabilities (sequences whose sampling asks) are the last stage's,
-// which sampled. Waits are recorded in `trace` (track "pipeline") when given.
-StageStats run_pipeline_stage(const Mpi& mpi, engine::BlockScheduler& sched, const PipelineWork& work,
-                              offload::Trace* trace, const PromptsFinished& finished,
-                              const StageControl& control = {});
+// Runs rank mpi.rank()'s stage of the job's `requests` (the same on every stage, kept alive
+// beside it) with `micro_batches` blocks in flight; `engine` holds that stage's layers and makes
+// every block's request, so that limits, stop strings and shared prefills are the one-process
+// run's. Its interrupts stop the job on every stage at once: a first signal on any stage stops
+// taking requests (fixed blocks: whenever a slot would take the job's next block; continuous:
+// every few rounds of the slots), and the requests in flight finish; a second abandons them. On
+// the first stage the finished results' log-probabilities (sequences whose sampling asks) are
+// the last stage's, which sampled. Waits are recorded in the engine's trace (track "pipeline").
+StageStats run_pipeline_stage(const Mpi& mpi, job::Engine& engine, std::span<const job::Request> requests,
+                              std::int64_t micro_batches, const PromptsFinished& finished);
 
 }  // namespace flexh2o::distributed

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "engine/io/json_input.h"
+#include "kernels/option_error.h"
 
 namespace flexh2o::engine {
 
@@ -50,6 +51,9 @@ kernels::DType read_dtype(const HfConfig& j) {
       j.has("dtype") ? j.get<std::string>("dtype") : j.get<std::string>("torch_dtype", std::string("float16"));
   try {
     return kernels::parse_float_dtype(name);
+  } catch (const kernels::OptionError& e) {
+    throw kernels::OptionError(j.error(std::string("field '") + (j.has("dtype") ? "dtype" : "torch_dtype") + "': ").what(),
+                               e);
   } catch (const std::invalid_argument& e) {
     throw j.error(std::string("field '") + (j.has("dtype") ? "dtype" : "torch_dtype") + "': " + e.what());
   }
@@ -199,8 +203,11 @@ MoeConfig read_moe(const HfConfig& j, std::int64_t layers, bool norm_default) {
 
 void refuse_unimplemented(const HfConfig& j, bool experts) {
   if (j.has("quantization_config"))
-    throw j.error("field 'quantization_config' is set: pre-quantized checkpoints are not supported (use a float "
-                  "checkpoint with --compress-weight, or its GGUF file)");
+    throw kernels::OptionError{
+        j.error("field 'quantization_config' is set: pre-quantized checkpoints are not supported (use a float "
+                "checkpoint with ")
+            .what(),
+        kernels::Option::CompressWeight, ", or its GGUF file)"};
   for (const char* key : {"num_local_experts", "num_experts"})
     if (!experts && j.has(key) && j.get<std::int64_t>(key) > 0)
       throw j.error("field '" + std::string(key) + "' is set: mixture-of-experts layers are not supported");

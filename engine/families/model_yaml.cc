@@ -7,6 +7,7 @@
 
 #include "engine/families/family.h"
 #include "engine/model/embedded.h"
+#include "kernels/option_error.h"
 
 namespace flexh2o::engine {
 
@@ -51,6 +52,8 @@ ModelConfig load_model_yaml(const std::string& yaml_text, const std::string& sou
   c.check_limits(source);  // before the family's preset and the MoE layer list allocate per layer
   try {
     c.dtype = kernels::parse_float_dtype(yaml_get<std::string>(root, "dtype", source, "f16"));
+  } catch (const kernels::OptionError& e) {
+    throw kernels::OptionError(source + ": field 'dtype': ", e);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(source + ": field 'dtype': " + e.what());
   }

@@ -24,7 +24,7 @@ struct OpenAiPromptContext {
   // The chat template rendered over a request's messages with add_generation_prompt (throws
   // naming what went wrong; null: the model has no chat template).
   std::function<std::string(const nlohmann::ordered_json& messages)> render_chat;
-  std::int64_t gen_len = 32;       // max_tokens when a request does not say
+  std::int64_t gen_len = policy::kDefaultGenLen;       // max_tokens when a request does not say
   std::uint64_t default_seed = 0;  // the job's --seed, for requests without a seed
 };
 

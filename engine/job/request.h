@@ -11,6 +11,7 @@
 
 #include "engine/model/model_config.h"
 #include "kernels/sampling.h"
+#include "policy/gen_len.h"
 
 namespace flexh2o::job {
 
@@ -18,7 +19,7 @@ struct Request {
   std::string id_json;               // the id exactly as given (a JSON number or string), echoed in its result
   std::optional<std::string> text;   // the prompt as text, when given so (printed before the continuation)
   std::vector<std::int32_t> prompt;  // token ids, non-empty
-  std::int64_t max_tokens = 32;      // new tokens at most (fewer when a stop id comes first)
+  std::int64_t max_tokens = policy::kDefaultGenLen;      // new tokens at most (fewer when a stop id comes first)
   kernels::SamplingParams sampling;  // its own (a block may mix requests of different sampling)
   // The sampling stream: the request's position in the whole job, so that a resumed job (or a
   // rank given a share of it) samples what the uninterrupted one-process job would.

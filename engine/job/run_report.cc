@@ -134,6 +134,24 @@ std::int64_t RunReport::decode_expert_bytes_per_token() const {
 }
 
 std::string RunReport::text() const {
+  switch (mode) {
+    case RunMode::DataParallel: return data_parallel_text();
+    case RunMode::Pipeline: return pipeline_text();
+    case RunMode::OneProcess: break;
+  }
+  return one_process_text();
+}
+
+nlohmann::json RunReport::to_json() const {
+  switch (mode) {
+    case RunMode::DataParallel: return data_parallel_json();
+    case RunMode::Pipeline: return pipeline_json();
+    case RunMode::OneProcess: break;
+  }
+  return one_process_json();
+}
+
+std::string RunReport::one_process_text() const {
   std::string s = model_line(model, stored) + "\n";
   s += fmt::format("model size: {} | cache size: {} | hidden size (prefill): {}\n", format_bytes(stored.weight_bytes()),
                    format_bytes(cache_bytes), format_bytes(hidden_bytes));
@@ -164,7 +182,7 @@ std::string RunReport::text() const {
   return s;
 }
 
-nlohmann::json RunReport::to_json() const {
+nlohmann::json RunReport::one_process_json() const {
   const auto& moe = stored.moe;
   nlohmann::json j = job::to_json(total);
   j["prompts"] = prompts;

@@ -1,7 +1,7 @@
 // What a run reports, as FlexGen does: the model and its sizes as stored, the policy, the peak
-// memory of each tier and the throughput; as text on stderr and as the --metrics JSON. The
-// pieces (peaks, totals, the policy's own to_text/to_json) are the same in the one-process
-// report and in the per-rank reports of MPI runs.
+// memory of each tier and the throughput; as text on stderr and as the --metrics JSON. One
+// RunReport renders every mode: the one-process run, and a run over several ranks (data
+// parallel or pipeline) with each rank's part in it.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -15,7 +15,9 @@
 #include "engine/runtime/generator.h"
 #include "engine/model/model_config.h"
 #include "offload/tiers.h"
+#include "offload/trace.h"
 #include "policy/cost_model.h"
+#include "policy/pipeline.h"
 #include "policy/policy.h"
 
 namespace flexh2o::job {
@@ -55,8 +57,45 @@ struct Prediction {
 };
 Prediction prediction_of(const policy::Estimate& e);
 
-// One process's run.
+// Where one rank's run placed the model: its policy (as the metrics record it) and the peak
+// memory of its tiers.
+struct Placement {
+  nlohmann::json policy;
+  std::string policy_text;
+  TierPeaks peaks;
+};
+
+// A rank's part of a run over several ranks: a data-parallel rank or a pipeline stage. Each
+// rank sends its part to rank 0 as JSON (to_json, with its spans and policy text).
+struct RunPart {
+  std::string name;  // "rank R (host)"
+  int rank = 0;
+  std::string host;
+  std::optional<Placement> placement;  // none: a data-parallel rank that had no request to run
+  engine::GenerationResult result;     // counts and times of the requests it ran
+  std::size_t finished_requests = 0;   // data parallel: the requests it finished
+  bool stopped = false;                // data parallel: an interrupt stopped it taking requests
+  std::optional<policy::StageSlice> slice;  // pipeline: the stage's layers
+  double wall_seconds = 0, wait_seconds = 0;  // pipeline: the stage's time, and what it waited on the others
+  std::vector<offload::Span> spans;    // its trace
+};
+// `with_trace`: the spans and the policy text too (what goes to rank 0); else as --metrics has it.
+nlohmann::json to_json(const RunPart& p, bool with_trace);
+RunPart part_from_json(const nlohmann::json& j);
+nlohmann::json to_json(const policy::StageSlice& s);
+policy::StageSlice slice_from_json(const nlohmann::json& j);
+// "decoder layers 0-3 + input embedding"
+std::string slice_text(const policy::StageSlice& s);
+
+// The modes of a run.
+enum class RunMode { OneProcess, DataParallel, Pipeline };
+
+// A run's report.
 struct RunReport {
+  RunMode mode = RunMode::OneProcess;
+  std::vector<RunPart> parts;      // over several ranks: each rank's part, in rank order
+  std::int64_t micro_batches = 0;  // pipeline: blocks in flight
+
   std::string model;           // the model's description
   engine::ModelConfig stored;  // its config with the policy's weight dtype
   policy::Policy policy;
@@ -79,8 +118,20 @@ struct RunReport {
   // The lines for stderr, newline included.
   std::string text() const;
   nlohmann::json to_json() const;
+  // --metrics (when `metrics_path` is not empty) and the Chrome trace of `spans` (one process)
+  // or of the parts' spans (when `trace_path` is not empty).
+  void write_files(const std::string& metrics_path, const std::string& trace_path, const offload::Trace* trace) const;
 
  private:
+  std::string one_process_text() const;
+  std::string data_parallel_text() const;
+  std::string pipeline_text() const;
+  nlohmann::json one_process_json() const;
+  nlohmann::json data_parallel_json() const;
+  nlohmann::json pipeline_json() const;
+  double slowest_part_seconds() const;  // data parallel: the longest prefill + decode of a rank
+  double longest_wall() const;          // pipeline: the longest stage
+  double bubble_share() const;          // pipeline: the time the stages waited on each other
   std::int64_t decode_expert_bytes_per_token() const;
   // The run's own throughput, step and time in the prediction's terms.
   Prediction measured() const;

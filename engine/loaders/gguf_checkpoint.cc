@@ -7,6 +7,7 @@
 
 #include "engine/families/family.h"
 #include "engine/loaders/gguf_blocks.h"
+#include "kernels/option_error.h"
 
 namespace flexh2o::engine {
 
@@ -155,20 +156,10 @@ std::vector<std::int32_t> stop_ids(const GgufHeader& h, std::int64_t vocab) {
 
 }  // namespace
 
-ModelConfig gguf_model_config(const GgufHeader& h, const std::function<std::vector<float>(const GgufTensor&)>& read_f32) {
-  const Arch& arch = find_arch(h);
-  const std::string a = arch.name;
-  const Family& family = find_family(arch.family, h.source);
-  if (const auto experts = h.get_uint(a + ".expert_count"); experts && *experts > 0)
-    h.fail_key(a + ".expert_count", "= " + std::to_string(*experts) + ": mixture-of-experts models are not supported");
-  // Keys other llama.cpp architectures use to change the math (Granite's scales, ...).
-  for (const char* key : {".attention.scale", ".logit_scale", ".embedding_scale", ".residual_scale"})
-    if (h.find(a + key)) h.fail_key(a + key, "is set: this scaling is not supported");
+namespace {
 
-  const GgufTensor* embed = h.find_tensor("token_embd.weight");
-  if (embed == nullptr || embed->ne.size() != 2) fail(h, "missing 2-D tensor 'token_embd.weight'");
-
-  ModelConfig c;
+// The decoder's dimensions: layers, widths, heads.
+void read_dims(const GgufHeader& h, const std::string& a, ModelConfig& c) {
   c.name = std::filesystem::path(h.source).stem().string();
   c.n_layers = dim(h, a + ".block_count");
   if (static_cast<std::uint64_t>(c.n_layers) > h.tensors.size())
@@ -185,25 +176,11 @@ ModelConfig gguf_model_config(const GgufHeader& h, const std::function<std::vect
   if (const auto v = h.get_uint(a + ".attention.value_length"); v && static_cast<std::int64_t>(*v) != c.head_dim)
     h.fail_key(a + ".attention.value_length", "= " + std::to_string(*v) + " differs from the key length " +
                                                   std::to_string(c.head_dim) + ": not supported");
-  c.vocab_size = embed->ne[1];
-  c.max_positions = dim(h, a + ".context_length");
-  c.dtype = natural_dtype(h);
-  try {
-    c.check_limits(h.source);  // before anything is allocated per layer
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(e.what());
-  }
-  family.preset(c);
-  c.family = family.name;
+}
 
-  c.norm_eps = static_cast<float>(number(h, a + ".attention.layer_norm_rms_epsilon"));
-  c.rope.layout = arch.layout;
-  c.rope.theta = number(h, a + ".rope.freq_base", 10000.0);
-  const std::int64_t rot = dim(h, a + ".rope.dimension_count", c.head_dim);
-  c.rope.partial_rotary_factor = static_cast<double>(rot) / static_cast<double>(c.head_dim);
-  read_rope_scaling(h, a, c, read_f32);
-  c.tie_embeddings = h.find_tensor("output.weight") == nullptr;
-
+// What the architecture changes in the math: llama's optional biases, sliding windows, Gemma 2's
+// soft-caps and attention scale.
+void read_features(const GgufHeader& h, const std::string& a, ModelConfig& c) {
   // Optional biases as llama.cpp loads them for llama (Qwen2's are part of its preset).
   if (a == "llama") {
     c.qkv_bias = h.find_tensor("blk.0.attn_q.bias") != nullptr;
@@ -226,6 +203,45 @@ ModelConfig gguf_model_config(const GgufHeader& h, const std::function<std::vect
       for (std::int64_t l = 0; l < c.n_layers; l += 2) c.layer_window[static_cast<std::size_t>(l)] = window;
     }
   }
+}
+
+}  // namespace
+
+ModelConfig gguf_model_config(const GgufHeader& h, const std::function<std::vector<float>(const GgufTensor&)>& read_f32) {
+  const Arch& arch = find_arch(h);
+  const std::string a = arch.name;
+  const Family& family = find_family(arch.family, h.source);
+  if (const auto experts = h.get_uint(a + ".expert_count"); experts && *experts > 0)
+    h.fail_key(a + ".expert_count", "= " + std::to_string(*experts) + ": mixture-of-experts models are not supported");
+  // Keys other llama.cpp architectures use to change the math (Granite's scales, ...).
+  for (const char* key : {".attention.scale", ".logit_scale", ".embedding_scale", ".residual_scale"})
+    if (h.find(a + key)) h.fail_key(a + key, "is set: this scaling is not supported");
+
+  const GgufTensor* embed = h.find_tensor("token_embd.weight");
+  if (embed == nullptr || embed->ne.size() != 2) fail(h, "missing 2-D tensor 'token_embd.weight'");
+
+  ModelConfig c;
+  read_dims(h, a, c);
+  c.vocab_size = embed->ne[1];
+  c.max_positions = dim(h, a + ".context_length");
+  c.dtype = natural_dtype(h);
+  try {
+    c.check_limits(h.source);  // before anything is allocated per layer
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
+  family.preset(c);
+  c.family = family.name;
+
+  c.norm_eps = static_cast<float>(number(h, a + ".attention.layer_norm_rms_epsilon"));
+  c.rope.layout = arch.layout;
+  c.rope.theta = number(h, a + ".rope.freq_base", 10000.0);
+  const std::int64_t rot = dim(h, a + ".rope.dimension_count", c.head_dim);
+  c.rope.partial_rotary_factor = static_cast<double>(rot) / static_cast<double>(c.head_dim);
+  read_rope_scaling(h, a, c, read_f32);
+  c.tie_embeddings = h.find_tensor("output.weight") == nullptr;
+
+  read_features(h, a, c);
 
   if (const auto bos = h.get_uint("tokenizer.ggml.bos_token_id")) {
     if (*bos >= static_cast<std::uint64_t>(c.vocab_size))
@@ -378,8 +394,9 @@ void GgufCheckpoint::read_rows(const std::string& name, std::int64_t row_begin, 
         try {
           repack_ggml_row(type, src, cols, out);
         } catch (const std::range_error& e) {
-          throw std::runtime_error("tensor " + origin(name) + ", row " + std::to_string(r) + ": " + e.what() +
-                                   "; it cannot stay compressed (run without --compress-weight)");
+          throw kernels::OptionRuntimeError{"tensor " + origin(name) + ", row " + std::to_string(r) + ": " + e.what() +
+                                                "; it cannot stay compressed (run without ",
+                                            kernels::Option::CompressWeight, ")"};
         }
       } else if (to == kernels::DType::F32) {
         dequantize_ggml(type, src, cols, reinterpret_cast<float*>(out));

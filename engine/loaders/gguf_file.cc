@@ -295,6 +295,53 @@ std::int64_t GgufTensor::numel() const {
   return n;
 }
 
+namespace {
+
+// general.alignment, when the file sets it: a power of two.
+void read_alignment(GgufHeader& h) {
+  if (const auto it = h.metadata.find("general.alignment"); it != h.metadata.end()) {
+    if (it->second.type != GgufValueType::U32)
+      fail(h.source, "metadata key 'general.alignment' has type " + std::string(gguf_value_type_name(it->second.type)) +
+                         ", expected u32");
+    const auto a = std::get<std::uint64_t>(it->second.value);
+    if (a == 0 || (a & (a - 1)) != 0)
+      fail(h.source, "metadata key 'general.alignment' = " + std::to_string(a) + " is not a power of two");
+    h.alignment = a;
+  }
+}
+
+// Each tensor's bytes lie aligned inside the data section, and no two overlap.
+void check_tensor_data(const GgufHeader& h) {
+  for (const GgufTensor& t : h.tensors) {
+    const std::string what = "tensor '" + t.name + "'";
+    if (t.offset % h.alignment != 0)
+      fail(h.source, what + ": offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+                         std::to_string(h.alignment));
+    if (t.offset > h.data_size || t.bytes > h.data_size - t.offset)
+      fail(h.source, "truncated: " + what + " needs bytes [" + std::to_string(t.offset) + ", " +
+                         (t.offset > std::numeric_limits<std::uint64_t>::max() - t.bytes
+                              ? std::string("2^64")
+                              : std::to_string(t.offset + t.bytes)) +
+                         ") of the data section, which has " + std::to_string(h.data_size));
+  }
+  // Sorted by offset (empty tensors first at a shared offset), neighbours must not overlap.
+  std::vector<const GgufTensor*> order;
+  order.reserve(h.tensors.size());
+  for (const auto& t : h.tensors) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const GgufTensor* a, const GgufTensor* b) {
+    return a->offset != b->offset ? a->offset < b->offset : a->bytes < b->bytes;
+  });
+  const GgufTensor* last = nullptr;
+  for (const GgufTensor* t : order) {
+    if (t->bytes == 0) continue;
+    if (last != nullptr && last->offset + last->bytes > t->offset)
+      fail(h.source, "tensors '" + last->name + "' and '" + t->name + "' overlap in the data section");
+    last = t;
+  }
+}
+
+}  // namespace
+
 GgufHeader parse_gguf_header(const std::function<void(std::uint64_t, void*, std::uint64_t)>& read,
                              std::uint64_t file_size, const std::string& source_name) {
   GgufHeader h;
@@ -327,15 +374,7 @@ GgufHeader parse_gguf_header(const std::function<void(std::uint64_t, void*, std:
     const GgufValueType t = values.type(what);
     h.metadata.emplace(std::move(key), values.value(t, what, 0));
   }
-  if (const auto it = h.metadata.find("general.alignment"); it != h.metadata.end()) {
-    if (it->second.type != GgufValueType::U32)
-      fail(h.source, "metadata key 'general.alignment' has type " + std::string(gguf_value_type_name(it->second.type)) +
-                         ", expected u32");
-    const auto a = std::get<std::uint64_t>(it->second.value);
-    if (a == 0 || (a & (a - 1)) != 0)
-      fail(h.source, "metadata key 'general.alignment' = " + std::to_string(a) + " is not a power of two");
-    h.alignment = a;
-  }
+  read_alignment(h);
 
   if (n_tensors > in.left() / 32)
     fail(h.source, "truncated: the tensor count " + std::to_string(n_tensors) + " cannot fit in the " +
@@ -352,32 +391,7 @@ GgufHeader parse_gguf_header(const std::function<void(std::uint64_t, void*, std:
   // may end before it).
   h.data_start = (in.pos() + h.alignment - 1) / h.alignment * h.alignment;
   h.data_size = h.data_start <= file_size ? file_size - h.data_start : 0;
-  for (const GgufTensor& t : h.tensors) {
-    const std::string what = "tensor '" + t.name + "'";
-    if (t.offset % h.alignment != 0)
-      fail(h.source, what + ": offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                         std::to_string(h.alignment));
-    if (t.offset > h.data_size || t.bytes > h.data_size - t.offset)
-      fail(h.source, "truncated: " + what + " needs bytes [" + std::to_string(t.offset) + ", " +
-                         (t.offset > std::numeric_limits<std::uint64_t>::max() - t.bytes
-                              ? std::string("2^64")
-                              : std::to_string(t.offset + t.bytes)) +
-                         ") of the data section, which has " + std::to_string(h.data_size));
-  }
-  // Sorted by offset (empty tensors first at a shared offset), neighbours must not overlap.
-  std::vector<const GgufTensor*> order;
-  order.reserve(h.tensors.size());
-  for (const auto& t : h.tensors) order.push_back(&t);
-  std::stable_sort(order.begin(), order.end(), [](const GgufTensor* a, const GgufTensor* b) {
-    return a->offset != b->offset ? a->offset < b->offset : a->bytes < b->bytes;
-  });
-  const GgufTensor* last = nullptr;
-  for (const GgufTensor* t : order) {
-    if (t->bytes == 0) continue;
-    if (last != nullptr && last->offset + last->bytes > t->offset)
-      fail(h.source, "tensors '" + last->name + "' and '" + t->name + "' overlap in the data section");
-    last = t;
-  }
+  check_tensor_data(h);
   return h;
 }
 

@@ -15,6 +15,7 @@
 #include "engine/loaders/hf_checkpoint.h"
 #include "engine/loaders/llama2c_checkpoint.h"
 #include "offload/text_file.h"
+#include "kernels/option_error.h"
 
 namespace flexh2o::engine {
 
@@ -51,8 +52,8 @@ std::optional<fs::path> llama2c_tokenizer_beside(const fs::path& model) {
     std::ranges::sort(found);
     std::string names;
     for (const auto& f : found) names += (names.empty() ? "" : ", ") + f.filename().string();
-    throw std::runtime_error(model.string() + ": several tokenizers beside it (" + names +
-                             "); pick one with --tokenizer");
+    throw kernels::OptionRuntimeError{model.string() + ": several tokenizers beside it (" + names + "); pick one with ",
+                                      kernels::Option::Tokenizer};
   }
   if (found.empty()) return std::nullopt;
   return found.front();
@@ -72,7 +73,8 @@ ComputeChoice job_compute_dtype(const std::string& flag, kernels::DType weights,
                                 std::int64_t batch_rows) {
   if (flag == "f32") return {kernels::DType::F32, ""};
   if (flag == "bf16") return {kernels::DType::BF16, ""};
-  if (flag != "auto") throw std::invalid_argument("--compute-dtype: '" + flag + "' is not one of auto, f32, bf16");
+  if (flag != "auto")
+    throw kernels::OptionError{kernels::Option::ComputeDtype, ": '" + flag + "' is not one of auto, f32, bf16"};
   if (weights == kernels::DType::F32) return {kernels::DType::F32, "auto: fp32 weights"};
   if (!bf16.native) return {kernels::DType::F32, "auto: no native bf16"};
   if (!bf16.faster_from_rows) return {kernels::DType::F32, "auto: these matrices' own f32 kernels beat bf16"};
@@ -90,7 +92,9 @@ std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path, std::optional
   }
   if (p.extension() == ".json") return load_hf_tokenizer(path);
   if (!vocab_size) {
-    throw std::runtime_error(path + ": a llama2.c tokenizer file does not store its vocab size; name its model with --model");
+    throw kernels::OptionRuntimeError{path + ": a llama2.c tokenizer file does not store its vocab size; name its model "
+                                             "with ",
+                                      kernels::Option::Model};
   }
   return load_llama2c_tokenizer_file(path, static_cast<std::int32_t>(*vocab_size));
 }
@@ -147,8 +151,8 @@ ModelSource open_model(const ModelOptions& opt) {
     m.weights = std::make_unique<DummyWeights>(m.config, opt.seed);
     m.description += ", dummy weights";
   } else if (!m.weights) {
-    throw std::runtime_error("model '" + opt.model + "' is a config without weights; add --dummy for random weights "
-                             "or give a checkpoint directory or file");
+    throw kernels::OptionRuntimeError{"model '" + opt.model + "' is a config without weights; add ",
+                                      kernels::Option::DummyWeights, " or give a checkpoint directory or file"};
   }
   return m;
 }

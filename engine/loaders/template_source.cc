@@ -8,6 +8,7 @@
 #include "engine/loaders/gguf_file.h"
 #include "engine/io/json_input.h"
 #include "offload/text_file.h"
+#include "kernels/option_error.h"
 
 namespace flexh2o::engine::chat {
 
@@ -47,8 +48,9 @@ std::string pick_named(const nlohmann::json& list, const std::string& wanted, bo
   if (it != named.end()) return it->second;
   std::string names;
   for (const auto& [n, t] : named) names += (names.empty() ? "" : ", ") + n;
-  throw std::runtime_error(file.string() + ": no chat template named '" + choice + "' (it has: " + names +
-                           "); choose one with --template-name");
+  throw kernels::OptionRuntimeError{file.string() + ": no chat template named '" + choice + "' (it has: " + names +
+                                        "); choose one with ",
+                                    kernels::Option::TemplateName};
 }
 
 TemplateSource from_directory(const fs::path& dir, const std::string& template_name, bool has_tools) {
@@ -76,8 +78,10 @@ TemplateSource from_directory(const fs::path& dir, const std::string& template_n
   }
   const auto it = config.find("chat_template");
   if (it == config.end() || it->is_null()) {
-    throw std::runtime_error(dir.string() + " has no chat template (no chat_template.jinja, no \"chat_template\" in " +
-                             "tokenizer_config.json); pass one with --template");
+    throw kernels::OptionRuntimeError{
+        dir.string() + " has no chat template (no chat_template.jinja, no \"chat_template\" in tokenizer_config.json); "
+                       "pass one with ",
+        kernels::Option::ChatTemplate};
   }
   if (it->is_string()) {
     if (!template_name.empty() && template_name != "default") {
@@ -108,7 +112,8 @@ TemplateSource from_gguf(const fs::path& file, const std::string& template_name)
                               ? "tokenizer.chat_template"
                               : "tokenizer.chat_template." + template_name;
   const auto text = h.get_string(key);
-  if (!text) throw std::runtime_error(file.string() + " has no " + key + "; pass a template with --template");
+  if (!text)
+    throw kernels::OptionRuntimeError{file.string() + " has no " + key + "; pass ", kernels::Option::ChatTemplate};
   TemplateSource src;
   src.text = *text;
   src.name = file.string() + " (" + key + ")";
@@ -130,9 +135,11 @@ TemplateSource load_model_template(const std::string& model, const std::string& 
   const fs::path p(model);
   if (fs::is_directory(p)) return from_directory(p, template_name, has_tools);
   if (is_gguf_file(p.string())) return from_gguf(p, template_name);
-  if (!fs::exists(p)) throw std::runtime_error("--model " + model + ": no such file or directory");
-  throw std::runtime_error("--model " + model +
-                           ": a chat template comes from a Hugging Face model directory or a GGUF file; pass --template");
+  using kernels::Option;
+  if (!fs::exists(p)) throw kernels::OptionRuntimeError{Option::Model, " " + model + ": no such file or directory"};
+  throw kernels::OptionRuntimeError{
+      Option::Model, " " + model + ": a chat template comes from a Hugging Face model directory or a GGUF file; pass ",
+      Option::ChatTemplate};
 }
 
 }  // namespace flexh2o::engine::chat

@@ -3,6 +3,7 @@
 #include "engine/model/kv_eviction.h"
 #include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
+#include "kernels/option_error.h"
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +21,7 @@ double now_seconds() {
 
 void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int32_t>> prompts,
                    std::int64_t max_new_tokens, std::span<const std::string> names) {
-  if (max_new_tokens < 1) throw std::invalid_argument("--gen-len must be at least 1");
+  if (max_new_tokens < 1) throw kernels::OptionError{kernels::Option::GenLen, " must be at least 1"};
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const auto& p = prompts[i];
     const std::string which = "prompt " + (i < names.size() ? names[i] : std::to_string(i));
@@ -31,23 +32,26 @@ void check_prompts(const ModelConfig& cfg, std::span<const std::vector<std::int3
                                     std::to_string(cfg.vocab_size) + ")");
     const auto need = static_cast<std::int64_t>(p.size()) + max_new_tokens;
     if (need > cfg.position_limit())
-      throw std::invalid_argument(which + " has " + std::to_string(p.size()) + " tokens; with " +
-                                  std::to_string(max_new_tokens) + " new tokens it needs " + std::to_string(need) +
-                                  " positions but the model has " + std::to_string(cfg.position_limit()) +
-                                  "; shorten the prompt or lower --gen-len");
+      throw kernels::OptionError{which + " has " + std::to_string(p.size()) + " tokens; with " +
+                                     std::to_string(max_new_tokens) + " new tokens it needs " + std::to_string(need) +
+                                     " positions but the model has " + std::to_string(cfg.position_limit()) +
+                                     "; shorten the prompt or lower ",
+                                 kernels::Option::GenLen};
   }
 }
 
 void check_kv_policy_fits(const ModelConfig& cfg, std::int64_t tokens) {
   for (std::int64_t l = 0; l < cfg.n_layers; ++l)
     if (cfg.window(l) > 0 && cfg.window(l) < tokens)
-      throw std::invalid_argument("KV eviction on a model with a sliding window of " + std::to_string(cfg.window(l)) +
-                                  " tokens (layer " + std::to_string(l) + ") over sequences of up to " +
-                                  std::to_string(tokens) + " tokens is not supported; use --kv full or shorter runs");
+      throw kernels::OptionError{"KV eviction on a model with a sliding window of " + std::to_string(cfg.window(l)) +
+                                     " tokens (layer " + std::to_string(l) + ") over sequences of up to " +
+                                     std::to_string(tokens) + " tokens is not supported; use ",
+                                 kernels::Option::KvPolicy, " full or shorter runs"};
   if (cfg.rope.reprefill_on_long && tokens > cfg.rope.original_max_positions)
-    throw std::invalid_argument("KV eviction on a LongRoPE model that re-prefills sequences growing past " +
-                                std::to_string(cfg.rope.original_max_positions) +
-                                " tokens (Phi-3) is not supported; use --kv full or shorter runs");
+    throw kernels::OptionError{"KV eviction on a LongRoPE model that re-prefills sequences growing past " +
+                                   std::to_string(cfg.rope.original_max_positions) +
+                                   " tokens (Phi-3) is not supported; use ",
+                               kernels::Option::KvPolicy, " full or shorter runs"};
 }
 
 Generator::Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,

@@ -13,6 +13,7 @@
 #include "engine/model/weights.h"
 #include "kernels/backend.h"
 #include "policy/eviction/kv_policy.h"
+#include "policy/gen_len.h"
 
 namespace flexh2o::engine {
 
@@ -20,7 +21,7 @@ struct GenerationResult;
 
 struct GenerationRequest {
   std::vector<std::vector<std::int32_t>> prompts;  // each non-empty
-  std::int64_t max_new_tokens = 32;
+  std::int64_t max_new_tokens = policy::kDefaultGenLen;
   // Per prompt, when given: its own limit (at most max_new_tokens, which then sizes the cache
   // and activations). A sequence stops at its limit or a stop id, as it would alone.
   std::vector<std::int64_t> max_new_tokens_each;

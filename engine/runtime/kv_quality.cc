@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/option_error.h"
+
 namespace flexh2o::engine {
 
 std::int64_t PromptSplit::prompt_tokens(std::int64_t n) const {
@@ -14,8 +16,8 @@ std::int64_t PromptSplit::prompt_tokens(std::int64_t n) const {
 PromptSplit parse_prompt_split(std::string_view text) {
   const std::string t(text);
   const auto bad = [&] {
-    return std::invalid_argument("--prefill '" + t +
-                                 "': give a fraction of each chunk in (0, 1) like 0.5, or a token count >= 1 like 32");
+    return kernels::OptionError{kernels::Option::EvalPrefill, " '" + t +
+                                "': give a fraction of each chunk in (0, 1) like 0.5, or a token count >= 1 like 32"};
   };
   if (t.empty() || t.find_first_not_of("0123456789.") != std::string::npos) throw bad();
   PromptSplit s;

@@ -183,7 +183,7 @@ TEST(ModelYaml, MalformedOrIncomplete) {
                                         "num_heads: 2\nvocab_size: 4\nmax_positions: 8\ndtype: q4\n",
                                         "m.yaml");
               }),
-              AllOf(HasSubstr("m.yaml"), HasSubstr("'dtype'"), HasSubstr("--compress-weight")));
+              AllOf(HasSubstr("m.yaml"), HasSubstr("'dtype'"), HasSubstr("use weight compression")));
 }
 
 TEST(BuiltinConfigs, PublishedShapes) {
@@ -209,7 +209,7 @@ TEST(BuiltinConfigs, PublishedShapes) {
 TEST(ModelSource, ConfigWithoutWeightsNeedsDummy) {
   EXPECT_THAT(error_of([] { engine::ModelOptions o;
     o.model = "opt-125m";
-    engine::open_model(o);; }), HasSubstr("--dummy"));
+    engine::open_model(o);; }), HasSubstr("add random (dummy) weights"));
   engine::ModelOptions o;
   o.model = "opt-125m";
   o.dummy = true;

@@ -360,12 +360,15 @@ std::string signalled_job(const testing::TempDir& dir) {
          " --gen-len 16 --gpu-batch-size 1 --out ";
 }
 
-// --share-prefill under --pipeline: a request's n choices share one prefill on every stage
-// (each stage forks the prefilled slot's KV rows of its own layers), as in one process. The out
-// file is the one-process run's, and so is the count of prompt tokens computed, which is below
-// the prompt tokens (with --share-prefill 0 every choice prefills its own), under continuous
-// batching and fixed blocks (a block boundary cuts a request's choices apart).
-TEST(Mpi, PipelineSharesPrefillsAsOneProcess) {
+// --share-prefill in every run mode, which drive one engine: a request's n choices share one
+// prefill on the data-parallel rank that takes them (rank 0 deals a line's choices together)
+// and on every pipeline stage (each stage forks the prefilled slot's KV rows of its own
+// layers), as in one process. The out file is the one-process run's, and so is the count of
+// prompt tokens computed, which is below the prompt tokens (with --share-prefill 0 every
+// choice prefills its own), under continuous batching and fixed blocks (a block boundary cuts
+// a request's choices apart; a data-parallel rank's blocks are those it is dealt, so there
+// only the sharing is checked).
+TEST(Mpi, SharesPrefillsAsOneProcess) {
   testing::TempDir dir;
   const char* prompts[] = {"Once upon a time", "The dog ran", "Lily and Tom went to the park", "One day"};
   std::string file;
@@ -385,17 +388,21 @@ TEST(Mpi, PipelineSharesPrefillsAsOneProcess) {
     ASSERT_EQ(one.code, 0) << one.err;
     const auto [prompt_tokens, one_computed] = counts(dir.file("one.json"));
     ASSERT_LT(one_computed, prompt_tokens) << "the one-process run shares no prefill";
-    for (const int share : {1, 0}) {
-      SCOPED_TRACE("--share-prefill " + std::to_string(share));
-      const std::string out = dir.file("pipe" + std::to_string(share) + ".jsonl");
-      std::filesystem::remove(out);
-      const Result r = run(mpirun(2), job + batching + " --pipeline 2 --share-prefill " + std::to_string(share) +
-                                          " --out " + out + " --metrics " + dir.file("pipe.json"), dir);
-      ASSERT_EQ(r.code, 0) << r.err;
-      expect_same_results(testing::read_file(out), testing::read_file(dir.file("one.jsonl")));
-      const auto [pipe_prompt_tokens, pipe_computed] = counts(dir.file("pipe.json"));
-      EXPECT_EQ(pipe_prompt_tokens, prompt_tokens);
-      EXPECT_EQ(pipe_computed, share ? one_computed : prompt_tokens);
+    for (const std::string form : {" --pipeline 2", ""}) {
+      for (const int share : {1, 0}) {
+        SCOPED_TRACE("mpirun -np 2" + form + " --share-prefill " + std::to_string(share));
+        const std::string out = dir.file("np2-" + std::to_string(share) + ".jsonl");
+        std::filesystem::remove(out);
+        const Result r = run(mpirun(2), job + batching + form + " --share-prefill " + std::to_string(share) +
+                                            " --out " + out + " --metrics " + dir.file("np2.json"), dir);
+        ASSERT_EQ(r.code, 0) << r.err;
+        expect_same_results(testing::read_file(out), testing::read_file(dir.file("one.jsonl")));
+        const auto [np2_prompt_tokens, np2_computed] = counts(dir.file("np2.json"));
+        EXPECT_EQ(np2_prompt_tokens, prompt_tokens);
+        if (!share) EXPECT_EQ(np2_computed, prompt_tokens);
+        else if (form.empty() && !batching.empty()) EXPECT_LT(np2_computed, prompt_tokens);
+        else EXPECT_EQ(np2_computed, one_computed);
+      }
     }
   }
 }

@@ -268,7 +268,7 @@ TEST_P(DiskStoreIo, UnwritableDirectoryFailsClearly) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(dir.path()), std::string::npos) << msg;
     EXPECT_NE(msg.find("Permission denied"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("--offload-dir"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("an offload directory"), std::string::npos) << msg;
   }
   EXPECT_TRUE(list_dir(dir.path()).empty());
 }
@@ -283,7 +283,7 @@ TEST_P(DiskStoreIo, MissingParentDirectoryFailsClearly) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(bad), std::string::npos) << msg;
     EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("--offload-dir"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("an offload directory"), std::string::npos) << msg;
   }
   EXPECT_TRUE(list_dir(dir.path()).empty());
 }
@@ -314,7 +314,7 @@ TEST_P(DiskStoreIo, DiskFullGivesClearErrorAndInvalidatesRegion) {
       } catch (const std::runtime_error& err) {
         const std::string msg = err.what();
         if (msg.find("File too large") == std::string::npos || msg.find("disk is full") == std::string::npos ||
-            msg.find("--offload-dir") == std::string::npos || msg.find(store.path()) == std::string::npos ||
+            msg.find("an offload directory") == std::string::npos || msg.find(store.path()) == std::string::npos ||
             msg.find("write") == std::string::npos) {
           std::fprintf(stderr, "unexpected message: %s\n", msg.c_str());
           code = kWrongMessage;

@@ -1,0 +1,85 @@
+#include "engine/distributed/data_parallel.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <utility>
+
+namespace flexh2o::distributed {
+
+std::string rank_name(const Mpi& mpi) { return "rank " + std::to_string(mpi.rank()) + " (" + mpi.host() + ")"; }
+
+std::vector<job::Request> share_requests(const Mpi& mpi, const std::vector<job::Request>& todo) {
+  nlohmann::json all = nlohmann::json::array();
+  if (mpi.rank() == 0)
+    for (const job::Request& r : todo) all.push_back(job::to_json(r));
+  const nlohmann::json got = from_bytes(mpi.broadcast(mpi.rank() == 0 ? to_bytes(all) : Bytes{}, 0));
+  if (mpi.rank() == 0) return todo;
+  std::vector<job::Request> requests;
+  for (const nlohmann::json& r : got) requests.push_back(job::request_from_json(r));
+  return requests;
+}
+
+namespace {
+
+// Requests a rank keeps in hand beyond those running: under continuous batching a few, so that
+// a freed slot rarely waits for rank 0's answer; fixed blocks ask for a block as one starts.
+std::size_t requests_ahead(const job::EngineOptions& o) {
+  return o.continuous ? 1 + static_cast<std::size_t>(o.policy.block_size()) / 16 : 0;
+}
+
+// Each request's index in the job, by its id and choice (a fixed block hands the engine's
+// callback copies of the requests).
+std::map<std::pair<std::string, std::int64_t>, std::size_t> request_positions(std::span<const job::Request> todo) {
+  std::map<std::pair<std::string, std::int64_t>, std::size_t> at;
+  for (std::size_t i = 0; i < todo.size(); ++i) at.emplace(std::pair(todo[i].id_json, todo[i].choice), i);
+  return at;
+}
+
+// Runs the requests `source` deals this rank with its engine; each finished one goes to
+// `finished` by its index in `todo`. A first signal stops taking requests (those running
+// finish), a second abandons them (throws job::Interrupted). Returns the rank's part.
+job::RunPart run_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo,
+                      job::RequestSource& source, const RootQueue::Finished& finished,
+                      const std::function<void()>& between_steps, const job::InterruptWatch& interrupts) {
+  if (todo.empty()) return {.name = rank_name(mpi), .rank = mpi.rank(), .host = mpi.host()};
+  job::Engine engine(e.backend, e.config, e.weights, e.options, &interrupts);
+  const auto at = request_positions(todo);
+  const job::JobOutcome done = engine.run(
+      todo,
+      [&](std::span<const job::Request> these, const engine::GenerationResult& r) {
+        for (std::size_t t = 0; t < these.size(); ++t) finished(at.at({these[t].id_json, these[t].choice}), r.sequence(t));
+      },
+      &source, between_steps);
+  job::RunPart part = engine.part(rank_name(mpi), mpi.rank(), mpi.host(), done.total);
+  part.finished_requests = done.finished_requests;
+  part.stopped = done.stopped;
+  return part;
+}
+
+}  // namespace
+
+job::RunPart run_dealt_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo,
+                            const job::InterruptWatch& interrupts) {
+  RankQueue queue(mpi, static_cast<std::size_t>(e.options.policy.block_size()), requests_ahead(e.options));
+  const job::RunPart part = run_rank(
+      mpi, e, todo, queue,
+      [&](std::size_t index, const engine::GenerationResult& one) { queue.send_finished(index, one); }, {},
+      interrupts);
+  queue.send_report(job::to_json(part, true));
+  return part;
+}
+
+std::vector<job::RunPart> run_dealing_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo,
+                                           const job::InterruptWatch& interrupts, const RootQueue::Finished& finished) {
+  // The others' slots too, where they plan alike.
+  const auto slots = static_cast<std::size_t>(e.options.policy.block_size());
+  RootQueue queue(mpi, todo, slots + requests_ahead(e.options), finished);
+  const job::RunPart own = run_rank(mpi, e, todo, queue.source(), finished, [&] { queue.poll(); }, interrupts);
+  std::vector<job::RunPart> parts;
+  for (const nlohmann::json& j : queue.reports(job::to_json(own, true))) parts.push_back(job::part_from_json(j));
+  std::ranges::sort(parts, {}, &job::RunPart::rank);
+  return parts;
+}
+
+}  // namespace flexh2o::distributed

@@ -1,0 +1,137 @@
+// The engine every form of `flexh2o run` drives: the one-process run, each rank of a
+// data-parallel run and each stage of a pipeline. From its options (what a run means, no flag
+// names) it opens the tiers, the trace and the BlockScheduler (a pipeline stage: over its slice
+// of the layers); it makes the scheduler's GenerationRequests from the job's requests in one
+// place, so that limits, sampling, stop strings and shared prefills (a request's n choices)
+// mean the same in every mode; it runs the block loop (continuous batching or fixed blocks),
+// checks interrupts between steps, and fills the RunReport.
+//
+// The block loop: requests run in order through the BlockScheduler, either continuously (the
+// default: the block's slots take the next request as soon as one ends, and each result is
+// handed on as its request ends) or a fixed block of the policy's size at a time (each block
+// runs until its longest request ends). A first interrupt stops admitting requests (fixed:
+// starting blocks), a second abandons the requests under way (checked between steps).
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/job/interrupts.h"
+#include "engine/job/request.h"
+#include "engine/job/request_source.h"
+#include "engine/job/result_file.h"
+#include "engine/job/run_report.h"
+#include "engine/runtime/block_scheduler.h"
+#include "offload/tiers.h"
+#include "offload/trace.h"
+#include "policy/cost_model.h"
+#include "policy/pipeline.h"
+#include "policy/policy.h"
+
+namespace flexh2o::job {
+
+// The requests of `all` whose ids are not in `out` yet (all of them without --out); with
+// `resuming`, says on stderr how many are done already.
+std::vector<Request> requests_to_run(std::span<const Request> all, const std::optional<ResultFile>& out,
+                                     bool resuming, const std::string& out_path);
+
+// Whether request r's text so far holds one of its stop strings (text needs the tokenizer).
+using StopStringSeen = std::function<bool(const Request& r, std::span<const std::int32_t> generated)>;
+
+// Whether request r ends on a stop string after `generated` (never before its min_tokens), as
+// `seen` tells.
+bool stop_string_ends(const StopStringSeen& seen, const Request& r, std::span<const std::int32_t> generated);
+
+// Whether request i of `requests` shares the prefill of request i - 1: the n choices of one
+// request line (OpenAI's `n`), each after the first. Only those: two lines that happen to hold
+// one prompt are two requests, each prefilled.
+bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i);
+
+struct EngineOptions {
+  policy::Policy policy;
+  offload::TierOptions tiers;  // capacities and the disk tier's directory (pin_host: the policy's pin_weight)
+  bool continuous = true;      // continuous batching, else fixed blocks
+  std::int64_t prefill_budget = policy::kHostPrefillBudget;  // continuous: prompt tokens a GPU batch's step prefills
+  // A request's n choices share one prefill (GenerationRequest::shares_prompt); false: each
+  // prefills its own (the ablation).
+  bool share_prefill = true;
+  bool trace = false;  // record spans (time per primitive, the Chrome trace)
+  // A pipeline stage's slice of the layers; none: the whole model.
+  std::optional<policy::StageSlice> stage;
+  // Null: stop strings are not watched.
+  StopStringSeen stop_string_seen;
+  std::string results_in;  // where finished results are, for the messages ("": the output)
+  bool progress = false;   // "requests d/n done, step s" on stderr between steps
+};
+
+struct JobOutcome {
+  engine::GenerationResult total;  // counts and times of the requests run (tokens not kept)
+  std::size_t requests = 0;        // of the job
+  std::size_t finished_requests = 0;  // by this engine
+  bool stopped = false;  // an interrupt stopped taking requests while some were left
+  double wall_seconds = 0;
+  std::vector<RequestTiming> timings;  // of the finished requests, in the order they ended
+};
+
+// Called with requests that finished (a block's, or a single one under continuous batching)
+// and their result (tokens in request order).
+using BlockFinished = std::function<void(std::span<const Request>, const engine::GenerationResult&)>;
+
+// "flexh2o: interrupted: <who> stopped after F of the job's N requests[; rerun ...]" (newline
+// included): what every mode says when an interrupt stopped the job.
+std::string stopped_message(const std::string& who, std::size_t finished, std::size_t requests,
+                            const std::string& results_in);
+
+class Engine {
+ public:
+  // `weights` and `interrupts` (null: signals keep their default handling) outlive the engine.
+  Engine(kernels::Backend& backend, const engine::ModelConfig& config, const engine::WeightSource& weights,
+         EngineOptions options, const InterruptWatch* interrupts);
+
+  // Runs `requests` (those `source` deals this engine, null: all in order) through the block
+  // loop; each finished one goes to `finished`. `between_steps` runs between steps (rank 0 of
+  // a data-parallel run takes the other ranks' results there).
+  JobOutcome run(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source = nullptr,
+                 const std::function<void()>& between_steps = {});
+
+  // The scheduler's request for a fixed block of requests, and for a job under continuous
+  // batching (the slots, budget and queue hooks of a caller set apart). Both keep `requests`.
+  engine::GenerationRequest block_request(std::span<const Request> requests) const;
+  engine::GenerationRequest continuous_request(std::span<const Request> requests) const;
+
+  // Between steps: throws Interrupted when a second signal asked to abandon the requests under way.
+  void check_abandon() const;
+  // Whether a first signal asked to stop taking requests.
+  bool stop_requested() const;
+
+  engine::BlockScheduler& scheduler() { return *sched_; }
+  offload::Trace* trace() { return trace_ ? &*trace_ : nullptr; }
+  const EngineOptions& options() const { return o_; }
+
+  // The one-process report of `outcome` for a job of `requests` (those done before a resume
+  // included) generating up to `gen_len` each unless a request says otherwise.
+  RunReport report(const std::string& description, std::span<const Request> requests, std::int64_t gen_len,
+                   const JobOutcome& outcome) const;
+  // This engine's part of a run over several ranks: its placement (when it loaded), spans.
+  RunPart part(const std::string& name, int rank, const std::string& host, const engine::GenerationResult& total) const;
+
+ private:
+  void run_continuous(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source,
+                      const std::function<void()>& between_steps, JobOutcome& outcome);
+  void run_fixed(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source,
+                 const std::function<void()>& between_steps, JobOutcome& outcome);
+  void between_steps(const std::function<void()>& hook, const std::string& where) const;
+
+  const engine::ModelConfig& config_;
+  EngineOptions o_;
+  const InterruptWatch* interrupts_;
+  offload::Tiers tiers_;
+  std::optional<offload::Trace> trace_;
+  std::unique_ptr<engine::BlockScheduler> sched_;
+};
+
+}  // namespace flexh2o::job
