@@ -118,6 +118,13 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
                   "one prefill, its KV copied to each (default); 0: each prefills its own (the ablation baseline)")
       ->check(CLI::Range(0, 1))
       ->group(sched);
+  run->add_option("--prefix-sharing", o.prefix_sharing,
+                  "on (default): under continuous batching a request whose prompt starts with tokens a slot's KV "
+                  "cache holds (another request's prompt, e.g. shared instructions) copies that KV and computes "
+                  "only the rest (docs/prefix-sharing.md; off with --kv eviction); off: each computes its whole "
+                  "prompt (the ablation baseline)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->group(sched);
   run->add_option("--gpu-mem", o.gpu_mem, "gpu tier capacity, e.g. 16GiB (default: unlimited)")->group(sched);
   run->add_option("--cpu-mem", o.cpu_mem, "cpu tier capacity (default: unlimited)")->group(sched);
   run->add_option("--disk-mem", o.disk_mem, "disk tier capacity (default: unlimited)")->group(sched);
@@ -209,6 +216,7 @@ int run_one_process(const RunOptions& o) {
                              .prefill_budget = prefill_budget_of(o, s),
                              .source = nullptr,  // every request, in order
                              .share_prefill = o.share_prefill == 1,
+                             .share_prefixes = o.prefix_sharing == "on",
                              .interrupts = &interrupts,
                              .results_in = o.out_file,
                              .progress = ::isatty(STDERR_FILENO) == 1,

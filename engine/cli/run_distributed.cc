@@ -188,6 +188,7 @@ json run_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<
     loop.continuous = o.batching == "continuous";
     loop.prefill_budget = prefill_budget_of(o, s);
     loop.share_prefill = o.share_prefill == 1;
+    loop.share_prefixes = o.prefix_sharing == "on";
     loop.source = &source;
     loop.interrupts = &interrupts;
     loop.results_in = o.out_file;
@@ -419,6 +420,7 @@ distributed::PipelineWork pipeline_work(const RunOptions& o, const json& job, co
   work.micro_batches = job["micro_batches"].get<std::int64_t>();
   work.continuous = o.batching == "continuous";
   work.prefill_budget = prefill_budget_of(o, s);
+  work.share_prefixes = o.prefix_sharing == "on";
   return work;
 }
 

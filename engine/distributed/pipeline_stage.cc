@@ -69,6 +69,7 @@ engine::GenerationRequest continuous_request(const PipelineWork& work) {
   req.stop_here = work.stop_here;
   req.slots = work.block;
   req.prefill_budget = work.prefill_budget;
+  req.share_prefixes = work.share_prefixes;
   return req;
 }
 

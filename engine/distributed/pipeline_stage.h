@@ -39,6 +39,7 @@ struct PipelineWork {
   std::int64_t micro_batches = 1;  // blocks in flight
   bool continuous = true;          // continuous batching in each micro-batch, else fixed blocks
   std::int64_t prefill_budget = 512;  // continuous: GenerationRequest::prefill_budget
+  bool share_prefixes = true;         // continuous: GenerationRequest::share_prefixes
 };
 
 struct StageStats {

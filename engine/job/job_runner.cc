@@ -35,6 +35,7 @@ engine::GenerationRequest block_request(std::span<const Request> block, const Bl
       return stop_string_ends(opt.stop_string_seen, block[b], generated);
     };
   req.max_new_tokens = 0;
+  req.share_prefixes = opt.share_prefixes;
   for (std::size_t i = 0; i < block.size(); ++i) {
     const Request& r = block[i];
     if (opt.share_prefill) req.shares_prompt.push_back(shares_prompt_of_previous(block, i));

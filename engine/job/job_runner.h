@@ -38,6 +38,9 @@ struct BlockLoopOptions {
   // Neighbouring requests with the same prompt and limit (a request's n choices) share one
   // prefill (GenerationRequest::shares_prompt); false: each prefills its own (the ablation).
   bool share_prefill = true;
+  // Continuous batching: prompts take the KV of a prefix a slot's cache holds
+  // (GenerationRequest::share_prefixes); false: each computes its whole prompt (the ablation).
+  bool share_prefixes = true;
   // First signal: no block starts after it; second: the block under way is abandoned (throws
   // Interrupted). Null: signals keep their default handling.
   const InterruptWatch* interrupts = nullptr;
