@@ -174,7 +174,10 @@ class Attention final : public Layer {
                  .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
     be.kv_write({.src = v + r0 * kw, .cache = part.v, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
                  .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
-    if (extends)
+    // A compressed cache's prompt rows attend over their K/V as stored, as every later step
+    // reads them: a prompt's tokens then do not depend on whether a prefix of it was computed
+    // in this step or taken from another row (docs/prefix-sharing.md).
+    if (extends || (p.prefill && kernels::is_quantized(dt)))
       extend(be, p, part, cache, shape, q + r0 * qw, o + r0 * qw, step.batch);
     else if (p.prefill)
       be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
@@ -183,12 +186,14 @@ class Attention final : public Layer {
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
                            .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});
   }
-  // Prompt rows after a cached prefix (their K/V already written at their positions): each row
-  // is a decode query over its sequence's cache row, seeing the slots up to its own, at most
-  // `per_call` queries a call.
+  // Prompt rows whose K/V are written at their positions (after a cached prefix, or from the
+  // start): each row is a decode query over its sequence's cache row, seeing the slots up to
+  // its own; at most `batch` queries a call where the backend reserves op scratch for that many.
   void extend(kernels::Backend& be, const StepBatch& p, const KvPart& part, const KvView& cache,
-              const kernels::AttentionShape& shape, const float* q, float* o, std::int64_t per_call) const {
+              const kernels::AttentionShape& shape, const float* q, float* o, std::int64_t batch) const {
     const std::int64_t qw = cfg_.n_heads * cfg_.head_dim;
+    const bool scratch = be.attention_scratch_bytes(shape, 0, batch, cache.capacity, false) > 0;
+    const std::int64_t per_call = scratch ? batch : std::max<std::int64_t>(p.rows(), 1);
     std::vector<std::int64_t> lens(p.row_slot.size());
     for (std::size_t r = 0; r < lens.size(); ++r) lens[r] = p.row_slot[r] + 1;
     for (std::int64_t r0 = 0; r0 < p.rows(); r0 += per_call) {

@@ -646,7 +646,7 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
   const std::string offload = dir.file("offload");
   std::filesystem::create_directory(offload);
   for (const std::string& flags :
-       std::vector<std::string>{"", " --percent 30 40 20 30 50 50 --offload-dir " + offload}) {
+       std::vector<std::string>{"", " --percent 30 40 20 30 50 50 --compress-cache --offload-dir " + offload}) {
     SCOPED_TRACE(flags);
     std::map<std::string, nlohmann::json> metrics;
     std::map<std::string, std::vector<std::string>> outs;

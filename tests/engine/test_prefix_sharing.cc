@@ -155,29 +155,23 @@ TEST(PrefixSharing, TokensAsWithoutSharingLlamaGqa) {
     expect_sharing_changes_no_token(cfg, src, s, mixed_request(cfg.vocab_size, seed++), true);
 }
 
-// A compressed cache: the extend rows read the prefix's K/V re-rounded to q8/q4 as stored, where
-// a prompt's own prefill attends over them in fp32, so the logits move by the compression's own
-// error (measured here up to 0.25 at q8 and 5.6 at q4 on logits of scale 15, beyond the refill
-// check's one quantization step of a value): the greedy tokens are held to those of the run
-// without sharing.
+// A compressed cache: every prompt row attends over the K/V as stored (re-rounded to q8/q4),
+// so a row after a shared prefix sees what its own prefill would: each request as alone, and
+// the greedy tokens those of the run without sharing.
 TEST(PrefixSharing, CompressedCacheShares) {
   auto m = engine::open_model({});
-  for (const int bits : {8}) {
+  for (const int bits : {8, 4}) {
     Placement s = placements()[3];
     s.policy.compress_cache = true;
     s.policy.compress_bits = bits;
-    SCOPED_TRACE("q" + std::to_string(bits));
+    s.name += " q" + std::to_string(bits);
     GenerationRequest req = mixed_request(m.config.vocab_size, 4700 + static_cast<std::uint64_t>(bits));
+    expect_sharing_changes_no_token(m.config, *m.weights, s, req, true);
     for (auto& sampling : req.sampling_each) sampling.temperature = 0.0f;
     req.slots = s.policy.block_size();
-    req.prefill_budget = 24;
     const GenerationResult on = run_scheduler(m.config, *m.weights, s, req);
     req.share_prefixes = false;
-    const GenerationResult off = run_scheduler(m.config, *m.weights, s, req);
-    EXPECT_EQ(on.tokens, off.tokens);
-    EXPECT_GT(on.prefix_hits, 0);
-    EXPECT_EQ(on.prompt_tokens - on.prompt_tokens_computed, on.prefix_shared_tokens);
-    EXPECT_EQ(off.prompt_tokens_computed, off.prompt_tokens);
+    EXPECT_EQ(on.tokens, run_scheduler(m.config, *m.weights, s, req).tokens) << s.name;
   }
 }
 
