@@ -60,6 +60,13 @@ void check_decode(const AttentionDecodeArgs& a) {
   for (const std::int64_t len : a.lens)
     if (len <= 0 || len > a.capacity)
       throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
+  if (a.cache_rows.empty()) return;
+  if (a.cache_rows.size() != a.lens.size())
+    throw std::invalid_argument("attention_decode: cache_rows needs one cache row per query");
+  if (a.probs != nullptr || a.slot_bias != nullptr)
+    throw std::invalid_argument("attention_decode: probs and slot_bias are per cache row, not with cache_rows");
+  for (const std::int64_t row : a.cache_rows)
+    if (row < 0) throw std::out_of_range("attention_decode: a negative cache row");
 }
 
 void check_kv_write(const KvWriteArgs& a) {

@@ -49,7 +49,7 @@ struct AttentionPrefillArgs {
   DType compute = DType::F32;
 };
 
-// One new query per sequence against its cache. Slots [0, lens[b]) of sequence b are valid
+// One new query per sequence against its cache (or per row of cache_rows). Slots [0, lens[b]) of sequence b are valid
 // (the new token's K/V already written); slot order does not matter, so evicted slots can
 // be reused by later tokens. A compressed cache is dequantized as it is read.
 struct AttentionDecodeArgs {
@@ -68,6 +68,10 @@ struct AttentionDecodeArgs {
   // of the group for slot s before the softmax; a slot that stands for several merged tokens
   // weighs as their attention mass (KV eviction with merging). Slots >= lens[b] are not read.
   const float* slot_bias = nullptr;
+  // Optional, host, [B]: query b reads cache row cache_rows[b] instead of row b, so several
+  // queries may read one row with their own lens (a prompt's rows appended to a cached prefix,
+  // each seeing the slots before it). Not with probs or slot_bias, which are per cache row.
+  std::span<const std::int64_t> cache_rows;
 };
 
 // Writes rows of new keys or values into a cache laid out like AttentionDecodeArgs::k_cache:

@@ -44,6 +44,13 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
                   "then places the decoder layers); 0: they are split like every weight (default with --percent)")
       ->check(CLI::Range(0, 1))
       ->group(sched);
+  run->add_option("--prefix-sharing", o.prefix_sharing,
+                  "on (default): under continuous batching a request whose prompt starts with tokens a slot's KV "
+                  "cache holds (another request's prompt, e.g. shared instructions) copies that KV and computes "
+                  "only the rest (docs/prefix-sharing.md; off with --kv eviction); off: each computes its whole "
+                  "prompt (the ablation baseline)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->group(sched);
   run->add_option("--gpu-batch-size", o.gpu_batch_size, "sequences per GPU batch")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);

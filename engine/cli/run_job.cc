@@ -298,6 +298,7 @@ job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .continuous = o.batching == "continuous",
           .prefill_budget = prefill_budget_of(o, s),
           .share_prefill = o.share_prefill == 1,
+          .share_prefixes = o.prefix_sharing == "on",
           .trace = !o.metrics_file.empty() || !o.trace_file.empty(),
           .stage = std::nullopt,
           .stop_string_seen = stop_string_watch(s),

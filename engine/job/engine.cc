@@ -87,6 +87,7 @@ engine::GenerationRequest Engine::block_request(std::span<const Request> request
       return stop_string_ends(seen, requests[b], generated);
     };
   req.max_new_tokens = 0;
+  req.share_prefixes = o_.share_prefixes;
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const Request& r = requests[i];
     if (o_.share_prefill) req.shares_prompt.push_back(shares_prompt_of_previous(requests, i));

@@ -59,6 +59,9 @@ struct EngineOptions {
   // A request's n choices share one prefill (GenerationRequest::shares_prompt); false: each
   // prefills its own (the ablation).
   bool share_prefill = true;
+  // Continuous batching: prompts take the KV of a prefix a slot's cache holds
+  // (GenerationRequest::share_prefixes); false: each computes its whole prompt (the ablation).
+  bool share_prefixes = true;
   bool trace = false;  // record spans (time per primitive, the Chrome trace)
   // A pipeline stage's slice of the layers; none: the whole model.
   std::optional<policy::StageSlice> stage;

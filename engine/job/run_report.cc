@@ -36,6 +36,8 @@ nlohmann::json to_json(const engine::GenerationResult& r) {
   return {{"prompts", r.sequences},
           {"prompt_tokens", r.prompt_tokens},
           {"prompt_tokens_computed", r.prompt_tokens_computed},
+          {"prefix_hits", r.prefix_hits},
+          {"prefix_shared_tokens", r.prefix_shared_tokens},
           {"generated_tokens", r.generated_tokens},
           {"prefill_steps", r.prefill_steps},
           {"decode_steps", r.decode_steps},
@@ -158,8 +160,10 @@ std::string RunReport::one_process_text() const {
   s += fmt::format("policy: {}, cache {}, compute {}{}\n", policy::to_text(policy), kernels::dtype_name(cache_dtype),
                    kernels::dtype_name(stored.compute_dtype), compute_why.empty() ? "" : " (" + compute_why + ")");
   s += "peak memory: " + job::to_text(peaks) + "\n";
-  s += fmt::format("prompts: {}, prompt tokens: {} ({} computed), generated tokens: {}\n", prompts,
-                   total.prompt_tokens, total.prompt_tokens_computed, total.generated_tokens);
+  s += fmt::format("prompts: {}, prompt tokens: {} ({} computed; {} from shared prefixes, taken by {} prompts), "
+                   "generated tokens: {}\n",
+                   prompts, total.prompt_tokens, total.prompt_tokens_computed, total.prefix_shared_tokens,
+                   total.prefix_hits, total.generated_tokens);
   s += phases_text(total);
   if (wall_seconds > 0)
     s += fmt::format("{}useful: {} tokens in {:.3f} s, {:.1f} tok/s | slot utilisation {:.2f} ({} sequence rows "

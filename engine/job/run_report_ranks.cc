@@ -20,6 +20,8 @@ engine::GenerationResult result_of(const json& j) {
   r.sequences = j.at("prompts").get<std::int64_t>();
   r.prompt_tokens = j.at("prompt_tokens").get<std::int64_t>();
   r.prompt_tokens_computed = j.at("prompt_tokens_computed").get<std::int64_t>();
+  r.prefix_hits = j.at("prefix_hits").get<std::int64_t>();
+  r.prefix_shared_tokens = j.at("prefix_shared_tokens").get<std::int64_t>();
   r.generated_tokens = j.at("generated_tokens").get<std::int64_t>();
   r.prefill_steps = j.at("prefill_steps").get<std::int64_t>();
   r.decode_steps = j.at("decode_steps").get<std::int64_t>();
@@ -153,6 +155,8 @@ json RunReport::data_parallel_json() const {
           {"prompts", total.sequences},
           {"prompt_tokens", total.prompt_tokens},
           {"prompt_tokens_computed", total.prompt_tokens_computed},
+          {"prefix_hits", total.prefix_hits},
+          {"prefix_shared_tokens", total.prefix_shared_tokens},
           {"generated_tokens", total.generated_tokens},
           {"total_seconds", slowest},
           {"total_throughput", static_cast<double>(total.generated_tokens) / std::max(slowest, 1e-9)}};
@@ -184,6 +188,8 @@ json RunReport::pipeline_json() const {
           {"prompts", total.sequences},
           {"prompt_tokens", total.prompt_tokens},
           {"prompt_tokens_computed", total.prompt_tokens_computed},
+          {"prefix_hits", total.prefix_hits},
+          {"prefix_shared_tokens", total.prefix_shared_tokens},
           {"generated_tokens", total.generated_tokens},
           {"total_seconds", wall},
           {"total_throughput", static_cast<double>(total.generated_tokens) / std::max(wall, 1e-9)},

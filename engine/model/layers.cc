@@ -155,16 +155,17 @@ class Attention final : public Layer {
     const kernels::AttentionShape shape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.attention_scale(),
                                         cfg_.attn_softcap, cfg_.window(layer_)};
     float* o = act.attn.as<float>();
+    const Rows projected{q, k, v, o, s.batch()};
     for (const KvPart& part : cache->parts)
       for_each_run(s, part, *cache, [&](const StepBatch& p, std::int64_t r0, const KvPart& run) {
-        attend(be, p, r0, run, *cache, shape, q, k, v, o);
+        attend(be, p, r0, run, *cache, shape, projected);
       });
     add_to_stream(be, cfg_, w.norm, w.out_norm, h, act.normed.as<float>(), rows,
                   [&](float* y, float beta) { linear(be, cfg_, {o, rows, w.wo, w.bo, y, beta}); });
   }
 
  private:
-  // The runs of consecutive sequences of one kind (prefill or decode; idle ones skipped) within
+  // The runs of consecutive sequences of one kind (prefill, extend or decode; idle ones skipped) within
   // `part`, each as a batch of its own with its first row and its own part of the cache.
   template <class Run>
   void for_each_run(const StepBatch& s, const KvPart& part, const KvView& cache, Run run) const {
@@ -183,11 +184,22 @@ class Attention final : public Layer {
       b0 = b1;
     }
   }
+  // The step's projected rows, and the sequences of its batch (the most queries one decode
+  // call may take: the op scratch reserved for the step counts that many).
+  struct Rows {
+    const float *q, *k, *v;
+    float* out;
+    std::int64_t batch;
+  };
   // One run of sequences of one kind (`p`, rows [r0, ...) of the step) attends over `part`.
   void attend(kernels::Backend& be, const StepBatch& p, std::int64_t r0, const KvPart& part, const KvView& cache,
-              const kernels::AttentionShape& shape, const float* q, const float* k, const float* v, float* o) const {
+              const kernels::AttentionShape& shape, const Rows& step) const {
     const std::int64_t qw = cfg_.n_heads * cfg_.head_dim, kw = cfg_.n_kv_heads * cfg_.head_dim;
+    const float *q = step.q, *k = step.k, *v = step.v;
+    float* o = step.out;
+    const bool extends = p.kinds.front() == SeqStep::Extend;
     if (KvEvictionLayer* ev = cache.eviction) {
+      if (extends) throw std::logic_error("a shared prompt prefix under KV eviction (sharing needs the full cache)");
       // The policy picks the slots: writes, attention and evictions go through it.
       const auto run = p.prefill ? &KvEvictionLayer::prefill : &KvEvictionLayer::decode;
       (ev->*run)(be, p, part.seq_begin, shape, q + r0 * qw, k + r0 * kw, v + r0 * kw, o + r0 * qw, part, cache);
@@ -198,12 +210,36 @@ class Attention final : public Layer {
                  .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
     be.kv_write({.src = v + r0 * kw, .cache = part.v, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
                  .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
-    if (p.prefill)
+    // A compressed cache's prompt rows attend over their K/V as stored, as every later step
+    // reads them: a prompt's tokens then do not depend on whether a prefix of it was computed
+    // in this step or taken from another row (docs/prefix-sharing.md).
+    if (extends || (p.prefill && kernels::is_quantized(dt)))
+      extend(be, p, part, cache, shape, q + r0 * qw, o + r0 * qw, step.batch);
+    else if (p.prefill)
       be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
                             .seq_offsets = p.seq_offsets, .compute = cfg_.compute_dtype});
     else
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
                            .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});
+  }
+  // Prompt rows whose K/V are written at their positions (after a cached prefix, or from the
+  // start): each row is a decode query over its sequence's cache row, seeing the slots up to
+  // its own; at most `batch` queries a call where the backend reserves op scratch for that many.
+  void extend(kernels::Backend& be, const StepBatch& p, const KvPart& part, const KvView& cache,
+              const kernels::AttentionShape& shape, const float* q, float* o, std::int64_t batch) const {
+    const std::int64_t qw = cfg_.n_heads * cfg_.head_dim;
+    const bool scratch = be.attention_scratch_bytes(shape, 0, batch, cache.capacity, false) > 0;
+    const std::int64_t per_call = scratch ? batch : std::max<std::int64_t>(p.rows(), 1);
+    std::vector<std::int64_t> lens(p.row_slot.size());
+    for (std::size_t r = 0; r < lens.size(); ++r) lens[r] = p.row_slot[r] + 1;
+    for (std::int64_t r0 = 0; r0 < p.rows(); r0 += per_call) {
+      const auto n = static_cast<std::size_t>(std::min(per_call, p.rows() - r0));
+      const auto first = static_cast<std::size_t>(r0);
+      be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
+                           .capacity = cache.capacity, .lens = std::span(lens).subspan(first, n),
+                           .out = o + r0 * qw, .cache_dtype = cache.dtype,
+                           .cache_rows = std::span(p.row_seq).subspan(first, n)});
+    }
   }
   // RoPE on rows of `heads` heads. Frequencies that depend on a sequence's length (dynamic,
   // LongRoPE) follow each sequence's longest position in this step, as transformers takes

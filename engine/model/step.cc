@@ -1,6 +1,7 @@
 #include "engine/model/step.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace flexh2o::engine {
 
@@ -12,18 +13,32 @@ void begin_sequence(StepBatch& s, SeqStep kind) {
 }
 }  // namespace
 
+namespace {
+// Rows for tokens[from, end) at positions (and cache slots) from, from + 1, ...
+void add_rows(StepBatch& s, std::span<const std::int32_t> tokens, std::int64_t from) {
+  const auto b = static_cast<std::int64_t>(s.lens.size());
+  for (auto i = static_cast<std::size_t>(from); i < tokens.size(); ++i) {
+    s.token_ids.push_back(tokens[i]);
+    s.positions.push_back(static_cast<std::int32_t>(i));
+    s.row_seq.push_back(b);
+    s.row_slot.push_back(static_cast<std::int64_t>(i));
+  }
+  s.seq_offsets.push_back(s.rows());
+  s.lens.push_back(static_cast<std::int64_t>(tokens.size()));
+  s.last_rows.push_back(s.rows() - 1);
+}
+}  // namespace
+
 void StepBatch::add_prefill(std::span<const std::int32_t> tokens) {
   begin_sequence(*this, SeqStep::Prefill);
-  const auto b = static_cast<std::int64_t>(lens.size());
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    token_ids.push_back(tokens[i]);
-    positions.push_back(static_cast<std::int32_t>(i));
-    row_seq.push_back(b);
-    row_slot.push_back(static_cast<std::int64_t>(i));
-  }
-  seq_offsets.push_back(rows());
-  lens.push_back(static_cast<std::int64_t>(tokens.size()));
-  last_rows.push_back(rows() - 1);
+  add_rows(*this, tokens, 0);
+}
+
+void StepBatch::add_extend(std::span<const std::int32_t> tokens, std::int64_t cached) {
+  if (cached <= 0 || cached >= static_cast<std::int64_t>(tokens.size()))
+    throw std::logic_error("an extend step needs cached tokens and at least one to compute");
+  begin_sequence(*this, SeqStep::Extend);
+  add_rows(*this, tokens, cached);
 }
 
 void StepBatch::add_decode(std::int32_t token, std::int64_t cached) {
@@ -44,7 +59,11 @@ void StepBatch::add_idle() {
   last_rows.push_back(0);
 }
 
-bool StepBatch::any_decode() const { return std::ranges::find(kinds, SeqStep::Decode) != kinds.end(); }
+bool StepBatch::any_cached() const {
+  for (std::int64_t b = 0; b < batch(); ++b)
+    if (cached(b) > 0) return true;
+  return false;
+}
 
 StepBatch StepBatch::make_prefill(std::span<const std::vector<std::int32_t>> prompts) {
   StepBatch s;

@@ -1,9 +1,10 @@
 // What one forward step of one batch looks like: which rows belong to which sequence,
 // their positions, and where their keys and values go in the cache. Under continuous
 // batching a step mixes kinds: some sequences prefill a whole prompt (a newcomer in a freed
-// slot) while the others decode one token, and a slot left without a request is idle (no
-// rows); the layers run every row through the same projections and pick the attention kernel
-// per run of sequences of one kind.
+// slot) or the rest of it after a shared prefix already in their cache row (docs/prefix-sharing.md)
+// while the others decode one token, and a slot left without a request is idle (no rows); the
+// layers run every row through the same projections and pick the attention kernel per run of
+// sequences of one kind.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -14,6 +15,7 @@ namespace flexh2o::engine {
 enum class SeqStep : std::uint8_t {
   Prefill,  // all its tokens so far into an empty cache row
   Decode,   // one new token after lens - 1 cached ones
+  Extend,   // the rest of a prompt after cached() slots already in its cache row
   Idle,     // a slot without a sequence: no rows, nothing cached
 };
 
@@ -35,12 +37,17 @@ struct StepBatch {
   std::int64_t first_row(std::int64_t b) const { return seq_offsets[b]; }
   // Sequences [b0, b1) as a batch of their own (rows, offsets and sequence indices rebased).
   StepBatch slice(std::int64_t b0, std::int64_t b1) const;
-  // Whether some sequence decodes (its cache holds tokens from earlier steps).
-  bool any_decode() const;
+  // The rows of sequence b, and the slots its cache held before this step (lens[b] less them).
+  std::int64_t seq_rows(std::int64_t b) const { return seq_offsets[b + 1] - seq_offsets[b]; }
+  std::int64_t cached(std::int64_t b) const { return lens[b] - seq_rows(b); }
+  // Whether some sequence reads tokens cached by earlier steps (it decodes or extends).
+  bool any_cached() const;
 
-  // Appends a sequence: its whole `tokens` prefilled, one token decoded after `cached` ones, or an idle slot.
+  // Appends a sequence: its whole `tokens` prefilled, one token decoded after `cached` ones,
+  // tokens[cached, end) after the `cached` first ones in its cache row, or an idle slot.
   void add_prefill(std::span<const std::int32_t> tokens);
   void add_decode(std::int32_t token, std::int64_t cached);
+  void add_extend(std::span<const std::int32_t> tokens, std::int64_t cached);
   void add_idle();
 
   // Prefill of whole prompts into an empty cache.

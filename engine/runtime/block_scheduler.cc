@@ -1,8 +1,9 @@
 #include "engine/runtime/block_scheduler.h"
 
 #include "engine/model/kv_eviction.h"
-#include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
+#include "engine/runtime/block_state.h"
+#include "engine/runtime/prefix_match.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -23,51 +24,6 @@ LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& s) {
   // build_layers: input embedding, then attention and MLP per decoder layer, then the head.
   return {s.input ? 0 : 1 + 2 * s.first_layer, s.head ? 2 + 2 * cfg.n_layers : 1 + 2 * (s.first_layer + s.layers)};
 }
-
-struct BlockScheduler::BlockState {
-  std::vector<GpuBatch> batches;
-  std::vector<RingSlot> ring;  // compute c uses ring[c % 3]
-  std::unique_ptr<Activations> act;
-  offload::Reservation act_reserved;  // its charge to the gpu-tier budget
-  std::int64_t capacity = 0;          // KV slots per (sequence, kv head)
-  std::int64_t staged_max = 0;        // most staged sequences of any batch
-  std::int64_t step = 0;
-  bool routed_experts = false;  // this step's MoE units fetch only the experts routed to
-  bool hidden_resident = true;
-  bool evicting = false;  // a KV policy keeps budget-sized rows
-  const GenerationRequest* req = nullptr;
-  GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
-  // Continuous batching: each slot's sequence (-1: idle) and the first prompt not yet admitted.
-  bool continuous = false;
-  std::vector<std::int64_t> slot_seq;
-  std::size_t waiting = 0;
-  // Shared prefills: per slot, the slot whose prefill of this step it takes (-1: none), and
-  // whether any does.
-  std::vector<std::int64_t> fork_of;
-  bool forking = false;
-  std::vector<std::int32_t> next;          // per block sequence
-  std::vector<float> host_logits;
-  RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }
-  GpuBatch& batch(std::int64_t k) { return batches[static_cast<std::size_t>(k)]; }
-  // Outstanding copies touch the buffers above: wait for all of them before those go,
-  // also when a compute threw.
-  ~BlockState() {
-    auto settle = [](const CopyTicket& t) {
-      try {
-        t.wait();
-      } catch (...) {  // the error was reported where it was first waited on
-      }
-    };
-    for (auto& b : batches) {
-      settle(b.hidden_stored);
-      for (const auto& t : b.cache_stored) settle(t);
-    }
-    for (auto& s : ring) {
-      for (const auto& t : s.loads) settle(t);
-      for (const auto& t : s.stores) settle(t);
-    }
-  }
-};
 
 BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg,
                                const WeightSource& source, const policy::Policy& policy, offload::Trace* trace,
@@ -150,6 +106,11 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
   if (req.on_sequence_logits) st.host_logits.resize(static_cast<std::size_t>(cfg_.vocab_size));
   place_batches(st, blk->log, req);
+  if (continuous) {
+    st.sharing = req.share_prefixes && prefix_sharing_off_reason(cfg_, st.evicting).empty();
+    st.held.assign(static_cast<std::size_t>(B), 0);
+    st.prefix.assign(static_cast<std::size_t>(B), 0);
+  }
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
   const std::int64_t kv_row_bytes =
@@ -455,134 +416,6 @@ void BlockScheduler::end_step(Block& blk) {
     // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
     b.step = rope_reprefills(cfg_, cached) ? StepBatch::make_prefill(b.tokens) : StepBatch::make_decode(next, cached);
   }
-}
-
-void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
-  std::int64_t computed = 0;
-  bool prefilled = false;
-  for (GpuBatch& b : st.batches)
-    for (std::int64_t i = 0; i < b.n; ++i) {
-      prefilled = prefilled || b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Prefill;
-      const auto slot = static_cast<std::size_t>(b.first_sequence + i);
-      // A fork sampled its first token from the prefill of this step it shares.
-      if (b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Idle && st.fork_of[slot] < 0) continue;
-      ++computed;
-      auto& tokens = b.tokens[static_cast<std::size_t>(i)];
-      std::int32_t token = st.next[slot];
-      if (log.record_token(static_cast<std::size_t>(st.slot_seq[slot]), token)) {
-        st.slot_seq[slot] = -1;  // free for the next prompt
-        tokens.clear();
-      } else {
-        tokens.push_back(token);
-      }
-    }
-  log.end_step(st.step, computed, prefilled);
-}
-
-void BlockScheduler::next_steps(BlockState& st) {
-  const GenerationRequest& req = *st.req;
-  if (st.waiting < req.prompts.size() && req.stop_admitting && req.stop_admitting())
-    for (; st.waiting < req.prompts.size(); ++st.waiting) st.log->drop(st.waiting);
-  const std::vector<bool> newcomer = admit(st);
-  for (GpuBatch& b : st.batches) {
-    StepBatch s;
-    for (std::int64_t i = 0; i < b.n; ++i) {
-      const auto slot = static_cast<std::size_t>(b.first_sequence + i);
-      const auto& tokens = b.tokens[static_cast<std::size_t>(i)];
-      // No request, or a fork waiting for the prefill of this step it shares.
-      if (st.slot_seq[slot] < 0 || st.fork_of[slot] >= 0) {
-        s.add_idle();
-        continue;
-      }
-      if (newcomer[slot]) {
-        s.add_prefill(tokens);
-        continue;
-      }
-      const auto cached = static_cast<std::int64_t>(tokens.size()) - 1;
-      // Phi-3 prefills a sequence whole again when it outgrows the original context.
-      if (rope_reprefills(cfg_, std::span(&cached, 1)))
-        s.add_prefill(tokens);
-      else
-        s.add_decode(tokens.back(), cached);
-    }
-    b.step = std::move(s);
-  }
-}
-
-bool BlockScheduler::prompt_waiting(BlockState& st, bool idle) {
-  const GenerationRequest& req = *st.req;
-  if (st.waiting >= req.prompts.size() || !req.next_prompt) return st.waiting < req.prompts.size();
-  const std::optional<std::size_t> next = req.next_prompt(st.waiting, idle);
-  if (!next && idle) throw std::logic_error("next_prompt gave no answer while no slot runs");
-  if (!next) return false;
-  if (*next < st.waiting) throw std::logic_error("next_prompt went back in the queue");
-  for (const std::size_t to = std::min(*next, req.prompts.size()); st.waiting < to; ++st.waiting) st.log->drop(st.waiting);
-  return st.waiting < req.prompts.size();
-}
-
-// Free slots take the waiting prompts in order, first come first served. A newcomer's prompt
-// counts against its GPU batch's prefill budget (a batch's first newcomer joins whatever its
-// length; after one that does not fit, the batch takes no more this step). The prompts sharing
-// its prefill (shared_prompt_run, at most the block's slots) take the first other free slots,
-// wherever they are, as forks of it; a run waits until there are free slots for all of it.
-std::vector<bool> BlockScheduler::admit(BlockState& st) {
-  const GenerationRequest& req = *st.req;
-  const std::size_t slots = st.slot_seq.size();
-  const auto gbs = static_cast<std::size_t>(policy_.gpu_batch_size);
-  std::vector<bool> newcomer(slots, false);
-  std::vector<std::size_t> free;
-  for (std::size_t s = 0; s < slots; ++s)
-    if (st.slot_seq[s] < 0) free.push_back(s);
-  std::size_t left = free.size();
-  std::vector<std::int64_t> prefilled(st.batches.size(), 0);  // prompt tokens per GPU batch
-  std::vector<bool> batch_full(st.batches.size(), false);
-  auto take = [&](std::size_t slot, std::int64_t fork_of) {
-    st.slot_seq[slot] = static_cast<std::int64_t>(st.waiting);
-    st.fork_of[slot] = fork_of;
-    st.batches[slot / gbs].tokens[slot % gbs] = req.prompts[st.waiting];
-    ++st.waiting;
-    --left;
-  };
-  bool idle = left == slots;
-  for (const std::size_t f : free) {
-    if (!prompt_waiting(st, idle)) break;
-    if (st.slot_seq[f] >= 0) continue;  // a fork of a newcomer before it
-    const std::size_t k = f / gbs;
-    const auto len = static_cast<std::int64_t>(req.prompts[st.waiting].size());
-    batch_full[k] = batch_full[k] || (prefilled[k] > 0 && prefilled[k] + len > req.prefill_budget);
-    if (batch_full[k]) continue;
-    const auto run = static_cast<std::size_t>(std::min<std::int64_t>(shared_prompt_run(req, st.waiting), static_cast<std::int64_t>(slots)));
-    if (run > left) break;
-    for (auto& e : st.batches[k].eviction) e->reset(static_cast<std::int64_t>(f % gbs), sequence_tokens(req, st.waiting));
-    newcomer[f] = true;
-    prefilled[k] += len;
-    take(f, -1);
-    idle = false;
-    for (std::size_t j = 1, s = 0; j < run; ++j) {
-      while (st.slot_seq[free[s]] >= 0) ++s;
-      st.log->share_prefill(st.waiting);
-      take(free[s], static_cast<std::int64_t>(f));
-      st.forking = true;
-    }
-  }
-  return newcomer;
-}
-
-void BlockScheduler::fork_slots(BlockState& st) {
-  const std::int64_t gbs = policy_.gpu_batch_size;
-  auto slot_of = [&](std::int64_t s) { return ForkSlot{&st.batch(s / gbs), s % gbs}; };
-  for (std::size_t s = 0; s < st.fork_of.size(); ++s) {
-    const std::int64_t from = std::exchange(st.fork_of[s], -1);
-    const std::int64_t seq = st.continuous ? st.slot_seq[s] : static_cast<std::int64_t>(s);
-    if (from < 0 || seq < 0) continue;  // not a fork, or it ended with its first token
-    const ForkExtent extent{static_cast<std::int64_t>(st.req->prompts[static_cast<std::size_t>(seq)].size()),
-                            st.capacity, cfg_.n_kv_heads, kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim),
-                            st.evicting};
-    offload::ScopedSpan span(trace_, "compute", "fork_cache", "slot " + std::to_string(from) + " to " + std::to_string(s));
-    fork_slot(tiers_, *host_staging_, copies_->options(), units_.cache_layers, slot_of(from),
-              slot_of(static_cast<std::int64_t>(s)), extent);
-  }
-  st.forking = false;
 }
 
 GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }

@@ -71,6 +71,8 @@ struct StageLinks {
   std::function<void(std::int64_t k, std::span<const float> hidden)> send;
 };
 
+struct PrefixMatch;
+
 class BlockScheduler {
  public:
   // Loads the weights of `layers` into their tiers. Throws BudgetExceeded when they do not fit.
@@ -134,8 +136,15 @@ class BlockScheduler {
   // req.next_prompt the next one this run takes, those passed on the way dropped.
   bool prompt_waiting(BlockState& st, bool idle);
   // Continuous batching: free slots take waiting prompts (with the runs sharing their
-  // prefills); which slots prefill a newcomer this step.
+  // prefills, and the prompt prefixes cache rows hold); which slots prefill a newcomer this step.
   std::vector<bool> admit(BlockState& st);
+  // Shared prompt prefixes (step_admission.cc): each slot's tokens its cache row holds; whether
+  // a newcomer of this step prefills a longer prefix of `prompt` than those rows hold now; the
+  // newcomer in slot `to` taking its prefix from a row.
+  std::vector<std::span<const std::int32_t>> held_rows(const BlockState& st) const;
+  bool prefix_in_flight(const BlockState& st, std::span<const std::int32_t> prompt, const PrefixMatch& now,
+                        const std::vector<bool>& newcomer) const;
+  void share_prefix(BlockState& st, const PrefixMatch& m, std::size_t to);
   // Shared prefills: copies each prefilled slot of this step into the slots forked from it.
   void fork_slots(BlockState& st);
   // Continuous batching: records the step's tokens slot by slot, freeing the slots that ended.

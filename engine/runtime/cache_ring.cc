@@ -62,18 +62,18 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
                                       {"load_hidden", batch_label(u, k)}, b.step.rows() * hidden_ * 4));
   }
   const std::int64_t staged = b.n - b.resident_end;
-  if (u.cache_layer >= 0 && staged > 0 && b.step.any_decode()) {
-    // Only the valid slots of each decoding (sequence, kv head): lens before this step's
-    // token; none of a prefilling or idle one. Under eviction the policy's slots fill the
-    // (budget-sized) rows: all of them.
+  if (u.cache_layer >= 0 && staged > 0 && b.step.any_cached()) {
+    // Only the valid slots of each (sequence, kv head) that reads its cache: those cached
+    // before this step's rows; none of a prefilling or idle one. Under eviction the policy's
+    // slots fill the (budget-sized) rows: all of them.
     const auto layer = static_cast<std::size_t>(u.cache_layer);
     const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
     const std::int64_t head_bytes = capacity * slot_bytes;
     std::vector<KvByteRange> ranges;
     std::int64_t bytes = 0;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
-      const bool decodes = b.step.kinds[static_cast<std::size_t>(s)] == SeqStep::Decode;
-      ranges.push_back({0, !decodes ? 0 : b.eviction.empty() ? (b.step.lens[s] - 1) * slot_bytes : head_bytes});
+      const std::int64_t cached = b.step.cached(s);
+      ranges.push_back({0, cached == 0 ? 0 : b.eviction.empty() ? cached * slot_bytes : head_bytes});
       bytes += 2 * n_kv_heads_ * ranges.back().to;
     }
     auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
@@ -98,8 +98,9 @@ void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, Ring
     const auto layer = static_cast<std::size_t>(u.cache_layer);
     const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
     const std::int64_t head_bytes = capacity * slot_bytes;
-    // Prefill wrote slots [0, len); a decode step wrote slot len - 1; under eviction the
-    // policy's slots anywhere in the row; an idle slot nothing.
+    // A step wrote the slots after those cached before it, [cached, len): all of a prefill's,
+    // the last of a decode's; under eviction the policy's slots anywhere in the row; an idle
+    // slot nothing.
     const bool all = !b.eviction.empty();
     std::vector<KvByteRange> ranges;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
@@ -107,8 +108,7 @@ void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, Ring
       if (kind == SeqStep::Idle)
         ranges.push_back({0, 0});
       else
-        ranges.push_back({kind == SeqStep::Prefill || all ? 0 : (b.step.lens[s] - 1) * slot_bytes,
-                          all ? head_bytes : b.step.lens[s] * slot_bytes});
+        ranges.push_back({all ? 0 : b.step.cached(s) * slot_bytes, all ? head_bytes : b.step.lens[s] * slot_bytes});
     }
     auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
                                   slot.v.data(), true);

@@ -3,7 +3,7 @@
 // fetching, one computing, one writing back), each on its own copy lane. KV is split by
 // sequence: sequences [0, resident_end) of a batch are attended where they live (gpu tier, or
 // host memory with cpu_cache_compute); the rest are staged through the slot. Only the valid
-// slots move: lens before the step's token in, the step's new slots out (under eviction, each
+// slots move: those cached before the step in, the step's new slots out (under eviction, each
 // head's whole budget-sized row both ways).
 #pragma once
 #include <cstdint>
@@ -48,7 +48,8 @@ class CacheRing {
             std::int64_t head_dim, kernels::DType cache_dtype, bool overlap);
   // Starts the copies of batch `b`'s inputs to unit `u` into `slot`: its hidden states unless
   // they stay resident (`hidden_resident`) or come from the embedding, and its staged KV
-  // sequences' valid slots (`capacity` slots per head) when u attends and the step decodes.
+  // sequences' valid slots (`capacity` slots per head) when u attends and a sequence of the
+  // step reads what earlier steps cached (it decodes or extends).
   void load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
             bool hidden_resident);
   // Starts the write-backs of what unit `u` computed for batch `b` in `slot`.

@@ -100,6 +100,8 @@ void GenerationResult::add(const GenerationResult& r) {
   decode_tokens += r.decode_tokens;
   prompt_tokens += r.prompt_tokens;
   prompt_tokens_computed += r.prompt_tokens_computed;
+  prefix_hits += r.prefix_hits;
+  prefix_shared_tokens += r.prefix_shared_tokens;
   generated_tokens += r.generated_tokens;
   decode_steps += r.decode_steps;
   sequences += r.sequences;
@@ -263,6 +265,14 @@ void GenerationLog::drop(std::size_t b) {
 
 void GenerationLog::share_prefill(std::size_t b) {
   res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.prompts[b].size());
+}
+
+void GenerationLog::share_prefix(std::size_t b, std::int64_t tokens) {
+  if (tokens <= 0 || tokens >= static_cast<std::int64_t>(req_.prompts[b].size()))
+    throw std::logic_error("a shared prefix leaves at least one of the prompt's tokens to compute");
+  res_.prompt_tokens_computed -= tokens;
+  ++res_.prefix_hits;
+  res_.prefix_shared_tokens += tokens;
 }
 
 void GenerationLog::end_step(std::int64_t step, std::int64_t sequences, bool prefilled) {

@@ -77,6 +77,13 @@ struct GenerationRequest {
   // prefilled once and the other sequences fork that slot (engine/runtime/prefill_fork.h);
   // each still samples its own tokens, those its own prefill would give. Empty: none share.
   std::vector<bool> shares_prompt;
+  // Continuous batching (BlockScheduler only): a newcomer whose prompt begins with tokens a
+  // slot's cache row holds (another request's prompt or its own slot's last request) copies
+  // that row's KV of the longest such prefix of at least min_shared_prefix tokens and computes
+  // only the rest (docs/prefix-sharing.md). Tokens do not depend on it. Off under KV eviction
+  // and with RoPE frequencies that follow a sequence's length.
+  bool share_prefixes = true;
+  std::int64_t min_shared_prefix = 16;
 };
 
 // Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
@@ -100,6 +107,9 @@ struct GenerationResult {
   std::int64_t prompt_tokens = 0;     // sum of prompt lengths
   // Prompt tokens the prefills computed: prompt_tokens less the prompts taken from a shared prefill.
   std::int64_t prompt_tokens_computed = 0;
+  // Requests that took a shared prompt prefix from another cache row, and its tokens in all.
+  std::int64_t prefix_hits = 0;
+  std::int64_t prefix_shared_tokens = 0;
   std::int64_t generated_tokens = 0;  // sum of generated lengths
   std::int64_t sequences = 0;
   // Sequence rows computed over all steps: a fixed block computes its finished sequences until
@@ -158,6 +168,8 @@ class GenerationLog {
   void drop(std::size_t b);
   // Sequence b takes another's prefill of its prompt (shares_prompt): its prompt is not computed.
   void share_prefill(std::size_t b);
+  // Sequence b takes the KV of its prompt's first `tokens` from a cache row: they are not computed.
+  void share_prefix(std::size_t b, std::int64_t tokens);
   // Tokens sequence b has generated so far: the index (sampling step) of its next one.
   std::int64_t generated(std::size_t b) const { return static_cast<std::int64_t>(res_.tokens[b].size()); }
   bool active() const { return active_ > 0; }

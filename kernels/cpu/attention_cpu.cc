@@ -104,8 +104,9 @@ void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
     const std::int64_t n = a.lens[b];
     // Under a window the newest `window` slots (slot = position without eviction).
     const std::int64_t first = first_visible(n - 1, s.window), m = n - first;
-    const auto* k_src = static_cast<const std::byte*>(a.k_cache) + (task * cap + first) * slot;
-    const auto* v_src = static_cast<const std::byte*>(a.v_cache) + (task * cap + first) * slot;
+    const std::int64_t row = (a.cache_rows.empty() ? b : a.cache_rows[b]) * s.n_kv_heads + g;
+    const auto* k_src = static_cast<const std::byte*>(a.k_cache) + (row * cap + first) * slot;
+    const auto* v_src = static_cast<const std::byte*>(a.v_cache) + (row * cap + first) * slot;
     thread_local std::vector<float> scores, acc, block;
     scores.resize(static_cast<std::size_t>(group * m));
     acc.assign(static_cast<std::size_t>(group * D), 0.0f);

@@ -365,6 +365,7 @@ struct DecodeParams {
   const std::uint8_t* k_cache = nullptr;
   const std::uint8_t* v_cache = nullptr;
   const std::int64_t* lens = nullptr;
+  const std::int64_t* cache_rows = nullptr;  // [B] cache row of each query; null: row b
   const float* slot_bias = nullptr;  // [B, Hkv, capacity] or null
   std::int64_t H = 0, Hkv = 0, capacity = 0, slot_bytes = 0;
   SlotFormat format;
@@ -583,8 +584,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
     // This key group's keys: the split's r = key_group, + key_groups, ...; pointers to the first.
     const int count = static_cast<int>(k1 > k0 ? k1 - k0 : 0);
     const std::int64_t stride = key_groups * p.slot_bytes;
-    const std::uint8_t* k_slot = p.k_cache + (bg * p.capacity + k0 + key_group) * p.slot_bytes;
-    const std::uint8_t* v_slot = p.v_cache + (bg * p.capacity + k0 + key_group) * p.slot_bytes;
+    const std::int64_t row = (p.cache_rows != nullptr ? p.cache_rows[b] : b) * p.Hkv + g;
+    const std::uint8_t* k_slot = p.k_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
+    const std::uint8_t* v_slot = p.v_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
     const float* bias = p.slot_bias != nullptr ? p.slot_bias + bg * p.capacity + k0 : nullptr;
     float* scores = p.scores != nullptr ? p.scores + (b * p.H + h0) * p.capacity + k0 : nullptr;
     HeadStates<HB, 8 * C> st;
@@ -898,10 +900,10 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   const std::int64_t tiles = rows / kQueryTile + rows, key_tiles = rows / kKeyTile + rows;
   std::int64_t prefill = scratch_of(8 * (rows + 1)) + scratch_of(16 * tiles);
   if (scores) prefill += scratch_of(8 * rows * H) + scratch_of(16 * key_tiles) + scratch_of(4 * rows);
-  // Decode: lens, the partials of every (sequence, head, split), and with the probabilities
+  // Decode: lens and cache rows, the partials of every (sequence, head, split), and with the probabilities
   // the kept scores and the combined (m, l).
   const std::int64_t splits = decode_splits_bound(s, batch, capacity, sm_count);
-  std::int64_t decode = scratch_of(8 * batch) + scratch_of(4 * batch * H * splits * D) + scratch_of(8 * batch * H * splits);
+  std::int64_t decode = 2 * scratch_of(8 * batch) + scratch_of(4 * batch * H * splits * D) + scratch_of(8 * batch * H * splits);
   if (scores) decode += scratch_of(4 * batch * H * capacity) + scratch_of(8 * batch * H);
   return std::max({kv_ops, prefill, decode});
 }
@@ -966,6 +968,7 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   DecodeParams p;
   p.plan = plan_decode(s, B, max_len, sm_count_);
   const DeviceBuffer lens = upload(a.lens);
+  const DeviceBuffer cache_rows = upload(a.cache_rows);
   DeviceBuffer part_acc, part_ml, scores, ml;
   if (p.plan.splits > 1) {
     part_acc = DeviceBuffer(*this, static_cast<std::size_t>(B * H * p.plan.splits * D) * sizeof(float));
@@ -979,6 +982,7 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
   p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
   p.lens = lens.as<std::int64_t>();
+  p.cache_rows = a.cache_rows.empty() ? nullptr : cache_rows.as<std::int64_t>();
   p.slot_bias = a.slot_bias;
   p.H = H;
   p.Hkv = s.n_kv_heads;

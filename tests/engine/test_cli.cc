@@ -628,6 +628,53 @@ TEST(Cli, ContinuousBatchingWritesEachRequestsSoloResult) {
   EXPECT_THAT(bad.err, HasSubstr("--batching: sometimes not in {continuous,fixed}"));
 }
 
+// Prompts behind shared instructions give the same results with their prefixes shared as
+// without (docs/prefix-sharing.md), in memory and offloaded, and the report counts what was
+// shared.
+TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
+  testing::TempDir dir;
+  std::string instructions = "1";
+  for (int t = 0; t < 36; ++t) instructions += ", " + std::to_string(7 + (37 * t) % 480);
+  std::string all;
+  for (int i = 0; i < 10; ++i) {
+    std::string tokens = i % 4 == 3 ? "1, 9" : instructions;  // every fourth shares nothing
+    for (int t = 0; t < 1 + (i * 5) % 9; ++t) tokens += ", " + std::to_string(11 + (53 * i + 17 * t) % 480);
+    all += "{\"id\": " + std::to_string(i) + ", \"tokens\": [" + tokens + "], \"max_tokens\": " +
+           std::to_string(2 + (i * 3) % 7) + "}\n";
+  }
+  testing::write_file(dir.file("in.jsonl"), all);
+  const std::string offload = dir.file("offload");
+  std::filesystem::create_directory(offload);
+  for (const std::string& flags :
+       std::vector<std::string>{"", " --percent 30 40 20 30 50 50 --compress-cache --offload-dir " + offload}) {
+    SCOPED_TRACE(flags);
+    std::map<std::string, nlohmann::json> metrics;
+    std::map<std::string, std::vector<std::string>> outs;
+    for (const std::string sharing : {"on", "off"}) {
+      const std::string out = dir.file("out-" + sharing + ".jsonl"), m = dir.file("m-" + sharing + ".json");
+      std::filesystem::remove(out);
+      const Result r = run("run --gpu-batch-size 2 --num-gpu-batches 2 --gen-len 8 --prompts " + dir.file("in.jsonl") +
+                           " --out " + out + " --metrics " + m + " --prefix-sharing " + sharing + flags);
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_THAT(r.err, HasSubstr("from shared prefixes, taken by"));
+      outs[sharing] = sorted_lines(testing::read_file(out));
+      metrics[sharing] = nlohmann::json::parse(testing::read_file(m));
+    }
+    EXPECT_EQ(outs["on"], outs["off"]);
+    EXPECT_EQ(outs["on"].size(), 10u);
+    const nlohmann::json &on = metrics["on"], &off = metrics["off"];
+    EXPECT_EQ(on.at("prompt_tokens"), off.at("prompt_tokens"));
+    EXPECT_EQ(off.at("prompt_tokens_computed"), off.at("prompt_tokens"));
+    EXPECT_EQ(off.at("prefix_hits"), 0);
+    EXPECT_GE(on.at("prefix_hits").get<std::int64_t>(), 6);
+    EXPECT_EQ(on.at("prompt_tokens").get<std::int64_t>() - on.at("prompt_tokens_computed").get<std::int64_t>(),
+              on.at("prefix_shared_tokens").get<std::int64_t>());
+  }
+  const Result bad = run("run --prefix-sharing maybe");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--prefix-sharing: maybe not in {on,off}"));
+}
+
 // --compute-dtype auto settles one precision for the whole job from its GPU batch, never from a
 // step's rows, so a request's tokens are the same alone as among others under continuous
 // batching: with 16-bit weights on a CPU with native bf16, GPU batches of 64 multiply in bf16

@@ -748,6 +748,48 @@ TEST_P(OpsTest, AttentionDecode) {
     }
 }
 
+// Several queries reading one cache row (cache_rows), each with its own length: a prompt's rows
+// appended to a cached prefix. Against the reference on the rows gathered per query.
+TEST_P(OpsTest, AttentionDecodeCacheRows) {
+  constexpr std::int64_t kRows = 3, kCapacity = 90;
+  const std::vector<std::int64_t> cache_rows = {2, 2, 2, 0, 2, 1, 0};
+  const std::vector<std::int64_t> lens = {40, 41, 42, 1, 90, 17, 2};
+  const std::int64_t B = static_cast<std::int64_t>(lens.size());
+  for (const AttentionConfig& c : kAttentionConfigs)
+    for (const AttentionVariant& variant : kAttentionVariants) {
+      SCOPED_TRACE(::testing::Message() << "heads=" << c.n_heads << " kv_heads=" << c.n_kv_heads
+                                        << " head_dim=" << c.head_dim << " window " << variant.window);
+      const AttentionShape s = shape_of(c, variant);
+      const std::int64_t row_size = c.n_kv_heads * kCapacity * c.head_dim;
+      const std::vector<float> q = random_floats(B * c.n_heads * c.head_dim, -3.0f, 3.0f);
+      const std::vector<float> k = random_floats(kRows * row_size), v = random_floats(kRows * row_size);
+      std::vector<float> k_per_query, v_per_query;
+      for (const std::int64_t r : cache_rows) {
+        k_per_query.insert(k_per_query.end(), k.begin() + r * row_size, k.begin() + (r + 1) * row_size);
+        v_per_query.insert(v_per_query.end(), v.begin() + r * row_size, v.begin() + (r + 1) * row_size);
+      }
+      const DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v);
+      const DeviceBuffer dout = upload(std::vector<float>(q.size(), kNaN));
+      backend_->attention_decode({.shape = s, .q = dq.as<float>(), .k_cache = dk.as<float>(), .v_cache = dv.as<float>(),
+                                  .capacity = kCapacity, .lens = lens, .out = dout.as<float>(),
+                                  .cache_rows = cache_rows});
+      const std::vector<float> no_probs(sz(B * c.n_kv_heads * kCapacity), 0.0f);
+      const ref::DecodeResult ref = ref::attention_decode(s, q, k_per_query, v_per_query, kCapacity, lens, no_probs);
+      EXPECT_TRUE(near_all(download(dout), ref.out, kAttentionTol));
+    }
+  const AttentionShape s{.n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .scale = 0.5f};
+  const std::vector<std::int64_t> one_len = {1}, two_rows = {0, 0}, negative = {-1};
+  float probs[8];
+  EXPECT_THROW(backend_->attention_decode({.shape = s, .capacity = 4, .lens = one_len, .cache_rows = two_rows}),
+               std::invalid_argument);
+  EXPECT_THROW(backend_->attention_decode({.shape = s, .capacity = 4, .lens = one_len, .cache_rows = negative}),
+               std::out_of_range);
+  const std::vector<std::int64_t> row0 = {0};
+  EXPECT_THROW(
+      backend_->attention_decode({.shape = s, .capacity = 4, .lens = one_len, .probs = probs, .cache_rows = row0}),
+      std::invalid_argument);
+}
+
 TEST_P(OpsTest, KvWrite) {
   constexpr std::int64_t kSeqs = 3, kCapacity = 13, kRows = 10;
   for (const std::int64_t n_kv_heads : {1, 2})

@@ -1,0 +1,36 @@
+// Shared prompt prefixes (docs/prefix-sharing.md): which slot's cache row holds the longest
+// prefix of a new prompt. A row's slots [0, n) hold the KV of the first n tokens it computed
+// (or took), at their positions, exactly as the new prompt's own prefill would compute them
+// when the attention is causal and positions do not depend on the sequence's length. The rows
+// are at most a block's slots, so each match is a scan that stops at the first token that
+// differs.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "engine/model/model_config.h"
+
+namespace flexh2o::engine {
+
+// Tokens at the start of both.
+std::int64_t common_prefix(std::span<const std::int32_t> a, std::span<const std::int32_t> b);
+
+struct PrefixMatch {
+  std::int64_t slot = -1;  // the row holding it (-1: none)
+  std::int64_t tokens = 0;
+};
+
+// The row of `held` (per slot, the tokens its cache row holds) with the longest common prefix
+// with `prompt`, at most prompt.size() - 1 tokens (the last prompt token is computed for its
+// logits) and at least `min_tokens`, else none. Ties go to `prefer` (the slot the prompt goes
+// to: nothing to copy), then to the lowest slot.
+PrefixMatch longest_prefix(std::span<const std::int32_t> prompt, std::span<const std::span<const std::int32_t>> held,
+                           std::int64_t prefer, std::int64_t min_tokens);
+
+// Why a prefix's KV computed in one sequence is not the KV another sequence would compute for
+// it, so sharing is off: a KV eviction policy (a row keeps the slots its policy chose for its
+// own tokens) or RoPE frequencies that follow the sequence's length; "" when sharing applies.
+std::string prefix_sharing_off_reason(const ModelConfig& cfg, bool evicting);
+
+}  // namespace flexh2o::engine

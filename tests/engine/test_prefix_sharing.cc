@@ -1,0 +1,259 @@
+// Shared prompt prefixes (docs/prefix-sharing.md): under continuous batching a newcomer takes
+// the KV of the longest prefix of its prompt that a slot's cache row holds and computes the
+// rest (SeqStep::Extend). Each request's tokens are those of its solo in-memory run with
+// sharing on and with it off (tests/support/refill_check.h: near-ties of fp32 rounding aside,
+// as the extend rows attend through the decode kernel), in memory and with the KV cache over
+// gpu/cpu/disk, compressed or not; under a KV eviction policy nothing is shared. The counters
+// say what was shared: exactly, for admissions worked out by hand.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/loaders/dummy_weights.h"
+#include "engine/loaders/model_source.h"
+#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/prefix_match.h"
+#include "tests/support/refill_check.h"
+#include "tests/support/test_models.h"
+
+namespace flexh2o {
+namespace {
+
+using engine::GenerationRequest;
+using engine::GenerationResult;
+using Tokens = std::vector<std::int32_t>;
+
+Tokens random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
+  Tokens t(n);
+  for (auto& x : t) x = static_cast<std::int32_t>(3 + rng() % static_cast<std::uint64_t>(vocab - 3));
+  return t;
+}
+
+Tokens join(Tokens a, const Tokens& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Prompts over two shared instructions (40 and 25 tokens) with items of 1 to 12 tokens, some
+// identical, one a prefix of an earlier and one of a later prompt, and some sharing nothing;
+// 1 to 9 new tokens each, greedy (two lines sampled with their own streams).
+GenerationRequest mixed_request(std::int64_t vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Tokens a = random_tokens(rng, 40, vocab), b = random_tokens(rng, 25, vocab);
+  GenerationRequest req;
+  auto add = [&](Tokens prompt) {
+    req.prompts.push_back(std::move(prompt));
+    req.max_new_tokens_each.push_back(1 + static_cast<std::int64_t>(rng() % 9));
+  };
+  add(Tokens(a.begin(), a.begin() + 30));  // a prefix of the next ones
+  for (int i = 0; i < 14; ++i) {
+    const Tokens item = random_tokens(rng, 1 + rng() % 12, vocab);
+    add(join(i % 3 == 2 ? b : a, item));
+    if (i % 4 == 1) add(req.prompts.back());                   // the same prompt again
+    if (i % 5 == 3) add(random_tokens(rng, 5 + rng() % 20, vocab));  // nothing shared
+  }
+  add(Tokens(req.prompts[3].begin(), req.prompts[3].end() - 1));  // a prefix of an earlier prompt
+  req.max_new_tokens = 9;
+  for (std::size_t p = 0; p < req.prompts.size(); ++p)
+    req.sampling_each.push_back({.temperature = p % 7 == 3 ? 0.8f : 0.0f, .top_p = 0.9f, .seed = seed});
+  req.min_shared_prefix = 4;
+  return req;
+}
+
+struct Placement {
+  policy::Policy policy;
+  bool always_stage = false;
+  std::string name;
+};
+
+// The KV cache in memory, staged from cpu or disk, over the three tiers with the cpu part
+// attended in place: shared rows cross GPU batches and tiers.
+std::vector<Placement> placements() {
+  std::vector<Placement> out;
+  auto add = [&](std::string name, std::int64_t gbs, std::int64_t k, offload::TierFractions weights,
+                 offload::TierFractions cache, bool stage, bool cpu_compute) {
+    Placement s;
+    s.policy.gpu_batch_size = gbs;
+    s.policy.num_gpu_batches = k;
+    s.policy.weights = weights;
+    s.policy.cache = cache;
+    s.policy.activations = {0.5, 0.5, 0};
+    s.policy.cpu_cache_compute = cpu_compute;
+    s.always_stage = stage;
+    s.name = std::move(name);
+    out.push_back(s);
+  };
+  add("in memory", 4, 1, {1, 0, 0}, {1, 0, 0}, false, false);
+  add("cache on cpu", 2, 3, {0.5, 0.5, 0}, {0, 1, 0}, false, false);
+  add("cache on disk", 3, 2, {0.3, 0.4, 0.3}, {0, 0, 1}, true, false);
+  add("cache over three tiers", 2, 3, {0.3, 0.4, 0.3}, {0.34, 0.33, 0.33}, true, true);
+  return out;
+}
+
+GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
+                               const GenerationRequest& req) {
+  auto be = kernels::make_cpu_backend();
+  testing::TempDir dir;
+  offload::TierOptions to;
+  to.offload_dir = dir.path();
+  offload::Tiers tiers(*be, to);
+  GenerationResult r;
+  {
+    engine::BlockScheduler sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
+    r = sched.generate(req);
+  }
+  for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
+    EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
+  return r;
+}
+
+// With sharing on and off: every request's tokens are its solo run's, and the counters add up
+// (something shared when `shares`, nothing otherwise); returns the run with sharing on.
+GenerationResult expect_sharing_changes_no_token(const engine::ModelConfig& cfg, const engine::WeightSource& src,
+                                                 const Placement& s, GenerationRequest req, bool shares) {
+  SCOPED_TRACE(s.name);
+  auto be = kernels::make_cpu_backend();
+  req.slots = s.policy.block_size();
+  req.prefill_budget = 24;
+  GenerationResult on_off[2];
+  for (const bool share : {true, false}) {
+    SCOPED_TRACE(share ? "sharing on" : "sharing off");
+    req.share_prefixes = share;
+    const auto c = testing::expect_refill_matches_solo(*be, cfg, src, s.policy, req, {s.always_stage});
+    EXPECT_EQ(c.requests, req.prompts.size());
+    const GenerationResult r = on_off[share ? 0 : 1] = run_scheduler(cfg, src, s, req);
+    EXPECT_EQ(r.prompt_tokens - r.prompt_tokens_computed, r.prefix_shared_tokens);
+    if (share && shares) {
+      EXPECT_GT(r.prefix_hits, 0);
+      EXPECT_LT(r.prompt_tokens_computed, r.prompt_tokens);
+    } else {
+      EXPECT_EQ(r.prefix_hits, 0);
+      EXPECT_EQ(r.prompt_tokens_computed, r.prompt_tokens);
+    }
+  }
+  // Both runs equal the solo runs; where neither met a near-tie, they equal each other.
+  EXPECT_EQ(on_off[0].prompt_tokens, on_off[1].prompt_tokens);
+  EXPECT_EQ(on_off[0].tokens.size(), on_off[1].tokens.size());
+  return on_off[0];
+}
+
+TEST(PrefixSharing, TokensAsWithoutSharingOverTheTiersStories260k) {
+  auto m = engine::open_model({});
+  std::uint64_t seed = 4500;
+  for (const Placement& s : placements()) {
+    const GenerationRequest req = mixed_request(m.config.vocab_size, seed++);
+    const GenerationResult on = expect_sharing_changes_no_token(m.config, *m.weights, s, req, true);
+    EXPECT_GT(on.prefix_shared_tokens, on.prompt_tokens / 3) << s.name;
+  }
+}
+
+TEST(PrefixSharing, TokensAsWithoutSharingLlamaGqa) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 45);
+  std::uint64_t seed = 4600;
+  for (const Placement& s : placements())
+    expect_sharing_changes_no_token(cfg, src, s, mixed_request(cfg.vocab_size, seed++), true);
+}
+
+// A compressed cache: every prompt row attends over the K/V as stored (re-rounded to q8/q4),
+// so a row after a shared prefix sees what its own prefill would: each request as alone, and
+// the greedy tokens those of the run without sharing.
+TEST(PrefixSharing, CompressedCacheShares) {
+  auto m = engine::open_model({});
+  for (const int bits : {8, 4}) {
+    Placement s = placements()[3];
+    s.policy.compress_cache = true;
+    s.policy.compress_bits = bits;
+    s.name += " q" + std::to_string(bits);
+    GenerationRequest req = mixed_request(m.config.vocab_size, 4700 + static_cast<std::uint64_t>(bits));
+    expect_sharing_changes_no_token(m.config, *m.weights, s, req, true);
+    for (auto& sampling : req.sampling_each) sampling.temperature = 0.0f;
+    req.slots = s.policy.block_size();
+    const GenerationResult on = run_scheduler(m.config, *m.weights, s, req);
+    req.share_prefixes = false;
+    EXPECT_EQ(on.tokens, run_scheduler(m.config, *m.weights, s, req).tokens) << s.name;
+  }
+}
+
+// A KV policy keeps each sequence's own slots: nothing is shared, tokens as without.
+TEST(PrefixSharing, OffUnderKvEviction) {
+  auto m = engine::open_model({});
+  Placement s = placements()[1];
+  s.policy.kv = "h2o:0.5";
+  s.name += ", h2o";
+  expect_sharing_changes_no_token(m.config, *m.weights, s, mixed_request(m.config.vocab_size, 4800), false);
+  EXPECT_NE(engine::prefix_sharing_off_reason(m.config, true), "");
+  EXPECT_EQ(engine::prefix_sharing_off_reason(m.config, false), "");
+}
+
+// Admissions worked out by hand, 4 slots in one GPU batch, instructions A of 40 tokens:
+// step 0: P0 = A + 8 prefills (48); P1 = A + 8 others waits, as P0 prefills its longest prefix;
+// step 1: P1 takes A from slot 0 (8 rows); P2 = P1 waits for P1's 47 (longer than A by 7);
+// step 2: P2 takes 47 of P1 (1 row); P3 = 20 tokens of A + 5 takes 20 from a row (5 rows).
+TEST(PrefixSharing, CountersOfHandWorkedAdmissions) {
+  auto m = engine::open_model({});
+  std::mt19937_64 rng(4900);
+  const auto vocab = m.config.vocab_size;
+  const Tokens a = random_tokens(rng, 40, vocab);
+  GenerationRequest req;
+  req.prompts = {join(a, random_tokens(rng, 8, vocab)), join(a, random_tokens(rng, 8, vocab))};
+  req.prompts.push_back(req.prompts[1]);
+  req.prompts.push_back(join(Tokens(a.begin(), a.begin() + 20), random_tokens(rng, 5, vocab)));
+  req.max_new_tokens = 4;
+  req.slots = 4;
+  req.min_shared_prefix = 4;
+  Placement s = placements()[0];
+  const GenerationResult r = run_scheduler(m.config, *m.weights, s, req);
+  EXPECT_EQ(r.prompt_tokens, 3 * 48 + 25);
+  EXPECT_EQ(r.prompt_tokens_computed, 48 + 8 + 1 + 5);
+  EXPECT_EQ(r.prefix_hits, 3);
+  EXPECT_EQ(r.prefix_shared_tokens, 40 + 47 + 20);
+  EXPECT_EQ(r.prefill_steps, 3);
+  // Below the fewest worth sharing, each prefills its own.
+  req.min_shared_prefix = 48;
+  const GenerationResult none = run_scheduler(m.config, *m.weights, s, req);
+  EXPECT_EQ(none.prefix_hits, 0);
+  EXPECT_EQ(none.prompt_tokens_computed, none.prompt_tokens);
+  EXPECT_EQ(none.tokens, r.tokens);
+}
+
+// One slot: the next request starts with what the slot's last one held (its prompt and the
+// tokens it generated), as llama.cpp's cache_prompt; a prompt held whole still computes its
+// last token for its logits.
+TEST(PrefixSharing, ASlotReusesItsOwnRow) {
+  auto m = engine::open_model({});
+  std::mt19937_64 rng(4950);
+  const Tokens a = random_tokens(rng, 30, m.config.vocab_size);
+  GenerationRequest req;
+  req.prompts = {a, a, join(a, random_tokens(rng, 3, m.config.vocab_size))};
+  req.max_new_tokens = 5;
+  req.slots = 1;
+  req.min_shared_prefix = 4;
+  for (const bool share : {true, false}) {
+    req.share_prefixes = share;
+    auto be = kernels::make_cpu_backend();
+    const auto c = testing::expect_refill_matches_solo(*be, m.config, *m.weights, placements()[0].policy, req);
+    EXPECT_EQ(c.requests, 3u);
+  }
+  req.share_prefixes = true;
+  const GenerationResult r = run_scheduler(m.config, *m.weights, placements()[0], req);
+  EXPECT_EQ(r.prefix_hits, 2);
+  EXPECT_EQ(r.prefix_shared_tokens, 29 + 30);
+  EXPECT_EQ(r.prompt_tokens_computed, 30 + 1 + 3);
+}
+
+TEST(PrefixSharing, LongestPrefixLeavesOneTokenAndPrefersTheSlotItself) {
+  const Tokens prompt = {5, 6, 7, 8, 9};
+  const Tokens whole = {5, 6, 7, 8, 9, 10}, three = {5, 6, 7}, other = {6, 6, 7, 8};
+  const std::vector<std::span<const std::int32_t>> held = {three, whole, whole, other};
+  EXPECT_EQ(engine::common_prefix(prompt, whole), 5);
+  const engine::PrefixMatch m = engine::longest_prefix(prompt, held, 0, 2);
+  EXPECT_EQ(m.slot, 1);
+  EXPECT_EQ(m.tokens, 4);
+  EXPECT_EQ(engine::longest_prefix(prompt, held, 2, 2).slot, 2);
+  EXPECT_EQ(engine::longest_prefix(prompt, held, 0, 5).slot, -1);
+  EXPECT_EQ(engine::longest_prefix(Tokens{5}, held, 0, 1).slot, -1);
+}
+
+}  // namespace
+}  // namespace flexh2o
