@@ -213,7 +213,8 @@ int run_one_process(const RunOptions& o) {
                              .results_in = o.out_file,
                              .progress = ::isatty(STDERR_FILENO) == 1,
                              .between_steps = {},
-                             .stop_string_seen = stop_string_watch(s)};
+                             .stop_string_seen = stop_string_watch(s),
+                             .constraints = s.constraints.get()};
   JobResults results(o, s, out, oj ? &*oj : nullptr);
   const job::JobOutcome done =
       job::run_blocks(sched, todo, loop, [&](std::span<const job::Request> block, const GenerationResult& r) {

@@ -193,6 +193,7 @@ json run_rank(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<
     loop.results_in = o.out_file;
     loop.between_steps = std::move(between_steps);
     loop.stop_string_seen = stop_string_watch(s);
+    loop.constraints = s.constraints.get();
     done = job::run_blocks(sched, todo, loop, finished);
     add_placement(report, s, tiers);
   }
@@ -411,6 +412,7 @@ distributed::PipelineWork pipeline_work(const RunOptions& o, const json& job, co
     work.sampling.push_back(r.sampling);
     if (o.share_prefill == 1) work.shares_prompt.push_back(job::shares_prompt_of_previous(requests, work.prompts.size() - 1));
   }
+  work.constraints = job::request_constraints(requests, s.constraints.get());
   if (auto seen = stop_string_watch(s))
     work.stop_here = [requests, seen = std::move(seen)](std::size_t p, std::span<const std::int32_t> generated) {
       return job::stop_string_ends(seen, requests[p], generated);

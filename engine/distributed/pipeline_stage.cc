@@ -54,6 +54,7 @@ engine::GenerationRequest block_request(const PipelineWork& work, std::size_t fi
     req.stop_here = [&work, first](std::size_t b, std::span<const std::int32_t> generated) {
       return work.stop_here(first + b, generated);
     };
+  if (!work.constraints.empty()) req.constraints.assign(work.constraints.begin() + from, work.constraints.begin() + to);
   return req;
 }
 
@@ -67,6 +68,7 @@ engine::GenerationRequest continuous_request(const PipelineWork& work) {
   req.sampling_each = work.sampling;
   req.shares_prompt = work.shares_prompt;
   req.stop_here = work.stop_here;
+  req.constraints = work.constraints;
   req.slots = work.block;
   req.prefill_budget = work.prefill_budget;
   return req;

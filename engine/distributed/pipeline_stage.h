@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct PipelineWork {
   // Whether prompt p's sequence ends after `generated` (stop strings; null: none): every stage
   // asks it alike, so that they end sequences at the same step.
   std::function<bool(std::size_t p, std::span<const std::int32_t> generated)> stop_here;
+  // Structured output: prompt p's constraint (GenerationRequest::constraints; empty: none). Every
+  // stage walks it, so that they end sequences at the same step; the head's stage masks with it.
+  std::vector<std::shared_ptr<const engine::TokenConstraint>> constraints;
   std::int64_t block = 1;          // prompts per micro-batch (gpu batch size x GPU batches)
   std::int64_t micro_batches = 1;  // blocks in flight
   bool continuous = true;          // continuous batching in each micro-batch, else fixed blocks

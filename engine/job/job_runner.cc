@@ -26,6 +26,16 @@ bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i)
   return i > 0 && requests[i].choice > 0 && requests[i - 1].source == requests[i].source;
 }
 
+std::vector<std::shared_ptr<const engine::TokenConstraint>> request_constraints(std::span<const Request> requests,
+                                                                               JobConstraints* constraints) {
+  if (std::none_of(requests.begin(), requests.end(), [](const Request& r) { return r.constraint.has_value(); }))
+    return {};
+  if (!constraints) throw std::logic_error("requests with structured output need the job's constraints");
+  std::vector<std::shared_ptr<const engine::TokenConstraint>> out;
+  for (const Request& r : requests) out.push_back(r.constraint ? constraints->get(*r.constraint) : nullptr);
+  return out;
+}
+
 namespace {
 
 engine::GenerationRequest block_request(std::span<const Request> block, const BlockLoopOptions& opt) {
@@ -44,6 +54,7 @@ engine::GenerationRequest block_request(std::span<const Request> block, const Bl
     req.max_new_tokens_each.push_back(r.max_tokens);
     req.max_new_tokens = std::max(req.max_new_tokens, r.max_tokens);
   }
+  req.constraints = request_constraints(block, opt.constraints);
   return req;
 }
 

@@ -21,6 +21,7 @@
 #include "engine/job/request_source.h"
 #include "engine/job/result_file.h"
 #include "engine/job/run_report.h"
+#include "engine/job/structured_output.h"
 
 namespace flexh2o::job {
 
@@ -48,6 +49,8 @@ struct BlockLoopOptions {
   // Whether a request with stop strings has generated one (text needs the tokenizer): the
   // sequence then ends there. Null: stop strings are not watched.
   std::function<bool(const Request&, std::span<const std::int32_t> generated)> stop_string_seen;
+  // Compiles the requests' constraints (structured output); needed when any request has one.
+  JobConstraints* constraints = nullptr;
 };
 
 // Whether request r ends on a stop string after `generated` (never before its min_tokens), as
@@ -60,6 +63,11 @@ bool stop_string_ends(const std::function<bool(const Request&, std::span<const s
 // one prompt are two requests, each prefilled. Runs of them in a GenerationRequest are its
 // shares_prompt.
 bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i);
+
+// Each request's constraint in its start state (null: none), compiled by `constraints`; empty
+// when no request has one (GenerationRequest::constraints).
+std::vector<std::shared_ptr<const engine::TokenConstraint>> request_constraints(std::span<const Request> requests,
+                                                                               JobConstraints* constraints);
 
 struct JobOutcome {
   engine::GenerationResult total;  // counts and times of the requests run (tokens not kept)
