@@ -46,6 +46,8 @@ void Backend::sample(const SampleArgs& a) {
               rows_or_empty(a.top_logprobs.size(), a.batch),
           "history, chosen_logprob and top_logprobs need one entry per row, or none");
   require(a.vocab > 0, "empty vocabulary");
+  require(a.allowed.empty() || static_cast<std::int64_t>(a.allowed.size()) == a.batch * mask_words(a.vocab),
+          "the allowed-token mask needs ceil(vocab / 32) words per row, or none");
   for (std::int64_t r = 0; r < a.batch; ++r) {
     const SamplingParams& p = a.params[static_cast<std::size_t>(r)];
     check_sampling_params(p, a.vocab);

@@ -55,9 +55,12 @@ struct TokenLogprob {
 // probability (lowest id first on ties) and take the first whose cumulative mass exceeds
 // u * kept mass.
 //
-// The logits a row samples from ("final logits"): the model's, then the repetition penalty,
-// presence/frequency penalties, logit bias, stop ids masked below min_tokens, then divided by the
-// temperature (when > 0). Log-probabilities are the log-softmax of those, before truncation.
+// The logits a row samples from ("final logits"): the model's with the tokens its allowed-token
+// mask leaves out set to -inf, then the repetition penalty, presence/frequency penalties, logit
+// bias, stop ids masked below min_tokens, then divided by the temperature (when > 0).
+// Log-probabilities are the log-softmax of those, before truncation: under a mask, the
+// distribution over the allowed tokens (as vLLM reports them, its structured-output bitmask
+// being applied to the logits before its sampler), a masked token's log-probability -inf.
 struct SampleArgs {
   const float* logits = nullptr;  // device, [batch, vocab]
   std::int64_t batch = 0;
@@ -69,12 +72,22 @@ struct SampleArgs {
   // generated ones (presence/frequency penalties). Needed when a row adjusts_logits().
   std::span<const std::span<const std::int32_t>> history;
   std::span<const std::int32_t> eos_ids;  // the model's stop ids (min_tokens masks them)
+  // host, empty or [batch, mask_words(vocab)]: row r may draw token t only where bit t % 32 of
+  // word t / 32 of its row is set (constrained decoding); bits past the vocabulary are ignored.
+  // A row that allows no token is an error.
+  std::span<const std::uint32_t> allowed;
   std::span<std::int32_t> out;            // host, [batch]
   // Optional (empty, or [batch]): the chosen token's log-probability, and the params[r].logprobs
   // most likely tokens (descending, lowest id first on ties) of rows that ask.
   std::span<float> chosen_logprob;
   std::span<std::vector<TokenLogprob>> top_logprobs;
 };
+
+// The 32-bit words of one row of an allowed-token mask.
+inline std::int64_t mask_words(std::int64_t vocab) { return (vocab + 31) / 32; }
+inline bool mask_allows(std::span<const std::uint32_t> row, std::int32_t token) {
+  return (row[static_cast<std::size_t>(token) >> 5] >> (token & 31)) & 1u;
+}
 
 // The uniform draw in [0, 1) that row `stream` uses at `step`.
 double sampling_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t step);

@@ -19,12 +19,12 @@ declare -A may_use=(
   [engine/families]="engine/model engine/io kernels offload policy"
   [engine/loaders]="engine/families engine/model engine/tokenizer engine/io kernels offload policy"
   [engine/runtime]="engine/model kernels offload policy"
-  [engine/job]="engine/runtime engine/loaders engine/families engine/model engine/tokenizer engine/chat engine/io
-                kernels offload policy"
+  [engine/job]="engine/runtime engine/loaders engine/families engine/model engine/tokenizer engine/chat engine/grammar
+                engine/io kernels offload policy"
   [engine/distributed]="engine/job engine/runtime engine/loaders engine/families engine/model engine/tokenizer
-                        engine/chat engine/io kernels offload policy"
+                        engine/chat engine/grammar engine/io kernels offload policy"
   [engine/cli]="engine/distributed engine/job engine/runtime engine/loaders engine/families engine/model
-                engine/tokenizer engine/chat engine/io kernels offload policy"
+                engine/tokenizer engine/chat engine/grammar engine/io kernels offload policy"
 )
 
 # The layer a repository path belongs to: the longest key of may_use it starts with.

@@ -80,6 +80,7 @@ RunSetup open_run(const RunOptions& o) {
   s.model = open_model(mo);
   s.backend = kernels::make_backend(o.backend);
   if (o.ignore_eos) s.model.config.stop_ids.clear();
+  if (s.model.tokenizer) s.constraints = std::make_unique<job::JobConstraints>(*s.model.tokenizer, s.model.config);
   s.gen_len = o.gen_len.value_or(o.model.empty() ? kEmbeddedGenLen : policy::kDefaultGenLen);
   return s;
 }
@@ -240,6 +241,21 @@ std::function<std::string(const nlohmann::ordered_json&)> chat_renderer(const Ru
   }
 }
 
+// A prompts line's constraint, compiled once here so that one not supported fails the job
+// before the model loads, naming the line's id and field.
+grammar::Constraint checked_constraint(const RunSetup& s, const PromptItem& item) {
+  const std::string where = "prompt " + item.id_json + ": " + item.constraint->field;
+  if (!s.constraints)
+    throw std::invalid_argument(where + ": model '" + s.model.config.name +
+                                "' has no tokenizer, which structured output needs (the tokens' bytes)");
+  try {
+    s.constraints->get(item.constraint->constraint);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(where + ": " + e.what());
+  }
+  return item.constraint->constraint;
+}
+
 }  // namespace
 
 job::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s) {
@@ -247,14 +263,17 @@ job::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSet
           .tok = s.model.tokenizer.get(),
           .render_chat = chat_renderer(o),
           .gen_len = s.gen_len,
-          .default_seed = o.seed};
+          .default_seed = o.seed,
+          .constraints = s.constraints.get()};
 }
 
 std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {
   std::vector<job::Request> requests;
-  for (std::size_t i = 0; i < items.size(); ++i)
+  for (std::size_t i = 0; i < items.size(); ++i) {
     requests.push_back({items[i].id_json, items[i].text, items[i].tokens, items[i].max_tokens.value_or(s.gen_len),
                         {.temperature = o.temperature, .top_p = o.top_p, .seed = o.seed}, i});
+    if (items[i].constraint) requests.back().constraint = checked_constraint(s, items[i]);
+  }
   return requests;
 }
 
@@ -299,6 +318,7 @@ job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .prefill_budget = prefill_budget_of(o, s),
           .share_prefill = o.share_prefill == 1,
           .share_prefixes = o.prefix_sharing == "on",
+          .constraints = s.constraints.get(),
           .trace = !o.metrics_file.empty() || !o.trace_file.empty(),
           .stage = std::nullopt,
           .stop_string_seen = stop_string_watch(s),

@@ -38,6 +38,8 @@ struct RunSetup {
   offload::TierOptions tiers;  // --*-mem and --offload-dir (auto: the profile's capacities)
   std::string compute_why;     // what settle_compute_dtype weighed under --compute-dtype auto
   std::optional<policy::Estimate> predicted;  // the cost model's estimate of the policy run (planned or checked)
+  // Compiles the requests' structured-output constraints; null without a tokenizer.
+  std::unique_ptr<job::JobConstraints> constraints;
 };
 
 // Checks the flags, builds the given policy, opens the model and the backend.

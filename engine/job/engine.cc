@@ -27,6 +27,16 @@ bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i)
   return i > 0 && requests[i].choice > 0 && requests[i - 1].source == requests[i].source;
 }
 
+std::vector<std::shared_ptr<const engine::TokenConstraint>> request_constraints(std::span<const Request> requests,
+                                                                               JobConstraints* constraints) {
+  if (std::none_of(requests.begin(), requests.end(), [](const Request& r) { return r.constraint.has_value(); }))
+    return {};
+  if (!constraints) throw std::logic_error("requests with structured output need the job's constraints");
+  std::vector<std::shared_ptr<const engine::TokenConstraint>> out;
+  for (const Request& r : requests) out.push_back(r.constraint ? constraints->get(*r.constraint) : nullptr);
+  return out;
+}
+
 std::string stopped_message(const std::string& who, std::size_t finished, std::size_t requests,
                             const std::string& results_in) {
   return fmt::format("flexh2o: interrupted: {} stopped after {} of the job's {} requests{}\n", who, finished, requests,
@@ -97,6 +107,7 @@ engine::GenerationRequest Engine::block_request(std::span<const Request> request
     req.max_new_tokens_each.push_back(r.max_tokens);
     req.max_new_tokens = std::max(req.max_new_tokens, r.max_tokens);
   }
+  req.constraints = request_constraints(requests, o_.constraints);
   return req;
 }
 

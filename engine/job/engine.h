@@ -25,6 +25,7 @@
 #include "engine/job/request_source.h"
 #include "engine/job/result_file.h"
 #include "engine/job/run_report.h"
+#include "engine/job/structured_output.h"
 #include "engine/runtime/block_scheduler.h"
 #include "offload/tiers.h"
 #include "offload/trace.h"
@@ -51,6 +52,11 @@ bool stop_string_ends(const StopStringSeen& seen, const Request& r, std::span<co
 // one prompt are two requests, each prefilled.
 bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i);
 
+// Each request's constraint in its start state (null: none), compiled by `constraints`; empty
+// when no request has one (GenerationRequest::constraints).
+std::vector<std::shared_ptr<const engine::TokenConstraint>> request_constraints(std::span<const Request> requests,
+                                                                               JobConstraints* constraints);
+
 struct EngineOptions {
   policy::Policy policy;
   offload::TierOptions tiers;  // capacities and the disk tier's directory (pin_host: the policy's pin_weight)
@@ -62,6 +68,8 @@ struct EngineOptions {
   // Continuous batching: prompts take the KV of a prefix a slot's cache holds
   // (GenerationRequest::share_prefixes); false: each computes its whole prompt (the ablation).
   bool share_prefixes = true;
+  // Compiles the requests' constraints (structured output); needed when any request has one.
+  JobConstraints* constraints = nullptr;
   bool trace = false;  // record spans (time per primitive, the Chrome trace)
   // A pipeline stage's slice of the layers; none: the whole model.
   std::optional<policy::StageSlice> stage;

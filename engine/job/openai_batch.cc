@@ -31,6 +31,8 @@ const std::vector<std::string> kSamplingFields = {
 
 bool takes(Endpoint e, const std::string& field) {
   if (std::find(kSamplingFields.begin(), kSamplingFields.end(), field) != kSamplingFields.end()) return true;
+  if (std::find(kStructuredOutputFields.begin(), kStructuredOutputFields.end(), field) != kStructuredOutputFields.end())
+    return true;
   if (e == Endpoint::Chat)
     return field == "messages" || field == "max_completion_tokens" || field == "logprobs" || field == "top_logprobs";
   return field == "prompt" || field == "logprobs";
@@ -225,6 +227,11 @@ void read_line(const Json& j, OpenAiLine& r) {
   read_prompt(body, r);
   read_limits(body, r);
   read_sampling(body, r);
+  try {
+    r.constraint = read_structured_output(body, "body.");
+  } catch (const StructuredOutputError& e) {
+    bad(e.field, e.what());
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/job/structured_output.h"
 #include "kernels/sampling.h"
 
 namespace flexh2o::job {
@@ -36,6 +37,7 @@ struct OpenAiLine {
   bool seeded = false;                        // body.seed given: draws depend on it and the choice only
   std::vector<std::string> stop;              // stop strings
   std::int64_t n = 1;                         // choices
+  std::optional<RequestedConstraint> constraint;  // structured output (response_format, guided_*)
 };
 
 // The most choices one request may ask for (OpenAI's API: n <= 128).

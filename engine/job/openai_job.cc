@@ -57,6 +57,21 @@ std::vector<std::int32_t> prompt_of(const OpenAiLine& r, const OpenAiPromptConte
   return engine::encode_prompt(*ctx.tok, *r.prompt_text, cfg.bos_id);
 }
 
+// Compiles the line's constraint (once per distinct one in the job): a schema keyword, a regex
+// construct or a grammar line not supported is the line's error, naming the field.
+void check_constraint(const OpenAiLine& r, const OpenAiPromptContext& ctx) {
+  if (!r.constraint) return;
+  const std::string field = "body." + r.constraint->field;
+  if (!ctx.constraints)
+    throw FieldError(r.constraint->field, field + ": model '" + ctx.config->name +
+                                              "' has no tokenizer, which structured output needs (the tokens' bytes)");
+  try {
+    ctx.constraints->get(r.constraint->constraint);
+  } catch (const std::exception& e) {
+    throw FieldError(r.constraint->field, field + ": " + e.what());
+  }
+}
+
 // The prompt of a good line, checked against the model; throws naming what is wrong.
 std::vector<std::int32_t> prepare(const OpenAiLine& r, const OpenAiPromptContext& ctx) {
   check_sizes(r, *ctx.config);
@@ -64,6 +79,7 @@ std::vector<std::int32_t> prepare(const OpenAiLine& r, const OpenAiPromptContext
   const std::string name = "of custom_id " + r.key;
   engine::check_prompts(*ctx.config, std::span(&prompt, 1), r.max_tokens.value_or(ctx.gen_len), std::span(&name, 1));
   kernels::check_sampling_params(r.sampling, ctx.config->vocab_size);
+  check_constraint(r, ctx);
   return prompt;
 }
 
@@ -99,6 +115,7 @@ OpenAiJob open_openai_job(const std::string& path, const OpenAiPromptContext& ct
       q.source = i;
       q.choice = c;
       q.stop = r.stop;
+      if (r.constraint) q.constraint = r.constraint->constraint;
       job.requests.push_back(std::move(q));
     }
   }

@@ -26,6 +26,8 @@ struct OpenAiPromptContext {
   std::function<std::string(const nlohmann::ordered_json& messages)> render_chat;
   std::int64_t gen_len = policy::kDefaultGenLen;       // max_tokens when a request does not say
   std::uint64_t default_seed = 0;  // the job's --seed, for requests without a seed
+  // Compiles structured-output constraints (null: the model has no tokenizer, so none can run).
+  JobConstraints* constraints = nullptr;
 };
 
 struct OpenAiJob {

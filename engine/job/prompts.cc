@@ -1,5 +1,6 @@
 #include "engine/job/prompts.h"
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -18,7 +19,8 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
     in.count_line();
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(lineno);
-    const nlohmann::json j = parse_json(line, where);
+    // In key order: a schema's properties are written in the order it gives them.
+    const auto j = parse_json<nlohmann::ordered_json>(line, where);
     if (!j.is_object()) throw std::runtime_error(where + ": expected an object with \"id\" and \"prompt\" or \"tokens\"");
     PromptItem item;
     if (!j.contains("id") || !(j["id"].is_string() || j["id"].is_number_integer()))
@@ -28,9 +30,17 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
       throw std::runtime_error(where + ": id " + item.id_json + " was already used on line " + std::to_string(it->second) +
                                "; ids must be unique (the output and --resume go by id)");
     for (const auto& [key, value] : j.items())
-      if (key != "id" && key != "prompt" && key != "tokens" && key != "max_tokens")
+      if (key != "id" && key != "prompt" && key != "tokens" && key != "max_tokens" &&
+          std::find(job::kStructuredOutputFields.begin(), job::kStructuredOutputFields.end(), key) ==
+              job::kStructuredOutputFields.end())
         throw std::runtime_error(where + ": unknown field '" + key.substr(0, 64) +
-                                 "'; a line holds 'id', 'prompt' or 'tokens', and optionally 'max_tokens'");
+                                 "'; a line holds 'id', 'prompt' or 'tokens', and optionally 'max_tokens' and one of "
+                                 "'response_format', 'guided_json', 'guided_regex', 'guided_choice', 'guided_grammar'");
+    try {
+      item.constraint = job::read_structured_output(j, "");
+    } catch (const job::StructuredOutputError& e) {
+      throw std::runtime_error(where + ": " + e.what());
+    }
     if (j.contains("max_tokens")) {
       const auto& m = j["max_tokens"];
       if (!m.is_number_integer() || m.get<std::int64_t>() < 1 || m.get<std::int64_t>() > kMaxTokensPerLine)

@@ -1,4 +1,5 @@
-// Batch job input: JSON lines, {"id": ..., "prompt": "text"} or {"id": ..., "tokens": [1, 2, 3]}.
+// Batch job input: JSON lines, {"id": ..., "prompt": "text"} or {"id": ..., "tokens": [1, 2, 3]},
+// optionally with "max_tokens" and a structured-output field (job/structured_output.h).
 // (The results file is engine/job/result_file.h.)
 #pragma once
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/job/structured_output.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace flexh2o::engine {
@@ -16,6 +18,7 @@ struct PromptItem {
   std::optional<std::string> text;
   std::vector<std::int32_t> tokens;  // filled by tokenize_prompts when text is given
   std::optional<std::int64_t> max_tokens;  // the line's own limit of new tokens (else --gen-len)
+  std::optional<job::RequestedConstraint> constraint;  // structured output (response_format, guided_*)
 };
 
 // The largest max_tokens a prompts line may ask for (a model's positions bound it further).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "engine/job/structured_output.h"
 #include "engine/runtime/generator.h"
 
 namespace flexh2o::job {
@@ -72,7 +73,8 @@ nlohmann::json to_json(const Request& r) {
           {"stream", r.stream},
           {"source", r.source},
           {"choice", r.choice},
-          {"stop", r.stop}};
+          {"stop", r.stop},
+          {"constraint", r.constraint ? to_json(*r.constraint) : nlohmann::json()}};
 }
 
 Request request_from_json(const nlohmann::json& j) {
@@ -86,6 +88,7 @@ Request request_from_json(const nlohmann::json& j) {
   r.source = j.at("source").get<std::size_t>();
   r.choice = j.at("choice").get<std::int64_t>();
   r.stop = j.at("stop").get<std::vector<std::string>>();
+  if (!j.at("constraint").is_null()) r.constraint = constraint_from_json(j["constraint"]);
   return r;
 }
 

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/grammar/constraint.h"
 #include "engine/model/model_config.h"
 #include "kernels/sampling.h"
 #include "policy/gen_len.h"
@@ -29,6 +30,9 @@ struct Request {
   std::size_t source = 0;
   std::int64_t choice = 0;
   std::vector<std::string> stop;
+  // Structured output (response_format, guided_*): the constraint as given; compiled on the
+  // rank that runs the request (job::JobConstraints).
+  std::optional<grammar::Constraint> constraint;
 };
 
 // The longest prompt in tokens (0 for none).

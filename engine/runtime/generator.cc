@@ -180,6 +180,7 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
     res_.logprobs.resize(B);
     res_.top_logprobs.resize(B);
   }
+  start_constraints(req);
   res_.tokens.resize(B);
   res_.first_token_at.assign(B, 0.0);
   res_.finished_at.assign(B, 0.0);
@@ -187,6 +188,34 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
   res_.sequences = static_cast<std::int64_t>(B);
   done_.assign(B, false);
   active_ = static_cast<std::int64_t>(B);
+}
+
+void GenerationLog::start_constraints(const GenerationRequest& req) {
+  if (req.constraints.empty()) return;
+  const std::size_t B = req.prompts.size();
+  if (req.constraints.size() != B)
+    throw std::invalid_argument("a request needs one constraint (or none) per prompt: " + std::to_string(B) +
+                                " prompts, " + std::to_string(req.constraints.size()) + " constraints");
+  constraint_.resize(B);
+  for (std::size_t b = 0; b < B; ++b) {
+    if (!req.constraints[b]) continue;
+    if (b < req.forced.size()) throw std::invalid_argument("a constrained sequence cannot be forced");
+    constraint_[b] = req.constraints[b]->clone();
+  }
+}
+
+// Rows of unconstrained or finished sequences allow everything (a fixed block samples the
+// latter and drops their tokens).
+std::span<const std::uint32_t> GenerationLog::fill_allowed(std::size_t first, std::size_t n) {
+  const auto constrained = [&](std::size_t b) { return b < constraint_.size() && constraint_[b] && !done_[b]; };
+  bool any = false;
+  for (std::size_t b = first; b < first + n; ++b) any = any || constrained(b);
+  if (!any) return {};
+  const auto words = static_cast<std::size_t>(kernels::mask_words(cfg_.vocab_size));
+  allowed_.assign(n * words, ~0u);
+  for (std::size_t i = 0; i < n; ++i)
+    if (constrained(first + i)) constraint_[first + i]->fill_allowed(std::span(allowed_).subspan(i * words, words));
+  return allowed_;
 }
 
 kernels::SampleArgs GenerationLog::sample_args(const float* logits, std::size_t first, std::span<std::int32_t> out) {
@@ -199,6 +228,7 @@ kernels::SampleArgs GenerationLog::sample_args(const float* logits, std::size_t 
                         .steps = std::span(generated_).subspan(first, n),
                         .history = std::span(history_view_).subspan(first, n),
                         .eos_ids = cfg_.stop_ids,
+                        .allowed = fill_allowed(first, n),
                         .out = out};
   if (logprobs_) {
     a.chosen_logprob = std::span(chosen_logprob_).subspan(first, n);
@@ -240,7 +270,13 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   }
   // A forced sequence runs until its forced tokens are used up, whatever it samples.
   const bool forcing = b < req_.forced.size() && index < static_cast<std::int64_t>(req_.forced[b].size());
-  const bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
+  bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
+  if (b < constraint_.size() && constraint_[b]) {
+    if (!constraint_[b]->accept(token))
+      throw std::logic_error("sequence " + std::to_string(b) + " drew token " + std::to_string(token) +
+                             ", which its constraint does not allow");
+    stop = stop || constraint_[b]->finished();
+  }
   if (forcing) token = req_.forced[b][static_cast<std::size_t>(index)];
   history_[b].push_back(token);  // the inputs, for penalties
   history_view_[b] = history_[b];

@@ -11,6 +11,7 @@
 
 #include "engine/model/layers.h"
 #include "engine/model/weights.h"
+#include "engine/runtime/token_constraint.h"
 #include "kernels/backend.h"
 #include "policy/eviction/kv_policy.h"
 #include "policy/gen_len.h"
@@ -84,6 +85,11 @@ struct GenerationRequest {
   // and with RoPE frequencies that follow a sequence's length.
   bool share_prefixes = true;
   std::int64_t min_shared_prefix = 16;
+  // Constrained decoding: per prompt (or empty: none), null or the constraint in its start
+  // state; each sequence walks its own copy. A sequence samples only the tokens it allows and
+  // ends (finish reason stop) when it is finished; its limit may still end it first (length).
+  // Not with forced tokens.
+  std::vector<std::shared_ptr<const TokenConstraint>> constraints;
 };
 
 // Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
@@ -147,7 +153,8 @@ class GenerationLog {
   const std::vector<std::uint64_t>& streams() const { return streams_; }
   // The sampler's arguments for sequences [first, first + out.size()) of the current step,
   // whose logits are `logits` ([rows, vocab] on the device): their sampling, streams, new-token
-  // indices, histories, and this log's buffers for the log-probabilities.
+  // indices, histories, allowed tokens (when any is constrained), and this log's buffers for
+  // the log-probabilities. Valid until the next call.
   kernels::SampleArgs sample_args(const float* logits, std::size_t first, std::span<std::int32_t> out);
   std::int64_t max_prompt() const { return max_prompt_; }
   std::int64_t prompt_tokens() const { return res_.prompt_tokens; }
@@ -177,6 +184,10 @@ class GenerationLog {
   GenerationResult finish();
 
  private:
+  void start_constraints(const GenerationRequest& req);
+  // The allowed-token masks of sequences [first, first + n), or none when none is constrained.
+  std::span<const std::uint32_t> fill_allowed(std::size_t first, std::size_t n);
+
   kernels::Backend& be_;
   const ModelConfig& cfg_;
   const GenerationRequest& req_;
@@ -188,6 +199,10 @@ class GenerationLog {
   bool logprobs_ = false;                                    // some sequence asks for them
   std::vector<float> chosen_logprob_;                        // the current step's, when asked
   std::vector<std::vector<kernels::TokenLogprob>> top_logprobs_;
+  // Constrained decoding: each sequence's state (null: unconstrained), and the current
+  // sample_args' allowed-token masks.
+  std::vector<std::unique_ptr<TokenConstraint>> constraint_;
+  std::vector<std::uint32_t> allowed_;
   std::int64_t max_prompt_ = 0;
   std::vector<bool> done_;
   std::int64_t active_ = 0;

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -259,6 +260,24 @@ std::int32_t draw_from_head(const Row& row, Scratch& s, const sampling_vec::ExpS
   throw std::logic_error("sample: the draw over every token found none");
 }
 
+// The row's logits with the tokens its mask leaves out at -inf, in s.logits (already there
+// when `z` is s.logits). Throws when the mask allows none of them.
+void apply_mask(const float* z, std::int64_t vocab, std::span<const std::uint32_t> allowed, std::size_t r, Scratch& s) {
+  if (z != s.logits.data()) s.logits.assign(z, z + vocab);
+  bool any = false;
+  for (std::int64_t w = 0; w * 32 < vocab; ++w) {
+    const std::uint32_t bits = allowed[static_cast<std::size_t>(w)];
+    const std::int64_t end = std::min(vocab, (w + 1) * 32);
+    for (std::int64_t t = w * 32; t < end; ++t) {
+      if ((bits >> (t & 31)) & 1u) any = true;
+      else s.logits[static_cast<std::size_t>(t)] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  if (!any)
+    throw std::invalid_argument("sample: the allowed-token mask of row " + std::to_string(r) +
+                                " allows no token of the vocabulary");
+}
+
 // The k largest logits, descending (lowest id first on ties), in s.tokens.
 void top_tokens(const float* z, std::int64_t vocab, std::int32_t k, Scratch& s) {
   const auto n = static_cast<std::size_t>(std::min<std::int64_t>(k, vocab));
@@ -294,10 +313,17 @@ void sample_row(const SampleArgs& a, std::size_t r, Scratch& s) {
     adjust(z, a.vocab, p, a.history.empty() ? std::span<const std::int32_t>() : a.history[r], a.steps[r], a.eos_ids, s);
     z = s.logits.data();
   }
+  if (!a.allowed.empty()) {  // after the adjustments is as before them: -inf stays -inf through each
+    const auto words = static_cast<std::size_t>(mask_words(a.vocab));
+    apply_mask(z, a.vocab, a.allowed.subspan(r * words, words), r, s);
+    z = s.logits.data();
+  }
   const bool want_logprobs = p.logprobs >= 0 && (!a.chosen_logprob.empty() || !a.top_logprobs.empty());
   const float mx = sampling_vec::max_of(z, a.vocab);
   if (!(mx > -std::numeric_limits<float>::infinity()))
-    throw std::invalid_argument("sample: every token of a row is masked (min_tokens over its stop ids?)");
+    throw std::invalid_argument(
+        "sample: every token of a row is masked (min_tokens over its stop ids, where its allowed-token mask allows "
+        "only those?)");
   const double temperature = p.greedy() ? 1.0 : static_cast<double>(p.temperature);
   double total = 0.0;  // sum of exp((z - mx) / temperature)
   std::int32_t chosen = 0;

@@ -1,6 +1,7 @@
 // Sampling: the logits are copied to the host and CpuBackend::sample picks the tokens.
 // A step samples batch x vocab values once, so the copy is small next to the step, and the
-// draws are the CPU backend's bit for bit (counter-based streams, same ordering and sums).
+// draws are the CPU backend's bit for bit (counter-based streams, same ordering and sums). An
+// allowed-token mask (SampleArgs::allowed) is a host array: the CPU sampler applies it there.
 #include <stdexcept>
 #include <vector>
 

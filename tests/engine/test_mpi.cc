@@ -330,6 +330,26 @@ TEST(Mpi, OpenAiBatchFileGivesTheOneProcessResults) {
   expect_same_results(testing::read_file(dir.file("np2.jsonl")), expected);
 }
 
+// Structured output under mpirun: each rank compiles the constraints its requests carry (the
+// spec travels with the request), and every pipeline stage walks them so that all end a
+// sequence at the same step (the last stage masks): the one-process run's result lines.
+TEST(Mpi, StructuredOutputGivesTheOneProcessResults) {
+  testing::TempDir dir;
+  const std::string job = "--prompts " + std::string(FLEXH2O_TEST_DATA_DIR) +
+                          "/grammar/structured_batch.jsonl --gpu-batch-size 2 --num-gpu-batches 2";
+  const Result one = run("", "run " + job + " --out " + dir.file("one.jsonl"), dir);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const std::string expected = testing::read_file(dir.file("one.jsonl"));
+  for (const std::string form : {"", " --batching fixed", " --pipeline 2", " --pipeline 2 --batching fixed"}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    const std::string out = dir.file("np2.jsonl");
+    std::filesystem::remove(out);
+    const Result r = run(mpirun(2), "run " + job + form + " --out " + out, dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    expect_same_results(testing::read_file(out), expected);
+  }
+}
+
 // The pid of `rank` among the processes mpirun (pid `launcher`) started, or -1.
 pid_t rank_pid(pid_t launcher, int rank) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {

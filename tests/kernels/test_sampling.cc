@@ -40,7 +40,9 @@ struct Sampled {
 
 class SamplingTest : public SeededTest {
  protected:
-  Sampled sample(const std::vector<Row>& rows, std::span<const std::int32_t> eos = {}) {
+  // `allowed`: the rows' allowed-token masks (SampleArgs::allowed), or none.
+  Sampled sample(const std::vector<Row>& rows, std::span<const std::int32_t> eos = {},
+                 std::span<const std::uint32_t> allowed = {}) {
     const auto B = rows.size();
     const auto V = rows.front().logits.size();
     std::vector<float> logits;
@@ -63,6 +65,7 @@ class SamplingTest : public SeededTest {
                  .steps = steps,
                  .history = history,
                  .eos_ids = eos,
+                 .allowed = allowed,
                  .out = s.tokens,
                  .chosen_logprob = s.chosen,
                  .top_logprobs = s.top});
@@ -80,12 +83,24 @@ class SamplingTest : public SeededTest {
   }
 
   // The reported log-probability of every token (logprobs = vocab) of a row, by token id.
-  std::vector<double> all_logprobs(Row r, std::span<const std::int32_t> eos = {}) {
+  std::vector<double> all_logprobs(Row r, std::span<const std::int32_t> eos = {},
+                                   std::span<const std::uint32_t> allowed = {}) {
     r.p.logprobs = static_cast<std::int32_t>(r.logits.size());
-    const Sampled s = sample({r}, eos);
+    const Sampled s = sample({r}, eos, allowed);
     std::vector<double> lp(r.logits.size(), std::nan(""));
     for (const TokenLogprob& t : s.top[0]) lp[static_cast<std::size_t>(t.token)] = t.logprob;
     return lp;
+  }
+
+  // A random allowed-token mask of `vocab` tokens (each allowed with probability `share`, at
+  // least one), with every bit past the vocabulary set (the sampler must ignore them).
+  std::vector<std::uint32_t> random_mask(std::int64_t vocab, double share) {
+    std::vector<std::uint32_t> mask(static_cast<std::size_t>(mask_words(vocab)), ~0u);
+    for (std::int64_t i = 0; i < vocab; ++i)
+      if (random_int(0, 999) >= share * 1000) mask[static_cast<std::size_t>(i / 32)] &= ~(1u << (i % 32));
+    const std::int64_t one = random_int(0, vocab - 1);
+    mask[static_cast<std::size_t>(one / 32)] |= 1u << (one % 32);
+    return mask;
   }
 
   std::unique_ptr<Backend> be_ = make_cpu_backend();
@@ -396,6 +411,97 @@ TEST_F(SamplingTest, BadSettingsAreErrorsNamingTheField) {
   EXPECT_NE(error({.repetition_penalty = 0.0f}).find("repetition_penalty"), std::string::npos);
   EXPECT_NE(error({.stop_token_ids = {11}}).find("stop token id"), std::string::npos);
   EXPECT_NE(error({.repetition_penalty = 1.5f}, false).find("history"), std::string::npos);
+}
+
+// The row with the tokens `mask` leaves out at -inf: what a masked row must sample like.
+Row masked_by_hand(Row r, std::span<const std::uint32_t> mask) {
+  for (std::size_t t = 0; t < r.logits.size(); ++t)
+    if (!mask_allows(mask, static_cast<std::int32_t>(t))) r.logits[t] = kMasked;
+  return r;
+}
+
+TEST_F(SamplingTest, AMaskedRowSamplesAsItsLogitsWithTheOthersAtMinusInfinity) {
+  // Every sampling mode (greedy, temperature, top-k, top-p, min_p, penalties, seeds): tokens and
+  // log-probabilities equal those of the row whose left-out logits are -inf, and are allowed.
+  constexpr std::int64_t kVocab = 203;  // not a multiple of 32: the last word is partial
+  for (int i = 0; i < 40; ++i) {
+    Row r = random_row(kVocab);
+    r.p.temperature = i % 4 == 0 ? 0.0f : static_cast<float>(random_int(3, 15)) / 10.0f;
+    r.p.top_p = i % 3 == 1 ? 0.7f : 1.0f;
+    r.p.top_k = i % 5 == 2 ? 5 : 0;
+    r.p.min_p = i % 7 == 3 ? 0.1f : 0.0f;
+    r.p.repetition_penalty = i % 2 ? 1.3f : 1.0f;
+    r.p.presence_penalty = i % 3 == 2 ? 0.5f : 0.0f;
+    r.p.logprobs = 3;
+    const std::vector<std::uint32_t> mask = random_mask(kVocab, i % 2 ? 0.05 : 0.5);
+    const Row by_hand = masked_by_hand(r, mask);
+    for (std::uint64_t stream = 0; stream < 5; ++stream) {
+      r.stream = stream;
+      Row want_row = by_hand;
+      want_row.stream = stream;
+      const Sampled got = sample({r}, {}, mask), want = sample({want_row});
+      EXPECT_TRUE(mask_allows(mask, got.tokens[0])) << "row " << i << " drew a masked token";
+      EXPECT_EQ(got.tokens[0], want.tokens[0]) << "row " << i;
+      EXPECT_EQ(got.chosen[0], want.chosen[0]) << "row " << i;
+      ASSERT_EQ(got.top[0].size(), want.top[0].size());
+      for (std::size_t k = 0; k < want.top[0].size(); ++k) {
+        EXPECT_EQ(got.top[0][k].token, want.top[0][k].token);
+        EXPECT_EQ(got.top[0][k].logprob, want.top[0][k].logprob);
+      }
+    }
+    // Log-probabilities are over the allowed tokens (vLLM's), the others -inf.
+    if (r.p.repetition_penalty != 1.0f || r.p.presence_penalty != 0.0f) continue;  // compared above
+    expect_logprobs(all_logprobs(r, {}, mask), log_softmax(as_double(by_hand.logits), r.p.greedy() ? 1.0 : r.p.temperature),
+                    "masked");
+  }
+}
+
+TEST_F(SamplingTest, AMaskOfEveryTokenIsNoMaskAndOneOfOneTokenForcesIt) {
+  constexpr std::int64_t kVocab = 70;
+  Row r = random_row(kVocab);
+  r.p.temperature = 1.0f;
+  r.p.logprobs = 2;
+  const std::vector<std::uint32_t> all(static_cast<std::size_t>(mask_words(kVocab)), ~0u);
+  const Sampled plain = sample({r}), masked = sample({r}, {}, all);
+  EXPECT_EQ(masked.tokens[0], plain.tokens[0]);
+  EXPECT_EQ(masked.chosen[0], plain.chosen[0]);
+  const auto only = static_cast<std::int32_t>(random_int(0, kVocab - 1));
+  std::vector<std::uint32_t> one(static_cast<std::size_t>(mask_words(kVocab)), 0u);
+  one[static_cast<std::size_t>(only / 32)] = 1u << (only % 32);
+  for (const float temperature : {0.0f, 0.7f, 1.5f}) {
+    r.p.temperature = temperature;
+    for (std::uint64_t stream = 0; stream < 10; ++stream) {
+      r.stream = stream;
+      const Sampled s = sample({r}, {}, one);
+      EXPECT_EQ(s.tokens[0], only);
+      EXPECT_EQ(s.chosen[0], 0.0f) << "the only allowed token has probability 1";
+      ASSERT_EQ(s.top[0].size(), 2u);
+      EXPECT_EQ(s.top[0][0].token, only);
+      EXPECT_TRUE(std::isinf(s.top[0][1].logprob) && s.top[0][1].logprob < 0) << "a masked alternative is -inf";
+    }
+  }
+}
+
+TEST_F(SamplingTest, AMaskAllowingNoTokenOrOfTheWrongSizeIsAnError) {
+  constexpr std::int64_t kVocab = 40;
+  Row r = random_row(kVocab);
+  std::vector<std::uint32_t> none(static_cast<std::size_t>(mask_words(kVocab)), 0u);
+  none.back() = ~0u << (kVocab % 32);  // bits past the vocabulary do not count
+  std::vector<Row> rows = {r, r};
+  std::vector<std::uint32_t> two(2 * none.size(), ~0u);
+  std::copy(none.begin(), none.end(), two.begin() + static_cast<std::ptrdiff_t>(none.size()));
+  try {
+    sample(rows, {}, two);
+    ADD_FAILURE() << "a mask allowing no token sampled";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("mask of row 1 allows no token"), std::string::npos) << e.what();
+  }
+  try {
+    sample(rows, {}, none);
+    ADD_FAILURE() << "a mask of one row for two sampled";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("allowed-token mask"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

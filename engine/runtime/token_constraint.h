@@ -1,0 +1,28 @@
+// A per-sequence constraint on the tokens a generation may sample (constrained decoding: a JSON
+// schema, a regex, a grammar). The runtime sees only this seam; engine/job implements it with
+// engine/grammar's matchers (docs/structured-output.md). GenerationLog starts one state per
+// sequence from the request's prototype, fills the sampler's allowed-token mask from it before
+// each draw, feeds it each token drawn, and ends the sequence (finish reason stop) when it says
+// the output is finished.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace flexh2o::engine {
+
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // A copy in the same state: each sequence (and each of a request's n choices) walks its own.
+  virtual std::unique_ptr<TokenConstraint> clone() const = 0;
+  // The tokens allowed next: bit t % 32 of word t / 32 (kernels::SampleArgs::allowed), every
+  // word of `mask` written. A stop token is allowed exactly where the output may end.
+  virtual void fill_allowed(std::span<std::uint32_t> mask) const = 0;
+  // Feeds the token drawn; false (and no change) when fill_allowed would not allow it.
+  virtual bool accept(std::int32_t token) = 0;
+  // Whether the output is finished: a stop token was accepted, or nothing may follow it.
+  virtual bool finished() const = 0;
+};
+
+}  // namespace flexh2o::engine

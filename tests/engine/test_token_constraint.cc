@@ -1,0 +1,145 @@
+// The runtime's constraint seam (engine/runtime/token_constraint.h) on stories260K, with a
+// constraint of its own (no grammar): in the in-memory Generator, BlockScheduler's fixed blocks
+// and continuous batching with n choices forked from one prefill, every token a constrained
+// sequence draws is one its state allowed, each ends (finish reason stop) exactly when its state
+// says it is finished, unconstrained sequences beside it draw what they draw without it, and a
+// constraint allowing every token changes nothing.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/loaders/model_source.h"
+#include "engine/runtime/block_scheduler.h"
+#include "tests/support/test_models.h"
+
+namespace flexh2o {
+namespace {
+
+using engine::FinishReason;
+using engine::GenerationRequest;
+using engine::GenerationResult;
+
+// Allows the tokens t with t % modulus == phase, the phase being the sum of the tokens taken so
+// far (mod modulus), or every token (modulus 1); finished after `length` tokens.
+class ModularConstraint final : public engine::TokenConstraint {
+ public:
+  ModularConstraint(std::int32_t modulus, std::size_t length) : modulus_(modulus), length_(length) {}
+  std::unique_ptr<engine::TokenConstraint> clone() const override { return std::make_unique<ModularConstraint>(*this); }
+  void fill_allowed(std::span<std::uint32_t> mask) const override {
+    std::fill(mask.begin(), mask.end(), 0u);
+    for (std::size_t t = 0; t < mask.size() * 32; ++t)
+      if (allows(static_cast<std::int32_t>(t))) mask[t / 32] |= 1u << (t % 32);
+  }
+  bool accept(std::int32_t token) override {
+    if (!allows(token)) return false;
+    sum_ += token;
+    ++taken_;
+    return true;
+  }
+  bool finished() const override { return taken_ >= length_; }
+  bool allows(std::int32_t token) const { return token % modulus_ == sum_ % modulus_; }
+
+ private:
+  std::int32_t modulus_;
+  std::size_t length_;
+  std::int64_t sum_ = 0;
+  std::size_t taken_ = 0;
+};
+
+// Three lines of n = 3, 1, 2 choices (each choice its own stream), sampled at 0.8 but line 1
+// greedy, with log-probabilities; limits of 12 tokens.
+GenerationRequest choices_request(const engine::ModelConfig& cfg, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  GenerationRequest req;
+  const std::int64_t choices[] = {3, 1, 2};
+  for (std::size_t l = 0; l < 3; ++l) {
+    std::vector<std::int32_t> prompt(3 + rng() % 6);
+    for (auto& t : prompt) t = static_cast<std::int32_t>(3 + rng() % static_cast<std::uint64_t>(cfg.vocab_size - 3));
+    for (std::int64_t c = 0; c < choices[l]; ++c) {
+      req.prompts.push_back(prompt);
+      req.sampling_each.push_back({.temperature = l == 1 ? 0.0f : 0.8f, .seed = seed, .logprobs = 1});
+      req.streams.push_back(10 * l + static_cast<std::uint64_t>(c));
+      req.shares_prompt.push_back(c > 0);
+    }
+  }
+  req.max_new_tokens = 12;
+  return req;
+}
+
+// The generators under test: the in-memory run, one fixed block, continuous over 2 and 4 slots.
+std::vector<std::pair<std::string, std::function<GenerationResult(GenerationRequest)>>> runners(
+    const engine::ModelSource& m, kernels::Backend& be, const engine::HostWeights& host) {
+  auto scheduled = [&](std::int64_t gbs, std::int64_t k, std::int64_t slots) {
+    return [&, gbs, k, slots](GenerationRequest req) {
+      testing::TempDir dir;
+      offload::TierOptions to;
+      to.offload_dir = dir.path();
+      offload::Tiers tiers(be, to);
+      policy::Policy p;
+      p.gpu_batch_size = gbs;
+      p.num_gpu_batches = k;
+      p.weights = {1, 0, 0};
+      p.cache = {0.5, 0.5, 0};
+      p.activations = {1, 0, 0};
+      req.slots = slots;
+      engine::BlockScheduler sched(be, tiers, m.config, *m.weights, p);
+      return sched.generate(req);
+    };
+  };
+  return {{"generator", [&](GenerationRequest req) { return engine::Generator(be, m.config, host).generate(req); }},
+          {"fixed block", scheduled(3, 2, 0)},
+          {"continuous, 2 slots", scheduled(1, 2, 2)},
+          {"continuous, 4 slots", scheduled(2, 2, 4)}};
+}
+
+TEST(TokenConstraint, ConstrainedSequencesDrawAllowedTokensAndEndWhenFinished) {
+  const engine::ModelSource m = engine::open_model({});
+  auto be = kernels::make_cpu_backend();
+  const engine::HostWeights host = engine::load_weights(m.config, *m.weights);
+  for (const auto& [name, run] : runners(m, *be, host)) {
+    SCOPED_TRACE(name);
+    GenerationRequest req = choices_request(m.config, 41);
+    const GenerationResult plain = run(req);
+    // Choices 0 and 2 of line 0 and line 2's first: constrained (others not), finished after 5.
+    const std::vector<std::size_t> constrained = {0, 2, 4};
+    req.constraints.resize(req.prompts.size());
+    for (const std::size_t b : constrained) req.constraints[b] = std::make_shared<ModularConstraint>(3, 5);
+    const GenerationResult got = run(req);
+    for (std::size_t b = 0; b < req.prompts.size(); ++b) {
+      if (!req.constraints[b]) {
+        EXPECT_EQ(got.tokens[b], plain.tokens[b]) << "unconstrained sequence " << b;
+        continue;
+      }
+      ModularConstraint replay(3, 5);
+      for (const std::int32_t t : got.tokens[b]) EXPECT_TRUE(replay.accept(t)) << "sequence " << b << " drew " << t;
+      const bool stop_id = !got.tokens[b].empty() && got.tokens[b].back() == m.config.stop_ids.front();
+      EXPECT_TRUE(got.tokens[b].size() == 5 || stop_id) << "sequence " << b << ": " << got.tokens[b].size();
+      EXPECT_EQ(got.finish_reasons[b], FinishReason::Stop) << "sequence " << b;
+      ASSERT_EQ(got.logprobs[b].size(), got.tokens[b].size());
+      for (const float lp : got.logprobs[b]) EXPECT_LE(lp, 0.0f);
+    }
+    EXPECT_NE(got.tokens[0], plain.tokens[0]) << "a third of the vocabulary allowed changes what is drawn";
+    // A constraint allowing everything (never finished within the limit) is no constraint.
+    for (const std::size_t b : constrained) req.constraints[b] = std::make_shared<ModularConstraint>(1, 100);
+    const GenerationResult open = run(req);
+    EXPECT_EQ(open.tokens, plain.tokens);
+    EXPECT_EQ(open.finish_reasons, plain.finish_reasons);
+    EXPECT_EQ(open.logprobs, plain.logprobs);
+  }
+}
+
+TEST(TokenConstraint, ARequestWithConstraintsOfTheWrongCountOrForcedIsAnError) {
+  const engine::ModelSource m = engine::open_model({});
+  auto be = kernels::make_cpu_backend();
+  const engine::HostWeights host = engine::load_weights(m.config, *m.weights);
+  engine::Generator gen(*be, m.config, host);
+  GenerationRequest req = choices_request(m.config, 3);
+  req.constraints.assign(2, std::make_shared<ModularConstraint>(2, 3));
+  EXPECT_THROW(gen.generate(req), std::invalid_argument);
+  req.constraints.assign(req.prompts.size(), std::make_shared<ModularConstraint>(2, 3));
+  req.forced.assign(req.prompts.size(), {5, 6});
+  EXPECT_THROW(gen.generate(req), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace flexh2o
