@@ -89,7 +89,7 @@ class BlockScheduler {
   GenerationResult generate(const GenerationRequest& req);
 
   // One block stepped from outside. `req` must outlive the block, and blocks the scheduler.
-  class Block;
+  struct Block;
   struct BlockDeleter {
     void operator()(Block* b) const;
   };
