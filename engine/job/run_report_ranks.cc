@@ -57,6 +57,18 @@ json parts_json(const std::vector<RunPart>& parts) {
   return out;
 }
 
+// The job's totals over `seconds` of generation, the keys both multi-rank modes report.
+json totals_json(const engine::GenerationResult& total, double seconds) {
+  return {{"prompts", total.sequences},
+          {"prompt_tokens", total.prompt_tokens},
+          {"prompt_tokens_computed", total.prompt_tokens_computed},
+          {"prefix_hits", total.prefix_hits},
+          {"prefix_shared_tokens", total.prefix_shared_tokens},
+          {"generated_tokens", total.generated_tokens},
+          {"total_seconds", seconds},
+          {"total_throughput", static_cast<double>(total.generated_tokens) / std::max(seconds, 1e-9)}};
+}
+
 }  // namespace
 
 json to_json(const policy::StageSlice& s) {
@@ -148,18 +160,11 @@ std::string RunReport::data_parallel_text() const {
 }
 
 json RunReport::data_parallel_json() const {
-  const double slowest = slowest_part_seconds();
-  return {{"mode", "data_parallel"},
-          {"model", model},
-          {"ranks", parts_json(parts)},
-          {"prompts", total.sequences},
-          {"prompt_tokens", total.prompt_tokens},
-          {"prompt_tokens_computed", total.prompt_tokens_computed},
-          {"prefix_hits", total.prefix_hits},
-          {"prefix_shared_tokens", total.prefix_shared_tokens},
-          {"generated_tokens", total.generated_tokens},
-          {"total_seconds", slowest},
-          {"total_throughput", static_cast<double>(total.generated_tokens) / std::max(slowest, 1e-9)}};
+  json j = totals_json(total, slowest_part_seconds());
+  j["mode"] = "data_parallel";
+  j["model"] = model;
+  j["ranks"] = parts_json(parts);
+  return j;
 }
 
 // Each stage's line, then the pipeline's (`total`: rank 0's, which saw every block).
@@ -180,22 +185,15 @@ std::string RunReport::pipeline_text() const {
 }
 
 json RunReport::pipeline_json() const {
-  const double wall = longest_wall();
-  return {{"mode", "pipeline"},
-          {"model", model},
-          {"micro_batches", micro_batches},
-          {"stages", parts_json(parts)},
-          {"prompts", total.sequences},
-          {"prompt_tokens", total.prompt_tokens},
-          {"prompt_tokens_computed", total.prompt_tokens_computed},
-          {"prefix_hits", total.prefix_hits},
-          {"prefix_shared_tokens", total.prefix_shared_tokens},
-          {"generated_tokens", total.generated_tokens},
-          {"total_seconds", wall},
-          {"total_throughput", static_cast<double>(total.generated_tokens) / std::max(wall, 1e-9)},
-          {"batching", batching},
-          {"slot_utilisation", total.slot_utilisation()},
-          {"bubble_share", bubble_share()}};
+  json j = totals_json(total, longest_wall());
+  j["mode"] = "pipeline";
+  j["model"] = model;
+  j["micro_batches"] = micro_batches;
+  j["stages"] = parts_json(parts);
+  j["batching"] = batching;
+  j["slot_utilisation"] = total.slot_utilisation();
+  j["bubble_share"] = bubble_share();
+  return j;
 }
 
 void RunReport::write_files(const std::string& metrics_path, const std::string& trace_path,
