@@ -106,6 +106,9 @@ class Backend {
   void softcap(float* x, std::int64_t n, float cap);
   // x += y
   void add(float* x, const float* y, std::int64_t n);
+  // x[i] = the value a tensor of `t` (F16 or BF16, as kernels::round_to rounds) holds for x[i]:
+  // fp32 K/V rows read as a 16-bit cache stores them.
+  void round_to_dtype(DType t, float* x, std::int64_t n);
   void embedding(const EmbeddingArgs& a);
   void attention_prefill(const AttentionPrefillArgs& a);
   void attention_decode(const AttentionDecodeArgs& a);
@@ -146,6 +149,7 @@ class Backend {
   virtual void do_bias_act(const BiasActArgs& a) = 0;
   virtual void do_softcap(float* x, std::int64_t n, float cap) = 0;
   virtual void do_add(float* x, const float* y, std::int64_t n) = 0;
+  virtual void do_round_to_dtype(DType t, float* x, std::int64_t n) = 0;
   virtual void do_embedding(const EmbeddingArgs& a) = 0;
   virtual void do_attention_prefill(const AttentionPrefillArgs& a) = 0;
   virtual void do_attention_decode(const AttentionDecodeArgs& a) = 0;

@@ -52,4 +52,11 @@ void Backend::add(float* x, const float* y, std::int64_t n) {
   do_add(x, y, n);
 }
 
+void Backend::round_to_dtype(DType t, float* x, std::int64_t n) {
+  check_length(n, "round_to_dtype");
+  if (t != DType::F16 && t != DType::BF16)
+    throw std::invalid_argument("round_to_dtype: rounds to f16 or bf16, not " + std::string(dtype_name(t)));
+  if (n > 0) do_round_to_dtype(t, x, n);
+}
+
 }  // namespace flexh2o::kernels

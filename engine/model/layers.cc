@@ -187,7 +187,8 @@ class Attention final : public Layer {
   // The step's projected rows, and the sequences of its batch (the most queries one decode
   // call may take: the op scratch reserved for the step counts that many).
   struct Rows {
-    const float *q, *k, *v;
+    const float* q;
+    float *k, *v;  // rounded in place to a 16-bit cache's dtype for prompt rows
     float* out;
     std::int64_t batch;
   };
@@ -195,7 +196,8 @@ class Attention final : public Layer {
   void attend(kernels::Backend& be, const StepBatch& p, std::int64_t r0, const KvPart& part, const KvView& cache,
               const kernels::AttentionShape& shape, const Rows& step) const {
     const std::int64_t qw = cfg_.n_heads * cfg_.head_dim, kw = cfg_.n_kv_heads * cfg_.head_dim;
-    const float *q = step.q, *k = step.k, *v = step.v;
+    const float* q = step.q;
+    float *k = step.k, *v = step.v;
     float* o = step.out;
     const bool extends = p.kinds.front() == SeqStep::Extend;
     if (KvEvictionLayer* ev = cache.eviction) {
@@ -210,17 +212,23 @@ class Attention final : public Layer {
                  .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
     be.kv_write({.src = v + r0 * kw, .cache = part.v, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
                  .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
-    // A compressed cache's prompt rows attend over their K/V as stored, as every later step
-    // reads them: a prompt's tokens then do not depend on whether a prefix of it was computed
-    // in this step or taken from another row (docs/prefix-sharing.md).
-    if (extends || (p.prefill && kernels::is_quantized(dt)))
+    // Prompt rows attend over their K/V as the cache stores them, as every later step reads
+    // them: a prompt's tokens then do not depend on whether a prefix of it was computed in
+    // this step or taken from another row (docs/prefix-sharing.md). A compressed cache's are
+    // read back from it; a 16-bit cache's are the step's rows rounded to its dtype.
+    if (extends || (p.prefill && kernels::is_quantized(dt))) {
       extend(be, p, part, cache, shape, q + r0 * qw, o + r0 * qw, step.batch);
-    else if (p.prefill)
+    } else if (p.prefill) {
+      if (dt == kernels::DType::F16 || dt == kernels::DType::BF16) {
+        be.round_to_dtype(dt, k + r0 * kw, p.rows() * kw);
+        be.round_to_dtype(dt, v + r0 * kw, p.rows() * kw);
+      }
       be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
                             .seq_offsets = p.seq_offsets, .compute = cfg_.compute_dtype});
-    else
+    } else {
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
                            .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});
+    }
   }
   // Prompt rows whose K/V are written at their positions (after a cached prefix, or from the
   // start): each row is a decode query over its sequence's cache row, seeing the slots up to

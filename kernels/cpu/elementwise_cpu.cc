@@ -85,4 +85,8 @@ void CpuBackend::do_add(float* x, const float* y, std::int64_t n) {
   for_chunks(n, [=](std::int64_t i) { x[i] += y[i]; });
 }
 
+void CpuBackend::do_round_to_dtype(DType t, float* x, std::int64_t n) {
+  for_chunks(n, [=](std::int64_t i) { x[i] = round_to(t, x[i]); });
+}
+
 }  // namespace flexh2o::kernels

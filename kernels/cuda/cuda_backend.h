@@ -131,6 +131,7 @@ class CudaBackend final : public Backend {
   void do_bias_act(const BiasActArgs& a) override;
   void do_softcap(float* x, std::int64_t n, float cap) override;
   void do_add(float* x, const float* y, std::int64_t n) override;
+  void do_round_to_dtype(DType t, float* x, std::int64_t n) override;
   void do_embedding(const EmbeddingArgs& a) override;
   void do_attention_prefill(const AttentionPrefillArgs& a) override;
   void do_attention_decode(const AttentionDecodeArgs& a) override;

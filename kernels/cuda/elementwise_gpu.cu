@@ -84,6 +84,13 @@ __global__ void add_kernel(float* x, const float* y, std::int64_t n) {
     x[i] += y[i];
 }
 
+// As kernels::round_to: through the 16-bit type's bits and back.
+__global__ void round_to_dtype_kernel(bool bf16, float* x, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    x[i] = bf16 ? bf16_bits_to_f32(f32_to_bf16_bits(x[i])) : f16_bits_to_f32(f32_to_f16_bits(x[i]));
+}
+
 }  // namespace
 
 void CudaBackend::do_activation(Activation act, float* x, std::int64_t n) {
@@ -120,6 +127,11 @@ void CudaBackend::do_softcap(float* x, std::int64_t n, float cap) {
 void CudaBackend::do_add(float* x, const float* y, std::int64_t n) {
   if (n <= 0) return;
   add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, y, n);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::do_round_to_dtype(DType t, float* x, std::int64_t n) {
+  round_to_dtype_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(t == DType::BF16, x, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 

@@ -155,9 +155,20 @@ TEST(PrefixSharing, TokensAsWithoutSharingLlamaGqa) {
     expect_sharing_changes_no_token(cfg, src, s, mixed_request(cfg.vocab_size, seed++), true);
 }
 
+// Each request as alone with sharing on and off, and the greedy tokens with sharing those of
+// the run without.
+void expect_greedy_tokens_as_without_sharing(const engine::ModelSource& m, const Placement& s, std::uint64_t seed) {
+  GenerationRequest req = mixed_request(m.config.vocab_size, seed);
+  expect_sharing_changes_no_token(m.config, *m.weights, s, req, true);
+  for (auto& sampling : req.sampling_each) sampling.temperature = 0.0f;
+  req.slots = s.policy.block_size();
+  const GenerationResult on = run_scheduler(m.config, *m.weights, s, req);
+  req.share_prefixes = false;
+  EXPECT_EQ(on.tokens, run_scheduler(m.config, *m.weights, s, req).tokens) << s.name;
+}
+
 // A compressed cache: every prompt row attends over the K/V as stored (re-rounded to q8/q4),
-// so a row after a shared prefix sees what its own prefill would: each request as alone, and
-// the greedy tokens those of the run without sharing.
+// so a row after a shared prefix sees what its own prefill would.
 TEST(PrefixSharing, CompressedCacheShares) {
   auto m = engine::open_model({});
   for (const int bits : {8, 4}) {
@@ -165,14 +176,21 @@ TEST(PrefixSharing, CompressedCacheShares) {
     s.policy.compress_cache = true;
     s.policy.compress_bits = bits;
     s.name += " q" + std::to_string(bits);
-    GenerationRequest req = mixed_request(m.config.vocab_size, 4700 + static_cast<std::uint64_t>(bits));
-    expect_sharing_changes_no_token(m.config, *m.weights, s, req, true);
-    for (auto& sampling : req.sampling_each) sampling.temperature = 0.0f;
-    req.slots = s.policy.block_size();
-    const GenerationResult on = run_scheduler(m.config, *m.weights, s, req);
-    req.share_prefixes = false;
-    EXPECT_EQ(on.tokens, run_scheduler(m.config, *m.weights, s, req).tokens) << s.name;
+    expect_greedy_tokens_as_without_sharing(m, s, 4700 + static_cast<std::uint64_t>(bits));
   }
+}
+
+// A 16-bit cache under fp32 compute: a prompt's own rows attend over their K/V rounded to the
+// cache's dtype, the values a shared prefix is read back with.
+TEST(PrefixSharing, SixteenBitCacheShares) {
+  auto m = engine::open_model({});
+  for (const kernels::DType dtype : {kernels::DType::F16, kernels::DType::BF16})
+    for (const std::size_t placement : {0u, 3u}) {
+      Placement s = placements()[placement];
+      s.policy.cache_storage = dtype;
+      s.name += std::string(" cache ") + std::string(kernels::dtype_name(dtype));
+      expect_greedy_tokens_as_without_sharing(m, s, 4800 + placement + 10 * static_cast<std::uint64_t>(dtype));
+    }
 }
 
 // A KV policy keeps each sequence's own slots: nothing is shared, tokens as without.

@@ -559,6 +559,28 @@ TEST_P(OpsTest, Add) {
   }
 }
 
+// K/V rows rounded to a 16-bit cache's dtype: exactly the scalar conversion (DtypeTest checks
+// it against every half and bf16 value), over magnitudes from f16's subnormals to past its
+// overflow; other dtypes are refused.
+TEST_P(OpsTest, RoundToDtype) {
+  for (const DType t : {DType::F16, DType::BF16})
+    for (const std::int64_t n : kElementwiseSizes) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n=" << n);
+      std::vector<float> x = random_floats(n);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % 53) - 32);
+      const DeviceBuffer d = upload(x);
+      backend_->round_to_dtype(t, d.as<float>(), n);
+      const std::vector<float> got = download(d);
+      std::size_t off = 0;  // bit for bit, infinities included
+      for (std::size_t i = 0; i < x.size(); ++i)
+        off += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(round_to(t, x[i]));
+      EXPECT_EQ(off, 0u);
+    }
+  float one = 1.0f;
+  EXPECT_THROW(backend_->round_to_dtype(DType::Q8, &one, 1), std::invalid_argument);
+  EXPECT_THROW(backend_->round_to_dtype(DType::F32, &one, 1), std::invalid_argument);
+}
+
 // ---------------------------------------------------------------------------- embedding
 
 TEST_P(OpsTest, Embedding) {

@@ -59,6 +59,7 @@ class ForwardingBackend : public kernels::Backend {
   void do_bias_act(const kernels::BiasActArgs& a) override { inner_->bias_act(a); }
   void do_softcap(float* x, std::int64_t n, float cap) override { inner_->softcap(x, n, cap); }
   void do_add(float* x, const float* y, std::int64_t n) override { inner_->add(x, y, n); }
+  void do_round_to_dtype(kernels::DType t, float* x, std::int64_t n) override { inner_->round_to_dtype(t, x, n); }
   void do_embedding(const kernels::EmbeddingArgs& a) override { inner_->embedding(a); }
   void do_attention_prefill(const kernels::AttentionPrefillArgs& a) override { inner_->attention_prefill(a); }
   void do_attention_decode(const kernels::AttentionDecodeArgs& a) override { inner_->attention_decode(a); }

@@ -50,17 +50,25 @@ std::vector<Run> solo_runs(kernels::Backend& be, const engine::ModelConfig& cfg,
   return out;
 }
 
-// fp32 rounding of a forward pass; a compressed cache re-rounds each K/V value to 4 or 8 bits,
-// and a value the step's summation order moves across a rounding boundary moves a whole
-// quantization step (1 / (2^bits - 1) of its group's range): the logits then move by up to that
-// fraction of their magnitude.
+// fp32 rounding of a forward pass; a narrower cache re-rounds each K/V value, and a value the
+// step's summation order moves across a rounding boundary moves a whole step of the cache's
+// type: one ulp of a 16-bit float (2^-10 relative for f16, 2^-7 for bf16, at most), or one
+// quantization step of a compressed cache (1 / (2^bits - 1) of its group's range). The logits
+// then move by up to that fraction of their magnitude.
 double tolerance(const policy::Policy& pol, const engine::ModelConfig& cfg, std::int64_t tokens,
                  const std::vector<float>& logits) {
   const double fp32 = forward_tolerance(cfg, tokens, logits);
-  if (!pol.compress_cache) return fp32;
+  double step = 0;
+  switch (pol.cache_dtype(cfg.dtype)) {
+    case kernels::DType::F16: step = std::ldexp(1.0, -10); break;
+    case kernels::DType::BF16: step = std::ldexp(1.0, -7); break;
+    case kernels::DType::Q8:
+    case kernels::DType::Q4: step = 1.0 / ((1 << pol.compress_bits) - 1); break;
+    default: return fp32;
+  }
   double scale = 0;
   for (const float l : logits) scale = std::max(scale, std::abs(static_cast<double>(l)));
-  return fp32 + scale / ((1 << pol.compress_bits) - 1);
+  return fp32 + scale * step;
 }
 
 }  // namespace
