@@ -1,5 +1,6 @@
 // FlexGen's zig-zag block schedule over the tiers: a block of gpu_batch_size x num_gpu_batches
-// sequences runs token step i x scheduling unit j x GPU batch k. With overlap on, the next
+// sequences runs token step i x scheduling unit j x GPU batch k. Who runs each step is decided
+// by the block's StepScheduler (step_scheduler.h); this executes its plans. With overlap on, the next
 // unit's weights are fetched while the K batches of this unit compute, and batch k+1's
 // activations/KV are fetched (batch k-1's written back) while batch k computes, each on its
 // own copy lane; tickets order them (no global barrier). With overlap off the same copies

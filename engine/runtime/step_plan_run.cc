@@ -3,7 +3,6 @@
 // next_steps takes the next plan, makes its copies (the forks of the last step's shared
 // prefills, then the shared prompt prefixes of its newcomers; docs/prefix-sharing.md) and lays
 // out every GPU batch's StepBatch from it.
-#include <algorithm>
 #include <span>
 #include <string>
 
