@@ -4,6 +4,7 @@
 #include "engine/model/rope_scaling.h"
 #include "engine/runtime/block_state.h"
 #include "engine/runtime/prefix_match.h"
+#include "engine/runtime/step_scheduler.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -94,23 +95,11 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   st.log = &blk->log;
   st.continuous = continuous;
   st.next.resize(static_cast<std::size_t>(B));
-  if (continuous) st.slot_seq.assign(static_cast<std::size_t>(B), -1);
-  st.fork_of.assign(static_cast<std::size_t>(B), -1);
-  // A fixed block: each run of prompts sharing a prefill forks its first one's slot after step 0.
-  for (std::size_t s = 1; !continuous && s < req.shares_prompt.size(); ++s)
-    if (req.shares_prompt[s]) {
-      st.fork_of[s] = st.fork_of[s - 1] >= 0 ? st.fork_of[s - 1] : static_cast<std::int64_t>(s - 1);
-      blk->log.share_prefill(s);
-      st.forking = true;
-    }
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
   if (req.on_sequence_logits) st.host_logits.resize(static_cast<std::size_t>(cfg_.vocab_size));
   place_batches(st, blk->log, req);
-  if (continuous) {
-    st.sharing = req.share_prefixes && prefix_sharing_off_reason(cfg_, st.evicting).empty();
-    st.held.assign(static_cast<std::size_t>(B), 0);
-    st.prefix.assign(static_cast<std::size_t>(B), 0);
-  }
+  const bool sharing = req.share_prefixes && prefix_sharing_off_reason(cfg_, st.evicting).empty();
+  st.scheduler = std::make_unique<StepScheduler>(req, policy_.gpu_batch_size, sharing);
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
   const std::int64_t kv_row_bytes =
@@ -129,7 +118,7 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
       st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "V staging" + n);
     }
   }
-  if (continuous) next_steps(st);
+  next_steps(st);
   return blk;
 }
 
@@ -186,19 +175,9 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
     if (kv) b.eviction = std::move(evictions[static_cast<std::size_t>(s0 / gbs)]);
     b.first_sequence = s0;
     b.n = std::min(gbs, B - s0);
-    if (continuous) {
-      b.tokens.resize(static_cast<std::size_t>(b.n));  // next_steps() admits the first prompts
-    } else {
-      b.tokens.assign(req.prompts.begin() + s0, req.prompts.begin() + s0 + b.n);
-      for (std::int64_t i = 0; i < b.n; ++i) {  // a fork waits for its prefill
-        if (st.fork_of[static_cast<std::size_t>(s0 + i)] < 0)
-          b.step.add_prefill(b.tokens[static_cast<std::size_t>(i)]);
-        else
-          b.step.add_idle();
-      }
-    }
+    const auto prompts = std::span(req.prompts).subspan(static_cast<std::size_t>(s0), static_cast<std::size_t>(b.n));
     const std::int64_t rows = continuous ? continuous_rows(req, b.n)
-                                         : std::max(rows_for_batch(cfg_, b.tokens, req.max_new_tokens), b.n);
+                                         : std::max(rows_for_batch(cfg_, prompts, req.max_new_tokens), b.n);
     const std::string tag = " of batch " + std::to_string(st.batches.size());
     b.hidden = std::make_unique<TieredTensor>(tiers_, "hidden states" + tag, kernels::DType::F32, rows, cfg_.hidden,
                                               policy_.activations);
@@ -345,7 +324,8 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 
 // The batch's next tokens from the head's logits (and a host copy of them when asked).
 void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
-  if (st.continuous || st.forking) {
+  const bool forking = std::ranges::any_of(st.plan.slots, [](const SlotStep& s) { return s.fork_of >= 0; });
+  if (st.continuous || forking) {
     for (std::int64_t i = 0; i < b.n; ++i)
       if (b.step.kinds[static_cast<std::size_t>(i)] != SeqStep::Idle) sample_slot(st, act, b.first_sequence + i, i);
     return;
@@ -361,13 +341,13 @@ void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act)
 void BlockScheduler::sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i) {
   const float* logits = act.logits.as<float>() + i * cfg_.vocab_size;
   sample_sequence(st, logits, slot);
-  for (std::size_t f = 0; st.forking && f < st.fork_of.size(); ++f)
-    if (st.fork_of[f] == slot) sample_sequence(st, logits, static_cast<std::int64_t>(f));
+  for (std::size_t f = 0; f < st.plan.slots.size(); ++f)
+    if (st.plan.slots[f].fork_of == slot) sample_sequence(st, logits, static_cast<std::int64_t>(f));
 }
 
 void BlockScheduler::sample_sequence(BlockState& st, const float* logits, std::int64_t slot) {
   const GenerationRequest& req = *st.req;
-  const auto seq = static_cast<std::size_t>(st.continuous ? st.slot_seq[static_cast<std::size_t>(slot)] : slot);
+  const auto seq = static_cast<std::size_t>(st.plan.slots[static_cast<std::size_t>(slot)].seq);
   // The sampler's step for this sequence is its own new-token index (GenerationLog's).
   be_.sample(st.log->sample_args(logits, seq, std::span(st.next).subspan(static_cast<std::size_t>(slot), 1)));
   if (st.continuous && req.on_sequence_logits) {
@@ -396,26 +376,13 @@ void BlockScheduler::end_step(Block& blk) {
   BlockState& st = blk.st;
   if (st.continuous) {
     record_slots(st, blk.log);
-    if (st.forking) fork_slots(st);
-    ++st.step;
-    next_steps(st);
-    return;
+  } else {
+    if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
+    blk.log.record(st.step, st.next);  // finished sequences are computed on
+    st.scheduler->record_all(st.next);
   }
-  if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
-  blk.log.record(st.step, st.next);
   ++st.step;
-  if (!blk.log.active()) return;
-  if (st.forking) fork_slots(st);  // after step 0: finished sequences are computed on
-  for (auto& b : st.batches) {
-    const auto next = std::span(st.next).subspan(static_cast<std::size_t>(b.first_sequence), static_cast<std::size_t>(b.n));
-    std::vector<std::int64_t> cached;  // tokens in the cache before this step (a fork's too)
-    for (std::size_t i = 0; i < next.size(); ++i) {
-      cached.push_back(static_cast<std::int64_t>(b.tokens[i].size()));
-      b.tokens[i].push_back(next[i]);
-    }
-    // Phi-3 prefills a batch whole again when a sequence outgrows the original context.
-    b.step = rope_reprefills(cfg_, cached) ? StepBatch::make_prefill(b.tokens) : StepBatch::make_decode(next, cached);
-  }
+  if (st.continuous || blk.log.active()) next_steps(st);
 }
 
 GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }

@@ -1,5 +1,6 @@
 // FlexGen's zig-zag block schedule over the tiers: a block of gpu_batch_size x num_gpu_batches
-// sequences runs token step i x scheduling unit j x GPU batch k. With overlap on, the next
+// sequences runs token step i x scheduling unit j x GPU batch k. Who runs each step is decided
+// by the block's StepScheduler (step_scheduler.h); this executes its plans. With overlap on, the next
 // unit's weights are fetched while the K batches of this unit compute, and batch k+1's
 // activations/KV are fetched (batch k-1's written back) while batch k computes, each on its
 // own copy lane; tickets order them (no global barrier). With overlap off the same copies
@@ -71,7 +72,7 @@ struct StageLinks {
   std::function<void(std::int64_t k, std::span<const float> hidden)> send;
 };
 
-struct PrefixMatch;
+struct RowCopy;
 
 class BlockScheduler {
  public:
@@ -130,25 +131,13 @@ class BlockScheduler {
   // batch's step, for any request of the queue.
   std::int64_t continuous_capacity(const GenerationRequest& req) const;
   std::int64_t continuous_rows(const GenerationRequest& req, std::int64_t slots) const;
-  // Continuous batching: each GPU batch's next step; idle slots take waiting prompts.
-  void next_steps(BlockState& st);
-  // Continuous batching: whether a prompt waits for a free slot (st.waiting); under
-  // req.next_prompt the next one this run takes, those passed on the way dropped.
-  bool prompt_waiting(BlockState& st, bool idle);
-  // Continuous batching: free slots take waiting prompts (with the runs sharing their
-  // prefills, and the prompt prefixes cache rows hold); which slots prefill a newcomer this step.
-  std::vector<bool> admit(BlockState& st);
-  // Shared prompt prefixes (step_admission.cc): each slot's tokens its cache row holds; whether
-  // a newcomer of this step prefills a longer prefix of `prompt` than those rows hold now; the
-  // newcomer in slot `to` taking its prefix from a row.
-  std::vector<std::span<const std::int32_t>> held_rows(const BlockState& st) const;
-  bool prefix_in_flight(const BlockState& st, std::span<const std::int32_t> prompt, const PrefixMatch& now,
-                        const std::vector<bool>& newcomer) const;
-  void share_prefix(BlockState& st, const PrefixMatch& m, std::size_t to);
-  // Shared prefills: copies each prefilled slot of this step into the slots forked from it.
-  void fork_slots(BlockState& st);
-  // Continuous batching: records the step's tokens slot by slot, freeing the slots that ended.
+  // Between steps (step_plan_run.cc): records the step's tokens slot by slot (continuous
+  // batching); takes the StepScheduler's next plan, makes its row copies and lays out each
+  // GPU batch's step from it; the rows `copies` name copied in order.
   void record_slots(BlockState& st, GenerationLog& log);
+  void next_steps(BlockState& st);
+  StepBatch lay_out(const BlockState& st, const GpuBatch& b) const;
+  void copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what);
   // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index,
   // and those forked from its prefill from the same logits.
   void sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i);

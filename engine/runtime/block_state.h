@@ -1,12 +1,13 @@
 // The state of one block between the steps of a BlockScheduler: its GPU batches, ring slots,
-// activations and, under continuous batching, which request each slot runs (block_scheduler.cc
-// steps it; step_admission.cc decides who runs each step). Private to engine/runtime.
+// activations, and the StepScheduler that plans its steps (block_scheduler.cc runs a step;
+// step_plan_run.cc carries out a plan's copies and records the step). Private to engine/runtime.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/step_scheduler.h"
 
 namespace flexh2o::engine {
 
@@ -23,21 +24,10 @@ struct BlockScheduler::BlockState {
   bool evicting = false;  // a KV policy keeps budget-sized rows
   const GenerationRequest* req = nullptr;
   GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
-  // Continuous batching: each slot's sequence (-1: idle) and the first prompt not yet admitted.
   bool continuous = false;
-  std::vector<std::int64_t> slot_seq;
-  std::size_t waiting = 0;
-  // Shared prefills: per slot, the slot whose prefill of this step it takes (-1: none), and
-  // whether any does.
-  std::vector<std::int64_t> fork_of;
-  bool forking = false;
-  // Shared prompt prefixes (continuous batching; docs/prefix-sharing.md): whether they apply,
-  // and per slot, how many leading tokens of its batch's tokens its cache row holds (also after
-  // its request ended: a later one may start with them) and how many of them its newcomer of
-  // this step took from a shared prefix (0: it prefills its whole prompt).
-  bool sharing = false;
-  std::vector<std::int64_t> held;
-  std::vector<std::int64_t> prefix;
+  // Who runs each step (step_scheduler.h) and its plan of the current step.
+  std::unique_ptr<StepScheduler> scheduler;
+  StepPlan plan;
   std::vector<std::int32_t> next;          // per block sequence
   std::vector<float> host_logits;
   RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }

@@ -23,7 +23,6 @@ namespace flexh2o::engine {
 // states and KV cache (TieredTensors split by the policy).
 struct GpuBatch {
   std::int64_t first_sequence = 0, n = 0;  // sequences [first_sequence, first_sequence + n) of the block
-  std::vector<std::vector<std::int32_t>> tokens;  // each sequence's tokens so far (prompt first)
   StepBatch step;
   std::unique_ptr<offload::TieredTensor> hidden;  // [max rows, hidden]
   std::vector<std::unique_ptr<offload::TieredTensor>> k, v;  // per decoder layer: n rows of kv_heads x capacity slots

@@ -1,0 +1,191 @@
+#include "engine/runtime/step_scheduler.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "engine/runtime/prefill_fork.h"
+
+namespace flexh2o::engine {
+
+StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes)
+    : req_(req),
+      gpu_batch_size_(static_cast<std::size_t>(gpu_batch_size)),
+      continuous_(req.slots > 0),
+      sharing_(continuous_ && share_prefixes) {
+  if (gpu_batch_size < 1) throw std::invalid_argument("a GPU batch holds at least one sequence");
+  const std::size_t prompts = req.prompts.size();
+  const std::size_t n = continuous_ ? std::min(static_cast<std::size_t>(req.slots), prompts) : prompts;
+  tokens_.resize(n);
+  slot_seq_.assign(n, -1);
+  fork_of_.assign(n, -1);
+  held_.assign(n, 0);
+  prefix_.assign(n, 0);
+  if (continuous_) return;
+  // A fixed block: each run of prompts sharing a prefill forks its first one's slot after step 0.
+  for (std::size_t s = 0; s < n; ++s) {
+    tokens_[s] = req.prompts[s];
+    slot_seq_[s] = static_cast<std::int64_t>(s);
+    if (s > 0 && s < req.shares_prompt.size() && req.shares_prompt[s])
+      fork_of_[s] = fork_of_[s - 1] >= 0 ? fork_of_[s - 1] : static_cast<std::int64_t>(s - 1);
+  }
+}
+
+StepPlan StepScheduler::next_step() {
+  StepPlan plan;
+  const bool first = !planned_;
+  if (planned_) plan.forks = take_forks();
+  planned_ = true;
+  std::vector<bool> newcomer(slots(), first && !continuous_);
+  if (continuous_) {
+    if (waiting_ < req_.prompts.size() && req_.stop_admitting && req_.stop_admitting())
+      for (; waiting_ < req_.prompts.size(); ++waiting_) plan.dropped.push_back(waiting_);
+    newcomer = admit(plan);
+  }
+  lay_out(plan, newcomer);
+  return plan;
+}
+
+void StepScheduler::lay_out(StepPlan& plan, const std::vector<bool>& newcomer) const {
+  plan.slots.resize(slots());
+  for (std::size_t slot = 0; slot < slots(); ++slot) {
+    SlotStep& s = plan.slots[slot];
+    s.seq = slot_seq_[slot];
+    s.fork_of = fork_of_[slot];
+    // No request, or a fork waiting for the prefill of this step it shares.
+    if (s.seq < 0 || s.fork_of >= 0) continue;
+    if (newcomer[slot]) {
+      s.kind = prefix_[slot] > 0 ? SeqStep::Extend : SeqStep::Prefill;
+      s.cached = prefix_[slot];
+    } else {
+      s.kind = SeqStep::Decode;
+      s.cached = static_cast<std::int64_t>(tokens_[slot].size()) - 1;
+    }
+  }
+}
+
+std::vector<RowCopy> StepScheduler::take_forks() {
+  std::vector<RowCopy> forks;
+  for (std::size_t s = 0; s < slots(); ++s) {
+    const std::int64_t from = std::exchange(fork_of_[s], -1);
+    const std::int64_t seq = slot_seq_[s];
+    if (from < 0 || seq < 0) continue;  // not a fork, or it ended with its first token
+    forks.push_back({from, static_cast<std::int64_t>(s),
+                     static_cast<std::int64_t>(req_.prompts[static_cast<std::size_t>(seq)].size())});
+  }
+  return forks;
+}
+
+void StepScheduler::record(std::size_t slot, std::int32_t token, bool ended) {
+  if (!continuous_) throw std::logic_error("StepScheduler::record is for continuous batching; a fixed block records all");
+  auto& tokens = tokens_[slot];
+  // The row holds every input so far (a fork's once its copy is made, which a fork that ends
+  // here skips); the tokens stay for a later prompt that starts with them.
+  if (ended) {
+    slot_seq_[slot] = -1;  // free for the next prompt
+    held_[slot] = fork_of_[slot] >= 0 ? 0 : static_cast<std::int64_t>(tokens.size());
+  } else {
+    tokens.push_back(token);
+    held_[slot] = static_cast<std::int64_t>(tokens.size()) - 1;
+  }
+}
+
+void StepScheduler::record_all(std::span<const std::int32_t> next) {
+  if (continuous_ || next.size() != slots())
+    throw std::logic_error("StepScheduler::record_all takes one token per slot of a fixed block");
+  for (std::size_t s = 0; s < slots(); ++s) tokens_[s].push_back(next[s]);
+}
+
+bool StepScheduler::prompt_waiting(bool idle, StepPlan& plan) {
+  if (waiting_ >= req_.prompts.size() || !req_.next_prompt) return waiting_ < req_.prompts.size();
+  const std::optional<std::size_t> next = req_.next_prompt(waiting_, idle);
+  if (!next && idle) throw std::logic_error("next_prompt gave no answer while no slot runs");
+  if (!next) return false;
+  if (*next < waiting_) throw std::logic_error("next_prompt went back in the queue");
+  for (const std::size_t to = std::min(*next, req_.prompts.size()); waiting_ < to; ++waiting_)
+    plan.dropped.push_back(waiting_);
+  return waiting_ < req_.prompts.size();
+}
+
+// Free slots take the waiting prompts in order, first come first served. A newcomer's prompt
+// counts against its GPU batch's prefill budget (a batch's first newcomer joins whatever its
+// length; after one that does not fit, the batch takes no more this step), less the prefix it
+// takes from a cache row. A prompt whose longest prefix is being prefilled in this step by
+// another newcomer waits for the next step, when that row holds it (admission stops there).
+// The prompts sharing its prefill (shared_prompt_run, at most the block's slots) take the
+// first other free slots, wherever they are, as forks of it; a run waits until there are free
+// slots for all of it.
+std::vector<bool> StepScheduler::admit(StepPlan& plan) {
+  const std::size_t n = slots();
+  std::vector<bool> newcomer(n, false);
+  std::vector<std::size_t> free;
+  for (std::size_t s = 0; s < n; ++s)
+    if (slot_seq_[s] < 0) free.push_back(s);
+  std::ranges::fill(prefix_, 0);
+  std::size_t left = free.size();
+  const std::size_t batches = (n + gpu_batch_size_ - 1) / gpu_batch_size_;
+  std::vector<std::int64_t> prefilled(batches, 0);  // prompt tokens per GPU batch
+  std::vector<bool> batch_full(batches, false);
+  auto take = [&](std::size_t slot, std::int64_t fork_of) {
+    slot_seq_[slot] = static_cast<std::int64_t>(waiting_);
+    fork_of_[slot] = fork_of;
+    tokens_[slot] = req_.prompts[waiting_];
+    held_[slot] = 0;  // its row is rewritten (or copied into) from here on
+    ++waiting_;
+    --left;
+  };
+  bool idle = left == n;
+  for (const std::size_t f : free) {
+    if (!prompt_waiting(idle, plan)) break;
+    if (slot_seq_[f] >= 0) continue;  // a fork of a newcomer before it
+    const std::size_t k = f / gpu_batch_size_;
+    const std::vector<std::int32_t>& prompt = req_.prompts[waiting_];
+    const PrefixMatch match =
+        sharing_ ? longest_prefix(prompt, held_rows(), static_cast<std::int64_t>(f), req_.min_shared_prefix)
+                 : PrefixMatch{};
+    if (sharing_ && prefix_in_flight(prompt, match, newcomer)) break;
+    const auto len = static_cast<std::int64_t>(prompt.size()) - match.tokens;
+    batch_full[k] = batch_full[k] || (prefilled[k] > 0 && prefilled[k] + len > req_.prefill_budget);
+    if (batch_full[k]) continue;
+    const auto run = static_cast<std::size_t>(
+        std::min<std::int64_t>(shared_prompt_run(req_, waiting_), static_cast<std::int64_t>(n)));
+    if (run > left) break;
+    newcomer[f] = true;
+    prefilled[k] += len;
+    take(f, -1);
+    if (match.tokens > 0) {  // copied before the step computes (none when its own row holds it)
+      prefix_[f] = held_[f] = match.tokens;
+      if (match.slot != static_cast<std::int64_t>(f))
+        plan.prefixes.push_back({match.slot, static_cast<std::int64_t>(f), match.tokens});
+    }
+    idle = false;
+    for (std::size_t j = 1, s = 0; j < run; ++j) {
+      while (slot_seq_[free[s]] >= 0) ++s;
+      take(free[s], static_cast<std::int64_t>(f));
+    }
+  }
+  return newcomer;
+}
+
+std::vector<std::span<const std::int32_t>> StepScheduler::held_rows() const {
+  std::vector<std::span<const std::int32_t>> rows;
+  for (std::size_t s = 0; s < slots(); ++s)
+    rows.push_back(std::span(tokens_[s]).first(static_cast<std::size_t>(held_[s])));
+  return rows;
+}
+
+// Whether a newcomer of this step prefills a longer prefix of `prompt` (by at least the
+// fewest worth sharing) than the rows hold now: the prompt then waits a step for it.
+bool StepScheduler::prefix_in_flight(std::span<const std::int32_t> prompt, const PrefixMatch& now,
+                                     const std::vector<bool>& newcomer) const {
+  const std::int64_t least = std::max<std::int64_t>(req_.min_shared_prefix, 1);
+  const auto shareable = prompt.first(prompt.size() - 1);
+  for (std::size_t s = 0; s < newcomer.size(); ++s) {
+    if (!newcomer[s]) continue;
+    const std::int64_t n = common_prefix(shareable, tokens_[s]);
+    if (n >= least && n >= now.tokens + least) return true;
+  }
+  return false;
+}
+
+}  // namespace flexh2o::engine

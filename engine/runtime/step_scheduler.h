@@ -1,0 +1,106 @@
+// The decision half of a block's steps (vLLM's scheduler / executor seam): which sequence each
+// slot runs at each step and which cache rows are copied before it, decided from what the
+// request says (its prompts, shares_prompt, prefill budget, next_prompt, stop_admitting) and
+// from which sequences ended. BlockScheduler executes each plan (the copies, the compute over
+// units x GPU batches, the sampling) and reports back the tokens each slot sampled and which
+// sequences ended. No model, no backend, no memory here: the plans are plain values.
+//
+// Continuous batching (req.slots > 0): free slots take the waiting prompts in order; each
+// newcomer prefills its prompt, or only the rest of it after the longest prefix a cache row of
+// the block holds, copied into its row first (docs/prefix-sharing.md); a run of prompts
+// sharing one prefill (shares_prompt, engine/runtime/prefill_fork.h) takes a slot for each, the
+// others idling as forks of the first for that step and copying its row after it. A fixed
+// block (req.slots == 0): every prompt prefills at step 0 (forks idle) and all decode after.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/model/step.h"
+#include "engine/runtime/generator.h"
+#include "engine/runtime/prefix_match.h"
+
+namespace flexh2o::engine {
+
+// What one slot does in a step.
+struct SlotStep {
+  SeqStep kind = SeqStep::Idle;  // Prefill, Extend, Decode or Idle
+  std::int64_t seq = -1;         // the request's sequence it runs (-1: none)
+  // The tokens its cache row holds before the step: Extend: the shared prefix it took (it
+  // computes the rest of its prompt); Decode: all but the last (the one it computes).
+  std::int64_t cached = 0;
+  // An idle fork: the slot whose prefill of this step it shares (samples its first token from
+  // that slot's logits; its row is copied from that one after the step).
+  std::int64_t fork_of = -1;
+  bool operator==(const SlotStep&) const = default;
+};
+
+// The first `tokens` KV slots of cache row `from` copied into row `to`.
+struct RowCopy {
+  std::int64_t from = 0, to = 0, tokens = 0;
+  bool operator==(const RowCopy&) const = default;
+};
+
+struct StepPlan {
+  // Before the step, in this order: the last step's prefills copied into the rows of their
+  // forks, then the shared prefixes the newcomers take (each such slot extends; a newcomer
+  // whose own row holds its prefix copies nothing).
+  std::vector<RowCopy> forks, prefixes;
+  std::vector<std::size_t> dropped;  // sequences that will never run (passed over, or admission stopped)
+  std::vector<SlotStep> slots;       // per slot: GPU batch k holds slots [k, k + 1) x gpu_batch_size
+  bool operator==(const StepPlan&) const = default;
+};
+
+class StepScheduler {
+ public:
+  // Over min(req.slots, prompts) slots under continuous batching, else over every prompt.
+  // share_prefixes: newcomers may take prompt prefixes the rows hold (the executor knows when
+  // the model allows it: prefix_sharing_off_reason). `req` must outlive this.
+  StepScheduler(const GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes);
+  std::size_t slots() const { return slot_seq_.size(); }
+  // The plan of the next step (the first call: step 0). Under continuous batching it polls
+  // req.stop_admitting and asks req.next_prompt for the prompts free slots take.
+  StepPlan next_step();
+  // Continuous batching, after the step planned last: slot `slot` computed `token` (the
+  // sampled one, or a forced input in its place); `ended`: that ended its sequence.
+  void record(std::size_t slot, std::int32_t token, bool ended);
+  // A fixed block, after the step: every slot's next input (its finished sequences compute on).
+  void record_all(std::span<const std::int32_t> next);
+  // Slot `slot`'s tokens so far, its prompt first: what Prefill and Extend compute from, and
+  // whose last one Decode computes.
+  const std::vector<std::int32_t>& tokens(std::size_t slot) const { return tokens_[slot]; }
+
+ private:
+  // Whether a prompt waits for a free slot (waiting_); under req.next_prompt the next one this
+  // run takes, those passed on the way dropped.
+  bool prompt_waiting(bool idle, StepPlan& plan);
+  // Free slots take waiting prompts; which slots prefill a newcomer this step.
+  std::vector<bool> admit(StepPlan& plan);
+  // Per slot, the tokens its cache row holds.
+  std::vector<std::span<const std::int32_t>> held_rows() const;
+  // Whether a newcomer of this step prefills a longer prefix of `prompt` than the rows hold now.
+  bool prefix_in_flight(std::span<const std::int32_t> prompt, const PrefixMatch& now,
+                        const std::vector<bool>& newcomer) const;
+  // The rows of this step's prefills copied into their forks (forks that ended copy nothing).
+  std::vector<RowCopy> take_forks();
+  void lay_out(StepPlan& plan, const std::vector<bool>& newcomer) const;
+
+  const GenerationRequest& req_;
+  std::size_t gpu_batch_size_;
+  bool continuous_;
+  bool sharing_;          // shared prompt prefixes apply
+  bool planned_ = false;  // step 0 is planned
+  std::vector<std::vector<std::int32_t>> tokens_;  // per slot
+  // Each slot's sequence (-1: idle) and the first prompt not yet admitted.
+  std::vector<std::int64_t> slot_seq_;
+  std::size_t waiting_ = 0;
+  // Per slot, the slot whose prefill of the step planned last it shares (-1: none).
+  std::vector<std::int64_t> fork_of_;
+  // Shared prompt prefixes: per slot, how many leading tokens of its tokens its cache row
+  // holds (also after its request ended: a later one may start with them) and how many of
+  // them its newcomer of this step took from a shared prefix (0: it prefills its whole prompt).
+  std::vector<std::int64_t> held_, prefix_;
+};
+
+}  // namespace flexh2o::engine

@@ -1,0 +1,272 @@
+// The StepScheduler alone (engine/runtime/step_scheduler.h): no model, no backend. Each test
+// plays a request through it step by step, reporting made-up tokens and ends as the executor
+// would, and asserts the exact plan of every step: which sequence each slot runs and how
+// (prefill, extend after a shared prefix, decode, idle, idle fork), the rows copied before it
+// and the sequences dropped. The plans were worked out by hand from the admission rules.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "engine/runtime/step_scheduler.h"
+
+namespace flexh2o::engine {
+
+void PrintTo(const SlotStep& s, std::ostream* os) {
+  static const char* const kinds[] = {"Prefill", "Decode", "Extend", "Idle"};
+  *os << "{" << kinds[static_cast<int>(s.kind)] << " seq " << s.seq << " cached " << s.cached << " fork_of "
+      << s.fork_of << "}";
+}
+
+void PrintTo(const StepPlan& p, std::ostream* os) {
+  auto copies = [&](const char* what, const std::vector<RowCopy>& cs) {
+    *os << what << " [";
+    for (const RowCopy& c : cs) *os << " " << c.from << "->" << c.to << " (" << c.tokens << ")";
+    *os << " ] ";
+  };
+  copies("forks", p.forks);
+  copies("prefixes", p.prefixes);
+  *os << "dropped [";
+  for (const std::size_t d : p.dropped) *os << " " << d;
+  *os << " ] slots";
+  for (const SlotStep& s : p.slots) PrintTo(s, os);
+}
+
+namespace {
+
+using Tokens = std::vector<std::int32_t>;
+
+SlotStep idle() { return {}; }
+SlotStep prefill(std::int64_t seq) { return {SeqStep::Prefill, seq, 0, -1}; }
+SlotStep extend(std::int64_t seq, std::int64_t cached) { return {SeqStep::Extend, seq, cached, -1}; }
+SlotStep decode(std::int64_t seq, std::int64_t cached) { return {SeqStep::Decode, seq, cached, -1}; }
+SlotStep fork(std::int64_t seq, std::int64_t of) { return {SeqStep::Idle, seq, 0, of}; }
+
+StepPlan plan(std::vector<SlotStep> slots, std::vector<RowCopy> forks = {}, std::vector<RowCopy> prefixes = {},
+              std::vector<std::size_t> dropped = {}) {
+  return {std::move(forks), std::move(prefixes), std::move(dropped), std::move(slots)};
+}
+
+// Tokens first, first + 1, ..., first + n - 1.
+Tokens run_of(std::int32_t first, std::int32_t n) {
+  Tokens t;
+  for (std::int32_t i = 0; i < n; ++i) t.push_back(first + i);
+  return t;
+}
+
+Tokens join(Tokens a, const Tokens& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Continuous batching over `slots` slots of GPU batches of `gbs`, prompts of the given lengths
+// with nothing in common.
+GenerationRequest queue(std::vector<std::int32_t> lengths, std::int64_t slots) {
+  GenerationRequest req;
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    req.prompts.push_back(run_of(1000 * static_cast<std::int32_t>(i + 1), lengths[i]));
+  req.slots = slots;
+  return req;
+}
+
+TEST(StepScheduler, AdmitsInOrderAndRefillsFreedSlots) {
+  const GenerationRequest req = queue({3, 4, 5, 6, 7}, 2);
+  StepScheduler s(req, 2, true);
+  ASSERT_EQ(s.slots(), 2u);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), prefill(1)}));
+  EXPECT_EQ(s.tokens(1), req.prompts[1]);
+  s.record(0, 7, false);
+  s.record(1, 8, true);
+  EXPECT_EQ(s.next_step(), plan({decode(0, 3), prefill(2)}));
+  EXPECT_EQ(s.tokens(0), join(req.prompts[0], {7}));
+  EXPECT_EQ(s.tokens(1), req.prompts[2]);
+  s.record(0, 9, true);
+  s.record(1, 10, false);
+  EXPECT_EQ(s.next_step(), plan({prefill(3), decode(2, 5)}));
+  s.record(0, 11, false);
+  s.record(1, 12, true);
+  EXPECT_EQ(s.next_step(), plan({decode(3, 6), prefill(4)}));
+  s.record(0, 13, true);
+  s.record(1, 14, true);
+  EXPECT_EQ(s.next_step(), plan({idle(), idle()}));  // the queue is empty
+}
+
+TEST(StepScheduler, FewerPromptsThanSlots) {
+  const GenerationRequest req = queue({2}, 4);
+  StepScheduler s(req, 2, true);
+  ASSERT_EQ(s.slots(), 1u);
+  EXPECT_EQ(s.next_step(), plan({prefill(0)}));
+}
+
+// A GPU batch's newcomers prefill at most prefill_budget prompt tokens a step: its first one
+// whatever its length; after one that does not fit the batch takes no more this step.
+TEST(StepScheduler, PrefillBudgetSplitsNewcomersAcrossSteps) {
+  GenerationRequest req = queue({6, 6, 3, 12}, 4);
+  req.prefill_budget = 10;
+  StepScheduler s(req, 4, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), idle(), idle(), idle()}));  // 6 + 6 > 10
+  s.record(0, 1, false);
+  EXPECT_EQ(s.next_step(), plan({decode(0, 6), prefill(1), prefill(2), idle()}));  // 6 + 3; + 12 > 10
+  s.record(0, 1, false);
+  s.record(1, 1, false);
+  s.record(2, 1, false);
+  EXPECT_EQ(s.next_step(), plan({decode(0, 7), decode(1, 6), decode(2, 3), prefill(3)}));  // 12 > 10 alone
+}
+
+TEST(StepScheduler, PrefillBudgetIsPerGpuBatch) {
+  GenerationRequest req = queue({6, 6, 6, 6}, 4);
+  req.prefill_budget = 8;
+  StepScheduler s(req, 2, true);
+  // Slot 1 would take 12 tokens into batch 0: prompt 1 goes to slot 2 (batch 1) instead.
+  EXPECT_EQ(s.next_step(), plan({prefill(0), idle(), prefill(1), idle()}));
+  s.record(0, 1, false);
+  s.record(2, 1, false);
+  EXPECT_EQ(s.next_step(), plan({decode(0, 6), prefill(2), decode(1, 6), prefill(3)}));
+}
+
+TEST(StepScheduler, StopAdmittingDropsTheWaitingPrompts) {
+  GenerationRequest req = queue({3, 3, 3, 3}, 2);
+  bool stop = false;
+  int polls = 0;
+  req.stop_admitting = [&] {
+    ++polls;
+    return stop;
+  };
+  StepScheduler s(req, 2, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), prefill(1)}));
+  EXPECT_EQ(polls, 1);
+  stop = true;
+  s.record(0, 1, true);
+  s.record(1, 1, false);
+  EXPECT_EQ(s.next_step(), plan({idle(), decode(1, 3)}, {}, {}, {2, 3}));
+  s.record(1, 1, true);
+  EXPECT_EQ(s.next_step(), plan({idle(), idle()}));
+  EXPECT_EQ(polls, 2);  // not asked once no prompt waits
+}
+
+TEST(StepScheduler, NextPromptPicksSkipsAndWaits) {
+  GenerationRequest req = queue({3, 3, 3, 3, 3}, 2);
+  std::vector<std::pair<std::size_t, bool>> asked;  // (from, idle)
+  std::vector<std::optional<std::size_t>> answers = {0, std::nullopt, 3, 5};
+  req.next_prompt = [&](std::size_t from, bool idle) -> std::optional<std::size_t> {
+    asked.emplace_back(from, idle);
+    const auto a = answers.at(asked.size() - 1);
+    return a;
+  };
+  StepScheduler s(req, 2, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), idle()}));  // none yet for slot 1
+  s.record(0, 1, false);
+  // Prompts 1 and 2 are another rank's: dropped on the way to 3.
+  EXPECT_EQ(s.next_step(), plan({decode(0, 3), prefill(3)}, {}, {}, {1, 2}));
+  s.record(0, 1, true);
+  s.record(1, 1, false);
+  EXPECT_EQ(s.next_step(), plan({idle(), decode(3, 3)}, {}, {}, {4}));  // none left
+  const std::vector<std::pair<std::size_t, bool>> expected = {{0, true}, {1, false}, {1, false}, {4, false}};
+  EXPECT_EQ(asked, expected);
+  s.record(1, 1, true);
+  EXPECT_EQ(s.next_step(), plan({idle(), idle()}));
+  EXPECT_EQ(asked.size(), 4u);
+}
+
+TEST(StepScheduler, NextPromptMustAnswerWhenNoSlotRuns) {
+  GenerationRequest req = queue({3}, 1);
+  req.next_prompt = [](std::size_t, bool) -> std::optional<std::size_t> { return std::nullopt; };
+  StepScheduler s(req, 1, true);
+  EXPECT_THROW(s.next_step(), std::logic_error);
+}
+
+TEST(StepScheduler, NextPromptMayNotGoBack) {
+  GenerationRequest req = queue({3, 3}, 1);
+  req.next_prompt = [](std::size_t, bool) -> std::optional<std::size_t> { return 0; };
+  StepScheduler s(req, 1, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(0)}));
+  s.record(0, 1, true);
+  EXPECT_THROW(s.next_step(), std::logic_error);  // asked from 1, answered 0
+}
+
+// shares_prompt: a run of one prompt's samples prefills once; the others idle as forks of its
+// slot (the first other free slots) and copy its row after the step unless they ended at once.
+TEST(StepScheduler, SharedPrefillRunsFork) {
+  GenerationRequest req = queue({5, 5, 5, 4}, 4);
+  req.prompts[1] = req.prompts[2] = req.prompts[0];
+  req.shares_prompt = {false, true, true, false};
+  StepScheduler s(req, 2, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), fork(1, 0), fork(2, 0), prefill(3)}));
+  s.record(0, 1, false);
+  s.record(1, 2, false);
+  s.record(2, 3, true);  // ended with its first token: nothing to copy
+  s.record(3, 4, false);
+  EXPECT_EQ(s.next_step(), plan({decode(0, 5), decode(1, 5), idle(), decode(3, 4)}, {{0, 1, 5}}));
+  EXPECT_EQ(s.tokens(1), join(req.prompts[1], {2}));
+}
+
+TEST(StepScheduler, SharedPrefillRunWaitsForFreeSlots) {
+  GenerationRequest req = queue({4, 5, 5}, 2);
+  req.prompts[2] = req.prompts[1];
+  req.shares_prompt = {false, false, true};
+  StepScheduler s(req, 2, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), idle()}));  // the run of 2 needs 2 free slots
+  s.record(0, 1, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(1), fork(2, 0)}));
+}
+
+TEST(StepScheduler, FixedBlockPrefillsThenDecodesAndForks) {
+  GenerationRequest req = queue({5, 5, 3}, 0);
+  req.prompts[1] = req.prompts[0];
+  req.shares_prompt = {false, true, false};
+  StepScheduler s(req, 2, true);
+  ASSERT_EQ(s.slots(), 3u);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), fork(1, 0), prefill(2)}));
+  const std::vector<std::int32_t> next = {7, 8, 9};
+  s.record_all(next);
+  EXPECT_EQ(s.next_step(), plan({decode(0, 5), decode(1, 5), decode(2, 3)}, {{0, 1, 5}}));
+  s.record_all(next);
+  EXPECT_EQ(s.next_step(), plan({decode(0, 6), decode(1, 6), decode(2, 4)}));
+  EXPECT_EQ(s.tokens(2), join(req.prompts[2], {9, 9}));
+}
+
+// Shared prompt prefixes (docs/prefix-sharing.md), at least min_shared_prefix = 16 tokens,
+// the longest a row holds, never a whole prompt; a newcomer waits a step when another newcomer
+// of this step prefills a prefix of it longer (by 16) than the rows hold.
+TEST(StepScheduler, SharedPrefixes) {
+  const Tokens b = run_of(1, 40);
+  auto head = [&](std::int32_t n) { return Tokens(b.begin(), b.begin() + n); };
+  GenerationRequest req;
+  req.prompts = {head(30), join(head(20), {100, 101, 102}), join(head(25), {110, 111}), join(head(15), {120}),
+                 head(30), join(head(20), {100, 101, 102})};
+  req.slots = 3;
+  StepScheduler s(req, 3, true);
+  // Prompt 1's first 20 tokens are being prefilled by prompt 0: it waits, and admission stops.
+  EXPECT_EQ(s.next_step(), plan({prefill(0), idle(), idle()}));
+  s.record(0, 50, false);
+  // Row 0 holds prompt 0: prompt 1 takes 20 tokens of it; prompt 2 takes 25 (row 1 holds 20).
+  EXPECT_EQ(s.next_step(), plan({decode(0, 30), extend(1, 20), extend(2, 25)}, {}, {{0, 1, 20}, {0, 2, 25}}));
+  s.record(0, 51, true);
+  s.record(1, 60, false);
+  s.record(2, 61, true);  // its row keeps prompt 2
+  // Prompt 3 shares 15 tokens only: it prefills. Prompt 4 takes the 25 its own row holds (no
+  // copy) over row 1's 20.
+  EXPECT_EQ(s.next_step(), plan({prefill(3), decode(1, 23), extend(4, 25)}));
+  s.record(0, 70, false);
+  s.record(1, 71, true);
+  s.record(2, 72, false);
+  // Prompt 5 is prompt 1, whose row holds it whole: its last token is still computed.
+  EXPECT_EQ(s.next_step(), plan({decode(3, 16), extend(5, 22), decode(4, 30)}));
+}
+
+TEST(StepScheduler, SharedPrefixesOff) {
+  GenerationRequest req;
+  req.prompts = {run_of(1, 30), run_of(1, 31)};
+  req.slots = 2;
+  StepScheduler off(req, 2, false);
+  EXPECT_EQ(off.next_step(), plan({prefill(0), prefill(1)}));
+  req.min_shared_prefix = 31;  // more than prompt 1 can share: no wait either
+  StepScheduler longer(req, 2, true);
+  EXPECT_EQ(longer.next_step(), plan({prefill(0), prefill(1)}));
+}
+
+}  // namespace
+}  // namespace flexh2o::engine
