@@ -5,6 +5,8 @@
 #include <map>
 #include <utility>
 
+#include "engine/runtime/prefix_match.h"
+
 namespace flexh2o::distributed {
 
 std::string rank_name(const Mpi& mpi) { return "rank " + std::to_string(mpi.rank()) + " (" + mpi.host() + ")"; }
@@ -57,6 +59,22 @@ job::RunPart run_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::
   return part;
 }
 
+// How rank 0 deals (DealQueue), where the ranks' engines share prefixes: each prefix family to
+// one rank, and to a rank those of its recent requests' families (its last block and the
+// requests it keeps in hand ahead: what its cache rows hold), a rank running at most about two
+// rounds of every rank's requests ahead of the queue; else in the job's order.
+PrefixDealing prefix_dealing(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo) {
+  const job::EngineOptions& o = e.options;
+  if (!o.continuous || !o.share_prefixes || !engine::prefix_sharing_off_reason(e.config, o.policy.kv != "full").empty())
+    return {};
+  PrefixDealing d;
+  for (const job::Request& r : todo) d.prompts.emplace_back(r.prompt);
+  d.min_tokens = engine::GenerationRequest{}.min_shared_prefix;
+  d.recent = static_cast<std::size_t>(o.policy.block_size()) + requests_ahead(o);
+  d.lookahead = std::max<std::size_t>(16, 2 * static_cast<std::size_t>(mpi.size()) * d.recent);
+  return d;
+}
+
 }  // namespace
 
 job::RunPart run_dealt_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo,
@@ -74,7 +92,7 @@ std::vector<job::RunPart> run_dealing_rank(const Mpi& mpi, const RankEngine& e, 
                                            const job::InterruptWatch& interrupts, const RootQueue::Finished& finished) {
   // The others' slots too, where they plan alike.
   const auto slots = static_cast<std::size_t>(e.options.policy.block_size());
-  RootQueue queue(mpi, todo, slots + requests_ahead(e.options), finished);
+  RootQueue queue(mpi, todo, slots + requests_ahead(e.options), prefix_dealing(mpi, e, todo), finished);
   const job::RunPart own = run_rank(mpi, e, todo, queue.source(), finished, [&] { queue.poll(); }, interrupts);
   std::vector<job::RunPart> parts;
   for (const nlohmann::json& j : queue.reports(job::to_json(own, true))) parts.push_back(job::part_from_json(j));

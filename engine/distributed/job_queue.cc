@@ -63,20 +63,20 @@ engine::GenerationResult sequence_from_json(const json& j) {
 // ---- rank 0 ----------------------------------------------------------------------------------
 
 RootQueue::RootQueue(const Mpi& mpi, std::span<const job::Request> requests, std::size_t first_deal,
-                     Finished finished)
+                     PrefixDealing prefer, Finished finished)
     : mpi_(mpi),
-      queue_(group_starts(requests)),
+      queue_(group_starts(requests), mpi.size(), std::move(prefer)),
       own_(queue_),
       finished_(std::move(finished)),
       reports_(static_cast<std::size_t>(mpi.size())),
       reports_due_(mpi.size() - 1) {
   for (int r = 1; r < mpi.size(); ++r)
-    sends_.push_back(send_json(mpi_, r, kTagDeal, {{"deal", queue_.deal(std::max<std::size_t>(first_deal, 1))}}));
+    sends_.push_back(send_json(mpi_, r, kTagDeal, {{"deal", queue_.deal(std::max<std::size_t>(first_deal, 1), r)}}));
 }
 
 std::optional<std::size_t> RootQueue::Own::next(std::size_t from, bool) {
   if (const auto held = hand_.next(from)) return held;
-  const std::vector<std::size_t> dealt = queue_.deal(1);  // no wait: a group at a time
+  const std::vector<std::size_t> dealt = queue_.deal(1, 0);  // no wait: a group at a time
   if (dealt.empty()) return kNoneLeft;
   hand_.add(dealt);
   return hand_.next(from);
@@ -84,7 +84,7 @@ std::optional<std::size_t> RootQueue::Own::next(std::size_t from, bool) {
 
 void RootQueue::take(int from, const json& msg) {
   if (msg.contains("ask")) {
-    sends_.push_back(send_json(mpi_, from, kTagDeal, {{"deal", queue_.deal(msg["ask"].get<std::size_t>())}}));
+    sends_.push_back(send_json(mpi_, from, kTagDeal, {{"deal", queue_.deal(msg["ask"].get<std::size_t>(), from)}}));
   } else if (msg.contains("done")) {
     for (const json& d : msg["done"]) finished_(d.at("index").get<std::size_t>(), sequence_from_json(d));
   } else if (msg.contains("report")) {

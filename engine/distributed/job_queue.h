@@ -1,5 +1,6 @@
 // A data-parallel job's queue over MPI (dynamic dealing). Every rank holds the job's requests;
-// rank 0 holds the queue of those not yet dealt (RootQueue). Its own runner takes from it
+// rank 0 holds the queue of those not yet dealt (RootQueue), preferring for a rank the
+// requests whose prompt prefix it took recently (DealQueue). Its own runner takes from it
 // directly, a request at a time as its slots free; the other ranks' runners ask it as theirs
 // free (RankQueue, with a few requests in hand ahead so that a freed slot rarely waits), so a
 // rank whose requests end early takes more. The ranks send each finished request's outcome
@@ -29,8 +30,10 @@ class RootQueue {
   // 0's own and the ones the other ranks send, as they come.
   using Finished = std::function<void(std::size_t index, const engine::GenerationResult& one)>;
   // Deals every other rank its first `first_deal` requests at once, unasked, so that none waits
-  // for rank 0 to reach its first step (loading its weights) before it can start.
-  RootQueue(const Mpi& mpi, std::span<const job::Request> requests, std::size_t first_deal, Finished finished);
+  // for rank 0 to reach its first step (loading its weights) before it can start; `prefer`:
+  // how it picks each rank's requests (DealQueue).
+  RootQueue(const Mpi& mpi, std::span<const job::Request> requests, std::size_t first_deal, PrefixDealing prefer,
+            Finished finished);
   // What rank 0's own runner takes from.
   job::RequestSource& source() { return own_; }
   // Answers the asks and takes the outcomes waiting (between rank 0's steps).

@@ -49,6 +49,44 @@ nlohmann::json to_json(const engine::GenerationResult& r) {
           {"total_throughput", r.total_throughput()}};
 }
 
+nlohmann::json kv_reads_json(const engine::KvReads& r, std::int64_t steps) {
+  auto per_step = [&](std::int64_t bytes) {
+    return steps > 0 ? static_cast<double>(bytes) / static_cast<double>(steps) : 0.0;
+  };
+  nlohmann::json by_tier;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    by_tier[std::string(offload::tier_name(t))] = {{"in_place", r.in_place[i]},
+                                                   {"staged", r.staged[i]},
+                                                   {"per_step", per_step(r.in_place[i] + r.staged[i])}};
+  }
+  return {{"total", r.total()}, {"steps", steps}, {"per_step", per_step(r.total())}, {"by_tier", std::move(by_tier)}};
+}
+
+engine::KvReads kv_reads_from_json(const nlohmann::json& j) {
+  engine::KvReads r;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    const nlohmann::json& tier = j.at("by_tier").at(std::string(offload::tier_name(t)));
+    r.in_place[i] = tier.at("in_place").get<std::int64_t>();
+    r.staged[i] = tier.at("staged").get<std::int64_t>();
+  }
+  return r;
+}
+
+std::string kv_reads_text(const engine::KvReads& r, std::int64_t steps) {
+  const std::int64_t n = std::max<std::int64_t>(steps, 1);
+  std::vector<std::string> tiers;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    const std::string_view name = offload::tier_name(t);
+    if (r.in_place[i] > 0) tiers.push_back(fmt::format("{} {} in place", name, format_bytes(r.in_place[i] / n)));
+    if (r.staged[i] > 0) tiers.push_back(fmt::format("{} {} staged", name, format_bytes(r.staged[i] / n)));
+  }
+  return fmt::format("KV read: {} per step{}, {} over {} steps\n", format_bytes(r.total() / n),
+                     tiers.empty() ? "" : fmt::format(" ({})", fmt::join(tiers, " | ")), format_bytes(r.total()), steps);
+}
+
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
   std::ranges::sort(values);
@@ -135,6 +173,13 @@ std::int64_t RunReport::decode_expert_bytes_per_token() const {
   return decode_tokens > 0 ? decode_bytes / decode_tokens : 0;
 }
 
+engine::KvReads RunReport::all_kv_reads() const {
+  if (mode == RunMode::OneProcess) return kv_reads;
+  engine::KvReads sum;
+  for (const RunPart& p : parts) sum.add(p.kv_reads);
+  return sum;
+}
+
 std::string RunReport::text() const {
   switch (mode) {
     case RunMode::DataParallel: return data_parallel_text();
@@ -165,6 +210,7 @@ std::string RunReport::one_process_text() const {
                    prompts, total.prompt_tokens, total.prompt_tokens_computed, total.prefix_shared_tokens,
                    total.prefix_hits, total.generated_tokens);
   s += phases_text(total);
+  s += kv_reads_text(kv_reads, steps());
   if (wall_seconds > 0)
     s += fmt::format("{}useful: {} tokens in {:.3f} s, {:.1f} tok/s | slot utilisation {:.2f} ({} sequence rows "
                      "computed)\n",
@@ -205,6 +251,7 @@ nlohmann::json RunReport::one_process_json() const {
   }
   j["sequence_steps"] = total.sequence_steps;
   j["slot_utilisation"] = total.slot_utilisation();
+  j["kv_read_bytes"] = kv_reads_json(kv_reads, steps());
   nlohmann::json requests = nlohmann::json::array();
   for (const auto& t : timings)
     requests.push_back({{"id", nlohmann::json::parse(t.id_json)},
@@ -252,6 +299,7 @@ RunReport make_run_report(const std::string& description, const engine::ModelCon
   r.hidden_bytes = pol.block_size() * longest_prompt * c.hidden * 4;
   r.peaks = peaks_of(tiers);
   r.experts = sched.expert_loads();
+  r.kv_reads = sched.kv_reads();
   if (trace) r.time_by_primitive = trace->time_by_primitive();
   return r;
 }

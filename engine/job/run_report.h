@@ -36,6 +36,14 @@ TierPeaks peaks_from_json(const nlohmann::json& j);
 // prompts, prompt/generated tokens, prefill/decode seconds and the three throughputs.
 nlohmann::json to_json(const engine::GenerationResult& r);
 
+// The KV cache bytes the attention read (engine::KvReads) over `steps` steps, as --metrics has
+// them: in all, the mean per step, and per tier what was attended in place and what was staged
+// through the cache ring.
+nlohmann::json kv_reads_json(const engine::KvReads& r, std::int64_t steps);
+engine::KvReads kv_reads_from_json(const nlohmann::json& j);
+// "KV read: X per step (gpu A in place | cpu B staged | ...), Y over S steps"
+std::string kv_reads_text(const engine::KvReads& r, std::int64_t steps);
+
 // When one request's tokens came, in seconds from the start of the job's loop.
 struct RequestTiming {
   std::string id_json;
@@ -73,6 +81,7 @@ struct RunPart {
   std::string host;
   std::optional<Placement> placement;  // none: a data-parallel rank that had no request to run
   engine::GenerationResult result;     // counts and times of the requests it ran
+  engine::KvReads kv_reads;            // the KV its attention read (of its layers)
   std::size_t finished_requests = 0;   // data parallel: the requests it finished
   bool stopped = false;                // data parallel: an interrupt stopped it taking requests
   std::optional<policy::StageSlice> slice;  // pipeline: the stage's layers
@@ -107,6 +116,7 @@ struct RunReport {
   std::int64_t hidden_bytes = 0;  // a block's hidden states in the prefill
   TierPeaks peaks;
   engine::ExpertLoadStats experts;  // mixture-of-experts: what each step fetched
+  engine::KvReads kv_reads;         // one process: the KV its attention read (else the parts')
   std::map<std::string, double> time_by_primitive;
   // How the requests shared the block's slots: "continuous" or "fixed" ("" : not said).
   std::string batching;
@@ -133,6 +143,8 @@ struct RunReport {
   double longest_wall() const;          // pipeline: the longest stage
   double bubble_share() const;          // pipeline: the time the stages waited on each other
   std::int64_t decode_expert_bytes_per_token() const;
+  engine::KvReads all_kv_reads() const;  // one process: kv_reads; else the parts' sum
+  std::int64_t steps() const { return total.prefill_steps + total.decode_steps; }
   // The run's own throughput, step and time in the prediction's terms.
   Prediction measured() const;
   std::string explain_text() const;

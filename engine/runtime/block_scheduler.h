@@ -114,6 +114,7 @@ class BlockScheduler {
   bool holds_input() const;
   bool holds_head() const { return holds_head_; }
   const ExpertLoadStats& expert_loads() const { return staging_->expert_loads(); }
+  const KvReads& kv_reads() const { return ring_->reads(); }  // over every run so far
 
  private:
   struct BlockState;

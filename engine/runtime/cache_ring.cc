@@ -16,6 +16,19 @@ void wait_all(const std::vector<CopyTicket>& ts) {
 std::string batch_label(const SchedulingUnit& u, std::int64_t k) { return u.name + " b" + std::to_string(k); }
 }  // namespace
 
+std::int64_t KvReads::total() const {
+  std::int64_t sum = 0;
+  for (std::size_t t = 0; t < in_place.size(); ++t) sum += in_place[t] + staged[t];
+  return sum;
+}
+
+void KvReads::add(const KvReads& o) {
+  for (std::size_t t = 0; t < in_place.size(); ++t) {
+    in_place[t] += o.in_place[t];
+    staged[t] += o.staged[t];
+  }
+}
+
 CacheRing::CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::int64_t hidden,
                      std::int64_t n_kv_heads, std::int64_t head_dim, kernels::DType cache_dtype, bool overlap)
     : tiers_(tiers),
@@ -62,6 +75,7 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
                                       {"load_hidden", batch_label(u, k)}, b.step.rows() * hidden_ * 4));
   }
   const std::int64_t staged = b.n - b.resident_end;
+  if (u.cache_layer >= 0 && b.step.any_cached()) count_reads(b, static_cast<std::size_t>(u.cache_layer), capacity);
   if (u.cache_layer >= 0 && staged > 0 && b.step.any_cached()) {
     // Only the valid slots of each (sequence, kv head) that reads its cache: those cached
     // before this step's rows; none of a prefilling or idle one. Under eviction the policy's
@@ -84,6 +98,18 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
         submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_cache", batch_label(u, k)}, bytes));
   }
   if (slot.loads.empty()) wait_all(before);  // nothing queued behind them: settle here
+}
+
+void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity) {
+  const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+  const offload::RowSplit& split = b.k[layer]->split();
+  for (std::int64_t s = 0; s < b.n; ++s) {
+    const std::int64_t cached = b.step.cached(s);
+    if (cached == 0) continue;
+    const std::int64_t bytes = 2 * n_kv_heads_ * (b.eviction.empty() ? cached : capacity) * slot_bytes;
+    auto& by_tier = s < b.resident_end ? reads_.in_place : reads_.staged;
+    by_tier[static_cast<std::size_t>(split.tier_of(s))] += bytes;
+  }
 }
 
 void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,

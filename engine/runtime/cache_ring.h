@@ -6,6 +6,7 @@
 // slots move: those cached before the step in, the step's new slots out (under eviction, each
 // head's whole budget-sized row both ways).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -32,6 +33,17 @@ struct GpuBatch {
   std::vector<offload::CopyTicket> cache_stored;  // per decoder layer
 };
 
+// The KV cache bytes the attention of the steps read, by the tier each sequence's rows live on:
+// attended where they live (sequences [0, resident_end) of a batch) or staged through a ring
+// slot first (load_cache). A sequence that decodes or extends reads, in each decoder layer, K
+// and V of the slots its cache held before the step (under eviction its whole budget-sized
+// rows); a prefill reads none (it attends over the K/V it computes).
+struct KvReads {
+  std::array<std::int64_t, 3> in_place{}, staged{};  // by offload::Tier
+  std::int64_t total() const;
+  void add(const KvReads& o);
+};
+
 // Device buffers of one compute in flight: its hidden states and its staged KV sequences.
 struct RingSlot {
   GpuBuffer hidden, k, v;
@@ -54,8 +66,11 @@ class CacheRing {
   // Starts the write-backs of what unit `u` computed for batch `b` in `slot`.
   void store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
              bool hidden_resident);
+  // What the loads so far read (each (unit, batch) of a step is loaded once).
+  const KvReads& reads() const { return reads_; }
 
  private:
+  void count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity);
   offload::CopyTicket submit_after(int lane, std::vector<offload::CopyTicket> deps,
                                    std::vector<offload::CopyPiece> pieces, offload::CopyLabel label,
                                    std::int64_t bytes);
@@ -66,6 +81,7 @@ class CacheRing {
   kernels::DType cache_dtype_;
   bool overlap_;
   int lane_cache_in_ = 0, lane_cache_out_ = 0, lane_hidden_in_ = 0, lane_hidden_out_ = 0;
+  KvReads reads_;
 };
 
 }  // namespace flexh2o::engine

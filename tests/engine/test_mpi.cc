@@ -427,6 +427,66 @@ TEST(Mpi, SharesPrefillsAsOneProcess) {
   }
 }
 
+// Requests behind four different 48-token prefixes, interleaved (A B C D A B C D ...), each
+// with its own item of 3-7 tokens; the items' tokens in all.
+constexpr int kDealtPrefixes = 4, kDealtPrefixTokens = 48, kDealtRequests = 40;
+std::string interleaved_prefix_prompts(std::int64_t& item_tokens) {
+  std::string in;
+  item_tokens = 0;
+  for (int i = 0; i < kDealtRequests; ++i) {
+    const int prefix = i % kDealtPrefixes;
+    in += "{\"id\": \"q" + std::to_string(i) + "\", \"tokens\": [1";
+    for (int t = 1; t < kDealtPrefixTokens; ++t) in += ", " + std::to_string(5 + (150 * prefix + 7 * t) % 480);
+    const int item = 3 + i % 5;
+    for (int t = 0; t < item; ++t) in += ", " + std::to_string(5 + (31 * i + 17 * t) % 480);
+    in += "]}\n";
+    item_tokens += item;
+  }
+  return in;
+}
+
+// Data-parallel ranks deal requests sharing a prefix to the rank that took it: over two ranks
+// each prefix is computed about once, where dealing in the job's order gives each rank every
+// prefix (rank 1's first deal, requests 0-4, holds all four, and so do rank 0's next four),
+// so at least ranks x prefixes prefix computations. A prompt computes its whole prefix or none
+// of it (48 tokens shared; the items differ from their first token). The out file is the
+// one-process run's.
+TEST(Mpi, DataParallelDealsSharedPrefixesToOneRank) {
+  testing::TempDir dir;
+  std::int64_t item_tokens = 0;
+  testing::write_file(dir.file("in.jsonl"), interleaved_prefix_prompts(item_tokens));
+  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 6 --gpu-batch-size 2 --num-gpu-batches 2";
+  expect_same_output(job + " --metrics " + dir.file("m.json"), {{2, ""}}, dir, kDealtRequests);
+  const Json m = Json::parse(testing::read_file(dir.file("m.json")));  // the two ranks' run
+  ASSERT_EQ(m["mode"], "data_parallel");
+  const std::int64_t computed = m["prompt_tokens_computed"].get<std::int64_t>();
+  const std::int64_t in_order_least = item_tokens + 2 * kDealtPrefixes * (kDealtPrefixTokens - 1);
+  // Each prefix once, and twice more where one rank took the four first requests of one prefix
+  // (its first deal) and the other all the rest before them, then a prefix of the other's.
+  EXPECT_LE(computed, item_tokens + (kDealtPrefixes + 2) * kDealtPrefixTokens) << m.dump(2);
+  EXPECT_LT(item_tokens + (kDealtPrefixes + 2) * kDealtPrefixTokens, in_order_least);
+  // The KV the ranks' attention read: each request's decode step i (1 .. n - 1 of its n new
+  // tokens) reads prompt + i - 1 slots, and each that took a prefix reads it in its extend
+  // step; stories260K keeps 5 layers x 2 x 4 kv heads x 8 f32 values = 1280 bytes a slot.
+  std::int64_t slots = m["prefix_shared_tokens"].get<std::int64_t>();
+  std::istringstream lines(testing::read_file(dir.file("np2.jsonl")));
+  for (std::string l; std::getline(lines, l);) {
+    const Json line = Json::parse(l);
+    const std::int64_t i = std::stoll(line["id"].get<std::string>().substr(1));
+    const std::int64_t prompt = kDealtPrefixTokens + 3 + i % 5, n = static_cast<std::int64_t>(line["tokens"].size());
+    slots += (n - 1) * prompt + (n - 1) * (n - 2) / 2;
+  }
+  EXPECT_EQ(m["kv_read_bytes"]["total"], 1280 * slots);
+  EXPECT_EQ(m["kv_read_bytes"]["by_tier"]["gpu"]["in_place"], 1280 * slots);
+  // Without prefix sharing the ranks deal in order and compute every prompt token.
+  const Result off = run(mpirun(2), "run " + job + " --prefix-sharing off --out " + dir.file("off.jsonl") +
+                                        " --metrics " + dir.file("off.json"), dir);
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_EQ(sorted_lines(testing::read_file(dir.file("off.jsonl"))), sorted_lines(testing::read_file(dir.file("one.jsonl"))));
+  const Json o = Json::parse(testing::read_file(dir.file("off.json")));
+  EXPECT_EQ(o["prompt_tokens_computed"], o["prompt_tokens"]);
+}
+
 TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
   testing::TempDir dir;
   const std::string job = signalled_job(dir);

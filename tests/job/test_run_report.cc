@@ -36,6 +36,8 @@ RunPart stage(int rank, double wall, double wait) {
   p.wall_seconds = wall;
   p.wait_seconds = wait;
   p.spans = {{"compute", "compute_layer", "attention.0 b0", 0.25, 0.5, 64}};
+  p.kv_reads.in_place = {100 * (rank + 1), 20, 0};
+  p.kv_reads.staged = {0, 30, 4 * rank};
   return p;
 }
 
@@ -54,6 +56,8 @@ TEST(RunReport, PartRoundTripsThroughJson) {
   EXPECT_DOUBLE_EQ(q.wait_seconds, 0.75);
   ASSERT_EQ(q.spans.size(), 1u);
   EXPECT_EQ(q.spans[0].name, "attention.0 b0");
+  EXPECT_EQ(q.kv_reads.in_place, p.kv_reads.in_place);
+  EXPECT_EQ(q.kv_reads.staged, p.kv_reads.staged);
   // As --metrics has it: no trace, no policy text.
   const nlohmann::json m = to_json(p, false);
   EXPECT_FALSE(m.contains("spans"));
@@ -100,7 +104,38 @@ TEST(RunReport, DataParallelTotalsItsRanks) {
   EXPECT_DOUBLE_EQ(j["total_seconds"].get<double>(), 2.0);  // the slowest rank's prefill + decode
   EXPECT_DOUBLE_EQ(j["total_throughput"].get<double>(), 20 / 2.0);
   EXPECT_EQ(j["prompts"], 4);
+  EXPECT_EQ(j["kv_read_bytes"]["total"], 100 + 20 + 30);  // the idle rank read none
+  EXPECT_EQ(j["ranks"][0]["kv_read_bytes"]["by_tier"]["cpu"]["staged"], 30);
   EXPECT_THAT(r.text(), HasSubstr("data parallel over 2 ranks: 4 prompts"));
+}
+
+// The KV read: in all, per step, and per tier in place and staged; over several ranks the
+// parts' sum over the job's steps (a pipeline's: rank 0's, each stage reading its layers).
+TEST(RunReport, KvReadsByTierAndStep) {
+  engine::KvReads r;
+  r.in_place = {1000, 200, 0};
+  r.staged = {0, 300, 500};
+  const nlohmann::json j = kv_reads_json(r, 4);
+  EXPECT_EQ(j["total"], 2000);
+  EXPECT_DOUBLE_EQ(j["per_step"].get<double>(), 500.0);
+  EXPECT_EQ(j["by_tier"]["cpu"]["in_place"], 200);
+  EXPECT_EQ(j["by_tier"]["cpu"]["staged"], 300);
+  EXPECT_DOUBLE_EQ(j["by_tier"]["cpu"]["per_step"].get<double>(), 125.0);
+  EXPECT_DOUBLE_EQ(j["by_tier"]["disk"]["per_step"].get<double>(), 125.0);
+  EXPECT_EQ(kv_reads_from_json(j).staged, r.staged);
+  EXPECT_EQ(kv_reads_text(r, 4), "KV read: 500 B per step (gpu 250 B in place | cpu 50 B in place | cpu 75 B staged | "
+                                 "disk 125 B staged), 1.95 KiB over 4 steps\n");
+
+  RunReport pipeline;
+  pipeline.mode = RunMode::Pipeline;
+  pipeline.parts = {stage(0, 2.0, 0.5), stage(1, 4.0, 1.5)};
+  pipeline.total = result(4, 20, 0.5, 1.5);  // 22 steps
+  const nlohmann::json p = pipeline.to_json()["kv_read_bytes"];
+  EXPECT_EQ(p["total"], 100 + 20 + 30 + 200 + 20 + 30 + 4);
+  EXPECT_EQ(p["steps"], 22);
+  EXPECT_EQ(p["by_tier"]["gpu"]["in_place"], 300);
+  EXPECT_EQ(p["by_tier"]["disk"]["staged"], 4);
+  EXPECT_THAT(pipeline.text(), HasSubstr(" over 22 steps\n"));
 }
 
 TEST(RunReport, EveryModeSaysOneInterruptLine) {

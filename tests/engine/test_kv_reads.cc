@@ -1,0 +1,139 @@
+// The KV bytes the attention read (CacheRing::reads, docs/prefix-sharing.md), exactly: a
+// sequence that decodes or extends reads K and V of the slots its cache held before the step,
+// in every decoder layer; a prefill reads none. Split by the tier its rows live on, attended
+// in place or staged through the ring.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/loaders/dummy_weights.h"
+#include "engine/runtime/block_scheduler.h"
+#include "kernels/backend.h"
+#include "tests/support/test_models.h"
+
+namespace flexh2o {
+namespace {
+
+using engine::GenerationRequest;
+using engine::GenerationResult;
+using engine::KvReads;
+using offload::Tier;
+using Tokens = std::vector<std::int32_t>;
+
+Tokens random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
+  Tokens t(n);
+  for (auto& x : t) x = static_cast<std::int32_t>(3 + rng() % static_cast<std::uint64_t>(vocab - 3));
+  return t;
+}
+
+// Prompts of the given lengths, greedy, every one generating `new_tokens` (no stop id).
+GenerationRequest request(const engine::ModelConfig& cfg, std::vector<std::size_t> lengths, std::int64_t new_tokens) {
+  std::mt19937_64 rng(45);
+  GenerationRequest req;
+  for (const std::size_t n : lengths) {
+    req.prompts.push_back(random_tokens(rng, n, cfg.vocab_size));
+    req.sampling_each.push_back({.temperature = 0.0f, .ignore_eos = true});
+  }
+  req.max_new_tokens = new_tokens;
+  return req;
+}
+
+struct Generated {
+  GenerationResult result;
+  KvReads reads;
+};
+
+Generated run(const engine::ModelConfig& cfg, const policy::Policy& pol, const GenerationRequest& req) {
+  auto be = kernels::make_cpu_backend();
+  testing::TempDir dir;
+  offload::TierOptions to;
+  to.offload_dir = dir.path();
+  offload::Tiers tiers(*be, to);
+  engine::DummyWeights src(cfg, 46);
+  engine::BlockScheduler sched(*be, tiers, cfg, src, pol, nullptr);
+  Generated r;
+  r.result = sched.generate(req);
+  r.reads = sched.kv_reads();
+  return r;
+}
+
+// The bytes of one cache slot's K and V in all layers.
+std::int64_t slot_bytes(const engine::ModelConfig& cfg, const policy::Policy& pol) {
+  return cfg.n_layers * 2 * cfg.n_kv_heads * kernels::kv_slot_bytes(pol.cache_dtype(cfg.dtype), cfg.head_dim);
+}
+
+// The slots a sequence of `prompt` tokens generating `generated` reads over its decode steps:
+// step i (1 .. generated - 1) reads prompt + i - 1.
+std::int64_t decode_slots(std::int64_t prompt, std::int64_t generated) {
+  return (generated - 1) * prompt + (generated - 1) * (generated - 2) / 2;
+}
+
+policy::Policy placement(std::int64_t gbs, std::int64_t k, offload::TierFractions cache, bool cpu_compute) {
+  policy::Policy p;
+  p.gpu_batch_size = gbs;
+  p.num_gpu_batches = k;
+  p.weights = {1, 0, 0};
+  p.cache = cache;
+  p.activations = {1, 0, 0};
+  p.cpu_cache_compute = cpu_compute;
+  return p;
+}
+
+// A fixed block: two GPU batches of two, each batch's first row on gpu (attended in place),
+// its second on cpu (staged).
+TEST(KvReads, FixedBlockByTierStagedFromCpu) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  const policy::Policy pol = placement(2, 2, {0.5, 0.5, 0}, false);
+  const std::vector<std::size_t> lengths = {5, 9, 3, 12};
+  const std::int64_t g = 6;
+  const Generated r = run(cfg, pol, request(cfg, lengths, g));
+  const std::int64_t unit = slot_bytes(cfg, pol);
+  KvReads want;
+  want.in_place[static_cast<std::size_t>(Tier::Gpu)] = unit * (decode_slots(5, g) + decode_slots(3, g));
+  want.staged[static_cast<std::size_t>(Tier::Cpu)] = unit * (decode_slots(9, g) + decode_slots(12, g));
+  EXPECT_EQ(r.reads.in_place, want.in_place);
+  EXPECT_EQ(r.reads.staged, want.staged);
+  EXPECT_EQ(r.reads.total(), want.total());
+}
+
+// Rows over the three tiers, the cpu one attended in place (cpu_cache_compute), the disk one
+// staged.
+TEST(KvReads, FixedBlockOverThreeTiers) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  const policy::Policy pol = placement(3, 1, {0.34, 0.33, 0.33}, true);
+  const std::int64_t g = 4;
+  const Generated r = run(cfg, pol, request(cfg, {7, 4, 10}, g));
+  const std::int64_t unit = slot_bytes(cfg, pol);
+  KvReads want;
+  want.in_place[static_cast<std::size_t>(Tier::Gpu)] = unit * decode_slots(7, g);
+  want.in_place[static_cast<std::size_t>(Tier::Cpu)] = unit * decode_slots(4, g);
+  want.staged[static_cast<std::size_t>(Tier::Disk)] = unit * decode_slots(10, g);
+  EXPECT_EQ(r.reads.in_place, want.in_place);
+  EXPECT_EQ(r.reads.staged, want.staged);
+}
+
+// Continuous batching with shared prefixes: a request that takes a prefix reads it in its
+// extend step, then decodes as any other.
+TEST(KvReads, ContinuousBatchingCountsTheSharedPrefixOnce) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  const policy::Policy pol = placement(2, 1, {1, 0, 0}, false);
+  GenerationRequest req = request(cfg, {20, 3, 6, 4, 9}, 5);
+  std::mt19937_64 rng(47);
+  const Tokens prefix = random_tokens(rng, 20, cfg.vocab_size);
+  for (std::size_t p = 1; p < req.prompts.size(); ++p) req.prompts[p].insert(req.prompts[p].begin(), prefix.begin(), prefix.end());
+  req.prompts[0] = prefix;
+  req.slots = pol.block_size();
+  req.min_shared_prefix = 4;
+  const Generated r = run(cfg, pol, req);
+  ASSERT_GT(r.result.prefix_shared_tokens, 0);
+  std::int64_t slots = r.result.prefix_shared_tokens;
+  for (std::size_t b = 0; b < req.prompts.size(); ++b)
+    slots += decode_slots(static_cast<std::int64_t>(req.prompts[b].size()), static_cast<std::int64_t>(r.result.tokens[b].size()));
+  KvReads want;
+  want.in_place[static_cast<std::size_t>(Tier::Gpu)] = slot_bytes(cfg, pol) * slots;
+  EXPECT_EQ(r.reads.in_place, want.in_place);
+  EXPECT_EQ(r.reads.staged, KvReads{}.staged);
+}
+
+}  // namespace
+}  // namespace flexh2o
