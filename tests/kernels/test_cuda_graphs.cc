@@ -233,15 +233,25 @@ TEST_F(CudaGraphsTest, CancelDropsAnOpenStep) {
     forward(graphed, step);
     be_->graph_step_end();
   }
-  // A replay step dropped half-way (an exception in the executor): nothing of it runs.
+  // A replay step dropped after its first op (an exception in the executor): the op, which
+  // matched the captured one and was kept for the launch, never runs.
+  const std::vector<float> h_before = download(graphed.h);
+  const cuda::CudaBackend::GraphCounts before = cuda_->graph_counts();
+  const Step dropped = make_step(3, 70);
   be_->graph_step_begin(13);
-  be_->add(graphed.h.as<float>(), graphed.normed.as<float>(), kB * kC);
+  be_->embedding({.ids = dropped.ids, .table = {tokens_.data(), DType::F32, kVocab, kC}, .out = graphed.h.as<float>()});
   be_->graph_step_cancel();
+  EXPECT_TRUE(same_bytes(h_before, download(graphed.h)));
+  const cuda::CudaBackend::GraphCounts after = cuda_->graph_counts();
+  EXPECT_EQ(after.replayed, before.replayed);
+  EXPECT_EQ(after.missed, before.missed);
+  // The key replays on.
   const Step step = make_step(3, 70);
   forward(eager, step);
   be_->graph_step_begin(13);
   forward(graphed, step);
   be_->graph_step_end();
+  EXPECT_EQ(cuda_->graph_counts().replayed, before.replayed + 1);
   EXPECT_TRUE(same_bytes(download(eager.logits), download(graphed.logits)));
   EXPECT_TRUE(same_bytes(download(eager.h), download(graphed.h)));
 }
