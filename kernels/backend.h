@@ -90,6 +90,17 @@ class Backend {
   // either way; the CPU rounds inside its GEMM kernels, so it gains nothing.
   virtual bool takes_bf16_gemm_inputs() const { return false; }
 
+  // A decode step's ops captured in a CUDA graph (docs/backends.md, "CUDA graphs"): the
+  // executor brackets the device part of a step whose ops repeat from step to step (same
+  // shapes, same buffers) with these, `key` naming the shape; the backend may then run the ops
+  // issued in between later, as one graph, by graph_step_end at the latest. An op that needs the
+  // host inside the bracket (a copy, a fence, a synchronize, sampling) runs everything issued so
+  // far first, and the step eagerly. graph_step_cancel drops a step an exception left open.
+  // No-ops by default (the CPU runs each op as it is called).
+  virtual void graph_step_begin(std::uint64_t /*key*/) {}
+  virtual void graph_step_end() {}
+  virtual void graph_step_cancel() noexcept {}
+
   // The ops. Each checks its arguments here, once for every device (kernels/<op>.cc), then
   // runs the device's implementation (do_<op> in kernels/cpu/<op>_cpu.cc, kernels/cuda/<op>_gpu.cu).
   void gemm(const GemmArgs& a);

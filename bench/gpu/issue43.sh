@@ -50,6 +50,16 @@ for g in 64 128 256; do step 60 $R --batch 256 --gpu-batch-size $g --batching fi
 step 60 $R --batch 64 --explain
 step 60 $R --batch 64 --gpu-batch-size 64 --batching fixed
 
+# Decode steps as CUDA graphs (docs/backends.md, "Decode steps in CUDA graphs"): the same in-memory
+# call with --cuda-graphs off and on; the report's decode tok/s is the figure (predicted ~6% at
+# batch 16, ~2% at 64, <1% at 256 with today's attention), the tokens must be equal.
+for b in 16 64 256; do
+  for g in off on; do
+    step 60 $R --batch $b --gpu-batch-size $b --batching fixed --cuda-graphs $g --out "$OUT/graphs-$b-$g.jsonl"
+  done
+  step 5 cmp "$OUT/graphs-$b-off.jsonl" "$OUT/graphs-$b-on.jsonl"
+done
+
 # The planner against the calibrated profile: --explain within 25% of measured.
 step 120 $F calibrate --backend cuda --quick --model opt-1.3b --out "$OUT/gpu43.yaml"
 step 60 $R --batch 256 --policy auto --hardware "$OUT/gpu43.yaml" --explain

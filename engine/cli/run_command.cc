@@ -18,6 +18,9 @@
 #include "engine/loaders/model_source.h"
 #include "engine/job/prompts.h"
 #include "kernels/backend.h"
+#if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #ifdef FLEXH2O_HAVE_MPI
 #include "engine/cli/run_distributed.h"
 #endif
@@ -27,6 +30,20 @@ namespace flexh2o::cli {
 using namespace flexh2o::engine;
 
 namespace {
+
+// How the decode steps ran under --cuda-graphs on (docs/backends.md, "Decode steps in CUDA
+// graphs"), for the GPU runs that measure it.
+void print_graph_steps(const kernels::Backend& be) {
+#if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
+  if (const auto* cuda = dynamic_cast<const kernels::cuda::CudaBackend*>(&be)) {
+    const kernels::cuda::CudaBackend::GraphCounts c = cuda->graph_counts();
+    fmt::print(stderr, "cuda graphs: {} decode steps replayed, {} captured, {} recorded, {} missed, {} interrupted\n",
+               c.replayed, c.captured, c.recorded, c.missed, c.interrupted);
+  }
+#else
+  (void)be;
+#endif
+}
 
 // Where the placement goes: the policy, the tiers' shares and the schedule.
 void add_placement_options(CLI::App* run, RunOptions& o) {
@@ -49,6 +66,13 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
                   "cache holds (another request's prompt, e.g. shared instructions) copies that KV and computes "
                   "only the rest (docs/prefix-sharing.md; off with --kv eviction); off: each computes its whole "
                   "prompt (the ablation baseline)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->group(sched);
+  run->add_option("--cuda-graphs", o.cuda_graphs,
+                  "on: decode steps that run wholly on a CUDA device (every weight, KV cache and hidden state on "
+                  "the gpu tier, one GPU batch, dense, no KV eviction) are captured once per shape and replayed as "
+                  "CUDA graphs, the same tokens and logits with fewer launches (docs/backends.md); off (default): "
+                  "each op is launched on its own. No effect on the CPU backend")
       ->check(CLI::IsMember({"on", "off"}))
       ->group(sched);
   run->add_option("--gpu-batch-size", o.gpu_batch_size, "sequences per GPU batch")
@@ -234,6 +258,7 @@ int run_one_process(const RunOptions& o) {
   if (s.predicted) report.predicted = job::prediction_of(*s.predicted);
   report.explain = o.explain;
   fmt::print(stderr, "{}", report.text());
+  if (o.cuda_graphs == "on") print_graph_steps(*s.backend);
   report.write_files(o.metrics_file, o.trace_file, engine.trace());
   return done.stopped ? 130 : 0;
 }

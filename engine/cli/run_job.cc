@@ -318,6 +318,7 @@ job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .prefill_budget = prefill_budget_of(o, s),
           .share_prefill = o.share_prefill == 1,
           .share_prefixes = o.prefix_sharing == "on",
+          .cuda_graphs = o.cuda_graphs == "on",
           .constraints = s.constraints.get(),
           .trace = !o.metrics_file.empty() || !o.trace_file.empty(),
           .stage = std::nullopt,

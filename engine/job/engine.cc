@@ -98,6 +98,7 @@ engine::GenerationRequest Engine::block_request(std::span<const Request> request
     };
   req.max_new_tokens = 0;
   req.share_prefixes = o_.share_prefixes;
+  req.cuda_graphs = o_.cuda_graphs;
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const Request& r = requests[i];
     if (o_.share_prefill) req.shares_prompt.push_back(shares_prompt_of_previous(requests, i));

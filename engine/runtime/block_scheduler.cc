@@ -3,6 +3,7 @@
 #include "engine/model/kv_eviction.h"
 #include "engine/model/rope_scaling.h"
 #include "engine/runtime/block_state.h"
+#include "engine/runtime/graph_step.h"
 #include "engine/runtime/prefix_match.h"
 #include "engine/runtime/step_scheduler.h"
 
@@ -222,6 +223,11 @@ void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
       cfg_.moe.experts > 0 && policy_.routed_expert_loading(cfg_.moe.experts, cfg_.moe.top_k, routed_rows);
   const std::int64_t first_instance = unit_instances_;
   unit_instances_ += U;
+  // A decode step wholly on the device may run as a CUDA graph (graph_step.h), ended before sample().
+  const bool on_device = st.req->cuda_graphs && K == 1 && holds_input() && holds_head_ && cfg_.moe.experts == 0 &&
+                         !st.evicting && !staging_->staged() && st.hidden_resident &&
+                         st.batch(0).resident_end == st.batch(0).n;
+  GraphStepScope graph(be_, on_device ? decode_graph_key(st.batch(0).step) : std::nullopt);
   for (std::int64_t u = 0; u < U; ++u) {
     const std::int64_t instance = first_instance + u;
     staging_->fetch(u, instance, st.step, st.routed_experts);  // unless fetched ahead
@@ -235,6 +241,7 @@ void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
       if (u == U - 1 && !holds_head_) send(st, k, links);
     }
   }
+  graph.end();
 }
 
 // Batch k's hidden states and KV cache for unit u into the compute's ring slot, unless the
@@ -324,6 +331,7 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 
 // The batch's next tokens from the head's logits (and a host copy of them when asked).
 void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
+  be_.graph_step_end();  // the logits are complete on the device
   const bool forking = std::ranges::any_of(st.plan.slots, [](const SlotStep& s) { return s.fork_of >= 0; });
   if (st.continuous || forking) {
     for (std::int64_t i = 0; i < b.n; ++i)

@@ -1,6 +1,7 @@
 #include "engine/runtime/generator.h"
 
 #include "engine/model/kv_eviction.h"
+#include "engine/runtime/graph_step.h"
 #include "engine/runtime/prefill_fork.h"
 #include "engine/model/rope_scaling.h"
 #include "kernels/option_error.h"
@@ -360,11 +361,14 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
 
   std::vector<std::int32_t> next(static_cast<std::size_t>(B));
   std::vector<float> host_logits;
+  const bool graphs = req.cuda_graphs && !req.kv && cfg_.moe.experts == 0;  // graph_step.h
   auto run_step = [&](const StepBatch& s, std::int64_t step) {
+    GraphStepScope graph(be_, graphs ? decode_graph_key(s) : std::nullopt);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const std::int64_t c = layers_[i]->cache_index();
       layers_[i]->forward(be_, weights_[i], s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
     }
+    graph.end();
     if (req.on_logits) {
       host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
       be_.copy_to_host(host_logits.data(), act.logits.data(), host_logits.size() * sizeof(float));

@@ -85,6 +85,10 @@ struct GenerationRequest {
   // and with RoPE frequencies that follow a sequence's length.
   bool share_prefixes = true;
   std::int64_t min_shared_prefix = 16;
+  // Decode steps wholly on a CUDA device (every weight, cache and hidden state on the gpu tier,
+  // dense, no KV eviction) run as CUDA graphs (docs/backends.md, "CUDA graphs"); the tokens
+  // and logits are the same either way. No effect on the CPU.
+  bool cuda_graphs = false;
   // Constrained decoding: per prompt (or empty: none), null or the constraint in its start
   // state; each sequence walks its own copy. A sequence samples only the tokens it allows and
   // ends (finish reason stop) when it is finished; its limit may still end it first (length).

@@ -909,6 +909,7 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
 }
 
 void CudaBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
+  graph_interrupt();  // its tiles follow the host's offsets: not in a graph
   const AttentionShape& s = a.shape;
   const std::int64_t B = static_cast<std::int64_t>(a.seq_offsets.size()) - 1;
   const std::int64_t T = a.seq_offsets[static_cast<std::size_t>(B)];
@@ -949,14 +950,19 @@ void CudaBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
   }
 }
 
+DecodePlan plan_decode(const AttentionDecodeArgs& a, int sm_count) {
+  std::int64_t max_len = 0;  // the most keys a sequence sees
+  for (const std::int64_t n : a.lens) max_len = std::max(max_len, n - first_visible(n - 1, a.shape.window));
+  return plan_decode(a.shape, static_cast<std::int64_t>(a.lens.size()), max_len, sm_count);
+}
+
 void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
+  if (graph_active() &&
+      graph_op(decode_signature(a), a, [this](const AttentionDecodeArgs& d) { do_attention_decode(d); },
+               &AttentionDecodeArgs::lens, &AttentionDecodeArgs::cache_rows))
+    return;
   const AttentionShape& s = a.shape;
   const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
-  std::int64_t max_len = 0;  // the most keys a sequence sees
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t n = a.lens[static_cast<std::size_t>(b)];
-    max_len = std::max(max_len, n - first_visible(n - 1, s.window));
-  }
   if (B == 0) return;
   const std::int64_t H = s.n_heads, D = s.head_dim;
   if (D > kDecodeMaxHeadDim)
@@ -966,7 +972,7 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
     throw std::invalid_argument("attention_decode: capacity " + std::to_string(a.capacity) +
                                 " is above the CUDA kernel's " + std::to_string(std::numeric_limits<int>::max() / 2));
   DecodeParams p;
-  p.plan = plan_decode(s, B, max_len, sm_count_);
+  p.plan = plan_decode(a, sm_count_);
   const DeviceBuffer lens = upload(a.lens);
   const DeviceBuffer cache_rows = upload(a.cache_rows);
   DeviceBuffer part_acc, part_ml, scores, ml;
@@ -1014,6 +1020,9 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
 }
 
 void CudaBackend::do_kv_write(const KvWriteArgs& a) {
+  if (graph_active() && graph_op(signature(a), a, [this](const KvWriteArgs& w) { do_kv_write(w); }, &KvWriteArgs::seq,
+                                 &KvWriteArgs::slot, &KvWriteArgs::head_slot))
+    return;
   const std::int64_t rows = static_cast<std::int64_t>(a.seq.size()), H = a.n_kv_heads;
   const bool per_head = !a.head_slot.empty();
   const std::int64_t D = a.head_dim;
@@ -1038,6 +1047,7 @@ void CudaBackend::do_kv_write(const KvWriteArgs& a) {
 }
 
 void CudaBackend::do_kv_move(const KvMoveArgs& a) {
+  graph_interrupt();  // eviction's work: not in a graph
   const std::int64_t slot_bytes = kv_slot_bytes(a.cache_dtype, a.head_dim);
   // Slot indices in the cache; moves that depend on an earlier move of the same call (read
   // or overwrite a slot it touched) start a new launch, so the result is that of applying
@@ -1075,6 +1085,7 @@ void CudaBackend::do_kv_move(const KvMoveArgs& a) {
 }
 
 void CudaBackend::do_kv_similarity(const KvSimilarityArgs& a) {
+  graph_interrupt();
   std::vector<std::int64_t> queries;
   for (const KvSimilarityQuery& q : a.queries) queries.insert(queries.end(), {q.seq, q.head, q.slot, q.len});
   if (queries.empty() || a.head_dim <= 0) return;
@@ -1087,6 +1098,7 @@ void CudaBackend::do_kv_similarity(const KvSimilarityArgs& a) {
 }
 
 void CudaBackend::do_kv_merge(const KvMergeArgs& a) {
+  graph_interrupt();
   std::vector<std::int64_t> slots;
   std::vector<float> weights;
   for (const KvMerge& m : a.merges) {

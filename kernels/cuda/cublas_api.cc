@@ -59,6 +59,7 @@ std::optional<CublasApi> load_cublas(const std::string& library, std::string* wh
   get(api.destroy, "cublasDestroy_v2");
   get(api.set_stream, "cublasSetStream_v2");
   get(api.set_math_mode, "cublasSetMathMode");
+  get(api.set_workspace, "cublasSetWorkspace_v2");
   get(api.sgemm, "cublasSgemm_v2");
   get(api.gemm_ex, "cublasGemmEx");
   get(api.status_name, "cublasGetStatusName");

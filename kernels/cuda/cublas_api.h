@@ -15,6 +15,7 @@ struct CublasApi {
   decltype(&::cublasDestroy_v2) destroy = nullptr;
   decltype(&::cublasSetStream_v2) set_stream = nullptr;
   decltype(&::cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&::cublasSetWorkspace_v2) set_workspace = nullptr;
   decltype(&::cublasSgemm_v2) sgemm = nullptr;
   // cublasGemmEx is overloaded in C++ (a wrapper takes the legacy cudaDataType compute type).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,

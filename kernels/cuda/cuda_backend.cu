@@ -19,6 +19,7 @@ namespace {
 
 constexpr std::size_t kCopyChunk = std::size_t{64} << 20;  // large copies go in 64 MiB pieces
 constexpr std::size_t kMinAlloc = 256;                      // alloc(0) still returns a pointer
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // what cuBLAS keeps on Hopper
 
 // A do-nothing kernel: probe_device asks the runtime whether this binary has code for the GPU.
 __global__ void probe_kernel() {}
@@ -112,7 +113,12 @@ CudaBackend::CudaBackend(int device) : device_(device), blas_(&cublas()) {
     // Plain fp32 GEMMs stay fp32 (no TF32); fp16/bf16 GemmEx calls use tensor cores anyway.
     FLEXH2O_CUBLAS_CHECK(blas_->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH));
     lt_ = std::make_unique<LtGemms>(*blas_);
+    // A workspace of its own (the size cuBLAS keeps on Hopper) instead of one cuBLAS allocates
+    // when it first needs it: a GEMM captured in a graph (cuda_graphs.cu) then allocates nothing.
+    FLEXH2O_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    FLEXH2O_CUBLAS_CHECK(blas_->set_workspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
   } catch (...) {
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (cublas_) blas_->destroy(cublas_);
     if (pool_) cudaMemPoolDestroy(pool_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -134,15 +140,33 @@ CudaBackend::~CudaBackend() {
     if (s.done) (void)cudaEventDestroy(s.done);
     if (s.host) (void)cudaFreeHost(s.host);
   }
+  graph_.mode = GraphMode::None;
+  release_graphs();
+  if (graph_.uploads_read) (void)cudaEventDestroy(graph_.uploads_read);
+  if (graph_.host_uploads) (void)cudaFreeHost(graph_.host_uploads);
+  if (graph_.scratch) (void)cudaFreeAsync(graph_.scratch, stream_);
+  if (graph_.uploads) (void)cudaFreeAsync(graph_.uploads, stream_);
+  (void)cudaStreamSynchronize(stream_);
   lt_.reset();
   (void)blas_->destroy(cublas_);
+  (void)cudaFree(cublas_workspace_);
   // Memory still allocated keeps the pool alive until it is freed (cudaMemPoolDestroy).
   (void)cudaMemPoolDestroy(pool_);
   (void)cudaStreamDestroy(stream_);
   (void)cudaGetLastError();
 }
 
+// Inside an open graph step an op's allocation is the graph's (cuda_graphs.cu); one between
+// ops (not an op's scratch) ends the step's capture.
 void* CudaBackend::alloc(std::size_t bytes) {
+  if (graph_.mode != GraphMode::None && graph_.owner == std::this_thread::get_id()) {
+    if (graph_.in_op) return graph_alloc(bytes);
+    graph_interrupt();
+  }
+  return pool_alloc(bytes);
+}
+
+void* CudaBackend::pool_alloc(std::size_t bytes) {
   bytes = std::max(bytes, kMinAlloc);
   void* p = nullptr;
   cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
@@ -175,6 +199,16 @@ std::int64_t CudaBackend::memory_capacity() const {
 
 void CudaBackend::free(void* p) noexcept {
   if (p == nullptr) return;
+  if (graph_.mode != GraphMode::None && graph_.owner == std::this_thread::get_id()) {
+    if (graph_.mode == GraphMode::Capture && in_arena(p)) return;  // the arena is the graph's
+    if (!graph_.in_op) {
+      try {
+        graph_interrupt();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "flexh2o: a graph step's ops failed when a free ended it: %s\n", e.what());
+      }
+    }
+  }
   const cudaError_t e = cudaFreeAsync(p, stream_);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -220,12 +254,14 @@ class CudaFence final : public Fence {
 }  // namespace
 
 std::shared_ptr<const Fence> CudaBackend::fence() {
+  graph_interrupt();
   FLEXH2O_CUDA_CHECK(cudaSetDevice(device_));
   return std::make_shared<CudaFence>(stream_);
 }
 
 void CudaBackend::copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) {
   if (regions.empty()) return;
+  graph_interrupt();  // the copy waits for the step's ops so far: they run first
   CopyLane& l = lane();  // map nodes are stable, and only this thread uses its lane
   if (after != nullptr) {
     const auto* f = dynamic_cast<const CudaFence*>(after);
@@ -282,6 +318,10 @@ void CudaBackend::allow_shared(const void* kernel, std::size_t bytes, const char
 // them like for any op: through their fence, or the compute-stream event a copy without one takes.
 void CudaBackend::copy_on_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
+  const CopyCall call{dst, src, bytes};
+  if (graph_active() &&
+      graph_op(signature(call), call, [this](const CopyCall& c) { copy_on_device(c.dst, c.src, c.bytes); }))
+    return;
   const auto d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
   const bool overlap = d < s + bytes && s < d + bytes;
   if (!overlap) {
@@ -314,10 +354,14 @@ void CudaBackend::staged_upload_queued() {
   FLEXH2O_CUDA_CHECK(cudaEventRecord(s.done, stream_));
 }
 
-void CudaBackend::synchronize() { FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  graph_interrupt();
+  FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 bool CudaBackend::pin_host(void* p, std::size_t bytes) {
   if (p == nullptr || bytes == 0) return false;
+  graph_interrupt();
   const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
   if (e == cudaSuccess) return true;
   // Pinning is an optimisation: without it copies still work, only slower.

@@ -25,6 +25,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,12 +35,14 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/graph_steps.h"
 
 namespace flexh2o::kernels::cuda {
 
@@ -83,6 +88,8 @@ constexpr std::int64_t kDecodeBlocksPerSm = 8;
 constexpr std::int64_t kDecodeWideHeadDim = 256;
 constexpr std::int64_t kDecodeMaxHeadDim = 1024;
 DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count);
+// The plan attention_decode runs `a` with (from its lens: the most keys a sequence sees).
+DecodePlan plan_decode(const AttentionDecodeArgs& a, int sm_count);
 
 // Device bytes the attention ops (KV writes and moves, prefill, decode) allocate, at most: the
 // larger of a prefill of `rows` rows (of at most `rows` sequences) and a decode of `batch`
@@ -162,6 +169,17 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return stream_; }
 
+  // Decode steps in CUDA graphs (Backend::graph_step_begin; graph_steps.h, cuda_graphs.cu).
+  void graph_step_begin(std::uint64_t key) override;
+  void graph_step_end() override;
+  void graph_step_cancel() noexcept override;
+  // Graph steps so far, by how they ran (a missed replay ran eagerly and recorded; an
+  // interrupted step met an op that needs the host and ran eagerly).
+  struct GraphCounts {
+    std::int64_t recorded = 0, captured = 0, replayed = 0, missed = 0, interrupted = 0;
+  };
+  GraphCounts graph_counts() const { return graph_.counts; }
+
  private:
   // One cuBLAS call of gemm: rows [m0, m0 + mr) of y, columns [n0, n0 + nr), from x and w
   // as the plan's inputs; `workspace` is cuBLASLt's (null without a bias).
@@ -198,6 +216,83 @@ class CudaBackend final : public Backend {
   std::size_t next_stage_ = 0;
   std::mutex stage_mu_;
 
+  // ---- graph steps (cuda_graphs.cu)
+  // An op of a Capture or Replay step: its signature, its host arrays (copies; the op's
+  // arguments point at them) and the op, to run eagerly where the step cannot be a graph.
+  struct GraphCall {
+    explicit GraphCall(OpSignature s) : sig(std::move(s)) {}
+    OpSignature sig;
+    std::vector<std::vector<std::byte>> host;
+    std::function<void()> run;
+  };
+  // Host array `input` of op `op` goes to byte `offset` of the upload arena.
+  struct GraphUpload {
+    std::size_t op = 0, input = 0, offset = 0, bytes = 0;
+  };
+  struct CapturedStep {
+    std::vector<OpSignature> ops;
+    std::vector<GraphUpload> uploads;
+    std::size_t upload_bytes = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  // What a Record step measured: the most scratch one op took, and all uploads, in arena bytes.
+  struct ArenaNeeds {
+    std::size_t scratch = 0, uploads = 0;
+  };
+  struct GraphState {
+    GraphKeys keys;
+    GraphMode mode = GraphMode::None;
+    std::uint64_t key = 0;
+    std::thread::id owner;          // the thread that opened the step: its calls are the step's
+    std::deque<GraphCall> calls;    // Capture, Replay: the step's ops so far (never relocated)
+    bool in_op = false;             // an op's own work runs: its allocations are op scratch
+    bool uploading = false;         // the allocation under way holds an upload
+    std::size_t op_scratch = 0;     // Record, Capture: arena bytes the running op took
+    ArenaNeeds measuring;           // Record: this step's
+    std::map<std::uint64_t, ArenaNeeds> needs;  // per key, from its last Record step
+    std::map<std::uint64_t, CapturedStep> graphs;
+    CapturedStep capturing;
+    std::size_t upload_used = 0;  // Capture: bytes of the upload arena taken
+    // The arenas every graph takes op scratch and uploads from (growing them drops the graphs).
+    void* scratch = nullptr;
+    std::size_t scratch_bytes = 0;
+    void* uploads = nullptr;       // device
+    void* host_uploads = nullptr;  // pinned, copied to `uploads` before each launch
+    std::size_t upload_capacity = 0;
+    cudaEvent_t uploads_read = nullptr;  // recorded after that copy
+    GraphCounts counts;
+  };
+  bool graph_active() const { return graph_.mode != GraphMode::None && !graph_.in_op; }
+  // Takes an op called in an open step (graph_active()) as the step's mode says and returns
+  // true (the caller then returns); false where the caller runs it itself: another thread's.
+  // `host`: the members of Args that are host arrays.
+  template <class Args, class Run, class... Span>
+  bool graph_op(OpSignature sig, const Args& a, Run run, Span Args::*... host);
+  template <class T>
+  static void keep_host(GraphCall& call, std::span<const T>& span);
+  void graph_call(GraphCall& call);
+  void record_op(const std::function<void()>& run);
+  void capture_op(GraphCall& call);
+  void replay_op(GraphCall& call);
+  // The step goes on eagerly (recording) after running the ops it took so far.
+  void graph_miss();
+  // A call that needs the host (a copy, a fence, sampling) or an op a graph does not take:
+  // the step's ops so far run and the rest of the step runs eagerly.
+  void graph_interrupt();
+  void run_calls_eagerly();
+  void end_capture();
+  void end_replay();
+  void launch_graph(const CapturedStep& step);
+  void ensure_arenas(const ArenaNeeds& needs);
+  void release_graphs() noexcept;
+  void* graph_alloc(std::size_t bytes);
+  void* pool_alloc(std::size_t bytes);
+  bool in_arena(const void* p) const;
+  // upload()'s work inside an open step: records (Record), or stages in the upload arena (Capture).
+  DeviceBuffer graph_upload(const void* host, std::size_t bytes);
+  OpSignature decode_signature(const AttentionDecodeArgs& a) const;
+  GraphState graph_;
+
   int device_ = 0;
   std::string name_;
   int sm_count_ = 1;
@@ -212,11 +307,36 @@ class CudaBackend final : public Backend {
   std::mutex lanes_mu_;
   std::map<std::thread::id, CopyLane> lanes_;
   std::once_flag pin_warning_;
+  void* cublas_workspace_ = nullptr;  // fixed (cublasSetWorkspace), so that captured GEMMs use it
   CpuBackend cpu_;  // for sample
 };
 
 template <class T>
+void CudaBackend::keep_host(GraphCall& call, std::span<const T>& span) {
+  std::vector<std::byte>& bytes = call.host.emplace_back(span.size_bytes());
+  if (!span.empty()) std::memcpy(bytes.data(), span.data(), span.size_bytes());
+  span = std::span<const T>(reinterpret_cast<const T*>(bytes.data()), span.size());
+}
+
+template <class Args, class Run, class... Span>
+bool CudaBackend::graph_op(OpSignature sig, const Args& a, Run run, Span Args::*... host) {
+  if (graph_.owner != std::this_thread::get_id()) return false;
+  if (graph_.mode == GraphMode::Record) {
+    record_op([&] { run(a); });
+    return true;
+  }
+  GraphCall& call = graph_.calls.emplace_back(std::move(sig));
+  Args kept = a;
+  (keep_host(call, kept.*host), ...);
+  call.run = [run, kept] { run(kept); };
+  graph_call(call);
+  return true;
+}
+
+template <class T>
 DeviceBuffer CudaBackend::upload(std::span<const T> host) {
+  if (graph_.in_op && !host.empty() && graph_.owner == std::this_thread::get_id())
+    return graph_upload(host.data(), host.size_bytes());
   DeviceBuffer buf(*this, host.size_bytes());
   if (host.empty()) return buf;
   std::lock_guard lock(stage_mu_);

@@ -94,18 +94,27 @@ __global__ void round_to_dtype_kernel(bool bf16, float* x, std::int64_t n) {
 }  // namespace
 
 void CudaBackend::do_activation(Activation act, float* x, std::int64_t n) {
+  const ActivationCall call{act, x, n};
+  if (graph_active() &&
+      graph_op(signature(call), call, [this](const ActivationCall& c) { do_activation(c.act, c.x, c.n); }))
+    return;
   if (n <= 0) return;
   activation_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(act, x, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::do_glu(Activation act, const float* gate, const float* up, float* out, std::int64_t n) {
+  const GluCall call{act, gate, up, out, n};
+  if (graph_active() &&
+      graph_op(signature(call), call, [this](const GluCall& c) { do_glu(c.act, c.gate, c.up, c.out, c.n); }))
+    return;
   if (n <= 0) return;
   glu_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(act, gate, up, out, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::do_bias_act(const BiasActArgs& a) {
+  if (graph_active() && graph_op(signature(a), a, [this](const BiasActArgs& b) { do_bias_act(b); })) return;
   const ActRows rows{a.act,  a.x,    a.bias, a.up, a.out, a.out_bf16, a.rows, a.cols,
                      a.out_stride ? a.out_stride : a.cols};
   const bool vec = a.cols % 4 == 0 && aligned_to(a.x, 16) && (!a.bias || aligned_to(a.bias, 16)) &&
@@ -119,18 +128,24 @@ void CudaBackend::do_bias_act(const BiasActArgs& a) {
 }
 
 void CudaBackend::do_softcap(float* x, std::int64_t n, float cap) {
+  const SoftcapCall call{x, n, cap};
+  if (graph_active() && graph_op(signature(call), call, [this](const SoftcapCall& c) { do_softcap(c.x, c.n, c.cap); }))
+    return;
   if (n <= 0) return;
   softcap_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, cap);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::do_add(float* x, const float* y, std::int64_t n) {
+  const AddCall call{x, y, n};
+  if (graph_active() && graph_op(signature(call), call, [this](const AddCall& c) { do_add(c.x, c.y, c.n); })) return;
   if (n <= 0) return;
   add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, y, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::do_round_to_dtype(DType t, float* x, std::int64_t n) {
+  graph_interrupt();  // prompt rows' K/V before prefill attention: not in a graph
   round_to_dtype_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(t == DType::BF16, x, n);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }

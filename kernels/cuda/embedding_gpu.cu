@@ -27,6 +27,9 @@ __global__ void embedding_kernel(const std::int32_t* ids, std::int64_t n, std::i
 }  // namespace
 
 void CudaBackend::do_embedding(const EmbeddingArgs& a) {
+  if (graph_active() &&
+      graph_op(signature(a), a, [this](const EmbeddingArgs& e) { do_embedding(e); }, &EmbeddingArgs::ids))
+    return;
   const std::int64_t n = static_cast<std::int64_t>(a.ids.size());
   const std::int64_t cols = a.table.cols;
   if (n == 0 || cols <= 0) return;

@@ -104,6 +104,7 @@ void CudaBackend::gemm_panel(const GemmArgs& a, const GemmPlan& plan, const Gemm
 }
 
 void CudaBackend::do_gemm(const GemmArgs& a) {
+  if (graph_active() && graph_op(signature(a), a, [this](const GemmArgs& g) { do_gemm(g); })) return;
   const std::int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m == 0 || n == 0) return;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX || a.x_stride > INT_MAX)

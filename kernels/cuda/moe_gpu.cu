@@ -36,6 +36,7 @@ __global__ void scatter_add_rows_kernel(const float* src, const std::int64_t* ro
 }  // namespace
 
 void CudaBackend::do_route(const RouteArgs& a) {
+  graph_interrupt();  // the routing comes to the host
   std::vector<float> logits(static_cast<std::size_t>(a.rows * a.experts));
   copy_to_host(logits.data(), a.logits, logits.size() * sizeof(float));
   route_on_host(logits.data(), a);
@@ -45,6 +46,7 @@ void CudaBackend::do_route(const RouteArgs& a) {
 // of each gate row), which the GEMMs read in place: the roundings the GEMMs would make, without
 // a pass each.
 void CudaBackend::do_moe_experts(const MoeArgs& a) {
+  graph_interrupt();  // its launches follow the host's routing
   const auto by_expert = rows_by_expert(a);
   const std::int64_t H = a.hidden;
   const bool bf16 = a.compute == DType::BF16;

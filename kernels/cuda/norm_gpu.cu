@@ -105,8 +105,17 @@ void launch_norm(const NormArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-void CudaBackend::do_layer_norm(const NormArgs& a) { launch_norm<true>(a, stream_); }
+void CudaBackend::do_layer_norm(const NormArgs& a) {
+  if (graph_active() &&
+      graph_op(signature(GraphOp::LayerNorm, a), a, [this](const NormArgs& n) { do_layer_norm(n); }))
+    return;
+  launch_norm<true>(a, stream_);
+}
 
-void CudaBackend::do_rms_norm(const NormArgs& a) { launch_norm<false>(a, stream_); }
+void CudaBackend::do_rms_norm(const NormArgs& a) {
+  if (graph_active() && graph_op(signature(GraphOp::RmsNorm, a), a, [this](const NormArgs& n) { do_rms_norm(n); }))
+    return;
+  launch_norm<false>(a, stream_);
+}
 
 }  // namespace flexh2o::kernels::cuda

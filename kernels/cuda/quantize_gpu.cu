@@ -44,6 +44,7 @@ __global__ void quantize_kernel(const float* x, std::uint8_t* out, std::int64_t 
 }  // namespace
 
 void CudaBackend::dequantize_rows(const void* in, DType t, float* x, std::int64_t rows, std::int64_t n) {
+  graph_interrupt();
   require_quantized(t, "dequantize_rows");
   if (rows <= 0 || n <= 0) return;
   dequantize_f32_kernel<<<blocks_for(rows * n), kThreads, 0, stream_>>>(
@@ -52,6 +53,7 @@ void CudaBackend::dequantize_rows(const void* in, DType t, float* x, std::int64_
 }
 
 void CudaBackend::quantize_rows(const float* x, void* out, DType t, std::int64_t rows, std::int64_t n) {
+  graph_interrupt();
   require_quantized(t, "quantize_rows");
   if (rows <= 0 || n <= 0) return;
   const std::int64_t groups = quant_groups(t, n);

@@ -35,6 +35,9 @@ __global__ void rope_kernel(float* x, std::int64_t tokens, std::int64_t heads, s
 }  // namespace
 
 void CudaBackend::do_rope(const RopeArgs& a) {
+  if (graph_active() && graph_op(signature(a), a, [this](const RopeArgs& r) { do_rope(r); }, &RopeArgs::positions,
+                                 &RopeArgs::inv_freq))
+    return;
   const std::int64_t half = a.rotary_dim / 2;
   if (a.tokens <= 0 || a.heads <= 0) return;
   const DeviceBuffer freq = upload(a.inv_freq);

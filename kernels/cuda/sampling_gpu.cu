@@ -10,6 +10,7 @@
 namespace flexh2o::kernels::cuda {
 
 void CudaBackend::do_sample(const SampleArgs& a) {
+  graph_interrupt();  // the logits come to the host
   if (a.batch <= 0) return;
   std::vector<float> logits(static_cast<std::size_t>(a.batch * a.vocab));
   // On the compute stream, after the ops that produced the logits.

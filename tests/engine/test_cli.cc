@@ -675,6 +675,29 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
   EXPECT_THAT(bad.err, HasSubstr("--prefix-sharing: maybe not in {on,off}"));
 }
 
+// Decode steps as CUDA graphs give the tokens op-by-op steps give (docs/backends.md, "Decode steps
+// in CUDA graphs"), under fixed blocks and continuous batching; the CPU ignores the option, so
+// on a GPU machine (--backend auto) this is the check end to end.
+TEST(Cli, CudaGraphsGiveTheSameTokens) {
+  testing::TempDir dir;
+  for (const std::string batching : {"fixed", "continuous"}) {
+    SCOPED_TRACE(batching);
+    std::map<std::string, std::vector<std::string>> outs;
+    for (const std::string graphs : {"on", "off"}) {
+      const std::string out = dir.file(batching + "-" + graphs + ".jsonl");
+      const Result r = run("run --batch 6 --gpu-batch-size 6 --prompt-len 12 --gen-len 24 --batching " + batching +
+                           " --out " + out + " --cuda-graphs " + graphs);
+      ASSERT_EQ(r.code, 0) << r.err;
+      outs[graphs] = sorted_lines(testing::read_file(out));
+    }
+    EXPECT_EQ(outs["on"], outs["off"]);
+    EXPECT_EQ(outs["on"].size(), 6u);
+  }
+  const Result bad = run("run --cuda-graphs maybe");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--cuda-graphs: maybe not in {on,off}"));
+}
+
 // --compute-dtype auto settles one precision for the whole job from its GPU batch, never from a
 // step's rows, so a request's tokens are the same alone as among others under continuous
 // batching: with 16-bit weights on a CPU with native bf16, GPU batches of 64 multiply in bf16
