@@ -50,7 +50,7 @@ def prompt_for(record):
     return f"Write an example JSON object for the schema{about}. Reply with the JSON only."
 
 
-def write_batch(schemas, path, max_tokens):
+def write_batch(schemas, path, max_tokens, repetition_penalty):
     with open(path, "w") as f:
         for record in schemas:
             name = re.sub(r"[^A-Za-z0-9_-]", "_", record["id"])[:64]
@@ -58,6 +58,8 @@ def write_batch(schemas, path, max_tokens):
                     "messages": [{"role": "user", "content": prompt_for(record)}],
                     "response_format": {"type": "json_schema",
                                         "json_schema": {"name": name, "schema": record["schema"], "strict": True}}}
+            if repetition_penalty:
+                body["repetition_penalty"] = repetition_penalty
             f.write(json.dumps({"custom_id": record["id"], "method": "POST", "url": "/v1/chat/completions",
                                 "body": body}) + "\n")
 
@@ -139,6 +141,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--work", default="/tmp/structured", help="where the batch, results and metrics go")
     ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--repetition-penalty", type=float,
+                    help="vLLM's repetition_penalty in each request (still greedy): fewer outputs loop to max_tokens")
     ap.add_argument("--lock", help="run flexh2o under `flock LOCK` (a shared machine's build lock)")
     ap.add_argument("--check-only", action="store_true", help="check the results of an earlier run")
     ap.add_argument("extra", nargs="*", help="more flexh2o run flags (after --)")
@@ -148,7 +152,7 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     batch, results, metrics = work / "batch.jsonl", work / "results.jsonl", work / "metrics.json"
     if not args.check_only:
-        write_batch(schemas, batch, args.max_tokens)
+        write_batch(schemas, batch, args.max_tokens, args.repetition_penalty)
         seconds = run_flexh2o(args, batch, results, metrics)
         print(f"flexh2o ran {len(schemas)} requests in {seconds:.0f} s", file=sys.stderr)
     counts, keywords, invalid, cut, unsupported = check_results(schemas, results)

@@ -25,7 +25,7 @@ using Json = nlohmann::ordered_json;
 
 // Keywords that change what is valid and are not implemented: an error, never ignored.
 const std::set<std::string> kUnsupported = {
-    "not", "if", "then", "else", "propertyNames", "minProperties", "maxProperties",
+    "not", "if", "then", "else", "propertyNames", "maxProperties",
     "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
     "contains", "minContains", "maxContains", "multipleOf", "$dynamicRef", "$recursiveRef", "$anchor",
     "$dynamicAnchor"};
@@ -35,7 +35,7 @@ const std::set<std::string> kValidation = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref", "nullable",
-    "patternProperties"};
+    "patternProperties", "minProperties"};
 const std::set<std::string> kTypes = {"null", "boolean", "integer", "number", "string", "object", "array"};
 
 bool has_validation(const Json& schema) {
@@ -299,7 +299,8 @@ Json JsonSchemaCompiler::merge(Json into, const Json& other, const std::string& 
     } else if (key == "required") {
       for (const Json& name : value)
         if (std::find(into[key].begin(), into[key].end(), name) == into[key].end()) into[key].push_back(name);
-    } else if (key == "minLength" || key == "minItems" || key == "minimum" || key == "exclusiveMinimum") {
+    } else if (key == "minLength" || key == "minItems" || key == "minProperties" || key == "minimum" ||
+               key == "exclusiveMinimum") {
       if (value.is_number() && into[key].is_number()) into[key] = std::max(into[key].get<double>(), value.get<double>());
       else fail(path, "allOf: '" + key + "' in more than one branch");
     } else if (key == "maxLength" || key == "maxItems" || key == "maximum" || key == "exclusiveMaximum") {
@@ -429,28 +430,43 @@ Expr JsonSchemaCompiler::object_expr(const Json& schema, const std::string& path
       fail(path + "/properties/" + name, "required property with the schema 'false'");
     properties.erase(name);
   }
-  const std::size_t n = properties.size();
-  std::vector<std::array<std::uint32_t, 2>> rest(n + 1);
-  for (auto& r : rest) r = {builder_.add_rule(path + "/properties"), builder_.add_rule(path + "/properties")};
-  const Expr comma = seq({literal(","), strings_.ws()});
-  Expr extras_after = extra ? star(seq({comma, *extra})) : empty_expr();
-  builder_.define(rest[n][1], extras_after);
-  builder_.define(rest[n][0], extra ? optional(seq({*extra, extras_after})) : empty_expr());
+  std::uint32_t min_properties = 0;
+  if (schema.contains("minProperties")) {
+    const Json& v = schema["minProperties"];
+    if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1000) fail(path, "'minProperties' is not a count up to 1000");
+    min_properties = static_cast<std::uint32_t>(std::ceil(v.get<double>()));
+  }
   std::vector<std::pair<std::string, Json>> listed;
   for (const auto& [name, s] : properties.items()) listed.emplace_back(name, s);
+  // rest[i][k]: the text from property i on after k members (k capped at `top`, which is at
+  // least 1 so that k > 0 says a comma comes first); none when minProperties cannot be met.
+  const std::size_t n = listed.size();
+  const std::uint32_t top = std::max<std::uint32_t>(min_properties, 1);
+  std::vector<std::vector<std::optional<Expr>>> rest(n + 1, std::vector<std::optional<Expr>>(top + 1));
+  const Expr comma = seq({literal(","), strings_.ws()});
+  const Expr extras_after = extra ? star(seq({comma, *extra})) : empty_expr();
+  for (std::uint32_t k = 0; k <= top; ++k) {
+    const std::uint32_t need = min_properties > k ? min_properties - k : 0;
+    if (need == 0) rest[n][k] = k > 0 ? extras_after : extra ? optional(seq({*extra, extras_after})) : empty_expr();
+    else if (extra && k > 0) rest[n][k] = seq({repeat(seq({comma, *extra}), need, need), extras_after});
+    else if (extra) rest[n][k] = seq({*extra, repeat(seq({comma, *extra}), need - 1, need - 1), extras_after});
+  }
   for (std::size_t i = n; i-- > 0;) {
     const std::string& name = listed[i].first;
     const std::string member_path = path + "/properties/" + name;
     const Expr member = as_rule(member_path, seq({literal(Json(name).dump()), literal(":"), strings_.ws(),
                                                    schema_expr(listed[i].second, member_path), strings_.ws()}));
     const bool is_required = std::find(required.begin(), required.end(), Json(name)) != required.end();
-    for (int written = 0; written < 2; ++written) {
-      Expr present = seq({written ? comma : empty_expr(), member, rule_expr(rest[i + 1][1])});
-      builder_.define(rest[i][static_cast<std::size_t>(written)],
-                      is_required ? present : alt({present, rule_expr(rest[i + 1][static_cast<std::size_t>(written)])}));
+    for (std::uint32_t k = 0; k <= top; ++k) {
+      std::vector<Expr> options;
+      if (const auto& after = rest[i + 1][std::min(k + 1, top)])
+        options.push_back(seq({k > 0 ? comma : empty_expr(), member, *after}));
+      if (!is_required && rest[i + 1][k]) options.push_back(*rest[i + 1][k]);
+      if (!options.empty()) rest[i][k] = as_rule(path + "/properties", alt(std::move(options)));
     }
   }
-  return seq({literal("{"), strings_.ws(), rule_expr(rest[0][0]), literal("}")});
+  if (!rest[0][0]) fail(path, "'minProperties' is more than the properties the object may have");
+  return seq({literal("{"), strings_.ws(), *rest[0][0], literal("}")});
 }
 
 // prefixItems (or draft 4-7's items array) then items, between minItems and maxItems: rule

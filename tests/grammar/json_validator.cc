@@ -78,6 +78,7 @@ std::string object_violation(const Json& v, const Json& s, const Json& root) {
   for (const Json& name : s.value("required", Json::array()))
     if (!v.contains(name.get<std::string>())) return at("required", name.dump());
   const Json properties = s.value("properties", Json::object());
+  if (s.contains("minProperties") && v.size() < s["minProperties"].get<std::size_t>()) return "minProperties";
   const Json patterns = s.value("patternProperties", Json::object());
   for (const auto& [key, value] : v.items()) {
     bool matched = properties.contains(key);  // additionalProperties applies to the others
