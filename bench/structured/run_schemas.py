@@ -91,10 +91,13 @@ def unsupported_keyword(message):
     m = re.search(r"keyword '([^']+)'", message)
     if m:
         return m.group(1)
-    for pattern, kind in [(r"format '([^']+)'", "format {}"), (r"'(\w+)' together with '(\w+)'", "{} with {}"),
-                          (r"'(\w+)' (?:beyond|over) ", "{} bound"), (r"remote", "remote $ref"),
-                          (r"allOf: '(\w+)' differs", "allOf: different {}"),
-                          (r"one of: lengths, 'pattern' or 'format'", "lengths/pattern/format together")]:
+    for pattern, kind in [(r"format '([^']*)' is not supported", "format '{}'"),
+                          (r"'pattern' together with", "pattern with minLength/maxLength/format"),
+                          (r"'patternProperties' with more than one", "patternProperties with several patterns"),
+                          (r"is not in 'properties' and 'additionalProperties' is false",
+                           "required property that additionalProperties: false forbids"),
+                          (r"regex: (lookaround|backreference)", "pattern with {}"),
+                          (r"is not a local reference", "remote $ref")]:
         m = re.search(pattern, message)
         if m:
             return kind.format(*m.groups())
