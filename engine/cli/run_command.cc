@@ -257,7 +257,8 @@ int run_one_process(const RunOptions& o) {
   report.compute_why = s.compute_why;
   if (s.predicted) report.predicted = job::prediction_of(*s.predicted);
   report.explain = o.explain;
-  fmt::print(stderr, "{}", report.text());
+  if (s.constraints) report.structured_output = s.constraints->report();
+  fmt::print(stderr, "{}{}", report.text(), s.constraints ? s.constraints->summary_line() : "");
   if (o.cuda_graphs == "on") print_graph_steps(*s.backend);
   report.write_files(o.metrics_file, o.trace_file, engine.trace());
   return done.stopped ? 130 : 0;

@@ -1,5 +1,6 @@
 #include "engine/grammar/constraint.h"
 
+#include <chrono>
 #include <stdexcept>
 
 #include "engine/grammar/gbnf.h"
@@ -60,9 +61,18 @@ std::shared_ptr<const CompiledGrammar> ConstraintCache::get(const Constraint& co
     auto it = compiled_.find(key);
     if (it != compiled_.end()) return it->second;
   }
+  const auto start = std::chrono::steady_clock::now();
   auto compiled = std::make_shared<const CompiledGrammar>(constraint_grammar(constraint, options_), trie_);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   std::lock_guard lock(mutex_);
-  return compiled_.try_emplace(key, std::move(compiled)).first->second;
+  const auto [it, added] = compiled_.try_emplace(key, std::move(compiled));
+  if (added) compile_seconds_.push_back(took.count());
+  return it->second;
+}
+
+std::vector<double> ConstraintCache::compile_seconds() const {
+  std::lock_guard lock(mutex_);
+  return compile_seconds_;
 }
 
 std::size_t ConstraintCache::size() const {

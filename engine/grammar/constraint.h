@@ -30,12 +30,16 @@ class ConstraintCache {
   // The compiled constraint, compiled on first request. Thread-safe.
   std::shared_ptr<const CompiledGrammar> get(const Constraint& constraint);
   std::size_t size() const;
+  // The seconds each distinct constraint took to compile (its grammar and start state), in
+  // the order they were compiled; a constraint that failed to compile is not counted.
+  std::vector<double> compile_seconds() const;
 
  private:
   std::shared_ptr<const TokenTrie> trie_;
   JsonOptions options_;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, std::shared_ptr<const CompiledGrammar>> compiled_;
+  std::vector<double> compile_seconds_;
 };
 
 }  // namespace flexh2o::grammar

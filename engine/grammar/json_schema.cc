@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/grammar/automaton.h"
 #include "engine/grammar/char_set.h"
 #include "engine/grammar/json_numbers.h"
 #include "engine/grammar/json_strings.h"
@@ -24,7 +25,7 @@ using Json = nlohmann::ordered_json;
 
 // Keywords that change what is valid and are not implemented: an error, never ignored.
 const std::set<std::string> kUnsupported = {
-    "not", "if", "then", "else", "patternProperties", "propertyNames", "minProperties", "maxProperties",
+    "not", "if", "then", "else", "propertyNames", "maxProperties",
     "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
     "contains", "minContains", "maxContains", "multipleOf", "$dynamicRef", "$recursiveRef", "$anchor",
     "$dynamicAnchor"};
@@ -33,7 +34,8 @@ const std::set<std::string> kUnsupported = {
 const std::set<std::string> kValidation = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref", "nullable"};
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf", "$ref", "nullable",
+    "patternProperties", "minProperties"};
 const std::set<std::string> kTypes = {"null", "boolean", "integer", "number", "string", "object", "array"};
 
 bool has_validation(const Json& schema) {
@@ -56,6 +58,20 @@ std::vector<std::string> type_list(const Json& type, const std::string& path) {
     if (!kTypes.count(t)) throw std::invalid_argument("json schema at '" + path + "': unknown type '" + t + "'");
   if (types.empty()) throw std::invalid_argument("json schema at '" + path + "': empty 'type'");
   return types;
+}
+
+// Whether `pattern` finds a match in `text` (re.search), on the grammar's own regex reading.
+bool pattern_finds(const std::string& pattern, const std::string& text) {
+  GrammarBuilder builder;
+  const std::uint32_t root = builder.add_rule("pattern");
+  builder.define(root, regex_expr(pattern, RegexAlphabet::Utf8, true));
+  Automaton automaton(std::move(builder).build(root));
+  std::int32_t state = automaton.initial();
+  for (const char c : text) {
+    state = automaton.next(state, static_cast<std::uint8_t>(c));
+    if (state == Automaton::kDead) return false;
+  }
+  return automaton.accepts(state);
 }
 
 bool value_has_type(const Json& value, const std::string& type) {
@@ -111,6 +127,7 @@ class JsonSchemaCompiler {
   std::vector<std::string> types_of(const Json& schema, const std::string& path);
   Expr number_expr(const Json& schema, bool integer, const std::string& path);
   Expr object_expr(const Json& schema, const std::string& path);
+  std::optional<Expr> extra_member(const Json& schema, Json& properties, const std::string& path);
   Expr array_expr(const Json& schema, const std::string& path);
 
   const Json& root_;
@@ -282,7 +299,8 @@ Json JsonSchemaCompiler::merge(Json into, const Json& other, const std::string& 
     } else if (key == "required") {
       for (const Json& name : value)
         if (std::find(into[key].begin(), into[key].end(), name) == into[key].end()) into[key].push_back(name);
-    } else if (key == "minLength" || key == "minItems" || key == "minimum" || key == "exclusiveMinimum") {
+    } else if (key == "minLength" || key == "minItems" || key == "minProperties" || key == "minimum" ||
+               key == "exclusiveMinimum") {
       if (value.is_number() && into[key].is_number()) into[key] = std::max(into[key].get<double>(), value.get<double>());
       else fail(path, "allOf: '" + key + "' in more than one branch");
     } else if (key == "maxLength" || key == "maxItems" || key == "maximum" || key == "exclusiveMaximum") {
@@ -343,48 +361,112 @@ Expr JsonSchemaCompiler::number_expr(const Json& schema, bool integer, const std
   }
 }
 
-// Properties in schema order, each optional one present or not (OpenAI strict mode's order):
-// rule rest(i, written) is the text from property i on, `written` when a property came before.
-Expr JsonSchemaCompiler::object_expr(const Json& schema, const std::string& path) {
-  const Json properties = schema.value("properties", Json::object());
+// The member an object may have besides its listed properties (none: no other), after adding
+// to `properties` the required names it does not list and patternProperties' schema to the
+// listed names the pattern matches. With patternProperties (one pattern), the other members
+// written are those whose names the pattern matches, under its schema (additionalProperties
+// does not apply to them), and none when a listed name matches it (a key written with escapes
+// could otherwise repeat that name).
+std::optional<Expr> JsonSchemaCompiler::extra_member(const Json& schema, Json& properties, const std::string& path) {
   const Json required = schema.value("required", Json::array());
+  const Json patterns = schema.value("patternProperties", Json::object());
   if (!properties.is_object()) fail(path, "'properties' is not an object");
   if (!required.is_array()) fail(path, "'required' is not an array");
-  for (const Json& name : required)
-    if (!name.is_string() || !properties.contains(name.get<std::string>()))
-      fail(path, "required property " + name.dump() + " is not in 'properties'");
+  if (!patterns.is_object()) fail(path, "'patternProperties' is not an object");
+  if (patterns.size() > 1) fail(path, "'patternProperties' with more than one pattern is not supported");
   // Absent additionalProperties: none when properties are listed (docs: "Objects"), any else.
   const Json additional = schema.value("additionalProperties", Json(properties.empty()));
-  std::optional<Expr> extra;  // one additional member: key, ':', value
-  if (additional != false) {
-    std::vector<std::string> names;
-    for (const auto& [name, s] : properties.items()) names.push_back(name);
-    Expr key = names.empty() ? strings_.any_string() : strings_.key_not_in(names);
-    Expr value = additional == true ? strings_.any_value() : schema_expr(additional, path + "/additionalProperties");
-    extra = as_rule(path + "/additionalProperties", seq({key, literal(":"), strings_.ws(), value, strings_.ws()}));
+  const std::string pattern = patterns.empty() ? "" : patterns.begin().key();
+  auto matches = [&](const std::string& name) {
+    try {
+      return !patterns.empty() && pattern_finds(pattern, name);
+    } catch (const std::invalid_argument& e) {
+      fail(path + "/patternProperties", e.what());
+    }
+  };
+  for (auto& [name, s] : properties.items())
+    if (s != false && matches(name)) s = Json{{"allOf", Json::array({s, patterns.begin().value()})}};
+  // A required property not listed must be there: listed last, under the pattern's schema or
+  // additionalProperties.
+  for (const Json& name : required) {
+    if (!name.is_string()) fail(path, "required property " + name.dump() + " is not a string");
+    const std::string key = name.get<std::string>();
+    if (properties.contains(key)) continue;
+    const Json declared = schema.value("additionalProperties", Json(true));  // JSON Schema's default here
+    if (matches(key)) {
+      properties[key] = patterns.begin().value();
+    } else {
+      if (declared == false)
+        fail(path, "required property " + name.dump() + " is not in 'properties' and 'additionalProperties' is false");
+      properties[key] = declared;
+    }
   }
-  const std::size_t n = properties.size();
-  std::vector<std::array<std::uint32_t, 2>> rest(n + 1);
-  for (auto& r : rest) r = {builder_.add_rule(path + "/properties"), builder_.add_rule(path + "/properties")};
-  const Expr comma = seq({literal(","), strings_.ws()});
-  Expr extras_after = extra ? star(seq({comma, *extra})) : empty_expr();
-  builder_.define(rest[n][1], extras_after);
-  builder_.define(rest[n][0], extra ? optional(seq({*extra, extras_after})) : empty_expr());
+  std::vector<std::string> names;
+  for (const auto& [name, s] : properties.items()) names.push_back(name);
+  if (!patterns.empty()) {
+    if (std::any_of(names.begin(), names.end(), matches)) return std::nullopt;
+    const std::string at = path + "/patternProperties/" + pattern;
+    Expr key = strings_.string_expr(Json{{"pattern", pattern}}, at);
+    return as_rule(at, seq({key, literal(":"), strings_.ws(), schema_expr(patterns.begin().value(), at), strings_.ws()}));
+  }
+  if (additional == false) return std::nullopt;
+  Expr key = names.empty() ? strings_.any_string() : strings_.key_not_in(names);
+  Expr value = additional == true ? strings_.any_value() : schema_expr(additional, path + "/additionalProperties");
+  return as_rule(path + "/additionalProperties", seq({key, literal(":"), strings_.ws(), value, strings_.ws()}));
+}
+
+// Properties in schema order, each optional one present or not (OpenAI strict mode's order):
+// rule rest(i, written) is the text from property i on, `written` when a property came before.
+// A property whose schema is false is one the object cannot have.
+Expr JsonSchemaCompiler::object_expr(const Json& schema, const std::string& path) {
+  Json properties = schema.value("properties", Json::object());
+  const std::optional<Expr> extra = extra_member(schema, properties, path);
+  const Json required = schema.value("required", Json::array());
+  std::vector<std::string> never;  // properties whose schema is false
+  for (const auto& [name, s] : properties.items())
+    if (s == false) never.push_back(name);
+  for (const std::string& name : never) {
+    if (std::find(required.begin(), required.end(), Json(name)) != required.end())
+      fail(path + "/properties/" + name, "required property with the schema 'false'");
+    properties.erase(name);
+  }
+  std::uint32_t min_properties = 0;
+  if (schema.contains("minProperties")) {
+    const Json& v = schema["minProperties"];
+    if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1000) fail(path, "'minProperties' is not a count up to 1000");
+    min_properties = static_cast<std::uint32_t>(std::ceil(v.get<double>()));
+  }
   std::vector<std::pair<std::string, Json>> listed;
   for (const auto& [name, s] : properties.items()) listed.emplace_back(name, s);
+  // rest[i][k]: the text from property i on after k members (k capped at `top`, which is at
+  // least 1 so that k > 0 says a comma comes first); none when minProperties cannot be met.
+  const std::size_t n = listed.size();
+  const std::uint32_t top = std::max<std::uint32_t>(min_properties, 1);
+  std::vector<std::vector<std::optional<Expr>>> rest(n + 1, std::vector<std::optional<Expr>>(top + 1));
+  const Expr comma = seq({literal(","), strings_.ws()});
+  const Expr extras_after = extra ? star(seq({comma, *extra})) : empty_expr();
+  for (std::uint32_t k = 0; k <= top; ++k) {
+    const std::uint32_t need = min_properties > k ? min_properties - k : 0;
+    if (need == 0) rest[n][k] = k > 0 ? extras_after : extra ? optional(seq({*extra, extras_after})) : empty_expr();
+    else if (extra && k > 0) rest[n][k] = seq({repeat(seq({comma, *extra}), need, need), extras_after});
+    else if (extra) rest[n][k] = seq({*extra, repeat(seq({comma, *extra}), need - 1, need - 1), extras_after});
+  }
   for (std::size_t i = n; i-- > 0;) {
     const std::string& name = listed[i].first;
     const std::string member_path = path + "/properties/" + name;
     const Expr member = as_rule(member_path, seq({literal(Json(name).dump()), literal(":"), strings_.ws(),
                                                    schema_expr(listed[i].second, member_path), strings_.ws()}));
     const bool is_required = std::find(required.begin(), required.end(), Json(name)) != required.end();
-    for (int written = 0; written < 2; ++written) {
-      Expr present = seq({written ? comma : empty_expr(), member, rule_expr(rest[i + 1][1])});
-      builder_.define(rest[i][static_cast<std::size_t>(written)],
-                      is_required ? present : alt({present, rule_expr(rest[i + 1][static_cast<std::size_t>(written)])}));
+    for (std::uint32_t k = 0; k <= top; ++k) {
+      std::vector<Expr> options;
+      if (const auto& after = rest[i + 1][std::min(k + 1, top)])
+        options.push_back(seq({k > 0 ? comma : empty_expr(), member, *after}));
+      if (!is_required && rest[i + 1][k]) options.push_back(*rest[i + 1][k]);
+      if (!options.empty()) rest[i][k] = as_rule(path + "/properties", alt(std::move(options)));
     }
   }
-  return seq({literal("{"), strings_.ws(), rule_expr(rest[0][0]), literal("}")});
+  if (!rest[0][0]) fail(path, "'minProperties' is more than the properties the object may have");
+  return seq({literal("{"), strings_.ws(), *rest[0][0], literal("}")});
 }
 
 // prefixItems (or draft 4-7's items array) then items, between minItems and maxItems: rule
@@ -396,9 +478,7 @@ Expr JsonSchemaCompiler::array_expr(const Json& schema, const std::string& path)
     if (schema.contains("prefixItems")) fail(path, "'items' array together with 'prefixItems'");
     prefix = items;
     items = schema.value("additionalItems", Json(true));
-  } else if (schema.contains("additionalItems")) {
-    fail(path, "'additionalItems' without an 'items' array");
-  }
+  }  // additionalItems without an items array has no effect (JSON Schema drafts 4-2019-09)
   auto count = [&](const char* key, std::uint64_t fallback) -> std::uint64_t {
     if (!schema.contains(key)) return fallback;
     if (!schema[key].is_number() || schema[key].get<double>() < 0) fail(path, std::string("'") + key + "' is not a count");

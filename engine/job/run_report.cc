@@ -190,12 +190,11 @@ std::string RunReport::text() const {
 }
 
 nlohmann::json RunReport::to_json() const {
-  switch (mode) {
-    case RunMode::DataParallel: return data_parallel_json();
-    case RunMode::Pipeline: return pipeline_json();
-    case RunMode::OneProcess: break;
-  }
-  return one_process_json();
+  nlohmann::json j = mode == RunMode::DataParallel ? data_parallel_json()
+                     : mode == RunMode::Pipeline   ? pipeline_json()
+                                                   : one_process_json();
+  if (!structured_output.is_null()) j["structured_output"] = structured_output;
+  return j;
 }
 
 std::string RunReport::one_process_text() const {

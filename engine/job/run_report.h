@@ -124,6 +124,7 @@ struct RunReport {
   std::vector<RequestTiming> timings;   // of the finished requests
   std::optional<Prediction> predicted;  // in --metrics; in the text with `explain`
   bool explain = false;
+  nlohmann::json structured_output;  // JobConstraints::report() in --metrics (null: none)
 
   // The lines for stderr, newline included.
   std::string text() const;

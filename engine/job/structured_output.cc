@@ -1,6 +1,9 @@
 #include "engine/job/structured_output.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "engine/io/json_input.h"
 
@@ -160,10 +163,35 @@ class GrammarConstraint final : public engine::TokenConstraint {
 
 std::shared_ptr<const engine::TokenConstraint> JobConstraints::get(const grammar::Constraint& c) {
   std::call_once(built_, [&] {
+    const auto start = std::chrono::steady_clock::now();
     cache_ = std::make_unique<grammar::ConstraintCache>(
         std::make_shared<const grammar::TokenTrie>(model_vocabulary(tok_, vocab_size_, stop_ids_)));
+    vocabulary_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
   return std::make_shared<const GrammarConstraint>(cache_->get(c));
+}
+
+nlohmann::json JobConstraints::report() const {
+  if (!cache_) return nullptr;
+  std::vector<double> ms = cache_->compile_seconds();
+  for (double& t : ms) t *= 1e3;
+  std::sort(ms.begin(), ms.end());
+  nlohmann::json j = {{"distinct", ms.size()}, {"vocabulary_ms", vocabulary_seconds_ * 1e3}};
+  if (!ms.empty()) {
+    const std::size_t n = ms.size();
+    j["compile_ms"] = {{"median", n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2}, {"max", ms.back()}};
+  }
+  return j;
+}
+
+std::string JobConstraints::summary_line() const {
+  const nlohmann::json j = report();
+  if (j.is_null()) return "";
+  std::string line = fmt::format("structured output: {} distinct constraints compiled", j["distinct"].get<std::size_t>());
+  if (j.contains("compile_ms"))
+    line += fmt::format(", compile median {:.3f} ms, max {:.3f} ms", j["compile_ms"]["median"].get<double>(),
+                        j["compile_ms"]["max"].get<double>());
+  return line + fmt::format(" (vocabulary {:.1f} ms)\n", j["vocabulary_ms"].get<double>());
 }
 
 }  // namespace flexh2o::job

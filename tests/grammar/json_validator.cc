@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <regex>
+#include <vector>
 
 namespace flexh2o::grammar::testing {
 
@@ -77,10 +78,19 @@ std::string object_violation(const Json& v, const Json& s, const Json& root) {
   for (const Json& name : s.value("required", Json::array()))
     if (!v.contains(name.get<std::string>())) return at("required", name.dump());
   const Json properties = s.value("properties", Json::object());
+  if (s.contains("minProperties") && v.size() < s["minProperties"].get<std::size_t>()) return "minProperties";
+  const Json patterns = s.value("patternProperties", Json::object());
   for (const auto& [key, value] : v.items()) {
-    const Json& sub = properties.contains(key) ? properties[key] : s.value("additionalProperties", Json(true));
-    const std::string inner = schema_violation(value, sub, root);
-    if (!inner.empty()) return at(key, inner);
+    bool matched = properties.contains(key);  // additionalProperties applies to the others
+    std::vector<Json> subs;
+    if (matched) subs.push_back(properties[key]);
+    for (const auto& [pattern, sub] : patterns.items())
+      if (std::regex_search(key, std::regex(pattern))) matched = true, subs.push_back(sub);
+    if (!matched) subs.push_back(s.value("additionalProperties", Json(true)));
+    for (const Json& sub : subs) {
+      const std::string inner = schema_violation(value, sub, root);
+      if (!inner.empty()) return at(key, inner);
+    }
   }
   return "";
 }

@@ -146,6 +146,10 @@ TEST(TokenMask, CacheCompilesEachDistinctConstraintOnce) {
   // Schema texts are untrusted: too deep or not JSON is an error, not a stack overflow.
   EXPECT_THROW(cache.get({.kind = Constraint::Kind::JsonSchema, .text = std::string(100000, '[')}), std::invalid_argument);
   EXPECT_THROW(cache.get({.kind = Constraint::Kind::JsonSchema, .text = "{\"type\":"}), std::invalid_argument);
+  // One compile time per distinct constraint compiled; failures are not counted.
+  const std::vector<double> seconds = cache.compile_seconds();
+  ASSERT_EQ(seconds.size(), 2u);
+  for (const double s : seconds) EXPECT_GE(s, 0.0);
 }
 
 TEST(TokenMask, StopOnlyWhereComplete) {
