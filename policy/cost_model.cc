@@ -148,7 +148,7 @@ Workload with_prefill_budget(Workload w, const HardwareProfile& hw, std::int64_t
 
 namespace {
 
-// The steps a continuous job takes, as BlockScheduler::next_steps admits: at each step each GPU
+// The steps a continuous job takes, as StepScheduler::admit admits: at each step each GPU
 // batch in turn gives its free slots to the waiting requests in order, while their prompts fit
 // the prefill budget (the first newcomer of a batch always joins); a request holds its slot for
 // its max_tokens steps (its prefill gives the first token).

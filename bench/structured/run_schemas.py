@@ -4,7 +4,8 @@ every output with the `jsonschema` package (a harness tool, not a dependency of 
 
 1. Writes an OpenAI batch file: one /v1/chat/completions request per schema with
    response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict": true}},
-   a short user prompt asking for an example object, temperature 0, --max-tokens tokens.
+   a short user prompt asking for an example object (with the schema in it when shorter than
+   --schema-in-prompt-below characters), --temperature (0: greedy), --max-tokens tokens.
 2. Runs `flexh2o run --prompts <batch> --out <results> --metrics <metrics>` (continuous
    batching, 32 in flight), under `flock --lock` when given.
 3. Reports: schemas supported (compiled) or not (their error lines, counted by the keyword they
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -43,23 +45,28 @@ def read_schemas(path):
     return manifest, schemas
 
 
-def prompt_for(record):
+def prompt_for(record, schema_below):
     schema = record["schema"]
+    text = json.dumps(schema)
+    if len(text) < schema_below:  # as JSONSchemaBench's prompts: the schema itself, when it is short
+        return f"Write an example JSON object that follows this JSON schema:\n{text}\nReply with the JSON only."
     title = schema.get("title") if isinstance(schema, dict) else None
     about = f' "{title}"' if isinstance(title, str) and title else ""
     return f"Write an example JSON object for the schema{about}. Reply with the JSON only."
 
 
-def write_batch(schemas, path, max_tokens, repetition_penalty):
+def write_batch(schemas, path, args):
     with open(path, "w") as f:
         for record in schemas:
             name = re.sub(r"[^A-Za-z0-9_-]", "_", record["id"])[:64]
-            body = {"model": "smollm2", "max_tokens": max_tokens, "temperature": 0,
-                    "messages": [{"role": "user", "content": prompt_for(record)}],
+            body = {"model": "smollm2", "max_tokens": args.max_tokens, "temperature": args.temperature,
+                    "messages": [{"role": "user", "content": prompt_for(record, args.schema_in_prompt_below)}],
                     "response_format": {"type": "json_schema",
                                         "json_schema": {"name": name, "schema": record["schema"], "strict": True}}}
-            if repetition_penalty:
-                body["repetition_penalty"] = repetition_penalty
+            if args.temperature > 0:
+                body["seed"] = zlib.crc32(record["id"].encode())
+            if args.repetition_penalty:
+                body["repetition_penalty"] = args.repetition_penalty
             f.write(json.dumps({"custom_id": record["id"], "method": "POST", "url": "/v1/chat/completions",
                                 "body": body}) + "\n")
 
@@ -146,6 +153,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--repetition-penalty", type=float,
                     help="vLLM's repetition_penalty in each request (still greedy): fewer outputs loop to max_tokens")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--schema-in-prompt-below", type=int, default=0, metavar="CHARS",
+                    help="put the schema's JSON in the prompt when it is shorter than this")
     ap.add_argument("--lock", help="run flexh2o under `flock LOCK` (a shared machine's build lock)")
     ap.add_argument("--check-only", action="store_true", help="check the results of an earlier run")
     ap.add_argument("extra", nargs="*", help="more flexh2o run flags (after --)")
@@ -155,7 +165,7 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     batch, results, metrics = work / "batch.jsonl", work / "results.jsonl", work / "metrics.json"
     if not args.check_only:
-        write_batch(schemas, batch, args.max_tokens, args.repetition_penalty)
+        write_batch(schemas, batch, args)
         seconds = run_flexh2o(args, batch, results, metrics)
         print(f"flexh2o ran {len(schemas)} requests in {seconds:.0f} s", file=sys.stderr)
     counts, keywords, invalid, cut, unsupported = check_results(schemas, results)
