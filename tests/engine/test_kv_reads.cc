@@ -20,11 +20,7 @@ using engine::KvReads;
 using offload::Tier;
 using Tokens = std::vector<std::int32_t>;
 
-Tokens random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
-  Tokens t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(3 + rng() % static_cast<std::uint64_t>(vocab - 3));
-  return t;
-}
+using testing::random_tokens;
 
 // Prompts of the given lengths, greedy, every one generating `new_tokens` (no stop id).
 GenerationRequest request(const engine::ModelConfig& cfg, std::vector<std::size_t> lengths, std::int64_t new_tokens) {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -257,6 +258,21 @@ void expect_same_results(const std::string& got, const std::string& want) {
   }
 }
 
+// Runs `job` under mpirun -np 2 as data-parallel ranks and as a pipeline, each with fixed and
+// continuous batching: every out file holds the `want` results; `check` sees each run's stderr.
+void expect_every_two_rank_form_gives(const std::string& job, const std::string& want, const testing::TempDir& dir,
+                                      const std::function<void(const std::string& err)>& check = {}) {
+  for (const std::string form : {"", " --batching fixed", " --pipeline 2", " --pipeline 2 --batching fixed"}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    const std::string out = dir.file("np2.jsonl");
+    std::filesystem::remove(out);
+    const Result r = run(mpirun(2), "run " + job + form + " --out " + out, dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    if (check) check(r.err);
+    expect_same_results(testing::read_file(out), want);
+  }
+}
+
 Json result_of(const std::string& text, const std::string& custom_id) {
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);)
@@ -308,15 +324,8 @@ TEST(Mpi, OpenAiBatchFileGivesTheOneProcessResults) {
   EXPECT_EQ(cut["finish_reason"], "stop");
   EXPECT_EQ(cut["text"], whole.substr(0, space));
   EXPECT_FALSE(result_of(expected, "logprobs")["response"]["body"]["choices"][0]["logprobs"].is_null());
-  for (const std::string form : {"", " --batching fixed", " --pipeline 2", " --pipeline 2 --batching fixed"}) {
-    SCOPED_TRACE("mpirun -np 2" + form);
-    const std::string out = dir.file("np2.jsonl");
-    std::filesystem::remove(out);
-    const Result r = run(mpirun(2), "run " + job + form + " --out " + out, dir);
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_THAT(r.err, HasSubstr("2 bad request lines"));
-    expect_same_results(testing::read_file(out), expected);
-  }
+  expect_every_two_rank_form_gives(job, expected, dir,
+                                   [](const std::string& err) { EXPECT_THAT(err, HasSubstr("2 bad request lines")); });
 
   // Cut to its first 6 lines and half of the 7th, as a kill would: --resume under mpirun
   // writes the rest, each request once.
@@ -340,14 +349,7 @@ TEST(Mpi, StructuredOutputGivesTheOneProcessResults) {
   const Result one = run("", "run " + job + " --out " + dir.file("one.jsonl"), dir);
   ASSERT_EQ(one.code, 0) << one.err;
   const std::string expected = testing::read_file(dir.file("one.jsonl"));
-  for (const std::string form : {"", " --batching fixed", " --pipeline 2", " --pipeline 2 --batching fixed"}) {
-    SCOPED_TRACE("mpirun -np 2" + form);
-    const std::string out = dir.file("np2.jsonl");
-    std::filesystem::remove(out);
-    const Result r = run(mpirun(2), "run " + job + form + " --out " + out, dir);
-    ASSERT_EQ(r.code, 0) << r.err;
-    expect_same_results(testing::read_file(out), expected);
-  }
+  expect_every_two_rank_form_gives(job, expected, dir);
 }
 
 // The pid of `rank` among the processes mpirun (pid `launcher`) started, or -1.

@@ -23,11 +23,7 @@ using engine::GenerationRequest;
 using engine::GenerationResult;
 using Tokens = std::vector<std::int32_t>;
 
-Tokens random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
-  Tokens t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(3 + rng() % static_cast<std::uint64_t>(vocab - 3));
-  return t;
-}
+using testing::random_tokens;
 
 Tokens join(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());

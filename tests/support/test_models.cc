@@ -17,6 +17,12 @@
 
 namespace flexh2o::testing {
 
+std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab) {
+  std::vector<std::int32_t> t(n);
+  for (auto& x : t) x = static_cast<std::int32_t>(3 + rng() % static_cast<std::uint64_t>(vocab - 3));
+  return t;
+}
+
 namespace fs = std::filesystem;
 using engine::HostWeights;
 using engine::ModelConfig;

@@ -1,6 +1,7 @@
 // Test helpers shared by the engine tests: temp dirs, tiny model configs, a Hugging Face
 // exporter, and an independent straightforward forward pass to check the engine against.
 #pragma once
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ class TempDir {
 
 void write_file(const std::string& path, const std::string& bytes);
 std::string read_file(const std::string& path);
+
+// n token ids drawn from [3, vocab) (past the special ids the test models reserve).
+std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::int64_t vocab);
 
 engine::ModelConfig tiny_opt_config();    // 2 layers, hidden 64, 4 heads
 engine::ModelConfig tiny_llama_config();  // 3 layers, hidden 48, 6 heads, 2 kv heads (GQA)
