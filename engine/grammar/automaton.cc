@@ -6,7 +6,8 @@
 
 namespace flexh2o::grammar {
 
-Automaton::Automaton(Grammar grammar) : grammar_(std::move(grammar)) {
+Automaton::Automaton(Grammar grammar)
+    : grammar_(std::move(grammar)), position_distance_(position_distances(grammar_, kFarDistance)) {
   std::vector<std::int32_t> stacks;
   bool accepts = false;
   for (std::int32_t pos : grammar_.alternatives(grammar_.root())) close(node(pos, kNoParent), stacks, accepts);
@@ -20,6 +21,9 @@ std::int32_t Automaton::node(std::int32_t pos, std::int32_t parent) {
   if (inserted) {
     node_pos_.push_back(pos);
     node_parent_.push_back(parent);
+    const std::int64_t below = parent == kNoParent ? 0 : node_distance_[static_cast<std::size_t>(parent)];
+    node_distance_.push_back(static_cast<std::int32_t>(
+        std::min<std::int64_t>(position_distance_[static_cast<std::size_t>(pos)] + below, kFarDistance)));
   }
   return it->second;
 }
@@ -58,7 +62,9 @@ std::int32_t Automaton::intern_state(std::vector<std::int32_t> stacks, bool acce
   key.back() = accepts ? '\1' : '\0';
   auto [it, inserted] = state_index_.try_emplace(std::move(key), static_cast<std::int32_t>(states_.size()));
   if (inserted) {
-    states_.push_back(State{.stacks = std::move(stacks), .accepts = accepts});
+    std::int32_t distance = kFarDistance;
+    for (std::int32_t n : stacks) distance = std::min(distance, node_distance_[static_cast<std::size_t>(n)]);
+    states_.push_back(State{.stacks = std::move(stacks), .accepts = accepts, .distance = accepts ? 0 : distance});
     transitions_.resize(states_.size() * 256, kUnknown);
   }
   return it->second;

@@ -34,6 +34,10 @@ class Automaton {
   bool accepts(std::int32_t state) const { return states_[static_cast<std::size_t>(state)].accepts; }
   // Whether some byte continues the input from this state.
   bool continues(std::int32_t state) const { return !states_[static_cast<std::size_t>(state)].stacks.empty(); }
+  // The fewest bytes that complete the input from this state (0 where it may end), capped at
+  // kFarDistance.
+  std::int32_t distance(std::int32_t state) const { return states_[static_cast<std::size_t>(state)].distance; }
+  static constexpr std::int32_t kFarDistance = 1 << 30;
   std::size_t state_count() const { return states_.size(); }
   const Grammar& grammar() const { return grammar_; }
 
@@ -43,6 +47,7 @@ class Automaton {
   struct State {
     std::vector<std::int32_t> stacks;  // nodes whose position is a byte class, sorted
     bool accepts = false;
+    std::int32_t distance = 0;  // distance(): 0 when accepts, else the nearest stack's node_distance_
   };
   std::int32_t node(std::int32_t pos, std::int32_t parent);
   void close(std::int32_t start, std::vector<std::int32_t>& stacks, bool& accepts);
@@ -50,7 +55,9 @@ class Automaton {
   std::int32_t compute_next(std::int32_t state, std::uint8_t byte);
 
   Grammar grammar_;
+  std::vector<std::int32_t> position_distance_;  // fewest bytes from a position to its alternative's end
   std::vector<std::int32_t> node_pos_, node_parent_;
+  std::vector<std::int32_t> node_distance_;  // fewest bytes that empty a node's whole stack
   std::unordered_map<std::uint64_t, std::int32_t> node_index_;
   std::vector<State> states_;
   std::unordered_map<std::string, std::int32_t> state_index_;

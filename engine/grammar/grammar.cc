@@ -1,5 +1,8 @@
 #include "engine/grammar/grammar.h"
 
+#include <algorithm>
+#include <functional>
+#include <queue>
 #include <stdexcept>
 
 namespace flexh2o::grammar {
@@ -142,6 +145,74 @@ std::int32_t left_recursive_rule(const Grammar& g, const std::vector<bool>& null
 }
 
 }  // namespace
+
+namespace {
+
+std::int32_t capped_sum(std::int64_t a, std::int64_t b, std::int32_t cap) {
+  return static_cast<std::int32_t>(std::min<std::int64_t>(a + b, cap));
+}
+
+// The shortest length of every rule (cap for a rule that never completes).
+std::vector<std::int32_t> rule_distances(const Grammar& g, std::int32_t cap) {
+  struct Alternative {
+    std::int32_t rule;
+    std::int32_t length;   // bytes, plus the final lengths of the rules counted so far
+    std::int32_t pending;  // rule references whose length is not final yet
+  };
+  std::vector<Alternative> alts;
+  std::vector<std::vector<std::size_t>> used_by(g.rule_count());  // alternatives, once per reference
+  using Candidate = std::pair<std::int32_t, std::int32_t>;        // (length, rule)
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> candidates;
+  for (std::size_t r = 0; r < g.rule_count(); ++r) {
+    for (std::int32_t pos : g.alternatives(static_cast<std::int32_t>(r))) {
+      Alternative a{.rule = static_cast<std::int32_t>(r), .length = 0, .pending = 0};
+      for (std::int32_t e; (e = g.element(pos)) != Grammar::kEnd; ++pos) {
+        if (Grammar::is_bytes(e)) {
+          a.length = capped_sum(a.length, 1, cap);
+        } else {
+          ++a.pending;
+          used_by[static_cast<std::size_t>(e)].push_back(alts.size());
+        }
+      }
+      if (a.pending == 0) candidates.emplace(a.length, a.rule);
+      alts.push_back(a);
+    }
+  }
+  std::vector<std::int32_t> shortest(g.rule_count(), cap);
+  std::vector<bool> final(g.rule_count(), false);
+  while (!candidates.empty()) {
+    const auto [length, rule] = candidates.top();
+    candidates.pop();
+    if (final[static_cast<std::size_t>(rule)]) continue;
+    final[static_cast<std::size_t>(rule)] = true;
+    shortest[static_cast<std::size_t>(rule)] = length;
+    for (std::size_t i : used_by[static_cast<std::size_t>(rule)]) {
+      Alternative& a = alts[i];
+      a.length = capped_sum(a.length, length, cap);
+      if (--a.pending == 0) candidates.emplace(a.length, a.rule);
+    }
+  }
+  return shortest;
+}
+
+}  // namespace
+
+std::vector<std::int32_t> position_distances(const Grammar& g, std::int32_t cap) {
+  const std::vector<std::int32_t> shortest = rule_distances(g, cap);
+  std::vector<std::int32_t> distance(g.element_count(), 0);
+  for (std::size_t r = 0; r < g.rule_count(); ++r) {
+    for (std::int32_t start : g.alternatives(static_cast<std::int32_t>(r))) {
+      std::int32_t end = start;
+      while (g.element(end) != Grammar::kEnd) ++end;
+      for (std::int32_t pos = end - 1; pos >= start; --pos) {
+        const std::int32_t e = g.element(pos);
+        const std::int32_t length = Grammar::is_bytes(e) ? 1 : shortest[static_cast<std::size_t>(e)];
+        distance[static_cast<std::size_t>(pos)] = capped_sum(length, distance[static_cast<std::size_t>(pos + 1)], cap);
+      }
+    }
+  }
+  return distance;
+}
 
 Grammar GrammarBuilder::build(std::uint32_t root) && {
   Grammar& g = grammar_;

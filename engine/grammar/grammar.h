@@ -45,6 +45,12 @@ class Grammar {
   std::int32_t root_ = 0;
 };
 
+// The fewest bytes from each position (an index into the elements) to the end of its
+// alternative, rules taken at their shortest derivation; capped at `cap`. (Knuth's
+// generalization of Dijkstra's algorithm to grammars: a rule's shortest length is final once
+// it is the smallest candidate left.)
+std::vector<std::int32_t> position_distances(const Grammar& g, std::int32_t cap);
+
 // Builds a Grammar from expressions; repetitions and nested alternatives become helper rules
 // (right-recursive, so the automaton's tail calls keep their stacks flat).
 class GrammarBuilder {

@@ -35,16 +35,17 @@ std::size_t CompiledGrammar::state_count() const {
   return automaton_.state_count();
 }
 
+std::int32_t CompiledGrammar::distance(std::int32_t state) const {
+  std::lock_guard lock(mutex_);
+  return state == Automaton::kDead ? Automaton::kFarDistance : automaton_.distance(state);
+}
+
 // Walks the trie in preorder, keeping the state after each prefix of the current path; a
 // prefix the automaton rejects skips its subtree.
-const std::vector<std::uint64_t>& CompiledGrammar::token_mask(std::int32_t state) const {
-  auto found = masks_.find(state);
-  if (found != masks_.end()) return found->second;
-  const std::size_t mask_bytes = mask_words(trie_->vocab_size()) * sizeof(std::uint64_t);
-  if ((masks_.size() + 1) * mask_bytes > kMaskCacheBytes) masks_.clear();  // recomputed on demand
-  auto it = masks_.try_emplace(state).first;
-  std::vector<std::uint64_t>& mask = it->second;
-  mask.assign(mask_words(trie_->vocab_size()), 0);
+void CompiledGrammar::walk_trie(std::int32_t state, std::int32_t reach, TokenMask& out) const {
+  out.bits.assign(mask_words(trie_->vocab_size()), 0);
+  out.farthest = 0;
+  out.nearest = kAnyDistance;
   std::vector<std::int32_t> path(trie_->max_depth() + 1);
   path[0] = state;
   for (std::size_t node = 0; node < trie_->node_count();) {
@@ -55,21 +56,55 @@ const std::vector<std::uint64_t>& CompiledGrammar::token_mask(std::int32_t state
       continue;
     }
     path[depth] = next;
-    for (const std::int32_t* t = trie_->tokens_begin(node); t != trie_->tokens_end(node); ++t)
-      mask[static_cast<std::size_t>(*t) >> 6] |= std::uint64_t{1} << (*t & 63);
+    const std::int32_t after = automaton_.distance(next);
+    if (after <= reach && trie_->tokens_begin(node) != trie_->tokens_end(node)) {
+      out.farthest = std::max(out.farthest, after);
+      out.nearest = std::min(out.nearest, after);
+      for (const std::int32_t* t = trie_->tokens_begin(node); t != trie_->tokens_end(node); ++t)
+        out.bits[static_cast<std::size_t>(*t) >> 6] |= std::uint64_t{1} << (*t & 63);
+    }
     ++node;
   }
+}
+
+const CompiledGrammar::TokenMask& CompiledGrammar::token_mask(std::int32_t state, std::int32_t reach) const {
+  const std::uint64_t key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(state)) << 32) |
+                            static_cast<std::uint32_t>(reach);
+  auto found = masks_.find(key);
+  if (found != masks_.end()) return found->second;
+  const std::size_t mask_bytes = mask_words(trie_->vocab_size()) * sizeof(std::uint64_t);
+  if ((masks_.size() + 1) * mask_bytes > kMaskCacheBytes) masks_.clear();  // recomputed on demand
+  TokenMask& mask = masks_[key];
+  walk_trie(state, reach, mask);
   return mask;
 }
 
-void CompiledGrammar::fill_mask(std::int32_t state, std::span<std::uint64_t> mask) const {
+const CompiledGrammar::TokenMask& CompiledGrammar::mask_for(std::int32_t state, std::int64_t tokens_left) const {
+  const TokenMask& any = token_mask(state, kAnyDistance);
+  if (tokens_left == kNoLimit || any.farthest <= tokens_left - 1) return any;
+  // Closing within the tokens left: each token after this one can write at least one byte of
+  // a shortest completion (every byte is a token in byte-level vocabularies), so a token is
+  // allowed when the distance after it is at most the tokens left after it. Where no token is
+  // (a vocabulary without some single bytes), those nearest to the end are; where the output
+  // may end here, the stop tokens always are.
+  auto reach = static_cast<std::int32_t>(std::clamp<std::int64_t>(tokens_left - 1, 0, kAnyDistance));
+  if (!automaton_.accepts(state)) reach = std::max(reach, any.nearest);
+  return token_mask(state, reach);  // may drop `any` from the cache
+}
+
+void CompiledGrammar::fill_mask(std::int32_t state, std::span<std::uint64_t> mask, std::int64_t tokens_left) const {
   if (mask.size() != mask_words(trie_->vocab_size())) throw std::invalid_argument("token mask of the wrong size");
   std::lock_guard lock(mutex_);
-  const std::vector<std::uint64_t>& tokens = token_mask(state);
-  std::copy(tokens.begin(), tokens.end(), mask.begin());
+  const TokenMask& tokens = mask_for(state, tokens_left);
+  std::copy(tokens.bits.begin(), tokens.bits.end(), mask.begin());
   if (automaton_.accepts(state))
     for (std::int32_t stop : trie_->vocabulary().stop_tokens)
       mask[static_cast<std::size_t>(stop) >> 6] |= std::uint64_t{1} << (stop & 63);
+}
+
+void CompiledGrammar::prepare_mask(std::int32_t state, std::int64_t tokens_left) const {
+  std::lock_guard lock(mutex_);
+  if (state != Automaton::kDead) mask_for(state, tokens_left);
 }
 
 bool Matcher::accept_token(std::int32_t token) {
@@ -93,12 +128,12 @@ bool Matcher::accept_bytes(std::string_view bytes) {
   return true;
 }
 
-void Matcher::fill_mask(std::span<std::uint64_t> mask) const {
+void Matcher::fill_mask(std::span<std::uint64_t> mask, std::int64_t tokens_left) const {
   if (stopped_) {
     std::fill(mask.begin(), mask.end(), 0);
     return;
   }
-  grammar_->fill_mask(state_, mask);
+  grammar_->fill_mask(state_, mask, tokens_left);
 }
 
 }  // namespace flexh2o::grammar

@@ -34,20 +34,39 @@ class CompiledGrammar {
   bool accepts(std::int32_t state) const;
   bool continues(std::int32_t state) const;
   // Whether input may end in / continue from `state` (false for Automaton::kDead).
+  // The fewest bytes that complete the output from `state` (0 where it may end).
+  std::int32_t distance(std::int32_t state) const;
   // fill_mask: the tokens allowed in `state` (bit set = allowed), stop tokens included when it
-  // accepts.
-  void fill_mask(std::int32_t state, std::span<std::uint64_t> mask) const;
+  // accepts. With `tokens_left` (the tokens the output may still have, this one included):
+  // only tokens after which the output can still be completed in the tokens left, one byte a
+  // token (docs/structured-output.md, "Closing within max_tokens"); where no token can, those
+  // that leave the fewest bytes to write.
+  static constexpr std::int64_t kNoLimit = -1;
+  void fill_mask(std::int32_t state, std::span<std::uint64_t> mask, std::int64_t tokens_left = kNoLimit) const;
+  // Computes and keeps the mask fill_mask will give, so that a later fill_mask is a copy (a
+  // worker thread calls it while the step that needs the mask computes).
+  void prepare_mask(std::int32_t state, std::int64_t tokens_left = kNoLimit) const;
   const TokenTrie& trie() const { return *trie_; }
   std::size_t state_count() const;
   std::size_t rule_count() const { return rule_count_; }
 
  private:
-  const std::vector<std::uint64_t>& token_mask(std::int32_t state) const;  // under mutex_
+  struct TokenMask {
+    std::vector<std::uint64_t> bits;
+    std::int32_t farthest = 0;  // the largest distance after a token the mask allows
+    std::int32_t nearest = 0;   // the smallest
+  };
+  static constexpr std::int32_t kAnyDistance = Automaton::kFarDistance;
+  // The tokens whose bytes the automaton takes from `state` and after which the distance is at
+  // most `reach`; kept per (state, reach). Under mutex_.
+  const TokenMask& token_mask(std::int32_t state, std::int32_t reach) const;
+  const TokenMask& mask_for(std::int32_t state, std::int64_t tokens_left) const;  // under mutex_
+  void walk_trie(std::int32_t state, std::int32_t reach, TokenMask& out) const;
 
   mutable std::mutex mutex_;
   mutable Automaton automaton_;
   std::shared_ptr<const TokenTrie> trie_;
-  mutable std::unordered_map<std::int32_t, std::vector<std::uint64_t>> masks_;
+  mutable std::unordered_map<std::uint64_t, TokenMask> masks_;
   std::int32_t initial_;
   std::size_t rule_count_;
 };
@@ -60,12 +79,18 @@ class Matcher {
   // the output.
   bool accept_token(std::int32_t token);
   bool accept_bytes(std::string_view bytes);
+  // The fewest bytes that complete the output (0 when complete).
+  std::int32_t distance() const { return stopped_ ? 0 : grammar_->distance(state_); }
   // Whether the output so far is complete (stop tokens allowed).
   bool is_complete() const { return !stopped_ && grammar_->accepts(state_); }
   // Whether a stop token was accepted, or no byte can follow the output (it must stop now).
   bool is_finished() const { return stopped_ || !grammar_->continues(state_); }
-  void fill_mask(std::span<std::uint64_t> mask) const;
+  // The tokens allowed next (CompiledGrammar::fill_mask), none once stopped.
+  void fill_mask(std::span<std::uint64_t> mask, std::int64_t tokens_left = CompiledGrammar::kNoLimit) const;
   const CompiledGrammar& grammar() const { return *grammar_; }
+  // The compiled constraint and the state, for CompiledGrammar::prepare_mask on another thread.
+  const std::shared_ptr<const CompiledGrammar>& shared_grammar() const { return grammar_; }
+  std::int32_t state() const { return stopped_ ? Automaton::kDead : state_; }
 
  private:
   std::shared_ptr<const CompiledGrammar> grammar_;

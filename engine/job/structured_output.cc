@@ -138,13 +138,14 @@ namespace {
 // A grammar matcher as the runtime's per-sequence constraint.
 class GrammarConstraint final : public engine::TokenConstraint {
  public:
-  explicit GrammarConstraint(std::shared_ptr<const grammar::CompiledGrammar> g) : matcher_(std::move(g)) {}
+  GrammarConstraint(std::shared_ptr<const grammar::CompiledGrammar> g, std::shared_ptr<grammar::MaskPrefetcher> ahead)
+      : matcher_(std::move(g)), ahead_(std::move(ahead)) {}
   std::unique_ptr<engine::TokenConstraint> clone() const override {
     return std::make_unique<GrammarConstraint>(*this);
   }
-  void fill_allowed(std::span<std::uint32_t> mask) const override {
+  void fill_allowed(std::span<std::uint32_t> mask, std::int64_t tokens_left) const override {
     words_.resize(grammar::mask_words(matcher_.grammar().trie().vocab_size()));
-    matcher_.fill_mask(words_);
+    matcher_.fill_mask(words_, tokens_left);
     // Little or big endian alike: bit t of the 64-bit word t / 64 is bit t % 32 of its half t / 32 % 2.
     for (std::size_t i = 0; i < mask.size(); ++i) {
       const std::uint64_t w = i / 2 < words_.size() ? words_[i / 2] : 0;
@@ -152,10 +153,14 @@ class GrammarConstraint final : public engine::TokenConstraint {
     }
   }
   bool accept(std::int32_t token) override { return matcher_.accept_token(token); }
+  void prepare(std::int64_t tokens_left) const override {
+    ahead_->prepare(matcher_.shared_grammar(), matcher_.state(), tokens_left);
+  }
   bool finished() const override { return matcher_.is_finished(); }
 
  private:
   grammar::Matcher matcher_;
+  std::shared_ptr<grammar::MaskPrefetcher> ahead_;
   mutable std::vector<std::uint64_t> words_;  // fill_allowed's scratch
 };
 
@@ -168,7 +173,7 @@ std::shared_ptr<const engine::TokenConstraint> JobConstraints::get(const grammar
         std::make_shared<const grammar::TokenTrie>(model_vocabulary(tok_, vocab_size_, stop_ids_)));
     vocabulary_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
-  return std::make_shared<const GrammarConstraint>(cache_->get(c));
+  return std::make_shared<const GrammarConstraint>(cache_->get(c), ahead_);
 }
 
 nlohmann::json JobConstraints::report() const {

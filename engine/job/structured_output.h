@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/grammar/constraint.h"
+#include "engine/grammar/mask_prefetcher.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/token_constraint.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -53,7 +54,7 @@ grammar::Vocabulary model_vocabulary(const engine::Tokenizer& tok, std::int64_t 
                                      std::span<const std::int32_t> stop_ids);
 
 // The constraints of a job over one model's vocabulary, each distinct one compiled once (the
-// vocabulary's trie is built with the first).
+// vocabulary's trie is built with the first); their next masks computed ahead on one worker.
 class JobConstraints {
  public:
   // `tok` must outlive this.
@@ -75,6 +76,7 @@ class JobConstraints {
   std::once_flag built_;
   double vocabulary_seconds_ = 0;
   std::unique_ptr<grammar::ConstraintCache> cache_;
+  std::shared_ptr<grammar::MaskPrefetcher> ahead_ = std::make_shared<grammar::MaskPrefetcher>();
 };
 
 }  // namespace flexh2o::job

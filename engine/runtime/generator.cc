@@ -202,6 +202,7 @@ void GenerationLog::start_constraints(const GenerationRequest& req) {
     if (!req.constraints[b]) continue;
     if (b < req.forced.size()) throw std::invalid_argument("a constrained sequence cannot be forced");
     constraint_[b] = req.constraints[b]->clone();
+    constraint_[b]->prepare(new_tokens_limit(req, b));
   }
 }
 
@@ -215,7 +216,11 @@ std::span<const std::uint32_t> GenerationLog::fill_allowed(std::size_t first, st
   const auto words = static_cast<std::size_t>(kernels::mask_words(cfg_.vocab_size));
   allowed_.assign(n * words, ~0u);
   for (std::size_t i = 0; i < n; ++i)
-    if (constrained(first + i)) constraint_[first + i]->fill_allowed(std::span(allowed_).subspan(i * words, words));
+    if (constrained(first + i)) {
+      const std::size_t b = first + i;
+      const std::int64_t tokens_left = new_tokens_limit(req_, b) - generated(b);
+      constraint_[b]->fill_allowed(std::span(allowed_).subspan(i * words, words), tokens_left);
+    }
   return allowed_;
 }
 
@@ -282,7 +287,11 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   history_[b].push_back(token);  // the inputs, for penalties
   history_view_[b] = history_[b];
   ++generated_[b];
-  if (!stop && static_cast<std::int64_t>(tokens.size()) < new_tokens_limit(req_, b)) return false;
+  const std::int64_t limit = new_tokens_limit(req_, b);
+  if (!stop && static_cast<std::int64_t>(tokens.size()) < limit) {
+    if (b < constraint_.size() && constraint_[b]) constraint_[b]->prepare(limit - generated(b));
+    return false;
+  }
   res_.finish_reasons[b] = stop ? FinishReason::Stop : FinishReason::Length;
   done_[b] = true;
   --active_;

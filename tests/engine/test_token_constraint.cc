@@ -3,9 +3,11 @@
 // and continuous batching with n choices forked from one prefill, every token a constrained
 // sequence draws is one its state allowed, each ends (finish reason stop) exactly when its state
 // says it is finished, unconstrained sequences beside it draw what they draw without it, and a
-// constraint allowing every token changes nothing.
+// constraint allowing every token changes nothing. Each mask is asked for with the tokens the
+// sequence may still draw.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
 
 #include "engine/loaders/model_source.h"
@@ -20,12 +22,16 @@ using engine::GenerationRequest;
 using engine::GenerationResult;
 
 // Allows the tokens t with t % modulus == phase, the phase being the sum of the tokens taken so
-// far (mod modulus), or every token (modulus 1); finished after `length` tokens.
+// far (mod modulus), or every token (modulus 1); finished after `length` tokens. Counts, in
+// `wrong_tokens_left` (shared by its clones), the masks asked for with other tokens left than
+// `limit` less the tokens taken.
 class ModularConstraint final : public engine::TokenConstraint {
  public:
-  ModularConstraint(std::int32_t modulus, std::size_t length) : modulus_(modulus), length_(length) {}
+  ModularConstraint(std::int32_t modulus, std::size_t length, std::int64_t limit = 12)
+      : modulus_(modulus), length_(length), limit_(limit) {}
   std::unique_ptr<engine::TokenConstraint> clone() const override { return std::make_unique<ModularConstraint>(*this); }
-  void fill_allowed(std::span<std::uint32_t> mask) const override {
+  void fill_allowed(std::span<std::uint32_t> mask, std::int64_t tokens_left) const override {
+    if (tokens_left != limit_ - static_cast<std::int64_t>(taken_)) ++*wrong_tokens_left;
     std::fill(mask.begin(), mask.end(), 0u);
     for (std::size_t t = 0; t < mask.size() * 32; ++t)
       if (allows(static_cast<std::int32_t>(t))) mask[t / 32] |= 1u << (t % 32);
@@ -38,10 +44,12 @@ class ModularConstraint final : public engine::TokenConstraint {
   }
   bool finished() const override { return taken_ >= length_; }
   bool allows(std::int32_t token) const { return token % modulus_ == sum_ % modulus_; }
+  std::shared_ptr<std::atomic<int>> wrong_tokens_left = std::make_shared<std::atomic<int>>(0);
 
  private:
   std::int32_t modulus_;
   std::size_t length_;
+  std::int64_t limit_;
   std::int64_t sum_ = 0;
   std::size_t taken_ = 0;
 };
@@ -103,8 +111,10 @@ TEST(TokenConstraint, ConstrainedSequencesDrawAllowedTokensAndEndWhenFinished) {
     // Choices 0 and 2 of line 0 and line 2's first: constrained (others not), finished after 5.
     const std::vector<std::size_t> constrained = {0, 2, 4};
     req.constraints.resize(req.prompts.size());
-    for (const std::size_t b : constrained) req.constraints[b] = std::make_shared<ModularConstraint>(3, 5);
+    const auto modular = std::make_shared<ModularConstraint>(3, 5);
+    for (const std::size_t b : constrained) req.constraints[b] = modular;
     const GenerationResult got = run(req);
+    EXPECT_EQ(*modular->wrong_tokens_left, 0) << "masks asked for with other tokens left than the limit's";
     for (std::size_t b = 0; b < req.prompts.size(); ++b) {
       if (!req.constraints[b]) {
         EXPECT_EQ(got.tokens[b], plain.tokens[b]) << "unconstrained sequence " << b;

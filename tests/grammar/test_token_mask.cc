@@ -5,38 +5,23 @@
 // make_json_cases.py --check-walks (the jsonschema package, formats included).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <regex>
+#include <thread>
 
 #include "engine/grammar/constraint.h"
+#include "engine/grammar/mask_prefetcher.h"
+#include "tests/grammar/grammar_test_util.h"
 #include "tests/grammar/json_validator.h"
 
 namespace flexh2o::grammar {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// Every single byte, then random concatenations of JSON-ish pieces (multi-byte characters cut
-// in the middle among them), a control token (empty) and a stop token.
-Vocabulary random_vocabulary(std::mt19937& rng, int pieces_tokens) {
-  const std::vector<std::string> pieces = {"{", "}", "[", "]", "\"", ":", ",", " ", "\n", "a", "b", "x", "name", "age",
-                                           "kind", "0", "1", "12", "7", "-", ".", "e", "true", "null", "false", "\\",
-                                           "\\n", "\\u00", "\xc3\xa9", "\xc3", "\xa9", "\xe2\x82\xac", "AB", "Z", "T",
-                                           "@", "2024", "-02-", "29", "::", "/", "http", "Al"};
-  Vocabulary v;
-  for (int b = 0; b < 256; ++b) v.token_bytes.push_back(std::string(1, static_cast<char>(b)));
-  for (int i = 0; i < pieces_tokens; ++i) {
-    std::string token;
-    for (int k = 1 + static_cast<int>(rng() % 4); k > 0; --k) token += pieces[rng() % pieces.size()];
-    v.token_bytes.push_back(token);
-  }
-  v.token_bytes.push_back("");  // a control token: never allowed
-  v.token_bytes.push_back("");  // the stop token
-  v.stop_tokens = {static_cast<std::int32_t>(v.token_bytes.size() - 1)};
-  return v;
-}
+using testing::random_vocabulary;
 
 std::vector<std::uint64_t> brute_force_mask(const CompiledGrammar& g, std::int32_t state) {
   const Vocabulary& v = g.trie().vocabulary();
@@ -186,6 +171,42 @@ TEST(TokenMask, StopTokenWithBytesIsNeverText) {
   EXPECT_EQ(mask[0], 0b100u);  // allowed as the stop it is (the output is complete)
   EXPECT_TRUE(m.accept_token(2));
   EXPECT_FALSE(m.accept_bytes("</s>"));  // stopped
+}
+
+// Masks computed ahead on the prefetcher's worker, while the sampling side asks for the same
+// states' masks (under a limit too), are the masks a constraint compiled apart gives.
+TEST(TokenMask, MasksPreparedAheadAreTheSame) {
+  std::mt19937 rng(31);
+  auto trie = std::make_shared<const TokenTrie>(random_vocabulary(rng, 400));
+  ConstraintCache ahead_cache(trie), plain_cache(trie);
+  const std::string schema = R"({"type":"object","properties":{"name":{"type":"string"},"tags":{"type":"array","items":{"type":"integer"}}},"required":["name","tags"]})";
+  const Constraint c{.kind = Constraint::Kind::JsonSchema, .text = schema};
+  const auto ahead_grammar = ahead_cache.get(c);
+  MaskPrefetcher ahead;
+  std::uint64_t queued = 0;
+  std::vector<std::uint64_t> got(mask_words(trie->vocab_size())), want(got.size());
+  for (int w = 0; w < 20; ++w) {
+    Matcher m(ahead_grammar), reference(plain_cache.get(c));
+    const std::int64_t limit = 10 + static_cast<std::int64_t>(rng() % 40);
+    for (std::int64_t step = 0; step < limit && !m.is_finished(); ++step) {
+      ahead.prepare(m.shared_grammar(), m.state(), limit - step);
+      ++queued;
+      m.fill_mask(got, limit - step);
+      reference.fill_mask(want, limit - step);
+      ASSERT_EQ(got, want) << "walk " << w << ", step " << step;
+      std::vector<std::int32_t> allowed;
+      for (std::size_t t = 0; t < trie->vocab_size(); ++t)
+        if (mask_allows(got, static_cast<std::int32_t>(t))) allowed.push_back(static_cast<std::int32_t>(t));
+      const std::int32_t token = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(m.accept_token(token));
+      ASSERT_TRUE(reference.accept_token(token));
+      if (m.is_finished()) break;
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ahead.prepared() < queued && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(ahead.prepared(), queued) << "the worker finishes every task queued";
 }
 
 }  // namespace
