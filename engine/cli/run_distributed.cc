@@ -82,9 +82,11 @@ job::EngineOptions rank_engine_options(const RunOptions& o, const RunSetup& s, c
   return eo;
 }
 
-// The report over several ranks from their parts (in rank order): the model as rank 0 stores it.
+// The report over several ranks from their parts (in rank order): the model as rank 0 stores it,
+// and the structured-output constraints as rank 0 compiled them (it reads every request).
 job::RunReport ranks_report(job::RunMode mode, const RunOptions& o, const RunSetup& s, std::vector<job::RunPart> parts) {
   job::RunReport r;
+  if (s.constraints) r.structured_output = s.constraints->report();
   r.mode = mode;
   r.model = s.model.description;
   r.stored = with_weight_dtype(s.model.config, s.policy.weight_dtype(s.model.config.dtype));
@@ -123,7 +125,7 @@ int report_data_parallel(const RunOptions& o, const RunSetup& s, std::vector<job
     finished += p.finished_requests;
     stopped = stopped || p.stopped;
   }
-  fmt::print(stderr, "{}", report.text());
+  fmt::print(stderr, "{}{}", report.text(), s.constraints ? s.constraints->summary_line() : "");
   report.write_files(o.metrics_file, o.trace_file, nullptr);
   if (!stopped && finished == requests) return 0;
   fmt::print(stderr, "{}", job::stopped_message("the ranks", finished, requests, o.out_file));
@@ -241,7 +243,7 @@ void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_
   job::RunReport report = ranks_report(job::RunMode::Pipeline, o, s, std::move(parts));
   report.micro_batches = micro_batches;
   report.total = total;
-  fmt::print(stderr, "{}", report.text());
+  fmt::print(stderr, "{}{}", report.text(), s.constraints ? s.constraints->summary_line() : "");
   report.write_files(o.metrics_file, o.trace_file, nullptr);
 }
 

@@ -80,7 +80,7 @@ const CompiledGrammar::TokenMask& CompiledGrammar::token_mask(std::int32_t state
 }
 
 const CompiledGrammar::TokenMask& CompiledGrammar::mask_for(std::int32_t state, std::int64_t tokens_left) const {
-  const TokenMask& any = token_mask(state, kAnyDistance);
+  const TokenMask& any = token_mask(state, kAnyDistance);  // limit_narrows: the same test
   if (tokens_left == kNoLimit || any.farthest <= tokens_left - 1) return any;
   // Closing within the tokens left: each token after this one can write at least one byte of
   // a shortest completion (every byte is a token in byte-level vocabularies), so a token is
@@ -100,6 +100,12 @@ void CompiledGrammar::fill_mask(std::int32_t state, std::span<std::uint64_t> mas
   if (automaton_.accepts(state))
     for (std::int32_t stop : trie_->vocabulary().stop_tokens)
       mask[static_cast<std::size_t>(stop) >> 6] |= std::uint64_t{1} << (stop & 63);
+}
+
+bool CompiledGrammar::limit_narrows(std::int32_t state, std::int64_t tokens_left) const {
+  std::lock_guard lock(mutex_);
+  return state != Automaton::kDead && tokens_left != kNoLimit &&
+         token_mask(state, kAnyDistance).farthest > tokens_left - 1;
 }
 
 void CompiledGrammar::prepare_mask(std::int32_t state, std::int64_t tokens_left) const {

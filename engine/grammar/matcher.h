@@ -43,6 +43,8 @@ class CompiledGrammar {
   // that leave the fewest bytes to write.
   static constexpr std::int64_t kNoLimit = -1;
   void fill_mask(std::int32_t state, std::span<std::uint64_t> mask, std::int64_t tokens_left = kNoLimit) const;
+  // Whether fill_mask narrows the mask of `state` for `tokens_left` (the limit shapes the output).
+  bool limit_narrows(std::int32_t state, std::int64_t tokens_left) const;
   // Computes and keeps the mask fill_mask will give, so that a later fill_mask is a copy (a
   // worker thread calls it while the step that needs the mask computes).
   void prepare_mask(std::int32_t state, std::int64_t tokens_left = kNoLimit) const;
@@ -87,6 +89,10 @@ class Matcher {
   bool is_finished() const { return stopped_ || !grammar_->continues(state_); }
   // The tokens allowed next (CompiledGrammar::fill_mask), none once stopped.
   void fill_mask(std::span<std::uint64_t> mask, std::int64_t tokens_left = CompiledGrammar::kNoLimit) const;
+  // Whether the limit narrows the next mask (CompiledGrammar::limit_narrows).
+  bool limit_narrows(std::int64_t tokens_left) const {
+    return !stopped_ && grammar_->limit_narrows(state_, tokens_left);
+  }
   const CompiledGrammar& grammar() const { return *grammar_; }
   // The compiled constraint and the state, for CompiledGrammar::prepare_mask on another thread.
   const std::shared_ptr<const CompiledGrammar>& shared_grammar() const { return grammar_; }

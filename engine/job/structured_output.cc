@@ -152,15 +152,22 @@ class GrammarConstraint final : public engine::TokenConstraint {
       mask[i] = static_cast<std::uint32_t>(i % 2 ? w >> 32 : w);
     }
   }
-  bool accept(std::int32_t token) override { return matcher_.accept_token(token); }
+  bool accept(std::int32_t token, std::int64_t tokens_left) override {
+    const bool narrowed = matcher_.limit_narrows(tokens_left);
+    if (!matcher_.accept_token(token)) return false;
+    closed_by_limit_ = closed_by_limit_ || narrowed;
+    return true;
+  }
   void prepare(std::int64_t tokens_left) const override {
     ahead_->prepare(matcher_.shared_grammar(), matcher_.state(), tokens_left);
   }
   bool finished() const override { return matcher_.is_finished(); }
+  bool closed_by_limit() const override { return closed_by_limit_; }
 
  private:
   grammar::Matcher matcher_;
   std::shared_ptr<grammar::MaskPrefetcher> ahead_;
+  bool closed_by_limit_ = false;  // the tokens left narrowed the mask of a token accepted
   mutable std::vector<std::uint64_t> words_;  // fill_allowed's scratch
 };
 

@@ -278,7 +278,7 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   const bool forcing = b < req_.forced.size() && index < static_cast<std::int64_t>(req_.forced[b].size());
   bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
   if (b < constraint_.size() && constraint_[b]) {
-    if (!constraint_[b]->accept(token))
+    if (!constraint_[b]->accept(token, new_tokens_limit(req_, b) - index))
       throw std::logic_error("sequence " + std::to_string(b) + " drew token " + std::to_string(token) +
                              ", which its constraint does not allow");
     stop = stop || constraint_[b]->finished();
@@ -292,7 +292,8 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
     if (b < constraint_.size() && constraint_[b]) constraint_[b]->prepare(limit - generated(b));
     return false;
   }
-  res_.finish_reasons[b] = stop ? FinishReason::Stop : FinishReason::Length;
+  const bool closed_by_limit = b < constraint_.size() && constraint_[b] && constraint_[b]->closed_by_limit();
+  res_.finish_reasons[b] = stop && !closed_by_limit ? FinishReason::Stop : FinishReason::Length;
   done_[b] = true;
   --active_;
   res_.finished_at[b] = now_seconds() - start_;

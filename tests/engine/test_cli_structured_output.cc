@@ -123,6 +123,9 @@ TEST(CliStructuredOutput, EveryOutputIsAnOutputOfItsConstraintInEveryBatching) {
       for (const Json& ch : choices) {
         const std::string text = ch["text"].get<std::string>();
         EXPECT_TRUE(ch["finish_reason"] == "stop" || !c.must_stop) << c.id << ": " << text;
+        if (c.id.ends_with("-closed")) {
+          EXPECT_EQ(ch["finish_reason"], "length") << c.id << ": closed by its limit";
+        }
         EXPECT_TRUE(valid_output(c.constraint, text, true)) << c.id << " (" << ch["finish_reason"] << "): " << text;
         if (!c.body_fields.contains("logprobs")) continue;
         const Json& lp = ch["logprobs"];

@@ -341,15 +341,18 @@ TEST(Mpi, OpenAiBatchFileGivesTheOneProcessResults) {
 
 // Structured output under mpirun: each rank compiles the constraints its requests carry (the
 // spec travels with the request), and every pipeline stage walks them so that all end a
-// sequence at the same step (the last stage masks): the one-process run's result lines.
+// sequence at the same step (the last stage masks): the one-process run's result lines. The
+// report counts the distinct constraints compiled as the one-process run does.
 TEST(Mpi, StructuredOutputGivesTheOneProcessResults) {
   testing::TempDir dir;
   const std::string job = "--prompts " + std::string(FLEXH2O_TEST_DATA_DIR) +
                           "/grammar/structured_batch.jsonl --gpu-batch-size 2 --num-gpu-batches 2";
   const Result one = run("", "run " + job + " --out " + dir.file("one.jsonl"), dir);
   ASSERT_EQ(one.code, 0) << one.err;
+  const std::string compiled = "structured output: 12 distinct constraints compiled";
+  ASSERT_THAT(one.err, HasSubstr(compiled));
   const std::string expected = testing::read_file(dir.file("one.jsonl"));
-  expect_every_two_rank_form_gives(job, expected, dir);
+  expect_every_two_rank_form_gives(job, expected, dir, [&](const std::string& err) { EXPECT_THAT(err, HasSubstr(compiled)); });
 }
 
 // The pid of `rank` among the processes mpirun (pid `launcher`) started, or -1.

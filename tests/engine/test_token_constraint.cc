@@ -23,8 +23,8 @@ using engine::GenerationResult;
 
 // Allows the tokens t with t % modulus == phase, the phase being the sum of the tokens taken so
 // far (mod modulus), or every token (modulus 1); finished after `length` tokens. Counts, in
-// `wrong_tokens_left` (shared by its clones), the masks asked for with other tokens left than
-// `limit` less the tokens taken.
+// `wrong_tokens_left` (shared by its clones), the masks asked for and the tokens fed with other
+// tokens left than `limit` less the tokens taken.
 class ModularConstraint final : public engine::TokenConstraint {
  public:
   ModularConstraint(std::int32_t modulus, std::size_t length, std::int64_t limit = 12)
@@ -36,7 +36,8 @@ class ModularConstraint final : public engine::TokenConstraint {
     for (std::size_t t = 0; t < mask.size() * 32; ++t)
       if (allows(static_cast<std::int32_t>(t))) mask[t / 32] |= 1u << (t % 32);
   }
-  bool accept(std::int32_t token) override {
+  bool accept(std::int32_t token, std::int64_t tokens_left) override {
+    if (tokens_left != limit_ - static_cast<std::int64_t>(taken_)) ++*wrong_tokens_left;
     if (!allows(token)) return false;
     sum_ += token;
     ++taken_;
@@ -114,14 +115,15 @@ TEST(TokenConstraint, ConstrainedSequencesDrawAllowedTokensAndEndWhenFinished) {
     const auto modular = std::make_shared<ModularConstraint>(3, 5);
     for (const std::size_t b : constrained) req.constraints[b] = modular;
     const GenerationResult got = run(req);
-    EXPECT_EQ(*modular->wrong_tokens_left, 0) << "masks asked for with other tokens left than the limit's";
+    EXPECT_EQ(*modular->wrong_tokens_left, 0) << "masks or tokens with other tokens left than the limit's";
     for (std::size_t b = 0; b < req.prompts.size(); ++b) {
       if (!req.constraints[b]) {
         EXPECT_EQ(got.tokens[b], plain.tokens[b]) << "unconstrained sequence " << b;
         continue;
       }
       ModularConstraint replay(3, 5);
-      for (const std::int32_t t : got.tokens[b]) EXPECT_TRUE(replay.accept(t)) << "sequence " << b << " drew " << t;
+      for (std::size_t i = 0; i < got.tokens[b].size(); ++i)
+        EXPECT_TRUE(replay.accept(got.tokens[b][i], 12 - static_cast<std::int64_t>(i))) << "sequence " << b;
       const bool stop_id = !got.tokens[b].empty() && got.tokens[b].back() == m.config.stop_ids.front();
       EXPECT_TRUE(got.tokens[b].size() == 5 || stop_id) << "sequence " << b << ": " << got.tokens[b].size();
       EXPECT_EQ(got.finish_reasons[b], FinishReason::Stop) << "sequence " << b;

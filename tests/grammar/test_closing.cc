@@ -138,6 +138,7 @@ TEST(Closing, WalksUnderATokenLimitEndCompleteAndValid) {
         ASSERT_EQ(mask, expected_closing_mask(g, state, tokens_left)) << "after '" << text << "', " << tokens_left << " left";
         m.fill_mask(plain);
         narrowed += mask != plain;
+        EXPECT_EQ(m.limit_narrows(tokens_left), mask != plain) << "after '" << text << "'";
         const std::vector<std::int32_t> allowed = allowed_tokens(mask, v.token_bytes.size());
         ASSERT_FALSE(allowed.empty()) << "after '" << text << "'";
         std::int32_t token = allowed[rng() % allowed.size()];
