@@ -80,7 +80,9 @@ RunSetup open_run(const RunOptions& o) {
   s.model = open_model(mo);
   s.backend = kernels::make_backend(o.backend);
   if (o.ignore_eos) s.model.config.stop_ids.clear();
-  if (s.model.tokenizer) s.constraints = std::make_unique<job::JobConstraints>(*s.model.tokenizer, s.model.config);
+  if (s.model.tokenizer)
+    s.constraints = std::make_unique<job::JobConstraints>(*s.model.tokenizer, s.model.config,
+                                                          s.backend->kind() != kernels::DeviceKind::Cpu);
   s.gen_len = o.gen_len.value_or(o.model.empty() ? kEmbeddedGenLen : policy::kDefaultGenLen);
   return s;
 }

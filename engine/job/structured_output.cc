@@ -159,7 +159,7 @@ class GrammarConstraint final : public engine::TokenConstraint {
     return true;
   }
   void prepare(std::int64_t tokens_left) const override {
-    ahead_->prepare(matcher_.shared_grammar(), matcher_.state(), tokens_left);
+    if (ahead_) ahead_->prepare(matcher_.shared_grammar(), matcher_.state(), tokens_left);
   }
   bool finished() const override { return matcher_.is_finished(); }
   bool closed_by_limit() const override { return closed_by_limit_; }

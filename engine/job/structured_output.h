@@ -54,12 +54,17 @@ grammar::Vocabulary model_vocabulary(const engine::Tokenizer& tok, std::int64_t 
                                      std::span<const std::int32_t> stop_ids);
 
 // The constraints of a job over one model's vocabulary, each distinct one compiled once (the
-// vocabulary's trie is built with the first); their next masks computed ahead on one worker.
+// vocabulary's trie is built with the first); their next masks computed ahead on one worker
+// when the step runs on a device.
 class JobConstraints {
  public:
-  // `tok` must outlive this.
-  JobConstraints(const engine::Tokenizer& tok, const engine::ModelConfig& cfg)
-      : tok_(tok), vocab_size_(cfg.vocab_size), stop_ids_(cfg.stop_ids) {}
+  // `tok` must outlive this. `masks_ahead`: compute each sequence's next mask on a worker
+  // thread while the step computes (grammar::MaskPrefetcher); for a device backend, whose
+  // steps leave the host idle. A CPU backend computes the step on the host's cores, which a
+  // worker would take from it.
+  JobConstraints(const engine::Tokenizer& tok, const engine::ModelConfig& cfg, bool masks_ahead)
+      : tok_(tok), vocab_size_(cfg.vocab_size), stop_ids_(cfg.stop_ids),
+        ahead_(masks_ahead ? std::make_shared<grammar::MaskPrefetcher>() : nullptr) {}
   // The constraint in its start state. Throws std::invalid_argument naming what is wrong or
   // not supported (a schema keyword, a regex construct, a grammar line). Thread-safe.
   std::shared_ptr<const engine::TokenConstraint> get(const grammar::Constraint& c);
@@ -76,7 +81,7 @@ class JobConstraints {
   std::once_flag built_;
   double vocabulary_seconds_ = 0;
   std::unique_ptr<grammar::ConstraintCache> cache_;
-  std::shared_ptr<grammar::MaskPrefetcher> ahead_ = std::make_shared<grammar::MaskPrefetcher>();
+  std::shared_ptr<grammar::MaskPrefetcher> ahead_;  // null: masks are computed at the draw
 };
 
 }  // namespace flexh2o::job
