@@ -248,8 +248,9 @@ int run_one_process(const RunOptions& o) {
   eo.progress = ::isatty(STDERR_FILENO) == 1;
   job::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
   JobResults results(o, s, out, oj ? &*oj : nullptr);
-  const job::JobOutcome done =
-      engine.run(todo, [&](std::span<const job::Request> block, const GenerationResult& r) { results.add(block, r); });
+  const job::JobOutcome done = engine.run(todo, [&](std::span<const std::size_t> at, const GenerationResult& r) {
+    results.add(job::requests_at(todo, at), r);
+  });
   if (done.stopped)
     fmt::print(stderr, "{}", job::stopped_message("the run", done.finished_requests, done.requests, o.out_file));
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <map>
 #include <utility>
 
 #include "engine/runtime/prefix_match.h"
@@ -30,14 +29,6 @@ std::size_t requests_ahead(const job::EngineOptions& o) {
   return o.continuous ? 1 + static_cast<std::size_t>(o.policy.block_size()) / 16 : 0;
 }
 
-// Each request's index in the job, by its id and choice (a fixed block hands the engine's
-// callback copies of the requests).
-std::map<std::pair<std::string, std::int64_t>, std::size_t> request_positions(std::span<const job::Request> todo) {
-  std::map<std::pair<std::string, std::int64_t>, std::size_t> at;
-  for (std::size_t i = 0; i < todo.size(); ++i) at.emplace(std::pair(todo[i].id_json, todo[i].choice), i);
-  return at;
-}
-
 // Runs the requests `source` deals this rank with its engine; each finished one goes to
 // `finished` by its index in `todo`. A first signal stops taking requests (those running
 // finish), a second abandons them (throws job::Interrupted). Returns the rank's part.
@@ -46,11 +37,10 @@ job::RunPart run_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::
                       const std::function<void()>& between_steps, const job::InterruptWatch& interrupts) {
   if (todo.empty()) return {.name = rank_name(mpi), .rank = mpi.rank(), .host = mpi.host()};
   job::Engine engine(e.backend, e.config, e.weights, e.options, &interrupts);
-  const auto at = request_positions(todo);
   const job::JobOutcome done = engine.run(
       todo,
-      [&](std::span<const job::Request> these, const engine::GenerationResult& r) {
-        for (std::size_t t = 0; t < these.size(); ++t) finished(at.at({these[t].id_json, these[t].choice}), r.sequence(t));
+      [&](std::span<const std::size_t> at, const engine::GenerationResult& r) {
+        for (std::size_t t = 0; t < at.size(); ++t) finished(at[t], r.sequence(t));
       },
       &source, between_steps);
   job::RunPart part = engine.part(rank_name(mpi), mpi.rank(), mpi.host(), done.total);

@@ -1,40 +1,25 @@
 #include "engine/distributed/pipeline_stage.h"
 
-#include <algorithm>
-
 #include <chrono>
 #include <deque>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
-
-#include "engine/runtime/prefill_fork.h"
 
 namespace flexh2o::distributed {
 
 namespace {
 
 constexpr int kTagHidden = 101, kTagTokens = 102, kTagLogprobs = 103;
-// Rounds of the slots between two polls of stop_requested under continuous batching: a poll
+// Rounds of the flights between two polls of stop_requested under continuous batching: a poll
 // makes every stage wait for the others (the pipeline drains), so not every round.
 constexpr std::size_t kStopPollRounds = 8;
-constexpr std::size_t kNoPrompt = static_cast<std::size_t>(-1);
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-struct Slot {
-  engine::GenerationRequest req;
-  engine::BlockScheduler::BlockPtr block;
-  std::size_t first = 0;         // fixed blocks: the block's first prompt
-  bool started = false;          // continuous: the slot's block began (it serves the whole job)
-  std::size_t given = kNoPrompt;  // continuous: the prompt the queue gave the slot, until it takes it
-  bool awaiting_tokens = false;  // ran a step whose tokens the last stage has not sent yet
-};
 
 // Log-probabilities as the last stage sends them to the first: of the fixed block or the one
 // request whose first prompt is `first`.
@@ -67,90 +52,54 @@ void take_logprobs(const Bytes& bytes, std::size_t first, engine::GenerationResu
     }
 }
 
-// One stage's walk over its slots, round after round, until no slot has work.
+// One stage's walk over its flights (the engine's blocks in flight), round after round, a
+// step of each in turn, until none has work. Every stage records a flight's step at the
+// flight's next turn, the last stage too, so that all of them admit requests (from the
+// engine's one queue) in the same order.
 class StageLoop {
  public:
   StageLoop(const Mpi& mpi, job::Engine& engine, std::span<const job::Request> requests, std::int64_t micro_batches,
             const PromptsFinished& finished)
-      : mpi_(mpi), engine_(engine), sched_(engine.scheduler()), requests_(requests), trace_(engine.trace()),
-        finished_(finished), continuous_(engine.options().continuous),
-        block_(static_cast<std::size_t>(engine.options().policy.block_size())), me_(mpi.rank()),
-        last_(mpi.size() - 1), slots_(static_cast<std::size_t>(micro_batches)) {
-    if (me_ > 0) links_.receive = [this](std::int64_t, std::span<float> hidden) { receive_hidden(hidden); };
-    if (me_ < last_) links_.send = [this](std::int64_t, std::span<const float> hidden) { send_hidden(hidden); };
+      : mpi_(mpi), engine_(engine), requests_(requests), trace_(engine.trace()), finished_(finished),
+        continuous_(engine.options().continuous), me_(mpi.rank()), last_(mpi.size() - 1),
+        flights_(static_cast<std::size_t>(micro_batches)) {
+    if (me_ > 0) links_.hidden.receive = [this](std::int64_t, std::span<float> hidden) { receive_hidden(hidden); };
+    if (me_ < last_) {
+      links_.hidden.send = [this](std::int64_t, std::span<const float> hidden) { send_hidden(hidden); };
+      links_.receive_tokens = [this](std::span<std::int32_t> next) { receive_tokens(next); };
+    } else {
+      links_.send_tokens = [this](std::span<const std::int32_t> next) { send_tokens(next); };
+    }
   }
 
   StageStats run() {
     const double t0 = now_seconds();
+    engine_.start(requests_, [this](std::span<const std::size_t> at, const engine::GenerationResult& r) {
+      prompts_finished(at.front(), r);
+    }, feed());
     for (bool any = true; any; ++round_) {
       any = false;
       if (continuous_) poll_stop();
-      for (current_ = 0; current_ < slots_.size(); ++current_) any = visit(slots_[current_]) || any;
+      for (current_ = 0; current_ < flights_; ++current_) any = engine_.step(current_, links_) || any;
     }
+    const job::JobOutcome done = engine_.end();
     for (auto& s : sends_) s.wait();
-    if (continuous_) stats_.stopped = stop_admitting_ && finished_requests_ < requests_.size();
+    stats_.total = done.total;
+    stats_.stopped = done.stopped;
     stats_.wall_seconds = now_seconds() - t0;
     return stats_;
   }
 
  private:
-  // The slot's turn: its last step's tokens, a new block when it has none, its next step.
-  // Every stage records a step's tokens at the slot's next turn, the last stage too, so that
-  // all of them admit requests (which ask the job's queue) in the same order.
-  bool visit(Slot& s) {
-    if (s.awaiting_tokens) take_tokens(s);
-    if (s.block && !sched_.active(*s.block)) finish(s);
-    if (!s.block && !begin(s)) return false;
-    engine_.check_abandon();
-    sched_.run_step(*s.block, links_);
-    if (me_ == last_) {
-      const auto next = std::as_bytes(sched_.next_tokens(*s.block));
-      const auto bytes = std::make_shared<const Bytes>(next.begin(), next.end());
-      for (int r = 0; r < last_; ++r) sends_.push_back(mpi_.isend(r, kTagTokens, bytes));
-    }
-    s.awaiting_tokens = true;
-    return true;
-  }
-
-  // A block for an empty slot: the job's next fixed block, or (continuous) the slot's one
-  // block over the whole job; false when there is none. A continuous block may have no
-  // request left to take at its start: it ends at once.
-  bool begin(Slot& s) {
-    if (continuous_) {
-      if (s.started) return false;
-      s.started = true;
-      s.req = engine_.continuous_request(requests_);
-      s.req.stop_admitting = [this] { return stop_admitting_; };
-      s.req.next_prompt = [this, &s](std::size_t from, bool) { return queue_next(s, from); };
-      // Every stage ends request b at the same step.
-      s.req.on_finished = [this](std::size_t b, const engine::GenerationResult& so_far) {
-        ++finished_requests_;
-        prompts_finished(b, so_far.sequence(b));
-      };
-    } else {
-      if (next_first_ >= requests_.size() || stats_.stopped) return false;
-      stats_.stopped = mpi_.any(engine_.stop_requested());
-      if (stats_.stopped) return false;
-      s.first = next_first_;
-      next_first_ = std::min(requests_.size(), next_first_ + block_);
-      s.req = engine_.block_request(requests_.subspan(s.first, next_first_ - s.first));
-    }
-    s.block = sched_.begin(s.req);
-    if (sched_.active(*s.block)) return true;
-    finish(s);
-    return false;
-  }
-
-  // Continuous: the prompt the job's queue gives slot s, which asks from `from` on (those
-  // before it another slot took); the slot keeps it until it takes it, with the prompts that
-  // share its prefill (the scheduler admits them together, at most a block of them). Every
-  // stage's slots ask in the same order, so they get the same prompts.
-  std::optional<std::size_t> queue_next(Slot& s, std::size_t from) {
-    if (s.given == kNoPrompt || s.given < from) {
-      s.given = std::min(next_first_, requests_.size());
-      next_first_ = s.given + std::min(static_cast<std::size_t>(engine::shared_prompt_run(s.req, s.given)), block_);
-    }
-    return s.given;
+  // The stages stop taking requests together: under continuous batching when the last poll
+  // agreed to, with fixed blocks as each block would start (every stage asks there alike).
+  job::JobFeed feed() {
+    job::JobFeed f{.flights = flights_};
+    if (continuous_)
+      f.stop = [this] { return stop_admitting_; };
+    else
+      f.stop = [this] { return mpi_.any(engine_.stop_requested()); };
+    return f;
   }
 
   // Continuous: every few rounds the stages agree whether to stop taking requests.
@@ -160,33 +109,28 @@ class StageLoop {
   }
 
   // The last stage sampled them itself.
-  void take_tokens(Slot& s) {
-    const auto next = sched_.next_tokens(*s.block);
-    if (me_ != last_)
-      waiting("wait_tokens", [&] {
-        mpi_.recv_into(last_, kTagTokens, std::as_writable_bytes(next), "sampled tokens from the last stage");
-      });
-    sched_.end_step(*s.block);
-    s.awaiting_tokens = false;
+  void send_tokens(std::span<const std::int32_t> next) {
+    const auto bytes = std::make_shared<const Bytes>(std::as_bytes(next).begin(), std::as_bytes(next).end());
+    for (int r = 0; r < last_; ++r) sends_.push_back(mpi_.isend(r, kTagTokens, bytes));
   }
 
-  void finish(Slot& s) {
-    engine::GenerationResult r = sched_.finish(*s.block);
-    s.block.reset();
-    stats_.total.add(r);
-    if (!continuous_) prompts_finished(s.first, std::move(r));
+  void receive_tokens(std::span<std::int32_t> next) {
+    waiting("wait_tokens", [&] {
+      mpi_.recv_into(last_, kTagTokens, std::as_writable_bytes(next), "sampled tokens from the last stage");
+    });
   }
 
   // Results at prompt `first`: the last stage, which sampled, sends their log-probabilities
   // (when some sequence asks) to the first as soon as they end, so that the first need not
   // wait; the first hands them on.
-  void prompts_finished(std::size_t first, engine::GenerationResult r) {
+  void prompts_finished(std::size_t first, const engine::GenerationResult& r) {
     if (!r.logprobs.empty() && me_ == last_ && me_ != 0)
       sends_.push_back(mpi_.isend(0, kTagLogprobs, std::make_shared<const Bytes>(logprobs_bytes(first, r))));
     if (me_ != 0) return;
-    if (!r.logprobs.empty() && last_ != 0)
-      waiting("wait_logprobs", [&] { take_logprobs(mpi_.recv(last_, kTagLogprobs), first, r); });
-    finished_(first, r);
+    if (r.logprobs.empty() || last_ == 0) return finished_(first, r);
+    engine::GenerationResult sampled = r;
+    waiting("wait_logprobs", [&] { take_logprobs(mpi_.recv(last_, kTagLogprobs), first, sampled); });
+    finished_(first, sampled);
   }
 
   void receive_hidden(std::span<float> hidden) {
@@ -216,22 +160,18 @@ class StageLoop {
 
   const Mpi& mpi_;
   job::Engine& engine_;
-  engine::BlockScheduler& sched_;
   std::span<const job::Request> requests_;
   offload::Trace* trace_;
   const PromptsFinished& finished_;
-  const bool continuous_;    // continuous batching in each slot, else fixed blocks
-  const std::size_t block_;  // requests per micro-batch (gpu batch size x GPU batches)
+  const bool continuous_;  // continuous batching in each flight, else fixed blocks
   const int me_, last_;
-  std::vector<Slot> slots_;
-  engine::StageLinks links_;
+  const std::size_t flights_;  // micro-batches in flight
+  job::StepLinks links_;
   std::deque<PendingSend> sends_;
   StageStats stats_;
-  std::size_t current_ = 0;     // the slot whose step runs
-  std::size_t round_ = 0;       // of the walk over the slots
-  std::size_t next_first_ = 0;  // the job's first prompt no slot took yet
+  std::size_t current_ = 0;      // the flight whose step runs
+  std::size_t round_ = 0;        // of the walk over the flights
   bool stop_admitting_ = false;  // continuous: the stages agreed to stop taking requests
-  std::size_t finished_requests_ = 0;  // continuous
 };
 
 }  // namespace

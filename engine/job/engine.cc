@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 
+#include "engine/job/engine_flight.h"
 #include "policy/policy_text.h"
 
 namespace flexh2o::job {
@@ -51,33 +51,6 @@ offload::TierOptions engine_tiers(const EngineOptions& o) {
   return t;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void add_timings(JobOutcome& outcome, std::span<const Request> requests, const engine::GenerationResult& r,
-                 double offset) {
-  for (std::size_t i = 0; i < requests.size(); ++i)
-    if (!r.tokens[i].empty())
-      outcome.timings.push_back({requests[i].id_json, static_cast<std::int64_t>(requests[i].prompt.size()),
-                                 static_cast<std::int64_t>(r.tokens[i].size()), offset + r.first_token_at[i],
-                                 offset + r.finished_at[i]});
-}
-
-// The next block: up to `block` of the requests from `from` on that the source gives (all in
-// order without one); `from` moves past them.
-std::vector<Request> next_block(std::span<const Request> requests, std::size_t block, RequestSource* source,
-                                std::size_t& from) {
-  std::vector<Request> out;
-  while (out.size() < block && from < requests.size()) {
-    const std::size_t next = source ? *source->next(from, true) : from;
-    if (next >= requests.size()) break;  // none left
-    out.push_back(requests[next]);
-    from = next + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 Engine::Engine(kernels::Backend& backend, const engine::ModelConfig& config, const engine::WeightSource& weights,
@@ -89,6 +62,8 @@ Engine::Engine(kernels::Backend& backend, const engine::ModelConfig& config, con
   sched_ = std::make_unique<engine::BlockScheduler>(backend, tiers_, config, weights, o_.policy, trace(),
                                                     offload::CopyOptions{}, layers);
 }
+
+Engine::~Engine() = default;
 
 engine::GenerationRequest Engine::block_request(std::span<const Request> requests) const {
   engine::GenerationRequest req;
@@ -127,77 +102,6 @@ void Engine::check_abandon() const {
 }
 
 bool Engine::stop_requested() const { return interrupts_ && interrupts_->stop_requested(); }
-
-// Between steps: a second interrupt abandons the run, progress, the caller's hook.
-void Engine::between_steps(const std::function<void()>& hook, const std::string& where) const {
-  check_abandon();
-  if (o_.progress) fmt::print(stderr, "\r{}   ", where);
-  if (hook) hook();
-}
-
-JobOutcome Engine::run(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source,
-                       const std::function<void()>& between) {
-  JobOutcome outcome;
-  outcome.requests = requests.size();
-  const auto t0 = std::chrono::steady_clock::now();
-  if (o_.continuous && !requests.empty())
-    run_continuous(requests, finished, source, between, outcome);
-  else
-    run_fixed(requests, finished, source, between, outcome);
-  outcome.wall_seconds = seconds_since(t0);
-  return outcome;
-}
-
-// One request through the block's slots after another (those the source gives); each result
-// goes on as it ends.
-void Engine::run_continuous(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source,
-                            const std::function<void()>& between, JobOutcome& outcome) {
-  engine::GenerationRequest req = continuous_request(requests);
-  req.stop_admitting = [&] { return outcome.stopped = stop_requested(); };
-  if (source)
-    req.next_prompt = [&](std::size_t from, bool idle) {
-      const std::optional<std::size_t> next = source->next(from, idle);
-      return next == RequestSource::kNoneLeft ? std::optional(requests.size()) : next;
-    };
-  req.on_finished = [&](std::size_t b, const engine::GenerationResult& so_far) {
-    finished(requests.subspan(b, 1), so_far.sequence(b));
-    ++outcome.finished_requests;
-  };
-  req.on_step = [&](std::int64_t step, std::int64_t) {
-    between_steps(between, fmt::format("requests {}/{} done, step {}", outcome.finished_requests, requests.size(), step + 1));
-  };
-  const engine::GenerationResult r = sched_->generate(req);
-  if (o_.progress) fmt::print(stderr, "\r\033[K");
-  outcome.total.add(r);
-  add_timings(outcome, requests, r, 0.0);
-}
-
-void Engine::run_fixed(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source,
-                       const std::function<void()>& between, JobOutcome& outcome) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto block = static_cast<std::size_t>(o_.policy.block_size());
-  const std::size_t blocks = (requests.size() + block - 1) / block;
-  const std::string of = source ? std::string() : fmt::format("/{}", blocks);
-  for (std::size_t from = 0, b = 0;; ++b) {
-    if (stop_requested()) {
-      outcome.stopped = from < requests.size();
-      break;
-    }
-    const std::vector<Request> these = next_block(requests, block, source, from);
-    if (these.empty()) break;
-    engine::GenerationRequest req = block_request(these);
-    req.on_step = [&](std::int64_t step, std::int64_t steps) {
-      between_steps(between, fmt::format("block {}{}, step {}/{}", b + 1, of, step + 1, steps));
-    };
-    const double start = seconds_since(t0);
-    const engine::GenerationResult r = sched_->generate(req);
-    if (o_.progress) fmt::print(stderr, "\r\033[K");
-    finished(these, r);
-    outcome.total.add(r);
-    outcome.finished_requests += these.size();
-    add_timings(outcome, these, r, start);
-  }
-}
 
 RunReport Engine::report(const std::string& description, std::span<const Request> requests, std::int64_t gen_len,
                          const JobOutcome& outcome) const {

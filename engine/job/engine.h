@@ -3,14 +3,17 @@
 // names) it opens the tiers, the trace and the BlockScheduler (a pipeline stage: over its slice
 // of the layers); it makes the scheduler's GenerationRequests from the job's requests in one
 // place, so that limits, sampling, stop strings and shared prefills (a request's n choices)
-// mean the same in every mode; it runs the block loop (continuous batching or fixed blocks),
-// checks interrupts between steps, and fills the RunReport.
+// mean the same in every mode; it runs the job a step at a time (Engine::step), checks
+// interrupts between steps, and fills the RunReport.
 //
-// The block loop: requests run in order through the BlockScheduler, either continuously (the
-// default: the block's slots take the next request as soon as one ends, and each result is
-// handed on as its request ends) or a fixed block of the policy's size at a time (each block
-// runs until its longest request ends). A first interrupt stops admitting requests (fixed:
-// starting blocks), a second abandons the requests under way (checked between steps).
+// A job runs through one or more flights: blocks in flight at once, each stepped in turn (a
+// pipeline stage keeps its micro-batches in flight; every other mode has one). A flight runs
+// either continuously (the default: its block's slots take the job's next request as soon as
+// one ends, and each result is handed on as its request ends) or a fixed block of the policy's
+// size at a time (each block runs until its longest request ends, then the flight takes the
+// job's next block). Several flights take the job's requests from one queue, in order. A first
+// interrupt stops admitting requests (fixed: starting blocks), a second abandons the requests
+// under way (checked between steps).
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -90,9 +93,36 @@ struct JobOutcome {
   std::vector<RequestTiming> timings;  // of the finished requests, in the order they ended
 };
 
-// Called with requests that finished (a block's, or a single one under continuous batching)
-// and their result (tokens in request order).
-using BlockFinished = std::function<void(std::span<const Request>, const engine::GenerationResult&)>;
+// Called with requests that finished (a fixed block's, or a single one under continuous
+// batching): their indices into the job's requests, and their result (tokens in that order).
+using RequestsFinished = std::function<void(std::span<const std::size_t> at, const engine::GenerationResult&)>;
+
+// How a job's flights take its requests.
+struct JobFeed {
+  // Blocks in flight at once, each stepped in turn (a pipeline stage's micro-batches); they
+  // take the job's requests in order from one queue, as their slots free (continuous) or their
+  // blocks start (fixed).
+  std::size_t flights = 1;
+  // Which requests this engine takes (one flight only); null: all of them, in order.
+  RequestSource* source = nullptr;
+  // Whether to stop taking requests, asked before free slots take waiting ones (continuous) or
+  // before a block starts while requests are left (fixed); null: whether a first interrupt came.
+  std::function<bool()> stop;
+  // Runs between steps (rank 0 of a data-parallel run takes the other ranks' results there).
+  std::function<void()> between_steps;
+};
+
+// The requests at indices `at` of `requests`, in that order.
+std::vector<Request> requests_at(std::span<const Request> requests, std::span<const std::size_t> at);
+
+// What a step exchanges with the neighbouring stages of a pipeline (none: the whole model here).
+struct StepLinks {
+  engine::StageLinks hidden;  // GPU batches' hidden states at the slice's ends
+  // The stage with the head hands each step's sampled tokens on as soon as they are sampled;
+  // the others take them from it before the step is recorded, at their flight's next step.
+  std::function<void(std::span<const std::int32_t>)> send_tokens;
+  std::function<void(std::span<std::int32_t>)> receive_tokens;
+};
 
 // "flexh2o: interrupted: <who> stopped after F of the job's N requests[; rerun ...]" (newline
 // included): what every mode says when an interrupt stopped the job.
@@ -104,17 +134,25 @@ class Engine {
   // `weights` and `interrupts` (null: signals keep their default handling) outlive the engine.
   Engine(kernels::Backend& backend, const engine::ModelConfig& config, const engine::WeightSource& weights,
          EngineOptions options, const InterruptWatch* interrupts);
+  ~Engine();
 
-  // Runs `requests` (those `source` deals this engine, null: all in order) through the block
-  // loop; each finished one goes to `finished`. `between_steps` runs between steps (rank 0 of
-  // a data-parallel run takes the other ranks' results there).
-  JobOutcome run(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source = nullptr,
+  // Runs `requests` (those `source` deals this engine, null: all in order) to the end, a
+  // step after another; each finished one goes to `finished`. `between_steps` runs between
+  // steps (JobFeed).
+  JobOutcome run(std::span<const Request> requests, const RequestsFinished& finished, RequestSource* source = nullptr,
                  const std::function<void()>& between_steps = {});
 
-  // The scheduler's request for a fixed block of requests, and for a job under continuous
-  // batching (the slots, budget and queue hooks of a caller set apart). Both keep `requests`.
-  engine::GenerationRequest block_request(std::span<const Request> requests) const;
-  engine::GenerationRequest continuous_request(std::span<const Request> requests) const;
+  // A job run step by step: start it, step its flights (in turn) until none has work, end it.
+  // `requests` outlive the job.
+  void start(std::span<const Request> requests, RequestsFinished finished, JobFeed feed = {});
+  // One step of flight `flight`: records the tokens of its last step (ending requests and
+  // handing on their results), finishes its block when no sequence runs, starts its next one
+  // when it has none (the job's next fixed block, or its one continuous block), checks the
+  // interrupts, and runs the block's next step (scheduler plan, then the executor over this
+  // engine's layers). False: the flight has no work left (nothing ran).
+  bool step(std::size_t flight = 0, const StepLinks& links = {});
+  // After every flight's step returned false: the job's outcome.
+  JobOutcome end();
 
   // Between steps: throws Interrupted when a second signal asked to abandon the requests under way.
   void check_abandon() const;
@@ -133,11 +171,23 @@ class Engine {
   RunPart part(const std::string& name, int rank, const std::string& host, const engine::GenerationResult& total) const;
 
  private:
-  void run_continuous(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source,
-                      const std::function<void()>& between_steps, JobOutcome& outcome);
-  void run_fixed(std::span<const Request> requests, const BlockFinished& finished, RequestSource* source,
-                 const std::function<void()>& between_steps, JobOutcome& outcome);
-  void between_steps(const std::function<void()>& hook, const std::string& where) const;
+  struct Flight;
+  struct Job;
+  // The scheduler's request for a fixed block of requests, and for a job under continuous
+  // batching (the slots and budget; the queue hooks are the flight's). Both keep `requests`.
+  engine::GenerationRequest block_request(std::span<const Request> requests) const;
+  engine::GenerationRequest continuous_request(std::span<const Request> requests) const;
+  // engine_step.cc: a flight's next block (false: none), its end, its step's tokens recorded.
+  bool begin_block(Flight& f);
+  bool begin_fixed(Flight& f);
+  void begin_continuous(Flight& f);
+  void finish_block(Flight& f);
+  void record_step(Flight& f, const StepLinks& links);
+  // Whether to stop taking requests now (JobFeed::stop).
+  bool stop_now();
+  // Several flights: the request the job's queue gives flight f, asked from `from` on.
+  std::size_t queue_next(Flight& f, std::size_t from);
+  void between_steps(const std::string& where) const;
 
   const engine::ModelConfig& config_;
   EngineOptions o_;
@@ -145,6 +195,7 @@ class Engine {
   offload::Tiers tiers_;
   std::optional<offload::Trace> trace_;
   std::unique_ptr<engine::BlockScheduler> sched_;
+  std::unique_ptr<Job> job_;  // the job started, until it ends
 };
 
 }  // namespace flexh2o::job

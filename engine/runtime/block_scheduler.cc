@@ -6,6 +6,7 @@
 #include "engine/runtime/graph_step.h"
 #include "engine/runtime/prefix_match.h"
 #include "engine/runtime/step_scheduler.h"
+#include "kernels/option_error.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -39,8 +40,8 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
       layers_(build_layers(cfg_)) {
   policy_.validate();
   if (policy_.cpu_cache_compute && be_.kind() != kernels::DeviceKind::Cpu)
-    throw std::invalid_argument("cpu_cache_compute is not supported on the " + be_.name() +
-                                " backend yet (it needs a CPU backend beside it); run without --cpu-cache-compute");
+    throw kernels::OptionError{kernels::Option::CpuCacheCompute,
+                               " is not supported on the " + be_.name() + " backend yet (it needs a CPU backend beside it)"};
   const auto n = static_cast<std::int64_t>(layers_.size());
   const std::int64_t end = range.end < 0 ? n : range.end;
   if (range.begin < 0 || range.begin >= end || end > n)

@@ -22,6 +22,7 @@
 #include "kernels/cpu/gemm_cpu.h"
 #include "policy/cost_model.h"
 #include "policy/eviction/kv_spec.h"
+#include "kernels/option_error.h"
 #include "tests/support/forwarding_backend.h"
 #include "tests/support/refill_check.h"
 #include "tests/support/test_models.h"
@@ -663,6 +664,30 @@ TEST(Scheduler, RefillWithFewPromptsAndBadSlots) {
   req.prefill_budget = 4;
   req.on_logits = [](std::int64_t, std::span<const float>) {};
   EXPECT_THROW(sched.generate(req), std::invalid_argument);
+}
+
+// A backend that says it is a device: cpu_cache_compute is refused there, naming the option so
+// that the CLI can render its flag.
+TEST(Scheduler, CpuCacheComputeOnADeviceNamesTheOption) {
+  struct DeviceKindBackend : testing::ForwardingBackend {
+    kernels::DeviceKind kind() const override { return kernels::DeviceKind::Cuda; }
+  } be;
+  const ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 22);
+  policy::Policy p;
+  p.cache = {0, 1, 0};
+  p.cpu_cache_compute = true;
+  offload::Tiers tiers(be, {});
+  try {
+    engine::BlockScheduler sched(be, tiers, cfg, src, p);
+    ADD_FAILURE() << "cpu_cache_compute accepted on a device backend";
+  } catch (const kernels::OptionError& e) {
+    const std::string as_flag = e.text([](kernels::Option o) {
+      return o == kernels::Option::CpuCacheCompute ? std::string("--cpu-cache-compute") : std::string("?");
+    });
+    EXPECT_EQ(as_flag.rfind("--cpu-cache-compute is not supported on the ", 0), 0u) << as_flag;
+    EXPECT_EQ(as_flag.find('?'), std::string::npos) << as_flag;
+  }
 }
 
 }  // namespace
