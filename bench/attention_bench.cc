@@ -185,7 +185,7 @@ void bench_chunk_case(kernels::Backend& be, const Options& o, kernels::DType dty
   const std::vector<double> s = bench::interleaved_medians({run(kernels::DType::F32), run(kernels::DType::BF16)}, o.reps);
   const double flops = 4.0 * static_cast<double>(o.head_dim * o.heads) * keys_seen;
   const double f32 = s[0] / static_cast<double>(layers), bf16 = s[1] / static_cast<double>(layers);
-  fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |\n", kernels::dtype_name(dtype), o.chunk,
+  fmt::print("| {} | {} | {} | {:.1f} | {:.3g} | {:.1f} | {:.3g} | {:.2f} |\n", kernels::dtype_name(dtype), o.chunk,
              o.prefix, f32 * 1e6, flops / f32 / 1e12, bf16 * 1e6, flops / bf16 / 1e12, f32 / bf16);
 }
 
