@@ -7,8 +7,18 @@
 // per second. With a GPU backend, also the device's copy bandwidth measured in the same run
 // (copy_on_device of one layer's K and V into the next layer's, interleaved with the attention
 // calls; bytes read + written per second) and the attention's share of it.
+//
+// With --chunk N: chunked prefill instead (a prompt continued after cached tokens: each of the
+// sequences has N query rows after --prefix cached slots, every row a decode query on its
+// sequence's cache row seeing the slots up to its own, AttentionDecodeArgs::cache_rows), as one
+// call per layer, or calls of --call-queries queries (the engine's extend() passes at most its
+// batch a call). Per cache dtype: microseconds per layer under f32 compute (the decode kernel)
+// and bf16 compute (on CUDA, tensor-core tiles for f16/bf16 caches and the head dims the kernel
+// has, docs/backends.md), and the useful TFLOP/s of each (4 head_dim per query head and key seen).
+// The contexts are unused there.
 // Usage: bench_attention [reps (7)] [contexts (128,256,512,1024)] [dtypes (f16,bf16,f32; q8, q4)]
 //        [--backend cpu|cuda] [--seqs 32] [--heads 9] [--kv-heads 3] [--head-dim 64]
+//        [--chunk 0 --prefix 1000 --call-queries 0]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -19,6 +29,7 @@
 #include <memory>
 #include <stdexcept>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +46,7 @@ struct Options {
   int reps = 7;
   std::string contexts = "128,256,512,1024", dtypes = "f16,bf16,f32", backend = "cpu";
   std::int64_t seqs = 32, heads = 9, kv_heads = 3, head_dim = 64;
+  std::int64_t chunk = 0, prefix = 1000, call_queries = 0;  // chunked prefill when chunk > 0
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -115,6 +127,68 @@ void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, st
   fmt::print("{}\n", row);
 }
 
+// Chunked prefill (--chunk): o.seqs sequences of o.chunk queries after o.prefix cached slots,
+// under f32 and bf16 compute, interleaved.
+void bench_chunk_case(kernels::Backend& be, const Options& o, kernels::DType dtype, std::minstd_rand& rng) {
+  const bool gpu = be.kind() != kernels::DeviceKind::Cpu;
+  const std::int64_t capacity = o.prefix + o.chunk, queries = o.seqs * o.chunk;
+  const std::int64_t slots = o.seqs * o.kv_heads * capacity, slot_bytes = kernels::kv_slot_bytes(dtype, o.head_dim);
+  const std::size_t cache_bytes = static_cast<std::size_t>(slots * slot_bytes);
+  const std::int64_t layers =
+      gpu ? std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(kGpuCycleBytes / (2.0 * cache_bytes))), 2, kMaxLayers)
+          : 1;
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  const std::int64_t pattern_slots = std::min(slots, kFillSlots);
+  std::vector<float> values(static_cast<std::size_t>(pattern_slots * o.head_dim));
+  for (float& x : values) x = dist(rng);
+  std::vector<std::uint8_t> pattern(static_cast<std::size_t>(pattern_slots * slot_bytes));
+  kernels::convert_rows(values.data(), kernels::DType::F32, pattern.data(), dtype, pattern_slots, o.head_dim);
+  std::vector<Layer> caches;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    caches.push_back({kernels::DeviceBuffer(be, cache_bytes), kernels::DeviceBuffer(be, cache_bytes)});
+    fill(be, caches.back().k.data(), cache_bytes, pattern);
+    fill(be, caches.back().v.data(), cache_bytes, pattern);
+  }
+  std::vector<float> q(static_cast<std::size_t>(queries * o.heads * o.head_dim));
+  for (float& x : q) x = dist(rng);
+  kernels::DeviceBuffer q_dev(be, q.size() * sizeof(float)), out(be, q.size() * sizeof(float));
+  be.copy_to_device(q_dev.data(), q.data(), q_dev.bytes());
+  std::vector<std::int64_t> lens, rows;
+  double keys_seen = 0.0;
+  for (std::int64_t b = 0; b < o.seqs; ++b)
+    for (std::int64_t i = 0; i < o.chunk; ++i) {
+      rows.push_back(b);
+      lens.push_back(o.prefix + 1 + i);
+      keys_seen += static_cast<double>(lens.back());
+    }
+  const kernels::AttentionShape shape{o.heads, o.kv_heads, o.head_dim, 1.0f / std::sqrt(static_cast<float>(o.head_dim))};
+  const std::int64_t per_call = o.call_queries > 0 ? o.call_queries : queries, width = o.heads * o.head_dim;
+  auto run = [&](kernels::DType compute) {
+    return [&, compute] {
+      for (const Layer& layer : caches)
+        for (std::int64_t q0 = 0; q0 < queries; q0 += per_call) {
+          const auto first = static_cast<std::size_t>(q0), n = static_cast<std::size_t>(std::min(per_call, queries - q0));
+          be.attention_decode({.shape = shape,
+                               .q = q_dev.as<float>() + q0 * width,
+                               .k_cache = layer.k.data(),
+                               .v_cache = layer.v.data(),
+                               .capacity = capacity,
+                               .lens = std::span<const std::int64_t>(lens).subspan(first, n),
+                               .out = out.as<float>() + q0 * width,
+                               .cache_dtype = dtype,
+                               .cache_rows = std::span<const std::int64_t>(rows).subspan(first, n),
+                               .compute = compute});
+        }
+      be.synchronize();
+    };
+  };
+  const std::vector<double> s = bench::interleaved_medians({run(kernels::DType::F32), run(kernels::DType::BF16)}, o.reps);
+  const double flops = 4.0 * static_cast<double>(o.head_dim * o.heads) * keys_seen;
+  const double f32 = s[0] / static_cast<double>(layers), bf16 = s[1] / static_cast<double>(layers);
+  fmt::print("| {} | {} | {} | {:.1f} | {:.3g} | {:.1f} | {:.3g} | {:.2f} |\n", kernels::dtype_name(dtype), o.chunk,
+             o.prefix, f32 * 1e6, flops / f32 / 1e12, bf16 * 1e6, flops / bf16 / 1e12, f32 / bf16);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,6 +202,11 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.heads, "query heads")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--kv-heads", o.kv_heads, "kv heads (divide the query heads)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--head-dim", o.head_dim, "head_dim")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--chunk", o.chunk, "chunked prefill: query rows per sequence after --prefix cached slots (0: decode)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--prefix", o.prefix, "chunked prefill: cached slots before the chunk")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--call-queries", o.call_queries, "chunked prefill: queries per call (0: all in one)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (o.heads % o.kv_heads != 0) {
     fmt::print(stderr, "bench_attention: --kv-heads {} does not divide --heads {}\n", o.kv_heads, o.heads);
@@ -150,11 +229,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool gpu = be->kind() != kernels::DeviceKind::Cpu;
+  std::minstd_rand rng(1);
+  if (o.chunk > 0) {
+    fmt::print("chunked prefill attention on {}, {} sequences, {} query / {} kv heads, head_dim {}, {} queries a call, "
+               "median of {}\n",
+               be->name(), o.seqs, o.heads, o.kv_heads, o.head_dim,
+               o.call_queries > 0 ? o.call_queries : o.seqs * o.chunk, o.reps);
+    fmt::print("| cache | chunk | prefix | f32 compute us per layer | TFLOP/s | bf16 compute us per layer | TFLOP/s | "
+               "f32 / bf16 |\n|---|---|---|---|---|---|---|---|\n");
+    for (kernels::DType dtype : dtypes) bench_chunk_case(*be, o, dtype, rng);
+    return 0;
+  }
   fmt::print("decode attention on {}, {} sequences, {} query / {} kv heads, head_dim {}, median of {}\n", be->name(),
              o.seqs, o.heads, o.kv_heads, o.head_dim, o.reps);
   fmt::print("| cache | context | KV MB per layer | us per layer | KV GB/s |{}\n|---|---|---|---|---|{}\n",
              gpu ? " copy GB/s (read + write) | attention / copy |" : "", gpu ? "---|---|" : "");
-  std::minstd_rand rng(1);
   for (kernels::DType dtype : dtypes)
     for (std::int64_t len : contexts) {
       if (len <= 0) {

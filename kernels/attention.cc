@@ -57,6 +57,8 @@ void check_prefill(const AttentionPrefillArgs& a) {
 
 void check_decode(const AttentionDecodeArgs& a) {
   check_shape(a.shape);
+  if (a.compute != DType::F32 && a.compute != DType::BF16)
+    throw std::invalid_argument("attention_decode: compute must be f32 or bf16");
   for (const std::int64_t len : a.lens)
     if (len <= 0 || len > a.capacity)
       throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");

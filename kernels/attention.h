@@ -72,6 +72,11 @@ struct AttentionDecodeArgs {
   // queries may read one row with their own lens (a prompt's rows appended to a cached prefix,
   // each seeing the slots before it). Not with probs or slot_bias, which are per cache row.
   std::span<const std::int64_t> cache_rows;
+  // F32 or BF16, as AttentionPrefillArgs::compute. Under BF16 a device may run runs of queries
+  // on one cache row whose lens grow by one (a chunk of one prompt) on bf16 matrix units: q and
+  // the unnormalised probabilities rounded to bf16, a 16-bit cache's keys and values read as
+  // bf16 (docs/backends.md); the CPU computes in fp32 either way.
+  DType compute = DType::F32;
 };
 
 // Writes rows of new keys or values into a cache laid out like AttentionDecodeArgs::k_cache:

@@ -22,6 +22,15 @@ done
 step 30 "$B/bench_attention" 5 520 f16,bf16,f32,q8,q4 --backend cuda --seqs 16 --heads 32 --kv-heads 32 --head-dim 64
 step 30 "$B/bench_attention" 5 512,4096 f16 --backend cuda --seqs 64 --heads 32 --kv-heads 8 --head-dim 128
 
+# Chunked prefill (a prompt continued after cached tokens) on tensor cores against the decode
+# kernel: 16 sequences x a 512-row chunk after 1,000 cached slots, f32 vs bf16 compute columns;
+# all queries in one call, then calls of 16 queries as the engine's extend() makes at gpu batch
+# 16 (docs/backends.md, "Chunked prefill on tensor cores": predicted, unmeasured).
+step 40 "$B/bench_attention" 5 --backend cuda --chunk 512 --prefix 1000 --seqs 16 --heads 32 --kv-heads 32 --head-dim 64
+step 40 "$B/bench_attention" 5 --backend cuda --chunk 512 --prefix 1000 --seqs 16 --heads 32 --kv-heads 8 --head-dim 128
+step 40 "$B/bench_attention" 5 --backend cuda --chunk 512 --prefix 1000 --seqs 16 --heads 32 --kv-heads 32 --head-dim 64 \
+  --call-queries 16
+
 # The small ops between the GEMMs (bias, activation, norm, the GEMMs' bf16 rounding), fused
 # against the unfused ops they replace: microseconds per call at decode batches 16 and 256 and
 # a 12 x 512 prefill, OPT-1.3B's and Llama-2-7B's shapes (predictions in docs/backends.md).

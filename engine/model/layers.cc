@@ -246,7 +246,7 @@ class Attention final : public Layer {
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
                            .capacity = cache.capacity, .lens = std::span(lens).subspan(first, n),
                            .out = o + r0 * qw, .cache_dtype = cache.dtype,
-                           .cache_rows = std::span(p.row_seq).subspan(first, n)});
+                           .cache_rows = std::span(p.row_seq).subspan(first, n), .compute = cfg_.compute_dtype});
     }
   }
   // RoPE on rows of `heads` heads. Frequencies that depend on a sequence's length (dynamic,

@@ -366,6 +366,9 @@ struct DecodeParams {
   const std::uint8_t* v_cache = nullptr;
   const std::int64_t* lens = nullptr;
   const std::int64_t* cache_rows = nullptr;  // [B] cache row of each query; null: row b
+  // [tasks' B]: the query (of q, lens, cache_rows, slot_bias, out) of the kernel's sequence b,
+  // when it runs a subset of a call's queries (without probs); null: query b.
+  const std::int64_t* query_rows = nullptr;
   const float* slot_bias = nullptr;  // [B, Hkv, capacity] or null
   std::int64_t H = 0, Hkv = 0, capacity = 0, slot_bytes = 0;
   SlotFormat format;
@@ -508,12 +511,13 @@ __device__ __forceinline__ void merge_warp(HeadStates<HB, E>& st, int lanes) {
 }
 
 // Merges the warps' states (in warp order) through shared memory `sh` (kDecodeWarps * HB *
-// (D + 2) floats) and stores the chunk's heads: the output itself with one split, else the
-// split's partial. Synchronises the block; the caller may reuse `sh` afterwards.
+// (D + 2) floats) and stores the chunk's heads: the output itself with one split (its first
+// head at out_bh0), else the split's partial (at bh0). Synchronises the block; the caller may
+// reuse `sh` afterwards.
 template <int HB, int C>
 __device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, float* sh, const DecodeParams& p,
-                                            std::int64_t bh0, std::int64_t nh, std::int64_t sp, int lanes,
-                                            int sub) {
+                                            std::int64_t bh0, std::int64_t out_bh0, std::int64_t nh, std::int64_t sp,
+                                            int lanes, int sub) {
   const std::int64_t D = p.format.head_dim;
   float* m_sh = sh;                          // [warp][HB]
   float* l_sh = m_sh + kDecodeWarps * HB;    // [warp][HB]
@@ -549,7 +553,7 @@ __device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, flo
     // in the combine; with one split every sequence has a key, so l > 0.
     float* ml = nullptr;
     if (splits == 1) {
-      p.out[bh * D + d] = o / l;
+      p.out[(out_bh0 + h) * D + d] = o / l;
       if (p.ml != nullptr) ml = p.ml + 2 * bh;
     } else {
       p.part_acc[(bh * splits + sp) * D + d] = o;
@@ -578,19 +582,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
   const std::int64_t splits = p.plan.splits, chunks = p.plan.head_chunks, kps = p.plan.keys_per_split;
   for (std::int64_t task = blockIdx.x; task < p.tasks; task += gridDim.x) {
     const std::int64_t sp = task % splits, c = (task / splits) % chunks, bg = task / (splits * chunks);
-    const std::int64_t b = bg / p.Hkv, g = bg % p.Hkv;
+    const std::int64_t b = bg / p.Hkv, g = bg % p.Hkv, qb = p.query_rows != nullptr ? p.query_rows[b] : b;
     const std::int64_t h0 = g * group + c * hb, nh = group - c * hb < hb ? group - c * hb : hb;
-    const std::int64_t n = p.lens[b], k0 = first_visible(n - 1, p.window) + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
+    const std::int64_t n = p.lens[qb], k0 = first_visible(n - 1, p.window) + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
     // This key group's keys: the split's r = key_group, + key_groups, ...; pointers to the first.
     const int count = static_cast<int>(k1 > k0 ? k1 - k0 : 0);
     const std::int64_t stride = key_groups * p.slot_bytes;
-    const std::int64_t row = (p.cache_rows != nullptr ? p.cache_rows[b] : b) * p.Hkv + g;
+    const std::int64_t row = (p.cache_rows != nullptr ? p.cache_rows[qb] : qb) * p.Hkv + g;
     const std::uint8_t* k_slot = p.k_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
     const std::uint8_t* v_slot = p.v_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
-    const float* bias = p.slot_bias != nullptr ? p.slot_bias + bg * p.capacity + k0 : nullptr;
+    const float* bias = p.slot_bias != nullptr ? p.slot_bias + (qb * p.Hkv + g) * p.capacity + k0 : nullptr;
     float* scores = p.scores != nullptr ? p.scores + (b * p.H + h0) * p.capacity + k0 : nullptr;
     HeadStates<HB, 8 * C> st;
-    start_heads<HB, C>(st, p.q + (b * p.H + h0) * D, nh, D, lanes, sub);
+    start_heads<HB, C>(st, p.q + (qb * p.H + h0) * D, nh, D, lanes, sub);
     // The same steps in every lane (the shuffles need the whole warp); keys past the split are
     // not read and score -inf.
 #pragma unroll 1
@@ -616,16 +620,18 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
       key_values<Slice, HB, C, U>(st, vs, p.format, s);
     }
     merge_warp(st, lanes);
-    store_heads<HB, C>(st, merge_sh, p, b * p.H + h0, nh, sp, lanes, sub);
+    store_heads<HB, C>(st, merge_sh, p, b * p.H + h0, qb * p.H + h0, nh, sp, lanes, sub);
   }
 }
 
 // Block per (sequence, query head) = task: out = sum over splits of acc_s * exp(m_s - m) / l,
 // m the largest m_s and l = sum of l_s * exp(m_s - m), splits in order; (m, l) to ml when not
-// null.
+// null. query_rows (DecodeParams) places sequence b's heads at query query_rows[b] of out.
 __global__ void decode_combine_kernel(const float* part_acc, const float* part_ml, std::int64_t tasks,
-                                      std::int64_t splits, std::int64_t D, float* out, float* ml) {
+                                      std::int64_t splits, std::int64_t D, std::int64_t H,
+                                      const std::int64_t* query_rows, float* out, float* ml) {
   for (std::int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
+    const std::int64_t out_task = query_rows != nullptr ? query_rows[task / H] * H + task % H : task;
     const float* pm = part_ml + 2 * task * splits;
     float m = -INFINITY;
     for (std::int64_t sp = 0; sp < splits; ++sp) m = fmaxf(m, pm[2 * sp]);  // split 0 holds the first visible key: m is finite
@@ -634,7 +640,7 @@ __global__ void decode_combine_kernel(const float* part_acc, const float* part_m
     for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.0f;
       for (std::int64_t sp = 0; sp < splits; ++sp) o += part_acc[(task * splits + sp) * D + d] * rescale(pm[2 * sp], m);
-      out[task * D + d] = o / l;
+      out[out_task * D + d] = o / l;
     }
     if (ml != nullptr && threadIdx.x == 0) {
       ml[2 * task] = m;
@@ -901,9 +907,12 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   std::int64_t prefill = scratch_of(8 * (rows + 1)) + scratch_of(16 * tiles);
   if (scores) prefill += scratch_of(8 * rows * H) + scratch_of(16 * key_tiles) + scratch_of(4 * rows);
   // Decode: lens and cache rows, the partials of every (sequence, head, split), and with the probabilities
-  // the kept scores and the combined (m, l).
+  // the kept scores and the combined (m, l). Under bf16 compute also the tensor-core tiles of
+  // query runs (at most one per kMinTensorCoreRun queries) and the other queries' indices.
   const std::int64_t splits = decode_splits_bound(s, batch, capacity, sm_count);
-  std::int64_t decode = 2 * scratch_of(8 * batch) + scratch_of(4 * batch * H * splits * D) + scratch_of(8 * batch * H * splits);
+  const std::int64_t run_tiles = batch / kMinTensorCoreRun;
+  std::int64_t decode = 3 * scratch_of(8 * batch) + scratch_of(static_cast<std::int64_t>(sizeof(RunTile)) * run_tiles) +
+                        scratch_of(4 * batch * H * splits * D) + scratch_of(8 * batch * H * splits);
   if (scores) decode += scratch_of(4 * batch * H * capacity) + scratch_of(8 * batch * H);
   return std::max({kv_ops, prefill, decode});
 }
@@ -956,25 +965,69 @@ DecodePlan plan_decode(const AttentionDecodeArgs& a, int sm_count) {
   return plan_decode(a.shape, static_cast<std::int64_t>(a.lens.size()), max_len, sm_count);
 }
 
+namespace {
+
+// The plan of the decode kernel for `queries` of a: as a call of those queries alone.
+DecodePlan plan_decode_queries(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries, int sm_count) {
+  std::int64_t max_len = 0;
+  for (const std::int64_t q : queries) {
+    const std::int64_t n = a.lens[static_cast<std::size_t>(q)];
+    max_len = std::max(max_len, n - first_visible(n - 1, a.shape.window));
+  }
+  return plan_decode(a.shape, static_cast<std::int64_t>(queries.size()), max_len, sm_count);
+}
+
+}  // namespace
+
+// Runs of queries on one cache row (a chunk of a prompt after cached tokens) go to tensor cores
+// under bf16 compute (decode_runs.h: the split, and decode_runs_on_tensor_cores, the one
+// predicate for the fallback); the other queries, and every query of a call that falls back,
+// to the decode kernel. A tile table follows the host's lens and cache_rows, which a replayed
+// graph would not re-read: a call with runs ends the graph step (the engine opens graph steps
+// only for steps without prompt rows, so it never has runs there).
 void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
+  DecodeQuerySplit split;
+  if (decode_runs_on_tensor_cores(a)) split = split_decode_queries(a.cache_rows, a.lens, kMinTensorCoreRun, kMmaQueryTile);
+  if (!split.tiles.empty()) graph_interrupt();
   if (graph_active() &&
       graph_op(decode_signature(a), a, [this](const AttentionDecodeArgs& d) { do_attention_decode(d); },
                &AttentionDecodeArgs::lens, &AttentionDecodeArgs::cache_rows))
     return;
-  const AttentionShape& s = a.shape;
-  const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
-  if (B == 0) return;
-  const std::int64_t H = s.n_heads, D = s.head_dim;
+  if (a.lens.empty()) return;
+  const std::int64_t D = a.shape.head_dim;
   if (D > kDecodeMaxHeadDim)
     throw std::invalid_argument("attention_decode: head_dim " + std::to_string(D) + " is above the CUDA kernel's " +
                                 std::to_string(kDecodeMaxHeadDim));
-  if (a.capacity > std::numeric_limits<int>::max() / 2)  // the kernel counts a split's keys in int
+  if (a.capacity > std::numeric_limits<int>::max() / 2)  // the kernels count positions in int
     throw std::invalid_argument("attention_decode: capacity " + std::to_string(a.capacity) +
                                 " is above the CUDA kernel's " + std::to_string(std::numeric_limits<int>::max() / 2));
+  if (split.tiles.empty()) return decode_queries(a, {}, plan_decode(a, sm_count_));
+  decode_runs_on_mma(a, split.tiles);
+  if (!split.singles.empty()) decode_queries(a, split.singles, plan_decode_queries(a, split.singles, sm_count_));
+}
+
+void CudaBackend::decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<const RunTile> tiles) {
+  const std::int64_t D = a.shape.head_dim;
+  allow_shared(mma_cache_runs_kernel(D, a.cache_dtype), mma_prefill_shared_bytes(D), "attention_decode");
+  const DeviceBuffer tiles_d = upload(tiles);
+  launch_mma_cache_runs({.shape = a.shape, .q = a.q, .k_cache = a.k_cache, .v_cache = a.v_cache,
+                         .cache_dtype = a.cache_dtype, .capacity = a.capacity, .out = a.out,
+                         .tiles = tiles_d.as<std::int64_t>(), .n_tiles = static_cast<std::int64_t>(tiles.size())},
+                        stream_);
+}
+
+void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
+                                 const DecodePlan& plan) {
+  if (!queries.empty() && a.probs != nullptr)  // the probs kernel indexes lens by its sequence
+    throw std::logic_error("attention_decode: a subset of the queries with probs");
+  const AttentionShape& s = a.shape;
+  const std::int64_t B = static_cast<std::int64_t>(queries.empty() ? a.lens.size() : queries.size());
+  const std::int64_t H = s.n_heads, D = s.head_dim;
   DecodeParams p;
-  p.plan = plan_decode(a, sm_count_);
+  p.plan = plan;
   const DeviceBuffer lens = upload(a.lens);
   const DeviceBuffer cache_rows = upload(a.cache_rows);
+  const DeviceBuffer query_rows = upload(queries);
   DeviceBuffer part_acc, part_ml, scores, ml;
   if (p.plan.splits > 1) {
     part_acc = DeviceBuffer(*this, static_cast<std::size_t>(B * H * p.plan.splits * D) * sizeof(float));
@@ -989,6 +1042,7 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
   p.lens = lens.as<std::int64_t>();
   p.cache_rows = a.cache_rows.empty() ? nullptr : cache_rows.as<std::int64_t>();
+  p.query_rows = queries.empty() ? nullptr : query_rows.as<std::int64_t>();
   p.slot_bias = a.slot_bias;
   p.H = H;
   p.Hkv = s.n_kv_heads;
@@ -1009,7 +1063,7 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   FLEXH2O_CUDA_CHECK_LAUNCH();
   if (p.plan.splits > 1) {
     decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(
-        part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, a.out, ml.as<float>());
+        part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, H, p.query_rows, a.out, ml.as<float>());
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
   if (a.probs != nullptr) {

@@ -4,7 +4,10 @@
 // A block of 4 warps per (tile of 64 query rows of one sequence, query head h); a warp owns 16
 // rows. The block stores its queries in shared memory as bf16 once, then streams the keys and
 // values its rows see (causal, within the sliding window) of kv head h / group through shared
-// memory, Bc at a time, rounded from fp32 to bf16 as they are stored. Per key tile a warp
+// memory, Bc at a time, rounded to bf16 as they are stored. They come either from the step's
+// fp32 rows (a whole prompt) or, for a prompt continued after cached tokens (decode queries on
+// one cache row, decode_runs.h), in place from the f16/bf16 cache row, the tile's first query at
+// slot position i0 and each next one a slot further: causal with an offset. Per key tile a warp
 //   - computes its 16 x Bc scores S = Q K^T with mma.sync m16n8k16 (bf16 in, fp32 accumulators),
 //   - scales (and soft-caps) them into log2 units, so that exp is one exp2, and masks them,
 //   - updates its rows' online softmax in fp32 registers: running max m and sum l of the
@@ -29,6 +32,7 @@
 #include "kernels/cuda/attention_prefill_mma.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <stdexcept>
 #include <string>
@@ -74,12 +78,13 @@ constexpr std::size_t shared_bytes() {
 
 struct Params {
   const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;  // the step's fp32 rows, or an f16/bf16 cache
+  const void* v = nullptr;
   float* out = nullptr;
+  // Prefill: (first row, sequence) per tile and the seq_offsets; cache runs: RunTile per tile.
   const std::int64_t* tiles = nullptr;
   const std::int64_t* offsets = nullptr;
-  std::int64_t n_tiles = 0, H = 0, Hkv = 0, window = 0;
+  std::int64_t n_tiles = 0, H = 0, Hkv = 0, window = 0, capacity = 0;
   // A score in log2 units is score_scale * (q . k) without a soft-cap, and
   // cap_log2 * tanh(score_scale * (q . k)) with one (cap_log2 = cap * log2(e), 0 without).
   float score_scale = 0.0f, cap_log2 = 0.0f;
@@ -122,40 +127,63 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
          (static_cast<std::uint32_t>(__bfloat16_as_ushort(v.y)) << 16);
 }
 
-// Rows [0, count) of a tile of `Rows` rows of D fp32 values (row r at src + r * stride) into the
+// A half's bits (f16) widened exactly to fp32.
+__device__ __forceinline__ float f16_bits_to_float(unsigned bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// 16 loaded bytes of T stored at dst as bf16: 4 fp32 values rounded (8 bytes), 8 f16 values
+// widened and rounded, 8 bf16 values as they are (16 bytes).
+template <class T>
+__device__ __forceinline__ void store_as_bf16(__nv_bfloat16* dst, uint4 x) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(__uint_as_float(x.x), __uint_as_float(x.y)),
+                                                pack_bf16(__uint_as_float(x.z), __uint_as_float(x.w)));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    *reinterpret_cast<uint4*>(dst) = x;
+  } else {
+    static_assert(std::is_same_v<T, __half>, "fp32, f16 or bf16");
+    const unsigned w[4] = {x.x, x.y, x.z, x.w};
+    unsigned o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[i] = pack_bf16(f16_bits_to_float(w[i] & 0xffffu), f16_bits_to_float(w[i] >> 16));
+    *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+// Rows [0, count) of a tile of `Rows` rows of D values of T (row r at src + r * stride) into the
 // bf16 tile dst [Rows][pitch]; rows [count, Rows) become zeros, so a masked key's value (times
 // probability 0) adds 0 where leftover bits could add NaN. 16-byte loads, kBatch in flight; the
 // batches are a loop (not unrolled) so that their addresses are not kept across key tiles.
-template <int D, int Rows>
-__device__ __forceinline__ void load_rows(__nv_bfloat16* dst, const float* src, std::int64_t stride, int count) {
-  constexpr int kChunks = D / 4;  // float4 per row
+template <int D, int Rows, class T>
+__device__ __forceinline__ void load_rows(__nv_bfloat16* dst, const T* src, std::int64_t stride, int count) {
+  constexpr int kPerLoad = 16 / static_cast<int>(sizeof(T)), kChunks = D / kPerLoad;  // 16-byte loads per row
+  static_assert(D % kPerLoad == 0, "whole 16-byte loads");
   static_assert(Rows * kChunks % kMmaThreads == 0, "every thread loads the same number of chunks");
   constexpr int kIters = Rows * kChunks / kMmaThreads;
-  constexpr int kBatch = kIters % 4 == 0 ? 4 : 2;
-  static_assert(kIters % kBatch == 0, "whole batches");
+  constexpr int kBatch = kIters % 4 == 0 ? 4 : (kIters % 2 == 0 ? 2 : 1);
   const int t = static_cast<int>(threadIdx.x);
 #pragma unroll 1
   for (int i0 = 0; i0 < kIters; i0 += kBatch) {
-    float4 x[kBatch];
+    uint4 x[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int e = t + (i0 + i) * kMmaThreads, r = e / kChunks, c = e % kChunks;
-      x[i] = r < count ? __ldg(reinterpret_cast<const float4*>(src + r * stride) + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      x[i] = r < count ? __ldg(reinterpret_cast<const uint4*>(src + r * stride) + c) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int e = t + (i0 + i) * kMmaThreads, r = e / kChunks, c = e % kChunks;
-      *reinterpret_cast<uint2*>(dst + r * pitch<D>() + 4 * c) =
-          make_uint2(pack_bf16(x[i].x, x[i].y), pack_bf16(x[i].z, x[i].w));
+      store_as_bf16<T>(dst + r * pitch<D>() + kPerLoad * c, x[i]);
     }
   }
 }
 
-// Asks L2 for rows [0, count) of D fp32 values (row r at src + r * stride) ahead of their load:
+// Asks L2 for rows [0, count) of D values of T (row r at src + r * stride) ahead of their load:
 // a 128-byte line at every 128 bytes of a row and at its last value covers every line it touches.
-template <int D>
-__device__ __forceinline__ void prefetch_rows(const float* src, std::int64_t stride, int count) {
-  constexpr int kBytes = 4 * D, kPoints = kBytes / 128 + 1;
+template <int D, class T>
+__device__ __forceinline__ void prefetch_rows(const T* src, std::int64_t stride, int count) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * D, kPoints = kBytes / 128 + 1;
   for (int e = static_cast<int>(threadIdx.x); e < count * kPoints; e += kMmaThreads) {
     const int r = e / kPoints, offset = min(128 * (e % kPoints), kBytes - 4);
     asm volatile("prefetch.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(src + r * stride) + offset));
@@ -328,9 +356,31 @@ __device__ __forceinline__ void store_rows(const RowState<D>& st, float* out, st
   }
 }
 
+// A task's query rows and the keys they read: rows [row0, row0 + rows) of q and out, the first
+// at position i0 (it sees keys up to i0, the next row one more); key j of kv head g at element
+// kv_offset + j * kv_stride of k and v.
+struct TileRows {
+  std::int64_t row0 = 0, rows = 0, i0 = 0, kv_offset = 0, kv_stride = 0;
+};
+
+// Prefill (fp32 rows): tile = (first row, sequence), positions and keys within the sequence.
+// Cache runs (f16/bf16): tile = RunTile (first query, rows, cache row, position of the first),
+// keys the cache row's slots of kv head g.
+template <int D, class T>
+__device__ __forceinline__ TileRows tile_rows(const Params& p, std::int64_t tile, std::int64_t g) {
+  if constexpr (std::is_same_v<T, float>) {
+    const std::int64_t r0 = p.tiles[2 * tile], b = p.tiles[2 * tile + 1], t0 = p.offsets[b];
+    const std::int64_t kv_stride = p.Hkv * D;
+    return {r0, min(p.offsets[b + 1] - r0, kMmaQueryTile), r0 - t0, t0 * kv_stride + g * D, kv_stride};
+  } else {
+    const std::int64_t* t = p.tiles + 4 * tile;
+    return {t[0], t[1], t[3], (t[2] * p.Hkv + g) * p.capacity * D, D};
+  }
+}
+
 // Block per (query tile, query head): tiles of one head are neighbours in the grid, so the
-// blocks that run together read the same K/V rows (from L2).
-template <int D>
+// blocks that run together read the same K/V rows (from L2). T: the keys' and values' type.
+template <int D, class T>
 __global__ void __launch_bounds__(kMmaThreads, min_blocks<D>()) prefill_mma_kernel(const Params p) {
   constexpr int Bc = key_tile<D>(), P = pitch<D>();
   extern __shared__ __align__(16) unsigned char shared[];
@@ -338,14 +388,13 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks<D>()) prefill_mma_kern
   __nv_bfloat16* k_sh = q_sh + kMmaQueryTile * P;        // [Bc][P]
   __nv_bfloat16* v_sh = k_sh + Bc * P;                   // [Bc][P]
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const std::int64_t q_stride = p.H * D, kv_stride = p.Hkv * D, group = p.H / p.Hkv;
+  const std::int64_t q_stride = p.H * D, group = p.H / p.Hkv;
   for (std::int64_t task = blockIdx.x; task < p.n_tiles * p.H; task += gridDim.x) {
     const std::int64_t h = task / p.n_tiles, tile = task % p.n_tiles;
-    const std::int64_t r0 = p.tiles[2 * tile], b = p.tiles[2 * tile + 1];
-    const std::int64_t t0 = p.offsets[b], i0 = r0 - t0;
-    const std::int64_t rows = min(p.offsets[b + 1] - r0, kMmaQueryTile);
-    const float* k = p.k + t0 * kv_stride + h / group * D;  // the sequence's keys of kv head h / group
-    const float* v = p.v + t0 * kv_stride + h / group * D;
+    const TileRows tr = tile_rows<D, T>(p, tile, h / group);
+    const std::int64_t r0 = tr.row0, i0 = tr.i0, rows = tr.rows, kv_stride = tr.kv_stride;
+    const T* k = static_cast<const T*>(p.k) + tr.kv_offset;  // key 0 of kv head h / group
+    const T* v = static_cast<const T*>(p.v) + tr.kv_offset;
     __syncthreads();  // the previous task's warps are done with the shared tiles
     load_rows<D, kMmaQueryTile>(q_sh, p.q + r0 * q_stride + h * D, q_stride, static_cast<int>(rows));
     // This warp's rows of the sequence are [w0, w1] (none when w1 < w0).
@@ -375,7 +424,7 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks<D>()) prefill_mma_kern
       online_softmax<D, Bc>(s, st);
       accumulate_pv<D, Bc>(s, v_sh, st, lane);
     }
-    if (w1 >= w0) store_rows(st, p.out + (t0 + w0) * q_stride + h * D, q_stride, w1 - w0 + 1, lane);
+    if (w1 >= w0) store_rows(st, p.out + (r0 + warp * kRowsPerWarp) * q_stride + h * D, q_stride, w1 - w0 + 1, lane);
   }
 }
 
@@ -393,15 +442,41 @@ auto with_head_dim(std::int64_t head_dim, F f) {
   throw std::invalid_argument("attention_prefill: no tensor-core kernel for head_dim " + std::to_string(head_dim));
 }
 
+// f(type tag) for the cache dtypes the kernel reads in place.
+template <class F>
+auto with_cache_type(DType cache_dtype, F f) {
+  if (cache_dtype == DType::F16) return f(__half{});
+  if (cache_dtype == DType::BF16) return f(__nv_bfloat16{});
+  throw std::invalid_argument("attention_decode: no tensor-core kernel for a " + std::string(dtype_name(cache_dtype)) +
+                              " cache");
+}
+
+// The score constants of Params from the shape: log2 units, with or without a soft-cap.
+Params shape_params(const AttentionShape& s) {
+  Params p;
+  p.H = s.n_heads;
+  p.Hkv = s.n_kv_heads;
+  p.window = s.window;
+  p.score_scale = s.softcap == 0.0f ? s.scale * kLog2e : s.scale / s.softcap;
+  p.cap_log2 = s.softcap * kLog2e;
+  return p;
+}
+
 }  // namespace
 
-bool mma_prefill_has(std::int64_t head_dim) {
-  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
-}
+bool mma_prefill_has(std::int64_t head_dim) { return mma_head_dim(head_dim); }
 
 const void* mma_prefill_kernel(std::int64_t head_dim) {
   return with_head_dim(head_dim, [](auto d) {
-    return reinterpret_cast<const void*>(prefill_mma_kernel<decltype(d)::value>);
+    return reinterpret_cast<const void*>(prefill_mma_kernel<decltype(d)::value, float>);
+  });
+}
+
+const void* mma_cache_runs_kernel(std::int64_t head_dim, DType cache_dtype) {
+  return with_head_dim(head_dim, [&](auto d) {
+    return with_cache_type(cache_dtype, [](auto t) {
+      return reinterpret_cast<const void*>(prefill_mma_kernel<decltype(d)::value, decltype(t)>);
+    });
   });
 }
 
@@ -411,7 +486,7 @@ std::size_t mma_prefill_shared_bytes(std::int64_t head_dim) {
 
 void launch_mma_prefill(const MmaPrefillLaunch& l, cudaStream_t stream) {
   const AttentionShape& s = l.shape;
-  Params p;
+  Params p = shape_params(s);
   p.q = l.q;
   p.k = l.k;
   p.v = l.v;
@@ -419,16 +494,32 @@ void launch_mma_prefill(const MmaPrefillLaunch& l, cudaStream_t stream) {
   p.tiles = l.tiles;
   p.offsets = l.offsets;
   p.n_tiles = l.n_tiles;
-  p.H = s.n_heads;
-  p.Hkv = s.n_kv_heads;
-  p.window = s.window;
-  p.score_scale = s.softcap == 0.0f ? s.scale * kLog2e : s.scale / s.softcap;
-  p.cap_log2 = s.softcap * kLog2e;
   with_head_dim(s.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    prefill_mma_kernel<D><<<blocks_for(l.n_tiles * s.n_heads, 1), kMmaThreads, shared_bytes<D>(), stream>>>(p);
+    prefill_mma_kernel<D, float><<<blocks_for(l.n_tiles * s.n_heads, 1), kMmaThreads, shared_bytes<D>(), stream>>>(p);
     FLEXH2O_CUDA_CHECK_LAUNCH();
     return 0;
+  });
+}
+
+void launch_mma_cache_runs(const MmaCacheRunsLaunch& l, cudaStream_t stream) {
+  const AttentionShape& s = l.shape;
+  Params p = shape_params(s);
+  p.q = l.q;
+  p.k = l.k_cache;
+  p.v = l.v_cache;
+  p.out = l.out;
+  p.tiles = l.tiles;
+  p.n_tiles = l.n_tiles;
+  p.capacity = l.capacity;
+  with_head_dim(s.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return with_cache_type(l.cache_dtype, [&](auto t) {
+      using T = decltype(t);
+      prefill_mma_kernel<D, T><<<blocks_for(l.n_tiles * s.n_heads, 1), kMmaThreads, shared_bytes<D>(), stream>>>(p);
+      FLEXH2O_CUDA_CHECK_LAUNCH();
+      return 0;
+    });
   });
 }
 

@@ -41,6 +41,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_runs.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/graph_steps.h"
 
@@ -199,6 +200,10 @@ class CudaBackend final : public Backend {
   // Dynamic shared memory for a kernel: opts in above the default 48 KiB; throws naming `op`
   // when the GPU has less.
   void allow_shared(const void* kernel, std::size_t bytes, const char* op);
+  // attention_decode's two paths: queries (all of a's when empty) on the decode kernel with
+  // `plan`, and tiles of query runs on tensor cores (decode_runs.h).
+  void decode_queries(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries, const DecodePlan& plan);
+  void decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<const RunTile> tiles);
   // Pool scratch holding a copy of a host array (enqueued on the compute stream).
   template <class T>
   DeviceBuffer upload(std::span<const T> host);

@@ -12,7 +12,7 @@ static_assert(sizeof(void*) != 8 || sizeof(RopeArgs) == 80, "RopeArgs changed: u
 static_assert(sizeof(void*) != 8 || sizeof(BiasActArgs) == 72, "BiasActArgs changed: update signature(const BiasActArgs&)");
 static_assert(sizeof(void*) != 8 || sizeof(EmbeddingArgs) == 72, "EmbeddingArgs changed: update signature(const EmbeddingArgs&)");
 static_assert(sizeof(void*) != 8 || sizeof(AttentionShape) == 40, "AttentionShape changed: update signature(const AttentionDecodeArgs&)");
-static_assert(sizeof(void*) != 8 || sizeof(AttentionDecodeArgs) == 136, "AttentionDecodeArgs changed: update its signature");
+static_assert(sizeof(void*) != 8 || sizeof(AttentionDecodeArgs) == 144, "AttentionDecodeArgs changed: update its signature");
 static_assert(sizeof(void*) != 8 || sizeof(KvWriteArgs) == 96, "KvWriteArgs changed: update signature(const KvWriteArgs&)");
 
 OpSignature& OpSignature::add(float f) { return add(static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(f))); }
@@ -60,7 +60,7 @@ OpSignature signature(const AttentionDecodeArgs& a) {
   const AttentionShape& h = a.shape;
   s.add(h.n_heads).add(h.n_kv_heads).add(h.head_dim).add(h.scale).add(h.softcap).add(h.window);
   return s.add(a.q).add(a.k_cache).add(a.v_cache).add(a.capacity).add(a.lens).add(a.out).add(a.probs)
-      .add(a.cache_dtype).add(a.slot_bias).add(a.cache_rows);
+      .add(a.cache_dtype).add(a.slot_bias).add(a.cache_rows).add(a.compute);
 }
 
 OpSignature signature(const KvWriteArgs& a) {

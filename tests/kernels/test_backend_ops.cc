@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/decode_runs.h"
 #include "kernels/dtype.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/seeded_test.h"
@@ -156,6 +157,13 @@ template <class T>
                                        << ", cpu " << int(a[first]);
 }
 
+// A piece of a decode call: `queries` consecutive queries on a cache row of its own after
+// `prefix` cached slots, each seeing one slot more than the one before (a chunk of a prompt;
+// one query: a decode row).
+struct DecodePiece {
+  std::int64_t prefix = 0, queries = 1;
+};
+
 class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
@@ -200,6 +208,9 @@ class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<s
   void check_decode(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t capacity,
                     const std::vector<std::int64_t>& lens, bool probs, float softcap = 0.0f, std::int64_t window = 0,
                     bool slot_bias = false, std::int64_t cache_offset = 0);
+  void check_decode_runs(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                         const std::vector<DecodePiece>& pieces, float softcap = 0.0f, std::int64_t window = 0,
+                         DType compute = DType::BF16);
 
   std::unique_ptr<Backend> cpu_, dev_;
 };
@@ -972,6 +983,128 @@ TEST_P(BackendOpsTest, AttentionDecodeSplitsAndHeadChunks) {
   check_decode(DType::Q8, 8, 2, 256, 300, {300, 31}, true);
   check_decode(DType::F32, 16, 2, 256, 300, {300, 31}, true, 0.0f, 0, true);
   check_decode(DType::F32, 32, 8, 128, 2048, {2048, 1500, 90}, true, 50.0f, 700);  // splits of the window only
+}
+
+// ---------------------------------------------------------------------------- attention decode, runs on tensor cores
+
+// The rows of `queries` (each `width` values) of x.
+std::vector<float> rows_of(const std::vector<float>& x, const std::vector<std::int64_t>& queries, std::int64_t width) {
+  std::vector<float> out;
+  for (const std::int64_t q : queries) out.insert(out.end(), x.begin() + q * width, x.begin() + (q + 1) * width);
+  return out;
+}
+
+// One decode call of `pieces` (cache_rows, lens growing by one within a piece). Under bf16
+// compute the CUDA backend runs the runs of at least kMinTensorCoreRun queries on tensor cores
+// (kernels/cuda/decode_runs.h decides which, and this test asks it) and the rest on the decode
+// kernel. Tensor-core queries: q and the unnormalised probabilities rounded to bf16, the cache's
+// keys and values read as bf16 (exact for a bf16 cache, rounded for an f16 one), fp32
+// accumulation: the reference is the CPU's fp32 decode on q rounded to bf16 and an f32 cache of
+// the cache's values rounded to bf16, and the tolerance that of check_prefill_bf16, (2 rel + u)
+// vmax. They must also differ from the CPU on the unrounded q and cache by more than fp32
+// allows (rel vmax): a silent fallback to the decode kernel fails. Every other query is the
+// decode kernel's: within rel vmax of the unrounded CPU decode. The device runs twice and must
+// give the same bits.
+void BackendOpsTest::check_decode_runs(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                                       const std::vector<DecodePiece>& pieces, float softcap, std::int64_t window,
+                                       DType compute) {
+  SCOPED_TRACE(::testing::Message() << "decode runs " << dtype_name(cache) << " H=" << H << " Hkv=" << Hkv
+                                    << " D=" << D << " softcap=" << softcap << " window=" << window << " compute "
+                                    << dtype_name(compute));
+  std::vector<std::int64_t> cache_rows, lens;
+  std::int64_t capacity = 1;
+  for (std::size_t p = 0; p < pieces.size(); ++p) {
+    for (std::int64_t i = 0; i < pieces[p].queries; ++i) {
+      cache_rows.push_back(static_cast<std::int64_t>(p));
+      lens.push_back(pieces[p].prefix + 1 + i);
+    }
+    capacity = std::max(capacity, pieces[p].prefix + pieces[p].queries);
+  }
+  const std::int64_t B = static_cast<std::int64_t>(lens.size()), width = H * D;
+  const std::int64_t slots = static_cast<std::int64_t>(pieces.size()) * Hkv * capacity;
+  const std::vector<float> qh = random_floats(B * width, -2.0f, 2.0f);
+  const std::vector<std::uint8_t> k_bytes = stored_rows(random_floats(slots * D, -2.0f, 2.0f), cache, slots, D);
+  const std::vector<std::uint8_t> v_bytes = stored_rows(random_floats(slots * D), cache, slots, D);
+  // What the tensor cores multiply: the cache's values rounded to bf16, in an f32 cache.
+  auto as_bf16_f32 = [&](const std::vector<std::uint8_t>& bytes) {
+    std::vector<float> values(sz(slots * D));
+    convert_rows(bytes.data(), cache, values.data(), DType::F32, slots, D);
+    return rounded_to_bf16(values);
+  };
+  const Twin q = upload(qh), q_rounded = upload(rounded_to_bf16(qh));
+  const Twin kc = upload(k_bytes), vc = upload(v_bytes);
+  const Twin kr = upload(as_bf16_f32(k_bytes)), vr = upload(as_bf16_f32(v_bytes));
+  const Twin out = upload(std::vector<float>(sz(B * width), kNaN)), again = upload(std::vector<float>(sz(B * width), kNaN));
+  const Twin want_rounded = upload(std::vector<float>(sz(B * width), kNaN));
+  auto args = [&](const Twin& q_in, const Twin& k_in, const Twin& v_in, DType dtype, const Twin& o, bool on_cpu) {
+    return AttentionDecodeArgs{.shape = {H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window},
+                               .q = (on_cpu ? q_in.cpu : q_in.dev).as<float>(),
+                               .k_cache = (on_cpu ? k_in.cpu : k_in.dev).data(),
+                               .v_cache = (on_cpu ? v_in.cpu : v_in.dev).data(),
+                               .capacity = capacity,
+                               .lens = lens,
+                               .out = (on_cpu ? o.cpu : o.dev).as<float>(),
+                               .cache_dtype = dtype,
+                               .cache_rows = cache_rows,
+                               .compute = compute};
+  };
+  cpu_->attention_decode(args(q, kc, vc, cache, out, true));
+  cpu_->attention_decode(args(q_rounded, kr, vr, DType::F32, want_rounded, true));
+  const AttentionDecodeArgs on_device = args(q, kc, vc, cache, out, false);
+  dev_->attention_decode(on_device);
+  dev_->attention_decode(args(q, kc, vc, cache, again, false));
+  // The device's split of the queries (the tile size does not change which queries are in tiles).
+  std::vector<std::int64_t> tensor_core, decode_kernel;
+  if (cuda::decode_runs_on_tensor_cores(on_device)) {
+    const cuda::DecodeQuerySplit split = cuda::split_decode_queries(cache_rows, lens, cuda::kMinTensorCoreRun, 64);
+    for (const cuda::RunTile& t : split.tiles)
+      for (std::int64_t i = 0; i < t.rows; ++i) tensor_core.push_back(t.first + i);
+    decode_kernel = split.singles;
+  } else {
+    for (std::int64_t b = 0; b < B; ++b) decode_kernel.push_back(b);
+  }
+  std::int64_t longest = 0;
+  for (const std::int64_t n : lens) longest = std::max(longest, n);
+  const double rel = attention_rel_error(D, longest, 1.0 / std::sqrt(static_cast<double>(D)), 2.0, 2.0);
+  const auto [exact, got] = download(out);
+  const std::vector<float> rounded = download(*cpu_, want_rounded.cpu);
+  EXPECT_TRUE(identical(got, download(*dev_, again.dev)));
+  EXPECT_TRUE(within(rows_of(exact, decode_kernel, width), rows_of(got, decode_kernel, width), rel * 1.0));  // |v| <= 1
+  if (tensor_core.empty()) return;
+  EXPECT_TRUE(within(rows_of(rounded, tensor_core, width), rows_of(got, tensor_core, width), (2.0 * rel + kBF16Eps) * 1.0));
+  EXPECT_FALSE(within(rows_of(exact, tensor_core, width), rows_of(got, tensor_core, width), rel * 1.0))
+      << "the runs did not round to bf16 (the decode kernel ran them)";
+}
+
+// Decode rows, chunks of 17, 64 and 200 queries after 31, 0 and 1000 cached slots, and a
+// one-query piece (stays on the decode kernel) in one call: f16 and bf16 caches, GQA and MHA,
+// head_dim 64 and 128.
+const std::vector<DecodePiece> kChunkedPrefill = {{40, 1}, {31, 17}, {700, 1}, {0, 64}, {1000, 200}, {31, 1}, {5, 1}};
+
+TEST_P(BackendOpsTest, AttentionDecodeRunsOnTensorCores) {
+  for (DType cache : {DType::F16, DType::BF16})
+    for (const auto& [H, Hkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{{8, 2}, {4, 4}})
+      for (std::int64_t D : {64, 128}) check_decode_runs(cache, H, Hkv, D, kChunkedPrefill);
+}
+
+// The sliding window and soft-cap, the other head dims of the kernel (their 16-byte loads of a
+// cache row come in batches of 1 at 80 and 2 at 96, and 32-key tiles at 256), runs that end
+// 7 (below kMinTensorCoreRun), 8 and 65 queries in.
+TEST_P(BackendOpsTest, AttentionDecodeRunsWindowSoftcapHeadDims) {
+  check_decode_runs(DType::F16, 8, 2, 64, kChunkedPrefill, 0.0f, 100);
+  check_decode_runs(DType::BF16, 4, 2, 128, kChunkedPrefill, 30.0f, 0);
+  check_decode_runs(DType::BF16, 8, 2, 256, kChunkedPrefill, 50.0f, 64);
+  check_decode_runs(DType::BF16, 4, 4, 80, {{3, 7}, {90, 8}, {2, 1}, {129, 65}});
+  // Each query sees only itself: an f16 cache, whose values the tensor cores round, tells the paths apart.
+  check_decode_runs(DType::F16, 6, 2, 96, {{3, 7}, {90, 8}, {2, 1}, {129, 65}}, 0.0f, 1);
+}
+
+// f32 compute, an f32 cache, and a head dim the kernel lacks keep the decode kernel for every
+// query: the fp32 tolerance holds (the other fallbacks: tests/kernels/test_decode_runs.cc).
+TEST_P(BackendOpsTest, AttentionDecodeRunsFallBack) {
+  check_decode_runs(DType::F16, 8, 2, 64, kChunkedPrefill, 0.0f, 0, DType::F32);
+  check_decode_runs(DType::F32, 8, 2, 64, kChunkedPrefill);
+  check_decode_runs(DType::BF16, 8, 2, 72, kChunkedPrefill);
 }
 
 TEST_P(BackendOpsTest, AttentionDecodeRejectsBadLengths) {

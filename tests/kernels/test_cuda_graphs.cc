@@ -5,7 +5,8 @@
 // grow. A replay runs the captured kernels on the same data, so every logit and every cache
 // byte must be equal. Also: a step whose op differs from the captured one (another output
 // buffer; later a decode split plan that grew) runs eagerly and the next captures again; a step
-// with a host copy inside runs eagerly and its key is given up. Skips without a usable GPU.
+// with a host copy inside, or a decode call with tensor-core runs (chunked prefill), runs
+// eagerly and its key is given up. Skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -221,6 +222,34 @@ TEST_F(CudaGraphsTest, HostCopyInsideAStepRunsItEagerly) {
   EXPECT_EQ(c.interrupted - before.interrupted, 1);
   EXPECT_EQ(c.captured - before.captured, 0);  // the key was given up: steps 2-3 ran op by op
   EXPECT_EQ(c.replayed - before.replayed, 0);
+}
+
+// A decode call with a run of queries on one cache row under bf16 compute (tensor-core tiles,
+// whose table follows the host's lens) inside a step: the step runs op by op from there and its
+// key is given up; the output is the same call's outside a step, bit for bit.
+TEST_F(CudaGraphsTest, TensorCoreRunsInsideAStepRunEagerly) {
+  std::vector<std::int64_t> rows(20, 1), lens;
+  for (std::int64_t i = 0; i < 20; ++i) lens.push_back(31 + i);
+  rows.push_back(3);
+  lens.push_back(7);
+  const std::int64_t queries = static_cast<std::int64_t>(lens.size());
+  const DeviceBuffer q = random_buffer(queries * kH * kD, -2.0f, 2.0f);
+  const DeviceBuffer k_cache = f16_buffer(kB * kHkv * kCap * kD), v_cache = f16_buffer(kB * kHkv * kCap * kD);
+  DeviceBuffer eager(*be_, sz(queries * kH * kD) * sizeof(float)), graphed(*be_, eager.bytes());
+  auto decode = [&](DeviceBuffer& out) {
+    be_->attention_decode({.shape = {kH, kHkv, kD, 0.125f}, .q = q.as<float>(), .k_cache = k_cache.data(),
+                           .v_cache = v_cache.data(), .capacity = kCap, .lens = lens, .out = out.as<float>(),
+                           .cache_dtype = DType::F16, .cache_rows = rows, .compute = DType::BF16});
+  };
+  decode(eager);
+  const cuda::CudaBackend::GraphCounts before = cuda_->graph_counts();
+  be_->graph_step_begin(17);
+  decode(graphed);
+  be_->graph_step_end();
+  EXPECT_TRUE(same_bytes(download(eager), download(graphed)));
+  const cuda::CudaBackend::GraphCounts c = cuda_->graph_counts();
+  EXPECT_EQ(c.interrupted - before.interrupted, 1);
+  EXPECT_EQ(c.captured - before.captured, 0);
 }
 
 TEST_F(CudaGraphsTest, CancelDropsAnOpenStep) {

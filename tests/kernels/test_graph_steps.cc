@@ -72,7 +72,8 @@ TEST(KernelGraphSteps, HostArraysCountByTheirSizesOnly) {
           [](AttentionDecodeArgs& d) { d.out = fake(0x4100); }, [](AttentionDecodeArgs& d) { d.probs = fake(0x5000); },
           [](AttentionDecodeArgs& d) { d.cache_dtype = DType::F16; },
           [](AttentionDecodeArgs& d) { d.slot_bias = fake(0x6000); },
-          [&](AttentionDecodeArgs& d) { d.cache_rows = lens_a; }});
+          [&](AttentionDecodeArgs& d) { d.cache_rows = lens_a; },
+          [](AttentionDecodeArgs& d) { d.compute = DType::BF16; }});
 
   const std::vector<std::int32_t> ids_a{1, 2}, ids_b{3, 4};
   const EmbeddingArgs e{.ids = ids_a, .table = {fake(0x1000), DType::F32, 10, 8}, .out = fake(0x2000)};

@@ -810,6 +810,8 @@ TEST_P(OpsTest, AttentionDecodeCacheRows) {
   EXPECT_THROW(
       backend_->attention_decode({.shape = s, .capacity = 4, .lens = one_len, .probs = probs, .cache_rows = row0}),
       std::invalid_argument);
+  EXPECT_THROW(backend_->attention_decode({.shape = s, .capacity = 4, .lens = one_len, .compute = DType::F16}),
+               std::invalid_argument);
 }
 
 TEST_P(OpsTest, KvWrite) {
