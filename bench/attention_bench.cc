@@ -72,6 +72,26 @@ struct Layer {
   kernels::DeviceBuffer k, v;
 };
 
+// `layers` caches of `slots` slots of `dtype`, each filled with copies of kFillSlots random slots.
+std::vector<Layer> random_caches(kernels::Backend& be, kernels::DType dtype, std::int64_t slots, std::int64_t head_dim,
+                                 std::int64_t layers, std::minstd_rand& rng) {
+  const std::int64_t slot_bytes = kernels::kv_slot_bytes(dtype, head_dim);
+  const auto cache_bytes = static_cast<std::size_t>(slots * slot_bytes);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  const std::int64_t pattern_slots = std::min(slots, kFillSlots);
+  std::vector<float> values(static_cast<std::size_t>(pattern_slots * head_dim));
+  for (float& x : values) x = dist(rng);
+  std::vector<std::uint8_t> pattern(static_cast<std::size_t>(pattern_slots * slot_bytes));
+  kernels::convert_rows(values.data(), kernels::DType::F32, pattern.data(), dtype, pattern_slots, head_dim);
+  std::vector<Layer> caches;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    caches.push_back({kernels::DeviceBuffer(be, cache_bytes), kernels::DeviceBuffer(be, cache_bytes)});
+    fill(be, caches.back().k.data(), cache_bytes, pattern);
+    fill(be, caches.back().v.data(), cache_bytes, pattern);
+  }
+  return caches;
+}
+
 void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, std::int64_t len, std::minstd_rand& rng) {
   const bool gpu = be.kind() != kernels::DeviceKind::Cpu;
   const std::int64_t slots = o.seqs * o.kv_heads * len, slot_bytes = kernels::kv_slot_bytes(dtype, o.head_dim);
@@ -80,18 +100,8 @@ void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, st
   const std::int64_t layers =
       gpu ? std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(kGpuCycleBytes / layer_bytes)), 2, kMaxLayers)
           : kCpuLayers;
+  std::vector<Layer> caches = random_caches(be, dtype, slots, o.head_dim, layers, rng);
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  const std::int64_t pattern_slots = std::min(slots, kFillSlots);
-  std::vector<float> values(static_cast<std::size_t>(pattern_slots * o.head_dim));
-  for (float& x : values) x = dist(rng);
-  std::vector<std::uint8_t> pattern(static_cast<std::size_t>(pattern_slots * slot_bytes));
-  kernels::convert_rows(values.data(), kernels::DType::F32, pattern.data(), dtype, pattern_slots, o.head_dim);
-  std::vector<Layer> caches;
-  for (std::int64_t l = 0; l < layers; ++l) {
-    caches.push_back({kernels::DeviceBuffer(be, cache_bytes), kernels::DeviceBuffer(be, cache_bytes)});
-    fill(be, caches.back().k.data(), cache_bytes, pattern);
-    fill(be, caches.back().v.data(), cache_bytes, pattern);
-  }
   std::vector<float> q(static_cast<std::size_t>(o.seqs * o.heads * o.head_dim));
   for (float& x : q) x = dist(rng);
   kernels::DeviceBuffer q_dev(be, q.size() * sizeof(float)), out(be, q.size() * sizeof(float));
@@ -137,18 +147,8 @@ void bench_chunk_case(kernels::Backend& be, const Options& o, kernels::DType dty
   const std::int64_t layers =
       gpu ? std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(kGpuCycleBytes / (2.0 * cache_bytes))), 2, kMaxLayers)
           : 1;
+  std::vector<Layer> caches = random_caches(be, dtype, slots, o.head_dim, layers, rng);
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  const std::int64_t pattern_slots = std::min(slots, kFillSlots);
-  std::vector<float> values(static_cast<std::size_t>(pattern_slots * o.head_dim));
-  for (float& x : values) x = dist(rng);
-  std::vector<std::uint8_t> pattern(static_cast<std::size_t>(pattern_slots * slot_bytes));
-  kernels::convert_rows(values.data(), kernels::DType::F32, pattern.data(), dtype, pattern_slots, o.head_dim);
-  std::vector<Layer> caches;
-  for (std::int64_t l = 0; l < layers; ++l) {
-    caches.push_back({kernels::DeviceBuffer(be, cache_bytes), kernels::DeviceBuffer(be, cache_bytes)});
-    fill(be, caches.back().k.data(), cache_bytes, pattern);
-    fill(be, caches.back().v.data(), cache_bytes, pattern);
-  }
   std::vector<float> q(static_cast<std::size_t>(queries * o.heads * o.head_dim));
   for (float& x : q) x = dist(rng);
   kernels::DeviceBuffer q_dev(be, q.size() * sizeof(float)), out(be, q.size() * sizeof(float));
