@@ -264,14 +264,21 @@ std::int32_t draw_from_head(const Row& row, Scratch& s, const sampling_vec::ExpS
 // when `z` is s.logits). Throws when the mask allows none of them.
 void apply_mask(const float* z, std::int64_t vocab, std::span<const std::uint32_t> allowed, std::size_t r, Scratch& s) {
   if (z != s.logits.data()) s.logits.assign(z, z + vocab);
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
   bool any = false;
   for (std::int64_t w = 0; w * 32 < vocab; ++w) {
-    const std::uint32_t bits = allowed[static_cast<std::size_t>(w)];
-    const std::int64_t end = std::min(vocab, (w + 1) * 32);
-    for (std::int64_t t = w * 32; t < end; ++t) {
-      if ((bits >> (t & 31)) & 1u) any = true;
-      else s.logits[static_cast<std::size_t>(t)] = -std::numeric_limits<float>::infinity();
+    const std::int64_t begin = w * 32, end = std::min(vocab, begin + 32);
+    const std::uint32_t in_vocab = end - begin == 32 ? ~0u : (1u << (end - begin)) - 1u;
+    const std::uint32_t bits = allowed[static_cast<std::size_t>(w)] & in_vocab;
+    float* row = s.logits.data();
+    if (bits == 0) {  // most words of a narrow mask: all 32 out
+      std::fill(row + begin, row + end, kMasked);
+      continue;
     }
+    any = true;
+    if (bits == in_vocab) continue;
+    for (std::int64_t t = begin; t < end; ++t)
+      if (!((bits >> (t & 31)) & 1u)) row[t] = kMasked;
   }
   if (!any)
     throw std::invalid_argument("sample: the allowed-token mask of row " + std::to_string(r) +

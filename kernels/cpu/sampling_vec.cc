@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "kernels/cpu/cpu_features.h"
@@ -68,9 +69,12 @@ __attribute__((target("avx2,fma"))) __m256d exp_avx2(__m256d x) {
 }
 
 // The lanes of a block the vector exp leaves out (below kLowest, or NaN): the reference's terms.
+// A -inf logit (a token a mask leaves out) is a term of exactly 0, which adds nothing.
 void add_reference_terms(const float* z, unsigned lanes_left_out, float mx, double temperature, ExpSum& s) {
   for (; lanes_left_out != 0; lanes_left_out &= lanes_left_out - 1) {
-    const double e = reference_term(z[__builtin_ctz(lanes_left_out)], mx, temperature);
+    const float zi = z[__builtin_ctz(lanes_left_out)];
+    if (zi == -std::numeric_limits<float>::infinity()) continue;
+    const double e = reference_term(zi, mx, temperature);
     s.total += e;
     s.positive += e > 0.0;
   }
