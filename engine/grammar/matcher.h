@@ -31,9 +31,9 @@ class CompiledGrammar {
   std::int32_t initial_state() const { return initial_; }
   // The state after `bytes`, or Automaton::kDead.
   std::int32_t advance(std::int32_t state, std::string_view bytes) const;
+  // Whether input may end in / continue from `state` (false for Automaton::kDead).
   bool accepts(std::int32_t state) const;
   bool continues(std::int32_t state) const;
-  // Whether input may end in / continue from `state` (false for Automaton::kDead).
   // The fewest bytes that complete the output from `state` (0 where it may end).
   std::int32_t distance(std::int32_t state) const;
   // fill_mask: the tokens allowed in `state` (bit set = allowed), stop tokens included when it

@@ -173,15 +173,14 @@ void Engine::finish_block(Flight& f) {
   f.block.reset();
   if (o_.progress) fmt::print(stderr, "\r\033[K");
   Job& j = *job_;
-  if (!f.continuous) {
-    j.finished(f.at, r);
-    j.outcome.finished_requests += f.at.size();
-  }
   j.outcome.total.add(r);
-  if (f.continuous)
+  if (f.continuous) {  // each request was handed on as it ended
     add_timings(j.outcome, j.requests, r, 0.0);
-  else
-    add_timings(j.outcome, f.these, r, f.begun_at);
+    return;
+  }
+  j.finished(f.at, r);
+  j.outcome.finished_requests += f.at.size();
+  add_timings(j.outcome, f.these, r, f.begun_at);
 }
 
 bool Engine::stop_now() { return job_->feed.stop ? job_->feed.stop() : stop_requested(); }

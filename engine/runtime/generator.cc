@@ -277,22 +277,23 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   // A forced sequence runs until its forced tokens are used up, whatever it samples.
   const bool forcing = b < req_.forced.size() && index < static_cast<std::int64_t>(req_.forced[b].size());
   bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
-  if (b < constraint_.size() && constraint_[b]) {
-    if (!constraint_[b]->accept(token, new_tokens_limit(req_, b) - index))
+  const std::int64_t limit = new_tokens_limit(req_, b);
+  TokenConstraint* constraint = b < constraint_.size() ? constraint_[b].get() : nullptr;
+  if (constraint) {
+    if (!constraint->accept(token, limit - index))
       throw std::logic_error("sequence " + std::to_string(b) + " drew token " + std::to_string(token) +
                              ", which its constraint does not allow");
-    stop = stop || constraint_[b]->finished();
+    stop = stop || constraint->finished();
   }
   if (forcing) token = req_.forced[b][static_cast<std::size_t>(index)];
   history_[b].push_back(token);  // the inputs, for penalties
   history_view_[b] = history_[b];
   ++generated_[b];
-  const std::int64_t limit = new_tokens_limit(req_, b);
   if (!stop && static_cast<std::int64_t>(tokens.size()) < limit) {
-    if (b < constraint_.size() && constraint_[b]) constraint_[b]->prepare(limit - generated(b));
+    if (constraint) constraint->prepare(limit - generated(b));
     return false;
   }
-  const bool closed_by_limit = b < constraint_.size() && constraint_[b] && constraint_[b]->closed_by_limit();
+  const bool closed_by_limit = constraint && constraint->closed_by_limit();
   res_.finish_reasons[b] = stop && !closed_by_limit ? FinishReason::Stop : FinishReason::Length;
   done_[b] = true;
   --active_;
