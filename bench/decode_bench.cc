@@ -20,7 +20,7 @@ void measure(const engine::ModelOptions& opt, std::int64_t batch, std::int64_t p
   const auto w = engine::load_weights(m.config, *m.weights);
   engine::Generator gen(*be, m.config, w);
   engine::GenerationRequest req;
-  req.prompts = engine::synthetic_prompts(batch, prompt_len, m.config.vocab_size);
+  req.sequences = engine::sequences_of(engine::synthetic_prompts(batch, prompt_len, m.config.vocab_size));
   req.max_new_tokens = gen_len;
   gen.generate(req);  // warm-up: thread pools, page faults
   const auto r = gen.generate(req);

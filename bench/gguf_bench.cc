@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
       auto be = kernels::make_cpu_backend();
       const auto w = engine::load_weights(cfg, ckpt);
       engine::GenerationRequest req;
-      req.prompts = engine::synthetic_prompts(batch, prompt_len, cfg.vocab_size);
+      req.sequences = engine::sequences_of(engine::synthetic_prompts(batch, prompt_len, cfg.vocab_size));
       req.max_new_tokens = gen_len;
       engine::Generator(*be, cfg, w).generate(req);
     });
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
       const engine::ModelConfig cfg = config_of(*ckpt, v);
       engine::Generator gen(*be, cfg, w);
       engine::GenerationRequest req;
-      req.prompts = engine::synthetic_prompts(batch, prompt_len, cfg.vocab_size);
+      req.sequences = engine::sequences_of(engine::synthetic_prompts(batch, prompt_len, cfg.vocab_size));
       req.max_new_tokens = gen_len;
       const auto res = gen.generate(req);
       if (r == 0) {

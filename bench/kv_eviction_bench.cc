@@ -26,7 +26,7 @@ constexpr std::int64_t kPrompt = 512, kGen = 32;
 
 engine::GenerationRequest request(const engine::ModelConfig& cfg, std::int64_t batch, std::int64_t gen) {
   engine::GenerationRequest req;
-  req.prompts = engine::synthetic_prompts(batch, kPrompt, cfg.vocab_size);
+  req.sequences = engine::sequences_of(engine::synthetic_prompts(batch, kPrompt, cfg.vocab_size));
   req.max_new_tokens = gen;
   return req;
 }

@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
     runs.push_back(std::make_unique<SchedulerRun>(m, p));
   }
   engine::GenerationRequest req;
-  req.prompts = engine::synthetic_prompts(gbs, prompt_len, m.config.vocab_size);
+  req.sequences = engine::sequences_of(engine::synthetic_prompts(gbs, prompt_len, m.config.vocab_size));
   req.max_new_tokens = gen_len;
   for (auto& r : runs) r->sched.generate(req);  // warm-up
   std::vector<std::vector<double>> tok_s(runs.size());

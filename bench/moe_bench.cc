@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
       slots.push_back(std::to_string(n) + (v.slots == 0 ? " (block)" : ""));
     }
     engine::GenerationRequest req;
-    req.prompts = engine::synthetic_prompts(gbs * K, prompt_len, cfg.vocab_size);
+    req.sequences = engine::sequences_of(engine::synthetic_prompts(gbs * K, prompt_len, cfg.vocab_size));
     req.max_new_tokens = gen_len;
     for (auto& r : runners) r->sched.generate(req);  // warm-up: thread pools, page faults
     // Each repetition starts with the next variant, so no variant always runs first or last.

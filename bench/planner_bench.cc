@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     r.est = policy::estimate(shape, hw, w, p);
     r.tiers = std::make_unique<offload::Tiers>(*be, offload::TierOptions{});
     r.sched = std::make_unique<engine::BlockScheduler>(*be, *r.tiers, m.config, *m.weights, p);
-    r.req.prompts = engine::synthetic_prompts(p.block_size(), prompt, m.config.vocab_size);
+    r.req.sequences = engine::sequences_of(engine::synthetic_prompts(p.block_size(), prompt, m.config.vocab_size));
     r.req.max_new_tokens = gen;
     r.sched->generate(r.req);  // warm-up
   }

@@ -63,10 +63,11 @@ int main(int argc, char** argv) {
   const auto w = engine::load_weights(m.config, *m.weights);
   engine::Generator gen(*be, m.config, w);
   engine::GenerationRequest greedy;
-  greedy.prompts = engine::synthetic_prompts(kInFlight, 16, m.config.vocab_size);
+  greedy.sequences = engine::sequences_of(engine::synthetic_prompts(kInFlight, 16, m.config.vocab_size));
   greedy.max_new_tokens = gen_len;
   engine::GenerationRequest sampled = greedy;
-  sampled.sampling_each = mixed_sampling(kInFlight, m.config.vocab_size);
+  const auto mixed = mixed_sampling(kInFlight, m.config.vocab_size);
+  for (std::size_t b = 0; b < mixed.size(); ++b) sampled.sequences[b].sampling = mixed[b];
   std::int64_t tokens[2] = {0, 0};
   const std::function<void()> variants[2] = {[&] { tokens[0] = gen.generate(greedy).generated_tokens; },
                                              [&] { tokens[1] = gen.generate(sampled).generated_tokens; }};

@@ -47,7 +47,7 @@ Measured run_once(Runner& run, std::int64_t prompt_len, std::int64_t gen_len) {
   const auto& cfg = run.model.config;
   const auto& policy = run.variant.policy;
   engine::GenerationRequest req;
-  req.prompts = engine::synthetic_prompts(policy.block_size(), prompt_len, cfg.vocab_size);
+  req.sequences = engine::sequences_of(engine::synthetic_prompts(policy.block_size(), prompt_len, cfg.vocab_size));
   req.max_new_tokens = gen_len;
   const double start = run.trace.now();
   const auto r = run.sched.generate(req);

@@ -209,7 +209,8 @@ int bench_command(const BenchOptions& o) {
             .dtype;
     engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, r.policy);
     engine::GenerationRequest req;
-    req.prompts = engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size);
+    req.sequences =
+        engine::sequences_of(engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size));
     req.max_new_tokens = o.gen_len;
     r.result = sched.generate(req);
     r.prefill_tput = r.result.prefill_throughput();

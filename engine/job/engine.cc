@@ -74,16 +74,17 @@ engine::GenerationRequest Engine::block_request(std::span<const Request> request
   req.max_new_tokens = 0;
   req.share_prefixes = o_.share_prefixes;
   req.cuda_graphs = o_.cuda_graphs;
+  const auto constraints = request_constraints(requests, o_.constraints);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const Request& r = requests[i];
-    if (o_.share_prefill) req.shares_prompt.push_back(shares_prompt_of_previous(requests, i));
-    req.prompts.push_back(r.prompt);
-    req.sampling_each.push_back(r.sampling);
-    req.streams.push_back(r.stream);
-    req.max_new_tokens_each.push_back(r.max_tokens);
+    req.sequences.push_back({.prompt = r.prompt,
+                             .max_new_tokens = r.max_tokens,
+                             .sampling = r.sampling,
+                             .stream = r.stream,
+                             .shares_prompt = o_.share_prefill && shares_prompt_of_previous(requests, i),
+                             .constraint = constraints.empty() ? nullptr : constraints[i]});
     req.max_new_tokens = std::max(req.max_new_tokens, r.max_tokens);
   }
-  req.constraints = request_constraints(requests, o_.constraints);
   return req;
 }
 

@@ -56,7 +56,7 @@ bool stop_string_ends(const StopStringSeen& seen, const Request& r, std::span<co
 bool shares_prompt_of_previous(std::span<const Request> requests, std::size_t i);
 
 // Each request's constraint in its start state (null: none), compiled by `constraints`; empty
-// when no request has one (GenerationRequest::constraints).
+// when no request has one (Sequence::constraint).
 std::vector<std::shared_ptr<const engine::TokenConstraint>> request_constraints(std::span<const Request> requests,
                                                                                JobConstraints* constraints);
 
@@ -65,7 +65,7 @@ struct EngineOptions {
   offload::TierOptions tiers;  // capacities and the disk tier's directory (pin_host: the policy's pin_weight)
   bool continuous = true;      // continuous batching, else fixed blocks
   std::int64_t prefill_budget = policy::kHostPrefillBudget;  // continuous: prompt tokens a GPU batch's step prefills
-  // A request's n choices share one prefill (GenerationRequest::shares_prompt); false: each
+  // A request's n choices share one prefill (Sequence::shares_prompt); false: each
   // prefills its own (the ablation).
   bool share_prefill = true;
   // Continuous batching: prompts take the KV of a prefix a slot's cache holds

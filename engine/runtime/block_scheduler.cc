@@ -77,7 +77,7 @@ bool BlockScheduler::holds_input() const { return units_.units.front().first; }
 BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   BlockPtr blk(new Block(be_, cfg_, req));
   const bool continuous = req.slots > 0;
-  const std::int64_t prompts = static_cast<std::int64_t>(req.prompts.size());
+  const std::int64_t prompts = static_cast<std::int64_t>(req.sequences.size());
   const std::int64_t B = continuous ? std::min(req.slots, prompts) : prompts;
   const std::string block = "gpu_batch_size x num_gpu_batches = " + std::to_string(policy_.block_size());
   if (!continuous && B > policy_.block_size())
@@ -88,7 +88,7 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   if (continuous && req.on_logits)
     throw std::invalid_argument("on_logits needs a fixed block; under continuous batching use on_sequence_logits");
   if (continuous && req.prefill_budget < 1) throw std::invalid_argument("the prefill token budget must be at least 1");
-  if (!req.shares_prompt.empty() && req.on_logits)
+  if (req.on_logits && std::ranges::any_of(req.sequences, &Sequence::shares_prompt))
     throw std::invalid_argument("on_logits needs each prompt prefilled on its own (no shares_prompt)");
   if (B == 0) return blk;
   staging_->forget();
@@ -126,13 +126,14 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
 
 std::int64_t BlockScheduler::continuous_capacity(const GenerationRequest& req) const {
   std::int64_t most = 0;
-  for (std::size_t b = 0; b < req.prompts.size(); ++b) most = std::max(most, sequence_tokens(req, b));
+  for (std::size_t b = 0; b < req.sequences.size(); ++b) most = std::max(most, sequence_tokens(req, b));
   return most;
 }
 
 std::int64_t BlockScheduler::continuous_rows(const GenerationRequest& req, std::int64_t slots) const {
   std::int64_t longest = 0;
-  for (const auto& p : req.prompts) longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.size()));
+  for (const Sequence& s : req.sequences)
+    longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(s.prompt.size()));
   // The other slots decode while newcomers prefill up to the budget (or one longer prompt).
   std::int64_t rows = slots - 1 + std::max(req.prefill_budget, longest);
   // Phi-3 re-prefills a sequence whole when it outgrows the original context.
@@ -153,7 +154,8 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
   st.capacity = kv ? 0 : longest;
   if (kv) check_kv_policy_fits(cfg_, longest);
   std::vector<std::int64_t> all_totals;
-  for (std::size_t b = 0; continuous && kv && b < req.prompts.size(); ++b) all_totals.push_back(sequence_tokens(req, b));
+  for (std::size_t b = 0; continuous && kv && b < req.sequences.size(); ++b)
+    all_totals.push_back(sequence_tokens(req, b));
   for (std::int64_t s0 = 0; continuous && kv && s0 < B; s0 += gbs) {
     const std::int64_t n = std::min(gbs, B - s0);
     evictions.push_back(make_kv_eviction_slots(be_, *kv, cfg_, n, all_totals, continuous_rows(req, n)));
@@ -164,7 +166,7 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
     std::int64_t rows = 0;
     for (std::int64_t s = s0; s < std::min(B, s0 + gbs); ++s) {
       total.push_back(sequence_tokens(req, static_cast<std::size_t>(s)));
-      rows += static_cast<std::int64_t>(req.prompts[s].size());
+      rows += static_cast<std::int64_t>(req.sequences[static_cast<std::size_t>(s)].prompt.size());
     }
     evictions.push_back(make_kv_eviction(be_, *kv, cfg_, total, rows));
     for (const auto& e : evictions.back()) st.capacity = std::max(st.capacity, e->capacity());
@@ -177,9 +179,9 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
     if (kv) b.eviction = std::move(evictions[static_cast<std::size_t>(s0 / gbs)]);
     b.first_sequence = s0;
     b.n = std::min(gbs, B - s0);
-    const auto prompts = std::span(req.prompts).subspan(static_cast<std::size_t>(s0), static_cast<std::size_t>(b.n));
+    const auto seqs = std::span(req.sequences).subspan(static_cast<std::size_t>(s0), static_cast<std::size_t>(b.n));
     const std::int64_t rows = continuous ? continuous_rows(req, b.n)
-                                         : std::max(rows_for_batch(cfg_, prompts, req.max_new_tokens), b.n);
+                                         : std::max(rows_for_batch(cfg_, prompts_of(seqs), req.max_new_tokens), b.n);
     const std::string tag = " of batch " + std::to_string(st.batches.size());
     b.hidden = std::make_unique<TieredTensor>(tiers_, "hidden states" + tag, kernels::DType::F32, rows, cfg_.hidden,
                                               policy_.activations);

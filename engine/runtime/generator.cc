@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <numeric>
 #include <stdexcept>
 
 namespace flexh2o::engine {
@@ -127,52 +126,56 @@ GenerationResult GenerationResult::sequence(std::size_t b) const {
 }
 
 std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b) {
-  return req.max_new_tokens_each.empty() ? req.max_new_tokens : req.max_new_tokens_each[b];
+  return req.sequences[b].max_new_tokens.value_or(req.max_new_tokens);
+}
+
+const kernels::SamplingParams& sampling_of(const GenerationRequest& req, std::size_t b) {
+  const auto& own = req.sequences[b].sampling;
+  return own ? *own : req.sampling;
 }
 
 std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
-  return static_cast<std::int64_t>(req.prompts[b].size()) +
-         (b < req.forced.size() ? static_cast<std::int64_t>(req.forced[b].size()) : new_tokens_limit(req, b));
+  const Sequence& s = req.sequences[b];
+  return static_cast<std::int64_t>(s.prompt.size()) +
+         (s.forced.empty() ? new_tokens_limit(req, b) : static_cast<std::int64_t>(s.forced.size()));
 }
 
+namespace {
+
+// Each sequence's own limit within [1, the request's], then each prompt with its limit
+// against the model's positions.
+void check_limits(const ModelConfig& cfg, const GenerationRequest& req) {
+  for (const Sequence& s : req.sequences)
+    if (s.max_new_tokens && (*s.max_new_tokens < 1 || *s.max_new_tokens > req.max_new_tokens))
+      throw std::invalid_argument("a prompt's new tokens limit " + std::to_string(*s.max_new_tokens) +
+                                  " is outside [1, " + std::to_string(req.max_new_tokens) + "]");
+  check_prompts(cfg, {}, req.max_new_tokens);  // the request's limit is at least 1
+  for (std::size_t b = 0; b < req.sequences.size(); ++b)
+    check_prompts(cfg, std::span(&req.sequences[b].prompt, 1), new_tokens_limit(req, b),
+                  std::vector<std::string>{std::to_string(b)});
+}
+
+}  // namespace
+
 GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req)
-    : be_(be), cfg_(cfg), req_(req), streams_(req.streams), start_(now_seconds()), t0_(start_) {
-  const std::size_t B = req.prompts.size();
-  if (req.max_new_tokens_each.empty()) check_prompts(cfg, req.prompts, req.max_new_tokens);
-  if (!req.max_new_tokens_each.empty()) {
-    if (req.max_new_tokens_each.size() != B)
-      throw std::invalid_argument("a request needs one new tokens limit per prompt: " + std::to_string(B) +
-                                  " prompts, " + std::to_string(req.max_new_tokens_each.size()) + " limits");
-    for (const std::int64_t n : req.max_new_tokens_each)
-      if (n < 1 || n > req.max_new_tokens)
-        throw std::invalid_argument("a prompt's new tokens limit " + std::to_string(n) + " is outside [1, " +
-                                    std::to_string(req.max_new_tokens) + "]");
-    for (std::size_t b = 0; b < B; ++b)  // each prompt with its own limit against the positions
-      check_prompts(cfg, std::span(req.prompts).subspan(b, 1), req.max_new_tokens_each[b],
-                    std::vector<std::string>{std::to_string(b)});
+    : be_(be), cfg_(cfg), req_(req), start_(now_seconds()), t0_(start_) {
+  const std::size_t B = req.sequences.size();
+  check_limits(cfg, req);
+  for (std::size_t b = 0; b < B; ++b) {
+    streams_.push_back(req.sequences[b].stream.value_or(b));
+    sampling_.push_back(sampling_of(req, b));
   }
-  if (!streams_.empty() && streams_.size() != B)
-    throw std::invalid_argument("a request needs one sampling stream per prompt: " + std::to_string(B) +
-                                " prompts, " + std::to_string(streams_.size()) + " streams");
-  if (streams_.empty()) {
-    streams_.resize(B);
-    std::iota(streams_.begin(), streams_.end(), 0);
-  }
-  if (!req.sampling_each.empty() && req.sampling_each.size() != B)
-    throw std::invalid_argument("a request needs one sampling setting per prompt: " + std::to_string(B) +
-                                " prompts, " + std::to_string(req.sampling_each.size()) + " settings");
-  sampling_ = req.sampling_each.empty() ? std::vector(B, req.sampling) : req.sampling_each;
   for (const auto& p : sampling_) {
     kernels::check_sampling_params(p, cfg.vocab_size);
     logprobs_ = logprobs_ || p.logprobs >= 0;
   }
-  for (const auto& p : req.prompts) {
-    max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(p.size()));
-    res_.prompt_tokens += static_cast<std::int64_t>(p.size());
+  for (const Sequence& s : req.sequences) {
+    max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(s.prompt.size()));
+    res_.prompt_tokens += static_cast<std::int64_t>(s.prompt.size());
   }
   res_.prompt_tokens_computed = res_.prompt_tokens;
   check_shared_prompts(req);
-  history_ = req.prompts;
+  history_ = prompts_of(req.sequences);
   history_view_.assign(history_.begin(), history_.end());
   generated_.assign(B, 0);
   if (logprobs_) {
@@ -192,16 +195,13 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
 }
 
 void GenerationLog::start_constraints(const GenerationRequest& req) {
-  if (req.constraints.empty()) return;
-  const std::size_t B = req.prompts.size();
-  if (req.constraints.size() != B)
-    throw std::invalid_argument("a request needs one constraint (or none) per prompt: " + std::to_string(B) +
-                                " prompts, " + std::to_string(req.constraints.size()) + " constraints");
+  const std::size_t B = req.sequences.size();
   constraint_.resize(B);
   for (std::size_t b = 0; b < B; ++b) {
-    if (!req.constraints[b]) continue;
-    if (b < req.forced.size()) throw std::invalid_argument("a constrained sequence cannot be forced");
-    constraint_[b] = req.constraints[b]->clone();
+    const Sequence& s = req.sequences[b];
+    if (!s.constraint) continue;
+    if (!s.forced.empty()) throw std::invalid_argument("a constrained sequence cannot be forced");
+    constraint_[b] = s.constraint->clone();
     constraint_[b]->prepare(new_tokens_limit(req, b));
   }
 }
@@ -209,7 +209,7 @@ void GenerationLog::start_constraints(const GenerationRequest& req) {
 // Rows of unconstrained or finished sequences allow everything (a fixed block samples the
 // latter and drops their tokens).
 std::span<const std::uint32_t> GenerationLog::fill_allowed(std::size_t first, std::size_t n) {
-  const auto constrained = [&](std::size_t b) { return b < constraint_.size() && constraint_[b] && !done_[b]; };
+  const auto constrained = [&](std::size_t b) { return constraint_[b] && !done_[b]; };
   bool any = false;
   for (std::size_t b = first; b < first + n; ++b) any = any || constrained(b);
   if (!any) return {};
@@ -258,8 +258,10 @@ void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
     std::int32_t token = next[b];
     record_token(b, token);
   }
-  for (std::size_t b = 0; b < std::min(done_.size(), req_.forced.size()); ++b)
-    if (step < static_cast<std::int64_t>(req_.forced[b].size())) next[b] = req_.forced[b][step];
+  for (std::size_t b = 0; b < done_.size(); ++b) {
+    const auto& forced = req_.sequences[b].forced;
+    if (step < static_cast<std::int64_t>(forced.size())) next[b] = forced[static_cast<std::size_t>(step)];
+  }
   end_step(step, static_cast<std::int64_t>(done_.size()), step == 0);  // finished sequences are computed too
 }
 
@@ -275,17 +277,18 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
     top_logprobs_[b].clear();
   }
   // A forced sequence runs until its forced tokens are used up, whatever it samples.
-  const bool forcing = b < req_.forced.size() && index < static_cast<std::int64_t>(req_.forced[b].size());
+  const auto& forced = req_.sequences[b].forced;
+  const bool forcing = index < static_cast<std::int64_t>(forced.size());
   bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
   const std::int64_t limit = new_tokens_limit(req_, b);
-  TokenConstraint* constraint = b < constraint_.size() ? constraint_[b].get() : nullptr;
+  TokenConstraint* constraint = constraint_[b].get();
   if (constraint) {
     if (!constraint->accept(token, limit - index))
       throw std::logic_error("sequence " + std::to_string(b) + " drew token " + std::to_string(token) +
                              ", which its constraint does not allow");
     stop = stop || constraint->finished();
   }
-  if (forcing) token = req_.forced[b][static_cast<std::size_t>(index)];
+  if (forcing) token = forced[static_cast<std::size_t>(index)];
   history_[b].push_back(token);  // the inputs, for penalties
   history_view_[b] = history_[b];
   ++generated_[b];
@@ -307,16 +310,16 @@ void GenerationLog::drop(std::size_t b) {
   done_[b] = true;
   --active_;
   --res_.sequences;
-  res_.prompt_tokens -= static_cast<std::int64_t>(req_.prompts[b].size());
-  res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.prompts[b].size());
+  res_.prompt_tokens -= static_cast<std::int64_t>(req_.sequences[b].prompt.size());
+  res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.sequences[b].prompt.size());
 }
 
 void GenerationLog::share_prefill(std::size_t b) {
-  res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.prompts[b].size());
+  res_.prompt_tokens_computed -= static_cast<std::int64_t>(req_.sequences[b].prompt.size());
 }
 
 void GenerationLog::share_prefix(std::size_t b, std::int64_t tokens) {
-  if (tokens <= 0 || tokens >= static_cast<std::int64_t>(req_.prompts[b].size()))
+  if (tokens <= 0 || tokens >= static_cast<std::int64_t>(req_.sequences[b].prompt.size()))
     throw std::logic_error("a shared prefix leaves at least one of the prompt's tokens to compute");
   res_.prompt_tokens_computed -= tokens;
   ++res_.prefix_hits;
@@ -346,8 +349,9 @@ GenerationResult GenerationLog::finish() {
 
 GenerationResult Generator::generate(const GenerationRequest& req) {
   GenerationLog log(be_, cfg_, req);
-  const std::int64_t B = static_cast<std::int64_t>(req.prompts.size());
+  const std::int64_t B = static_cast<std::int64_t>(req.sequences.size());
   if (B == 0) return log.finish();
+  const std::vector<std::vector<std::int32_t>> prompts = prompts_of(req.sequences);
 
   const std::int64_t prompt_tokens = log.prompt_tokens();
   std::int64_t capacity = log.max_prompt() + req.max_new_tokens;
@@ -355,7 +359,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
   if (req.kv) {
     check_kv_policy_fits(cfg_, log.max_prompt() + req.max_new_tokens);
     std::vector<std::int64_t> total;
-    for (std::size_t b = 0; b < req.prompts.size(); ++b) total.push_back(sequence_tokens(req, b));
+    for (std::size_t b = 0; b < req.sequences.size(); ++b) total.push_back(sequence_tokens(req, b));
     eviction = make_kv_eviction(be_, *req.kv, cfg_, total, prompt_tokens);
     capacity = 0;
     for (const auto& e : eviction) capacity = std::max(capacity, e->capacity());
@@ -365,7 +369,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     caches.emplace_back(be_, cfg_, B, capacity, cache_dtype_);
     if (req.kv) caches.back().view.eviction = eviction[static_cast<std::size_t>(l)].get();
   }
-  const std::int64_t rows = rows_for_batch(cfg_, req.prompts, req.max_new_tokens);
+  const std::int64_t rows = rows_for_batch(cfg_, prompts, req.max_new_tokens);
   Activations act(be_, cfg_, rows, B);
   kernels::DeviceBuffer hidden(be_, static_cast<std::size_t>(rows * cfg_.hidden) * sizeof(float));
   act.hidden = hidden.as<float>();
@@ -389,10 +393,10 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     log.record(step, next);
   };
 
-  StepBatch s = StepBatch::make_prefill(req.prompts);
+  StepBatch s = StepBatch::make_prefill(prompts);
   run_step(s, 0);
   // Every sequence's tokens so far, for a re-prefill (rope_reprefills).
-  std::vector<std::vector<std::int32_t>> history = req.prompts;
+  std::vector<std::vector<std::int32_t>> history = prompts;
   for (std::int64_t step = 1; log.active(); ++step) {
     for (std::int64_t b = 0; b < B; ++b) history[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
     // Finished sequences keep their slot in the batch (its shape is fixed); their tokens are dropped.

@@ -11,6 +11,7 @@
 
 #include "engine/model/layers.h"
 #include "engine/model/weights.h"
+#include "engine/runtime/sequence.h"
 #include "engine/runtime/token_constraint.h"
 #include "kernels/backend.h"
 #include "policy/eviction/kv_policy.h"
@@ -21,16 +22,10 @@ namespace flexh2o::engine {
 struct GenerationResult;
 
 struct GenerationRequest {
-  std::vector<std::vector<std::int32_t>> prompts;  // each non-empty
+  std::vector<Sequence> sequences;  // in order: sequence b is sequences[b]
+  // The most new tokens of any sequence: its default limit, and what sizes the cache and activations.
   std::int64_t max_new_tokens = policy::kDefaultGenLen;
-  // Per prompt, when given: its own limit (at most max_new_tokens, which then sizes the cache
-  // and activations). A sequence stops at its limit or a stop id, as it would alone.
-  std::vector<std::int64_t> max_new_tokens_each;
-  kernels::SamplingParams sampling;
-  // Per prompt, when given: its own sampling (else `sampling` for every prompt). A sequence's
-  // tokens depend only on its prompt, sampling and stream, not on the batch it runs in.
-  std::vector<kernels::SamplingParams> sampling_each;
-  std::vector<std::uint64_t> streams;  // per prompt sampling stream (default: its index)
+  kernels::SamplingParams sampling;  // of every sequence that sets none
   // Called after each new token of sequence b with all its generated tokens; returning true
   // ends the sequence there (finish reason stop): stop strings, which need the tokenizer.
   std::function<bool(std::size_t b, std::span<const std::int32_t> generated)> stop_here;
@@ -40,44 +35,36 @@ struct GenerationRequest {
   // Called after every step (0 is the prefill) with the number of steps the request can take;
   // progress reports, and cancellation by throwing.
   std::function<void(std::int64_t step, std::int64_t max_steps)> on_step;
-  // KV eviction (null: the full cache). The budget of a sequence is taken of its prompt +
-  // max_new_tokens (+ its forced tokens instead, when forced).
+  // KV eviction (null: the full cache). The budget of a sequence is taken of its prompt + its
+  // new tokens limit (+ its forced tokens instead, when forced).
   const policy::KvPolicy* kv = nullptr;
-  // Teacher forcing (evaluation): when given, the input after step i of sequence b is
-  // forced[b][i] instead of the sampled token, while forced[b] lasts.
-  std::vector<std::vector<std::int32_t>> forced;
   // Called when sequence b has ended (in the order sequences end), with the result so far, in
   // which sequence b's tokens, finish reason and log-probabilities are final.
   std::function<void(std::size_t b, const GenerationResult& so_far)> on_finished;
 
-  // Continuous batching (BlockScheduler only), when slots > 0: the prompts are a queue served
-  // by this many slots (at most the policy's block size). A sequence that ends frees its slot;
-  // at the next step the next prompt takes it and is prefilled beside the other slots' decode
-  // rows. Each sequence samples with its own token index as the step, so its tokens do not
-  // depend on which others share a step. 0: a fixed block, every prompt in from the start.
+  // Continuous batching (BlockScheduler only), when slots > 0: the sequences are a queue
+  // served by this many slots (at most the policy's block size). A sequence that ends frees its
+  // slot; at the next step the next one takes it and its prompt is prefilled beside the other
+  // slots' decode rows. Each sequence samples with its own token index as the step, so its tokens do not
+  // depend on which others share a step. 0: a fixed block, every sequence in from the start.
   std::int64_t slots = 0;
   // Continuous batching: the most prompt tokens one GPU batch's step prefills for newcomers, so
   // that a long prompt does not stall the decode rows (a step with no newcomer yet takes one
   // whatever its length).
   std::int64_t prefill_budget = 512;
-  // Continuous batching: polled before prompts take free slots; once true, no waiting prompt
+  // Continuous batching: polled before sequences take free slots; once true, no waiting one
   // is admitted any more (they end without tokens) and the run ends as the slots empty.
   std::function<bool()> stop_admitting;
-  // Continuous batching: which waiting prompt a free slot takes, asked with the first one not
-  // yet taken or passed (`from`) and whether no slot is running (`idle`: the answer may then
-  // wait, and must come). Returns `from` or a later prompt (those passed are not this run's:
+  // Continuous batching: which waiting sequence a free slot takes, asked with the first one
+  // not yet taken or passed (`from`) and whether no slot is running (`idle`: the answer may
+  // then wait, and must come). Returns `from` or a later one (those passed are not this run's:
   // data-parallel ranks share a job's queue; they end without tokens, as dropped),
-  // prompts.size() for none left, or nullopt for none yet (the slot idles this step).
-  // Null: the prompts in order.
+  // sequences.size() for none left, or nullopt for none yet (the slot idles this step).
+  // Null: the sequences in order.
   std::function<std::optional<std::size_t>(std::size_t from, bool idle)> next_prompt;
   // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
   // `index` of sequence b (on_logits needs a fixed block).
   std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;
-  // n samples of one prompt (BlockScheduler only; Generator prefills each): shares_prompt[b]
-  // says prompt b is prompt b - 1 with the same new tokens limit. Such a run of prompts is
-  // prefilled once and the other sequences fork that slot (engine/runtime/prefill_fork.h);
-  // each still samples its own tokens, those its own prefill would give. Empty: none share.
-  std::vector<bool> shares_prompt;
   // Continuous batching (BlockScheduler only): a newcomer whose prompt begins with tokens a
   // slot's cache row holds (another request's prompt or its own slot's last request) copies
   // that row's KV of the longest such prefix of at least min_shared_prefix tokens and computes
@@ -89,11 +76,6 @@ struct GenerationRequest {
   // dense, no KV eviction) run as CUDA graphs (docs/backends.md, "CUDA graphs"); the tokens
   // and logits are the same either way. No effect on the CPU.
   bool cuda_graphs = false;
-  // Constrained decoding: per prompt (or empty: none), null or the constraint in its start
-  // state; each sequence walks its own copy. A sequence samples only the tokens it allows and
-  // ends (finish reason stop) when it is finished; its limit may still end it first (length).
-  // Not with forced tokens.
-  std::vector<std::shared_ptr<const TokenConstraint>> constraints;
 };
 
 // Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
@@ -143,6 +125,8 @@ struct GenerationResult {
 
 // The new tokens sequence b may generate: its own limit, else the request's.
 std::int64_t new_tokens_limit(const GenerationRequest& req, std::size_t b);
+// Sequence b's sampling: its own, else the request's.
+const kernels::SamplingParams& sampling_of(const GenerationRequest& req, std::size_t b);
 // Tokens sequence b of a request holds at most: its prompt plus its forced tokens when forced,
 // else plus its new tokens limit. A KV eviction budget is a fraction of this.
 std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
@@ -151,9 +135,10 @@ std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
 // end, force and time sequences identically.
 class GenerationLog {
  public:
-  // Checks the request (prompts, streams, sampling) and starts the prefill clock.
+  // Checks the request (prompts, limits, sampling, shared prefills, constraints) and starts the
+  // prefill clock.
   GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req);
-  // The sampling stream of every prompt: req.streams, or the prompt's index.
+  // The sampling stream of every sequence: its own, or its index.
   const std::vector<std::uint64_t>& streams() const { return streams_; }
   // The sampler's arguments for sequences [first, first + out.size()) of the current step,
   // whose logits are `logits` ([rows, vocab] on the device): their sampling, streams, new-token

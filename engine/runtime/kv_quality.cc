@@ -100,8 +100,8 @@ std::vector<KvQuality> evaluate_variants(Generator& reference, const std::vector
       if (chunks[c].size() < 2) throw std::invalid_argument("evaluation chunks need at least 2 tokens");
       const auto n = static_cast<std::int64_t>(chunks[c].size());
       prompt.push_back(static_cast<std::size_t>(split.prompt_tokens(n)));
-      req.prompts.emplace_back(chunks[c].begin(), chunks[c].begin() + static_cast<std::ptrdiff_t>(prompt.back()));
-      req.forced.emplace_back(chunks[c].begin() + static_cast<std::ptrdiff_t>(prompt.back()), chunks[c].end());
+      const auto split_at = chunks[c].begin() + static_cast<std::ptrdiff_t>(prompt.back());
+      req.sequences.push_back({.prompt = {chunks[c].begin(), split_at}, .forced = {split_at, chunks[c].end()}});
       longest = std::max<std::int64_t>(longest, n - static_cast<std::int64_t>(prompt.back()));
     }
     req.max_new_tokens = longest;

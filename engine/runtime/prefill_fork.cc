@@ -6,14 +6,11 @@
 namespace flexh2o::engine {
 
 void check_shared_prompts(const GenerationRequest& req) {
-  const auto& shares = req.shares_prompt;
-  if (shares.empty()) return;
-  if (shares.size() != req.prompts.size())
-    throw std::invalid_argument("a request marks shared prompts for " + std::to_string(shares.size()) + " of its " +
-                                std::to_string(req.prompts.size()) + " prompts");
-  if (!req.prompts.empty() && shares[0]) throw std::invalid_argument("prompt 0 has no prompt before it to share");
-  for (std::size_t b = 1; b < shares.size(); ++b)
-    if (shares[b] && (req.prompts[b] != req.prompts[b - 1] || new_tokens_limit(req, b) != new_tokens_limit(req, b - 1)))
+  const auto& seqs = req.sequences;
+  if (!seqs.empty() && seqs[0].shares_prompt) throw std::invalid_argument("prompt 0 has no prompt before it to share");
+  for (std::size_t b = 1; b < seqs.size(); ++b)
+    if (seqs[b].shares_prompt &&
+        (seqs[b].prompt != seqs[b - 1].prompt || new_tokens_limit(req, b) != new_tokens_limit(req, b - 1)))
       throw std::invalid_argument("prompt " + std::to_string(b) +
                                   " shares the prefill of the one before it but differs from it in its tokens or "
                                   "its new tokens limit");
@@ -21,7 +18,7 @@ void check_shared_prompts(const GenerationRequest& req) {
 
 std::int64_t shared_prompt_run(const GenerationRequest& req, std::size_t first) {
   std::size_t end = first + 1;
-  while (end < req.shares_prompt.size() && req.shares_prompt[end]) ++end;
+  while (end < req.sequences.size() && req.sequences[end].shares_prompt) ++end;
   return static_cast<std::int64_t>(end - first);
 }
 

@@ -1,4 +1,4 @@
-// n samples of one prompt share one prefill (GenerationRequest::shares_prompt). The scheduler
+// n samples of one prompt share one prefill (Sequence::shares_prompt). The scheduler
 // admits such a run of sequences together: the first prefills the prompt in its slot while the
 // others' slots sit idle for that step; each samples its first token from the same final
 // prefill logits with its own sampling stream; after the step the prefilled slot is forked into
@@ -16,11 +16,11 @@
 
 namespace flexh2o::engine {
 
-// Throws naming the prompt unless req.shares_prompt is empty or one per prompt, the first
-// false, and each prompt it marks has the tokens and new tokens limit of the one before it.
+// Throws naming the prompt unless the first sequence shares no prompt and each one that shares
+// has the prompt and new tokens limit of the one before it.
 void check_shared_prompts(const GenerationRequest& req);
 
-// The prompts from `first` on that one prefill serves: `first` and the shares_prompt run after it.
+// The sequences from `first` on that one prefill serves: `first` and those after it sharing its prompt.
 std::int64_t shared_prompt_run(const GenerationRequest& req, std::size_t first);
 
 // One end of a fork: sequence `seq` of a GPU batch.

@@ -14,7 +14,7 @@ StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batc
       continuous_(req.slots > 0),
       sharing_(continuous_ && share_prefixes) {
   if (gpu_batch_size < 1) throw std::invalid_argument("a GPU batch holds at least one sequence");
-  const std::size_t prompts = req.prompts.size();
+  const std::size_t prompts = req.sequences.size();
   const std::size_t n = continuous_ ? std::min(static_cast<std::size_t>(req.slots), prompts) : prompts;
   tokens_.resize(n);
   slot_seq_.assign(n, -1);
@@ -24,9 +24,9 @@ StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batc
   if (continuous_) return;
   // A fixed block: each run of prompts sharing a prefill forks its first one's slot after step 0.
   for (std::size_t s = 0; s < n; ++s) {
-    tokens_[s] = req.prompts[s];
+    tokens_[s] = req.sequences[s].prompt;
     slot_seq_[s] = static_cast<std::int64_t>(s);
-    if (s > 0 && s < req.shares_prompt.size() && req.shares_prompt[s])
+    if (s > 0 && req.sequences[s].shares_prompt)
       fork_of_[s] = fork_of_[s - 1] >= 0 ? fork_of_[s - 1] : static_cast<std::int64_t>(s - 1);
   }
 }
@@ -38,8 +38,8 @@ StepPlan StepScheduler::next_step() {
   planned_ = true;
   std::vector<bool> newcomer(slots(), first && !continuous_);
   if (continuous_) {
-    if (waiting_ < req_.prompts.size() && req_.stop_admitting && req_.stop_admitting())
-      for (; waiting_ < req_.prompts.size(); ++waiting_) plan.dropped.push_back(waiting_);
+    if (waiting_ < req_.sequences.size() && req_.stop_admitting && req_.stop_admitting())
+      for (; waiting_ < req_.sequences.size(); ++waiting_) plan.dropped.push_back(waiting_);
     newcomer = admit(plan);
   }
   lay_out(plan, newcomer);
@@ -71,7 +71,7 @@ std::vector<RowCopy> StepScheduler::take_forks() {
     const std::int64_t seq = slot_seq_[s];
     if (from < 0 || seq < 0) continue;  // not a fork, or it ended with its first token
     forks.push_back({from, static_cast<std::int64_t>(s),
-                     static_cast<std::int64_t>(req_.prompts[static_cast<std::size_t>(seq)].size())});
+                     static_cast<std::int64_t>(req_.sequences[static_cast<std::size_t>(seq)].prompt.size())});
   }
   return forks;
 }
@@ -97,14 +97,14 @@ void StepScheduler::record_all(std::span<const std::int32_t> next) {
 }
 
 bool StepScheduler::prompt_waiting(bool idle, StepPlan& plan) {
-  if (waiting_ >= req_.prompts.size() || !req_.next_prompt) return waiting_ < req_.prompts.size();
+  const std::size_t queued = req_.sequences.size();
+  if (waiting_ >= queued || !req_.next_prompt) return waiting_ < queued;
   const std::optional<std::size_t> next = req_.next_prompt(waiting_, idle);
   if (!next && idle) throw std::logic_error("next_prompt gave no answer while no slot runs");
   if (!next) return false;
   if (*next < waiting_) throw std::logic_error("next_prompt went back in the queue");
-  for (const std::size_t to = std::min(*next, req_.prompts.size()); waiting_ < to; ++waiting_)
-    plan.dropped.push_back(waiting_);
-  return waiting_ < req_.prompts.size();
+  for (const std::size_t to = std::min(*next, queued); waiting_ < to; ++waiting_) plan.dropped.push_back(waiting_);
+  return waiting_ < queued;
 }
 
 // Free slots take the waiting prompts in order, first come first served. A newcomer's prompt
@@ -129,7 +129,7 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
   auto take = [&](std::size_t slot, std::int64_t fork_of) {
     slot_seq_[slot] = static_cast<std::int64_t>(waiting_);
     fork_of_[slot] = fork_of;
-    tokens_[slot] = req_.prompts[waiting_];
+    tokens_[slot] = req_.sequences[waiting_].prompt;
     held_[slot] = 0;  // its row is rewritten (or copied into) from here on
     ++waiting_;
     --left;
@@ -139,7 +139,7 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
     if (!prompt_waiting(idle, plan)) break;
     if (slot_seq_[f] >= 0) continue;  // a fork of a newcomer before it
     const std::size_t k = f / gpu_batch_size_;
-    const std::vector<std::int32_t>& prompt = req_.prompts[waiting_];
+    const std::vector<std::int32_t>& prompt = req_.sequences[waiting_].prompt;
     const PrefixMatch match =
         sharing_ ? longest_prefix(prompt, held_rows(), static_cast<std::int64_t>(f), req_.min_shared_prefix)
                  : PrefixMatch{};

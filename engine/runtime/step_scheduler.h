@@ -1,16 +1,18 @@
 // The decision half of a block's steps (vLLM's scheduler / executor seam): which sequence each
 // slot runs at each step and which cache rows are copied before it, decided from what the
-// request says (its prompts, shares_prompt, prefill budget, next_prompt, stop_admitting) and
-// from which sequences ended. BlockScheduler executes each plan (the copies, the compute over
-// units x GPU batches, the sampling) and reports back the tokens each slot sampled and which
-// sequences ended. No model, no backend, no memory here: the plans are plain values.
+// request says (its sequences' prompts and shared prefills, prefill budget, next_prompt,
+// stop_admitting) and from which sequences ended. BlockScheduler executes each plan (the
+// copies, the compute over units x GPU batches, the sampling) and reports back the tokens each
+// slot sampled and which sequences ended. No model, no backend, no memory here: the plans are
+// plain values.
 //
-// Continuous batching (req.slots > 0): free slots take the waiting prompts in order; each
+// Continuous batching (req.slots > 0): free slots take the waiting sequences in order; each
 // newcomer prefills its prompt, or only the rest of it after the longest prefix a cache row of
-// the block holds, copied into its row first (docs/prefix-sharing.md); a run of prompts
-// sharing one prefill (shares_prompt, engine/runtime/prefill_fork.h) takes a slot for each, the
-// others idling as forks of the first for that step and copying its row after it. A fixed
-// block (req.slots == 0): every prompt prefills at step 0 (forks idle) and all decode after.
+// the block holds, copied into its row first (docs/prefix-sharing.md); a run of sequences
+// sharing one prefill (Sequence::shares_prompt, engine/runtime/prefill_fork.h) takes a slot
+// for each, the others idling as forks of the first for that step and copying its row after
+// it. A fixed block (req.slots == 0): every prompt prefills at step 0 (forks idle) and all
+// decode after.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -43,7 +43,7 @@ struct Generated {
 Generated run(kernels::Backend& be, const ModelConfig& cfg) {
   const engine::DummyWeights src(cfg, 41);
   engine::GenerationRequest req;
-  for (std::int32_t p = 0; p < 3; ++p) req.prompts.push_back({1, 7 * p + 3, 11 * p + 5, 2});
+  for (std::int32_t p = 0; p < 3; ++p) req.sequences.push_back({.prompt = {1, 7 * p + 3, 11 * p + 5, 2}});
   req.max_new_tokens = 5;
   Generated r;
   req.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };

@@ -72,7 +72,7 @@ TEST_P(HfParity, GreedyTokensAndLogitsEqualTransformers) {
     const std::vector<float> first = expected_["first_logits"][p], last = expected_["last_logits"][p];
     std::vector<std::vector<float>> logits;
     GenerationRequest req;
-    req.prompts = {all[p]};
+    req.sequences = engine::sequences_of({all[p]});
     req.max_new_tokens = new_tokens();
     req.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
     const auto got = gen.generate(req).tokens[0];
@@ -108,7 +108,7 @@ TEST_P(HfParity, TieredRunGeneratesWhatTheInMemoryRunDoes) {
   cfg.stop_ids.clear();
   auto be = kernels::make_cpu_backend();
   GenerationRequest req;
-  req.prompts = prompts();
+  req.sequences = engine::sequences_of(prompts());
   req.max_new_tokens = new_tokens();
   const auto weights = engine::load_weights(cfg, hf);
   const auto want = engine::Generator(*be, cfg, weights).generate(req).tokens;
@@ -128,10 +128,11 @@ TEST_P(HfParity, RefillGeneratesWhatEachPromptAloneDoes) {
   GenerationRequest req;
   for (int round = 0; round < 2; ++round)
     for (const auto& p : prompts()) {
-      req.prompts.push_back(p);
-      req.max_new_tokens_each.push_back(1 + static_cast<std::int64_t>(req.prompts.size() * 5) % new_tokens());
+      const auto limit = 1 + static_cast<std::int64_t>((req.sequences.size() + 1) * 5) % new_tokens();
+      req.sequences.push_back({.prompt = p, .max_new_tokens = limit});
     }
-  req.max_new_tokens = *std::ranges::max_element(req.max_new_tokens_each);
+  req.max_new_tokens = 0;
+  for (const engine::Sequence& s : req.sequences) req.max_new_tokens = std::max(req.max_new_tokens, *s.max_new_tokens);
   req.prefill_budget = 8;
   testing::expect_refill_matches_solo(*be, cfg, hf, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true});
 }
@@ -147,13 +148,12 @@ TEST_P(HfParity, SharedPrefillGeneratesWhatEachChoiceAloneDoes) {
   auto be = kernels::make_cpu_backend();
   GenerationRequest req;
   for (const auto& p : prompts())
-    for (std::int64_t c = 0; c < 3; ++c) {
-      req.prompts.push_back(p);
-      req.max_new_tokens_each.push_back(new_tokens());
-      req.sampling_each.push_back({.temperature = 0.8f, .top_p = 0.9f, .seed = 5});
-      req.streams.push_back(req.streams.size());
-      req.shares_prompt.push_back(c > 0);
-    }
+    for (std::int64_t c = 0; c < 3; ++c)
+      req.sequences.push_back({.prompt = p,
+                               .max_new_tokens = new_tokens(),
+                               .sampling = kernels::SamplingParams{.temperature = 0.8f, .top_p = 0.9f, .seed = 5},
+                               .stream = req.sequences.size(),
+                               .shares_prompt = c > 0});
   req.max_new_tokens = new_tokens();
   testing::expect_refill_matches_solo(*be, cfg, hf, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true});
 }
@@ -178,7 +178,7 @@ TEST(HfParityCanFail, Llama31ConfigWithoutItsRopeScaling) {
   const std::vector<float> want = expected["first_logits"][3];
   std::vector<float> got;
   GenerationRequest req;
-  req.prompts = {prompt};
+  req.sequences = engine::sequences_of({prompt});
   req.max_new_tokens = 1;
   req.on_logits = [&](std::int64_t, std::span<const float> l) { got.assign(l.begin(), l.end()); };
   gen.generate(req);

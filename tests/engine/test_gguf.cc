@@ -442,7 +442,7 @@ TEST_F(TinyLlama, GreedyTokensEqualTransformers) {
     SCOPED_TRACE(::testing::PrintToString(prompt));
     std::vector<float> first;
     engine::GenerationRequest req;
-    req.prompts = {prompt};
+    req.sequences = engine::sequences_of({prompt});
     req.max_new_tokens = static_cast<std::int64_t>(greedy.size());
     req.on_logits = [&](std::int64_t step, std::span<const float> l) {
       if (step == 0) first.assign(l.begin(), l.end());
@@ -461,7 +461,7 @@ TEST_F(TinyLlama, TieredRunGeneratesTransformersTokens) {
   const engine::ModelConfig cfg = f32_config();
   auto be = kernels::make_cpu_backend();
   engine::GenerationRequest req;
-  req.prompts = prompts();
+  req.sequences = engine::sequences_of(prompts());
   req.max_new_tokens = want_["n_new_tokens"];
   const auto got = testing::generate_tiered(*be, cfg, ckpt_, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), req, {true});
   ASSERT_EQ(got.size(), want_["cases"].size());
@@ -497,7 +497,7 @@ TEST_F(TinyLlama, CompressedKeepsTheFileBlocks) {
 
   auto be = kernels::make_cpu_backend();
   engine::GenerationRequest req;
-  req.prompts = prompts();
+  req.sequences = engine::sequences_of(prompts());
   req.max_new_tokens = want_["n_new_tokens"];
   const auto in_memory = engine::Generator(*be, q4, packed).generate(req).tokens;
   policy::Policy pol;

@@ -47,7 +47,8 @@ class SmolLM2 : public ::testing::Test {
     want_ = nlohmann::json::parse(testing::read_file(std::string(FLEXH2O_TEST_DATA_DIR) + "/smollm2/expected.json"));
     // The ids `flexh2o run --model file.gguf --prompt TEXT` feeds the model.
     for (const auto& c : want_["cases"]) {
-      req_.prompts.push_back(engine::encode_prompt(*tokenizer_, c["text"].get<std::string>(), ckpt_->config().bos_id));
+      req_.sequences.push_back(
+          {.prompt = engine::encode_prompt(*tokenizer_, c["text"].get<std::string>(), ckpt_->config().bos_id)});
       greedy_.push_back(c["greedy_new_ids"]);
     }
     req_.max_new_tokens = want_["n_new_tokens"];
@@ -101,7 +102,7 @@ TEST_F(SmolLM2, TextPromptsEncodeAndDecodeAsTransformersGgufTokenizer) {
   ASSERT_TRUE(direct["same_greedy_all"].get<bool>());
   for (std::size_t i = 0; i < greedy_.size(); ++i) {
     SCOPED_TRACE("prompt " + std::to_string(i));
-    EXPECT_EQ(req_.prompts[i], direct["cases"][i]["prompt_ids"].get<std::vector<std::int32_t>>());
+    EXPECT_EQ(req_.sequences[i].prompt, direct["cases"][i]["prompt_ids"].get<std::vector<std::int32_t>>());
     // transformers prints U+FFFD for a character the last token cuts; flexh2o keeps its bytes.
     std::string text = direct["cases"][i]["new_text"];
     const std::string replacement = "\xEF\xBF\xBD";

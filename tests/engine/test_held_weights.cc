@@ -52,8 +52,8 @@ struct Generated {
 GenerationRequest request(const ModelConfig& cfg, std::int64_t prompts, std::int64_t new_tokens) {
   GenerationRequest req;
   for (std::int64_t p = 0; p < prompts; ++p)
-    req.prompts.push_back({1, static_cast<std::int32_t>((7 * p + 3) % cfg.vocab_size),
-                           static_cast<std::int32_t>((11 * p + 5) % cfg.vocab_size)});
+    req.sequences.push_back({.prompt = {1, static_cast<std::int32_t>((7 * p + 3) % cfg.vocab_size),
+                                        static_cast<std::int32_t>((11 * p + 5) % cfg.vocab_size)}});
   req.max_new_tokens = new_tokens;
   return req;
 }
@@ -157,7 +157,7 @@ TEST(ModelHeldWeights, Stories260kTokensUnchangedUnderBf16) {
   auto m = engine::open_model({.dtype = DType::F16});
   const ModelConfig cfg = f16_in_bf16(m.config);
   GenerationRequest req;
-  req.prompts = {m.tokenizer->encode("Once upon a time", true), m.tokenizer->encode("", true)};
+  req.sequences = engine::sequences_of({m.tokenizer->encode("Once upon a time", true), m.tokenizer->encode("", true)});
   req.max_new_tokens = 48;
   auto cpu = kernels::make_cpu_backend();
   Bf16GemmBackend held;

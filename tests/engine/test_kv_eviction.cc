@@ -24,7 +24,7 @@ engine::GenerationRequest request(const engine::ModelConfig& cfg, std::int64_t g
   for (std::int32_t b = 0; b < 3; ++b) {
     std::vector<std::int32_t> p;
     for (std::int32_t t = 0; t < 5 + 7 * b; ++t) p.push_back((t * 31 + b * 7 + 1) % static_cast<std::int32_t>(cfg.vocab_size));
-    req.prompts.push_back(p);
+    req.sequences.push_back({.prompt = p});
   }
   req.max_new_tokens = gen;
   req.sampling = {.temperature = 0.7f, .top_p = 0.95f, .seed = 5};
@@ -59,7 +59,7 @@ TEST(KvEviction, SmallBudgetsEvictAndKeepGenerating) {
   // The KV cache's bytes, as the cpu tier that holds it (and nothing else) saw them at most.
   const auto cache_peak = [&](const std::string& kv) {
     policy::Policy p;
-    p.gpu_batch_size = static_cast<std::int64_t>(req.prompts.size());
+    p.gpu_batch_size = static_cast<std::int64_t>(req.sequences.size());
     p.set_percent({100, 0, 0, 100, 100, 0});
     p.kv = kv;
     offload::Tiers tiers(*be, {});
@@ -102,7 +102,8 @@ TEST(KvEviction, BytesPerTokenFromTheTierBudgets) {
   auto be = kernels::make_cpu_backend();
   const std::int64_t B = 4, prompt = 100, gen = 28, tokens = prompt + gen;
   engine::GenerationRequest req;
-  for (std::int64_t b = 0; b < B; ++b) req.prompts.emplace_back(prompt, static_cast<std::int32_t>(3 + b));
+  for (std::int64_t b = 0; b < B; ++b)
+    req.sequences.push_back({.prompt = std::vector<std::int32_t>(prompt, static_cast<std::int32_t>(3 + b))});
   req.max_new_tokens = gen;
   auto bytes_per_token = [&](const std::string& kv, std::optional<kernels::DType> storage, bool compress) {
     policy::Policy p;

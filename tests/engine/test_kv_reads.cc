@@ -26,10 +26,9 @@ using testing::random_tokens;
 GenerationRequest request(const engine::ModelConfig& cfg, std::vector<std::size_t> lengths, std::int64_t new_tokens) {
   std::mt19937_64 rng(45);
   GenerationRequest req;
-  for (const std::size_t n : lengths) {
-    req.prompts.push_back(random_tokens(rng, n, cfg.vocab_size));
-    req.sampling_each.push_back({.temperature = 0.0f, .ignore_eos = true});
-  }
+  for (const std::size_t n : lengths)
+    req.sequences.push_back({.prompt = random_tokens(rng, n, cfg.vocab_size),
+                             .sampling = kernels::SamplingParams{.temperature = 0.0f, .ignore_eos = true}});
   req.max_new_tokens = new_tokens;
   return req;
 }
@@ -116,15 +115,17 @@ TEST(KvReads, ContinuousBatchingCountsTheSharedPrefixOnce) {
   GenerationRequest req = request(cfg, {20, 3, 6, 4, 9}, 5);
   std::mt19937_64 rng(47);
   const Tokens prefix = random_tokens(rng, 20, cfg.vocab_size);
-  for (std::size_t p = 1; p < req.prompts.size(); ++p) req.prompts[p].insert(req.prompts[p].begin(), prefix.begin(), prefix.end());
-  req.prompts[0] = prefix;
+  for (std::size_t p = 1; p < req.sequences.size(); ++p)
+    req.sequences[p].prompt.insert(req.sequences[p].prompt.begin(), prefix.begin(), prefix.end());
+  req.sequences[0].prompt = prefix;
   req.slots = pol.block_size();
   req.min_shared_prefix = 4;
   const Generated r = run(cfg, pol, req);
   ASSERT_GT(r.result.prefix_shared_tokens, 0);
   std::int64_t slots = r.result.prefix_shared_tokens;
-  for (std::size_t b = 0; b < req.prompts.size(); ++b)
-    slots += decode_slots(static_cast<std::int64_t>(req.prompts[b].size()), static_cast<std::int64_t>(r.result.tokens[b].size()));
+  for (std::size_t b = 0; b < req.sequences.size(); ++b)
+    slots += decode_slots(static_cast<std::int64_t>(req.sequences[b].prompt.size()),
+                          static_cast<std::int64_t>(r.result.tokens[b].size()));
   KvReads want;
   want.in_place[static_cast<std::size_t>(Tier::Gpu)] = slot_bytes(cfg, pol) * slots;
   EXPECT_EQ(r.reads.in_place, want.in_place);

@@ -26,7 +26,7 @@ std::vector<std::vector<float>> step_logits(Generator& gen, const std::vector<st
                                             std::int64_t new_tokens, std::vector<std::vector<std::int32_t>>* out = nullptr) {
   std::vector<std::vector<float>> logits;
   GenerationRequest req;
-  req.prompts = prompts;
+  req.sequences = engine::sequences_of(prompts);
   req.max_new_tokens = new_tokens;
   req.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
   auto r = gen.generate(req);
@@ -47,11 +47,11 @@ TEST(Stories260k, GreedyMatchesPublishedSample) {
   const HostWeights w = engine::load_weights(m.config, *m.weights);
   Generator gen(*be, m.config, w);
   GenerationRequest req;
-  req.prompts = {m.tokenizer->encode("", true)};
+  req.sequences = engine::sequences_of({m.tokenizer->encode("", true)});
   req.max_new_tokens = 256;
   auto r = gen.generate(req);
   ASSERT_EQ(r.tokens[0].size(), 256u);
-  std::vector<std::int32_t> all = req.prompts[0];
+  std::vector<std::int32_t> all = req.sequences[0].prompt;
   all.insert(all.end(), r.tokens[0].begin(), r.tokens[0].end());
   const std::string text = m.tokenizer->decode(all);
   const std::string published =
@@ -227,14 +227,13 @@ TEST(Generation, RaggedBatchEqualsEachPromptAlone) {
       m.tokenizer->encode("Tom had a red ball.", true), m.tokenizer->encode("", true),
       m.tokenizer->encode("The sun was shining and the birds were singing in the tall trees.", true)};
   GenerationRequest batch;
-  batch.prompts = prompts;
+  batch.sequences = engine::sequences_of(prompts);
   batch.max_new_tokens = 40;
   batch.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 42};
   const auto together = gen.generate(batch).tokens;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest one;
-    one.prompts = {prompts[i]};
-    one.streams = {i};  // the same sampling stream as in the batch
+    one.sequences = {{.prompt = prompts[i], .stream = i}};  // the same sampling stream as in the batch
     one.max_new_tokens = 40;
     one.sampling = batch.sampling;
     EXPECT_EQ(gen.generate(one).tokens[0], together[i]) << "prompt " << i;
@@ -249,30 +248,58 @@ TEST(Generation, StopsAtStopTokenAndRejectsBadPrompts) {
   {
     Generator probe(*be, cfg, w);
     GenerationRequest req;
-    req.prompts = {{1, 2, 3}};
+    req.sequences = engine::sequences_of({{1, 2, 3}});
     req.max_new_tokens = 5;
     const auto first = probe.generate(req).tokens[0];
     cfg.stop_ids = {first[2]};  // make the third generated token a stop token
   }
   Generator gen(*be, cfg, w);
   GenerationRequest req;
-  req.prompts = {{1, 2, 3}};
+  req.sequences = engine::sequences_of({{1, 2, 3}});
   req.max_new_tokens = 5;
   const auto r = gen.generate(req);
   ASSERT_LE(r.tokens[0].size(), 3u);
   EXPECT_EQ(r.tokens[0].back(), cfg.stop_ids[0]);
 
-  req.prompts = {{}};
+  req.sequences = engine::sequences_of({{}});
   EXPECT_THROW(gen.generate(req), std::invalid_argument);
-  req.prompts = {{1, 500}};
+  req.sequences = engine::sequences_of({{1, 500}});
   EXPECT_THROW(gen.generate(req), std::invalid_argument);
-  req.prompts = {std::vector<std::int32_t>(60, 1)};
+  req.sequences = engine::sequences_of({std::vector<std::int32_t>(60, 1)});
   try {
     gen.generate(req);
     FAIL() << "a prompt beyond max positions must be rejected";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("positions"), std::string::npos) << e.what();
   }
+}
+
+// A sequence that leaves its limit, sampling or stream unset takes the request's limit and
+// sampling and its own index as its stream: the tokens of a request that sets them so.
+TEST(Generation, UnsetSequenceFieldsTakeTheRequestsOrTheirIndex) {
+  const ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 11);
+  const HostWeights w = engine::load_weights(cfg, src);
+  auto be = kernels::make_cpu_backend();
+  Generator gen(*be, cfg, w);
+  GenerationRequest unset;
+  unset.sequences = engine::sequences_of({{1, 2, 3}, {4, 5}, {6}});
+  unset.max_new_tokens = 6;
+  unset.sampling = {.temperature = 0.9f, .top_p = 0.9f, .seed = 17, .ignore_eos = true};
+  GenerationRequest set = unset;
+  for (std::size_t b = 0; b < set.sequences.size(); ++b) {
+    set.sequences[b].max_new_tokens = set.max_new_tokens;
+    set.sequences[b].sampling = set.sampling;
+    set.sequences[b].stream = b;
+  }
+  const auto want = gen.generate(set).tokens;
+  EXPECT_EQ(gen.generate(unset).tokens, want);
+  // Each field tells: another limit, sampling or stream gives other tokens.
+  set.sequences[0].max_new_tokens = 2;
+  set.sequences[1].sampling = kernels::SamplingParams{.ignore_eos = true};
+  set.sequences[2].stream = 5;
+  const auto other = gen.generate(set).tokens;
+  for (std::size_t b = 0; b < want.size(); ++b) EXPECT_NE(other[b], want[b]) << "sequence " << b;
 }
 
 }  // namespace

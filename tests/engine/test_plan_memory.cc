@@ -63,7 +63,7 @@ void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   offload::Tiers tiers(*be, {});
   engine::BlockScheduler sched(*be, tiers, cfg, src, p);
   engine::GenerationRequest req;
-  req.prompts = engine::synthetic_prompts(p.block_size(), prompt, cfg.vocab_size);
+  req.sequences = engine::sequences_of(engine::synthetic_prompts(p.block_size(), prompt, cfg.vocab_size));
   req.max_new_tokens = gen;
   sched.generate(req);
 
@@ -153,8 +153,8 @@ TEST(PlanMemory, PredictedPeaksAreTheEnginesUnderContinuousBatching) {
     std::vector<policy::RequestLength> lengths;
     for (std::int64_t i = 0; i < 9; ++i) {
       const std::int64_t prompt = 3 + (i * 5) % 11, gen = 2 + (i * 3) % 7;
-      req.prompts.push_back(engine::synthetic_prompts(1, prompt, cfg.vocab_size)[0]);
-      req.max_new_tokens_each.push_back(gen);
+      req.sequences.push_back(
+          {.prompt = engine::synthetic_prompts(1, prompt, cfg.vocab_size)[0], .max_new_tokens = gen});
       lengths.push_back({prompt, gen});
     }
     req.max_new_tokens = 8;

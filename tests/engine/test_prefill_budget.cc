@@ -39,8 +39,8 @@ Steps run_continuous(const Job& j, std::int64_t prefill_budget) {
   std::mt19937 rng(static_cast<std::uint32_t>(j.prompts * 31 + j.prompt));
   std::uniform_int_distribution<std::int32_t> token(3, static_cast<std::int32_t>(m.config.vocab_size - 1));
   for (std::int64_t i = 0; i < j.prompts; ++i) {
-    req.prompts.emplace_back();
-    for (std::int64_t t = 0; t < j.prompt; ++t) req.prompts.back().push_back(token(rng));
+    req.sequences.emplace_back();
+    for (std::int64_t t = 0; t < j.prompt; ++t) req.sequences.back().prompt.push_back(token(rng));
   }
   req.max_new_tokens = j.gen;
   req.sampling.ignore_eos = true;  // every request runs to its limit: a uniform job

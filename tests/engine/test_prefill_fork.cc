@@ -1,4 +1,4 @@
-// n samples of a prompt sharing one prefill (GenerationRequest::shares_prompt): each choice's
+// n samples of a prompt sharing one prefill (Sequence::shares_prompt): each choice's
 // tokens are those of the same request with a prefill of its own (log-probabilities within
 // fp32 rounding of a forward pass, as the steps' rows differ), under
 // continuous batching and fixed blocks, in memory and with the KV cache over gpu/cpu/disk
@@ -31,19 +31,22 @@ GenerationRequest choices_request(const ModelConfig& cfg, std::span<const std::i
                                   bool share) {
   std::mt19937_64 rng(seed);
   GenerationRequest req;
+  req.max_new_tokens = 0;
   for (std::size_t l = 0; l < choices.size(); ++l) {
     std::vector<std::int32_t> prompt(3 + rng() % 10);
     for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(cfg.vocab_size));
     const auto limit = 1 + static_cast<std::int64_t>(rng() % 10);
+    const kernels::SamplingParams sampling{
+        .temperature = l == 1 ? 0.0f : 0.8f, .top_p = 0.9f, .seed = seed, .logprobs = 2};
     for (std::int64_t c = 0; c < choices[l]; ++c) {
-      req.prompts.push_back(prompt);
-      req.max_new_tokens_each.push_back(limit);
-      req.sampling_each.push_back({.temperature = l == 1 ? 0.0f : 0.8f, .top_p = 0.9f, .seed = seed, .logprobs = 2});
-      req.streams.push_back(100 * l + static_cast<std::uint64_t>(c));
-      if (share) req.shares_prompt.push_back(c > 0);
+      req.sequences.push_back({.prompt = prompt,
+                               .max_new_tokens = limit,
+                               .sampling = sampling,
+                               .stream = 100 * l + static_cast<std::uint64_t>(c),
+                               .shares_prompt = share && c > 0});
+      req.max_new_tokens = std::max(req.max_new_tokens, limit);
     }
   }
-  req.max_new_tokens = *std::ranges::max_element(req.max_new_tokens_each);
   return req;
 }
 
@@ -51,7 +54,8 @@ GenerationRequest choices_request(const ModelConfig& cfg, std::span<const std::i
 std::int64_t prefilled_once(const GenerationRequest& req, std::span<const std::int64_t> choices, std::int64_t slots) {
   std::int64_t tokens = 0, first = 0;
   for (const std::int64_t n : choices) {
-    tokens += static_cast<std::int64_t>(req.prompts[static_cast<std::size_t>(first)].size()) * ((n + slots - 1) / slots);
+    const auto prompt = static_cast<std::int64_t>(req.sequences[static_cast<std::size_t>(first)].prompt.size());
+    tokens += prompt * ((n + slots - 1) / slots);
     first += n;
   }
   return tokens;
@@ -90,13 +94,13 @@ bool expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightS
                ", prefill budget " + std::to_string(prefill_budget));
   GenerationRequest shared = choices_request(cfg, choices, seed, true);
   GenerationRequest separate = choices_request(cfg, choices, seed, false);
-  const std::int64_t slots = continuous ? s.policy.block_size() : static_cast<std::int64_t>(shared.prompts.size());
+  const std::int64_t slots = continuous ? s.policy.block_size() : static_cast<std::int64_t>(shared.sequences.size());
   for (GenerationRequest* r : {&shared, &separate}) {
     r->slots = continuous ? slots : 0;
     r->prefill_budget = prefill_budget;
   }
   // The logits that picked each token of the separate run: what bounds the log-probabilities.
-  std::vector<std::vector<std::vector<float>>> logits(separate.prompts.size());
+  std::vector<std::vector<std::vector<float>>> logits(separate.sequences.size());
   if (continuous)
     separate.on_sequence_logits = [&](std::size_t q, std::int64_t, std::span<const float> l) { logits[q].emplace_back(l.begin(), l.end()); };
   else
@@ -115,7 +119,7 @@ bool expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightS
     EXPECT_EQ(a.logprobs[q].size(), b.logprobs[q].size());
     if (a.logprobs[q].size() != b.logprobs[q].size()) continue;
     for (std::size_t i = 0; i < a.logprobs[q].size(); ++i) {
-      const auto tokens = static_cast<std::int64_t>(shared.prompts[q].size() + i + 1);
+      const auto tokens = static_cast<std::int64_t>(shared.sequences[q].prompt.size() + i + 1);
       EXPECT_NEAR(a.logprobs[q][i], b.logprobs[q][i], 2 * testing::forward_tolerance(cfg, tokens, logits[q][i]))
           << "request " << q << ", token " << i;
     }
@@ -130,7 +134,8 @@ bool expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightS
   // The choices of the sampled lines drew their own tokens.
   bool differ = false;
   for (std::size_t q = 1; q < a.tokens.size(); ++q)
-    differ = differ || (shared.shares_prompt[q] && shared.sampling_each[q].temperature > 0 && a.tokens[q] != a.tokens[q - 1]);
+    differ = differ || (shared.sequences[q].shares_prompt && engine::sampling_of(shared, q).temperature > 0 &&
+                        a.tokens[q] != a.tokens[q - 1]);
   return differ;
 }
 
@@ -228,16 +233,13 @@ TEST(PrefillFork, SharedPromptsAreChecked) {
   const std::int64_t choices[] = {2, 2};
   GenerationRequest req = choices_request(m.config, choices, 980, true);
   GenerationRequest bad = req;
-  bad.shares_prompt[2] = true;  // line 1's first choice: another prompt
+  bad.sequences[2].shares_prompt = true;  // line 1's first choice: another prompt
   EXPECT_THROW(sched.generate(bad), std::invalid_argument);
   bad = req;
-  bad.max_new_tokens_each[1] += 1;  // another limit
+  *bad.sequences[1].max_new_tokens += 1;  // another limit
   EXPECT_THROW(sched.generate(bad), std::invalid_argument);
   bad = req;
-  bad.shares_prompt.pop_back();
-  EXPECT_THROW(sched.generate(bad), std::invalid_argument);
-  bad = req;
-  bad.shares_prompt[0] = true;
+  bad.sequences[0].shares_prompt = true;
   EXPECT_THROW(sched.generate(bad), std::invalid_argument);
   bad = req;
   bad.on_logits = [](std::int64_t, std::span<const float>) {};

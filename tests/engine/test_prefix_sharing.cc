@@ -38,20 +38,19 @@ GenerationRequest mixed_request(std::int64_t vocab, std::uint64_t seed) {
   const Tokens a = random_tokens(rng, 40, vocab), b = random_tokens(rng, 25, vocab);
   GenerationRequest req;
   auto add = [&](Tokens prompt) {
-    req.prompts.push_back(std::move(prompt));
-    req.max_new_tokens_each.push_back(1 + static_cast<std::int64_t>(rng() % 9));
+    req.sequences.push_back({.prompt = std::move(prompt), .max_new_tokens = 1 + static_cast<std::int64_t>(rng() % 9)});
   };
   add(Tokens(a.begin(), a.begin() + 30));  // a prefix of the next ones
   for (int i = 0; i < 14; ++i) {
     const Tokens item = random_tokens(rng, 1 + rng() % 12, vocab);
     add(join(i % 3 == 2 ? b : a, item));
-    if (i % 4 == 1) add(req.prompts.back());                   // the same prompt again
+    if (i % 4 == 1) add(req.sequences.back().prompt);          // the same prompt again
     if (i % 5 == 3) add(random_tokens(rng, 5 + rng() % 20, vocab));  // nothing shared
   }
-  add(Tokens(req.prompts[3].begin(), req.prompts[3].end() - 1));  // a prefix of an earlier prompt
+  add(Tokens(req.sequences[3].prompt.begin(), req.sequences[3].prompt.end() - 1));  // a prefix of an earlier prompt
   req.max_new_tokens = 9;
-  for (std::size_t p = 0; p < req.prompts.size(); ++p)
-    req.sampling_each.push_back({.temperature = p % 7 == 3 ? 0.8f : 0.0f, .top_p = 0.9f, .seed = seed});
+  for (std::size_t p = 0; p < req.sequences.size(); ++p)
+    req.sequences[p].sampling = {.temperature = p % 7 == 3 ? 0.8f : 0.0f, .top_p = 0.9f, .seed = seed};
   req.min_shared_prefix = 4;
   return req;
 }
@@ -116,7 +115,7 @@ GenerationResult expect_sharing_changes_no_token(const engine::ModelConfig& cfg,
     SCOPED_TRACE(share ? "sharing on" : "sharing off");
     req.share_prefixes = share;
     const auto c = testing::expect_refill_matches_solo(*be, cfg, src, s.policy, req, {s.always_stage});
-    EXPECT_EQ(c.requests, req.prompts.size());
+    EXPECT_EQ(c.requests, req.sequences.size());
     const GenerationResult r = on_off[share ? 0 : 1] = run_scheduler(cfg, src, s, req);
     EXPECT_EQ(r.prompt_tokens - r.prompt_tokens_computed, r.prefix_shared_tokens);
     if (share && shares) {
@@ -156,7 +155,7 @@ TEST(PrefixSharing, TokensAsWithoutSharingLlamaGqa) {
 void expect_greedy_tokens_as_without_sharing(const engine::ModelSource& m, const Placement& s, std::uint64_t seed) {
   GenerationRequest req = mixed_request(m.config.vocab_size, seed);
   expect_sharing_changes_no_token(m.config, *m.weights, s, req, true);
-  for (auto& sampling : req.sampling_each) sampling.temperature = 0.0f;
+  for (engine::Sequence& seq : req.sequences) seq.sampling->temperature = 0.0f;
   req.slots = s.policy.block_size();
   const GenerationResult on = run_scheduler(m.config, *m.weights, s, req);
   req.share_prefixes = false;
@@ -210,9 +209,9 @@ TEST(PrefixSharing, CountersOfHandWorkedAdmissions) {
   const auto vocab = m.config.vocab_size;
   const Tokens a = random_tokens(rng, 40, vocab);
   GenerationRequest req;
-  req.prompts = {join(a, random_tokens(rng, 8, vocab)), join(a, random_tokens(rng, 8, vocab))};
-  req.prompts.push_back(req.prompts[1]);
-  req.prompts.push_back(join(Tokens(a.begin(), a.begin() + 20), random_tokens(rng, 5, vocab)));
+  req.sequences = engine::sequences_of({join(a, random_tokens(rng, 8, vocab)), join(a, random_tokens(rng, 8, vocab))});
+  req.sequences.push_back(req.sequences[1]);
+  req.sequences.push_back({.prompt = join(Tokens(a.begin(), a.begin() + 20), random_tokens(rng, 5, vocab))});
   req.max_new_tokens = 4;
   req.slots = 4;
   req.min_shared_prefix = 4;
@@ -239,7 +238,7 @@ TEST(PrefixSharing, ASlotReusesItsOwnRow) {
   std::mt19937_64 rng(4950);
   const Tokens a = random_tokens(rng, 30, m.config.vocab_size);
   GenerationRequest req;
-  req.prompts = {a, a, join(a, random_tokens(rng, 3, m.config.vocab_size))};
+  req.sequences = engine::sequences_of({a, a, join(a, random_tokens(rng, 3, m.config.vocab_size))});
   req.max_new_tokens = 5;
   req.slots = 1;
   req.min_shared_prefix = 4;

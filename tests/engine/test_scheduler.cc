@@ -121,9 +121,12 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
                         float temperature, bool own_limits = false) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c) + (own_limits ? ", own limits" : ""));
   GenerationRequest req;
-  req.prompts = random_prompts(cfg, c.policy.block_size(), seed);
+  req.sequences = engine::sequences_of(random_prompts(cfg, c.policy.block_size(), seed));
   req.max_new_tokens = 8;
-  if (own_limits) req.max_new_tokens_each = random_limits(req.prompts.size(), seed);
+  if (own_limits) {
+    const auto limits = random_limits(req.sequences.size(), seed);
+    for (std::size_t b = 0; b < limits.size(); ++b) req.sequences[b].max_new_tokens = limits[b];
+  }
   req.sampling = {.temperature = temperature, .top_p = 0.9f, .seed = seed};
 
   auto be = kernels::make_cpu_backend();
@@ -214,17 +217,18 @@ TEST(Scheduler, PerRequestLimitsCutEachSequenceAtItsOwnLimit) {
   const auto host = engine::load_weights(m.config, *m.weights);
   engine::Generator plain(*be, m.config, host);
   GenerationRequest req;
-  req.prompts = random_prompts(m.config, 6, 77);
+  req.sequences = engine::sequences_of(random_prompts(m.config, 6, 77));
   req.max_new_tokens = 24;
   const auto full = plain.generate(req).tokens;
-  req.max_new_tokens_each = {1, 24, 5, 12, 2, 9};
+  const std::int64_t limits[] = {1, 24, 5, 12, 2, 9};
+  for (std::size_t b = 0; b < full.size(); ++b) req.sequences[b].max_new_tokens = limits[b];
   const auto cut = plain.generate(req).tokens;
   for (std::size_t b = 0; b < full.size(); ++b) {
-    const auto n = std::min<std::size_t>(full[b].size(), static_cast<std::size_t>(req.max_new_tokens_each[b]));
+    const auto n = std::min<std::size_t>(full[b].size(), static_cast<std::size_t>(limits[b]));
     EXPECT_EQ(cut[b], std::vector<std::int32_t>(full[b].begin(), full[b].begin() + static_cast<std::ptrdiff_t>(n)))
         << "prompt " << b;
   }
-  req.max_new_tokens_each = {1, 25, 5, 12, 2, 9};  // above the request's max_new_tokens
+  req.sequences[1].max_new_tokens = 25;  // above the request's max_new_tokens
   EXPECT_THROW(plain.generate(req), std::invalid_argument);
 }
 
@@ -265,7 +269,7 @@ TEST(Scheduler, SmallExpertSlotsRunInChunks) {
   engine::DummyWeights src(cfg, 16);
   const std::int64_t E = cfg.moe.experts;
   GenerationRequest req;
-  req.prompts = random_prompts(cfg, 8, 9);
+  req.sequences = engine::sequences_of(random_prompts(cfg, 8, 9));
   req.max_new_tokens = 6;
   auto be = kernels::make_cpu_backend();
   std::vector<std::vector<std::vector<std::int32_t>>> tokens;
@@ -313,7 +317,7 @@ TEST(Scheduler, RoutedExpertLoadingFetchesOnlyTheRoutedExperts) {
   const std::int64_t moe_layers = 2, E = cfg.moe.experts;
   const std::int64_t expert_bytes = 3 * cfg.moe.expert_ffn * cfg.hidden * 4;
   GenerationRequest req;
-  req.prompts = random_prompts(cfg, 1, 7);
+  req.sequences = engine::sequences_of(random_prompts(cfg, 1, 7));
   req.max_new_tokens = 6;
   auto be = kernels::make_cpu_backend();
   std::vector<std::vector<std::int32_t>> tokens;
@@ -489,7 +493,7 @@ TEST(Scheduler, ReservesTheBackendsOpScratch) {
     p.cache = {0.5, 0.5, 0};
     p.kv = kv;
     GenerationRequest req;
-    req.prompts = random_prompts(cfg, p.block_size(), 7);
+    req.sequences = engine::sequences_of(random_prompts(cfg, p.block_size(), 7));
     req.max_new_tokens = 4;
     auto peak_with = [&](kernels::Backend& be, std::int64_t gpu_bytes) {
       offload::TierOptions to;
@@ -522,20 +526,23 @@ testing::RefillComparison expect_refill_matches_solo(const Case& c, const ModelC
                                                      float temperature) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(c));
   GenerationRequest req;
-  req.prompts = random_prompts(cfg, 3 * c.policy.block_size() + 1, seed);
+  req.sequences = engine::sequences_of(random_prompts(cfg, 3 * c.policy.block_size() + 1, seed));
   std::mt19937_64 rng(seed);
-  for (std::size_t b = 0; b < req.prompts.size(); ++b) req.max_new_tokens_each.push_back(1 + static_cast<std::int64_t>(rng() % 12));
-  req.max_new_tokens = *std::ranges::max_element(req.max_new_tokens_each);
+  req.max_new_tokens = 0;
+  for (auto& seq : req.sequences) {
+    seq.max_new_tokens = 1 + static_cast<std::int64_t>(rng() % 12);
+    req.max_new_tokens = std::max(req.max_new_tokens, *seq.max_new_tokens);
+  }
   const std::int64_t budgets[] = {1, 6, 512};
   req.prefill_budget = budgets[seed % 3];
   req.sampling = {.temperature = temperature, .top_p = 0.9f, .seed = seed};
   if (temperature > 0)  // each request its own sampling, penalties (over its own history) included
-    for (std::size_t b = 0; b < req.prompts.size(); ++b)
-      req.sampling_each.push_back({.temperature = b % 3 == 0 ? 0.0f : temperature,
+    for (std::size_t b = 0; b < req.sequences.size(); ++b)
+      req.sequences[b].sampling = {.temperature = b % 3 == 0 ? 0.0f : temperature,
                                    .top_p = 0.9f,
                                    .top_k = static_cast<std::int32_t>(b % 4) * 5,
                                    .seed = seed + b,
-                                   .repetition_penalty = b % 2 ? 1.3f : 1.0f});
+                                   .repetition_penalty = b % 2 ? 1.3f : 1.0f};
   auto be = kernels::make_cpu_backend();
   const auto r = testing::expect_refill_matches_solo(*be, cfg, src, c.policy, req, {c.always_stage});
   if (r.exact < r.requests) std::cout << "note: " << r.requests - r.exact << " of " << r.requests << " requests differ from their solo run (" << r.near_ties << " at near-ties)\n";
@@ -623,11 +630,12 @@ TEST(Scheduler, RefillTakesOnlyThePromptsNextPromptGives) {
   c.policy.num_gpu_batches = 2;
   c.policy.cache = {0.5, 0.5, 0};
   GenerationRequest req;
-  req.prompts = random_prompts(m.config, 13, 820);
-  for (std::size_t b = 0; b < req.prompts.size(); ++b) req.max_new_tokens_each.push_back(1 + static_cast<std::int64_t>(b % 7));
+  req.sequences = engine::sequences_of(random_prompts(m.config, 13, 820));
+  for (std::size_t b = 0; b < req.sequences.size(); ++b)
+    req.sequences[b].max_new_tokens = 1 + static_cast<std::int64_t>(b % 7);
   req.max_new_tokens = 7;
   const std::vector<std::size_t> mine = {0, 2, 3, 7, 8, 12};
-  const std::size_t none_left = req.prompts.size();
+  const std::size_t none_left = req.sequences.size();
   std::size_t answers = 0, last_from = 0, idle_asks = 0;
   req.next_prompt = [&](std::size_t from, bool idle) -> std::optional<std::size_t> {
     EXPECT_GE(from, last_from) << "the queue's cursor went back";
@@ -654,7 +662,7 @@ TEST(Scheduler, RefillWithFewPromptsAndBadSlots) {
   offload::Tiers tiers(*be, {});
   engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, c.policy);
   GenerationRequest req;
-  req.prompts = random_prompts(m.config, 3, 801);
+  req.sequences = engine::sequences_of(random_prompts(m.config, 3, 801));
   req.max_new_tokens = 4;
   req.slots = 9;  // more than the block's 8
   EXPECT_THROW(sched.generate(req), std::invalid_argument);

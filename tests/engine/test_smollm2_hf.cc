@@ -62,7 +62,7 @@ TEST_P(SmolLM2Hf, TextPromptsGiveTransformersGreedyTokens) {
     const auto ids = engine::encode_prompt(*model_.tokenizer, c["text"].get<std::string>(), model_.config.bos_id);
     const auto& want_ids = v4 ? v4_cases[i]["prompt_ids_v4_tokenizer"] : c["prompt_ids"];
     EXPECT_EQ(ids, want_ids.get<std::vector<std::int32_t>>()) << "case " << i;
-    req.prompts.push_back(ids);
+    req.sequences.push_back({.prompt = ids});
     greedy.push_back((v4 ? v4_cases[i]["greedy_new_ids_on_v4_prompt_ids"] : c["greedy_new_ids"]).get<std::vector<std::int32_t>>());
   }
   auto be = kernels::make_cpu_backend();

@@ -67,7 +67,7 @@ Tokens join(Tokens a, const Tokens& b) {
 GenerationRequest queue(std::vector<std::int32_t> lengths, std::int64_t slots) {
   GenerationRequest req;
   for (std::size_t i = 0; i < lengths.size(); ++i)
-    req.prompts.push_back(run_of(1000 * static_cast<std::int32_t>(i + 1), lengths[i]));
+    req.sequences.push_back({.prompt = run_of(1000 * static_cast<std::int32_t>(i + 1), lengths[i])});
   req.slots = slots;
   return req;
 }
@@ -77,12 +77,12 @@ TEST(StepScheduler, AdmitsInOrderAndRefillsFreedSlots) {
   StepScheduler s(req, 2, true);
   ASSERT_EQ(s.slots(), 2u);
   EXPECT_EQ(s.next_step(), plan({prefill(0), prefill(1)}));
-  EXPECT_EQ(s.tokens(1), req.prompts[1]);
+  EXPECT_EQ(s.tokens(1), req.sequences[1].prompt);
   s.record(0, 7, false);
   s.record(1, 8, true);
   EXPECT_EQ(s.next_step(), plan({decode(0, 3), prefill(2)}));
-  EXPECT_EQ(s.tokens(0), join(req.prompts[0], {7}));
-  EXPECT_EQ(s.tokens(1), req.prompts[2]);
+  EXPECT_EQ(s.tokens(0), join(req.sequences[0].prompt, {7}));
+  EXPECT_EQ(s.tokens(1), req.sequences[2].prompt);
   s.record(0, 9, true);
   s.record(1, 10, false);
   EXPECT_EQ(s.next_step(), plan({prefill(3), decode(2, 5)}));
@@ -191,8 +191,8 @@ TEST(StepScheduler, NextPromptMayNotGoBack) {
 // slot (the first other free slots) and copy its row after the step unless they ended at once.
 TEST(StepScheduler, SharedPrefillRunsFork) {
   GenerationRequest req = queue({5, 5, 5, 4}, 4);
-  req.prompts[1] = req.prompts[2] = req.prompts[0];
-  req.shares_prompt = {false, true, true, false};
+  req.sequences[1].prompt = req.sequences[2].prompt = req.sequences[0].prompt;
+  req.sequences[1].shares_prompt = req.sequences[2].shares_prompt = true;
   StepScheduler s(req, 2, true);
   EXPECT_EQ(s.next_step(), plan({prefill(0), fork(1, 0), fork(2, 0), prefill(3)}));
   s.record(0, 1, false);
@@ -200,13 +200,13 @@ TEST(StepScheduler, SharedPrefillRunsFork) {
   s.record(2, 3, true);  // ended with its first token: nothing to copy
   s.record(3, 4, false);
   EXPECT_EQ(s.next_step(), plan({decode(0, 5), decode(1, 5), idle(), decode(3, 4)}, {{0, 1, 5}}));
-  EXPECT_EQ(s.tokens(1), join(req.prompts[1], {2}));
+  EXPECT_EQ(s.tokens(1), join(req.sequences[1].prompt, {2}));
 }
 
 TEST(StepScheduler, SharedPrefillRunWaitsForFreeSlots) {
   GenerationRequest req = queue({4, 5, 5}, 2);
-  req.prompts[2] = req.prompts[1];
-  req.shares_prompt = {false, false, true};
+  req.sequences[2].prompt = req.sequences[1].prompt;
+  req.sequences[2].shares_prompt = true;
   StepScheduler s(req, 2, true);
   EXPECT_EQ(s.next_step(), plan({prefill(0), idle()}));  // the run of 2 needs 2 free slots
   s.record(0, 1, true);
@@ -215,8 +215,8 @@ TEST(StepScheduler, SharedPrefillRunWaitsForFreeSlots) {
 
 TEST(StepScheduler, FixedBlockPrefillsThenDecodesAndForks) {
   GenerationRequest req = queue({5, 5, 3}, 0);
-  req.prompts[1] = req.prompts[0];
-  req.shares_prompt = {false, true, false};
+  req.sequences[1].prompt = req.sequences[0].prompt;
+  req.sequences[1].shares_prompt = true;
   StepScheduler s(req, 2, true);
   ASSERT_EQ(s.slots(), 3u);
   EXPECT_EQ(s.next_step(), plan({prefill(0), fork(1, 0), prefill(2)}));
@@ -225,7 +225,7 @@ TEST(StepScheduler, FixedBlockPrefillsThenDecodesAndForks) {
   EXPECT_EQ(s.next_step(), plan({decode(0, 5), decode(1, 5), decode(2, 3)}, {{0, 1, 5}}));
   s.record_all(next);
   EXPECT_EQ(s.next_step(), plan({decode(0, 6), decode(1, 6), decode(2, 4)}));
-  EXPECT_EQ(s.tokens(2), join(req.prompts[2], {9, 9}));
+  EXPECT_EQ(s.tokens(2), join(req.sequences[2].prompt, {9, 9}));
 }
 
 // Shared prompt prefixes (docs/prefix-sharing.md), at least min_shared_prefix = 16 tokens,
@@ -235,8 +235,8 @@ TEST(StepScheduler, SharedPrefixes) {
   const Tokens b = run_of(1, 40);
   auto head = [&](std::int32_t n) { return Tokens(b.begin(), b.begin() + n); };
   GenerationRequest req;
-  req.prompts = {head(30), join(head(20), {100, 101, 102}), join(head(25), {110, 111}), join(head(15), {120}),
-                 head(30), join(head(20), {100, 101, 102})};
+  req.sequences = sequences_of({head(30), join(head(20), {100, 101, 102}), join(head(25), {110, 111}),
+                                join(head(15), {120}), head(30), join(head(20), {100, 101, 102})});
   req.slots = 3;
   StepScheduler s(req, 3, true);
   // Prompt 1's first 20 tokens are being prefilled by prompt 0: it waits, and admission stops.
@@ -259,7 +259,7 @@ TEST(StepScheduler, SharedPrefixes) {
 
 TEST(StepScheduler, SharedPrefixesOff) {
   GenerationRequest req;
-  req.prompts = {run_of(1, 30), run_of(1, 31)};
+  req.sequences = sequences_of({run_of(1, 30), run_of(1, 31)});
   req.slots = 2;
   StepScheduler off(req, 2, false);
   EXPECT_EQ(off.next_step(), plan({prefill(0), prefill(1)}));

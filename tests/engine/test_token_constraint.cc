@@ -64,12 +64,12 @@ GenerationRequest choices_request(const engine::ModelConfig& cfg, std::uint64_t 
   for (std::size_t l = 0; l < 3; ++l) {
     std::vector<std::int32_t> prompt(3 + rng() % 6);
     for (auto& t : prompt) t = static_cast<std::int32_t>(3 + rng() % static_cast<std::uint64_t>(cfg.vocab_size - 3));
-    for (std::int64_t c = 0; c < choices[l]; ++c) {
-      req.prompts.push_back(prompt);
-      req.sampling_each.push_back({.temperature = l == 1 ? 0.0f : 0.8f, .seed = seed, .logprobs = 1});
-      req.streams.push_back(10 * l + static_cast<std::uint64_t>(c));
-      req.shares_prompt.push_back(c > 0);
-    }
+    const kernels::SamplingParams sampling{.temperature = l == 1 ? 0.0f : 0.8f, .seed = seed, .logprobs = 1};
+    for (std::int64_t c = 0; c < choices[l]; ++c)
+      req.sequences.push_back({.prompt = prompt,
+                               .sampling = sampling,
+                               .stream = 10 * l + static_cast<std::uint64_t>(c),
+                               .shares_prompt = c > 0});
   }
   req.max_new_tokens = 12;
   return req;
@@ -111,13 +111,12 @@ TEST(TokenConstraint, ConstrainedSequencesDrawAllowedTokensAndEndWhenFinished) {
     const GenerationResult plain = run(req);
     // Choices 0 and 2 of line 0 and line 2's first: constrained (others not), finished after 5.
     const std::vector<std::size_t> constrained = {0, 2, 4};
-    req.constraints.resize(req.prompts.size());
     const auto modular = std::make_shared<ModularConstraint>(3, 5);
-    for (const std::size_t b : constrained) req.constraints[b] = modular;
+    for (const std::size_t b : constrained) req.sequences[b].constraint = modular;
     const GenerationResult got = run(req);
     EXPECT_EQ(*modular->wrong_tokens_left, 0) << "masks or tokens with other tokens left than the limit's";
-    for (std::size_t b = 0; b < req.prompts.size(); ++b) {
-      if (!req.constraints[b]) {
+    for (std::size_t b = 0; b < req.sequences.size(); ++b) {
+      if (!req.sequences[b].constraint) {
         EXPECT_EQ(got.tokens[b], plain.tokens[b]) << "unconstrained sequence " << b;
         continue;
       }
@@ -132,7 +131,7 @@ TEST(TokenConstraint, ConstrainedSequencesDrawAllowedTokensAndEndWhenFinished) {
     }
     EXPECT_NE(got.tokens[0], plain.tokens[0]) << "a third of the vocabulary allowed changes what is drawn";
     // A constraint allowing everything (never finished within the limit) is no constraint.
-    for (const std::size_t b : constrained) req.constraints[b] = std::make_shared<ModularConstraint>(1, 100);
+    for (const std::size_t b : constrained) req.sequences[b].constraint = std::make_shared<ModularConstraint>(1, 100);
     const GenerationResult open = run(req);
     EXPECT_EQ(open.tokens, plain.tokens);
     EXPECT_EQ(open.finish_reasons, plain.finish_reasons);
@@ -140,16 +139,15 @@ TEST(TokenConstraint, ConstrainedSequencesDrawAllowedTokensAndEndWhenFinished) {
   }
 }
 
-TEST(TokenConstraint, ARequestWithConstraintsOfTheWrongCountOrForcedIsAnError) {
+TEST(TokenConstraint, AConstrainedSequenceThatIsForcedIsAnError) {
   const engine::ModelSource m = engine::open_model({});
   auto be = kernels::make_cpu_backend();
   const engine::HostWeights host = engine::load_weights(m.config, *m.weights);
   engine::Generator gen(*be, m.config, host);
   GenerationRequest req = choices_request(m.config, 3);
-  req.constraints.assign(2, std::make_shared<ModularConstraint>(2, 3));
-  EXPECT_THROW(gen.generate(req), std::invalid_argument);
-  req.constraints.assign(req.prompts.size(), std::make_shared<ModularConstraint>(2, 3));
-  req.forced.assign(req.prompts.size(), {5, 6});
+  for (engine::Sequence& seq : req.sequences) seq.constraint = std::make_shared<ModularConstraint>(2, 3);
+  EXPECT_NO_THROW(gen.generate(req));
+  req.sequences[1].forced = {5, 6};
   EXPECT_THROW(gen.generate(req), std::invalid_argument);
 }
 

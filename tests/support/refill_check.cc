@@ -35,12 +35,12 @@ std::vector<Run> solo_runs(kernels::Backend& be, const engine::ModelConfig& cfg,
   engine::Generator plain(be, stored, host, pol.cache_dtype(cfg.dtype));
   const auto kv = pol.kv == "full" ? nullptr : policy::make_kv_policy(policy::parse_kv_spec(pol.kv), cfg.n_layers);
   std::vector<Run> out;
-  for (std::size_t b = 0; b < req.prompts.size(); ++b) {
+  for (std::size_t b = 0; b < req.sequences.size(); ++b) {
     engine::GenerationRequest one;
-    one.prompts = {req.prompts[b]};
+    const engine::Sequence& seq = req.sequences[b];
+    one.sequences = {{.prompt = seq.prompt, .stream = seq.stream.value_or(b)}};
     one.max_new_tokens = engine::new_tokens_limit(req, b);
-    one.sampling = req.sampling_each.empty() ? req.sampling : req.sampling_each[b];
-    one.streams = {req.streams.empty() ? b : req.streams[b]};
+    one.sampling = engine::sampling_of(req, b);
     one.kv = kv.get();
     Run r;
     one.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
@@ -77,7 +77,7 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
                                             const engine::WeightSource& source, const policy::Policy& pol,
                                             const engine::GenerationRequest& req, offload::CopyOptions copy) {
   const std::vector<Run> want = solo_runs(be, cfg, source, pol, req);
-  const std::size_t n = req.prompts.size();
+  const std::size_t n = req.sequences.size();
   std::vector<Run> got(n);
   std::vector<int> finished(n, 0);
   engine::GenerationRequest refill = req;
@@ -121,7 +121,7 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
     if (g.logits.size() != g.tokens.size()) continue;
     if (g.tokens == w.tokens) ++c.exact;
     if (g.tokens == w.tokens && g.logits == w.logits) ++c.bitwise;
-    const auto tokens = static_cast<std::int64_t>(req.prompts[b].size() + w.tokens.size());
+    const auto tokens = static_cast<std::int64_t>(req.sequences[b].prompt.size() + w.tokens.size());
     bool tie = false;
     for (std::size_t i = 0; i < std::min(g.tokens.size(), w.tokens.size()) && !tie; ++i) {
       const double tol = tolerance(pol, stored, tokens, w.logits[i]);

@@ -1,0 +1,46 @@
+// One sequence of a generation request: its prompt and what it asks for on its own (its new
+// tokens limit, sampling, sampling stream, a prefill shared with the sequence before it, a
+// constraint, forced tokens). What it leaves unset it takes from the request it is in
+// (GenerationRequest: max_new_tokens, sampling) or from its index there (its stream), so a
+// request of plain prompts runs every one alike.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "engine/runtime/token_constraint.h"
+#include "kernels/sampling.h"
+
+namespace flexh2o::engine {
+
+struct Sequence {
+  std::vector<std::int32_t> prompt;  // non-empty
+  // Its own limit (at most the request's max_new_tokens, which sizes the cache and
+  // activations); unset: the request's. It stops at its limit or a stop id, as it would alone.
+  std::optional<std::int64_t> max_new_tokens;
+  // Its own sampling; unset: the request's. Its tokens depend only on its prompt, sampling and
+  // stream, not on the batch it runs in.
+  std::optional<kernels::SamplingParams> sampling;
+  std::optional<std::uint64_t> stream;  // its sampling stream; unset: its index in the request
+  // n samples of one prompt (BlockScheduler only; Generator prefills each): this sequence is
+  // the one before it again, with the same prompt and new tokens limit. Such a run is
+  // prefilled once and the others fork that slot (engine/runtime/prefill_fork.h); each still
+  // samples its own tokens, those its own prefill would give.
+  bool shares_prompt = false;
+  // Constrained decoding: null or the constraint in its start state; the sequence walks its
+  // own copy, samples only the tokens it allows and ends (finish reason stop) when it is
+  // finished; its limit may still end it first (length). Not with forced tokens.
+  std::shared_ptr<const TokenConstraint> constraint;
+  // Teacher forcing (evaluation), when not empty: its input after step i is forced[i] instead
+  // of the sampled token, and it runs until they are used up.
+  std::vector<std::int32_t> forced;
+};
+
+// One sequence per prompt, in order, with nothing else set.
+std::vector<Sequence> sequences_of(std::vector<std::vector<std::int32_t>> prompts);
+// The sequences' prompts, in order.
+std::vector<std::vector<std::int32_t>> prompts_of(std::span<const Sequence> sequences);
+
+}  // namespace flexh2o::engine
