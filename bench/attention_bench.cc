@@ -16,9 +16,13 @@
 // and bf16 compute (on CUDA, tensor-core tiles for f16/bf16 caches and the head dims the kernel
 // has, docs/backends.md), and the useful TFLOP/s of each (4 head_dim per query head and key seen).
 // The contexts are unused there.
+//
+// With --shared-prefix P: decode also with the first min(P, context) slots shared by all the
+// sequences (AttentionDecodeArgs::shared_prefixes: read once where the backend does, cascade
+// attention), interleaved with the plain calls: microseconds per layer and plain / shared.
 // Usage: bench_attention [reps (7)] [contexts (128,256,512,1024)] [dtypes (f16,bf16,f32; q8, q4)]
 //        [--backend cpu|cuda] [--seqs 32] [--heads 9] [--kv-heads 3] [--head-dim 64]
-//        [--chunk 0 --prefix 1000 --call-queries 0]
+//        [--chunk 0 --prefix 1000 --call-queries 0] [--shared-prefix 0]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -47,6 +51,7 @@ struct Options {
   std::string contexts = "128,256,512,1024", dtypes = "f16,bf16,f32", backend = "cpu";
   std::int64_t seqs = 32, heads = 9, kv_heads = 3, head_dim = 64;
   std::int64_t chunk = 0, prefix = 1000, call_queries = 0;  // chunked prefill when chunk > 0
+  std::int64_t shared_prefix = 0;                            // decode with a shared prefix too when > 0
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -108,24 +113,35 @@ void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, st
   be.copy_to_device(q_dev.data(), q.data(), q_dev.bytes());
   const std::vector<std::int64_t> lens(static_cast<std::size_t>(o.seqs), len);
   const kernels::AttentionShape shape{o.heads, o.kv_heads, o.head_dim, 1.0f / std::sqrt(static_cast<float>(o.head_dim))};
-  std::vector<std::function<void()>> variants = {[&] {
-    for (const Layer& layer : caches)
-      be.attention_decode({.shape = shape,
-                           .q = q_dev.as<float>(),
-                           .k_cache = layer.k.data(),
-                           .v_cache = layer.v.data(),
-                           .capacity = len,
-                           .lens = lens,
-                           .out = out.as<float>(),
-                           .cache_dtype = dtype});
-    be.synchronize();
-  }};
+  // Every sequence a member of one shared prefix held by row 0 (the timing does not depend on
+  // the values, so the rows need not hold its bytes).
+  const std::int64_t shared = std::min(o.shared_prefix, len);
+  const std::vector<kernels::SharedPrefix> prefixes = {{0, shared}};
+  const std::vector<std::int64_t> prefix_of(static_cast<std::size_t>(o.seqs), 0);
+  auto decode = [&](bool grouped) {
+    return [&, grouped] {
+      for (const Layer& layer : caches)
+        be.attention_decode({.shape = shape,
+                             .q = q_dev.as<float>(),
+                             .k_cache = layer.k.data(),
+                             .v_cache = layer.v.data(),
+                             .capacity = len,
+                             .lens = lens,
+                             .out = out.as<float>(),
+                             .cache_dtype = dtype,
+                             .shared_prefixes = grouped ? std::span(prefixes) : std::span<const kernels::SharedPrefix>{},
+                             .prefix_of = grouped ? std::span(prefix_of) : std::span<const std::int64_t>{}});
+      be.synchronize();
+    };
+  };
+  std::vector<std::function<void()>> variants = {decode(false)};
   if (gpu)
     variants.push_back([&] {
       be.copy_on_device(caches[1].k.data(), caches[0].k.data(), cache_bytes);
       be.copy_on_device(caches[1].v.data(), caches[0].v.data(), cache_bytes);
       be.synchronize();
     });
+  if (shared > 0) variants.push_back(decode(true));
   const std::vector<double> s = bench::interleaved_medians(variants, o.reps);
   const double per_layer = s[0] / static_cast<double>(layers), gbps = layer_bytes / per_layer / 1e9;
   std::string row = fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} |", kernels::dtype_name(dtype), len,
@@ -133,6 +149,10 @@ void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, st
   if (gpu) {
     const double copy_gbps = 2.0 * layer_bytes / s[1] / 1e9;  // read + written
     row += fmt::format(" {:.1f} | {:.2f} |", copy_gbps, gbps / copy_gbps);
+  }
+  if (o.shared_prefix > 0) {
+    const double grouped = shared > 0 ? s.back() / static_cast<double>(layers) : per_layer;
+    row += fmt::format(" {} | {:.1f} | {:.2f} |", shared, grouped * 1e6, per_layer / grouped);
   }
   fmt::print("{}\n", row);
 }
@@ -207,6 +227,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefix", o.prefix, "chunked prefill: cached slots before the chunk")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--call-queries", o.call_queries, "chunked prefill: queries per call (0: all in one)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--shared-prefix", o.shared_prefix, "decode: also with this many first slots shared by all sequences")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (o.heads % o.kv_heads != 0) {
     fmt::print(stderr, "bench_attention: --kv-heads {} does not divide --heads {}\n", o.kv_heads, o.heads);
@@ -242,8 +264,11 @@ int main(int argc, char** argv) {
   }
   fmt::print("decode attention on {}, {} sequences, {} query / {} kv heads, head_dim {}, median of {}\n", be->name(),
              o.seqs, o.heads, o.kv_heads, o.head_dim, o.reps);
-  fmt::print("| cache | context | KV MB per layer | us per layer | KV GB/s |{}\n|---|---|---|---|---|{}\n",
-             gpu ? " copy GB/s (read + write) | attention / copy |" : "", gpu ? "---|---|" : "");
+  const bool with_shared = o.shared_prefix > 0;
+  fmt::print("| cache | context | KV MB per layer | us per layer | KV GB/s |{}{}\n|---|---|---|---|---|{}{}\n",
+             gpu ? " copy GB/s (read + write) | attention / copy |" : "",
+             with_shared ? " shared prefix | us per layer, shared | plain / shared |" : "", gpu ? "---|---|" : "",
+             with_shared ? "---|---|---|" : "");
   for (kernels::DType dtype : dtypes)
     for (std::int64_t len : contexts) {
       if (len <= 0) {

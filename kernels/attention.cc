@@ -55,6 +55,22 @@ void check_prefill(const AttentionPrefillArgs& a) {
       throw std::invalid_argument("attention_prefill: seq_offsets must be non-decreasing");
 }
 
+void check_shared_prefixes(const AttentionDecodeArgs& a) {
+  if (a.prefix_of.empty()) return;
+  if (a.prefix_of.size() != a.lens.size())
+    throw std::invalid_argument("attention_decode: prefix_of needs one entry per query");
+  for (const SharedPrefix& p : a.shared_prefixes)
+    if (p.row < 0 || p.len < 0 || p.len > a.capacity)
+      throw std::out_of_range("attention_decode: a shared prefix outside the cache");
+  for (std::size_t b = 0; b < a.lens.size(); ++b) {
+    const std::int64_t i = a.prefix_of[b];
+    if (i < -1 || i >= static_cast<std::int64_t>(a.shared_prefixes.size()))
+      throw std::out_of_range("attention_decode: prefix_of names no shared prefix");
+    if (i >= 0 && a.shared_prefixes[static_cast<std::size_t>(i)].len > a.lens[b])
+      throw std::invalid_argument("attention_decode: a shared prefix longer than a member's length");
+  }
+}
+
 void check_decode(const AttentionDecodeArgs& a) {
   check_shape(a.shape);
   if (a.compute != DType::F32 && a.compute != DType::BF16)
@@ -62,6 +78,7 @@ void check_decode(const AttentionDecodeArgs& a) {
   for (const std::int64_t len : a.lens)
     if (len <= 0 || len > a.capacity)
       throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
+  check_shared_prefixes(a);
   if (a.cache_rows.empty()) return;
   if (a.cache_rows.size() != a.lens.size())
     throw std::invalid_argument("attention_decode: cache_rows needs one cache row per query");
@@ -95,6 +112,10 @@ void check_kv_move(const KvMoveArgs& a) {
 }
 
 }  // namespace
+
+bool shared_prefix_applies(const AttentionDecodeArgs& a) {
+  return !a.prefix_of.empty() && a.shape.window == 0 && a.probs == nullptr && a.slot_bias == nullptr;
+}
 
 void Backend::attention_prefill(const AttentionPrefillArgs& a) {
   check_prefill(a);

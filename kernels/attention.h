@@ -49,6 +49,15 @@ struct AttentionPrefillArgs {
   DType compute = DType::F32;
 };
 
+// A shared prefix of some queries of one decode call (cascade attention, docs/prefix-sharing.md):
+// the first `len` slots of cache row `row` (a row of the call's cache, as cache_rows names them)
+// hold, byte for byte, what the first `len` slots of every member's cache row hold (a prompt
+// prefix copied from one row into the others).
+struct SharedPrefix {
+  std::int64_t row = 0;
+  std::int64_t len = 0;
+};
+
 // One new query per sequence against its cache (or per row of cache_rows). Slots [0, lens[b]) of sequence b are valid
 // (the new token's K/V already written); slot order does not matter, so evicted slots can
 // be reused by later tokens. A compressed cache is dequantized as it is read.
@@ -77,7 +86,21 @@ struct AttentionDecodeArgs {
   // the unnormalised probabilities rounded to bf16, a 16-bit cache's keys and values read as
   // bf16 (docs/backends.md); the CPU computes in fp32 either way.
   DType compute = DType::F32;
+  // Optional, host: shared prefixes of the call's queries. Query b with prefix_of[b] = i >= 0
+  // ([B] entries, -1: none) is a member of shared_prefixes[i], whose len is at most lens[b].
+  // Where shared_prefix_applies holds and the backend reads_shared_prefixes_once, the prefix's
+  // K/V are read once for all its members' query heads (each query's softmax over the prefix
+  // and over its own slots [len, lens[b]) merged by their maxima and sums), and a member's own
+  // row below len is not read; the result equals the per-query reading up to fp32 summation
+  // order. Elsewhere (CUDA) every query reads its own row whole, which holds the same bytes.
+  std::span<const SharedPrefix> shared_prefixes;
+  std::span<const std::int64_t> prefix_of;
 };
+
+// Whether a's shared prefixes can be read once: there are some, and no feature makes a query's
+// view of its prefix its own (a sliding window starts each query's keys after its own length;
+// probs and slot_bias are per cache row). Otherwise the call reads every query's row whole.
+bool shared_prefix_applies(const AttentionDecodeArgs& a);
 
 // Writes rows of new keys or values into a cache laid out like AttentionDecodeArgs::k_cache:
 // row r of src goes to sequence seq[r], slot slot[r], for every kv head (converted to the

@@ -89,6 +89,10 @@ class Backend {
   // otherwise round x in a pass of its own before it multiplies (CUDA). The results are the same
   // either way; the CPU rounds inside its GEMM kernels, so it gains nothing.
   virtual bool takes_bf16_gemm_inputs() const { return false; }
+  // Whether attention_decode reads a shared prefix once for all its members where
+  // shared_prefix_applies (AttentionDecodeArgs::shared_prefixes); false: each query reads its
+  // own row whole (the KV bytes read then count every member's prefix).
+  virtual bool reads_shared_prefixes_once() const { return false; }
 
   // A decode step's ops captured in a CUDA graph (docs/backends.md, "CUDA graphs"): the
   // executor brackets the device part of a step whose ops repeat from step to step (same

@@ -60,7 +60,11 @@ nlohmann::json kv_reads_json(const engine::KvReads& r, std::int64_t steps) {
                                                    {"staged", r.staged[i]},
                                                    {"per_step", per_step(r.in_place[i] + r.staged[i])}};
   }
-  return {{"total", r.total()}, {"steps", steps}, {"per_step", per_step(r.total())}, {"by_tier", std::move(by_tier)}};
+  return {{"total", r.total()},
+          {"steps", steps},
+          {"per_step", per_step(r.total())},
+          {"by_tier", std::move(by_tier)},
+          {"shared_prefix_saved", r.shared_prefix_saved}};
 }
 
 engine::KvReads kv_reads_from_json(const nlohmann::json& j) {
@@ -71,6 +75,7 @@ engine::KvReads kv_reads_from_json(const nlohmann::json& j) {
     r.in_place[i] = tier.at("in_place").get<std::int64_t>();
     r.staged[i] = tier.at("staged").get<std::int64_t>();
   }
+  r.shared_prefix_saved = j.at("shared_prefix_saved").get<std::int64_t>();
   return r;
 }
 
@@ -83,8 +88,12 @@ std::string kv_reads_text(const engine::KvReads& r, std::int64_t steps) {
     if (r.in_place[i] > 0) tiers.push_back(fmt::format("{} {} in place", name, format_bytes(r.in_place[i] / n)));
     if (r.staged[i] > 0) tiers.push_back(fmt::format("{} {} staged", name, format_bytes(r.staged[i] / n)));
   }
-  return fmt::format("KV read: {} per step{}, {} over {} steps\n", format_bytes(r.total() / n),
-                     tiers.empty() ? "" : fmt::format(" ({})", fmt::join(tiers, " | ")), format_bytes(r.total()), steps);
+  const std::string saved = r.shared_prefix_saved > 0
+                                ? fmt::format("; {} not read (shared prefixes read once)", format_bytes(r.shared_prefix_saved))
+                                : "";
+  return fmt::format("KV read: {} per step{}, {} over {} steps{}\n", format_bytes(r.total() / n),
+                     tiers.empty() ? "" : fmt::format(" ({})", fmt::join(tiers, " | ")), format_bytes(r.total()), steps,
+                     saved);
 }
 
 double percentile(std::vector<double> values, double p) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <array>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -16,6 +17,31 @@ namespace flexh2o::engine {
 
 namespace {
 
+// The shared prefixes of one decode call's queries (kernels::AttentionDecodeArgs): query i
+// reads the cache row of sequence query_seq[i] of `p` (the call's rows are p's sequences); a
+// group's prefix is read from the row of its first sequence in the call. Empty when none.
+struct CallPrefixes {
+  std::vector<kernels::SharedPrefix> prefixes;
+  std::vector<std::int64_t> prefix_of;
+};
+CallPrefixes call_prefixes(const StepBatch& p, std::span<const std::int64_t> query_seq) {
+  CallPrefixes c;
+  std::vector<std::int64_t> ids;  // the group of each prefix
+  for (const std::int64_t b : query_seq) {
+    const std::int64_t group = p.prefix_group[static_cast<std::size_t>(b)];
+    if (group < 0) {
+      c.prefix_of.push_back(-1);
+      continue;
+    }
+    const auto at = std::ranges::find(ids, group);
+    c.prefix_of.push_back(at - ids.begin());
+    if (at != ids.end()) continue;
+    ids.push_back(group);
+    c.prefixes.push_back({b, p.prefix_len[static_cast<std::size_t>(b)]});
+  }
+  if (c.prefixes.empty()) c.prefix_of.clear();
+  return c;
+}
 
 // The input of projections: fp32, or already rounded to bf16 by the op that wrote it where the
 // backend takes bf16 GEMM inputs under bf16 compute (the rounding the GEMM would do, saving
@@ -226,8 +252,12 @@ class Attention final : public Layer {
       be.attention_prefill({.shape = shape, .q = q + r0 * qw, .k = k + r0 * kw, .v = v + r0 * kw, .out = o + r0 * qw,
                             .seq_offsets = p.seq_offsets, .compute = cfg_.compute_dtype});
     } else {
+      std::vector<std::int64_t> seqs(static_cast<std::size_t>(p.batch()));
+      for (std::size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<std::int64_t>(b);
+      const CallPrefixes shared = call_prefixes(p, seqs);
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
-                           .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt});
+                           .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt,
+                           .shared_prefixes = shared.prefixes, .prefix_of = shared.prefix_of});
     }
   }
   // Prompt rows whose K/V are written at their positions (after a cached prefix, or from the
@@ -243,10 +273,13 @@ class Attention final : public Layer {
     for (std::int64_t r0 = 0; r0 < p.rows(); r0 += per_call) {
       const auto n = static_cast<std::size_t>(std::min(per_call, p.rows() - r0));
       const auto first = static_cast<std::size_t>(r0);
+      const auto rows = std::span(p.row_seq).subspan(first, n);
+      const CallPrefixes shared = call_prefixes(p, rows);
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
                            .capacity = cache.capacity, .lens = std::span(lens).subspan(first, n),
-                           .out = o + r0 * qw, .cache_dtype = cache.dtype,
-                           .cache_rows = std::span(p.row_seq).subspan(first, n), .compute = cfg_.compute_dtype});
+                           .out = o + r0 * qw, .cache_dtype = cache.dtype, .cache_rows = rows,
+                           .compute = cfg_.compute_dtype, .shared_prefixes = shared.prefixes,
+                           .prefix_of = shared.prefix_of});
     }
   }
   // RoPE on rows of `heads` heads. Frequencies that depend on a sequence's length (dynamic,

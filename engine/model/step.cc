@@ -9,6 +9,8 @@ namespace {
 void begin_sequence(StepBatch& s, SeqStep kind) {
   if (s.seq_offsets.empty()) s.seq_offsets.push_back(0);
   s.kinds.push_back(kind);
+  s.prefix_group.push_back(-1);
+  s.prefix_len.push_back(0);
   s.prefill = s.prefill && kind == SeqStep::Prefill;
 }
 }  // namespace
@@ -59,6 +61,14 @@ void StepBatch::add_idle() {
   last_rows.push_back(0);
 }
 
+void StepBatch::share_prefix(std::int64_t b, std::int64_t group, std::int64_t len) {
+  const SeqStep kind = kinds.at(static_cast<std::size_t>(b));
+  if ((kind != SeqStep::Decode && kind != SeqStep::Extend) || group < 0 || len < 0 || len > cached(b))
+    throw std::logic_error("a shared prefix is read by a decode or extend sequence from the slots it holds");
+  prefix_group[static_cast<std::size_t>(b)] = group;
+  prefix_len[static_cast<std::size_t>(b)] = len;
+}
+
 bool StepBatch::any_cached() const {
   for (std::int64_t b = 0; b < batch(); ++b)
     if (cached(b) > 0) return true;
@@ -90,6 +100,8 @@ StepBatch StepBatch::slice(std::int64_t b0, std::int64_t b1) const {
   for (std::int64_t b = b0; b <= b1; ++b) s.seq_offsets.push_back(seq_offsets[b] - r0);
   s.lens.assign(lens.begin() + b0, lens.begin() + b1);
   s.kinds.assign(kinds.begin() + b0, kinds.begin() + b1);
+  s.prefix_group.assign(prefix_group.begin() + b0, prefix_group.begin() + b1);
+  s.prefix_len.assign(prefix_len.begin() + b0, prefix_len.begin() + b1);
   s.prefill = std::ranges::all_of(s.kinds, [](SeqStep k) { return k == SeqStep::Prefill; });
   for (std::int64_t b = b0; b < b1; ++b) s.last_rows.push_back(std::max<std::int64_t>(last_rows[b] - r0, 0));
   return s;

@@ -29,6 +29,11 @@ struct StepBatch {
   std::vector<std::int64_t> lens;         // [B] valid cache slots after this step (0 when idle)
   std::vector<std::int64_t> last_rows;    // [B] the row whose logits predict the next token (0 when idle)
   std::vector<SeqStep> kinds;             // [B]
+  // [B] Shared prefixes (cascade attention, docs/prefix-sharing.md): the sequences of one
+  // prefix_group id (>= 0) hold the same KV bytes in the first prefix_len slots of their cache
+  // rows (copies of one computation, none rewritten since), at most the slots each held before
+  // the step; -1 and 0: none.
+  std::vector<std::int64_t> prefix_group, prefix_len;
 
   std::int64_t rows() const { return static_cast<std::int64_t>(token_ids.size()); }
   std::int64_t batch() const { return static_cast<std::int64_t>(lens.size()); }
@@ -49,6 +54,8 @@ struct StepBatch {
   void add_decode(std::int32_t token, std::int64_t cached);
   void add_extend(std::span<const std::int32_t> tokens, std::int64_t cached);
   void add_idle();
+  // Sequence b (a decode or extend) joins shared prefix `group` of `len` slots.
+  void share_prefix(std::int64_t b, std::int64_t group, std::int64_t len);
 
   // Prefill of whole prompts into an empty cache.
   static StepBatch make_prefill(std::span<const std::vector<std::int32_t>> prompts);

@@ -2,6 +2,8 @@
 
 #include "engine/runtime/kv_staging.h"
 
+#include <algorithm>
+
 namespace flexh2o::engine {
 
 using offload::CopyPiece;
@@ -27,17 +29,20 @@ void KvReads::add(const KvReads& o) {
     in_place[t] += o.in_place[t];
     staged[t] += o.staged[t];
   }
+  shared_prefix_saved += o.shared_prefix_saved;
 }
 
 CacheRing::CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::int64_t hidden,
-                     std::int64_t n_kv_heads, std::int64_t head_dim, kernels::DType cache_dtype, bool overlap)
+                     std::int64_t n_kv_heads, std::int64_t head_dim, kernels::DType cache_dtype, bool overlap,
+                     std::vector<bool> prefix_once)
     : tiers_(tiers),
       copies_(copies),
       hidden_(hidden),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       cache_dtype_(cache_dtype),
-      overlap_(overlap) {
+      overlap_(overlap),
+      prefix_once_(std::move(prefix_once)) {
   lane_cache_in_ = copies_.add_lane("copy: cache in");
   lane_cache_out_ = copies_.add_lane("copy: cache out");
   lane_hidden_in_ = copies_.add_lane("copy: hidden in");
@@ -103,12 +108,33 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
 void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity) {
   const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
   const offload::RowSplit& split = b.k[layer]->split();
+  const bool once = layer < prefix_once_.size() && prefix_once_[layer];
+  // The attention calls go by runs of sequences of one kind within a part (a tier attended in
+  // place, or the staged rest): the groups whose prefix the current call has read.
+  std::vector<std::int64_t> read;
+  auto same_call = [&](std::int64_t s) {
+    const auto k = static_cast<std::size_t>(s);
+    const bool in_place = s < b.resident_end;
+    return b.step.kinds[k] == b.step.kinds[k - 1] && in_place == (s - 1 < b.resident_end) &&
+           (!in_place || split.tier_of(s) == split.tier_of(s - 1));
+  };
   for (std::int64_t s = 0; s < b.n; ++s) {
+    if (s == 0 || !same_call(s)) read.clear();
     const std::int64_t cached = b.step.cached(s);
     if (cached == 0) continue;
-    const std::int64_t bytes = 2 * n_kv_heads_ * (b.eviction.empty() ? cached : capacity) * slot_bytes;
+    std::int64_t slots = b.eviction.empty() ? cached : capacity;
+    const std::int64_t group = b.step.prefix_group[static_cast<std::size_t>(s)];
+    if (once && group >= 0 && s < b.resident_end) {
+      if (std::ranges::find(read, group) != read.end()) {
+        const std::int64_t prefix = b.step.prefix_len[static_cast<std::size_t>(s)];
+        slots -= prefix;
+        reads_.shared_prefix_saved += 2 * n_kv_heads_ * prefix * slot_bytes;
+      } else {
+        read.push_back(group);
+      }
+    }
     auto& by_tier = s < b.resident_end ? reads_.in_place : reads_.staged;
-    by_tier[static_cast<std::size_t>(split.tier_of(s))] += bytes;
+    by_tier[static_cast<std::size_t>(split.tier_of(s))] += 2 * n_kv_heads_ * slots * slot_bytes;
   }
 }
 

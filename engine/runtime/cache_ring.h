@@ -37,9 +37,14 @@ struct GpuBatch {
 // attended where they live (sequences [0, resident_end) of a batch) or staged through a ring
 // slot first (load_cache). A sequence that decodes or extends reads, in each decoder layer, K
 // and V of the slots its cache held before the step (under eviction its whole budget-sized
-// rows); a prefill reads none (it attends over the K/V it computes).
+// rows); a prefill reads none (it attends over the K/V it computes). Where a layer's attention
+// reads shared prefixes once (StepBatch::prefix_group), the members of a group attended in
+// place by one call read the prefix once: the first member all its slots, the others their
+// slots after it. Staged rows count what load_cache copies: every member's prefix.
 struct KvReads {
   std::array<std::int64_t, 3> in_place{}, staged{};  // by offload::Tier
+  // Not in the totals: the bytes a group's members after its first did not read (their prefix).
+  std::int64_t shared_prefix_saved = 0;
   std::int64_t total() const;
   void add(const KvReads& o);
 };
@@ -54,9 +59,10 @@ struct RingSlot {
 
 class CacheRing {
  public:
-  // Adds its four lanes to `copies` (which outlives this).
+  // Adds its four lanes to `copies` (which outlives this). prefix_once: per decoder layer,
+  // whether its attention reads a shared prefix once for all the members of a call.
   CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::int64_t hidden, std::int64_t n_kv_heads,
-            std::int64_t head_dim, kernels::DType cache_dtype, bool overlap);
+            std::int64_t head_dim, kernels::DType cache_dtype, bool overlap, std::vector<bool> prefix_once);
   // Starts the copies of batch `b`'s inputs to unit `u` into `slot`: its hidden states unless
   // they stay resident (`hidden_resident`) or come from the embedding, and its staged KV
   // sequences' valid slots (`capacity` slots per head) when u attends and a sequence of the
@@ -80,6 +86,7 @@ class CacheRing {
   std::int64_t hidden_, n_kv_heads_, head_dim_;
   kernels::DType cache_dtype_;
   bool overlap_;
+  std::vector<bool> prefix_once_;
   int lane_cache_in_ = 0, lane_cache_out_ = 0, lane_hidden_in_ = 0, lane_hidden_out_ = 0;
   KvReads reads_;
 };

@@ -76,6 +76,9 @@ StepBatch BlockScheduler::lay_out(const BlockState& st, const GpuBatch& b) const
     } else {
       step.add_decode(tokens.back(), s.cached);
     }
+    const SeqStep kind = step.kinds.back();
+    if (s.prefix_group >= 0 && (kind == SeqStep::Decode || kind == SeqStep::Extend))
+      step.share_prefix(static_cast<std::int64_t>(i), s.prefix_group, s.prefix_len);
   }
   return step;
 }

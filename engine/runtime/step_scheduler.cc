@@ -1,6 +1,7 @@
 #include "engine/runtime/step_scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -21,6 +22,7 @@ StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batc
   fork_of_.assign(n, -1);
   held_.assign(n, 0);
   prefix_.assign(n, 0);
+  kv_runs_.resize(n);
   if (continuous_) return;
   // A fixed block: each run of prompts sharing a prefill forks its first one's slot after step 0.
   for (std::size_t s = 0; s < n; ++s) {
@@ -62,6 +64,69 @@ void StepScheduler::lay_out(StepPlan& plan, const std::vector<bool>& newcomer) c
       s.cached = static_cast<std::int64_t>(tokens_[slot].size()) - 1;
     }
   }
+  if (sharing_) group_prefixes(plan);
+}
+
+void StepScheduler::copy_kv_runs(std::size_t to, std::size_t from, std::int64_t tokens) {
+  std::vector<KvRun> runs;
+  for (const KvRun& r : kv_runs_[from])
+    if (r.begin < tokens) runs.push_back(r);
+  runs.push_back({next_origin_++, tokens});
+  kv_runs_[to] = std::move(runs);
+}
+
+std::int64_t StepScheduler::same_kv(std::size_t a, std::size_t b) const {
+  const std::vector<KvRun>&x = kv_runs_[a], &y = kv_runs_[b];
+  constexpr std::int64_t kOpen = std::numeric_limits<std::int64_t>::max();
+  std::int64_t same = 0;
+  for (std::size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    if (x[i].origin != y[i].origin || x[i].begin != y[i].begin) break;
+    const std::int64_t end_x = i + 1 < x.size() ? x[i + 1].begin : kOpen;
+    const std::int64_t end_y = i + 1 < y.size() ? y[i + 1].begin : kOpen;
+    same = std::min(end_x, end_y);
+    if (end_x != end_y) break;
+  }
+  return same;
+}
+
+// Within each GPU batch, a slot that reads its cache joins the first group whose first slot's
+// row holds the same bytes as its own for at least min_shared_prefix slots, both cached before
+// the step; the group's prefix is the shortest of its members'. (A member sharing a longer
+// prefix with some of the others still reads the rest on its own.)
+void StepScheduler::group_prefixes(StepPlan& plan) const {
+  const std::int64_t least = std::max<std::int64_t>(req_.min_shared_prefix, 1);
+  auto reads_cache = [&](std::size_t s) {
+    return plan.slots[s].kind == SeqStep::Decode || plan.slots[s].kind == SeqStep::Extend;
+  };
+  for (std::size_t first = 0; first < slots(); first += gpu_batch_size_) {
+    const std::size_t end = std::min(slots(), first + gpu_batch_size_);
+    std::vector<std::vector<std::size_t>> groups;  // each led by its first slot
+    std::vector<std::int64_t> lens;
+    for (std::size_t s = first; s < end; ++s) {
+      if (!reads_cache(s)) continue;
+      const std::int64_t cached = plan.slots[s].cached;
+      std::size_t g = 0;
+      for (; g < groups.size(); ++g) {
+        const std::size_t lead = groups[g].front();
+        const std::int64_t same = std::min({same_kv(s, lead), cached, plan.slots[lead].cached});
+        if (same < least) continue;
+        groups[g].push_back(s);
+        lens[g] = std::min(lens[g], same);
+        break;
+      }
+      if (g == groups.size()) {
+        groups.push_back({s});
+        lens.push_back(cached);
+      }
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].size() < 2) continue;
+      for (const std::size_t s : groups[g]) {
+        plan.slots[s].prefix_group = static_cast<std::int64_t>(groups[g].front());
+        plan.slots[s].prefix_len = lens[g];
+      }
+    }
+  }
 }
 
 std::vector<RowCopy> StepScheduler::take_forks() {
@@ -72,6 +137,7 @@ std::vector<RowCopy> StepScheduler::take_forks() {
     if (from < 0 || seq < 0) continue;  // not a fork, or it ended with its first token
     forks.push_back({from, static_cast<std::int64_t>(s),
                      static_cast<std::int64_t>(req_.sequences[static_cast<std::size_t>(seq)].prompt.size())});
+    copy_kv_runs(s, static_cast<std::size_t>(from), forks.back().tokens);
   }
   return forks;
 }
@@ -158,6 +224,7 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
       if (match.slot != static_cast<std::int64_t>(f))
         plan.prefixes.push_back({match.slot, static_cast<std::int64_t>(f), match.tokens});
     }
+    copy_kv_runs(f, match.tokens > 0 ? static_cast<std::size_t>(match.slot) : f, match.tokens);
     idle = false;
     for (std::size_t j = 1, s = 0; j < run; ++j) {
       while (slot_seq_[free[s]] >= 0) ++s;

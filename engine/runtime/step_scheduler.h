@@ -35,6 +35,11 @@ struct SlotStep {
   // An idle fork: the slot whose prefill of this step it shares (samples its first token from
   // that slot's logits; its row is copied from that one after the step).
   std::int64_t fork_of = -1;
+  // Decode and Extend under shared prefixes: the slots of one GPU batch whose cache rows hold
+  // the same KV bytes in their first prefix_len slots (copies of one computation, none
+  // rewritten since) share prefix_group, the group's first slot; their attention may read
+  // those slots once for all (cascade attention). -1: none.
+  std::int64_t prefix_group = -1, prefix_len = 0;
   bool operator==(const SlotStep&) const = default;
 };
 
@@ -87,6 +92,13 @@ class StepScheduler {
   // The rows of this step's prefills copied into their forks (forks that ended copy nothing).
   std::vector<RowCopy> take_forks();
   void lay_out(StepPlan& plan, const std::vector<bool>& newcomer) const;
+  // Slot `to`'s row now holds the first `tokens` slots of row `from` (itself: the slots it
+  // keeps), then what it computes from there on.
+  void copy_kv_runs(std::size_t to, std::size_t from, std::int64_t tokens);
+  // The first slots whose KV bytes are copies of one computation in both rows.
+  std::int64_t same_kv(std::size_t a, std::size_t b) const;
+  // The groups of slots of each GPU batch that read one shared prefix (SlotStep::prefix_group).
+  void group_prefixes(StepPlan& plan) const;
 
   const GenerationRequest& req_;
   std::size_t gpu_batch_size_;
@@ -103,6 +115,14 @@ class StepScheduler {
   // holds (also after its request ended: a later one may start with them) and how many of
   // them its newcomer of this step took from a shared prefix (0: it prefills its whole prompt).
   std::vector<std::int64_t> held_, prefix_;
+  // Where each row's KV bytes came from: runs of slots from `begin` up to the next run's begin,
+  // each computed by one computation (`origin`: a row from an admission on); a copy takes the
+  // source row's runs. Two rows hold the same bytes where their runs agree.
+  struct KvRun {
+    std::int64_t origin = 0, begin = 0;
+  };
+  std::vector<std::vector<KvRun>> kv_runs_;
+  std::int64_t next_origin_ = 0;
 };
 
 }  // namespace flexh2o::engine

@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
   bool native_bf16() const override;
   std::optional<std::int64_t> bf16_faster_from_rows(DType weights) const override;
+  bool reads_shared_prefixes_once() const override { return true; }
 
  protected:
   void do_gemm(const GemmArgs& a) override;

@@ -984,7 +984,9 @@ DecodePlan plan_decode_queries(const AttentionDecodeArgs& a, std::span<const std
 // predicate for the fallback); the other queries, and every query of a call that falls back,
 // to the decode kernel. A tile table follows the host's lens and cache_rows, which a replayed
 // graph would not re-read: a call with runs ends the graph step (the engine opens graph steps
-// only for steps without prompt rows, so it never has runs there).
+// only for steps without prompt rows, so it never has runs there). Shared prefixes
+// (AttentionDecodeArgs::shared_prefixes) are not read: every query reads its own row whole,
+// whose first slots hold the prefix's bytes (reads_shared_prefixes_once is false here).
 void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   DecodeQuerySplit split;
   if (decode_runs_on_tensor_cores(a)) split = split_decode_queries(a.cache_rows, a.lens, kMinTensorCoreRun, kMmaQueryTile);

@@ -1,14 +1,17 @@
 // The KV bytes the attention read (CacheRing::reads, docs/prefix-sharing.md), exactly: a
 // sequence that decodes or extends reads K and V of the slots its cache held before the step,
-// in every decoder layer; a prefill reads none. Split by the tier its rows live on, attended
-// in place or staged through the ring.
+// in every decoder layer; a prefill reads none; the members of a shared prefix's group in one
+// attention call read it once where the backend does (the CPU's cascade attention). Split by
+// the tier its rows live on, attended in place or staged through the ring.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 
 #include "engine/loaders/dummy_weights.h"
 #include "engine/runtime/block_scheduler.h"
 #include "kernels/backend.h"
+#include "tests/support/forwarding_backend.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -38,8 +41,25 @@ struct Generated {
   KvReads reads;
 };
 
-Generated run(const engine::ModelConfig& cfg, const policy::Policy& pol, const GenerationRequest& req) {
-  auto be = kernels::make_cpu_backend();
+// A backend whose decode attention reads every query's row whole, shared prefixes or not (as
+// the CUDA backend does).
+class PerSequenceReads final : public testing::ForwardingBackend {
+ public:
+  bool reads_shared_prefixes_once() const override { return false; }
+
+ protected:
+  void do_attention_decode(const kernels::AttentionDecodeArgs& a) override {
+    kernels::AttentionDecodeArgs whole = a;
+    whole.shared_prefixes = {};
+    whole.prefix_of = {};
+    inner().attention_decode(whole);
+  }
+};
+
+Generated run(const engine::ModelConfig& cfg, const policy::Policy& pol, const GenerationRequest& req,
+              bool per_sequence = false) {
+  std::unique_ptr<kernels::Backend> be = kernels::make_cpu_backend();
+  if (per_sequence) be = std::make_unique<PerSequenceReads>();
   testing::TempDir dir;
   offload::TierOptions to;
   to.offload_dir = dir.path();
@@ -107,9 +127,9 @@ TEST(KvReads, FixedBlockOverThreeTiers) {
   EXPECT_EQ(r.reads.staged, want.staged);
 }
 
-// Continuous batching with shared prefixes: a request that takes a prefix reads it in its
-// extend step, then decodes as any other.
-TEST(KvReads, ContinuousBatchingCountsTheSharedPrefixOnce) {
+// Continuous batching with shared prefixes, on a backend that reads each row whole: a request
+// that takes a prefix reads it in its extend step, then decodes as any other.
+TEST(KvReads, ContinuousBatchingReadingEveryRowWhole) {
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   const policy::Policy pol = placement(2, 1, {1, 0, 0}, false);
   GenerationRequest req = request(cfg, {20, 3, 6, 4, 9}, 5);
@@ -120,7 +140,7 @@ TEST(KvReads, ContinuousBatchingCountsTheSharedPrefixOnce) {
   req.sequences[0].prompt = prefix;
   req.slots = pol.block_size();
   req.min_shared_prefix = 4;
-  const Generated r = run(cfg, pol, req);
+  const Generated r = run(cfg, pol, req, true);
   ASSERT_GT(r.result.prefix_shared_tokens, 0);
   std::int64_t slots = r.result.prefix_shared_tokens;
   for (std::size_t b = 0; b < req.sequences.size(); ++b)
@@ -130,6 +150,38 @@ TEST(KvReads, ContinuousBatchingCountsTheSharedPrefixOnce) {
   want.in_place[static_cast<std::size_t>(Tier::Gpu)] = slot_bytes(cfg, pol) * slots;
   EXPECT_EQ(r.reads.in_place, want.in_place);
   EXPECT_EQ(r.reads.staged, KvReads{}.staged);
+}
+
+// One GPU batch of four: prompt 0 is a 20-token prefix, prompts 1-3 that prefix and items of 3, 6
+// and 4 tokens; 5 new tokens each. Step 0 prefills prompt 0 (the others wait for it); step 1
+// slot 0 decodes while slots 1-3 extend, each after the 20 slots copied from row 0; steps 2-4
+// all four decode; step 5 slots 1-3 (slot 0 has its 5 tokens). Reading each row whole, that is
+// the 60 shared tokens read by the extends plus every decode's cached slots. Reading the 20
+// slots once per call: the extend call of step 1 reads them once for 3 (saves 2 x 20), the
+// decode calls of steps 2-4 once for 4 (3 x 20 each), that of step 5 once for 3 (2 x 20); slot 0
+// decodes alone in step 1's decode call.
+TEST(KvReads, ContinuousBatchingReadsAGroupsPrefixOnce) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  const policy::Policy pol = placement(4, 1, {1, 0, 0}, false);
+  GenerationRequest req = request(cfg, {20, 3, 6, 4}, 5);
+  const Tokens prefix = req.prompts[0];
+  for (std::size_t p = 1; p < req.prompts.size(); ++p) req.prompts[p].insert(req.prompts[p].begin(), prefix.begin(), prefix.end());
+  req.slots = pol.block_size();
+  req.min_shared_prefix = 4;
+  std::int64_t whole = 3 * 20;
+  for (std::size_t b = 0; b < req.prompts.size(); ++b) whole += decode_slots(static_cast<std::int64_t>(req.prompts[b].size()), 5);
+  const std::int64_t once = whole - 20 * (2 + 3 * 3 + 2);
+  for (const bool per_sequence : {true, false}) {
+    SCOPED_TRACE(per_sequence ? "reading each row whole" : "reading shared prefixes once");
+    const Generated r = run(cfg, pol, req, per_sequence);
+    ASSERT_EQ(r.result.prefix_shared_tokens, 3 * 20);
+    for (const auto& tokens : r.result.tokens) ASSERT_EQ(tokens.size(), 5u);
+    KvReads want;
+    want.in_place[static_cast<std::size_t>(Tier::Gpu)] = slot_bytes(cfg, pol) * (per_sequence ? whole : once);
+    EXPECT_EQ(r.reads.in_place, want.in_place);
+    EXPECT_EQ(r.reads.staged, KvReads{}.staged);
+    EXPECT_EQ(r.reads.shared_prefix_saved, slot_bytes(cfg, pol) * (per_sequence ? 0 : whole - once));
+  }
 }
 
 }  // namespace

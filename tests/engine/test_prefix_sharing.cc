@@ -4,15 +4,19 @@
 // sharing on and with it off (tests/support/refill_check.h: near-ties of fp32 rounding aside,
 // as the extend rows attend through the decode kernel), in memory and with the KV cache over
 // gpu/cpu/disk, compressed or not; under a KV eviction policy nothing is shared. The counters
-// say what was shared: exactly, for admissions worked out by hand.
+// say what was shared: exactly, for admissions worked out by hand. The decode attention reads
+// the prefixes rows share once for all (cascade attention): the runs with sharing count the
+// queries that read a prefix from another row.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
 
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/model_source.h"
 #include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/prefix_match.h"
+#include "tests/support/forwarding_backend.h"
 #include "tests/support/refill_check.h"
 #include "tests/support/test_models.h"
 
@@ -59,6 +63,9 @@ struct Placement {
   policy::Policy policy;
   bool always_stage = false;
   std::string name;
+  // Each attention call holds one row of a GPU batch (two rows on two tiers): no prefix group
+  // has two members in a call.
+  bool one_row_a_call = false;
 };
 
 // The KV cache in memory, staged from cpu or disk, over the three tiers with the cpu part
@@ -82,21 +89,43 @@ std::vector<Placement> placements() {
   add("cache on cpu", 2, 3, {0.5, 0.5, 0}, {0, 1, 0}, false, false);
   add("cache on disk", 3, 2, {0.3, 0.4, 0.3}, {0, 0, 1}, true, false);
   add("cache over three tiers", 2, 3, {0.3, 0.4, 0.3}, {0.34, 0.33, 0.33}, true, true);
+  out.back().one_row_a_call = true;
   return out;
 }
 
+// The CPU backend, counting the decode queries that read a shared prefix in another row.
+class SharedPrefixReads final : public testing::ForwardingBackend {
+ public:
+  std::atomic<std::int64_t> queries = 0;
+
+ protected:
+  void do_attention_decode(const kernels::AttentionDecodeArgs& a) override {
+    if (kernels::shared_prefix_applies(a))
+      for (std::size_t i = 0; i < a.prefix_of.size(); ++i) {
+        const std::int64_t p = a.prefix_of[i];
+        const std::int64_t row = a.cache_rows.empty() ? static_cast<std::int64_t>(i) : a.cache_rows[i];
+        if (p < 0) continue;
+        const kernels::SharedPrefix& prefix = a.shared_prefixes[static_cast<std::size_t>(p)];
+        if (prefix.len > 0 && prefix.row != row) ++queries;
+      }
+    inner().attention_decode(a);
+  }
+};
+
+// `shared_reads`: where given, the decode queries that read a shared prefix in another row.
 GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
-                               const GenerationRequest& req) {
-  auto be = kernels::make_cpu_backend();
+                               const GenerationRequest& req, std::int64_t* shared_reads = nullptr) {
+  SharedPrefixReads be;
   testing::TempDir dir;
   offload::TierOptions to;
   to.offload_dir = dir.path();
-  offload::Tiers tiers(*be, to);
+  offload::Tiers tiers(be, to);
   GenerationResult r;
   {
-    engine::BlockScheduler sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
+    engine::BlockScheduler sched(be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
     r = sched.generate(req);
   }
+  if (shared_reads) *shared_reads = be.queries;
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
     EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
   return r;
@@ -116,14 +145,20 @@ GenerationResult expect_sharing_changes_no_token(const engine::ModelConfig& cfg,
     req.share_prefixes = share;
     const auto c = testing::expect_refill_matches_solo(*be, cfg, src, s.policy, req, {s.always_stage});
     EXPECT_EQ(c.requests, req.sequences.size());
-    const GenerationResult r = on_off[share ? 0 : 1] = run_scheduler(cfg, src, s, req);
+    std::int64_t shared_reads = 0;
+    const GenerationResult r = on_off[share ? 0 : 1] = run_scheduler(cfg, src, s, req, &shared_reads);
     EXPECT_EQ(r.prompt_tokens - r.prompt_tokens_computed, r.prefix_shared_tokens);
     if (share && shares) {
       EXPECT_GT(r.prefix_hits, 0);
       EXPECT_LT(r.prompt_tokens_computed, r.prompt_tokens);
+      if (s.one_row_a_call)
+        EXPECT_EQ(shared_reads, 0);
+      else
+        EXPECT_GT(shared_reads, 0);
     } else {
       EXPECT_EQ(r.prefix_hits, 0);
       EXPECT_EQ(r.prompt_tokens_computed, r.prompt_tokens);
+      EXPECT_EQ(shared_reads, 0);
     }
   }
   // Both runs equal the solo runs; where neither met a near-tie, they equal each other.

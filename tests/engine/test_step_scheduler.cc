@@ -18,7 +18,7 @@ namespace flexh2o::engine {
 void PrintTo(const SlotStep& s, std::ostream* os) {
   static const char* const kinds[] = {"Prefill", "Decode", "Extend", "Idle"};
   *os << "{" << kinds[static_cast<int>(s.kind)] << " seq " << s.seq << " cached " << s.cached << " fork_of "
-      << s.fork_of << "}";
+      << s.fork_of << " prefix_group " << s.prefix_group << " prefix_len " << s.prefix_len << "}";
 }
 
 void PrintTo(const StepPlan& p, std::ostream* os) {
@@ -44,6 +44,12 @@ SlotStep prefill(std::int64_t seq) { return {SeqStep::Prefill, seq, 0, -1}; }
 SlotStep extend(std::int64_t seq, std::int64_t cached) { return {SeqStep::Extend, seq, cached, -1}; }
 SlotStep decode(std::int64_t seq, std::int64_t cached) { return {SeqStep::Decode, seq, cached, -1}; }
 SlotStep fork(std::int64_t seq, std::int64_t of) { return {SeqStep::Idle, seq, 0, of}; }
+// s reading the first `len` slots of shared prefix `group` (its first slot) with the group's others.
+SlotStep shares(SlotStep s, std::int64_t group, std::int64_t len) {
+  s.prefix_group = group;
+  s.prefix_len = len;
+  return s;
+}
 
 StepPlan plan(std::vector<SlotStep> slots, std::vector<RowCopy> forks = {}, std::vector<RowCopy> prefixes = {},
               std::vector<std::size_t> dropped = {}) {
@@ -230,7 +236,9 @@ TEST(StepScheduler, FixedBlockPrefillsThenDecodesAndForks) {
 
 // Shared prompt prefixes (docs/prefix-sharing.md), at least min_shared_prefix = 16 tokens,
 // the longest a row holds, never a whole prompt; a newcomer waits a step when another newcomer
-// of this step prefills a prefix of it longer (by 16) than the rows hold.
+// of this step prefills a prefix of it longer (by 16) than the rows hold. The slots whose rows
+// hold copies of one computation (at least 16 slots, cached before the step) read it as a
+// group: the prefix all of them hold, led by the group's first slot.
 TEST(StepScheduler, SharedPrefixes) {
   const Tokens b = run_of(1, 40);
   auto head = [&](std::int32_t n) { return Tokens(b.begin(), b.begin() + n); };
@@ -243,18 +251,41 @@ TEST(StepScheduler, SharedPrefixes) {
   EXPECT_EQ(s.next_step(), plan({prefill(0), idle(), idle()}));
   s.record(0, 50, false);
   // Row 0 holds prompt 0: prompt 1 takes 20 tokens of it; prompt 2 takes 25 (row 1 holds 20).
-  EXPECT_EQ(s.next_step(), plan({decode(0, 30), extend(1, 20), extend(2, 25)}, {}, {{0, 1, 20}, {0, 2, 25}}));
+  // All three rows hold row 0's first 20 slots.
+  EXPECT_EQ(s.next_step(), plan({shares(decode(0, 30), 0, 20), shares(extend(1, 20), 0, 20), shares(extend(2, 25), 0, 20)},
+                                {}, {{0, 1, 20}, {0, 2, 25}}));
   s.record(0, 51, true);
   s.record(1, 60, false);
   s.record(2, 61, true);  // its row keeps prompt 2
   // Prompt 3 shares 15 tokens only: it prefills. Prompt 4 takes the 25 its own row holds (no
-  // copy) over row 1's 20.
-  EXPECT_EQ(s.next_step(), plan({prefill(3), decode(1, 23), extend(4, 25)}));
+  // copy) over row 1's 20; rows 1 and 2 still hold the first 20 slots of row 0's old request.
+  EXPECT_EQ(s.next_step(), plan({prefill(3), shares(decode(1, 23), 1, 20), shares(extend(4, 25), 1, 20)}));
   s.record(0, 70, false);
   s.record(1, 71, true);
   s.record(2, 72, false);
-  // Prompt 5 is prompt 1, whose row holds it whole: its last token is still computed.
-  EXPECT_EQ(s.next_step(), plan({decode(3, 16), extend(5, 22), decode(4, 30)}));
+  // Prompt 5 is prompt 1, whose row holds it whole: its last token is still computed. Row 0's
+  // first 15 tokens are those of the others, but computed apart (and fewer than 16): no group.
+  EXPECT_EQ(s.next_step(), plan({decode(3, 16), shares(extend(5, 22), 1, 20), shares(decode(4, 30), 1, 20)}));
+}
+
+// Equal tokens computed apart are not a shared prefix: only copies of one computation are (their
+// KV may differ in the last bits). Groups stay within a GPU batch.
+TEST(StepScheduler, SharedPrefixGroupsNeedOneComputation) {
+  const Tokens b = run_of(1, 40);
+  GenerationRequest req;
+  // Prompt 1 shares 18 tokens with prompt 0, under min_shared_prefix 20: it prefills them again.
+  req.prompts = {Tokens(b.begin(), b.begin() + 30), join(Tokens(b.begin(), b.begin() + 18), {90, 91, 92}),
+                 join(Tokens(b.begin(), b.begin() + 25), {93}), join(Tokens(b.begin(), b.begin() + 24), {94})};
+  req.slots = 4;
+  req.min_shared_prefix = 20;
+  StepScheduler s(req, 2, true);
+  EXPECT_EQ(s.next_step(), plan({prefill(0), prefill(1), idle(), idle()}));
+  s.record(0, 50, false);
+  s.record(1, 51, false);
+  // Prompts 2 and 3 take 25 and 24 tokens of row 0, in the other GPU batch: they read them as a
+  // group there; row 1 holds equal tokens computed apart, and row 0 is in the first batch.
+  EXPECT_EQ(s.next_step(), plan({decode(0, 30), decode(1, 21), shares(extend(2, 25), 2, 24), shares(extend(3, 24), 2, 24)},
+                                {}, {{0, 2, 25}, {0, 3, 24}}));
 }
 
 TEST(StepScheduler, SharedPrefixesOff) {

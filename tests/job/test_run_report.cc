@@ -125,6 +125,14 @@ TEST(RunReport, KvReadsByTierAndStep) {
   EXPECT_EQ(kv_reads_from_json(j).staged, r.staged);
   EXPECT_EQ(kv_reads_text(r, 4), "KV read: 500 B per step (gpu 250 B in place | cpu 50 B in place | cpu 75 B staged | "
                                  "disk 125 B staged), 1.95 KiB over 4 steps\n");
+  // What shared prefixes read once saved: beside the totals, not in them.
+  r.shared_prefix_saved = 3072;
+  const nlohmann::json saved = kv_reads_json(r, 4);
+  EXPECT_EQ(saved["total"], 2000);
+  EXPECT_EQ(saved["shared_prefix_saved"], 3072);
+  EXPECT_EQ(kv_reads_from_json(saved).shared_prefix_saved, 3072);
+  EXPECT_EQ(kv_reads_text(r, 4), "KV read: 500 B per step (gpu 250 B in place | cpu 50 B in place | cpu 75 B staged | "
+                                 "disk 125 B staged), 1.95 KiB over 4 steps; 3.00 KiB not read (shared prefixes read once)\n");
 
   RunReport pipeline;
   pipeline.mode = RunMode::Pipeline;

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -280,6 +282,182 @@ TEST_F(DecodeBlocks, EveryCacheDtypeAcrossSlotBlocks) {
             for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], out_tol) << i;
             for (std::size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], ref.probs[i], probs_tol) << i;
           }
+}
+
+
+using SharedPrefixDecode = SeededTest;
+
+// A decode call over cache rows some of which hold one prefix's bytes (tests of cascade
+// attention): per query its cache row, length and prefix (-1: none).
+struct PrefixCall {
+  std::vector<std::int64_t> rows, lens, prefix_of;
+  std::vector<SharedPrefix> prefixes;
+  std::int64_t n_rows = 0, capacity = 0;
+};
+
+// Groups of 1, 2, 5 and 32 members, group i's prefix kPrefixLens[(round + i) % 10] slots long (so
+// the rounds pair every size with every length, across the 64-slot blocks and 256-slot chunks the
+// CPU reads), and two queries of no group. A member's own slots after the prefix: 1..80, or none
+// (`own` false: a member's length is its prefix's, at least 1). Odd groups keep their prefix in a
+// row no query reads; `extend`: each member row is read by two queries (lens n - 1 and n), as the
+// rows of a prompt after a shared prefix.
+constexpr std::int64_t kPrefixLens[] = {0, 1, 63, 64, 65, 255, 256, 257, 1000, 1030};
+PrefixCall prefix_call(std::int64_t round, bool own, bool extend, const std::function<std::int64_t(std::int64_t, std::int64_t)>& draw) {
+  PrefixCall c;
+  const std::int64_t sizes[] = {1, 2, 5, 32};
+  auto add_query = [&](std::int64_t row, std::int64_t len, std::int64_t prefix) {
+    const std::int64_t shared = prefix >= 0 ? c.prefixes[static_cast<std::size_t>(prefix)].len : 0;
+    if (extend && len - 1 >= std::max<std::int64_t>(shared, 1)) {
+      c.rows.push_back(row);
+      c.lens.push_back(len - 1);
+      c.prefix_of.push_back(prefix);
+    }
+    c.rows.push_back(row);
+    c.lens.push_back(len);
+    c.prefix_of.push_back(prefix);
+  };
+  for (std::int64_t i = 0; i < 4; ++i) {
+    const std::int64_t P = kPrefixLens[(round + i) % 10];
+    const bool apart = i % 2 == 1;
+    c.prefixes.push_back({c.n_rows, P});
+    if (apart) ++c.n_rows;  // the prefix's own row, read by no query
+    for (std::int64_t m = 0; m < sizes[i]; ++m)
+      add_query(c.n_rows++, std::max<std::int64_t>(P + (own ? draw(1, 80) : 0), 1), i);
+  }
+  for (int u = 0; u < 2; ++u) add_query(c.n_rows++, draw(1, 1100), -1);
+  c.capacity = 1110;
+  return c;
+}
+
+// Cascade attention (AttentionDecodeArgs::shared_prefixes) against the plain per-query reading
+// of the same rows, in every cache dtype, GQA (9/3 as SmolLM2, 8/2) and MHA (4/4), with and
+// without a soft cap: the members' own rows below their prefix are then overwritten with NaN
+// bytes, which the grouped path must not read. The difference is fp32 summation order only: a
+// score is the same dot product either way (the same loops on the same slots, at most
+// 2 sqrt(D) for |q| <= 1, |k| <= 2); each probability's weight differs by the exps (within 2 ulp
+// on the vector path, one ulp for a merge's rescaling), the products and the rounding of the
+// shifted score (u times twice the scores' range), so relatively by w = (12 + 4 score_max) u;
+// an output (|v| <= 2), a ratio of two sums of such weights, by 2 w 2, plus both paths' sums
+// over up to `capacity` values.
+TEST_F(SharedPrefixDecode, MatchesPerQueryReading) {
+  auto be = make_cpu_backend();
+  ASSERT_TRUE(be->reads_shared_prefixes_once());
+  auto draw = [&](std::int64_t lo, std::int64_t hi) { return random_int(lo, hi); };
+  const std::pair<std::int64_t, std::int64_t> heads[] = {{9, 3}, {8, 2}, {4, 4}};
+  const std::int64_t D = 64;
+  for (const DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4G32})
+    for (const auto& [n_heads, n_kv_heads] : heads) {
+      // Every call has as many rows (two groups keep their prefix apart): fresh K/V per dtype and
+      // shape, each call's member rows then copied from its prefixes' rows.
+      const std::int64_t H = n_kv_heads, rows = prefix_call(0, true, false, draw).n_rows, cap = 1110;
+      const std::int64_t slot = kv_slot_bytes(t, D), head_bytes = cap * slot;
+      const std::vector<std::uint8_t> k_drawn = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
+      const std::vector<std::uint8_t> v_drawn = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
+      for (std::int64_t round = 0; round < 10; round += (t == DType::F16 ? 1 : 5))
+        for (const bool own : {true, false})
+          for (const bool extend : {false, true}) {
+            const float softcap = round % 2 == 1 ? 5.0f : 0.0f;
+            const AttentionShape shape{n_heads, n_kv_heads, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, 0};
+            SCOPED_TRACE(::testing::Message() << dtype_name(t) << " heads " << n_heads << "/" << n_kv_heads << " round "
+                                              << round << (own ? " own slots" : " prefix only")
+                                              << (extend ? " extend rows" : ""));
+            const PrefixCall c = prefix_call(round, own, extend, draw);
+            ASSERT_EQ(c.n_rows, rows);
+            ASSERT_EQ(c.capacity, cap);
+            std::vector<std::uint8_t> kc = k_drawn, vc = v_drawn;
+            // Each member row holds its prefix's bytes; then, for the grouped call, NaN bytes there.
+            auto for_member_prefixes = [&](auto&& f) {
+              for (std::size_t b = 0; b < c.rows.size(); ++b) {
+                if (c.prefix_of[b] < 0) continue;
+                const SharedPrefix& p = c.prefixes[static_cast<std::size_t>(c.prefix_of[b])];
+                if (c.rows[b] == p.row) continue;
+                for (std::int64_t g = 0; g < H; ++g) f((c.rows[b] * H + g) * head_bytes, (p.row * H + g) * head_bytes, p.len * slot);
+              }
+            };
+            for_member_prefixes([&](std::int64_t to, std::int64_t from, std::int64_t n) {
+              std::copy_n(kc.begin() + from, n, kc.begin() + to);
+              std::copy_n(vc.begin() + from, n, vc.begin() + to);
+            });
+            const std::vector<float> q = random_floats(static_cast<std::int64_t>(c.lens.size()) * n_heads * D, -1, 1);
+            AttentionDecodeArgs a{.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
+                                  .capacity = cap, .lens = c.lens, .cache_dtype = t, .cache_rows = c.rows};
+            std::vector<float> want(q.size(), kNaN), got(q.size(), kNaN);
+            a.out = want.data();
+            be->attention_decode(a);
+            for_member_prefixes([&](std::int64_t to, std::int64_t, std::int64_t n) {
+              std::fill_n(kc.begin() + to, n, std::uint8_t{0xff});
+              std::fill_n(vc.begin() + to, n, std::uint8_t{0xff});
+            });
+            a.out = got.data();
+            a.shared_prefixes = c.prefixes;
+            a.prefix_of = c.prefix_of;
+            ASSERT_TRUE(shared_prefix_applies(a));
+            be->attention_decode(a);
+            const double score_max = 2 * std::sqrt(static_cast<double>(D));
+            const double tol = 4 * (12 + 4 * score_max) * kF32Eps + 2 * sum_tolerance(kF32Eps, cap, 2);
+            for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << "output " << i;
+          }
+    }
+}
+
+// Where the grouped path cannot apply (shared_prefix_applies: a sliding window, probs, slot
+// biases), a call with shared prefixes is the call without them, bit for bit.
+TEST_F(SharedPrefixDecode, FallsBackToPerQueryReading) {
+  auto be = make_cpu_backend();
+  auto draw = [&](std::int64_t lo, std::int64_t hi) { return random_int(lo, hi); };
+  const std::int64_t D = 64, n_heads = 9, H = 3;
+  const PrefixCall c = prefix_call(4, true, false, draw);
+  const std::int64_t cap = c.capacity;
+  // probs and slot_bias are per cache row: one query per row.
+  std::vector<std::int64_t> lens_by_row(static_cast<std::size_t>(c.n_rows), 1);
+  for (std::size_t b = 0; b < c.rows.size(); ++b) lens_by_row[static_cast<std::size_t>(c.rows[b])] = c.lens[b];
+  std::vector<std::int64_t> prefix_by_row(static_cast<std::size_t>(c.n_rows), -1);
+  for (std::size_t b = 0; b < c.rows.size(); ++b) prefix_by_row[static_cast<std::size_t>(c.rows[b])] = c.prefix_of[b];
+  for (const DType t : {DType::F16, DType::Q8}) {
+    const std::int64_t rows = c.n_rows;
+    const std::vector<std::uint8_t> kc = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
+    const std::vector<std::uint8_t> vc = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
+    const std::vector<float> q = random_floats(rows * n_heads * D, -1, 1), bias = random_floats(rows * H * cap, -1, 0);
+    for (const int feature : {0, 1, 2}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << (feature == 0 ? " window" : feature == 1 ? " probs" : " slot bias"));
+      const AttentionShape shape{n_heads, H, D, 0.125f, 0.0f, feature == 0 ? 100 : 0};
+      std::vector<float> probs_plain(static_cast<std::size_t>(rows * H * cap), 0.0f), probs_grouped = probs_plain;
+      AttentionDecodeArgs a{.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
+                            .capacity = cap, .lens = lens_by_row, .cache_dtype = t,
+                            .slot_bias = feature == 2 ? bias.data() : nullptr};
+      std::vector<float> plain(q.size(), kNaN), grouped(q.size(), kNaN);
+      a.out = plain.data();
+      a.probs = feature == 1 ? probs_plain.data() : nullptr;
+      be->attention_decode(a);
+      a.shared_prefixes = c.prefixes;
+      a.prefix_of = prefix_by_row;
+      a.out = grouped.data();
+      a.probs = feature == 1 ? probs_grouped.data() : nullptr;
+      ASSERT_FALSE(shared_prefix_applies(a));
+      be->attention_decode(a);
+      for (std::size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(std::bit_cast<std::uint32_t>(grouped[i]), std::bit_cast<std::uint32_t>(plain[i])) << i;
+      EXPECT_EQ(probs_grouped, probs_plain);
+    }
+  }
+}
+
+// Shared prefixes are checked on every backend: a member longer than its query, a prefix_of
+// entry naming none, or one entry short.
+TEST_F(SharedPrefixDecode, RejectsMalformedGroups) {
+  auto be = make_cpu_backend();
+  const AttentionShape shape{2, 1, 8, 0.35f};
+  const std::vector<float> kc(2 * 16 * 8, 0.5f), vc(2 * 16 * 8, 0.25f), q(2 * 2 * 8, 0.1f);
+  std::vector<float> out(q.size());
+  const std::vector<std::int64_t> lens = {5, 9};
+  auto call = [&](std::vector<SharedPrefix> prefixes, std::vector<std::int64_t> prefix_of) {
+    be->attention_decode({.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(), .capacity = 16,
+                          .lens = lens, .out = out.data(), .shared_prefixes = prefixes, .prefix_of = prefix_of});
+  };
+  EXPECT_NO_THROW(call({{1, 5}}, {0, 0}));
+  EXPECT_THROW(call({{1, 6}}, {0, 0}), std::invalid_argument);
+  EXPECT_THROW(call({{1, 5}}, {0, 1}), std::out_of_range);
+  EXPECT_THROW(call({{1, 5}}, {0}), std::invalid_argument);
+  EXPECT_THROW(call({{-1, 5}}, {0, 0}), std::out_of_range);
 }
 
 }  // namespace

@@ -985,6 +985,48 @@ TEST_P(BackendOpsTest, AttentionDecodeSplitsAndHeadChunks) {
   check_decode(DType::F32, 32, 8, 128, 2048, {2048, 1500, 90}, true, 50.0f, 700);  // splits of the window only
 }
 
+// Shared prefixes (cascade attention) are the CPU's way of reading; the device reads every
+// query's row whole, whose first slots hold the prefix's bytes: the same result as the CPU's
+// grouped reading, to the decode kernel's tolerance.
+TEST_P(BackendOpsTest, AttentionDecodeWithSharedPrefixes) {
+  EXPECT_FALSE(dev_->reads_shared_prefixes_once());
+  const std::int64_t H = 9, Hkv = 3, D = 64, cap = 400, P = 300;
+  const std::vector<std::int64_t> lens = {300, 305, 340, 301, 377, 200};
+  const std::vector<std::int64_t> prefix_of = {0, 0, 0, 0, 0, -1};
+  const std::vector<SharedPrefix> prefixes = {{0, P}};
+  const std::int64_t B = static_cast<std::int64_t>(lens.size()), slots = B * Hkv * cap;
+  for (const DType t : {DType::F16, DType::Q8}) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<std::uint8_t> k = stored_rows(random_floats(slots * D, -2.0f, 2.0f), t, slots, D);
+    std::vector<std::uint8_t> v = stored_rows(random_floats(slots * D), t, slots, D);
+    const std::int64_t head = cap * kv_slot_bytes(t, D);
+    for (std::int64_t b = 1; b < 5; ++b)  // members 1-4 hold row 0's prefix
+      for (std::int64_t g = 0; g < Hkv; ++g) {
+        std::copy_n(k.begin() + g * head, P * kv_slot_bytes(t, D), k.begin() + (b * Hkv + g) * head);
+        std::copy_n(v.begin() + g * head, P * kv_slot_bytes(t, D), v.begin() + (b * Hkv + g) * head);
+      }
+    const Twin q = upload(random_floats(B * H * D, -2.0f, 2.0f)), kc = upload(k), vc = upload(v);
+    const Twin out = upload(std::vector<float>(sz(B * H * D), kNaN));
+    for (const bool on_cpu : {true, false}) {
+      AttentionDecodeArgs a{.shape = {H, Hkv, D, 0.125f},
+                            .q = (on_cpu ? q.cpu : q.dev).as<float>(),
+                            .k_cache = (on_cpu ? kc.cpu : kc.dev).data(),
+                            .v_cache = (on_cpu ? vc.cpu : vc.dev).data(),
+                            .capacity = cap,
+                            .lens = lens,
+                            .out = (on_cpu ? out.cpu : out.dev).as<float>(),
+                            .cache_dtype = t,
+                            .shared_prefixes = prefixes,
+                            .prefix_of = prefix_of};
+      (on_cpu ? *cpu_ : *dev_).attention_decode(a);
+    }
+    const double step = is_quantized(t) ? 4.0 / 15.0 : 0.0;
+    const double rel = attention_rel_error(D, 377, 0.125, 2.0, 2.0 + step);
+    const auto [want, got] = download(out);
+    EXPECT_TRUE(within(want, got, rel * (1.0 + step)));
+  }
+}
+
 // ---------------------------------------------------------------------------- attention decode, runs on tensor cores
 
 // The rows of `queries` (each `width` values) of x.

@@ -36,6 +36,7 @@ class ForwardingBackend : public kernels::Backend {
     return inner_->gemm_weight_dtype(stored, compute);
   }
   bool takes_bf16_gemm_inputs() const override { return inner_->takes_bf16_gemm_inputs(); }
+  bool reads_shared_prefixes_once() const override { return inner_->reads_shared_prefixes_once(); }
   std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, kernels::DType w,
                                   kernels::DType compute) const override {
     return inner_->gemm_scratch_bytes(m, k, n, w, compute);
