@@ -171,6 +171,35 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
   return b;
 }
 
+namespace {
+
+// The runs side by side (ratios to the first) as a Markdown table under `header`, printed and
+// written to OUT_DIR/table.md, and as OUT_DIR/results.csv.
+void write_results(const BenchOptions& o, const std::vector<SystemRun>& runs, const std::string& header) {
+  const double base = runs.front().total_tput;
+  std::string table = header;
+  table += "| system | batch (gbs x K) | policy (WG WC CG CC AG AC) | prefill tok/s | decode tok/s | total tok/s | "
+           "peak gpu / cpu / disk | vs " + runs.front().system + " |\n|---|---|---|---|---|---|---|---|\n";
+  std::string csv = "system,gpu_batch_size,num_gpu_batches,percent,kv,compressed,prefill_tok_s,decode_tok_s,total_tok_s,peak_gpu,peak_cpu,peak_disk\n";
+  for (const auto& r : runs) {
+    table += fmt::format("| {} | {} x {} | {}{}{}{} | {:.1f} | {:.2f} | {:.2f} | {} / {} / {} | {:.2f}x |\n", r.system,
+                         r.policy.gpu_batch_size, r.policy.num_gpu_batches, policy::percent_text(r.policy, 0),
+                         r.policy.cpu_cache_compute ? ", ccc" : "", r.policy.kv == "full" ? "" : ", kv " + r.policy.kv,
+                         r.policy.compress_weight ? ", 4-bit" : "",
+                         r.prefill_tput, r.decode_tput, r.total_tput, offload::format_bytes(r.peak[0]),
+                         offload::format_bytes(r.peak[1]), offload::format_bytes(r.peak[2]), r.total_tput / base);
+    csv += fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{}\n", r.system, r.policy.gpu_batch_size,
+                       r.policy.num_gpu_batches, policy::percent_text(r.policy, 0), r.policy.kv, r.policy.compress_weight,
+                       r.prefill_tput, r.decode_tput,
+                       r.total_tput, r.peak[0], r.peak[1], r.peak[2]);
+  }
+  fmt::print("{}", table);
+  offload::write_file_atomically(o.out_dir + "/table.md", table);
+  offload::write_file_atomically(o.out_dir + "/results.csv", csv);
+}
+
+}  // namespace
+
 int bench_command(const BenchOptions& o) {
   engine::ModelOptions mo;
   mo.model = o.model;
@@ -220,28 +249,10 @@ int bench_command(const BenchOptions& o) {
     runs.push_back(std::move(r));
   }
 
-  const double base = runs.front().total_tput;
-  std::string table = fmt::format("model {} ({} dummy weights), prompt {} + gen {}, gpu {} | cpu {} | disk {}\n\n",
-                                  m.config.name, o.dtype, o.prompt_len, o.gen_len, offload::format_bytes(hw.gpu_mem),
-                                  offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem));
-  table += "| system | batch (gbs x K) | policy (WG WC CG CC AG AC) | prefill tok/s | decode tok/s | total tok/s | "
-           "peak gpu / cpu / disk | vs " + runs.front().system + " |\n|---|---|---|---|---|---|---|---|\n";
-  std::string csv = "system,gpu_batch_size,num_gpu_batches,percent,kv,compressed,prefill_tok_s,decode_tok_s,total_tok_s,peak_gpu,peak_cpu,peak_disk\n";
-  for (const auto& r : runs) {
-    table += fmt::format("| {} | {} x {} | {}{}{}{} | {:.1f} | {:.2f} | {:.2f} | {} / {} / {} | {:.2f}x |\n", r.system,
-                         r.policy.gpu_batch_size, r.policy.num_gpu_batches, policy::percent_text(r.policy, 0),
-                         r.policy.cpu_cache_compute ? ", ccc" : "", r.policy.kv == "full" ? "" : ", kv " + r.policy.kv,
-                         r.policy.compress_weight ? ", 4-bit" : "",
-                         r.prefill_tput, r.decode_tput, r.total_tput, offload::format_bytes(r.peak[0]),
-                         offload::format_bytes(r.peak[1]), offload::format_bytes(r.peak[2]), r.total_tput / base);
-    csv += fmt::format("{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{}\n", r.system, r.policy.gpu_batch_size,
-                       r.policy.num_gpu_batches, policy::percent_text(r.policy, 0), r.policy.kv, r.policy.compress_weight,
-                       r.prefill_tput, r.decode_tput,
-                       r.total_tput, r.peak[0], r.peak[1], r.peak[2]);
-  }
-  fmt::print("{}", table);
-  offload::write_file_atomically(o.out_dir + "/table.md", table);
-  offload::write_file_atomically(o.out_dir + "/results.csv", csv);
+  write_results(o, runs,
+                fmt::format("model {} ({} dummy weights), prompt {} + gen {}, gpu {} | cpu {} | disk {}\n\n", m.config.name,
+                            o.dtype, o.prompt_len, o.gen_len, offload::format_bytes(hw.gpu_mem),
+                            offload::format_bytes(hw.cpu_mem), offload::format_bytes(hw.disk_mem)));
   const std::string title =
       fmt::format("{} on the {} backend, {} + {} tokens, gpu {} / cpu {} / disk {}", m.config.name, be->name(),
                   o.prompt_len, o.gen_len, offload::format_bytes(hw.gpu_mem), offload::format_bytes(hw.cpu_mem),

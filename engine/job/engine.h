@@ -173,8 +173,9 @@ class Engine {
  private:
   struct Flight;
   struct Job;
+  class FlightFeed;
   // The scheduler's request for a fixed block of requests, and for a job under continuous
-  // batching (the slots and budget; the queue hooks are the flight's). Both keep `requests`.
+  // batching (the slots and budget; the queue's feed is the flight's). Both keep `requests`.
   engine::GenerationRequest block_request(std::span<const Request> requests) const;
   engine::GenerationRequest continuous_request(std::span<const Request> requests) const;
   // engine_step.cc: a flight's next block (false: none), its end, its step's tokens recorded.

@@ -15,6 +15,7 @@ namespace flexh2o::job {
 struct Engine::Flight {
   static constexpr std::size_t kNoRequest = static_cast<std::size_t>(-1);
   engine::GenerationRequest req;  // its block's; the block keeps a reference to it
+  std::unique_ptr<engine::SequenceFeed> feed;  // continuous: req.feed
   engine::BlockScheduler::BlockPtr block;
   bool continuous = false;  // its block serves the whole job through its slots
   bool pending = false;     // its block ran a step not recorded yet

@@ -121,22 +121,37 @@ bool Engine::begin_block(Flight& f) {
   return false;
 }
 
+// A continuous flight's admissions: none once the job stops taking requests; those the job's
+// source deals this engine, else those the job's queue gives the flight among several, else
+// every request in order.
+class Engine::FlightFeed final : public engine::SequenceFeed {
+ public:
+  FlightFeed(Engine& engine, Flight& flight) : e_(engine), f_(flight) {}
+  bool stop_admitting() override {
+    const bool stop = e_.stop_now();
+    e_.job_->stop_seen = e_.job_->stop_seen || stop;
+    return stop;
+  }
+  std::optional<std::size_t> next_sequence(std::size_t from, bool idle) override {
+    const Job& j = *e_.job_;
+    if (j.feed.source) {
+      const std::optional<std::size_t> next = j.feed.source->next(from, idle);
+      return next == RequestSource::kNoneLeft ? std::optional(j.requests.size()) : next;
+    }
+    return j.flights.size() > 1 ? e_.queue_next(f_, from) : from;
+  }
+
+ private:
+  Engine& e_;
+  Flight& f_;
+};
+
 void Engine::begin_continuous(Flight& f) {
   Job& j = *job_;
   f.started = f.continuous = true;
   f.req = continuous_request(j.requests);
-  f.req.stop_admitting = [this] {
-    const bool stop = stop_now();
-    job_->stop_seen = job_->stop_seen || stop;
-    return stop;
-  };
-  if (j.feed.source)
-    f.req.next_prompt = [this, source = j.feed.source](std::size_t from, bool idle) {
-      const std::optional<std::size_t> next = source->next(from, idle);
-      return next == RequestSource::kNoneLeft ? std::optional(job_->requests.size()) : next;
-    };
-  else if (j.flights.size() > 1)
-    f.req.next_prompt = [this, &f](std::size_t from, bool) { return std::optional(queue_next(f, from)); };
+  f.feed = std::make_unique<FlightFeed>(*this, f);
+  f.req.feed = f.feed.get();
   f.req.on_finished = [this](std::size_t b, const engine::GenerationResult& so_far) {
     const std::size_t at[] = {b};
     job_->finished(at, so_far.sequence(b));

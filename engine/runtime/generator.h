@@ -52,16 +52,9 @@ struct GenerationRequest {
   // that a long prompt does not stall the decode rows (a step with no newcomer yet takes one
   // whatever its length).
   std::int64_t prefill_budget = 512;
-  // Continuous batching: polled before sequences take free slots; once true, no waiting one
-  // is admitted any more (they end without tokens) and the run ends as the slots empty.
-  std::function<bool()> stop_admitting;
-  // Continuous batching: which waiting sequence a free slot takes, asked with the first one
-  // not yet taken or passed (`from`) and whether no slot is running (`idle`: the answer may
-  // then wait, and must come). Returns `from` or a later one (those passed are not this run's:
-  // data-parallel ranks share a job's queue; they end without tokens, as dropped),
-  // sequences.size() for none left, or nullopt for none yet (the slot idles this step).
-  // Null: the sequences in order.
-  std::function<std::optional<std::size_t>(std::size_t from, bool idle)> next_prompt;
+  // Continuous batching: whether waiting sequences are still admitted, and which one a free
+  // slot takes (engine/runtime/sequence.h). Null: every one, in order. Must outlive the run.
+  SequenceFeed* feed = nullptr;
   // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
   // `index` of sequence b (on_logits needs a fixed block).
   std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;

@@ -4,6 +4,7 @@
 // (GenerationRequest: max_new_tokens, sampling) or from its index there (its stream), so a
 // request of plain prompts runs every one alike.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -36,6 +37,22 @@ struct Sequence {
   // Teacher forcing (evaluation), when not empty: its input after step i is forced[i] instead
   // of the sampled token, and it runs until they are used up.
   std::vector<std::int32_t> forced;
+};
+
+// Continuous batching: what the StepScheduler asks before free slots take waiting sequences.
+// The defaults admit every sequence of the request in order.
+class SequenceFeed {
+ public:
+  virtual ~SequenceFeed() = default;
+  // Polled before waiting sequences take free slots; once true, no waiting one is admitted any
+  // more (they end without tokens) and the run ends as the slots empty.
+  virtual bool stop_admitting() { return false; }
+  // Which waiting sequence a free slot takes, asked with the first one not yet taken or passed
+  // (`from`) and whether no slot is running (`idle`: the answer may then wait, and must come).
+  // Returns `from` or a later one (those passed are not this run's: data-parallel ranks share
+  // a job's queue; they end without tokens, as dropped), the request's sequence count for none
+  // left, or nullopt for none yet (the slot idles this step).
+  virtual std::optional<std::size_t> next_sequence(std::size_t from, bool /*idle*/) { return from; }
 };
 
 // One sequence per prompt, in order, with nothing else set.

@@ -40,7 +40,7 @@ StepPlan StepScheduler::next_step() {
   planned_ = true;
   std::vector<bool> newcomer(slots(), first && !continuous_);
   if (continuous_) {
-    if (waiting_ < req_.sequences.size() && req_.stop_admitting && req_.stop_admitting())
+    if (waiting_ < req_.sequences.size() && req_.feed && req_.feed->stop_admitting())
       for (; waiting_ < req_.sequences.size(); ++waiting_) plan.dropped.push_back(waiting_);
     newcomer = admit(plan);
   }
@@ -164,11 +164,11 @@ void StepScheduler::record_all(std::span<const std::int32_t> next) {
 
 bool StepScheduler::prompt_waiting(bool idle, StepPlan& plan) {
   const std::size_t queued = req_.sequences.size();
-  if (waiting_ >= queued || !req_.next_prompt) return waiting_ < queued;
-  const std::optional<std::size_t> next = req_.next_prompt(waiting_, idle);
-  if (!next && idle) throw std::logic_error("next_prompt gave no answer while no slot runs");
+  if (waiting_ >= queued || !req_.feed) return waiting_ < queued;
+  const std::optional<std::size_t> next = req_.feed->next_sequence(waiting_, idle);
+  if (!next && idle) throw std::logic_error("the sequence feed gave no answer while no slot runs");
   if (!next) return false;
-  if (*next < waiting_) throw std::logic_error("next_prompt went back in the queue");
+  if (*next < waiting_) throw std::logic_error("the sequence feed went back in the queue");
   for (const std::size_t to = std::min(*next, queued); waiting_ < to; ++waiting_) plan.dropped.push_back(waiting_);
   return waiting_ < queued;
 }

@@ -1,10 +1,9 @@
 // The decision half of a block's steps (vLLM's scheduler / executor seam): which sequence each
 // slot runs at each step and which cache rows are copied before it, decided from what the
-// request says (its sequences' prompts and shared prefills, prefill budget, next_prompt,
-// stop_admitting) and from which sequences ended. BlockScheduler executes each plan (the
-// copies, the compute over units x GPU batches, the sampling) and reports back the tokens each
-// slot sampled and which sequences ended. No model, no backend, no memory here: the plans are
-// plain values.
+// request says (its sequences' prompts and shared prefills, prefill budget, its SequenceFeed)
+// and from which sequences ended. BlockScheduler executes each plan (the copies, the compute
+// over units x GPU batches, the sampling) and reports back the tokens each slot sampled and
+// which sequences ended. No model, no backend, no memory here: the plans are plain values.
 //
 // Continuous batching (req.slots > 0): free slots take the waiting sequences in order; each
 // newcomer prefills its prompt, or only the rest of it after the longest prefix a cache row of
@@ -67,7 +66,7 @@ class StepScheduler {
   StepScheduler(const GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes);
   std::size_t slots() const { return slot_seq_.size(); }
   // The plan of the next step (the first call: step 0). Under continuous batching it polls
-  // req.stop_admitting and asks req.next_prompt for the prompts free slots take.
+  // req.feed's stop_admitting and asks it for the sequences free slots take.
   StepPlan next_step();
   // Continuous batching, after the step planned last: slot `slot` computed `token` (the
   // sampled one, or a forced input in its place); `ended`: that ended its sequence.
@@ -79,7 +78,7 @@ class StepScheduler {
   const std::vector<std::int32_t>& tokens(std::size_t slot) const { return tokens_[slot]; }
 
  private:
-  // Whether a prompt waits for a free slot (waiting_); under req.next_prompt the next one this
+  // Whether a prompt waits for a free slot (waiting_); under req.feed the next one this
   // run takes, those passed on the way dropped.
   bool prompt_waiting(bool idle, StepPlan& plan);
   // Free slots take waiting prompts; which slots prefill a newcomer this step.

@@ -20,6 +20,7 @@ namespace {
 using engine::GenerationRequest;
 using engine::GenerationResult;
 using engine::KvReads;
+using engine::Sequence;
 using offload::Tier;
 using Tokens = std::vector<std::int32_t>;
 
@@ -164,12 +165,15 @@ TEST(KvReads, ContinuousBatchingReadsAGroupsPrefixOnce) {
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   const policy::Policy pol = placement(4, 1, {1, 0, 0}, false);
   GenerationRequest req = request(cfg, {20, 3, 6, 4}, 5);
-  const Tokens prefix = req.prompts[0];
-  for (std::size_t p = 1; p < req.prompts.size(); ++p) req.prompts[p].insert(req.prompts[p].begin(), prefix.begin(), prefix.end());
+  const Tokens prefix = req.sequences[0].prompt;
+  for (std::size_t p = 1; p < req.sequences.size(); ++p) {
+    Tokens& prompt = req.sequences[p].prompt;
+    prompt.insert(prompt.begin(), prefix.begin(), prefix.end());
+  }
   req.slots = pol.block_size();
   req.min_shared_prefix = 4;
   std::int64_t whole = 3 * 20;
-  for (std::size_t b = 0; b < req.prompts.size(); ++b) whole += decode_slots(static_cast<std::int64_t>(req.prompts[b].size()), 5);
+  for (const Sequence& seq : req.sequences) whole += decode_slots(static_cast<std::int64_t>(seq.prompt.size()), 5);
   const std::int64_t once = whole - 20 * (2 + 3 * 3 + 2);
   for (const bool per_sequence : {true, false}) {
     SCOPED_TRACE(per_sequence ? "reading each row whole" : "reading shared prefixes once");

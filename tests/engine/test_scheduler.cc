@@ -621,9 +621,9 @@ TEST(Scheduler, RefillMatchesSoloRunsEveryKvPolicyCompressed) {
 }
 
 // A queue shared with other runners (data-parallel ranks): the slots take only the prompts
-// next_prompt gives, some a step late ("none yet" while other slots run), and those are their
+// the feed gives, some a step late ("none yet" while other slots run), and those are their
 // solo runs' tokens; the others end without tokens and count in no total.
-TEST(Scheduler, RefillTakesOnlyThePromptsNextPromptGives) {
+TEST(Scheduler, RefillTakesOnlyThePromptsTheFeedGives) {
   auto m = engine::open_model({});
   Case c;
   c.policy.gpu_batch_size = 2;
@@ -634,21 +634,25 @@ TEST(Scheduler, RefillTakesOnlyThePromptsNextPromptGives) {
   for (std::size_t b = 0; b < req.sequences.size(); ++b)
     req.sequences[b].max_new_tokens = 1 + static_cast<std::int64_t>(b % 7);
   req.max_new_tokens = 7;
-  const std::vector<std::size_t> mine = {0, 2, 3, 7, 8, 12};
-  const std::size_t none_left = req.sequences.size();
-  std::size_t answers = 0, last_from = 0, idle_asks = 0;
-  req.next_prompt = [&](std::size_t from, bool idle) -> std::optional<std::size_t> {
-    EXPECT_GE(from, last_from) << "the queue's cursor went back";
-    last_from = from;
-    idle_asks += idle ? 1 : 0;
-    if (!idle && ++answers % 2) return std::nullopt;
-    const auto it = std::ranges::lower_bound(mine, from);
-    return it == mine.end() ? none_left : *it;
-  };
+  // This runner's prompts, every other answer "none yet" while other slots run.
+  struct MineFeed final : engine::SequenceFeed {
+    std::vector<std::size_t> mine = {0, 2, 3, 7, 8, 12};
+    std::size_t none_left = 0, answers = 0, last_from = 0, idle_asks = 0;
+    std::optional<std::size_t> next_sequence(std::size_t from, bool idle) override {
+      EXPECT_GE(from, last_from) << "the queue's cursor went back";
+      last_from = from;
+      idle_asks += idle ? 1 : 0;
+      if (!idle && ++answers % 2) return std::nullopt;
+      const auto it = std::ranges::lower_bound(mine, from);
+      return it == mine.end() ? none_left : *it;
+    }
+  } feed;
+  feed.none_left = req.sequences.size();
+  req.feed = &feed;
   auto be = kernels::make_cpu_backend();
   const auto r = testing::expect_refill_matches_solo(*be, m.config, *m.weights, c.policy, req);
-  EXPECT_EQ(r.requests, mine.size());
-  EXPECT_GE(idle_asks, 1u) << "the first answer comes while no slot runs";
+  EXPECT_EQ(r.requests, feed.mine.size());
+  EXPECT_GE(feed.idle_asks, 1u) << "the first answer comes while no slot runs";
 }
 
 // More slots than prompts; and continuous batching's own checks.

@@ -5,6 +5,7 @@
 // and the sequences dropped. The plans were worked out by hand from the admission rules.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <stdexcept>
@@ -133,35 +134,48 @@ TEST(StepScheduler, PrefillBudgetIsPerGpuBatch) {
   EXPECT_EQ(s.next_step(), plan({decode(0, 6), prefill(2), decode(1, 6), prefill(3)}));
 }
 
-TEST(StepScheduler, StopAdmittingDropsTheWaitingPrompts) {
-  GenerationRequest req = queue({3, 3, 3, 3}, 2);
+// A feed that answers next_sequence as `answer` does (in order when it is null) and stops
+// admitting once `stop` is set, counting the polls.
+struct TestFeed final : SequenceFeed {
+  std::function<std::optional<std::size_t>(std::size_t from, bool idle)> answer;
   bool stop = false;
   int polls = 0;
-  req.stop_admitting = [&] {
+  bool stop_admitting() override {
     ++polls;
     return stop;
-  };
+  }
+  std::optional<std::size_t> next_sequence(std::size_t from, bool idle) override {
+    return answer ? answer(from, idle) : std::optional(from);
+  }
+};
+
+TEST(StepScheduler, StopAdmittingDropsTheWaitingPrompts) {
+  GenerationRequest req = queue({3, 3, 3, 3}, 2);
+  TestFeed feed;
+  req.feed = &feed;
   StepScheduler s(req, 2, true);
   EXPECT_EQ(s.next_step(), plan({prefill(0), prefill(1)}));
-  EXPECT_EQ(polls, 1);
-  stop = true;
+  EXPECT_EQ(feed.polls, 1);
+  feed.stop = true;
   s.record(0, 1, true);
   s.record(1, 1, false);
   EXPECT_EQ(s.next_step(), plan({idle(), decode(1, 3)}, {}, {}, {2, 3}));
   s.record(1, 1, true);
   EXPECT_EQ(s.next_step(), plan({idle(), idle()}));
-  EXPECT_EQ(polls, 2);  // not asked once no prompt waits
+  EXPECT_EQ(feed.polls, 2);  // not asked once no prompt waits
 }
 
-TEST(StepScheduler, NextPromptPicksSkipsAndWaits) {
+TEST(StepScheduler, NextSequencePicksSkipsAndWaits) {
   GenerationRequest req = queue({3, 3, 3, 3, 3}, 2);
   std::vector<std::pair<std::size_t, bool>> asked;  // (from, idle)
   std::vector<std::optional<std::size_t>> answers = {0, std::nullopt, 3, 5};
-  req.next_prompt = [&](std::size_t from, bool idle) -> std::optional<std::size_t> {
+  TestFeed feed;
+  feed.answer = [&](std::size_t from, bool idle) -> std::optional<std::size_t> {
     asked.emplace_back(from, idle);
     const auto a = answers.at(asked.size() - 1);
     return a;
   };
+  req.feed = &feed;
   StepScheduler s(req, 2, true);
   EXPECT_EQ(s.next_step(), plan({prefill(0), idle()}));  // none yet for slot 1
   s.record(0, 1, false);
@@ -177,16 +191,20 @@ TEST(StepScheduler, NextPromptPicksSkipsAndWaits) {
   EXPECT_EQ(asked.size(), 4u);
 }
 
-TEST(StepScheduler, NextPromptMustAnswerWhenNoSlotRuns) {
+TEST(StepScheduler, NextSequenceMustAnswerWhenNoSlotRuns) {
   GenerationRequest req = queue({3}, 1);
-  req.next_prompt = [](std::size_t, bool) -> std::optional<std::size_t> { return std::nullopt; };
+  TestFeed feed;
+  feed.answer = [](std::size_t, bool) -> std::optional<std::size_t> { return std::nullopt; };
+  req.feed = &feed;
   StepScheduler s(req, 1, true);
   EXPECT_THROW(s.next_step(), std::logic_error);
 }
 
-TEST(StepScheduler, NextPromptMayNotGoBack) {
+TEST(StepScheduler, NextSequenceMayNotGoBack) {
   GenerationRequest req = queue({3, 3}, 1);
-  req.next_prompt = [](std::size_t, bool) -> std::optional<std::size_t> { return 0; };
+  TestFeed feed;
+  feed.answer = [](std::size_t, bool) -> std::optional<std::size_t> { return 0; };
+  req.feed = &feed;
   StepScheduler s(req, 1, true);
   EXPECT_EQ(s.next_step(), plan({prefill(0)}));
   s.record(0, 1, true);
@@ -274,8 +292,8 @@ TEST(StepScheduler, SharedPrefixGroupsNeedOneComputation) {
   const Tokens b = run_of(1, 40);
   GenerationRequest req;
   // Prompt 1 shares 18 tokens with prompt 0, under min_shared_prefix 20: it prefills them again.
-  req.prompts = {Tokens(b.begin(), b.begin() + 30), join(Tokens(b.begin(), b.begin() + 18), {90, 91, 92}),
-                 join(Tokens(b.begin(), b.begin() + 25), {93}), join(Tokens(b.begin(), b.begin() + 24), {94})};
+  req.sequences = sequences_of({Tokens(b.begin(), b.begin() + 30), join(Tokens(b.begin(), b.begin() + 18), {90, 91, 92}),
+                                join(Tokens(b.begin(), b.begin() + 25), {93}), join(Tokens(b.begin(), b.begin() + 24), {94})});
   req.slots = 4;
   req.min_shared_prefix = 20;
   StepScheduler s(req, 2, true);

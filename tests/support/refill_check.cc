@@ -110,7 +110,7 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
   RefillComparison c;
   for (std::size_t b = 0; b < n; ++b) {
     SCOPED_TRACE("request " + std::to_string(b));
-    if (req.next_prompt && finished[b] == 0) {  // another runner's
+    if (req.feed && finished[b] == 0) {  // another runner's
       EXPECT_TRUE(got[b].tokens.empty() && got[b].logits.empty());
       continue;
     }

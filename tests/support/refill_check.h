@@ -24,8 +24,8 @@ struct RefillComparison {
 
 // Runs `req` (prompts, limits, sampling, streams) under continuous batching over the policy's
 // tiers with block-size slots, each prompt alone in memory, and checks them with gtest
-// expectations; under req.next_prompt only the prompts the run took are compared (the others
-// must end without tokens). Needs a CPU backend.
+// expectations; under req.feed only the prompts the run took are compared (the others must
+// end without tokens). Needs a CPU backend.
 RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::ModelConfig& cfg,
                                             const engine::WeightSource& source, const policy::Policy& pol,
                                             const engine::GenerationRequest& req, offload::CopyOptions copy = {});
