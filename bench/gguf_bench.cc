@@ -22,7 +22,7 @@
 #include "bench/timing.h"
 #include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_checkpoint.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 
 using namespace flexh2o;
 

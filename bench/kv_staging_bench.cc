@@ -21,7 +21,7 @@
 #include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/kv_staging.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "offload/tiered_tensor.h"
 
 using namespace flexh2o;

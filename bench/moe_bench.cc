@@ -19,7 +19,7 @@
 #include "engine/runtime/block_scheduler.h"
 #include "engine/families/model_yaml.h"
 #include "engine/loaders/dummy_weights.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 
 using namespace flexh2o;
 

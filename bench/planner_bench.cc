@@ -21,7 +21,7 @@
 #include "engine/model/model_shape.h"
 #include "engine/families/model_yaml.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "policy/cost_model.h"
 
 using namespace flexh2o;

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "bench/timing.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "engine/loaders/model_source.h"
 #include "engine/runtime/generator.h"
 

@@ -14,7 +14,7 @@
 #include "bench/timing.h"
 #include "engine/runtime/block_scheduler.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 
 using namespace flexh2o;
 

@@ -19,11 +19,11 @@ declare -A may_use=(
   [engine/families]="engine/model engine/io kernels offload policy"
   [engine/loaders]="engine/families engine/model engine/tokenizer engine/io kernels offload policy"
   [engine/runtime]="engine/model kernels offload policy"
-  [engine/job]="engine/runtime engine/loaders engine/families engine/model engine/tokenizer engine/chat engine/grammar
+  [engine/serving]="engine/runtime engine/loaders engine/families engine/model engine/tokenizer engine/chat engine/grammar
                 engine/io kernels offload policy"
-  [engine/distributed]="engine/job engine/runtime engine/loaders engine/families engine/model engine/tokenizer
+  [engine/distributed]="engine/serving engine/runtime engine/loaders engine/families engine/model engine/tokenizer
                         engine/chat engine/grammar engine/io kernels offload policy"
-  [engine/cli]="engine/distributed engine/job engine/runtime engine/loaders engine/families engine/model
+  [engine/cli]="engine/distributed engine/serving engine/runtime engine/loaders engine/families engine/model
                 engine/tokenizer engine/chat engine/grammar engine/io kernels offload policy"
 )
 

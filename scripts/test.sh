@@ -8,7 +8,7 @@ jobs="$(nproc)"
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLEXH2O_SANITIZE=ON -DFLEXH2O_CUDA=OFF \
   -DFLEXH2O_BENCH=OFF >/dev/null
-sanitized=(test_safetensors test_gguf test_tokenizer test_loaders test_offload test_scheduler test_step_scheduler test_kv_eviction test_job test_chat_template test_grammar)
+sanitized=(test_safetensors test_gguf test_tokenizer test_loaders test_offload test_scheduler test_step_scheduler test_kv_eviction test_serving test_chat_template test_grammar)
 cmake --build build-asan -j"$jobs" --target "${sanitized[@]}"
 for t in "${sanitized[@]}"; do
   echo "== $t (AddressSanitizer + UBSan)"

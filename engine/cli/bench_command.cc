@@ -12,7 +12,7 @@
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "offload/text_file.h"
 #include "policy/cost_model.h"
 #include "policy/policy_text.h"

@@ -10,7 +10,7 @@
 
 #include "engine/runtime/kv_quality.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::cli {

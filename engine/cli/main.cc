@@ -10,7 +10,7 @@
 #include "engine/cli/chat_template_command.h"
 #include "engine/cli/eval_command.h"
 #include "engine/cli/option_flags.h"
-#include "engine/job/interrupts.h"
+#include "engine/serving/interrupts.h"
 #include "engine/cli/plan_command.h"
 #include "engine/cli/run_command.h"
 #include "engine/cli/tokenize_command.h"
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const flexh2o::job::Interrupted& e) {
+  } catch (const flexh2o::serving::Interrupted& e) {
     fmt::print(stderr, "flexh2o: {}\n", e.what());
     return 130;
   } catch (const std::bad_alloc&) {

@@ -10,13 +10,13 @@
 
 #include "engine/cli/number_checks.h"
 #include "engine/cli/run_job.h"
-#include "engine/job/interrupts.h"
-#include "engine/job/engine.h"
-#include "engine/job/run_report.h"
+#include "engine/serving/interrupts.h"
+#include "engine/serving/engine.h"
+#include "engine/serving/run_report.h"
 #include "engine/distributed/launch.h"
 #include "engine/model/model_shape.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "kernels/backend.h"
 #if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -199,8 +199,8 @@ void check_one_process_flags(const RunOptions& o) {
 // The job's requests (`given`: an OpenAI batch job's); with an automatic policy, first plans for
 // their length (synthetic prompts: --prompt-len), then runs the plan within the profile's
 // capacities unless --*-mem say otherwise.
-std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s, const std::vector<job::Request>* given) {
-  std::vector<job::Request> requests;
+std::vector<serving::Request> plan_and_gather(const RunOptions& o, RunSetup& s, const std::vector<serving::Request>* given) {
+  std::vector<serving::Request> requests;
   if (given) requests = *given;
   if (s.auto_policy) {
     const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !s.model.tokenizer;
@@ -225,12 +225,12 @@ std::vector<job::Request> plan_and_gather(const RunOptions& o, RunSetup& s, cons
 
 int run_one_process(const RunOptions& o) {
   check_one_process_flags(o);
-  const job::InterruptWatch interrupts;  // before any thread starts
+  const serving::InterruptWatch interrupts;  // before any thread starts
   const bool openai = is_openai_job(o);
-  std::optional<job::ResultFile> out;
-  open_out(o, out, openai ? job::ResultFormat::OpenAi : job::ResultFormat::Simple);
+  std::optional<serving::ResultFile> out;
+  open_out(o, out, openai ? serving::ResultFormat::OpenAi : serving::ResultFormat::Simple);
   RunSetup s = open_run(o);
-  std::optional<job::OpenAiJob> oj;
+  std::optional<serving::OpenAiJob> oj;
   if (openai) {
     oj = open_openai_run(o, s, out);
     if (oj->requests.empty()) {
@@ -238,25 +238,25 @@ int run_one_process(const RunOptions& o) {
       return 0;
     }
   }
-  const std::vector<job::Request> requests = plan_and_gather(o, s, oj ? &oj->requests : nullptr);
-  job::check_requests(s.model.config, requests);  // fail before loading weights
+  const std::vector<serving::Request> requests = plan_and_gather(o, s, oj ? &oj->requests : nullptr);
+  serving::check_requests(s.model.config, requests);  // fail before loading weights
   if (!s.auto_policy) check_placement_fits(o, s, requests, planning_profile(o, s));  // within this machine's memory
-  const std::vector<job::Request> todo = job::requests_to_run(requests, out, o.resume, o.out_file);
+  const std::vector<serving::Request> todo = serving::requests_to_run(requests, out, o.resume, o.out_file);
 
   settle_compute_dtype(o, s);
-  job::EngineOptions eo = engine_options(o, s);
+  serving::EngineOptions eo = engine_options(o, s);
   eo.progress = ::isatty(STDERR_FILENO) == 1;
-  job::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
+  serving::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
   JobResults results(o, s, out, oj ? &*oj : nullptr);
-  const job::JobOutcome done = engine.run(todo, [&](std::span<const std::size_t> at, const GenerationResult& r) {
-    results.add(job::requests_at(todo, at), r);
+  const serving::JobOutcome done = engine.run(todo, [&](std::span<const std::size_t> at, const GenerationResult& r) {
+    results.add(serving::requests_at(todo, at), r);
   });
   if (done.stopped)
-    fmt::print(stderr, "{}", job::stopped_message("the run", done.finished_requests, done.requests, o.out_file));
+    fmt::print(stderr, "{}", serving::stopped_message("the run", done.finished_requests, done.requests, o.out_file));
 
-  job::RunReport report = engine.report(s.model.description, requests, s.gen_len, done);
+  serving::RunReport report = engine.report(s.model.description, requests, s.gen_len, done);
   report.compute_why = s.compute_why;
-  if (s.predicted) report.predicted = job::prediction_of(*s.predicted);
+  if (s.predicted) report.predicted = serving::prediction_of(*s.predicted);
   report.explain = o.explain;
   if (s.constraints) report.structured_output = s.constraints->report();
   fmt::print(stderr, "{}{}", report.text(), s.constraints ? s.constraints->summary_line() : "");

@@ -15,8 +15,8 @@
 
 #include "engine/cli/option_flags.h"
 #include "engine/cli/run_job.h"
-#include "engine/job/engine.h"
-#include "engine/job/run_report.h"
+#include "engine/serving/engine.h"
+#include "engine/serving/run_report.h"
 #include "engine/distributed/mpi_comm.h"
 #include "engine/distributed/data_parallel.h"
 #include "engine/distributed/pipeline_stage.h"
@@ -38,13 +38,13 @@ namespace {
 // batch file's, its bad lines' error lines written first), checked against the model before any
 // rank loads weights, less those --resume finds done.
 struct RootJob {
-  std::optional<job::OpenAiJob> openai;
-  std::vector<job::Request> todo;
+  std::optional<serving::OpenAiJob> openai;
+  std::vector<serving::Request> todo;
 };
 
-RootJob read_job(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out) {
+RootJob read_job(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out) {
   RootJob root;
-  std::vector<job::Request> requests;
+  std::vector<serving::Request> requests;
   if (is_openai_job(o)) {
     root.openai = open_openai_run(o, s, out);
     requests = root.openai->requests;
@@ -52,13 +52,13 @@ RootJob read_job(const RunOptions& o, const RunSetup& s, std::optional<job::Resu
     const std::int64_t count = o.batch.value_or(s.placed && !s.auto_policy ? s.policy.block_size() : 1);
     requests = make_requests(o, s, gather_prompts(o, s.model, count));
   }
-  job::check_requests(s.model.config, requests);
-  root.todo = job::requests_to_run(requests, out, o.resume, o.out_file);
+  serving::check_requests(s.model.config, requests);
+  root.todo = serving::requests_to_run(requests, out, o.resume, o.out_file);
   return root;
 }
 
-job::ResultFormat result_format(const RunOptions& o) {
-  return is_openai_job(o) ? job::ResultFormat::OpenAi : job::ResultFormat::Simple;
+serving::ResultFormat result_format(const RunOptions& o) {
+  return is_openai_job(o) ? serving::ResultFormat::OpenAi : serving::ResultFormat::Simple;
 }
 
 // This machine as one of several ranks on it: they share its memory and disk.
@@ -76,16 +76,16 @@ policy::HardwareProfile rank_profile(const RunOptions& o, const RunSetup& s, con
 
 // The engine of this rank: each rank's disk tier in its own directory under --offload-dir
 // (created and removed by it).
-job::EngineOptions rank_engine_options(const RunOptions& o, const RunSetup& s, const Mpi& mpi) {
-  job::EngineOptions eo = engine_options(o, s);
+serving::EngineOptions rank_engine_options(const RunOptions& o, const RunSetup& s, const Mpi& mpi) {
+  serving::EngineOptions eo = engine_options(o, s);
   if (!eo.tiers.offload_dir.empty()) eo.tiers.offload_dir += "/rank-" + std::to_string(mpi.rank());
   return eo;
 }
 
 // The report over several ranks from their parts (in rank order): the model as rank 0 stores it,
 // and the structured-output constraints as rank 0 compiled them (it reads every request).
-job::RunReport ranks_report(job::RunMode mode, const RunOptions& o, const RunSetup& s, std::vector<job::RunPart> parts) {
-  job::RunReport r;
+serving::RunReport ranks_report(serving::RunMode mode, const RunOptions& o, const RunSetup& s, std::vector<serving::RunPart> parts) {
+  serving::RunReport r;
   if (s.constraints) r.structured_output = s.constraints->report();
   r.mode = mode;
   r.model = s.model.description;
@@ -100,7 +100,7 @@ job::RunReport ranks_report(job::RunMode mode, const RunOptions& o, const RunSet
 // With an automatic policy each rank plans for the job's requests on its part of the machine,
 // in blocks of at most an even share of them; a given placement is checked against that part
 // before anything loads.
-void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const job::Request> todo) {
+void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const serving::Request> todo) {
   if (todo.empty()) return;
   const policy::HardwareProfile hw = rank_profile(o, s, mpi);
   if (!s.auto_policy) return check_placement_fits(o, s, todo, hw);
@@ -116,11 +116,11 @@ void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const
 // The ranks' report (the job's totals are their sums), on stderr and in --metrics and --trace;
 // where an interrupt stopped some rank, says how far the job got and gives the interrupted
 // run's exit status (130) as the one-process run does.
-int report_data_parallel(const RunOptions& o, const RunSetup& s, std::vector<job::RunPart> parts, std::size_t requests) {
-  job::RunReport report = ranks_report(job::RunMode::DataParallel, o, s, std::move(parts));
+int report_data_parallel(const RunOptions& o, const RunSetup& s, std::vector<serving::RunPart> parts, std::size_t requests) {
+  serving::RunReport report = ranks_report(serving::RunMode::DataParallel, o, s, std::move(parts));
   std::size_t finished = 0;
   bool stopped = false;
-  for (const job::RunPart& p : report.parts) {
+  for (const serving::RunPart& p : report.parts) {
     report.total.add(p.result);
     finished += p.finished_requests;
     stopped = stopped || p.stopped;
@@ -128,15 +128,15 @@ int report_data_parallel(const RunOptions& o, const RunSetup& s, std::vector<job
   fmt::print(stderr, "{}{}", report.text(), s.constraints ? s.constraints->summary_line() : "");
   report.write_files(o.metrics_file, o.trace_file, nullptr);
   if (!stopped && finished == requests) return 0;
-  fmt::print(stderr, "{}", job::stopped_message("the ranks", finished, requests, o.out_file));
+  fmt::print(stderr, "{}", serving::stopped_message("the ranks", finished, requests, o.out_file));
   return 130;
 }
 
 int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
-  const job::InterruptWatch interrupts;  // each rank stops or abandons its own requests
+  const serving::InterruptWatch interrupts;  // each rank stops or abandons its own requests
   // Rank 0 opens the job first, so that an error every rank would meet is said once.
   std::optional<RunSetup> setup;
-  std::optional<job::ResultFile> out;
+  std::optional<serving::ResultFile> out;
   RootJob root;
   if (mpi.rank() == 0) {
     if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N)");
@@ -147,7 +147,7 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
     if (!setup->auto_policy && !root.todo.empty())
       check_placement_fits(o, *setup, root.todo, rank_profile(o, *setup, mpi));
   }
-  const std::vector<job::Request> todo = distributed::share_requests(mpi, root.todo);
+  const std::vector<serving::Request> todo = distributed::share_requests(mpi, root.todo);
   if (mpi.rank() != 0) setup.emplace(open_run(o));
   RunSetup& s = *setup;
   plan_rank(mpi, o, s, todo);
@@ -156,7 +156,7 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   if (mpi.rank() != 0) return distributed::run_dealt_rank(mpi, engine, todo, interrupts).stopped ? 130 : 0;
 
   JobResults results(o, s, out, root.openai ? &*root.openai : nullptr);
-  std::vector<job::RunPart> parts =
+  std::vector<serving::RunPart> parts =
       distributed::run_dealing_rank(mpi, engine, todo, interrupts, [&](std::size_t i, const GenerationResult& one) {
         results.add(std::span(todo).subspan(i, 1), one);
       });
@@ -168,12 +168,12 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
 // Rank 0's plan of every stage: the planner's over each rank's capacities (rank 0's rates),
 // or the given policy on an even split of the layers.
 json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const std::vector<Bytes>& capacities,
-                 std::span<const job::Request> todo, std::int64_t micro_batches) {
+                 std::span<const serving::Request> todo, std::int64_t micro_batches) {
   const policy::ModelShape shape = model_shape(s.model.config);
   json stages = json::array();
   if (!s.auto_policy) {
     for (const auto& slice : policy::split_layers(policy::with_compression(shape, s.policy), mpi.size()))
-      stages.push_back({{"slice", job::to_json(slice)}, {"policy", policy::policy_to_yaml(s.policy)}});
+      stages.push_back({{"slice", serving::to_json(slice)}, {"policy", policy::policy_to_yaml(s.policy)}});
     return stages;
   }
   std::vector<policy::HardwareProfile> hws;
@@ -186,7 +186,7 @@ json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const s
     hw.name = c["name"].get<std::string>();
     hws.push_back(hw);
   }
-  const policy::Workload w{std::max<std::int64_t>(job::longest_prompt(todo), 1), job::longest_limit(todo, s.gen_len)};
+  const policy::Workload w{std::max<std::int64_t>(serving::longest_prompt(todo), 1), serving::longest_limit(todo, s.gen_len)};
   const auto per_micro_batch = (static_cast<std::int64_t>(todo.size()) + micro_batches - 1) / micro_batches;
   const policy::PipelineEstimate e =
       policy::plan_pipeline(shape, hws, w, micro_batches, plan_options(o, s, per_micro_batch));
@@ -196,7 +196,7 @@ json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const s
              "bubble share {:.0f}%\n",
              mpi.size(), micro_batches, p0.gpu_batch_size, p0.num_gpu_batches, e.total_throughput, 100 * e.bubble_share);
   for (std::size_t st = 0; st < e.stages.size(); ++st)
-    stages.push_back({{"slice", job::to_json(e.slices[st])},
+    stages.push_back({{"slice", serving::to_json(e.slices[st])},
                       {"policy", policy::policy_to_yaml(with_schedule_flags(o, e.stages[st].policy))},
                       {"gpu", hws[st].gpu_mem},
                       {"cpu", hws[st].cpu_mem},
@@ -206,7 +206,7 @@ json plan_stages(const Mpi& mpi, const RunOptions& o, const RunSetup& s, const s
 
 // Every rank's part of the job: each sends rank 0 its capacities, rank 0 plans the stages and
 // sends every rank the plan and the requests.
-json share_pipeline_job(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<const job::Request> todo) {
+json share_pipeline_job(const Mpi& mpi, const RunOptions& o, const RunSetup& s, std::span<const serving::Request> todo) {
   json mine;
   if (s.auto_policy) {
     const policy::HardwareProfile hw = rank_profile(o, s, mpi);
@@ -217,7 +217,7 @@ json share_pipeline_job(const Mpi& mpi, const RunOptions& o, const RunSetup& s, 
   if (mpi.rank() == 0) {
     const std::int64_t M = o.micro_batches.value_or(mpi.size());
     json requests = json::array();
-    for (const job::Request& r : todo) requests.push_back(job::to_json(r));
+    for (const serving::Request& r : todo) requests.push_back(serving::to_json(r));
     job = {{"micro_batches", M}, {"stages", plan_stages(mpi, o, s, capacities, todo, M)}, {"requests", requests}};
   }
   return distributed::from_bytes(mpi.broadcast(mpi.rank() == 0 ? distributed::to_bytes(job) : Bytes{}, 0));
@@ -231,16 +231,16 @@ policy::StageSlice take_stage(const json& stage, RunSetup& s) {
     s.tiers.cpu_bytes = stage["cpu"].get<std::int64_t>();
     s.tiers.disk_bytes = stage["disk"].get<std::int64_t>();
   }
-  return job::slice_from_json(stage["slice"]);
+  return serving::slice_from_json(stage["slice"]);
 }
 
 // Each stage's line, then the pipeline's (rank 0 saw every block: `total`), on stderr and in
 // --metrics and --trace.
 void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_batches, const GenerationResult& total,
                      const std::vector<Bytes>& gathered) {
-  std::vector<job::RunPart> parts;
-  for (const Bytes& b : gathered) parts.push_back(job::part_from_json(distributed::from_bytes(b)));
-  job::RunReport report = ranks_report(job::RunMode::Pipeline, o, s, std::move(parts));
+  std::vector<serving::RunPart> parts;
+  for (const Bytes& b : gathered) parts.push_back(serving::part_from_json(distributed::from_bytes(b)));
+  serving::RunReport report = ranks_report(serving::RunMode::Pipeline, o, s, std::move(parts));
   report.micro_batches = micro_batches;
   report.total = total;
   fmt::print(stderr, "{}{}", report.text(), s.constraints ? s.constraints->summary_line() : "");
@@ -248,10 +248,10 @@ void report_pipeline(const RunOptions& o, const RunSetup& s, std::int64_t micro_
 }
 
 int run_pipeline(const Mpi& mpi, const RunOptions& o) {
-  const job::InterruptWatch interrupts;
+  const serving::InterruptWatch interrupts;
   const int me = mpi.rank(), n = mpi.size();
   std::optional<RunSetup> setup;
-  std::optional<job::ResultFile> out;
+  std::optional<serving::ResultFile> out;
   RootJob root;
   if (me == 0) {
     if (o.pipeline != n)
@@ -267,13 +267,13 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   RunSetup& s = *setup;
   const json shared = share_pipeline_job(mpi, o, s, root.todo);
   const policy::StageSlice slice = take_stage(shared["stages"][static_cast<std::size_t>(me)], s);
-  std::vector<job::Request> requests;
-  for (const json& r : shared["requests"]) requests.push_back(job::request_from_json(r));
+  std::vector<serving::Request> requests;
+  for (const json& r : shared["requests"]) requests.push_back(serving::request_from_json(r));
   const auto micro_batches = shared["micro_batches"].get<std::int64_t>();
   settle_compute_dtype(o, s);
-  job::EngineOptions eo = rank_engine_options(o, s, mpi);
+  serving::EngineOptions eo = rank_engine_options(o, s, mpi);
   eo.stage = slice;
-  job::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
+  serving::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
   mpi.barrier();  // every stage loaded: the clocks (and traces) start together
   if (engine.trace()) engine.trace()->reset_clock();
 
@@ -285,15 +285,15 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   };
   const distributed::StageStats stats = distributed::run_pipeline_stage(mpi, engine, requests, micro_batches, finished);
 
-  job::RunPart part = engine.part(rank_name(mpi), me, mpi.host(), stats.total);
+  serving::RunPart part = engine.part(rank_name(mpi), me, mpi.host(), stats.total);
   part.slice = slice;
   part.wall_seconds = stats.wall_seconds;
   part.wait_seconds = stats.wait_seconds;
-  const std::vector<Bytes> all = mpi.gather(distributed::to_bytes(job::to_json(part, true)), 0);
+  const std::vector<Bytes> all = mpi.gather(distributed::to_bytes(serving::to_json(part, true)), 0);
   if (me == 0) report_pipeline(o, s, micro_batches, stats.total, all);
   if (!stats.stopped) return 0;
   if (me == 0)
-    fmt::print(stderr, "{}", job::stopped_message("the pipeline", finished_requests, requests.size(), o.out_file));
+    fmt::print(stderr, "{}", serving::stopped_message("the pipeline", finished_requests, requests.size(), o.out_file));
   return 130;
 }
 

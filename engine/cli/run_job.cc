@@ -9,7 +9,7 @@
 #include "engine/chat/chat_template.h"
 #include "engine/cli/option_flags.h"
 #include "engine/loaders/template_source.h"
-#include "engine/job/result_file.h"
+#include "engine/serving/result_file.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
 #include "policy/policy_text.h"
@@ -81,7 +81,7 @@ RunSetup open_run(const RunOptions& o) {
   s.backend = kernels::make_backend(o.backend);
   if (o.ignore_eos) s.model.config.stop_ids.clear();
   if (s.model.tokenizer)
-    s.constraints = std::make_unique<job::JobConstraints>(*s.model.tokenizer, s.model.config,
+    s.constraints = std::make_unique<serving::JobConstraints>(*s.model.tokenizer, s.model.config,
                                                           s.backend->kind() != kernels::DeviceKind::Cpu);
   s.gen_len = o.gen_len.value_or(o.model.empty() ? kEmbeddedGenLen : policy::kDefaultGenLen);
   return s;
@@ -159,9 +159,9 @@ policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLen
 
 }  // namespace
 
-policy::Workload job_workload(const RunOptions& o, std::span<const job::Request> requests, std::int64_t gen_len) {
+policy::Workload job_workload(const RunOptions& o, std::span<const serving::Request> requests, std::int64_t gen_len) {
   std::vector<policy::RequestLength> lengths;
-  for (const job::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
+  for (const serving::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
   if (lengths.empty()) lengths.push_back({0, gen_len});  // as longest_limit: --gen-len for none
   return workload_of(o, std::move(lengths));
 }
@@ -185,7 +185,7 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
   return p;
 }
 
-void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests,
+void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const serving::Request> requests,
                           const policy::HardwareProfile& hw) {
   const auto prompts = static_cast<std::int64_t>(requests.size());
   s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw, job_workload(o, requests, s.gen_len),
@@ -213,12 +213,12 @@ std::string planned_line(const policy::HardwareProfile& hw, const policy::Estima
                      pol.cpu_cache_compute, e.continuous ? "generated" : "total", e.total_throughput);
 }
 
-void open_out(const RunOptions& o, std::optional<job::ResultFile>& out, job::ResultFormat format) {
+void open_out(const RunOptions& o, std::optional<serving::ResultFile>& out, serving::ResultFormat format) {
   if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
   if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file, format);
 }
 
-bool is_openai_job(const RunOptions& o) { return !o.prompts_file.empty() && job::is_openai_batch_file(o.prompts_file); }
+bool is_openai_job(const RunOptions& o) { return !o.prompts_file.empty() && serving::is_openai_batch_file(o.prompts_file); }
 
 namespace {
 
@@ -260,7 +260,7 @@ grammar::Constraint checked_constraint(const RunSetup& s, const PromptItem& item
 
 }  // namespace
 
-job::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s) {
+serving::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s) {
   return {.config = &s.model.config,
           .tok = s.model.tokenizer.get(),
           .render_chat = chat_renderer(o),
@@ -269,8 +269,8 @@ job::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSet
           .constraints = s.constraints.get()};
 }
 
-std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {
-  std::vector<job::Request> requests;
+std::vector<serving::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {
+  std::vector<serving::Request> requests;
   for (std::size_t i = 0; i < items.size(); ++i) {
     requests.push_back({items[i].id_json, items[i].text, items[i].tokens, items[i].max_tokens.value_or(s.gen_len),
                         {.temperature = o.temperature, .top_p = o.top_p, .seed = o.seed}, i});
@@ -279,7 +279,7 @@ std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s, 
   return requests;
 }
 
-std::string result_line(const RunOptions& o, const ModelSource& m, const job::Request& r,
+std::string result_line(const RunOptions& o, const ModelSource& m, const serving::Request& r,
                         std::span<const std::int32_t> new_tokens) {
   std::string text;
   if (m.tokenizer) {
@@ -288,32 +288,32 @@ std::string result_line(const RunOptions& o, const ModelSource& m, const job::Re
     all.insert(all.end(), new_tokens.begin(), new_tokens.end());
     text = m.tokenizer->decode(all).substr(prompt_bytes);
   }
-  if (!o.out_file.empty()) return job::ResultFile::line(r.id_json, text, new_tokens);
+  if (!o.out_file.empty()) return serving::ResultFile::line(r.id_json, text, new_tokens);
   if (m.tokenizer) return r.text.value_or("") + text + "\n";
   return fmt::format("[{}]\n", fmt::join(new_tokens, ", "));
 }
 
-job::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out) {
-  job::OpenAiJob oj = job::open_openai_job(o.prompts_file, openai_prompt_context(o, s));
+serving::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out) {
+  serving::OpenAiJob oj = serving::open_openai_job(o.prompts_file, openai_prompt_context(o, s));
   std::vector<std::string> errors;
-  for (const job::OpenAiLine& l : oj.lines)
-    if (!l.error.empty() && !(out && out->done_ids().count(l.key))) errors.push_back(job::openai_error_line(l));
-  job::write_results(out, errors);
+  for (const serving::OpenAiLine& l : oj.lines)
+    if (!l.error.empty() && !(out && out->done_ids().count(l.key))) errors.push_back(serving::openai_error_line(l));
+  serving::write_results(out, errors);
   if (!errors.empty()) fmt::print(stderr, "{} bad request lines: error result lines written\n", errors.size());
   return oj;
 }
 
-job::StopStringSeen stop_string_watch(const RunSetup& s) {
+serving::StopStringSeen stop_string_watch(const RunSetup& s) {
   if (!s.model.tokenizer) return {};
   // The text of the new tokens after the prompt's last token (enough context for the
   // tokenizer's spacing).
-  return [&tok = *s.model.tokenizer](const job::Request& r, std::span<const std::int32_t> generated) {
-    return job::stop_position(job::Continuation(tok, std::span(r.prompt).last(1)).text(generated), r.stop) !=
+  return [&tok = *s.model.tokenizer](const serving::Request& r, std::span<const std::int32_t> generated) {
+    return serving::stop_position(serving::Continuation(tok, std::span(r.prompt).last(1)).text(generated), r.stop) !=
            std::string::npos;
   };
 }
 
-job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
+serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
   return {.policy = s.policy,
           .tiers = s.tiers,
           .continuous = o.batching == "continuous",
@@ -329,21 +329,21 @@ job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .progress = false};
 }
 
-JobResults::JobResults(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out,
-                       const job::OpenAiJob* openai)
+JobResults::JobResults(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out,
+                       const serving::OpenAiJob* openai)
     : o_(o), s_(s), out_(out) {
   if (openai)
-    collector_.emplace(*openai, job::ResultContext{.tok = s.model.tokenizer.get(),
+    collector_.emplace(*openai, serving::ResultContext{.tok = s.model.tokenizer.get(),
                                                    .model = o.model.empty() ? s.model.config.name : o.model,
                                                    .created = static_cast<std::int64_t>(std::time(nullptr))});
 }
 
-void JobResults::add(std::span<const job::Request> done, const GenerationResult& r) {
+void JobResults::add(std::span<const serving::Request> done, const GenerationResult& r) {
   std::vector<std::string> lines;
   if (collector_) lines = collector_->add(done, r);
   else
     for (std::size_t t = 0; t < done.size(); ++t) lines.push_back(result_line(o_, s_.model, done[t], r.tokens[t]));
-  job::write_results(out_, lines);
+  serving::write_results(out_, lines);
 }
 
 }  // namespace flexh2o::cli

@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "engine/cli/run_command.h"
-#include "engine/job/engine.h"
-#include "engine/job/openai_job.h"
-#include "engine/job/request.h"
-#include "engine/job/result_file.h"
+#include "engine/serving/engine.h"
+#include "engine/serving/openai_job.h"
+#include "engine/serving/request.h"
+#include "engine/serving/result_file.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "kernels/backend.h"
 #include "offload/tiers.h"
 #include "policy/cost_model.h"
@@ -39,7 +39,7 @@ struct RunSetup {
   std::string compute_why;     // what settle_compute_dtype weighed under --compute-dtype auto
   std::optional<policy::Estimate> predicted;  // the cost model's estimate of the policy run (planned or checked)
   // Compiles the requests' structured-output constraints; null without a tokenizer.
-  std::unique_ptr<job::JobConstraints> constraints;
+  std::unique_ptr<serving::JobConstraints> constraints;
 };
 
 // Checks the flags, builds the given policy, opens the model and the backend.
@@ -61,7 +61,7 @@ policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s)
 policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::int64_t max_block);
 // What the planner plans a job for: its longest prompt and largest max_tokens (what must fit)
 // and, under continuous batching (not in pipeline runs), its requests' lengths (the time).
-policy::Workload job_workload(const RunOptions& o, std::span<const job::Request> requests, std::int64_t gen_len);
+policy::Workload job_workload(const RunOptions& o, std::span<const serving::Request> requests, std::int64_t gen_len);
 // Synthetic prompts: `count` requests of --prompt-len tokens and `gen_len` new tokens.
 policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len);
 // Continuous batching's prefill budget: --prefill-budget, else the one the policy run was
@@ -73,7 +73,7 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy planned);
 // says this machine (its free memory, within its cgroup) or --hardware and --*-mem have, or a
 // rank's share of it. Throws the planner's "does not fit" naming the tier. The tier budgets
 // left unlimited default to those capacities.
-void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const job::Request> requests,
+void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const serving::Request> requests,
                           const policy::HardwareProfile& hw);
 // Runs a planned policy (with the schedule flags) within the profile's capacities.
 void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw);
@@ -81,49 +81,49 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e);
 
 // Opens --out into `out` (nothing without --out), checked before anything loads (job/result_file.h).
-void open_out(const RunOptions& o, std::optional<job::ResultFile>& out,
-              job::ResultFormat format = job::ResultFormat::Simple);
+void open_out(const RunOptions& o, std::optional<serving::ResultFile>& out,
+              serving::ResultFormat format = serving::ResultFormat::Simple);
 
 // Whether --prompts is an OpenAI batch file (job/openai_batch.h).
 bool is_openai_job(const RunOptions& o);
 // What an OpenAI batch job's lines are prepared with: the model, its tokenizer and chat
 // template (add_generation_prompt), --gen-len and --seed.
-job::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s);
+serving::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s);
 
 // The job's requests: each prompt with --gen-len and the sampling flags, its position in the
 // job as its sampling stream.
-std::vector<job::Request> make_requests(const RunOptions& o, const RunSetup& s,
+std::vector<serving::Request> make_requests(const RunOptions& o, const RunSetup& s,
                                         const std::vector<engine::PromptItem>& items);
 
 // What the job writes for one finished request, newline included: its out.jsonl line with
 // --out, else the prompt and its continuation (or the token ids without a tokenizer).
-std::string result_line(const RunOptions& o, const engine::ModelSource& m, const job::Request& r,
+std::string result_line(const RunOptions& o, const engine::ModelSource& m, const serving::Request& r,
                         std::span<const std::int32_t> new_tokens);
 
 // An OpenAI batch job (is_openai_job): its lines read and prepared, and the error lines of its
 // bad lines not in `out` yet written first.
-job::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out);
+serving::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out);
 
 // Whether request r's text so far holds one of its stop strings; null without a tokenizer.
-job::StopStringSeen stop_string_watch(const RunSetup& s);
+serving::StopStringSeen stop_string_watch(const RunSetup& s);
 
 // The engine of this run (job/engine.h): the policy and tiers of `s`, and what the flags say of
 // batching, the prefill budget, shared prefills, tracing and stop strings.
-job::EngineOptions engine_options(const RunOptions& o, const RunSetup& s);
+serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s);
 
 // Where a job's finished requests go, as they finish (in any order): their result lines (an
 // OpenAI line's once its n choices are done) appended to --out and fsynced, or printed.
 class JobResults {
  public:
-  JobResults(const RunOptions& o, const RunSetup& s, std::optional<job::ResultFile>& out,
-             const job::OpenAiJob* openai);
-  void add(std::span<const job::Request> done, const engine::GenerationResult& r);
+  JobResults(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out,
+             const serving::OpenAiJob* openai);
+  void add(std::span<const serving::Request> done, const engine::GenerationResult& r);
 
  private:
   const RunOptions& o_;
   const RunSetup& s_;
-  std::optional<job::ResultFile>& out_;
-  std::optional<job::OpenAiCollector> collector_;
+  std::optional<serving::ResultFile>& out_;
+  std::optional<serving::OpenAiCollector> collector_;
 };
 
 }  // namespace flexh2o::cli

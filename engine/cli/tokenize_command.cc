@@ -9,7 +9,7 @@
 
 #include "engine/io/json_input.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "offload/text_file.h"
 
 namespace flexh2o::cli {

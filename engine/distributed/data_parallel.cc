@@ -10,14 +10,14 @@ namespace flexh2o::distributed {
 
 std::string rank_name(const Mpi& mpi) { return "rank " + std::to_string(mpi.rank()) + " (" + mpi.host() + ")"; }
 
-std::vector<job::Request> share_requests(const Mpi& mpi, const std::vector<job::Request>& todo) {
+std::vector<serving::Request> share_requests(const Mpi& mpi, const std::vector<serving::Request>& todo) {
   nlohmann::json all = nlohmann::json::array();
   if (mpi.rank() == 0)
-    for (const job::Request& r : todo) all.push_back(job::to_json(r));
+    for (const serving::Request& r : todo) all.push_back(serving::to_json(r));
   const nlohmann::json got = from_bytes(mpi.broadcast(mpi.rank() == 0 ? to_bytes(all) : Bytes{}, 0));
   if (mpi.rank() == 0) return todo;
-  std::vector<job::Request> requests;
-  for (const nlohmann::json& r : got) requests.push_back(job::request_from_json(r));
+  std::vector<serving::Request> requests;
+  for (const nlohmann::json& r : got) requests.push_back(serving::request_from_json(r));
   return requests;
 }
 
@@ -25,25 +25,25 @@ namespace {
 
 // Requests a rank keeps in hand beyond those running: under continuous batching a few, so that
 // a freed slot rarely waits for rank 0's answer; fixed blocks ask for a block as one starts.
-std::size_t requests_ahead(const job::EngineOptions& o) {
+std::size_t requests_ahead(const serving::EngineOptions& o) {
   return o.continuous ? 1 + static_cast<std::size_t>(o.policy.block_size()) / 16 : 0;
 }
 
 // Runs the requests `source` deals this rank with its engine; each finished one goes to
 // `finished` by its index in `todo`. A first signal stops taking requests (those running
-// finish), a second abandons them (throws job::Interrupted). Returns the rank's part.
-job::RunPart run_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo,
-                      job::RequestSource& source, const RootQueue::Finished& finished,
-                      const std::function<void()>& between_steps, const job::InterruptWatch& interrupts) {
+// finish), a second abandons them (throws serving::Interrupted). Returns the rank's part.
+serving::RunPart run_rank(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo,
+                      serving::RequestSource& source, const RootQueue::Finished& finished,
+                      const std::function<void()>& between_steps, const serving::InterruptWatch& interrupts) {
   if (todo.empty()) return {.name = rank_name(mpi), .rank = mpi.rank(), .host = mpi.host()};
-  job::Engine engine(e.backend, e.config, e.weights, e.options, &interrupts);
-  const job::JobOutcome done = engine.run(
+  serving::Engine engine(e.backend, e.config, e.weights, e.options, &interrupts);
+  const serving::JobOutcome done = engine.run(
       todo,
       [&](std::span<const std::size_t> at, const engine::GenerationResult& r) {
         for (std::size_t t = 0; t < at.size(); ++t) finished(at[t], r.sequence(t));
       },
       &source, between_steps);
-  job::RunPart part = engine.part(rank_name(mpi), mpi.rank(), mpi.host(), done.total);
+  serving::RunPart part = engine.part(rank_name(mpi), mpi.rank(), mpi.host(), done.total);
   part.finished_requests = done.finished_requests;
   part.stopped = done.stopped;
   return part;
@@ -53,12 +53,12 @@ job::RunPart run_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::
 // one rank, and to a rank those of its recent requests' families (its last block and the
 // requests it keeps in hand ahead: what its cache rows hold), a rank running at most about two
 // rounds of every rank's requests ahead of the queue; else in the job's order.
-PrefixDealing prefix_dealing(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo) {
-  const job::EngineOptions& o = e.options;
+PrefixDealing prefix_dealing(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo) {
+  const serving::EngineOptions& o = e.options;
   if (!o.continuous || !o.share_prefixes || !engine::prefix_sharing_off_reason(e.config, o.policy.kv != "full").empty())
     return {};
   PrefixDealing d;
-  for (const job::Request& r : todo) d.prompts.emplace_back(r.prompt);
+  for (const serving::Request& r : todo) d.prompts.emplace_back(r.prompt);
   d.min_tokens = engine::GenerationRequest{}.min_shared_prefix;
   d.recent = static_cast<std::size_t>(o.policy.block_size()) + requests_ahead(o);
   d.lookahead = std::max<std::size_t>(16, 2 * static_cast<std::size_t>(mpi.size()) * d.recent);
@@ -67,26 +67,26 @@ PrefixDealing prefix_dealing(const Mpi& mpi, const RankEngine& e, std::span<cons
 
 }  // namespace
 
-job::RunPart run_dealt_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo,
-                            const job::InterruptWatch& interrupts) {
+serving::RunPart run_dealt_rank(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo,
+                            const serving::InterruptWatch& interrupts) {
   RankQueue queue(mpi, static_cast<std::size_t>(e.options.policy.block_size()), requests_ahead(e.options));
-  const job::RunPart part = run_rank(
+  const serving::RunPart part = run_rank(
       mpi, e, todo, queue,
       [&](std::size_t index, const engine::GenerationResult& one) { queue.send_finished(index, one); }, {},
       interrupts);
-  queue.send_report(job::to_json(part, true));
+  queue.send_report(serving::to_json(part, true));
   return part;
 }
 
-std::vector<job::RunPart> run_dealing_rank(const Mpi& mpi, const RankEngine& e, std::span<const job::Request> todo,
-                                           const job::InterruptWatch& interrupts, const RootQueue::Finished& finished) {
+std::vector<serving::RunPart> run_dealing_rank(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo,
+                                           const serving::InterruptWatch& interrupts, const RootQueue::Finished& finished) {
   // The others' slots too, where they plan alike.
   const auto slots = static_cast<std::size_t>(e.options.policy.block_size());
   RootQueue queue(mpi, todo, slots + requests_ahead(e.options), prefix_dealing(mpi, e, todo), finished);
-  const job::RunPart own = run_rank(mpi, e, todo, queue.source(), finished, [&] { queue.poll(); }, interrupts);
-  std::vector<job::RunPart> parts;
-  for (const nlohmann::json& j : queue.reports(job::to_json(own, true))) parts.push_back(job::part_from_json(j));
-  std::ranges::sort(parts, {}, &job::RunPart::rank);
+  const serving::RunPart own = run_rank(mpi, e, todo, queue.source(), finished, [&] { queue.poll(); }, interrupts);
+  std::vector<serving::RunPart> parts;
+  for (const nlohmann::json& j : queue.reports(serving::to_json(own, true))) parts.push_back(serving::part_from_json(j));
+  std::ranges::sort(parts, {}, &serving::RunPart::rank);
   return parts;
 }
 

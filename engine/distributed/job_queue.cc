@@ -13,9 +13,9 @@ namespace {
 constexpr int kTagToRoot = 2;  // rank -> 0: asks, finished requests, then the rank's report
 constexpr int kTagDeal = 3;    // 0 -> rank: the requests dealt for an ask (none: empty)
 
-std::vector<bool> group_starts(std::span<const job::Request> requests) {
+std::vector<bool> group_starts(std::span<const serving::Request> requests) {
   std::vector<bool> starts;
-  for (const job::Request& r : requests) starts.push_back(r.choice == 0);
+  for (const serving::Request& r : requests) starts.push_back(r.choice == 0);
   return starts;
 }
 
@@ -62,7 +62,7 @@ engine::GenerationResult sequence_from_json(const json& j) {
 
 // ---- rank 0 ----------------------------------------------------------------------------------
 
-RootQueue::RootQueue(const Mpi& mpi, std::span<const job::Request> requests, std::size_t first_deal,
+RootQueue::RootQueue(const Mpi& mpi, std::span<const serving::Request> requests, std::size_t first_deal,
                      PrefixDealing prefer, Finished finished)
     : mpi_(mpi),
       queue_(group_starts(requests), mpi.size(), std::move(prefer)),

@@ -17,8 +17,8 @@
 
 #include "engine/distributed/mpi_comm.h"
 #include "engine/distributed/sharding.h"
-#include "engine/job/request.h"
-#include "engine/job/request_source.h"
+#include "engine/serving/request.h"
+#include "engine/serving/request_source.h"
 #include "engine/runtime/generator.h"
 
 namespace flexh2o::distributed {
@@ -32,10 +32,10 @@ class RootQueue {
   // Deals every other rank its first `first_deal` requests at once, unasked, so that none waits
   // for rank 0 to reach its first step (loading its weights) before it can start; `prefer`:
   // how it picks each rank's requests (DealQueue).
-  RootQueue(const Mpi& mpi, std::span<const job::Request> requests, std::size_t first_deal, PrefixDealing prefer,
+  RootQueue(const Mpi& mpi, std::span<const serving::Request> requests, std::size_t first_deal, PrefixDealing prefer,
             Finished finished);
   // What rank 0's own runner takes from.
-  job::RequestSource& source() { return own_; }
+  serving::RequestSource& source() { return own_; }
   // Answers the asks and takes the outcomes waiting (between rank 0's steps).
   void poll();
   // After rank 0's runner ended: serves the other ranks until each sent its report; every
@@ -43,7 +43,7 @@ class RootQueue {
   std::vector<nlohmann::json> reports(nlohmann::json own);
 
  private:
-  class Own final : public job::RequestSource {
+  class Own final : public serving::RequestSource {
    public:
     explicit Own(DealQueue& queue) : queue_(queue) {}
     std::optional<std::size_t> next(std::size_t from, bool wait) override;
@@ -65,7 +65,7 @@ class RootQueue {
 };
 
 // A rank's side (rank > 0): the requests rank 0 deals it, and its outcomes and report sent back.
-class RankQueue final : public job::RequestSource {
+class RankQueue final : public serving::RequestSource {
  public:
   // `slots`: requests the runner runs at once (it asks for that many when none runs);
   // `ahead`: requests kept in hand beyond those running (continuous batching). Rank 0's first

@@ -58,7 +58,7 @@ void take_logprobs(const Bytes& bytes, std::size_t first, engine::GenerationResu
 // engine's one queue) in the same order.
 class StageLoop {
  public:
-  StageLoop(const Mpi& mpi, job::Engine& engine, std::span<const job::Request> requests, std::int64_t micro_batches,
+  StageLoop(const Mpi& mpi, serving::Engine& engine, std::span<const serving::Request> requests, std::int64_t micro_batches,
             const PromptsFinished& finished)
       : mpi_(mpi), engine_(engine), requests_(requests), trace_(engine.trace()), finished_(finished),
         continuous_(engine.options().continuous), me_(mpi.rank()), last_(mpi.size() - 1),
@@ -82,7 +82,7 @@ class StageLoop {
       if (continuous_) poll_stop();
       for (current_ = 0; current_ < flights_; ++current_) any = engine_.step(current_, links_) || any;
     }
-    const job::JobOutcome done = engine_.end();
+    const serving::JobOutcome done = engine_.end();
     for (auto& s : sends_) s.wait();
     stats_.total = done.total;
     stats_.stopped = done.stopped;
@@ -93,8 +93,8 @@ class StageLoop {
  private:
   // The stages stop taking requests together: under continuous batching when the last poll
   // agreed to, with fixed blocks as each block would start (every stage asks there alike).
-  job::JobFeed feed() {
-    job::JobFeed f{.flights = flights_};
+  serving::JobFeed feed() {
+    serving::JobFeed f{.flights = flights_};
     if (continuous_)
       f.stop = [this] { return stop_admitting_; };
     else
@@ -159,14 +159,14 @@ class StageLoop {
   }
 
   const Mpi& mpi_;
-  job::Engine& engine_;
-  std::span<const job::Request> requests_;
+  serving::Engine& engine_;
+  std::span<const serving::Request> requests_;
   offload::Trace* trace_;
   const PromptsFinished& finished_;
   const bool continuous_;  // continuous batching in each flight, else fixed blocks
   const int me_, last_;
   const std::size_t flights_;  // micro-batches in flight
-  job::StepLinks links_;
+  serving::StepLinks links_;
   std::deque<PendingSend> sends_;
   StageStats stats_;
   std::size_t current_ = 0;      // the flight whose step runs
@@ -176,7 +176,7 @@ class StageLoop {
 
 }  // namespace
 
-StageStats run_pipeline_stage(const Mpi& mpi, job::Engine& engine, std::span<const job::Request> requests,
+StageStats run_pipeline_stage(const Mpi& mpi, serving::Engine& engine, std::span<const serving::Request> requests,
                               std::int64_t micro_batches, const PromptsFinished& finished) {
   const engine::BlockScheduler& sched = engine.scheduler();
   if (sched.holds_input() != (mpi.rank() == 0) || sched.holds_head() != (mpi.rank() == mpi.size() - 1))

@@ -1,5 +1,5 @@
 // One rank's stage of a pipeline-parallel job (policy/pipeline.h): rank s holds a slice of the
-// layers in its job::Engine and keeps M blocks (micro-batches) in flight, the engine's flights.
+// layers in its serving::Engine and keeps M blocks (micro-batches) in flight, the engine's flights.
 // Every stage walks the flights in the same order, calling Engine::step on each in turn (the
 // same step the one-process run and every data-parallel rank drive): stage s receives the
 // block's hidden states from s - 1 GPU batch by GPU batch, runs its layers, and sends them on
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "engine/distributed/mpi_comm.h"
-#include "engine/job/engine.h"
-#include "engine/job/request.h"
+#include "engine/serving/engine.h"
+#include "engine/serving/request.h"
 
 namespace flexh2o::distributed {
 
@@ -44,7 +44,7 @@ using PromptsFinished = std::function<void(std::size_t first, const engine::Gene
 // every few rounds of the flights), and the requests in flight finish; a second abandons them. On
 // the first stage the finished results' log-probabilities (sequences whose sampling asks) are
 // the last stage's, which sampled. Waits are recorded in the engine's trace (track "pipeline").
-StageStats run_pipeline_stage(const Mpi& mpi, job::Engine& engine, std::span<const job::Request> requests,
+StageStats run_pipeline_stage(const Mpi& mpi, serving::Engine& engine, std::span<const serving::Request> requests,
                               std::int64_t micro_batches, const PromptsFinished& finished);
 
 }  // namespace flexh2o::distributed

@@ -1,5 +1,5 @@
 // A per-sequence constraint on the tokens a generation may sample (constrained decoding: a JSON
-// schema, a regex, a grammar). The runtime sees only this seam; engine/job implements it with
+// schema, a regex, a grammar). The runtime sees only this seam; engine/serving implements it with
 // engine/grammar's matchers (docs/structured-output.md). GenerationLog starts one state per
 // sequence from the request's prototype, fills the sampler's allowed-token mask from it before
 // each draw (telling it the tokens left, so that an output can close by its limit), feeds it

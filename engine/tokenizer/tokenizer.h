@@ -33,7 +33,7 @@ class Tokenizer {
   virtual std::optional<std::int32_t> eos_id() const = 0;
   // Whether encode(text, true) is what the model takes: tokenizer.json's post-processor and
   // llama2.c's BOS decide. GPT-2's vocab.json + merges.txt carry no such rule; then the model
-  // config's BOS id applies (encode_prompt in engine/job/prompts.h).
+  // config's BOS id applies (encode_prompt in engine/serving/prompts.h).
   virtual bool decides_special_tokens() const = 0;
 
  private:

@@ -15,8 +15,8 @@
 #include "engine/io/json_input.h"
 #include "engine/families/model_yaml.h"
 #include "engine/model/model_config.h"
-#include "engine/job/result_file.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/result_file.h"
+#include "engine/serving/prompts.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "offload/text_file.h"
 #include "tests/support/error_of.h"
@@ -161,11 +161,11 @@ TEST(Prompts, BadLinesAreErrors) {
 TEST(Prompts, ResumingOverADeepLineIsAnError) {
   testing::TempDir dir;
   testing::write_file(dir.file("out.jsonl"), deep_json(100000) + "\n");
-  EXPECT_THAT(error_of([&] { job::ResultFile w(dir.file("out.jsonl"), true, ""); }), HasSubstr("out.jsonl:1"));
+  EXPECT_THAT(error_of([&] { serving::ResultFile w(dir.file("out.jsonl"), true, ""); }), HasSubstr("out.jsonl:1"));
   // A refused file leaves no descriptor open (the fuzzer ran out of them).
   const auto open_fds = [] { return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {}); };
   const auto before = open_fds();
-  for (int i = 0; i < 10; ++i) error_of([&] { job::ResultFile w(dir.file("out.jsonl"), true, ""); });
+  for (int i = 0; i < 10; ++i) error_of([&] { serving::ResultFile w(dir.file("out.jsonl"), true, ""); });
   EXPECT_EQ(open_fds(), before);
 }
 

@@ -16,7 +16,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_checkpoint.h"
 #include "engine/loaders/gguf_tokenizer_keys.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"
 #include "tests/support/tokenizer_cases.h"

@@ -10,7 +10,7 @@
 #include "engine/runtime/block_scheduler.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "engine/model/weights.h"
 #include "offload/disk_store.h"
 #include "policy/cost_model.h"

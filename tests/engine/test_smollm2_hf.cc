@@ -12,7 +12,7 @@
 #include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/generator.h"
 #include "engine/loaders/model_source.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/prompts.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"
 

@@ -14,9 +14,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/job/openai_batch.h"
-#include "engine/job/result_file.h"
-#include "engine/job/prompts.h"
+#include "engine/serving/openai_batch.h"
+#include "engine/serving/result_file.h"
+#include "engine/serving/prompts.h"
 
 namespace {
 
@@ -52,12 +52,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // good line has a unique key, and every line a key.
   {
     std::set<std::string> keys;
-    for (const auto& line : flexh2o::job::read_openai_batch(file_holding(data, size)))
+    for (const auto& line : flexh2o::serving::read_openai_batch(file_holding(data, size)))
       if (line.key.empty() || !keys.insert(line.key).second || (line.error.empty() && line.n < 1)) std::abort();
   }
-  for (const auto format : {flexh2o::job::ResultFormat::Simple, flexh2o::job::ResultFormat::OpenAi}) {
+  for (const auto format : {flexh2o::serving::ResultFormat::Simple, flexh2o::serving::ResultFormat::OpenAi}) {
     try {
-      flexh2o::job::ResultFile resumed(file_holding(data, size), /*resume=*/true, "", format);
+      flexh2o::serving::ResultFile resumed(file_holding(data, size), /*resume=*/true, "", format);
     } catch (const std::runtime_error&) {
     } catch (const std::invalid_argument&) {
     }

@@ -1,0 +1,223 @@
+// Engine::step and the job it steps: the flights' blocks begun, stepped, recorded and
+// finished; the job's queue shared by several flights; interrupts and progress between steps.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "engine/serving/engine.h"
+#include "engine/serving/engine_flight.h"
+#include "engine/runtime/prefill_fork.h"
+
+namespace flexh2o::serving {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void add_timings(JobOutcome& outcome, std::span<const Request> requests, const engine::GenerationResult& r,
+                 double offset) {
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (!r.tokens[i].empty())
+      outcome.timings.push_back({requests[i].id_json, static_cast<std::int64_t>(requests[i].prompt.size()),
+                                 static_cast<std::int64_t>(r.tokens[i].size()), offset + r.first_token_at[i],
+                                 offset + r.finished_at[i]});
+}
+
+// The next fixed block: the indices of up to `block` of the requests from `from` on that the
+// source gives (all in order without one); `from` moves past them.
+std::vector<std::size_t> next_block(std::span<const Request> requests, std::size_t block, RequestSource* source,
+                                    std::size_t& from) {
+  std::vector<std::size_t> out;
+  while (out.size() < block && from < requests.size()) {
+    const std::size_t next = source ? *source->next(from, true) : from;
+    if (next >= requests.size()) break;  // none left
+    out.push_back(next);
+    from = next + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Request> requests_at(std::span<const Request> requests, std::span<const std::size_t> at) {
+  std::vector<Request> out;
+  out.reserve(at.size());
+  for (const std::size_t i : at) out.push_back(requests[i]);
+  return out;
+}
+
+JobOutcome Engine::run(std::span<const Request> requests, const RequestsFinished& finished, RequestSource* source,
+                       const std::function<void()>& between) {
+  start(requests, finished, {.source = source, .between_steps = between});
+  while (step()) {
+  }
+  return end();
+}
+
+void Engine::start(std::span<const Request> requests, RequestsFinished finished, JobFeed feed) {
+  if (feed.flights < 1) throw std::invalid_argument("a job needs at least one flight");
+  if (feed.source && feed.flights > 1) throw std::invalid_argument("a request source feeds one flight");
+  job_ = std::make_unique<Job>();  // drops a job an exception left unfinished
+  Job& j = *job_;
+  j.requests = requests;
+  j.finished = std::move(finished);
+  j.feed = std::move(feed);
+  for (std::size_t f = 0; f < j.feed.flights; ++f) j.flights.push_back(std::make_unique<Flight>());
+  j.outcome.requests = requests.size();
+  const auto block = static_cast<std::size_t>(o_.policy.block_size());
+  if (!j.feed.source) j.of_blocks = fmt::format("/{}", (requests.size() + block - 1) / block);
+  j.t0 = std::chrono::steady_clock::now();
+}
+
+bool Engine::step(std::size_t flight, const StepLinks& links) {
+  if (!job_) throw std::logic_error("Engine::step needs a job started");
+  if (!sched_->holds_head() && !links.receive_tokens)
+    throw std::logic_error("an engine without the output head needs the sampled tokens from the stage with it");
+  Flight& f = *job_->flights.at(flight);
+  if (f.pending) record_step(f, links);
+  if (f.block && !sched_->active(*f.block)) finish_block(f);
+  if (!f.block && !begin_block(f)) return false;
+  check_abandon();
+  sched_->run_step(*f.block, links.hidden);
+  if (links.send_tokens) links.send_tokens(sched_->next_tokens(*f.block));
+  f.pending = true;
+  return true;
+}
+
+JobOutcome Engine::end() {
+  if (!job_) throw std::logic_error("Engine::end needs a job started");
+  for (const auto& f : job_->flights)
+    if (f->block) throw std::logic_error("Engine::end with a block in flight");
+  JobOutcome outcome = std::move(job_->outcome);
+  // Continuous: a poll said to stop while requests were left that this engine did not finish.
+  if (o_.continuous && !job_->requests.empty())
+    outcome.stopped = job_->stop_seen && outcome.finished_requests < outcome.requests;
+  outcome.wall_seconds = seconds_since(job_->t0);
+  job_.reset();
+  return outcome;
+}
+
+// The step's tokens (a stage without the head takes them from the one with it) recorded: ends,
+// results handed on, the next step planned.
+void Engine::record_step(Flight& f, const StepLinks& links) {
+  if (links.receive_tokens) links.receive_tokens(sched_->next_tokens(*f.block));
+  sched_->end_step(*f.block);
+  f.pending = false;
+}
+
+// A block whose first step has work: the flight's one continuous block, or the job's next
+// fixed block (one with none to run ends at once and the next is taken).
+bool Engine::begin_block(Flight& f) {
+  const bool continuous = o_.continuous && !job_->requests.empty();
+  while (continuous ? !f.started : begin_fixed(f)) {
+    if (continuous) begin_continuous(f);
+    f.block = sched_->begin(f.req);
+    if (sched_->active(*f.block)) return true;
+    finish_block(f);
+  }
+  return false;
+}
+
+// A continuous flight's admissions: none once the job stops taking requests; those the job's
+// source deals this engine, else those the job's queue gives the flight among several, else
+// every request in order.
+class Engine::FlightFeed final : public engine::SequenceFeed {
+ public:
+  FlightFeed(Engine& engine, Flight& flight) : e_(engine), f_(flight) {}
+  bool stop_admitting() override {
+    const bool stop = e_.stop_now();
+    e_.job_->stop_seen = e_.job_->stop_seen || stop;
+    return stop;
+  }
+  std::optional<std::size_t> next_sequence(std::size_t from, bool idle) override {
+    const Job& j = *e_.job_;
+    if (j.feed.source) {
+      const std::optional<std::size_t> next = j.feed.source->next(from, idle);
+      return next == RequestSource::kNoneLeft ? std::optional(j.requests.size()) : next;
+    }
+    return j.flights.size() > 1 ? e_.queue_next(f_, from) : from;
+  }
+
+ private:
+  Engine& e_;
+  Flight& f_;
+};
+
+void Engine::begin_continuous(Flight& f) {
+  Job& j = *job_;
+  f.started = f.continuous = true;
+  f.req = continuous_request(j.requests);
+  f.feed = std::make_unique<FlightFeed>(*this, f);
+  f.req.feed = f.feed.get();
+  f.req.on_finished = [this](std::size_t b, const engine::GenerationResult& so_far) {
+    const std::size_t at[] = {b};
+    job_->finished(at, so_far.sequence(b));
+    ++job_->outcome.finished_requests;
+  };
+  f.req.on_step = [this](std::int64_t step, std::int64_t) {
+    between_steps(
+        fmt::format("requests {}/{} done, step {}", job_->outcome.finished_requests, job_->requests.size(), step + 1));
+  };
+}
+
+// The job's next fixed block for flight f, unless none is left or the job stops taking them.
+bool Engine::begin_fixed(Flight& f) {
+  Job& j = *job_;
+  if (j.next >= j.requests.size() || j.outcome.stopped) return false;
+  if (stop_now()) {
+    j.outcome.stopped = true;
+    return false;
+  }
+  f.at = next_block(j.requests, static_cast<std::size_t>(o_.policy.block_size()), j.feed.source, j.next);
+  if (f.at.empty()) return false;
+  f.these = requests_at(j.requests, f.at);
+  f.req = block_request(f.these);
+  f.number = j.blocks++;
+  f.req.on_step = [this, &f](std::int64_t step, std::int64_t steps) {
+    between_steps(fmt::format("block {}{}, step {}/{}", f.number + 1, job_->of_blocks, step + 1, steps));
+  };
+  f.begun_at = seconds_since(j.t0);
+  return true;
+}
+
+void Engine::finish_block(Flight& f) {
+  const engine::GenerationResult r = sched_->finish(*f.block);
+  f.block.reset();
+  if (o_.progress) fmt::print(stderr, "\r\033[K");
+  Job& j = *job_;
+  j.outcome.total.add(r);
+  if (f.continuous) {  // each request was handed on as it ended
+    add_timings(j.outcome, j.requests, r, 0.0);
+    return;
+  }
+  j.finished(f.at, r);
+  j.outcome.finished_requests += f.at.size();
+  add_timings(j.outcome, f.these, r, f.begun_at);
+}
+
+bool Engine::stop_now() { return job_->feed.stop ? job_->feed.stop() : stop_requested(); }
+
+// The job's next request (and those sharing its prefill, at most a block of them) goes to the
+// first flight to ask past the last one it was given. Every pipeline stage's flights ask in
+// the same order, so they get the same requests.
+std::size_t Engine::queue_next(Flight& f, std::size_t from) {
+  Job& j = *job_;
+  if (f.given == Flight::kNoRequest || f.given < from) {
+    f.given = std::min(j.next, j.requests.size());
+    const auto run = static_cast<std::size_t>(engine::shared_prompt_run(f.req, f.given));
+    j.next = f.given + std::min(run, static_cast<std::size_t>(o_.policy.block_size()));
+  }
+  return f.given;
+}
+
+// Between steps: a second interrupt abandons the run, progress, the job's hook.
+void Engine::between_steps(const std::string& where) const {
+  check_abandon();
+  if (o_.progress) fmt::print(stderr, "\r{}   ", where);
+  if (job_->feed.between_steps) job_->feed.between_steps();
+}
+
+}  // namespace flexh2o::serving
