@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/loaders/model_source.h"
 #include "engine/serving/prompts.h"
 
@@ -63,7 +64,7 @@ Result measure(const engine::ModelSource& m, const std::string& kv, bool compres
     p.gpu_batch_size = r.batch + 1;
     engine::BlockScheduler sched(*be, tiers, c, *m.weights, p);
     try {
-      sched.generate(request(c, r.batch + 1, kGen));
+      serving::generate(sched, request(c, r.batch + 1, kGen));
       throw std::runtime_error("batch " + std::to_string(r.batch + 1) + " fit the cpu budget unexpectedly");
     } catch (const offload::BudgetExceeded&) {
     }
@@ -71,7 +72,7 @@ Result measure(const engine::ModelSource& m, const std::string& kv, bool compres
   offload::Tiers tiers(*be, to);
   p.gpu_batch_size = r.batch;
   engine::BlockScheduler sched(*be, tiers, c, *m.weights, p);
-  const auto res = sched.generate(request(c, r.batch, kGen));
+  const auto res = serving::generate(sched, request(c, r.batch, kGen));
   r.decode_tok_s = res.decode_throughput();
   r.total_tok_s = res.total_throughput();
   r.cpu_peak = tiers.budget(offload::Tier::Cpu).peak();

@@ -19,6 +19,7 @@
 
 #include "bench/timing.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/kv_staging.h"
 #include "engine/loaders/model_source.h"
 #include "engine/serving/prompts.h"
@@ -136,10 +137,11 @@ int main(int argc, char** argv) {
   engine::GenerationRequest req;
   req.sequences = engine::sequences_of(engine::synthetic_prompts(gbs, prompt_len, m.config.vocab_size));
   req.max_new_tokens = gen_len;
-  for (auto& r : runs) r->sched.generate(req);  // warm-up
+  for (auto& r : runs) serving::generate(r->sched, req);  // warm-up
   std::vector<std::vector<double>> tok_s(runs.size());
   for (int rep = 0; rep < reps; ++rep)
-    for (std::size_t i = 0; i < runs.size(); ++i) tok_s[i].push_back(runs[i]->sched.generate(req).decode_throughput());
+    for (std::size_t i = 0; i < runs.size(); ++i)
+      tok_s[i].push_back(serving::generate(runs[i]->sched, req).decode_throughput());
   fmt::print("(2) scheduler, {} (f16 dummy), gbs {} x K 1, prompt {} + gen {}, weights on the gpu tier, {} reps\n\n",
              m.config.name, gbs, prompt_len, gen_len, reps);
   fmt::print("| variant | decode tok/s min | median |\n|---|---|---|\n");

@@ -17,6 +17,7 @@
 
 #include "bench/timing.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/families/model_yaml.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/serving/prompts.h"
@@ -56,7 +57,7 @@ struct Runner {
 
 void run_once(Runner& r, const engine::GenerationRequest& req) {
   const auto before = r.sched.expert_loads();
-  const auto res = r.sched.generate(req);
+  const auto res = serving::generate(r.sched, req);
   const auto& after = r.sched.expert_loads();
   std::int64_t bytes = 0, experts = 0;  // decode steps only
   for (std::size_t s = 1; s < after.bytes_by_step.size(); ++s) {
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
     engine::GenerationRequest req;
     req.sequences = engine::sequences_of(engine::synthetic_prompts(gbs * K, prompt_len, cfg.vocab_size));
     req.max_new_tokens = gen_len;
-    for (auto& r : runners) r->sched.generate(req);  // warm-up: thread pools, page faults
+    for (auto& r : runners) serving::generate(r->sched, req);  // warm-up: thread pools, page faults
     // Each repetition starts with the next variant, so no variant always runs first or last.
     for (int i = 0; i < reps; ++i)
       for (std::size_t j = 0; j < runners.size(); ++j) run_once(*runners[(j + static_cast<std::size_t>(i)) % runners.size()], req);

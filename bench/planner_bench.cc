@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/model/model_shape.h"
 #include "engine/families/model_yaml.h"
 #include "engine/loaders/model_source.h"
@@ -86,10 +87,10 @@ int main(int argc, char** argv) {
     r.sched = std::make_unique<engine::BlockScheduler>(*be, *r.tiers, m.config, *m.weights, p);
     r.req.sequences = engine::sequences_of(engine::synthetic_prompts(p.block_size(), prompt, m.config.vocab_size));
     r.req.max_new_tokens = gen;
-    r.sched->generate(r.req);  // warm-up
+    serving::generate(*r.sched, r.req);  // warm-up
   }
   for (int i = 0; i < repeats; ++i)
-    for (Runner& r : runners) r.runs.push_back(r.sched->generate(r.req));
+    for (Runner& r : runners) r.runs.push_back(serving::generate(*r.sched, r.req));
   // The error against the median run, and against the fastest: calibrate keeps the fastest of
   // its timing windows (the others measure the neighbours), so the fastest run is the
   // measurement taken the same way.

@@ -13,6 +13,7 @@
 
 #include "bench/timing.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/loaders/model_source.h"
 #include "engine/serving/prompts.h"
 
@@ -50,7 +51,7 @@ Measured run_once(Runner& run, std::int64_t prompt_len, std::int64_t gen_len) {
   req.sequences = engine::sequences_of(engine::synthetic_prompts(policy.block_size(), prompt_len, cfg.vocab_size));
   req.max_new_tokens = gen_len;
   const double start = run.trace.now();
-  const auto r = run.sched.generate(req);
+  const auto r = serving::generate(run.sched, req);
   // Only this run's decode spans count for (b): prefill is compute-bound and runs once.
   const double decode_start = start + r.prefill_seconds;
   std::map<std::string, double> busy;

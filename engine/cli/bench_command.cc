@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
 #include "engine/loaders/model_source.h"
@@ -241,7 +242,7 @@ int bench_command(const BenchOptions& o) {
     req.sequences =
         engine::sequences_of(engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size));
     req.max_new_tokens = o.gen_len;
-    r.result = sched.generate(req);
+    r.result = serving::generate(sched, req);
     r.prefill_tput = r.result.prefill_throughput();
     r.decode_tput = r.result.decode_throughput();
     r.total_tput = r.result.total_throughput();

@@ -5,7 +5,6 @@
 #include "engine/runtime/block_state.h"
 #include "engine/runtime/graph_step.h"
 #include "engine/runtime/prefix_match.h"
-#include "engine/runtime/step_scheduler.h"
 #include "kernels/option_error.h"
 
 #include <algorithm>
@@ -90,7 +89,7 @@ void BlockScheduler::BlockDeleter::operator()(Block* b) const { delete b; }
 
 bool BlockScheduler::holds_input() const { return units_.units.front().first; }
 
-BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
+BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, const PlannerFactory& make_planner) {
   BlockPtr blk(new Block(be_, cfg_, req));
   const bool continuous = req.slots > 0;
   const std::int64_t prompts = static_cast<std::int64_t>(req.sequences.size());
@@ -117,7 +116,10 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req) {
   if (req.on_sequence_logits) st.host_logits.resize(static_cast<std::size_t>(cfg_.vocab_size));
   place_batches(st, blk->log, req);
   const bool sharing = req.share_prefixes && prefix_sharing_off_reason(cfg_, st.evicting).empty();
-  st.scheduler = std::make_unique<StepScheduler>(req, policy_.gpu_batch_size, sharing);
+  st.planner = make_planner(req, policy_.gpu_batch_size, sharing);
+  if (st.planner->slots() != static_cast<std::size_t>(B))
+    throw std::logic_error("the step planner plans " + std::to_string(st.planner->slots()) + " slots for a block of " +
+                           std::to_string(B));
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
   const std::int64_t kv_row_bytes =
@@ -406,22 +408,12 @@ void BlockScheduler::end_step(Block& blk) {
   } else {
     if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
     blk.log.record(st.step, st.next);  // finished sequences are computed on
-    st.scheduler->record_all(st.next);
+    st.planner->record_all(st.next);
   }
   ++st.step;
   if (st.continuous || blk.log.active()) next_steps(st);
 }
 
 GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }
-
-GenerationResult BlockScheduler::generate(const GenerationRequest& req) {
-  if (!holds_input() || !holds_head_) throw std::logic_error("generate() needs the whole model; step a stage's blocks");
-  BlockPtr blk = begin(req);
-  while (active(*blk)) {
-    run_step(*blk);
-    end_step(*blk);
-  }
-  return finish(*blk);
-}
 
 }  // namespace flexh2o::engine

@@ -1,7 +1,8 @@
 // FlexGen's zig-zag block schedule over the tiers: a block of gpu_batch_size x num_gpu_batches
 // sequences runs token step i x scheduling unit j x GPU batch k. Who runs each step is decided
-// by the block's StepScheduler (step_scheduler.h); this executes its plans. With overlap on, the next
-// unit's weights are fetched while the K batches of this unit compute, and batch k+1's
+// by the block's StepPlanner (step_plan.h), which the caller's PlannerFactory makes (the
+// serving layer's StepScheduler); this executes its plans. With overlap on, the next unit's
+// weights are fetched while the K batches of this unit compute, and batch k+1's
 // activations/KV are fetched (batch k-1's written back) while batch k computes, each on its
 // own copy lane; tickets order them (no global barrier). With overlap off the same copies
 // run in line before and after each compute (the ablation baseline).
@@ -21,7 +22,8 @@
 // (LayerRange) with only their weights and KV caches; its first unit then takes each GPU
 // batch's hidden states from StageLinks::receive and its last one hands them to
 // StageLinks::send. A stage keeps several blocks in flight and advances each a step at a time
-// (begin, run_step, end_step, finish); generate() is the same loop for one block.
+// (begin, run_step, end_step, finish); serving::generate (engine/serving/generate.h) is the
+// same loop for one block.
 //
 // Mixture-of-experts: every expert is its own group of tiered tensors. Under routed expert
 // loading (Policy::routed_expert_loading) a MoE unit's load brings its router, norm and
@@ -43,6 +45,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/cache_ring.h"
+#include "engine/runtime/step_plan.h"
 #include "engine/runtime/units.h"
 #include "engine/runtime/weight_staging.h"
 #include "offload/copy_engine.h"
@@ -72,8 +75,6 @@ struct StageLinks {
   std::function<void(std::int64_t k, std::span<const float> hidden)> send;
 };
 
-struct RowCopy;
-
 class BlockScheduler {
  public:
   // Loads the weights of `layers` into their tiers. Throws BudgetExceeded when they do not fit.
@@ -82,21 +83,17 @@ class BlockScheduler {
                  LayerRange layers = {});
   ~BlockScheduler();
 
-  // Generates for one block: at most gpu_batch_size x num_gpu_batches prompts, cut into GPU
-  // batches in order. Same tokens as Generator::generate on the same request. Whole model only.
-  // With req.slots > 0 (continuous batching) any number of prompts flow through that many
-  // slots; each sequence gets the tokens it would get alone (up to rounding where a kernel's
-  // summation order depends on the rows of a step).
-  GenerationResult generate(const GenerationRequest& req);
-
-  // One block stepped from outside. `req` must outlive the block, and blocks the scheduler.
+  // One block stepped from outside: at most gpu_batch_size x num_gpu_batches prompts, cut into
+  // GPU batches in order, or with req.slots > 0 (continuous batching) any number of prompts
+  // flowing through that many slots. `req` must outlive the block, and blocks the scheduler.
   struct Block;
   struct BlockDeleter {
     void operator()(Block* b) const;
   };
   using BlockPtr = std::unique_ptr<Block, BlockDeleter>;
-  // Places the block's KV caches and hidden states (throws BudgetExceeded) and checks its prompts.
-  BlockPtr begin(const GenerationRequest& req);
+  // Places the block's KV caches and hidden states (throws BudgetExceeded), checks its prompts
+  // and takes the first plan of the planner make_planner makes for it.
+  BlockPtr begin(const GenerationRequest& req, const PlannerFactory& make_planner);
   bool active(const Block& b) const;
   // This scheduler's layers over every GPU batch of the block's current step; with the output
   // head here the step's tokens are then sampled into next_tokens().
@@ -133,7 +130,7 @@ class BlockScheduler {
   std::int64_t continuous_capacity(const GenerationRequest& req) const;
   std::int64_t continuous_rows(const GenerationRequest& req, std::int64_t slots) const;
   // Between steps (step_plan_run.cc): records the step's tokens slot by slot (continuous
-  // batching); takes the StepScheduler's next plan, makes its row copies and lays out each
+  // batching); takes the StepPlanner's next plan, makes its row copies and lays out each
   // GPU batch's step from it; the rows `copies` name copied in order.
   void record_slots(BlockState& st, GenerationLog& log);
   void next_steps(BlockState& st);

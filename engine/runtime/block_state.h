@@ -1,5 +1,5 @@
 // The state of one block between the steps of a BlockScheduler: its GPU batches, ring slots,
-// activations, and the StepScheduler that plans its steps (block_scheduler.cc runs a step;
+// activations, and the StepPlanner that plans its steps (block_scheduler.cc runs a step;
 // step_plan_run.cc carries out a plan's copies and records the step). Private to engine/runtime.
 #pragma once
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
-#include "engine/runtime/step_scheduler.h"
+#include "engine/runtime/step_plan.h"
 
 namespace flexh2o::engine {
 
@@ -25,8 +25,9 @@ struct BlockScheduler::BlockState {
   const GenerationRequest* req = nullptr;
   GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
   bool continuous = false;
-  // Who runs each step (step_scheduler.h) and its plan of the current step.
-  std::unique_ptr<StepScheduler> scheduler;
+  // Who runs each step (step_plan.h; the serving layer's StepScheduler) and its plan of the
+  // current step.
+  std::unique_ptr<StepPlanner> planner;
   StepPlan plan;
   std::vector<std::int32_t> next;          // per block sequence
   std::vector<float> host_logits;

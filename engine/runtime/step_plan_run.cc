@@ -1,5 +1,5 @@
 // Between two steps of a block: the executor's side of a StepPlan. record_slots reports the
-// step's tokens to the log and the StepScheduler (which frees the slots that ended);
+// step's tokens to the log and the StepPlanner (which frees the slots that ended);
 // next_steps takes the next plan, makes its copies (the forks of the last step's shared
 // prefills, then the shared prompt prefixes of its newcomers; docs/prefix-sharing.md) and lays
 // out every GPU batch's StepBatch from it.
@@ -27,13 +27,13 @@ void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
       ++computed;
       std::int32_t token = st.next[slot];
       const bool ended = log.record_token(static_cast<std::size_t>(planned.seq), token);
-      st.scheduler->record(slot, token, ended);
+      st.planner->record(slot, token, ended);
     }
   log.end_step(st.step, computed, prefilled);
 }
 
 void BlockScheduler::next_steps(BlockState& st) {
-  st.plan = st.scheduler->next_step();
+  st.plan = st.planner->next_step();
   const StepPlan& plan = st.plan;
   GenerationLog& log = *st.log;
   for (const std::size_t seq : plan.dropped) log.drop(seq);
@@ -65,7 +65,7 @@ StepBatch BlockScheduler::lay_out(const BlockState& st, const GpuBatch& b) const
   StepBatch step;
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const SlotStep& s = slots[i];
-    const std::vector<std::int32_t>& tokens = st.scheduler->tokens(static_cast<std::size_t>(b.first_sequence) + i);
+    const std::vector<std::int32_t>& tokens = st.planner->tokens(static_cast<std::size_t>(b.first_sequence) + i);
     if (s.kind == SeqStep::Idle) {
       step.add_idle();
     } else if (s.kind == SeqStep::Extend) {

@@ -7,6 +7,7 @@
 
 #include "engine/serving/engine.h"
 #include "engine/serving/engine_flight.h"
+#include "engine/serving/step_scheduler.h"
 #include "engine/runtime/prefill_fork.h"
 
 namespace flexh2o::serving {
@@ -114,7 +115,7 @@ bool Engine::begin_block(Flight& f) {
   const bool continuous = o_.continuous && !job_->requests.empty();
   while (continuous ? !f.started : begin_fixed(f)) {
     if (continuous) begin_continuous(f);
-    f.block = sched_->begin(f.req);
+    f.block = sched_->begin(f.req, make_step_scheduler);
     if (sched_->active(*f.block)) return true;
     finish_block(f);
   }

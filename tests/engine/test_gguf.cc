@@ -14,6 +14,7 @@
 #include <random>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_blocks.h"
 #include "engine/loaders/gguf_checkpoint.h"
@@ -509,7 +510,7 @@ TEST_F(TinyLlama, CompressedKeepsTheFileBlocks) {
   to.offload_dir = dir.path();
   offload::Tiers tiers(*be, to);
   engine::BlockScheduler sched(*be, tiers, f32, ckpt_, pol, nullptr, {true});
-  EXPECT_EQ(sched.generate(req).tokens, in_memory);
+  EXPECT_EQ(serving::generate(sched, req).tokens, in_memory);
 }
 
 // Bytes of the weights of `c` with its matrices compressed to q4, the kept formats as they

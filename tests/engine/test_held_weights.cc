@@ -11,6 +11,7 @@
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/model_source.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/generator.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "offload/tiers.h"
@@ -67,7 +68,7 @@ Generated tiered_run(kernels::Backend& be, const ModelConfig& cfg, const engine:
   to.offload_dir = dir.path();
   offload::Tiers tiers(be, to);
   engine::BlockScheduler sched(be, tiers, cfg, src, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), nullptr, {true});
-  r.tokens = sched.generate(req).tokens;
+  r.tokens = serving::generate(sched, req).tokens;
   return r;
 }
 

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/kv_quality.h"
 #include "engine/loaders/dummy_weights.h"
@@ -66,7 +67,7 @@ TEST(KvEviction, SmallBudgetsEvictAndKeepGenerating) {
     engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, p);
     engine::GenerationRequest tiered = req;
     tiered.kv = nullptr;  // the scheduler takes the policy's kv
-    sched.generate(tiered);
+    serving::generate(sched, tiered);
     return tiers.budget(offload::Tier::Cpu).peak();
   };
   const std::int64_t full_cache = cache_peak("full");
@@ -114,7 +115,7 @@ TEST(KvEviction, BytesPerTokenFromTheTierBudgets) {
     p.compress_cache = compress;
     offload::Tiers tiers(*be, {});
     engine::BlockScheduler sched(*be, tiers, cfg, src, p);
-    sched.generate(req);
+    serving::generate(sched, req);
     const std::int64_t slots = kv == "full" ? tokens : policy::kv_slot_capacity(std::llround(0.2 * tokens));
     const std::int64_t want = 2 * cfg.n_layers * B * cfg.n_kv_heads * slots * kernels::kv_slot_bytes(p.cache_dtype(cfg.dtype), 64);
     EXPECT_EQ(tiers.budget(offload::Tier::Cpu).peak(), want) << kv << " " << kernels::dtype_name(p.cache_dtype(cfg.dtype));

@@ -10,6 +10,7 @@
 
 #include "engine/loaders/dummy_weights.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "kernels/backend.h"
 #include "tests/support/forwarding_backend.h"
 #include "tests/support/test_models.h"
@@ -68,7 +69,7 @@ Generated run(const engine::ModelConfig& cfg, const policy::Policy& pol, const G
   engine::DummyWeights src(cfg, 46);
   engine::BlockScheduler sched(*be, tiers, cfg, src, pol, nullptr);
   Generated r;
-  r.result = sched.generate(req);
+  r.result = serving::generate(sched, req);
   r.reads = sched.kv_reads();
   return r;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
 #include "engine/serving/prompts.h"
@@ -65,7 +66,7 @@ void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   engine::GenerationRequest req;
   req.sequences = engine::sequences_of(engine::synthetic_prompts(p.block_size(), prompt, cfg.vocab_size));
   req.max_new_tokens = gen;
-  sched.generate(req);
+  serving::generate(sched, req);
 
   expect_peaks_within_slack(cfg, p, *est, tiers, prompt + gen);
 }
@@ -167,7 +168,7 @@ TEST(PlanMemory, PredictedPeaksAreTheEnginesUnderContinuousBatching) {
     auto be = kernels::make_cpu_backend();
     offload::Tiers tiers(*be, {});
     engine::BlockScheduler sched(*be, tiers, cfg, src, p);
-    sched.generate(req);
+    serving::generate(sched, req);
     std::int64_t longest = 0;
     for (const auto& l : lengths) longest = std::max(longest, l.prompt + l.gen);
     expect_peaks_within_slack(cfg, p, *est, tiers, longest);

@@ -11,6 +11,7 @@
 
 #include "engine/loaders/model_source.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "kernels/backend.h"
 #include "offload/tiers.h"
 #include "policy/cost_model.h"
@@ -48,7 +49,7 @@ Steps run_continuous(const Job& j, std::int64_t prefill_budget) {
   req.prefill_budget = prefill_budget;
   Steps s;
   req.on_step = [&](std::int64_t, std::int64_t) { ++s.all; };
-  const engine::GenerationResult r = sched.generate(req);
+  const engine::GenerationResult r = serving::generate(sched, req);
   EXPECT_EQ(r.generated_tokens, j.prompts * j.gen);
   s.prefilled = r.prefill_steps;
   s.decoded = r.decode_steps;

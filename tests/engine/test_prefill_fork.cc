@@ -11,6 +11,7 @@
 #include <random>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/prefill_fork.h"
 #include "engine/loaders/model_source.h"
 #include "engine/loaders/dummy_weights.h"
@@ -77,7 +78,7 @@ GenerationResult run_scheduler(const ModelConfig& cfg, const engine::WeightSourc
   GenerationResult r;
   {
     engine::BlockScheduler sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
-    r = sched.generate(req);
+    r = serving::generate(sched, req);
   }
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
     EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
@@ -234,16 +235,16 @@ TEST(PrefillFork, SharedPromptsAreChecked) {
   GenerationRequest req = choices_request(m.config, choices, 980, true);
   GenerationRequest bad = req;
   bad.sequences[2].shares_prompt = true;  // line 1's first choice: another prompt
-  EXPECT_THROW(sched.generate(bad), std::invalid_argument);
+  EXPECT_THROW(serving::generate(sched, bad), std::invalid_argument);
   bad = req;
   *bad.sequences[1].max_new_tokens += 1;  // another limit
-  EXPECT_THROW(sched.generate(bad), std::invalid_argument);
+  EXPECT_THROW(serving::generate(sched, bad), std::invalid_argument);
   bad = req;
   bad.sequences[0].shares_prompt = true;
-  EXPECT_THROW(sched.generate(bad), std::invalid_argument);
+  EXPECT_THROW(serving::generate(sched, bad), std::invalid_argument);
   bad = req;
   bad.on_logits = [](std::int64_t, std::span<const float>) {};
-  EXPECT_THROW(sched.generate(bad), std::invalid_argument);
+  EXPECT_THROW(serving::generate(sched, bad), std::invalid_argument);
   EXPECT_EQ(engine::shared_prompt_run(req, 0), 2);
   EXPECT_EQ(engine::shared_prompt_run(req, 1), 1);
   EXPECT_EQ(engine::shared_prompt_run(req, 2), 2);

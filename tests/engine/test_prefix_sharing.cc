@@ -15,6 +15,7 @@
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/model_source.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/prefix_match.h"
 #include "tests/support/forwarding_backend.h"
 #include "tests/support/refill_check.h"
@@ -123,7 +124,7 @@ GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::Wei
   GenerationResult r;
   {
     engine::BlockScheduler sched(be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
-    r = sched.generate(req);
+    r = serving::generate(sched, req);
   }
   if (shared_reads) *shared_reads = be.queries;
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})

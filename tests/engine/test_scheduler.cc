@@ -15,6 +15,7 @@
 #include <random>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "engine/runtime/kv_staging.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
@@ -149,7 +150,7 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
   offload::Tiers tiers(*be, to);
   {
     engine::BlockScheduler sched(*be, tiers, cfg, src, c.policy, nullptr, {c.always_stage});
-    EXPECT_EQ(sched.generate(req).tokens, want);
+    EXPECT_EQ(serving::generate(sched, req).tokens, want);
   }
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
     EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
@@ -288,7 +289,7 @@ TEST(Scheduler, SmallExpertSlotsRunInChunks) {
       engine::BlockScheduler sched(*be, tiers, cfg, src, p);
       const auto z = policy::model_sizes(policy::with_compression(engine::model_shape(cfg), p));
       EXPECT_EQ(tiers.budget(offload::Tier::Gpu).used(), 2 * z.staging_slot(slots, sep_layer));
-      tokens.push_back(sched.generate(req).tokens);
+      tokens.push_back(serving::generate(sched, req).tokens);
       loads.push_back(sched.expert_loads());
     }
   for (const auto& t : tokens) EXPECT_EQ(t, tokens[0]);
@@ -331,7 +332,7 @@ TEST(Scheduler, RoutedExpertLoadingFetchesOnlyTheRoutedExperts) {
     to.offload_dir = dir.path();
     offload::Tiers tiers(*be, to);
     engine::BlockScheduler sched(*be, tiers, cfg, src, p);
-    tokens.push_back(sched.generate(req).tokens[0]);
+    tokens.push_back(serving::generate(sched, req).tokens[0]);
     const auto& s = sched.expert_loads();
     ASSERT_EQ(static_cast<std::int64_t>(s.experts_by_step.size()), req.max_new_tokens);
     for (std::size_t step = 0; step < s.experts_by_step.size(); ++step) {
@@ -351,7 +352,7 @@ TEST(Scheduler, RoutedExpertLoadingFetchesOnlyTheRoutedExperts) {
   resident.expert_loading = "routed";
   offload::Tiers tiers(*be, {});
   engine::BlockScheduler sched(*be, tiers, cfg, src, resident);
-  EXPECT_EQ(sched.generate(req).tokens[0], tokens[0]);
+  EXPECT_EQ(serving::generate(sched, req).tokens[0], tokens[0]);
   EXPECT_EQ(sched.expert_loads().experts(), 0);
 }
 
@@ -501,7 +502,7 @@ TEST(Scheduler, ReservesTheBackendsOpScratch) {
       offload::Tiers tiers(be, to);
       {
         engine::BlockScheduler sched(be, tiers, cfg, src, p);
-        sched.generate(req);
+        serving::generate(sched, req);
       }
       return tiers.budget(offload::Tier::Gpu).peak();
     };
@@ -669,13 +670,13 @@ TEST(Scheduler, RefillWithFewPromptsAndBadSlots) {
   req.sequences = engine::sequences_of(random_prompts(m.config, 3, 801));
   req.max_new_tokens = 4;
   req.slots = 9;  // more than the block's 8
-  EXPECT_THROW(sched.generate(req), std::invalid_argument);
+  EXPECT_THROW(serving::generate(sched, req), std::invalid_argument);
   req.slots = 2;
   req.prefill_budget = 0;
-  EXPECT_THROW(sched.generate(req), std::invalid_argument);
+  EXPECT_THROW(serving::generate(sched, req), std::invalid_argument);
   req.prefill_budget = 4;
   req.on_logits = [](std::int64_t, std::span<const float>) {};
-  EXPECT_THROW(sched.generate(req), std::invalid_argument);
+  EXPECT_THROW(serving::generate(sched, req), std::invalid_argument);
 }
 
 // A backend that says it is a device: cpu_cache_compute is refused there, naming the option so

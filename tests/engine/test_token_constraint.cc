@@ -12,6 +12,7 @@
 
 #include "engine/loaders/model_source.h"
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -92,7 +93,7 @@ std::vector<std::pair<std::string, std::function<GenerationResult(GenerationRequ
       p.activations = {1, 0, 0};
       req.slots = slots;
       engine::BlockScheduler sched(be, tiers, m.config, *m.weights, p);
-      return sched.generate(req);
+      return serving::generate(sched, req);
     };
   };
   return {{"generator", [&](GenerationRequest req) { return engine::Generator(be, m.config, host).generate(req); }},

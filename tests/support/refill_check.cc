@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "offload/tiers.h"
 #include "policy/eviction/kv_spec.h"
 #include "tests/support/test_models.h"
@@ -96,7 +97,7 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
   offload::Tiers tiers(be, to);
   {
     engine::BlockScheduler sched(be, tiers, cfg, source, pol, nullptr, copy);
-    const auto result = sched.generate(refill);
+    const auto result = serving::generate(sched, refill);
     for (std::size_t b = 0; b < n; ++b) EXPECT_EQ(result.tokens[b], got[b].tokens) << "request " << b;
     EXPECT_EQ(result.sequences, std::ranges::count(finished, 1)) << "only the requests taken count";
     std::int64_t generated = 0;

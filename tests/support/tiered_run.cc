@@ -1,6 +1,7 @@
 #include "tests/support/tiered_run.h"
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/serving/generate.h"
 #include "offload/tiers.h"
 #include "tests/support/test_models.h"
 
@@ -24,7 +25,7 @@ std::vector<std::vector<std::int32_t>> generate_tiered(kernels::Backend& be, con
   to.offload_dir = dir.path();
   offload::Tiers tiers(be, to);
   engine::BlockScheduler sched(be, tiers, cfg, source, pol, nullptr, copy);
-  return sched.generate(req).tokens;
+  return serving::generate(sched, req).tokens;
 }
 
 }  // namespace flexh2o::testing

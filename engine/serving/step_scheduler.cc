@@ -1,4 +1,4 @@
-#include "engine/runtime/step_scheduler.h"
+#include "engine/serving/step_scheduler.h"
 
 #include <algorithm>
 #include <limits>
@@ -7,7 +7,17 @@
 
 #include "engine/runtime/prefill_fork.h"
 
-namespace flexh2o::engine {
+namespace flexh2o::serving {
+
+using engine::common_prefix;
+using engine::GenerationRequest;
+using engine::longest_prefix;
+using engine::PrefixMatch;
+using engine::RowCopy;
+using engine::SeqStep;
+using engine::shared_prompt_run;
+using engine::SlotStep;
+using engine::StepPlan;
 
 StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes)
     : req_(req),
@@ -255,4 +265,9 @@ bool StepScheduler::prefix_in_flight(std::span<const std::int32_t> prompt, const
   return false;
 }
 
-}  // namespace flexh2o::engine
+std::unique_ptr<engine::StepPlanner> make_step_scheduler(const GenerationRequest& req, std::int64_t gpu_batch_size,
+                                                         bool share_prefixes) {
+  return std::make_unique<StepScheduler>(req, gpu_batch_size, share_prefixes);
+}
+
+}  // namespace flexh2o::serving

@@ -1,4 +1,4 @@
-// The StepScheduler alone (engine/runtime/step_scheduler.h): no model, no backend. Each test
+// The StepScheduler alone (engine/serving/step_scheduler.h): no model, no backend. Each test
 // plays a request through it step by step, reporting made-up tokens and ends as the executor
 // would, and asserts the exact plan of every step: which sequence each slot runs and how
 // (prefill, extend after a shared prefix, decode, idle, idle fork), the rows copied before it
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/runtime/step_scheduler.h"
+#include "engine/serving/step_scheduler.h"
 
 namespace flexh2o::engine {
 
@@ -38,6 +38,7 @@ void PrintTo(const StepPlan& p, std::ostream* os) {
 
 namespace {
 
+using serving::StepScheduler;
 using Tokens = std::vector<std::int32_t>;
 
 SlotStep idle() { return {}; }

@@ -1,0 +1,92 @@
+// The decision half of a block's steps, the StepPlanner the executor takes its plans from
+// (engine/runtime/step_plan.h): which sequence each slot runs at each step and which cache
+// rows are copied before it, decided from what the request says (its sequences' prompts and
+// shared prefills, prefill budget, its SequenceFeed) and from which sequences ended. No model,
+// no backend, no memory here: the plans are plain values.
+//
+// Continuous batching (req.slots > 0): free slots take the waiting sequences in order; each
+// newcomer prefills its prompt, or only the rest of it after the longest prefix a cache row of
+// the block holds, copied into its row first (docs/prefix-sharing.md); a run of sequences
+// sharing one prefill (Sequence::shares_prompt, engine/runtime/prefill_fork.h) takes a slot
+// for each, the others idling as forks of the first for that step and copying its row after
+// it. A fixed block (req.slots == 0): every prompt prefills at step 0 (forks idle) and all
+// decode after.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/runtime/generator.h"
+#include "engine/runtime/prefix_match.h"
+#include "engine/runtime/step_plan.h"
+
+namespace flexh2o::serving {
+
+class StepScheduler final : public engine::StepPlanner {
+ public:
+  // Over min(req.slots, prompts) slots under continuous batching, else over every prompt.
+  // share_prefixes: newcomers may take prompt prefixes the rows hold (the executor knows when
+  // the model allows it: prefix_sharing_off_reason). `req` must outlive this.
+  StepScheduler(const engine::GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes);
+  std::size_t slots() const override { return slot_seq_.size(); }
+  // Under continuous batching it polls req.feed's stop_admitting and asks it for the
+  // sequences free slots take.
+  engine::StepPlan next_step() override;
+  void record(std::size_t slot, std::int32_t token, bool ended) override;
+  void record_all(std::span<const std::int32_t> next) override;
+  const std::vector<std::int32_t>& tokens(std::size_t slot) const override { return tokens_[slot]; }
+
+ private:
+  // Whether a prompt waits for a free slot (waiting_); under req.feed the next one this
+  // run takes, those passed on the way dropped.
+  bool prompt_waiting(bool idle, engine::StepPlan& plan);
+  // Free slots take waiting prompts; which slots prefill a newcomer this step.
+  std::vector<bool> admit(engine::StepPlan& plan);
+  // Per slot, the tokens its cache row holds.
+  std::vector<std::span<const std::int32_t>> held_rows() const;
+  // Whether a newcomer of this step prefills a longer prefix of `prompt` than the rows hold now.
+  bool prefix_in_flight(std::span<const std::int32_t> prompt, const engine::PrefixMatch& now,
+                        const std::vector<bool>& newcomer) const;
+  // The rows of this step's prefills copied into their forks (forks that ended copy nothing).
+  std::vector<engine::RowCopy> take_forks();
+  void lay_out(engine::StepPlan& plan, const std::vector<bool>& newcomer) const;
+  // Slot `to`'s row now holds the first `tokens` slots of row `from` (itself: the slots it
+  // keeps), then what it computes from there on.
+  void copy_kv_runs(std::size_t to, std::size_t from, std::int64_t tokens);
+  // The first slots whose KV bytes are copies of one computation in both rows.
+  std::int64_t same_kv(std::size_t a, std::size_t b) const;
+  // The groups of slots of each GPU batch that read one shared prefix (SlotStep::prefix_group).
+  void group_prefixes(engine::StepPlan& plan) const;
+
+  const engine::GenerationRequest& req_;
+  std::size_t gpu_batch_size_;
+  bool continuous_;
+  bool sharing_;          // shared prompt prefixes apply
+  bool planned_ = false;  // step 0 is planned
+  std::vector<std::vector<std::int32_t>> tokens_;  // per slot
+  // Each slot's sequence (-1: idle) and the first prompt not yet admitted.
+  std::vector<std::int64_t> slot_seq_;
+  std::size_t waiting_ = 0;
+  // Per slot, the slot whose prefill of the step planned last it shares (-1: none).
+  std::vector<std::int64_t> fork_of_;
+  // Shared prompt prefixes: per slot, how many leading tokens of its tokens its cache row
+  // holds (also after its request ended: a later one may start with them) and how many of
+  // them its newcomer of this step took from a shared prefix (0: it prefills its whole prompt).
+  std::vector<std::int64_t> held_, prefix_;
+  // Where each row's KV bytes came from: runs of slots from `begin` up to the next run's begin,
+  // each computed by one computation (`origin`: a row from an admission on); a copy takes the
+  // source row's runs. Two rows hold the same bytes where their runs agree.
+  struct KvRun {
+    std::int64_t origin = 0, begin = 0;
+  };
+  std::vector<std::vector<KvRun>> kv_runs_;
+  std::int64_t next_origin_ = 0;
+};
+
+// The executor's PlannerFactory: a StepScheduler for each block.
+std::unique_ptr<engine::StepPlanner> make_step_scheduler(const engine::GenerationRequest& req,
+                                                         std::int64_t gpu_batch_size, bool share_prefixes);
+
+}  // namespace flexh2o::serving
