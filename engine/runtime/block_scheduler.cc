@@ -117,6 +117,7 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, con
   place_batches(st, blk->log, req);
   const bool sharing = req.share_prefixes && prefix_sharing_off_reason(cfg_, st.evicting).empty();
   st.planner = make_planner(req, policy_.gpu_batch_size, sharing);
+  // Its plans index the block's slots (st.next, the GPU batches' rows).
   if (st.planner->slots() != static_cast<std::size_t>(B))
     throw std::logic_error("the step planner plans " + std::to_string(st.planner->slots()) + " slots for a block of " +
                            std::to_string(B));
