@@ -162,12 +162,8 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
   const std::size_t B = req.sequences.size();
   check_limits(cfg, req);
   for (std::size_t b = 0; b < B; ++b) {
-    streams_.push_back(req.sequences[b].stream.value_or(b));
-    sampling_.push_back(sampling_of(req, b));
-  }
-  for (const auto& p : sampling_) {
-    kernels::check_sampling_params(p, cfg.vocab_size);
-    logprobs_ = logprobs_ || p.logprobs >= 0;
+    kernels::check_sampling_params(sampling_of(req, b), cfg.vocab_size);
+    logprobs_ = logprobs_ || sampling_of(req, b).logprobs >= 0;
   }
   for (const Sequence& s : req.sequences) {
     max_prompt_ = std::max<std::int64_t>(max_prompt_, static_cast<std::int64_t>(s.prompt.size()));
@@ -175,64 +171,68 @@ GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const
   }
   res_.prompt_tokens_computed = res_.prompt_tokens;
   check_shared_prompts(req);
-  history_ = prompts_of(req.sequences);
-  history_view_.assign(history_.begin(), history_.end());
-  generated_.assign(B, 0);
+  seqs_.reserve(B);
+  for (std::size_t b = 0; b < B; ++b) seqs_.push_back(start_sequence(b));
   if (logprobs_) {
     chosen_logprob_.resize(B);
     top_logprobs_.resize(B);
-    res_.logprobs.resize(B);
-    res_.top_logprobs.resize(B);
   }
-  start_constraints(req);
-  res_.tokens.resize(B);
-  res_.first_token_at.assign(B, 0.0);
-  res_.finished_at.assign(B, 0.0);
-  res_.finish_reasons.assign(B, FinishReason::Length);
   res_.sequences = static_cast<std::int64_t>(B);
-  done_.assign(B, false);
   active_ = static_cast<std::int64_t>(B);
 }
 
-void GenerationLog::start_constraints(const GenerationRequest& req) {
-  const std::size_t B = req.sequences.size();
-  constraint_.resize(B);
-  for (std::size_t b = 0; b < B; ++b) {
-    const Sequence& s = req.sequences[b];
-    if (!s.constraint) continue;
+SequenceState GenerationLog::start_sequence(std::size_t b) const {
+  const Sequence& s = req_.sequences[b];
+  SequenceState state;
+  state.sampling = sampling_of(req_, b);
+  state.stream = s.stream.value_or(b);
+  state.history = s.prompt;
+  if (s.constraint) {
     if (!s.forced.empty()) throw std::invalid_argument("a constrained sequence cannot be forced");
-    constraint_[b] = s.constraint->clone();
-    constraint_[b]->prepare(new_tokens_limit(req, b));
+    state.constraint = s.constraint->clone();
+    state.constraint->prepare(new_tokens_limit(req_, b));
   }
+  return state;
 }
 
 // Rows of unconstrained or finished sequences allow everything (a fixed block samples the
 // latter and drops their tokens).
 std::span<const std::uint32_t> GenerationLog::fill_allowed(std::size_t first, std::size_t n) {
-  const auto constrained = [&](std::size_t b) { return constraint_[b] && !done_[b]; };
+  const auto constrained = [&](std::size_t b) { return seqs_[b].constraint && !seqs_[b].ended(); };
   bool any = false;
   for (std::size_t b = first; b < first + n; ++b) any = any || constrained(b);
   if (!any) return {};
   const auto words = static_cast<std::size_t>(kernels::mask_words(cfg_.vocab_size));
-  allowed_.assign(n * words, ~0u);
+  rows_.allowed.assign(n * words, ~0u);
   for (std::size_t i = 0; i < n; ++i)
     if (constrained(first + i)) {
-      const std::size_t b = first + i;
-      const std::int64_t tokens_left = new_tokens_limit(req_, b) - generated(b);
-      constraint_[b]->fill_allowed(std::span(allowed_).subspan(i * words, words), tokens_left);
+      const SequenceState& s = seqs_[first + i];
+      const std::int64_t tokens_left = new_tokens_limit(req_, first + i) - s.generated();
+      s.constraint->fill_allowed(std::span(rows_.allowed).subspan(i * words, words), tokens_left);
     }
-  return allowed_;
+  return rows_.allowed;
 }
 
 kernels::SampleArgs GenerationLog::sample_args(const float* logits, std::size_t first, std::span<std::int32_t> out) {
   const std::size_t n = out.size();
+  rows_.params.resize(n);
+  rows_.streams.resize(n);
+  rows_.steps.resize(n);
+  rows_.history.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const SequenceState& s = seqs_[first + i];
+    rows_.params[i] = s.sampling;
+    rows_.streams[i] = s.stream;
+    rows_.steps[i] = static_cast<std::uint64_t>(s.generated());
+    rows_.history[i] = s.history;
+  }
   kernels::SampleArgs a{.logits = logits,
                         .batch = static_cast<std::int64_t>(n),
                         .vocab = cfg_.vocab_size,
-                        .params = std::span(sampling_).subspan(first, n),
-                        .streams = std::span(streams_).subspan(first, n),
-                        .steps = std::span(generated_).subspan(first, n),
-                        .history = std::span(history_view_).subspan(first, n),
+                        .params = rows_.params,
+                        .streams = rows_.streams,
+                        .steps = rows_.steps,
+                        .history = rows_.history,
                         .eos_ids = cfg_.stop_ids,
                         .allowed = fill_allowed(first, n),
                         .out = out};
@@ -253,61 +253,81 @@ bool is_stop_id(const ModelConfig& cfg, const kernels::SamplingParams& p, std::i
 }  // namespace
 
 void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
-  for (std::size_t b = 0; b < done_.size(); ++b) {
-    if (done_[b]) continue;
+  for (std::size_t b = 0; b < seqs_.size(); ++b) {
+    if (seqs_[b].ended()) continue;
     std::int32_t token = next[b];
     record_token(b, token);
   }
-  for (std::size_t b = 0; b < done_.size(); ++b) {
+  for (std::size_t b = 0; b < seqs_.size(); ++b) {
     const auto& forced = req_.sequences[b].forced;
     if (step < static_cast<std::int64_t>(forced.size())) next[b] = forced[static_cast<std::size_t>(step)];
   }
-  end_step(step, static_cast<std::int64_t>(done_.size()), step == 0);  // finished sequences are computed too
+  end_step(step, static_cast<std::int64_t>(seqs_.size()), step == 0);  // finished sequences are computed too
 }
 
 bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
-  auto& tokens = res_.tokens[b];
-  const auto index = static_cast<std::int64_t>(tokens.size());
-  tokens.push_back(token);
+  SequenceState& s = seqs_[b];
+  const std::int64_t index = s.generated();
+  s.tokens.push_back(token);
   ++step_tokens_;
-  if (index == 0) res_.first_token_at[b] = now_seconds() - start_;
-  if (logprobs_ && sampling_[b].logprobs >= 0) {
-    res_.logprobs[b].push_back(chosen_logprob_[b]);
-    res_.top_logprobs[b].push_back(std::move(top_logprobs_[b]));
+  if (index == 0) {
+    s.phase = SequenceState::Phase::Running;
+    s.first_token_at = now_seconds() - start_;
+  }
+  if (logprobs_ && s.sampling.logprobs >= 0) {
+    s.logprobs.push_back(chosen_logprob_[b]);
+    s.top_logprobs.push_back(std::move(top_logprobs_[b]));
     top_logprobs_[b].clear();
   }
   // A forced sequence runs until its forced tokens are used up, whatever it samples.
   const auto& forced = req_.sequences[b].forced;
   const bool forcing = index < static_cast<std::int64_t>(forced.size());
-  bool stop = !forcing && (is_stop_id(cfg_, sampling_[b], token) || (req_.stop_here && req_.stop_here(b, tokens)));
+  bool stop = !forcing && (is_stop_id(cfg_, s.sampling, token) || (req_.stop_here && req_.stop_here(b, s.tokens)));
   const std::int64_t limit = new_tokens_limit(req_, b);
-  TokenConstraint* constraint = constraint_[b].get();
-  if (constraint) {
-    if (!constraint->accept(token, limit - index))
+  if (s.constraint) {
+    if (!s.constraint->accept(token, limit - index))
       throw std::logic_error("sequence " + std::to_string(b) + " drew token " + std::to_string(token) +
                              ", which its constraint does not allow");
-    stop = stop || constraint->finished();
+    stop = stop || s.constraint->finished();
   }
   if (forcing) token = forced[static_cast<std::size_t>(index)];
-  history_[b].push_back(token);  // the inputs, for penalties
-  history_view_[b] = history_[b];
-  ++generated_[b];
-  if (!stop && static_cast<std::int64_t>(tokens.size()) < limit) {
-    if (constraint) constraint->prepare(limit - generated(b));
+  s.history.push_back(token);  // the inputs, for penalties
+  if (!stop && s.generated() < limit) {
+    if (s.constraint) s.constraint->prepare(limit - s.generated());
     return false;
   }
-  const bool closed_by_limit = constraint && constraint->closed_by_limit();
-  res_.finish_reasons[b] = stop && !closed_by_limit ? FinishReason::Stop : FinishReason::Length;
-  done_[b] = true;
-  --active_;
-  res_.finished_at[b] = now_seconds() - start_;
-  if (req_.on_finished) req_.on_finished(b, res_);
+  end_sequence(b, stop);
   return true;
 }
 
+void GenerationLog::end_sequence(std::size_t b, bool stop) {
+  SequenceState& s = seqs_[b];
+  const bool closed_by_limit = s.constraint && s.constraint->closed_by_limit();
+  s.finish_reason = stop && !closed_by_limit ? FinishReason::Stop : FinishReason::Length;
+  s.phase = SequenceState::Phase::Finished;
+  --active_;
+  s.finished_at = now_seconds() - start_;
+  if (req_.on_finished) req_.on_finished(b, own_result(b));
+}
+
+GenerationResult GenerationLog::own_result(std::size_t b) const {
+  const SequenceState& s = seqs_[b];
+  GenerationResult one;
+  one.tokens = {s.tokens};
+  one.finish_reasons = {s.finish_reason};
+  if (logprobs_) {
+    one.logprobs = {s.logprobs};
+    one.top_logprobs = {s.top_logprobs};
+  }
+  one.generated_tokens = s.generated();
+  one.sequences = 1;
+  return one;
+}
+
 void GenerationLog::drop(std::size_t b) {
-  if (done_[b] || !res_.tokens[b].empty()) throw std::logic_error("GenerationLog::drop: the sequence has started");
-  done_[b] = true;
+  SequenceState& s = seqs_[b];
+  if (s.phase != SequenceState::Phase::Waiting) throw std::logic_error("GenerationLog::drop: the sequence has started");
+  s.phase = SequenceState::Phase::Dropped;
   --active_;
   --res_.sequences;
   res_.prompt_tokens -= static_cast<std::int64_t>(req_.sequences[b].prompt.size());
@@ -343,7 +363,17 @@ GenerationResult GenerationLog::finish() {
   be_.synchronize();
   if (res_.prefill_steps + res_.decode_steps > 0)  // the time since the last step
     (last_prefilled_ ? res_.prefill_seconds : res_.decode_seconds) += now_seconds() - t0_;
-  for (const auto& t : res_.tokens) res_.generated_tokens += static_cast<std::int64_t>(t.size());
+  for (SequenceState& s : seqs_) {
+    res_.generated_tokens += s.generated();
+    res_.tokens.push_back(std::move(s.tokens));
+    res_.finish_reasons.push_back(s.finish_reason);
+    res_.first_token_at.push_back(s.first_token_at);
+    res_.finished_at.push_back(s.finished_at);
+    if (logprobs_) {
+      res_.logprobs.push_back(std::move(s.logprobs));
+      res_.top_logprobs.push_back(std::move(s.top_logprobs));
+    }
+  }
   return std::move(res_);
 }
 

@@ -38,9 +38,9 @@ struct GenerationRequest {
   // KV eviction (null: the full cache). The budget of a sequence is taken of its prompt + its
   // new tokens limit (+ its forced tokens instead, when forced).
   const policy::KvPolicy* kv = nullptr;
-  // Called when sequence b has ended (in the order sequences end), with the result so far, in
-  // which sequence b's tokens, finish reason and log-probabilities are final.
-  std::function<void(std::size_t b, const GenerationResult& so_far)> on_finished;
+  // Called when sequence b has ended (in the order sequences end), with its own result (as
+  // GenerationResult::sequence gives it): its tokens, finish reason and log-probabilities.
+  std::function<void(std::size_t b, const GenerationResult& own)> on_finished;
 
   // Continuous batching (BlockScheduler only), when slots > 0: the sequences are a queue
   // served by this many slots (at most the policy's block size). A sequence that ends frees its
@@ -70,9 +70,6 @@ struct GenerationRequest {
   // and logits are the same either way. No effect on the CPU.
   bool cuda_graphs = false;
 };
-
-// Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
-enum class FinishReason : std::uint8_t { Length, Stop };
 
 struct GenerationResult {
   std::vector<std::vector<std::int32_t>> tokens;  // generated tokens, stop token included
@@ -125,14 +122,12 @@ const kernels::SamplingParams& sampling_of(const GenerationRequest& req, std::si
 std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
 
 // What a generation records between steps, shared by Generator and BlockScheduler so that both
-// end, force and time sequences identically.
+// end, force and time sequences identically: one SequenceState per sequence of the request.
 class GenerationLog {
  public:
   // Checks the request (prompts, limits, sampling, shared prefills, constraints) and starts the
   // prefill clock.
   GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req);
-  // The sampling stream of every sequence: its own, or its index.
-  const std::vector<std::uint64_t>& streams() const { return streams_; }
   // The sampler's arguments for sequences [first, first + out.size()) of the current step,
   // whose logits are `logits` ([rows, vocab] on the device): their sampling, streams, new-token
   // indices, histories, allowed tokens (when any is constrained), and this log's buffers for
@@ -160,38 +155,43 @@ class GenerationLog {
   // Sequence b takes the KV of its prompt's first `tokens` from a cache row: they are not computed.
   void share_prefix(std::size_t b, std::int64_t tokens);
   // Tokens sequence b has generated so far: the index (sampling step) of its next one.
-  std::int64_t generated(std::size_t b) const { return static_cast<std::int64_t>(res_.tokens[b].size()); }
+  std::int64_t generated(std::size_t b) const { return seqs_[b].generated(); }
   bool active() const { return active_ > 0; }
-  // Stops the decode clock; the result.
+  // Stops the decode clock; the result, its per-sequence parts taken from the states.
   GenerationResult finish();
 
  private:
-  void start_constraints(const GenerationRequest& req);
+  SequenceState start_sequence(std::size_t b) const;
+  // Sequence b's last token ended it (a stop, else its limit): its finish reason and time.
+  void end_sequence(std::size_t b, bool stop);
+  // Sequence b's result as GenerationResult::sequence gives it (on_finished's).
+  GenerationResult own_result(std::size_t b) const;
   // The allowed-token masks of sequences [first, first + n), or none when none is constrained.
   std::span<const std::uint32_t> fill_allowed(std::size_t first, std::size_t n);
 
   kernels::Backend& be_;
   const ModelConfig& cfg_;
   const GenerationRequest& req_;
-  std::vector<std::uint64_t> streams_;
-  std::vector<kernels::SamplingParams> sampling_;             // per sequence
-  std::vector<std::vector<std::int32_t>> history_;           // prompt + generated inputs
-  std::vector<std::span<const std::int32_t>> history_view_;  // of history_, refreshed each step
-  std::vector<std::uint64_t> generated_;                     // new tokens so far, per sequence
-  bool logprobs_ = false;                                    // some sequence asks for them
-  std::vector<float> chosen_logprob_;                        // the current step's, when asked
+  std::vector<SequenceState> seqs_;  // sequence b's is seqs_[b]
+  // The sampler's inputs for the rows of the current sample_args, gathered from the states
+  // (it takes each as one span over the rows).
+  struct SampleRows {
+    std::vector<kernels::SamplingParams> params;
+    std::vector<std::uint64_t> streams, steps;
+    std::vector<std::span<const std::int32_t>> history;
+    std::vector<std::uint32_t> allowed;  // empty: no row is constrained
+  } rows_;
+  // The sampler's log-probability outputs, per sequence, when some sequence asks for them: a
+  // continuous step samples its rows one call at a time before it records any.
+  bool logprobs_ = false;
+  std::vector<float> chosen_logprob_;
   std::vector<std::vector<kernels::TokenLogprob>> top_logprobs_;
-  // Constrained decoding: each sequence's state (null: unconstrained), and the current
-  // sample_args' allowed-token masks.
-  std::vector<std::unique_ptr<TokenConstraint>> constraint_;
-  std::vector<std::uint32_t> allowed_;
   std::int64_t max_prompt_ = 0;
-  std::vector<bool> done_;
   std::int64_t active_ = 0;
   double start_ = 0, t0_ = 0;  // t0_: the end of the last step
   std::int64_t step_tokens_ = 0;  // tokens recorded in the current step
   bool last_prefilled_ = true;
-  GenerationResult res_;
+  GenerationResult res_;  // the counts and times; the per-sequence parts at finish
 };
 
 class Generator {

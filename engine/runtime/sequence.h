@@ -2,7 +2,8 @@
 // tokens limit, sampling, sampling stream, a prefill shared with the sequence before it, a
 // constraint, forced tokens). What it leaves unset it takes from the request it is in
 // (GenerationRequest: max_new_tokens, sampling) or from its index there (its stream), so a
-// request of plain prompts runs every one alike.
+// request of plain prompts runs every one alike. SequenceState: where one is in a run, and
+// what it has produced.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +38,34 @@ struct Sequence {
   // Teacher forcing (evaluation), when not empty: its input after step i is forced[i] instead
   // of the sampled token, and it runs until they are used up.
   std::vector<std::int32_t> forced;
+};
+
+// Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
+enum class FinishReason : std::uint8_t { Length, Stop };
+
+// One sequence's state in a run (GenerationLog holds one per sequence of the request).
+struct SequenceState {
+  // Waiting: no token yet (queued or prefilling). Dropped: never started (admission stopped).
+  enum class Phase : std::uint8_t { Waiting, Running, Finished, Dropped };
+
+  kernels::SamplingParams sampling;  // its own, else the request's
+  std::uint64_t stream = 0;          // its own, else its index in the request
+  // Prompt + the inputs after it (a forced token in place of the sampled one), for penalties.
+  std::vector<std::int32_t> history;
+  // The tokens it sampled, stop token included; their count is the index (sampling step) of
+  // its next one.
+  std::vector<std::int32_t> tokens;
+  // When its sampling asks (logprobs >= 0), per token: the chosen one's log-probability and
+  // the top alternatives.
+  std::vector<float> logprobs;
+  std::vector<std::vector<kernels::TokenLogprob>> top_logprobs;
+  std::unique_ptr<TokenConstraint> constraint;  // its constraint's live copy; null: none
+  Phase phase = Phase::Waiting;
+  FinishReason finish_reason = FinishReason::Length;
+  double first_token_at = 0, finished_at = 0;  // seconds from the start of the run
+
+  bool ended() const { return phase == Phase::Finished || phase == Phase::Dropped; }
+  std::int64_t generated() const { return static_cast<std::int64_t>(tokens.size()); }
 };
 
 // Continuous batching: what the StepScheduler asks before free slots take waiting sequences.

@@ -153,9 +153,9 @@ void Engine::begin_continuous(Flight& f) {
   f.req = continuous_request(j.requests);
   f.feed = std::make_unique<FlightFeed>(*this, f);
   f.req.feed = f.feed.get();
-  f.req.on_finished = [this](std::size_t b, const engine::GenerationResult& so_far) {
+  f.req.on_finished = [this](std::size_t b, const engine::GenerationResult& own) {
     const std::size_t at[] = {b};
-    job_->finished(at, so_far.sequence(b));
+    job_->finished(at, own);
     ++job_->outcome.finished_requests;
   };
   f.req.on_step = [this](std::int64_t step, std::int64_t) {

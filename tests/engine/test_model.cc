@@ -302,5 +302,47 @@ TEST(Generation, UnsetSequenceFieldsTakeTheRequestsOrTheirIndex) {
   for (std::size_t b = 0; b < want.size(); ++b) EXPECT_NE(other[b], want[b]) << "sequence " << b;
 }
 
+// on_finished hands each sequence, as it ends, its own result: what the run's result says of it.
+TEST(Generation, EachEndingSequenceIsHandedItsOwnResult) {
+  const ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 5);
+  const HostWeights w = engine::load_weights(cfg, src);
+  auto be = kernels::make_cpu_backend();
+  Generator gen(*be, cfg, w);
+  GenerationRequest req;
+  req.sequences = engine::sequences_of({{1, 2, 3}, {4, 5}, {6}});
+  req.max_new_tokens = 6;
+  req.sampling = {.temperature = 0.9f, .seed = 3, .ignore_eos = true};
+  req.sequences[0].max_new_tokens = 2;
+  req.sequences[2].max_new_tokens = 4;
+  req.sequences[1].sampling = kernels::SamplingParams{.temperature = 0.9f, .seed = 3, .ignore_eos = true, .logprobs = 2};
+  std::vector<std::size_t> order;
+  std::vector<engine::GenerationResult> own(req.sequences.size());
+  req.on_finished = [&](std::size_t b, const engine::GenerationResult& r) {
+    order.push_back(b);
+    own[b] = r;
+  };
+  const engine::GenerationResult all = gen.generate(req);
+  EXPECT_EQ(order, (std::vector<std::size_t>{0, 2, 1})) << "in the order their limits end them";
+  for (std::size_t b = 0; b < own.size(); ++b) {
+    const engine::GenerationResult want = all.sequence(b);
+    EXPECT_EQ(own[b].sequences, 1) << "sequence " << b;
+    EXPECT_EQ(own[b].generated_tokens, want.generated_tokens) << "sequence " << b;
+    EXPECT_EQ(own[b].tokens, want.tokens) << "sequence " << b;
+    EXPECT_EQ(own[b].finish_reasons, want.finish_reasons) << "sequence " << b;
+    EXPECT_EQ(own[b].logprobs, want.logprobs) << "sequence " << b;
+    ASSERT_EQ(own[b].top_logprobs.size(), want.top_logprobs.size()) << "sequence " << b;
+  }
+  ASSERT_EQ(own[1].top_logprobs[0].size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    ASSERT_EQ(own[1].top_logprobs[0][i].size(), 2u) << "token " << i;
+    for (std::size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(own[1].top_logprobs[0][i][k].token, all.top_logprobs[1][i][k].token) << "token " << i;
+      EXPECT_EQ(own[1].top_logprobs[0][i][k].logprob, all.top_logprobs[1][i][k].logprob) << "token " << i;
+    }
+  }
+  EXPECT_TRUE(own[0].logprobs[0].empty()) << "sequence 0 asked for none";
+}
+
 }  // namespace
 }  // namespace flexh2o

@@ -87,9 +87,10 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
     EXPECT_EQ(index, static_cast<std::int64_t>(got[b].logits.size())) << "request " << b;
     got[b].logits.emplace_back(l.begin(), l.end());
   };
-  refill.on_finished = [&](std::size_t b, const engine::GenerationResult& so_far) {
+  refill.on_finished = [&](std::size_t b, const engine::GenerationResult& own) {
     ++finished[b];
-    got[b].tokens = so_far.tokens[b];
+    ASSERT_EQ(own.tokens.size(), 1u) << "request " << b;
+    got[b].tokens = own.tokens[0];
   };
   TempDir dir;
   offload::TierOptions to;
