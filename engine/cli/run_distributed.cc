@@ -25,19 +25,26 @@ using distributed::rank_name;
 
 namespace {
 
-// A rank's job: every rank's model and policy; rank 0's --out and requests. Rank 0 opens the job
-// before the others open the model, so that an error every rank would meet is said once: the
-// requests a one-process run of these flags would make (an OpenAI batch file's, its bad lines'
-// error lines written first), checked against the model before any rank loads weights, less
-// those --resume finds done.
+// A rank's job: every rank's model and policy; rank 0's --out, requests and results. Rank 0
+// opens the job before the others open the model, so that an error every rank would meet is
+// said once: the requests a one-process run of these flags would make (an OpenAI batch file's,
+// its bad lines' error lines written first), checked against the model before any rank loads
+// weights, less those --resume finds done.
 struct RankJob {
   std::optional<RunSetup> setup;
   std::optional<serving::ResultFile> out;
   std::optional<serving::OpenAiJob> openai;
   std::vector<serving::Request> todo;
+  std::optional<JobResults> results;
 
   void open_on_rank_zero(const RunOptions& o);
-  JobResults results(const RunOptions& o) { return {o, *setup, out, openai ? &*openai : nullptr}; }
+  // Where rank 0 writes requests [first, first + r.tokens.size()) of `requests` once finished.
+  distributed::PromptsFinished writer(const RunOptions& o, std::span<const serving::Request> requests) {
+    results.emplace(o, *setup, out, openai ? &*openai : nullptr);
+    return [this, requests](std::size_t first, const GenerationResult& r) {
+      results->add(requests.subspan(first, r.tokens.size()), r);
+    };
+  }
 };
 
 void RankJob::open_on_rank_zero(const RunOptions& o) {
@@ -85,8 +92,6 @@ int finish_ranks(const RunOptions& o, const RunSetup& s, distributed::RanksOutco
   return done.stopped ? 130 : 0;
 }
 
-// ---- data parallel -------------------------------------------------------------------------
-
 // With an automatic policy each rank plans for the job's requests on its part of the machine;
 // a given placement is checked against that part before anything loads.
 void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const serving::Request> todo) {
@@ -107,22 +112,16 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
     if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N)");
     job.open_on_rank_zero(o);
     // A given placement that fits no rank is one error here, before any rank loads.
-    if (!job.setup->auto_policy && !job.todo.empty())
-      check_placement_fits(o, *job.setup, job.todo, distributed::rank_share(host_profile(o, *job.setup), mpi.ranks_on_host()));
+    if (RunSetup& s = *job.setup; !s.auto_policy && !job.todo.empty())
+      check_placement_fits(o, s, job.todo, distributed::rank_share(host_profile(o, s), mpi.ranks_on_host()));
   }
   const std::vector<serving::Request> todo = distributed::share_requests(mpi, job.todo);
   if (mpi.rank() != 0) job.setup.emplace(open_run(o));
   RunSetup& s = *job.setup;
   plan_rank(mpi, o, s, todo);
   settle_compute_dtype(o, s);
-  JobResults results = job.results(o);  // rank 0 writes them
-  return finish_ranks(o, s, distributed::run_data_parallel(mpi, job_engine(o, s), todo, interrupts,
-                                                           [&](std::size_t i, const GenerationResult& one) {
-                                                             results.add(std::span(todo).subspan(i, 1), one);
-                                                           }));
+  return finish_ranks(o, s, distributed::run_data_parallel(mpi, job_engine(o, s), todo, interrupts, job.writer(o, todo)));
 }
-
-// ---- pipeline parallel ---------------------------------------------------------------------
 
 // The stages' plan: the given policy, or the planner's over every rank's part of the machine,
 // with --micro-batches (default: a block per stage) in flight.
@@ -156,11 +155,8 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   s.policy = pipeline.stages.at(static_cast<std::size_t>(mpi.rank())).policy;
   if (s.auto_policy) adopt_plan(o, s, s.policy, distributed::rank_share(planning.host, mpi.ranks_on_host()));
   settle_compute_dtype(o, s);
-  JobResults results = job.results(o);  // rank 0 writes them
   return finish_ranks(o, s, distributed::run_pipeline_rank(mpi, job_engine(o, s), pipeline, interrupts,
-                                                           [&](std::size_t first, const GenerationResult& r) {
-                                                             results.add(std::span(pipeline.requests).subspan(first, r.tokens.size()), r);
-                                                           }));
+                                                           job.writer(o, pipeline.requests)));
 }
 
 }  // namespace
