@@ -92,14 +92,16 @@ int finish_ranks(const RunOptions& o, const RunSetup& s, distributed::RanksOutco
   return done.stopped ? 130 : 0;
 }
 
-// With an automatic policy each rank plans for the job's requests on its part of the machine;
-// a given placement is checked against that part before anything loads.
+// With an automatic policy each rank plans for the job's requests on its part of the machine (in
+// blocks of at most its share of them, whatever plan_options' max_block); a given placement is
+// checked against that part before anything loads.
 void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const serving::Request> todo) {
   if (todo.empty()) return;
   const policy::HardwareProfile hw = distributed::rank_share(host_profile(o, s), mpi.ranks_on_host());
   if (!s.auto_policy) return check_placement_fits(o, s, todo, hw);
-  const policy::Estimate e = distributed::plan_data_parallel_rank(
-      model_shape(s.model.config), hw, job_workload(o, todo, s.gen_len), plan_options(o, s, 1), todo.size(), mpi.size());
+  const policy::Estimate e = distributed::plan_data_parallel_rank(model_shape(s.model.config), hw,
+                                                                  job_workload(o, todo, s.gen_len), plan_options(o, s, 1),
+                                                                  todo.size(), mpi.size());
   adopt_plan(o, s, e.policy, hw);
   s.predicted = e;
   fmt::print(stderr, "{}: {}\n", rank_name(mpi), planned_line(hw, e));
@@ -120,7 +122,8 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   RunSetup& s = *job.setup;
   plan_rank(mpi, o, s, todo);
   settle_compute_dtype(o, s);
-  return finish_ranks(o, s, distributed::run_data_parallel(mpi, job_engine(o, s), todo, interrupts, job.writer(o, todo)));
+  return finish_ranks(o, s,
+                      distributed::run_data_parallel(mpi, job_engine(o, s), todo, interrupts, job.writer(o, todo)));
 }
 
 // The stages' plan: the given policy, or the planner's over every rank's part of the machine,
@@ -132,7 +135,7 @@ distributed::PipelinePlanning pipeline_planning(const Mpi& mpi, const RunOptions
   if (!s.auto_policy) p.given = s.policy;
   else {
     p.host = host_profile(o, s);
-    p.options = plan_options(o, s, 1);
+    p.options = plan_options(o, s, 1);  // max_block: a micro-batch's requests (plan_stages)
   }
   return p;
 }
@@ -142,8 +145,8 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   RankJob job;
   if (mpi.rank() == 0) {
     if (o.pipeline != mpi.size())
-      throw std::invalid_argument(fmt::format("--pipeline {0} needs {0} ranks but the launcher started {1}; use mpirun -np {0}",
-                                              o.pipeline, mpi.size()));
+      throw std::invalid_argument(fmt::format(
+          "--pipeline {0} needs {0} ranks but the launcher started {1}; use mpirun -np {0}", o.pipeline, mpi.size()));
     job.open_on_rank_zero(o);  // every stage steps every prompt: checked here
   }
   mpi.broadcast({}, 0);  // rank 0 took the job: the others open the model now

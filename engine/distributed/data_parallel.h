@@ -36,9 +36,9 @@ struct RankEngine {
 // and removed by it), so that ranks on one host do not share files.
 RankEngine on_this_rank(const Mpi& mpi, RankEngine job);
 
-// The report of a run over several ranks in `mode` before its parts: the model as `e` stores it,
-// how it batched, and the structured-output constraints as its options compiled them (rank 0's
-// read every request). The model's description is the caller's.
+// The report of a run over several ranks in `mode`, its parts and totals aside: the model as `e`
+// stores it, how it batched, and the structured-output constraints its options compiled (rank
+// 0's: it reads every request). The model's description is the caller's.
 serving::RunReport ranks_report(serving::RunMode mode, const RankEngine& e);
 
 // How a rank's part of a run over several ranks ended; rank 0 holds the report of every part.

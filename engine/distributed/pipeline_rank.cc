@@ -10,8 +10,7 @@ namespace flexh2o::distributed {
 
 PipelineJob share_pipeline_job(const Mpi& mpi, const PipelinePlanning& p, std::span<const serving::Request> todo) {
   const policy::HardwareProfile mine = p.given ? policy::HardwareProfile{} : rank_share(p.host, mpi.ranks_on_host());
-  const std::vector<Bytes> capacities =
-      mpi.gather(to_bytes(p.given ? nlohmann::json() : capacities_json(mine)), 0);
+  const std::vector<Bytes> capacities = mpi.gather(to_bytes(p.given ? nlohmann::json() : capacities_json(mine)), 0);
   PipelineJob job;
   if (mpi.rank() == 0) {
     std::vector<policy::HardwareProfile> ranks;  // rank 0's rates with each rank's capacities
@@ -33,11 +32,11 @@ RanksOutcome run_pipeline_rank(const Mpi& mpi, const RankEngine& e, const Pipeli
   if (engine.trace()) engine.trace()->reset_clock();
 
   RanksOutcome done{.requests = job.requests.size()};
-  const StageStats stats =
-      run_pipeline_stage(mpi, engine, job.requests, job.micro_batches, [&](std::size_t first, const engine::GenerationResult& r) {
-        finished(first, r);
-        done.finished_requests += r.tokens.size();
-      });
+  const auto count_finished = [&](std::size_t first, const engine::GenerationResult& r) {
+    finished(first, r);
+    done.finished_requests += r.tokens.size();
+  };
+  const StageStats stats = run_pipeline_stage(mpi, engine, job.requests, job.micro_batches, count_finished);
   done.stopped = stats.stopped;
   serving::RunPart part = engine.part(rank_name(mpi), mpi.rank(), mpi.host(), stats.total);
   part.slice = slice;

@@ -18,7 +18,8 @@ namespace flexh2o::distributed {
 PipelineJob share_pipeline_job(const Mpi& mpi, const PipelinePlanning& p, std::span<const serving::Request> todo);
 
 // Runs this rank's stage of `job` with the job's engine `e` on this rank (on_this_rank), holding
-// the stage's slice, once every stage has loaded; every stage's part goes to rank 0, whose outcome holds the report.
+// the stage's slice, once every stage has loaded; every stage's part goes to rank 0, whose
+// outcome holds the report.
 RanksOutcome run_pipeline_rank(const Mpi& mpi, const RankEngine& e, const PipelineJob& job,
                                const serving::InterruptWatch& interrupts, const PromptsFinished& finished);
 
