@@ -65,8 +65,9 @@ PrefixDealing prefix_dealing(const Mpi& mpi, const RankEngine& e, std::span<cons
   return d;
 }
 
-}  // namespace
-
+// A rank other than 0: runs what rank 0 deals it of `todo` (the job's requests, alike on every
+// rank), sends back each finished request, then its part of the report, which it returns
+// (`stopped`: an interrupt stopped it taking requests).
 serving::RunPart run_dealt_rank(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo,
                             const serving::InterruptWatch& interrupts) {
   RankQueue queue(mpi, static_cast<std::size_t>(e.options.policy.block_size()), requests_ahead(e.options));
@@ -78,6 +79,9 @@ serving::RunPart run_dealt_rank(const Mpi& mpi, const RankEngine& e, std::span<c
   return part;
 }
 
+// Rank 0: deals `todo`, runs its own share, and hands every finished request (its own and the
+// other ranks', by index into `todo`) to `finished` as it comes. Returns every rank's part, in
+// rank order.
 std::vector<serving::RunPart> run_dealing_rank(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo,
                                            const serving::InterruptWatch& interrupts, const RootQueue::Finished& finished) {
   // The others' slots too, where they plan alike.
@@ -88,6 +92,38 @@ std::vector<serving::RunPart> run_dealing_rank(const Mpi& mpi, const RankEngine&
   for (const nlohmann::json& j : queue.reports(serving::to_json(own, true))) parts.push_back(serving::part_from_json(j));
   std::ranges::sort(parts, {}, &serving::RunPart::rank);
   return parts;
+}
+
+}  // namespace
+
+RankEngine on_this_rank(const Mpi& mpi, RankEngine job) {
+  std::string& dir = job.options.tiers.offload_dir;
+  if (!dir.empty()) dir += "/rank-" + std::to_string(mpi.rank());
+  return job;
+}
+
+serving::RunReport ranks_report(serving::RunMode mode, const RankEngine& e) {
+  serving::RunReport r{.mode = mode};
+  r.stored = engine::with_weight_dtype(e.config, e.options.policy.weight_dtype(e.config.dtype));
+  r.batching = e.options.continuous ? "continuous" : "fixed";
+  if (e.options.constraints) r.structured_output = e.options.constraints->report();
+  return r;
+}
+
+RanksOutcome run_data_parallel(const Mpi& mpi, const RankEngine& job, std::span<const serving::Request> todo,
+                               const serving::InterruptWatch& interrupts, const RootQueue::Finished& finished) {
+  const RankEngine e = on_this_rank(mpi, job);
+  if (mpi.rank() != 0) return {.stopped = run_dealt_rank(mpi, e, todo, interrupts).stopped};
+  std::vector<serving::RunPart> parts = run_dealing_rank(mpi, e, todo, interrupts, finished);
+  RanksOutcome done{.report = ranks_report(serving::RunMode::DataParallel, e), .requests = todo.size()};
+  done.report->parts = std::move(parts);
+  for (const serving::RunPart& p : done.report->parts) {  // the job's totals are the ranks' sums
+    done.report->total.add(p.result);
+    done.finished_requests += p.finished_requests;
+    done.stopped = done.stopped || p.stopped;
+  }
+  done.stopped = done.stopped || done.finished_requests != done.requests;
+  return done;
 }
 
 }  // namespace flexh2o::distributed

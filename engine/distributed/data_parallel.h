@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "engine/distributed/mpi_comm.h"
 #include "engine/serving/engine.h"
 #include "engine/serving/request.h"
+#include "engine/serving/run_report.h"
 
 namespace flexh2o::distributed {
 
@@ -22,7 +24,7 @@ std::string rank_name(const Mpi& mpi);
 // Rank 0's requests on every rank.
 std::vector<serving::Request> share_requests(const Mpi& mpi, const std::vector<serving::Request>& todo);
 
-// What a rank's engine runs: the model and the engine's options (this rank's policy and tiers).
+// What a rank's engine runs: the model and the job's engine options (the rank's policy and tiers).
 struct RankEngine {
   kernels::Backend& backend;
   const engine::ModelConfig& config;
@@ -30,16 +32,26 @@ struct RankEngine {
   serving::EngineOptions options;
 };
 
-// A rank other than 0: runs what rank 0 deals it of `todo` (the job's requests, alike on every
-// rank), sends back each finished request, then its part of the report, which it returns
-// (`stopped`: an interrupt stopped it taking requests).
-serving::RunPart run_dealt_rank(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo,
-                            const serving::InterruptWatch& interrupts);
+// The engine as this rank runs it: its disk tier in its own directory under the job's (created
+// and removed by it), so that ranks on one host do not share files.
+RankEngine on_this_rank(const Mpi& mpi, RankEngine job);
 
-// Rank 0: deals `todo`, runs its own share, and hands every finished request (its own and the
-// other ranks', by index into `todo`) to `finished` as it comes. Returns every rank's part, in
-// rank order.
-std::vector<serving::RunPart> run_dealing_rank(const Mpi& mpi, const RankEngine& e, std::span<const serving::Request> todo,
-                                           const serving::InterruptWatch& interrupts, const RootQueue::Finished& finished);
+// The report of a run over several ranks in `mode`, its parts and totals aside: the model as `e`
+// stores it, how it batched, and the structured-output constraints its options compiled (rank
+// 0's: it reads every request). The model's description is the caller's.
+serving::RunReport ranks_report(serving::RunMode mode, const RankEngine& e);
+
+// How a rank's part of a run over several ranks ended; rank 0 holds the report of every part.
+struct RanksOutcome {
+  std::optional<serving::RunReport> report;  // rank 0: the mode, the ranks' parts and the job's totals
+  std::size_t requests = 0, finished_requests = 0;  // rank 0: of the job
+  bool stopped = false;  // an interrupt stopped the job (rank 0: or some request did not finish)
+};
+
+// Every rank's part of the job (`todo`: its requests, alike on every rank): rank 0 deals them
+// and hands every finished one (its own and the other ranks', by index into `todo`) to
+// `finished` as it comes; the others run what they are dealt.
+RanksOutcome run_data_parallel(const Mpi& mpi, const RankEngine& job, std::span<const serving::Request> todo,
+                               const serving::InterruptWatch& interrupts, const RootQueue::Finished& finished);
 
 }  // namespace flexh2o::distributed
