@@ -21,6 +21,11 @@
 // summed across lanes, not by score()); with several splits it leaves an unnormalised partial
 // (acc, m, l) per head and split and a combine block per (sequence, head) merges them; the
 // probs kernel sums the group's probabilities per slot from the kept scores and the final (m, l).
+//
+// Decode with shared prefixes (cascade attention, decode_cascade.h): a block per (prefix, kv
+// head, chunk of the prefix) reads the chunk tile by tile into shared memory, once, and leaves a
+// partial (acc, m, l) per member query head of that kv head; the decode kernel reads each query's
+// own slots after its prefix into partials, and the combine merges both.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -32,6 +37,7 @@
 
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/decode_cascade.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/quantize.h"
 
@@ -370,6 +376,9 @@ struct DecodeParams {
   // when it runs a subset of a call's queries (without probs); null: query b.
   const std::int64_t* query_rows = nullptr;
   const float* slot_bias = nullptr;  // [B, Hkv, capacity] or null
+  // [B]: the first slot sequence b reads (its shared prefix's len, the prefix read apart); null:
+  // the first slot of its window.
+  const std::int64_t* starts = nullptr;
   std::int64_t H = 0, Hkv = 0, capacity = 0, slot_bytes = 0;
   SlotFormat format;
   float scale = 1.0f, softcap = 0.0f;
@@ -377,8 +386,9 @@ struct DecodeParams {
   DecodePlan plan;
   std::int64_t tasks = 0;  // B * Hkv * head_chunks * splits
   int lanes = 1;           // per key
-  // With one split: out [B, H, D] and, when not null, the (m, l) of every (sequence, head) in
-  // ml. With several: part_acc [B, H, splits, D] (unnormalised) and part_ml [B, H, splits, 2].
+  // Without part_acc (one split): out [B, H, D] and, when not null, the (m, l) of every
+  // (sequence, head) in ml. With it: part_acc [B, H, splits, D] (unnormalised) and part_ml
+  // [B, H, splits, 2], merged by the combine kernel.
   float* out = nullptr;
   float* ml = nullptr;
   float* part_acc = nullptr;
@@ -511,7 +521,7 @@ __device__ __forceinline__ void merge_warp(HeadStates<HB, E>& st, int lanes) {
 }
 
 // Merges the warps' states (in warp order) through shared memory `sh` (kDecodeWarps * HB *
-// (D + 2) floats) and stores the chunk's heads: the output itself with one split (its first
+// (D + 2) floats) and stores the chunk's heads: the output itself without partials (its first
 // head at out_bh0), else the split's partial (at bh0). Synchronises the block; the caller may
 // reuse `sh` afterwards.
 template <int HB, int C>
@@ -549,10 +559,11 @@ __device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, flo
       l += l_sh[w * HB + h] * f;
       o += acc_sh[(w * HB + h) * D + d] * f;
     }
-    // An empty split (no visible key) leaves (m, l) = (-inf, 0) and acc = 0: it weighs nothing
-    // in the combine; with one split every sequence has a key, so l > 0.
+    // An empty split (no visible key, or no own slot after a shared prefix) leaves (m, l) =
+    // (-inf, 0) and acc = 0: it weighs nothing in the combine; without partials (one split, no
+    // shared prefix) every sequence has a key, so l > 0.
     float* ml = nullptr;
-    if (splits == 1) {
+    if (p.part_acc == nullptr) {
       p.out[(out_bh0 + h) * D + d] = o / l;
       if (p.ml != nullptr) ml = p.ml + 2 * bh;
     } else {
@@ -569,7 +580,7 @@ __device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, flo
 
 // Block per task (sequence b, kv head g, head chunk c, split sp): keys [k0, k1) = the split's
 // share of the visible ones [first_visible(lens[b] - 1), lens[b]) (slot s holds position s
-// under a window), query heads [g * group + c * hb, + nh).
+// under a window; [starts[b], lens[b]) after a shared prefix), query heads [g * group + c * hb, + nh).
 template <class Slice, int HB, int C>
 __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeParams p) {
   extern __shared__ float merge_sh[];
@@ -584,7 +595,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
     const std::int64_t sp = task % splits, c = (task / splits) % chunks, bg = task / (splits * chunks);
     const std::int64_t b = bg / p.Hkv, g = bg % p.Hkv, qb = p.query_rows != nullptr ? p.query_rows[b] : b;
     const std::int64_t h0 = g * group + c * hb, nh = group - c * hb < hb ? group - c * hb : hb;
-    const std::int64_t n = p.lens[qb], k0 = first_visible(n - 1, p.window) + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
+    const std::int64_t n = p.lens[qb], start = p.starts != nullptr ? p.starts[b] : first_visible(n - 1, p.window);
+    const std::int64_t k0 = start + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
     // This key group's keys: the split's r = key_group, + key_groups, ...; pointers to the first.
     const int count = static_cast<int>(k1 > k0 ? k1 - k0 : 0);
     const std::int64_t stride = key_groups * p.slot_bytes;
@@ -624,22 +636,45 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
   }
 }
 
-// Block per (sequence, query head) = task: out = sum over splits of acc_s * exp(m_s - m) / l,
-// m the largest m_s and l = sum of l_s * exp(m_s - m), splits in order; (m, l) to ml when not
-// null. query_rows (DecodeParams) places sequence b's heads at query query_rows[b] of out.
+// The prefix partials of a call's queries (decode_cascade.h, PrefixRef), for the combine; refs
+// null: none.
+struct PrefixPartials {
+  const float* acc = nullptr;  // [partials, D]
+  const float* ml = nullptr;   // [partials, 2]
+  const PrefixRef* refs = nullptr;
+  std::int64_t group = 1;
+};
+
+// Block per (sequence, query head) = task: out = sum over its partials (the splits in order, then
+// its prefix's chunks in order) of acc_s * exp(m_s - m) / l, m the largest m_s and l = sum of
+// l_s * exp(m_s - m); (m, l) to ml when not null. query_rows (DecodeParams) places sequence b's
+// heads at query query_rows[b] of out.
 __global__ void decode_combine_kernel(const float* part_acc, const float* part_ml, std::int64_t tasks,
                                       std::int64_t splits, std::int64_t D, std::int64_t H,
-                                      const std::int64_t* query_rows, float* out, float* ml) {
+                                      const std::int64_t* query_rows, float* out, float* ml,
+                                      const PrefixPartials prefix) {
   for (std::int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
     const std::int64_t out_task = query_rows != nullptr ? query_rows[task / H] * H + task % H : task;
     const float* pm = part_ml + 2 * task * splits;
+    const PrefixRef ref = prefix.refs != nullptr ? prefix.refs[task / H] : PrefixRef{};
+    const std::int64_t h = task % H, chunk0 = ref.first + (h / prefix.group) * ref.kv_stride + h % prefix.group;
+    // A query sees at least one key, in its first split or its prefix's first chunk: m is finite.
     float m = -INFINITY;
-    for (std::int64_t sp = 0; sp < splits; ++sp) m = fmaxf(m, pm[2 * sp]);  // split 0 holds the first visible key: m is finite
+    for (std::int64_t sp = 0; sp < splits; ++sp) m = fmaxf(m, pm[2 * sp]);
+    for (std::int64_t c = 0; c < ref.chunks; ++c) m = fmaxf(m, prefix.ml[2 * (chunk0 + c * ref.chunk_stride)]);
     float l = 0.0f;
     for (std::int64_t sp = 0; sp < splits; ++sp) l += pm[2 * sp + 1] * rescale(pm[2 * sp], m);
+    for (std::int64_t c = 0; c < ref.chunks; ++c) {
+      const float* cm = prefix.ml + 2 * (chunk0 + c * ref.chunk_stride);
+      l += cm[1] * rescale(cm[0], m);
+    }
     for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.0f;
       for (std::int64_t sp = 0; sp < splits; ++sp) o += part_acc[(task * splits + sp) * D + d] * rescale(pm[2 * sp], m);
+      for (std::int64_t c = 0; c < ref.chunks; ++c) {
+        const std::int64_t at = chunk0 + c * ref.chunk_stride;
+        o += prefix.acc[at * D + d] * rescale(prefix.ml[2 * at], m);
+      }
       out[out_task * D + d] = o / l;
     }
     if (ml != nullptr && threadIdx.x == 0) {
@@ -668,6 +703,114 @@ __global__ void decode_probs_kernel(const float* scores, const float* ml, const 
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h)
       p += expf(scores[(b * H + h) * capacity + j] - ml[2 * (b * H + h)]) / ml[2 * (b * H + h) + 1];
     probs[e] = p;
+  }
+}
+
+// ------------------------------------------------------------- decode, shared prefixes
+
+constexpr int kPrefixThreads = 256;
+constexpr int kPrefixWarps = kPrefixThreads / 32;
+
+// The prefix kernel's arguments: the task table and the partials' layout of decode_cascade.h.
+struct PrefixParams {
+  const float* q = nullptr;  // [queries, H, D]
+  const std::uint8_t* k_cache = nullptr;
+  const std::uint8_t* v_cache = nullptr;
+  const PrefixTask* tasks = nullptr;
+  std::int64_t n_tasks = 0;
+  const std::int64_t* member_queries = nullptr;
+  std::int64_t H = 0, Hkv = 0, capacity = 0, slot_bytes = 0;
+  std::int64_t tile = 0;  // slots of a shared-memory tile, at most 64 (two a lane)
+  SlotFormat format;
+  float scale = 1.0f, softcap = 0.0f;
+  float* acc = nullptr;  // [partials, D], unnormalised
+  float* ml = nullptr;   // [partials, 2]
+};
+
+// Floats of the prefix kernel's shared memory: keys [tile][D + 1] (a warp's lanes read the same
+// element of different slots: the pitch spreads them over the banks), values [tile][D], and
+// each warp's weights [tile]. At most 8256 + 512 floats (cascade_tile_slots), 35 KiB: no opt-in.
+std::size_t prefix_shared_floats(std::int64_t tile, std::int64_t D) {
+  return static_cast<std::size_t>(tile * (D + 1) + tile * D + kPrefixWarps * tile);
+}
+
+// Slots [s0, s0 + count) of one (cache row, kv head) into shared memory as fp32, a thread per
+// (slot, element), dequantized as the decode kernel's slices do.
+__device__ __forceinline__ void load_prefix_tile(const PrefixParams& p, const std::uint8_t* k_head,
+                                                 const std::uint8_t* v_head, std::int64_t s0, std::int64_t count,
+                                                 float* k_sh, float* v_sh) {
+  const std::int64_t D = p.format.head_dim;
+  for (std::int64_t e = threadIdx.x; e < count * D; e += blockDim.x) {
+    const std::int64_t j = e / D, d = e % D, at = (s0 + j) * p.slot_bytes;
+    k_sh[j * (D + 1) + d] = load_elem(k_head + at, p.format.dtype, D, d);
+    v_sh[j * D + d] = load_elem(v_head + at, p.format.dtype, D, d);
+  }
+}
+
+// One member query head (q) over a tile of `count` slots: its scores, a lane per slot (two with
+// 64 slots), then its partial (acc [D], ml = (m, l)), which this warp alone keeps in global
+// memory over the chunk's tiles, rescaled to the new largest score and added to; the chunk's
+// first tile starts it. Warp-uniform; w_sh is this warp's.
+__device__ __forceinline__ void prefix_head_tile(const float* q, const float* k_sh, const float* v_sh, float* w_sh,
+                                                 std::int64_t count, bool first_tile, const PrefixParams& p,
+                                                 float* acc, float* ml) {
+  const std::int64_t D = p.format.head_dim;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float s[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const std::int64_t j = lane + 32 * i;
+    s[i] = j < count ? score(q, k_sh + j * (D + 1), D, p.scale, p.softcap) : -INFINITY;
+  }
+  const float m_old = first_tile ? -INFINITY : ml[0], l_old = first_tile ? 0.0f : ml[1];
+  const float m_new = fmaxf(m_old, warp_max_all(fmaxf(s[0], s[1])));  // finite: the tile has a key
+  const float alpha = rescale(m_old, m_new);                           // 0 on the first tile
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float w = s[i] == -INFINITY ? 0.0f : expf(s[i] - m_new);
+    sum += w;
+    if (lane + 32 * i < count) w_sh[lane + 32 * i] = w;
+  }
+  sum = warp_sum_all(sum);
+  __syncwarp();
+  for (std::int64_t d = lane; d < D; d += 32) {
+    float o = first_tile ? 0.0f : acc[d] * alpha;
+    for (std::int64_t j = 0; j < count; ++j) o = fmaf(w_sh[j], v_sh[j * D + d], o);
+    acc[d] = o;
+  }
+  __syncwarp();  // every lane has read w_sh before the warp's next head writes it
+  if (lane == 0) {
+    ml[0] = m_new;
+    ml[1] = l_old * alpha + sum;
+  }
+}
+
+// Block per task (decode_cascade.h, PrefixTask): the chunk's slots go through shared memory a
+// tile at a time, each read from the cache once; a warp per member query head of the task's kv
+// head (the same warp on every tile, so its partial needs no atomics; the block barrier between
+// tiles orders its global reads after the previous tile's writes).
+__global__ void __launch_bounds__(kPrefixThreads) prefix_kernel(const PrefixParams p) {
+  extern __shared__ float tile_sh[];
+  const std::int64_t D = p.format.head_dim, group = p.H / p.Hkv;
+  float* k_sh = tile_sh;
+  float* v_sh = k_sh + p.tile * (D + 1);
+  float* w_sh = v_sh + p.tile * D + (threadIdx.x >> 5) * p.tile;
+  for (std::int64_t task = blockIdx.x; task < p.n_tasks; task += gridDim.x) {
+    const PrefixTask t = p.tasks[task];
+    const std::int64_t head = (t.row * p.Hkv + t.kv_head) * p.capacity * p.slot_bytes;
+    for (std::int64_t s0 = t.first; s0 < t.end; s0 += p.tile) {
+      const std::int64_t count = t.end - s0 < p.tile ? t.end - s0 : p.tile;
+      __syncthreads();  // the previous tile's (or task's) readers are done with the tile
+      load_prefix_tile(p, p.k_cache + head, p.v_cache + head, s0, count, k_sh, v_sh);
+      __syncthreads();
+      for (std::int64_t mh = threadIdx.x >> 5; mh < t.members * group; mh += kPrefixWarps) {
+        const std::int64_t query = p.member_queries[t.members_first + mh / group];
+        const float* q = p.q + (query * p.H + t.kv_head * group + mh % group) * D;
+        const std::int64_t at = t.partials + mh;
+        prefix_head_tile(q, k_sh, v_sh, w_sh, count, s0 == t.first, p, p.acc + at * D, p.ml + 2 * at);
+      }
+    }
   }
 }
 
@@ -914,6 +1057,12 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   std::int64_t decode = 3 * scratch_of(8 * batch) + scratch_of(static_cast<std::int64_t>(sizeof(RunTile)) * run_tiles) +
                         scratch_of(4 * batch * H * splits * D) + scratch_of(8 * batch * H * splits);
   if (scores) decode += scratch_of(4 * batch * H * capacity) + scratch_of(8 * batch * H);
+  // With shared prefixes (decode_cascade): suffix starts, member queries, refs, the prefix tasks
+  // and their partials; the splits of the own slots are within the partials above.
+  const std::int64_t partials = cascade_partials_bound(s, batch);
+  decode += 2 * scratch_of(8 * batch) + scratch_of(static_cast<std::int64_t>(sizeof(PrefixRef)) * batch) +
+            scratch_of(static_cast<std::int64_t>(sizeof(PrefixTask)) * cascade_tasks_bound(s, batch)) +
+            scratch_of(4 * partials * D) + scratch_of(8 * partials);
   return std::max({kv_ops, prefill, decode});
 }
 
@@ -982,15 +1131,17 @@ DecodePlan plan_decode_queries(const AttentionDecodeArgs& a, std::span<const std
 // Runs of queries on one cache row (a chunk of a prompt after cached tokens) go to tensor cores
 // under bf16 compute (decode_runs.h: the split, and decode_runs_on_tensor_cores, the one
 // predicate for the fallback); the other queries, and every query of a call that falls back,
-// to the decode kernel. A tile table follows the host's lens and cache_rows, which a replayed
-// graph would not re-read: a call with runs ends the graph step (the engine opens graph steps
-// only for steps without prompt rows, so it never has runs there). Shared prefixes
-// (AttentionDecodeArgs::shared_prefixes) are not read: every query reads its own row whole,
-// whose first slots hold the prefix's bytes (reads_shared_prefixes_once is false here).
+// to the decode kernel. Members of shared prefixes stay off the tensor cores (which would read
+// their prefix through their own rows) and are read in cascade (decode_cascade). Tile and
+// cascade tables follow the host's lens, cache_rows and groups, which a replayed graph would not
+// re-read: such a call ends the graph step (the engine opens graph steps only for steps without
+// prompt rows, so it never has runs there; a step with shared prefixes runs eagerly).
 void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
+  const bool cascade = reads_in_cascade(a);
   DecodeQuerySplit split;
   if (decode_runs_on_tensor_cores(a)) split = split_decode_queries(a.cache_rows, a.lens, kMinTensorCoreRun, kMmaQueryTile);
-  if (!split.tiles.empty()) graph_interrupt();
+  if (cascade) keep_members_off_tiles(a, split);
+  if (!split.tiles.empty() || cascade) graph_interrupt();
   if (graph_active() &&
       graph_op(decode_signature(a), a, [this](const AttentionDecodeArgs& d) { do_attention_decode(d); },
                &AttentionDecodeArgs::lens, &AttentionDecodeArgs::cache_rows))
@@ -1003,9 +1154,9 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   if (a.capacity > std::numeric_limits<int>::max() / 2)  // the kernels count positions in int
     throw std::invalid_argument("attention_decode: capacity " + std::to_string(a.capacity) +
                                 " is above the CUDA kernel's " + std::to_string(std::numeric_limits<int>::max() / 2));
-  if (split.tiles.empty()) return decode_queries(a, {}, plan_decode(a, sm_count_));
+  if (split.tiles.empty()) return decode_on_cuda_cores(a, {});
   decode_runs_on_mma(a, split.tiles);
-  if (!split.singles.empty()) decode_queries(a, split.singles, plan_decode_queries(a, split.singles, sm_count_));
+  if (!split.singles.empty()) decode_on_cuda_cores(a, split.singles);
 }
 
 void CudaBackend::decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<const RunTile> tiles) {
@@ -1018,15 +1169,51 @@ void CudaBackend::decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<con
                         stream_);
 }
 
+void CudaBackend::decode_on_cuda_cores(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries) {
+  if (shared_prefix_applies(a)) {
+    const CascadeLayout layout =
+        plan_cascade(a, queries, cascade_tile_slots(a.shape.head_dim), kDecodeBlocksPerSm * sm_count_);
+    if (!layout.tasks.empty()) return decode_cascade(a, queries, layout);
+  }
+  decode_queries(a, queries, queries.empty() ? plan_decode(a, sm_count_) : plan_decode_queries(a, queries, sm_count_));
+}
+
+namespace {
+
+// The decode kernel's arguments that follow from a and the plan for B sequences; the caller
+// sets the device arrays and the output.
+DecodeParams decode_params(const AttentionDecodeArgs& a, const DecodePlan& plan, std::int64_t B) {
+  const AttentionShape& s = a.shape;
+  const std::int64_t D = s.head_dim;
+  DecodeParams p;
+  p.plan = plan;
+  p.q = a.q;
+  p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
+  p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
+  p.slot_bias = a.slot_bias;
+  p.H = s.n_heads;
+  p.Hkv = s.n_kv_heads;
+  p.capacity = a.capacity;
+  p.slot_bytes = kv_slot_bytes(a.cache_dtype, D);
+  p.format = SlotFormat{D, is_quantized(a.cache_dtype) ? quant_code_bytes(a.cache_dtype, D) : 0, a.cache_dtype};
+  p.scale = s.scale;
+  p.softcap = s.softcap;
+  p.window = s.window;
+  p.tasks = B * p.Hkv * plan.head_chunks * plan.splits;
+  p.lanes = decode_lanes(D);
+  p.out = a.out;
+  return p;
+}
+
+}  // namespace
+
 void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
                                  const DecodePlan& plan) {
   if (!queries.empty() && a.probs != nullptr)  // the probs kernel indexes lens by its sequence
     throw std::logic_error("attention_decode: a subset of the queries with probs");
-  const AttentionShape& s = a.shape;
   const std::int64_t B = static_cast<std::int64_t>(queries.empty() ? a.lens.size() : queries.size());
-  const std::int64_t H = s.n_heads, D = s.head_dim;
-  DecodeParams p;
-  p.plan = plan;
+  const std::int64_t H = a.shape.n_heads, D = a.shape.head_dim;
+  DecodeParams p = decode_params(a, plan, B);
   const DeviceBuffer lens = upload(a.lens);
   const DeviceBuffer cache_rows = upload(a.cache_rows);
   const DeviceBuffer query_rows = upload(queries);
@@ -1039,24 +1226,9 @@ void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const s
     scores = DeviceBuffer(*this, static_cast<std::size_t>(B * H * a.capacity) * sizeof(float));
     ml = DeviceBuffer(*this, static_cast<std::size_t>(B * H) * 2 * sizeof(float));
   }
-  p.q = a.q;
-  p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
-  p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
   p.lens = lens.as<std::int64_t>();
   p.cache_rows = a.cache_rows.empty() ? nullptr : cache_rows.as<std::int64_t>();
   p.query_rows = queries.empty() ? nullptr : query_rows.as<std::int64_t>();
-  p.slot_bias = a.slot_bias;
-  p.H = H;
-  p.Hkv = s.n_kv_heads;
-  p.capacity = a.capacity;
-  p.slot_bytes = kv_slot_bytes(a.cache_dtype, D);
-  p.format = SlotFormat{D, is_quantized(a.cache_dtype) ? quant_code_bytes(a.cache_dtype, D) : 0, a.cache_dtype};
-  p.scale = s.scale;
-  p.softcap = s.softcap;
-  p.window = s.window;
-  p.tasks = B * p.Hkv * p.plan.head_chunks * p.plan.splits;
-  p.lanes = decode_lanes(D);
-  p.out = a.out;
   p.ml = ml.as<float>();
   p.part_acc = part_acc.as<float>();
   p.part_ml = part_ml.as<float>();
@@ -1065,14 +1237,79 @@ void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const s
   FLEXH2O_CUDA_CHECK_LAUNCH();
   if (p.plan.splits > 1) {
     decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(
-        part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, H, p.query_rows, a.out, ml.as<float>());
+        part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, H, p.query_rows, a.out, ml.as<float>(),
+        PrefixPartials{});
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
   if (a.probs != nullptr) {
     decode_probs_kernel<<<blocks_for(B * p.Hkv * a.capacity), kThreads, 0, stream_>>>(
-        scores.as<float>(), ml.as<float>(), lens.as<std::int64_t>(), B, H, p.Hkv, a.capacity, s.window, a.probs);
+        scores.as<float>(), ml.as<float>(), lens.as<std::int64_t>(), B, H, p.Hkv, a.capacity, a.shape.window, a.probs);
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
+}
+
+// The prefix kernel over a layout's tasks, its partials to acc and ml.
+void CudaBackend::decode_prefix_tasks(const AttentionDecodeArgs& a, const CascadeLayout& layout, float* acc,
+                                      float* ml) {
+  const AttentionShape& s = a.shape;
+  const std::int64_t D = s.head_dim;
+  const DeviceBuffer tasks = upload(std::span<const PrefixTask>(layout.tasks));
+  const DeviceBuffer members = upload(std::span<const std::int64_t>(layout.member_queries));
+  PrefixParams p;
+  p.q = a.q;
+  p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
+  p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
+  p.tasks = tasks.as<PrefixTask>();
+  p.n_tasks = static_cast<std::int64_t>(layout.tasks.size());
+  p.member_queries = members.as<std::int64_t>();
+  p.H = s.n_heads;
+  p.Hkv = s.n_kv_heads;
+  p.capacity = a.capacity;
+  p.slot_bytes = kv_slot_bytes(a.cache_dtype, D);
+  p.tile = cascade_tile_slots(D);
+  p.format = SlotFormat{D, is_quantized(a.cache_dtype) ? quant_code_bytes(a.cache_dtype, D) : 0, a.cache_dtype};
+  p.scale = s.scale;
+  p.softcap = s.softcap;
+  p.acc = acc;
+  p.ml = ml;
+  const std::size_t shared = floats_bytes(prefix_shared_floats(p.tile, D));
+  prefix_kernel<<<blocks_for(p.n_tasks, 1), kPrefixThreads, shared, stream_>>>(p);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+}
+
+// Cascade attention (decode_cascade.h): the prefix tasks' partials, each query's own slots after
+// its prefix (a non-member's whole row) as partials of the decode kernel's splits, and the
+// combine of both. Always through partials: a member may have no slot of its own yet.
+void CudaBackend::decode_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
+                                 const CascadeLayout& layout) {
+  const std::int64_t B = static_cast<std::int64_t>(layout.refs.size());
+  const std::int64_t H = a.shape.n_heads, D = a.shape.head_dim;
+  const DeviceBuffer prefix_acc(*this, static_cast<std::size_t>(layout.partials * D) * sizeof(float));
+  const DeviceBuffer prefix_ml(*this, static_cast<std::size_t>(layout.partials) * 2 * sizeof(float));
+  decode_prefix_tasks(a, layout, prefix_acc.as<float>(), prefix_ml.as<float>());
+  std::int64_t own = 0;  // the most slots a query reads from its own row
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t q = queries.empty() ? b : queries[static_cast<std::size_t>(b)];
+    own = std::max(own, a.lens[static_cast<std::size_t>(q)] - layout.suffix_start[static_cast<std::size_t>(b)]);
+  }
+  DecodeParams p = decode_params(a, plan_decode(a.shape, B, own, sm_count_), B);
+  const DeviceBuffer lens = upload(a.lens), cache_rows = upload(a.cache_rows), query_rows = upload(queries);
+  const DeviceBuffer starts = upload(std::span<const std::int64_t>(layout.suffix_start));
+  const DeviceBuffer refs = upload(std::span<const PrefixRef>(layout.refs));
+  const DeviceBuffer part_acc(*this, static_cast<std::size_t>(B * H * p.plan.splits * D) * sizeof(float));
+  const DeviceBuffer part_ml(*this, static_cast<std::size_t>(B * H * p.plan.splits) * 2 * sizeof(float));
+  p.lens = lens.as<std::int64_t>();
+  p.cache_rows = a.cache_rows.empty() ? nullptr : cache_rows.as<std::int64_t>();
+  p.query_rows = queries.empty() ? nullptr : query_rows.as<std::int64_t>();
+  p.starts = starts.as<std::int64_t>();
+  p.part_acc = part_acc.as<float>();
+  p.part_ml = part_ml.as<float>();
+  launch_decode(p, stream_);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+  const PrefixPartials prefix{prefix_acc.as<float>(), prefix_ml.as<float>(), refs.as<PrefixRef>(), H / a.shape.n_kv_heads};
+  decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(
+      part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, H, p.query_rows, a.out, nullptr, prefix);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::do_kv_write(const KvWriteArgs& a) {

@@ -43,10 +43,12 @@ void add_prefix(const AttentionDecodeArgs& a, const SharedPrefix& p, const std::
     layout.refs[static_cast<std::size_t>(member.kernel_query)] = {base + m * group, chunks, M * group, chunks * M * group};
     layout.suffix_start[static_cast<std::size_t>(member.kernel_query)] = p.len;
   }
+  const std::int64_t per_batch = ceil_div(M, ceil_div(M * group, kCascadeBatchHeads));
   for (std::int64_t g = 0; g < a.shape.n_kv_heads; ++g)
     for (std::int64_t c = 0; c < chunks; ++c)
-      layout.tasks.push_back({p.row, g, c * slots, std::min(p.len, (c + 1) * slots), members_first, M,
-                              base + (g * chunks + c) * M * group});
+      for (std::int64_t m0 = 0; m0 < M; m0 += per_batch)
+        layout.tasks.push_back({p.row, g, c * slots, std::min(p.len, (c + 1) * slots), members_first + m0,
+                                std::min(per_batch, M - m0), base + ((g * chunks + c) * M + m0) * group});
   layout.partials += a.shape.n_kv_heads * chunks * M * group;
 }
 
@@ -62,6 +64,13 @@ bool prefix_member(const AttentionDecodeArgs& a, std::int64_t q) {
   if (a.prefix_of.empty()) return false;
   const std::int64_t i = a.prefix_of[static_cast<std::size_t>(q)];
   return i >= 0 && a.shared_prefixes[static_cast<std::size_t>(i)].len > 0;
+}
+
+bool reads_in_cascade(const AttentionDecodeArgs& a) {
+  if (!shared_prefix_applies(a)) return false;
+  for (std::size_t q = 0; q < a.lens.size(); ++q)
+    if (prefix_member(a, static_cast<std::int64_t>(q))) return true;
+  return false;
 }
 
 CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
@@ -84,8 +93,8 @@ CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::in
   return layout;
 }
 
-// Every member's query heads have at most kCascadeMaxChunks partials; a prefix has at least one
-// member, so at most `batch` prefixes have tasks.
+// Every member's query heads have at most kCascadeMaxChunks partials; a prefix's batches have at
+// least one member each, so there are at most `batch` of them per (kv head, chunk).
 std::int64_t cascade_partials_bound(const AttentionShape& s, std::int64_t batch) {
   return s.n_heads * batch * kCascadeMaxChunks;
 }

@@ -17,13 +17,19 @@ namespace flexh2o::kernels::cuda {
 // fill the device for one group of a short prefix, and a bound on the partials' scratch.
 constexpr std::int64_t kCascadeMaxChunks = 16;
 
+// A task computes at most this many member query heads (fewer members than that: all of them,
+// a member's heads never split): a prefix of many members becomes tasks over batches of them,
+// which spreads one chunk over several blocks (each loads the chunk's tiles, the first from
+// memory, the others, running beside it, mostly from L2).
+constexpr std::int64_t kCascadeBatchHeads = 32;
+
 // Slots of a shared-memory tile of the prefix kernel: fp32 keys and values of 4096 values each
 // (32 KiB with both, under the 48 KiB a block gets without opting in), a power of two in
 // [4, 64]: 64 at head_dim 64, 32 at 128.
 std::int64_t cascade_tile_slots(std::int64_t head_dim);
 
-// Chunk `chunk` of kv head `kv_head` of a shared prefix: slots [first, end) of cache row `row`,
-// for the query heads of kv head kv_head of its members member_queries[members_first, + members).
+// A chunk of kv head `kv_head` of a shared prefix: slots [first, end) of cache row `row`, for the
+// query heads of kv head kv_head of a batch of its members, member_queries[members_first, + members).
 // Member m's query head r of that kv head leaves its partial at index partials + m * group + r.
 // Seven int64 values, the layout the kernel reads from the uploaded table.
 struct PrefixTask {
@@ -52,7 +58,8 @@ struct CascadeLayout {
 // The layout of a's shared prefixes for the kernel queries `queries` (the call's query of each;
 // empty: all of them, in order). A member is a query whose prefix has slots; each prefix with
 // members is cut into equal chunks of whole tiles of tile_slots, as many as fill target_tasks
-// tasks over all prefixes and kv heads, at most kCascadeMaxChunks, none empty.
+// tasks over all prefixes and kv heads, at most kCascadeMaxChunks, none empty; its members into
+// batches of near-equal size of at most kCascadeBatchHeads query heads (or one member).
 CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
                            std::int64_t tile_slots, std::int64_t target_tasks);
 
@@ -62,6 +69,10 @@ std::int64_t cascade_tasks_bound(const AttentionShape& s, std::int64_t batch);
 
 // Whether query q of a is a member of a shared prefix with slots.
 bool prefix_member(const AttentionDecodeArgs& a, std::int64_t q);
+
+// Whether a is read in cascade: its shared prefixes may be read once (shared_prefix_applies)
+// and some query is a member of one.
+bool reads_in_cascade(const AttentionDecodeArgs& a);
 
 // A call with shared prefixes keeps its members off the tensor cores, so that no member reads its
 // prefix through its own row: tiles holding a member become singles (in query order).

@@ -41,6 +41,15 @@ TEST(KernelDecodeCascade, LaysOutOnePrefix) {
   EXPECT_EQ(all.refs, (std::vector<PrefixRef>{{}, {0, 3, 6, 18}, {}, {3, 3, 6, 18}, {}}));
   EXPECT_EQ(all.suffix_start, (std::vector<std::int64_t>{0, 150, 0, 150, 0}));
   EXPECT_EQ(all.partials, 36);
+  EXPECT_TRUE(reads_in_cascade(a));
+  const std::vector<std::int64_t> no_slots = {-1, 1, -1, 1, 1};  // prefix 1 has none
+  AttentionDecodeArgs none = a;
+  none.prefix_of = no_slots;
+  EXPECT_FALSE(reads_in_cascade(none));
+  EXPECT_TRUE(plan_cascade(none, {}, 64, 12).tasks.empty());
+  AttentionDecodeArgs windowed = a;
+  windowed.shape.window = 100;  // each query's keys start after its own length
+  EXPECT_FALSE(reads_in_cascade(windowed));
   // Two tasks wanted: one chunk of three tiles per kv head. Kernel queries 3, 4, 1 of the call.
   const std::vector<std::int64_t> queries = {3, 4, 1};
   const CascadeLayout some = plan_cascade(a, queries, 64, 2);
@@ -48,6 +57,18 @@ TEST(KernelDecodeCascade, LaysOutOnePrefix) {
   EXPECT_EQ(some.member_queries, (std::vector<std::int64_t>{3, 1}));
   EXPECT_EQ(some.refs, (std::vector<PrefixRef>{{0, 1, 6, 6}, {}, {3, 1, 6, 6}}));
   EXPECT_EQ(some.suffix_start, (std::vector<std::int64_t>{150, 0, 150}));
+}
+
+// 25 members of 3 query heads a kv head: 75 heads in 3 batches of 9, 9 and 7 members.
+TEST(KernelDecodeCascade, BatchesManyMembers) {
+  std::vector<std::int64_t> lens(25, 70), prefix_of(25, 0);
+  const std::vector<SharedPrefix> prefixes = {{0, 64}};
+  const AttentionDecodeArgs a{.shape = {3, 1, 64, 0.125f}, .lens = lens, .shared_prefixes = prefixes,
+                              .prefix_of = prefix_of};
+  const CascadeLayout layout = plan_cascade(a, {}, 64, 1);
+  EXPECT_EQ(layout.tasks, (std::vector<PrefixTask>{{0, 0, 0, 64, 0, 9, 0}, {0, 0, 0, 64, 9, 9, 27},
+                                                    {0, 0, 0, 64, 18, 7, 54}}));
+  EXPECT_EQ(layout.refs[10], (PrefixRef{30, 1, 75, 75}));
 }
 
 class KernelDecodeCascadeRandom : public SeededTest {};
