@@ -23,9 +23,10 @@
 // probs kernel sums the group's probabilities per slot from the kept scores and the final (m, l).
 //
 // Decode with shared prefixes (cascade attention, decode_cascade.h): a block per (prefix, kv
-// head, chunk of the prefix) reads the chunk tile by tile into shared memory, once, and leaves a
-// partial (acc, m, l) per member query head of that kv head; the decode kernel reads each query's
-// own slots after its prefix into partials, and the combine merges both.
+// head, chunk of the prefix, batch of 8 member query heads) reads the chunk from the prefix's
+// row with the decode kernel's loop, the batch's queries in registers, and leaves a partial
+// (acc, m, l) per member head; the decode kernel reads each query's own slots after its prefix
+// into partials, and the combine merges both.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -578,15 +579,52 @@ __device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, flo
   __syncthreads();  // the next task may write sh
 }
 
+// Keys in flight per key group and step: fewer where the registers are full of heads (and one
+// for AnySlice, which reads where it widens).
+template <class Slice, int HB, int C>
+constexpr int kKeysInFlight = C > 1 || std::is_same_v<Slice, AnySlice> ? 1 : (HB >= 8 ? 2 : 4);
+
+// The key loop of a block: its key group's keys r = key_group, + key_groups, ... below count (of
+// the split or chunk whose first key's slots k_slot and v_slot point at, plus key_group), U at a
+// time, into st. The same steps in every lane (the shuffles need the whole warp); keys past count
+// are not read and score -inf.
+template <class Slice, int HB, int C>
+__device__ __forceinline__ void read_keys(HeadStates<HB, 8 * C>& st, const std::uint8_t* k_slot,
+                                          const std::uint8_t* v_slot, int count, const DecodeParams& p,
+                                          const float* bias, float* scores, std::int64_t nh, int lanes, int sub,
+                                          int key_group, int key_groups) {
+  constexpr int U = kKeysInFlight<Slice, HB, C>;
+  const std::int64_t D = p.format.head_dim, stride = key_groups * p.slot_bytes;
+#pragma unroll 1
+  for (int r0 = 0; r0 < count; r0 += key_groups * U) {
+    Slice ks[U][C], vs[U][C];
+    int r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      r[u] = r0 + u * key_groups + key_group;
+#pragma unroll
+      for (int cc = 0; cc < C; ++cc) {
+        const std::int64_t e0 = lane_elem(cc, lanes, sub, 0);
+        if (r[u] < count && e0 < D) {
+          ks[u][cc].load(k_slot + u * stride, p.format, e0);
+          vs[u][cc].load(v_slot + u * stride, p.format, e0);
+        }
+      }
+    }
+    k_slot += U * stride;
+    v_slot += U * stride;
+    float s[U][HB];
+    key_scores<Slice, HB, C, U>(st, ks, r, count, p, bias, scores, nh, lanes, sub, s);
+    key_values<Slice, HB, C, U>(st, vs, p.format, s);
+  }
+}
+
 // Block per task (sequence b, kv head g, head chunk c, split sp): keys [k0, k1) = the split's
 // share of the visible ones [first_visible(lens[b] - 1), lens[b]) (slot s holds position s
 // under a window; [starts[b], lens[b]) after a shared prefix), query heads [g * group + c * hb, + nh).
 template <class Slice, int HB, int C>
 __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeParams p) {
   extern __shared__ float merge_sh[];
-  // Keys in flight per key group and step: fewer where the registers are full of heads (and one
-  // for AnySlice, which reads where it widens).
-  constexpr int U = C > 1 || std::is_same_v<Slice, AnySlice> ? 1 : (HB >= 8 ? 2 : 4);
   const int lanes = p.lanes, sub = static_cast<int>(threadIdx.x) & (lanes - 1);
   const int key_group = static_cast<int>(threadIdx.x) / lanes, key_groups = kDecodeThreads / lanes;
   const std::int64_t D = p.format.head_dim, group = p.H / p.Hkv, hb = p.plan.heads_per_block;
@@ -597,42 +635,72 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
     const std::int64_t h0 = g * group + c * hb, nh = group - c * hb < hb ? group - c * hb : hb;
     const std::int64_t n = p.lens[qb], start = p.starts != nullptr ? p.starts[b] : first_visible(n - 1, p.window);
     const std::int64_t k0 = start + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
-    // This key group's keys: the split's r = key_group, + key_groups, ...; pointers to the first.
     const int count = static_cast<int>(k1 > k0 ? k1 - k0 : 0);
-    const std::int64_t stride = key_groups * p.slot_bytes;
     const std::int64_t row = (p.cache_rows != nullptr ? p.cache_rows[qb] : qb) * p.Hkv + g;
-    const std::uint8_t* k_slot = p.k_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
-    const std::uint8_t* v_slot = p.v_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
+    const std::int64_t first = (row * p.capacity + k0 + key_group) * p.slot_bytes;
     const float* bias = p.slot_bias != nullptr ? p.slot_bias + (qb * p.Hkv + g) * p.capacity + k0 : nullptr;
     float* scores = p.scores != nullptr ? p.scores + (b * p.H + h0) * p.capacity + k0 : nullptr;
     HeadStates<HB, 8 * C> st;
     start_heads<HB, C>(st, p.q + (qb * p.H + h0) * D, nh, D, lanes, sub);
-    // The same steps in every lane (the shuffles need the whole warp); keys past the split are
-    // not read and score -inf.
-#pragma unroll 1
-    for (int r0 = 0; r0 < count; r0 += key_groups * U) {
-      Slice ks[U][C], vs[U][C];
-      int r[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        r[u] = r0 + u * key_groups + key_group;
-#pragma unroll
-        for (int cc = 0; cc < C; ++cc) {
-          const std::int64_t e0 = lane_elem(cc, lanes, sub, 0);
-          if (r[u] < count && e0 < D) {
-            ks[u][cc].load(k_slot + u * stride, p.format, e0);
-            vs[u][cc].load(v_slot + u * stride, p.format, e0);
-          }
-        }
-      }
-      k_slot += U * stride;
-      v_slot += U * stride;
-      float s[U][HB];
-      key_scores<Slice, HB, C, U>(st, ks, r, count, p, bias, scores, nh, lanes, sub, s);
-      key_values<Slice, HB, C, U>(st, vs, p.format, s);
-    }
+    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, count, p, bias, scores, nh, lanes, sub,
+                            key_group, key_groups);
     merge_warp(st, lanes);
     store_heads<HB, C>(st, merge_sh, p, b * p.H + h0, qb * p.H + h0, nh, sp, lanes, sub);
+  }
+}
+
+// The prefix tasks of a call (decode_cascade.h): the task table and each member's query.
+struct PrefixTables {
+  const PrefixTask* tasks = nullptr;
+  std::int64_t n_tasks = 0;
+  const std::int64_t* member_queries = nullptr;
+};
+
+// start_heads for a prefix task's member heads: the block's head i is member head
+// heads_first + i of the prefix (query head mh % group of kv head kv_head of member mh / group).
+template <int HB, int C>
+__device__ __forceinline__ void start_member_heads(HeadStates<HB, 8 * C>& st, const DecodeParams& p,
+                                                   const PrefixTables& t, const PrefixTask& task, int lanes, int sub) {
+  const std::int64_t D = p.format.head_dim, group = p.H / p.Hkv;
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    st.m[h] = -INFINITY;
+    st.l[h] = 0.0f;
+    const std::int64_t mh = task.heads_first + h;
+    const float* q = h < task.heads
+                         ? p.q + (t.member_queries[task.members_first + mh / group] * p.H + task.kv_head * group +
+                                  mh % group) * D
+                         : nullptr;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const std::int64_t d = lane_elem(c, lanes, sub, i);
+        st.q[h][8 * c + i] = q != nullptr && d < D ? q[d] : 0.0f;
+        st.acc[h][8 * c + i] = 0.0f;
+      }
+  }
+}
+
+// Block per prefix task: its chunk of the prefix, read from the prefix's row in place by the
+// decode kernel's loop for all the task's member heads at once (up to HB, in registers), leaves
+// their partials at task.partials + i (p.part_acc and p.part_ml hold the prefix partials, with one
+// "split").
+template <class Slice, int HB, int C>
+__global__ void __launch_bounds__(kDecodeThreads, 1) prefix_kernel(const DecodeParams p, const PrefixTables t) {
+  extern __shared__ float merge_sh[];
+  const int lanes = p.lanes, sub = static_cast<int>(threadIdx.x) & (lanes - 1);
+  const int key_group = static_cast<int>(threadIdx.x) / lanes, key_groups = kDecodeThreads / lanes;
+  for (std::int64_t i = blockIdx.x; i < t.n_tasks; i += gridDim.x) {
+    const PrefixTask task = t.tasks[i];
+    const std::int64_t row = task.row * p.Hkv + task.kv_head;
+    const std::int64_t first = (row * p.capacity + task.first + key_group) * p.slot_bytes;
+    HeadStates<HB, 8 * C> st;
+    start_member_heads<HB, C>(st, p, t, task, lanes, sub);
+    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, static_cast<int>(task.end - task.first), p,
+                            nullptr, nullptr, task.heads, lanes, sub, key_group, key_groups);
+    merge_warp(st, lanes);
+    store_heads<HB, C>(st, merge_sh, p, task.partials, task.partials, task.heads, 0, lanes, sub);
   }
 }
 
@@ -706,126 +774,26 @@ __global__ void decode_probs_kernel(const float* scores, const float* ml, const 
   }
 }
 
-// ------------------------------------------------------------- decode, shared prefixes
-
-constexpr int kPrefixThreads = 256;
-constexpr int kPrefixWarps = kPrefixThreads / 32;
-
-// The prefix kernel's arguments: the task table and the partials' layout of decode_cascade.h.
-struct PrefixParams {
-  const float* q = nullptr;  // [queries, H, D]
-  const std::uint8_t* k_cache = nullptr;
-  const std::uint8_t* v_cache = nullptr;
-  const PrefixTask* tasks = nullptr;
-  std::int64_t n_tasks = 0;
-  const std::int64_t* member_queries = nullptr;
-  std::int64_t H = 0, Hkv = 0, capacity = 0, slot_bytes = 0;
-  std::int64_t tile = 0;  // slots of a shared-memory tile, at most 64 (two a lane)
-  SlotFormat format;
-  float scale = 1.0f, softcap = 0.0f;
-  float* acc = nullptr;  // [partials, D], unnormalised
-  float* ml = nullptr;   // [partials, 2]
-};
-
-// Floats of the prefix kernel's shared memory: keys [tile][D + 1] (a warp's lanes read the same
-// element of different slots: the pitch spreads them over the banks), values [tile][D], and
-// each warp's weights [tile]. At most 8256 + 512 floats (cascade_tile_slots), 35 KiB: no opt-in.
-std::size_t prefix_shared_floats(std::int64_t tile, std::int64_t D) {
-  return static_cast<std::size_t>(tile * (D + 1) + tile * D + kPrefixWarps * tile);
-}
-
-// Slots [s0, s0 + count) of one (cache row, kv head) into shared memory as fp32, a thread per
-// (slot, element), dequantized as the decode kernel's slices do.
-__device__ __forceinline__ void load_prefix_tile(const PrefixParams& p, const std::uint8_t* k_head,
-                                                 const std::uint8_t* v_head, std::int64_t s0, std::int64_t count,
-                                                 float* k_sh, float* v_sh) {
-  const std::int64_t D = p.format.head_dim;
-  for (std::int64_t e = threadIdx.x; e < count * D; e += blockDim.x) {
-    const std::int64_t j = e / D, d = e % D, at = (s0 + j) * p.slot_bytes;
-    k_sh[j * (D + 1) + d] = load_elem(k_head + at, p.format.dtype, D, d);
-    v_sh[j * D + d] = load_elem(v_head + at, p.format.dtype, D, d);
-  }
-}
-
-// One member query head (q) over a tile of `count` slots: its scores, a lane per slot (two with
-// 64 slots), then its partial (acc [D], ml = (m, l)), which this warp alone keeps in global
-// memory over the chunk's tiles, rescaled to the new largest score and added to; the chunk's
-// first tile starts it. Warp-uniform; w_sh is this warp's.
-__device__ __forceinline__ void prefix_head_tile(const float* q, const float* k_sh, const float* v_sh, float* w_sh,
-                                                 std::int64_t count, bool first_tile, const PrefixParams& p,
-                                                 float* acc, float* ml) {
-  const std::int64_t D = p.format.head_dim;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  float s[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const std::int64_t j = lane + 32 * i;
-    s[i] = j < count ? score(q, k_sh + j * (D + 1), D, p.scale, p.softcap) : -INFINITY;
-  }
-  const float m_old = first_tile ? -INFINITY : ml[0], l_old = first_tile ? 0.0f : ml[1];
-  const float m_new = fmaxf(m_old, warp_max_all(fmaxf(s[0], s[1])));  // finite: the tile has a key
-  const float alpha = rescale(m_old, m_new);                           // 0 on the first tile
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float w = s[i] == -INFINITY ? 0.0f : expf(s[i] - m_new);
-    sum += w;
-    if (lane + 32 * i < count) w_sh[lane + 32 * i] = w;
-  }
-  sum = warp_sum_all(sum);
-  __syncwarp();
-  for (std::int64_t d = lane; d < D; d += 32) {
-    float o = first_tile ? 0.0f : acc[d] * alpha;
-    for (std::int64_t j = 0; j < count; ++j) o = fmaf(w_sh[j], v_sh[j * D + d], o);
-    acc[d] = o;
-  }
-  __syncwarp();  // every lane has read w_sh before the warp's next head writes it
-  if (lane == 0) {
-    ml[0] = m_new;
-    ml[1] = l_old * alpha + sum;
-  }
-}
-
-// Block per task (decode_cascade.h, PrefixTask): the chunk's slots go through shared memory a
-// tile at a time, each read from the cache once; a warp per member query head of the task's kv
-// head (the same warp on every tile, so its partial needs no atomics; the block barrier between
-// tiles orders its global reads after the previous tile's writes).
-__global__ void __launch_bounds__(kPrefixThreads) prefix_kernel(const PrefixParams p) {
-  extern __shared__ float tile_sh[];
-  const std::int64_t D = p.format.head_dim, group = p.H / p.Hkv;
-  float* k_sh = tile_sh;
-  float* v_sh = k_sh + p.tile * (D + 1);
-  float* w_sh = v_sh + p.tile * D + (threadIdx.x >> 5) * p.tile;
-  for (std::int64_t task = blockIdx.x; task < p.n_tasks; task += gridDim.x) {
-    const PrefixTask t = p.tasks[task];
-    const std::int64_t head = (t.row * p.Hkv + t.kv_head) * p.capacity * p.slot_bytes;
-    for (std::int64_t s0 = t.first; s0 < t.end; s0 += p.tile) {
-      const std::int64_t count = t.end - s0 < p.tile ? t.end - s0 : p.tile;
-      __syncthreads();  // the previous tile's (or task's) readers are done with the tile
-      load_prefix_tile(p, p.k_cache + head, p.v_cache + head, s0, count, k_sh, v_sh);
-      __syncthreads();
-      for (std::int64_t mh = threadIdx.x >> 5; mh < t.members * group; mh += kPrefixWarps) {
-        const std::int64_t query = p.member_queries[t.members_first + mh / group];
-        const float* q = p.q + (query * p.H + t.kv_head * group + mh % group) * D;
-        const std::int64_t at = t.partials + mh;
-        prefix_head_tile(q, k_sh, v_sh, w_sh, count, s0 == t.first, p, p.acc + at * D, p.ml + 2 * at);
-      }
-    }
-  }
-}
-
 template <class Slice, int HB, int C>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const std::size_t shared = static_cast<std::size_t>(kDecodeWarps * HB * (p.format.head_dim + 2)) * sizeof(float);
   decode_kernel<Slice, HB, C><<<blocks_for(p.tasks, 1), kDecodeThreads, shared, stream>>>(p);
 }
+template <class Slice, int HB, int C>
+void launch_prefix(const DecodeParams& p, const PrefixTables& t, cudaStream_t stream) {
+  const std::size_t shared = static_cast<std::size_t>(kDecodeWarps * HB * (p.format.head_dim + 2)) * sizeof(float);
+  prefix_kernel<Slice, HB, C><<<blocks_for(t.n_tasks, 1), kDecodeThreads, shared, stream>>>(p, t);
+}
 
 // Registers for HB = 1, 2, 4 or 8 heads of eight values a lane, or one head of 32 values a
-// lane above kDecodeWideHeadDim.
+// lane above kDecodeWideHeadDim. The prefix kernel (t not null) takes 8 (one above
+// kDecodeWideHeadDim, prefix_batch_heads).
 template <class Slice>
-void launch_decode_heads(const DecodeParams& p, cudaStream_t stream) {
+void launch_decode_heads(const DecodeParams& p, const PrefixTables* t, cudaStream_t stream) {
   const std::int64_t hb = p.plan.heads_per_block;
-  if (p.format.head_dim > kDecodeWideHeadDim) return launch_decode<Slice, 1, 4>(p, stream);
+  if (p.format.head_dim > kDecodeWideHeadDim)
+    return t != nullptr ? launch_prefix<Slice, 1, 4>(p, *t, stream) : launch_decode<Slice, 1, 4>(p, stream);
+  if (t != nullptr) return launch_prefix<Slice, 8, 1>(p, *t, stream);
   if (hb == 1) return launch_decode<Slice, 1, 1>(p, stream);
   if (hb == 2) return launch_decode<Slice, 2, 1>(p, stream);
   if (hb <= 4) return launch_decode<Slice, 4, 1>(p, stream);
@@ -837,22 +805,25 @@ bool aligned_to(const void* ptr, std::int64_t slot_bytes, std::int64_t bytes) {
 }
 
 // The widest loads the cache's dtype and alignment allow (SlotFormat, F32Slice...).
-void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+void launch_decode(const DecodeParams& p, cudaStream_t stream, const PrefixTables* t = nullptr) {
   const std::int64_t align = is_quantized(p.format.dtype) ? 4 : 16;
   const bool vector = p.format.head_dim % 8 == 0 && aligned_to(p.k_cache, p.slot_bytes, align) &&
                       aligned_to(p.v_cache, p.slot_bytes, align);
-  if (!vector) return launch_decode_heads<AnySlice>(p, stream);
+  if (!vector) return launch_decode_heads<AnySlice>(p, t, stream);
   switch (p.format.dtype) {
-    case DType::F32: return launch_decode_heads<F32Slice>(p, stream);
-    case DType::F16: return launch_decode_heads<F16Slice>(p, stream);
-    case DType::BF16: return launch_decode_heads<BF16Slice>(p, stream);
-    case DType::Q8: return launch_decode_heads<Q8Slice>(p, stream);
-    case DType::Q4: return launch_decode_heads<Q4Slice>(p, stream);
+    case DType::F32: return launch_decode_heads<F32Slice>(p, t, stream);
+    case DType::F16: return launch_decode_heads<F16Slice>(p, t, stream);
+    case DType::BF16: return launch_decode_heads<BF16Slice>(p, t, stream);
+    case DType::Q8: return launch_decode_heads<Q8Slice>(p, t, stream);
+    case DType::Q4: return launch_decode_heads<Q4Slice>(p, t, stream);
     case DType::Q4G32:
     case DType::Q8G32: break;  // groups of 32: value by value
   }
-  launch_decode_heads<AnySlice>(p, stream);
+  launch_decode_heads<AnySlice>(p, t, stream);
 }
+
+// The member heads a prefix task takes: the prefix kernel's heads in registers.
+std::int64_t prefix_batch_heads(std::int64_t head_dim) { return head_dim > kDecodeWideHeadDim ? 1 : 8; }
 
 // Lanes a key takes: enough for head_dim at 8 values a lane (32 above kDecodeWideHeadDim),
 // rounded up to a power of two so that a key's lanes lie within a warp, aligned.
@@ -1061,7 +1032,7 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   // and their partials; the splits of the own slots are within the partials above.
   const std::int64_t partials = cascade_partials_bound(s, batch);
   decode += 2 * scratch_of(8 * batch) + scratch_of(static_cast<std::int64_t>(sizeof(PrefixRef)) * batch) +
-            scratch_of(static_cast<std::int64_t>(sizeof(PrefixTask)) * cascade_tasks_bound(s, batch)) +
+            scratch_of(static_cast<std::int64_t>(sizeof(PrefixTask)) * cascade_tasks_bound(s, batch, prefix_batch_heads(D))) +
             scratch_of(4 * partials * D) + scratch_of(8 * partials);
   return std::max({kv_ops, prefill, decode});
 }
@@ -1171,8 +1142,8 @@ void CudaBackend::decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<con
 
 void CudaBackend::decode_on_cuda_cores(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries) {
   if (shared_prefix_applies(a)) {
-    const CascadeLayout layout =
-        plan_cascade(a, queries, cascade_tile_slots(a.shape.head_dim), kDecodeBlocksPerSm * sm_count_);
+    const CascadeLayout layout = plan_cascade(a, queries, kDecodeMinKeys, prefix_batch_heads(a.shape.head_dim),
+                                              kDecodeBlocksPerSm * sm_count_);
     if (!layout.tasks.empty()) return decode_cascade(a, queries, layout);
   }
   decode_queries(a, queries, queries.empty() ? plan_decode(a, sm_count_) : plan_decode_queries(a, queries, sm_count_));
@@ -1248,32 +1219,20 @@ void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const s
   }
 }
 
-// The prefix kernel over a layout's tasks, its partials to acc and ml.
+// The prefix kernel over a layout's tasks, its partials to acc and ml (as the partials of one
+// split: store_heads puts member head i of a task at task.partials + i).
 void CudaBackend::decode_prefix_tasks(const AttentionDecodeArgs& a, const CascadeLayout& layout, float* acc,
                                       float* ml) {
-  const AttentionShape& s = a.shape;
-  const std::int64_t D = s.head_dim;
   const DeviceBuffer tasks = upload(std::span<const PrefixTask>(layout.tasks));
   const DeviceBuffer members = upload(std::span<const std::int64_t>(layout.member_queries));
-  PrefixParams p;
-  p.q = a.q;
-  p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
-  p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
-  p.tasks = tasks.as<PrefixTask>();
-  p.n_tasks = static_cast<std::int64_t>(layout.tasks.size());
-  p.member_queries = members.as<std::int64_t>();
-  p.H = s.n_heads;
-  p.Hkv = s.n_kv_heads;
-  p.capacity = a.capacity;
-  p.slot_bytes = kv_slot_bytes(a.cache_dtype, D);
-  p.tile = cascade_tile_slots(D);
-  p.format = SlotFormat{D, is_quantized(a.cache_dtype) ? quant_code_bytes(a.cache_dtype, D) : 0, a.cache_dtype};
-  p.scale = s.scale;
-  p.softcap = s.softcap;
-  p.acc = acc;
-  p.ml = ml;
-  const std::size_t shared = floats_bytes(prefix_shared_floats(p.tile, D));
-  prefix_kernel<<<blocks_for(p.n_tasks, 1), kPrefixThreads, shared, stream_>>>(p);
+  DecodePlan plan;
+  plan.heads_per_block = prefix_batch_heads(a.shape.head_dim);
+  DecodeParams p = decode_params(a, plan, 0);
+  p.part_acc = acc;
+  p.part_ml = ml;
+  const PrefixTables t{tasks.as<PrefixTask>(), static_cast<std::int64_t>(layout.tasks.size()),
+                       members.as<std::int64_t>()};
+  launch_decode(p, stream_, &t);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 

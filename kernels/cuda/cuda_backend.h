@@ -125,8 +125,9 @@ class CudaBackend final : public Backend {
   }
   // cuBLAS multiplies bf16 by bf16 only: an fp32 x costs a rounding pass per GEMM.
   bool takes_bf16_gemm_inputs() const override { return true; }
-  // Cascade attention (decode_cascade.h): a prefix's chunks go through shared memory once for
-  // all its members' query heads, and no member's own row is read below its prefix's len.
+  // Cascade attention (decode_cascade.h): a prefix is read from its own row only, a chunk by
+  // one block per 8 of its members' query heads (from memory once, the blocks beside it mostly
+  // from L2), and no member's own row below the prefix's len.
   bool reads_shared_prefixes_once() const override { return true; }
   std::shared_ptr<const Fence> fence() override;
   void copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) override;

@@ -1,8 +1,9 @@
 // How the CUDA decode reads shared prefixes once (cascade attention, docs/prefix-sharing.md):
 // host-side, without CUDA, so that it is tested on every machine. A prefix task reads a chunk
-// of one (shared prefix, kv head) tile by tile into shared memory and leaves a partial softmax
-// (acc, max, sum) per member query head; the decode kernel reads each query's own slots after
-// its prefix as partials of its splits; the combine kernel merges all partials of a query head.
+// of one (shared prefix, kv head) from the prefix's row, for a batch of its members' query
+// heads held in registers (the decode kernel's loop), and leaves a partial softmax (acc, max,
+// sum) per member query head; the decode kernel reads each query's own slots after its prefix
+// as partials of its splits; the combine kernel merges all partials of a query head.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -13,31 +14,21 @@
 
 namespace flexh2o::kernels::cuda {
 
-// A prefix is cut into at most this many chunks (a task each per kv head): enough tasks to
-// fill the device for one group of a short prefix, and a bound on the partials' scratch.
+// A prefix is cut into at most this many chunks (tasks per kv head and batch of heads): enough
+// tasks to fill the device for one group of a short prefix, and a bound on the partials' scratch.
 constexpr std::int64_t kCascadeMaxChunks = 16;
 
-// A task computes at most this many member query heads (fewer members than that: all of them,
-// a member's heads never split): a prefix of many members becomes tasks over batches of them,
-// which spreads one chunk over several blocks (each loads the chunk's tiles, the first from
-// memory, the others, running beside it, mostly from L2).
-constexpr std::int64_t kCascadeBatchHeads = 32;
-
-// Slots of a shared-memory tile of the prefix kernel: fp32 keys and values of 4096 values each
-// (32 KiB with both, under the 48 KiB a block gets without opting in), a power of two in
-// [4, 64]: 64 at head_dim 64, 32 at 128.
-std::int64_t cascade_tile_slots(std::int64_t head_dim);
-
 // A chunk of kv head `kv_head` of a shared prefix: slots [first, end) of cache row `row`, for the
-// query heads of kv head kv_head of a batch of its members, member_queries[members_first, + members).
-// Member m's query head r of that kv head leaves its partial at index partials + m * group + r.
-// Seven int64 values, the layout the kernel reads from the uploaded table.
+// member heads [heads_first, + heads) of the prefix, member head h being query head h % group of
+// kv head kv_head of member h / group, whose query is member_queries[members_first + h / group].
+// Member head heads_first + i leaves its partial at index partials + i. Eight int64 values, the
+// layout the kernel reads from the uploaded table.
 struct PrefixTask {
   std::int64_t row = 0, kv_head = 0, first = 0, end = 0;
-  std::int64_t members_first = 0, members = 0, partials = 0;
+  std::int64_t members_first = 0, heads_first = 0, heads = 0, partials = 0;
   bool operator==(const PrefixTask&) const = default;
 };
-static_assert(sizeof(PrefixTask) == 7 * sizeof(std::int64_t), "the kernel reads 7 values a task");
+static_assert(sizeof(PrefixTask) == 8 * sizeof(std::int64_t), "the kernel reads 8 values a task");
 
 // Where a query's prefix partials lie: chunk c of query head r of kv head g at
 // first + g * kv_stride + c * chunk_stride + r. chunks = 0: not a member (no prefix partials).
@@ -56,16 +47,16 @@ struct CascadeLayout {
 };
 
 // The layout of a's shared prefixes for the kernel queries `queries` (the call's query of each;
-// empty: all of them, in order). A member is a query whose prefix has slots; each prefix with
-// members is cut into equal chunks of whole tiles of tile_slots, as many as fill target_tasks
-// tasks over all prefixes and kv heads, at most kCascadeMaxChunks, none empty; its members into
-// batches of near-equal size of at most kCascadeBatchHeads query heads (or one member).
+// empty: all of them, in order). A member is a query whose prefix has slots. Each prefix with
+// members is cut into equal chunks of whole units of chunk_unit slots, as many as fill
+// target_tasks tasks over all prefixes, kv heads and batches, at most kCascadeMaxChunks, none
+// empty; its member heads of each kv head into batches of batch_heads (the last one shorter).
 CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
-                           std::int64_t tile_slots, std::int64_t target_tasks);
+                           std::int64_t chunk_unit, std::int64_t batch_heads, std::int64_t target_tasks);
 
 // Bounds of a layout for `batch` queries, for the scratch estimate: prefix partials and tasks.
 std::int64_t cascade_partials_bound(const AttentionShape& s, std::int64_t batch);
-std::int64_t cascade_tasks_bound(const AttentionShape& s, std::int64_t batch);
+std::int64_t cascade_tasks_bound(const AttentionShape& s, std::int64_t batch, std::int64_t batch_heads);
 
 // Whether query q of a is a member of a shared prefix with slots.
 bool prefix_member(const AttentionDecodeArgs& a, std::int64_t q);

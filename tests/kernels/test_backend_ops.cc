@@ -996,10 +996,10 @@ TEST_P(BackendOpsTest, AttentionDecodeSplitsAndHeadChunks) {
   check_decode(DType::F32, 32, 8, 128, 2048, {2048, 1500, 90}, true, 50.0f, 700);  // splits of the window only
 }
 
-// Cascade attention on both backends (the device reads each prefix once for all its members,
-// kernels/cuda/decode_cascade.h) against the CPU's per-query reading of the same bytes: within
-// the decode kernel's tolerance (check_decode), fp32 throughout, also under bf16 compute, where
-// members stay off the tensor cores (whose bf16 rounding would exceed it).
+// Cascade attention on the device (each prefix read from its own row only, in batches of member
+// heads, kernels/cuda/decode_cascade.h) against the CPU's (grouped as well, attention_cpu.cc):
+// within the decode kernel's tolerance (check_decode), fp32 throughout, also under bf16
+// compute, where members stay off the tensor cores (whose bf16 rounding would exceed it).
 TEST_P(BackendOpsTest, AttentionDecodeWithSharedPrefixes) {
   EXPECT_TRUE(dev_->reads_shared_prefixes_once());
   // Two groups (one of members with no own slot, one beyond, several; one of a prefix longer
@@ -1014,7 +1014,10 @@ TEST_P(BackendOpsTest, AttentionDecodeWithSharedPrefixes) {
     check_shared_prefixes(t, 8, 2, 128, two, 0.0f, DType::F32);  // 32-slot tiles
   }
   check_shared_prefixes(DType::F16, 4, 4, 80, two, 30.0f, DType::F32);  // one head per kv head
-  // SmolLM2-135M's shape in the shared-prefix recipe: 32 members of a 991-slot prefix.
+  check_shared_prefixes(DType::F16, 2, 1, 512, two, 0.0f, DType::F32);   // one head a block, 32 values a lane
+  check_shared_prefixes(DType::BF16, 6, 2, 36, two, 0.0f, DType::F32);   // value by value (head_dim % 8 != 0)
+  // SmolLM2-135M's shape in the shared-prefix recipe: 32 members of a 991-slot prefix, 96 member
+  // heads a kv head in 12 batches of 8 (a member's heads split across two).
   SharedPrefixCall recipe;
   recipe.prefixes = {{0, 991}};
   for (std::int64_t i = 0; i < 32; ++i) {

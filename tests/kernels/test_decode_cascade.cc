@@ -1,7 +1,7 @@
 // The CUDA backend's layout of shared prefixes for its decode kernels (kernels/cuda/
-// decode_cascade.h), without a GPU: the prefix tasks read every prefix slot once for all its
-// members' query heads, each member reads only its own slots after the prefix, and the combine
-// finds exactly the partials the tasks leave, within the scratch bound.
+// decode_cascade.h), without a GPU: the prefix tasks read every prefix slot, from the prefix's
+// row, once for each member query head, each member reads only its own slots after the prefix,
+// and the combine finds exactly the partials the tasks leave, within the scratch bound.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -16,15 +16,6 @@
 namespace flexh2o::kernels::cuda {
 namespace {
 
-TEST(KernelDecodeCascade, TileSlotsKeepTheTileIn32KiB) {
-  EXPECT_EQ(cascade_tile_slots(64), 64);
-  EXPECT_EQ(cascade_tile_slots(80), 32);
-  EXPECT_EQ(cascade_tile_slots(128), 32);
-  EXPECT_EQ(cascade_tile_slots(256), 16);
-  EXPECT_EQ(cascade_tile_slots(1024), 4);
-  EXPECT_EQ(cascade_tile_slots(8), 64);
-}
-
 // Queries 1 and 3 share prefix 0 (150 slots of row 5); query 4's prefix has no slots, so it
 // reads its row whole as queries 0 and 2 do. Two kv heads of three query heads each.
 TEST(KernelDecodeCascade, LaysOutOnePrefix) {
@@ -32,10 +23,12 @@ TEST(KernelDecodeCascade, LaysOutOnePrefix) {
   const std::vector<SharedPrefix> prefixes = {{5, 150}, {2, 0}};
   const AttentionDecodeArgs a{.shape = {6, 2, 64, 0.125f}, .lens = lens, .shared_prefixes = prefixes,
                               .prefix_of = prefix_of};
-  // 12 tasks wanted over one prefix and two kv heads: up to 6 chunks, but 150 slots are 3 tiles.
-  const CascadeLayout all = plan_cascade(a, {}, 64, 12);
-  const std::vector<PrefixTask> tasks = {{5, 0, 0, 64, 0, 2, 0},   {5, 0, 64, 128, 0, 2, 6},  {5, 0, 128, 150, 0, 2, 12},
-                                         {5, 1, 0, 64, 0, 2, 18},  {5, 1, 64, 128, 0, 2, 24}, {5, 1, 128, 150, 0, 2, 30}};
+  // 12 tasks wanted over one batch of 6 member heads a kv head: up to 6 chunks, but 150 slots
+  // are 3 units of 64.
+  const CascadeLayout all = plan_cascade(a, {}, 64, 8, 12);
+  const std::vector<PrefixTask> tasks = {{5, 0, 0, 64, 0, 0, 6, 0},   {5, 0, 64, 128, 0, 0, 6, 6},
+                                         {5, 0, 128, 150, 0, 0, 6, 12}, {5, 1, 0, 64, 0, 0, 6, 18},
+                                         {5, 1, 64, 128, 0, 0, 6, 24}, {5, 1, 128, 150, 0, 0, 6, 30}};
   EXPECT_EQ(all.tasks, tasks);
   EXPECT_EQ(all.member_queries, (std::vector<std::int64_t>{1, 3}));
   EXPECT_EQ(all.refs, (std::vector<PrefixRef>{{}, {0, 3, 6, 18}, {}, {3, 3, 6, 18}, {}}));
@@ -46,35 +39,38 @@ TEST(KernelDecodeCascade, LaysOutOnePrefix) {
   AttentionDecodeArgs none = a;
   none.prefix_of = no_slots;
   EXPECT_FALSE(reads_in_cascade(none));
-  EXPECT_TRUE(plan_cascade(none, {}, 64, 12).tasks.empty());
+  EXPECT_TRUE(plan_cascade(none, {}, 64, 8, 12).tasks.empty());
   AttentionDecodeArgs windowed = a;
   windowed.shape.window = 100;  // each query's keys start after its own length
   EXPECT_FALSE(reads_in_cascade(windowed));
-  // Two tasks wanted: one chunk of three tiles per kv head. Kernel queries 3, 4, 1 of the call.
+  // Two tasks wanted: one chunk of three units per kv head. Kernel queries 3, 4, 1 of the call.
   const std::vector<std::int64_t> queries = {3, 4, 1};
-  const CascadeLayout some = plan_cascade(a, queries, 64, 2);
-  EXPECT_EQ(some.tasks, (std::vector<PrefixTask>{{5, 0, 0, 150, 0, 2, 0}, {5, 1, 0, 150, 0, 2, 6}}));
+  const CascadeLayout some = plan_cascade(a, queries, 64, 8, 2);
+  EXPECT_EQ(some.tasks, (std::vector<PrefixTask>{{5, 0, 0, 150, 0, 0, 6, 0}, {5, 1, 0, 150, 0, 0, 6, 6}}));
   EXPECT_EQ(some.member_queries, (std::vector<std::int64_t>{3, 1}));
   EXPECT_EQ(some.refs, (std::vector<PrefixRef>{{0, 1, 6, 6}, {}, {3, 1, 6, 6}}));
   EXPECT_EQ(some.suffix_start, (std::vector<std::int64_t>{150, 0, 150}));
 }
 
-// 25 members of 3 query heads a kv head: 75 heads in 3 batches of 9, 9 and 7 members.
+// 25 members of 3 query heads a kv head: 75 member heads in batches of 8, the last of 3 (a
+// member's heads may span two batches).
 TEST(KernelDecodeCascade, BatchesManyMembers) {
   std::vector<std::int64_t> lens(25, 70), prefix_of(25, 0);
   const std::vector<SharedPrefix> prefixes = {{0, 64}};
   const AttentionDecodeArgs a{.shape = {3, 1, 64, 0.125f}, .lens = lens, .shared_prefixes = prefixes,
                               .prefix_of = prefix_of};
-  const CascadeLayout layout = plan_cascade(a, {}, 64, 1);
-  EXPECT_EQ(layout.tasks, (std::vector<PrefixTask>{{0, 0, 0, 64, 0, 9, 0}, {0, 0, 0, 64, 9, 9, 27},
-                                                    {0, 0, 0, 64, 18, 7, 54}}));
+  const CascadeLayout layout = plan_cascade(a, {}, 64, 8, 1);
+  ASSERT_EQ(layout.tasks.size(), 10u);
+  EXPECT_EQ(layout.tasks[1], (PrefixTask{0, 0, 0, 64, 0, 8, 8, 8}));
+  EXPECT_EQ(layout.tasks[9], (PrefixTask{0, 0, 0, 64, 0, 72, 3, 72}));
   EXPECT_EQ(layout.refs[10], (PrefixRef{30, 1, 75, 75}));
 }
 
 class KernelDecodeCascadeRandom : public SeededTest {};
 
 // Random calls (1 to 3 kv heads of 1 to 4 query heads, 0 to 3 prefixes of 0 to 1000 slots,
-// members with 0 to 40 slots of their own, queries with none, random subsets): every (query,
+// members with 0 to 40 slots of their own, queries with none, random subsets, batches of 1 to 9
+// member heads): every (query,
 // query head, slot below its len) is read exactly once, a prefix slot through the prefix's row
 // by a task that has the query as a member, any other slot through the query's own row; and the
 // combine's refs name exactly the partials the tasks write, each written once.
@@ -94,10 +90,10 @@ TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
     if (random_int(0, 1))
       for (std::int64_t q = 0; q < static_cast<std::int64_t>(lens.size()); ++q)
         if (random_int(0, 1)) queries.push_back(q);
-    const std::int64_t tile = std::int64_t{4} << random_int(0, 4);
+    const std::int64_t unit = std::int64_t{4} << random_int(0, 4), batch_heads = random_int(1, 9);
     const AttentionDecodeArgs a{.shape = {H, Hkv, 64, 0.125f}, .lens = lens, .shared_prefixes = prefixes,
                                 .prefix_of = prefix_of};
-    const CascadeLayout layout = plan_cascade(a, queries, tile, random_int(1, 2000));
+    const CascadeLayout layout = plan_cascade(a, queries, unit, batch_heads, random_int(1, 2000));
     SCOPED_TRACE(::testing::Message() << "call " << call);
     const std::size_t n = queries.empty() ? lens.size() : queries.size();
     auto query_of = [&](std::size_t b) { return queries.empty() ? static_cast<std::int64_t>(b) : queries[b]; };
@@ -108,17 +104,17 @@ TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
     std::map<std::int64_t, std::pair<std::int64_t, std::int64_t>> written;
     for (const PrefixTask& task : layout.tasks) {
       ASSERT_LT(task.first, task.end);
-      ASSERT_EQ(task.first % tile, 0);  // chunks of whole tiles
-      for (std::int64_t m = 0; m < task.members; ++m) {
-        const std::int64_t q = layout.member_queries[static_cast<std::size_t>(task.members_first + m)];
+      ASSERT_EQ(task.first % unit, 0);  // chunks of whole units
+      ASSERT_GE(task.heads, 1);
+      ASSERT_LE(task.heads, batch_heads);
+      for (std::int64_t i = 0; i < task.heads; ++i) {
+        const std::int64_t mh = task.heads_first + i, h = task.kv_head * group + mh % group;
+        const std::int64_t q = layout.member_queries[static_cast<std::size_t>(task.members_first + mh / group)];
         const SharedPrefix& p = prefixes[static_cast<std::size_t>(prefix_of[static_cast<std::size_t>(q)])];
         ASSERT_EQ(task.row, p.row);  // the prefix's row, not the member's
         ASSERT_LE(task.end, p.len);
-        for (std::int64_t r = 0; r < group; ++r) {
-          const std::int64_t h = task.kv_head * group + r;
-          for (std::int64_t s = task.first; s < task.end; ++s) ++reads[{q, h, s}];
-          ASSERT_TRUE(written.emplace(task.partials + m * group + r, std::pair{q, h}).second);
-        }
+        for (std::int64_t s = task.first; s < task.end; ++s) ++reads[{q, h, s}];
+        ASSERT_TRUE(written.emplace(task.partials + i, std::pair{q, h}).second);
       }
     }
     for (std::size_t b = 0; b < n; ++b) {
@@ -149,7 +145,8 @@ TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
     }
     EXPECT_EQ(static_cast<std::int64_t>(reads.size()), expected) << "a slot beyond a query's len";
     EXPECT_LE(layout.partials, cascade_partials_bound(a.shape, static_cast<std::int64_t>(n)));
-    EXPECT_LE(static_cast<std::int64_t>(layout.tasks.size()), cascade_tasks_bound(a.shape, static_cast<std::int64_t>(n)));
+    EXPECT_LE(static_cast<std::int64_t>(layout.tasks.size()),
+              cascade_tasks_bound(a.shape, static_cast<std::int64_t>(n), batch_heads));
   }
 }
 
