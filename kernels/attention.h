@@ -92,7 +92,7 @@ struct AttentionDecodeArgs {
   // K/V are read once for all its members' query heads (each query's softmax over the prefix
   // and over its own slots [len, lens[b]) merged by their maxima and sums), and a member's own
   // row below len is not read; the result equals the per-query reading up to fp32 summation
-  // order. Elsewhere (CUDA) every query reads its own row whole, which holds the same bytes.
+  // order. Elsewhere every query reads its own row whole, which holds the same bytes.
   std::span<const SharedPrefix> shared_prefixes;
   std::span<const std::int64_t> prefix_of;
 };

@@ -21,6 +21,12 @@
 // summed across lanes, not by score()); with several splits it leaves an unnormalised partial
 // (acc, m, l) per head and split and a combine block per (sequence, head) merges them; the
 // probs kernel sums the group's probabilities per slot from the kept scores and the final (m, l).
+//
+// Decode with shared prefixes (cascade attention, decode_cascade.h): a block per (prefix, kv
+// head, chunk of the prefix, batch of 8 member query heads) reads the chunk from the prefix's
+// row with the decode kernel's loop, the batch's queries in registers, and leaves a partial
+// (acc, m, l) per member head; the decode kernel reads each query's own slots after its prefix
+// into partials, and the combine merges both.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -32,6 +38,7 @@
 
 #include "kernels/cuda/attention_prefill_mma.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/decode_cascade.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/quantize.h"
 
@@ -370,6 +377,9 @@ struct DecodeParams {
   // when it runs a subset of a call's queries (without probs); null: query b.
   const std::int64_t* query_rows = nullptr;
   const float* slot_bias = nullptr;  // [B, Hkv, capacity] or null
+  // [B]: the first slot sequence b reads (its shared prefix's len, the prefix read apart); null:
+  // the first slot of its window.
+  const std::int64_t* starts = nullptr;
   std::int64_t H = 0, Hkv = 0, capacity = 0, slot_bytes = 0;
   SlotFormat format;
   float scale = 1.0f, softcap = 0.0f;
@@ -377,8 +387,9 @@ struct DecodeParams {
   DecodePlan plan;
   std::int64_t tasks = 0;  // B * Hkv * head_chunks * splits
   int lanes = 1;           // per key
-  // With one split: out [B, H, D] and, when not null, the (m, l) of every (sequence, head) in
-  // ml. With several: part_acc [B, H, splits, D] (unnormalised) and part_ml [B, H, splits, 2].
+  // Without part_acc (one split): out [B, H, D] and, when not null, the (m, l) of every
+  // (sequence, head) in ml. With it: part_acc [B, H, splits, D] (unnormalised) and part_ml
+  // [B, H, splits, 2], merged by the combine kernel.
   float* out = nullptr;
   float* ml = nullptr;
   float* part_acc = nullptr;
@@ -511,7 +522,7 @@ __device__ __forceinline__ void merge_warp(HeadStates<HB, E>& st, int lanes) {
 }
 
 // Merges the warps' states (in warp order) through shared memory `sh` (kDecodeWarps * HB *
-// (D + 2) floats) and stores the chunk's heads: the output itself with one split (its first
+// (D + 2) floats) and stores the chunk's heads: the output itself without partials (its first
 // head at out_bh0), else the split's partial (at bh0). Synchronises the block; the caller may
 // reuse `sh` afterwards.
 template <int HB, int C>
@@ -549,10 +560,11 @@ __device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, flo
       l += l_sh[w * HB + h] * f;
       o += acc_sh[(w * HB + h) * D + d] * f;
     }
-    // An empty split (no visible key) leaves (m, l) = (-inf, 0) and acc = 0: it weighs nothing
-    // in the combine; with one split every sequence has a key, so l > 0.
+    // An empty split (no visible key, or no own slot after a shared prefix) leaves (m, l) =
+    // (-inf, 0) and acc = 0: it weighs nothing in the combine; without partials (one split, no
+    // shared prefix) every sequence has a key, so l > 0.
     float* ml = nullptr;
-    if (splits == 1) {
+    if (p.part_acc == nullptr) {
       p.out[(out_bh0 + h) * D + d] = o / l;
       if (p.ml != nullptr) ml = p.ml + 2 * bh;
     } else {
@@ -567,15 +579,52 @@ __device__ __forceinline__ void store_heads(const HeadStates<HB, 8 * C>& st, flo
   __syncthreads();  // the next task may write sh
 }
 
+// Keys in flight per key group and step: fewer where the registers are full of heads (and one
+// for AnySlice, which reads where it widens).
+template <class Slice, int HB, int C>
+constexpr int kKeysInFlight = C > 1 || std::is_same_v<Slice, AnySlice> ? 1 : (HB >= 8 ? 2 : 4);
+
+// The key loop of a block: its key group's keys r = key_group, + key_groups, ... below count (of
+// the split or chunk whose first key's slots k_slot and v_slot point at, plus key_group), U at a
+// time, into st. The same steps in every lane (the shuffles need the whole warp); keys past count
+// are not read and score -inf.
+template <class Slice, int HB, int C>
+__device__ __forceinline__ void read_keys(HeadStates<HB, 8 * C>& st, const std::uint8_t* k_slot,
+                                          const std::uint8_t* v_slot, int count, const DecodeParams& p,
+                                          const float* bias, float* scores, std::int64_t nh, int lanes, int sub,
+                                          int key_group, int key_groups) {
+  constexpr int U = kKeysInFlight<Slice, HB, C>;
+  const std::int64_t D = p.format.head_dim, stride = key_groups * p.slot_bytes;
+#pragma unroll 1
+  for (int r0 = 0; r0 < count; r0 += key_groups * U) {
+    Slice ks[U][C], vs[U][C];
+    int r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      r[u] = r0 + u * key_groups + key_group;
+#pragma unroll
+      for (int cc = 0; cc < C; ++cc) {
+        const std::int64_t e0 = lane_elem(cc, lanes, sub, 0);
+        if (r[u] < count && e0 < D) {
+          ks[u][cc].load(k_slot + u * stride, p.format, e0);
+          vs[u][cc].load(v_slot + u * stride, p.format, e0);
+        }
+      }
+    }
+    k_slot += U * stride;
+    v_slot += U * stride;
+    float s[U][HB];
+    key_scores<Slice, HB, C, U>(st, ks, r, count, p, bias, scores, nh, lanes, sub, s);
+    key_values<Slice, HB, C, U>(st, vs, p.format, s);
+  }
+}
+
 // Block per task (sequence b, kv head g, head chunk c, split sp): keys [k0, k1) = the split's
 // share of the visible ones [first_visible(lens[b] - 1), lens[b]) (slot s holds position s
-// under a window), query heads [g * group + c * hb, + nh).
+// under a window; [starts[b], lens[b]) after a shared prefix), query heads [g * group + c * hb, + nh).
 template <class Slice, int HB, int C>
 __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeParams p) {
   extern __shared__ float merge_sh[];
-  // Keys in flight per key group and step: fewer where the registers are full of heads (and one
-  // for AnySlice, which reads where it widens).
-  constexpr int U = C > 1 || std::is_same_v<Slice, AnySlice> ? 1 : (HB >= 8 ? 2 : 4);
   const int lanes = p.lanes, sub = static_cast<int>(threadIdx.x) & (lanes - 1);
   const int key_group = static_cast<int>(threadIdx.x) / lanes, key_groups = kDecodeThreads / lanes;
   const std::int64_t D = p.format.head_dim, group = p.H / p.Hkv, hb = p.plan.heads_per_block;
@@ -584,62 +633,116 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
     const std::int64_t sp = task % splits, c = (task / splits) % chunks, bg = task / (splits * chunks);
     const std::int64_t b = bg / p.Hkv, g = bg % p.Hkv, qb = p.query_rows != nullptr ? p.query_rows[b] : b;
     const std::int64_t h0 = g * group + c * hb, nh = group - c * hb < hb ? group - c * hb : hb;
-    const std::int64_t n = p.lens[qb], k0 = first_visible(n - 1, p.window) + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
-    // This key group's keys: the split's r = key_group, + key_groups, ...; pointers to the first.
+    const std::int64_t n = p.lens[qb], start = p.starts != nullptr ? p.starts[b] : first_visible(n - 1, p.window);
+    const std::int64_t k0 = start + sp * kps, k1 = n < k0 + kps ? n : k0 + kps;
     const int count = static_cast<int>(k1 > k0 ? k1 - k0 : 0);
-    const std::int64_t stride = key_groups * p.slot_bytes;
     const std::int64_t row = (p.cache_rows != nullptr ? p.cache_rows[qb] : qb) * p.Hkv + g;
-    const std::uint8_t* k_slot = p.k_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
-    const std::uint8_t* v_slot = p.v_cache + (row * p.capacity + k0 + key_group) * p.slot_bytes;
+    const std::int64_t first = (row * p.capacity + k0 + key_group) * p.slot_bytes;
     const float* bias = p.slot_bias != nullptr ? p.slot_bias + (qb * p.Hkv + g) * p.capacity + k0 : nullptr;
     float* scores = p.scores != nullptr ? p.scores + (b * p.H + h0) * p.capacity + k0 : nullptr;
     HeadStates<HB, 8 * C> st;
     start_heads<HB, C>(st, p.q + (qb * p.H + h0) * D, nh, D, lanes, sub);
-    // The same steps in every lane (the shuffles need the whole warp); keys past the split are
-    // not read and score -inf.
-#pragma unroll 1
-    for (int r0 = 0; r0 < count; r0 += key_groups * U) {
-      Slice ks[U][C], vs[U][C];
-      int r[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        r[u] = r0 + u * key_groups + key_group;
-#pragma unroll
-        for (int cc = 0; cc < C; ++cc) {
-          const std::int64_t e0 = lane_elem(cc, lanes, sub, 0);
-          if (r[u] < count && e0 < D) {
-            ks[u][cc].load(k_slot + u * stride, p.format, e0);
-            vs[u][cc].load(v_slot + u * stride, p.format, e0);
-          }
-        }
-      }
-      k_slot += U * stride;
-      v_slot += U * stride;
-      float s[U][HB];
-      key_scores<Slice, HB, C, U>(st, ks, r, count, p, bias, scores, nh, lanes, sub, s);
-      key_values<Slice, HB, C, U>(st, vs, p.format, s);
-    }
+    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, count, p, bias, scores, nh, lanes, sub,
+                            key_group, key_groups);
     merge_warp(st, lanes);
     store_heads<HB, C>(st, merge_sh, p, b * p.H + h0, qb * p.H + h0, nh, sp, lanes, sub);
   }
 }
 
-// Block per (sequence, query head) = task: out = sum over splits of acc_s * exp(m_s - m) / l,
-// m the largest m_s and l = sum of l_s * exp(m_s - m), splits in order; (m, l) to ml when not
-// null. query_rows (DecodeParams) places sequence b's heads at query query_rows[b] of out.
+// The prefix tasks of a call (decode_cascade.h): the task table and each member's query.
+struct PrefixTables {
+  const PrefixTask* tasks = nullptr;
+  std::int64_t n_tasks = 0;
+  const std::int64_t* member_queries = nullptr;
+};
+
+// start_heads for a prefix task's member heads: the block's head i is member head
+// heads_first + i of the prefix (query head mh % group of kv head kv_head of member mh / group).
+template <int HB, int C>
+__device__ __forceinline__ void start_member_heads(HeadStates<HB, 8 * C>& st, const DecodeParams& p,
+                                                   const PrefixTables& t, const PrefixTask& task, int lanes, int sub) {
+  const std::int64_t D = p.format.head_dim, group = p.H / p.Hkv;
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    st.m[h] = -INFINITY;
+    st.l[h] = 0.0f;
+    const std::int64_t mh = task.heads_first + h;
+    const float* q = h < task.heads
+                         ? p.q + (t.member_queries[task.members_first + mh / group] * p.H + task.kv_head * group +
+                                  mh % group) * D
+                         : nullptr;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const std::int64_t d = lane_elem(c, lanes, sub, i);
+        st.q[h][8 * c + i] = q != nullptr && d < D ? q[d] : 0.0f;
+        st.acc[h][8 * c + i] = 0.0f;
+      }
+  }
+}
+
+// Block per prefix task: its chunk of the prefix, read from the prefix's row in place by the
+// decode kernel's loop for all the task's member heads at once (up to HB, in registers), leaves
+// their partials at task.partials + i (p.part_acc and p.part_ml hold the prefix partials, with one
+// "split").
+template <class Slice, int HB, int C>
+__global__ void __launch_bounds__(kDecodeThreads, 1) prefix_kernel(const DecodeParams p, const PrefixTables t) {
+  extern __shared__ float merge_sh[];
+  const int lanes = p.lanes, sub = static_cast<int>(threadIdx.x) & (lanes - 1);
+  const int key_group = static_cast<int>(threadIdx.x) / lanes, key_groups = kDecodeThreads / lanes;
+  for (std::int64_t i = blockIdx.x; i < t.n_tasks; i += gridDim.x) {
+    const PrefixTask task = t.tasks[i];
+    const std::int64_t row = task.row * p.Hkv + task.kv_head;
+    const std::int64_t first = (row * p.capacity + task.first + key_group) * p.slot_bytes;
+    HeadStates<HB, 8 * C> st;
+    start_member_heads<HB, C>(st, p, t, task, lanes, sub);
+    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, static_cast<int>(task.end - task.first), p,
+                            nullptr, nullptr, task.heads, lanes, sub, key_group, key_groups);
+    merge_warp(st, lanes);
+    store_heads<HB, C>(st, merge_sh, p, task.partials, task.partials, task.heads, 0, lanes, sub);
+  }
+}
+
+// The prefix partials of a call's queries (decode_cascade.h, PrefixRef), for the combine; refs
+// null: none.
+struct PrefixPartials {
+  const float* acc = nullptr;  // [partials, D]
+  const float* ml = nullptr;   // [partials, 2]
+  const PrefixRef* refs = nullptr;
+  std::int64_t group = 1;
+};
+
+// Block per (sequence, query head) = task: out = sum over its partials (the splits in order, then
+// its prefix's chunks in order) of acc_s * exp(m_s - m) / l, m the largest m_s and l = sum of
+// l_s * exp(m_s - m); (m, l) to ml when not null. query_rows (DecodeParams) places sequence b's
+// heads at query query_rows[b] of out.
 __global__ void decode_combine_kernel(const float* part_acc, const float* part_ml, std::int64_t tasks,
                                       std::int64_t splits, std::int64_t D, std::int64_t H,
-                                      const std::int64_t* query_rows, float* out, float* ml) {
+                                      const std::int64_t* query_rows, float* out, float* ml,
+                                      const PrefixPartials prefix) {
   for (std::int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
     const std::int64_t out_task = query_rows != nullptr ? query_rows[task / H] * H + task % H : task;
     const float* pm = part_ml + 2 * task * splits;
+    const PrefixRef ref = prefix.refs != nullptr ? prefix.refs[task / H] : PrefixRef{};
+    const std::int64_t h = task % H, chunk0 = ref.first + (h / prefix.group) * ref.kv_stride + h % prefix.group;
+    // A query sees at least one key, in its first split or its prefix's first chunk: m is finite.
     float m = -INFINITY;
-    for (std::int64_t sp = 0; sp < splits; ++sp) m = fmaxf(m, pm[2 * sp]);  // split 0 holds the first visible key: m is finite
+    for (std::int64_t sp = 0; sp < splits; ++sp) m = fmaxf(m, pm[2 * sp]);
+    for (std::int64_t c = 0; c < ref.chunks; ++c) m = fmaxf(m, prefix.ml[2 * (chunk0 + c * ref.chunk_stride)]);
     float l = 0.0f;
     for (std::int64_t sp = 0; sp < splits; ++sp) l += pm[2 * sp + 1] * rescale(pm[2 * sp], m);
+    for (std::int64_t c = 0; c < ref.chunks; ++c) {
+      const float* cm = prefix.ml + 2 * (chunk0 + c * ref.chunk_stride);
+      l += cm[1] * rescale(cm[0], m);
+    }
     for (std::int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.0f;
       for (std::int64_t sp = 0; sp < splits; ++sp) o += part_acc[(task * splits + sp) * D + d] * rescale(pm[2 * sp], m);
+      for (std::int64_t c = 0; c < ref.chunks; ++c) {
+        const std::int64_t at = chunk0 + c * ref.chunk_stride;
+        o += prefix.acc[at * D + d] * rescale(prefix.ml[2 * at], m);
+      }
       out[out_task * D + d] = o / l;
     }
     if (ml != nullptr && threadIdx.x == 0) {
@@ -676,13 +779,21 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const std::size_t shared = static_cast<std::size_t>(kDecodeWarps * HB * (p.format.head_dim + 2)) * sizeof(float);
   decode_kernel<Slice, HB, C><<<blocks_for(p.tasks, 1), kDecodeThreads, shared, stream>>>(p);
 }
+template <class Slice, int HB, int C>
+void launch_prefix(const DecodeParams& p, const PrefixTables& t, cudaStream_t stream) {
+  const std::size_t shared = static_cast<std::size_t>(kDecodeWarps * HB * (p.format.head_dim + 2)) * sizeof(float);
+  prefix_kernel<Slice, HB, C><<<blocks_for(t.n_tasks, 1), kDecodeThreads, shared, stream>>>(p, t);
+}
 
 // Registers for HB = 1, 2, 4 or 8 heads of eight values a lane, or one head of 32 values a
-// lane above kDecodeWideHeadDim.
+// lane above kDecodeWideHeadDim. The prefix kernel (t not null) takes 8 (one above
+// kDecodeWideHeadDim, prefix_batch_heads).
 template <class Slice>
-void launch_decode_heads(const DecodeParams& p, cudaStream_t stream) {
+void launch_decode_heads(const DecodeParams& p, const PrefixTables* t, cudaStream_t stream) {
   const std::int64_t hb = p.plan.heads_per_block;
-  if (p.format.head_dim > kDecodeWideHeadDim) return launch_decode<Slice, 1, 4>(p, stream);
+  if (p.format.head_dim > kDecodeWideHeadDim)
+    return t != nullptr ? launch_prefix<Slice, 1, 4>(p, *t, stream) : launch_decode<Slice, 1, 4>(p, stream);
+  if (t != nullptr) return launch_prefix<Slice, 8, 1>(p, *t, stream);
   if (hb == 1) return launch_decode<Slice, 1, 1>(p, stream);
   if (hb == 2) return launch_decode<Slice, 2, 1>(p, stream);
   if (hb <= 4) return launch_decode<Slice, 4, 1>(p, stream);
@@ -694,22 +805,25 @@ bool aligned_to(const void* ptr, std::int64_t slot_bytes, std::int64_t bytes) {
 }
 
 // The widest loads the cache's dtype and alignment allow (SlotFormat, F32Slice...).
-void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+void launch_decode(const DecodeParams& p, cudaStream_t stream, const PrefixTables* t = nullptr) {
   const std::int64_t align = is_quantized(p.format.dtype) ? 4 : 16;
   const bool vector = p.format.head_dim % 8 == 0 && aligned_to(p.k_cache, p.slot_bytes, align) &&
                       aligned_to(p.v_cache, p.slot_bytes, align);
-  if (!vector) return launch_decode_heads<AnySlice>(p, stream);
+  if (!vector) return launch_decode_heads<AnySlice>(p, t, stream);
   switch (p.format.dtype) {
-    case DType::F32: return launch_decode_heads<F32Slice>(p, stream);
-    case DType::F16: return launch_decode_heads<F16Slice>(p, stream);
-    case DType::BF16: return launch_decode_heads<BF16Slice>(p, stream);
-    case DType::Q8: return launch_decode_heads<Q8Slice>(p, stream);
-    case DType::Q4: return launch_decode_heads<Q4Slice>(p, stream);
+    case DType::F32: return launch_decode_heads<F32Slice>(p, t, stream);
+    case DType::F16: return launch_decode_heads<F16Slice>(p, t, stream);
+    case DType::BF16: return launch_decode_heads<BF16Slice>(p, t, stream);
+    case DType::Q8: return launch_decode_heads<Q8Slice>(p, t, stream);
+    case DType::Q4: return launch_decode_heads<Q4Slice>(p, t, stream);
     case DType::Q4G32:
     case DType::Q8G32: break;  // groups of 32: value by value
   }
-  launch_decode_heads<AnySlice>(p, stream);
+  launch_decode_heads<AnySlice>(p, t, stream);
 }
+
+// The member heads a prefix task takes: the prefix kernel's heads in registers.
+std::int64_t prefix_batch_heads(std::int64_t head_dim) { return head_dim > kDecodeWideHeadDim ? 1 : 8; }
 
 // Lanes a key takes: enough for head_dim at 8 values a lane (32 above kDecodeWideHeadDim),
 // rounded up to a power of two so that a key's lanes lie within a warp, aligned.
@@ -914,6 +1028,12 @@ std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::
   std::int64_t decode = 3 * scratch_of(8 * batch) + scratch_of(static_cast<std::int64_t>(sizeof(RunTile)) * run_tiles) +
                         scratch_of(4 * batch * H * splits * D) + scratch_of(8 * batch * H * splits);
   if (scores) decode += scratch_of(4 * batch * H * capacity) + scratch_of(8 * batch * H);
+  // With shared prefixes (decode_cascade): suffix starts, member queries, refs, the prefix tasks
+  // and their partials; the splits of the own slots are within the partials above.
+  const std::int64_t partials = cascade_partials_bound(s, batch);
+  decode += 2 * scratch_of(8 * batch) + scratch_of(static_cast<std::int64_t>(sizeof(PrefixRef)) * batch) +
+            scratch_of(static_cast<std::int64_t>(sizeof(PrefixTask)) * cascade_tasks_bound(s, batch, prefix_batch_heads(D))) +
+            scratch_of(4 * partials * D) + scratch_of(8 * partials);
   return std::max({kv_ops, prefill, decode});
 }
 
@@ -982,15 +1102,17 @@ DecodePlan plan_decode_queries(const AttentionDecodeArgs& a, std::span<const std
 // Runs of queries on one cache row (a chunk of a prompt after cached tokens) go to tensor cores
 // under bf16 compute (decode_runs.h: the split, and decode_runs_on_tensor_cores, the one
 // predicate for the fallback); the other queries, and every query of a call that falls back,
-// to the decode kernel. A tile table follows the host's lens and cache_rows, which a replayed
-// graph would not re-read: a call with runs ends the graph step (the engine opens graph steps
-// only for steps without prompt rows, so it never has runs there). Shared prefixes
-// (AttentionDecodeArgs::shared_prefixes) are not read: every query reads its own row whole,
-// whose first slots hold the prefix's bytes (reads_shared_prefixes_once is false here).
+// to the decode kernel. Members of shared prefixes stay off the tensor cores (which would read
+// their prefix through their own rows) and are read in cascade (decode_cascade). Tile and
+// cascade tables follow the host's lens, cache_rows and groups, which a replayed graph would not
+// re-read: such a call ends the graph step (the engine opens graph steps only for steps without
+// prompt rows, so it never has runs there; a step with shared prefixes runs eagerly).
 void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
+  const bool cascade = reads_in_cascade(a);
   DecodeQuerySplit split;
   if (decode_runs_on_tensor_cores(a)) split = split_decode_queries(a.cache_rows, a.lens, kMinTensorCoreRun, kMmaQueryTile);
-  if (!split.tiles.empty()) graph_interrupt();
+  if (cascade) keep_members_off_tiles(a, split);
+  if (!split.tiles.empty() || cascade) graph_interrupt();
   if (graph_active() &&
       graph_op(decode_signature(a), a, [this](const AttentionDecodeArgs& d) { do_attention_decode(d); },
                &AttentionDecodeArgs::lens, &AttentionDecodeArgs::cache_rows))
@@ -1003,9 +1125,9 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   if (a.capacity > std::numeric_limits<int>::max() / 2)  // the kernels count positions in int
     throw std::invalid_argument("attention_decode: capacity " + std::to_string(a.capacity) +
                                 " is above the CUDA kernel's " + std::to_string(std::numeric_limits<int>::max() / 2));
-  if (split.tiles.empty()) return decode_queries(a, {}, plan_decode(a, sm_count_));
+  if (split.tiles.empty()) return decode_on_cuda_cores(a, {});
   decode_runs_on_mma(a, split.tiles);
-  if (!split.singles.empty()) decode_queries(a, split.singles, plan_decode_queries(a, split.singles, sm_count_));
+  if (!split.singles.empty()) decode_on_cuda_cores(a, split.singles);
 }
 
 void CudaBackend::decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<const RunTile> tiles) {
@@ -1018,15 +1140,51 @@ void CudaBackend::decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<con
                         stream_);
 }
 
+void CudaBackend::decode_on_cuda_cores(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries) {
+  if (shared_prefix_applies(a)) {
+    const CascadeLayout layout = plan_cascade(a, queries, kDecodeMinKeys, prefix_batch_heads(a.shape.head_dim),
+                                              kDecodeBlocksPerSm * sm_count_);
+    if (!layout.tasks.empty()) return decode_cascade(a, queries, layout);
+  }
+  decode_queries(a, queries, queries.empty() ? plan_decode(a, sm_count_) : plan_decode_queries(a, queries, sm_count_));
+}
+
+namespace {
+
+// The decode kernel's arguments that follow from a and the plan for B sequences; the caller
+// sets the device arrays and the output.
+DecodeParams decode_params(const AttentionDecodeArgs& a, const DecodePlan& plan, std::int64_t B) {
+  const AttentionShape& s = a.shape;
+  const std::int64_t D = s.head_dim;
+  DecodeParams p;
+  p.plan = plan;
+  p.q = a.q;
+  p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
+  p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
+  p.slot_bias = a.slot_bias;
+  p.H = s.n_heads;
+  p.Hkv = s.n_kv_heads;
+  p.capacity = a.capacity;
+  p.slot_bytes = kv_slot_bytes(a.cache_dtype, D);
+  p.format = SlotFormat{D, is_quantized(a.cache_dtype) ? quant_code_bytes(a.cache_dtype, D) : 0, a.cache_dtype};
+  p.scale = s.scale;
+  p.softcap = s.softcap;
+  p.window = s.window;
+  p.tasks = B * p.Hkv * plan.head_chunks * plan.splits;
+  p.lanes = decode_lanes(D);
+  p.out = a.out;
+  return p;
+}
+
+}  // namespace
+
 void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
                                  const DecodePlan& plan) {
   if (!queries.empty() && a.probs != nullptr)  // the probs kernel indexes lens by its sequence
     throw std::logic_error("attention_decode: a subset of the queries with probs");
-  const AttentionShape& s = a.shape;
   const std::int64_t B = static_cast<std::int64_t>(queries.empty() ? a.lens.size() : queries.size());
-  const std::int64_t H = s.n_heads, D = s.head_dim;
-  DecodeParams p;
-  p.plan = plan;
+  const std::int64_t H = a.shape.n_heads, D = a.shape.head_dim;
+  DecodeParams p = decode_params(a, plan, B);
   const DeviceBuffer lens = upload(a.lens);
   const DeviceBuffer cache_rows = upload(a.cache_rows);
   const DeviceBuffer query_rows = upload(queries);
@@ -1039,24 +1197,9 @@ void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const s
     scores = DeviceBuffer(*this, static_cast<std::size_t>(B * H * a.capacity) * sizeof(float));
     ml = DeviceBuffer(*this, static_cast<std::size_t>(B * H) * 2 * sizeof(float));
   }
-  p.q = a.q;
-  p.k_cache = static_cast<const std::uint8_t*>(a.k_cache);
-  p.v_cache = static_cast<const std::uint8_t*>(a.v_cache);
   p.lens = lens.as<std::int64_t>();
   p.cache_rows = a.cache_rows.empty() ? nullptr : cache_rows.as<std::int64_t>();
   p.query_rows = queries.empty() ? nullptr : query_rows.as<std::int64_t>();
-  p.slot_bias = a.slot_bias;
-  p.H = H;
-  p.Hkv = s.n_kv_heads;
-  p.capacity = a.capacity;
-  p.slot_bytes = kv_slot_bytes(a.cache_dtype, D);
-  p.format = SlotFormat{D, is_quantized(a.cache_dtype) ? quant_code_bytes(a.cache_dtype, D) : 0, a.cache_dtype};
-  p.scale = s.scale;
-  p.softcap = s.softcap;
-  p.window = s.window;
-  p.tasks = B * p.Hkv * p.plan.head_chunks * p.plan.splits;
-  p.lanes = decode_lanes(D);
-  p.out = a.out;
   p.ml = ml.as<float>();
   p.part_acc = part_acc.as<float>();
   p.part_ml = part_ml.as<float>();
@@ -1065,14 +1208,67 @@ void CudaBackend::decode_queries(const AttentionDecodeArgs& a, std::span<const s
   FLEXH2O_CUDA_CHECK_LAUNCH();
   if (p.plan.splits > 1) {
     decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(
-        part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, H, p.query_rows, a.out, ml.as<float>());
+        part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, H, p.query_rows, a.out, ml.as<float>(),
+        PrefixPartials{});
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
   if (a.probs != nullptr) {
     decode_probs_kernel<<<blocks_for(B * p.Hkv * a.capacity), kThreads, 0, stream_>>>(
-        scores.as<float>(), ml.as<float>(), lens.as<std::int64_t>(), B, H, p.Hkv, a.capacity, s.window, a.probs);
+        scores.as<float>(), ml.as<float>(), lens.as<std::int64_t>(), B, H, p.Hkv, a.capacity, a.shape.window, a.probs);
     FLEXH2O_CUDA_CHECK_LAUNCH();
   }
+}
+
+// The prefix kernel over a layout's tasks, its partials to acc and ml (as the partials of one
+// split: store_heads puts member head i of a task at task.partials + i).
+void CudaBackend::decode_prefix_tasks(const AttentionDecodeArgs& a, const CascadeLayout& layout, float* acc,
+                                      float* ml) {
+  const DeviceBuffer tasks = upload(std::span<const PrefixTask>(layout.tasks));
+  const DeviceBuffer members = upload(std::span<const std::int64_t>(layout.member_queries));
+  DecodePlan plan;
+  plan.heads_per_block = prefix_batch_heads(a.shape.head_dim);
+  DecodeParams p = decode_params(a, plan, 0);
+  p.part_acc = acc;
+  p.part_ml = ml;
+  const PrefixTables t{tasks.as<PrefixTask>(), static_cast<std::int64_t>(layout.tasks.size()),
+                       members.as<std::int64_t>()};
+  launch_decode(p, stream_, &t);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+}
+
+// Cascade attention (decode_cascade.h): the prefix tasks' partials, each query's own slots after
+// its prefix (a non-member's whole row) as partials of the decode kernel's splits, and the
+// combine of both. Always through partials: a member may have no slot of its own yet.
+void CudaBackend::decode_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
+                                 const CascadeLayout& layout) {
+  const std::int64_t B = static_cast<std::int64_t>(layout.refs.size());
+  const std::int64_t H = a.shape.n_heads, D = a.shape.head_dim;
+  const DeviceBuffer prefix_acc(*this, static_cast<std::size_t>(layout.partials * D) * sizeof(float));
+  const DeviceBuffer prefix_ml(*this, static_cast<std::size_t>(layout.partials) * 2 * sizeof(float));
+  decode_prefix_tasks(a, layout, prefix_acc.as<float>(), prefix_ml.as<float>());
+  std::int64_t own = 0;  // the most slots a query reads from its own row
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t q = queries.empty() ? b : queries[static_cast<std::size_t>(b)];
+    own = std::max(own, a.lens[static_cast<std::size_t>(q)] - layout.suffix_start[static_cast<std::size_t>(b)]);
+  }
+  DecodeParams p = decode_params(a, plan_decode(a.shape, B, own, sm_count_), B);
+  const DeviceBuffer lens = upload(a.lens), cache_rows = upload(a.cache_rows), query_rows = upload(queries);
+  const DeviceBuffer starts = upload(std::span<const std::int64_t>(layout.suffix_start));
+  const DeviceBuffer refs = upload(std::span<const PrefixRef>(layout.refs));
+  const DeviceBuffer part_acc(*this, static_cast<std::size_t>(B * H * p.plan.splits * D) * sizeof(float));
+  const DeviceBuffer part_ml(*this, static_cast<std::size_t>(B * H * p.plan.splits) * 2 * sizeof(float));
+  p.lens = lens.as<std::int64_t>();
+  p.cache_rows = a.cache_rows.empty() ? nullptr : cache_rows.as<std::int64_t>();
+  p.query_rows = queries.empty() ? nullptr : query_rows.as<std::int64_t>();
+  p.starts = starts.as<std::int64_t>();
+  p.part_acc = part_acc.as<float>();
+  p.part_ml = part_ml.as<float>();
+  launch_decode(p, stream_);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
+  const PrefixPartials prefix{prefix_acc.as<float>(), prefix_ml.as<float>(), refs.as<PrefixRef>(), H / a.shape.n_kv_heads};
+  decode_combine_kernel<<<blocks_for(B * H, 1), kAttnThreads, 0, stream_>>>(
+      part_acc.as<float>(), part_ml.as<float>(), B * H, p.plan.splits, D, H, p.query_rows, a.out, nullptr, prefix);
+  FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::do_kv_write(const KvWriteArgs& a) {

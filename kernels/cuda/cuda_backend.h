@@ -41,6 +41,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_cascade.h"
 #include "kernels/cuda/decode_runs.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/graph_steps.h"
@@ -124,6 +125,10 @@ class CudaBackend final : public Backend {
   }
   // cuBLAS multiplies bf16 by bf16 only: an fp32 x costs a rounding pass per GEMM.
   bool takes_bf16_gemm_inputs() const override { return true; }
+  // Cascade attention (decode_cascade.h): a prefix is read from its own row only, a chunk by
+  // one block per 8 of its members' query heads (from memory once, the blocks beside it mostly
+  // from L2), and no member's own row below the prefix's len.
+  bool reads_shared_prefixes_once() const override { return true; }
   std::shared_ptr<const Fence> fence() override;
   void copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) override;
   bool pin_host(void* p, std::size_t bytes) override;
@@ -204,6 +209,11 @@ class CudaBackend final : public Backend {
   // `plan`, and tiles of query runs on tensor cores (decode_runs.h).
   void decode_queries(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries, const DecodePlan& plan);
   void decode_runs_on_mma(const AttentionDecodeArgs& a, std::span<const RunTile> tiles);
+  // The queries of a the decode kernel takes (empty: all), in cascade where they have members.
+  void decode_on_cuda_cores(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries);
+  void decode_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
+                      const CascadeLayout& layout);
+  void decode_prefix_tasks(const AttentionDecodeArgs& a, const CascadeLayout& layout, float* acc, float* ml);
   // Pool scratch holding a copy of a host array (enqueued on the compute stream).
   template <class T>
   DeviceBuffer upload(std::span<const T> host);

@@ -55,7 +55,8 @@ OpSignature signature(const EmbeddingArgs& a) {
   return s.add(a.out).add(a.accumulate).add(a.scale);
 }
 
-// Without shared_prefixes and prefix_of: the CUDA decode kernel does not read them.
+// Without shared_prefixes and prefix_of: a call that reads them (cascade attention) ends the
+// graph step before its signature is taken (CudaBackend::do_attention_decode).
 OpSignature signature(const AttentionDecodeArgs& a) {
   OpSignature s(GraphOp::AttentionDecode);
   const AttentionShape& h = a.shape;

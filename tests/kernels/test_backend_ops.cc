@@ -164,6 +164,15 @@ struct DecodePiece {
   std::int64_t prefix = 0, queries = 1;
 };
 
+// A decode call with shared prefixes: query i reads cache row rows[i] (as cache_rows when
+// `cache_rows`, else rows[i] = i) with lens[i] slots, a member of prefixes[prefix_of[i]] or of
+// none (-1). The test copies each prefix's slots from its row into its members' rows.
+struct SharedPrefixCall {
+  std::vector<SharedPrefix> prefixes;
+  std::vector<std::int64_t> rows, lens, prefix_of;
+  bool cache_rows = false;
+};
+
 class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
@@ -211,6 +220,8 @@ class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<s
   void check_decode_runs(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
                          const std::vector<DecodePiece>& pieces, float softcap = 0.0f, std::int64_t window = 0,
                          DType compute = DType::BF16);
+  void check_shared_prefixes(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                             const SharedPrefixCall& call, float softcap, DType compute);
 
   std::unique_ptr<Backend> cpu_, dev_;
 };
@@ -985,46 +996,98 @@ TEST_P(BackendOpsTest, AttentionDecodeSplitsAndHeadChunks) {
   check_decode(DType::F32, 32, 8, 128, 2048, {2048, 1500, 90}, true, 50.0f, 700);  // splits of the window only
 }
 
-// Shared prefixes (cascade attention) are the CPU's way of reading; the device reads every
-// query's row whole, whose first slots hold the prefix's bytes: the same result as the CPU's
-// grouped reading, to the decode kernel's tolerance.
+// Cascade attention on the device (each prefix read from its own row only, in batches of member
+// heads, kernels/cuda/decode_cascade.h) against the CPU's (grouped as well, attention_cpu.cc):
+// within the decode kernel's tolerance (check_decode), fp32 throughout, also under bf16
+// compute, where members stay off the tensor cores (whose bf16 rounding would exceed it).
 TEST_P(BackendOpsTest, AttentionDecodeWithSharedPrefixes) {
-  EXPECT_FALSE(dev_->reads_shared_prefixes_once());
-  const std::int64_t H = 9, Hkv = 3, D = 64, cap = 400, P = 300;
-  const std::vector<std::int64_t> lens = {300, 305, 340, 301, 377, 200};
-  const std::vector<std::int64_t> prefix_of = {0, 0, 0, 0, 0, -1};
-  const std::vector<SharedPrefix> prefixes = {{0, P}};
-  const std::int64_t B = static_cast<std::int64_t>(lens.size()), slots = B * Hkv * cap;
-  for (const DType t : {DType::F16, DType::Q8}) {
-    SCOPED_TRACE(dtype_name(t));
-    std::vector<std::uint8_t> k = stored_rows(random_floats(slots * D, -2.0f, 2.0f), t, slots, D);
-    std::vector<std::uint8_t> v = stored_rows(random_floats(slots * D), t, slots, D);
-    const std::int64_t head = cap * kv_slot_bytes(t, D);
-    for (std::int64_t b = 1; b < 5; ++b)  // members 1-4 hold row 0's prefix
-      for (std::int64_t g = 0; g < Hkv; ++g) {
-        std::copy_n(k.begin() + g * head, P * kv_slot_bytes(t, D), k.begin() + (b * Hkv + g) * head);
-        std::copy_n(v.begin() + g * head, P * kv_slot_bytes(t, D), v.begin() + (b * Hkv + g) * head);
-      }
-    const Twin q = upload(random_floats(B * H * D, -2.0f, 2.0f)), kc = upload(k), vc = upload(v);
-    const Twin out = upload(std::vector<float>(sz(B * H * D), kNaN));
-    for (const bool on_cpu : {true, false}) {
-      AttentionDecodeArgs a{.shape = {H, Hkv, D, 0.125f},
-                            .q = (on_cpu ? q.cpu : q.dev).as<float>(),
-                            .k_cache = (on_cpu ? kc.cpu : kc.dev).data(),
-                            .v_cache = (on_cpu ? vc.cpu : vc.dev).data(),
-                            .capacity = cap,
-                            .lens = lens,
-                            .out = (on_cpu ? out.cpu : out.dev).as<float>(),
-                            .cache_dtype = t,
-                            .shared_prefixes = prefixes,
-                            .prefix_of = prefix_of};
-      (on_cpu ? *cpu_ : *dev_).attention_decode(a);
-    }
-    const double step = is_quantized(t) ? 4.0 / 15.0 : 0.0;
-    const double rel = attention_rel_error(D, 377, 0.125, 2.0, 2.0 + step);
-    const auto [want, got] = download(out);
-    EXPECT_TRUE(within(want, got, rel * (1.0 + step)));
+  EXPECT_TRUE(dev_->reads_shared_prefixes_once());
+  // Two groups (one of members with no own slot, one beyond, several; one of a prefix longer
+  // than a 64-slot tile and not a multiple of it), a prefix without slots, queries of no group.
+  SharedPrefixCall two;
+  two.prefixes = {{0, 300}, {6, 130}, {9, 0}};
+  two.lens = {300, 301, 340, 377, 305, 200, 131, 200, 130, 1, 12};
+  two.prefix_of = {0, 0, 0, 0, 0, -1, 1, 1, 1, 2, -1};
+  for (std::int64_t i = 0; i < 11; ++i) two.rows.push_back(i);
+  for (const DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8}) {
+    check_shared_prefixes(t, 9, 3, 64, two, 0.0f, DType::F32);
+    check_shared_prefixes(t, 8, 2, 128, two, 0.0f, DType::F32);  // 32-slot tiles
   }
+  check_shared_prefixes(DType::F16, 4, 4, 80, two, 30.0f, DType::F32);  // one head per kv head
+  check_shared_prefixes(DType::F16, 2, 1, 512, two, 0.0f, DType::F32);   // one head a block, 32 values a lane
+  check_shared_prefixes(DType::BF16, 6, 2, 36, two, 0.0f, DType::F32);   // value by value (head_dim % 8 != 0)
+  // SmolLM2-135M's shape in the shared-prefix recipe: 32 members of a 991-slot prefix, 96 member
+  // heads a kv head in 12 batches of 8 (a member's heads split across two).
+  SharedPrefixCall recipe;
+  recipe.prefixes = {{0, 991}};
+  for (std::int64_t i = 0; i < 32; ++i) {
+    recipe.rows.push_back(i);
+    recipe.lens.push_back(992 + i % 7);
+    recipe.prefix_of.push_back(0);
+  }
+  check_shared_prefixes(DType::F16, 9, 3, 64, recipe, 0.0f, DType::F32);
+  // cache_rows: a prompt's 12 rows after a shared prefix (a run the tensor cores would take) and
+  // two decode rows on other rows, one of them a member.
+  SharedPrefixCall chunk;
+  chunk.cache_rows = true;
+  chunk.prefixes = {{0, 200}};
+  for (std::int64_t i = 0; i < 12; ++i) {
+    chunk.rows.push_back(1);
+    chunk.lens.push_back(201 + i);
+    chunk.prefix_of.push_back(0);
+  }
+  chunk.rows.insert(chunk.rows.end(), {0, 2});
+  chunk.lens.insert(chunk.lens.end(), {203, 90});
+  chunk.prefix_of.insert(chunk.prefix_of.end(), {0, -1});
+  for (const DType compute : {DType::F32, DType::BF16})
+    check_shared_prefixes(DType::F16, 9, 3, 64, chunk, 0.0f, compute);
+}
+
+void BackendOpsTest::check_shared_prefixes(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                                           const SharedPrefixCall& call, float softcap, DType compute) {
+  SCOPED_TRACE(::testing::Message() << "shared prefixes " << dtype_name(cache) << " H=" << H << " Hkv=" << Hkv
+                                    << " D=" << D << " softcap=" << softcap << " compute " << dtype_name(compute)
+                                    << " queries " << call.lens.size());
+  const std::int64_t B = static_cast<std::int64_t>(call.lens.size());
+  const std::int64_t cap = *std::max_element(call.lens.begin(), call.lens.end());
+  const std::int64_t n_rows = *std::max_element(call.rows.begin(), call.rows.end()) + 1, slots = n_rows * Hkv * cap;
+  const std::int64_t slot_bytes = kv_slot_bytes(cache, D), head = cap * slot_bytes;
+  std::vector<std::uint8_t> k = stored_rows(random_floats(slots * D, -2.0f, 2.0f), cache, slots, D);
+  std::vector<std::uint8_t> v = stored_rows(random_floats(slots * D), cache, slots, D);
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (call.prefix_of[sz(b)] < 0) continue;
+    const SharedPrefix& p = call.prefixes[sz(call.prefix_of[sz(b)])];
+    for (std::int64_t g = 0; g < Hkv; ++g) {
+      const std::int64_t from = (p.row * Hkv + g) * head, to = (call.rows[sz(b)] * Hkv + g) * head;
+      std::copy_n(k.begin() + from, p.len * slot_bytes, k.begin() + to);
+      std::copy_n(v.begin() + from, p.len * slot_bytes, v.begin() + to);
+    }
+  }
+  const Twin q = upload(random_floats(B * H * D, -2.0f, 2.0f));
+  const Twin kc = upload(k), vc = upload(v);
+  const Twin out = upload(std::vector<float>(sz(B * H * D), kNaN));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (const bool on_cpu : {true, false}) {
+    const AttentionDecodeArgs a{.shape = {H, Hkv, D, scale, softcap},
+                                .q = (on_cpu ? q.cpu : q.dev).as<float>(),
+                                .k_cache = (on_cpu ? kc.cpu : kc.dev).data(),
+                                .v_cache = (on_cpu ? vc.cpu : vc.dev).data(),
+                                .capacity = cap,
+                                .lens = call.lens,
+                                .out = (on_cpu ? out.cpu : out.dev).as<float>(),
+                                .cache_dtype = cache,
+                                .cache_rows = call.cache_rows ? std::span<const std::int64_t>(call.rows)
+                                                              : std::span<const std::int64_t>(),
+                                .compute = compute,
+                                .shared_prefixes = call.prefixes,
+                                .prefix_of = call.prefix_of};
+    (on_cpu ? *cpu_ : *dev_).attention_decode(a);
+  }
+  // Stored keys and values decode to at most their fp32 range plus a quantization step.
+  const double step = is_quantized(cache) ? 4.0 / 15.0 : 0.0;
+  const double rel = attention_rel_error(D, cap, scale, 2.0, 2.0 + step);
+  const auto [want, got] = download(out);
+  EXPECT_TRUE(within(want, got, rel * (1.0 + step)));
 }
 
 // ---------------------------------------------------------------------------- attention decode, runs on tensor cores
