@@ -45,6 +45,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/model/layers.h"
 #include "engine/runtime/cache_ring.h"
+#include "engine/runtime/prefill_fork.h"
 #include "engine/runtime/step_plan.h"
 #include "engine/runtime/units.h"
 #include "engine/runtime/weight_staging.h"
@@ -112,6 +113,7 @@ class BlockScheduler {
   bool holds_head() const { return holds_head_; }
   const ExpertLoadStats& expert_loads() const { return staging_->expert_loads(); }
   const KvReads& kv_reads() const { return ring_->reads(); }  // over every run so far
+  const KvCopies& kv_copies() const { return kv_copies_; }    // over every run so far
 
  private:
   struct BlockState;
@@ -131,11 +133,12 @@ class BlockScheduler {
   std::int64_t continuous_rows(const GenerationRequest& req, std::int64_t slots) const;
   // Between steps (step_plan_run.cc): records the step's tokens slot by slot (continuous
   // batching); takes the StepPlanner's next plan, makes its row copies and lays out each
-  // GPU batch's step from it; the rows `copies` name copied in order.
+  // GPU batch's step from it; the rows `copies` name copied in order, their bytes added to `moved`.
   void record_slots(BlockState& st, GenerationLog& log);
   void next_steps(BlockState& st);
   StepBatch lay_out(const BlockState& st, const GpuBatch& b) const;
-  void copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what);
+  void copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what,
+                 KvCopyBytes& moved);
   // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index,
   // and those forked from its prefill from the same logits.
   void sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i);
@@ -157,6 +160,7 @@ class BlockScheduler {
   std::unique_ptr<policy::KvPolicy> kv_policy_;  // from policy_.kv; null for the full cache
   std::unique_ptr<WeightStaging> staging_;
   std::unique_ptr<CacheRing> ring_;
+  KvCopies kv_copies_;
   // Declared last: destroyed first, so queued copies finish before the memory they touch goes.
   std::unique_ptr<offload::CopyEngine> copies_;
 };

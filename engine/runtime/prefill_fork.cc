@@ -22,11 +22,27 @@ std::int64_t shared_prompt_run(const GenerationRequest& req, std::size_t first) 
   return static_cast<std::int64_t>(end - first);
 }
 
-void fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,
-               std::span<const std::int64_t> layers, const ForkSlot& from, const ForkSlot& to, const ForkExtent& e) {
+std::int64_t KvCopyBytes::total() const { return read[0] + read[1] + read[2]; }
+
+void KvCopyBytes::add(const KvCopyBytes& o) {
+  for (std::size_t t = 0; t < read.size(); ++t) {
+    read[t] += o.read[t];
+    written[t] += o.written[t];
+  }
+}
+
+void KvCopies::add(const KvCopies& o) {
+  prefixes.add(o.prefixes);
+  forks.add(o.forks);
+}
+
+KvCopyBytes fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,
+                      std::span<const std::int64_t> layers, const ForkSlot& from, const ForkSlot& to,
+                      const ForkExtent& e) {
   // The same bytes of each kv head's slots, at the same offsets in the other row.
   const std::int64_t head_bytes = e.capacity * e.slot_bytes;
   const offload::RowBands bands{0, e.evicting ? head_bytes : e.tokens * e.slot_bytes, e.n_kv_heads, head_bytes};
+  KvCopyBytes moved;
   for (const std::int64_t layer : layers) {
     const auto l = static_cast<std::size_t>(layer);
     from.batch->cache_stored[l].wait();  // the prefill's write-back
@@ -35,8 +51,13 @@ void fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::
     const auto v = from.batch->v[l]->pieces(from.seq, from.seq + 1, to.batch->v[l]->place(to.seq), false, bands);
     pieces.insert(pieces.end(), v.begin(), v.end());
     offload::copy_pieces_now(tiers, pieces, staging, opts);
+    for (const offload::CopyPiece& p : pieces) {
+      moved.read[static_cast<std::size_t>(p.src.tier)] += p.total();
+      moved.written[static_cast<std::size_t>(p.dst.tier)] += p.total();
+    }
     if (e.evicting) to.batch->eviction[l]->copy_sequence(*from.batch->eviction[l], from.seq, to.seq);
   }
+  return moved;
 }
 
 }  // namespace flexh2o::engine

@@ -6,6 +6,7 @@
 // compressed or not: the bytes move as stored), and the KV policy's state of every kv head.
 // From there each sequence decodes on its own, with the tokens its own prefill would give.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -36,9 +37,27 @@ struct ForkExtent {
   bool evicting = false;
 };
 
+// The KV bytes row copies moved (docs/prefix-sharing.md, "KV bytes copied"): K and V of every
+// decoder layer copied, each byte read from the tier the source row lives on and written to
+// the tier of the row it goes to, so both arrays hold the same total.
+struct KvCopyBytes {
+  std::array<std::int64_t, 3> read{}, written{};  // by offload::Tier
+  std::int64_t total() const;
+  void add(const KvCopyBytes& o);
+};
+
+// The row copies of a scheduler's runs, apart: the shared prompt prefixes newcomers took
+// (StepPlan::prefixes) and the prefills forked into the n samples of a prompt (StepPlan::forks).
+struct KvCopies {
+  KvCopyBytes prefixes, forks;
+  void add(const KvCopies& o);
+};
+
 // Copies `from` into `to` in every layer of `layers` (and the eviction state with a KV
-// policy), once the copies that stored either row have finished; returns when done.
-void fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,
-               std::span<const std::int64_t> layers, const ForkSlot& from, const ForkSlot& to, const ForkExtent& extent);
+// policy), once the copies that stored either row have finished; returns when done, with the
+// bytes it moved.
+KvCopyBytes fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,
+                      std::span<const std::int64_t> layers, const ForkSlot& from, const ForkSlot& to,
+                      const ForkExtent& extent);
 
 }  // namespace flexh2o::engine

@@ -37,7 +37,7 @@ void BlockScheduler::next_steps(BlockState& st) {
   const StepPlan& plan = st.plan;
   GenerationLog& log = *st.log;
   for (const std::size_t seq : plan.dropped) log.drop(seq);
-  copy_rows(st, plan.forks, st.evicting, "fork_cache");
+  copy_rows(st, plan.forks, st.evicting, "fork_cache", kv_copies_.forks);
   const auto gbs = static_cast<std::size_t>(policy_.gpu_batch_size);
   for (std::size_t slot = 0; slot < plan.slots.size(); ++slot) {
     const SlotStep& s = plan.slots[slot];
@@ -49,7 +49,7 @@ void BlockScheduler::next_steps(BlockState& st) {
       for (auto& e : st.batches[slot / gbs].eviction)
         e->reset(static_cast<std::int64_t>(slot % gbs), sequence_tokens(*st.req, seq));
   }
-  copy_rows(st, plan.prefixes, false, "share_prefix");
+  copy_rows(st, plan.prefixes, false, "share_prefix", kv_copies_.prefixes);
   for (GpuBatch& b : st.batches) b.step = lay_out(st, b);
 }
 
@@ -85,14 +85,16 @@ StepBatch BlockScheduler::lay_out(const BlockState& st, const GpuBatch& b) const
 
 // Each copy, in order, before any compute of the step can write either row: under a KV
 // policy the whole row and its policy state (forks), else the first copy.tokens slots.
-void BlockScheduler::copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what) {
+void BlockScheduler::copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what,
+                               KvCopyBytes& moved) {
   const std::int64_t gbs = policy_.gpu_batch_size;
   auto slot_of = [&](std::int64_t s) { return ForkSlot{&st.batch(s / gbs), s % gbs}; };
   for (const RowCopy& c : copies) {
     const ForkExtent extent{c.tokens, st.capacity, cfg_.n_kv_heads, kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim),
                             evicting};
     offload::ScopedSpan span(trace_, "compute", what, "slot " + std::to_string(c.from) + " to " + std::to_string(c.to));
-    fork_slot(tiers_, *host_staging_, copies_->options(), units_.cache_layers, slot_of(c.from), slot_of(c.to), extent);
+    moved.add(fork_slot(tiers_, *host_staging_, copies_->options(), units_.cache_layers, slot_of(c.from), slot_of(c.to),
+                        extent));
   }
 }
 

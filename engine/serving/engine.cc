@@ -117,7 +117,8 @@ RunReport Engine::report(const std::string& description, std::span<const Request
 
 RunPart Engine::part(const std::string& name, int rank, const std::string& host,
                      const engine::GenerationResult& total) const {
-  RunPart p{.name = name, .rank = rank, .host = host, .result = total, .kv_reads = sched_->kv_reads()};
+  RunPart p{.name = name, .rank = rank, .host = host, .result = total, .kv_reads = sched_->kv_reads(),
+            .kv_copies = sched_->kv_copies()};
   const auto& moe = config_.moe;
   p.placement = Placement{policy::to_json(o_.policy, moe.experts, moe.top_k), policy::to_text(o_.policy), peaks_of(tiers_)};
   if (trace_) p.spans = trace_->spans();

@@ -96,6 +96,57 @@ std::string kv_reads_text(const engine::KvReads& r, std::int64_t steps) {
                      saved);
 }
 
+namespace {
+
+nlohmann::json copy_bytes_json(const engine::KvCopyBytes& b) {
+  nlohmann::json by_tier;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    by_tier[std::string(offload::tier_name(t))] = {{"read", b.read[i]}, {"written", b.written[i]}};
+  }
+  return {{"total", b.total()}, {"by_tier", std::move(by_tier)}};
+}
+
+engine::KvCopyBytes copy_bytes_from_json(const nlohmann::json& j) {
+  engine::KvCopyBytes b;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    const nlohmann::json& tier = j.at("by_tier").at(std::string(offload::tier_name(t)));
+    b.read[i] = tier.at("read").get<std::int64_t>();
+    b.written[i] = tier.at("written").get<std::int64_t>();
+  }
+  return b;
+}
+
+// "X for WHAT (gpu A read, B written | cpu ...)": the tiers that took part.
+std::string copy_bytes_text(const engine::KvCopyBytes& b, std::string_view what) {
+  std::vector<std::string> tiers;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    if (b.read[i] > 0 || b.written[i] > 0)
+      tiers.push_back(fmt::format("{} {} read, {} written", offload::tier_name(t), format_bytes(b.read[i]),
+                                  format_bytes(b.written[i])));
+  }
+  return fmt::format("{} for {}{}", format_bytes(b.total()), what,
+                     tiers.empty() ? "" : fmt::format(" ({})", fmt::join(tiers, " | ")));
+}
+
+}  // namespace
+
+nlohmann::json kv_copies_json(const engine::KvCopies& c) {
+  return {{"prefixes", copy_bytes_json(c.prefixes)}, {"forks", copy_bytes_json(c.forks)}};
+}
+
+engine::KvCopies kv_copies_from_json(const nlohmann::json& j) {
+  return {.prefixes = copy_bytes_from_json(j.at("prefixes")), .forks = copy_bytes_from_json(j.at("forks"))};
+}
+
+std::string kv_copies_text(const engine::KvCopies& c) {
+  if (c.prefixes.total() == 0 && c.forks.total() == 0) return "";
+  return fmt::format("KV copied: {}, {}\n", copy_bytes_text(c.prefixes, "shared prefixes"),
+                     copy_bytes_text(c.forks, "forked prefills"));
+}
+
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
   std::ranges::sort(values);
@@ -189,6 +240,13 @@ engine::KvReads RunReport::all_kv_reads() const {
   return sum;
 }
 
+engine::KvCopies RunReport::all_kv_copies() const {
+  if (mode == RunMode::OneProcess) return kv_copies;
+  engine::KvCopies sum;
+  for (const RunPart& p : parts) sum.add(p.kv_copies);
+  return sum;
+}
+
 std::string RunReport::text() const {
   switch (mode) {
     case RunMode::DataParallel: return data_parallel_text();
@@ -217,6 +275,7 @@ std::string RunReport::one_process_text() const {
                    "generated tokens: {}\n",
                    prompts, total.prompt_tokens, total.prompt_tokens_computed, total.prefix_shared_tokens,
                    total.prefix_hits, total.generated_tokens);
+  s += kv_copies_text(kv_copies);
   s += phases_text(total);
   s += kv_reads_text(kv_reads, steps());
   if (wall_seconds > 0)
@@ -260,6 +319,7 @@ nlohmann::json RunReport::one_process_json() const {
   j["sequence_steps"] = total.sequence_steps;
   j["slot_utilisation"] = total.slot_utilisation();
   j["kv_read_bytes"] = kv_reads_json(kv_reads, steps());
+  j["kv_copy_bytes"] = kv_copies_json(kv_copies);
   nlohmann::json requests = nlohmann::json::array();
   for (const auto& t : timings)
     requests.push_back({{"id", nlohmann::json::parse(t.id_json)},
@@ -308,6 +368,7 @@ RunReport make_run_report(const std::string& description, const engine::ModelCon
   r.peaks = peaks_of(tiers);
   r.experts = sched.expert_loads();
   r.kv_reads = sched.kv_reads();
+  r.kv_copies = sched.kv_copies();
   if (trace) r.time_by_primitive = trace->time_by_primitive();
   return r;
 }

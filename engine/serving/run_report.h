@@ -44,6 +44,14 @@ engine::KvReads kv_reads_from_json(const nlohmann::json& j);
 // "KV read: X per step (gpu A in place | cpu B staged | ...), Y over S steps"
 std::string kv_reads_text(const engine::KvReads& r, std::int64_t steps);
 
+// The KV bytes row copies moved (engine::KvCopies), as --metrics has them: for the shared
+// prefixes and for the forked prefills, the total and per tier the bytes read and written.
+nlohmann::json kv_copies_json(const engine::KvCopies& c);
+engine::KvCopies kv_copies_from_json(const nlohmann::json& j);
+// "KV copied: X for shared prefixes (gpu A read, B written | ...), Y for forked prefills\n",
+// or "" when nothing was copied.
+std::string kv_copies_text(const engine::KvCopies& c);
+
 // When one request's tokens came, in seconds from the start of the job's loop.
 struct RequestTiming {
   std::string id_json;
@@ -82,6 +90,7 @@ struct RunPart {
   std::optional<Placement> placement;  // none: a data-parallel rank that had no request to run
   engine::GenerationResult result;     // counts and times of the requests it ran
   engine::KvReads kv_reads;            // the KV its attention read (of its layers)
+  engine::KvCopies kv_copies;          // the KV its row copies moved (of its layers)
   std::size_t finished_requests = 0;   // data parallel: the requests it finished
   bool stopped = false;                // data parallel: an interrupt stopped it taking requests
   std::optional<policy::StageSlice> slice;  // pipeline: the stage's layers
@@ -117,6 +126,7 @@ struct RunReport {
   TierPeaks peaks;
   engine::ExpertLoadStats experts;  // mixture-of-experts: what each step fetched
   engine::KvReads kv_reads;         // one process: the KV its attention read (else the parts')
+  engine::KvCopies kv_copies;       // one process: the KV its row copies moved (else the parts')
   std::map<std::string, double> time_by_primitive;
   // How the requests shared the block's slots: "continuous" or "fixed" ("" : not said).
   std::string batching;
@@ -145,6 +155,7 @@ struct RunReport {
   double bubble_share() const;          // pipeline: the time the stages waited on each other
   std::int64_t decode_expert_bytes_per_token() const;
   engine::KvReads all_kv_reads() const;  // one process: kv_reads; else the parts' sum
+  engine::KvCopies all_kv_copies() const;  // one process: kv_copies; else the parts' sum
   std::int64_t steps() const { return total.prefill_steps + total.decode_steps; }
   // The run's own throughput, step and time in the prediction's terms.
   Prediction measured() const;

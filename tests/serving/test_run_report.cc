@@ -38,6 +38,11 @@ RunPart stage(int rank, double wall, double wait) {
   p.spans = {{"compute", "compute_layer", "attention.0 b0", 0.25, 0.5, 64}};
   p.kv_reads.in_place = {100 * (rank + 1), 20, 0};
   p.kv_reads.staged = {0, 30, 4 * rank};
+  // Each stage's layers' prefix copies from gpu rows into cpu ones; rank 1 forked a prefill on disk.
+  p.kv_copies.prefixes.read = {64 * (rank + 1), 0, 0};
+  p.kv_copies.prefixes.written = {0, 64 * (rank + 1), 0};
+  p.kv_copies.forks.read = {0, 0, 16 * rank};
+  p.kv_copies.forks.written = {0, 0, 16 * rank};
   return p;
 }
 
@@ -58,6 +63,10 @@ TEST(RunReport, PartRoundTripsThroughJson) {
   EXPECT_EQ(q.spans[0].name, "attention.0 b0");
   EXPECT_EQ(q.kv_reads.in_place, p.kv_reads.in_place);
   EXPECT_EQ(q.kv_reads.staged, p.kv_reads.staged);
+  EXPECT_EQ(q.kv_copies.prefixes.read, p.kv_copies.prefixes.read);
+  EXPECT_EQ(q.kv_copies.prefixes.written, p.kv_copies.prefixes.written);
+  EXPECT_EQ(q.kv_copies.forks.read, p.kv_copies.forks.read);
+  EXPECT_EQ(q.kv_copies.forks.written, p.kv_copies.forks.written);
   // As --metrics has it: no trace, no policy text.
   const nlohmann::json m = to_json(p, false);
   EXPECT_FALSE(m.contains("spans"));
@@ -144,6 +153,43 @@ TEST(RunReport, KvReadsByTierAndStep) {
   EXPECT_EQ(p["by_tier"]["gpu"]["in_place"], 300);
   EXPECT_EQ(p["by_tier"]["disk"]["staged"], 4);
   EXPECT_THAT(pipeline.text(), HasSubstr(" over 22 steps\n"));
+}
+
+// The KV row copies moved: per tier read and written, for shared prefixes and forked prefills
+// apart; no line when nothing was copied; over several ranks the parts' sum.
+TEST(RunReport, KvCopiesByTier) {
+  engine::KvCopies c;
+  EXPECT_EQ(kv_copies_text(c), "");
+  c.prefixes.read = {2048, 1024, 0};
+  c.prefixes.written = {1024, 0, 2048};
+  const nlohmann::json j = kv_copies_json(c);
+  EXPECT_EQ(j["prefixes"]["total"], 3072);
+  EXPECT_EQ(j["prefixes"]["by_tier"]["cpu"]["read"], 1024);
+  EXPECT_EQ(j["prefixes"]["by_tier"]["disk"]["written"], 2048);
+  EXPECT_EQ(j["forks"]["total"], 0);
+  const engine::KvCopies back = kv_copies_from_json(j);
+  EXPECT_EQ(back.prefixes.read, c.prefixes.read);
+  EXPECT_EQ(back.prefixes.written, c.prefixes.written);
+  EXPECT_EQ(kv_copies_text(c), "KV copied: 3.00 KiB for shared prefixes (gpu 2.00 KiB read, 1.00 KiB written | "
+                               "cpu 1.00 KiB read, 0 B written | disk 0 B read, 2.00 KiB written), 0 B for forked "
+                               "prefills\n");
+
+  for (const RunMode mode : {RunMode::Pipeline, RunMode::DataParallel}) {
+    RunReport r;
+    r.mode = mode;
+    r.batching = "continuous";
+    r.parts = {stage(0, 2.0, 0.5), stage(1, 4.0, 1.5)};
+    if (mode == RunMode::DataParallel)
+      for (RunPart& p : r.parts) p.slice.reset();
+    r.total = result(4, 20, 0.5, 1.5);
+    const nlohmann::json m = r.to_json()["kv_copy_bytes"];
+    EXPECT_EQ(m["prefixes"]["total"], 64 + 128);
+    EXPECT_EQ(m["prefixes"]["by_tier"]["gpu"]["read"], 64 + 128);
+    EXPECT_EQ(m["prefixes"]["by_tier"]["cpu"]["written"], 64 + 128);
+    EXPECT_EQ(m["forks"]["by_tier"]["disk"]["written"], 16);
+    EXPECT_THAT(r.text(), HasSubstr("KV copied: 192 B for shared prefixes (gpu 192 B read, 0 B written | cpu 0 B read, "
+                                    "192 B written), 16 B for forked prefills (disk 16 B read, 16 B written)\n"));
+  }
 }
 
 TEST(RunReport, EveryModeSaysOneInterruptLine) {
