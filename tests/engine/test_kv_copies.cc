@@ -7,11 +7,10 @@
 
 #include <random>
 
-#include "engine/loaders/dummy_weights.h"
 #include "engine/runtime/block_scheduler.h"
-#include "engine/serving/generate.h"
 #include "kernels/backend.h"
 #include "tests/support/test_models.h"
+#include "tests/support/tiered_run.h"
 
 namespace flexh2o {
 namespace {
@@ -45,28 +44,9 @@ GenerationRequest prefixed(const engine::ModelConfig& cfg, std::int64_t prefix, 
   return req;
 }
 
-struct Copied {
-  GenerationResult result;
-  KvCopies copies;
-};
-
-Copied run(const engine::ModelConfig& cfg, const policy::Policy& pol, const GenerationRequest& req) {
-  std::unique_ptr<kernels::Backend> be = kernels::make_cpu_backend();
-  testing::TempDir dir;
-  offload::TierOptions to;
-  to.offload_dir = dir.path();
-  offload::Tiers tiers(*be, to);
-  engine::DummyWeights src(cfg, 46);
-  engine::BlockScheduler sched(*be, tiers, cfg, src, pol, nullptr);
-  Copied r;
-  r.result = serving::generate(sched, req);
-  r.copies = sched.kv_copies();
-  return r;
-}
-
-// The bytes of one cache slot's K and V in all layers.
-std::int64_t slot_bytes(const engine::ModelConfig& cfg, const policy::Policy& pol) {
-  return cfg.n_layers * 2 * cfg.n_kv_heads * kernels::kv_slot_bytes(pol.cache_dtype(cfg.dtype), cfg.head_dim);
+testing::KvTraffic run(const engine::ModelConfig& cfg, const policy::Policy& pol, const GenerationRequest& req) {
+  const std::unique_ptr<kernels::Backend> be = kernels::make_cpu_backend();
+  return testing::kv_traffic(*be, cfg, pol, req);
 }
 
 // One GPU batch of `gbs` continuous slots, the KV cache split over the tiers by `cache`.
@@ -100,10 +80,10 @@ TEST(KvCopies, SharedPrefixByTier) {
       const policy::Policy pol = placement(4, c.cache, compress);
       GenerationRequest req = prefixed(cfg, 20, {3, 6, 4}, 5);
       req.slots = pol.block_size();
-      const Copied r = run(cfg, pol, req);
+      const testing::KvTraffic r = run(cfg, pol, req);
       ASSERT_EQ(r.result.prefix_shared_tokens, 3 * 20);
       ASSERT_EQ(r.result.prefix_hits, 3);
-      const std::int64_t prefix_bytes = 20 * slot_bytes(cfg, pol);
+      const std::int64_t prefix_bytes = 20 * testing::kv_bytes_per_slot(cfg, pol);
       EXPECT_EQ(r.copies.prefixes.read, times({3, 0, 0}, prefix_bytes));
       EXPECT_EQ(r.copies.prefixes.written, times(c.written_rows, prefix_bytes));
       EXPECT_EQ(r.copies.prefixes.total(), 3 * prefix_bytes);
@@ -119,7 +99,7 @@ TEST(KvCopies, NoneWithoutSharingOrFromItsOwnRow) {
   GenerationRequest off = prefixed(cfg, 20, {3, 6, 4}, 5);
   off.slots = four.block_size();
   off.share_prefixes = false;
-  const Copied unshared = run(cfg, four, off);
+  const testing::KvTraffic unshared = run(cfg, four, off);
   ASSERT_EQ(unshared.result.prefix_shared_tokens, 0);
   EXPECT_EQ(unshared.copies.prefixes.total(), 0);
   EXPECT_EQ(unshared.copies.prefixes.written, ByTier{});
@@ -127,7 +107,7 @@ TEST(KvCopies, NoneWithoutSharingOrFromItsOwnRow) {
   const policy::Policy one = placement(1, {1, 0, 0}, false);
   GenerationRequest own = prefixed(cfg, 20, {3}, 3);
   own.slots = one.block_size();
-  const Copied r = run(cfg, one, own);
+  const testing::KvTraffic r = run(cfg, one, own);
   ASSERT_EQ(r.result.prefix_shared_tokens, 20);
   EXPECT_EQ(r.copies.prefixes.total(), 0);
   EXPECT_EQ(r.copies.forks.total(), 0);
@@ -143,9 +123,9 @@ TEST(KvCopies, ForkedPrefillsApart) {
   req.sequences.push_back(req.sequences[0]);
   req.sequences[1].shares_prompt = req.sequences[2].shares_prompt = true;
   req.slots = pol.block_size();
-  const Copied r = run(cfg, pol, req);
+  const testing::KvTraffic r = run(cfg, pol, req);
   for (const auto& tokens : r.result.tokens) ASSERT_EQ(tokens.size(), 4u);
-  const std::int64_t prompt_bytes = 12 * slot_bytes(cfg, pol);
+  const std::int64_t prompt_bytes = 12 * testing::kv_bytes_per_slot(cfg, pol);
   EXPECT_EQ(r.copies.forks.read, times({2, 0, 0}, prompt_bytes));
   EXPECT_EQ(r.copies.forks.written, times({0, 1, 1}, prompt_bytes));
   EXPECT_EQ(r.copies.prefixes.total(), 0);

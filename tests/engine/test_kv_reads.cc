@@ -8,12 +8,11 @@
 #include <memory>
 #include <random>
 
-#include "engine/loaders/dummy_weights.h"
 #include "engine/runtime/block_scheduler.h"
-#include "engine/serving/generate.h"
 #include "kernels/backend.h"
 #include "tests/support/forwarding_backend.h"
 #include "tests/support/test_models.h"
+#include "tests/support/tiered_run.h"
 
 namespace flexh2o {
 namespace {
@@ -38,13 +37,8 @@ GenerationRequest request(const engine::ModelConfig& cfg, std::vector<std::size_
   return req;
 }
 
-struct Generated {
-  GenerationResult result;
-  KvReads reads;
-};
-
 // A backend whose decode attention reads every query's row whole, shared prefixes or not (as
-// the CUDA backend does).
+// one without cascade attention does).
 class PerSequenceReads final : public testing::ForwardingBackend {
  public:
   bool reads_shared_prefixes_once() const override { return false; }
@@ -58,25 +52,11 @@ class PerSequenceReads final : public testing::ForwardingBackend {
   }
 };
 
-Generated run(const engine::ModelConfig& cfg, const policy::Policy& pol, const GenerationRequest& req,
-              bool per_sequence = false) {
+testing::KvTraffic run(const engine::ModelConfig& cfg, const policy::Policy& pol, const GenerationRequest& req,
+                       bool per_sequence = false) {
   std::unique_ptr<kernels::Backend> be = kernels::make_cpu_backend();
   if (per_sequence) be = std::make_unique<PerSequenceReads>();
-  testing::TempDir dir;
-  offload::TierOptions to;
-  to.offload_dir = dir.path();
-  offload::Tiers tiers(*be, to);
-  engine::DummyWeights src(cfg, 46);
-  engine::BlockScheduler sched(*be, tiers, cfg, src, pol, nullptr);
-  Generated r;
-  r.result = serving::generate(sched, req);
-  r.reads = sched.kv_reads();
-  return r;
-}
-
-// The bytes of one cache slot's K and V in all layers.
-std::int64_t slot_bytes(const engine::ModelConfig& cfg, const policy::Policy& pol) {
-  return cfg.n_layers * 2 * cfg.n_kv_heads * kernels::kv_slot_bytes(pol.cache_dtype(cfg.dtype), cfg.head_dim);
+  return testing::kv_traffic(*be, cfg, pol, req);
 }
 
 // The slots a sequence of `prompt` tokens generating `generated` reads over its decode steps:
@@ -103,8 +83,8 @@ TEST(KvReads, FixedBlockByTierStagedFromCpu) {
   const policy::Policy pol = placement(2, 2, {0.5, 0.5, 0}, false);
   const std::vector<std::size_t> lengths = {5, 9, 3, 12};
   const std::int64_t g = 6;
-  const Generated r = run(cfg, pol, request(cfg, lengths, g));
-  const std::int64_t unit = slot_bytes(cfg, pol);
+  const testing::KvTraffic r = run(cfg, pol, request(cfg, lengths, g));
+  const std::int64_t unit = testing::kv_bytes_per_slot(cfg, pol);
   KvReads want;
   want.in_place[static_cast<std::size_t>(Tier::Gpu)] = unit * (decode_slots(5, g) + decode_slots(3, g));
   want.staged[static_cast<std::size_t>(Tier::Cpu)] = unit * (decode_slots(9, g) + decode_slots(12, g));
@@ -119,8 +99,8 @@ TEST(KvReads, FixedBlockOverThreeTiers) {
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   const policy::Policy pol = placement(3, 1, {0.34, 0.33, 0.33}, true);
   const std::int64_t g = 4;
-  const Generated r = run(cfg, pol, request(cfg, {7, 4, 10}, g));
-  const std::int64_t unit = slot_bytes(cfg, pol);
+  const testing::KvTraffic r = run(cfg, pol, request(cfg, {7, 4, 10}, g));
+  const std::int64_t unit = testing::kv_bytes_per_slot(cfg, pol);
   KvReads want;
   want.in_place[static_cast<std::size_t>(Tier::Gpu)] = unit * decode_slots(7, g);
   want.in_place[static_cast<std::size_t>(Tier::Cpu)] = unit * decode_slots(4, g);
@@ -142,14 +122,14 @@ TEST(KvReads, ContinuousBatchingReadingEveryRowWhole) {
   req.sequences[0].prompt = prefix;
   req.slots = pol.block_size();
   req.min_shared_prefix = 4;
-  const Generated r = run(cfg, pol, req, true);
+  const testing::KvTraffic r = run(cfg, pol, req, true);
   ASSERT_GT(r.result.prefix_shared_tokens, 0);
   std::int64_t slots = r.result.prefix_shared_tokens;
   for (std::size_t b = 0; b < req.sequences.size(); ++b)
     slots += decode_slots(static_cast<std::int64_t>(req.sequences[b].prompt.size()),
                           static_cast<std::int64_t>(r.result.tokens[b].size()));
   KvReads want;
-  want.in_place[static_cast<std::size_t>(Tier::Gpu)] = slot_bytes(cfg, pol) * slots;
+  want.in_place[static_cast<std::size_t>(Tier::Gpu)] = testing::kv_bytes_per_slot(cfg, pol) * slots;
   EXPECT_EQ(r.reads.in_place, want.in_place);
   EXPECT_EQ(r.reads.staged, KvReads{}.staged);
 }
@@ -178,14 +158,15 @@ TEST(KvReads, ContinuousBatchingReadsAGroupsPrefixOnce) {
   const std::int64_t once = whole - 20 * (2 + 3 * 3 + 2);
   for (const bool per_sequence : {true, false}) {
     SCOPED_TRACE(per_sequence ? "reading each row whole" : "reading shared prefixes once");
-    const Generated r = run(cfg, pol, req, per_sequence);
+    const testing::KvTraffic r = run(cfg, pol, req, per_sequence);
     ASSERT_EQ(r.result.prefix_shared_tokens, 3 * 20);
     for (const auto& tokens : r.result.tokens) ASSERT_EQ(tokens.size(), 5u);
+    const std::int64_t unit = testing::kv_bytes_per_slot(cfg, pol);
     KvReads want;
-    want.in_place[static_cast<std::size_t>(Tier::Gpu)] = slot_bytes(cfg, pol) * (per_sequence ? whole : once);
+    want.in_place[static_cast<std::size_t>(Tier::Gpu)] = unit * (per_sequence ? whole : once);
     EXPECT_EQ(r.reads.in_place, want.in_place);
     EXPECT_EQ(r.reads.staged, KvReads{}.staged);
-    EXPECT_EQ(r.reads.shared_prefix_saved, slot_bytes(cfg, pol) * (per_sequence ? 0 : whole - once));
+    EXPECT_EQ(r.reads.shared_prefix_saved, unit * (per_sequence ? 0 : whole - once));
   }
 }
 

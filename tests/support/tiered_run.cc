@@ -1,5 +1,6 @@
 #include "tests/support/tiered_run.h"
 
+#include "engine/loaders/dummy_weights.h"
 #include "engine/runtime/block_scheduler.h"
 #include "engine/serving/generate.h"
 #include "offload/tiers.h"
@@ -26,6 +27,25 @@ std::vector<std::vector<std::int32_t>> generate_tiered(kernels::Backend& be, con
   offload::Tiers tiers(be, to);
   engine::BlockScheduler sched(be, tiers, cfg, source, pol, nullptr, copy);
   return serving::generate(sched, req).tokens;
+}
+
+KvTraffic kv_traffic(kernels::Backend& be, const engine::ModelConfig& cfg, const policy::Policy& pol,
+                     const engine::GenerationRequest& req) {
+  TempDir dir;
+  offload::TierOptions to;
+  to.offload_dir = dir.path();
+  offload::Tiers tiers(be, to);
+  engine::DummyWeights src(cfg, 46);
+  engine::BlockScheduler sched(be, tiers, cfg, src, pol, nullptr);
+  KvTraffic r;
+  r.result = serving::generate(sched, req);
+  r.reads = sched.kv_reads();
+  r.copies = sched.kv_copies();
+  return r;
+}
+
+std::int64_t kv_bytes_per_slot(const engine::ModelConfig& cfg, const policy::Policy& pol) {
+  return cfg.n_layers * 2 * cfg.n_kv_heads * kernels::kv_slot_bytes(pol.cache_dtype(cfg.dtype), cfg.head_dim);
 }
 
 }  // namespace flexh2o::testing

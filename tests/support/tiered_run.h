@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/generator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
@@ -23,5 +24,18 @@ std::vector<std::vector<std::int32_t>> generate_tiered(kernels::Backend& be, con
                                                        const engine::WeightSource& source, const policy::Policy& pol,
                                                        const engine::GenerationRequest& req,
                                                        offload::CopyOptions copy = {});
+
+// One block of `req` on dummy weights (seed 46) over fresh tiers: its result and the KV bytes
+// it read and copied.
+struct KvTraffic {
+  engine::GenerationResult result;
+  engine::KvReads reads;
+  engine::KvCopies copies;
+};
+KvTraffic kv_traffic(kernels::Backend& be, const engine::ModelConfig& cfg, const policy::Policy& pol,
+                     const engine::GenerationRequest& req);
+
+// The bytes of one cache slot's K and V in all layers.
+std::int64_t kv_bytes_per_slot(const engine::ModelConfig& cfg, const policy::Policy& pol);
 
 }  // namespace flexh2o::testing
