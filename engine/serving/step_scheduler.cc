@@ -19,8 +19,19 @@ using engine::shared_prompt_run;
 using engine::SlotStep;
 using engine::StepPlan;
 
+namespace {
+
+// The request's feed, or SequenceFeed's defaults (every sequence, in order) without one.
+engine::SequenceFeed& feed_of(const GenerationRequest& req) {
+  static engine::SequenceFeed in_order;  // stateless: one serves every scheduler
+  return req.feed ? *req.feed : in_order;
+}
+
+}  // namespace
+
 StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes)
     : req_(req),
+      feed_(feed_of(req)),
       gpu_batch_size_(static_cast<std::size_t>(gpu_batch_size)),
       continuous_(req.slots > 0),
       sharing_(continuous_ && share_prefixes) {
@@ -50,7 +61,7 @@ StepPlan StepScheduler::next_step() {
   planned_ = true;
   std::vector<bool> newcomer(slots(), first && !continuous_);
   if (continuous_) {
-    if (waiting_ < req_.sequences.size() && req_.feed && req_.feed->stop_admitting())
+    if (waiting_ < req_.sequences.size() && feed_.stop_admitting())
       for (; waiting_ < req_.sequences.size(); ++waiting_) plan.dropped.push_back(waiting_);
     newcomer = admit(plan);
   }
@@ -174,8 +185,8 @@ void StepScheduler::record_all(std::span<const std::int32_t> next) {
 
 bool StepScheduler::prompt_waiting(bool idle, StepPlan& plan) {
   const std::size_t queued = req_.sequences.size();
-  if (waiting_ >= queued || !req_.feed) return waiting_ < queued;
-  const std::optional<std::size_t> next = req_.feed->next_sequence(waiting_, idle);
+  if (waiting_ >= queued) return false;
+  const std::optional<std::size_t> next = feed_.next_sequence(waiting_, idle);
   if (!next && idle) throw std::logic_error("the sequence feed gave no answer while no slot runs");
   if (!next) return false;
   if (*next < waiting_) throw std::logic_error("the sequence feed went back in the queue");

@@ -31,16 +31,16 @@ class StepScheduler final : public engine::StepPlanner {
   // the model allows it: prefix_sharing_off_reason). `req` must outlive this.
   StepScheduler(const engine::GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes);
   std::size_t slots() const override { return slot_seq_.size(); }
-  // Under continuous batching it polls req.feed's stop_admitting and asks it for the
-  // sequences free slots take.
+  // Under continuous batching it polls the feed's stop_admitting and asks it for the
+  // sequences free slots take (req.feed, or every sequence in order without one).
   engine::StepPlan next_step() override;
   void record(std::size_t slot, std::int32_t token, bool ended) override;
   void record_all(std::span<const std::int32_t> next) override;
   const std::vector<std::int32_t>& tokens(std::size_t slot) const override { return tokens_[slot]; }
 
  private:
-  // Whether a prompt waits for a free slot (waiting_); under req.feed the next one this
-  // run takes, those passed on the way dropped.
+  // Whether a prompt waits for a free slot (waiting_): the next one the feed says this run
+  // takes, those passed on the way dropped.
   bool prompt_waiting(bool idle, engine::StepPlan& plan);
   // Free slots take waiting prompts; which slots prefill a newcomer this step.
   std::vector<bool> admit(engine::StepPlan& plan);
@@ -61,6 +61,7 @@ class StepScheduler final : public engine::StepPlanner {
   void group_prefixes(engine::StepPlan& plan) const;
 
   const engine::GenerationRequest& req_;
+  engine::SequenceFeed& feed_;  // req_.feed, or one that admits every sequence in order
   std::size_t gpu_batch_size_;
   bool continuous_;
   bool sharing_;          // shared prompt prefixes apply
