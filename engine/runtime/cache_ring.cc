@@ -80,20 +80,26 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
                                       {"load_hidden", batch_label(u, k)}, b.step.rows() * hidden_ * 4));
   }
   const std::int64_t staged = b.n - b.resident_end;
-  if (u.cache_layer >= 0 && b.step.any_cached()) count_reads(b, static_cast<std::size_t>(u.cache_layer), capacity);
   if (u.cache_layer >= 0 && staged > 0 && b.step.any_cached()) {
     // Only the valid slots of each (sequence, kv head) that reads its cache: those cached
-    // before this step's rows; none of a prefilling or idle one. Under eviction the policy's
-    // slots fill the (budget-sized) rows: all of them.
+    // before this step's rows, less a shared prefix its attention reads from another row;
+    // none of a prefilling or idle one. Under eviction the policy's slots fill the
+    // (budget-sized) rows: all of them.
     const auto layer = static_cast<std::size_t>(u.cache_layer);
+    const std::vector<std::int64_t> elsewhere = prefix_read_elsewhere(b, layer);
     const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
     const std::int64_t head_bytes = capacity * slot_bytes;
     std::vector<KvByteRange> ranges;
     std::int64_t bytes = 0;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
       const std::int64_t cached = b.step.cached(s);
-      ranges.push_back({0, cached == 0 ? 0 : b.eviction.empty() ? cached * slot_bytes : head_bytes});
-      bytes += 2 * n_kv_heads_ * ranges.back().to;
+      if (cached == 0)
+        ranges.push_back({0, 0});
+      else if (!b.eviction.empty())
+        ranges.push_back({0, head_bytes});
+      else
+        ranges.push_back({elsewhere[static_cast<std::size_t>(s)] * slot_bytes, cached * slot_bytes});
+      bytes += 2 * n_kv_heads_ * (ranges.back().to - ranges.back().from);
     }
     auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
                                   slot.v.data(), false);
@@ -102,37 +108,50 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
     slot.loads.push_back(
         submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_cache", batch_label(u, k)}, bytes));
   }
+  if (u.cache_layer >= 0 && b.step.any_cached()) count_reads(b, static_cast<std::size_t>(u.cache_layer), capacity);
   if (slot.loads.empty()) wait_all(before);  // nothing queued behind them: settle here
 }
 
-void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity) {
-  const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+// Where a layer reads shared prefixes once, the members of a group after its first in one
+// attention call read the prefix from the first one's row. The calls go by runs of sequences of
+// one kind within a part (a tier attended in place, or the staged rest); a staged run of
+// extending rows may be cut into several calls (at most a GPU batch of rows each), so there
+// only decode runs count.
+std::vector<std::int64_t> CacheRing::prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const {
+  std::vector<std::int64_t> elsewhere(static_cast<std::size_t>(b.n), 0);
+  if (layer >= prefix_once_.size() || !prefix_once_[layer] || !b.eviction.empty()) return elsewhere;
   const offload::RowSplit& split = b.k[layer]->split();
-  const bool once = layer < prefix_once_.size() && prefix_once_[layer];
-  // The attention calls go by runs of sequences of one kind within a part (a tier attended in
-  // place, or the staged rest): the groups whose prefix the current call has read.
-  std::vector<std::int64_t> read;
   auto same_call = [&](std::int64_t s) {
     const auto k = static_cast<std::size_t>(s);
     const bool in_place = s < b.resident_end;
     return b.step.kinds[k] == b.step.kinds[k - 1] && in_place == (s - 1 < b.resident_end) &&
            (!in_place || split.tier_of(s) == split.tier_of(s - 1));
   };
+  std::vector<std::int64_t> read;  // the groups whose prefix the current call has read
   for (std::int64_t s = 0; s < b.n; ++s) {
     if (s == 0 || !same_call(s)) read.clear();
+    const auto i = static_cast<std::size_t>(s);
+    const std::int64_t group = b.step.prefix_group[i];
+    const bool grouped_call = s < b.resident_end || b.step.kinds[i] == SeqStep::Decode;
+    if (group < 0 || b.step.cached(s) == 0 || !grouped_call) continue;
+    if (std::ranges::find(read, group) != read.end())
+      elsewhere[i] = b.step.prefix_len[i];
+    else
+      read.push_back(group);
+  }
+  return elsewhere;
+}
+
+void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity) {
+  const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+  const offload::RowSplit& split = b.k[layer]->split();
+  const std::vector<std::int64_t> elsewhere = prefix_read_elsewhere(b, layer);
+  for (std::int64_t s = 0; s < b.n; ++s) {
     const std::int64_t cached = b.step.cached(s);
     if (cached == 0) continue;
-    std::int64_t slots = b.eviction.empty() ? cached : capacity;
-    const std::int64_t group = b.step.prefix_group[static_cast<std::size_t>(s)];
-    if (once && group >= 0 && s < b.resident_end) {
-      if (std::ranges::find(read, group) != read.end()) {
-        const std::int64_t prefix = b.step.prefix_len[static_cast<std::size_t>(s)];
-        slots -= prefix;
-        reads_.shared_prefix_saved += 2 * n_kv_heads_ * prefix * slot_bytes;
-      } else {
-        read.push_back(group);
-      }
-    }
+    const std::int64_t skipped = elsewhere[static_cast<std::size_t>(s)];
+    reads_.shared_prefix_saved += 2 * n_kv_heads_ * skipped * slot_bytes;
+    const std::int64_t slots = (b.eviction.empty() ? cached : capacity) - skipped;
     auto& by_tier = s < b.resident_end ? reads_.in_place : reads_.staged;
     by_tier[static_cast<std::size_t>(split.tier_of(s))] += 2 * n_kv_heads_ * slots * slot_bytes;
   }
