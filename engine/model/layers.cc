@@ -19,7 +19,9 @@ namespace {
 
 // The shared prefixes of one decode call's queries (kernels::AttentionDecodeArgs): query i
 // reads the cache row of sequence query_seq[i] of `p` (the call's rows are p's sequences); a
-// group's prefix is read from the row of its first sequence in the call. Empty when none.
+// group's prefix is read from the row of its first sequence in `p`, the run the call is part
+// of, whichever of its rows the call takes (the staging loads a group's prefix into that row
+// only: CacheRing::prefix_read_elsewhere). Empty when none.
 struct CallPrefixes {
   std::vector<kernels::SharedPrefix> prefixes;
   std::vector<std::int64_t> prefix_of;
@@ -37,7 +39,8 @@ CallPrefixes call_prefixes(const StepBatch& p, std::span<const std::int64_t> que
     c.prefix_of.push_back(at - ids.begin());
     if (at != ids.end()) continue;
     ids.push_back(group);
-    c.prefixes.push_back({b, p.prefix_len[static_cast<std::size_t>(b)]});
+    const auto holder = std::ranges::find(p.prefix_group, group) - p.prefix_group.begin();
+    c.prefixes.push_back({holder, p.prefix_len[static_cast<std::size_t>(b)]});
   }
   if (c.prefixes.empty()) c.prefix_of.clear();
   return c;

@@ -112,28 +112,26 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
   if (slot.loads.empty()) wait_all(before);  // nothing queued behind them: settle here
 }
 
-// Where a layer reads shared prefixes once, the members of a group after its first in one
-// attention call read the prefix from the first one's row. The calls go by runs of sequences of
-// one kind within a part (a tier attended in place, or the staged rest); a staged run of
-// extending rows may be cut into several calls (at most a GPU batch of rows each), so there
-// only decode runs count.
+// Where a layer reads shared prefixes once, the members of a group after its first in a run of
+// sequences of one kind within a part (a tier attended in place, or the staged rest) read the
+// prefix from the first one's row, in every attention call of the run (a run of extending rows
+// may take several).
 std::vector<std::int64_t> CacheRing::prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const {
   std::vector<std::int64_t> elsewhere(static_cast<std::size_t>(b.n), 0);
   if (layer >= prefix_once_.size() || !prefix_once_[layer] || !b.eviction.empty()) return elsewhere;
   const offload::RowSplit& split = b.k[layer]->split();
-  auto same_call = [&](std::int64_t s) {
+  auto same_run = [&](std::int64_t s) {
     const auto k = static_cast<std::size_t>(s);
     const bool in_place = s < b.resident_end;
     return b.step.kinds[k] == b.step.kinds[k - 1] && in_place == (s - 1 < b.resident_end) &&
            (!in_place || split.tier_of(s) == split.tier_of(s - 1));
   };
-  std::vector<std::int64_t> read;  // the groups whose prefix the current call has read
+  std::vector<std::int64_t> read;  // the groups whose prefix the current run reads
   for (std::int64_t s = 0; s < b.n; ++s) {
-    if (s == 0 || !same_call(s)) read.clear();
+    if (s == 0 || !same_run(s)) read.clear();
     const auto i = static_cast<std::size_t>(s);
     const std::int64_t group = b.step.prefix_group[i];
-    const bool grouped_call = s < b.resident_end || b.step.kinds[i] == SeqStep::Decode;
-    if (group < 0 || b.step.cached(s) == 0 || !grouped_call) continue;
+    if (group < 0 || b.step.cached(s) == 0) continue;
     if (std::ranges::find(read, group) != read.end())
       elsewhere[i] = b.step.prefix_len[i];
     else

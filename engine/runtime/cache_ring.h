@@ -4,7 +4,7 @@
 // sequence: sequences [0, resident_end) of a batch are attended where they live (gpu tier, or
 // host memory with cpu_cache_compute); the rest are staged through the slot. Only the valid
 // slots move: those cached before the step in (less a shared prefix that the attention reads
-// from another row of its call), the step's new slots out (under eviction, each head's whole
+// from another row), the step's new slots out (under eviction, each head's whole
 // budget-sized row both ways).
 #pragma once
 #include <array>
@@ -41,8 +41,7 @@ struct GpuBatch {
 // rows); a prefill reads none (it attends over the K/V it computes). Where a layer's attention
 // reads shared prefixes once (StepBatch::prefix_group), the members of a group attended in
 // place by one call read the prefix once: the first member all its slots, the others their
-// slots after it. Staged rows count what load_cache copies: the same in a decode call (the
-// others' prefixes are not staged), every member's prefix in an extending one.
+// slots after it; staged rows the same (load_cache leaves the others' prefixes out).
 struct KvReads {
   std::array<std::int64_t, 3> in_place{}, staged{};  // by offload::Tier
   // Not in the totals: the bytes a group's members after its first did not read (their prefix).
@@ -79,7 +78,7 @@ class CacheRing {
 
  private:
   // Per sequence of b: the slots of a shared prefix its attention in `layer` reads from
-  // another row of its call (not from its own, which need not hold them), else 0.
+  // another row of its run (not from its own, which need not hold them), else 0.
   std::vector<std::int64_t> prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const;
   void count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity);
   offload::CopyTicket submit_after(int lane, std::vector<offload::CopyTicket> deps,

@@ -139,10 +139,9 @@ TEST(KvReads, ContinuousBatchingReadingEveryRowWhole) {
 // slot 0 decodes while slots 1-3 extend, each after the 20 slots copied from row 0; steps 2-4
 // all four decode; step 5 slots 1-3 (slot 0 has its 5 tokens). Reading each row whole, that is
 // the 60 shared tokens read by the extends plus every decode's cached slots. Reading the 20
-// slots once per call: the decode calls of steps 2-4 read them once for 4 (save 3 x 20 each),
-// that of step 5 once for 3 (2 x 20); slot 0 decodes alone in step 1's decode call. The extend
-// call of step 1 reads them once for 3 (2 x 20) in place; staged, its rows come whole (a run of
-// extending rows may take several calls).
+// slots once per run of one kind: the extend call of step 1 reads them once for 3 (saves
+// 2 x 20), the decode calls of steps 2-4 once for 4 (3 x 20 each), that of step 5 once for 3
+// (2 x 20); slot 0 decodes alone in step 1's decode call. Staged rows load what is read.
 GenerationRequest one_prefix_job(const engine::ModelConfig& cfg, const policy::Policy& pol) {
   GenerationRequest req = request(cfg, {20, 3, 6, 4}, 5);
   const Tokens prefix = req.sequences[0].prompt;
@@ -160,7 +159,7 @@ void expect_group_reads_prefix_once(const policy::Policy& pol, Tier tier, bool s
   const GenerationRequest req = one_prefix_job(cfg, pol);
   std::int64_t whole = 3 * 20;
   for (const Sequence& seq : req.sequences) whole += decode_slots(static_cast<std::int64_t>(seq.prompt.size()), 5);
-  const std::int64_t once = whole - 20 * (3 * 3 + 2 + (staged ? 0 : 2));
+  const std::int64_t once = whole - 20 * (2 + 3 * 3 + 2);
   for (const bool per_sequence : {true, false}) {
     SCOPED_TRACE(per_sequence ? "reading each row whole" : "reading shared prefixes once");
     const testing::KvTraffic r = run(cfg, pol, req, per_sequence);
@@ -179,9 +178,9 @@ TEST(KvReads, ContinuousBatchingReadsAGroupsPrefixOnce) {
   expect_group_reads_prefix_once(placement(4, 1, {1, 0, 0}, false), Tier::Gpu, false);
 }
 
-// Staged rows: load_cache leaves out the prefix of every member of a decode call but its first,
-// which the attention reads for all of them.
-TEST(KvReads, StagedDecodeCallLoadsAGroupsPrefixOnce) {
+// Staged rows: load_cache leaves out the prefix of every member of a run but its first, from
+// whose row the attention reads it for all of them.
+TEST(KvReads, StagedRowsLoadAGroupsPrefixOnce) {
   expect_group_reads_prefix_once(placement(4, 1, {0, 1, 0}, false), Tier::Cpu, true);
   expect_group_reads_prefix_once(placement(4, 1, {0, 0, 1}, false), Tier::Disk, true);
 }
