@@ -79,37 +79,42 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
     slot.loads.push_back(submit_after(lane_hidden_in_, std::move(deps), std::move(pieces),
                                       {"load_hidden", batch_label(u, k)}, b.step.rows() * hidden_ * 4));
   }
-  const std::int64_t staged = b.n - b.resident_end;
-  if (u.cache_layer >= 0 && staged > 0 && b.step.any_cached()) {
-    // Only the valid slots of each (sequence, kv head) that reads its cache: those cached
-    // before this step's rows, less a shared prefix its attention reads from another row;
-    // none of a prefilling or idle one. Under eviction the policy's slots fill the
-    // (budget-sized) rows: all of them.
-    const auto layer = static_cast<std::size_t>(u.cache_layer);
-    const std::vector<std::int64_t> elsewhere = prefix_read_elsewhere(b, layer);
-    const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
-    const std::int64_t head_bytes = capacity * slot_bytes;
-    std::vector<KvByteRange> ranges;
-    std::int64_t bytes = 0;
-    for (std::int64_t s = b.resident_end; s < b.n; ++s) {
-      const std::int64_t cached = b.step.cached(s);
-      if (cached == 0)
-        ranges.push_back({0, 0});
-      else if (!b.eviction.empty())
-        ranges.push_back({0, head_bytes});
-      else
-        ranges.push_back({elsewhere[static_cast<std::size_t>(s)] * slot_bytes, cached * slot_bytes});
-      bytes += 2 * n_kv_heads_ * (ranges.back().to - ranges.back().from);
-    }
-    auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
-                                  slot.v.data(), false);
-    std::vector<CopyTicket> deps = before;
-    deps.push_back(b.cache_stored[layer]);
-    slot.loads.push_back(
-        submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_cache", batch_label(u, k)}, bytes));
-  }
-  if (u.cache_layer >= 0 && b.step.any_cached()) count_reads(b, static_cast<std::size_t>(u.cache_layer), capacity);
+  if (u.cache_layer >= 0 && b.step.any_cached()) load_cache(u, k, b, slot, capacity, before);
   if (slot.loads.empty()) wait_all(before);  // nothing queued behind them: settle here
+}
+
+// Counts what the attention of u's layer reads of batch b's rows, and starts the copies of its
+// staged rows into `slot` after `before`.
+void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot,
+                           std::int64_t capacity, const std::vector<CopyTicket>& before) {
+  const auto layer = static_cast<std::size_t>(u.cache_layer);
+  const std::vector<std::int64_t> elsewhere = prefix_read_elsewhere(b, layer);
+  count_reads(b, layer, capacity, elsewhere);
+  if (b.resident_end == b.n) return;
+  // Only the valid slots of each (sequence, kv head) that reads its cache: those cached
+  // before this step's rows, less a shared prefix its attention reads from another row;
+  // none of a prefilling or idle one. Under eviction the policy's slots fill the
+  // (budget-sized) rows: all of them.
+  const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+  const std::int64_t head_bytes = capacity * slot_bytes;
+  std::vector<KvByteRange> ranges;
+  std::int64_t bytes = 0;
+  for (std::int64_t s = b.resident_end; s < b.n; ++s) {
+    const std::int64_t cached = b.step.cached(s);
+    if (cached == 0)
+      ranges.push_back({0, 0});
+    else if (!b.eviction.empty())
+      ranges.push_back({0, head_bytes});
+    else
+      ranges.push_back({elsewhere[static_cast<std::size_t>(s)] * slot_bytes, cached * slot_bytes});
+    bytes += 2 * n_kv_heads_ * (ranges.back().to - ranges.back().from);
+  }
+  auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
+                                slot.v.data(), false);
+  std::vector<CopyTicket> deps = before;
+  deps.push_back(b.cache_stored[layer]);
+  slot.loads.push_back(
+      submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_cache", batch_label(u, k)}, bytes));
 }
 
 // Where a layer reads shared prefixes once, the members of a group after its first in a run of
@@ -140,10 +145,10 @@ std::vector<std::int64_t> CacheRing::prefix_read_elsewhere(const GpuBatch& b, st
   return elsewhere;
 }
 
-void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity) {
+void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity,
+                            std::span<const std::int64_t> elsewhere) {
   const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
   const offload::RowSplit& split = b.k[layer]->split();
-  const std::vector<std::int64_t> elsewhere = prefix_read_elsewhere(b, layer);
   for (std::int64_t s = 0; s < b.n; ++s) {
     const std::int64_t cached = b.step.cached(s);
     if (cached == 0) continue;

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/model/kv_eviction.h"
@@ -77,10 +78,14 @@ class CacheRing {
   const KvReads& reads() const { return reads_; }
 
  private:
+  void load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
+                  const std::vector<offload::CopyTicket>& before);
   // Per sequence of b: the slots of a shared prefix its attention in `layer` reads from
   // another row of its run (not from its own, which need not hold them), else 0.
   std::vector<std::int64_t> prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const;
-  void count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity);
+  // Adds what the attention of `layer` reads of b's rows (`elsewhere`: prefix_read_elsewhere).
+  void count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity,
+                   std::span<const std::int64_t> elsewhere);
   offload::CopyTicket submit_after(int lane, std::vector<offload::CopyTicket> deps,
                                    std::vector<offload::CopyPiece> pieces, offload::CopyLabel label,
                                    std::int64_t bytes);
