@@ -4,6 +4,7 @@
 
 #include "kernels/backend.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -56,11 +57,14 @@ void check_prefill(const AttentionPrefillArgs& a) {
 }
 
 void check_shared_prefixes(const AttentionDecodeArgs& a) {
+  if (a.prefix_cache.k != nullptr && (a.prefix_cache.v == nullptr || a.prefix_cache.capacity <= 0))
+    throw std::invalid_argument("attention_decode: a prefix cache needs its values and a capacity");
   if (a.prefix_of.empty()) return;
   if (a.prefix_of.size() != a.lens.size())
     throw std::invalid_argument("attention_decode: prefix_of needs one entry per query");
+  const std::int64_t prefix_capacity = a.prefix_cache.k != nullptr ? a.prefix_cache.capacity : a.capacity;
   for (const SharedPrefix& p : a.shared_prefixes)
-    if (p.row < 0 || p.len < 0 || p.len > a.capacity)
+    if (p.row < 0 || p.len < 0 || p.len > prefix_capacity)
       throw std::out_of_range("attention_decode: a shared prefix outside the cache");
   for (std::size_t b = 0; b < a.lens.size(); ++b) {
     const std::int64_t i = a.prefix_of[b];
@@ -71,14 +75,36 @@ void check_shared_prefixes(const AttentionDecodeArgs& a) {
   }
 }
 
+// A row that starts after its prefix (row_base) is readable only through that prefix.
+void check_row_bases(const AttentionDecodeArgs& a) {
+  if (a.row_base.empty()) return;
+  if (a.row_base.size() != a.lens.size())
+    throw std::invalid_argument("attention_decode: row_base needs one entry per query");
+  for (std::size_t b = 0; b < a.lens.size(); ++b) {
+    const std::int64_t base = a.row_base[b];
+    if (base < 0) throw std::out_of_range("attention_decode: a negative row_base");
+    if (base == 0) continue;
+    if (!shared_prefix_applies(a))
+      throw std::invalid_argument(
+          "attention_decode: a row that starts after its prefix needs the prefix read apart (no sliding window, probs "
+          "or slot_bias)");
+    const std::int64_t i = a.prefix_of[b];
+    if (i < 0 || a.shared_prefixes[static_cast<std::size_t>(i)].len != base)
+      throw std::invalid_argument("attention_decode: a row_base that is not its query's shared prefix's len");
+  }
+}
+
 void check_decode(const AttentionDecodeArgs& a) {
   check_shape(a.shape);
   if (a.compute != DType::F32 && a.compute != DType::BF16)
     throw std::invalid_argument("attention_decode: compute must be f32 or bf16");
-  for (const std::int64_t len : a.lens)
-    if (len <= 0 || len > a.capacity)
-      throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity]");
   check_shared_prefixes(a);
+  check_row_bases(a);
+  for (std::size_t b = 0; b < a.lens.size(); ++b) {
+    const std::int64_t own = a.lens[b] - row_base_of(a, static_cast<std::int64_t>(b));
+    if (a.lens[b] <= 0 || own > a.capacity)
+      throw std::invalid_argument("attention_decode: a sequence length is outside [1, capacity] of its row");
+  }
   if (a.cache_rows.empty()) return;
   if (a.cache_rows.size() != a.lens.size())
     throw std::invalid_argument("attention_decode: cache_rows needs one cache row per query");
@@ -113,6 +139,10 @@ void check_kv_move(const KvMoveArgs& a) {
 
 }  // namespace
 
+std::int64_t row_base_of(const AttentionDecodeArgs& a, std::int64_t b) {
+  return a.row_base.empty() ? 0 : a.row_base[static_cast<std::size_t>(b)];
+}
+
 bool shared_prefix_applies(const AttentionDecodeArgs& a) {
   return !a.prefix_of.empty() && a.shape.window == 0 && a.probs == nullptr && a.slot_bias == nullptr;
 }
@@ -124,6 +154,8 @@ void Backend::attention_prefill(const AttentionPrefillArgs& a) {
 
 void Backend::attention_decode(const AttentionDecodeArgs& a) {
   check_decode(a);
+  if (!reads_shared_prefixes_once() && std::any_of(a.row_base.begin(), a.row_base.end(), [](std::int64_t b) { return b > 0; }))
+    throw std::invalid_argument("attention_decode: this backend reads every row whole, and a row_base > 0 starts after its prefix");
   do_attention_decode(a);
 }
 

@@ -89,18 +89,36 @@ struct AttentionDecodeArgs {
   // Optional, host: shared prefixes of the call's queries. Query b with prefix_of[b] = i >= 0
   // ([B] entries, -1: none) is a member of shared_prefixes[i], whose len is at most lens[b].
   // Where shared_prefix_applies holds and the backend reads_shared_prefixes_once, the prefix's
-  // K/V are read once for all its members' query heads (each query's softmax over the prefix
-  // and over its own slots [len, lens[b]) merged by their maxima and sums), and a member's own
-  // row below len is not read; the result equals the per-query reading up to fp32 summation
-  // order. Elsewhere every query reads its own row whole, which holds the same bytes.
+  // K/V are read once for all its members' query heads, then each member's own slots
+  // [len, lens[b]), and a member's own row below len is not read; the result equals the
+  // per-query reading (on the CPU bit for bit; on CUDA, whose partial softmaxes merge by their
+  // maxima, up to fp32 summation order). Elsewhere every query reads its own row whole, which
+  // holds the same bytes.
   std::span<const SharedPrefix> shared_prefixes;
   std::span<const std::int64_t> prefix_of;
+  // Optional: where the shared prefixes' rows are, when not in the call's cache (a prefix held
+  // once for the queries of many calls): K and V laid out as k_cache, in the call's cache dtype,
+  // with their own capacity. Null k: the prefixes' rows are rows of the call's cache.
+  struct PrefixCache {
+    const void* k = nullptr;
+    const void* v = nullptr;
+    std::int64_t capacity = 0;
+  } prefix_cache;
+  // Optional, host, [B]: query b's own row holds its positions from row_base[b] on (slot s holds
+  // position row_base[b] + s; slots [0, lens[b] - row_base[b]) valid), a row that starts after
+  // its shared prefix: positions below row_base[b] > 0 are read from the prefix, whose len must be
+  // row_base[b]. Empty: every row starts at position 0. Needs shared_prefix_applies and a backend
+  // that reads_shared_prefixes_once (nothing else can read such a row whole).
+  std::span<const std::int64_t> row_base;
 };
 
 // Whether a's shared prefixes can be read once: there are some, and no feature makes a query's
 // view of its prefix its own (a sliding window starts each query's keys after its own length;
 // probs and slot_bias are per cache row). Otherwise the call reads every query's row whole.
 bool shared_prefix_applies(const AttentionDecodeArgs& a);
+
+// The position slot 0 of query b's row holds (AttentionDecodeArgs::row_base; 0 when empty).
+std::int64_t row_base_of(const AttentionDecodeArgs& a, std::int64_t b);
 
 // Writes rows of new keys or values into a cache laid out like AttentionDecodeArgs::k_cache:
 // row r of src goes to sequence seq[r], slot slot[r], for every kv head (converted to the

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -116,7 +115,21 @@ HeadKv head_kv(const AttentionDecodeArgs& a, std::int64_t row, std::int64_t g, s
   return {static_cast<const std::byte*>(a.k_cache) + offset, static_cast<const std::byte*>(a.v_cache) + offset};
 }
 
+// The K and V of kv head g of a shared prefix's row: in the prefix cache where there is one.
+HeadKv prefix_kv(const AttentionDecodeArgs& a, std::int64_t row, std::int64_t g, std::int64_t slot_bytes) {
+  const AttentionDecodeArgs::PrefixCache& c = a.prefix_cache;
+  if (c.k == nullptr) return head_kv(a, row, g, slot_bytes);
+  const std::int64_t offset = (row * a.shape.n_kv_heads + g) * c.capacity * slot_bytes;
+  return {static_cast<const std::byte*>(c.k) + offset, static_cast<const std::byte*>(c.v) + offset};
+}
+
 std::int64_t cache_row(const AttentionDecodeArgs& a, std::int64_t b) { return a.cache_rows.empty() ? b : a.cache_rows[b]; }
+
+// Slots [first, first + count) of one (cache row, kv head).
+struct RowPiece {
+  HeadKv kv;
+  std::int64_t first = 0, count = 0;
+};
 
 // One query's (sequence b's) kv head g over its whole row: softmax of the scores, then the
 // probability-weighted sum of the values.
@@ -154,176 +167,115 @@ void decode_head(const AttentionDecodeArgs& a, const SlotReader& read, std::int6
   std::copy(acc.begin(), acc.end(), a.out + (b * s.n_heads + g * group) * D);
 }
 
-// A softmax over some slots, unnormalised, to be merged with others (log-sum-exp): per query
-// head, the largest score, the sum of exp(score - max), and the exp-weighted sum of the values.
-struct SoftmaxState {
-  float* max;  // [heads]
-  float* sum;  // [heads]
-  float* acc;  // [heads, D]
-};
+// A shared prefix's members are read in batches of this many queries (a task each): the
+// prefix's keys and values are loaded once for all their query heads.
+constexpr std::int64_t kMembersPerTask = 16;
 
-// The state of `heads` query heads (q: [heads, D]) over slots [j0, j1) of one (row, kv head).
-void softmax_state(const float* q, std::int64_t heads, const HeadKv& kv, std::int64_t j0, std::int64_t j1,
-                   const SlotReader& read, const AttentionShape& s, const SoftmaxState& out) {
-  const std::int64_t m = j1 - j0, D = s.head_dim;
-  thread_local std::vector<float> scores;
-  scores.resize(static_cast<std::size_t>(heads * m));
-  for (std::int64_t j = 0; j < m; j += kDecodeSlots)
-    attention_vec::scores(q, heads, read(kv.k, j0 + j, std::min(kDecodeSlots, m - j)), s.scale, scores.data() + j, m);
-  for (std::int64_t h = 0; h < heads; ++h) {
-    float* p = scores.data() + h * m;
-    soft_cap(p, m, s.softcap);
-    out.max[h] = vec::max(p, m);
-    out.sum[h] = vec::exp_shifted(p, m, out.max[h]);
+// The queries of each shared prefix with slots (its members), in query order.
+std::vector<std::vector<std::int64_t>> prefix_members(const AttentionDecodeArgs& a) {
+  std::vector<std::vector<std::int64_t>> members(a.shared_prefixes.size());
+  for (std::size_t b = 0; b < a.lens.size(); ++b) {
+    const std::int64_t i = a.prefix_of[b];
+    if (i >= 0 && a.shared_prefixes[static_cast<std::size_t>(i)].len > 0)
+      members[static_cast<std::size_t>(i)].push_back(static_cast<std::int64_t>(b));
   }
-  std::fill_n(out.acc, heads * D, 0.0f);
-  for (std::int64_t j = 0; j < m; j += kDecodeSlots)
-    attention_vec::weighted_sum(scores.data() + j, m, heads, read(kv.v, j0 + j, std::min(kDecodeSlots, m - j)), out.acc);
+  return members;
 }
 
-// A shared prefix is read in chunks of this many slots, each a task of its own (the prefix of
-// a few groups is otherwise a few long tasks); a multiple of kDecodeSlots.
-constexpr std::int64_t kPrefixChunk = 4 * kDecodeSlots;
-
-// The shared prefixes of a decode call, and the softmax states of their members' query heads
-// over each chunk of them.
-class PrefixStates {
- public:
-  explicit PrefixStates(const AttentionDecodeArgs& a) : a_(a), member_(a.lens.size(), -1) {
-    members_.resize(a.shared_prefixes.size());
-    for (std::size_t b = 0; b < a.lens.size(); ++b) {
-      const std::int64_t i = a.prefix_of[b];
-      if (i < 0 || a.shared_prefixes[static_cast<std::size_t>(i)].len == 0) continue;
-      auto& m = members_[static_cast<std::size_t>(i)];
-      member_[b] = static_cast<std::int64_t>(m.size());
-      m.push_back(static_cast<std::int64_t>(b));
-    }
-    const std::int64_t group = a.shape.n_heads / a.shape.n_kv_heads;
-    std::int64_t states = 0;
-    for (std::size_t i = 0; i < members_.size(); ++i) {
-      base_.push_back(states);
-      const std::int64_t chunks = this->chunks(static_cast<std::int64_t>(i));
-      for (std::int64_t g = 0; g < a.shape.n_kv_heads; ++g)
-        for (std::int64_t c = 0; c < chunks; ++c) tasks_.push_back({static_cast<std::int64_t>(i), g, c});
-      states += a.shape.n_kv_heads * chunks * static_cast<std::int64_t>(members_[i].size()) * group;
-    }
-    max_.resize(static_cast<std::size_t>(states));
-    sum_.resize(static_cast<std::size_t>(states));
-    acc_.resize(static_cast<std::size_t>(states * a.shape.head_dim));
-  }
-  // Whether query b reads a shared prefix (one with slots) rather than its own row from slot 0.
-  bool member(std::int64_t b) const { return member_[static_cast<std::size_t>(b)] >= 0; }
-  const SharedPrefix& prefix_of(std::int64_t b) const {
-    return a_.shared_prefixes[static_cast<std::size_t>(a_.prefix_of[static_cast<std::size_t>(b)])];
-  }
-  std::int64_t chunks(std::int64_t i) const {
-    if (members_[static_cast<std::size_t>(i)].empty()) return 0;
-    return (a_.shared_prefixes[static_cast<std::size_t>(i)].len + kPrefixChunk - 1) / kPrefixChunk;
-  }
-  // Every (prefix, kv head, chunk): its members' query heads over the chunk's slots, read once.
-  void compute(const SlotReader& read) {
-    tbb::parallel_for(std::size_t{0}, tasks_.size(), [&](std::size_t t) { compute_chunk(tasks_[t], read); });
-  }
-  // The state of member b's query head `head` of kv head g over chunk c of its prefix.
-  std::int64_t state(std::int64_t b, std::int64_t g, std::int64_t c, std::int64_t head) const {
-    const std::int64_t i = a_.prefix_of[static_cast<std::size_t>(b)];
-    const std::int64_t group = a_.shape.n_heads / a_.shape.n_kv_heads;
-    const auto members = static_cast<std::int64_t>(members_[static_cast<std::size_t>(i)].size());
-    return base_[static_cast<std::size_t>(i)] + ((g * chunks(i) + c) * members + member_[static_cast<std::size_t>(b)]) * group + head;
-  }
-  float max(std::int64_t st) const { return max_[static_cast<std::size_t>(st)]; }
-  float sum(std::int64_t st) const { return sum_[static_cast<std::size_t>(st)]; }
-  const float* acc(std::int64_t st) const { return acc_.data() + st * a_.shape.head_dim; }
-
- private:
-  struct Task {
-    std::int64_t prefix, g, chunk;
-  };
-  void compute_chunk(const Task& t, const SlotReader& read) {
-    const AttentionShape& s = a_.shape;
-    const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads;
-    const std::vector<std::int64_t>& members = members_[static_cast<std::size_t>(t.prefix)];
-    const SharedPrefix& p = a_.shared_prefixes[static_cast<std::size_t>(t.prefix)];
-    // The members' query heads of kv head g side by side: each key and value of the chunk is
-    // loaded once for all of them.
-    thread_local std::vector<float> q;
-    q.resize(static_cast<std::size_t>(static_cast<std::int64_t>(members.size()) * group * D));
-    for (std::size_t m = 0; m < members.size(); ++m)
-      std::copy_n(a_.q + (members[m] * s.n_heads + t.g * group) * D, group * D, q.data() + static_cast<std::int64_t>(m) * group * D);
-    const std::int64_t first = state(members.front(), t.g, t.chunk, 0);
-    softmax_state(q.data(), static_cast<std::int64_t>(members.size()) * group, head_kv(a_, p.row, t.g, read.slot_bytes),
-                  t.chunk * kPrefixChunk, std::min(p.len, (t.chunk + 1) * kPrefixChunk), read, s,
-                  {max_.data() + first, sum_.data() + first, acc_.data() + first * D});
-  }
-
-  const AttentionDecodeArgs& a_;
-  std::vector<std::vector<std::int64_t>> members_;  // per prefix, its queries (with slots to share)
-  std::vector<std::int64_t> member_;                // per query, its index among its prefix's members, or -1
-  std::vector<std::int64_t> base_;                  // per prefix, its first state
-  std::vector<Task> tasks_;
-  std::vector<float> max_, sum_, acc_;
-};
-
-// Member b's kv head g: its own slots [len, lens[b]) as one more softmax state, merged with its
-// prefix's chunks by their maxima: out = sum_c acc_c e^(max_c - M) / sum_c sum_c e^(max_c - M).
-void decode_member_head(const AttentionDecodeArgs& a, const SlotReader& read, const PrefixStates& prefixes,
-                        std::int64_t b, std::int64_t g) {
+// Members `members` of shared prefix p, kv head g: each query head's scores over the prefix's
+// slots and then its own, its softmax over them, and its weighted sum of their values in slot
+// order, as decode_head over one row holding both (bit for bit: no score and no value's terms
+// depend on where the blocks part); the prefix's keys and values are loaded once for the query
+// heads of all the members.
+void decode_members_head(const AttentionDecodeArgs& a, const SlotReader& read, const SharedPrefix& p,
+                         std::span<const std::int64_t> members, std::int64_t g) {
   const AttentionShape& s = a.shape;
-  const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads;
-  const std::int64_t P = prefixes.prefix_of(b).len, n = a.lens[b];
-  const std::int64_t chunks = (P + kPrefixChunk - 1) / kPrefixChunk;
-  const float* q = a.q + (b * s.n_heads + g * group) * D;
-  thread_local std::vector<float> own_max, own_sum, own_acc;
-  own_max.resize(static_cast<std::size_t>(group));
-  own_sum.resize(static_cast<std::size_t>(group));
-  own_acc.resize(static_cast<std::size_t>(group * D));
-  const bool own = n > P;
-  if (own)
-    softmax_state(q, group, head_kv(a, cache_row(a, b), g, read.slot_bytes), P, n, read, s,
-                  {own_max.data(), own_sum.data(), own_acc.data()});
-  for (std::int64_t h = 0; h < group; ++h) {
-    float top = own ? own_max[static_cast<std::size_t>(h)] : -std::numeric_limits<float>::infinity();
-    for (std::int64_t c = 0; c < chunks; ++c) top = std::max(top, prefixes.max(prefixes.state(b, g, c, h)));
-    float* out = a.out + (b * s.n_heads + g * group + h) * D;
-    std::fill_n(out, D, 0.0f);
-    float total = 0.0f;
-    auto add = [&](float max, float sum, const float* acc) {
-      const float w = std::exp(max - top);
-      total += sum * w;
-      for (std::int64_t d = 0; d < D; ++d) out[d] += w * acc[d];
-    };
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::int64_t st = prefixes.state(b, g, c, h);
-      add(prefixes.max(st), prefixes.sum(st), prefixes.acc(st));
-    }
-    if (own) add(own_max[static_cast<std::size_t>(h)], own_sum[static_cast<std::size_t>(h)], own_acc.data() + h * D);
-    vec::scale(out, D, 1.0f / total);
+  const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads, P = p.len;
+  const auto M = static_cast<std::int64_t>(members.size()), heads = M * group;
+  auto own_slots = [&](std::int64_t m) { return a.lens[members[m]] - P; };
+  std::int64_t ld = P;
+  for (std::int64_t m = 0; m < M; ++m) ld = std::max(ld, P + own_slots(m));
+  thread_local std::vector<float> q, scores, acc;
+  q.resize(static_cast<std::size_t>(heads * D));
+  scores.resize(static_cast<std::size_t>(heads * ld));
+  acc.assign(static_cast<std::size_t>(heads * D), 0.0f);
+  for (std::int64_t m = 0; m < M; ++m)
+    std::copy_n(a.q + (members[m] * s.n_heads + g * group) * D, group * D, q.data() + m * group * D);
+  auto own_kv = [&](std::int64_t m) {  // member m's own row and its first own slot
+    const std::int64_t b = members[m];
+    return RowPiece{head_kv(a, cache_row(a, b), g, read.slot_bytes), P - row_base_of(a, b), own_slots(m)};
+  };
+  const HeadKv prefix = prefix_kv(a, p.row, g, read.slot_bytes);
+  for (std::int64_t j0 = 0; j0 < P; j0 += kDecodeSlots)
+    attention_vec::scores(q.data(), heads, read(prefix.k, j0, std::min(kDecodeSlots, P - j0)), s.scale,
+                          scores.data() + j0, ld);
+  for (std::int64_t m = 0; m < M; ++m) {
+    const RowPiece own = own_kv(m);
+    for (std::int64_t j0 = 0; j0 < own.count; j0 += kDecodeSlots)
+      attention_vec::scores(q.data() + m * group * D, group,
+                            read(own.kv.k, own.first + j0, std::min(kDecodeSlots, own.count - j0)), s.scale,
+                            scores.data() + m * group * ld + P + j0, ld);
+  }
+  for (std::int64_t h = 0; h < heads; ++h) {
+    float* w = scores.data() + h * ld;
+    const std::int64_t n = P + own_slots(h / group);
+    soft_cap(w, n, s.softcap);
+    softmax(w, n);
+  }
+  for (std::int64_t j0 = 0; j0 < P; j0 += kDecodeSlots)
+    attention_vec::weighted_sum(scores.data() + j0, ld, heads, read(prefix.v, j0, std::min(kDecodeSlots, P - j0)),
+                                acc.data());
+  for (std::int64_t m = 0; m < M; ++m) {
+    const RowPiece own = own_kv(m);
+    for (std::int64_t j0 = 0; j0 < own.count; j0 += kDecodeSlots)
+      attention_vec::weighted_sum(scores.data() + m * group * ld + P + j0, ld, group,
+                                  read(own.kv.v, own.first + j0, std::min(kDecodeSlots, own.count - j0)),
+                                  acc.data() + m * group * D);
+    std::copy_n(acc.data() + m * group * D, group * D, a.out + (members[m] * s.n_heads + g * group) * D);
   }
 }
 
 }  // namespace
 
 // One task per (sequence, kv head) reads its slots kDecodeSlots at a time for all the group's
-// query heads (kernels/cpu/attention_vec.h). With shared prefixes (cascade attention), each
-// prefix's chunks are read first, once for all their members' query heads; a member's task then
-// reads only its own slots after the prefix and merges.
+// query heads (kernels/cpu/attention_vec.h). With shared prefixes (cascade attention), a task
+// per (prefix, kv head, batch of its members) loads the prefix's slots once for all their query
+// heads and then reads each member's own slots after it; every query's result is that of its
+// row read whole, bit for bit.
 void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   const AttentionShape& s = a.shape;
-  const std::int64_t B = static_cast<std::int64_t>(a.lens.size());
+  const std::int64_t B = static_cast<std::int64_t>(a.lens.size()), H = s.n_kv_heads;
   const SlotReader read{a.cache_dtype, s.head_dim, kv_slot_bytes(a.cache_dtype, s.head_dim)};
   if (!shared_prefix_applies(a)) {
-    tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads,
-                      [&](std::int64_t task) { decode_head(a, read, task / s.n_kv_heads, task % s.n_kv_heads); });
+    tbb::parallel_for(std::int64_t{0}, B * H, [&](std::int64_t task) { decode_head(a, read, task / H, task % H); });
     return;
   }
-  PrefixStates prefixes(a);
-  prefixes.compute(read);
-  tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
-    const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
-    if (prefixes.member(b))
-      decode_member_head(a, read, prefixes, b, g);
-    else
-      decode_head(a, read, b, g);
+  const std::vector<std::vector<std::int64_t>> members = prefix_members(a);
+  struct Batch {
+    std::size_t prefix;
+    std::int64_t first, count;
+  };
+  std::vector<Batch> batches;
+  std::vector<bool> member(static_cast<std::size_t>(B), false);
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const auto n = static_cast<std::int64_t>(members[i].size());
+    for (std::int64_t first = 0; first < n; first += kMembersPerTask)
+      batches.push_back({i, first, std::min(kMembersPerTask, n - first)});
+    for (const std::int64_t b : members[i]) member[static_cast<std::size_t>(b)] = true;
+  }
+  std::vector<std::int64_t> others;  // queries of no prefix
+  for (std::int64_t b = 0; b < B; ++b)
+    if (!member[static_cast<std::size_t>(b)]) others.push_back(b);
+  const auto grouped = static_cast<std::int64_t>(batches.size()) * H;
+  tbb::parallel_for(std::int64_t{0}, grouped + static_cast<std::int64_t>(others.size()) * H, [&](std::int64_t task) {
+    if (task >= grouped) {
+      const std::int64_t t = task - grouped;
+      return decode_head(a, read, others[static_cast<std::size_t>(t / H)], t % H);
+    }
+    const Batch& batch = batches[static_cast<std::size_t>(task / H)];
+    const auto in_batch = std::span(members[batch.prefix]).subspan(static_cast<std::size_t>(batch.first),
+                                                                   static_cast<std::size_t>(batch.count));
+    decode_members_head(a, read, a.shared_prefixes[batch.prefix], in_batch, task % H);
   });
 }
 

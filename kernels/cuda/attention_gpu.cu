@@ -1122,8 +1122,9 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   if (D > kDecodeMaxHeadDim)
     throw std::invalid_argument("attention_decode: head_dim " + std::to_string(D) + " is above the CUDA kernel's " +
                                 std::to_string(kDecodeMaxHeadDim));
-  if (a.capacity > std::numeric_limits<int>::max() / 2)  // the kernels count positions in int
-    throw std::invalid_argument("attention_decode: capacity " + std::to_string(a.capacity) +
+  // The kernels count positions in int.
+  if (std::max(a.capacity, a.prefix_cache.capacity) > std::numeric_limits<int>::max() / 2)
+    throw std::invalid_argument("attention_decode: capacity " + std::to_string(std::max(a.capacity, a.prefix_cache.capacity)) +
                                 " is above the CUDA kernel's " + std::to_string(std::numeric_limits<int>::max() / 2));
   if (split.tiles.empty()) return decode_on_cuda_cores(a, {});
   decode_runs_on_mma(a, split.tiles);
@@ -1228,6 +1229,11 @@ void CudaBackend::decode_prefix_tasks(const AttentionDecodeArgs& a, const Cascad
   DecodePlan plan;
   plan.heads_per_block = prefix_batch_heads(a.shape.head_dim);
   DecodeParams p = decode_params(a, plan, 0);
+  if (a.prefix_cache.k != nullptr) {
+    p.k_cache = static_cast<const std::uint8_t*>(a.prefix_cache.k);
+    p.v_cache = static_cast<const std::uint8_t*>(a.prefix_cache.v);
+    p.capacity = a.prefix_cache.capacity;
+  }
   p.part_acc = acc;
   p.part_ml = ml;
   const PrefixTables t{tasks.as<PrefixTask>(), static_cast<std::int64_t>(layout.tasks.size()),
@@ -1246,14 +1252,21 @@ void CudaBackend::decode_cascade(const AttentionDecodeArgs& a, std::span<const s
   const DeviceBuffer prefix_acc(*this, static_cast<std::size_t>(layout.partials * D) * sizeof(float));
   const DeviceBuffer prefix_ml(*this, static_cast<std::size_t>(layout.partials) * 2 * sizeof(float));
   decode_prefix_tasks(a, layout, prefix_acc.as<float>(), prefix_ml.as<float>());
+  // The kernel reads slots [starts, lens) of each row: a row that starts after its prefix
+  // (row_base) holds position x at slot x - row_base.
+  std::vector<std::int64_t> row_lens(a.lens.begin(), a.lens.end()), row_starts(layout.suffix_start);
   std::int64_t own = 0;  // the most slots a query reads from its own row
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t q = queries.empty() ? b : queries[static_cast<std::size_t>(b)];
-    own = std::max(own, a.lens[static_cast<std::size_t>(q)] - layout.suffix_start[static_cast<std::size_t>(b)]);
+    const std::int64_t base = row_base_of(a, q);
+    row_lens[static_cast<std::size_t>(q)] = a.lens[static_cast<std::size_t>(q)] - base;
+    row_starts[static_cast<std::size_t>(b)] -= base;
+    own = std::max(own, row_lens[static_cast<std::size_t>(q)] - row_starts[static_cast<std::size_t>(b)]);
   }
   DecodeParams p = decode_params(a, plan_decode(a.shape, B, own, sm_count_), B);
-  const DeviceBuffer lens = upload(a.lens), cache_rows = upload(a.cache_rows), query_rows = upload(queries);
-  const DeviceBuffer starts = upload(std::span<const std::int64_t>(layout.suffix_start));
+  const DeviceBuffer lens = upload(std::span<const std::int64_t>(row_lens)), cache_rows = upload(a.cache_rows),
+                     query_rows = upload(queries);
+  const DeviceBuffer starts = upload(std::span<const std::int64_t>(row_starts));
   const DeviceBuffer refs = upload(std::span<const PrefixRef>(layout.refs));
   const DeviceBuffer part_acc(*this, static_cast<std::size_t>(B * H * p.plan.splits * D) * sizeof(float));
   const DeviceBuffer part_ml(*this, static_cast<std::size_t>(B * H * p.plan.splits) * 2 * sizeof(float));

@@ -12,7 +12,7 @@ static_assert(sizeof(void*) != 8 || sizeof(RopeArgs) == 80, "RopeArgs changed: u
 static_assert(sizeof(void*) != 8 || sizeof(BiasActArgs) == 72, "BiasActArgs changed: update signature(const BiasActArgs&)");
 static_assert(sizeof(void*) != 8 || sizeof(EmbeddingArgs) == 72, "EmbeddingArgs changed: update signature(const EmbeddingArgs&)");
 static_assert(sizeof(void*) != 8 || sizeof(AttentionShape) == 40, "AttentionShape changed: update signature(const AttentionDecodeArgs&)");
-static_assert(sizeof(void*) != 8 || sizeof(AttentionDecodeArgs) == 176, "AttentionDecodeArgs changed: update its signature");
+static_assert(sizeof(void*) != 8 || sizeof(AttentionDecodeArgs) == 216, "AttentionDecodeArgs changed: update its signature");
 static_assert(sizeof(void*) != 8 || sizeof(KvWriteArgs) == 96, "KvWriteArgs changed: update signature(const KvWriteArgs&)");
 
 OpSignature& OpSignature::add(float f) { return add(static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(f))); }
@@ -55,8 +55,9 @@ OpSignature signature(const EmbeddingArgs& a) {
   return s.add(a.out).add(a.accumulate).add(a.scale);
 }
 
-// Without shared_prefixes and prefix_of: a call that reads them (cascade attention) ends the
-// graph step before its signature is taken (CudaBackend::do_attention_decode).
+// Without shared_prefixes, prefix_of, prefix_cache and row_base: a call that reads them (cascade
+// attention; a row_base > 0 needs it) ends the graph step before its signature is taken
+// (CudaBackend::do_attention_decode).
 OpSignature signature(const AttentionDecodeArgs& a) {
   OpSignature s(GraphOp::AttentionDecode);
   const AttentionShape& h = a.shape;

@@ -329,16 +329,19 @@ PrefixCall prefix_call(std::int64_t round, bool own, bool extend, const std::fun
   return c;
 }
 
+// Outputs equal bit for bit.
+void expect_bitwise(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << "output " << i;
+}
+
 // Cascade attention (AttentionDecodeArgs::shared_prefixes) against the plain per-query reading
 // of the same rows, in every cache dtype, GQA (9/3 as SmolLM2, 8/2) and MHA (4/4), with and
 // without a soft cap: the members' own rows below their prefix are then overwritten with NaN
-// bytes, which the grouped path must not read. The difference is fp32 summation order only: a
-// score is the same dot product either way (the same loops on the same slots, at most
-// 2 sqrt(D) for |q| <= 1, |k| <= 2); each probability's weight differs by the exps (within 2 ulp
-// on the vector path, one ulp for a merge's rescaling), the products and the rounding of the
-// shifted score (u times twice the scores' range), so relatively by w = (12 + 4 score_max) u;
-// an output (|v| <= 2), a ratio of two sums of such weights, by 2 w 2, plus both paths' sums
-// over up to `capacity` values.
+// bytes, which the grouped path must not read. Equal bit for bit: the grouped path computes each
+// query head's scores, softmax and weighted sum as the plain one does (the same loops, a score
+// per slot, each value's terms in slot order), only loading the prefix's slots once for many.
 TEST_F(SharedPrefixDecode, MatchesPerQueryReading) {
   auto be = make_cpu_backend();
   ASSERT_TRUE(be->reads_shared_prefixes_once());
@@ -393,10 +396,83 @@ TEST_F(SharedPrefixDecode, MatchesPerQueryReading) {
             a.prefix_of = c.prefix_of;
             ASSERT_TRUE(shared_prefix_applies(a));
             be->attention_decode(a);
-            const double score_max = 2 * std::sqrt(static_cast<double>(D));
-            const double tol = 4 * (12 + 4 * score_max) * kF32Eps + 2 * sum_tolerance(kF32Eps, cap, 2);
-            for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << "output " << i;
+            expect_bitwise(got, want);
           }
+    }
+}
+
+// Prefixes held once apart from the rows that use them (AttentionDecodeArgs::prefix_cache), each
+// member row starting after its prefix (row_base): the call of MatchesPerQueryReading with every
+// prefix moved into a prefix cache of another capacity and every member row's own slots moved to
+// its slot 0 on, against the plain reading of the rows whole. Everything outside what a query
+// may read holds NaN bytes (the prefix cache past each prefix, a member row past its own slots),
+// so that a read of it shows; equal bit for bit, as MatchesPerQueryReading.
+TEST_F(SharedPrefixDecode, RowsAfterAPrefixHeldApart) {
+  auto be = make_cpu_backend();
+  auto draw = [&](std::int64_t lo, std::int64_t hi) { return random_int(lo, hi); };
+  const std::int64_t D = 64, cap = 1110, prefix_cap = 1040;
+  for (const DType t : {DType::F32, DType::F16, DType::Q8, DType::Q4G32})
+    for (const auto& [n_heads, H] : {std::pair<std::int64_t, std::int64_t>{9, 3}, {4, 4}}) {
+      const std::int64_t slot = kv_slot_bytes(t, D), head_bytes = cap * slot, prefix_head_bytes = prefix_cap * slot;
+      const std::int64_t n = prefix_call(0, true, false, draw).n_rows * H * cap;
+      const std::vector<std::uint8_t> k_drawn = stored_rows(random_floats(n * D, -2, 2), t, n, D);
+      const std::vector<std::uint8_t> v_drawn = stored_rows(random_floats(n * D, -2, 2), t, n, D);
+      for (const std::int64_t round : {0, 3, 5, 8})
+        for (const bool extend : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " heads " << n_heads << "/" << H << " round " << round
+                                            << (extend ? " extend rows" : ""));
+          const PrefixCall c = prefix_call(round, true, extend, draw);
+          const std::int64_t n_prefixes = static_cast<std::int64_t>(c.prefixes.size());
+          std::vector<std::uint8_t> kc = k_drawn, vc = v_drawn;
+          // Each member row holds its prefix's bytes below P for the plain reading.
+          std::vector<std::int64_t> base_of_row(static_cast<std::size_t>(c.n_rows), 0);
+          for (std::size_t b = 0; b < c.rows.size(); ++b) {
+            if (c.prefix_of[b] < 0) continue;
+            const SharedPrefix& p = c.prefixes[static_cast<std::size_t>(c.prefix_of[b])];
+            base_of_row[static_cast<std::size_t>(c.rows[b])] = p.len;
+            if (c.rows[b] == p.row) continue;
+            for (std::int64_t g = 0; g < H; ++g)
+              for (auto* cache : {&kc, &vc})
+                std::copy_n(cache->begin() + (p.row * H + g) * head_bytes, p.len * slot,
+                            cache->begin() + (c.rows[b] * H + g) * head_bytes);
+          }
+          const std::vector<float> q = random_floats(static_cast<std::int64_t>(c.lens.size()) * n_heads * D, -1, 1);
+          AttentionDecodeArgs a{.shape = {n_heads, H, D, 1.0f / std::sqrt(static_cast<float>(D))}, .q = q.data(),
+                                .k_cache = kc.data(), .v_cache = vc.data(), .capacity = cap, .lens = c.lens,
+                                .cache_dtype = t, .cache_rows = c.rows};
+          std::vector<float> want(q.size(), kNaN), got(q.size(), kNaN);
+          a.out = want.data();
+          be->attention_decode(a);
+          // Prefix i moves to row i of the prefix cache; a member row's slots [P, cap) to [0, cap - P).
+          std::vector<std::uint8_t> pk(static_cast<std::size_t>(n_prefixes * H * prefix_head_bytes), 0xff), pv = pk;
+          std::vector<SharedPrefix> held;
+          for (std::int64_t i = 0; i < n_prefixes; ++i) {
+            const SharedPrefix& p = c.prefixes[static_cast<std::size_t>(i)];
+            held.push_back({i, p.len});
+            for (std::int64_t g = 0; g < H; ++g) {
+              std::copy_n(kc.begin() + (p.row * H + g) * head_bytes, p.len * slot, pk.begin() + (i * H + g) * prefix_head_bytes);
+              std::copy_n(vc.begin() + (p.row * H + g) * head_bytes, p.len * slot, pv.begin() + (i * H + g) * prefix_head_bytes);
+            }
+          }
+          for (std::int64_t r = 0; r < c.n_rows; ++r) {
+            const std::int64_t P = base_of_row[static_cast<std::size_t>(r)];
+            for (std::int64_t g = 0; g < H; ++g)
+              for (auto* cache : {&kc, &vc}) {
+                const auto head = cache->begin() + (r * H + g) * head_bytes;
+                std::copy(head + P * slot, head + head_bytes, head);
+                std::fill(head + head_bytes - P * slot, head + head_bytes, std::uint8_t{0xff});
+              }
+          }
+          std::vector<std::int64_t> bases;
+          for (const std::int64_t row : c.rows) bases.push_back(base_of_row[static_cast<std::size_t>(row)]);
+          a.out = got.data();
+          a.shared_prefixes = held;
+          a.prefix_of = c.prefix_of;
+          a.prefix_cache = {pk.data(), pv.data(), prefix_cap};
+          a.row_base = bases;
+          be->attention_decode(a);
+          expect_bitwise(got, want);
+        }
     }
 }
 
@@ -458,6 +534,33 @@ TEST_F(SharedPrefixDecode, RejectsMalformedGroups) {
   EXPECT_THROW(call({{1, 5}}, {0, 1}), std::out_of_range);
   EXPECT_THROW(call({{1, 5}}, {0}), std::invalid_argument);
   EXPECT_THROW(call({{-1, 5}}, {0, 0}), std::out_of_range);
+}
+
+// A row that starts after its prefix (row_base) is read only through that prefix: a base that
+// is not the query's prefix's len, a base without a prefix, under a sliding window, or one entry
+// short is refused; so is a prefix cache without values, or a prefix past its capacity.
+TEST_F(SharedPrefixDecode, RejectsMalformedRowBases) {
+  auto be = make_cpu_backend();
+  const std::vector<float> kc(2 * 16 * 8, 0.5f), vc(2 * 16 * 8, 0.25f), pk(4 * 8, 0.5f), q(2 * 2 * 8, 0.1f);
+  std::vector<float> out(q.size());
+  const std::vector<std::int64_t> lens = {5, 9};
+  auto call = [&](std::vector<SharedPrefix> prefixes, std::vector<std::int64_t> prefix_of,
+                  std::vector<std::int64_t> bases, std::int64_t window = 0,
+                  AttentionDecodeArgs::PrefixCache held = {}) {
+    be->attention_decode({.shape = {2, 1, 8, 0.35f, 0.0f, window}, .q = q.data(), .k_cache = kc.data(),
+                          .v_cache = vc.data(), .capacity = 16, .lens = lens, .out = out.data(),
+                          .shared_prefixes = prefixes, .prefix_of = prefix_of, .prefix_cache = held, .row_base = bases});
+  };
+  const AttentionDecodeArgs::PrefixCache held{pk.data(), pk.data(), 4};
+  EXPECT_NO_THROW(call({{0, 4}}, {0, 0}, {4, 4}, 0, held));
+  EXPECT_NO_THROW(call({{1, 4}}, {-1, 0}, {0, 4}));
+  EXPECT_THROW(call({{1, 4}}, {0, 0}, {3, 4}), std::invalid_argument);
+  EXPECT_THROW(call({{1, 4}}, {-1, 0}, {4, 4}), std::invalid_argument);
+  EXPECT_THROW(call({{1, 4}}, {0, 0}, {4, 4}, 100), std::invalid_argument);
+  EXPECT_THROW(call({{1, 4}}, {0, 0}, {4}), std::invalid_argument);
+  EXPECT_THROW(call({{1, 4}}, {0, 0}, {-1, 0}), std::out_of_range);
+  EXPECT_THROW(call({{0, 5}}, {0, 0}, {5, 5}, 0, held), std::out_of_range);
+  EXPECT_THROW(call({{0, 4}}, {0, 0}, {4, 4}, 0, {pk.data(), nullptr, 4}), std::invalid_argument);
 }
 
 }  // namespace

@@ -171,6 +171,9 @@ struct SharedPrefixCall {
   std::vector<SharedPrefix> prefixes;
   std::vector<std::int64_t> rows, lens, prefix_of;
   bool cache_rows = false;
+  // Each prefix held in a prefix cache of its own (AttentionDecodeArgs::prefix_cache), every
+  // member row starting after its prefix (row_base).
+  bool held_apart = false;
 };
 
 class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<std::string> {
@@ -1041,6 +1044,54 @@ TEST_P(BackendOpsTest, AttentionDecodeWithSharedPrefixes) {
   chunk.prefix_of.insert(chunk.prefix_of.end(), {0, -1});
   for (const DType compute : {DType::F32, DType::BF16})
     check_shared_prefixes(DType::F16, 9, 3, 64, chunk, 0.0f, compute);
+  // The same calls with each prefix held once apart and the member rows after it.
+  for (SharedPrefixCall* call : {&two, &recipe, &chunk}) call->held_apart = true;
+  for (const DType t : {DType::F16, DType::Q8}) check_shared_prefixes(t, 9, 3, 64, two, 0.0f, DType::F32);
+  check_shared_prefixes(DType::BF16, 6, 2, 36, two, 0.0f, DType::F32);
+  check_shared_prefixes(DType::F16, 9, 3, 64, recipe, 0.0f, DType::F32);
+  check_shared_prefixes(DType::F16, 9, 3, 64, chunk, 0.0f, DType::BF16);
+}
+
+// A call's cache moved to where held_apart puts it: prefix i's slots into row i of `prefix` (the
+// prefix cache, `prefix_cap` slots a row), each member row's slots after its prefix to its slot 0
+// on (`bases`, per query), NaN bytes past what a query may read.
+struct HeldApart {
+  std::vector<std::uint8_t> k, v;
+  std::int64_t capacity = 0;
+  std::vector<SharedPrefix> prefixes;
+  std::vector<std::int64_t> bases;
+};
+HeldApart hold_apart(const SharedPrefixCall& call, std::vector<std::uint8_t>& k, std::vector<std::uint8_t>& v,
+                     std::int64_t Hkv, std::int64_t cap, std::int64_t slot_bytes) {
+  HeldApart held;
+  held.capacity = 1;
+  for (const SharedPrefix& p : call.prefixes) held.capacity = std::max(held.capacity, p.len);
+  const std::int64_t head = cap * slot_bytes, prefix_head = held.capacity * slot_bytes;
+  const auto n_prefixes = static_cast<std::int64_t>(call.prefixes.size());
+  held.k.assign(sz(n_prefixes * Hkv * prefix_head), 0xff);
+  held.v = held.k;
+  for (std::int64_t i = 0; i < n_prefixes; ++i) {
+    const SharedPrefix& p = call.prefixes[sz(i)];
+    held.prefixes.push_back({i, p.len});
+    for (std::int64_t g = 0; g < Hkv; ++g) {
+      std::copy_n(k.begin() + (p.row * Hkv + g) * head, p.len * slot_bytes, held.k.begin() + (i * Hkv + g) * prefix_head);
+      std::copy_n(v.begin() + (p.row * Hkv + g) * head, p.len * slot_bytes, held.v.begin() + (i * Hkv + g) * prefix_head);
+    }
+  }
+  std::vector<std::int64_t> base_of_row(k.size() / sz(Hkv * head), 0);
+  for (std::size_t b = 0; b < call.lens.size(); ++b) {
+    const std::int64_t P = call.prefix_of[b] < 0 ? 0 : call.prefixes[sz(call.prefix_of[b])].len;
+    base_of_row[sz(call.rows[b])] = P;
+    held.bases.push_back(P);
+  }
+  for (std::size_t r = 0; r < base_of_row.size(); ++r)
+    for (std::int64_t g = 0; g < Hkv; ++g)
+      for (auto* cache : {&k, &v}) {
+        const auto row = cache->begin() + (static_cast<std::int64_t>(r) * Hkv + g) * head;
+        std::copy(row + base_of_row[r] * slot_bytes, row + head, row);
+        std::fill(row + head - base_of_row[r] * slot_bytes, row + head, std::uint8_t{0xff});
+      }
+  return held;
 }
 
 void BackendOpsTest::check_shared_prefixes(DType cache, std::int64_t H, std::int64_t Hkv, std::int64_t D,
@@ -1063,12 +1114,19 @@ void BackendOpsTest::check_shared_prefixes(DType cache, std::int64_t H, std::int
       std::copy_n(v.begin() + from, p.len * slot_bytes, v.begin() + to);
     }
   }
+  HeldApart held;
+  Twin pk, pv;
+  if (call.held_apart) {
+    held = hold_apart(call, k, v, Hkv, cap, slot_bytes);
+    pk = upload(held.k);
+    pv = upload(held.v);
+  }
   const Twin q = upload(random_floats(B * H * D, -2.0f, 2.0f));
   const Twin kc = upload(k), vc = upload(v);
   const Twin out = upload(std::vector<float>(sz(B * H * D), kNaN));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (const bool on_cpu : {true, false}) {
-    const AttentionDecodeArgs a{.shape = {H, Hkv, D, scale, softcap},
+    AttentionDecodeArgs a{.shape = {H, Hkv, D, scale, softcap},
                                 .q = (on_cpu ? q.cpu : q.dev).as<float>(),
                                 .k_cache = (on_cpu ? kc.cpu : kc.dev).data(),
                                 .v_cache = (on_cpu ? vc.cpu : vc.dev).data(),
@@ -1081,6 +1139,11 @@ void BackendOpsTest::check_shared_prefixes(DType cache, std::int64_t H, std::int
                                 .compute = compute,
                                 .shared_prefixes = call.prefixes,
                                 .prefix_of = call.prefix_of};
+    if (call.held_apart) {
+      a.shared_prefixes = held.prefixes;
+      a.prefix_cache = {(on_cpu ? pk.cpu : pk.dev).data(), (on_cpu ? pv.cpu : pv.dev).data(), held.capacity};
+      a.row_base = held.bases;
+    }
     (on_cpu ? *cpu_ : *dev_).attention_decode(a);
   }
   // Stored keys and values decode to at most their fp32 range plus a quantization step.
