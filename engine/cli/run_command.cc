@@ -62,11 +62,12 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
       ->check(CLI::Range(0, 1))
       ->group(sched);
   run->add_option("--prefix-sharing", o.prefix_sharing,
-                  "on (default): under continuous batching a request whose prompt starts with tokens a slot's KV "
-                  "cache holds (another request's prompt, e.g. shared instructions) copies that KV and computes "
-                  "only the rest (docs/prefix-sharing.md; off with --kv eviction); off: each computes its whole "
-                  "prompt (the ablation baseline)")
-      ->check(CLI::IsMember({"on", "off"}))
+                  "on (default): under continuous batching requests whose prompts start alike (e.g. shared "
+                  "instructions) compute that prefix once; with every KV row on the gpu tier its KV is held once, "
+                  "each request's own row starting after it, else a request copies it from a slot's row "
+                  "(docs/prefix-sharing.md; off with --kv eviction); copy: always the copy (the ablation of "
+                  "holding once); off: each computes its whole prompt (the ablation baseline)")
+      ->check(CLI::IsMember({"on", "copy", "off"}))
       ->group(sched);
   run->add_option("--cuda-graphs", o.cuda_graphs,
                   "on: decode steps that run wholly on a CUDA device (every weight, KV cache and hidden state on "

@@ -49,7 +49,7 @@ struct RunOptions {
   std::optional<std::int64_t> prefill_budget;
   int share_prefill = 1;  // the n choices of a request share one prefill (0: each prefills its own)
   std::string cuda_graphs = "off";     // decode steps as CUDA graphs (docs/backends.md, "CUDA graphs")
-  std::string prefix_sharing = "on";  // continuous batching: prompts take shared prefixes' KV (off: the ablation)
+  std::string prefix_sharing = "on";  // continuous batching: prompts take shared prefixes' KV (copy, off: the ablations)
   // Tier capacities and where the disk tier lives.
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string offload_dir;

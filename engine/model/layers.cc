@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <array>
+#include <utility>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -21,29 +22,42 @@ namespace {
 // reads the cache row of sequence query_seq[i] of `p` (the call's rows are p's sequences); a
 // group's prefix is read from the row of its first sequence in `p`, the run the call is part
 // of, whichever of its rows the call takes (the staging loads a group's prefix into that row
-// only: CacheRing::prefix_read_elsewhere). Empty when none.
+// only: CacheRing::prefix_read_elsewhere). A held prefix is read from its pool row, the query's
+// own row starting after it (row_base). Empty when none.
 struct CallPrefixes {
   std::vector<kernels::SharedPrefix> prefixes;
-  std::vector<std::int64_t> prefix_of;
+  std::vector<std::int64_t> prefix_of, row_base;
+  bool held = false;  // the prefixes are pool rows
 };
 CallPrefixes call_prefixes(const StepBatch& p, std::span<const std::int64_t> query_seq) {
   CallPrefixes c;
-  std::vector<std::int64_t> ids;  // the group of each prefix
-  for (const std::int64_t b : query_seq) {
-    const std::int64_t group = p.prefix_group[static_cast<std::size_t>(b)];
-    if (group < 0) {
+  std::vector<std::int64_t> ids;  // per prefix: its group, or -2 - its pool row
+  for (const std::int64_t seq : query_seq) {
+    const auto b = static_cast<std::size_t>(seq);
+    const std::int64_t group = p.prefix_group[b], row = p.pool_row[b];
+    c.row_base.push_back(p.base[b]);
+    c.held = c.held || row >= 0;
+    if (group < 0 && row < 0) {
       c.prefix_of.push_back(-1);
       continue;
     }
-    const auto at = std::ranges::find(ids, group);
+    const std::int64_t id = row >= 0 ? -2 - row : group;
+    const auto at = std::ranges::find(ids, id);
     c.prefix_of.push_back(at - ids.begin());
     if (at != ids.end()) continue;
-    ids.push_back(group);
+    ids.push_back(id);
     const auto holder = std::ranges::find(p.prefix_group, group) - p.prefix_group.begin();
-    c.prefixes.push_back({holder, p.prefix_len[static_cast<std::size_t>(b)]});
+    c.prefixes.push_back(row >= 0 ? kernels::SharedPrefix{row, p.base[b]} : kernels::SharedPrefix{holder, p.prefix_len[b]});
   }
   if (c.prefixes.empty()) c.prefix_of.clear();
+  if (!c.held) c.row_base.clear();
   return c;
+}
+
+// The pool of a call that reads held prefixes.
+kernels::AttentionDecodeArgs::PrefixCache pool_of(const CallPrefixes& c, const KvView& cache) {
+  if (!c.held) return {};
+  return {cache.pool.k, cache.pool.v, cache.pool.capacity};
 }
 
 // The input of projections: fp32, or already rounded to bf16 by the op that wrote it where the
@@ -237,10 +251,7 @@ class Attention final : public Layer {
       return;
     }
     const auto dt = cache.dtype;
-    be.kv_write({.src = k + r0 * kw, .cache = part.k, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
-                 .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
-    be.kv_write({.src = v + r0 * kw, .cache = part.v, .n_kv_heads = cfg_.n_kv_heads, .head_dim = cfg_.head_dim,
-                 .capacity = cache.capacity, .seq = p.row_seq, .slot = p.row_slot, .cache_dtype = dt});
+    write_kv(be, p, part, cache, k + r0 * kw, v + r0 * kw);
     // Prompt rows attend over their K/V as the cache stores them, as every later step reads
     // them: a prompt's tokens then do not depend on whether a prefix of it was computed in
     // this step or taken from another row (docs/prefix-sharing.md). A compressed cache's are
@@ -260,29 +271,73 @@ class Attention final : public Layer {
       const CallPrefixes shared = call_prefixes(p, seqs);
       be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
                            .capacity = cache.capacity, .lens = p.lens, .out = o + r0 * qw, .cache_dtype = dt,
-                           .shared_prefixes = shared.prefixes, .prefix_of = shared.prefix_of});
+                           .shared_prefixes = shared.prefixes, .prefix_of = shared.prefix_of,
+                           .prefix_cache = pool_of(shared, cache), .row_base = shared.row_base});
     }
+  }
+  // The step's new K/V (k and v: its rows of `p`) into their slots: the sequences' rows of
+  // `part`, and a prefill's rows before its held base into its pool row (then two writes of all
+  // the rows, each dropping the other's: slot -1).
+  void write_kv(kernels::Backend& be, const StepBatch& p, const KvPart& part, const KvView& cache, const float* k,
+                const float* v) const {
+    const std::int64_t H = cfg_.n_kv_heads;
+    auto write = [&](void* k_cache, void* v_cache, std::int64_t capacity, std::span<const std::int64_t> seq,
+                     std::span<const std::int64_t> head_slot) {
+      for (const auto& [src, dst] : {std::pair{k, k_cache}, std::pair{v, v_cache}})
+        be.kv_write({.src = src, .cache = dst, .n_kv_heads = H, .head_dim = cfg_.head_dim, .capacity = capacity,
+                     .seq = seq, .slot = p.row_slot, .head_slot = head_slot, .cache_dtype = cache.dtype});
+    };
+    bool pool = false;
+    for (std::int64_t r = 0; r < p.rows() && !pool; ++r) pool = p.writes_pool(r);
+    if (!pool) return write(part.k, part.v, cache.capacity, p.row_seq, {});
+    std::vector<std::int64_t> own(static_cast<std::size_t>(p.rows() * H)), held(own.size());
+    std::vector<std::int64_t> pool_seq(static_cast<std::size_t>(p.rows()), 0);
+    for (std::int64_t r = 0; r < p.rows(); ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      const bool to_pool = p.writes_pool(r);
+      if (to_pool) pool_seq[i] = p.pool_row[static_cast<std::size_t>(p.row_seq[i])];
+      std::fill_n(own.begin() + r * H, H, to_pool ? -1 : p.row_slot[i]);
+      std::fill_n(held.begin() + r * H, H, to_pool ? p.row_slot[i] : -1);
+    }
+    write(cache.pool.k, cache.pool.v, cache.pool.capacity, pool_seq, held);
+    write(part.k, part.v, cache.capacity, p.row_seq, own);
   }
   // Prompt rows whose K/V are written at their positions (after a cached prefix, or from the
   // start): each row is a decode query over its sequence's cache row, seeing the slots up to
   // its own; at most `batch` queries a call where the backend reserves op scratch for that many.
+  // A prefill's rows before its held base attend over its pool row as their own cache row (no
+  // shared prefix: the pool then holds what a prefill of its own would, bit for bit).
   void extend(kernels::Backend& be, const StepBatch& p, const KvPart& part, const KvView& cache,
               const kernels::AttentionShape& shape, const float* q, float* o, std::int64_t batch) const {
     const std::int64_t qw = cfg_.n_heads * cfg_.head_dim;
     const bool scratch = be.attention_scratch_bytes(shape, 0, batch, cache.capacity, false) > 0;
     const std::int64_t per_call = scratch ? batch : std::max<std::int64_t>(p.rows(), 1);
-    std::vector<std::int64_t> lens(p.row_slot.size());
-    for (std::size_t r = 0; r < lens.size(); ++r) lens[r] = p.row_slot[r] + 1;
-    for (std::int64_t r0 = 0; r0 < p.rows(); r0 += per_call) {
-      const auto n = static_cast<std::size_t>(std::min(per_call, p.rows() - r0));
-      const auto first = static_cast<std::size_t>(r0);
-      const auto rows = std::span(p.row_seq).subspan(first, n);
-      const CallPrefixes shared = call_prefixes(p, rows);
-      be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
-                           .capacity = cache.capacity, .lens = std::span(lens).subspan(first, n),
-                           .out = o + r0 * qw, .cache_dtype = cache.dtype, .cache_rows = rows,
-                           .compute = cfg_.compute_dtype, .shared_prefixes = shared.prefixes,
-                           .prefix_of = shared.prefix_of});
+    std::vector<std::int64_t> lens(p.positions.size()), pool_rows(p.positions.size());
+    for (std::size_t r = 0; r < lens.size(); ++r) {
+      lens[r] = p.positions[r] + 1;
+      pool_rows[r] = p.pool_row[static_cast<std::size_t>(p.row_seq[r])];
+    }
+    for (std::int64_t r0 = 0; r0 < p.rows();) {
+      const bool to_pool = p.writes_pool(r0);
+      std::int64_t r1 = r0 + 1;
+      while (r1 < p.rows() && r1 - r0 < per_call && p.writes_pool(r1) == to_pool) ++r1;
+      const auto first = static_cast<std::size_t>(r0), n = static_cast<std::size_t>(r1 - r0);
+      const auto row_lens = std::span(lens).subspan(first, n);
+      if (to_pool) {
+        be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = cache.pool.k, .v_cache = cache.pool.v,
+                             .capacity = cache.pool.capacity, .lens = row_lens, .out = o + r0 * qw,
+                             .cache_dtype = cache.dtype, .cache_rows = std::span(pool_rows).subspan(first, n),
+                             .compute = cfg_.compute_dtype});
+      } else {
+        const auto rows = std::span(p.row_seq).subspan(first, n);
+        const CallPrefixes shared = call_prefixes(p, rows);
+        be.attention_decode({.shape = shape, .q = q + r0 * qw, .k_cache = part.k, .v_cache = part.v,
+                             .capacity = cache.capacity, .lens = row_lens, .out = o + r0 * qw,
+                             .cache_dtype = cache.dtype, .cache_rows = rows, .compute = cfg_.compute_dtype,
+                             .shared_prefixes = shared.prefixes, .prefix_of = shared.prefix_of,
+                             .prefix_cache = pool_of(shared, cache), .row_base = shared.row_base});
+      }
+      r0 = r1;
     }
   }
   // RoPE on rows of `heads` heads. Frequencies that depend on a sequence's length (dynamic,

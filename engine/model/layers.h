@@ -32,6 +32,13 @@ struct KvView {
   // Set when a KV policy evicts: the cache then holds only the kept tokens of each
   // (sequence, kv head), in slots the policy picks. Needs a single part.
   KvEvictionLayer* eviction = nullptr;
+  // Prefixes held once (StepBatch::pool_row): the pool's rows of this layer, laid out as a part's
+  // with their own capacity, on the device.
+  struct Pool {
+    void* k = nullptr;
+    void* v = nullptr;
+    std::int64_t capacity = 0;
+  } pool;
 };
 
 // A cache owned in device memory, all sequences in one part (the plain in-memory run).

@@ -11,6 +11,8 @@ void begin_sequence(StepBatch& s, SeqStep kind) {
   s.kinds.push_back(kind);
   s.prefix_group.push_back(-1);
   s.prefix_len.push_back(0);
+  s.pool_row.push_back(-1);
+  s.base.push_back(0);
   s.prefill = s.prefill && kind == SeqStep::Prefill;
 }
 }  // namespace
@@ -69,6 +71,17 @@ void StepBatch::share_prefix(std::int64_t b, std::int64_t group, std::int64_t le
   prefix_len[static_cast<std::size_t>(b)] = len;
 }
 
+void StepBatch::hold_prefix(std::int64_t b, std::int64_t row, std::int64_t base_tokens) {
+  const auto i = static_cast<std::size_t>(b);
+  if (kinds.at(i) == SeqStep::Idle || row < 0 || base_tokens <= 0 || base_tokens > lens[i] - 1 ||
+      (kinds[i] != SeqStep::Prefill && base_tokens > cached(b)))
+    throw std::logic_error("a held prefix is some of a sequence's tokens before its last, cached unless it prefills");
+  pool_row[i] = row;
+  base[i] = base_tokens;
+  for (std::int64_t r = first_row(b); r < seq_offsets[i + 1]; ++r)
+    if (positions[static_cast<std::size_t>(r)] >= base_tokens) row_slot[static_cast<std::size_t>(r)] -= base_tokens;
+}
+
 bool StepBatch::any_cached() const {
   for (std::int64_t b = 0; b < batch(); ++b)
     if (cached(b) > 0) return true;
@@ -102,6 +115,8 @@ StepBatch StepBatch::slice(std::int64_t b0, std::int64_t b1) const {
   s.kinds.assign(kinds.begin() + b0, kinds.begin() + b1);
   s.prefix_group.assign(prefix_group.begin() + b0, prefix_group.begin() + b1);
   s.prefix_len.assign(prefix_len.begin() + b0, prefix_len.begin() + b1);
+  s.pool_row.assign(pool_row.begin() + b0, pool_row.begin() + b1);
+  s.base.assign(base.begin() + b0, base.begin() + b1);
   s.prefill = std::ranges::all_of(s.kinds, [](SeqStep k) { return k == SeqStep::Prefill; });
   for (std::int64_t b = b0; b < b1; ++b) s.last_rows.push_back(std::max<std::int64_t>(last_rows[b] - r0, 0));
   return s;

@@ -34,6 +34,11 @@ struct StepBatch {
   // rows (copies of one computation, none rewritten since), at most the slots each held before
   // the step; -1 and 0: none.
   std::vector<std::int64_t> prefix_group, prefix_len;
+  // [B] Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): the pool row
+  // holding a sequence's first `base` tokens (-1: none, base 0); its own cache row then holds
+  // positions from base on, at slots position - base (row_slot). A prefill's rows before base
+  // go to the pool row (row_slot: their position there).
+  std::vector<std::int64_t> pool_row, base;
 
   std::int64_t rows() const { return static_cast<std::int64_t>(token_ids.size()); }
   std::int64_t batch() const { return static_cast<std::int64_t>(lens.size()); }
@@ -56,6 +61,13 @@ struct StepBatch {
   void add_idle();
   // Sequence b (a decode or extend) joins shared prefix `group` of `len` slots.
   void share_prefix(std::int64_t b, std::int64_t group, std::int64_t len);
+  // Sequence b's first `base` tokens are held in pool row `row` (a prefill writes them there).
+  void hold_prefix(std::int64_t b, std::int64_t row, std::int64_t base);
+  // Whether row r's K/V go to its sequence's pool row (a prefill's rows before its base).
+  bool writes_pool(std::int64_t r) const {
+    const auto b = static_cast<std::size_t>(row_seq[static_cast<std::size_t>(r)]);
+    return pool_row[b] >= 0 && positions[static_cast<std::size_t>(r)] < base[b];
+  }
 
   // Prefill of whole prompts into an empty cache.
   static StepBatch make_prefill(std::span<const std::vector<std::int32_t>> prompts);

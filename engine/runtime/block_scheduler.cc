@@ -114,20 +114,24 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, con
   st.next.resize(static_cast<std::size_t>(B));
   if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
   if (req.on_sequence_logits) st.host_logits.resize(static_cast<std::size_t>(cfg_.vocab_size));
-  place_batches(st, blk->log, req);
+  st.evicting = req.kv != nullptr || kv_policy_ != nullptr;
   const bool sharing = req.share_prefixes && prefix_sharing_off_reason(cfg_, st.evicting).empty();
   st.planner = make_planner(req, policy_.gpu_batch_size, sharing);
   // Its plans index the block's slots (st.next, the GPU batches' rows).
   if (st.planner->slots() != static_cast<std::size_t>(B))
     throw std::logic_error("the step planner plans " + std::to_string(st.planner->slots()) + " slots for a block of " +
                            std::to_string(B));
+  if (sharing && can_hold_prefixes(req)) st.pool = st.planner->hold_prefixes();
+  place_batches(st, blk->log, req);
+  place_pool(st, req);
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
   const std::int64_t kv_row_bytes =
       cfg_.n_kv_heads * st.capacity * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
   const std::int64_t gbs = policy_.gpu_batch_size;
+  // A prefill filling a pool row attends over it: the op scratch of the longer of the two rows.
   st.act_reserved = tiers_.budget(Tier::Gpu).reserve_scoped(
-      Activations::bytes(be_, cfg_, max_rows, gbs, st.capacity, st.evicting),
+      Activations::bytes(be_, cfg_, max_rows, gbs, std::max(st.capacity, st.pool.capacity), st.evicting),
       "activation scratch");
   st.act = std::make_unique<Activations>(be_, cfg_, max_rows, gbs);
   st.ring.resize(3);
@@ -170,7 +174,7 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
   std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
   // Continuous batching: a slot holds whichever request comes, up to the longest.
   const std::int64_t longest = continuous ? continuous_capacity(req) : log.max_prompt() + req.max_new_tokens;
-  st.capacity = kv ? 0 : longest;
+  st.capacity = kv ? 0 : st.pool.rows > 0 ? st.pool.row_capacity : longest;
   if (kv) check_kv_policy_fits(cfg_, longest);
   std::vector<std::int64_t> all_totals;
   for (std::size_t b = 0; continuous && kv && b < req.sequences.size(); ++b)
@@ -224,6 +228,32 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
     st.hidden_resident = st.hidden_resident && b.hidden->entirely_on(Tier::Gpu);
     st.staged_max = std::max(st.staged_max, b.n - b.resident_end);
     st.batches.push_back(std::move(b));
+  }
+}
+
+bool BlockScheduler::can_hold_prefixes(const GenerationRequest& req) const {
+  if (req.slots <= 0 || !req.hold_prefixes || !be_.reads_shared_prefixes_once() || policy_.cache.gpu != 1.0)
+    return false;
+  for (const std::int64_t l : units_.cache_layers)
+    if (cfg_.window(l) > 0) return false;
+  return true;
+}
+
+void BlockScheduler::place_pool(BlockState& st, const GenerationRequest& req) {
+  if (st.pool.rows == 0) return;
+  const std::int64_t slot_bytes = cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+  const std::int64_t bytes = st.pool.rows * st.pool.capacity * slot_bytes;
+  const auto layers = static_cast<std::int64_t>(units_.cache_layers.size());
+  const auto rows = static_cast<std::int64_t>(st.next.size());
+  kv_held_.add({.prefixes = st.pool.rows,
+                .bytes = 2 * layers * (bytes + rows * st.capacity * slot_bytes),
+                .bytes_without = 2 * layers * rows * continuous_capacity(req) * slot_bytes});
+  st.pool_k.resize(static_cast<std::size_t>(cfg_.n_layers));
+  st.pool_v.resize(static_cast<std::size_t>(cfg_.n_layers));
+  for (const std::int64_t l : units_.cache_layers) {
+    const std::string name = "held prefixes of layer " + std::to_string(l);
+    st.pool_k[static_cast<std::size_t>(l)] = GpuBuffer(tiers_, bytes, "K " + name);
+    st.pool_v[static_cast<std::size_t>(l)] = GpuBuffer(tiers_, bytes, "V " + name);
   }
 }
 
@@ -324,6 +354,7 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
       if (s0 < s1) view.parts.push_back({s0, s1, kt.place(s0).ptr, vt.place(s0).ptr});
     }
     if (b.resident_end < b.n) view.parts.push_back({b.resident_end, b.n, slot.k.data(), slot.v.data()});
+    if (st.pool.rows > 0) view.pool = {st.pool_k[layer].data(), st.pool_v[layer].data(), st.pool.capacity};
   }
   offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
   for (std::size_t i = 0; i < u.layers.size(); ++i) {

@@ -114,6 +114,7 @@ class BlockScheduler {
   const ExpertLoadStats& expert_loads() const { return staging_->expert_loads(); }
   const KvReads& kv_reads() const { return ring_->reads(); }  // over every run so far
   const KvCopies& kv_copies() const { return kv_copies_; }    // over every run so far
+  const KvHeld& kv_held() const { return kv_held_; }          // over every run so far
 
  private:
   struct BlockState;
@@ -127,6 +128,11 @@ class BlockScheduler {
   void send(BlockState& st, std::int64_t k, const StageLinks& links);
   // begin(): the block's GPU batches with their KV caches and hidden states in their tiers.
   void place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req);
+  // Whether the block's prefixes may be held once (StepPlanner::hold_prefixes): continuous
+  // batching, every KV row on the gpu tier (attended in place), the backend reading shared
+  // prefixes apart, no sliding window; and the pool's buffers for the planner's answer.
+  bool can_hold_prefixes(const GenerationRequest& req) const;
+  void place_pool(BlockState& st, const GenerationRequest& req);
   // Continuous batching: the KV slots per (sequence, kv head) and the most rows of a GPU
   // batch's step, for any request of the queue.
   std::int64_t continuous_capacity(const GenerationRequest& req) const;
@@ -161,6 +167,7 @@ class BlockScheduler {
   std::unique_ptr<WeightStaging> staging_;
   std::unique_ptr<CacheRing> ring_;
   KvCopies kv_copies_;
+  KvHeld kv_held_;
   // Declared last: destroyed first, so queued copies finish before the memory they touch goes.
   std::unique_ptr<offload::CopyEngine> copies_;
 };

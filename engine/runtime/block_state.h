@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/gpu_buffer.h"
 #include "engine/runtime/step_plan.h"
 
 namespace flexh2o::engine {
@@ -17,6 +18,10 @@ struct BlockScheduler::BlockState {
   std::unique_ptr<Activations> act;
   offload::Reservation act_reserved;  // its charge to the gpu-tier budget
   std::int64_t capacity = 0;          // KV slots per (sequence, kv head)
+  // Prefixes held once (StepPlanner::hold_prefixes): per decoder layer of this scheduler, the
+  // pool's K and V rows of pool.capacity slots on the device; pool.rows == 0: none.
+  PrefixPool pool;
+  std::vector<GpuBuffer> pool_k, pool_v;
   std::int64_t staged_max = 0;        // most staged sequences of any batch
   std::int64_t step = 0;
   bool routed_experts = false;  // this step's MoE units fetch only the experts routed to

@@ -64,6 +64,9 @@ struct GenerationRequest {
   // only the rest (docs/prefix-sharing.md). Tokens do not depend on it. Off under KV eviction
   // and with RoPE frequencies that follow a sequence's length.
   bool share_prefixes = true;
+  // Shared prefixes held once where the run allows (StepPlanner::hold_prefixes); false: each
+  // row holds its own copy of its prefix (the ablation, --prefix-sharing copy).
+  bool hold_prefixes = true;
   std::int64_t min_shared_prefix = 16;
   // Decode steps wholly on a CUDA device (every weight, cache and hidden state on the gpu tier,
   // dense, no KV eviction) run as CUDA graphs (docs/backends.md, "CUDA graphs"); the tokens

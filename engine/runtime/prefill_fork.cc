@@ -36,6 +36,12 @@ void KvCopies::add(const KvCopies& o) {
   forks.add(o.forks);
 }
 
+void KvHeld::add(const KvHeld& o) {
+  prefixes += o.prefixes;
+  bytes += o.bytes;
+  bytes_without += o.bytes_without;
+}
+
 KvCopyBytes fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,
                       std::span<const std::int64_t> layers, const ForkSlot& from, const ForkSlot& to,
                       const ForkExtent& e) {

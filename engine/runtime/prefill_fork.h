@@ -53,6 +53,16 @@ struct KvCopies {
   void add(const KvCopies& o);
 };
 
+// Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): the KV cache the blocks
+// placed with a pool (on the gpu tier: a pool needs every row there), against the same rows
+// each sized for a whole sequence; all 0 where no block held one.
+struct KvHeld {
+  std::int64_t prefixes = 0;       // pool rows, one per prefix family
+  std::int64_t bytes = 0;          // the pool and the rows, K and V of every layer
+  std::int64_t bytes_without = 0;  // the rows sized for whole sequences instead
+  void add(const KvHeld& o);
+};
+
 // Copies `from` into `to` in every layer of `layers` (and the eviction state with a KV
 // policy), once the copies that stored either row have finished; returns when done, with the
 // bytes it moved.

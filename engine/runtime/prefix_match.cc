@@ -28,6 +28,69 @@ PrefixMatch longest_prefix(std::span<const std::int32_t> prompt, std::span<const
   return best;
 }
 
+namespace {
+
+struct Family {
+  std::int64_t lo = 0, hi = 0, prefix = 0;  // prompts [lo, hi) in sorted order
+};
+
+// The families of the sorted prompts [lo, hi), at least two, whose links (links[i]: the tokens
+// prompts i and i + 1 share) are all worth sharing, appended to `out`; returns the prompt
+// tokens they save. Cutting at the weakest links leaves runs with longer prefixes: the cut is
+// taken where its runs save more than the whole run would.
+std::int64_t best_families(std::span<const std::int64_t> links, std::int64_t lo, std::int64_t hi,
+                           std::vector<Family>& out) {
+  const std::int64_t weakest = *std::min_element(links.begin() + lo, links.begin() + hi - 1);
+  const std::int64_t whole = (hi - lo - 1) * weakest;
+  std::vector<Family> cut;
+  std::int64_t cut_saves = 0;
+  for (std::int64_t a = lo; a < hi;) {
+    std::int64_t b = a + 1;
+    while (b < hi && links[static_cast<std::size_t>(b - 1)] > weakest) ++b;
+    if (b - a >= 2) cut_saves += best_families(links, a, b, cut);
+    a = b;
+  }
+  if (cut_saves > whole) {
+    out.insert(out.end(), cut.begin(), cut.end());
+    return cut_saves;
+  }
+  out.push_back({lo, hi, weakest});
+  return whole;
+}
+
+}  // namespace
+
+PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> prompts, std::int64_t min_tokens) {
+  min_tokens = std::max<std::int64_t>(min_tokens, 1);
+  std::vector<std::size_t> order(prompts.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::ranges::stable_sort(order, [&](std::size_t a, std::size_t b) {
+    return std::ranges::lexicographical_compare(prompts[a], prompts[b]);
+  });
+  std::vector<std::int64_t> links;
+  for (std::size_t i = 0; i + 1 < order.size(); ++i) {
+    const auto a = prompts[order[i]], b = prompts[order[i + 1]];
+    const auto shareable = static_cast<std::int64_t>(std::min(a.size(), b.size())) - 1;
+    links.push_back(std::min(common_prefix(a, b), shareable));
+  }
+  std::vector<Family> found;
+  const auto n = static_cast<std::int64_t>(order.size());
+  for (std::int64_t a = 0; a < n;) {
+    std::int64_t b = a + 1;
+    while (b < n && links[static_cast<std::size_t>(b - 1)] >= min_tokens) ++b;
+    if (b - a >= 2) best_families(links, a, b, found);
+    a = b;
+  }
+  PrefixFamilies f;
+  f.family_of.assign(prompts.size(), -1);
+  for (const Family& family : found) {
+    for (std::int64_t i = family.lo; i < family.hi; ++i)
+      f.family_of[order[static_cast<std::size_t>(i)]] = static_cast<std::int64_t>(f.prefix.size());
+    f.prefix.push_back(family.prefix);
+  }
+  return f;
+}
+
 std::string prefix_sharing_off_reason(const ModelConfig& cfg, bool evicting) {
   if (evicting) return "a KV eviction policy keeps the slots it chose for each sequence's own tokens";
   if (rope_depends_on_length(cfg.rope) || cfg.rope.reprefill_on_long)

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/model/model_config.h"
 
@@ -27,6 +28,21 @@ struct PrefixMatch {
 // to: nothing to copy), then to the lowest slot.
 PrefixMatch longest_prefix(std::span<const std::int32_t> prompt, std::span<const std::span<const std::int32_t>> held,
                            std::int64_t prefer, std::int64_t min_tokens);
+
+// Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): a job's prompts in
+// families, each member starting with its family's prefix, which is computed and stored once
+// and read by every member, whose own cache row then starts after it.
+struct PrefixFamilies {
+  std::vector<std::int64_t> family_of;  // per prompt: its family, -1: none
+  std::vector<std::int64_t> prefix;     // per family: its prefix's tokens (at least min_tokens)
+};
+
+// Families of `prompts`: in lexicographic order, runs of prompts each sharing at least
+// min_tokens tokens with the next (at most each one's length less one: its last token is
+// computed for its logits). A run's prefix is the tokens all its members share; where the run's
+// weakest links cut it into runs of longer prefixes that save more prompt tokens in all
+// ((members - 1) x prefix), it is cut there (a prompt left alone joins no family).
+PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> prompts, std::int64_t min_tokens);
 
 // Why a prefix's KV computed in one sequence is not the KV another sequence would compute for
 // it, so sharing is off: a KV eviction policy (a row keeps the slots its policy chose for its

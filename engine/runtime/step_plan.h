@@ -34,7 +34,19 @@ struct SlotStep {
   // rewritten since) share prefix_group, the group's first slot; their attention may read
   // those slots once for all (cascade attention). -1: none.
   std::int64_t prefix_group = -1, prefix_len = 0;
+  // A prefix held once (StepPlanner::hold_prefixes): the pool row holding the first `base`
+  // tokens of its sequence, its own row holding the tokens from `base` on; -1: its row holds
+  // all. A Prefill with a pool row writes its first `base` tokens there (the row's first use);
+  // Extend and Decode read them from there (prefix_len = base).
+  std::int64_t pool_row = -1, base = 0;
   bool operator==(const SlotStep&) const = default;
+};
+
+// Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): `rows` pool rows of
+// `capacity` KV slots beside the slots' rows, which then hold at most row_capacity slots each
+// (a sequence's tokens after its held prefix). rows == 0: none, every row holds its sequence.
+struct PrefixPool {
+  std::int64_t rows = 0, capacity = 0, row_capacity = 0;
 };
 
 // The first `tokens` KV slots of cache row `from` copied into row `to`.
@@ -69,6 +81,10 @@ class StepPlanner {
   // Slot `slot`'s tokens so far, its prompt first: what Prefill and Extend compute from, and
   // whose last one Decode computes.
   virtual const std::vector<std::int32_t>& tokens(std::size_t slot) const = 0;
+  // Asked once, before step 0, where the executor can hold prefixes once (every KV row attended
+  // where it lives, the attention reading shared prefixes apart): the pool the plans will use
+  // (SlotStep::pool_row), none by default.
+  virtual PrefixPool hold_prefixes() { return {}; }
 };
 
 // Makes the planner of a block of `req` (which outlives it) over GPU batches of

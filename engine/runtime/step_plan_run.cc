@@ -77,6 +77,7 @@ StepBatch BlockScheduler::lay_out(const BlockState& st, const GpuBatch& b) const
       step.add_decode(tokens.back(), s.cached);
     }
     const SeqStep kind = step.kinds.back();
+    if (s.pool_row >= 0 && kind != SeqStep::Idle) step.hold_prefix(static_cast<std::int64_t>(i), s.pool_row, s.base);
     if (s.prefix_group >= 0 && (kind == SeqStep::Decode || kind == SeqStep::Extend))
       step.share_prefix(static_cast<std::int64_t>(i), s.prefix_group, s.prefix_len);
   }

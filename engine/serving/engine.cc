@@ -73,6 +73,7 @@ engine::GenerationRequest Engine::block_request(std::span<const Request> request
     };
   req.max_new_tokens = 0;
   req.share_prefixes = o_.share_prefixes;
+  req.hold_prefixes = o_.hold_prefixes;
   req.cuda_graphs = o_.cuda_graphs;
   const auto constraints = request_constraints(requests, o_.constraints);
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -118,7 +119,7 @@ RunReport Engine::report(const std::string& description, std::span<const Request
 RunPart Engine::part(const std::string& name, int rank, const std::string& host,
                      const engine::GenerationResult& total) const {
   RunPart p{.name = name, .rank = rank, .host = host, .result = total, .kv_reads = sched_->kv_reads(),
-            .kv_copies = sched_->kv_copies()};
+            .kv_copies = sched_->kv_copies(), .kv_held = sched_->kv_held()};
   const auto& moe = config_.moe;
   p.placement = Placement{policy::to_json(o_.policy, moe.experts, moe.top_k), policy::to_text(o_.policy), peaks_of(tiers_)};
   if (trace_) p.spans = trace_->spans();

@@ -71,6 +71,9 @@ struct EngineOptions {
   // Continuous batching: prompts take the KV of a prefix a slot's cache holds
   // (GenerationRequest::share_prefixes); false: each computes its whole prompt (the ablation).
   bool share_prefixes = true;
+  // Shared prefixes held once where the run allows (GenerationRequest::hold_prefixes); false:
+  // each row holds its own copy (the ablation).
+  bool hold_prefixes = true;
   // Decode steps wholly on a CUDA device run as CUDA graphs (GenerationRequest::cuda_graphs).
   bool cuda_graphs = false;
   // Compiles the requests' constraints (structured output); needed when any request has one.

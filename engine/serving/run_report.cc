@@ -147,6 +147,22 @@ std::string kv_copies_text(const engine::KvCopies& c) {
                      copy_bytes_text(c.forks, "forked prefills"));
 }
 
+nlohmann::json kv_held_json(const engine::KvHeld& h) {
+  return {{"prefixes", h.prefixes}, {"bytes", h.bytes}, {"bytes_without", h.bytes_without}, {"tier", "gpu"}};
+}
+
+engine::KvHeld kv_held_from_json(const nlohmann::json& j) {
+  return {.prefixes = j.at("prefixes").get<std::int64_t>(),
+          .bytes = j.at("bytes").get<std::int64_t>(),
+          .bytes_without = j.at("bytes_without").get<std::int64_t>()};
+}
+
+std::string kv_held_text(const engine::KvHeld& h) {
+  if (h.prefixes == 0) return "";
+  return fmt::format("KV held once: {} prefix{} in a pool; KV cache {} instead of {} (gpu)\n", h.prefixes,
+                     h.prefixes == 1 ? "" : "es", format_bytes(h.bytes), format_bytes(h.bytes_without));
+}
+
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
   std::ranges::sort(values);
@@ -240,6 +256,13 @@ engine::KvReads RunReport::all_kv_reads() const {
   return sum;
 }
 
+engine::KvHeld RunReport::all_kv_held() const {
+  if (mode == RunMode::OneProcess) return kv_held;
+  engine::KvHeld sum;
+  for (const RunPart& p : parts) sum.add(p.kv_held);
+  return sum;
+}
+
 engine::KvCopies RunReport::all_kv_copies() const {
   if (mode == RunMode::OneProcess) return kv_copies;
   engine::KvCopies sum;
@@ -276,6 +299,7 @@ std::string RunReport::one_process_text() const {
                    prompts, total.prompt_tokens, total.prompt_tokens_computed, total.prefix_shared_tokens,
                    total.prefix_hits, total.generated_tokens);
   s += kv_copies_text(kv_copies);
+  s += kv_held_text(kv_held);
   s += phases_text(total);
   s += kv_reads_text(kv_reads, steps());
   if (wall_seconds > 0)
@@ -320,6 +344,7 @@ nlohmann::json RunReport::one_process_json() const {
   j["slot_utilisation"] = total.slot_utilisation();
   j["kv_read_bytes"] = kv_reads_json(kv_reads, steps());
   j["kv_copy_bytes"] = kv_copies_json(kv_copies);
+  j["kv_held"] = kv_held_json(kv_held);
   nlohmann::json requests = nlohmann::json::array();
   for (const auto& t : timings)
     requests.push_back({{"id", nlohmann::json::parse(t.id_json)},
@@ -369,6 +394,7 @@ RunReport make_run_report(const std::string& description, const engine::ModelCon
   r.experts = sched.expert_loads();
   r.kv_reads = sched.kv_reads();
   r.kv_copies = sched.kv_copies();
+  r.kv_held = sched.kv_held();
   if (trace) r.time_by_primitive = trace->time_by_primitive();
   return r;
 }

@@ -51,6 +51,10 @@ engine::KvCopies kv_copies_from_json(const nlohmann::json& j);
 // "KV copied: X for shared prefixes (gpu A read, B written | ...), Y for forked prefills\n",
 // or "" when nothing was copied.
 std::string kv_copies_text(const engine::KvCopies& c);
+// The KV cache held with prefixes held once (engine::KvHeld), as --metrics and stderr have it.
+nlohmann::json kv_held_json(const engine::KvHeld& h);
+engine::KvHeld kv_held_from_json(const nlohmann::json& j);
+std::string kv_held_text(const engine::KvHeld& h);
 
 // When one request's tokens came, in seconds from the start of the job's loop.
 struct RequestTiming {
@@ -91,6 +95,7 @@ struct RunPart {
   engine::GenerationResult result;     // counts and times of the requests it ran
   engine::KvReads kv_reads;            // the KV its attention read (of its layers)
   engine::KvCopies kv_copies;          // the KV its row copies moved (of its layers)
+  engine::KvHeld kv_held;              // the KV cache it held with prefixes held once (of its layers)
   std::size_t finished_requests = 0;   // data parallel: the requests it finished
   bool stopped = false;                // data parallel: an interrupt stopped it taking requests
   std::optional<policy::StageSlice> slice;  // pipeline: the stage's layers
@@ -127,6 +132,7 @@ struct RunReport {
   engine::ExpertLoadStats experts;  // mixture-of-experts: what each step fetched
   engine::KvReads kv_reads;         // one process: the KV its attention read (else the parts')
   engine::KvCopies kv_copies;       // one process: the KV its row copies moved (else the parts')
+  engine::KvHeld kv_held;           // one process: the KV cache held with held prefixes (else the parts')
   std::map<std::string, double> time_by_primitive;
   // How the requests shared the block's slots: "continuous" or "fixed" ("" : not said).
   std::string batching;
@@ -156,6 +162,7 @@ struct RunReport {
   std::int64_t decode_expert_bytes_per_token() const;
   engine::KvReads all_kv_reads() const;  // one process: kv_reads; else the parts' sum
   engine::KvCopies all_kv_copies() const;  // one process: kv_copies; else the parts' sum
+  engine::KvHeld all_kv_held() const;      // one process: kv_held; else the parts' sum
   std::int64_t steps() const { return total.prefill_steps + total.decode_steps; }
   // The run's own throughput, step and time in the prediction's terms.
   Prediction measured() const;

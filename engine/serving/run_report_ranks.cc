@@ -57,10 +57,10 @@ json parts_json(const std::vector<RunPart>& parts) {
   return out;
 }
 
-// The job's totals over `seconds` of generation (`kv_reads`, `kv_copies`: the ranks' sums), the
-// keys both multi-rank modes report.
+// The job's totals over `seconds` of generation (`kv_reads`, `kv_copies`, `kv_held`: the ranks'
+// sums), the keys both multi-rank modes report.
 json totals_json(const engine::GenerationResult& total, double seconds, const engine::KvReads& kv_reads,
-                 const engine::KvCopies& kv_copies) {
+                 const engine::KvCopies& kv_copies, const engine::KvHeld& kv_held) {
   return {{"prompts", total.sequences},
           {"prompt_tokens", total.prompt_tokens},
           {"prompt_tokens_computed", total.prompt_tokens_computed},
@@ -70,7 +70,8 @@ json totals_json(const engine::GenerationResult& total, double seconds, const en
           {"total_seconds", seconds},
           {"total_throughput", static_cast<double>(total.generated_tokens) / std::max(seconds, 1e-9)},
           {"kv_read_bytes", kv_reads_json(kv_reads, total.prefill_steps + total.decode_steps)},
-          {"kv_copy_bytes", kv_copies_json(kv_copies)}};
+          {"kv_copy_bytes", kv_copies_json(kv_copies)},
+          {"kv_held", kv_held_json(kv_held)}};
 }
 
 }  // namespace
@@ -96,7 +97,8 @@ json to_json(const RunPart& p, bool with_trace) {
             {"host", p.host},
             {"result", to_json(p.result)},
             {"kv_read_bytes", kv_reads_json(p.kv_reads, p.result.prefill_steps + p.result.decode_steps)},
-            {"kv_copy_bytes", kv_copies_json(p.kv_copies)}};
+            {"kv_copy_bytes", kv_copies_json(p.kv_copies)},
+            {"kv_held", kv_held_json(p.kv_held)}};
   if (p.placement) {
     j["policy"] = p.placement->policy;
     j["peak_bytes"] = to_json(p.placement->peaks);
@@ -122,6 +124,7 @@ RunPart part_from_json(const json& j) {
   p.result = result_of(j.at("result"));
   p.kv_reads = kv_reads_from_json(j.at("kv_read_bytes"));
   p.kv_copies = kv_copies_from_json(j.at("kv_copy_bytes"));
+  p.kv_held = kv_held_from_json(j.at("kv_held"));
   if (j.contains("policy"))
     p.placement = Placement{j["policy"], j.value("policy_text", std::string()), peaks_from_json(j.at("peak_bytes"))};
   if (j.contains("slice")) {
@@ -168,12 +171,13 @@ std::string RunReport::data_parallel_text() const {
                    parts.size(), total.sequences, total.prompt_tokens, total.generated_tokens, slowest,
                    static_cast<double>(total.generated_tokens) / std::max(slowest, 1e-9));
   s += kv_copies_text(all_kv_copies());
+  s += kv_held_text(all_kv_held());
   s += kv_reads_text(all_kv_reads(), steps());
   return s;
 }
 
 json RunReport::data_parallel_json() const {
-  json j = totals_json(total, slowest_part_seconds(), all_kv_reads(), all_kv_copies());
+  json j = totals_json(total, slowest_part_seconds(), all_kv_reads(), all_kv_copies(), all_kv_held());
   j["mode"] = "data_parallel";
   j["model"] = model;
   j["ranks"] = parts_json(parts);
@@ -195,12 +199,13 @@ std::string RunReport::pipeline_text() const {
                    static_cast<double>(total.generated_tokens) / std::max(wall, 1e-9), total.slot_utilisation(),
                    total.sequence_steps, 100 * bubble_share());
   s += kv_copies_text(all_kv_copies());
+  s += kv_held_text(all_kv_held());
   s += kv_reads_text(all_kv_reads(), steps());
   return s;
 }
 
 json RunReport::pipeline_json() const {
-  json j = totals_json(total, longest_wall(), all_kv_reads(), all_kv_copies());
+  json j = totals_json(total, longest_wall(), all_kv_reads(), all_kv_copies(), all_kv_held());
   j["mode"] = "pipeline";
   j["model"] = model;
   j["micro_batches"] = micro_batches;

@@ -59,6 +59,8 @@ StepPlan StepScheduler::next_step() {
   const bool first = !planned_;
   if (planned_) plan.forks = take_forks();
   planned_ = true;
+  for (RowState& row : pool_)  // the last step's prefills filled them
+    if (row == RowState::Filling) row = RowState::Filled;
   std::vector<bool> newcomer(slots(), first && !continuous_);
   if (continuous_) {
     if (waiting_ < req_.sequences.size() && feed_.stop_admitting())
@@ -83,6 +85,10 @@ void StepScheduler::lay_out(StepPlan& plan, const std::vector<bool>& newcomer) c
     } else {
       s.kind = SeqStep::Decode;
       s.cached = static_cast<std::int64_t>(tokens_[slot].size()) - 1;
+    }
+    if (holding_) {
+      s.pool_row = slot_pool_[slot];
+      s.base = slot_base_[slot];
     }
   }
   if (sharing_) group_prefixes(plan);
@@ -114,11 +120,25 @@ std::int64_t StepScheduler::same_kv(std::size_t a, std::size_t b) const {
 // row holds the same bytes as its own for at least min_shared_prefix slots, both cached before
 // the step; the group's prefix is the shortest of its members'. (A member sharing a longer
 // prefix with some of the others still reads the rest on its own.)
+// Held prefixes: the slots of a GPU batch reading one pool row are a group (of one, too: its
+// prefix is read from the pool either way).
 void StepScheduler::group_prefixes(StepPlan& plan) const {
   const std::int64_t least = std::max<std::int64_t>(req_.min_shared_prefix, 1);
   auto reads_cache = [&](std::size_t s) {
     return plan.slots[s].kind == SeqStep::Decode || plan.slots[s].kind == SeqStep::Extend;
   };
+  if (holding_) {
+    for (std::size_t s = 0; s < slots(); ++s) {
+      SlotStep& step = plan.slots[s];
+      if (!reads_cache(s) || step.pool_row < 0) continue;
+      const std::size_t batch_first = s - s % gpu_batch_size_;
+      std::size_t lead = batch_first;
+      while (!reads_cache(lead) || plan.slots[lead].pool_row != step.pool_row) ++lead;
+      step.prefix_group = static_cast<std::int64_t>(lead);
+      step.prefix_len = step.base;
+    }
+    return;
+  }
   for (std::size_t first = 0; first < slots(); first += gpu_batch_size_) {
     const std::size_t end = std::min(slots(), first + gpu_batch_size_);
     std::vector<std::vector<std::size_t>> groups;  // each led by its first slot
@@ -227,11 +247,15 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
     if (slot_seq_[f] >= 0) continue;  // a fork of a newcomer before it
     const std::size_t k = f / gpu_batch_size_;
     const std::vector<std::int32_t>& prompt = req_.sequences[waiting_].prompt;
+    const std::optional<PoolStart> start = holding_ ? pool_start(waiting_) : PoolStart{};
+    if (!start) break;
     const PrefixMatch match =
-        sharing_ ? longest_prefix(prompt, held_rows(), static_cast<std::int64_t>(f), req_.min_shared_prefix)
-                 : PrefixMatch{};
-    if (sharing_ && prefix_in_flight(prompt, match, newcomer)) break;
-    const auto len = static_cast<std::int64_t>(prompt.size()) - match.tokens;
+        sharing_ && !holding_
+            ? longest_prefix(prompt, held_rows(), static_cast<std::int64_t>(f), req_.min_shared_prefix)
+            : PrefixMatch{};
+    if (sharing_ && !holding_ && prefix_in_flight(prompt, match, newcomer)) break;
+    const std::int64_t taken = start->fills ? 0 : start->base;
+    const auto len = static_cast<std::int64_t>(prompt.size()) - match.tokens - taken;
     batch_full[k] = batch_full[k] || (prefilled[k] > 0 && prefilled[k] + len > req_.prefill_budget);
     if (batch_full[k]) continue;
     const auto run = static_cast<std::size_t>(
@@ -239,12 +263,14 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
     if (run > left) break;
     newcomer[f] = true;
     prefilled[k] += len;
+    if (holding_) take_pool_row(f, *start);
     take(f, -1);
     if (match.tokens > 0) {  // copied before the step computes (none when its own row holds it)
       prefix_[f] = held_[f] = match.tokens;
       if (match.slot != static_cast<std::int64_t>(f))
         plan.prefixes.push_back({match.slot, static_cast<std::int64_t>(f), match.tokens});
     }
+    if (taken > 0) prefix_[f] = taken;  // it extends after its family's pool row
     copy_kv_runs(f, match.tokens > 0 ? static_cast<std::size_t>(match.slot) : f, match.tokens);
     idle = false;
     for (std::size_t j = 1, s = 0; j < run; ++j) {
@@ -253,6 +279,49 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
     }
   }
   return newcomer;
+}
+
+engine::PrefixPool StepScheduler::hold_prefixes() {
+  if (!sharing_ || std::ranges::any_of(req_.sequences, &engine::Sequence::shares_prompt)) return {};
+  std::vector<std::span<const std::int32_t>> prompts;
+  for (const engine::Sequence& s : req_.sequences) prompts.emplace_back(s.prompt);
+  engine::PrefixFamilies families = engine::prefix_families(prompts, req_.min_shared_prefix);
+  engine::PrefixPool pool;
+  pool.rows = static_cast<std::int64_t>(families.prefix.size());
+  std::int64_t whole = 0;  // the most tokens a row holds without a pool
+  for (std::size_t b = 0; b < req_.sequences.size(); ++b) {
+    const std::int64_t family = families.family_of[b], tokens = engine::sequence_tokens(req_, b);
+    const std::int64_t held = family >= 0 ? families.prefix[static_cast<std::size_t>(family)] : 0;
+    pool.capacity = std::max(pool.capacity, held);
+    pool.row_capacity = std::max(pool.row_capacity, tokens - held);
+    whole = std::max(whole, tokens);
+  }
+  const auto n = static_cast<std::int64_t>(slots());
+  if (pool.rows == 0 || pool.rows * pool.capacity + n * pool.row_capacity >= n * whole) return {};
+  holding_ = true;
+  families_ = std::move(families);
+  pool_.assign(static_cast<std::size_t>(pool.rows), RowState::Empty);
+  slot_pool_.assign(slots(), -1);
+  slot_base_.assign(slots(), 0);
+  return pool;
+}
+
+std::optional<StepScheduler::PoolStart> StepScheduler::pool_start(std::size_t seq) const {
+  const std::int64_t family = families_.family_of[seq];
+  if (family < 0) return PoolStart{};
+  const std::int64_t prefix = families_.prefix[static_cast<std::size_t>(family)];
+  switch (pool_[static_cast<std::size_t>(family)]) {
+    case RowState::Empty: return PoolStart{family, prefix, true};
+    case RowState::Filling: return std::nullopt;
+    case RowState::Filled: return PoolStart{family, prefix, false};
+  }
+  return std::nullopt;
+}
+
+void StepScheduler::take_pool_row(std::size_t slot, const PoolStart& start) {
+  slot_pool_[slot] = start.row;
+  slot_base_[slot] = start.base;
+  if (start.fills) pool_[static_cast<std::size_t>(start.row)] = RowState::Filling;
 }
 
 std::vector<std::span<const std::int32_t>> StepScheduler::held_rows() const {

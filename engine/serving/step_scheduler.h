@@ -6,7 +6,8 @@
 //
 // Continuous batching (req.slots > 0): free slots take the waiting sequences in order; each
 // newcomer prefills its prompt, or only the rest of it after the longest prefix a cache row of
-// the block holds, copied into its row first (docs/prefix-sharing.md); a run of sequences
+// the block holds, copied into its row first, or after its prefix family's row of a pool of
+// prefixes held once (hold_prefixes; docs/prefix-sharing.md); a run of sequences
 // sharing one prefill (Sequence::shares_prompt, engine/runtime/prefill_fork.h) takes a slot
 // for each, the others idling as forks of the first for that step and copying its row after
 // it. A fixed block (req.slots == 0): every prompt prefills at step 0 (forks idle) and all
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -37,6 +39,11 @@ class StepScheduler final : public engine::StepPlanner {
   void record(std::size_t slot, std::int32_t token, bool ended) override;
   void record_all(std::span<const std::int32_t> next) override;
   const std::vector<std::int32_t>& tokens(std::size_t slot) const override { return tokens_[slot]; }
+  // With shared prefixes (and no prompt sharing its prefill): the job's prefix families
+  // (prefix_families) each held in a pool row of its own, when that takes less memory than
+  // every row holding its whole sequence; a family's first newcomer prefills its prefix into
+  // the row, the others extend after it.
+  engine::PrefixPool hold_prefixes() override;
 
  private:
   // Whether a prompt waits for a free slot (waiting_): the next one the feed says this run
@@ -59,6 +66,15 @@ class StepScheduler final : public engine::StepPlanner {
   std::int64_t same_kv(std::size_t a, std::size_t b) const;
   // The groups of slots of each GPU batch that read one shared prefix (SlotStep::prefix_group).
   void group_prefixes(engine::StepPlan& plan) const;
+  // Prefixes held once: where sequence `seq` starts (its family's pool row and the tokens it
+  // holds; no row: its own row holds all), or none while that row is being filled (it waits
+  // for the next step).
+  struct PoolStart {
+    std::int64_t row = -1, base = 0;
+    bool fills = false;  // it prefills its family's prefix into the row
+  };
+  std::optional<PoolStart> pool_start(std::size_t seq) const;
+  void take_pool_row(std::size_t slot, const PoolStart& start);
 
   const engine::GenerationRequest& req_;
   engine::SequenceFeed& feed_;  // req_.feed, or one that admits every sequence in order
@@ -84,6 +100,13 @@ class StepScheduler final : public engine::StepPlanner {
   };
   std::vector<std::vector<KvRun>> kv_runs_;
   std::int64_t next_origin_ = 0;
+  // Prefixes held once: the job's families (family f in pool row f), whether each row is
+  // being filled (by this step) or filled, and each slot's row and base (-1, 0: none).
+  bool holding_ = false;
+  engine::PrefixFamilies families_;
+  enum class RowState : std::uint8_t { Empty, Filling, Filled };
+  std::vector<RowState> pool_;
+  std::vector<std::int64_t> slot_pool_, slot_base_;
 };
 
 // The executor's PlannerFactory: a StepScheduler for each block.

@@ -650,19 +650,33 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
     SCOPED_TRACE(flags);
     std::map<std::string, nlohmann::json> metrics;
     std::map<std::string, std::vector<std::string>> outs;
-    for (const std::string sharing : {"on", "off"}) {
+    std::map<std::string, std::string> metrics_text;  // stderr's report
+    for (const std::string sharing : {"on", "copy", "off"}) {
       const std::string out = dir.file("out-" + sharing + ".jsonl"), m = dir.file("m-" + sharing + ".json");
       std::filesystem::remove(out);
       const Result r = run("run --gpu-batch-size 2 --num-gpu-batches 2 --gen-len 8 --prompts " + dir.file("in.jsonl") +
                            " --out " + out + " --metrics " + m + " --prefix-sharing " + sharing + flags);
       ASSERT_EQ(r.code, 0) << r.err;
       EXPECT_THAT(r.err, HasSubstr("from shared prefixes, taken by"));
+      metrics_text[sharing] = r.err;
       outs[sharing] = sorted_lines(testing::read_file(out));
       metrics[sharing] = nlohmann::json::parse(testing::read_file(m));
     }
     EXPECT_EQ(outs["on"], outs["off"]);
+    EXPECT_EQ(outs["copy"], outs["off"]);
     EXPECT_EQ(outs["on"].size(), 10u);
     const nlohmann::json &on = metrics["on"], &off = metrics["off"];
+    // In memory the instructions are held once (one family; rows of 19 slots, not 54); offloaded
+    // and with `copy` they are copied into the rows.
+    const bool in_memory = flags.empty();
+    EXPECT_EQ(on.at("kv_held").at("prefixes"), in_memory ? 1 : 0);
+    EXPECT_EQ(metrics["copy"].at("kv_held").at("prefixes"), 0);
+    EXPECT_EQ(on.at("kv_copy_bytes").at("prefixes").at("total").get<std::int64_t>() == 0, in_memory);
+    EXPECT_GT(metrics["copy"].at("kv_copy_bytes").at("prefixes").at("total").get<std::int64_t>(), 0);
+    if (in_memory) {
+      EXPECT_LT(on.at("kv_held").at("bytes").get<std::int64_t>(), on.at("kv_held").at("bytes_without").get<std::int64_t>());
+      EXPECT_THAT(metrics_text["on"], HasSubstr("KV held once: 1 prefix in a pool"));
+    }
     EXPECT_EQ(on.at("prompt_tokens"), off.at("prompt_tokens"));
     EXPECT_EQ(off.at("prompt_tokens_computed"), off.at("prompt_tokens"));
     EXPECT_EQ(off.at("prefix_hits"), 0);
@@ -672,7 +686,7 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
   }
   const Result bad = run("run --prefix-sharing maybe");
   EXPECT_NE(bad.code, 0);
-  EXPECT_THAT(bad.err, HasSubstr("--prefix-sharing: maybe not in {on,off}"));
+  EXPECT_THAT(bad.err, HasSubstr("--prefix-sharing: maybe not in {on,copy,off}"));
 }
 
 // Decode steps as CUDA graphs give the tokens op-by-op steps give (docs/backends.md, "Decode steps

@@ -151,6 +151,7 @@ GenerationRequest one_prefix_job(const engine::ModelConfig& cfg, const policy::P
   }
   req.slots = pol.block_size();
   req.min_shared_prefix = 4;
+  req.hold_prefixes = false;  // copied into each row (on the gpu tier it would be held once)
   return req;
 }
 

@@ -6,7 +6,8 @@
 // gpu/cpu/disk, compressed or not; under a KV eviction policy nothing is shared. The counters
 // say what was shared: exactly, for admissions worked out by hand. The decode attention reads
 // the prefixes rows share once for all (cascade attention): the runs with sharing count the
-// queries that read a prefix from another row.
+// queries that read a prefix from another row. In memory a prefix family's KV may instead be
+// held once in a pool, each row holding only what follows it (HeldPrefixes*).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -94,13 +95,15 @@ std::vector<Placement> placements() {
   return out;
 }
 
-// The CPU backend, counting the decode queries that read a shared prefix in another row.
+// The CPU backend, counting the decode queries that read a shared prefix in another row, and
+// those whose row starts after a prefix held in a pool.
 class SharedPrefixReads final : public testing::ForwardingBackend {
  public:
-  std::atomic<std::int64_t> queries = 0;
+  std::atomic<std::int64_t> queries = 0, held = 0;
 
  protected:
   void do_attention_decode(const kernels::AttentionDecodeArgs& a) override {
+    for (const std::int64_t base : a.row_base) held += base > 0 && a.prefix_cache.k != nullptr;
     if (kernels::shared_prefix_applies(a))
       for (std::size_t i = 0; i < a.prefix_of.size(); ++i) {
         const std::int64_t p = a.prefix_of[i];
@@ -113,9 +116,11 @@ class SharedPrefixReads final : public testing::ForwardingBackend {
   }
 };
 
-// `shared_reads`: where given, the decode queries that read a shared prefix in another row.
+// `shared_reads`: where given, the decode queries that read a shared prefix in another row;
+// `held_reads`: those whose own row starts after a held prefix.
 GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
-                               const GenerationRequest& req, std::int64_t* shared_reads = nullptr) {
+                               const GenerationRequest& req, std::int64_t* shared_reads = nullptr,
+                               std::int64_t* held_reads = nullptr) {
   SharedPrefixReads be;
   testing::TempDir dir;
   offload::TierOptions to;
@@ -127,6 +132,7 @@ GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::Wei
     r = serving::generate(sched, req);
   }
   if (shared_reads) *shared_reads = be.queries;
+  if (held_reads) *held_reads = be.held;
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
     EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
   return r;
@@ -251,6 +257,7 @@ TEST(PrefixSharing, CountersOfHandWorkedAdmissions) {
   req.max_new_tokens = 4;
   req.slots = 4;
   req.min_shared_prefix = 4;
+  req.hold_prefixes = false;  // copies (HeldPrefixes* hold them once)
   Placement s = placements()[0];
   const GenerationResult r = run_scheduler(m.config, *m.weights, s, req);
   EXPECT_EQ(r.prompt_tokens, 3 * 48 + 25);
@@ -289,6 +296,109 @@ TEST(PrefixSharing, ASlotReusesItsOwnRow) {
   EXPECT_EQ(r.prefix_hits, 2);
   EXPECT_EQ(r.prefix_shared_tokens, 29 + 30);
   EXPECT_EQ(r.prompt_tokens_computed, 30 + 1 + 3);
+}
+
+// Prompts behind two instructions (40 and 30 tokens) with items of 1 to 12 tokens, and two that
+// share nothing (at most 14 tokens); 1 to 9 new tokens each, greedy. Over 8 slots, holding the
+// instructions once takes less memory than a row of 61 slots for each.
+GenerationRequest held_request(std::int64_t vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Tokens a = random_tokens(rng, 40, vocab), b = random_tokens(rng, 30, vocab);
+  GenerationRequest req;
+  for (int i = 0; i < 18; ++i) {
+    const Tokens item = random_tokens(rng, 1 + rng() % 12, vocab);
+    req.sequences.push_back({.prompt = i % 9 == 4 ? random_tokens(rng, 2 + rng() % 13, vocab) : join(i % 3 ? a : b, item),
+                             .max_new_tokens = 1 + static_cast<std::int64_t>(rng() % 9)});
+  }
+  req.max_new_tokens = 9;
+  req.min_shared_prefix = 4;
+  return req;
+}
+
+// Prefixes held once in a pool (GenerationRequest::hold_prefixes), in memory: every request's
+// tokens are its solo run's, rows after a held prefix were read (none when the prefix is
+// copied instead), and the greedy tokens are those of the run without sharing.
+void expect_held_prefixes_change_no_token(const engine::ModelConfig& cfg, const engine::WeightSource& src,
+                                          Placement s, std::uint64_t seed) {
+  SCOPED_TRACE(s.name);
+  GenerationRequest req = held_request(cfg.vocab_size, seed);
+  req.slots = s.policy.block_size();
+  req.prefill_budget = 24;
+  auto be = kernels::make_cpu_backend();
+  for (const bool hold : {true, false}) {
+    SCOPED_TRACE(hold ? "held once" : "copied");
+    req.hold_prefixes = hold;
+    EXPECT_EQ(testing::expect_refill_matches_solo(*be, cfg, src, s.policy, req).requests, req.sequences.size());
+    std::int64_t held_reads = 0;
+    const GenerationResult r = run_scheduler(cfg, src, s, req, nullptr, &held_reads);
+    EXPECT_EQ(r.prompt_tokens - r.prompt_tokens_computed, r.prefix_shared_tokens);
+    EXPECT_GT(r.prefix_hits, 10);
+    if (hold)
+      EXPECT_GT(held_reads, 0);
+    else
+      EXPECT_EQ(held_reads, 0);
+  }
+  req.hold_prefixes = true;
+  const GenerationResult held = run_scheduler(cfg, src, s, req);
+  req.share_prefixes = false;
+  EXPECT_EQ(held.tokens, run_scheduler(cfg, src, s, req).tokens);
+}
+
+Placement in_memory_two_batches() {
+  Placement s = placements()[0];
+  s.policy.num_gpu_batches = 2;
+  s.name += ", two GPU batches";
+  return s;
+}
+
+TEST(PrefixSharing, HeldPrefixesStories260k) {
+  auto m = engine::open_model({});
+  expect_held_prefixes_change_no_token(m.config, *m.weights, in_memory_two_batches(), 5000);
+  for (const int bits : {8, 4}) {
+    Placement s = in_memory_two_batches();
+    s.policy.compress_cache = true;
+    s.policy.compress_bits = bits;
+    s.name += " q" + std::to_string(bits);
+    expect_held_prefixes_change_no_token(m.config, *m.weights, s, 5010 + static_cast<std::uint64_t>(bits));
+  }
+  for (const kernels::DType dtype : {kernels::DType::F16, kernels::DType::BF16}) {
+    Placement s = in_memory_two_batches();
+    s.policy.cache_storage = dtype;
+    s.name += std::string(" cache ") + std::string(kernels::dtype_name(dtype));
+    expect_held_prefixes_change_no_token(m.config, *m.weights, s, 5020 + static_cast<std::uint64_t>(dtype));
+  }
+}
+
+TEST(PrefixSharing, HeldPrefixesLlamaGqa) {
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 50);
+  expect_held_prefixes_change_no_token(cfg, src, in_memory_two_batches(), 5100);
+}
+
+// Families, worked out by hand (min 4 tokens; A: 20 tokens, B: 15): A + x, A + y, A + z and D
+// (A's first 10 tokens + 2) sort in a run linked by 20, 20, 10: cut at the 10, A's three save
+// 2 x 20 > 3 x 10, and D is left alone; B + u, B + v share 15; C shares nothing. With D1..D3
+// sharing only A's 10 tokens, and A's two members, the whole run saves 4 x 10 > 20 (A's pair
+// alone). A prompt that is all of another's prefix shares at most its length less one.
+TEST(PrefixSharing, PrefixFamiliesByHand) {
+  const Tokens a = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29};
+  const Tokens b = {50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64};
+  const Tokens a10(a.begin(), a.begin() + 10);
+  auto families = [](const std::vector<Tokens>& prompts) {
+    const std::vector<std::span<const std::int32_t>> spans(prompts.begin(), prompts.end());
+    return engine::prefix_families(spans, 4);
+  };
+  const engine::PrefixFamilies f = families({join(a, {1}), join(b, {1}), join(a, {2}), join(a10, {99, 98}), {200, 201, 202},
+                                             join(a, {3}), join(b, {2})});
+  ASSERT_EQ(f.prefix, (std::vector<std::int64_t>{20, 15}));
+  EXPECT_EQ(f.family_of, (std::vector<std::int64_t>{0, 1, 0, -1, -1, 0, 1}));
+  const engine::PrefixFamilies whole =
+      families({join(a, {1}), join(a10, {97}), join(a, {2}), join(a10, {98}), join(a10, {99})});
+  ASSERT_EQ(whole.prefix, (std::vector<std::int64_t>{10}));
+  EXPECT_EQ(whole.family_of, (std::vector<std::int64_t>{0, 0, 0, 0, 0}));
+  const engine::PrefixFamilies capped = families({a, join(a, {1}), join(a, {2})});
+  ASSERT_EQ(capped.prefix, (std::vector<std::int64_t>{19}));
+  EXPECT_EQ(families({{1, 2, 3, 4, 5}, {1, 2, 3, 9}}).prefix.size(), 0u);
 }
 
 TEST(PrefixSharing, LongestPrefixLeavesOneTokenAndPrefersTheSlotItself) {

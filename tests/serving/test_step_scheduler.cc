@@ -19,7 +19,8 @@ namespace flexh2o::engine {
 void PrintTo(const SlotStep& s, std::ostream* os) {
   static const char* const kinds[] = {"Prefill", "Decode", "Extend", "Idle"};
   *os << "{" << kinds[static_cast<int>(s.kind)] << " seq " << s.seq << " cached " << s.cached << " fork_of "
-      << s.fork_of << " prefix_group " << s.prefix_group << " prefix_len " << s.prefix_len << "}";
+      << s.fork_of << " prefix_group " << s.prefix_group << " prefix_len " << s.prefix_len << " pool_row " << s.pool_row
+      << " base " << s.base << "}";
 }
 
 void PrintTo(const StepPlan& p, std::ostream* os) {
@@ -50,6 +51,13 @@ SlotStep fork(std::int64_t seq, std::int64_t of) { return {SeqStep::Idle, seq, 0
 SlotStep shares(SlotStep s, std::int64_t group, std::int64_t len) {
   s.prefix_group = group;
   s.prefix_len = len;
+  return s;
+}
+
+// s with its first `base` tokens held in pool row `row`.
+SlotStep held(SlotStep s, std::int64_t row, std::int64_t base) {
+  s.pool_row = row;
+  s.base = base;
   return s;
 }
 
@@ -316,6 +324,54 @@ TEST(StepScheduler, SharedPrefixesOff) {
   req.min_shared_prefix = 31;  // more than prompt 1 can share: no wait either
   StepScheduler longer(req, 2, true);
   EXPECT_EQ(longer.next_step(), plan({prefill(0), prefill(1)}));
+}
+
+// Prefixes held once (hold_prefixes): families A (40 tokens: prompts 0, 1, 3, 6) and B (30:
+// prompts 2, 4), prompt 5 in none; 4 new tokens each. Family f in pool row f (A sorts first);
+// rows hold at most 9 slots (prompt 5: 5 + 4), against 47 without a pool. A family's first
+// newcomer prefills its prefix into its row, and the others of that step wait for it; then each
+// extends after the row's tokens. The slots of a GPU batch reading one row are a group.
+TEST(StepScheduler, HeldPrefixes) {
+  const Tokens a = run_of(1, 40), b = run_of(500, 30);
+  GenerationRequest req;
+  req.sequences = sequences_of({join(a, {100, 101}), join(a, {102}), join(b, {200, 201}), join(a, {103, 104, 105}),
+                                join(b, {202}), run_of(900, 5), join(a, {106})});
+  req.max_new_tokens = 4;
+  req.slots = 3;
+  StepScheduler s(req, 3, true);
+  const PrefixPool pool = s.hold_prefixes();
+  EXPECT_EQ(pool.rows, 2);
+  EXPECT_EQ(pool.capacity, 40);
+  EXPECT_EQ(pool.row_capacity, 9);
+  EXPECT_EQ(s.next_step(), plan({held(prefill(0), 0, 40), idle(), idle()}));
+  s.record(0, 50, false);
+  EXPECT_EQ(s.next_step(), plan({shares(held(decode(0, 42), 0, 40), 0, 40), shares(held(extend(1, 40), 0, 40), 0, 40),
+                                 held(prefill(2), 1, 30)}));
+  s.record(0, 51, true);
+  s.record(1, 52, false);
+  s.record(2, 53, false);
+  EXPECT_EQ(s.next_step(), plan({shares(held(extend(3, 40), 0, 40), 0, 40), shares(held(decode(1, 41), 0, 40), 0, 40),
+                                 shares(held(decode(2, 32), 1, 30), 2, 30)}));
+  for (std::size_t slot = 0; slot < 3; ++slot) s.record(slot, 60, true);
+  EXPECT_EQ(s.next_step(), plan({shares(held(extend(4, 30), 1, 30), 0, 30), prefill(5),
+                                 shares(held(extend(6, 40), 0, 40), 2, 40)}));
+}
+
+// No pool where it would not save memory (as many families as slots), nor with prefix sharing
+// off or prompts sharing their prefill.
+TEST(StepScheduler, HeldPrefixesOnlyWhereTheySaveMemory) {
+  const Tokens a = run_of(1, 40), b = run_of(500, 30);
+  GenerationRequest req;
+  req.sequences = sequences_of({join(a, {100}), join(a, {101}), join(b, {200}), join(b, {201})});
+  req.max_new_tokens = 4;
+  req.slots = 2;
+  EXPECT_EQ(StepScheduler(req, 2, true).hold_prefixes().rows, 0);
+  req.slots = 3;
+  EXPECT_EQ(StepScheduler(req, 3, true).hold_prefixes().rows, 2);
+  EXPECT_EQ(StepScheduler(req, 3, false).hold_prefixes().rows, 0);
+  req.sequences[1].shares_prompt = true;
+  req.sequences[1].prompt = req.sequences[0].prompt;
+  EXPECT_EQ(StepScheduler(req, 3, true).hold_prefixes().rows, 0);
 }
 
 }  // namespace
