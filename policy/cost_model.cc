@@ -172,8 +172,9 @@ std::int64_t continuous_steps(const Workload& w, std::int64_t slots, std::int64_
       std::int64_t admitted = 0;
       while (b.free > 0 && next < w.requests.size()) {
         const RequestLength& r = w.requests[next];
-        if (admitted > 0 && admitted + r.prompt > w.prefill_budget) break;
-        admitted += r.prompt;
+        const std::int64_t computed = r.prompt - r.shared;
+        if (admitted > 0 && admitted + computed > w.prefill_budget) break;
+        admitted += computed;
         --b.free;
         const std::int64_t at = t + std::max<std::int64_t>(r.gen, 1);
         b.busy.push(at);
@@ -192,23 +193,26 @@ std::int64_t continuous_steps(const Workload& w, std::int64_t slots, std::int64_
 
 SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch) {
   SlotStep s;
-  // A request of prompt p and g new tokens: one prefill step of p rows (its first token), then
-  // g - 1 decode rows attending over p + 1, ..., p + g - 1 cached tokens and the new one.
+  // A request of prompt p and g new tokens: one prefill step of p rows (its first token; c of
+  // them when it takes p - c from a shared prefix), then g - 1 decode rows attending over
+  // p + 1, ..., p + g - 1 cached tokens and the new one.
   double prefill = 0, decode = 0, attended = 0, squares = 0, tokens = 0, slot_steps = 0;
-  auto add = [&](double p, double g) {
-    prefill += p;
+  auto add = [&](double p, double c, double g) {
+    prefill += c;
     decode += g - 1;
     attended += (g - 1) * p + g * (g - 1) / 2;
-    squares += p * p;
+    squares += c * (2 * p - c);  // causal attention of c rows after p - c cached: p * p when c = p
     tokens += g;
   };
   if (w.requests.empty()) {  // steady state at the means: every slot busy
     const double g = std::max(w.mean_gen_len > 0 ? w.mean_gen_len : static_cast<double>(w.gen_len), 1.0);
-    add(w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len), g);
+    const double p = w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len);
+    add(p, p, g);
     slot_steps = g;
   } else {
     for (const RequestLength& r : w.requests)
-      add(static_cast<double>(r.prompt), static_cast<double>(std::max<std::int64_t>(r.gen, 1)));
+      add(static_cast<double>(r.prompt), static_cast<double>(r.prompt - r.shared),
+          static_cast<double>(std::max<std::int64_t>(r.gen, 1)));
     s.steps = static_cast<double>(continuous_steps(w, slots, gpu_batch));
     slot_steps = s.steps * static_cast<double>(std::max<std::int64_t>(slots, 1));
   }

@@ -30,9 +30,11 @@ namespace flexh2o::policy {
 // prompt tokens a GPU batch's step prefills for newcomers.
 constexpr std::int64_t kHostPrefillBudget = 512;
 
-// One request of a job: its prompt tokens and its max_tokens.
+// One request of a job: its prompt tokens and its max_tokens, and the first `shared` of its
+// prompt tokens that another request computed (a shared prefix, docs/prefix-sharing.md): its
+// prefill computes only the rest, which alone counts against the prefill budget.
 struct RequestLength {
-  std::int64_t prompt = 0, gen = 0;
+  std::int64_t prompt = 0, gen = 0, shared = 0;
 };
 
 // What a job asks of a block. The maxima size what must fit: the engine gives every slot the
@@ -61,7 +63,9 @@ struct SlotStep {
   double prefill_rows = 0;   // a newcomer's prompt rows (its first token comes of them)
   double decode_rows = 1;    // one row per decode
   double kv_attended = 0;    // KV tokens the decode rows attend over (p + t at a request's step t)
-  double prompt_sq = 0;      // a newcomer's prompt tokens squared (its prefill attention)
+  // A newcomer's prefill attention: its prompt tokens squared, or c (2p - c) for the c rows it
+  // computes after p - c taken from a shared prefix.
+  double prompt_sq = 0;
   double steps = 0;          // steps of the whole job (0: requests not known; steady state)
   double rows() const { return prefill_rows + decode_rows; }
 };

@@ -213,7 +213,7 @@ std::vector<serving::Request> plan_and_gather(const RunOptions& o, RunSetup& s, 
     const policy::HardwareProfile hw = planning_profile(o, s);
     const policy::Estimate e = policy::plan(
         engine::model_shape(s.model.config), hw,
-        synthetic ? synthetic_workload(o, prompts, s.gen_len) : job_workload(o, requests, s.gen_len),
+        synthetic ? synthetic_workload(o, prompts, s.gen_len) : job_workload(o, s.model.config, requests, s.gen_len),
         plan_options(o, s, prompts));
     adopt_plan(o, s, e.policy, hw);
     s.predicted = e;

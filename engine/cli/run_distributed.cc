@@ -100,7 +100,7 @@ void plan_rank(const Mpi& mpi, const RunOptions& o, RunSetup& s, std::span<const
   const policy::HardwareProfile hw = distributed::rank_share(host_profile(o, s), mpi.ranks_on_host());
   if (!s.auto_policy) return check_placement_fits(o, s, todo, hw);
   const policy::Estimate e = distributed::plan_data_parallel_rank(model_shape(s.model.config), hw,
-                                                                  job_workload(o, todo, s.gen_len), plan_options(o, s, 1),
+                                                                  job_workload(o, s.model.config, todo, s.gen_len), plan_options(o, s, 1),
                                                                   todo.size(), mpi.size());
   adopt_plan(o, s, e.policy, hw);
   s.predicted = e;

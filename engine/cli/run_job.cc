@@ -11,6 +11,8 @@
 #include "engine/loaders/template_source.h"
 #include "engine/serving/result_file.h"
 #include "engine/runtime/machine_profile.h"
+#include "engine/runtime/generator.h"
+#include "engine/runtime/prefix_match.h"
 #include "engine/model/model_shape.h"
 #include "policy/policy_text.h"
 
@@ -159,9 +161,38 @@ policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLen
 
 }  // namespace
 
-policy::Workload job_workload(const RunOptions& o, std::span<const serving::Request> requests, std::int64_t gen_len) {
+namespace {
+
+// The prompt tokens each request takes from a shared prefix (docs/prefix-sharing.md), as the
+// step scheduler shares them: under continuous batching with prefix sharing on, every request
+// of a prefix family but the first in the job takes the family's prefix.
+std::vector<std::int64_t> shared_tokens(const RunOptions& o, const engine::ModelConfig& cfg,
+                                        std::span<const serving::Request> requests) {
+  std::vector<std::int64_t> shared(requests.size(), 0);
+  const bool evicting = !o.kv.empty() && o.kv != "full";
+  if (o.batching != "continuous" || o.prefix_sharing == "off" || !engine::prefix_sharing_off_reason(cfg, evicting).empty())
+    return shared;
+  std::vector<std::span<const std::int32_t>> prompts;
+  for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
+  const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
+  std::vector<bool> computed(f.prefix.size(), false);
+  for (std::size_t b = 0; b < requests.size(); ++b) {
+    const std::int64_t family = f.family_of[b];
+    if (family < 0) continue;
+    if (computed[static_cast<std::size_t>(family)]) shared[b] = f.prefix[static_cast<std::size_t>(family)];
+    computed[static_cast<std::size_t>(family)] = true;
+  }
+  return shared;
+}
+
+}  // namespace
+
+policy::Workload job_workload(const RunOptions& o, const engine::ModelConfig& cfg,
+                              std::span<const serving::Request> requests, std::int64_t gen_len) {
   std::vector<policy::RequestLength> lengths;
-  for (const serving::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
+  const std::vector<std::int64_t> shared = shared_tokens(o, cfg, requests);
+  for (std::size_t b = 0; b < requests.size(); ++b)
+    lengths.push_back({static_cast<std::int64_t>(requests[b].prompt.size()), requests[b].max_tokens, shared[b]});
   if (lengths.empty()) lengths.push_back({0, gen_len});  // as longest_limit: --gen-len for none
   return workload_of(o, std::move(lengths));
 }
@@ -188,7 +219,7 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
 void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const serving::Request> requests,
                           const policy::HardwareProfile& hw) {
   const auto prompts = static_cast<std::int64_t>(requests.size());
-  s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw, job_workload(o, requests, s.gen_len),
+  s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw, job_workload(o, s.model.config, requests, s.gen_len),
                                           s.policy, plan_options(o, s, prompts),
                                           s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
                                                    : "the default placement (--policy auto lets the planner fit the run)");

@@ -60,8 +60,11 @@ policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s)
 // and blocks of at most `max_block` prompts.
 policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::int64_t max_block);
 // What the planner plans a job for: its longest prompt and largest max_tokens (what must fit)
-// and, under continuous batching (not in pipeline runs), its requests' lengths (the time).
-policy::Workload job_workload(const RunOptions& o, std::span<const serving::Request> requests, std::int64_t gen_len);
+// and, under continuous batching (not in pipeline runs), its requests' lengths (the time), each
+// with the prompt tokens it takes from a shared prefix of `cfg`'s run (prefix sharing on: every
+// request of a prefix family but the job's first takes the family's prefix).
+policy::Workload job_workload(const RunOptions& o, const engine::ModelConfig& cfg,
+                              std::span<const serving::Request> requests, std::int64_t gen_len);
 // Synthetic prompts: `count` requests of --prompt-len tokens and `gen_len` new tokens.
 policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len);
 // Continuous batching's prefill budget: --prefill-budget, else the one the policy run was

@@ -610,6 +610,22 @@ TEST(ContinuousPlan, SlotStepOfTheRequestsByHand) {
   EXPECT_EQ(slot_step(continuous_workload(std::vector<RequestLength>(4, {8, 3}), 16), 4, 2).steps, 3);
 }
 
+// Requests taking a shared prefix (RequestLength::shared) prefill only the rest: their rows, their
+// attention (c rows after p - c cached: c (2p - c)) and their share of the prefill budget. The
+// requests of SlotStepOfTheRequestsByHand with the second taking 15 of its 20 tokens: 10 + 5 + 5
+// prefill rows, 100 + 5 x 35 + 25; the decodes attend over the same contexts. With a budget of
+// 8 tokens and one GPU batch of 4 slots, four requests of 8 tokens start one a step (6 steps);
+// when the last three take 6 of them, those three start together in step 1 (4 steps).
+TEST(ContinuousPlan, SharedPrefixesComputeOnlyTheRest) {
+  const SlotStep s = slot_step(continuous_workload({{10, 4}, {20, 2, 15}, {5, 3}}, 512), 2, 2);
+  EXPECT_EQ(s.steps, 5);
+  EXPECT_DOUBLE_EQ(s.prefill_rows, 20.0 / 10);
+  EXPECT_DOUBLE_EQ(s.prompt_sq, (100 + 5 * 35 + 25) / 10.0);
+  EXPECT_DOUBLE_EQ(s.kv_attended, 70.0 / 10);
+  EXPECT_EQ(slot_step(continuous_workload(std::vector<RequestLength>(4, {8, 3}), 8), 4, 4).steps, 6);
+  EXPECT_EQ(slot_step(continuous_workload({{8, 3}, {8, 3, 6}, {8, 3, 6}, {8, 3, 6}}, 8), 4, 4).steps, 4);
+}
+
 // Everything on the gpu tier, no rate curves and no read floor: a mean step per layer is the K
 // GPU batches' GEMMs (decode rows at the decode rate, newcomers' prompt rows at the prefill
 // rate), the head over the busy rows, decode attention over the mean cached length and the
