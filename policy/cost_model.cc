@@ -115,6 +115,11 @@ std::int64_t Workload::sequence_capacity() const {
   return most;
 }
 
+bool Workload::holds_prefixes(std::int64_t slots) const {
+  return continuous && held.families > 0 &&
+         held.families * held.prefix + slots * held.rest < slots * sequence_capacity();
+}
+
 Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget) {
   Workload w;
   w.continuous = true;
@@ -267,6 +272,9 @@ struct Block {
   std::int64_t expert_slots = 0;
   bool resident_embeddings = false;  // the tensors outside the layers wholly on the gpu, never staged
   SlotStep slot_step;  // continuous batching: the job's mean slot-step over the block's slots
+  // Prefixes held once (Workload::held): the pool on the gpu tier, every KV row there, sized for
+  // what follows a prefix.
+  bool held_prefixes = false;
 };
 
 Block block_of(const Policy& p, const Workload& w) {
@@ -274,6 +282,7 @@ Block block_of(const Policy& p, const Workload& w) {
           p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots,
           p.resident_embeddings};
   if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size);
+  b.held_prefixes = p.cache.gpu == 1.0 && p.kv == "full" && w.holds_prefixes(p.block_size());
   return b;
 }
 
@@ -375,9 +384,12 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
       evicting ? static_cast<double>(make_kv_policy(o.kv, m.layers)->make_state(1).bytes_per_slot()) : 0.0;
   const double scores = evicting ? blocks * layers * block * static_cast<double>(m.kv_heads) * kv_slots * slot_state : 0;
   const auto lin = linear_form;
+  const double pool = blk.held_prefixes ? blocks * kv_token * layers * static_cast<double>(w.held.families * w.held.prefix)
+                                        : 0.0;
   t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
                        {"resident embeddings and head", lin(resident, {})},
                        {"KV cache", lin(0, {{CG, kv_all}})},
+                       {"prefixes held once", lin(pool, {})},
                        {"hidden states", lin(0, {{HG, h_all}})},
                        {"weight staging slots", lin(staging, {})},
                        {"activations of one GPU batch", lin(scratch, {})},
@@ -543,7 +555,9 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     t.comp_gen = t.comp_gen.plus(lin(0, {{CN, kv_disk_read + kv_disk_write_gen}}), 1);
   }
 
-  add_memory_items(t, m, z, hw, w, o, blk, kvtok);
+  // Held prefixes: rows sized for what follows a prefix (the pool is a memory item of its own);
+  // the decodes still attend over every token.
+  add_memory_items(t, m, z, hw, w, o, blk, blk.held_prefixes ? static_cast<double>(w.held.rest) : kvtok);
   return t;
 }
 
@@ -580,7 +594,8 @@ std::pair<double, double> steps_of(const Workload& w) {
 
 // min l * (prefill steps x Tpre + decode steps x Tgen) subject to the (overlapped) step-time
 // and memory constraints.
-std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bool weights_on_gpu, bool hidden_on_gpu) {
+std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bool weights_on_gpu, bool hidden_on_gpu,
+                            bool cache_on_gpu) {
   std::unique_ptr<glp_prob, decltype(&glp_delete_prob)> lp(glp_create_prob(), glp_delete_prob);
   glp_set_obj_dir(lp.get(), GLP_MIN);
   glp_add_cols(lp.get(), kVars);
@@ -592,6 +607,7 @@ std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bo
   }
   if (weights_on_gpu) glp_set_col_bnds(lp.get(), WG + 1, GLP_FX, 1.0, 1.0);
   if (hidden_on_gpu) glp_set_col_bnds(lp.get(), HG + 1, GLP_FX, 1.0, 1.0);
+  if (cache_on_gpu) glp_set_col_bnds(lp.get(), CG + 1, GLP_FX, 1.0, 1.0);
   // On one host a disk-homed hidden state is a small request per GPU batch and layer that
   // queues behind the weights streaming from the same disk, and the compute waits for it
   // (measured, Llama-3.2-1B-shaped f16 model in a 1.5 GiB cgroup, gpu batch 1 x 16: 8448
@@ -772,7 +788,8 @@ class Ranking {
 std::optional<Estimate> solve_variant(const ModelShape& m, const HardwareProfile& hw, const Workload& w,
                                       const PlanOptions& o, const Block& blk) {
   const Terms t = build_terms(m, hw, w, o, blk);
-  const auto sol = solve(t, static_cast<double>(m.layers), w, !blk.weights_staged, !blk.hidden_staged);
+  const auto sol =
+      solve(t, static_cast<double>(m.layers), w, !blk.weights_staged, !blk.hidden_staged, blk.held_prefixes);
   if (!sol) return std::nullopt;
   Policy p;
   p.gpu_batch_size = blk.gbs;
@@ -801,9 +818,15 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
           Block blk{gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true};
           blk.resident_embeddings = resident_embeddings;
           blk.slot_step = step;
-          if (auto e = solve_variant(m, hw, w, o, blk)) {
-            ranking.add(std::move(*e));
-            any = true;
+          // Each placement as it is, and with prefixes held once where they would be: every KV
+          // row on the gpu tier, sized for what follows a prefix, beside the pool.
+          for (const bool held : {false, true}) {
+            if (held && (ccc || o.kv.name != "full" || !w.holds_prefixes(gbs * k))) continue;
+            blk.held_prefixes = held;
+            if (auto e = solve_variant(m, hw, w, o, blk)) {
+              ranking.add(std::move(*e));
+              any = true;
+            }
           }
         }
       }

@@ -55,6 +55,15 @@ struct Workload {
   // KV tokens a slot must hold: the longest prompt + max_tokens of one request (its KV at the
   // end), or the longest prompt + the largest max_tokens when the requests are not known.
   std::int64_t sequence_capacity() const;
+  // Continuous batching with prefixes held once (docs/prefix-sharing.md, "Holding a prefix
+  // once"): the job's prefix families, each held in a pool row of `prefix` KV tokens (its
+  // longest), and the most tokens a request holds after its family's prefix; families 0: none.
+  struct HeldPrefixes {
+    std::int64_t families = 0, prefix = 0, rest = 0;
+  } held;
+  // Whether a block of `slots` with every KV row on the gpu tier holds them (the engine's rule:
+  // the pool and rows of `rest` take less than rows of the longest sequence).
+  bool holds_prefixes(std::int64_t slots) const;
 };
 
 // A continuous job's slot-steps (one slot during one step), averaged over the job: steps x slots.

@@ -163,26 +163,32 @@ policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLen
 
 namespace {
 
-// The prompt tokens each request takes from a shared prefix (docs/prefix-sharing.md), as the
-// step scheduler shares them: under continuous batching with prefix sharing on, every request
-// of a prefix family but the first in the job takes the family's prefix.
-std::vector<std::int64_t> shared_tokens(const RunOptions& o, const engine::ModelConfig& cfg,
-                                        std::span<const serving::Request> requests) {
-  std::vector<std::int64_t> shared(requests.size(), 0);
+// Prefix sharing as the step scheduler applies it to this job (docs/prefix-sharing.md): under
+// continuous batching with prefix sharing on, every request of a prefix family but the first in
+// the job takes the family's prefix (RequestLength::shared); with `on` where nothing rules it
+// out (a sliding window, prompts sharing their prefill), the families may be held once
+// (Workload::held; the planner decides where a block would).
+void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, std::span<const serving::Request> requests,
+                         policy::Workload& w) {
   const bool evicting = !o.kv.empty() && o.kv != "full";
-  if (o.batching != "continuous" || o.prefix_sharing == "off" || !engine::prefix_sharing_off_reason(cfg, evicting).empty())
-    return shared;
+  if (!w.continuous || o.prefix_sharing == "off" || !engine::prefix_sharing_off_reason(cfg, evicting).empty()) return;
   std::vector<std::span<const std::int32_t>> prompts;
   for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
   const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
   std::vector<bool> computed(f.prefix.size(), false);
   for (std::size_t b = 0; b < requests.size(); ++b) {
     const std::int64_t family = f.family_of[b];
-    if (family < 0) continue;
-    if (computed[static_cast<std::size_t>(family)]) shared[b] = f.prefix[static_cast<std::size_t>(family)];
-    computed[static_cast<std::size_t>(family)] = true;
+    const std::int64_t prefix = family >= 0 ? f.prefix[static_cast<std::size_t>(family)] : 0;
+    policy::RequestLength& r = w.requests[b];
+    if (family >= 0 && computed[static_cast<std::size_t>(family)]) r.shared = prefix;
+    if (family >= 0) computed[static_cast<std::size_t>(family)] = true;
+    w.held.prefix = std::max(w.held.prefix, prefix);
+    w.held.rest = std::max(w.held.rest, r.prompt + r.gen - prefix);
   }
-  return shared;
+  bool windowed = false;
+  for (std::int64_t l = 0; l < cfg.n_layers; ++l) windowed = windowed || cfg.window(l) > 0;
+  const bool forks = o.share_prefill == 1 && std::ranges::any_of(requests, [](const serving::Request& r) { return r.choice > 0; });
+  if (o.prefix_sharing == "on" && !windowed && !forks) w.held.families = static_cast<std::int64_t>(f.prefix.size());
 }
 
 }  // namespace
@@ -190,11 +196,11 @@ std::vector<std::int64_t> shared_tokens(const RunOptions& o, const engine::Model
 policy::Workload job_workload(const RunOptions& o, const engine::ModelConfig& cfg,
                               std::span<const serving::Request> requests, std::int64_t gen_len) {
   std::vector<policy::RequestLength> lengths;
-  const std::vector<std::int64_t> shared = shared_tokens(o, cfg, requests);
-  for (std::size_t b = 0; b < requests.size(); ++b)
-    lengths.push_back({static_cast<std::int64_t>(requests[b].prompt.size()), requests[b].max_tokens, shared[b]});
+  for (const serving::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
   if (lengths.empty()) lengths.push_back({0, gen_len});  // as longest_limit: --gen-len for none
-  return workload_of(o, std::move(lengths));
+  policy::Workload w = workload_of(o, std::move(lengths));
+  if (!requests.empty()) add_shared_prefixes(o, cfg, requests, w);
+  return w;
 }
 
 policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len) {

@@ -62,7 +62,8 @@ policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::in
 // What the planner plans a job for: its longest prompt and largest max_tokens (what must fit)
 // and, under continuous batching (not in pipeline runs), its requests' lengths (the time), each
 // with the prompt tokens it takes from a shared prefix of `cfg`'s run (prefix sharing on: every
-// request of a prefix family but the job's first takes the family's prefix).
+// request of a prefix family but the job's first takes the family's prefix), and the prefix
+// families a block may hold once (Workload::held).
 policy::Workload job_workload(const RunOptions& o, const engine::ModelConfig& cfg,
                               std::span<const serving::Request> requests, std::int64_t gen_len);
 // Synthetic prompts: `count` requests of --prompt-len tokens and `gen_len` new tokens.

@@ -626,6 +626,56 @@ TEST(ContinuousPlan, SharedPrefixesComputeOnlyTheRest) {
   EXPECT_EQ(slot_step(continuous_workload({{8, 3}, {8, 3, 6}, {8, 3, 6}, {8, 3, 6}}, 8), 4, 4).steps, 4);
 }
 
+// Prefixes held once (Workload::held): 8 requests of 1000 prompt and 64 new tokens behind one
+// 990-token prefix hold, with every KV row on the gpu tier, a pool row of 990 tokens and rows of
+// 74 (not 1064) in a block of 8: 990 + 8 x 74 < 8 x 1064; a block of one would hold 990 + 74,
+// no less than 1064, so it copies. A placement with the KV on the cpu tier copies too. The
+// search evaluates blocks of 8 with the pool: on a gpu tier with room for the weights, the
+// pool and rows of 74 but not for rows of 1064, such a block keeps its whole KV on the gpu
+// only with the prefix held once.
+TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
+  const ModelShape m = opt("opt-125m", 12, 768);
+  Workload w = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990}), 512);
+  w.requests.front().shared = 0;  // the family's first computes the prefix
+  w.held = {.families = 1, .prefix = 990, .rest = 74};
+  EXPECT_TRUE(w.holds_prefixes(8));
+  EXPECT_FALSE(w.holds_prefixes(1));
+  Policy p;
+  p.gpu_batch_size = 8;
+  const ModelSizes z = model_sizes(with_compression(m, p));
+  auto item = [](const Estimate& e, int tier, const std::string& name) {
+    for (const auto& [n, bytes] : e.memory[static_cast<std::size_t>(tier)])
+      if (n == name) return bytes;
+    return std::int64_t{0};
+  };
+  const auto held = estimate(m, t4(), w, p);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(item(*held, 0, "KV cache"), z.kv_per_token_layer * 12 * 8 * 74);
+  EXPECT_EQ(item(*held, 0, "prefixes held once"), z.kv_per_token_layer * 12 * 990);
+  p.cache = {0, 1, 0};
+  const auto copied = estimate(m, t4(), w, p);
+  ASSERT_TRUE(copied.has_value());
+  EXPECT_EQ(item(*copied, 1, "KV cache"), z.kv_per_token_layer * 12 * 8 * 1064);
+  EXPECT_EQ(item(*copied, 0, "prefixes held once"), 0);
+  // Room on the gpu tier for the weights, the pool and rows of 74, not rows of 1064.
+  HardwareProfile small = t4();
+  const std::int64_t rows_held = z.kv_per_token_layer * 12 * (990 + 8 * 74);
+  small.gpu_mem = z.total_weights + rows_held + (z.kv_per_token_layer * 12 * 8 * 1064 - rows_held) / 2;
+  PlanOptions o;
+  o.max_block = 8;
+  auto kv_on_gpu_blocks_of_8 = [&](const Workload& job) {
+    std::vector<std::int64_t> pools;  // the pool of each block of 8 with its KV wholly on the gpu
+    for (const Estimate& e : plan_ranked(m, small, job, o, 1000))
+      if (e.policy.block_size() == 8 && e.policy.cache.gpu == 1.0) pools.push_back(item(e, 0, "prefixes held once"));
+    return pools;
+  };
+  const std::vector<std::int64_t> pools = kv_on_gpu_blocks_of_8(w);
+  ASSERT_FALSE(pools.empty());
+  for (const std::int64_t pool : pools) EXPECT_EQ(pool, z.kv_per_token_layer * 12 * 990);
+  w.held = {};
+  EXPECT_TRUE(kv_on_gpu_blocks_of_8(w).empty());
+}
+
 // Everything on the gpu tier, no rate curves and no read floor: a mean step per layer is the K
 // GPU batches' GEMMs (decode rows at the decode rate, newcomers' prompt rows at the prefill
 // rate), the head over the busy rows, decode attention over the mean cached length and the
