@@ -159,10 +159,6 @@ policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLen
   return w;
 }
 
-}  // namespace
-
-namespace {
-
 // Prefix sharing as the step scheduler applies it to this job (docs/prefix-sharing.md): under
 // continuous batching with prefix sharing on, every request of a prefix family but the first in
 // the job takes the family's prefix (RequestLength::shared); with `on` where nothing rules it
