@@ -139,6 +139,12 @@ void check_kv_move(const KvMoveArgs& a) {
 
 }  // namespace
 
+bool prefix_member(const AttentionDecodeArgs& a, std::int64_t q) {
+  if (a.prefix_of.empty()) return false;
+  const std::int64_t i = a.prefix_of[static_cast<std::size_t>(q)];
+  return i >= 0 && a.shared_prefixes[static_cast<std::size_t>(i)].len > 0;
+}
+
 std::int64_t row_base_of(const AttentionDecodeArgs& a, std::int64_t b) {
   return a.row_base.empty() ? 0 : a.row_base[static_cast<std::size_t>(b)];
 }

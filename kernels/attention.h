@@ -117,6 +117,9 @@ struct AttentionDecodeArgs {
 // probs and slot_bias are per cache row). Otherwise the call reads every query's row whole.
 bool shared_prefix_applies(const AttentionDecodeArgs& a);
 
+// Whether query q of a is a member of a shared prefix with slots.
+bool prefix_member(const AttentionDecodeArgs& a, std::int64_t q);
+
 // The position slot 0 of query b's row holds (AttentionDecodeArgs::row_base; 0 when empty).
 std::int64_t row_base_of(const AttentionDecodeArgs& a, std::int64_t b);
 

@@ -116,8 +116,7 @@ std::int64_t Workload::sequence_capacity() const {
 }
 
 bool Workload::holds_prefixes(std::int64_t slots) const {
-  return continuous && held.families > 0 &&
-         held.families * held.prefix + slots * held.rest < slots * sequence_capacity();
+  return continuous && held.saves_memory(slots, sequence_capacity());
 }
 
 Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget) {

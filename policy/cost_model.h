@@ -37,6 +37,18 @@ struct RequestLength {
   std::int64_t prompt = 0, gen = 0, shared = 0;
 };
 
+// Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): a job's prefix
+// families, each held in a pool row of `prefix` KV tokens (the longest family prefix), beside
+// rows of the most tokens a request holds after its family's prefix (`rest`).
+struct HeldPrefixes {
+  std::int64_t families = 0, prefix = 0, rest = 0;
+  // Whether the pool and `slots` rows of `rest` take less than `slots` rows of `whole` tokens:
+  // the engine holds prefixes only then (and the planner counts them only then).
+  bool saves_memory(std::int64_t slots, std::int64_t whole) const {
+    return families > 0 && families * prefix + slots * rest < slots * whole;
+  }
+};
+
 // What a job asks of a block. The maxima size what must fit: the engine gives every slot the
 // KV of the longest sequence, so a request is admitted into any free slot and nothing is
 // dropped or cut. Under fixed blocks every sequence runs at the maxima too (a block steps until
@@ -55,14 +67,10 @@ struct Workload {
   // KV tokens a slot must hold: the longest prompt + max_tokens of one request (its KV at the
   // end), or the longest prompt + the largest max_tokens when the requests are not known.
   std::int64_t sequence_capacity() const;
-  // Continuous batching with prefixes held once (docs/prefix-sharing.md, "Holding a prefix
-  // once"): the job's prefix families, each held in a pool row of `prefix` KV tokens (its
-  // longest), and the most tokens a request holds after its family's prefix; families 0: none.
-  struct HeldPrefixes {
-    std::int64_t families = 0, prefix = 0, rest = 0;
-  } held;
-  // Whether a block of `slots` with every KV row on the gpu tier holds them (the engine's rule:
-  // the pool and rows of `rest` take less than rows of the longest sequence).
+  // Continuous batching: the job's prefixes a block may hold once (families 0: none).
+  HeldPrefixes held;
+  // Whether a block of `slots` with every KV row on the gpu tier holds them (as the engine:
+  // where that saves memory over rows of the longest sequence).
   bool holds_prefixes(std::int64_t slots) const;
 };
 

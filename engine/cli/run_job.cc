@@ -172,19 +172,18 @@ void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, st
   for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
   const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
   std::vector<bool> computed(f.prefix.size(), false);
+  std::vector<std::int64_t> totals;
   for (std::size_t b = 0; b < requests.size(); ++b) {
     const std::int64_t family = f.family_of[b];
-    const std::int64_t prefix = family >= 0 ? f.prefix[static_cast<std::size_t>(family)] : 0;
     policy::RequestLength& r = w.requests[b];
-    if (family >= 0 && computed[static_cast<std::size_t>(family)]) r.shared = prefix;
+    if (family >= 0 && computed[static_cast<std::size_t>(family)]) r.shared = f.prefix[static_cast<std::size_t>(family)];
     if (family >= 0) computed[static_cast<std::size_t>(family)] = true;
-    w.held.prefix = std::max(w.held.prefix, prefix);
-    w.held.rest = std::max(w.held.rest, r.prompt + r.gen - prefix);
+    totals.push_back(r.prompt + r.gen);
   }
   bool windowed = false;
   for (std::int64_t l = 0; l < cfg.n_layers; ++l) windowed = windowed || cfg.window(l) > 0;
   const bool forks = o.share_prefill == 1 && std::ranges::any_of(requests, [](const serving::Request& r) { return r.choice > 0; });
-  if (o.prefix_sharing == "on" && !windowed && !forks) w.held.families = static_cast<std::int64_t>(f.prefix.size());
+  if (o.prefix_sharing == "on" && !windowed && !forks) w.held = engine::held_prefixes(f, totals);
 }
 
 }  // namespace

@@ -34,9 +34,20 @@ struct Family {
   std::int64_t lo = 0, hi = 0, prefix = 0;  // prompts [lo, hi) in sorted order
 };
 
-// The families of the sorted prompts [lo, hi), at least two, whose links (links[i]: the tokens
-// prompts i and i + 1 share) are all worth sharing, appended to `out`; returns the prompt
-// tokens they save. Cutting at the weakest links leaves runs with longer prefixes: the cut is
+// Calls run(a, b) for each run [a, b) of at least two of the sorted prompts [lo, hi) whose
+// links (links[i]: the tokens prompts i and i + 1 share) are all above `above`.
+template <class Run>
+void for_each_run(std::span<const std::int64_t> links, std::int64_t lo, std::int64_t hi, std::int64_t above, Run run) {
+  for (std::int64_t a = lo; a < hi;) {
+    std::int64_t b = a + 1;
+    while (b < hi && links[static_cast<std::size_t>(b - 1)] > above) ++b;
+    if (b - a >= 2) run(a, b);
+    a = b;
+  }
+}
+
+// The families of the sorted prompts [lo, hi), at least two, whose links are all worth
+// sharing, appended to `out`; returns the prompt tokens they save. Cutting at the weakest links leaves runs with longer prefixes: the cut is
 // taken where its runs save more than the whole run would.
 std::int64_t best_families(std::span<const std::int64_t> links, std::int64_t lo, std::int64_t hi,
                            std::vector<Family>& out) {
@@ -44,12 +55,8 @@ std::int64_t best_families(std::span<const std::int64_t> links, std::int64_t lo,
   const std::int64_t whole = (hi - lo - 1) * weakest;
   std::vector<Family> cut;
   std::int64_t cut_saves = 0;
-  for (std::int64_t a = lo; a < hi;) {
-    std::int64_t b = a + 1;
-    while (b < hi && links[static_cast<std::size_t>(b - 1)] > weakest) ++b;
-    if (b - a >= 2) cut_saves += best_families(links, a, b, cut);
-    a = b;
-  }
+  for_each_run(links, lo, hi, weakest,
+               [&](std::int64_t a, std::int64_t b) { cut_saves += best_families(links, a, b, cut); });
   if (cut_saves > whole) {
     out.insert(out.end(), cut.begin(), cut.end());
     return cut_saves;
@@ -74,13 +81,8 @@ PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> pr
     links.push_back(std::min(common_prefix(a, b), shareable));
   }
   std::vector<Family> found;
-  const auto n = static_cast<std::int64_t>(order.size());
-  for (std::int64_t a = 0; a < n;) {
-    std::int64_t b = a + 1;
-    while (b < n && links[static_cast<std::size_t>(b - 1)] >= min_tokens) ++b;
-    if (b - a >= 2) best_families(links, a, b, found);
-    a = b;
-  }
+  for_each_run(links, 0, static_cast<std::int64_t>(order.size()), min_tokens - 1,
+               [&](std::int64_t a, std::int64_t b) { best_families(links, a, b, found); });
   PrefixFamilies f;
   f.family_of.assign(prompts.size(), -1);
   for (const Family& family : found) {
@@ -89,6 +91,17 @@ PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> pr
     f.prefix.push_back(family.prefix);
   }
   return f;
+}
+
+policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const std::int64_t> total_tokens) {
+  policy::HeldPrefixes held{.families = static_cast<std::int64_t>(families.prefix.size())};
+  for (std::size_t b = 0; b < total_tokens.size(); ++b) {
+    const std::int64_t family = families.family_of[b];
+    const std::int64_t prefix = family >= 0 ? families.prefix[static_cast<std::size_t>(family)] : 0;
+    held.prefix = std::max(held.prefix, prefix);
+    held.rest = std::max(held.rest, total_tokens[b] - prefix);
+  }
+  return held;
 }
 
 std::string prefix_sharing_off_reason(const ModelConfig& cfg, bool evicting) {

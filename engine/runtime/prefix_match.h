@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/model/model_config.h"
+#include "policy/cost_model.h"
 
 namespace flexh2o::engine {
 
@@ -43,6 +44,11 @@ struct PrefixFamilies {
 // weakest links cut it into runs of longer prefixes that save more prompt tokens in all
 // ((members - 1) x prefix), it is cut there (a prompt left alone joins no family).
 PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> prompts, std::int64_t min_tokens);
+
+// The pool that holds `families` once for sequences of total_tokens[b] tokens each (prompt and
+// new tokens): a row per family of the longest family prefix, and the most tokens a sequence
+// holds after its family's prefix.
+policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const std::int64_t> total_tokens);
 
 // Why a prefix's KV computed in one sequence is not the KV another sequence would compute for
 // it, so sharing is off: a KV eviction policy (a row keeps the slots its policy chose for its

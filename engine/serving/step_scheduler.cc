@@ -87,8 +87,9 @@ void StepScheduler::lay_out(StepPlan& plan, const std::vector<bool>& newcomer) c
       s.cached = static_cast<std::int64_t>(tokens_[slot].size()) - 1;
     }
     if (holding_) {
-      s.pool_row = slot_pool_[slot];
-      s.base = slot_base_[slot];
+      const auto seq = static_cast<std::size_t>(s.seq);
+      s.pool_row = pool_row_of(seq);
+      s.base = held_tokens(seq);
     }
   }
   if (sharing_) group_prefixes(plan);
@@ -247,14 +248,14 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
     if (slot_seq_[f] >= 0) continue;  // a fork of a newcomer before it
     const std::size_t k = f / gpu_batch_size_;
     const std::vector<std::int32_t>& prompt = req_.sequences[waiting_].prompt;
-    const std::optional<PoolStart> start = holding_ ? pool_start(waiting_) : PoolStart{};
-    if (!start) break;
+    const PoolStart start = holding_ ? pool_start(waiting_) : PoolStart::Alone;
+    if (start == PoolStart::Waits) break;
     const PrefixMatch match =
         sharing_ && !holding_
             ? longest_prefix(prompt, held_rows(), static_cast<std::int64_t>(f), req_.min_shared_prefix)
             : PrefixMatch{};
     if (sharing_ && !holding_ && prefix_in_flight(prompt, match, newcomer)) break;
-    const std::int64_t taken = start->fills ? 0 : start->base;
+    const std::int64_t taken = start == PoolStart::Extends ? held_tokens(waiting_) : 0;
     const auto len = static_cast<std::int64_t>(prompt.size()) - match.tokens - taken;
     batch_full[k] = batch_full[k] || (prefilled[k] > 0 && prefilled[k] + len > req_.prefill_budget);
     if (batch_full[k]) continue;
@@ -263,7 +264,8 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
     if (run > left) break;
     newcomer[f] = true;
     prefilled[k] += len;
-    if (holding_) take_pool_row(f, *start);
+    if (start == PoolStart::Fills)
+      pool_[static_cast<std::size_t>(pool_row_of(waiting_))] = RowState::Filling;
     take(f, -1);
     if (match.tokens > 0) {  // copied before the step computes (none when its own row holds it)
       prefix_[f] = held_[f] = match.tokens;
@@ -284,44 +286,34 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
 engine::PrefixPool StepScheduler::hold_prefixes() {
   if (!sharing_ || std::ranges::any_of(req_.sequences, &engine::Sequence::shares_prompt)) return {};
   std::vector<std::span<const std::int32_t>> prompts;
-  for (const engine::Sequence& s : req_.sequences) prompts.emplace_back(s.prompt);
-  engine::PrefixFamilies families = engine::prefix_families(prompts, req_.min_shared_prefix);
-  engine::PrefixPool pool;
-  pool.rows = static_cast<std::int64_t>(families.prefix.size());
-  std::int64_t whole = 0;  // the most tokens a row holds without a pool
+  std::vector<std::int64_t> totals;
   for (std::size_t b = 0; b < req_.sequences.size(); ++b) {
-    const std::int64_t family = families.family_of[b], tokens = engine::sequence_tokens(req_, b);
-    const std::int64_t held = family >= 0 ? families.prefix[static_cast<std::size_t>(family)] : 0;
-    pool.capacity = std::max(pool.capacity, held);
-    pool.row_capacity = std::max(pool.row_capacity, tokens - held);
-    whole = std::max(whole, tokens);
+    prompts.emplace_back(req_.sequences[b].prompt);
+    totals.push_back(engine::sequence_tokens(req_, b));
   }
-  const auto n = static_cast<std::int64_t>(slots());
-  if (pool.rows == 0 || pool.rows * pool.capacity + n * pool.row_capacity >= n * whole) return {};
+  engine::PrefixFamilies families = engine::prefix_families(prompts, req_.min_shared_prefix);
+  const policy::HeldPrefixes held = engine::held_prefixes(families, totals);
+  if (!held.saves_memory(static_cast<std::int64_t>(slots()), *std::ranges::max_element(totals))) return {};
   holding_ = true;
   families_ = std::move(families);
-  pool_.assign(static_cast<std::size_t>(pool.rows), RowState::Empty);
-  slot_pool_.assign(slots(), -1);
-  slot_base_.assign(slots(), 0);
-  return pool;
+  pool_.assign(static_cast<std::size_t>(held.families), RowState::Empty);
+  return {.rows = held.families, .capacity = held.prefix, .row_capacity = held.rest};
 }
 
-std::optional<StepScheduler::PoolStart> StepScheduler::pool_start(std::size_t seq) const {
-  const std::int64_t family = families_.family_of[seq];
-  if (family < 0) return PoolStart{};
-  const std::int64_t prefix = families_.prefix[static_cast<std::size_t>(family)];
-  switch (pool_[static_cast<std::size_t>(family)]) {
-    case RowState::Empty: return PoolStart{family, prefix, true};
-    case RowState::Filling: return std::nullopt;
-    case RowState::Filled: return PoolStart{family, prefix, false};
+StepScheduler::PoolStart StepScheduler::pool_start(std::size_t seq) const {
+  const std::int64_t row = pool_row_of(seq);
+  if (row < 0) return PoolStart::Alone;
+  switch (pool_[static_cast<std::size_t>(row)]) {
+    case RowState::Empty: return PoolStart::Fills;
+    case RowState::Filling: return PoolStart::Waits;
+    case RowState::Filled: return PoolStart::Extends;
   }
-  return std::nullopt;
+  return PoolStart::Waits;
 }
 
-void StepScheduler::take_pool_row(std::size_t slot, const PoolStart& start) {
-  slot_pool_[slot] = start.row;
-  slot_base_[slot] = start.base;
-  if (start.fills) pool_[static_cast<std::size_t>(start.row)] = RowState::Filling;
+std::int64_t StepScheduler::held_tokens(std::size_t seq) const {
+  const std::int64_t row = pool_row_of(seq);
+  return row < 0 ? 0 : families_.prefix[static_cast<std::size_t>(row)];
 }
 
 std::vector<std::span<const std::int32_t>> StepScheduler::held_rows() const {

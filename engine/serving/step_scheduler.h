@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -66,15 +65,14 @@ class StepScheduler final : public engine::StepPlanner {
   std::int64_t same_kv(std::size_t a, std::size_t b) const;
   // The groups of slots of each GPU batch that read one shared prefix (SlotStep::prefix_group).
   void group_prefixes(engine::StepPlan& plan) const;
-  // Prefixes held once: where sequence `seq` starts (its family's pool row and the tokens it
-  // holds; no row: its own row holds all), or none while that row is being filled (it waits
-  // for the next step).
-  struct PoolStart {
-    std::int64_t row = -1, base = 0;
-    bool fills = false;  // it prefills its family's prefix into the row
-  };
-  std::optional<PoolStart> pool_start(std::size_t seq) const;
-  void take_pool_row(std::size_t slot, const PoolStart& start);
+  // Prefixes held once: how sequence `seq` starts. In no family it prefills into its own row;
+  // its family's first prefills into the family's pool row (Fills) and the others extend after
+  // it (Extends), but wait for the next step while a newcomer of this step fills it (Waits).
+  enum class PoolStart : std::uint8_t { Alone, Fills, Extends, Waits };
+  PoolStart pool_start(std::size_t seq) const;
+  // Sequence seq's pool row (its family: family f in row f; -1: none) and the tokens it holds.
+  std::int64_t pool_row_of(std::size_t seq) const { return families_.family_of[seq]; }
+  std::int64_t held_tokens(std::size_t seq) const;
 
   const engine::GenerationRequest& req_;
   engine::SequenceFeed& feed_;  // req_.feed, or one that admits every sequence in order
@@ -100,13 +98,12 @@ class StepScheduler final : public engine::StepPlanner {
   };
   std::vector<std::vector<KvRun>> kv_runs_;
   std::int64_t next_origin_ = 0;
-  // Prefixes held once: the job's families (family f in pool row f), whether each row is
-  // being filled (by this step) or filled, and each slot's row and base (-1, 0: none).
+  // Prefixes held once: the job's families (family f in pool row f), and whether each row is
+  // being filled (by this step) or filled.
   bool holding_ = false;
   engine::PrefixFamilies families_;
   enum class RowState : std::uint8_t { Empty, Filling, Filled };
   std::vector<RowState> pool_;
-  std::vector<std::int64_t> slot_pool_, slot_base_;
 };
 
 // The executor's PlannerFactory: a StepScheduler for each block.

@@ -174,11 +174,8 @@ constexpr std::int64_t kMembersPerTask = 16;
 // The queries of each shared prefix with slots (its members), in query order.
 std::vector<std::vector<std::int64_t>> prefix_members(const AttentionDecodeArgs& a) {
   std::vector<std::vector<std::int64_t>> members(a.shared_prefixes.size());
-  for (std::size_t b = 0; b < a.lens.size(); ++b) {
-    const std::int64_t i = a.prefix_of[b];
-    if (i >= 0 && a.shared_prefixes[static_cast<std::size_t>(i)].len > 0)
-      members[static_cast<std::size_t>(i)].push_back(static_cast<std::int64_t>(b));
-  }
+  for (std::int64_t b = 0; b < static_cast<std::int64_t>(a.lens.size()); ++b)
+    if (prefix_member(a, b)) members[static_cast<std::size_t>(a.prefix_of[static_cast<std::size_t>(b)])].push_back(b);
   return members;
 }
 

@@ -53,12 +53,6 @@ void add_prefix(const AttentionDecodeArgs& a, const SharedPrefix& p, const std::
 
 }  // namespace
 
-bool prefix_member(const AttentionDecodeArgs& a, std::int64_t q) {
-  if (a.prefix_of.empty()) return false;
-  const std::int64_t i = a.prefix_of[static_cast<std::size_t>(q)];
-  return i >= 0 && a.shared_prefixes[static_cast<std::size_t>(i)].len > 0;
-}
-
 bool reads_in_cascade(const AttentionDecodeArgs& a) {
   if (!shared_prefix_applies(a)) return false;
   for (std::size_t q = 0; q < a.lens.size(); ++q)

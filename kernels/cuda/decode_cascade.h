@@ -58,9 +58,6 @@ CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::in
 std::int64_t cascade_partials_bound(const AttentionShape& s, std::int64_t batch);
 std::int64_t cascade_tasks_bound(const AttentionShape& s, std::int64_t batch, std::int64_t batch_heads);
 
-// Whether query q of a is a member of a shared prefix with slots.
-bool prefix_member(const AttentionDecodeArgs& a, std::int64_t q);
-
 // Whether a is read in cascade: its shared prefixes may be read once (shared_prefix_applies)
 // and some query is a member of one.
 bool reads_in_cascade(const AttentionDecodeArgs& a);
