@@ -271,8 +271,8 @@ struct Block {
   std::int64_t expert_slots = 0;
   bool resident_embeddings = false;  // the tensors outside the layers wholly on the gpu, never staged
   SlotStep slot_step;  // continuous batching: the job's mean slot-step over the block's slots
-  // Prefixes held once (Workload::held): the pool on the gpu tier, every KV row there, sized for
-  // what follows a prefix.
+  // Prefixes held once (Workload::held): the pool on the gpu tier, read in place; the KV rows,
+  // wherever they live, sized for what follows a prefix.
   bool held_prefixes = false;
 };
 
@@ -281,7 +281,7 @@ Block block_of(const Policy& p, const Workload& w) {
           p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots,
           p.resident_embeddings};
   if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size);
-  b.held_prefixes = p.cache.gpu == 1.0 && p.kv == "full" && w.holds_prefixes(p.block_size());
+  b.held_prefixes = p.kv == "full" && w.holds_prefixes(p.block_size());
   return b;
 }
 
@@ -414,7 +414,8 @@ struct StepLoad {
   double rows_per_seq = 1;      // rows a sequence computes (weights moved for them: MoE)
   double gemm = 0, head = 0;    // the K GPU batches' layer GEMMs; the head's, spread over the layers
   double kv_len = 0;            // cache tokens a decode row attends over
-  double kv_read = 0;           // KV bytes read (staged in, or from disk)
+  double kv_read = 0;           // KV bytes attended over
+  double kv_moved = 0;          // of them, those of the rows (staged in, or from disk): not a held prefix's
   double kv_store = 0;          // KV bytes written back
   double kv_values_read = 0;    // cached values a step attends over (dequantization)
   double attn_flops = 0;        // decode attention
@@ -462,7 +463,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   StepLoad d;
   if (!w.continuous) {
     d.kv_len = std::min(kvtok, s + n / 2);  // average cache length during decode
-    d.kv_read = kvt * bls * d.kv_len;
+    d.kv_read = d.kv_moved = kvt * bls * d.kv_len;
     d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * d.kv_len;
     d.attn_flops = 4 * bls * d.kv_len * h1;
     d.hidden = hid * bls;
@@ -481,6 +482,9 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     d.rows_per_seq = ss.rows();
     d.kv_len = ss.decode_rows > 0 ? std::min(kvtok, ss.kv_attended / ss.decode_rows) : 0.0;
     d.kv_read = kvt * bls * ss.decode_rows * d.kv_len;
+    // A held prefix is read from the pool in place on the gpu tier; the rows hold what follows it.
+    const double held = blk.held_prefixes ? std::min(w.held.mean_prefix, d.kv_len) : 0.0;
+    d.kv_moved = kvt * bls * ss.decode_rows * (d.kv_len - held);
     d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * ss.decode_rows * d.kv_len;
     d.attn_flops = 4 * bls * ss.decode_rows * d.kv_len * h1;
     d.prefill_attn = bls * 4 * ss.prompt_sq * h1 / hw.gpu_attn_prefill;
@@ -525,14 +529,14 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     t.comp_pre = lin(gemm_pre + bls * 4 * s * s * h1 / hw.gpu_attn_prefill + w_dequant, {});
   }
 
-  const double cache_in = blk.ccc ? 0 : d.kv_read / cg_bw;
-  const double hid_gen = d.hidden, kv_read = d.kv_read, kv_store = d.kv_store;
+  const double cache_in = blk.ccc ? 0 : d.kv_moved / cg_bw;
+  const double hid_gen = d.hidden, kv_moved = d.kv_moved, kv_store = d.kv_store;
   t.ctog_gen = lin(0, {{WC, wl_gen / cg_bw}, {WN, wl_gen / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
                        {CC, cache_in}, {CN, cache_in}});
   // With cpu_cache_compute the cpu-homed cache is attended in place: only the new tokens move.
   const double kv_store_cpu = blk.ccc ? kvt * bls * d.rows_per_seq : kv_store;
   t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
-  t.dtoc_gen = lin(0, {{CN, kv_read / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
+  t.dtoc_gen = lin(0, {{CN, kv_moved / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
   const double kv_len = d.kv_len, attn_flops = d.attn_flops;
   const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;
@@ -593,8 +597,7 @@ std::pair<double, double> steps_of(const Workload& w) {
 
 // min l * (prefill steps x Tpre + decode steps x Tgen) subject to the (overlapped) step-time
 // and memory constraints.
-std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bool weights_on_gpu, bool hidden_on_gpu,
-                            bool cache_on_gpu) {
+std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bool weights_on_gpu, bool hidden_on_gpu) {
   std::unique_ptr<glp_prob, decltype(&glp_delete_prob)> lp(glp_create_prob(), glp_delete_prob);
   glp_set_obj_dir(lp.get(), GLP_MIN);
   glp_add_cols(lp.get(), kVars);
@@ -606,7 +609,6 @@ std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bo
   }
   if (weights_on_gpu) glp_set_col_bnds(lp.get(), WG + 1, GLP_FX, 1.0, 1.0);
   if (hidden_on_gpu) glp_set_col_bnds(lp.get(), HG + 1, GLP_FX, 1.0, 1.0);
-  if (cache_on_gpu) glp_set_col_bnds(lp.get(), CG + 1, GLP_FX, 1.0, 1.0);
   // On one host a disk-homed hidden state is a small request per GPU batch and layer that
   // queues behind the weights streaming from the same disk, and the compute waits for it
   // (measured, Llama-3.2-1B-shaped f16 model in a 1.5 GiB cgroup, gpu batch 1 x 16: 8448
@@ -788,7 +790,7 @@ std::optional<Estimate> solve_variant(const ModelShape& m, const HardwareProfile
                                       const PlanOptions& o, const Block& blk) {
   const Terms t = build_terms(m, hw, w, o, blk);
   const auto sol =
-      solve(t, static_cast<double>(m.layers), w, !blk.weights_staged, !blk.hidden_staged, blk.held_prefixes);
+      solve(t, static_cast<double>(m.layers), w, !blk.weights_staged, !blk.hidden_staged);
   if (!sol) return std::nullopt;
   Policy p;
   p.gpu_batch_size = blk.gbs;
@@ -817,10 +819,10 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
           Block blk{gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true};
           blk.resident_embeddings = resident_embeddings;
           blk.slot_step = step;
-          // Each placement as it is, and with prefixes held once where they would be: every KV
-          // row on the gpu tier, sized for what follows a prefix, beside the pool.
+          // Each placement with prefixes copied into the rows, and where the engine would hold
+          // them once: the rows sized for what follows a prefix, the pool on the gpu tier.
           for (const bool held : {false, true}) {
-            if (held && (ccc || o.kv.name != "full" || !w.holds_prefixes(gbs * k))) continue;
+            if (held && (o.kv.name != "full" || !w.holds_prefixes(gbs * k))) continue;
             blk.held_prefixes = held;
             if (auto e = solve_variant(m, hw, w, o, blk)) {
               ranking.add(std::move(*e));

@@ -42,6 +42,7 @@ struct RequestLength {
 // rows of the most tokens a request holds after its family's prefix (`rest`).
 struct HeldPrefixes {
   std::int64_t families = 0, prefix = 0, rest = 0;
+  double mean_prefix = 0;  // over the job's requests: the prefix each holds in the pool (0: none)
   // Whether the pool and `slots` rows of `rest` take less than `slots` rows of `whole` tokens:
   // the engine holds prefixes only then (and the planner counts them only then).
   bool saves_memory(std::int64_t slots, std::int64_t whole) const {
@@ -69,8 +70,8 @@ struct Workload {
   std::int64_t sequence_capacity() const;
   // Continuous batching: the job's prefixes a block may hold once (families 0: none).
   HeldPrefixes held;
-  // Whether a block of `slots` with every KV row on the gpu tier holds them (as the engine:
-  // where that saves memory over rows of the longest sequence).
+  // Whether a block of `slots` holds them (as the engine: where that saves memory over rows of
+  // the longest sequence).
   bool holds_prefixes(std::int64_t slots) const;
 };
 

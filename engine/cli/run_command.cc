@@ -63,8 +63,9 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
       ->group(sched);
   run->add_option("--prefix-sharing", o.prefix_sharing,
                   "on (default): under continuous batching requests whose prompts start alike (e.g. shared "
-                  "instructions) compute that prefix once; with every KV row on the gpu tier its KV is held once, "
-                  "each request's own row starting after it, else a request copies it from a slot's row "
+                  "instructions) compute that prefix once; its KV is held once in a pool on the gpu tier, each "
+                  "request's own row starting after it, or where the pool does not fit a request copies it "
+                  "from a slot's row "
                   "(docs/prefix-sharing.md; off with --kv eviction); copy: always the copy (the ablation of "
                   "holding once); off: each computes its whole prompt (the ablation baseline)")
       ->check(CLI::IsMember({"on", "copy", "off"}))

@@ -121,9 +121,21 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, con
   if (st.planner->slots() != static_cast<std::size_t>(B))
     throw std::logic_error("the step planner plans " + std::to_string(st.planner->slots()) + " slots for a block of " +
                            std::to_string(B));
-  if (sharing && can_hold_prefixes(req)) st.pool = st.planner->hold_prefixes();
-  place_batches(st, blk->log, req);
-  place_pool(st, req);
+  // A pool of prefixes held once where it fits beside the rows it shrinks, else rows that copy them.
+  const PrefixPool pool = sharing && can_hold_prefixes(req) ? st.planner->prefix_pool() : PrefixPool{};
+  if (pool.rows > 0 && place_with_pool(st, req, pool)) {
+    st.planner->hold_prefixes();
+    kv_held_.add(held_bytes(st, req));
+  } else {
+    place(st, req);
+  }
+  next_steps(st);
+  return blk;
+}
+
+void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
+  place_batches(st, *st.log, req);
+  place_pool(st);
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
   const std::int64_t kv_row_bytes =
@@ -143,8 +155,26 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, con
       st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "V staging" + n);
     }
   }
-  next_steps(st);
-  return blk;
+}
+
+// Nothing is in flight yet: the placement's buffers go, their budgets freed, for another try.
+bool BlockScheduler::place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool) {
+  st.pool = pool;
+  try {
+    place(st, req);
+    return true;
+  } catch (const offload::BudgetExceeded&) {
+    st.ring.clear();
+    st.act.reset();
+    st.act_reserved.reset();
+    st.pool_k.clear();
+    st.pool_v.clear();
+    st.batches.clear();
+    st.pool = {};
+    st.capacity = st.staged_max = 0;
+    st.hidden_resident = true;
+    return false;
+  }
 }
 
 std::int64_t BlockScheduler::continuous_capacity(const GenerationRequest& req) const {
@@ -232,22 +262,16 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
 }
 
 bool BlockScheduler::can_hold_prefixes(const GenerationRequest& req) const {
-  if (req.slots <= 0 || !req.hold_prefixes || !be_.reads_shared_prefixes_once() || policy_.cache.gpu != 1.0)
-    return false;
+  if (req.slots <= 0 || !req.hold_prefixes || !be_.reads_shared_prefixes_once()) return false;
   for (const std::int64_t l : units_.cache_layers)
     if (cfg_.window(l) > 0) return false;
   return true;
 }
 
-void BlockScheduler::place_pool(BlockState& st, const GenerationRequest& req) {
+void BlockScheduler::place_pool(BlockState& st) {
   if (st.pool.rows == 0) return;
   const std::int64_t slot_bytes = cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
   const std::int64_t bytes = st.pool.rows * st.pool.capacity * slot_bytes;
-  const auto layers = static_cast<std::int64_t>(units_.cache_layers.size());
-  const auto rows = static_cast<std::int64_t>(st.next.size());
-  kv_held_.add({.prefixes = st.pool.rows,
-                .bytes = 2 * layers * (bytes + rows * st.capacity * slot_bytes),
-                .bytes_without = 2 * layers * rows * continuous_capacity(req) * slot_bytes});
   st.pool_k.resize(static_cast<std::size_t>(cfg_.n_layers));
   st.pool_v.resize(static_cast<std::size_t>(cfg_.n_layers));
   for (const std::int64_t l : units_.cache_layers) {
@@ -255,6 +279,22 @@ void BlockScheduler::place_pool(BlockState& st, const GenerationRequest& req) {
     st.pool_k[static_cast<std::size_t>(l)] = GpuBuffer(tiers_, bytes, "K " + name);
     st.pool_v[static_cast<std::size_t>(l)] = GpuBuffer(tiers_, bytes, "V " + name);
   }
+}
+
+// The pool (gpu) and the rows by the tiers they live on, against those rows sized for whole sequences.
+KvHeld BlockScheduler::held_bytes(const BlockState& st, const GenerationRequest& req) const {
+  const std::int64_t slot_bytes = cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+  const std::int64_t kv = 2 * static_cast<std::int64_t>(units_.cache_layers.size()) * slot_bytes;
+  KvHeld held{.prefixes = st.pool.rows};
+  held.bytes[static_cast<std::size_t>(Tier::Gpu)] = kv * st.pool.rows * st.pool.capacity;
+  for (const GpuBatch& b : st.batches) {
+    const offload::RowSplit& split = b.k[static_cast<std::size_t>(units_.cache_layers.front())]->split();
+    for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+      held.bytes[static_cast<std::size_t>(t)] += kv * split.rows(t) * st.capacity;
+      held.bytes_without[static_cast<std::size_t>(t)] += kv * split.rows(t) * continuous_capacity(req);
+    }
+  }
+  return held;
 }
 
 bool BlockScheduler::active(const Block& b) const { return b.log.active(); }

@@ -126,13 +126,18 @@ class BlockScheduler {
   void sample(BlockState& st, const GpuBatch& b, Activations& act);
   void receive(BlockState& st, std::int64_t k, const StageLinks& links);
   void send(BlockState& st, std::int64_t k, const StageLinks& links);
-  // begin(): the block's GPU batches with their KV caches and hidden states in their tiers.
+  // begin(): the block's GPU batches with their KV caches and hidden states in their tiers, the
+  // pool of st.pool, the activations and the ring slots (throws BudgetExceeded).
+  void place(BlockState& st, const GenerationRequest& req);
   void place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req);
-  // Whether the block's prefixes may be held once (StepPlanner::hold_prefixes): continuous
-  // batching, every KV row on the gpu tier (attended in place), the backend reading shared
-  // prefixes apart, no sliding window; and the pool's buffers for the planner's answer.
+  // Whether the block's prefixes may be held once (StepPlanner::prefix_pool): continuous
+  // batching, the backend reading shared prefixes apart, no sliding window.
   bool can_hold_prefixes(const GenerationRequest& req) const;
-  void place_pool(BlockState& st, const GenerationRequest& req);
+  // place() with `pool` (its rows on the gpu tier, whatever tiers the KV rows live on); false,
+  // nothing placed, where that does not fit.
+  bool place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool);
+  void place_pool(BlockState& st);
+  KvHeld held_bytes(const BlockState& st, const GenerationRequest& req) const;
   // Continuous batching: the KV slots per (sequence, kv head) and the most rows of a GPU
   // batch's step, for any request of the queue.
   std::int64_t continuous_capacity(const GenerationRequest& req) const;

@@ -92,9 +92,9 @@ void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b,
   count_reads(b, layer, capacity, elsewhere);
   if (b.resident_end == b.n) return;
   // Only the valid slots of each (sequence, kv head) that reads its cache: those cached
-  // before this step's rows, less a shared prefix its attention reads from another row;
-  // none of a prefilling or idle one. Under eviction the policy's slots fill the
-  // (budget-sized) rows: all of them.
+  // before this step's rows, less a shared prefix its attention reads from another row or a
+  // pool (its row holds the slots after a held prefix); none of a prefilling or idle one.
+  // Under eviction the policy's slots fill the (budget-sized) rows: all of them.
   const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
   const std::int64_t head_bytes = capacity * slot_bytes;
   std::vector<KvByteRange> ranges;
@@ -106,7 +106,7 @@ void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b,
     else if (!b.eviction.empty())
       ranges.push_back({0, head_bytes});
     else
-      ranges.push_back({elsewhere[static_cast<std::size_t>(s)] * slot_bytes, cached * slot_bytes});
+      ranges.push_back({elsewhere[static_cast<std::size_t>(s)] * slot_bytes, own_slots(b.step, s, cached) * slot_bytes});
     bytes += 2 * n_kv_heads_ * (ranges.back().to - ranges.back().from);
   }
   auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
@@ -117,6 +117,19 @@ void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b,
       submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_cache", batch_label(u, k)}, bytes));
 }
 
+std::int64_t CacheRing::own_slots(const StepBatch& step, std::int64_t s, std::int64_t slots) {
+  return slots - step.base[static_cast<std::size_t>(s)];
+}
+
+// Sequence s attends in one call with s - 1 (layers.cc): the same kind, on the same tier in place, or both staged.
+bool CacheRing::same_run(const GpuBatch& b, std::size_t layer, std::int64_t s) {
+  const auto k = static_cast<std::size_t>(s);
+  const bool in_place = s < b.resident_end;
+  const offload::RowSplit& split = b.k[layer]->split();
+  return b.step.kinds[k] == b.step.kinds[k - 1] && in_place == (s - 1 < b.resident_end) &&
+         (!in_place || split.tier_of(s) == split.tier_of(s - 1));
+}
+
 // Where a layer reads shared prefixes once, the members of a group after its first in a run of
 // sequences of one kind within a part (a tier attended in place, or the staged rest) read the
 // prefix from the first one's row, in every attention call of the run (a run of extending rows
@@ -124,19 +137,13 @@ void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b,
 std::vector<std::int64_t> CacheRing::prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const {
   std::vector<std::int64_t> elsewhere(static_cast<std::size_t>(b.n), 0);
   if (layer >= prefix_once_.size() || !prefix_once_[layer] || !b.eviction.empty()) return elsewhere;
-  const offload::RowSplit& split = b.k[layer]->split();
-  auto same_run = [&](std::int64_t s) {
-    const auto k = static_cast<std::size_t>(s);
-    const bool in_place = s < b.resident_end;
-    return b.step.kinds[k] == b.step.kinds[k - 1] && in_place == (s - 1 < b.resident_end) &&
-           (!in_place || split.tier_of(s) == split.tier_of(s - 1));
-  };
   std::vector<std::int64_t> read;  // the groups whose prefix the current run reads
   for (std::int64_t s = 0; s < b.n; ++s) {
-    if (s == 0 || !same_run(s)) read.clear();
+    if (s == 0 || !same_run(b, layer, s)) read.clear();
     const auto i = static_cast<std::size_t>(s);
     const std::int64_t group = b.step.prefix_group[i];
-    if (group < 0 || b.step.cached(s) == 0) continue;
+    // A held prefix is read from its pool row (count_reads), its members' rows hold none of it.
+    if (group < 0 || b.step.cached(s) == 0 || b.step.pool_row[i] >= 0) continue;
     if (std::ranges::find(read, group) != read.end())
       elsewhere[i] = b.step.prefix_len[i];
     else
@@ -145,16 +152,27 @@ std::vector<std::int64_t> CacheRing::prefix_read_elsewhere(const GpuBatch& b, st
   return elsewhere;
 }
 
+// A held prefix's pool row is read in place (gpu) once by each run of the batch that reads it.
 void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity,
                             std::span<const std::int64_t> elsewhere) {
   const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
   const offload::RowSplit& split = b.k[layer]->split();
+  std::vector<std::int64_t> pool_rows_read;  // by the current run
   for (std::int64_t s = 0; s < b.n; ++s) {
+    if (s == 0 || !same_run(b, layer, s)) pool_rows_read.clear();
     const std::int64_t cached = b.step.cached(s);
     if (cached == 0) continue;
     const std::int64_t skipped = elsewhere[static_cast<std::size_t>(s)];
-    reads_.shared_prefix_saved += 2 * n_kv_heads_ * skipped * slot_bytes;
-    const std::int64_t slots = (b.eviction.empty() ? cached : capacity) - skipped;
+    const std::int64_t base = b.step.base[static_cast<std::size_t>(s)], pool_row = b.step.pool_row[static_cast<std::size_t>(s)];
+    std::int64_t saved = skipped;
+    if (pool_row >= 0 && std::ranges::find(pool_rows_read, pool_row) == pool_rows_read.end()) {
+      pool_rows_read.push_back(pool_row);
+      reads_.in_place[static_cast<std::size_t>(offload::Tier::Gpu)] += 2 * n_kv_heads_ * base * slot_bytes;
+    } else {
+      saved += base;
+    }
+    reads_.shared_prefix_saved += 2 * n_kv_heads_ * saved * slot_bytes;
+    const std::int64_t slots = (b.eviction.empty() ? own_slots(b.step, s, cached) : capacity) - skipped;
     auto& by_tier = s < b.resident_end ? reads_.in_place : reads_.staged;
     by_tier[static_cast<std::size_t>(split.tier_of(s))] += 2 * n_kv_heads_ * slots * slot_bytes;
   }
@@ -176,13 +194,15 @@ void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, Ring
     // the last of a decode's; under eviction the policy's slots anywhere in the row; an idle
     // slot nothing.
     const bool all = !b.eviction.empty();
+    // A row after a held prefix holds the slots from its base on (a prefill's before it went to the pool).
     std::vector<KvByteRange> ranges;
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
       const SeqStep kind = b.step.kinds[static_cast<std::size_t>(s)];
+      const std::int64_t from = std::max<std::int64_t>(own_slots(b.step, s, b.step.cached(s)), 0);
       if (kind == SeqStep::Idle)
         ranges.push_back({0, 0});
       else
-        ranges.push_back({all ? 0 : b.step.cached(s) * slot_bytes, all ? head_bytes : b.step.lens[s] * slot_bytes});
+        ranges.push_back({all ? 0 : from * slot_bytes, all ? head_bytes : own_slots(b.step, s, b.step.lens[s]) * slot_bytes});
     }
     auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
                                   slot.v.data(), true);

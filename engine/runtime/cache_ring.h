@@ -4,8 +4,8 @@
 // sequence: sequences [0, resident_end) of a batch are attended where they live (gpu tier, or
 // host memory with cpu_cache_compute); the rest are staged through the slot. Only the valid
 // slots move: those cached before the step in (less a shared prefix that the attention reads
-// from another row), the step's new slots out (under eviction, each head's whole
-// budget-sized row both ways).
+// from another row, or from the pool of prefixes held once on the device, read in place), the
+// step's new slots out (under eviction, each head's whole budget-sized row both ways).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -83,6 +83,9 @@ class CacheRing {
   // Per sequence of b: the slots of a shared prefix its attention in `layer` reads from
   // another row of its run (not from its own, which need not hold them), else 0.
   std::vector<std::int64_t> prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const;
+  // Of a sequence's first `slots` slots, those its own row holds (after a held prefix).
+  static std::int64_t own_slots(const StepBatch& step, std::int64_t s, std::int64_t slots);
+  static bool same_run(const GpuBatch& b, std::size_t layer, std::int64_t s);
   // Adds what the attention of `layer` reads of b's rows (`elsewhere`: prefix_read_elsewhere).
   void count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity,
                    std::span<const std::int64_t> elsewhere);

@@ -36,10 +36,16 @@ void KvCopies::add(const KvCopies& o) {
   forks.add(o.forks);
 }
 
+std::int64_t KvHeld::total() const { return bytes[0] + bytes[1] + bytes[2]; }
+
+std::int64_t KvHeld::total_without() const { return bytes_without[0] + bytes_without[1] + bytes_without[2]; }
+
 void KvHeld::add(const KvHeld& o) {
   prefixes += o.prefixes;
-  bytes += o.bytes;
-  bytes_without += o.bytes_without;
+  for (std::size_t t = 0; t < bytes.size(); ++t) {
+    bytes[t] += o.bytes[t];
+    bytes_without[t] += o.bytes_without[t];
+  }
 }
 
 KvCopyBytes fork_slot(offload::Tiers& tiers, offload::Staging& staging, const offload::CopyOptions& opts,

@@ -54,12 +54,15 @@ struct KvCopies {
 };
 
 // Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): the KV cache the blocks
-// placed with a pool (on the gpu tier: a pool needs every row there), against the same rows
-// each sized for a whole sequence; all 0 where no block held one.
+// placed with a pool (on the gpu tier), against the same rows each sized for a whole sequence;
+// all 0 where no block held one.
 struct KvHeld {
-  std::int64_t prefixes = 0;       // pool rows, one per prefix family
-  std::int64_t bytes = 0;          // the pool and the rows, K and V of every layer
-  std::int64_t bytes_without = 0;  // the rows sized for whole sequences instead
+  std::int64_t prefixes = 0;  // pool rows, one per prefix family
+  // By offload::Tier, K and V of every layer: the pool and the rows, and the rows sized for
+  // whole sequences instead.
+  std::array<std::int64_t, 3> bytes{}, bytes_without{};
+  std::int64_t total() const;
+  std::int64_t total_without() const;
   void add(const KvHeld& o);
 };
 

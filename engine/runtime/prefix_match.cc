@@ -100,7 +100,9 @@ policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<con
     const std::int64_t prefix = family >= 0 ? families.prefix[static_cast<std::size_t>(family)] : 0;
     held.prefix = std::max(held.prefix, prefix);
     held.rest = std::max(held.rest, total_tokens[b] - prefix);
+    held.mean_prefix += static_cast<double>(prefix);
   }
+  if (!total_tokens.empty()) held.mean_prefix /= static_cast<double>(total_tokens.size());
   return held;
 }
 

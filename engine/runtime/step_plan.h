@@ -81,10 +81,12 @@ class StepPlanner {
   // Slot `slot`'s tokens so far, its prompt first: what Prefill and Extend compute from, and
   // whose last one Decode computes.
   virtual const std::vector<std::int32_t>& tokens(std::size_t slot) const = 0;
-  // Asked once, before step 0, where the executor can hold prefixes once (every KV row attended
-  // where it lives, the attention reading shared prefixes apart): the pool the plans will use
-  // (SlotStep::pool_row), none by default.
-  virtual PrefixPool hold_prefixes() { return {}; }
+  // Asked once, before step 0, where the executor can hold prefixes once (the attention reading
+  // shared prefixes apart): the pool the plans would use (SlotStep::pool_row), none by default.
+  virtual PrefixPool prefix_pool() { return {}; }
+  // Then, where the executor placed that pool: the plans use it from step 0 on (else they
+  // copy prefixes between rows, as without it).
+  virtual void hold_prefixes() {}
 };
 
 // Makes the planner of a block of `req` (which outlives it) over GPU batches of

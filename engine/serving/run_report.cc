@@ -148,19 +148,42 @@ std::string kv_copies_text(const engine::KvCopies& c) {
 }
 
 nlohmann::json kv_held_json(const engine::KvHeld& h) {
-  return {{"prefixes", h.prefixes}, {"bytes", h.bytes}, {"bytes_without", h.bytes_without}, {"tier", "gpu"}};
+  nlohmann::json by_tier;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    by_tier[std::string(offload::tier_name(t))] = {{"bytes", h.bytes[i]}, {"bytes_without", h.bytes_without[i]}};
+  }
+  return {{"prefixes", h.prefixes},
+          {"bytes", h.total()},
+          {"bytes_without", h.total_without()},
+          {"pool_tier", "gpu"},
+          {"by_tier", std::move(by_tier)}};
 }
 
 engine::KvHeld kv_held_from_json(const nlohmann::json& j) {
-  return {.prefixes = j.at("prefixes").get<std::int64_t>(),
-          .bytes = j.at("bytes").get<std::int64_t>(),
-          .bytes_without = j.at("bytes_without").get<std::int64_t>()};
+  engine::KvHeld h{.prefixes = j.at("prefixes").get<std::int64_t>()};
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    const nlohmann::json& tier = j.at("by_tier").at(std::string(offload::tier_name(t)));
+    h.bytes[i] = tier.at("bytes").get<std::int64_t>();
+    h.bytes_without[i] = tier.at("bytes_without").get<std::int64_t>();
+  }
+  return h;
 }
 
+// "KV held once: N prefixes in a pool (gpu); KV cache X instead of Y (gpu A instead of B | cpu ...)".
 std::string kv_held_text(const engine::KvHeld& h) {
   if (h.prefixes == 0) return "";
-  return fmt::format("KV held once: {} prefix{} in a pool; KV cache {} instead of {} (gpu)\n", h.prefixes,
-                     h.prefixes == 1 ? "" : "es", format_bytes(h.bytes), format_bytes(h.bytes_without));
+  std::vector<std::string> tiers;
+  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+    const auto i = static_cast<std::size_t>(t);
+    if (h.bytes[i] > 0 || h.bytes_without[i] > 0)
+      tiers.push_back(fmt::format("{} {} instead of {}", offload::tier_name(t), format_bytes(h.bytes[i]),
+                                  format_bytes(h.bytes_without[i])));
+  }
+  return fmt::format("KV held once: {} prefix{} in a pool (gpu); KV cache {} instead of {} ({})\n", h.prefixes,
+                     h.prefixes == 1 ? "" : "es", format_bytes(h.total()), format_bytes(h.total_without()),
+                     fmt::join(tiers, " | "));
 }
 
 double percentile(std::vector<double> values, double p) {

@@ -283,7 +283,7 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
   return newcomer;
 }
 
-engine::PrefixPool StepScheduler::hold_prefixes() {
+engine::PrefixPool StepScheduler::prefix_pool() {
   if (!sharing_ || std::ranges::any_of(req_.sequences, &engine::Sequence::shares_prompt)) return {};
   std::vector<std::span<const std::int32_t>> prompts;
   std::vector<std::int64_t> totals;
@@ -294,10 +294,14 @@ engine::PrefixPool StepScheduler::hold_prefixes() {
   engine::PrefixFamilies families = engine::prefix_families(prompts, req_.min_shared_prefix);
   const policy::HeldPrefixes held = engine::held_prefixes(families, totals);
   if (!held.saves_memory(static_cast<std::int64_t>(slots()), *std::ranges::max_element(totals))) return {};
-  holding_ = true;
   families_ = std::move(families);
-  pool_.assign(static_cast<std::size_t>(held.families), RowState::Empty);
   return {.rows = held.families, .capacity = held.prefix, .row_capacity = held.rest};
+}
+
+void StepScheduler::hold_prefixes() {
+  if (families_.prefix.empty()) throw std::logic_error("hold_prefixes without a pool (prefix_pool)");
+  holding_ = true;
+  pool_.assign(families_.prefix.size(), RowState::Empty);
 }
 
 StepScheduler::PoolStart StepScheduler::pool_start(std::size_t seq) const {

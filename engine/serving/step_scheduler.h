@@ -40,9 +40,10 @@ class StepScheduler final : public engine::StepPlanner {
   const std::vector<std::int32_t>& tokens(std::size_t slot) const override { return tokens_[slot]; }
   // With shared prefixes (and no prompt sharing its prefill): the job's prefix families
   // (prefix_families) each held in a pool row of its own, when that takes less memory than
-  // every row holding its whole sequence; a family's first newcomer prefills its prefix into
-  // the row, the others extend after it.
-  engine::PrefixPool hold_prefixes() override;
+  // every row holding its whole sequence; once held, a family's first newcomer prefills its
+  // prefix into the row, the others extend after it.
+  engine::PrefixPool prefix_pool() override;
+  void hold_prefixes() override;
 
  private:
   // Whether a prompt waits for a free slot (waiting_): the next one the feed says this run

@@ -666,16 +666,16 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
     EXPECT_EQ(outs["copy"], outs["off"]);
     EXPECT_EQ(outs["on"].size(), 10u);
     const nlohmann::json &on = metrics["on"], &off = metrics["off"];
-    // In memory the instructions are held once (one family; rows of 19 slots, not 54); offloaded
-    // and with `copy` they are copied into the rows.
-    const bool in_memory = flags.empty();
-    EXPECT_EQ(on.at("kv_held").at("prefixes"), in_memory ? 1 : 0);
+    // The instructions are held once (one family in a pool on the gpu tier; rows of 19 slots, not
+    // 54, wherever they live); with `copy` they are copied into the rows.
+    EXPECT_EQ(on.at("kv_held").at("prefixes"), 1);
     EXPECT_EQ(metrics["copy"].at("kv_held").at("prefixes"), 0);
-    EXPECT_EQ(on.at("kv_copy_bytes").at("prefixes").at("total").get<std::int64_t>() == 0, in_memory);
+    EXPECT_EQ(on.at("kv_copy_bytes").at("prefixes").at("total"), 0);
     EXPECT_GT(metrics["copy"].at("kv_copy_bytes").at("prefixes").at("total").get<std::int64_t>(), 0);
-    if (in_memory) {
-      EXPECT_LT(on.at("kv_held").at("bytes").get<std::int64_t>(), on.at("kv_held").at("bytes_without").get<std::int64_t>());
-      EXPECT_THAT(metrics_text["on"], HasSubstr("KV held once: 1 prefix in a pool"));
+    EXPECT_LT(on.at("kv_held").at("bytes").get<std::int64_t>(), on.at("kv_held").at("bytes_without").get<std::int64_t>());
+    EXPECT_THAT(metrics_text["on"], HasSubstr("KV held once: 1 prefix in a pool (gpu)"));
+    if (!flags.empty()) {
+      EXPECT_GT(on.at("kv_held").at("by_tier").at("disk").at("bytes").get<std::int64_t>(), 0);
     }
     EXPECT_EQ(on.at("prompt_tokens"), off.at("prompt_tokens"));
     EXPECT_EQ(off.at("prompt_tokens_computed"), off.at("prompt_tokens"));

@@ -6,8 +6,8 @@
 // gpu/cpu/disk, compressed or not; under a KV eviction policy nothing is shared. The counters
 // say what was shared: exactly, for admissions worked out by hand. The decode attention reads
 // the prefixes rows share once for all (cascade attention): the runs with sharing count the
-// queries that read a prefix from another row. In memory a prefix family's KV may instead be
-// held once in a pool, each row holding only what follows it (HeldPrefixes*).
+// queries that read a prefix from another row. A prefix family's KV may instead be held once
+// in a pool on the gpu tier, each row holding only what follows it (HeldPrefixes*).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -146,6 +146,7 @@ GenerationResult expect_sharing_changes_no_token(const engine::ModelConfig& cfg,
   auto be = kernels::make_cpu_backend();
   req.slots = s.policy.block_size();
   req.prefill_budget = 24;
+  req.hold_prefixes = false;  // copies (HeldPrefixes* hold them once)
   GenerationResult on_off[2];
   for (const bool share : {true, false}) {
     SCOPED_TRACE(share ? "sharing on" : "sharing off");
@@ -315,7 +316,7 @@ GenerationRequest held_request(std::int64_t vocab, std::uint64_t seed) {
   return req;
 }
 
-// Prefixes held once in a pool (GenerationRequest::hold_prefixes), in memory: every request's
+// Prefixes held once in a pool (GenerationRequest::hold_prefixes): every request's
 // tokens are its solo run's, rows after a held prefix were read (none when the prefix is
 // copied instead), and the greedy tokens are those of the run without sharing.
 void expect_held_prefixes_change_no_token(const engine::ModelConfig& cfg, const engine::WeightSource& src,
@@ -373,6 +374,63 @@ TEST(PrefixSharing, HeldPrefixesLlamaGqa) {
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   engine::DummyWeights src(cfg, 50);
   expect_held_prefixes_change_no_token(cfg, src, in_memory_two_batches(), 5100);
+}
+
+// The pool on the gpu tier, the rows after it staged from cpu or disk or attended in place on
+// the cpu tier, compressed or not.
+TEST(PrefixSharing, HeldPrefixesOverTheTiers) {
+  auto m = engine::open_model({});
+  std::uint64_t seed = 5200;
+  const std::vector<Placement> all = placements();
+  for (Placement s : std::span(all).subspan(1)) {
+    expect_held_prefixes_change_no_token(m.config, *m.weights, s, seed++);
+    s.policy.compress_cache = true;
+    s.name += " q8";
+    expect_held_prefixes_change_no_token(m.config, *m.weights, s, seed++);
+  }
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 52);
+  expect_held_prefixes_change_no_token(cfg, src, placements()[2], seed);
+}
+
+// A run of `s` whose gpu tier holds at most gpu_bytes: its tokens, the tier's peak, what it held once.
+struct GpuTierRun {
+  GenerationResult result;
+  std::int64_t gpu_peak = 0;
+  engine::KvHeld held;
+};
+GpuTierRun run_with_gpu_bytes(const engine::ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
+                              const GenerationRequest& req, std::int64_t gpu_bytes) {
+  auto be = kernels::make_cpu_backend();
+  testing::TempDir dir;
+  offload::Tiers tiers(*be, {.gpu_bytes = gpu_bytes, .offload_dir = dir.path()});
+  engine::BlockScheduler sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
+  GpuTierRun r{.result = serving::generate(sched, req)};
+  r.gpu_peak = tiers.budget(offload::Tier::Gpu).peak();
+  r.held = sched.kv_held();
+  return r;
+}
+
+// With the KV rows on cpu the pool takes more of the gpu tier than the shorter rows' staging
+// slots give back: where the gpu tier holds only what the copies need, the rows copy the
+// prefixes instead, with the same tokens.
+TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierIsCopied) {
+  auto m = engine::open_model({});
+  const Placement s = placements()[1];
+  GenerationRequest req = held_request(m.config.vocab_size, 5300);
+  req.slots = s.policy.block_size();
+  req.prefill_budget = 24;
+  const std::int64_t unlimited = offload::Budget::kUnlimited;
+  req.hold_prefixes = false;
+  const GpuTierRun copied = run_with_gpu_bytes(m.config, *m.weights, s, req, unlimited);
+  req.hold_prefixes = true;
+  const GpuTierRun held = run_with_gpu_bytes(m.config, *m.weights, s, req, unlimited);
+  ASSERT_EQ(held.held.prefixes, 2);
+  ASSERT_GT(held.gpu_peak, copied.gpu_peak);
+  const GpuTierRun tight = run_with_gpu_bytes(m.config, *m.weights, s, req, copied.gpu_peak);
+  EXPECT_EQ(tight.held.prefixes, 0);
+  EXPECT_GT(tight.result.prefix_hits, 10);
+  EXPECT_EQ(tight.result.tokens, copied.result.tokens);
 }
 
 // Families, worked out by hand (min 4 tokens; A: 20 tokens, B: 15): A + x, A + y, A + z and D

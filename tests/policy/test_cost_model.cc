@@ -652,8 +652,14 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   ASSERT_TRUE(held.has_value());
   EXPECT_EQ(item(*held, 0, "KV cache"), z.kv_per_token_layer * 12 * 8 * 74);
   EXPECT_EQ(item(*held, 0, "prefixes held once"), z.kv_per_token_layer * 12 * 990);
-  p.cache = {0, 1, 0};
-  const auto copied = estimate(m, t4(), w, p);
+  p.cache = {0, 1, 0};  // the rows on cpu, the pool still on gpu
+  const auto held_cpu = estimate(m, t4(), w, p);
+  ASSERT_TRUE(held_cpu.has_value());
+  EXPECT_EQ(item(*held_cpu, 1, "KV cache"), z.kv_per_token_layer * 12 * 8 * 74);
+  EXPECT_EQ(item(*held_cpu, 0, "prefixes held once"), z.kv_per_token_layer * 12 * 990);
+  Workload copies = w;
+  copies.held = {};
+  const auto copied = estimate(m, t4(), copies, p);
   ASSERT_TRUE(copied.has_value());
   EXPECT_EQ(item(*copied, 1, "KV cache"), z.kv_per_token_layer * 12 * 8 * 1064);
   EXPECT_EQ(item(*copied, 0, "prefixes held once"), 0);
@@ -674,6 +680,31 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   for (const std::int64_t pool : pools) EXPECT_EQ(pool, z.kv_per_token_layer * 12 * 990);
   w.held = {};
   EXPECT_TRUE(kv_on_gpu_blocks_of_8(w).empty());
+}
+
+// Rows staged from the cpu tier: a decode step moves each row's KV in (cpu->gpu, ahead of the
+// compute), less the mean prefix a request holds in the pool, which is read in place.
+TEST(ContinuousPlan, HeldPrefixesMoveOnlyWhatFollowsThem) {
+  const ModelShape m = opt("opt-125m", 12, 768);
+  Workload w = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990}), 512);
+  w.requests.front().shared = 0;
+  w.held = {.families = 1, .prefix = 990, .rest = 74, .mean_prefix = 990};
+  Policy p;
+  p.gpu_batch_size = 8;
+  p.cache = {0, 1, 0};
+  const HardwareProfile hw = t4();
+  const auto held = estimate(m, hw, w, p);
+  Workload copies = w;
+  copies.held = {};
+  const auto copied = estimate(m, hw, copies, p);
+  ASSERT_TRUE(held && copied);
+  const SlotStep ss = slot_step(w, 8, 8);
+  const double kv_len = ss.kv_attended / ss.decode_rows;
+  ASSERT_GT(kv_len, 990);
+  const ModelSizes z = model_sizes(with_compression(m, p));
+  const double moved_less = 12.0 * static_cast<double>(z.kv_per_token_layer) * 8 * ss.decode_rows * 990;
+  EXPECT_NEAR(copied->decode_step_seconds - held->decode_step_seconds, moved_less / hw.cpu_to_gpu,
+              1e-9 * copied->decode_step_seconds);
 }
 
 // Everything on the gpu tier, no rate curves and no read floor: a mean step per layer is the K

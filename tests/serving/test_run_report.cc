@@ -43,7 +43,10 @@ RunPart stage(int rank, double wall, double wait) {
   p.kv_copies.prefixes.written = {0, 64 * (rank + 1), 0};
   p.kv_copies.forks.read = {0, 0, 16 * rank};
   p.kv_copies.forks.written = {0, 0, 16 * rank};
-  p.kv_held = {.prefixes = rank + 1, .bytes = 1024 * (rank + 1), .bytes_without = 3072 * (rank + 1)};
+  // The pool and some rows on gpu, the other rows on cpu.
+  p.kv_held = {.prefixes = rank + 1,
+               .bytes = {1024 * (rank + 1), 512 * (rank + 1), 0},
+               .bytes_without = {2048 * (rank + 1), 1024 * (rank + 1), 0}};
   return p;
 }
 
@@ -69,8 +72,8 @@ TEST(RunReport, PartRoundTripsThroughJson) {
   EXPECT_EQ(q.kv_copies.forks.read, p.kv_copies.forks.read);
   EXPECT_EQ(q.kv_copies.forks.written, p.kv_copies.forks.written);
   EXPECT_EQ(q.kv_held.prefixes, 2);
-  EXPECT_EQ(q.kv_held.bytes, 2048);
-  EXPECT_EQ(q.kv_held.bytes_without, 6144);
+  EXPECT_EQ(q.kv_held.bytes, p.kv_held.bytes);
+  EXPECT_EQ(q.kv_held.bytes_without, p.kv_held.bytes_without);
   // As --metrics has it: no trace, no policy text.
   const nlohmann::json m = to_json(p, false);
   EXPECT_FALSE(m.contains("spans"));
@@ -119,9 +122,11 @@ TEST(RunReport, DataParallelTotalsItsRanks) {
   EXPECT_EQ(j["prompts"], 4);
   EXPECT_EQ(j["kv_read_bytes"]["total"], 100 + 20 + 30);  // the idle rank read none
   EXPECT_EQ(j["ranks"][0]["kv_read_bytes"]["by_tier"]["cpu"]["staged"], 30);
-  EXPECT_EQ(j["kv_held"]["bytes"], 1024);  // the idle rank held none
+  EXPECT_EQ(j["kv_held"]["bytes"], 1024 + 512);  // the idle rank held none
+  EXPECT_EQ(j["kv_held"]["by_tier"]["cpu"]["bytes_without"], 1024);
   EXPECT_THAT(r.text(), HasSubstr("data parallel over 2 ranks: 4 prompts"));
-  EXPECT_THAT(r.text(), HasSubstr("KV held once: 1 prefix in a pool; KV cache 1.00 KiB instead of 3.00 KiB (gpu)\n"));
+  EXPECT_THAT(r.text(), HasSubstr("KV held once: 1 prefix in a pool (gpu); KV cache 1.50 KiB instead of 3.00 KiB "
+                                  "(gpu 1.00 KiB instead of 2.00 KiB | cpu 512 B instead of 1.00 KiB)\n"));
 }
 
 // The KV read: in all, per step, and per tier in place and staged; over several ranks the

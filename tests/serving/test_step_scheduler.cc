@@ -339,10 +339,11 @@ TEST(StepScheduler, HeldPrefixes) {
   req.max_new_tokens = 4;
   req.slots = 3;
   StepScheduler s(req, 3, true);
-  const PrefixPool pool = s.hold_prefixes();
+  const PrefixPool pool = s.prefix_pool();
   EXPECT_EQ(pool.rows, 2);
   EXPECT_EQ(pool.capacity, 40);
   EXPECT_EQ(pool.row_capacity, 9);
+  s.hold_prefixes();
   EXPECT_EQ(s.next_step(), plan({held(prefill(0), 0, 40), idle(), idle()}));
   s.record(0, 50, false);
   EXPECT_EQ(s.next_step(), plan({shares(held(decode(0, 42), 0, 40), 0, 40), shares(held(extend(1, 40), 0, 40), 0, 40),
@@ -365,13 +366,37 @@ TEST(StepScheduler, HeldPrefixesOnlyWhereTheySaveMemory) {
   req.sequences = sequences_of({join(a, {100}), join(a, {101}), join(b, {200}), join(b, {201})});
   req.max_new_tokens = 4;
   req.slots = 2;
-  EXPECT_EQ(StepScheduler(req, 2, true).hold_prefixes().rows, 0);
+  EXPECT_EQ(StepScheduler(req, 2, true).prefix_pool().rows, 0);
   req.slots = 3;
-  EXPECT_EQ(StepScheduler(req, 3, true).hold_prefixes().rows, 2);
-  EXPECT_EQ(StepScheduler(req, 3, false).hold_prefixes().rows, 0);
+  EXPECT_EQ(StepScheduler(req, 3, true).prefix_pool().rows, 2);
+  EXPECT_EQ(StepScheduler(req, 3, false).prefix_pool().rows, 0);
   req.sequences[1].shares_prompt = true;
   req.sequences[1].prompt = req.sequences[0].prompt;
-  EXPECT_EQ(StepScheduler(req, 3, true).hold_prefixes().rows, 0);
+  EXPECT_EQ(StepScheduler(req, 3, true).prefix_pool().rows, 0);
+}
+
+// A pool the executor did not place (prefix_pool without hold_prefixes): the plans copy
+// prefixes between rows, as a planner never asked for one does.
+TEST(StepScheduler, APoolNotPlacedPlansAsWithout) {
+  const Tokens a = run_of(1, 40), b = run_of(500, 30);
+  GenerationRequest req;
+  req.sequences = sequences_of({join(a, {100}), join(a, {101}), join(b, {200}), join(b, {201}), join(a, {102})});
+  req.max_new_tokens = 2;
+  req.slots = 3;
+  StepScheduler proposed(req, 3, true), plain(req, 3, true);
+  ASSERT_EQ(proposed.prefix_pool().rows, 2);
+  bool copied = false;
+  for (int step = 0; step < 8; ++step) {
+    const StepPlan p = proposed.next_step();
+    ASSERT_EQ(p, plain.next_step()) << "step " << step;
+    copied = copied || !p.prefixes.empty();
+    for (std::size_t slot = 0; slot < p.slots.size(); ++slot) {
+      if (p.slots[slot].kind == SeqStep::Idle) continue;
+      proposed.record(slot, 7, step % 2 == 1);
+      plain.record(slot, 7, step % 2 == 1);
+    }
+  }
+  EXPECT_TRUE(copied);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ KvTraffic kv_traffic(kernels::Backend& be, const engine::ModelConfig& cfg, const
   r.result = serving::generate(sched, req);
   r.reads = sched.kv_reads();
   r.copies = sched.kv_copies();
+  r.held = sched.kv_held();
   return r;
 }
 

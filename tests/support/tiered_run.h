@@ -31,6 +31,7 @@ struct KvTraffic {
   engine::GenerationResult result;
   engine::KvReads reads;
   engine::KvCopies copies;
+  engine::KvHeld held;
 };
 KvTraffic kv_traffic(kernels::Backend& be, const engine::ModelConfig& cfg, const policy::Policy& pol,
                      const engine::GenerationRequest& req);
