@@ -211,7 +211,7 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
   if (w.requests.empty()) {  // steady state at the means: every slot busy
     const double g = std::max(w.mean_gen_len > 0 ? w.mean_gen_len : static_cast<double>(w.gen_len), 1.0);
     const double p = w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len);
-    add(p, p, g);
+    add(p, p - w.mean_shared, g);
     slot_steps = g;
   } else {
     for (const RequestLength& r : w.requests)

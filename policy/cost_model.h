@@ -62,6 +62,9 @@ struct Workload {
   // Continuous batching: the job's requests in admission order (empty: steady state at the means).
   std::vector<RequestLength> requests;
   double mean_prompt_len = 0, mean_gen_len = 0;  // 0: the maxima; with `requests`, theirs
+  // Steady state (no `requests`): the tokens of each prompt taken from a shared prefix, not
+  // computed (with `requests`, each one's RequestLength::shared).
+  double mean_shared = 0;
   // Prompt tokens a GPU batch prefills per step (run --prefill-budget); 0: the profile's
   // default for each GPU batch size (default_prefill_budget).
   std::int64_t prefill_budget = kHostPrefillBudget;

@@ -4,6 +4,7 @@
 
 
 #include "engine/runtime/machine_profile.h"
+#include "engine/runtime/prefix_match.h"
 #include "engine/model/model_shape.h"
 #include "engine/loaders/model_source.h"
 #include "offload/text_file.h"
@@ -45,6 +46,14 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
                    "continuous batching: the job's mean new tokens per request (default --gen-len, the largest)")
       ->check(CLI::Range(1.0, static_cast<double>(std::int64_t{1} << 20)));
   plan->add_option("--prefill-budget", o.prefill_budget, "continuous batching: as run --prefill-budget")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  plan->add_option("--shared-prefix", o.shared_prefix,
+                   "continuous batching: every prompt starts with a prefix of this many tokens shared by the job "
+                   "(instructions, few-shot examples, a system prompt), computed and held once as run does "
+                   "(docs/prefix-sharing.md)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  plan->add_option("--prefix-families", o.prefix_families,
+                   "with --shared-prefix: how many different such prefixes the job mixes (default 1)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   plan->add_option("--kv", o.kv, "KV eviction policy, e.g. h2o:0.2 (default full)");
   plan->add_option("--gpu-mem", o.gpu_mem, "override the profile's GPU memory");
@@ -100,12 +109,41 @@ policy::Workload plan_workload(const PlanCliOptions& o) {
   return w;
 }
 
+// plan --shared-prefix: each request takes its prefix from its family's first (which the steady
+// state leaves out), and the families are held once, as run plans a job whose prompts share them.
+void add_shared_prefix(const PlanCliOptions& o, const engine::ModelConfig& cfg, policy::Workload& w) {
+  if (o.shared_prefix == 0) {
+    if (o.prefix_families != 1) throw std::invalid_argument("--prefix-families needs --shared-prefix");
+    return;
+  }
+  if (!w.continuous) throw std::invalid_argument("--shared-prefix is for continuous batching (fixed blocks share none)");
+  const std::string off = engine::prefix_sharing_off_reason(cfg, o.kv != "full");
+  if (!off.empty()) throw std::invalid_argument("--shared-prefix: prefix sharing is off here: " + off);
+  const double mean_prompt = w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len);
+  if (static_cast<double>(o.shared_prefix) >= mean_prompt)
+    throw std::invalid_argument(fmt::format("--shared-prefix {} must be below the mean prompt ({:.1f} tokens): a prompt "
+                                            "computes at least its last token",
+                                            o.shared_prefix, mean_prompt));
+  w.mean_shared = static_cast<double>(o.shared_prefix);
+  if (engine::holds_prefixes_once(cfg))
+    w.held = {.families = o.prefix_families,
+              .prefix = o.shared_prefix,
+              .rest = w.sequence_capacity() - o.shared_prefix,
+              .mean_prefix = static_cast<double>(o.shared_prefix)};
+}
+
 // "prompt 512 + gen 32" or, continuous, "prompt 512 (mean 69) + gen 501 (mean 247), continuous batching".
 std::string workload_text(const policy::Workload& w) {
   if (!w.continuous) return fmt::format("prompt {} + gen {}", w.prompt_len, w.gen_len);
   auto mean = [](double m, std::int64_t most) { return m > 0 ? m : static_cast<double>(most); };
-  return fmt::format("prompt {} (mean {:.1f}) + gen {} (mean {:.1f}), continuous batching", w.prompt_len,
-                     mean(w.mean_prompt_len, w.prompt_len), w.gen_len, mean(w.mean_gen_len, w.gen_len));
+  const std::string shared =
+      w.mean_shared == 0 ? ""
+      : w.held.families == 0
+          ? fmt::format(", {:.0f} tokens of each from a shared prefix", w.mean_shared)
+          : fmt::format(", {:.0f} tokens of each from {} shared prefix{} held once", w.mean_shared, w.held.families,
+                        w.held.families == 1 ? "" : "es");
+  return fmt::format("prompt {} (mean {:.1f}) + gen {} (mean {:.1f}){}, continuous batching", w.prompt_len,
+                     mean(w.mean_prompt_len, w.prompt_len), w.gen_len, mean(w.mean_gen_len, w.gen_len), shared);
 }
 
 std::string items_text(const std::vector<std::pair<std::string, std::int64_t>>& items) {
@@ -251,7 +289,8 @@ int plan_command(const PlanCliOptions& o) {
   po.allow_cpu_cache_compute = hw.gpu_is_host_memory;
   if (o.batch) po.max_block = *o.batch;
   const policy::ModelShape shape = engine::model_shape(cfg);
-  const policy::Workload w = plan_workload(o);
+  policy::Workload w = plan_workload(o);
+  add_shared_prefix(o, cfg, w);
   if (o.pipeline > 1) return plan_pipeline_command(o, cfg, hw, po);
   if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipelines (--pipeline N)");
   constexpr std::size_t kExplained = 5;

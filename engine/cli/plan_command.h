@@ -23,6 +23,9 @@ struct PlanCliOptions {
   std::optional<std::string> batching;
   std::optional<double> mean_prompt_len, mean_gen_len;
   std::optional<std::int64_t> prefill_budget;  // unset: policy::default_prefill_budget
+  // Continuous batching: every prompt starts with one of `prefix_families` prefixes of
+  // shared_prefix tokens (0: none), computed once and held once as run does.
+  std::int64_t shared_prefix = 0, prefix_families = 1;
   std::string kv = "full";
   std::string gpu_mem, cpu_mem, disk_mem;
   std::string out_file;

@@ -180,10 +180,8 @@ void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, st
     if (family >= 0) computed[static_cast<std::size_t>(family)] = true;
     totals.push_back(r.prompt + r.gen);
   }
-  bool windowed = false;
-  for (std::int64_t l = 0; l < cfg.n_layers; ++l) windowed = windowed || cfg.window(l) > 0;
   const bool forks = o.share_prefill == 1 && std::ranges::any_of(requests, [](const serving::Request& r) { return r.choice > 0; });
-  if (o.prefix_sharing == "on" && !windowed && !forks) w.held = engine::held_prefixes(f, totals);
+  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg) && !forks) w.held = engine::held_prefixes(f, totals);
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b,
     else if (!b.eviction.empty())
       ranges.push_back({0, head_bytes});
     else
-      ranges.push_back({elsewhere[static_cast<std::size_t>(s)] * slot_bytes, own_slots(b.step, s, cached) * slot_bytes});
+      ranges.push_back(
+          {elsewhere[static_cast<std::size_t>(s)] * slot_bytes, own_slots(b.step, s, cached) * slot_bytes});
     bytes += 2 * n_kv_heads_ * (ranges.back().to - ranges.back().from);
   }
   auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
@@ -162,14 +163,14 @@ void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t c
     if (s == 0 || !same_run(b, layer, s)) pool_rows_read.clear();
     const std::int64_t cached = b.step.cached(s);
     if (cached == 0) continue;
-    const std::int64_t skipped = elsewhere[static_cast<std::size_t>(s)];
-    const std::int64_t base = b.step.base[static_cast<std::size_t>(s)], pool_row = b.step.pool_row[static_cast<std::size_t>(s)];
+    const auto i = static_cast<std::size_t>(s);
+    const std::int64_t skipped = elsewhere[i], pool_row = b.step.pool_row[i];
     std::int64_t saved = skipped;
     if (pool_row >= 0 && std::ranges::find(pool_rows_read, pool_row) == pool_rows_read.end()) {
       pool_rows_read.push_back(pool_row);
-      reads_.in_place[static_cast<std::size_t>(offload::Tier::Gpu)] += 2 * n_kv_heads_ * base * slot_bytes;
+      reads_.in_place[static_cast<std::size_t>(offload::Tier::Gpu)] += 2 * n_kv_heads_ * b.step.base[i] * slot_bytes;
     } else {
-      saved += base;
+      saved += b.step.base[i];
     }
     reads_.shared_prefix_saved += 2 * n_kv_heads_ * saved * slot_bytes;
     const std::int64_t slots = (b.eviction.empty() ? own_slots(b.step, s, cached) : capacity) - skipped;
@@ -199,10 +200,11 @@ void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, Ring
     for (std::int64_t s = b.resident_end; s < b.n; ++s) {
       const SeqStep kind = b.step.kinds[static_cast<std::size_t>(s)];
       const std::int64_t from = std::max<std::int64_t>(own_slots(b.step, s, b.step.cached(s)), 0);
+      const std::int64_t to = own_slots(b.step, s, b.step.lens[s]);
       if (kind == SeqStep::Idle)
         ranges.push_back({0, 0});
       else
-        ranges.push_back({all ? 0 : from * slot_bytes, all ? head_bytes : own_slots(b.step, s, b.step.lens[s]) * slot_bytes});
+        ranges.push_back({all ? 0 : from * slot_bytes, all ? head_bytes : to * slot_bytes});
     }
     auto pieces = kv_stage_pieces(*b.k[layer], *b.v[layer], n_kv_heads_, b.resident_end, ranges, slot.k.data(),
                                   slot.v.data(), true);

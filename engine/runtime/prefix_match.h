@@ -50,6 +50,10 @@ PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> pr
 // holds after its family's prefix.
 policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const std::int64_t> total_tokens);
 
+// Whether a model's prefixes can be held once: no layer under a sliding window (a row that
+// starts after a held prefix is read whole, by positions).
+bool holds_prefixes_once(const ModelConfig& cfg);
+
 // Why a prefix's KV computed in one sequence is not the KV another sequence would compute for
 // it, so sharing is off: a KV eviction policy (a row keeps the slots its policy chose for its
 // own tokens) or RoPE frequencies that follow the sequence's length; "" when sharing applies.

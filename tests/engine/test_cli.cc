@@ -392,6 +392,24 @@ TEST(Cli, RunExplainSetsThePredictionBesideTheMeasurement) {
   EXPECT_THAT(means.out, HasSubstr("tok/s generated (continuous batching), mean step"));
   expect_clean_error(run(plan + " --mean-prompt-len 600"), "--mean-prompt-len 600 is above --prompt-len 512");
   expect_clean_error(run(plan + " --mean-gen-len 100 --batching fixed"), "--mean-gen-len is for continuous batching");
+  // A job behind one shared 400-token prefix: computed once, held once (blocks of 12 fit, not 4);
+  // faster than without.
+  const std::string job = "plan --model opt-1.3b --hardware ci-cpu --cpu-mem 5GiB --gpu-mem 5GiB --prompt-len 512 "
+                          "--gen-len 512 --mean-prompt-len 480 --mean-gen-len 250";
+  const Result shared = run(job + " --shared-prefix 400 --explain"), whole = run(job);
+  ASSERT_EQ(shared.code, 0) << shared.err;
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_THAT(shared.out, HasSubstr("400 tokens of each from 1 shared prefix held once, continuous batching"));
+  EXPECT_THAT(shared.out, HasSubstr("prefixes held once"));
+  auto predicted = [](const std::string& out) {
+    const auto at = out.find("predicted: ");
+    return at == std::string::npos ? 0.0 : std::stod(out.substr(at + 11));
+  };
+  EXPECT_GT(predicted(shared.out), predicted(whole.out));
+  expect_clean_error(run(plan + " --prefix-families 2"), "--prefix-families needs --shared-prefix");
+  expect_clean_error(run(job + " --shared-prefix 480"), "--shared-prefix 480 must be below the mean prompt (480.0");
+  expect_clean_error(run(plan + " --shared-prefix 100 --batching fixed"), "--shared-prefix is for continuous batching");
+  expect_clean_error(run(job + " --shared-prefix 100 --kv h2o:0.2"), "--shared-prefix: prefix sharing is off here");
   const Result zero = run(plan + " --mean-gen-len zero");
   EXPECT_NE(zero.code, 0);
   EXPECT_THAT(zero.err, HasSubstr("--mean-gen-len: Value zero not in range"));
@@ -672,10 +690,11 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
     EXPECT_EQ(metrics["copy"].at("kv_held").at("prefixes"), 0);
     EXPECT_EQ(on.at("kv_copy_bytes").at("prefixes").at("total"), 0);
     EXPECT_GT(metrics["copy"].at("kv_copy_bytes").at("prefixes").at("total").get<std::int64_t>(), 0);
-    EXPECT_LT(on.at("kv_held").at("bytes").get<std::int64_t>(), on.at("kv_held").at("bytes_without").get<std::int64_t>());
+    const nlohmann::json& held = on.at("kv_held");
+    EXPECT_LT(held.at("bytes").get<std::int64_t>(), held.at("bytes_without").get<std::int64_t>());
     EXPECT_THAT(metrics_text["on"], HasSubstr("KV held once: 1 prefix in a pool (gpu)"));
     if (!flags.empty()) {
-      EXPECT_GT(on.at("kv_held").at("by_tier").at("disk").at("bytes").get<std::int64_t>(), 0);
+      EXPECT_GT(held.at("by_tier").at("disk").at("bytes").get<std::int64_t>(), 0);
     }
     EXPECT_EQ(on.at("prompt_tokens"), off.at("prompt_tokens"));
     EXPECT_EQ(off.at("prompt_tokens_computed"), off.at("prompt_tokens"));

@@ -196,8 +196,8 @@ TEST(KvReads, HeldPrefixReadOnceARunFromThePool) {
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   for (const Tier tier : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
     SCOPED_TRACE(offload::tier_name(tier));
-    const policy::Policy pol =
-        placement(4, 1, {tier == Tier::Gpu ? 1.0 : 0, tier == Tier::Cpu ? 1.0 : 0, tier == Tier::Disk ? 1.0 : 0}, false);
+    const auto on = [&](Tier t) { return tier == t ? 1.0 : 0.0; };
+    const policy::Policy pol = placement(4, 1, {on(Tier::Gpu), on(Tier::Cpu), on(Tier::Disk)}, false);
     GenerationRequest req = one_prefix_job(cfg, pol);
     req.hold_prefixes = true;
     std::int64_t whole = 3 * 19;

@@ -682,6 +682,21 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   EXPECT_TRUE(kv_on_gpu_blocks_of_8(w).empty());
 }
 
+// Steady state behind a shared prefix: a newcomer computes the rest of its prompt (c = p - s
+// rows, attention c (2p - c)); its decodes attend over the whole context.
+TEST(ContinuousPlan, SteadyStateSharedPrefixComputesOnlyTheRest) {
+  Workload w{1200, 64};
+  w.continuous = true;
+  w.mean_prompt_len = 1100;
+  w.mean_gen_len = 40;
+  w.mean_shared = 1000;
+  const SlotStep s = slot_step(w, 8, 8);
+  EXPECT_DOUBLE_EQ(s.prefill_rows, 100.0 / 40);
+  EXPECT_DOUBLE_EQ(s.prompt_sq, 100.0 * (2 * 1100 - 100) / 40);
+  EXPECT_DOUBLE_EQ(s.kv_attended, (39 * 1100 + 40 * 39 / 2.0) / 40);
+  EXPECT_DOUBLE_EQ(s.decode_rows, 39.0 / 40);
+}
+
 // Rows staged from the cpu tier: a decode step moves each row's KV in (cpu->gpu, ahead of the
 // compute), less the mean prefix a request holds in the pool, which is read in place.
 TEST(ContinuousPlan, HeldPrefixesMoveOnlyWhatFollowsThem) {
