@@ -376,16 +376,17 @@ TEST(PrefixSharing, HeldPrefixesLlamaGqa) {
   expect_held_prefixes_change_no_token(cfg, src, in_memory_two_batches(), 5100);
 }
 
-// The pool on the gpu tier, the rows after it staged from cpu or disk or attended in place on
-// the cpu tier, compressed or not.
+// The pool on the gpu tier, the rows after it staged from cpu or disk (compressed there) or
+// attended in place on the cpu tier.
 TEST(PrefixSharing, HeldPrefixesOverTheTiers) {
   auto m = engine::open_model({});
   std::uint64_t seed = 5200;
   const std::vector<Placement> all = placements();
   for (Placement s : std::span(all).subspan(1)) {
-    expect_held_prefixes_change_no_token(m.config, *m.weights, s, seed++);
-    s.policy.compress_cache = true;
-    s.name += " q8";
+    if (s.name == "cache on disk") {
+      s.policy.compress_cache = true;
+      s.name += " q8";
+    }
     expect_held_prefixes_change_no_token(m.config, *m.weights, s, seed++);
   }
   const engine::ModelConfig cfg = testing::tiny_llama_config();
