@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "engine/model/weights.h"
@@ -11,6 +12,63 @@
 namespace flexh2o::serving {
 
 using offload::format_bytes;
+
+namespace {
+
+using ByTier = std::array<std::int64_t, 3>;  // by offload::Tier
+constexpr std::array kTiers{offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk};
+
+std::string tier_key(offload::Tier t) { return std::string(offload::tier_name(t)); }
+
+// Two counts by tier as {"gpu": {a: .., b: ..}, "cpu": .., "disk": ..}, and back.
+nlohmann::json pair_by_tier_json(const char* a_key, const ByTier& a, const char* b_key, const ByTier& b) {
+  nlohmann::json by_tier;
+  for (const offload::Tier t : kTiers) {
+    const auto i = static_cast<std::size_t>(t);
+    by_tier[tier_key(t)] = {{a_key, a[i]}, {b_key, b[i]}};
+  }
+  return by_tier;
+}
+
+void pair_by_tier_from_json(const nlohmann::json& by_tier, const char* a_key, ByTier& a, const char* b_key, ByTier& b) {
+  for (const offload::Tier t : kTiers) {
+    const auto i = static_cast<std::size_t>(t);
+    const nlohmann::json& tier = by_tier.at(tier_key(t));
+    a[i] = tier.at(a_key).get<std::int64_t>();
+    b[i] = tier.at(b_key).get<std::int64_t>();
+  }
+}
+
+// "gpu A read, B written | cpu ...": the tiers where either count is not 0, each as `pattern`
+// of its name and the two byte counts.
+std::string pair_by_tier_text(const ByTier& a, const ByTier& b, fmt::string_view pattern) {
+  std::vector<std::string> tiers;
+  for (const offload::Tier t : kTiers) {
+    const auto i = static_cast<std::size_t>(t);
+    if (a[i] > 0 || b[i] > 0)
+      tiers.push_back(fmt::format(fmt::runtime(pattern), offload::tier_name(t), format_bytes(a[i]), format_bytes(b[i])));
+  }
+  return fmt::format("{}", fmt::join(tiers, " | "));
+}
+
+nlohmann::json copy_bytes_json(const engine::KvCopyBytes& b) {
+  return {{"total", b.total()}, {"by_tier", pair_by_tier_json("read", b.read, "written", b.written)}};
+}
+
+engine::KvCopyBytes copy_bytes_from_json(const nlohmann::json& j) {
+  engine::KvCopyBytes b;
+  pair_by_tier_from_json(j.at("by_tier"), "read", b.read, "written", b.written);
+  return b;
+}
+
+// "X for WHAT (gpu A read, B written | cpu ...)": the tiers that took part.
+std::string copy_bytes_text(const engine::KvCopyBytes& b, std::string_view what) {
+  const std::string tiers = pair_by_tier_text(b.read, b.written, "{} {} read, {} written");
+  return fmt::format("{} for {}{}", format_bytes(b.total()), what, tiers.empty() ? "" : " (" + tiers + ")");
+}
+
+
+}  // namespace
 
 std::string model_line(const std::string& description, const engine::ModelConfig& c) {
   return fmt::format("model: {} ({} layers, hidden {}, {} weights)", description, c.n_layers, c.hidden,
@@ -53,12 +111,10 @@ nlohmann::json kv_reads_json(const engine::KvReads& r, std::int64_t steps) {
   auto per_step = [&](std::int64_t bytes) {
     return steps > 0 ? static_cast<double>(bytes) / static_cast<double>(steps) : 0.0;
   };
-  nlohmann::json by_tier;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+  nlohmann::json by_tier = pair_by_tier_json("in_place", r.in_place, "staged", r.staged);
+  for (const offload::Tier t : kTiers) {
     const auto i = static_cast<std::size_t>(t);
-    by_tier[std::string(offload::tier_name(t))] = {{"in_place", r.in_place[i]},
-                                                   {"staged", r.staged[i]},
-                                                   {"per_step", per_step(r.in_place[i] + r.staged[i])}};
+    by_tier[tier_key(t)]["per_step"] = per_step(r.in_place[i] + r.staged[i]);
   }
   return {{"total", r.total()},
           {"steps", steps},
@@ -69,12 +125,7 @@ nlohmann::json kv_reads_json(const engine::KvReads& r, std::int64_t steps) {
 
 engine::KvReads kv_reads_from_json(const nlohmann::json& j) {
   engine::KvReads r;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
-    const auto i = static_cast<std::size_t>(t);
-    const nlohmann::json& tier = j.at("by_tier").at(std::string(offload::tier_name(t)));
-    r.in_place[i] = tier.at("in_place").get<std::int64_t>();
-    r.staged[i] = tier.at("staged").get<std::int64_t>();
-  }
+  pair_by_tier_from_json(j.at("by_tier"), "in_place", r.in_place, "staged", r.staged);
   r.shared_prefix_saved = j.at("shared_prefix_saved").get<std::int64_t>();
   return r;
 }
@@ -82,7 +133,7 @@ engine::KvReads kv_reads_from_json(const nlohmann::json& j) {
 std::string kv_reads_text(const engine::KvReads& r, std::int64_t steps) {
   const std::int64_t n = std::max<std::int64_t>(steps, 1);
   std::vector<std::string> tiers;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+  for (const offload::Tier t : kTiers) {
     const auto i = static_cast<std::size_t>(t);
     const std::string_view name = offload::tier_name(t);
     if (r.in_place[i] > 0) tiers.push_back(fmt::format("{} {} in place", name, format_bytes(r.in_place[i] / n)));
@@ -95,43 +146,6 @@ std::string kv_reads_text(const engine::KvReads& r, std::int64_t steps) {
                      tiers.empty() ? "" : fmt::format(" ({})", fmt::join(tiers, " | ")), format_bytes(r.total()), steps,
                      saved);
 }
-
-namespace {
-
-nlohmann::json copy_bytes_json(const engine::KvCopyBytes& b) {
-  nlohmann::json by_tier;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
-    const auto i = static_cast<std::size_t>(t);
-    by_tier[std::string(offload::tier_name(t))] = {{"read", b.read[i]}, {"written", b.written[i]}};
-  }
-  return {{"total", b.total()}, {"by_tier", std::move(by_tier)}};
-}
-
-engine::KvCopyBytes copy_bytes_from_json(const nlohmann::json& j) {
-  engine::KvCopyBytes b;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
-    const auto i = static_cast<std::size_t>(t);
-    const nlohmann::json& tier = j.at("by_tier").at(std::string(offload::tier_name(t)));
-    b.read[i] = tier.at("read").get<std::int64_t>();
-    b.written[i] = tier.at("written").get<std::int64_t>();
-  }
-  return b;
-}
-
-// "X for WHAT (gpu A read, B written | cpu ...)": the tiers that took part.
-std::string copy_bytes_text(const engine::KvCopyBytes& b, std::string_view what) {
-  std::vector<std::string> tiers;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
-    const auto i = static_cast<std::size_t>(t);
-    if (b.read[i] > 0 || b.written[i] > 0)
-      tiers.push_back(fmt::format("{} {} read, {} written", offload::tier_name(t), format_bytes(b.read[i]),
-                                  format_bytes(b.written[i])));
-  }
-  return fmt::format("{} for {}{}", format_bytes(b.total()), what,
-                     tiers.empty() ? "" : fmt::format(" ({})", fmt::join(tiers, " | ")));
-}
-
-}  // namespace
 
 nlohmann::json kv_copies_json(const engine::KvCopies& c) {
   return {{"prefixes", copy_bytes_json(c.prefixes)}, {"forks", copy_bytes_json(c.forks)}};
@@ -148,42 +162,25 @@ std::string kv_copies_text(const engine::KvCopies& c) {
 }
 
 nlohmann::json kv_held_json(const engine::KvHeld& h) {
-  nlohmann::json by_tier;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
-    const auto i = static_cast<std::size_t>(t);
-    by_tier[std::string(offload::tier_name(t))] = {{"bytes", h.bytes[i]}, {"bytes_without", h.bytes_without[i]}};
-  }
   return {{"prefixes", h.prefixes},
           {"bytes", h.total()},
           {"bytes_without", h.total_without()},
           {"pool_tier", "gpu"},
-          {"by_tier", std::move(by_tier)}};
+          {"by_tier", pair_by_tier_json("bytes", h.bytes, "bytes_without", h.bytes_without)}};
 }
 
 engine::KvHeld kv_held_from_json(const nlohmann::json& j) {
   engine::KvHeld h{.prefixes = j.at("prefixes").get<std::int64_t>()};
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
-    const auto i = static_cast<std::size_t>(t);
-    const nlohmann::json& tier = j.at("by_tier").at(std::string(offload::tier_name(t)));
-    h.bytes[i] = tier.at("bytes").get<std::int64_t>();
-    h.bytes_without[i] = tier.at("bytes_without").get<std::int64_t>();
-  }
+  pair_by_tier_from_json(j.at("by_tier"), "bytes", h.bytes, "bytes_without", h.bytes_without);
   return h;
 }
 
 // "KV held once: N prefixes in a pool (gpu); KV cache X instead of Y (gpu A instead of B | cpu ...)".
 std::string kv_held_text(const engine::KvHeld& h) {
   if (h.prefixes == 0) return "";
-  std::vector<std::string> tiers;
-  for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
-    const auto i = static_cast<std::size_t>(t);
-    if (h.bytes[i] > 0 || h.bytes_without[i] > 0)
-      tiers.push_back(fmt::format("{} {} instead of {}", offload::tier_name(t), format_bytes(h.bytes[i]),
-                                  format_bytes(h.bytes_without[i])));
-  }
   return fmt::format("KV held once: {} prefix{} in a pool (gpu); KV cache {} instead of {} ({})\n", h.prefixes,
                      h.prefixes == 1 ? "" : "es", format_bytes(h.total()), format_bytes(h.total_without()),
-                     fmt::join(tiers, " | "));
+                     pair_by_tier_text(h.bytes, h.bytes_without, "{} {} instead of {}"));
 }
 
 double percentile(std::vector<double> values, double p) {
