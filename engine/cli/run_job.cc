@@ -343,6 +343,8 @@ serving::StopStringSeen stop_string_watch(const RunSetup& s) {
   };
 }
 
+// Pipeline stages copy shared prefixes: each places its own memory, and a pool held on some
+// stages but not on others (BlockScheduler::place_with_pool) would admit requests apart.
 serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
   return {.policy = s.policy,
           .tiers = s.tiers,
@@ -350,7 +352,7 @@ serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .prefill_budget = prefill_budget_of(o, s),
           .share_prefill = o.share_prefill == 1,
           .share_prefixes = o.prefix_sharing != "off",
-          .hold_prefixes = o.prefix_sharing == "on",
+          .hold_prefixes = o.prefix_sharing == "on" && o.pipeline <= 1,
           .cuda_graphs = o.cuda_graphs == "on",
           .constraints = s.constraints.get(),
           .trace = !o.metrics_file.empty() || !o.trace_file.empty(),

@@ -496,6 +496,23 @@ TEST(Mpi, DataParallelDealsSharedPrefixesToOneRank) {
   EXPECT_EQ(o["prompt_tokens_computed"], o["prompt_tokens"]);
 }
 
+// A pipeline's stages copy shared prefixes (a pool held on some stages only would admit
+// requests apart), where one process holds them once (4 families in 8 slots): the same file.
+TEST(Mpi, PipelineSharesPrefixesAsOneProcess) {
+  testing::TempDir dir;
+  std::int64_t item_tokens = 0;
+  testing::write_file(dir.file("in.jsonl"), interleaved_prefix_prompts(item_tokens));
+  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 6 --gpu-batch-size 4 --num-gpu-batches 2";
+  expect_same_output(job + " --metrics " + dir.file("m.json"), {{2, " --pipeline 2"}}, dir, kDealtRequests);
+  const Json pipeline = Json::parse(testing::read_file(dir.file("m.json")));
+  ASSERT_EQ(pipeline["mode"], "pipeline");
+  EXPECT_EQ(pipeline["kv_held"]["prefixes"], 0);
+  EXPECT_GT(pipeline["prefix_shared_tokens"].get<std::int64_t>(), 0);
+  const Result one = run("", "run " + job + " --out " + dir.file("held.jsonl") + " --metrics " + dir.file("one.json"), dir);
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(Json::parse(testing::read_file(dir.file("one.json")))["kv_held"]["prefixes"], kDealtPrefixes);
+}
+
 TEST(Mpi, JobWithAKilledRankResumesToTheSameFile) {
   testing::TempDir dir;
   const std::string job = signalled_job(dir);
