@@ -175,6 +175,11 @@ std::int64_t Budget::peak() const {
   return peak_;
 }
 
+void Budget::restore_peak(std::int64_t peak) {
+  std::lock_guard lock(mu_);
+  peak_ = std::max(peak, used_);
+}
+
 std::int64_t Budget::available() const {
   std::lock_guard lock(mu_);
   return capacity_ - used_;

@@ -71,6 +71,8 @@ class Budget {
 
   std::int64_t used() const;
   std::int64_t peak() const;
+  // After a placement tried and undone: the peak as it was before (`peak`), or what is in use now.
+  void restore_peak(std::int64_t peak);
   std::int64_t available() const;
 
  private:

@@ -8,6 +8,7 @@
 #include "kernels/option_error.h"
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 #include <utility>
 
@@ -157,8 +158,11 @@ void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
   }
 }
 
-// Nothing is in flight yet: the placement's buffers go, their budgets freed, for another try.
+// Nothing is in flight yet: the placement's buffers go, their budgets freed and their peaks as
+// before, for another try.
 bool BlockScheduler::place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool) {
+  std::array<std::int64_t, 3> peaks{};
+  for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) peaks[static_cast<std::size_t>(t)] = tiers_.budget(t).peak();
   st.pool = pool;
   try {
     place(st, req);
@@ -173,6 +177,8 @@ bool BlockScheduler::place_with_pool(BlockState& st, const GenerationRequest& re
     st.pool = {};
     st.capacity = st.staged_max = 0;
     st.hidden_resident = true;
+    for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk})
+      tiers_.budget(t).restore_peak(peaks[static_cast<std::size_t>(t)]);
     return false;
   }
 }

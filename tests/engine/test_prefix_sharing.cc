@@ -413,8 +413,8 @@ GpuTierRun run_with_gpu_bytes(const engine::ModelConfig& cfg, const engine::Weig
 }
 
 // With the KV rows on cpu the pool takes more of the gpu tier than the shorter rows' staging
-// slots give back: where the gpu tier holds only what the copies need, the rows copy the
-// prefixes instead, with the same tokens.
+// slots give back: where the gpu tier holds less than the pool needs, the rows copy the
+// prefixes instead, with the same tokens and the copies' peak (the pool's try left none).
 TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierIsCopied) {
   auto m = engine::open_model({});
   const Placement s = placements()[1];
@@ -428,8 +428,9 @@ TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierIsCopied) {
   const GpuTierRun held = run_with_gpu_bytes(m.config, *m.weights, s, req, unlimited);
   ASSERT_EQ(held.held.prefixes, 2);
   ASSERT_GT(held.gpu_peak, copied.gpu_peak);
-  const GpuTierRun tight = run_with_gpu_bytes(m.config, *m.weights, s, req, copied.gpu_peak);
+  const GpuTierRun tight = run_with_gpu_bytes(m.config, *m.weights, s, req, (copied.gpu_peak + held.gpu_peak) / 2);
   EXPECT_EQ(tight.held.prefixes, 0);
+  EXPECT_EQ(tight.gpu_peak, copied.gpu_peak);  // the pool's try left no peak behind
   EXPECT_GT(tight.result.prefix_hits, 10);
   EXPECT_EQ(tight.result.tokens, copied.result.tokens);
 }

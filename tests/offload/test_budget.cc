@@ -70,6 +70,12 @@ TEST(Budget, ReserveReleaseAndPeak) {
   b.reserve(10, "c");
   EXPECT_EQ(b.peak(), 100);
   EXPECT_THROW(b.reserve(-1, "negative"), std::invalid_argument);
+  // A placement tried and undone: the peak before it, but never below what is in use.
+  b.restore_peak(20);
+  EXPECT_EQ(b.peak(), 40);
+  b.release(30);
+  b.restore_peak(20);
+  EXPECT_EQ(b.peak(), 20);
 }
 
 TEST(Budget, OverBudgetMessageSaysWhatToDo) {
