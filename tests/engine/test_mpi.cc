@@ -450,6 +450,19 @@ std::string interleaved_prefix_prompts(std::int64_t& item_tokens) {
   return in;
 }
 
+// The job of interleaved_prefix_prompts (written to `dir`), 6 new tokens each, in `block`.
+std::string interleaved_prefix_job(const testing::TempDir& dir, const std::string& block, std::int64_t& item_tokens) {
+  testing::write_file(dir.file("in.jsonl"), interleaved_prefix_prompts(item_tokens));
+  return "--prompts " + dir.file("in.jsonl") + " --gen-len 6" + block;
+}
+
+// `job` as one process and in `form`, the same file; the form's --metrics.
+Json metrics_as_one_process(const std::string& job, const std::pair<int, std::string>& form,
+                            const testing::TempDir& dir) {
+  expect_same_output(job + " --metrics " + dir.file("m.json"), {form}, dir, kDealtRequests);
+  return Json::parse(testing::read_file(dir.file("m.json")));
+}
+
 // Data-parallel ranks deal requests sharing a prefix to the rank that took it: over two ranks
 // each prefix is computed about once, where dealing in the job's order gives each rank every
 // prefix (rank 1's first deal, requests 0-4, holds all four, and so do rank 0's next four),
@@ -459,10 +472,8 @@ std::string interleaved_prefix_prompts(std::int64_t& item_tokens) {
 TEST(Mpi, DataParallelDealsSharedPrefixesToOneRank) {
   testing::TempDir dir;
   std::int64_t item_tokens = 0;
-  testing::write_file(dir.file("in.jsonl"), interleaved_prefix_prompts(item_tokens));
-  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 6 --gpu-batch-size 2 --num-gpu-batches 2";
-  expect_same_output(job + " --metrics " + dir.file("m.json"), {{2, ""}}, dir, kDealtRequests);
-  const Json m = Json::parse(testing::read_file(dir.file("m.json")));  // the two ranks' run
+  const std::string job = interleaved_prefix_job(dir, " --gpu-batch-size 2 --num-gpu-batches 2", item_tokens);
+  const Json m = metrics_as_one_process(job, {2, ""}, dir);  // the two ranks' run
   ASSERT_EQ(m["mode"], "data_parallel");
   const std::int64_t computed = m["prompt_tokens_computed"].get<std::int64_t>();
   const std::int64_t in_order_least = item_tokens + 2 * kDealtPrefixes * (kDealtPrefixTokens - 1);
@@ -501,10 +512,8 @@ TEST(Mpi, DataParallelDealsSharedPrefixesToOneRank) {
 TEST(Mpi, PipelineSharesPrefixesAsOneProcess) {
   testing::TempDir dir;
   std::int64_t item_tokens = 0;
-  testing::write_file(dir.file("in.jsonl"), interleaved_prefix_prompts(item_tokens));
-  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 6 --gpu-batch-size 4 --num-gpu-batches 2";
-  expect_same_output(job + " --metrics " + dir.file("m.json"), {{2, " --pipeline 2"}}, dir, kDealtRequests);
-  const Json pipeline = Json::parse(testing::read_file(dir.file("m.json")));
+  const std::string job = interleaved_prefix_job(dir, " --gpu-batch-size 4 --num-gpu-batches 2", item_tokens);
+  const Json pipeline = metrics_as_one_process(job, {2, " --pipeline 2"}, dir);
   ASSERT_EQ(pipeline["mode"], "pipeline");
   EXPECT_EQ(pipeline["kv_held"]["prefixes"], 0);
   EXPECT_GT(pipeline["prefix_shared_tokens"].get<std::int64_t>(), 0);
