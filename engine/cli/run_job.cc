@@ -180,8 +180,10 @@ void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, st
     if (family >= 0) computed[static_cast<std::size_t>(family)] = true;
     totals.push_back(r.prompt + r.gen);
   }
-  const bool forks = o.share_prefill == 1 && std::ranges::any_of(requests, [](const serving::Request& r) { return r.choice > 0; });
-  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg) && !forks) w.held = engine::held_prefixes(f, totals);
+  const bool forks =
+      o.share_prefill == 1 && std::ranges::any_of(requests, [](const serving::Request& r) { return r.choice > 0; });
+  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg) && !forks)
+    w.held = engine::held_prefixes(f, totals);
 }
 
 }  // namespace
@@ -218,8 +220,9 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
 void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const serving::Request> requests,
                           const policy::HardwareProfile& hw) {
   const auto prompts = static_cast<std::int64_t>(requests.size());
-  s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw, job_workload(o, s.model.config, requests, s.gen_len),
-                                          s.policy, plan_options(o, s, prompts),
+  s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw,
+                                          job_workload(o, s.model.config, requests, s.gen_len), s.policy,
+                                          plan_options(o, s, prompts),
                                           s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
                                                    : "the default placement (--policy auto lets the planner fit the run)");
   // The tiers' budgets default to what was checked, so what the estimate missed is still a

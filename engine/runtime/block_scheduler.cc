@@ -139,8 +139,7 @@ void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
   place_pool(st);
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
-  const std::int64_t kv_row_bytes =
-      cfg_.n_kv_heads * st.capacity * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+  const std::int64_t kv_row_bytes = st.capacity * kv_token_bytes();
   const std::int64_t gbs = policy_.gpu_batch_size;
   // A prefill filling a pool row attends over it: the op scratch of the longer of the two rows.
   st.act_reserved = tiers_.budget(Tier::Gpu).reserve_scoped(
@@ -206,7 +205,6 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
   const std::int64_t gbs = policy_.gpu_batch_size;
   // With a KV policy the cache holds each (sequence, kv head)'s budget + 1 slots, not all tokens.
   const policy::KvPolicy* kv = req.kv ? req.kv : kv_policy_.get();
-  st.evicting = kv != nullptr;
   std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
   // Continuous batching: a slot holds whichever request comes, up to the longest.
   const std::int64_t longest = continuous ? continuous_capacity(req) : log.max_prompt() + req.max_new_tokens;
@@ -232,7 +230,7 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
   }
   // A KV row: one sequence's kv_heads x capacity slots.
   const std::int64_t kv_row = cfg_.n_kv_heads * st.capacity * cfg_.head_dim;
-  const std::int64_t kv_row_bytes = cfg_.n_kv_heads * st.capacity * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
+  const std::int64_t kv_row_bytes = st.capacity * kv_token_bytes();
   for (std::int64_t s0 = 0; s0 < B; s0 += gbs) {
     GpuBatch b;
     if (kv) b.eviction = std::move(evictions[static_cast<std::size_t>(s0 / gbs)]);
@@ -268,16 +266,16 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
 }
 
 bool BlockScheduler::can_hold_prefixes(const GenerationRequest& req) const {
-  if (req.slots <= 0 || !req.hold_prefixes || !be_.reads_shared_prefixes_once()) return false;
-  for (const std::int64_t l : units_.cache_layers)
-    if (cfg_.window(l) > 0) return false;
-  return true;
+  return req.slots > 0 && req.hold_prefixes && be_.reads_shared_prefixes_once() && holds_prefixes_once(cfg_);
+}
+
+std::int64_t BlockScheduler::kv_token_bytes() const {
+  return cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
 }
 
 void BlockScheduler::place_pool(BlockState& st) {
   if (st.pool.rows == 0) return;
-  const std::int64_t slot_bytes = cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
-  const std::int64_t bytes = st.pool.rows * st.pool.capacity * slot_bytes;
+  const std::int64_t bytes = st.pool.rows * st.pool.capacity * kv_token_bytes();
   st.pool_k.resize(static_cast<std::size_t>(cfg_.n_layers));
   st.pool_v.resize(static_cast<std::size_t>(cfg_.n_layers));
   for (const std::int64_t l : units_.cache_layers) {
@@ -289,15 +287,15 @@ void BlockScheduler::place_pool(BlockState& st) {
 
 // The pool (gpu) and the rows by the tiers they live on, against those rows sized for whole sequences.
 KvHeld BlockScheduler::held_bytes(const BlockState& st, const GenerationRequest& req) const {
-  const std::int64_t slot_bytes = cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
-  const std::int64_t kv = 2 * static_cast<std::int64_t>(units_.cache_layers.size()) * slot_bytes;
+  const std::int64_t kv = 2 * static_cast<std::int64_t>(units_.cache_layers.size()) * kv_token_bytes();
+  const std::int64_t whole = continuous_capacity(req);
   KvHeld held{.prefixes = st.pool.rows};
   held.bytes[static_cast<std::size_t>(Tier::Gpu)] = kv * st.pool.rows * st.pool.capacity;
   for (const GpuBatch& b : st.batches) {
     const offload::RowSplit& split = b.k[static_cast<std::size_t>(units_.cache_layers.front())]->split();
     for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
       held.bytes[static_cast<std::size_t>(t)] += kv * split.rows(t) * st.capacity;
-      held.bytes_without[static_cast<std::size_t>(t)] += kv * split.rows(t) * continuous_capacity(req);
+      held.bytes_without[static_cast<std::size_t>(t)] += kv * split.rows(t) * whole;
     }
   }
   return held;

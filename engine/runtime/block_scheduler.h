@@ -133,6 +133,8 @@ class BlockScheduler {
   // Whether the block's prefixes may be held once (StepPlanner::prefix_pool): continuous
   // batching, the backend reading shared prefixes apart, no sliding window.
   bool can_hold_prefixes(const GenerationRequest& req) const;
+  // The bytes of one token's K (or V) over the kv heads of one layer, in the cache dtype.
+  std::int64_t kv_token_bytes() const;
   // place() with `pool` (its rows on the gpu tier, whatever tiers the KV rows live on); false,
   // nothing placed, where that does not fit.
   bool place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool);

@@ -47,8 +47,9 @@ void for_each_run(std::span<const std::int64_t> links, std::int64_t lo, std::int
 }
 
 // The families of the sorted prompts [lo, hi), at least two, whose links are all worth
-// sharing, appended to `out`; returns the prompt tokens they save. Cutting at the weakest links leaves runs with longer prefixes: the cut is
-// taken where its runs save more than the whole run would.
+// sharing, appended to `out`; returns the prompt tokens they save. Cutting at the weakest links
+// leaves runs with longer prefixes: the cut is taken where its runs save more than the whole
+// run would.
 std::int64_t best_families(std::span<const std::int64_t> links, std::int64_t lo, std::int64_t hi,
                            std::vector<Family>& out) {
   const std::int64_t weakest = *std::min_element(links.begin() + lo, links.begin() + hi - 1);
