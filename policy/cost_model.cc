@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <queue>
@@ -115,10 +116,6 @@ std::int64_t Workload::sequence_capacity() const {
   return most;
 }
 
-bool Workload::holds_prefixes(std::int64_t slots) const {
-  return continuous && held.saves_memory(slots, sequence_capacity());
-}
-
 Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget) {
   Workload w;
   w.continuous = true;
@@ -152,27 +149,39 @@ Workload with_prefill_budget(Workload w, const HardwareProfile& hw, std::int64_t
 
 namespace {
 
-// The steps a continuous job takes, as StepScheduler::admit admits: at each step each GPU
-// batch in turn gives its free slots to the waiting requests in order, while their prompts fit
-// the prefill budget (the first newcomer of a batch always joins); a request holds its slot for
-// its max_tokens steps (its prefill gives the first token).
-std::int64_t continuous_steps(const Workload& w, std::int64_t slots, std::int64_t gpu_batch) {
+// A continuous job admitted as StepScheduler::admit admits: at each step each GPU batch in
+// turn gives its free slots to the waiting requests in order, while their prompts fit the
+// prefill budget (the first newcomer of a batch always joins); a request holds its slot for
+// its max_tokens steps (its prefill gives the first token). The steps the job takes, and the
+// most prefix families (RequestLength::family) its running requests hold at once.
+struct Admission {
+  std::int64_t steps = 0, families = 0;
+};
+
+Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu_batch) {
   gpu_batch = std::clamp<std::int64_t>(gpu_batch, 1, std::max<std::int64_t>(slots, 1));
-  using Heap = std::priority_queue<std::int64_t, std::vector<std::int64_t>, std::greater<>>;
+  using Busy = std::pair<std::int64_t, std::int64_t>;  // the step a slot frees at, its request's family
+  using Heap = std::priority_queue<Busy, std::vector<Busy>, std::greater<>>;
   struct Batch {
     std::int64_t free = 0;
-    Heap busy;  // the steps its busy slots free at
+    Heap busy;
   };
   std::vector<Batch> batches;
   for (std::int64_t s0 = 0; s0 < std::max<std::int64_t>(slots, 1); s0 += gpu_batch)
     batches.push_back({std::min(gpu_batch, slots - s0), {}});
+  std::map<std::int64_t, std::int64_t> running;  // per family: its requests running
   std::size_t next = 0;
-  std::int64_t t = 0, end = 0;
+  std::int64_t t = 0;
+  Admission a;
+  auto leave = [&](std::int64_t family) {
+    if (family >= 0 && --running[family] == 0) running.erase(family);
+  };
   while (next < w.requests.size()) {
     bool blocked = false;  // a batch has a free slot the budget kept empty
     std::int64_t soonest = std::numeric_limits<std::int64_t>::max();
+    for (Batch& b : batches)
+      for (; !b.busy.empty() && b.busy.top().first <= t; b.busy.pop(), ++b.free) leave(b.busy.top().second);
     for (Batch& b : batches) {
-      for (; !b.busy.empty() && b.busy.top() <= t; b.busy.pop()) ++b.free;
       std::int64_t admitted = 0;
       while (b.free > 0 && next < w.requests.size()) {
         const RequestLength& r = w.requests[next];
@@ -181,16 +190,18 @@ std::int64_t continuous_steps(const Workload& w, std::int64_t slots, std::int64_
         admitted += computed;
         --b.free;
         const std::int64_t at = t + std::max<std::int64_t>(r.gen, 1);
-        b.busy.push(at);
-        end = std::max(end, at);
+        b.busy.emplace(at, r.family);
+        if (r.family >= 0) ++running[r.family];
+        a.steps = std::max(a.steps, at);
         ++next;
       }
       blocked = blocked || b.free > 0;
-      if (!b.busy.empty()) soonest = std::min(soonest, b.busy.top());
+      if (!b.busy.empty()) soonest = std::min(soonest, b.busy.top().first);
     }
+    a.families = std::max(a.families, static_cast<std::int64_t>(running.size()));
     t = blocked ? t + 1 : soonest;
   }
-  return end;
+  return a;
 }
 
 }  // namespace
@@ -217,7 +228,7 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
     for (const RequestLength& r : w.requests)
       add(static_cast<double>(r.prompt), static_cast<double>(r.prompt - r.shared),
           static_cast<double>(std::max<std::int64_t>(r.gen, 1)));
-    s.steps = static_cast<double>(continuous_steps(w, slots, gpu_batch));
+    s.steps = static_cast<double>(admit_in_order(w, slots, gpu_batch).steps);
     slot_steps = s.steps * static_cast<double>(std::max<std::int64_t>(slots, 1));
   }
   s.busy = tokens / slot_steps;
@@ -226,6 +237,13 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
   s.kv_attended = attended / slot_steps;
   s.prompt_sq = squares / slot_steps;
   return s;
+}
+
+std::int64_t Workload::pool_rows(std::int64_t slots, std::int64_t gpu_batch) const {
+  if (!continuous || held.families == 0) return 0;
+  const std::int64_t rows =
+      requests.empty() ? std::min(held.families, slots) : admit_in_order(*this, slots, gpu_batch).families;
+  return held.saves_memory(rows, slots, sequence_capacity()) ? rows : 0;
 }
 
 namespace {
@@ -271,9 +289,9 @@ struct Block {
   std::int64_t expert_slots = 0;
   bool resident_embeddings = false;  // the tensors outside the layers wholly on the gpu, never staged
   SlotStep slot_step;  // continuous batching: the job's mean slot-step over the block's slots
-  // Prefixes held once (Workload::held): the pool on the gpu tier, read in place; the KV rows,
-  // wherever they live, sized for what follows a prefix.
-  bool held_prefixes = false;
+  // Prefixes held once (Workload::held) in pool_rows rows on the gpu tier, read in place; the
+  // KV rows, wherever they live, sized for what follows a prefix. 0: the rows copy prefixes.
+  std::int64_t pool_rows = 0;
 };
 
 Block block_of(const Policy& p, const Workload& w) {
@@ -281,7 +299,7 @@ Block block_of(const Policy& p, const Workload& w) {
           p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots,
           p.resident_embeddings};
   if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size);
-  b.held_prefixes = p.kv == "full" && w.holds_prefixes(p.block_size());
+  b.pool_rows = p.kv == "full" ? w.pool_rows(p.block_size(), p.gpu_batch_size) : 0;
   return b;
 }
 
@@ -383,8 +401,7 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
       evicting ? static_cast<double>(make_kv_policy(o.kv, m.layers)->make_state(1).bytes_per_slot()) : 0.0;
   const double scores = evicting ? blocks * layers * block * static_cast<double>(m.kv_heads) * kv_slots * slot_state : 0;
   const auto lin = linear_form;
-  const double pool = blk.held_prefixes ? blocks * kv_token * layers * static_cast<double>(w.held.families * w.held.prefix)
-                                        : 0.0;
+  const double pool = blocks * kv_token * layers * static_cast<double>(blk.pool_rows * w.held.prefix);
   t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
                        {"resident embeddings and head", lin(resident, {})},
                        {"KV cache", lin(0, {{CG, kv_all}})},
@@ -483,7 +500,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     d.kv_len = ss.decode_rows > 0 ? std::min(kvtok, ss.kv_attended / ss.decode_rows) : 0.0;
     d.kv_read = kvt * bls * ss.decode_rows * d.kv_len;
     // A held prefix is read from the pool in place on the gpu tier; the rows hold what follows it.
-    const double held = blk.held_prefixes ? std::min(w.held.mean_prefix, d.kv_len) : 0.0;
+    const double held = blk.pool_rows > 0 ? std::min(w.held.mean_prefix, d.kv_len) : 0.0;
     d.kv_moved = kvt * bls * ss.decode_rows * (d.kv_len - held);
     d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * ss.decode_rows * d.kv_len;
     d.attn_flops = 4 * bls * ss.decode_rows * d.kv_len * h1;
@@ -560,7 +577,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
 
   // Held prefixes: rows sized for what follows a prefix (the pool is a memory item of its own);
   // the decodes still attend over every token.
-  add_memory_items(t, m, z, hw, w, o, blk, blk.held_prefixes ? static_cast<double>(w.held.rest) : kvtok);
+  add_memory_items(t, m, z, hw, w, o, blk, blk.pool_rows > 0 ? static_cast<double>(w.held.rest) : kvtok);
   return t;
 }
 
@@ -810,6 +827,9 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
   bool any = false;
   const Workload w = with_prefill_budget(job, hw, gbs);
   const SlotStep step = w.continuous ? slot_step(w, gbs * k, gbs) : SlotStep{};
+  std::vector<std::int64_t> pool_variants{0};  // copied prefixes, then a pool where the engine would hold one
+  if (const std::int64_t rows = o.kv.name == "full" ? w.pool_rows(gbs * k, gbs) : 0; rows > 0)
+    pool_variants.push_back(rows);
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
     for (bool weights_on_gpu : {true, false}) {
@@ -821,9 +841,8 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
           blk.slot_step = step;
           // Each placement with prefixes copied into the rows, and where the engine would hold
           // them once: the rows sized for what follows a prefix, the pool on the gpu tier.
-          for (const bool held : {false, true}) {
-            if (held && (o.kv.name != "full" || !w.holds_prefixes(gbs * k))) continue;
-            blk.held_prefixes = held;
+          for (const std::int64_t rows : pool_variants) {
+            blk.pool_rows = rows;
             if (auto e = solve_variant(m, hw, w, o, blk)) {
               ranking.add(std::move(*e));
               any = true;

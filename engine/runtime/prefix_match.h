@@ -46,9 +46,14 @@ struct PrefixFamilies {
 PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> prompts, std::int64_t min_tokens);
 
 // The pool that holds `families` once for sequences of total_tokens[b] tokens each (prompt and
-// new tokens): a row per family of the longest family prefix, and the most tokens a sequence
-// holds after its family's prefix.
+// new tokens): rows of the longest family prefix, and the most tokens a sequence holds after
+// its family's prefix.
 policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const std::int64_t> total_tokens);
+
+// The job's requests (requests[b]: prompt b's) as the planner counts them under `families`:
+// each in its family (RequestLength::family), and each but a family's first taking its prefix
+// (RequestLength::shared).
+void add_families(const PrefixFamilies& families, std::span<policy::RequestLength> requests);
 
 // Whether a model's prefixes can be held once: no layer under a sliding window (a row that
 // starts after a held prefix is read whole, by positions).

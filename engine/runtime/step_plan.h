@@ -36,17 +36,18 @@ struct SlotStep {
   std::int64_t prefix_group = -1, prefix_len = 0;
   // A prefix held once (StepPlanner::hold_prefixes): the pool row holding the first `base`
   // tokens of its sequence, its own row holding the tokens from `base` on; -1: its row holds
-  // all. A Prefill with a pool row writes its first `base` tokens there (the row's first use);
-  // Extend and Decode read them from there (prefix_len = base).
+  // all. A Prefill with a pool row writes its first `base` tokens there (filling the row for
+  // its family); Extend and Decode read them from there (prefix_len = base).
   std::int64_t pool_row = -1, base = 0;
   bool operator==(const SlotStep&) const = default;
 };
 
-// Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): `rows` pool rows of
-// `capacity` KV slots beside the slots' rows, which then hold at most row_capacity slots each
-// (a sequence's tokens after its held prefix). rows == 0: none, every row holds its sequence.
+// Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): the job's `families`
+// prefixes in `rows` pool rows of `capacity` KV slots beside the slots' rows, which then hold at
+// most row_capacity slots each (a sequence's tokens after its held prefix). rows == 0: none,
+// every row holds its sequence.
 struct PrefixPool {
-  std::int64_t rows = 0, capacity = 0, row_capacity = 0;
+  std::int64_t families = 0, rows = 0, capacity = 0, row_capacity = 0;
 };
 
 // The first `tokens` KV slots of cache row `from` copied into row `to`.

@@ -44,6 +44,7 @@ void BlockScheduler::next_steps(BlockState& st) {
     const auto seq = static_cast<std::size_t>(s.seq);
     if (s.fork_of >= 0) log.share_prefill(seq);
     if (s.kind == SeqStep::Extend) log.share_prefix(seq, s.cached);
+    if (s.kind == SeqStep::Prefill && s.pool_row >= 0) ++kv_held_.fills;
     // A newcomer's KV policy starts over in its slot.
     if (st.continuous && s.kind == SeqStep::Prefill)
       for (auto& e : st.batches[slot / gbs].eviction)

@@ -163,6 +163,8 @@ std::string kv_copies_text(const engine::KvCopies& c) {
 
 nlohmann::json kv_held_json(const engine::KvHeld& h) {
   return {{"prefixes", h.prefixes},
+          {"rows", h.rows},
+          {"fills", h.fills},
           {"bytes", h.total()},
           {"bytes_without", h.total_without()},
           {"pool_tier", "gpu"},
@@ -170,16 +172,20 @@ nlohmann::json kv_held_json(const engine::KvHeld& h) {
 }
 
 engine::KvHeld kv_held_from_json(const nlohmann::json& j) {
-  engine::KvHeld h{.prefixes = j.at("prefixes").get<std::int64_t>()};
+  engine::KvHeld h{.prefixes = j.at("prefixes").get<std::int64_t>(),
+                   .rows = j.at("rows").get<std::int64_t>(),
+                   .fills = j.at("fills").get<std::int64_t>()};
   pair_by_tier_from_json(j.at("by_tier"), "bytes", h.bytes, "bytes_without", h.bytes_without);
   return h;
 }
 
-// "KV held once: N prefixes in a pool (gpu); KV cache X instead of Y (gpu A instead of B | cpu ...)".
+// "KV held once: F prefixes in R pool rows (gpu), N fills; KV cache X instead of Y (gpu A instead of B | cpu ...)".
 std::string kv_held_text(const engine::KvHeld& h) {
   if (h.prefixes == 0) return "";
-  return fmt::format("KV held once: {} prefix{} in a pool (gpu); KV cache {} instead of {} ({})\n", h.prefixes,
-                     h.prefixes == 1 ? "" : "es", format_bytes(h.total()), format_bytes(h.total_without()),
+  auto count = [](std::int64_t n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); };
+  return fmt::format("KV held once: {} in {} (gpu), {}; KV cache {} instead of {} ({})\n",
+                     count(h.prefixes, "prefix", "prefixes"), count(h.rows, "pool row", "pool rows"),
+                     count(h.fills, "fill", "fills"), format_bytes(h.total()), format_bytes(h.total_without()),
                      pair_by_tier_text(h.bytes, h.bytes_without, "{} {} instead of {}"));
 }
 

@@ -59,8 +59,8 @@ StepPlan StepScheduler::next_step() {
   const bool first = !planned_;
   if (planned_) plan.forks = take_forks();
   planned_ = true;
-  for (RowState& row : pool_)  // the last step's prefills filled them
-    if (row == RowState::Filling) row = RowState::Filled;
+  for (PoolRow& row : pool_)  // the last step's prefills filled them
+    if (row.state == RowState::Filling) row.state = RowState::Filled;
   std::vector<bool> newcomer(slots(), first && !continuous_);
   if (continuous_) {
     if (waiting_ < req_.sequences.size() && feed_.stop_admitting())
@@ -264,8 +264,7 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
     if (run > left) break;
     newcomer[f] = true;
     prefilled[k] += len;
-    if (start == PoolStart::Fills)
-      pool_[static_cast<std::size_t>(pool_row_of(waiting_))] = RowState::Filling;
+    if (holding_) take_pool_row(waiting_, start);
     take(f, -1);
     if (match.tokens > 0) {  // copied before the step computes (none when its own row holds it)
       prefix_[f] = held_[f] = match.tokens;
@@ -286,38 +285,73 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
 engine::PrefixPool StepScheduler::prefix_pool() {
   if (!sharing_ || std::ranges::any_of(req_.sequences, &engine::Sequence::shares_prompt)) return {};
   std::vector<std::span<const std::int32_t>> prompts;
+  std::vector<policy::RequestLength> lengths;
   std::vector<std::int64_t> totals;
   for (std::size_t b = 0; b < req_.sequences.size(); ++b) {
+    const auto prompt = static_cast<std::int64_t>(req_.sequences[b].prompt.size());
     prompts.emplace_back(req_.sequences[b].prompt);
     totals.push_back(engine::sequence_tokens(req_, b));
+    lengths.push_back({prompt, totals.back() - prompt});
   }
   engine::PrefixFamilies families = engine::prefix_families(prompts, req_.min_shared_prefix);
-  const policy::HeldPrefixes held = engine::held_prefixes(families, totals);
-  if (!held.saves_memory(static_cast<std::int64_t>(slots()), *std::ranges::max_element(totals))) return {};
+  policy::Workload w = policy::continuous_workload(std::move(lengths), req_.prefill_budget);
+  engine::add_families(families, w.requests);
+  w.held = engine::held_prefixes(families, totals);
+  const std::int64_t rows = w.pool_rows(static_cast<std::int64_t>(slots()), static_cast<std::int64_t>(gpu_batch_size_));
+  if (rows == 0) return {};
   families_ = std::move(families);
-  return {.rows = held.families, .capacity = held.prefix, .row_capacity = held.rest};
+  pool_rows_ = rows;
+  return {.families = w.held.families, .rows = rows, .capacity = w.held.prefix, .row_capacity = w.held.rest};
 }
 
 void StepScheduler::hold_prefixes() {
-  if (families_.prefix.empty()) throw std::logic_error("hold_prefixes without a pool (prefix_pool)");
+  if (pool_rows_ == 0) throw std::logic_error("hold_prefixes without a pool (prefix_pool)");
   holding_ = true;
-  pool_.assign(families_.prefix.size(), RowState::Empty);
+  pool_.assign(static_cast<std::size_t>(pool_rows_), PoolRow{});
+  family_row_.assign(families_.prefix.size(), -1);
 }
 
 StepScheduler::PoolStart StepScheduler::pool_start(std::size_t seq) const {
-  const std::int64_t row = pool_row_of(seq);
-  if (row < 0) return PoolStart::Alone;
-  switch (pool_[static_cast<std::size_t>(row)]) {
-    case RowState::Empty: return PoolStart::Fills;
-    case RowState::Filling: return PoolStart::Waits;
-    case RowState::Filled: return PoolStart::Extends;
+  const std::int64_t family = families_.family_of[seq];
+  if (family < 0) return PoolStart::Alone;
+  const std::int64_t row = family_row_[static_cast<std::size_t>(family)];
+  if (row < 0) return free_pool_row() >= 0 ? PoolStart::Fills : PoolStart::Waits;
+  return pool_[static_cast<std::size_t>(row)].state == RowState::Filled ? PoolStart::Extends : PoolStart::Waits;
+}
+
+std::int64_t StepScheduler::free_pool_row() const {
+  std::vector<bool> read(pool_.size(), false);
+  for (const std::int64_t seq : slot_seq_)
+    if (const std::int64_t row = seq < 0 ? -1 : pool_row_of(static_cast<std::size_t>(seq)); row >= 0)
+      read[static_cast<std::size_t>(row)] = true;
+  std::int64_t best = -1;
+  for (std::size_t r = 0; r < pool_.size(); ++r)
+    if (!read[r] && (best < 0 || pool_[r].taken < pool_[static_cast<std::size_t>(best)].taken))
+      best = static_cast<std::int64_t>(r);
+  return best;
+}
+
+void StepScheduler::take_pool_row(std::size_t seq, PoolStart start) {
+  if (start == PoolStart::Alone) return;
+  const std::int64_t family = families_.family_of[seq];
+  if (start == PoolStart::Fills) {
+    const std::int64_t row = free_pool_row();
+    PoolRow& r = pool_[static_cast<std::size_t>(row)];
+    if (r.family >= 0) family_row_[static_cast<std::size_t>(r.family)] = -1;  // it refills when it comes back
+    r = {.family = family, .state = RowState::Filling};
+    family_row_[static_cast<std::size_t>(family)] = row;
   }
-  return PoolStart::Waits;
+  pool_[static_cast<std::size_t>(pool_row_of(seq))].taken = ++takes_;
+}
+
+std::int64_t StepScheduler::pool_row_of(std::size_t seq) const {
+  const std::int64_t family = families_.family_of[seq];
+  return family < 0 ? -1 : family_row_[static_cast<std::size_t>(family)];
 }
 
 std::int64_t StepScheduler::held_tokens(std::size_t seq) const {
-  const std::int64_t row = pool_row_of(seq);
-  return row < 0 ? 0 : families_.prefix[static_cast<std::size_t>(row)];
+  const std::int64_t family = families_.family_of[seq];
+  return family < 0 ? 0 : families_.prefix[static_cast<std::size_t>(family)];
 }
 
 std::vector<std::span<const std::int32_t>> StepScheduler::held_rows() const {

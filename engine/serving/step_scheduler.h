@@ -7,7 +7,8 @@
 // Continuous batching (req.slots > 0): free slots take the waiting sequences in order; each
 // newcomer prefills its prompt, or only the rest of it after the longest prefix a cache row of
 // the block holds, copied into its row first, or after its prefix family's row of a pool of
-// prefixes held once (hold_prefixes; docs/prefix-sharing.md); a run of sequences
+// prefixes held once (hold_prefixes; docs/prefix-sharing.md: a family holds a row while its
+// requests run); a run of sequences
 // sharing one prefill (Sequence::shares_prompt, engine/runtime/prefill_fork.h) takes a slot
 // for each, the others idling as forks of the first for that step and copying its row after
 // it. A fixed block (req.slots == 0): every prompt prefills at step 0 (forks idle) and all
@@ -39,9 +40,11 @@ class StepScheduler final : public engine::StepPlanner {
   void record_all(std::span<const std::int32_t> next) override;
   const std::vector<std::int32_t>& tokens(std::size_t slot) const override { return tokens_[slot]; }
   // With shared prefixes (and no prompt sharing its prefill): the job's prefix families
-  // (prefix_families) each held in a pool row of its own, when that takes less memory than
-  // every row holding its whole sequence; once held, a family's first newcomer prefills its
-  // prefix into the row, the others extend after it.
+  // (prefix_families) held in pool rows, as many as the most families the running requests
+  // hold at once (policy::Workload::pool_rows), when that takes less memory than every row
+  // holding its whole sequence. Once held, a family's newcomer finding no row of its family
+  // takes a free one (none of the running requests reads it; the least recently taken) and
+  // prefills its prefix into it; the family's others extend after it while it stays theirs.
   engine::PrefixPool prefix_pool() override;
   void hold_prefixes() override;
 
@@ -67,12 +70,17 @@ class StepScheduler final : public engine::StepPlanner {
   // The groups of slots of each GPU batch that read one shared prefix (SlotStep::prefix_group).
   void group_prefixes(engine::StepPlan& plan) const;
   // Prefixes held once: how sequence `seq` starts. In no family it prefills into its own row;
-  // its family's first prefills into the family's pool row (Fills) and the others extend after
-  // it (Extends), but wait for the next step while a newcomer of this step fills it (Waits).
+  // where its family holds no pool row it takes a free one and prefills its prefix into it
+  // (Fills), where its family's row is filled it extends after it (Extends); it waits while a
+  // newcomer of this step fills its family's row, or while no row is free (Waits).
   enum class PoolStart : std::uint8_t { Alone, Fills, Extends, Waits };
   PoolStart pool_start(std::size_t seq) const;
-  // Sequence seq's pool row (its family: family f in row f; -1: none) and the tokens it holds.
-  std::int64_t pool_row_of(std::size_t seq) const { return families_.family_of[seq]; }
+  // The pool row no running request reads that was taken least recently (-1: none).
+  std::int64_t free_pool_row() const;
+  // Sequence seq takes its family's pool row (Fills: a free one, now its family's).
+  void take_pool_row(std::size_t seq, PoolStart start);
+  // Sequence seq's pool row (-1: none) and the tokens of its prefix held there.
+  std::int64_t pool_row_of(std::size_t seq) const;
   std::int64_t held_tokens(std::size_t seq) const;
 
   const engine::GenerationRequest& req_;
@@ -99,12 +107,21 @@ class StepScheduler final : public engine::StepPlanner {
   };
   std::vector<std::vector<KvRun>> kv_runs_;
   std::int64_t next_origin_ = 0;
-  // Prefixes held once: the job's families (family f in pool row f), and whether each row is
-  // being filled (by this step) or filled.
+  // Prefixes held once: the job's families, each one's pool row (-1: none), and per row the
+  // family it holds, whether it is being filled (by this step) or filled, and the last time a
+  // newcomer took it (a count of takes).
   bool holding_ = false;
   engine::PrefixFamilies families_;
+  std::int64_t pool_rows_ = 0;
+  std::vector<std::int64_t> family_row_;
   enum class RowState : std::uint8_t { Empty, Filling, Filled };
-  std::vector<RowState> pool_;
+  struct PoolRow {
+    std::int64_t family = -1;
+    RowState state = RowState::Empty;
+    std::int64_t taken = 0;
+  };
+  std::vector<PoolRow> pool_;
+  std::int64_t takes_ = 0;
 };
 
 // The executor's PlannerFactory: a StepScheduler for each block.

@@ -692,7 +692,7 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
     EXPECT_GT(metrics["copy"].at("kv_copy_bytes").at("prefixes").at("total").get<std::int64_t>(), 0);
     const nlohmann::json& held = on.at("kv_held");
     EXPECT_LT(held.at("bytes").get<std::int64_t>(), held.at("bytes_without").get<std::int64_t>());
-    EXPECT_THAT(metrics_text["on"], HasSubstr("KV held once: 1 prefix in a pool (gpu)"));
+    EXPECT_THAT(metrics_text["on"], HasSubstr("KV held once: 1 prefix in 1 pool row (gpu), 1 fill; "));
     if (!flags.empty()) {
       EXPECT_GT(held.at("by_tier").at("disk").at("bytes").get<std::int64_t>(), 0);
     }

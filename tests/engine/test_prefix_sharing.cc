@@ -120,7 +120,7 @@ class SharedPrefixReads final : public testing::ForwardingBackend {
 // `held_reads`: those whose own row starts after a held prefix.
 GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
                                const GenerationRequest& req, std::int64_t* shared_reads = nullptr,
-                               std::int64_t* held_reads = nullptr) {
+                               std::int64_t* held_reads = nullptr, engine::KvHeld* kv_held = nullptr) {
   SharedPrefixReads be;
   testing::TempDir dir;
   offload::TierOptions to;
@@ -130,6 +130,7 @@ GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::Wei
   {
     engine::BlockScheduler sched(be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
     r = serving::generate(sched, req);
+    if (kv_held) *kv_held = sched.kv_held();
   }
   if (shared_reads) *shared_reads = be.queries;
   if (held_reads) *held_reads = be.held;
@@ -318,11 +319,11 @@ GenerationRequest held_request(std::int64_t vocab, std::uint64_t seed) {
 
 // Prefixes held once in a pool (GenerationRequest::hold_prefixes): every request's
 // tokens are its solo run's, rows after a held prefix were read (none when the prefix is
-// copied instead), and the greedy tokens are those of the run without sharing.
-void expect_held_prefixes_change_no_token(const engine::ModelConfig& cfg, const engine::WeightSource& src,
-                                          Placement s, std::uint64_t seed) {
+// copied instead), and the greedy tokens are those of the run without sharing. Returns what
+// the run held once.
+engine::KvHeld expect_held_prefixes_change_no_token(const engine::ModelConfig& cfg, const engine::WeightSource& src,
+                                                    Placement s, GenerationRequest req) {
   SCOPED_TRACE(s.name);
-  GenerationRequest req = held_request(cfg.vocab_size, seed);
   req.slots = s.policy.block_size();
   req.prefill_budget = 24;
   auto be = kernels::make_cpu_backend();
@@ -340,9 +341,16 @@ void expect_held_prefixes_change_no_token(const engine::ModelConfig& cfg, const 
       EXPECT_EQ(held_reads, 0);
   }
   req.hold_prefixes = true;
-  const GenerationResult held = run_scheduler(cfg, src, s, req);
+  engine::KvHeld kv_held;
+  const GenerationResult held = run_scheduler(cfg, src, s, req, nullptr, nullptr, &kv_held);
   req.share_prefixes = false;
   EXPECT_EQ(held.tokens, run_scheduler(cfg, src, s, req).tokens);
+  return kv_held;
+}
+
+engine::KvHeld expect_held_prefixes_change_no_token(const engine::ModelConfig& cfg, const engine::WeightSource& src,
+                                                    const Placement& s, std::uint64_t seed) {
+  return expect_held_prefixes_change_no_token(cfg, src, s, held_request(cfg.vocab_size, seed));
 }
 
 Placement in_memory_two_batches() {
@@ -350,6 +358,51 @@ Placement in_memory_two_batches() {
   s.policy.num_gpu_batches = 2;
   s.name += ", two GPU batches";
   return s;
+}
+
+// Per-document questions: 10 documents (prefixes of 20 to 40 tokens) of 3 questions each
+// (items of 1 to 12 tokens, 1 to 9 new tokens), a document's questions one after another, then
+// a last question on documents 0 and 4 (whose rows other documents took by then).
+GenerationRequest per_document_request(std::int64_t vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  GenerationRequest req;
+  std::vector<Tokens> documents;
+  auto ask = [&](const Tokens& document) {
+    req.sequences.push_back({.prompt = join(document, random_tokens(rng, 1 + rng() % 12, vocab)),
+                             .max_new_tokens = 1 + static_cast<std::int64_t>(rng() % 9)});
+  };
+  for (int d = 0; d < 10; ++d) {
+    documents.push_back(random_tokens(rng, 20 + rng() % 21, vocab));
+    for (int q = 0; q < 3; ++q) ask(documents.back());
+  }
+  ask(documents[0]);
+  ask(documents[4]);
+  req.max_new_tokens = 9;
+  req.min_shared_prefix = 4;
+  return req;
+}
+
+// More families than the block's running requests hold at once: the pool has fewer rows than
+// families, a family takes a free row when its first request in a while comes (filling it again
+// where the row went to another family), and nothing changes a token.
+TEST(PrefixSharing, HeldPrefixesTakeTurnsInFewerRows) {
+  auto m = engine::open_model({});
+  Placement disk = placements()[2];
+  disk.policy.compress_cache = true;
+  disk.name += " q8";
+  std::uint64_t seed = 5300;
+  for (const Placement& s : {in_memory_two_batches(), disk}) {
+    const engine::KvHeld held =
+        expect_held_prefixes_change_no_token(m.config, *m.weights, s, per_document_request(m.config.vocab_size, seed++));
+    EXPECT_EQ(held.prefixes, 10) << s.name;
+    EXPECT_LT(held.rows, held.prefixes) << s.name;
+    EXPECT_GT(held.fills, held.prefixes) << s.name;  // documents 0 and 4 filled again
+  }
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 53);
+  const engine::KvHeld held =
+      expect_held_prefixes_change_no_token(cfg, src, placements()[1], per_document_request(cfg.vocab_size, seed));
+  EXPECT_LT(held.rows, held.prefixes);
 }
 
 TEST(PrefixSharing, HeldPrefixesStories260k) {

@@ -635,11 +635,11 @@ TEST(ContinuousPlan, SharedPrefixesComputeOnlyTheRest) {
 // only with the prefix held once.
 TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   const ModelShape m = opt("opt-125m", 12, 768);
-  Workload w = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990}), 512);
+  Workload w = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990, 0}), 512);
   w.requests.front().shared = 0;  // the family's first computes the prefix
   w.held = {.families = 1, .prefix = 990, .rest = 74};
-  EXPECT_TRUE(w.holds_prefixes(8));
-  EXPECT_FALSE(w.holds_prefixes(1));
+  EXPECT_EQ(w.pool_rows(8, 8), 1);
+  EXPECT_EQ(w.pool_rows(1, 1), 0);
   Policy p;
   p.gpu_batch_size = 8;
   const ModelSizes z = model_sizes(with_compression(m, p));
@@ -682,6 +682,28 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   EXPECT_TRUE(kv_on_gpu_blocks_of_8(w).empty());
 }
 
+// The pool rows are the most families the running requests hold at once, as the engine admits
+// them (2 slots: R0 and R1 of family 0 at step 0, R1 leaves at 1 for R2 of family 1, R0 and
+// R2 leave at 3 for R3 of family 1 and R4 of family 2: at most 2 families; one slot: one at a
+// time), where those rows save memory (rows of 40 and 2 x 10 < 2 x 53); at the means, as many
+// as the families or the slots.
+TEST(ContinuousPlan, PoolRowsAreTheFamiliesRunningAtOnce) {
+  Workload w = continuous_workload({{50, 3, 0, 0}, {50, 1, 40, 0}, {50, 2, 0, 1}, {50, 2, 40, 1}, {50, 2, 0, 2}}, 512);
+  w.held = {.families = 3, .prefix = 40, .rest = 10};
+  EXPECT_EQ(slot_step(w, 2, 2).steps, 5);
+  EXPECT_EQ(w.pool_rows(2, 2), 2);
+  EXPECT_EQ(w.pool_rows(1, 1), 1);
+  w.held.rest = 13;  // 2 x 40 + 2 x 13 is no less than 2 x 53
+  EXPECT_EQ(w.pool_rows(2, 2), 0);
+  Workload means{50, 3};
+  means.continuous = true;
+  means.held = {.families = 3, .prefix = 40, .rest = 10};
+  EXPECT_EQ(means.pool_rows(8, 8), 3);
+  EXPECT_EQ(means.pool_rows(2, 2), 2);
+  means.continuous = false;
+  EXPECT_EQ(means.pool_rows(8, 8), 0);
+}
+
 // Steady state behind a shared prefix: a newcomer computes the rest of its prompt (c = p - s
 // rows, attention c (2p - c)); its decodes attend over the whole context.
 TEST(ContinuousPlan, SteadyStateSharedPrefixComputesOnlyTheRest) {
@@ -701,7 +723,7 @@ TEST(ContinuousPlan, SteadyStateSharedPrefixComputesOnlyTheRest) {
 // compute), less the mean prefix a request holds in the pool, which is read in place.
 TEST(ContinuousPlan, HeldPrefixesMoveOnlyWhatFollowsThem) {
   const ModelShape m = opt("opt-125m", 12, 768);
-  Workload w = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990}), 512);
+  Workload w = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990, 0}), 512);
   w.requests.front().shared = 0;
   w.held = {.families = 1, .prefix = 990, .rest = 74, .mean_prefix = 990};
   Policy p;

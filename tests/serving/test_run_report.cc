@@ -45,6 +45,8 @@ RunPart stage(int rank, double wall, double wait) {
   p.kv_copies.forks.written = {0, 0, 16 * rank};
   // The pool and some rows on gpu, the other rows on cpu.
   p.kv_held = {.prefixes = rank + 1,
+               .rows = rank + 1,
+               .fills = 2 * (rank + 1),
                .bytes = {1024 * (rank + 1), 512 * (rank + 1), 0},
                .bytes_without = {2048 * (rank + 1), 1024 * (rank + 1), 0}};
   return p;
@@ -72,6 +74,8 @@ TEST(RunReport, PartRoundTripsThroughJson) {
   EXPECT_EQ(q.kv_copies.forks.read, p.kv_copies.forks.read);
   EXPECT_EQ(q.kv_copies.forks.written, p.kv_copies.forks.written);
   EXPECT_EQ(q.kv_held.prefixes, 2);
+  EXPECT_EQ(q.kv_held.rows, 2);
+  EXPECT_EQ(q.kv_held.fills, 4);
   EXPECT_EQ(q.kv_held.bytes, p.kv_held.bytes);
   EXPECT_EQ(q.kv_held.bytes_without, p.kv_held.bytes_without);
   // As --metrics has it: no trace, no policy text.
@@ -125,7 +129,8 @@ TEST(RunReport, DataParallelTotalsItsRanks) {
   EXPECT_EQ(j["kv_held"]["bytes"], 1024 + 512);  // the idle rank held none
   EXPECT_EQ(j["kv_held"]["by_tier"]["cpu"]["bytes_without"], 1024);
   EXPECT_THAT(r.text(), HasSubstr("data parallel over 2 ranks: 4 prompts"));
-  EXPECT_THAT(r.text(), HasSubstr("KV held once: 1 prefix in a pool (gpu); KV cache 1.50 KiB instead of 3.00 KiB "
+  EXPECT_EQ(j["kv_held"]["fills"], 2);
+  EXPECT_THAT(r.text(), HasSubstr("KV held once: 1 prefix in 1 pool row (gpu), 2 fills; KV cache 1.50 KiB instead of 3.00 KiB "
                                   "(gpu 1.00 KiB instead of 2.00 KiB | cpu 512 B instead of 1.00 KiB)\n"));
 }
 

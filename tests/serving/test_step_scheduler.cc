@@ -358,12 +358,12 @@ TEST(StepScheduler, HeldPrefixes) {
                                  shares(held(extend(6, 40), 0, 40), 2, 40)}));
 }
 
-// No pool where it would not save memory (as many families as slots), nor with prefix sharing
-// off or prompts sharing their prefill.
+// No pool where it would not save memory (as many families running at once as slots: A and B
+// in turn in 2 slots), nor with prefix sharing off or prompts sharing their prefill.
 TEST(StepScheduler, HeldPrefixesOnlyWhereTheySaveMemory) {
   const Tokens a = run_of(1, 40), b = run_of(500, 30);
   GenerationRequest req;
-  req.sequences = sequences_of({join(a, {100}), join(a, {101}), join(b, {200}), join(b, {201})});
+  req.sequences = sequences_of({join(a, {100}), join(b, {200}), join(a, {101}), join(b, {201})});
   req.max_new_tokens = 4;
   req.slots = 2;
   EXPECT_EQ(StepScheduler(req, 2, true).prefix_pool().rows, 0);
@@ -373,6 +373,48 @@ TEST(StepScheduler, HeldPrefixesOnlyWhereTheySaveMemory) {
   req.sequences[1].shares_prompt = true;
   req.sequences[1].prompt = req.sequences[0].prompt;
   EXPECT_EQ(StepScheduler(req, 3, true).prefix_pool().rows, 0);
+}
+
+// Families A, B, C (40 tokens each) two requests each, one family after another, then A again;
+// 2 new tokens each, 2 slots. Admitted as the planner admits (policy::Workload::pool_rows: each
+// request for its 2 steps), one family runs at a time: one pool row, of 40 slots beside rows
+// of 3 (46 slots against 86). A family finding no row of its own takes the free one (none of
+// the running requests reads it) and fills it, A twice; it waits while the row is read by
+// another family's request (step 2: A's second request still decodes, its extend having
+// waited for the fill; step 6).
+TEST(StepScheduler, HeldPrefixesTakeTurnsInThePoolRows) {
+  const Tokens a = run_of(1, 40), b = run_of(500, 40), c = run_of(800, 40);
+  GenerationRequest req;
+  req.sequences = sequences_of({join(a, {100}), join(a, {101}), join(b, {200}), join(b, {201}), join(c, {300}),
+                                join(c, {301}), join(a, {102})});
+  req.max_new_tokens = 2;
+  req.slots = 2;
+  StepScheduler s(req, 2, true);
+  const PrefixPool pool = s.prefix_pool();
+  EXPECT_EQ(pool.families, 3);
+  EXPECT_EQ(pool.rows, 1);
+  EXPECT_EQ(pool.capacity, 40);
+  EXPECT_EQ(pool.row_capacity, 3);
+  s.hold_prefixes();
+  EXPECT_EQ(s.next_step(), plan({held(prefill(0), 0, 40), idle()}));
+  s.record(0, 50, false);
+  EXPECT_EQ(s.next_step(),
+            plan({shares(held(decode(0, 41), 0, 40), 0, 40), shares(held(extend(1, 40), 0, 40), 0, 40)}));
+  s.record(0, 51, true);
+  s.record(1, 52, false);
+  EXPECT_EQ(s.next_step(), plan({idle(), shares(held(decode(1, 41), 0, 40), 1, 40)}));
+  s.record(1, 53, true);
+  EXPECT_EQ(s.next_step(), plan({held(prefill(2), 0, 40), idle()}));
+  s.record(0, 54, false);
+  EXPECT_EQ(s.next_step(),
+            plan({shares(held(decode(2, 41), 0, 40), 0, 40), shares(held(extend(3, 40), 0, 40), 0, 40)}));
+  s.record(0, 55, true);
+  s.record(1, 56, true);
+  EXPECT_EQ(s.next_step(), plan({held(prefill(4), 0, 40), idle()}));
+  s.record(0, 57, true);  // ends with its first token: the row is C's, read by none
+  EXPECT_EQ(s.next_step(), plan({shares(held(extend(5, 40), 0, 40), 0, 40), idle()}));
+  s.record(0, 58, true);
+  EXPECT_EQ(s.next_step(), plan({held(prefill(6), 0, 40), idle()}));  // A fills it again
 }
 
 // A pool the executor did not place (prefix_pool without hold_prefixes): the plans copy
