@@ -48,6 +48,7 @@ struct SlotStep {
 // every row holds its sequence.
 struct PrefixPool {
   std::int64_t families = 0, rows = 0, capacity = 0, row_capacity = 0;
+  bool operator==(const PrefixPool&) const = default;
 };
 
 // The first `tokens` KV slots of cache row `from` copied into row `to`.

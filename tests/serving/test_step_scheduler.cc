@@ -61,6 +61,13 @@ SlotStep held(SlotStep s, std::int64_t row, std::int64_t base) {
   return s;
 }
 
+// The pool `s` proposes (prefix_pool), then held (hold_prefixes).
+PrefixPool hold(StepScheduler& s) {
+  const PrefixPool pool = s.prefix_pool();
+  s.hold_prefixes();
+  return pool;
+}
+
 StepPlan plan(std::vector<SlotStep> slots, std::vector<RowCopy> forks = {}, std::vector<RowCopy> prefixes = {},
               std::vector<std::size_t> dropped = {}) {
   return {std::move(forks), std::move(prefixes), std::move(dropped), std::move(slots)};
@@ -327,8 +334,8 @@ TEST(StepScheduler, SharedPrefixesOff) {
 }
 
 // Prefixes held once (hold_prefixes): families A (40 tokens: prompts 0, 1, 3, 6) and B (30:
-// prompts 2, 4), prompt 5 in none; 4 new tokens each. Family f in pool row f (A sorts first);
-// rows hold at most 9 slots (prompt 5: 5 + 4), against 47 without a pool. A family's first
+// prompts 2, 4), prompt 5 in none; 4 new tokens each. A takes pool row 0 (its request comes
+// first), B row 1; rows hold at most 9 slots (prompt 5: 5 + 4), against 47 without a pool. A family's first
 // newcomer prefills its prefix into its row, and the others of that step wait for it; then each
 // extends after the row's tokens. The slots of a GPU batch reading one row are a group.
 TEST(StepScheduler, HeldPrefixes) {
@@ -339,11 +346,7 @@ TEST(StepScheduler, HeldPrefixes) {
   req.max_new_tokens = 4;
   req.slots = 3;
   StepScheduler s(req, 3, true);
-  const PrefixPool pool = s.prefix_pool();
-  EXPECT_EQ(pool.rows, 2);
-  EXPECT_EQ(pool.capacity, 40);
-  EXPECT_EQ(pool.row_capacity, 9);
-  s.hold_prefixes();
+  EXPECT_EQ(hold(s), (PrefixPool{.families = 2, .rows = 2, .capacity = 40, .row_capacity = 9}));
   EXPECT_EQ(s.next_step(), plan({held(prefill(0), 0, 40), idle(), idle()}));
   s.record(0, 50, false);
   EXPECT_EQ(s.next_step(), plan({shares(held(decode(0, 42), 0, 40), 0, 40), shares(held(extend(1, 40), 0, 40), 0, 40),
@@ -390,12 +393,7 @@ TEST(StepScheduler, HeldPrefixesTakeTurnsInThePoolRows) {
   req.max_new_tokens = 2;
   req.slots = 2;
   StepScheduler s(req, 2, true);
-  const PrefixPool pool = s.prefix_pool();
-  EXPECT_EQ(pool.families, 3);
-  EXPECT_EQ(pool.rows, 1);
-  EXPECT_EQ(pool.capacity, 40);
-  EXPECT_EQ(pool.row_capacity, 3);
-  s.hold_prefixes();
+  EXPECT_EQ(hold(s), (PrefixPool{.families = 3, .rows = 1, .capacity = 40, .row_capacity = 3}));
   EXPECT_EQ(s.next_step(), plan({held(prefill(0), 0, 40), idle()}));
   s.record(0, 50, false);
   EXPECT_EQ(s.next_step(),
