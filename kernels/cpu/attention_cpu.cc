@@ -49,29 +49,17 @@ void CpuBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
   const std::int64_t q_stride = s.n_heads * D, kv_stride = s.n_kv_heads * D;
   const bool weighted = !a.query_weights.empty();
 
-  // A task per (sequence, kv head, query tile), so that one long prompt's tiles spread over the
-  // cores; with column sums (a KV policy's, summed over every query) a task per (sequence, kv
-  // head) owns its sums. Each tile's arithmetic is the same either way.
-  struct Task {
-    std::int64_t b, g, i_begin, i_end;
-  };
-  std::vector<Task> tasks;
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t n = a.seq_offsets[b + 1] - a.seq_offsets[b];
-    const std::int64_t tile = a.col_sums ? std::max<std::int64_t>(n, 1) : kQueryTile;
-    for (std::int64_t g = 0; g < s.n_kv_heads; ++g)
-      for (std::int64_t i0 = 0; i0 < n; i0 += tile) tasks.push_back({b, g, i0, std::min(n, i0 + tile)});
-  }
-  tbb::parallel_for(std::size_t{0}, tasks.size(), [&](std::size_t t) {
-    const auto [b, g, i_begin, i_end] = tasks[t];
+  tbb::parallel_for(std::int64_t{0}, B * s.n_kv_heads, [&](std::int64_t task) {
+    const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
     const std::int64_t t0 = a.seq_offsets[b], n = a.seq_offsets[b + 1] - t0;
+    if (n <= 0) return;
     const float* k = a.k + t0 * kv_stride + g * D;
     const float* v = a.v + t0 * kv_stride + g * D;
     float* col = a.col_sums ? a.col_sums + t0 * s.n_kv_heads + g * n : nullptr;
     if (col) std::fill_n(col, n, 0.0f);
-    std::vector<float> scores(static_cast<std::size_t>(kQueryTile * i_end));
+    std::vector<float> scores(static_cast<std::size_t>(kQueryTile * n));
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (std::int64_t i0 = i_begin; i0 < i_end; i0 += kQueryTile) {
+      for (std::int64_t i0 = 0; i0 < n; i0 += kQueryTile) {
         const std::int64_t rows = std::min(kQueryTile, n - i0);
         const std::int64_t keys = i0 + rows;  // causal: the tile sees keys [0, i0 + rows)
         const float* q = a.q + (t0 + i0) * q_stride + h * D;
