@@ -162,7 +162,7 @@ policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLen
 // Prefix sharing as the step scheduler applies it to this job (docs/prefix-sharing.md): under
 // continuous batching with prefix sharing on, every request of a prefix family but the first in
 // the job takes the family's prefix (RequestLength::shared); with `on` where nothing rules it
-// out (a sliding window, prompts sharing their prefill), the families may be held once
+// out (a sliding window), the families may be held once
 // (Workload::held; the planner decides where a block would).
 void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, std::span<const serving::Request> requests,
                          policy::Workload& w) {
@@ -174,10 +174,7 @@ void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, st
   engine::add_families(f, w.requests);
   std::vector<std::int64_t> totals;
   for (const policy::RequestLength& r : w.requests) totals.push_back(r.prompt + r.gen);
-  const bool forks =
-      o.share_prefill == 1 && std::ranges::any_of(requests, [](const serving::Request& r) { return r.choice > 0; });
-  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg) && !forks)
-    w.held = engine::held_prefixes(f, totals);
+  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg)) w.held = engine::held_prefixes(f, totals);
 }
 
 }  // namespace

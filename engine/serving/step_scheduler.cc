@@ -177,9 +177,11 @@ std::vector<RowCopy> StepScheduler::take_forks() {
     const std::int64_t from = std::exchange(fork_of_[s], -1);
     const std::int64_t seq = slot_seq_[s];
     if (from < 0 || seq < 0) continue;  // not a fork, or it ended with its first token
-    forks.push_back({from, static_cast<std::int64_t>(s),
-                     static_cast<std::int64_t>(req_.sequences[static_cast<std::size_t>(seq)].prompt.size())});
-    copy_kv_runs(s, static_cast<std::size_t>(from), forks.back().tokens);
+    const auto b = static_cast<std::size_t>(seq);
+    const auto prompt = static_cast<std::int64_t>(req_.sequences[b].prompt.size());
+    // A row after a held prefix holds the prompt's slots from its base on.
+    forks.push_back({from, static_cast<std::int64_t>(s), prompt - (holding_ ? held_tokens(b) : 0)});
+    copy_kv_runs(s, static_cast<std::size_t>(from), prompt);
   }
   return forks;
 }
@@ -283,7 +285,7 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
 }
 
 engine::PrefixPool StepScheduler::prefix_pool() {
-  if (!sharing_ || std::ranges::any_of(req_.sequences, &engine::Sequence::shares_prompt)) return {};
+  if (!sharing_) return {};
   std::vector<std::span<const std::int32_t>> prompts;
   std::vector<policy::RequestLength> lengths;
   std::vector<std::int64_t> totals;

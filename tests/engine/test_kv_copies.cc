@@ -115,7 +115,9 @@ TEST(KvCopies, NoneWithoutSharingOrFromItsOwnRow) {
 }
 
 // Three samples of one 12-token prompt share its prefill in slot 0 (gpu); after it the prompt's
-// slots are forked into slots 1 (cpu) and 2 (disk): counted as forks, not as prefixes.
+// slots are forked into slots 1 (cpu) and 2 (disk): counted as forks, not as prefixes. With
+// the three held as a prefix family (its 11 shareable tokens in a pool row), a fork copies only
+// the slot after them.
 TEST(KvCopies, ForkedPrefillsApart) {
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   const policy::Policy pol = placement(4, {0.25, 0.25, 0.5}, false);
@@ -124,12 +126,17 @@ TEST(KvCopies, ForkedPrefillsApart) {
   req.sequences.push_back(req.sequences[0]);
   req.sequences[1].shares_prompt = req.sequences[2].shares_prompt = true;
   req.slots = pol.block_size();
-  const testing::KvTraffic r = run(cfg, pol, req);
-  for (const auto& tokens : r.result.tokens) ASSERT_EQ(tokens.size(), 4u);
-  const std::int64_t prompt_bytes = 12 * testing::kv_bytes_per_slot(cfg, pol);
-  EXPECT_EQ(r.copies.forks.read, times({2, 0, 0}, prompt_bytes));
-  EXPECT_EQ(r.copies.forks.written, times({0, 1, 1}, prompt_bytes));
-  EXPECT_EQ(r.copies.prefixes.total(), 0);
+  const std::int64_t slot_bytes = testing::kv_bytes_per_slot(cfg, pol);
+  for (const bool hold : {false, true}) {
+    SCOPED_TRACE(hold ? "held" : "copied");
+    req.hold_prefixes = hold;
+    const testing::KvTraffic r = run(cfg, pol, req);
+    for (const auto& tokens : r.result.tokens) ASSERT_EQ(tokens.size(), 4u);
+    const std::int64_t forked_bytes = (hold ? 1 : 12) * slot_bytes;
+    EXPECT_EQ(r.copies.forks.read, times({2, 0, 0}, forked_bytes));
+    EXPECT_EQ(r.copies.forks.written, times({0, 1, 1}, forked_bytes));
+    EXPECT_EQ(r.copies.prefixes.total(), 0);
+  }
 }
 
 }  // namespace

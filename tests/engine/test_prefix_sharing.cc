@@ -405,6 +405,33 @@ TEST(PrefixSharing, HeldPrefixesTakeTurnsInFewerRows) {
   EXPECT_LT(held.rows, held.prefixes);
 }
 
+// Each document's second question asked twice, the two sharing one prefill (an OpenAI request
+// with n = 2): the fork copies the first's own row after the held prefix and reads the pool.
+TEST(PrefixSharing, HeldPrefixesWithSharedPrefills) {
+  auto m = engine::open_model({});
+  const GenerationRequest questions = per_document_request(m.config.vocab_size, 5400);
+  GenerationRequest req = questions;
+  req.sequences.clear();
+  for (std::size_t i = 0; i < questions.sequences.size(); ++i) {
+    req.sequences.push_back(questions.sequences[i]);
+    if (i % 3 != 1 || i >= 30) continue;
+    req.sequences.push_back(questions.sequences[i]);
+    req.sequences.back().shares_prompt = true;
+  }
+  const Placement s = in_memory_two_batches();
+  req.slots = s.policy.block_size();
+  req.prefill_budget = 24;
+  auto be = kernels::make_cpu_backend();
+  EXPECT_EQ(testing::expect_refill_matches_solo(*be, m.config, *m.weights, s.policy, req).requests,
+            req.sequences.size());
+  engine::KvHeld kv_held;
+  const GenerationResult held = run_scheduler(m.config, *m.weights, s, req, nullptr, nullptr, &kv_held);
+  EXPECT_EQ(kv_held.prefixes, 10);
+  EXPECT_GT(kv_held.rows, 0);
+  req.share_prefixes = false;
+  EXPECT_EQ(held.tokens, run_scheduler(m.config, *m.weights, s, req).tokens);
+}
+
 TEST(PrefixSharing, HeldPrefixesStories260k) {
   auto m = engine::open_model({});
   expect_held_prefixes_change_no_token(m.config, *m.weights, in_memory_two_batches(), 5000);

@@ -362,7 +362,7 @@ TEST(StepScheduler, HeldPrefixes) {
 }
 
 // No pool where it would not save memory (as many families running at once as slots: A and B
-// in turn in 2 slots), nor with prefix sharing off or prompts sharing their prefill.
+// in turn in 2 slots), nor with prefix sharing off.
 TEST(StepScheduler, HeldPrefixesOnlyWhereTheySaveMemory) {
   const Tokens a = run_of(1, 40), b = run_of(500, 30);
   GenerationRequest req;
@@ -373,9 +373,27 @@ TEST(StepScheduler, HeldPrefixesOnlyWhereTheySaveMemory) {
   req.slots = 3;
   EXPECT_EQ(StepScheduler(req, 3, true).prefix_pool().rows, 2);
   EXPECT_EQ(StepScheduler(req, 3, false).prefix_pool().rows, 0);
+}
+
+// Two samples of one prompt sharing its prefill (shares_prompt) behind a held prefix: the
+// first fills the pool row, the fork idles, then takes a copy of the first's own row (after the
+// prefix: 41 - 40 = 1 slot) and reads the pool like the family's others.
+TEST(StepScheduler, HeldPrefixesWithASharedPrefill) {
+  const Tokens a = run_of(1, 40);
+  GenerationRequest req;
+  req.sequences = sequences_of({join(a, {100}), join(a, {100}), join(a, {101})});
   req.sequences[1].shares_prompt = true;
-  req.sequences[1].prompt = req.sequences[0].prompt;
-  EXPECT_EQ(StepScheduler(req, 3, true).prefix_pool().rows, 0);
+  req.max_new_tokens = 2;
+  req.slots = 3;
+  StepScheduler s(req, 3, true);
+  EXPECT_EQ(hold(s), (PrefixPool{.families = 1, .rows = 1, .capacity = 40, .row_capacity = 3}));
+  EXPECT_EQ(s.next_step(), plan({held(prefill(0), 0, 40), fork(1, 0), idle()}));
+  s.record(0, 50, false);
+  s.record(1, 51, false);
+  EXPECT_EQ(s.next_step(),
+            plan({shares(held(decode(0, 41), 0, 40), 0, 40), shares(held(decode(1, 41), 0, 40), 0, 40),
+                  shares(held(extend(2, 40), 0, 40), 0, 40)},
+                 {{0, 1, 1}}));
 }
 
 // Families A, B, C (40 tokens each) two requests each, one family after another, then A again;
