@@ -39,10 +39,9 @@ class StepScheduler final : public engine::StepPlanner {
   void record(std::size_t slot, std::int32_t token, bool ended) override;
   void record_all(std::span<const std::int32_t> next) override;
   const std::vector<std::int32_t>& tokens(std::size_t slot) const override { return tokens_[slot]; }
-  // With shared prefixes: the job's prefix families
-  // (prefix_families) held in pool rows, as many as the most families the running requests
-  // hold at once (policy::Workload::pool_rows), when that takes less memory than every row
-  // holding its whole sequence. Once held, a family's newcomer finding no row of its family
+  // With shared prefixes: the job's prefix families (prefix_families) held in pool rows, as
+  // many as the most families the running requests hold at once (policy::Workload::pool_rows),
+  // when that takes less memory than every row holding its whole sequence. Once held, a family's newcomer finding no row of its family
   // takes a free one (none of the running requests reads it; the least recently taken) and
   // prefills its prefix into it; the family's others extend after it while it stays theirs.
   engine::PrefixPool prefix_pool() override;
