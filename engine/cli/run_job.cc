@@ -172,9 +172,7 @@ void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, st
   for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
   const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
   engine::add_families(f, w.requests);
-  std::vector<std::int64_t> totals;
-  for (const policy::RequestLength& r : w.requests) totals.push_back(r.prompt + r.gen);
-  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg)) w.held = engine::held_prefixes(f, totals);
+  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg)) w.held = engine::held_prefixes(f, w.requests);
 }
 
 }  // namespace

@@ -94,16 +94,16 @@ PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> pr
   return f;
 }
 
-policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const std::int64_t> total_tokens) {
+policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const policy::RequestLength> requests) {
   policy::HeldPrefixes held{.families = static_cast<std::int64_t>(families.prefix.size())};
-  for (std::size_t b = 0; b < total_tokens.size(); ++b) {
+  for (std::size_t b = 0; b < requests.size(); ++b) {
     const std::int64_t family = families.family_of[b];
     const std::int64_t prefix = family >= 0 ? families.prefix[static_cast<std::size_t>(family)] : 0;
     held.prefix = std::max(held.prefix, prefix);
-    held.rest = std::max(held.rest, total_tokens[b] - prefix);
+    held.rest = std::max(held.rest, requests[b].prompt + requests[b].gen - prefix);
     held.mean_prefix += static_cast<double>(prefix);
   }
-  if (!total_tokens.empty()) held.mean_prefix /= static_cast<double>(total_tokens.size());
+  if (!requests.empty()) held.mean_prefix /= static_cast<double>(requests.size());
   return held;
 }
 

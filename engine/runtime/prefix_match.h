@@ -45,10 +45,10 @@ struct PrefixFamilies {
 // ((members - 1) x prefix), it is cut there (a prompt left alone joins no family).
 PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> prompts, std::int64_t min_tokens);
 
-// The pool that holds `families` once for sequences of total_tokens[b] tokens each (prompt and
-// new tokens): rows of the longest family prefix, and the most tokens a sequence holds after
-// its family's prefix.
-policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const std::int64_t> total_tokens);
+// The pool that holds `families` once for the job's requests (requests[b]: prompt b's, its
+// prompt and new tokens): rows of the longest family prefix, and the most tokens a request
+// holds after its family's prefix.
+policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const policy::RequestLength> requests);
 
 // The job's requests (requests[b]: prompt b's) as the planner counts them under `families`:
 // each in its family (RequestLength::family), and each but a family's first taking its prefix

@@ -288,17 +288,15 @@ engine::PrefixPool StepScheduler::prefix_pool() {
   if (!sharing_) return {};
   std::vector<std::span<const std::int32_t>> prompts;
   std::vector<policy::RequestLength> lengths;
-  std::vector<std::int64_t> totals;
   for (std::size_t b = 0; b < req_.sequences.size(); ++b) {
     const auto prompt = static_cast<std::int64_t>(req_.sequences[b].prompt.size());
     prompts.emplace_back(req_.sequences[b].prompt);
-    totals.push_back(engine::sequence_tokens(req_, b));
-    lengths.push_back({prompt, totals.back() - prompt});
+    lengths.push_back({prompt, engine::sequence_tokens(req_, b) - prompt});
   }
   engine::PrefixFamilies families = engine::prefix_families(prompts, req_.min_shared_prefix);
   policy::Workload w = policy::continuous_workload(std::move(lengths), req_.prefill_budget);
   engine::add_families(families, w.requests);
-  w.held = engine::held_prefixes(families, totals);
+  w.held = engine::held_prefixes(families, w.requests);
   const std::int64_t rows = w.pool_rows(static_cast<std::int64_t>(slots()), static_cast<std::int64_t>(gpu_batch_size_));
   if (rows == 0) return {};
   families_ = std::move(families);
