@@ -289,10 +289,20 @@ struct Block {
   std::int64_t expert_slots = 0;
   bool resident_embeddings = false;  // the tensors outside the layers wholly on the gpu, never staged
   SlotStep slot_step;  // continuous batching: the job's mean slot-step over the block's slots
-  // Prefixes held once (Workload::held) in pool_rows rows on the gpu tier, read in place; the
-  // KV rows, wherever they live, sized for what follows a prefix. 0: the rows copy prefixes.
+  // Prefixes held once (Workload::held) in pool_rows rows on pool_tier (the gpu: read in place;
+  // cpu: in place with cpu_cache_compute, else staged like the rows; disk: staged); the KV rows,
+  // wherever they live, sized for what follows a prefix. 0: the rows copy prefixes.
   std::int64_t pool_rows = 0;
+  offload::Tier pool_tier = offload::Tier::Gpu;
+  bool pool_staged() const { return pool_tier == offload::Tier::Disk || (pool_tier == offload::Tier::Cpu && !ccc); }
 };
+
+// The tier a policy's prefix_pool names (auto: the gpu, where the engine tries it first).
+offload::Tier pool_tier_of(const Policy& p) {
+  for (const offload::Tier t : {offload::Tier::Cpu, offload::Tier::Disk})
+    if (p.prefix_pool == offload::tier_name(t)) return t;
+  return offload::Tier::Gpu;
+}
 
 Block block_of(const Policy& p, const Workload& w) {
   Block b{p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute, p.weights.gpu < 1.0, p.activations.gpu < 1.0,
@@ -300,6 +310,7 @@ Block block_of(const Policy& p, const Workload& w) {
           p.resident_embeddings};
   if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size);
   b.pool_rows = p.kv == "full" ? w.pool_rows(p.block_size(), p.gpu_batch_size) : 0;
+  b.pool_tier = pool_tier_of(p);
   return b;
 }
 
@@ -401,11 +412,14 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
       evicting ? static_cast<double>(make_kv_policy(o.kv, m.layers)->make_state(1).bytes_per_slot()) : 0.0;
   const double scores = evicting ? blocks * layers * block * static_cast<double>(m.kv_heads) * kv_slots * slot_state : 0;
   const auto lin = linear_form;
-  const double pool = blocks * kv_token * layers * static_cast<double>(blk.pool_rows * w.held.prefix);
+  // The pool on its tier; staged, a ring of three slots of one layer's pool on the gpu.
+  const double pool_layer = blocks * kv_token * static_cast<double>(blk.pool_rows * w.held.prefix);
+  const auto pool_on = [&](offload::Tier tier) { return blk.pool_tier == tier ? layers * pool_layer : 0.0; };
   t.memory_items[0] = {{"weights", lin(0, {{WG, w_all}})},
                        {"resident embeddings and head", lin(resident, {})},
                        {"KV cache", lin(0, {{CG, kv_all}})},
-                       {"prefixes held once", lin(pool, {})},
+                       {"prefixes held once", lin(pool_on(offload::Tier::Gpu), {})},
+                       {"held prefixes staging ring", lin(blk.pool_staged() ? 3 * pool_layer : 0.0, {})},
                        {"hidden states", lin(0, {{HG, h_all}})},
                        {"weight staging slots", lin(staging, {})},
                        {"activations of one GPU batch", lin(scratch, {})},
@@ -413,10 +427,12 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
                        {"hidden staging ring", lin(h_ring, {})}};
   t.memory_items[1] = {{"weights", lin(0, {{WC, w_all}})},
                        {"KV cache", lin(0, {{CC, kv_all}})},
+                       {"prefixes held once", lin(pool_on(offload::Tier::Cpu), {})},
                        {"hidden states", lin(0, {{HC, h_all}})},
                        {"eviction scores", lin(scores, {})}};
   t.memory_items[2] = {{"weights", lin(0, {{WN, w_all}})},
                        {"KV cache", lin(0, {{CN, kv_all}})},
+                       {"prefixes held once", lin(pool_on(offload::Tier::Disk), {})},
                        {"hidden states", lin(0, {{HN, h_all}})}};
   t.hw_capacity = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
   t.safety = hw.memory_safety;
@@ -433,6 +449,7 @@ struct StepLoad {
   double kv_len = 0;            // cache tokens a decode row attends over
   double kv_read = 0;           // KV bytes attended over
   double kv_moved = 0;          // of them, those of the rows (staged in, or from disk): not a held prefix's
+  double pool_moved = 0;        // a staged pool's rows the GPU batches read (each its families' once)
   double kv_store = 0;          // KV bytes written back
   double kv_values_read = 0;    // cached values a step attends over (dequantization)
   double attn_flops = 0;        // decode attention
@@ -502,6 +519,9 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     // A held prefix is read from the pool in place on the gpu tier; the rows hold what follows it.
     const double held = blk.pool_rows > 0 ? std::min(w.held.mean_prefix, d.kv_len) : 0.0;
     d.kv_moved = kvt * bls * ss.decode_rows * (d.kv_len - held);
+    // A staged pool: each GPU batch loads the rows of the families it holds, each prefix once.
+    if (blk.pool_rows > 0 && blk.pool_staged())
+      d.pool_moved = k * std::min(static_cast<double>(blk.pool_rows), g * ss.busy) * kvt * held;
     d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * ss.decode_rows * d.kv_len;
     d.attn_flops = 4 * bls * ss.decode_rows * d.kv_len * h1;
     d.prefill_attn = bls * 4 * ss.prompt_sq * h1 / hw.gpu_attn_prefill;
@@ -548,12 +568,15 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
 
   const double cache_in = blk.ccc ? 0 : d.kv_moved / cg_bw;
   const double hid_gen = d.hidden, kv_moved = d.kv_moved, kv_store = d.kv_store;
-  t.ctog_gen = lin(0, {{WC, wl_gen / cg_bw}, {WN, wl_gen / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
+  // A staged pool's rows come in each step (from disk through the cpu); a filled row's write
+  // back, once a family's, is left out.
+  const double pool_from_disk = blk.pool_tier == offload::Tier::Disk ? d.pool_moved / dc_bw : 0.0;
+  t.ctog_gen = lin(d.pool_moved / cg_bw, {{WC, wl_gen / cg_bw}, {WN, wl_gen / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
                        {CC, cache_in}, {CN, cache_in}});
   // With cpu_cache_compute the cpu-homed cache is attended in place: only the new tokens move.
   const double kv_store_cpu = blk.ccc ? kvt * bls * d.rows_per_seq : kv_store;
   t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
-  t.dtoc_gen = lin(0, {{CN, kv_moved / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
+  t.dtoc_gen = lin(pool_from_disk, {{CN, kv_moved / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
   const double kv_len = d.kv_len, attn_flops = d.attn_flops;
   const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;
@@ -819,6 +842,7 @@ std::optional<Estimate> solve_variant(const ModelShape& m, const HardwareProfile
   p.compress_cache = o.compress_cache;
   p.compress_bits = o.compress_bits;
   p.cache_storage = o.cache_storage;
+  if (blk.pool_rows > 0) p.prefix_pool = offload::tier_name(blk.pool_tier);
   return make_estimate(m, w, t, sol->x, p);
 }
 
@@ -827,9 +851,11 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
   bool any = false;
   const Workload w = with_prefill_budget(job, hw, gbs);
   const SlotStep step = w.continuous ? slot_step(w, gbs * k, gbs) : SlotStep{};
-  std::vector<std::int64_t> pool_variants{0};  // copied prefixes, then a pool where the engine would hold one
+  // Copied prefixes, then a pool on each tier where the engine would hold one.
+  std::vector<std::pair<std::int64_t, offload::Tier>> pool_variants{{0, offload::Tier::Gpu}};
   if (const std::int64_t rows = o.kv.name == "full" ? w.pool_rows(gbs * k, gbs) : 0; rows > 0)
-    pool_variants.push_back(rows);
+    for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
+      pool_variants.emplace_back(rows, t);
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
     for (bool weights_on_gpu : {true, false}) {
@@ -840,9 +866,10 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
           blk.resident_embeddings = resident_embeddings;
           blk.slot_step = step;
           // Each placement with prefixes copied into the rows, and where the engine would hold
-          // them once: the rows sized for what follows a prefix, the pool on the gpu tier.
-          for (const std::int64_t rows : pool_variants) {
+          // them once: the rows sized for what follows a prefix, the pool on each tier.
+          for (const auto& [rows, tier] : pool_variants) {
             blk.pool_rows = rows;
+            blk.pool_tier = tier;
             if (auto e = solve_variant(m, hw, w, o, blk)) {
               ranking.add(std::move(*e));
               any = true;

@@ -57,6 +57,8 @@ void Policy::validate(const std::string& source) const {
     throw std::invalid_argument(source + ": compress_bits must be 4 or 8, got " + std::to_string(compress_bits));
   if (expert_loading != "auto" && expert_loading != "routed" && expert_loading != "all")
     throw std::invalid_argument(source + ": expert_loading must be auto, routed or all, got '" + expert_loading + "'");
+  if (prefix_pool != "auto" && prefix_pool != "gpu" && prefix_pool != "cpu" && prefix_pool != "disk")
+    throw std::invalid_argument(source + ": prefix_pool must be auto, gpu, cpu or disk, got '" + prefix_pool + "'");
   if (expert_slots < 0)
     throw std::invalid_argument(source + ": expert_slots must be at least 1 (0: sized from the batch), got " +
                                 std::to_string(expert_slots));
@@ -106,7 +108,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   static const std::set<std::string> known = {"gpu_batch_size", "num_gpu_batches", "percent",    "overlap",
                                               "sep_layer",      "pin_weight",      "resident_embeddings", "cpu_cache_compute",
                                               "compress_weight", "compress_cache", "compress_bits", "cache_dtype", "kv",
-                                              "expert_loading", "expert_slots"};
+                                              "expert_loading", "expert_slots", "prefix_pool"};
   for (const auto& kv : root) {
     const auto key = kv.first.as<std::string>();
     if (!known.count(key)) throw std::invalid_argument(source + ": unknown field '" + key + "'");
@@ -142,6 +144,7 @@ Policy load_policy_yaml(const std::string& yaml_text, const std::string& source)
   get("kv", p.kv);
   get("expert_loading", p.expert_loading);
   get("expert_slots", p.expert_slots);
+  get("prefix_pool", p.prefix_pool);
   if (root["percent"]) {
     std::vector<double> pct;
     get("percent", pct);
@@ -184,6 +187,7 @@ std::string policy_to_yaml(const Policy& p) {
   out << YAML::Key << "kv" << YAML::Value << p.kv;
   out << YAML::Key << "expert_loading" << YAML::Value << p.expert_loading;
   if (p.expert_slots > 0) out << YAML::Key << "expert_slots" << YAML::Value << p.expert_slots;
+  if (p.prefix_pool != "auto") out << YAML::Key << "prefix_pool" << YAML::Value << p.prefix_pool;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -41,6 +41,9 @@ struct Policy {
   // Experts a MoE unit's weight staging slot holds (0: sized by expert_slot_count below). A
   // block routed to more runs its MoE layers in chunks of experts.
   std::int64_t expert_slots = 0;
+  // Where the pool of prefixes held once lives (docs/prefix-sharing.md, "Where it lives"): gpu,
+  // cpu or disk, or auto: the first of those where it fits.
+  std::string prefix_pool = "auto";
 
   kernels::DType compressed_dtype() const { return compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4; }
   // Storage of weight matrices and of the KV cache under this policy (`stored`: the model's
@@ -75,7 +78,7 @@ double expected_active_experts(std::int64_t experts, std::int64_t top_k, std::in
 // Keys: gpu_batch_size, num_gpu_batches, percent: [WG, WC, CG, CC, AG, AC], overlap,
 // sep_layer, pin_weight, resident_embeddings, cpu_cache_compute, compress_weight, compress_cache, compress_bits,
 // cache_dtype (f32, f16 or bf16; absent: the model's float dtype), kv, expert_loading (auto,
-// routed or all), expert_slots. Missing keys
+// routed or all), expert_slots, prefix_pool (auto, gpu, cpu or disk). Missing keys
 // keep their defaults; unknown keys are errors (a typo must not silently change a run).
 Policy load_policy_yaml(const std::string& yaml_text, const std::string& source);
 Policy load_policy_file(const std::string& path);

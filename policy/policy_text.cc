@@ -14,10 +14,10 @@ std::string percent_text(const Policy& p, int decimals) {
 }
 
 std::string to_text(const Policy& p) {
-  return fmt::format("gpu batch {} x {} batches, percent [{}]{}, overlap {}, sep_layer {}, cpu_cache_compute {}, kv {}",
+  return fmt::format("gpu batch {} x {} batches, percent [{}]{}, overlap {}, sep_layer {}, cpu_cache_compute {}, kv {}{}",
                      p.gpu_batch_size, p.num_gpu_batches, percent_text(p),
                      p.resident_embeddings ? " (embeddings and head resident)" : "", p.overlap, p.sep_layer,
-                     p.cpu_cache_compute, p.kv);
+                     p.cpu_cache_compute, p.kv, p.prefix_pool == "auto" ? "" : ", prefix pool on " + p.prefix_pool);
 }
 
 nlohmann::json to_json(const Policy& p, std::int64_t experts, std::int64_t top_k) {
@@ -34,7 +34,8 @@ nlohmann::json to_json(const Policy& p, std::int64_t experts, std::int64_t top_k
           {"compress_cache", p.compress_cache},
           {"compress_bits", p.compress_bits},
           {"expert_loading", p.expert_loading},
-          {"expert_slots", p.expert_slot_count(experts, top_k)}};
+          {"expert_slots", p.expert_slot_count(experts, top_k)},
+          {"prefix_pool", p.prefix_pool}};
 }
 
 }  // namespace flexh2o::policy

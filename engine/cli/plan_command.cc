@@ -264,8 +264,9 @@ void print_estimate(const engine::ModelConfig& cfg, const policy::HardwareProfil
   fmt::print("model: {} on {} ({}), {}, kv {}, weights {}, cache {}\n", cfg.name, hw.name, hw.source, workload_text(w),
              p.kv, engine::matrix_dtypes_text(engine::with_weight_dtype(cfg, p.weight_dtype(cfg.dtype))),
              kernels::dtype_name(p.cache_dtype(cfg.dtype)));
-  fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{}], cpu_cache_compute {}{}\n", p.gpu_batch_size,
-             p.num_gpu_batches, p.block_size(), policy::percent_text(p, 1), p.cpu_cache_compute, p.overlap ? "" : ", overlap off");
+  fmt::print("policy: gpu batch {} x {} batches (block {}), percent [{}], cpu_cache_compute {}{}{}\n", p.gpu_batch_size,
+             p.num_gpu_batches, p.block_size(), policy::percent_text(p, 1), p.cpu_cache_compute,
+             p.prefix_pool == "auto" ? "" : ", prefix pool on " + p.prefix_pool, p.overlap ? "" : ", overlap off");
   if (e.continuous)
     fmt::print("predicted: {:.2f} tok/s generated (continuous batching), mean step {:.4f} s\n", e.total_throughput,
                e.decode_step_seconds);

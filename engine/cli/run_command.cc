@@ -63,8 +63,8 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
       ->group(sched);
   run->add_option("--prefix-sharing", o.prefix_sharing,
                   "on (default): under continuous batching requests whose prompts start alike (e.g. shared "
-                  "instructions) compute that prefix once; its KV is held once in a pool on the gpu tier, each "
-                  "request's own row starting after it, or where the pool does not fit a request copies it "
+                  "instructions) compute that prefix once; its KV is held once in a pool (--prefix-pool), each "
+                  "request's own row starting after it, or where the pool fits on no tier a request copies it "
                   "from a slot's row "
                   "(docs/prefix-sharing.md; off with --kv eviction); copy: always the copy (the ablation of "
                   "holding once); off: each computes its whole prompt (the ablation baseline)")
@@ -106,6 +106,11 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
                   "step of the block is expected to route to, at least top_k); a batch routed to more runs its "
                   "MoE layer in chunks of experts")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->group(sched);
+  run->add_option("--prefix-pool", o.prefix_pool,
+                  "where prefixes held once live (docs/prefix-sharing.md): gpu, cpu, disk, or auto (the first of "
+                  "those where the pool fits; default, or the planner's choice)")
+      ->check(CLI::IsMember({"auto", "gpu", "cpu", "disk"}))
       ->group(sched);
   o.compress.add_to(run, sched);
 }

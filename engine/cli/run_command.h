@@ -40,6 +40,7 @@ struct RunOptions {
   bool cpu_cache_compute = false;
   std::string kv;  // KV eviction spec
   std::string expert_loading;  // MoE: auto, routed or all
+  std::string prefix_pool;     // where prefixes held once live: auto, gpu, cpu or disk
   std::optional<std::int64_t> expert_slots;  // MoE: experts a staging slot holds
   CompressionFlags compress;
   // Continuous batching (a finished request's slot takes the next at once) or fixed blocks,

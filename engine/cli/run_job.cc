@@ -44,6 +44,7 @@ policy::Policy make_policy(const RunOptions& o) {
   if (!o.kv.empty()) p.kv = o.kv;
   if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
   if (o.expert_slots) p.expert_slots = *o.expert_slots;
+  if (!o.prefix_pool.empty()) p.prefix_pool = o.prefix_pool;
   o.compress.apply(p);
   p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
   return p;
@@ -203,6 +204,7 @@ policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
   if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
   if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
   if (o.expert_slots) p.expert_slots = *o.expert_slots;
+  if (!o.prefix_pool.empty()) p.prefix_pool = o.prefix_pool;
   return p;
 }
 
@@ -229,10 +231,11 @@ void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned,
 
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e) {
   const auto& pol = e.policy;
-  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}]{}, cpu_cache_compute {}; predicted {} {:.2f} tok/s",
+  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}]{}, cpu_cache_compute {}{}; predicted {} {:.2f} tok/s",
                      hw.name, pol.gpu_batch_size, pol.num_gpu_batches, policy::percent_text(pol, 1),
-                     pol.resident_embeddings ? " (embeddings and head resident)" : "",
-                     pol.cpu_cache_compute, e.continuous ? "generated" : "total", e.total_throughput);
+                     pol.resident_embeddings ? " (embeddings and head resident)" : "", pol.cpu_cache_compute,
+                     pol.prefix_pool == "auto" ? "" : ", prefix pool on " + pol.prefix_pool,
+                     e.continuous ? "generated" : "total", e.total_throughput);
 }
 
 void open_out(const RunOptions& o, std::optional<serving::ResultFile>& out, serving::ResultFormat format) {

@@ -136,7 +136,6 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, con
 
 void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
   place_batches(st, *st.log, req);
-  place_pool(st);
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
   const std::int64_t kv_row_bytes = st.capacity * kv_token_bytes();
@@ -154,32 +153,40 @@ void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
       st.ring[i].k = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "K staging" + n);
       st.ring[i].v = GpuBuffer(tiers_, st.staged_max * kv_row_bytes, "V staging" + n);
     }
+    if (st.pool_home.staged) {
+      const std::int64_t pool_bytes = st.pool.rows * st.pool.capacity * kv_token_bytes();
+      st.ring[i].pool_k = GpuBuffer(tiers_, pool_bytes, "K held prefixes staging" + n);
+      st.ring[i].pool_v = GpuBuffer(tiers_, pool_bytes, "V held prefixes staging" + n);
+    }
   }
 }
 
-// Nothing is in flight yet: the placement's buffers go, their budgets freed and their peaks as
-// before, for another try.
+// Nothing is in flight yet: a try's buffers go, their budgets freed and their peaks as before,
+// for the next tier (or the copies).
 bool BlockScheduler::place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool) {
   std::array<std::int64_t, 3> peaks{};
   for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) peaks[static_cast<std::size_t>(t)] = tiers_.budget(t).peak();
-  st.pool = pool;
-  try {
-    place(st, req);
-    return true;
-  } catch (const offload::BudgetExceeded&) {
-    st.ring.clear();
-    st.act.reset();
-    st.act_reserved.reset();
-    st.pool_k.clear();
-    st.pool_v.clear();
-    st.batches.clear();
-    st.pool = {};
-    st.capacity = st.staged_max = 0;
-    st.hidden_resident = true;
-    for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk})
-      tiers_.budget(t).restore_peak(peaks[static_cast<std::size_t>(t)]);
-    return false;
+  for (const Tier tier : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+    if (policy_.prefix_pool != "auto" && policy_.prefix_pool != offload::tier_name(tier)) continue;
+    st.pool = pool;
+    try {
+      place_pool(st, tier);
+      place(st, req);
+      return true;
+    } catch (const offload::BudgetExceeded&) {
+      st.ring.clear();
+      st.act.reset();
+      st.act_reserved.reset();
+      st.pool_home = {};
+      st.batches.clear();
+      st.pool = {};
+      st.capacity = st.staged_max = 0;
+      st.hidden_resident = true;
+      for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk})
+        tiers_.budget(t).restore_peak(peaks[static_cast<std::size_t>(t)]);
+    }
   }
+  return false;
 }
 
 std::int64_t BlockScheduler::continuous_capacity(const GenerationRequest& req) const {
@@ -273,24 +280,36 @@ std::int64_t BlockScheduler::kv_token_bytes() const {
   return cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
 }
 
-void BlockScheduler::place_pool(BlockState& st) {
-  if (st.pool.rows == 0) return;
-  const std::int64_t bytes = st.pool.rows * st.pool.capacity * kv_token_bytes();
-  st.pool_k.resize(static_cast<std::size_t>(cfg_.n_layers));
-  st.pool_v.resize(static_cast<std::size_t>(cfg_.n_layers));
+void BlockScheduler::place_pool(BlockState& st, Tier tier) {
+  PoolHome& home = st.pool_home;
+  home.capacity = st.pool.capacity;
+  home.tier = tier;
+  // Read in place where the rows on that tier would be: the gpu, or the cpu with cpu_cache_compute.
+  home.staged = tier == Tier::Disk || (tier == Tier::Cpu && !policy_.cpu_cache_compute);
+  const offload::TierFractions all_on{.gpu = tier == Tier::Gpu ? 1.0 : 0.0,
+                                      .cpu = tier == Tier::Cpu ? 1.0 : 0.0,
+                                      .disk = tier == Tier::Disk ? 1.0 : 0.0};
+  const std::int64_t row = cfg_.n_kv_heads * st.pool.capacity * cfg_.head_dim;
+  const std::int64_t row_bytes = st.pool.capacity * kv_token_bytes();
+  home.k.resize(static_cast<std::size_t>(cfg_.n_layers));
+  home.v.resize(static_cast<std::size_t>(cfg_.n_layers));
+  home.stored.resize(static_cast<std::size_t>(cfg_.n_layers));
   for (const std::int64_t l : units_.cache_layers) {
     const std::string name = "held prefixes of layer " + std::to_string(l);
-    st.pool_k[static_cast<std::size_t>(l)] = GpuBuffer(tiers_, bytes, "K " + name);
-    st.pool_v[static_cast<std::size_t>(l)] = GpuBuffer(tiers_, bytes, "V " + name);
+    home.k[static_cast<std::size_t>(l)] = std::make_unique<TieredTensor>(tiers_, "K " + name, cache_dtype_, st.pool.rows,
+                                                                         row, all_on, row_bytes);
+    home.v[static_cast<std::size_t>(l)] = std::make_unique<TieredTensor>(tiers_, "V " + name, cache_dtype_, st.pool.rows,
+                                                                         row, all_on, row_bytes);
   }
 }
 
-// The pool (gpu) and the rows by the tiers they live on, against those rows sized for whole sequences.
+// The pool and the rows by the tiers they live on, against those rows sized for whole sequences.
 KvHeld BlockScheduler::held_bytes(const BlockState& st, const GenerationRequest& req) const {
   const std::int64_t kv = 2 * static_cast<std::int64_t>(units_.cache_layers.size()) * kv_token_bytes();
   const std::int64_t whole = continuous_capacity(req);
   KvHeld held{.prefixes = st.pool.families, .rows = st.pool.rows};
-  held.bytes[static_cast<std::size_t>(Tier::Gpu)] = kv * st.pool.rows * st.pool.capacity;
+  held.pools[static_cast<std::size_t>(st.pool_home.tier)] = 1;
+  held.bytes[static_cast<std::size_t>(st.pool_home.tier)] = kv * st.pool.rows * st.pool.capacity;
   for (const GpuBatch& b : st.batches) {
     const offload::RowSplit& split = b.k[static_cast<std::size_t>(units_.cache_layers.front())]->split();
     for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
@@ -322,7 +341,7 @@ void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
   // A decode step wholly on the device may run as a CUDA graph (graph_step.h), ended before sample().
   const bool on_device = st.req->cuda_graphs && K == 1 && holds_input() && holds_head_ && cfg_.moe.experts == 0 &&
                          !st.evicting && !staging_->staged() && st.hidden_resident &&
-                         st.batch(0).resident_end == st.batch(0).n;
+                         st.batch(0).resident_end == st.batch(0).n && !st.pool_home.staged;
   GraphStepScope graph(be_, on_device ? decode_graph_key(st.batch(0).step) : std::nullopt);
   for (std::int64_t u = 0; u < U; ++u) {
     const std::int64_t instance = first_instance + u;
@@ -333,7 +352,7 @@ void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
       prefetch_next(st, counter, u, k, instance);           // weight j+1, cache and hidden k+1
       compute(st, u, k, st.slot(counter), instance);
       ring_->store(units[static_cast<std::size_t>(u)], k, st.batch(k), st.slot(counter), st.capacity,
-                   st.hidden_resident);
+                   st.hidden_resident, st.pool_home);
       if (u == U - 1 && !holds_head_) send(st, k, links);
     }
   }
@@ -347,7 +366,8 @@ void BlockScheduler::load_inputs(BlockState& st, std::int64_t counter, std::int6
   RingSlot& slot = st.slot(counter);
   if (slot.assigned == counter) return;
   if (u == 0 && !holds_input()) receive(st, k, links);
-  ring_->load(units_.units[static_cast<std::size_t>(u)], k, st.batch(k), slot, st.capacity, st.hidden_resident);
+  ring_->load(units_.units[static_cast<std::size_t>(u)], k, st.batch(k), slot, st.capacity, st.hidden_resident,
+              st.pool_home);
   slot.assigned = counter;
 }
 
@@ -371,7 +391,7 @@ void BlockScheduler::prefetch_next(BlockState& st, std::int64_t counter, std::in
   if (next_in_unit || next_unit) {
     RingSlot& ns = st.slot(counter + 1);
     ring_->load(units[static_cast<std::size_t>(next_in_unit ? u : u + 1)], next_in_unit ? k + 1 : 0,
-                st.batch(next_in_unit ? k + 1 : 0), ns, st.capacity, st.hidden_resident);
+                st.batch(next_in_unit ? k + 1 : 0), ns, st.capacity, st.hidden_resident, st.pool_home);
     ns.assigned = counter + 1;
   }
 }
@@ -398,7 +418,9 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
       if (s0 < s1) view.parts.push_back({s0, s1, kt.place(s0).ptr, vt.place(s0).ptr});
     }
     if (b.resident_end < b.n) view.parts.push_back({b.resident_end, b.n, slot.k.data(), slot.v.data()});
-    if (st.pool.rows > 0) view.pool = {st.pool_k[layer].data(), st.pool_v[layer].data(), st.pool.capacity};
+    const PoolHome& pool = st.pool_home;
+    if (pool.held() && pool.staged) view.pool = {slot.pool_k.data(), slot.pool_v.data(), pool.capacity};
+    if (pool.held() && !pool.staged) view.pool = {pool.k[layer]->place(0).ptr, pool.v[layer]->place(0).ptr, pool.capacity};
   }
   offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
   for (std::size_t i = 0; i < u.layers.size(); ++i) {

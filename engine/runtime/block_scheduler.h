@@ -135,10 +135,11 @@ class BlockScheduler {
   bool can_hold_prefixes(const GenerationRequest& req) const;
   // The bytes of one token's K (or V) over the kv heads of one layer, in the cache dtype.
   std::int64_t kv_token_bytes() const;
-  // place() with `pool` (its rows on the gpu tier, whatever tiers the KV rows live on); false,
-  // nothing placed, where that does not fit.
+  // place() with `pool` on the first tier of gpu, cpu, disk where it fits beside the rows it
+  // shrinks (whatever tiers those live on); false, nothing placed, where it fits on none.
   bool place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool);
-  void place_pool(BlockState& st);
+  // The pool of st.pool on `tier`, read in place there or staged (st.pool_home).
+  void place_pool(BlockState& st, offload::Tier tier);
   KvHeld held_bytes(const BlockState& st, const GenerationRequest& req) const;
   // Continuous batching: the KV slots per (sequence, kv head) and the most rows of a GPU
   // batch's step, for any request of the queue.

@@ -18,10 +18,10 @@ struct BlockScheduler::BlockState {
   std::unique_ptr<Activations> act;
   offload::Reservation act_reserved;  // its charge to the gpu-tier budget
   std::int64_t capacity = 0;          // KV slots per (sequence, kv head)
-  // Prefixes held once (StepPlanner::hold_prefixes): per decoder layer of this scheduler, the
-  // pool's K and V rows of pool.capacity slots on the device; pool.rows == 0: none.
+  // Prefixes held once (StepPlanner::hold_prefixes): their pool rows and, per decoder layer of
+  // this scheduler, the pool's K and V rows of pool.capacity slots where they live; pool.rows == 0: none.
   PrefixPool pool;
-  std::vector<GpuBuffer> pool_k, pool_v;
+  PoolHome pool_home;
   std::int64_t staged_max = 0;        // most staged sequences of any batch
   std::int64_t step = 0;
   bool routed_experts = false;  // this step's MoE units fetch only the experts routed to
@@ -51,6 +51,7 @@ struct BlockScheduler::BlockState {
       settle(b.hidden_stored);
       for (const auto& t : b.cache_stored) settle(t);
     }
+    for (const auto& t : pool_home.stored) settle(t);
     for (auto& s : ring) {
       for (const auto& t : s.loads) settle(t);
       for (const auto& t : s.stores) settle(t);

@@ -63,7 +63,7 @@ CopyTicket CacheRing::submit_after(int lane, std::vector<CopyTicket> deps, std::
 }
 
 void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
-                     bool hidden_resident) {
+                     bool hidden_resident, const PoolHome& pool) {
   // The slot's previous write-backs read its buffers: they must finish before it is refilled.
   std::vector<CopyTicket> before = std::move(slot.stores);
   slot.stores.clear();
@@ -79,17 +79,18 @@ void CacheRing::load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingS
     slot.loads.push_back(submit_after(lane_hidden_in_, std::move(deps), std::move(pieces),
                                       {"load_hidden", batch_label(u, k)}, b.step.rows() * hidden_ * 4));
   }
-  if (u.cache_layer >= 0 && b.step.any_cached()) load_cache(u, k, b, slot, capacity, before);
+  if (u.cache_layer >= 0 && b.step.any_cached()) load_cache(u, k, b, slot, capacity, before, pool);
   if (slot.loads.empty()) wait_all(before);  // nothing queued behind them: settle here
 }
 
 // Counts what the attention of u's layer reads of batch b's rows, and starts the copies of its
 // staged rows into `slot` after `before`.
 void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot,
-                           std::int64_t capacity, const std::vector<CopyTicket>& before) {
+                           std::int64_t capacity, const std::vector<CopyTicket>& before, const PoolHome& pool) {
   const auto layer = static_cast<std::size_t>(u.cache_layer);
   const std::vector<std::int64_t> elsewhere = prefix_read_elsewhere(b, layer);
-  count_reads(b, layer, capacity, elsewhere);
+  count_reads(b, layer, capacity, elsewhere, pool);
+  if (pool.staged) load_pool(u, k, b, slot, before, pool);
   if (b.resident_end == b.n) return;
   // Only the valid slots of each (sequence, kv head) that reads its cache: those cached
   // before this step's rows, less a shared prefix its attention reads from another row or a
@@ -116,6 +117,30 @@ void CacheRing::load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b,
   deps.push_back(b.cache_stored[layer]);
   slot.loads.push_back(
       submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_cache", batch_label(u, k)}, bytes));
+}
+
+// Each pool row read by a sequence that decodes or extends: the slots of its held prefix cached
+// before the step (a row being filled this step is read only where it is written).
+void CacheRing::load_pool(const SchedulingUnit& u, std::int64_t k, const GpuBatch& b, RingSlot& slot,
+                          const std::vector<CopyTicket>& before, const PoolHome& pool) {
+  const auto layer = static_cast<std::size_t>(u.cache_layer);
+  const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+  std::vector<KvByteRange> ranges(static_cast<std::size_t>(pool.k[layer]->rows()));
+  std::int64_t bytes = 0;
+  for (std::int64_t s = 0; s < b.n; ++s) {
+    const std::int64_t row = b.step.pool_row[static_cast<std::size_t>(s)];
+    if (row < 0 || b.step.cached(s) == 0 || ranges[static_cast<std::size_t>(row)].to > 0) continue;
+    ranges[static_cast<std::size_t>(row)].to =
+        std::min(b.step.cached(s), b.step.base[static_cast<std::size_t>(s)]) * slot_bytes;
+    bytes += 2 * n_kv_heads_ * ranges[static_cast<std::size_t>(row)].to;
+  }
+  if (bytes == 0) return;
+  auto pieces = kv_stage_pieces(*pool.k[layer], *pool.v[layer], n_kv_heads_, 0, ranges, slot.pool_k.data(),
+                                slot.pool_v.data(), false);
+  std::vector<CopyTicket> deps = before;
+  deps.push_back(pool.stored[layer]);
+  slot.loads.push_back(
+      submit_after(lane_cache_in_, std::move(deps), std::move(pieces), {"load_pool", batch_label(u, k)}, bytes));
 }
 
 std::int64_t CacheRing::own_slots(const StepBatch& step, std::int64_t s, std::int64_t slots) {
@@ -153,14 +178,15 @@ std::vector<std::int64_t> CacheRing::prefix_read_elsewhere(const GpuBatch& b, st
   return elsewhere;
 }
 
-// A held prefix's pool row is read in place (gpu) once by each run of the batch that reads it.
+// A held prefix's pool row is read where the pool lives: in place once by each run of the batch
+// that reads it, or staged once for the batch (load_pool).
 void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity,
-                            std::span<const std::int64_t> elsewhere) {
+                            std::span<const std::int64_t> elsewhere, const PoolHome& pool) {
   const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
   const offload::RowSplit& split = b.k[layer]->split();
-  std::vector<std::int64_t> pool_rows_read;  // by the current run
+  std::vector<std::int64_t> pool_rows_read;  // by the current run (staged: by the batch)
   for (std::int64_t s = 0; s < b.n; ++s) {
-    if (s == 0 || !same_run(b, layer, s)) pool_rows_read.clear();
+    if (s == 0 || (!pool.staged && !same_run(b, layer, s))) pool_rows_read.clear();
     const std::int64_t cached = b.step.cached(s);
     if (cached == 0) continue;
     const auto i = static_cast<std::size_t>(s);
@@ -168,7 +194,8 @@ void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t c
     std::int64_t saved = skipped;
     if (pool_row >= 0 && std::ranges::find(pool_rows_read, pool_row) == pool_rows_read.end()) {
       pool_rows_read.push_back(pool_row);
-      reads_.in_place[static_cast<std::size_t>(offload::Tier::Gpu)] += 2 * n_kv_heads_ * b.step.base[i] * slot_bytes;
+      auto& pool_reads = pool.staged ? reads_.staged : reads_.in_place;
+      pool_reads[static_cast<std::size_t>(pool.tier)] += 2 * n_kv_heads_ * b.step.base[i] * slot_bytes;
     } else {
       saved += b.step.base[i];
     }
@@ -180,7 +207,7 @@ void CacheRing::count_reads(const GpuBatch& b, std::size_t layer, std::int64_t c
 }
 
 void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
-                      bool hidden_resident) {
+                      bool hidden_resident, PoolHome& pool) {
   if (b.step.rows() == 0) return;
   if (!hidden_resident && !u.last) {
     auto pieces = b.hidden->pieces(0, b.step.rows(), Place::gpu(slot.hidden.data()), true);
@@ -211,7 +238,30 @@ void CacheRing::store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, Ring
     b.cache_stored[layer] = copies_.copy(lane_cache_out_, std::move(pieces), {"store_cache", batch_label(u, k)});
     slot.stores.push_back(b.cache_stored[layer]);
   }
+  if (u.cache_layer >= 0 && pool.staged) store_pool(u, k, b, slot, pool);
   if (!overlap_) wait_all(slot.stores);
+}
+
+// A prefill filling its pool row wrote the slots of its rows before its base: they go home.
+// (The lane runs in order: the pool's last write-back ticket covers the earlier ones.)
+void CacheRing::store_pool(const SchedulingUnit& u, std::int64_t k, const GpuBatch& b, RingSlot& slot,
+                           PoolHome& pool) {
+  const auto layer = static_cast<std::size_t>(u.cache_layer);
+  const std::int64_t slot_bytes = kernels::kv_slot_bytes(cache_dtype_, head_dim_);
+  std::vector<KvByteRange> ranges(static_cast<std::size_t>(pool.k[layer]->rows()));
+  bool any = false;
+  for (std::int64_t s = 0; s < b.n; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    const std::int64_t row = b.step.pool_row[i], from = b.step.cached(s);
+    if (row < 0 || b.step.kinds[i] == SeqStep::Idle || from >= b.step.base[i]) continue;
+    ranges[static_cast<std::size_t>(row)] = {from * slot_bytes, std::min(b.step.lens[i], b.step.base[i]) * slot_bytes};
+    any = true;
+  }
+  if (!any) return;
+  auto pieces = kv_stage_pieces(*pool.k[layer], *pool.v[layer], n_kv_heads_, 0, ranges, slot.pool_k.data(),
+                                slot.pool_v.data(), true);
+  pool.stored[layer] = copies_.copy(lane_cache_out_, std::move(pieces), {"store_pool", batch_label(u, k)});
+  slot.stores.push_back(pool.stored[layer]);
 }
 
 }  // namespace flexh2o::engine

@@ -5,7 +5,9 @@
 // host memory with cpu_cache_compute); the rest are staged through the slot. Only the valid
 // slots move: those cached before the step in (less a shared prefix that the attention reads
 // from another row, or from the pool of prefixes held once on the device, read in place), the
-// step's new slots out (under eviction, each head's whole budget-sized row both ways).
+// step's new slots out (under eviction, each head's whole budget-sized row both ways). The pool
+// of prefixes held once lives on one tier: read in place there (gpu; cpu with
+// cpu_cache_compute), or staged like the rows: the pool rows a batch reads in, a filled row out.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -51,9 +53,22 @@ struct KvReads {
   void add(const KvReads& o);
 };
 
-// Device buffers of one compute in flight: its hidden states and its staged KV sequences.
+// The pool of prefixes held once (docs/prefix-sharing.md, "Where it lives"): per decoder layer,
+// K and V rows of `capacity` slots (a row per pool row, laid out like a KV row) wholly on one
+// tier, attended in place or staged through the ring slots' pool buffers.
+struct PoolHome {
+  std::int64_t capacity = 0;
+  offload::Tier tier = offload::Tier::Gpu;
+  bool staged = false;
+  std::vector<std::unique_ptr<offload::TieredTensor>> k, v;  // per decoder layer
+  std::vector<offload::CopyTicket> stored;  // per decoder layer: the last write-back of a filled row
+  bool held() const { return !k.empty(); }
+};
+
+// Device buffers of one compute in flight: its hidden states, its staged KV sequences and,
+// where the pool is staged, the pool rows the compute reads or fills (at their pool offsets).
 struct RingSlot {
-  GpuBuffer hidden, k, v;
+  GpuBuffer hidden, k, v, pool_k, pool_v;
   std::vector<offload::CopyTicket> loads;   // fetches into this slot for the compute it is assigned to
   std::vector<offload::CopyTicket> stores;  // write-backs reading this slot
   std::int64_t assigned = -1;               // the compute (counter) its loads are for
@@ -68,18 +83,24 @@ class CacheRing {
   // Starts the copies of batch `b`'s inputs to unit `u` into `slot`: its hidden states unless
   // they stay resident (`hidden_resident`) or come from the embedding, and its staged KV
   // sequences' valid slots (`capacity` slots per head) when u attends and a sequence of the
-  // step reads what earlier steps cached (it decodes or extends).
+  // step reads what earlier steps cached (it decodes or extends), with the staged pool's rows
+  // those sequences read.
   void load(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
-            bool hidden_resident);
-  // Starts the write-backs of what unit `u` computed for batch `b` in `slot`.
+            bool hidden_resident, const PoolHome& pool);
+  // Starts the write-backs of what unit `u` computed for batch `b` in `slot` (and of the
+  // staged pool rows its prefills filled).
   void store(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
-             bool hidden_resident);
+             bool hidden_resident, PoolHome& pool);
   // What the loads so far read (each (unit, batch) of a step is loaded once).
   const KvReads& reads() const { return reads_; }
 
  private:
   void load_cache(const SchedulingUnit& u, std::int64_t k, GpuBatch& b, RingSlot& slot, std::int64_t capacity,
-                  const std::vector<offload::CopyTicket>& before);
+                  const std::vector<offload::CopyTicket>& before, const PoolHome& pool);
+  // The staged pool's rows that b's sequences read in `layer` (their held prefix), into `slot`.
+  void load_pool(const SchedulingUnit& u, std::int64_t k, const GpuBatch& b, RingSlot& slot,
+                 const std::vector<offload::CopyTicket>& before, const PoolHome& pool);
+  void store_pool(const SchedulingUnit& u, std::int64_t k, const GpuBatch& b, RingSlot& slot, PoolHome& pool);
   // Per sequence of b: the slots of a shared prefix its attention in `layer` reads from
   // another row of its run (not from its own, which need not hold them), else 0.
   std::vector<std::int64_t> prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const;
@@ -88,7 +109,7 @@ class CacheRing {
   static bool same_run(const GpuBatch& b, std::size_t layer, std::int64_t s);
   // Adds what the attention of `layer` reads of b's rows (`elsewhere`: prefix_read_elsewhere).
   void count_reads(const GpuBatch& b, std::size_t layer, std::int64_t capacity,
-                   std::span<const std::int64_t> elsewhere);
+                   std::span<const std::int64_t> elsewhere, const PoolHome& pool);
   offload::CopyTicket submit_after(int lane, std::vector<offload::CopyTicket> deps,
                                    std::vector<offload::CopyPiece> pieces, offload::CopyLabel label,
                                    std::int64_t bytes);

@@ -45,6 +45,7 @@ void KvHeld::add(const KvHeld& o) {
   rows += o.rows;
   fills += o.fills;
   for (std::size_t t = 0; t < bytes.size(); ++t) {
+    pools[t] += o.pools[t];
     bytes[t] += o.bytes[t];
     bytes_without[t] += o.bytes_without[t];
   }

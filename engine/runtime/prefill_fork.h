@@ -59,6 +59,7 @@ struct KvCopies {
 struct KvHeld {
   // The prefix families, the pool rows they took turns in, and the prefills that filled a row.
   std::int64_t prefixes = 0, rows = 0, fills = 0;
+  std::array<std::int64_t, 3> pools{};  // by offload::Tier: the blocks whose pool lives there
   // By offload::Tier, K and V of every layer: the pool and the rows, and the rows sized for
   // whole sequences instead.
   std::array<std::int64_t, 3> bytes{}, bytes_without{};

@@ -1,6 +1,7 @@
 #include "engine/serving/run_report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -167,7 +168,7 @@ nlohmann::json kv_held_json(const engine::KvHeld& h) {
           {"fills", h.fills},
           {"bytes", h.total()},
           {"bytes_without", h.total_without()},
-          {"pool_tier", "gpu"},
+          {"pools", {{"gpu", h.pools[0]}, {"cpu", h.pools[1]}, {"disk", h.pools[2]}}},
           {"by_tier", pair_by_tier_json("bytes", h.bytes, "bytes_without", h.bytes_without)}};
 }
 
@@ -175,16 +176,22 @@ engine::KvHeld kv_held_from_json(const nlohmann::json& j) {
   engine::KvHeld h{.prefixes = j.at("prefixes").get<std::int64_t>(),
                    .rows = j.at("rows").get<std::int64_t>(),
                    .fills = j.at("fills").get<std::int64_t>()};
+  for (const offload::Tier t : kTiers) h.pools[static_cast<std::size_t>(t)] = j.at("pools").at(tier_key(t)).get<std::int64_t>();
   pair_by_tier_from_json(j.at("by_tier"), "bytes", h.bytes, "bytes_without", h.bytes_without);
   return h;
 }
 
-// "KV held once: F prefixes in R pool rows (gpu), N fills; KV cache X instead of Y (gpu A instead of B | cpu ...)".
+// "KV held once: F prefixes in R pool rows (gpu), N fills; KV cache X instead of Y (gpu A instead of B | cpu ...)":
+// the pools' tiers in parentheses.
 std::string kv_held_text(const engine::KvHeld& h) {
   if (h.prefixes == 0) return "";
   auto count = [](std::int64_t n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); };
-  return fmt::format("KV held once: {} in {} (gpu), {}; KV cache {} instead of {} ({})\n",
+  std::vector<std::string_view> pool_tiers;
+  for (const offload::Tier t : kTiers)
+    if (h.pools[static_cast<std::size_t>(t)] > 0) pool_tiers.push_back(offload::tier_name(t));
+  return fmt::format("KV held once: {} in {} ({}), {}; KV cache {} instead of {} ({})\n",
                      count(h.prefixes, "prefix", "prefixes"), count(h.rows, "pool row", "pool rows"),
+                     fmt::join(pool_tiers, ", "),
                      count(h.fills, "fill", "fills"), format_bytes(h.total()), format_bytes(h.total_without()),
                      pair_by_tier_text(h.bytes, h.bytes_without, "{} {} instead of {}"));
 }

@@ -669,11 +669,14 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
     std::map<std::string, nlohmann::json> metrics;
     std::map<std::string, std::vector<std::string>> outs;
     std::map<std::string, std::string> metrics_text;  // stderr's report
-    for (const std::string sharing : {"on", "copy", "off"}) {
+    // The pool off the gpu tier too: in memory on cpu, offloaded on disk.
+    const std::string pool_off_gpu = flags.empty() ? "cpu" : "disk";
+    for (const std::string sharing : {"on", "copy", "off", "pool"}) {
       const std::string out = dir.file("out-" + sharing + ".jsonl"), m = dir.file("m-" + sharing + ".json");
       std::filesystem::remove(out);
+      const std::string how = sharing == "pool" ? "on --prefix-pool " + pool_off_gpu : sharing;
       const Result r = run("run --gpu-batch-size 2 --num-gpu-batches 2 --gen-len 8 --prompts " + dir.file("in.jsonl") +
-                           " --out " + out + " --metrics " + m + " --prefix-sharing " + sharing + flags);
+                           " --out " + out + " --metrics " + m + " --prefix-sharing " + how + flags);
       ASSERT_EQ(r.code, 0) << r.err;
       EXPECT_THAT(r.err, HasSubstr("from shared prefixes, taken by"));
       metrics_text[sharing] = r.err;
@@ -682,6 +685,7 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
     }
     EXPECT_EQ(outs["on"], outs["off"]);
     EXPECT_EQ(outs["copy"], outs["off"]);
+    EXPECT_EQ(outs["pool"], outs["off"]);
     EXPECT_EQ(outs["on"].size(), 10u);
     const nlohmann::json &on = metrics["on"], &off = metrics["off"];
     // The instructions are held once (one family in a pool on the gpu tier; rows of 19 slots, not
@@ -693,6 +697,9 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
     const nlohmann::json& held = on.at("kv_held");
     EXPECT_LT(held.at("bytes").get<std::int64_t>(), held.at("bytes_without").get<std::int64_t>());
     EXPECT_THAT(metrics_text["on"], HasSubstr("KV held once: 1 prefix in 1 pool row (gpu), 1 fill; "));
+    EXPECT_THAT(metrics_text["pool"], HasSubstr("KV held once: 1 prefix in 1 pool row (" + pool_off_gpu + "), 1 fill; "));
+    EXPECT_EQ(metrics["pool"].at("kv_held").at("pools").at(pool_off_gpu), 1);
+    EXPECT_GT(metrics["pool"].at("kv_read_bytes").at("by_tier").at(pool_off_gpu).at("staged").get<std::int64_t>(), 0);
     if (!flags.empty()) {
       EXPECT_GT(held.at("by_tier").at("disk").at("bytes").get<std::int64_t>(), 0);
     }
@@ -706,6 +713,9 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
   const Result bad = run("run --prefix-sharing maybe");
   EXPECT_NE(bad.code, 0);
   EXPECT_THAT(bad.err, HasSubstr("--prefix-sharing: maybe not in {on,copy,off}"));
+  const Result bad_pool = run("run --prefix-pool nvme");
+  EXPECT_NE(bad_pool.code, 0);
+  EXPECT_THAT(bad_pool.err, HasSubstr("--prefix-pool: nvme not in {auto,gpu,cpu,disk}"));
 }
 
 // Decode steps as CUDA graphs give the tokens op-by-op steps give (docs/backends.md, "Decode steps

@@ -3,6 +3,7 @@
 // in every decoder layer; a prefill reads none; the members of a shared prefix's group in one
 // attention call read it once where the backend does (the CPU's cascade attention). Split by
 // the tier its rows live on, attended in place or staged through the ring.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -189,36 +190,43 @@ TEST(KvReads, StagedRowsLoadAGroupsPrefixOnce) {
 // The 20-token prefix held once: a family's prefix leaves its shortest prompt's last token, so
 // the pool row holds 19 slots and each row the rest (at most 31 - 19 = 12 slots, 31 without).
 // Steps as above: each run that reads the pool row (the decode and the extend call of step 1,
-// the decode call of each of steps 2-5) reads its 19 slots once in place on the gpu tier; the
-// 19 runs of members reading it (4 in step 1, 4 x 3, 3) read their own rows' slots after it
-// where they live, staged or in place.
+// the decode call of each of steps 2-5) reads its 19 slots once in place on the gpu tier (staged
+// from cpu or disk, once a step: 5 times); the 19 runs of members reading it (4 in step 1, 4 x
+// 3, 3) read their own rows' slots after it where they live, staged or in place.
 TEST(KvReads, HeldPrefixReadOnceARunFromThePool) {
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   for (const Tier tier : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
-    SCOPED_TRACE(offload::tier_name(tier));
-    const auto on = [&](Tier t) { return tier == t ? 1.0 : 0.0; };
-    const policy::Policy pol = placement(4, 1, {on(Tier::Gpu), on(Tier::Cpu), on(Tier::Disk)}, false);
-    GenerationRequest req = one_prefix_job(cfg, pol);
-    req.hold_prefixes = true;
-    std::int64_t whole = 3 * 19;
-    for (const Sequence& seq : req.sequences) whole += decode_slots(static_cast<std::int64_t>(seq.prompt.size()), 5);
-    const testing::KvTraffic r = run(cfg, pol, req);
-    ASSERT_EQ(r.held.prefixes, 1);
-    ASSERT_EQ(r.result.prefix_shared_tokens, 3 * 19);
-    const std::int64_t unit = testing::kv_bytes_per_slot(cfg, pol);
-    const auto gpu = static_cast<std::size_t>(Tier::Gpu), t = static_cast<std::size_t>(tier);
-    KvReads want;
-    want.in_place[gpu] = unit * 6 * 19;
-    (tier == Tier::Gpu ? want.in_place : want.staged)[t] += unit * (whole - 19 * 19);
-    EXPECT_EQ(r.reads.in_place, want.in_place);
-    EXPECT_EQ(r.reads.staged, want.staged);
-    EXPECT_EQ(r.reads.shared_prefix_saved, unit * 13 * 19);
-    std::array<std::int64_t, 3> held{}, without{};
-    held[gpu] = unit * 19;
-    held[t] += unit * 4 * 12;
-    without[t] = unit * 4 * 31;
-    EXPECT_EQ(r.held.bytes, held);
-    EXPECT_EQ(r.held.bytes_without, without);
+    for (const Tier pool_tier : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+      SCOPED_TRACE(fmt::format("rows on {}, pool on {}", offload::tier_name(tier), offload::tier_name(pool_tier)));
+      const auto on = [&](Tier t) { return tier == t ? 1.0 : 0.0; };
+      policy::Policy pol = placement(4, 1, {on(Tier::Gpu), on(Tier::Cpu), on(Tier::Disk)}, false);
+      pol.prefix_pool = offload::tier_name(pool_tier);
+      GenerationRequest req = one_prefix_job(cfg, pol);
+      req.hold_prefixes = true;
+      std::int64_t whole = 3 * 19;
+      for (const Sequence& seq : req.sequences) whole += decode_slots(static_cast<std::int64_t>(seq.prompt.size()), 5);
+      const testing::KvTraffic r = run(cfg, pol, req);
+      ASSERT_EQ(r.held.prefixes, 1);
+      ASSERT_EQ(r.result.prefix_shared_tokens, 3 * 19);
+      const std::int64_t unit = testing::kv_bytes_per_slot(cfg, pol);
+      const auto p = static_cast<std::size_t>(pool_tier), t = static_cast<std::size_t>(tier);
+      // Off the gpu the pool is staged (no cpu_cache_compute): once a step, step 1's two runs' read as one.
+      const bool staged = pool_tier != Tier::Gpu;
+      const std::int64_t pool_reads = staged ? 5 : 6;
+      KvReads want;
+      (staged ? want.staged : want.in_place)[p] = unit * pool_reads * 19;
+      (tier == Tier::Gpu ? want.in_place : want.staged)[t] += unit * (whole - 19 * 19);
+      EXPECT_EQ(r.reads.in_place, want.in_place);
+      EXPECT_EQ(r.reads.staged, want.staged);
+      EXPECT_EQ(r.reads.shared_prefix_saved, unit * (19 - pool_reads) * 19);
+      std::array<std::int64_t, 3> held{}, without{};
+      held[p] = unit * 19;
+      held[t] += unit * 4 * 12;
+      without[t] = unit * 4 * 31;
+      EXPECT_EQ(r.held.bytes, held);
+      EXPECT_EQ(r.held.bytes_without, without);
+      EXPECT_EQ(r.held.pools[p], 1);
+    }
   }
 }
 

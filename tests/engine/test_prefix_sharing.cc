@@ -492,12 +492,44 @@ GpuTierRun run_with_gpu_bytes(const engine::ModelConfig& cfg, const engine::Weig
   return r;
 }
 
-// With the KV rows on cpu the pool takes more of the gpu tier than the shorter rows' staging
-// slots give back: where the gpu tier holds less than the pool needs, the rows copy the
-// prefixes instead, with the same tokens and the copies' peak (the pool's try left none).
-TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierIsCopied) {
+// The pool off the gpu tier (--prefix-pool): on cpu staged through the ring slots, or read in
+// place there with cpu_cache_compute (the three tiers' placement); on disk staged. The rows live
+// where the policy puts them; a per-document job's families take turns in the rows from disk.
+TEST(PrefixSharing, HeldPrefixesInAPoolOnEachTier) {
   auto m = engine::open_model({});
-  const Placement s = placements()[1];
+  std::uint64_t seed = 5500;
+  const std::vector<Placement> all = placements();
+  for (const offload::Tier tier : {offload::Tier::Cpu, offload::Tier::Disk}) {
+    for (Placement s : {all[0], all[2], all[3]}) {
+      s.policy.prefix_pool = offload::tier_name(tier);
+      s.name += ", pool on " + s.policy.prefix_pool;
+      const engine::KvHeld held = expect_held_prefixes_change_no_token(m.config, *m.weights, s, seed++);
+      EXPECT_EQ(held.pools[static_cast<std::size_t>(tier)], 1) << s.name;
+    }
+  }
+  Placement disk = placements()[2];
+  disk.policy.compress_cache = true;
+  disk.policy.prefix_pool = "disk";
+  disk.name += " q8, pool on disk";
+  const engine::KvHeld turns =
+      expect_held_prefixes_change_no_token(m.config, *m.weights, disk, per_document_request(m.config.vocab_size, seed));
+  EXPECT_LT(turns.rows, turns.prefixes);
+  EXPECT_GT(turns.fills, turns.prefixes);
+  const engine::ModelConfig cfg = testing::tiny_llama_config();
+  engine::DummyWeights src(cfg, 55);
+  Placement cpu = placements()[1];
+  cpu.policy.prefix_pool = "cpu";
+  expect_held_prefixes_change_no_token(cfg, src, cpu, seed + 1);
+}
+
+// With the KV rows on cpu the pool takes more of the gpu tier than the shorter rows' staging
+// slots give back. Under auto, where the gpu tier holds less than the pool needs, the pool goes
+// to the cpu tier (staged: its ring buffers, a layer's pool, take less of the gpu than every
+// layer's); a pool asked for on the gpu tier that does not fit there is not held: the rows
+// copy the prefixes, with the copies' peak (the pool's try left none). The same tokens each way.
+TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierMovesOrIsCopied) {
+  auto m = engine::open_model({});
+  Placement s = placements()[1];
   GenerationRequest req = held_request(m.config.vocab_size, 5300);
   req.slots = s.policy.block_size();
   req.prefill_budget = 24;
@@ -507,10 +539,18 @@ TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierIsCopied) {
   req.hold_prefixes = true;
   const GpuTierRun held = run_with_gpu_bytes(m.config, *m.weights, s, req, unlimited);
   ASSERT_EQ(held.held.prefixes, 2);
+  ASSERT_EQ(held.held.pools[0], 1);
   ASSERT_GT(held.gpu_peak, copied.gpu_peak);
-  const GpuTierRun tight = run_with_gpu_bytes(m.config, *m.weights, s, req, (copied.gpu_peak + held.gpu_peak) / 2);
+  const std::int64_t between = (copied.gpu_peak + held.gpu_peak) / 2;
+  const GpuTierRun moved = run_with_gpu_bytes(m.config, *m.weights, s, req, between);
+  EXPECT_EQ(moved.held.prefixes, 2);
+  EXPECT_EQ(moved.held.pools[1], 1);
+  EXPECT_LT(moved.gpu_peak, held.gpu_peak);
+  EXPECT_EQ(moved.result.tokens, copied.result.tokens);
+  s.policy.prefix_pool = "gpu";
+  const GpuTierRun tight = run_with_gpu_bytes(m.config, *m.weights, s, req, between);
   EXPECT_EQ(tight.held.prefixes, 0);
-  EXPECT_EQ(tight.gpu_peak, copied.gpu_peak);  // the pool's try left no peak behind
+  EXPECT_EQ(tight.gpu_peak, copied.gpu_peak);
   EXPECT_GT(tight.result.prefix_hits, 10);
   EXPECT_EQ(tight.result.tokens, copied.result.tokens);
 }

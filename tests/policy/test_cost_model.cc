@@ -637,7 +637,7 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   const ModelShape m = opt("opt-125m", 12, 768);
   Workload w = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990, 0}), 512);
   w.requests.front().shared = 0;  // the family's first computes the prefix
-  w.held = {.families = 1, .prefix = 990, .rest = 74};
+  w.held = {.families = 1, .prefix = 990, .rest = 74, .mean_prefix = 990};
   EXPECT_EQ(w.pool_rows(8, 8), 1);
   EXPECT_EQ(w.pool_rows(1, 1), 0);
   Policy p;
@@ -657,6 +657,26 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   ASSERT_TRUE(held_cpu.has_value());
   EXPECT_EQ(item(*held_cpu, 1, "KV cache"), z.kv_per_token_layer * 12 * 8 * 74);
   EXPECT_EQ(item(*held_cpu, 0, "prefixes held once"), z.kv_per_token_layer * 12 * 990);
+  EXPECT_EQ(item(*held_cpu, 0, "held prefixes staging ring"), 0);
+  // The pool on cpu: staged, a ring of three slots of one layer's pool on the gpu tier (none
+  // with cpu_cache_compute: read in place); on disk staged too.
+  p.prefix_pool = "cpu";
+  const auto pool_cpu = estimate(m, t4(), w, p);
+  ASSERT_TRUE(pool_cpu.has_value());
+  EXPECT_EQ(item(*pool_cpu, 1, "prefixes held once"), z.kv_per_token_layer * 12 * 990);
+  EXPECT_EQ(item(*pool_cpu, 0, "prefixes held once"), 0);
+  EXPECT_EQ(item(*pool_cpu, 0, "held prefixes staging ring"), z.kv_per_token_layer * 3 * 990);
+  p.cpu_cache_compute = true;
+  EXPECT_EQ(item(*estimate(m, t4(), w, p), 0, "held prefixes staging ring"), 0);
+  p.cpu_cache_compute = false;
+  p.prefix_pool = "disk";
+  const auto pool_disk = estimate(m, t4(), w, p);
+  ASSERT_TRUE(pool_disk.has_value());
+  EXPECT_EQ(item(*pool_disk, 2, "prefixes held once"), z.kv_per_token_layer * 12 * 990);
+  EXPECT_EQ(item(*pool_disk, 0, "held prefixes staging ring"), z.kv_per_token_layer * 3 * 990);
+  // Staged, the pool's rows come in every decode step: slower than in place on the gpu.
+  EXPECT_LT(pool_cpu->total_throughput, held_cpu->total_throughput);
+  p.prefix_pool = "auto";
   Workload copies = w;
   copies.held = {};
   const auto copied = estimate(m, t4(), copies, p);
@@ -670,9 +690,13 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
   PlanOptions o;
   o.max_block = 8;
   auto kv_on_gpu_blocks_of_8 = [&](const Workload& job) {
-    std::vector<std::int64_t> pools;  // the pool of each block of 8 with its KV wholly on the gpu
-    for (const Estimate& e : plan_ranked(m, small, job, o, 1000))
-      if (e.policy.block_size() == 8 && e.policy.cache.gpu == 1.0) pools.push_back(item(e, 0, "prefixes held once"));
+    std::vector<std::int64_t> pools;  // the pool of each block of 8 with its KV wholly on the gpu, on the tier planned
+    for (const Estimate& e : plan_ranked(m, small, job, o, 1000)) {
+      if (e.policy.block_size() != 8 || e.policy.cache.gpu != 1.0) continue;
+      const int tier = e.policy.prefix_pool == "gpu" ? 0 : e.policy.prefix_pool == "cpu" ? 1 : 2;
+      EXPECT_NE(e.policy.prefix_pool, "auto");
+      pools.push_back(item(e, tier, "prefixes held once"));
+    }
     return pools;
   };
   const std::vector<std::int64_t> pools = kv_on_gpu_blocks_of_8(w);

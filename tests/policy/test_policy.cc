@@ -38,6 +38,7 @@ TEST(Policy, YamlRoundTrips) {
   p.compress_bits = 8;
   p.expert_loading = "routed";
   p.expert_slots = 3;
+  p.prefix_pool = "cpu";
   const Policy q = load_policy_yaml(policy_to_yaml(p), "roundtrip");
   EXPECT_EQ(q.gpu_batch_size, 48);
   EXPECT_EQ(q.num_gpu_batches, 3);
@@ -52,12 +53,14 @@ TEST(Policy, YamlRoundTrips) {
   EXPECT_EQ(q.compress_bits, 8);
   EXPECT_EQ(q.expert_loading, "routed");
   EXPECT_EQ(q.expert_slots, 3);
+  EXPECT_EQ(q.prefix_pool, "cpu");
   // No cache_dtype: the KV takes the model's float dtype, and the file says nothing.
   Policy r;
   const Policy plain = load_policy_yaml(policy_to_yaml(r), "roundtrip");
   EXPECT_FALSE(plain.cache_storage.has_value());
   EXPECT_EQ(plain.cache_dtype(kernels::DType::BF16), kernels::DType::BF16);
   EXPECT_THAT(policy_to_yaml(r), ::testing::Not(HasSubstr("cache_dtype")));
+  EXPECT_THAT(policy_to_yaml(r), ::testing::Not(HasSubstr("prefix_pool")));  // auto
   r.cache_storage = kernels::DType::F32;  // --cache-dtype f32 on an f16 model
   EXPECT_EQ(load_policy_yaml(policy_to_yaml(r), "roundtrip").cache_dtype(kernels::DType::F16), kernels::DType::F32);
 }
@@ -73,10 +76,12 @@ TEST(Policy, TextAndJsonNameEveryFieldARunUses) {
   EXPECT_EQ(percent_text(p, 1), "20.0 80.0 0.0 100.0 100.0 0.0");
   EXPECT_EQ(to_text(p), "gpu batch 4 x 2 batches, percent [20 80 0 100 100 0], overlap true, sep_layer true, "
                         "cpu_cache_compute false, kv h2o:0.2");
+  p.prefix_pool = "disk";
+  EXPECT_THAT(to_text(p), HasSubstr("kv h2o:0.2, prefix pool on disk"));
   const nlohmann::json j = to_json(p, 8, 2);
   for (const char* key : {"gpu_batch_size", "num_gpu_batches", "percent", "overlap", "sep_layer", "pin_weight",
                           "cpu_cache_compute", "kv", "compress_weight", "compress_cache", "compress_bits",
-                          "expert_loading", "expert_slots"})
+                          "expert_loading", "expert_slots", "prefix_pool"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["expert_slots"], p.expert_slot_count(8, 2));
   EXPECT_EQ(to_json(p, 0, 0)["expert_slots"], 0);  // a dense model stages no experts
@@ -157,6 +162,7 @@ TEST(Policy, BadYamlNamesTheFileAndField) {
   EXPECT_THAT(error_of("cache_dtype: f32\ncompress_cache: true\n"), HasSubstr("no effect with compress_cache"));
   EXPECT_THAT(error_of("cache_dtype: f8\n"), HasSubstr("field 'cache_dtype'"));
   EXPECT_THAT(error_of("expert_loading: some\n"), HasSubstr("expert_loading must be auto, routed or all"));
+  EXPECT_THAT(error_of("prefix_pool: nvme\n"), HasSubstr("prefix_pool must be auto, gpu, cpu or disk, got 'nvme'"));
   EXPECT_EQ(error_of("num_gpu_batches: 2\n"), "no error");
 }
 

@@ -43,10 +43,11 @@ RunPart stage(int rank, double wall, double wait) {
   p.kv_copies.prefixes.written = {0, 64 * (rank + 1), 0};
   p.kv_copies.forks.read = {0, 0, 16 * rank};
   p.kv_copies.forks.written = {0, 0, 16 * rank};
-  // The pool and some rows on gpu, the other rows on cpu.
+  // Rank 0's pool on gpu, rank 1's on cpu; some rows on gpu, the others on cpu.
   p.kv_held = {.prefixes = rank + 1,
                .rows = rank + 1,
                .fills = 2 * (rank + 1),
+               .pools = {rank == 0 ? 1 : 0, rank == 0 ? 0 : 1, 0},
                .bytes = {1024 * (rank + 1), 512 * (rank + 1), 0},
                .bytes_without = {2048 * (rank + 1), 1024 * (rank + 1), 0}};
   return p;
@@ -76,6 +77,7 @@ TEST(RunReport, PartRoundTripsThroughJson) {
   EXPECT_EQ(q.kv_held.prefixes, 2);
   EXPECT_EQ(q.kv_held.rows, 2);
   EXPECT_EQ(q.kv_held.fills, 4);
+  EXPECT_EQ(q.kv_held.pools, p.kv_held.pools);
   EXPECT_EQ(q.kv_held.bytes, p.kv_held.bytes);
   EXPECT_EQ(q.kv_held.bytes_without, p.kv_held.bytes_without);
   // As --metrics has it: no trace, no policy text.
@@ -104,6 +106,7 @@ TEST(RunReport, PipelineTotalsItsStages) {
                           "slot_utilisation"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_THAT(r.text(), HasSubstr("stage 1, rank 1 (h): decoder layers 2-3 + head, gpu batch 2 x 1"));
+  EXPECT_THAT(r.text(), HasSubstr("KV held once: 3 prefixes in 3 pool rows (gpu, cpu), 6 fills;"));
 }
 
 TEST(RunReport, DataParallelTotalsItsRanks) {
