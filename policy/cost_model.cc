@@ -815,7 +815,7 @@ class Ranking {
   static bool same_policy(const Policy& a, const Policy& b) {
     return a.gpu_batch_size == b.gpu_batch_size && a.num_gpu_batches == b.num_gpu_batches &&
            a.cpu_cache_compute == b.cpu_cache_compute && a.resident_embeddings == b.resident_embeddings &&
-           a.percent() == b.percent();
+           a.percent() == b.percent() && a.prefix_pool == b.prefix_pool;
   }
   std::size_t keep_;
   std::vector<Estimate> best_;
@@ -851,11 +851,7 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
   bool any = false;
   const Workload w = with_prefill_budget(job, hw, gbs);
   const SlotStep step = w.continuous ? slot_step(w, gbs * k, gbs) : SlotStep{};
-  // Copied prefixes, then a pool on each tier where the engine would hold one.
-  std::vector<std::pair<std::int64_t, offload::Tier>> pool_variants{{0, offload::Tier::Gpu}};
-  if (const std::int64_t rows = o.kv.name == "full" ? w.pool_rows(gbs * k, gbs) : 0; rows > 0)
-    for (const offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
-      pool_variants.emplace_back(rows, t);
+  const std::int64_t pool_rows = o.kv.name == "full" ? w.pool_rows(gbs * k, gbs) : 0;
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
     for (bool weights_on_gpu : {true, false}) {
@@ -865,16 +861,24 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
           Block blk{gbs, k, ccc, !weights_on_gpu, !hidden_on_gpu, true, true};
           blk.resident_embeddings = resident_embeddings;
           blk.slot_step = step;
-          // Each placement with prefixes copied into the rows, and where the engine would hold
-          // them once: the rows sized for what follows a prefix, the pool on each tier.
-          for (const auto& [rows, tier] : pool_variants) {
-            blk.pool_rows = rows;
+          // Where the engine would hold the prefixes once, each placement with the pool on each
+          // tier (the rows sized for what follows a prefix); where it would not, or no pool
+          // fits, with the prefixes copied into the rows.
+          bool fits = false;
+          for (const offload::Tier tier : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
+            blk.pool_rows = pool_rows;
             blk.pool_tier = tier;
-            if (auto e = solve_variant(m, hw, w, o, blk)) {
+            if (auto e = pool_rows > 0 ? solve_variant(m, hw, w, o, blk) : std::nullopt) {
               ranking.add(std::move(*e));
-              any = true;
+              fits = true;
             }
           }
+          blk.pool_rows = 0;
+          if (auto e = fits ? std::nullopt : solve_variant(m, hw, w, o, blk)) {
+            ranking.add(std::move(*e));
+            fits = true;
+          }
+          any = any || fits;
         }
       }
     }
