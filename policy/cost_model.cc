@@ -516,7 +516,7 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     d.rows_per_seq = ss.rows();
     d.kv_len = ss.decode_rows > 0 ? std::min(kvtok, ss.kv_attended / ss.decode_rows) : 0.0;
     d.kv_read = kvt * bls * ss.decode_rows * d.kv_len;
-    // A held prefix is read from the pool in place on the gpu tier; the rows hold what follows it.
+    // A held prefix is read from the pool (in place, or staged: pool_moved); the rows hold what follows it.
     const double held = blk.pool_rows > 0 ? std::min(w.held.mean_prefix, d.kv_len) : 0.0;
     d.kv_moved = kvt * bls * ss.decode_rows * (d.kv_len - held);
     // A staged pool: each GPU batch loads the rows of the families it holds, each prefix once.
@@ -571,12 +571,17 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   // A staged pool's rows come in each step (from disk through the cpu); a filled row's write
   // back, once a family's, is left out.
   const double pool_from_disk = blk.pool_tier == offload::Tier::Disk ? d.pool_moved / dc_bw : 0.0;
-  t.ctog_gen = lin(d.pool_moved / cg_bw, {{WC, wl_gen / cg_bw}, {WN, wl_gen / cg_bw}, {HC, hid_gen / cg_bw}, {HN, hid_gen / cg_bw},
-                       {CC, cache_in}, {CN, cache_in}});
+  t.ctog_gen = lin(d.pool_moved / cg_bw, {{WC, wl_gen / cg_bw},
+                                          {WN, wl_gen / cg_bw},
+                                          {HC, hid_gen / cg_bw},
+                                          {HN, hid_gen / cg_bw},
+                                          {CC, cache_in},
+                                          {CN, cache_in}});
   // With cpu_cache_compute the cpu-homed cache is attended in place: only the new tokens move.
   const double kv_store_cpu = blk.ccc ? kvt * bls * d.rows_per_seq : kv_store;
   t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
-  t.dtoc_gen = lin(pool_from_disk, {{CN, kv_moved / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
+  t.dtoc_gen = lin(pool_from_disk,
+                   {{CN, kv_moved / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
   const double kv_len = d.kv_len, attn_flops = d.attn_flops;
   const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;

@@ -296,10 +296,9 @@ void BlockScheduler::place_pool(BlockState& st, Tier tier) {
   home.stored.resize(static_cast<std::size_t>(cfg_.n_layers));
   for (const std::int64_t l : units_.cache_layers) {
     const std::string name = "held prefixes of layer " + std::to_string(l);
-    home.k[static_cast<std::size_t>(l)] = std::make_unique<TieredTensor>(tiers_, "K " + name, cache_dtype_, st.pool.rows,
-                                                                         row, all_on, row_bytes);
-    home.v[static_cast<std::size_t>(l)] = std::make_unique<TieredTensor>(tiers_, "V " + name, cache_dtype_, st.pool.rows,
-                                                                         row, all_on, row_bytes);
+    const auto i = static_cast<std::size_t>(l);
+    home.k[i] = std::make_unique<TieredTensor>(tiers_, "K " + name, cache_dtype_, st.pool.rows, row, all_on, row_bytes);
+    home.v[i] = std::make_unique<TieredTensor>(tiers_, "V " + name, cache_dtype_, st.pool.rows, row, all_on, row_bytes);
   }
 }
 
@@ -420,7 +419,8 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
     if (b.resident_end < b.n) view.parts.push_back({b.resident_end, b.n, slot.k.data(), slot.v.data()});
     const PoolHome& pool = st.pool_home;
     if (pool.held() && pool.staged) view.pool = {slot.pool_k.data(), slot.pool_v.data(), pool.capacity};
-    if (pool.held() && !pool.staged) view.pool = {pool.k[layer]->place(0).ptr, pool.v[layer]->place(0).ptr, pool.capacity};
+    if (pool.held() && !pool.staged)
+      view.pool = {pool.k[layer]->place(0).ptr, pool.v[layer]->place(0).ptr, pool.capacity};
   }
   offload::ScopedSpan span(trace_, "compute", "compute_layer", u.name + " b" + std::to_string(k));
   for (std::size_t i = 0; i < u.layers.size(); ++i) {

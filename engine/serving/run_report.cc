@@ -176,7 +176,8 @@ engine::KvHeld kv_held_from_json(const nlohmann::json& j) {
   engine::KvHeld h{.prefixes = j.at("prefixes").get<std::int64_t>(),
                    .rows = j.at("rows").get<std::int64_t>(),
                    .fills = j.at("fills").get<std::int64_t>()};
-  for (const offload::Tier t : kTiers) h.pools[static_cast<std::size_t>(t)] = j.at("pools").at(tier_key(t)).get<std::int64_t>();
+  for (const offload::Tier t : kTiers)
+    h.pools[static_cast<std::size_t>(t)] = j.at("pools").at(tier_key(t)).get<std::int64_t>();
   pair_by_tier_from_json(j.at("by_tier"), "bytes", h.bytes, "bytes_without", h.bytes_without);
   return h;
 }
