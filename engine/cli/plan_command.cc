@@ -243,17 +243,18 @@ void print_explanation(const policy::ModelShape& shape, const policy::HardwarePr
 // The policies the search ranked best, as a table.
 void print_ranked(const std::vector<policy::Estimate>& ranked, bool continuous) {
   fmt::print("top {} of the policies the search evaluated:\n", ranked.size());
-  fmt::print("| rank | gbs x K | percent (WG WC CG CC AG AC) | ccc | total tok/s | {} | bottleneck |\n"
-             "|---|---|---|---|---|---|---|---|\n",
+  fmt::print("| rank | gbs x K | percent (WG WC CG CC AG AC) | ccc | prefix pool | total tok/s | {} | bottleneck |\n"
+             "|---|---|---|---|---|---|---|---|---|\n",
              continuous ? "step s | steps" : "prefill s | decode s");
   for (std::size_t i = 0; i < ranked.size(); ++i) {
     const policy::Estimate& r = ranked[i];
     const std::string times =
         r.continuous ? fmt::format("{:.4f} | {:.0f}", r.decode_step_seconds, r.decode_seconds / r.decode_step_seconds)
                      : fmt::format("{:.1f} | {:.1f}", r.prefill_seconds, r.decode_seconds);
-    fmt::print("| {} | {} x {} | [{}] | {} | {:.3f} | {} | {} |\n", i + 1, r.policy.gpu_batch_size,
+    // A plan that holds no prefixes once leaves the pool to the engine (auto): "-".
+    fmt::print("| {} | {} x {} | [{}] | {} | {} | {:.3f} | {} | {} |\n", i + 1, r.policy.gpu_batch_size,
                r.policy.num_gpu_batches, policy::percent_text(r.policy, 1), r.policy.cpu_cache_compute ? "yes" : "no",
-               r.total_throughput, times, r.bottleneck);
+               r.policy.prefix_pool == "auto" ? "-" : r.policy.prefix_pool, r.total_throughput, times, r.bottleneck);
   }
 }
 

@@ -401,6 +401,9 @@ TEST(Cli, RunExplainSetsThePredictionBesideTheMeasurement) {
   ASSERT_EQ(whole.code, 0) << whole.err;
   EXPECT_THAT(shared.out, HasSubstr("400 tokens of each from 1 shared prefix held once, continuous batching"));
   EXPECT_THAT(shared.out, HasSubstr("prefixes held once"));
+  EXPECT_THAT(shared.out, HasSubstr(", prefix pool on "));  // the plan names the pool's tier
+  EXPECT_THAT(shared.out, HasSubstr("| ccc | prefix pool |"));
+  EXPECT_THAT(whole.out, Not(HasSubstr("prefix pool")));
   auto predicted = [](const std::string& out) {
     const auto at = out.find("predicted: ");
     return at == std::string::npos ? 0.0 : std::stod(out.substr(at + 11));
