@@ -406,7 +406,8 @@ TEST(PrefixSharing, HeldPrefixesTakeTurnsInFewerRows) {
 }
 
 // Each document's second question asked twice, the two sharing one prefill (an OpenAI request
-// with n = 2): the fork copies the first's own row after the held prefix and reads the pool.
+// with n = 2): the fork copies the first's own row after the held prefix and reads the pool (in
+// memory, and staged from disk).
 TEST(PrefixSharing, HeldPrefixesWithSharedPrefills) {
   auto m = engine::open_model({});
   const GenerationRequest questions = per_document_request(m.config.vocab_size, 5400);
@@ -418,18 +419,25 @@ TEST(PrefixSharing, HeldPrefixesWithSharedPrefills) {
     req.sequences.push_back(questions.sequences[i]);
     req.sequences.back().shares_prompt = true;
   }
-  const Placement s = in_memory_two_batches();
-  req.slots = s.policy.block_size();
-  req.prefill_budget = 24;
-  auto be = kernels::make_cpu_backend();
-  EXPECT_EQ(testing::expect_refill_matches_solo(*be, m.config, *m.weights, s.policy, req).requests,
-            req.sequences.size());
-  engine::KvHeld kv_held;
-  const GenerationResult held = run_scheduler(m.config, *m.weights, s, req, nullptr, nullptr, &kv_held);
-  EXPECT_EQ(kv_held.prefixes, 10);
-  EXPECT_GT(kv_held.rows, 0);
-  req.share_prefixes = false;
-  EXPECT_EQ(held.tokens, run_scheduler(m.config, *m.weights, s, req).tokens);
+  Placement pool_on_disk = in_memory_two_batches();
+  pool_on_disk.policy.prefix_pool = "disk";
+  pool_on_disk.name += ", pool on disk";
+  for (const Placement& s : {in_memory_two_batches(), pool_on_disk}) {
+    SCOPED_TRACE(s.name);
+    req.slots = s.policy.block_size();
+    req.prefill_budget = 24;
+    req.share_prefixes = true;
+    auto be = kernels::make_cpu_backend();
+    EXPECT_EQ(testing::expect_refill_matches_solo(*be, m.config, *m.weights, s.policy, req).requests,
+              req.sequences.size());
+    engine::KvHeld kv_held;
+    const GenerationResult held = run_scheduler(m.config, *m.weights, s, req, nullptr, nullptr, &kv_held);
+    EXPECT_EQ(kv_held.prefixes, 10);
+    EXPECT_GT(kv_held.rows, 0);
+    EXPECT_EQ(kv_held.pools[s.policy.prefix_pool == "disk" ? 2 : 0], 1);
+    req.share_prefixes = false;
+    EXPECT_EQ(held.tokens, run_scheduler(m.config, *m.weights, s, req).tokens);
+  }
 }
 
 TEST(PrefixSharing, HeldPrefixesStories260k) {
