@@ -9,6 +9,7 @@
 #include <memory>
 #include <numeric>
 #include <queue>
+#include <set>
 #include <stdexcept>
 #include <vector>
 
@@ -153,12 +154,52 @@ namespace {
 // turn gives its free slots to the waiting requests in order, while their prompts fit the
 // prefill budget (the first newcomer of a batch always joins); a request holds its slot for
 // its max_tokens steps (its prefill gives the first token). The steps the job takes, and the
-// most prefix families (RequestLength::family) its running requests hold at once.
+// most prefix families (RequestLength::family) its running requests hold at once. With
+// `pool_rows` > 0 the families take turns in that many pool rows as StepScheduler gives them: a
+// newcomer whose family holds no row takes the free row (none of whose requests runs) taken
+// least recently, computing its whole prompt where the row is not still its family's (a fill
+// again: `refills`), and waits, with admission, where no row is free.
 struct Admission {
   std::int64_t steps = 0, families = 0;
+  std::vector<bool> refills;  // per request, with pool rows: it fills a row again
 };
 
-Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu_batch) {
+// Pool rows taken in turn by the families of admitted requests (admit_in_order).
+class PoolRows {
+ public:
+  explicit PoolRows(std::int64_t rows) : rows_(static_cast<std::size_t>(rows)) {}
+  bool held() const { return !rows_.empty(); }
+  // The row a newcomer of `family` (none of whose requests runs) would have: its own, still
+  // filled, or the free one taken least recently; -1: none is free.
+  std::int64_t row_for(std::int64_t family, const std::map<std::int64_t, std::int64_t>& running) const {
+    std::int64_t free = -1;
+    for (std::size_t i = 0; i < rows_.size(); ++i) {
+      const Row& r = rows_[i];
+      if (r.family == family) return static_cast<std::int64_t>(i);
+      const bool busy = r.family >= 0 && running.contains(r.family);
+      if (!busy && (free < 0 || r.taken < rows_[static_cast<std::size_t>(free)].taken)) free = static_cast<std::int64_t>(i);
+    }
+    return free;
+  }
+  // Whether taking `row` fills it again: its family filled one before and this is not still it.
+  bool refills(std::int64_t row, std::int64_t family) const {
+    return rows_[static_cast<std::size_t>(row)].family != family && filled_.contains(family);
+  }
+  void take(std::int64_t row, std::int64_t family, std::int64_t t) {
+    Row& r = rows_[static_cast<std::size_t>(row)];
+    if (r.family != family) r = {family, t};
+    filled_.insert(family);
+  }
+
+ private:
+  struct Row {
+    std::int64_t family = -1, taken = -1;
+  };
+  std::vector<Row> rows_;
+  std::set<std::int64_t> filled_;  // families that filled a row
+};
+
+Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0) {
   gpu_batch = std::clamp<std::int64_t>(gpu_batch, 1, std::max<std::int64_t>(slots, 1));
   using Busy = std::pair<std::int64_t, std::int64_t>;  // the step a slot frees at, its request's family
   using Heap = std::priority_queue<Busy, std::vector<Busy>, std::greater<>>;
@@ -173,6 +214,8 @@ Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu
   std::size_t next = 0;
   std::int64_t t = 0;
   Admission a;
+  a.refills.assign(w.requests.size(), false);
+  PoolRows pool(pool_rows);
   auto leave = [&](std::int64_t family) {
     if (family >= 0 && --running[family] == 0) running.erase(family);
   };
@@ -185,8 +228,14 @@ Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu
       std::int64_t admitted = 0;
       while (b.free > 0 && next < w.requests.size()) {
         const RequestLength& r = w.requests[next];
-        const std::int64_t computed = r.prompt - r.shared;
+        const bool takes_row = pool.held() && r.family >= 0 && !running.contains(r.family);
+        const std::int64_t row = takes_row ? pool.row_for(r.family, running) : -1;
+        if (takes_row && row < 0) break;  // no free pool row: it waits
+        const bool refill = takes_row && pool.refills(row, r.family);
+        const std::int64_t computed = refill ? r.prompt : r.prompt - r.shared;
         if (admitted > 0 && admitted + computed > w.prefill_budget) break;
+        if (takes_row) pool.take(row, r.family, t);
+        a.refills[next] = refill;
         admitted += computed;
         --b.free;
         const std::int64_t at = t + std::max<std::int64_t>(r.gen, 1);
@@ -206,7 +255,7 @@ Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu
 
 }  // namespace
 
-SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch) {
+SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows) {
   SlotStep s;
   // A request of prompt p and g new tokens: one prefill step of p rows (its first token; c of
   // them when it takes p - c from a shared prefix), then g - 1 decode rows attending over
@@ -225,10 +274,13 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
     add(p, p - w.mean_shared, g);
     slot_steps = g;
   } else {
-    for (const RequestLength& r : w.requests)
-      add(static_cast<double>(r.prompt), static_cast<double>(r.prompt - r.shared),
+    const Admission a = admit_in_order(w, slots, gpu_batch, pool_rows);
+    for (std::size_t i = 0; i < w.requests.size(); ++i) {
+      const RequestLength& r = w.requests[i];
+      add(static_cast<double>(r.prompt), static_cast<double>(a.refills[i] ? r.prompt : r.prompt - r.shared),
           static_cast<double>(std::max<std::int64_t>(r.gen, 1)));
-    s.steps = static_cast<double>(admit_in_order(w, slots, gpu_batch).steps);
+    }
+    s.steps = static_cast<double>(a.steps);
     slot_steps = s.steps * static_cast<double>(std::max<std::int64_t>(slots, 1));
   }
   s.busy = tokens / slot_steps;
@@ -308,8 +360,8 @@ Block block_of(const Policy& p, const Workload& w) {
   Block b{p.gpu_batch_size, p.num_gpu_batches, p.cpu_cache_compute, p.weights.gpu < 1.0, p.activations.gpu < 1.0,
           p.overlap,        p.sep_layer,       p.expert_loading,      p.expert_slots,
           p.resident_embeddings};
-  if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size);
   b.pool_rows = p.kv == "full" ? w.pool_rows(p.block_size(), p.gpu_batch_size) : 0;
+  if (w.continuous) b.slot_step = slot_step(w, p.block_size(), p.gpu_batch_size, b.pool_rows);
   b.pool_tier = pool_tier_of(p);
   return b;
 }
@@ -857,6 +909,8 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
   const Workload w = with_prefill_budget(job, hw, gbs);
   const SlotStep step = w.continuous ? slot_step(w, gbs * k, gbs) : SlotStep{};
   const std::int64_t pool_rows = o.kv.name == "full" ? w.pool_rows(gbs * k, gbs) : 0;
+  // Held, a family whose row went to another computes its prefix again when it comes back.
+  const SlotStep held_step = pool_rows > 0 ? slot_step(w, gbs * k, gbs, pool_rows) : step;
   for (bool ccc : {false, true}) {
     if (ccc && !o.allow_cpu_cache_compute) continue;
     for (bool weights_on_gpu : {true, false}) {
@@ -873,12 +927,14 @@ bool evaluate_block(const ModelShape& m, const HardwareProfile& hw, const Worklo
           for (const offload::Tier tier : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk}) {
             blk.pool_rows = pool_rows;
             blk.pool_tier = tier;
+            blk.slot_step = held_step;
             if (auto e = pool_rows > 0 ? solve_variant(m, hw, w, o, blk) : std::nullopt) {
               ranking.add(std::move(*e));
               fits = true;
             }
           }
           blk.pool_rows = 0;
+          blk.slot_step = step;
           if (auto e = fits ? std::nullopt : solve_variant(m, hw, w, o, blk)) {
             ranking.add(std::move(*e));
             fits = true;

@@ -98,8 +98,10 @@ struct SlotStep {
 // From the requests: admitted in order as the engine admits them (at each step, each GPU
 // batch of `gpu_batch` slots takes newcomers into its free slots within the prefill budget),
 // each holding its slot for its max_tokens steps (its prefill step gives its first token); from
-// the means: every slot busy (steady state).
-SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch);
+// the means: every slot busy (steady state). `pool_rows` > 0: the job's prefix families take
+// turns in that many pool rows (Workload::pool_rows), and a family that comes back after its
+// row went to another computes its prefix again.
+SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0);
 // The job's requests as a continuous workload (maxima and means from them).
 Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget);
 // Continuous batching's prefill budget when none is given, for GPU batches of `gpu_batch`

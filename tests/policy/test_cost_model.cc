@@ -728,6 +728,24 @@ TEST(ContinuousPlan, PoolRowsAreTheFamiliesRunningAtOnce) {
   EXPECT_EQ(means.pool_rows(8, 8), 0);
 }
 
+// Rows taken in turn, by hand (3 slots, 2 pool rows): A's two requests and B's first at step 0
+// (A fills row 0, B row 1); at step 1 A's have ended, C takes A's row and B's second joins B;
+// at step 2 A comes back to rows C and B took: it takes B's (the one taken least recently) and
+// computes its whole prompt again, 40 prompt rows more than each family computing its prefix
+// once. With a row for each family nothing is filled again.
+TEST(ContinuousPlan, AFamilyWhoseRowWentToAnotherFillsItAgain) {
+  Workload w = continuous_workload(
+      {{50, 1, 0, 0}, {50, 1, 40, 0}, {50, 2, 0, 1}, {50, 1, 0, 2}, {50, 1, 40, 1}, {50, 1, 40, 0}}, 512);
+  w.held = {.families = 3, .prefix = 40, .rest = 12};
+  ASSERT_EQ(w.pool_rows(3, 3), 2);
+  const SlotStep copied = slot_step(w, 3, 3), held = slot_step(w, 3, 3, 2);
+  EXPECT_EQ(copied.steps, 3);
+  EXPECT_EQ(held.steps, 3);
+  EXPECT_NEAR(copied.prefill_rows * 9, 180, 1e-9);
+  EXPECT_NEAR(held.prefill_rows * 9, 220, 1e-9);
+  EXPECT_NEAR(slot_step(w, 3, 3, 3).prefill_rows * 9, 180, 1e-9);
+}
+
 // Steady state behind a shared prefix: a newcomer computes the rest of its prompt (c = p - s
 // rows, attention c (2p - c)); its decodes attend over the whole context.
 TEST(ContinuousPlan, SteadyStateSharedPrefixComputesOnlyTheRest) {
