@@ -41,8 +41,9 @@ struct Policy {
   // Experts a MoE unit's weight staging slot holds (0: sized by expert_slot_count below). A
   // block routed to more runs its MoE layers in chunks of experts.
   std::int64_t expert_slots = 0;
-  // Where the pool of prefixes held once lives (docs/prefix-sharing.md, "Where it lives"): gpu,
-  // cpu or disk, or auto: the first of those where it fits.
+  // Where the pool of prefixes held once lives (docs/prefix-sharing.md, "Where it lives"): the
+  // first of gpu, cpu, disk where it fits, from the one named here (a plan names the one it
+  // planned); auto: from the gpu, nothing planned.
   std::string prefix_pool = "auto";
 
   kernels::DType compressed_dtype() const { return compress_bits == 8 ? kernels::DType::Q8 : kernels::DType::Q4; }

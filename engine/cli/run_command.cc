@@ -108,8 +108,8 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->group(sched);
   run->add_option("--prefix-pool", o.prefix_pool,
-                  "where prefixes held once live (docs/prefix-sharing.md): gpu, cpu, disk, or auto (the first of "
-                  "those where the pool fits; default, or the planner's choice)")
+                  "where prefixes held once live (docs/prefix-sharing.md): the first of gpu, cpu, disk where the "
+                  "pool fits, from the one named (default auto: from gpu, or from the planner's choice)")
       ->check(CLI::IsMember({"auto", "gpu", "cpu", "disk"}))
       ->group(sched);
   o.compress.add_to(run, sched);

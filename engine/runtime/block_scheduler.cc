@@ -162,12 +162,14 @@ void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
 }
 
 // Nothing is in flight yet: a try's buffers go, their budgets freed and their peaks as before,
-// for the next tier (or the copies).
+// for the next tier (or the copies). A tier the policy names comes first, then the slower ones.
 bool BlockScheduler::place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool) {
   std::array<std::int64_t, 3> peaks{};
   for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) peaks[static_cast<std::size_t>(t)] = tiers_.budget(t).peak();
+  bool tried_named = policy_.prefix_pool == "auto";
   for (const Tier tier : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
-    if (policy_.prefix_pool != "auto" && policy_.prefix_pool != offload::tier_name(tier)) continue;
+    tried_named = tried_named || policy_.prefix_pool == offload::tier_name(tier);
+    if (!tried_named) continue;
     st.pool = pool;
     try {
       place_pool(st, tier);

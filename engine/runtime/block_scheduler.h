@@ -135,8 +135,9 @@ class BlockScheduler {
   bool can_hold_prefixes(const GenerationRequest& req) const;
   // The bytes of one token's K (or V) over the kv heads of one layer, in the cache dtype.
   std::int64_t kv_token_bytes() const;
-  // place() with `pool` on the first tier of gpu, cpu, disk where it fits beside the rows it
-  // shrinks (whatever tiers those live on); false, nothing placed, where it fits on none.
+  // place() with `pool` on the first tier of gpu, cpu, disk (from the one the policy's
+  // prefix_pool names) where it fits beside the rows it shrinks (whatever tiers those live on);
+  // false, nothing placed, where it fits on none.
   bool place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool);
   // The pool of st.pool on `tier`, read in place there or staged (st.pool_home).
   void place_pool(BlockState& st, offload::Tier tier);

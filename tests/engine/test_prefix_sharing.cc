@@ -482,17 +482,19 @@ TEST(PrefixSharing, HeldPrefixesOverTheTiers) {
   expect_held_prefixes_change_no_token(cfg, src, placements()[2], seed);
 }
 
-// A run of `s` whose gpu tier holds at most gpu_bytes: its tokens, the tier's peak, what it held once.
+// A run of `s` whose gpu tier holds at most gpu_bytes (and disk tier disk_bytes): its tokens,
+// the gpu tier's peak, what it held once.
 struct GpuTierRun {
   GenerationResult result;
   std::int64_t gpu_peak = 0;
   engine::KvHeld held;
 };
 GpuTierRun run_with_gpu_bytes(const engine::ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
-                              const GenerationRequest& req, std::int64_t gpu_bytes) {
+                              const GenerationRequest& req, std::int64_t gpu_bytes,
+                              std::int64_t disk_bytes = offload::Budget::kUnlimited) {
   auto be = kernels::make_cpu_backend();
   testing::TempDir dir;
-  offload::Tiers tiers(*be, {.gpu_bytes = gpu_bytes, .offload_dir = dir.path()});
+  offload::Tiers tiers(*be, {.gpu_bytes = gpu_bytes, .disk_bytes = disk_bytes, .offload_dir = dir.path()});
   engine::BlockScheduler sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
   GpuTierRun r{.result = serving::generate(sched, req)};
   r.gpu_peak = tiers.budget(offload::Tier::Gpu).peak();
@@ -531,10 +533,11 @@ TEST(PrefixSharing, HeldPrefixesInAPoolOnEachTier) {
 }
 
 // With the KV rows on cpu the pool takes more of the gpu tier than the shorter rows' staging
-// slots give back. Under auto, where the gpu tier holds less than the pool needs, the pool goes
-// to the cpu tier (staged: its ring buffers, a layer's pool, take less of the gpu than every
-// layer's); a pool asked for on the gpu tier that does not fit there is not held: the rows
-// copy the prefixes, with the copies' peak (the pool's try left none). The same tokens each way.
+// slots give back. Where the gpu tier holds less than the pool needs, the pool goes to the cpu
+// tier (staged: its ring buffers, a layer's pool, take less of the gpu than every layer's), also
+// where the policy names the gpu (then the slower tiers); a pool asked for on disk where the disk
+// holds none is not held: the rows copy the prefixes, with the copies' peak (the pool's try left
+// none). The same tokens each way.
 TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierMovesOrIsCopied) {
   auto m = engine::open_model({});
   Placement s = placements()[1];
@@ -556,7 +559,9 @@ TEST(PrefixSharing, APoolThatDoesNotFitOnTheGpuTierMovesOrIsCopied) {
   EXPECT_LT(moved.gpu_peak, held.gpu_peak);
   EXPECT_EQ(moved.result.tokens, copied.result.tokens);
   s.policy.prefix_pool = "gpu";
-  const GpuTierRun tight = run_with_gpu_bytes(m.config, *m.weights, s, req, between);
+  EXPECT_EQ(run_with_gpu_bytes(m.config, *m.weights, s, req, between).held.pools[1], 1);
+  s.policy.prefix_pool = "disk";
+  const GpuTierRun tight = run_with_gpu_bytes(m.config, *m.weights, s, req, between, 1);
   EXPECT_EQ(tight.held.prefixes, 0);
   EXPECT_EQ(tight.gpu_peak, copied.gpu_peak);
   EXPECT_GT(tight.result.prefix_hits, 10);
