@@ -157,7 +157,7 @@ namespace {
 // most prefix families (RequestLength::family) its running requests hold at once. With
 // `pool_rows` > 0 the families take turns in that many pool rows as StepScheduler gives them: a
 // newcomer whose family holds no row takes the free row (none of whose requests runs) taken
-// least recently, computing its whole prompt where the row is not still its family's (a fill
+// least recently (by a newcomer of its family), computing its whole prompt where the row is not still its family's (a fill
 // again: `refills`), and waits, with admission, where no row is free.
 struct Admission {
   std::int64_t steps = 0, families = 0;
@@ -169,8 +169,8 @@ class PoolRows {
  public:
   explicit PoolRows(std::int64_t rows) : rows_(static_cast<std::size_t>(rows)) {}
   bool held() const { return !rows_.empty(); }
-  // The row a newcomer of `family` (none of whose requests runs) would have: its own, still
-  // filled, or the free one taken least recently; -1: none is free.
+  // The row a newcomer of `family` would have: its family's (running, or still filled), or the
+  // free one taken least recently; -1: none is free.
   std::int64_t row_for(std::int64_t family, const std::map<std::int64_t, std::int64_t>& running) const {
     std::int64_t free = -1;
     for (std::size_t i = 0; i < rows_.size(); ++i) {
@@ -185,9 +185,9 @@ class PoolRows {
   bool refills(std::int64_t row, std::int64_t family) const {
     return rows_[static_cast<std::size_t>(row)].family != family && filled_.contains(family);
   }
-  void take(std::int64_t row, std::int64_t family, std::int64_t t) {
-    Row& r = rows_[static_cast<std::size_t>(row)];
-    if (r.family != family) r = {family, t};
+  // A newcomer of `family` takes `row`: every newcomer marks it taken, as StepScheduler does.
+  void take(std::int64_t row, std::int64_t family) {
+    rows_[static_cast<std::size_t>(row)] = {family, ++takes_};
     filled_.insert(family);
   }
 
@@ -196,6 +196,7 @@ class PoolRows {
     std::int64_t family = -1, taken = -1;
   };
   std::vector<Row> rows_;
+  std::int64_t takes_ = 0;
   std::set<std::int64_t> filled_;  // families that filled a row
 };
 
@@ -228,13 +229,13 @@ Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu
       std::int64_t admitted = 0;
       while (b.free > 0 && next < w.requests.size()) {
         const RequestLength& r = w.requests[next];
-        const bool takes_row = pool.held() && r.family >= 0 && !running.contains(r.family);
-        const std::int64_t row = takes_row ? pool.row_for(r.family, running) : -1;
-        if (takes_row && row < 0) break;  // no free pool row: it waits
-        const bool refill = takes_row && pool.refills(row, r.family);
+        const bool in_pool = pool.held() && r.family >= 0;
+        const std::int64_t row = in_pool ? pool.row_for(r.family, running) : -1;
+        if (in_pool && row < 0) break;  // no free pool row: it waits
+        const bool refill = in_pool && pool.refills(row, r.family);
         const std::int64_t computed = refill ? r.prompt : r.prompt - r.shared;
         if (admitted > 0 && admitted + computed > w.prefill_budget) break;
-        if (takes_row) pool.take(row, r.family, t);
+        if (in_pool) pool.take(row, r.family);
         a.refills[next] = refill;
         admitted += computed;
         --b.free;
@@ -820,6 +821,7 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
     const double mean_gen = w.mean_gen_len > 0 ? w.mean_gen_len : static_cast<double>(w.gen_len);
     const double steps = ss.steps > 0 ? ss.steps : std::max(mean_gen, 1.0);
     e.continuous = true;
+    e.slot_step = ss;
     e.decode_seconds = steps * e.decode_step_seconds;
     e.decode_throughput = e.total_throughput = ss.busy * bls / e.decode_step_seconds;
     e.compute_seconds = l * steps * t.comp_gen.at(x);

@@ -730,8 +730,8 @@ TEST(ContinuousPlan, PoolRowsAreTheFamiliesRunningAtOnce) {
 
 // Rows taken in turn, by hand (3 slots, 2 pool rows): A's two requests and B's first at step 0
 // (A fills row 0, B row 1); at step 1 A's have ended, C takes A's row and B's second joins B;
-// at step 2 A comes back to rows C and B took: it takes B's (the one taken least recently) and
-// computes its whole prompt again, 40 prompt rows more than each family computing its prefix
+// at step 2 A comes back to rows C and B took: it takes C's (taken least recently: B's second
+// took B's after it) and computes its whole prompt again, 40 prompt rows more than each family computing its prefix
 // once. With a row for each family nothing is filled again.
 TEST(ContinuousPlan, AFamilyWhoseRowWentToAnotherFillsItAgain) {
   Workload w = continuous_workload(
