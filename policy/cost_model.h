@@ -152,6 +152,7 @@ struct Estimate {
   // Tokens/s. Continuous: decode and total are the useful rate, generated tokens over time.
   double prefill_throughput = 0, decode_throughput = 0, total_throughput = 0;
   bool continuous = false;
+  SlotStep slot_step;  // continuous batching: the block's mean slot-step it was estimated at
   std::array<std::int64_t, 3> peak_bytes{};  // gpu, cpu, disk
   // What makes up each tier's peak: named items with their bytes, largest first.
   std::array<std::vector<std::pair<std::string, std::int64_t>>, 3> memory;

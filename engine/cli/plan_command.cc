@@ -229,9 +229,7 @@ void print_explanation(const policy::ModelShape& shape, const policy::HardwarePr
     fmt::print("{} tier: {}\n", offload::tier_name(static_cast<offload::Tier>(tier)),
                items_text(e.memory[static_cast<std::size_t>(tier)]));
   if (e.continuous) {
-    const policy::Workload wb = policy::with_prefill_budget(w, hw, p.gpu_batch_size);
-    const std::int64_t pool_rows = p.kv == "full" ? wb.pool_rows(p.block_size(), p.gpu_batch_size) : 0;
-    const policy::SlotStep ss = policy::slot_step(wb, p.block_size(), p.gpu_batch_size, pool_rows);
+    const policy::SlotStep& ss = e.slot_step;
     fmt::print("mean slot-step: {:.3f} prompt rows + {:.3f} decode rows attending over {:.1f} KV tokens, {:.2f} busy; "
                "prefill budget {} tokens a step\n",
                ss.prefill_rows, ss.decode_rows, ss.decode_rows > 0 ? ss.kv_attended / ss.decode_rows : 0.0, ss.busy,
