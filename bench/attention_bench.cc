@@ -20,9 +20,11 @@
 // With --shared-prefix P: decode also with the first min(P, context) slots shared by all the
 // sequences (AttentionDecodeArgs::shared_prefixes: read once where the backend does, cascade
 // attention), interleaved with the plain calls: microseconds per layer and plain / shared.
+// With --window W: decode under a sliding window of W slots (each sequence reads its last W;
+// the KV bytes read count those).
 // Usage: bench_attention [reps (7)] [contexts (128,256,512,1024)] [dtypes (f16,bf16,f32; q8, q4)]
 //        [--backend cpu|cuda] [--seqs 32] [--heads 9] [--kv-heads 3] [--head-dim 64]
-//        [--chunk 0 --prefix 1000 --call-queries 0] [--shared-prefix 0]
+//        [--chunk 0 --prefix 1000 --call-queries 0] [--shared-prefix 0] [--window 0]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -52,6 +54,7 @@ struct Options {
   std::int64_t seqs = 32, heads = 9, kv_heads = 3, head_dim = 64;
   std::int64_t chunk = 0, prefix = 1000, call_queries = 0;  // chunked prefill when chunk > 0
   std::int64_t shared_prefix = 0;                            // decode with a shared prefix too when > 0
+  std::int64_t window = 0;                                   // decode's sliding window (0: none)
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -101,9 +104,11 @@ void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, st
   const bool gpu = be.kind() != kernels::DeviceKind::Cpu;
   const std::int64_t slots = o.seqs * o.kv_heads * len, slot_bytes = kernels::kv_slot_bytes(dtype, o.head_dim);
   const std::size_t cache_bytes = static_cast<std::size_t>(slots * slot_bytes);
-  const double layer_bytes = 2.0 * static_cast<double>(cache_bytes);
+  const double kv_bytes = 2.0 * static_cast<double>(cache_bytes);  // a layer's K and V
+  const std::int64_t read_len = o.window > 0 ? std::min(o.window, len) : len;
+  const double layer_bytes = kv_bytes * static_cast<double>(read_len) / static_cast<double>(len);  // read
   const std::int64_t layers =
-      gpu ? std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(kGpuCycleBytes / layer_bytes)), 2, kMaxLayers)
+      gpu ? std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(kGpuCycleBytes / kv_bytes)), 2, kMaxLayers)
           : kCpuLayers;
   std::vector<Layer> caches = random_caches(be, dtype, slots, o.head_dim, layers, rng);
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
@@ -112,7 +117,8 @@ void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, st
   kernels::DeviceBuffer q_dev(be, q.size() * sizeof(float)), out(be, q.size() * sizeof(float));
   be.copy_to_device(q_dev.data(), q.data(), q_dev.bytes());
   const std::vector<std::int64_t> lens(static_cast<std::size_t>(o.seqs), len);
-  const kernels::AttentionShape shape{o.heads, o.kv_heads, o.head_dim, 1.0f / std::sqrt(static_cast<float>(o.head_dim))};
+  const kernels::AttentionShape shape{o.heads, o.kv_heads, o.head_dim, 1.0f / std::sqrt(static_cast<float>(o.head_dim)),
+                                      0.0f, o.window};
   // Every sequence a member of one shared prefix held by row 0 (the timing does not depend on
   // the values, so the rows need not hold its bytes).
   const std::int64_t shared = std::min(o.shared_prefix, len);
@@ -147,7 +153,7 @@ void bench_case(kernels::Backend& be, const Options& o, kernels::DType dtype, st
   std::string row = fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} |", kernels::dtype_name(dtype), len,
                                 layer_bytes / 1e6, per_layer * 1e6, gbps);
   if (gpu) {
-    const double copy_gbps = 2.0 * layer_bytes / s[1] / 1e9;  // read + written
+    const double copy_gbps = 2.0 * kv_bytes / s[1] / 1e9;  // read + written
     row += fmt::format(" {:.1f} | {:.2f} |", copy_gbps, gbps / copy_gbps);
   }
   if (o.shared_prefix > 0) {
@@ -228,6 +234,8 @@ int main(int argc, char** argv) {
   app.add_option("--call-queries", o.call_queries, "chunked prefill: queries per call (0: all in one)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--shared-prefix", o.shared_prefix, "decode: also with this many first slots shared by all sequences")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--window", o.window, "decode: a sliding window of this many slots (0: none)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (o.heads % o.kv_heads != 0) {

@@ -86,8 +86,7 @@ void check_row_bases(const AttentionDecodeArgs& a) {
     if (base == 0) continue;
     if (!shared_prefix_applies(a))
       throw std::invalid_argument(
-          "attention_decode: a row that starts after its prefix needs the prefix read apart (no sliding window, probs "
-          "or slot_bias)");
+          "attention_decode: a row that starts after its prefix needs the prefix read apart (no probs or slot_bias)");
     const std::int64_t i = a.prefix_of[b];
     if (i < 0 || a.shared_prefixes[static_cast<std::size_t>(i)].len != base)
       throw std::invalid_argument("attention_decode: a row_base that is not its query's shared prefix's len");
@@ -150,7 +149,7 @@ std::int64_t row_base_of(const AttentionDecodeArgs& a, std::int64_t b) {
 }
 
 bool shared_prefix_applies(const AttentionDecodeArgs& a) {
-  return !a.prefix_of.empty() && a.shape.window == 0 && a.probs == nullptr && a.slot_bias == nullptr;
+  return !a.prefix_of.empty() && a.probs == nullptr && a.slot_bias == nullptr;
 }
 
 void Backend::attention_prefill(const AttentionPrefillArgs& a) {

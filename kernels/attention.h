@@ -26,6 +26,11 @@ struct AttentionShape {
   std::int64_t window = 0;
 };
 
+// The first key position a query at position p sees under a sliding window (0 without one).
+constexpr std::int64_t first_visible(std::int64_t p, std::int64_t window) {
+  return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
+
 // Prefill of a ragged batch: the prompt rows of all sequences, concatenated.
 // Sequence b owns rows [seq_offsets[b], seq_offsets[b+1]) and attends causally within them.
 struct AttentionPrefillArgs {
@@ -89,11 +94,12 @@ struct AttentionDecodeArgs {
   // Optional, host: shared prefixes of the call's queries. Query b with prefix_of[b] = i >= 0
   // ([B] entries, -1: none) is a member of shared_prefixes[i], whose len is at most lens[b].
   // Where shared_prefix_applies holds and the backend reads_shared_prefixes_once, the prefix's
-  // K/V are read once for all its members' query heads, then each member's own slots
-  // [len, lens[b]), and a member's own row below len is not read; the result equals the
-  // per-query reading (on the CPU bit for bit; on CUDA, whose partial softmaxes merge by their
-  // maxima, up to fp32 summation order). Elsewhere every query reads its own row whole, which
-  // holds the same bytes.
+  // K/V are read once for all its members' query heads (under a sliding window from the first
+  // slot some member's window sees, each member masking the slots before its own window's
+  // first), then each member's own slots [len, lens[b]) within its window, and a member's own
+  // row below len is not read; the result equals the per-query reading (on the CPU bit for bit;
+  // on CUDA, whose partial softmaxes merge by their maxima, up to fp32 summation order).
+  // Elsewhere every query reads its own row whole, which holds the same bytes.
   std::span<const SharedPrefix> shared_prefixes;
   std::span<const std::int64_t> prefix_of;
   // Optional: where the shared prefixes' rows are, when not in the call's cache (a prefix held
@@ -113,8 +119,9 @@ struct AttentionDecodeArgs {
 };
 
 // Whether a's shared prefixes can be read once: there are some, and no feature makes a query's
-// view of its prefix its own (a sliding window starts each query's keys after its own length;
-// probs and slot_bias are per cache row). Otherwise the call reads every query's row whole.
+// view of its prefix its own (probs and slot_bias are per cache row; under a sliding window each
+// member sees the prefix from its own window's first slot, which the reading once masks).
+// Otherwise the call reads every query's row whole.
 bool shared_prefix_applies(const AttentionDecodeArgs& a);
 
 // Whether query q of a is a member of a shared prefix with slots.

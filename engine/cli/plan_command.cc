@@ -125,11 +125,10 @@ void add_shared_prefix(const PlanCliOptions& o, const engine::ModelConfig& cfg, 
                                             "computes at least its last token",
                                             o.shared_prefix, mean_prompt));
   w.mean_shared = static_cast<double>(o.shared_prefix);
-  if (engine::holds_prefixes_once(cfg))
-    w.held = {.families = o.prefix_families,
-              .prefix = o.shared_prefix,
-              .rest = w.sequence_capacity() - o.shared_prefix,
-              .mean_prefix = static_cast<double>(o.shared_prefix)};
+  w.held = {.families = o.prefix_families,
+            .prefix = o.shared_prefix,
+            .rest = w.sequence_capacity() - o.shared_prefix,
+            .mean_prefix = static_cast<double>(o.shared_prefix)};
 }
 
 // "prompt 512 + gen 32" or, continuous, "prompt 512 (mean 69) + gen 501 (mean 247), continuous batching".

@@ -162,9 +162,8 @@ policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLen
 
 // Prefix sharing as the step scheduler applies it to this job (docs/prefix-sharing.md): under
 // continuous batching with prefix sharing on, every request of a prefix family but the first in
-// the job takes the family's prefix (RequestLength::shared); with `on` where nothing rules it
-// out (a sliding window), the families may be held once
-// (Workload::held; the planner decides where a block would).
+// the job takes the family's prefix (RequestLength::shared); with `on`, the families may be held
+// once (Workload::held; the planner decides where a block would).
 void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, std::span<const serving::Request> requests,
                          policy::Workload& w) {
   const bool evicting = !o.kv.empty() && o.kv != "full";
@@ -173,7 +172,7 @@ void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, st
   for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
   const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
   engine::add_families(f, w.requests);
-  if (o.prefix_sharing == "on" && engine::holds_prefixes_once(cfg)) w.held = engine::held_prefixes(f, w.requests);
+  if (o.prefix_sharing == "on") w.held = engine::held_prefixes(f, w.requests);
 }
 
 }  // namespace

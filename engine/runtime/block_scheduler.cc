@@ -18,22 +18,6 @@ using offload::CopyTicket;
 using offload::Tier;
 using offload::TieredTensor;
 
-namespace {
-
-// Per decoder layer, whether its decode attention reads a shared prefix once for all its
-// members (the backend does, and no feature of the layer keeps it from: a sliding window).
-std::vector<bool> reads_prefixes_once(const kernels::Backend& be, const ModelConfig& cfg) {
-  const std::int64_t none = -1;
-  std::vector<bool> once;
-  for (std::int64_t l = 0; l < cfg.n_layers; ++l) {
-    const kernels::AttentionDecodeArgs a{.shape = {.window = cfg.window(l)}, .prefix_of = std::span(&none, 1)};
-    once.push_back(be.reads_shared_prefixes_once() && kernels::shared_prefix_applies(a));
-  }
-  return once;
-}
-
-}  // namespace
-
 LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& s) {
   if (s.layers < 1 || s.first_layer < 0 || s.first_layer + s.layers > cfg.n_layers ||
       s.input != (s.first_layer == 0) || s.head != (s.first_layer + s.layers == cfg.n_layers))
@@ -73,7 +57,7 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
                                              policy_.expert_slot_count(cfg_.moe.experts, cfg_.moe.top_k), *copies_,
                                              policy_.overlap);
   ring_ = std::make_unique<CacheRing>(tiers_, *copies_, cfg_.hidden, cfg_.n_kv_heads, cfg_.head_dim, cache_dtype_,
-                                      policy_.overlap, reads_prefixes_once(be_, cfg_));
+                                      policy_.overlap, be_.reads_shared_prefixes_once());
   host_staging_ = std::make_unique<offload::Staging>(&tiers_.backend());
 }
 
@@ -275,7 +259,7 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
 }
 
 bool BlockScheduler::can_hold_prefixes(const GenerationRequest& req) const {
-  return req.slots > 0 && req.hold_prefixes && be_.reads_shared_prefixes_once() && holds_prefixes_once(cfg_);
+  return req.slots > 0 && req.hold_prefixes && be_.reads_shared_prefixes_once();
 }
 
 std::int64_t BlockScheduler::kv_token_bytes() const {

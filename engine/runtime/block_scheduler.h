@@ -131,7 +131,7 @@ class BlockScheduler {
   void place(BlockState& st, const GenerationRequest& req);
   void place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req);
   // Whether the block's prefixes may be held once (StepPlanner::prefix_pool): continuous
-  // batching, the backend reading shared prefixes apart, no sliding window.
+  // batching, the backend reading shared prefixes apart.
   bool can_hold_prefixes(const GenerationRequest& req) const;
   // The bytes of one token's K (or V) over the kv heads of one layer, in the cache dtype.
   std::int64_t kv_token_bytes() const;

@@ -34,7 +34,7 @@ void KvReads::add(const KvReads& o) {
 
 CacheRing::CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::int64_t hidden,
                      std::int64_t n_kv_heads, std::int64_t head_dim, kernels::DType cache_dtype, bool overlap,
-                     std::vector<bool> prefix_once)
+                     bool prefix_once)
     : tiers_(tiers),
       copies_(copies),
       hidden_(hidden),
@@ -42,7 +42,7 @@ CacheRing::CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::in
       head_dim_(head_dim),
       cache_dtype_(cache_dtype),
       overlap_(overlap),
-      prefix_once_(std::move(prefix_once)) {
+      prefix_once_(prefix_once) {
   lane_cache_in_ = copies_.add_lane("copy: cache in");
   lane_cache_out_ = copies_.add_lane("copy: cache out");
   lane_hidden_in_ = copies_.add_lane("copy: hidden in");
@@ -162,7 +162,7 @@ bool CacheRing::same_run(const GpuBatch& b, std::size_t layer, std::int64_t s) {
 // may take several).
 std::vector<std::int64_t> CacheRing::prefix_read_elsewhere(const GpuBatch& b, std::size_t layer) const {
   std::vector<std::int64_t> elsewhere(static_cast<std::size_t>(b.n), 0);
-  if (layer >= prefix_once_.size() || !prefix_once_[layer] || !b.eviction.empty()) return elsewhere;
+  if (!prefix_once_ || !b.eviction.empty()) return elsewhere;
   std::vector<std::int64_t> read;  // the groups whose prefix the current run reads
   for (std::int64_t s = 0; s < b.n; ++s) {
     if (s == 0 || !same_run(b, layer, s)) read.clear();

@@ -76,10 +76,10 @@ struct RingSlot {
 
 class CacheRing {
  public:
-  // Adds its four lanes to `copies` (which outlives this). prefix_once: per decoder layer,
-  // whether its attention reads a shared prefix once for all the members of a call.
+  // Adds its four lanes to `copies` (which outlives this). prefix_once: whether attention reads
+  // a shared prefix once for all the members of a call (the backend's reads_shared_prefixes_once).
   CacheRing(offload::Tiers& tiers, offload::CopyEngine& copies, std::int64_t hidden, std::int64_t n_kv_heads,
-            std::int64_t head_dim, kernels::DType cache_dtype, bool overlap, std::vector<bool> prefix_once);
+            std::int64_t head_dim, kernels::DType cache_dtype, bool overlap, bool prefix_once);
   // Starts the copies of batch `b`'s inputs to unit `u` into `slot`: its hidden states unless
   // they stay resident (`hidden_resident`) or come from the embedding, and its staged KV
   // sequences' valid slots (`capacity` slots per head) when u attends and a sequence of the
@@ -119,7 +119,7 @@ class CacheRing {
   std::int64_t hidden_, n_kv_heads_, head_dim_;
   kernels::DType cache_dtype_;
   bool overlap_;
-  std::vector<bool> prefix_once_;
+  bool prefix_once_;
   int lane_cache_in_ = 0, lane_cache_out_ = 0, lane_hidden_in_ = 0, lane_hidden_out_ = 0;
   KvReads reads_;
 };

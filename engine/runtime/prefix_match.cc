@@ -119,12 +119,6 @@ void add_families(const PrefixFamilies& families, std::span<policy::RequestLengt
   }
 }
 
-bool holds_prefixes_once(const ModelConfig& cfg) {
-  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
-    if (cfg.window(l) > 0) return false;
-  return true;
-}
-
 std::string prefix_sharing_off_reason(const ModelConfig& cfg, bool evicting) {
   if (evicting) return "a KV eviction policy keeps the slots it chose for each sequence's own tokens";
   if (rope_depends_on_length(cfg.rope) || cfg.rope.reprefill_on_long)

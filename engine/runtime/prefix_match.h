@@ -55,10 +55,6 @@ policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<con
 // (RequestLength::shared).
 void add_families(const PrefixFamilies& families, std::span<policy::RequestLength> requests);
 
-// Whether a model's prefixes can be held once: no layer under a sliding window (a row that
-// starts after a held prefix is read whole, by positions).
-bool holds_prefixes_once(const ModelConfig& cfg);
-
 // Why a prefix's KV computed in one sequence is not the KV another sequence would compute for
 // it, so sharing is off: a KV eviction policy (a row keeps the slots its policy chose for its
 // own tokens) or RoPE frequencies that follow the sequence's length; "" when sharing applies.

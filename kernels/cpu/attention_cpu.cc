@@ -25,9 +25,6 @@ void soft_cap(float* x, std::int64_t n, float cap) {
   for (std::int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }
 
-// The first key a query at position p sees under a sliding window (0 without one).
-std::int64_t first_visible(std::int64_t p, std::int64_t window) { return window > 0 ? std::max<std::int64_t>(0, p - window + 1) : 0; }
-
 // In-place softmax of x[0, n); returns nothing, x sums to 1.
 void softmax(float* x, std::int64_t n) {
   const float sum = vec::exp_shifted(x, n, vec::max(x, n));
@@ -179,53 +176,62 @@ std::vector<std::vector<std::int64_t>> prefix_members(const AttentionDecodeArgs&
   return members;
 }
 
-// Members `members` of shared prefix p, kv head g: each query head's scores over the prefix's
-// slots and then its own, its softmax over them, and its weighted sum of their values in slot
-// order, as decode_head over one row holding both (bit for bit: no score and no value's terms
-// depend on where the blocks part); the prefix's keys and values are loaded once for the query
-// heads of all the members.
+// Members `members` of shared prefix p, kv head g: each query head's scores over the slots its
+// window sees (the prefix's, then its own), its softmax over them, and its weighted sum of their
+// values in slot order, as decode_head over one row holding both (bit for bit: no score and no
+// value's terms depend on where the blocks part, and the prefix slots before a member's window,
+// which the others' windows see, weigh exactly 0); the prefix's keys and values are loaded once
+// for the query heads of all the members, from the first slot any member's window sees.
 void decode_members_head(const AttentionDecodeArgs& a, const SlotReader& read, const SharedPrefix& p,
                          std::span<const std::int64_t> members, std::int64_t g) {
   const AttentionShape& s = a.shape;
   const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads, P = p.len;
   const auto M = static_cast<std::int64_t>(members.size()), heads = M * group;
-  auto own_slots = [&](std::int64_t m) { return a.lens[members[m]] - P; };
-  std::int64_t ld = P;
-  for (std::int64_t m = 0; m < M; ++m) ld = std::max(ld, P + own_slots(m));
+  auto len = [&](std::int64_t m) { return a.lens[members[m]]; };
+  auto first = [&](std::int64_t m) { return first_visible(len(m) - 1, s.window); };
+  // Scores are kept by position: scores[h * ld + j] for position j < len.
+  std::int64_t ld = P, prefix_first = P;
+  for (std::int64_t m = 0; m < M; ++m) {
+    ld = std::max(ld, len(m));
+    prefix_first = std::min(prefix_first, first(m));
+  }
   thread_local std::vector<float> q, scores, acc;
   q.resize(static_cast<std::size_t>(heads * D));
   scores.resize(static_cast<std::size_t>(heads * ld));
   acc.assign(static_cast<std::size_t>(heads * D), 0.0f);
   for (std::int64_t m = 0; m < M; ++m)
     std::copy_n(a.q + (members[m] * s.n_heads + g * group) * D, group * D, q.data() + m * group * D);
-  auto own_kv = [&](std::int64_t m) {  // member m's own row and its first own slot
-    const std::int64_t b = members[m];
-    return RowPiece{head_kv(a, cache_row(a, b), g, read.slot_bytes), P - row_base_of(a, b), own_slots(m)};
+  auto own_kv = [&](std::int64_t m) {  // member m's own row and its visible positions after the prefix
+    const std::int64_t b = members[m], from = std::max(P, first(m));
+    return RowPiece{head_kv(a, cache_row(a, b), g, read.slot_bytes), from - row_base_of(a, b), len(m) - from};
   };
   const HeadKv prefix = prefix_kv(a, p.row, g, read.slot_bytes);
-  for (std::int64_t j0 = 0; j0 < P; j0 += kDecodeSlots)
+  for (std::int64_t j0 = prefix_first; j0 < P; j0 += kDecodeSlots)
     attention_vec::scores(q.data(), heads, read(prefix.k, j0, std::min(kDecodeSlots, P - j0)), s.scale,
                           scores.data() + j0, ld);
   for (std::int64_t m = 0; m < M; ++m) {
     const RowPiece own = own_kv(m);
+    float* own_scores = scores.data() + m * group * ld + len(m) - own.count;
     for (std::int64_t j0 = 0; j0 < own.count; j0 += kDecodeSlots)
       attention_vec::scores(q.data() + m * group * D, group,
                             read(own.kv.k, own.first + j0, std::min(kDecodeSlots, own.count - j0)), s.scale,
-                            scores.data() + m * group * ld + P + j0, ld);
+                            own_scores + j0, ld);
   }
   for (std::int64_t h = 0; h < heads; ++h) {
     float* w = scores.data() + h * ld;
-    const std::int64_t n = P + own_slots(h / group);
-    soft_cap(w, n, s.softcap);
-    softmax(w, n);
+    const std::int64_t from = first(h / group), n = len(h / group);
+    soft_cap(w + from, n - from, s.softcap);
+    softmax(w + from, n - from);
+    if (from > prefix_first) std::fill(w + prefix_first, w + std::min(from, P), 0.0f);
   }
-  for (std::int64_t j0 = 0; j0 < P; j0 += kDecodeSlots)
+  for (std::int64_t j0 = prefix_first; j0 < P; j0 += kDecodeSlots)
     attention_vec::weighted_sum(scores.data() + j0, ld, heads, read(prefix.v, j0, std::min(kDecodeSlots, P - j0)),
                                 acc.data());
   for (std::int64_t m = 0; m < M; ++m) {
     const RowPiece own = own_kv(m);
+    const float* own_weights = scores.data() + m * group * ld + len(m) - own.count;
     for (std::int64_t j0 = 0; j0 < own.count; j0 += kDecodeSlots)
-      attention_vec::weighted_sum(scores.data() + m * group * ld + P + j0, ld, group,
+      attention_vec::weighted_sum(own_weights + j0, ld, group,
                                   read(own.kv.v, own.first + j0, std::min(kDecodeSlots, own.count - j0)),
                                   acc.data() + m * group * D);
     std::copy_n(acc.data() + m * group * D, group * D, a.out + (members[m] * s.n_heads + g * group) * D);

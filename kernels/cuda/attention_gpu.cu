@@ -430,13 +430,14 @@ __device__ __forceinline__ void start_heads(HeadStates<HB, 8 * C>& st, const flo
   }
 }
 
-// Scores of U keys, the split's keys r[u] (-inf for r[u] >= count, past the split), for every
-// head: q . k summed over the key's lanes, scaled, soft-capped and biased as the CPU does; kept
-// in `scores` when asked for. bias and scores start at the split's first key.
+// Scores of U keys, the split's keys r[u] (-inf for r[u] >= count, past the split, and for
+// r[u] < from[h], before head h's window), for every head: q . k summed over the key's lanes,
+// scaled, soft-capped and biased as the CPU does; kept in `scores` when asked for. bias and
+// scores start at the split's first key.
 template <class Slice, int HB, int C, int U>
 __device__ __forceinline__ void key_scores(const HeadStates<HB, 8 * C>& st, const Slice (&k)[U][C], const int (&r)[U],
-                                           int count, const DecodeParams& p, const float* bias, float* scores,
-                                           std::int64_t nh, int lanes, int sub, float (&s)[U][HB]) {
+                                           int count, const int (&from)[HB], const DecodeParams& p, const float* bias,
+                                           float* scores, std::int64_t nh, int lanes, int sub, float (&s)[U][HB]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     float dot[HB] = {};
@@ -458,7 +459,7 @@ __device__ __forceinline__ void key_scores(const HeadStates<HB, 8 * C>& st, cons
       float x = p.scale * dot[h];
       if (p.softcap != 0.0f) x = p.softcap * tanhf(x / p.softcap);
       if (bias != nullptr && valid) x += bias[r[u]];
-      s[u][h] = valid ? x : -INFINITY;
+      s[u][h] = valid && r[u] >= from[h] ? x : -INFINITY;
       if (scores != nullptr && valid && sub == 0 && h < nh) scores[h * p.capacity + r[u]] = x;
     }
   }
@@ -587,10 +588,11 @@ constexpr int kKeysInFlight = C > 1 || std::is_same_v<Slice, AnySlice> ? 1 : (HB
 // The key loop of a block: its key group's keys r = key_group, + key_groups, ... below count (of
 // the split or chunk whose first key's slots k_slot and v_slot point at, plus key_group), U at a
 // time, into st. The same steps in every lane (the shuffles need the whole warp); keys past count
-// are not read and score -inf.
+// are not read and score -inf, as keys r < from[h] do for head h.
 template <class Slice, int HB, int C>
 __device__ __forceinline__ void read_keys(HeadStates<HB, 8 * C>& st, const std::uint8_t* k_slot,
-                                          const std::uint8_t* v_slot, int count, const DecodeParams& p,
+                                          const std::uint8_t* v_slot, int count, const int (&from)[HB],
+                                          const DecodeParams& p,
                                           const float* bias, float* scores, std::int64_t nh, int lanes, int sub,
                                           int key_group, int key_groups) {
   constexpr int U = kKeysInFlight<Slice, HB, C>;
@@ -614,7 +616,7 @@ __device__ __forceinline__ void read_keys(HeadStates<HB, 8 * C>& st, const std::
     k_slot += U * stride;
     v_slot += U * stride;
     float s[U][HB];
-    key_scores<Slice, HB, C, U>(st, ks, r, count, p, bias, scores, nh, lanes, sub, s);
+    key_scores<Slice, HB, C, U>(st, ks, r, count, from, p, bias, scores, nh, lanes, sub, s);
     key_values<Slice, HB, C, U>(st, vs, p.format, s);
   }
 }
@@ -642,18 +644,21 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) decode_kernel(const DecodeP
     float* scores = p.scores != nullptr ? p.scores + (b * p.H + h0) * p.capacity + k0 : nullptr;
     HeadStates<HB, 8 * C> st;
     start_heads<HB, C>(st, p.q + (qb * p.H + h0) * D, nh, D, lanes, sub);
-    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, count, p, bias, scores, nh, lanes, sub,
+    const int all[HB] = {};  // every head sees the split's keys
+    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, count, all, p, bias, scores, nh, lanes, sub,
                             key_group, key_groups);
     merge_warp(st, lanes);
     store_heads<HB, C>(st, merge_sh, p, b * p.H + h0, qb * p.H + h0, nh, sp, lanes, sub);
   }
 }
 
-// The prefix tasks of a call (decode_cascade.h): the task table and each member's query.
+// The prefix tasks of a call (decode_cascade.h): the task table, each member's query and the
+// first position its window sees.
 struct PrefixTables {
   const PrefixTask* tasks = nullptr;
   std::int64_t n_tasks = 0;
   const std::int64_t* member_queries = nullptr;
+  const std::int64_t* member_first = nullptr;
 };
 
 // start_heads for a prefix task's member heads: the block's head i is member head
@@ -697,8 +702,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 1) prefix_kernel(const DecodeP
     const std::int64_t first = (row * p.capacity + task.first + key_group) * p.slot_bytes;
     HeadStates<HB, 8 * C> st;
     start_member_heads<HB, C>(st, p, t, task, lanes, sub);
-    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, static_cast<int>(task.end - task.first), p,
-                            nullptr, nullptr, task.heads, lanes, sub, key_group, key_groups);
+    int from[HB];  // each head's first key of the chunk within its member's window
+    const std::int64_t group = p.H / p.Hkv;
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      const std::int64_t seen =
+          h < task.heads ? t.member_first[task.members_first + (task.heads_first + h) / group] - task.first : 0;
+      from[h] = static_cast<int>(seen > 0 ? seen : 0);
+    }
+    read_keys<Slice, HB, C>(st, p.k_cache + first, p.v_cache + first, static_cast<int>(task.end - task.first), from,
+                            p, nullptr, nullptr, task.heads, lanes, sub, key_group, key_groups);
     merge_warp(st, lanes);
     store_heads<HB, C>(st, merge_sh, p, task.partials, task.partials, task.heads, 0, lanes, sub);
   }
@@ -1145,7 +1158,9 @@ void CudaBackend::decode_on_cuda_cores(const AttentionDecodeArgs& a, std::span<c
   if (shared_prefix_applies(a)) {
     const CascadeLayout layout = plan_cascade(a, queries, kDecodeMinKeys, prefix_batch_heads(a.shape.head_dim),
                                               kDecodeBlocksPerSm * sm_count_);
-    if (!layout.tasks.empty()) return decode_cascade(a, queries, layout);
+    // Members go through the cascade even where no window reaches their prefix (no tasks): a
+    // held row starts after its prefix, which only the cascade's suffix starts know.
+    if (!layout.member_queries.empty()) return decode_cascade(a, queries, layout);
   }
   decode_queries(a, queries, queries.empty() ? plan_decode(a, sm_count_) : plan_decode_queries(a, queries, sm_count_));
 }
@@ -1226,6 +1241,7 @@ void CudaBackend::decode_prefix_tasks(const AttentionDecodeArgs& a, const Cascad
                                       float* ml) {
   const DeviceBuffer tasks = upload(std::span<const PrefixTask>(layout.tasks));
   const DeviceBuffer members = upload(std::span<const std::int64_t>(layout.member_queries));
+  const DeviceBuffer member_first = upload(std::span<const std::int64_t>(layout.member_first));
   DecodePlan plan;
   plan.heads_per_block = prefix_batch_heads(a.shape.head_dim);
   DecodeParams p = decode_params(a, plan, 0);
@@ -1237,21 +1253,22 @@ void CudaBackend::decode_prefix_tasks(const AttentionDecodeArgs& a, const Cascad
   p.part_acc = acc;
   p.part_ml = ml;
   const PrefixTables t{tasks.as<PrefixTask>(), static_cast<std::int64_t>(layout.tasks.size()),
-                       members.as<std::int64_t>()};
+                       members.as<std::int64_t>(), member_first.as<std::int64_t>()};
   launch_decode(p, stream_, &t);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
 // Cascade attention (decode_cascade.h): the prefix tasks' partials, each query's own slots after
 // its prefix (a non-member's whole row) as partials of the decode kernel's splits, and the
-// combine of both. Always through partials: a member may have no slot of its own yet.
+// combine of both. Always through partials: a member may have no slot of its own yet. Under a
+// sliding window a layout may have no prefix tasks (no member's window reaches its prefix).
 void CudaBackend::decode_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
                                  const CascadeLayout& layout) {
   const std::int64_t B = static_cast<std::int64_t>(layout.refs.size());
   const std::int64_t H = a.shape.n_heads, D = a.shape.head_dim;
   const DeviceBuffer prefix_acc(*this, static_cast<std::size_t>(layout.partials * D) * sizeof(float));
   const DeviceBuffer prefix_ml(*this, static_cast<std::size_t>(layout.partials) * 2 * sizeof(float));
-  decode_prefix_tasks(a, layout, prefix_acc.as<float>(), prefix_ml.as<float>());
+  if (!layout.tasks.empty()) decode_prefix_tasks(a, layout, prefix_acc.as<float>(), prefix_ml.as<float>());
   // The kernel reads slots [starts, lens) of each row: a row that starts after its prefix
   // (row_base) holds position x at slot x - row_base.
   std::vector<std::int64_t> row_lens(a.lens.begin(), a.lens.end()), row_starts(layout.suffix_start);

@@ -31,22 +31,38 @@ std::int64_t chunk_slots(std::int64_t len, std::int64_t most, std::int64_t unit)
   return ceil_div(ceil_div(len, chunks), unit) * unit;
 }
 
-// Prefix p's tasks and its members' refs and suffix starts; its partials follow `layout`'s.
+// The first position query q sees (its sliding window's first; 0 without one).
+std::int64_t first_of(const AttentionDecodeArgs& a, std::int64_t q) {
+  return first_visible(a.lens[static_cast<std::size_t>(q)] - 1, a.shape.window);
+}
+
+// The first slot of prefix p that some member's window sees (p.len: none).
+std::int64_t prefix_first(const AttentionDecodeArgs& a, const SharedPrefix& p, const std::vector<Member>& members) {
+  std::int64_t first = p.len;
+  for (const Member& m : members) first = std::min(first, first_of(a, m.query));
+  return first;
+}
+
+// Prefix p's tasks over its slots [from, p.len) and its members' refs and suffix starts; its
+// partials follow `layout`'s.
 void add_prefix(const AttentionDecodeArgs& a, const SharedPrefix& p, const std::vector<Member>& members,
-                std::int64_t slots, std::int64_t batch_heads, CascadeLayout& layout) {
+                std::int64_t from, std::int64_t slots, std::int64_t batch_heads, CascadeLayout& layout) {
   const std::int64_t group = a.shape.n_heads / a.shape.n_kv_heads, M = static_cast<std::int64_t>(members.size());
-  const std::int64_t chunks = ceil_div(p.len, slots), base = layout.partials;
+  const std::int64_t chunks = from < p.len ? ceil_div(p.len - from, slots) : 0, base = layout.partials;
   const auto members_first = static_cast<std::int64_t>(layout.member_queries.size());
   for (std::int64_t m = 0; m < M; ++m) {
     const Member& member = members[static_cast<std::size_t>(m)];
     layout.member_queries.push_back(member.query);
-    layout.refs[static_cast<std::size_t>(member.kernel_query)] = {base + m * group, chunks, M * group, chunks * M * group};
-    layout.suffix_start[static_cast<std::size_t>(member.kernel_query)] = p.len;
+    layout.member_first.push_back(first_of(a, member.query));
+    if (chunks > 0)
+      layout.refs[static_cast<std::size_t>(member.kernel_query)] = {base + m * group, chunks, M * group,
+                                                                    chunks * M * group};
+    layout.suffix_start[static_cast<std::size_t>(member.kernel_query)] = std::max(p.len, first_of(a, member.query));
   }
   for (std::int64_t g = 0; g < a.shape.n_kv_heads; ++g)
     for (std::int64_t c = 0; c < chunks; ++c)
       for (std::int64_t h0 = 0; h0 < M * group; h0 += batch_heads)
-        layout.tasks.push_back({p.row, g, c * slots, std::min(p.len, (c + 1) * slots), members_first, h0,
+        layout.tasks.push_back({p.row, g, from + c * slots, std::min(p.len, from + (c + 1) * slots), members_first, h0,
                                 std::min(batch_heads, M * group - h0), base + (g * chunks + c) * M * group + h0});
   layout.partials += a.shape.n_kv_heads * chunks * M * group;
 }
@@ -65,7 +81,8 @@ CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::in
   const std::size_t n = queries.empty() ? a.lens.size() : queries.size();
   CascadeLayout layout;
   layout.refs.assign(n, PrefixRef{});
-  layout.suffix_start.assign(n, 0);
+  for (std::size_t b = 0; b < n; ++b)
+    layout.suffix_start.push_back(first_of(a, queries.empty() ? static_cast<std::int64_t>(b) : queries[b]));
   const std::vector<std::vector<Member>> members = members_of(a, queries);
   if (std::all_of(members.begin(), members.end(), [](const std::vector<Member>& m) { return m.empty(); }))
     return layout;
@@ -77,7 +94,10 @@ CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::in
   for (std::size_t i = 0; i < members.size(); ++i) {
     if (members[i].empty()) continue;
     const SharedPrefix& p = a.shared_prefixes[i];
-    add_prefix(a, p, members[i], chunk_slots(p.len, most, chunk_unit), batch_heads, layout);
+    const std::int64_t seen = prefix_first(a, p, members[i]);
+    const std::int64_t from = seen < p.len ? seen / chunk_unit * chunk_unit : p.len;  // chunks of whole units
+    const std::int64_t slots = from < p.len ? chunk_slots(p.len - from, most, chunk_unit) : chunk_unit;
+    add_prefix(a, p, members[i], from, slots, batch_heads, layout);
   }
   return layout;
 }

@@ -20,9 +20,10 @@ constexpr std::int64_t kCascadeMaxChunks = 16;
 
 // A chunk of kv head `kv_head` of a shared prefix: slots [first, end) of cache row `row`, for the
 // member heads [heads_first, + heads) of the prefix, member head h being query head h % group of
-// kv head kv_head of member h / group, whose query is member_queries[members_first + h / group].
-// Member head heads_first + i leaves its partial at index partials + i. Eight int64 values, the
-// layout the kernel reads from the uploaded table.
+// kv head kv_head of member h / group, whose query is member_queries[members_first + h / group]
+// and which sees the chunk's slots from member_first[members_first + h / group] on (its sliding
+// window's first). Member head heads_first + i leaves its partial at index partials + i. Eight
+// int64 values, the layout the kernel reads from the uploaded table.
 struct PrefixTask {
   std::int64_t row = 0, kv_head = 0, first = 0, end = 0;
   std::int64_t members_first = 0, heads_first = 0, heads = 0, partials = 0;
@@ -41,16 +42,21 @@ static_assert(sizeof(PrefixRef) == 4 * sizeof(std::int64_t), "the kernel reads 4
 struct CascadeLayout {
   std::vector<PrefixTask> tasks;
   std::vector<std::int64_t> member_queries;  // the call's query (of q) of each member, prefix by prefix
+  std::vector<std::int64_t> member_first;    // each member's first visible position (0 without a window)
   std::vector<PrefixRef> refs;               // per kernel query
-  std::vector<std::int64_t> suffix_start;    // per kernel query: its first own slot (its prefix's len, or 0)
+  // Per kernel query: the first position it reads from its own row (its prefix's len, or later
+  // under a window; a non-member's window's first, or 0).
+  std::vector<std::int64_t> suffix_start;
   std::int64_t partials = 0;                 // prefix partials in all
 };
 
 // The layout of a's shared prefixes for the kernel queries `queries` (the call's query of each;
 // empty: all of them, in order). A member is a query whose prefix has slots. Each prefix with
-// members is cut into equal chunks of whole units of chunk_unit slots, as many as fill
+// members is read from the first slot a member's window sees (under a sliding window; 0
+// without), cut into equal chunks of whole units of chunk_unit slots, as many as fill
 // target_tasks tasks over all prefixes, kv heads and batches, at most kCascadeMaxChunks, none
-// empty; its member heads of each kv head into batches of batch_heads (the last one shorter).
+// empty; its member heads of each kv head into batches of batch_heads (the last one shorter). A
+// prefix no member's window reaches has no chunks (its members' refs none).
 CascadeLayout plan_cascade(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries,
                            std::int64_t chunk_unit, std::int64_t batch_heads, std::int64_t target_tasks);
 

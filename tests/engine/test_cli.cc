@@ -721,6 +721,46 @@ TEST(Cli, PrefixSharingGivesTheSameResultsAsWithout) {
   EXPECT_THAT(bad_pool.err, HasSubstr("--prefix-pool: nvme not in {auto,gpu,cpu,disk}"));
 }
 
+// Gemma 2's alternating sliding windows (the HF fixture: a window of 8 on every other layer,
+// soft caps) with prompts behind 30 shared tokens: held once and copied, the same results as
+// without sharing, in memory and with the KV cache on disk.
+TEST(Cli, PrefixSharingUnderSlidingWindows) {
+  testing::TempDir dir;
+  std::string all;
+  for (int i = 0; i < 8; ++i) {
+    std::string tokens = "2";
+    for (int t = 0; t < 30; ++t) tokens += ", " + std::to_string(5 + (37 * t) % 240);
+    for (int t = 0; t < 1 + (i * 5) % 7; ++t) tokens += ", " + std::to_string(7 + (53 * i + 17 * t) % 240);
+    all += "{\"id\": " + std::to_string(i) + ", \"tokens\": [" + tokens + "], \"max_tokens\": " +
+           std::to_string(3 + (i * 3) % 9) + "}\n";
+  }
+  testing::write_file(dir.file("in.jsonl"), all);
+  const std::string model = std::string(FLEXH2O_SOURCE_DIR) + "/tests/data/hf/gemma2-v5";
+  const std::string offload = dir.file("offload");
+  std::filesystem::create_directory(offload);
+  for (const std::string& flags : std::vector<std::string>{"", " --percent 100 0 0 0 100 0 --offload-dir " + offload}) {
+    SCOPED_TRACE(flags);
+    std::map<std::string, std::vector<std::string>> outs;
+    std::map<std::string, nlohmann::json> metrics;
+    for (const std::string sharing : {"on", "copy", "off"}) {
+      const std::string out = dir.file("out-" + sharing + ".jsonl"), m = dir.file("m-" + sharing + ".json");
+      std::filesystem::remove(out);
+      const Result r = run("run --model " + model + " --gpu-batch-size 2 --num-gpu-batches 2 --ignore-eos --prompts " +
+                           dir.file("in.jsonl") + " --out " + out + " --metrics " + m + " --prefix-sharing " + sharing +
+                           flags);
+      ASSERT_EQ(r.code, 0) << r.err;
+      outs[sharing] = sorted_lines(testing::read_file(out));
+      metrics[sharing] = nlohmann::json::parse(testing::read_file(m));
+    }
+    EXPECT_EQ(outs["on"].size(), 8u);
+    EXPECT_EQ(outs["on"], outs["off"]);
+    EXPECT_EQ(outs["copy"], outs["off"]);
+    EXPECT_EQ(metrics["on"].at("kv_held").at("prefixes"), 1);
+    EXPECT_GE(metrics["copy"].at("prefix_hits").get<std::int64_t>(), 6);
+    EXPECT_EQ(metrics["off"].at("prefix_hits"), 0);
+  }
+}
+
 // Decode steps as CUDA graphs give the tokens op-by-op steps give (docs/backends.md, "Decode steps
 // in CUDA graphs"), under fixed blocks and continuous batching; the CPU ignores the option, so
 // on a GPU machine (--backend auto) this is the check end to end.

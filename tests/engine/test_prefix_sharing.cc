@@ -464,6 +464,21 @@ TEST(PrefixSharing, HeldPrefixesLlamaGqa) {
   expect_held_prefixes_change_no_token(cfg, src, in_memory_two_batches(), 5100);
 }
 
+// Layers under a sliding window shorter than the prefixes (alternating, as Gemma 2's): a
+// member sees its prefix from its window's first slot, or none of it once the window has moved
+// past; copied prefixes are read once for a group all the same, held ones from the pool, in
+// memory and staged from disk.
+TEST(PrefixSharing, SlidingWindows) {
+  engine::ModelConfig cfg = testing::tiny_llama_config();
+  cfg.layer_window = {8, 0, 8};
+  engine::DummyWeights src(cfg, 54);
+  std::uint64_t seed = 5150;
+  for (const std::size_t placement : {0u, 2u})
+    expect_sharing_changes_no_token(cfg, src, placements()[placement], mixed_request(cfg.vocab_size, seed++), true);
+  expect_held_prefixes_change_no_token(cfg, src, in_memory_two_batches(), seed++);
+  expect_held_prefixes_change_no_token(cfg, src, placements()[2], per_document_request(cfg.vocab_size, seed));
+}
+
 // The pool on the gpu tier, the rows after it staged from cpu or disk (compressed there) or
 // attended in place on the cpu tier.
 TEST(PrefixSharing, HeldPrefixesOverTheTiers) {

@@ -336,9 +336,16 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
     ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << "output " << i;
 }
 
+// A sliding window per round: none, one that leaves most members' windows past their prefix
+// (own slots 1..80), and one that starts within the long prefixes.
+std::int64_t window_of_round(std::int64_t round) {
+  const std::int64_t windows[] = {0, 40, 300};
+  return windows[round % 3];
+}
+
 // Cascade attention (AttentionDecodeArgs::shared_prefixes) against the plain per-query reading
 // of the same rows, in every cache dtype, GQA (9/3 as SmolLM2, 8/2) and MHA (4/4), with and
-// without a soft cap: the members' own rows below their prefix are then overwritten with NaN
+// without a soft cap and a sliding window: the members' own rows below their prefix are then overwritten with NaN
 // bytes, which the grouped path must not read. Equal bit for bit: the grouped path computes each
 // query head's scores, softmax and weighted sum as the plain one does (the same loops, a score
 // per slot, each value's terms in slot order), only loading the prefix's slots once for many.
@@ -356,13 +363,14 @@ TEST_F(SharedPrefixDecode, MatchesPerQueryReading) {
       const std::int64_t slot = kv_slot_bytes(t, D), head_bytes = cap * slot;
       const std::vector<std::uint8_t> k_drawn = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
       const std::vector<std::uint8_t> v_drawn = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
-      for (std::int64_t round = 0; round < 10; round += (t == DType::F16 ? 1 : 5))
+      for (std::int64_t round = 0; round < 10; round += (t == DType::F16 ? 1 : 4))
         for (const bool own : {true, false})
           for (const bool extend : {false, true}) {
-            const float softcap = round % 2 == 1 ? 5.0f : 0.0f;
-            const AttentionShape shape{n_heads, n_kv_heads, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, 0};
+            const float softcap = round % 2 == 1 || round == 4 ? 5.0f : 0.0f;  // every dtype meets one
+            const std::int64_t window = window_of_round(round);
+            const AttentionShape shape{n_heads, n_kv_heads, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window};
             SCOPED_TRACE(::testing::Message() << dtype_name(t) << " heads " << n_heads << "/" << n_kv_heads << " round "
-                                              << round << (own ? " own slots" : " prefix only")
+                                              << round << " window " << window << (own ? " own slots" : " prefix only")
                                               << (extend ? " extend rows" : ""));
             const PrefixCall c = prefix_call(round, own, extend, draw);
             ASSERT_EQ(c.n_rows, rows);
@@ -406,7 +414,7 @@ TEST_F(SharedPrefixDecode, MatchesPerQueryReading) {
 // prefix moved into a prefix cache of another capacity and every member row's own slots moved to
 // its slot 0 on, against the plain reading of the rows whole. Everything outside what a query
 // may read holds NaN bytes (the prefix cache past each prefix, a member row past its own slots),
-// so that a read of it shows; equal bit for bit, as MatchesPerQueryReading.
+// so that a read of it shows; equal bit for bit, as MatchesPerQueryReading (with its windows).
 TEST_F(SharedPrefixDecode, RowsAfterAPrefixHeldApart) {
   auto be = make_cpu_backend();
   auto draw = [&](std::int64_t lo, std::int64_t hi) { return random_int(lo, hi); };
@@ -417,10 +425,11 @@ TEST_F(SharedPrefixDecode, RowsAfterAPrefixHeldApart) {
       const std::int64_t n = prefix_call(0, true, false, draw).n_rows * H * cap;
       const std::vector<std::uint8_t> k_drawn = stored_rows(random_floats(n * D, -2, 2), t, n, D);
       const std::vector<std::uint8_t> v_drawn = stored_rows(random_floats(n * D, -2, 2), t, n, D);
-      for (const std::int64_t round : {0, 3, 5, 8})
+      for (const std::int64_t round : {0, 3, 4, 8})
         for (const bool extend : {false, true}) {
+          const std::int64_t window = window_of_round(round);
           SCOPED_TRACE(::testing::Message() << dtype_name(t) << " heads " << n_heads << "/" << H << " round " << round
-                                            << (extend ? " extend rows" : ""));
+                                            << " window " << window << (extend ? " extend rows" : ""));
           const PrefixCall c = prefix_call(round, true, extend, draw);
           const std::int64_t n_prefixes = static_cast<std::int64_t>(c.prefixes.size());
           std::vector<std::uint8_t> kc = k_drawn, vc = v_drawn;
@@ -437,7 +446,7 @@ TEST_F(SharedPrefixDecode, RowsAfterAPrefixHeldApart) {
                             cache->begin() + (c.rows[b] * H + g) * head_bytes);
           }
           const std::vector<float> q = random_floats(static_cast<std::int64_t>(c.lens.size()) * n_heads * D, -1, 1);
-          AttentionDecodeArgs a{.shape = {n_heads, H, D, 1.0f / std::sqrt(static_cast<float>(D))}, .q = q.data(),
+          AttentionDecodeArgs a{.shape = {n_heads, H, D, 1.0f / std::sqrt(static_cast<float>(D)), 0.0f, window}, .q = q.data(),
                                 .k_cache = kc.data(), .v_cache = vc.data(), .capacity = cap, .lens = c.lens,
                                 .cache_dtype = t, .cache_rows = c.rows};
           std::vector<float> want(q.size(), kNaN), got(q.size(), kNaN);
@@ -476,8 +485,8 @@ TEST_F(SharedPrefixDecode, RowsAfterAPrefixHeldApart) {
     }
 }
 
-// Where the grouped path cannot apply (shared_prefix_applies: a sliding window, probs, slot
-// biases), a call with shared prefixes is the call without them, bit for bit.
+// Where the grouped path cannot apply (shared_prefix_applies: probs, slot biases), a call with
+// shared prefixes is the call without them, bit for bit.
 TEST_F(SharedPrefixDecode, FallsBackToPerQueryReading) {
   auto be = make_cpu_backend();
   auto draw = [&](std::int64_t lo, std::int64_t hi) { return random_int(lo, hi); };
@@ -494,9 +503,9 @@ TEST_F(SharedPrefixDecode, FallsBackToPerQueryReading) {
     const std::vector<std::uint8_t> kc = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
     const std::vector<std::uint8_t> vc = stored_rows(random_floats(rows * H * cap * D, -2, 2), t, rows * H * cap, D);
     const std::vector<float> q = random_floats(rows * n_heads * D, -1, 1), bias = random_floats(rows * H * cap, -1, 0);
-    for (const int feature : {0, 1, 2}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(t) << (feature == 0 ? " window" : feature == 1 ? " probs" : " slot bias"));
-      const AttentionShape shape{n_heads, H, D, 0.125f, 0.0f, feature == 0 ? 100 : 0};
+    for (const int feature : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << (feature == 1 ? " probs" : " slot bias"));
+      const AttentionShape shape{n_heads, H, D, 0.125f, 0.0f, feature == 1 ? 100 : 0};
       std::vector<float> probs_plain(static_cast<std::size_t>(rows * H * cap), 0.0f), probs_grouped = probs_plain;
       AttentionDecodeArgs a{.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
                             .capacity = cap, .lens = lens_by_row, .cache_dtype = t,
@@ -537,30 +546,29 @@ TEST_F(SharedPrefixDecode, RejectsMalformedGroups) {
 }
 
 // A row that starts after its prefix (row_base) is read only through that prefix: a base that
-// is not the query's prefix's len, a base without a prefix, under a sliding window, or one entry
-// short is refused; so is a prefix cache without values, or a prefix past its capacity.
+// is not the query's prefix's len, a base without a prefix, with probs (per cache row), or one
+// entry short is refused; so is a prefix cache without values, or a prefix past its capacity.
 TEST_F(SharedPrefixDecode, RejectsMalformedRowBases) {
   auto be = make_cpu_backend();
   const std::vector<float> kc(2 * 16 * 8, 0.5f), vc(2 * 16 * 8, 0.25f), pk(4 * 8, 0.5f), q(2 * 2 * 8, 0.1f);
-  std::vector<float> out(q.size());
+  std::vector<float> out(q.size()), probs(2 * 16);
   const std::vector<std::int64_t> lens = {5, 9};
   auto call = [&](std::vector<SharedPrefix> prefixes, std::vector<std::int64_t> prefix_of,
-                  std::vector<std::int64_t> bases, std::int64_t window = 0,
-                  AttentionDecodeArgs::PrefixCache held = {}) {
-    be->attention_decode({.shape = {2, 1, 8, 0.35f, 0.0f, window}, .q = q.data(), .k_cache = kc.data(),
-                          .v_cache = vc.data(), .capacity = 16, .lens = lens, .out = out.data(),
+                  std::vector<std::int64_t> bases, float* probs = nullptr, AttentionDecodeArgs::PrefixCache held = {}) {
+    be->attention_decode({.shape = {2, 1, 8, 0.35f}, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
+                          .capacity = 16, .lens = lens, .out = out.data(), .probs = probs,
                           .shared_prefixes = prefixes, .prefix_of = prefix_of, .prefix_cache = held, .row_base = bases});
   };
   const AttentionDecodeArgs::PrefixCache held{pk.data(), pk.data(), 4};
-  EXPECT_NO_THROW(call({{0, 4}}, {0, 0}, {4, 4}, 0, held));
+  EXPECT_NO_THROW(call({{0, 4}}, {0, 0}, {4, 4}, nullptr, held));
   EXPECT_NO_THROW(call({{1, 4}}, {-1, 0}, {0, 4}));
   EXPECT_THROW(call({{1, 4}}, {0, 0}, {3, 4}), std::invalid_argument);
   EXPECT_THROW(call({{1, 4}}, {-1, 0}, {4, 4}), std::invalid_argument);
-  EXPECT_THROW(call({{1, 4}}, {0, 0}, {4, 4}, 100), std::invalid_argument);
+  EXPECT_THROW(call({{1, 4}}, {0, 0}, {4, 4}, probs.data()), std::invalid_argument);
   EXPECT_THROW(call({{1, 4}}, {0, 0}, {4}), std::invalid_argument);
   EXPECT_THROW(call({{1, 4}}, {0, 0}, {-1, 0}), std::out_of_range);
-  EXPECT_THROW(call({{0, 5}}, {0, 0}, {5, 5}, 0, held), std::out_of_range);
-  EXPECT_THROW(call({{0, 4}}, {0, 0}, {4, 4}, 0, {pk.data(), nullptr, 4}), std::invalid_argument);
+  EXPECT_THROW(call({{0, 5}}, {0, 0}, {5, 5}, nullptr, held), std::out_of_range);
+  EXPECT_THROW(call({{0, 4}}, {0, 0}, {4, 4}, nullptr, {pk.data(), nullptr, 4}), std::invalid_argument);
 }
 
 }  // namespace

@@ -174,6 +174,7 @@ struct SharedPrefixCall {
   // Each prefix held in a prefix cache of its own (AttentionDecodeArgs::prefix_cache), every
   // member row starting after its prefix (row_base).
   bool held_apart = false;
+  std::int64_t window = 0;  // the sliding window (0: none)
 };
 
 class BackendOpsTest : public SeededTest, public ::testing::WithParamInterface<std::string> {
@@ -1044,12 +1045,26 @@ TEST_P(BackendOpsTest, AttentionDecodeWithSharedPrefixes) {
   chunk.prefix_of.insert(chunk.prefix_of.end(), {0, -1});
   for (const DType compute : {DType::F32, DType::BF16})
     check_shared_prefixes(DType::F16, 9, 3, 64, chunk, 0.0f, compute);
+  // Under a sliding window (each member sees its prefix from its window's first slot): one that
+  // starts within the first group's prefix for some members and past it for others, and one
+  // past every prefix.
+  auto windowed = [&](const SharedPrefixCall& call) {
+    for (const std::int64_t window : {50, 8}) {
+      SharedPrefixCall w = call;
+      w.window = window;
+      check_shared_prefixes(DType::F16, 9, 3, 64, w, 0.0f, DType::F32);
+    }
+  };
+  windowed(two);
+  windowed(chunk);
   // The same calls with each prefix held once apart and the member rows after it.
   for (SharedPrefixCall* call : {&two, &recipe, &chunk}) call->held_apart = true;
   for (const DType t : {DType::F16, DType::Q8}) check_shared_prefixes(t, 9, 3, 64, two, 0.0f, DType::F32);
   check_shared_prefixes(DType::BF16, 6, 2, 36, two, 0.0f, DType::F32);
   check_shared_prefixes(DType::F16, 9, 3, 64, recipe, 0.0f, DType::F32);
   check_shared_prefixes(DType::F16, 9, 3, 64, chunk, 0.0f, DType::BF16);
+  windowed(two);
+  windowed(chunk);
 }
 
 // A call's cache moved to where held_apart puts it: prefix i's slots into row i of `prefix` (the
@@ -1098,7 +1113,7 @@ void BackendOpsTest::check_shared_prefixes(DType cache, std::int64_t H, std::int
                                            const SharedPrefixCall& call, float softcap, DType compute) {
   SCOPED_TRACE(::testing::Message() << "shared prefixes " << dtype_name(cache) << " H=" << H << " Hkv=" << Hkv
                                     << " D=" << D << " softcap=" << softcap << " compute " << dtype_name(compute)
-                                    << " queries " << call.lens.size());
+                                    << " queries " << call.lens.size() << " window " << call.window);
   const std::int64_t B = static_cast<std::int64_t>(call.lens.size());
   const std::int64_t cap = *std::max_element(call.lens.begin(), call.lens.end());
   const std::int64_t n_rows = *std::max_element(call.rows.begin(), call.rows.end()) + 1, slots = n_rows * Hkv * cap;
@@ -1126,7 +1141,7 @@ void BackendOpsTest::check_shared_prefixes(DType cache, std::int64_t H, std::int
   const Twin out = upload(std::vector<float>(sz(B * H * D), kNaN));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (const bool on_cpu : {true, false}) {
-    AttentionDecodeArgs a{.shape = {H, Hkv, D, scale, softcap},
+    AttentionDecodeArgs a{.shape = {H, Hkv, D, scale, softcap, call.window},
                                 .q = (on_cpu ? q.cpu : q.dev).as<float>(),
                                 .k_cache = (on_cpu ? kc.cpu : kc.dev).data(),
                                 .v_cache = (on_cpu ? vc.cpu : vc.dev).data(),

@@ -40,9 +40,6 @@ TEST(KernelDecodeCascade, LaysOutOnePrefix) {
   none.prefix_of = no_slots;
   EXPECT_FALSE(reads_in_cascade(none));
   EXPECT_TRUE(plan_cascade(none, {}, 64, 8, 12).tasks.empty());
-  AttentionDecodeArgs windowed = a;
-  windowed.shape.window = 100;  // each query's keys start after its own length
-  EXPECT_FALSE(reads_in_cascade(windowed));
   // Two tasks wanted: one chunk of three units per kv head. Kernel queries 3, 4, 1 of the call.
   const std::vector<std::int64_t> queries = {3, 4, 1};
   const CascadeLayout some = plan_cascade(a, queries, 64, 8, 2);
@@ -50,6 +47,34 @@ TEST(KernelDecodeCascade, LaysOutOnePrefix) {
   EXPECT_EQ(some.member_queries, (std::vector<std::int64_t>{3, 1}));
   EXPECT_EQ(some.refs, (std::vector<PrefixRef>{{0, 1, 6, 6}, {}, {3, 1, 6, 6}}));
   EXPECT_EQ(some.suffix_start, (std::vector<std::int64_t>{150, 0, 150}));
+}
+
+// LaysOutOnePrefix's call under a sliding window of 40: query 1 sees from 110 (the prefix from
+// the unit at 64 on, two chunks), query 3 from 160 (none of the prefix, past it in its own row).
+TEST(KernelDecodeCascade, LaysOutWhatTheWindowsSee) {
+  const std::vector<std::int64_t> lens = {7, 150, 9, 200, 3}, prefix_of = {-1, 0, -1, 0, 1};
+  const std::vector<SharedPrefix> prefixes = {{5, 150}, {2, 0}};
+  AttentionDecodeArgs a{.shape = {6, 2, 64, 0.125f, 0.0f, 40}, .lens = lens, .shared_prefixes = prefixes,
+                        .prefix_of = prefix_of};
+  EXPECT_TRUE(reads_in_cascade(a));
+  const CascadeLayout all = plan_cascade(a, {}, 64, 8, 12);
+  EXPECT_EQ(all.tasks, (std::vector<PrefixTask>{{5, 0, 64, 128, 0, 0, 6, 0},
+                                                {5, 0, 128, 150, 0, 0, 6, 6},
+                                                {5, 1, 64, 128, 0, 0, 6, 12},
+                                                {5, 1, 128, 150, 0, 0, 6, 18}}));
+  EXPECT_EQ(all.member_queries, (std::vector<std::int64_t>{1, 3}));
+  EXPECT_EQ(all.member_first, (std::vector<std::int64_t>{110, 160}));
+  EXPECT_EQ(all.refs, (std::vector<PrefixRef>{{}, {0, 2, 6, 12}, {}, {3, 2, 6, 12}, {}}));
+  EXPECT_EQ(all.suffix_start, (std::vector<std::int64_t>{0, 150, 0, 160, 0}));
+  EXPECT_EQ(all.partials, 24);
+  // Query 3 alone in the group: no window reaches the prefix, which has no tasks.
+  const std::vector<std::int64_t> alone = {-1, -1, -1, 0, 1};
+  a.prefix_of = alone;
+  const CascadeLayout unseen = plan_cascade(a, {}, 64, 8, 12);
+  EXPECT_TRUE(unseen.tasks.empty());
+  EXPECT_EQ(unseen.refs[3], PrefixRef{});
+  EXPECT_EQ(unseen.suffix_start, (std::vector<std::int64_t>{0, 110, 0, 160, 0}));  // query 1: its window's first
+  EXPECT_EQ(unseen.partials, 0);
 }
 
 // 25 members of 3 query heads a kv head: 75 member heads in batches of 8, the last of 3 (a
@@ -70,10 +95,11 @@ class KernelDecodeCascadeRandom : public SeededTest {};
 
 // Random calls (1 to 3 kv heads of 1 to 4 query heads, 0 to 3 prefixes of 0 to 1000 slots,
 // members with 0 to 40 slots of their own, queries with none, random subsets, batches of 1 to 9
-// member heads): every (query,
-// query head, slot below its len) is read exactly once, a prefix slot through the prefix's row
-// by a task that has the query as a member, any other slot through the query's own row; and the
-// combine's refs name exactly the partials the tasks write, each written once.
+// member heads, half under a sliding window of 1 to 1200): every (query, query head, slot its
+// window sees below its len) is read exactly once, a prefix slot through the prefix's row by a
+// task that has the query as a member (which masks the slots before the member's window), any
+// other slot through the query's own row; and the combine's refs name exactly the partials the
+// tasks write, each written once.
 TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
   for (int call = 0; call < 300; ++call) {
     const std::int64_t Hkv = random_int(1, 3), group = random_int(1, 4), H = Hkv * group;
@@ -91,10 +117,12 @@ TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
       for (std::int64_t q = 0; q < static_cast<std::int64_t>(lens.size()); ++q)
         if (random_int(0, 1)) queries.push_back(q);
     const std::int64_t unit = std::int64_t{4} << random_int(0, 4), batch_heads = random_int(1, 9);
-    const AttentionDecodeArgs a{.shape = {H, Hkv, 64, 0.125f}, .lens = lens, .shared_prefixes = prefixes,
-                                .prefix_of = prefix_of};
+    const std::int64_t window = random_int(0, 1) ? random_int(1, 1200) : 0;
+    const AttentionDecodeArgs a{.shape = {H, Hkv, 64, 0.125f, 0.0f, window}, .lens = lens,
+                                .shared_prefixes = prefixes, .prefix_of = prefix_of};
+    auto first_seen = [&](std::int64_t q) { return first_visible(lens[static_cast<std::size_t>(q)] - 1, window); };
     const CascadeLayout layout = plan_cascade(a, queries, unit, batch_heads, random_int(1, 2000));
-    SCOPED_TRACE(::testing::Message() << "call " << call);
+    SCOPED_TRACE(::testing::Message() << "call " << call << " window " << window);
     const std::size_t n = queries.empty() ? lens.size() : queries.size();
     auto query_of = [&](std::size_t b) { return queries.empty() ? static_cast<std::int64_t>(b) : queries[b]; };
     ASSERT_EQ(layout.refs.size(), n);
@@ -109,11 +137,13 @@ TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
       ASSERT_LE(task.heads, batch_heads);
       for (std::int64_t i = 0; i < task.heads; ++i) {
         const std::int64_t mh = task.heads_first + i, h = task.kv_head * group + mh % group;
-        const std::int64_t q = layout.member_queries[static_cast<std::size_t>(task.members_first + mh / group)];
+        const auto member = static_cast<std::size_t>(task.members_first + mh / group);
+        const std::int64_t q = layout.member_queries[member];
+        ASSERT_EQ(layout.member_first[member], first_seen(q));
         const SharedPrefix& p = prefixes[static_cast<std::size_t>(prefix_of[static_cast<std::size_t>(q)])];
         ASSERT_EQ(task.row, p.row);  // the prefix's row, not the member's
         ASSERT_LE(task.end, p.len);
-        for (std::int64_t s = task.first; s < task.end; ++s) ++reads[{q, h, s}];
+        for (std::int64_t s = std::max(task.first, first_seen(q)); s < task.end; ++s) ++reads[{q, h, s}];
         ASSERT_TRUE(written.emplace(task.partials + i, std::pair{q, h}).second);
       }
     }
@@ -121,8 +151,11 @@ TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
       const std::int64_t q = query_of(b);
       const PrefixRef& ref = layout.refs[b];
       const std::int64_t start = layout.suffix_start[b];
-      EXPECT_EQ(start, prefix_member(a, q) ? prefixes[static_cast<std::size_t>(prefix_of[static_cast<std::size_t>(q)])].len : 0);
-      EXPECT_EQ(ref.chunks > 0, prefix_member(a, q));
+      EXPECT_EQ(start, prefix_member(a, q) ? std::max(prefixes[static_cast<std::size_t>(prefix_of[static_cast<std::size_t>(q)])].len, first_seen(q))
+                                           : first_seen(q));
+      if (!prefix_member(a, q)) {
+        EXPECT_EQ(ref.chunks, 0);
+      }
       EXPECT_LE(ref.chunks, kCascadeMaxChunks);
       for (std::int64_t h = 0; h < H; ++h) {
         for (std::int64_t s = start; s < lens[static_cast<std::size_t>(q)]; ++s) ++reads[{q, h, s}];
@@ -139,9 +172,9 @@ TEST_F(KernelDecodeCascadeRandom, EverySlotOnceAndEveryPartialOnce) {
     std::int64_t expected = 0;
     for (std::size_t b = 0; b < n; ++b) {
       const std::int64_t q = query_of(b);
-      expected += H * lens[static_cast<std::size_t>(q)];
+      expected += H * (lens[static_cast<std::size_t>(q)] - first_seen(q));
       for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t s = 0; s < lens[static_cast<std::size_t>(q)]; ++s) ASSERT_EQ((reads[{q, h, s}]), 1);
+        for (std::int64_t s = first_seen(q); s < lens[static_cast<std::size_t>(q)]; ++s) ASSERT_EQ((reads[{q, h, s}]), 1);
     }
     EXPECT_EQ(static_cast<std::int64_t>(reads.size()), expected) << "a slot beyond a query's len";
     EXPECT_LE(layout.partials, cascade_partials_bound(a.shape, static_cast<std::int64_t>(n)));
