@@ -158,10 +158,14 @@ namespace {
 // `pool_rows` > 0 the families take turns in that many pool rows as StepScheduler gives them: a
 // newcomer whose family holds no row takes the free row (none of whose requests runs) taken
 // least recently (by a newcomer of its family), computing its whole prompt where the row is not still its family's (a fill
-// again: `refills`), and waits, with admission, where no row is free.
+// again: `refills`), and waits, with admission, where no row is free. In each step a GPU
+// batch's decode rows of one family read its prefix (the longest a request of the family takes)
+// once for all: `prefix_read_by_others` sums, over steps and batches, the prefix tokens of all
+// but one of each family's decode rows.
 struct Admission {
   std::int64_t steps = 0, families = 0;
   std::vector<bool> refills;  // per request, with pool rows: it fills a row again
+  double prefix_read_by_others = 0;
 };
 
 // Pool rows taken in turn by the families of admitted requests (admit_in_order).
@@ -200,6 +204,51 @@ class PoolRows {
   std::set<std::int64_t> filled_;  // families that filled a row
 };
 
+// Per family (RequestLength::family), the longest prefix one of its requests takes.
+std::vector<double> family_prefixes(const Workload& w) {
+  std::vector<double> prefix;
+  for (const RequestLength& r : w.requests) {
+    if (r.family < 0) continue;
+    const auto f = static_cast<std::size_t>(r.family);
+    if (f >= prefix.size()) prefix.resize(f + 1, 0.0);
+    prefix[f] = std::max(prefix[f], static_cast<double>(r.shared));
+  }
+  return prefix;
+}
+
+// The running requests of each prefix family in one GPU batch (admit_in_order): in a step its
+// decode rows read the family's prefix once for all.
+class FamilyRows {
+ public:
+  explicit FamilyRows(const std::vector<double>& prefix) : prefix_(&prefix) {}
+  void admit(std::int64_t family) {
+    if (family < 0) return;
+    ++running_[family];
+    ++admitted_[family];
+  }
+  void leave(std::int64_t family) {
+    if (family >= 0 && --running_[family] == 0) running_.erase(family);
+  }
+  void next_step() { admitted_.clear(); }
+  // The prefix tokens all but one of each family's decode rows leave to that one, over `steps`
+  // steps from now (in the first the requests admitted in it prefill).
+  double read_by_others(std::int64_t steps) const {
+    double tokens = 0;
+    for (const auto& [family, running] : running_) {
+      const auto it = admitted_.find(family);
+      const std::int64_t newcomers = it == admitted_.end() ? 0 : it->second;
+      const double prefix = (*prefix_)[static_cast<std::size_t>(family)];
+      tokens += prefix * static_cast<double>(std::max<std::int64_t>(running - newcomers - 1, 0) +
+                                             (steps - 1) * std::max<std::int64_t>(running - 1, 0));
+    }
+    return tokens;
+  }
+
+ private:
+  const std::vector<double>* prefix_;
+  std::map<std::int64_t, std::int64_t> running_, admitted_;
+};
+
 Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0) {
   gpu_batch = std::clamp<std::int64_t>(gpu_batch, 1, std::max<std::int64_t>(slots, 1));
   using Busy = std::pair<std::int64_t, std::int64_t>;  // the step a slot frees at, its request's family
@@ -207,24 +256,36 @@ Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu
   struct Batch {
     std::int64_t free = 0;
     Heap busy;
+    FamilyRows families;
   };
+  const std::vector<double> prefix = family_prefixes(w);
   std::vector<Batch> batches;
   for (std::int64_t s0 = 0; s0 < std::max<std::int64_t>(slots, 1); s0 += gpu_batch)
-    batches.push_back({std::min(gpu_batch, slots - s0), {}});
+    batches.push_back({std::min(gpu_batch, slots - s0), {}, FamilyRows(prefix)});
   std::map<std::int64_t, std::int64_t> running;  // per family: its requests running
   std::size_t next = 0;
   std::int64_t t = 0;
   Admission a;
   a.refills.assign(w.requests.size(), false);
   PoolRows pool(pool_rows);
-  auto leave = [&](std::int64_t family) {
-    if (family >= 0 && --running[family] == 0) running.erase(family);
+  auto free_ended = [&] {  // at step t
+    for (Batch& b : batches) {
+      b.families.next_step();
+      for (; !b.busy.empty() && b.busy.top().first <= t; b.busy.pop(), ++b.free) {
+        const std::int64_t family = b.busy.top().second;
+        b.families.leave(family);
+        if (family >= 0 && --running[family] == 0) running.erase(family);
+      }
+    }
+  };
+  auto run_until = [&](std::int64_t until) {  // steps [t, until)
+    for (const Batch& b : batches) a.prefix_read_by_others += b.families.read_by_others(until - t);
+    t = until;
   };
   while (next < w.requests.size()) {
     bool blocked = false;  // a batch has a free slot the budget kept empty
     std::int64_t soonest = std::numeric_limits<std::int64_t>::max();
-    for (Batch& b : batches)
-      for (; !b.busy.empty() && b.busy.top().first <= t; b.busy.pop(), ++b.free) leave(b.busy.top().second);
+    free_ended();
     for (Batch& b : batches) {
       std::int64_t admitted = 0;
       while (b.free > 0 && next < w.requests.size()) {
@@ -241,6 +302,7 @@ Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu
         --b.free;
         const std::int64_t at = t + std::max<std::int64_t>(r.gen, 1);
         b.busy.emplace(at, r.family);
+        b.families.admit(r.family);
         if (r.family >= 0) ++running[r.family];
         a.steps = std::max(a.steps, at);
         ++next;
@@ -249,7 +311,14 @@ Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu
       if (!b.busy.empty()) soonest = std::min(soonest, b.busy.top().first);
     }
     a.families = std::max(a.families, static_cast<std::int64_t>(running.size()));
-    t = blocked ? t + 1 : soonest;
+    run_until(blocked ? t + 1 : soonest);
+  }
+  // The requests still running decode to their ends.
+  for (free_ended(); t < a.steps; free_ended()) {
+    std::int64_t soonest = a.steps;
+    for (const Batch& b : batches)
+      if (!b.busy.empty()) soonest = std::min(soonest, b.busy.top().first);
+    run_until(soonest);
   }
   return a;
 }
@@ -261,7 +330,7 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
   // A request of prompt p and g new tokens: one prefill step of p rows (its first token; c of
   // them when it takes p - c from a shared prefix), then g - 1 decode rows attending over
   // p + 1, ..., p + g - 1 cached tokens and the new one.
-  double prefill = 0, decode = 0, attended = 0, squares = 0, tokens = 0, slot_steps = 0;
+  double prefill = 0, decode = 0, attended = 0, squares = 0, tokens = 0, slot_steps = 0, read_by_others = 0;
   auto add = [&](double p, double c, double g) {
     prefill += c;
     decode += g - 1;
@@ -274,6 +343,10 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
     const double p = w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len);
     add(p, p - w.mean_shared, g);
     slot_steps = g;
+    // The held families spread evenly over a GPU batch's slots (one family where none is held).
+    const double batch = static_cast<double>(std::clamp<std::int64_t>(gpu_batch, 1, std::max<std::int64_t>(slots, 1)));
+    const double families = std::min(static_cast<double>(std::max<std::int64_t>(w.held.families, 1)), batch);
+    read_by_others = (g - 1) * w.mean_shared * (1 - families / batch);
   } else {
     const Admission a = admit_in_order(w, slots, gpu_batch, pool_rows);
     for (std::size_t i = 0; i < w.requests.size(); ++i) {
@@ -283,11 +356,13 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
     }
     s.steps = static_cast<double>(a.steps);
     slot_steps = s.steps * static_cast<double>(std::max<std::int64_t>(slots, 1));
+    read_by_others = a.prefix_read_by_others;
   }
   s.busy = tokens / slot_steps;
   s.prefill_rows = prefill / slot_steps;
   s.decode_rows = decode / slot_steps;
   s.kv_attended = attended / slot_steps;
+  s.kv_prefix_read_by_others = read_by_others / slot_steps;
   s.prompt_sq = squares / slot_steps;
   return s;
 }
@@ -506,6 +581,7 @@ struct StepLoad {
   double kv_store = 0;          // KV bytes written back
   double kv_values_read = 0;    // cached values a step attends over (dequantization)
   double attn_flops = 0;        // decode attention
+  double attn_shared_flops = 0;  // of it, over prefixes another row of the group reads (cascade attention)
   double prefill_attn = 0;      // seconds of newcomers' prefill attention
   double hidden = 0;            // hidden-state bytes in and out
   double busy = 1;              // share of the sequences holding a request (disk requests)
@@ -575,8 +651,12 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
     // A staged pool: each GPU batch loads the rows of the families it holds, each prefix once.
     if (blk.pool_rows > 0 && blk.pool_staged())
       d.pool_moved = k * std::min(static_cast<double>(blk.pool_rows), g * ss.busy) * kvt * held;
-    d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * ss.decode_rows * d.kv_len;
+    // A group's prefix is read (and dequantized) once: the other members only compute over it.
+    const double read_by_others = std::min(ss.kv_prefix_read_by_others, ss.decode_rows * d.kv_len);
+    d.kv_values_read =
+        2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * (ss.decode_rows * d.kv_len - read_by_others);
     d.attn_flops = 4 * bls * ss.decode_rows * d.kv_len * h1;
+    d.attn_shared_flops = 4 * bls * read_by_others * h1;
     d.prefill_attn = bls * 4 * ss.prompt_sq * h1 / hw.gpu_attn_prefill;
     d.hidden = hid * bls * ss.rows();
     const double compute = g * ss.decode_rows * layer_flops / rate(hw.layer_by_rows, step_rows, hw.gpu_gemm_decode) +
@@ -636,9 +716,15 @@ Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload
   t.dtoc_gen = lin(pool_from_disk,
                    {{CN, kv_moved / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
   t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
-  const double kv_len = d.kv_len, attn_flops = d.attn_flops;
-  const double gpu_attn = attn_flops / rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) + kv_dequant;
-  const double cpu_attn = attn_flops / rate_at(hw.cpu_attn_decode_by_len, kv_len, hw.cpu_attn_decode) + kv_dequant;
+  // Decode attention at the rate for its cache length, less the read share of the flops over
+  // prefixes another member of the group reads.
+  const double kv_len = d.kv_len;
+  const double gpu_attn = (d.attn_flops - hw.gpu_attn_decode_read_share * d.attn_shared_flops) /
+                              rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) +
+                          kv_dequant;
+  const double cpu_attn = (d.attn_flops - hw.cpu_attn_decode_read_share * d.attn_shared_flops) /
+                              rate_at(hw.cpu_attn_decode_by_len, kv_len, hw.cpu_attn_decode) +
+                          kv_dequant;
   t.comp_gen = lin(gemm_gen + w_dequant + d.prefill_attn,
                    {{CG, gpu_attn}, {CC, blk.ccc ? cpu_attn : gpu_attn}, {CN, blk.ccc ? cpu_attn : gpu_attn}});
   // Where copies take the cores that compute (the CPU backend), the part of the cpu<->gpu

@@ -89,6 +89,9 @@ struct SlotStep {
   double prefill_rows = 0;   // a newcomer's prompt rows (its first token comes of them)
   double decode_rows = 1;    // one row per decode
   double kv_attended = 0;    // KV tokens the decode rows attend over (p + t at a request's step t)
+  // Of them, the tokens of shared prefixes a decode row leaves to another row of its GPU batch
+  // in the same prefix family, which reads them once for the group (cascade attention).
+  double kv_prefix_read_by_others = 0;
   // A newcomer's prefill attention: its prompt tokens squared, or c (2p - c) for the c rows it
   // computes after p - c taken from a shared prefix.
   double prompt_sq = 0;
@@ -100,7 +103,9 @@ struct SlotStep {
 // each holding its slot for its max_tokens steps (its prefill step gives its first token); from
 // the means: every slot busy (steady state). `pool_rows` > 0: the job's prefix families take
 // turns in that many pool rows (Workload::pool_rows), and a family that comes back after its
-// row went to another computes its prefix again.
+// row went to another computes its prefix again. A GPU batch's decode rows of one family
+// (RequestLength::family; at the means, the held families spread evenly over a GPU batch's
+// slots) read their prefix once for all (SlotStep::kv_prefix_read_by_others).
 SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0);
 // The job's requests as a continuous workload (maxima and means from them).
 Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget);

@@ -62,15 +62,21 @@ constexpr std::array<CurveField, 5> kCurves{{
     {"cpu_attn_decode_tflops_by_len", &HardwareProfile::cpu_attn_decode_by_len, "{64: 0.008, 1024: 0.005}"},
 }};
 
-// Per-request disk times: microseconds in the file, seconds in the struct.
-struct RequestField {
+// A number field named by its key.
+struct NamedField {
   const char* key;
   double HardwareProfile::*field;
 };
-constexpr std::array<RequestField, 3> kRequests{{
+// Per-request disk times: microseconds in the file, seconds in the struct.
+constexpr std::array<NamedField, 3> kRequests{{
     {"disk_read_request_us", &HardwareProfile::disk_read_request},
     {"disk_write_request_us", &HardwareProfile::disk_write_request},
     {"disk_rows_write_request_us", &HardwareProfile::disk_rows_write_request},
+}};
+// Fractions of decode attention's time (HardwareProfile::gpu_attn_decode_read_share).
+constexpr std::array<NamedField, 2> kReadShares{{
+    {"gpu_attn_decode_read_share", &HardwareProfile::gpu_attn_decode_read_share},
+    {"cpu_attn_decode_read_share", &HardwareProfile::cpu_attn_decode_read_share},
 }};
 
 [[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& why) {
@@ -179,6 +185,7 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
                                  "copy_overlap", "dequant_gbps"};
   for (const auto& c : kCurves) known.insert(c.key);
   for (const auto& r : kRequests) known.insert(r.key);
+  for (const auto& r : kReadShares) known.insert(r.key);
   for (const auto& f : kSizes) known.insert(f.key);
   for (const auto& f : kRates) known.insert(f.key);
   for (const auto& kv : root) {
@@ -221,6 +228,11 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     if (h.copy_overlap < 0 || h.copy_overlap > 1) fail(source, "copy_overlap", "is a fraction in [0, 1]");
   }
   if (root["dequant_gbps"]) h.dequant = rate_of(root, source, "dequant_gbps") * kGiga;
+  for (const auto& r : kReadShares) {
+    if (!root[r.key]) continue;
+    h.*r.field = number_of(root, source, r.key);
+    if (h.*r.field < 0 || h.*r.field > 1) fail(source, r.key, "is a fraction in [0, 1]");
+  }
   return h;
 }
 
@@ -289,6 +301,8 @@ std::string hardware_to_yaml(const HardwareProfile& h) {
     out << YAML::EndMap;
   }
   if (h.dequant > 0) out << YAML::Key << "dequant_gbps" << YAML::Value << shortest(h.dequant / kGiga);
+  for (const auto& r : kReadShares)
+    if (h.*r.field > 0) out << YAML::Key << r.key << YAML::Value << shortest(h.*r.field);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -59,6 +59,12 @@ struct HardwareProfile {
   // the CPU (cpu_cache_compute); when given they replace the decode attention constants.
   // Short caches pay per-(sequence, head) overheads, long ones outgrow the caches.
   RateCurve gpu_attn_decode_by_len, cpu_attn_decode_by_len;
+  // Optional: the share of a decode attention's time that reading its K/V takes, on the compute
+  // device and on the CPU (0: not modelled). Where a GPU batch's rows holding one shared prefix
+  // read it once (cascade attention, docs/prefix-sharing.md), every member but the one whose
+  // read counts saves this share of its attention over the prefix. calibrate derives it from
+  // the decode rate with all its sequences reading one prefix once against the plain rate.
+  double gpu_attn_decode_read_share = 0, cpu_attn_decode_read_share = 0;
   // Optional: seconds of one small disk request beyond its bytes / bandwidth, with many in
   // flight as the engine issues a KV cache's (sequence, head) pieces: a read; a write of one
   // slot into a partly kept 4 KiB block (read-modify-write); a write of a head's prompt rows,
@@ -94,8 +100,9 @@ struct HardwareProfile {
 // gpu_memory_gbps, copy_overlap (default 1, in [0, 1]), dequant_gbps (GB/s of q4 input),
 // disk_read_request_us, disk_write_request_us, disk_rows_write_request_us, and the curves
 // gemm_tflops_by_rows, layer_tflops_by_rows and head_tflops_by_rows {rows: TFLOP/s},
-// gpu_attn_decode_tflops_by_len and cpu_attn_decode_tflops_by_len {cached tokens: TFLOP/s}
-// (what calibrate measures).
+// gpu_attn_decode_tflops_by_len and cpu_attn_decode_tflops_by_len {cached tokens: TFLOP/s},
+// gpu_attn_decode_read_share and cpu_attn_decode_read_share (in [0, 1]) (what calibrate
+// measures).
 HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_file(const std::string& path);
 std::string hardware_to_yaml(const HardwareProfile& h);

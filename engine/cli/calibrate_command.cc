@@ -265,6 +265,60 @@ double attention_decode_rate(Backend& be, const Plan& plan, std::int64_t len) {
   return rate;
 }
 
+// HardwareProfile::gpu_attn_decode_read_share: decode attention of kReadShareSeqs sequences
+// over the plan's longest length, through as many layers' caches in turn as the plan's copy
+// size holds, so that each call reads its cache from memory as a step's layers do, plainly
+// and with every sequence's slots but its last a prefix the call's sequences share (read once:
+// cascade attention). Per sequence a plain call takes read + compute and a shared one
+// read / m + compute, so read / (read + compute) = m / (m - 1) x (1 - t_shared / t_plain).
+constexpr std::int64_t kReadShareSeqs = 32;
+double attention_read_share(Backend& be, const Plan& plan) {
+  const std::int64_t m = kReadShareSeqs, len = plan.attn_decode_lens.back(), h = plan.heads * plan.head_dim;
+  const std::int64_t slots = m * plan.kv_heads * len;
+  std::vector<float> values(static_cast<std::size_t>(slots * plan.head_dim));
+  fill(values.data(), slots * plan.head_dim, 8);
+  const std::int64_t bytes = slots * kernels::kv_slot_bytes(plan.cache_dtype, plan.head_dim);
+  std::vector<std::byte> stored(static_cast<std::size_t>(bytes));
+  kernels::convert_rows(values.data(), kernels::DType::F32, stored.data(), plan.cache_dtype, slots, plan.head_dim);
+  const std::int64_t layers = std::clamp<std::int64_t>(plan.memory_bytes / (2 * bytes), 2, 64);
+  std::vector<DeviceBuffer> caches;
+  for (std::int64_t i = 0; i < 2 * layers; ++i) {
+    caches.emplace_back(be, stored.size());
+    be.copy_to_device(caches.back().data(), stored.data(), stored.size());
+  }
+  DeviceBuffer q = device_floats(be, m * h, 9), out(be, static_cast<std::size_t>(m * h) * sizeof(float));
+  const std::vector<std::int64_t> lens(static_cast<std::size_t>(m), len), prefix_of(static_cast<std::size_t>(m), 0);
+  const std::vector<kernels::SharedPrefix> prefix = {{0, len - 1}};
+  auto pass = [&](bool shared) {
+    for (std::int64_t l = 0; l < layers; ++l) {
+      kernels::AttentionDecodeArgs a{.shape = {plan.heads, plan.kv_heads, plan.head_dim,
+                                               1.0f / std::sqrt(static_cast<float>(plan.head_dim))},
+                                     .q = q.as<float>(),
+                                     .k_cache = caches[static_cast<std::size_t>(2 * l)].data(),
+                                     .v_cache = caches[static_cast<std::size_t>(2 * l + 1)].data(),
+                                     .capacity = len,
+                                     .lens = lens,
+                                     .out = out.as<float>(),
+                                     .cache_dtype = plan.cache_dtype};
+      if (shared) {
+        a.shared_prefixes = prefix;
+        a.prefix_of = prefix_of;
+      }
+      be.attention_decode(a);
+    }
+    be.synchronize();
+  };
+  const double plain = time_per_call([&] { pass(false); }, plan.min_seconds);
+  const double once = time_per_call([&] { pass(true); }, plan.min_seconds);
+  const double md = static_cast<double>(m), share = std::clamp(md / (md - 1) * (1 - once / plain), 0.0, 1.0);
+  progress(fmt::format("attention decode {} seqs x {} cached over {} layers' caches, plain {:.0f} us, {} shared "
+                       "read once {:.0f} us",
+                       m, len, layers, plain / static_cast<double>(layers) * 1e6, len - 1,
+                       once / static_cast<double>(layers) * 1e6),
+           fmt::format("read share {:.2f}", share));
+  return round_sig(share);
+}
+
 // The decode attention curve over the plan's lengths.
 policy::RateCurve attention_decode_curve(Backend& be, const Plan& plan) {
   policy::RateCurve curve;
@@ -523,6 +577,7 @@ void measure_compute(kernels::Backend& be, const Plan& plan, const CalibrateOpti
   // Decode attention by cached tokens; the constant is the rate at the longest.
   hw.gpu_attn_decode_by_len = attention_decode_curve(be, plan);
   hw.gpu_attn_decode = hw.gpu_attn_decode_by_len.back().second;
+  hw.gpu_attn_decode_read_share = attention_read_share(be, plan);
 }
 
 // The cpu-side rates (attention over a cpu-homed cache with cpu_cache_compute) at decode
@@ -532,6 +587,7 @@ void measure_cpu_side(kernels::Backend& be, const Plan& plan, policy::HardwarePr
     hw.cpu_gemm = hw.gpu_gemm_decode;
     hw.cpu_attn_decode_by_len = hw.gpu_attn_decode_by_len;
     hw.cpu_attn_decode = hw.gpu_attn_decode;
+    hw.cpu_attn_decode_read_share = hw.gpu_attn_decode_read_share;
     // What compressed weights and KV cost the CPU to expand (a GPU hides it behind PCIe).
     hw.dequant = round_sig(dequant_rate(plan));
     // A GEMM over few rows reads its whole weight matrix from memory, once per GPU batch.
@@ -543,6 +599,7 @@ void measure_cpu_side(kernels::Backend& be, const Plan& plan, policy::HardwarePr
   hw.cpu_gemm = round_sig(gemm_rate(*cpu, plan, plan.decode_m, "cpu decode", auto_compute_dtype(*cpu, plan)));
   hw.cpu_attn_decode_by_len = attention_decode_curve(*cpu, plan);
   hw.cpu_attn_decode = hw.cpu_attn_decode_by_len.back().second;
+  hw.cpu_attn_decode_read_share = attention_read_share(*cpu, plan);
 }
 
 // cpu <-> gpu. On the CPU backend the gpu tier is host memory and these are memcpy.

@@ -443,6 +443,9 @@ TEST(Cli, CalibrateWritesAProfilePlanReads) {
   EXPECT_THAT(profile, HasSubstr("GEMMs of f16 weights in the compute dtype --compute-dtype auto gives each row count (" +
                                  by_rows + ")"));
   EXPECT_THAT(c.err, HasSubstr("decoder layer, 64 rows, "));
+  // The read share of decode attention, from 32 sequences reading one prefix once and plainly.
+  EXPECT_THAT(c.err, HasSubstr("attention decode 32 seqs x 256 cached over "));
+  EXPECT_THAT(c.err, HasSubstr("255 shared read once"));
   EXPECT_THAT(profile, HasSubstr("layer_tflops_by_rows: {1: "));
   EXPECT_THAT(profile, HasSubstr("head_tflops_by_rows: {1: "));
   const Result p = run("plan --model opt-125m --hardware " + dir.file("hw.yaml") + " --prompt-len 64 --gen-len 8");

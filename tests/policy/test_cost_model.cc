@@ -746,6 +746,49 @@ TEST(ContinuousPlan, AFamilyWhoseRowWentToAnotherFillsItAgain) {
   EXPECT_NEAR(slot_step(w, 3, 3, 3).prefill_rows * 9, 180, 1e-9);
 }
 
+// A GPU batch's decode rows of one family read its prefix once (cascade attention). By hand, one
+// GPU batch of 2 slots, requests (prompt, max_tokens, shared) of family 0: (12, 3, 0) and
+// (12, 3, 10) from step 0 (both decode in steps 1 and 2: the second leaves its 10 prefix tokens
+// to the first each step), then (12, 3, 10) alone from step 3: 20 tokens over 6 x 2 slot-steps.
+// Two GPU batches of one slot each, or no family: none. At the means, 2 families spread over a
+// GPU batch of 8: 6 of 8 decode rows leave their prefix to another. A block of 8 requests behind
+// one 990-token prefix on the gpu tier: the profile's read share of the attention over what
+// the decode rows left to another comes off the step's compute.
+TEST(ContinuousPlan, AGroupReadsItsPrefixOnce) {
+  const Workload w = continuous_workload({{12, 3, 0, 0}, {12, 3, 10, 0}, {12, 3, 10, 0}}, 512);
+  const SlotStep s = slot_step(w, 2, 2);
+  EXPECT_EQ(s.steps, 6);
+  EXPECT_DOUBLE_EQ(s.kv_prefix_read_by_others, 20.0 / 12);
+  EXPECT_EQ(slot_step(w, 2, 1).kv_prefix_read_by_others, 0);
+  Workload no_family = w;
+  for (RequestLength& r : no_family.requests) r.family = -1;
+  EXPECT_EQ(slot_step(no_family, 2, 2).kv_prefix_read_by_others, 0);
+  Workload steady{1200, 64};
+  steady.continuous = true;
+  steady.mean_prompt_len = 1100;
+  steady.mean_gen_len = 40;
+  steady.mean_shared = 1000;
+  steady.held.families = 2;
+  EXPECT_DOUBLE_EQ(slot_step(steady, 8, 8).kv_prefix_read_by_others, 39.0 / 40 * 1000 * 6 / 8);
+
+  const ModelShape m = opt("opt-125m", 12, 768);
+  Workload job = continuous_workload(std::vector<RequestLength>(8, {1000, 64, 990, 0}), 512);
+  job.requests.front().shared = 0;
+  Policy p;
+  p.gpu_batch_size = 8;
+  HardwareProfile hw = t4();
+  const auto plain = estimate(m, hw, job, p);
+  hw.gpu_attn_decode_read_share = 0.5;
+  const auto once = estimate(m, hw, job, p);
+  ASSERT_TRUE(plain && once);
+  const SlotStep ss = slot_step(job, 8, 8);
+  ASSERT_GT(ss.kv_prefix_read_by_others, 7 * 990 * ss.decode_rows / 8 * 0.9);
+  const double kv_len = ss.kv_attended / ss.decode_rows;
+  const double rate = rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode);
+  const double saved = 12 * 0.5 * 4 * 8 * ss.kv_prefix_read_by_others * 768 / rate;
+  EXPECT_NEAR(plain->decode_step_seconds - once->decode_step_seconds, saved, 1e-9 * plain->decode_step_seconds);
+}
+
 // Steady state behind a shared prefix: a newcomer computes the rest of its prompt (c = p - s
 // rows, attention c (2p - c)); its decodes attend over the whole context.
 TEST(ContinuousPlan, SteadyStateSharedPrefixComputesOnlyTheRest) {

@@ -179,7 +179,8 @@ TEST(HardwareProfile, MeasuredCurvesRequestsAndOverlapRoundTrip) {
                                                    "gpu_attn_decode_tflops_by_len: {1024: 0.005, 64: 0.008}\n"
                                                    "cpu_attn_decode_tflops_by_len: {256: 0.007}\n"
                                                    "disk_read_request_us: 35\ndisk_write_request_us: 50.5\n"
-                                                   "disk_rows_write_request_us: 270\ncopy_overlap: 0\n",
+                                                   "disk_rows_write_request_us: 270\ncopy_overlap: 0\n"
+                                                   "gpu_attn_decode_read_share: 0.75\n",
                                                "hw.yaml");
   EXPECT_EQ(h.gpu_attn_decode_by_len, (RateCurve{{64, 0.008e12}, {1024, 0.005e12}}));  // sorted
   EXPECT_EQ(h.cpu_attn_decode_by_len, (RateCurve{{256, 0.007e12}}));
@@ -187,6 +188,8 @@ TEST(HardwareProfile, MeasuredCurvesRequestsAndOverlapRoundTrip) {
   EXPECT_DOUBLE_EQ(h.disk_write_request, 50.5e-6);
   EXPECT_DOUBLE_EQ(h.disk_rows_write_request, 270e-6);
   EXPECT_EQ(h.copy_overlap, 0);
+  EXPECT_EQ(h.gpu_attn_decode_read_share, 0.75);
+  EXPECT_EQ(h.cpu_attn_decode_read_share, 0);  // not given: not modelled
   const HardwareProfile back = load_hardware_yaml(hardware_to_yaml(h), "roundtrip");
   EXPECT_EQ(back.gpu_attn_decode_by_len, h.gpu_attn_decode_by_len);
   EXPECT_EQ(back.cpu_attn_decode_by_len, h.cpu_attn_decode_by_len);
@@ -194,11 +197,14 @@ TEST(HardwareProfile, MeasuredCurvesRequestsAndOverlapRoundTrip) {
   EXPECT_DOUBLE_EQ(back.disk_write_request, h.disk_write_request);
   EXPECT_DOUBLE_EQ(back.disk_rows_write_request, h.disk_rows_write_request);
   EXPECT_EQ(back.copy_overlap, 0);
+  EXPECT_EQ(back.gpu_attn_decode_read_share, 0.75);
+  EXPECT_EQ(back.cpu_attn_decode_read_share, 0);
   // Log-log between the points, clamped at the ends.
   EXPECT_NEAR(rate_at(h.gpu_attn_decode_by_len, 256, 0), 0.008e12 * std::pow(0.625, 0.5), 1e3);
   EXPECT_DOUBLE_EQ(rate_at(h.gpu_attn_decode_by_len, 8, 0), 0.008e12);
   EXPECT_DOUBLE_EQ(rate_at({}, 8, 3.0), 3.0);
   EXPECT_THAT(error_of(join(kLines) + "copy_overlap: 1.5\n"), HasSubstr("'copy_overlap'"));
+  EXPECT_THAT(error_of(join(kLines) + "cpu_attn_decode_read_share: -0.1\n"), HasSubstr("'cpu_attn_decode_read_share'"));
   EXPECT_THAT(error_of(join(kLines) + "disk_read_request_us: 0\n"), HasSubstr("'disk_read_request_us'"));
   EXPECT_THAT(error_of(join(kLines) + "cpu_attn_decode_tflops_by_len: {0: 1}\n"),
               HasSubstr("'cpu_attn_decode_tflops_by_len'"));
