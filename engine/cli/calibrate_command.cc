@@ -288,6 +288,8 @@ double attention_read_share(Backend& be, const Plan& plan) {
   }
   DeviceBuffer q = device_floats(be, m * h, 9), out(be, static_cast<std::size_t>(m * h) * sizeof(float));
   const std::vector<std::int64_t> lens(static_cast<std::size_t>(m), len), prefix_of(static_cast<std::size_t>(m), 0);
+  // Row 0 holds the prefix (the timing does not depend on the values: the other rows need not
+  // hold its bytes).
   const std::vector<kernels::SharedPrefix> prefix = {{0, len - 1}};
   auto pass = [&](bool shared) {
     for (std::int64_t l = 0; l < layers; ++l) {
