@@ -114,6 +114,13 @@ double number_of(const YAML::Node& root, const std::string& source, const std::s
   return v;
 }
 
+// A fraction in [0, 1].
+double fraction_of(const YAML::Node& root, const std::string& source, const std::string& key) {
+  const double v = number_of(root, source, key);
+  if (v < 0 || v > 1) fail(source, key, "is a fraction in [0, 1]");
+  return v;
+}
+
 double rate_of(const YAML::Node& root, const std::string& source, const std::string& key) {
   const double v = number_of(root, source, key);
   if (v <= 0) fail(source, key, "must be a positive number, got '" + scalar_of(root, source, key) + "'");
@@ -223,16 +230,10 @@ HardwareProfile load_hardware_yaml(const std::string& yaml_text, const std::stri
     if (root[c.key]) h.*c.field = curve_of(root, source, c.key, c.example);
   for (const auto& r : kRequests)
     if (root[r.key]) h.*r.field = rate_of(root, source, r.key) * 1e-6;
-  if (root["copy_overlap"]) {
-    h.copy_overlap = number_of(root, source, "copy_overlap");
-    if (h.copy_overlap < 0 || h.copy_overlap > 1) fail(source, "copy_overlap", "is a fraction in [0, 1]");
-  }
+  if (root["copy_overlap"]) h.copy_overlap = fraction_of(root, source, "copy_overlap");
   if (root["dequant_gbps"]) h.dequant = rate_of(root, source, "dequant_gbps") * kGiga;
-  for (const auto& r : kReadShares) {
-    if (!root[r.key]) continue;
-    h.*r.field = number_of(root, source, r.key);
-    if (h.*r.field < 0 || h.*r.field > 1) fail(source, r.key, "is a fraction in [0, 1]");
-  }
+  for (const auto& r : kReadShares)
+    if (root[r.key]) h.*r.field = fraction_of(root, source, r.key);
   return h;
 }
 

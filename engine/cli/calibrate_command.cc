@@ -224,27 +224,35 @@ double attention_prefill_rate(Backend& be, const Plan& plan, const engine::GemmD
   return rate;
 }
 
+// `slots` KV slots in the plan's cache dtype. Any bytes are valid f16/bf16 values to attend
+// over except NaN/Inf patterns: the cache is filled by converting fp32 values, as runs write it.
+std::vector<std::byte> stored_slots(const Plan& plan, std::int64_t slots, std::uint32_t seed) {
+  std::vector<float> values(static_cast<std::size_t>(slots * plan.head_dim));
+  fill(values.data(), slots * plan.head_dim, seed);
+  const std::int64_t bytes = slots * kernels::kv_slot_bytes(plan.cache_dtype, plan.head_dim);
+  std::vector<std::byte> stored(static_cast<std::size_t>(bytes));
+  kernels::convert_rows(values.data(), kernels::DType::F32, stored.data(), plan.cache_dtype, slots, plan.head_dim);
+  return stored;
+}
+
+// The plan's decode attention shape: its query and kv heads, 1 / sqrt(head_dim).
+kernels::AttentionShape decode_shape(const Plan& plan) {
+  return {plan.heads, plan.kv_heads, plan.head_dim, 1.0f / std::sqrt(static_cast<float>(plan.head_dim))};
+}
+
 // flop/s of decode attention over `len` cached tokens in the plan's KV dtype, counted as
 // FlexGen does: 4 * len * h per new token (h = query heads x head_dim).
 double attention_decode_rate(Backend& be, const Plan& plan, std::int64_t len) {
   const std::int64_t b = plan.attn_decode_seqs, h = plan.heads * plan.head_dim;
-  const std::int64_t slot = kernels::kv_slot_bytes(plan.cache_dtype, plan.head_dim);
   DeviceBuffer q = device_floats(be, b * h, 6);
-  // Any bytes are valid f16/bf16 values to attend over except NaN/Inf patterns: fill the
-  // cache by converting fp32 values, as runs write it.
-  const std::int64_t cache_values = b * plan.kv_heads * len * plan.head_dim;
-  std::vector<float> values(static_cast<std::size_t>(cache_values));
-  fill(values.data(), cache_values, 7);
-  std::vector<std::byte> stored(static_cast<std::size_t>(b * plan.kv_heads * len * slot));
-  kernels::convert_rows(values.data(), kernels::DType::F32, stored.data(), plan.cache_dtype, b * plan.kv_heads * len,
-                        plan.head_dim);
+  const std::vector<std::byte> stored = stored_slots(plan, b * plan.kv_heads * len, 7);
   DeviceBuffer kc(be, stored.size()), vc(be, stored.size());
   be.copy_to_device(kc.data(), stored.data(), stored.size());
   be.copy_to_device(vc.data(), stored.data(), stored.size());
   DeviceBuffer out(be, static_cast<std::size_t>(b * h) * sizeof(float));
   const std::vector<std::int64_t> lens(static_cast<std::size_t>(b), len);
   kernels::AttentionDecodeArgs a;
-  a.shape = {plan.heads, plan.kv_heads, plan.head_dim, 1.0f / std::sqrt(static_cast<float>(plan.head_dim))};
+  a.shape = decode_shape(plan);
   a.q = q.as<float>();
   a.k_cache = kc.data();
   a.v_cache = vc.data();
@@ -274,12 +282,8 @@ double attention_decode_rate(Backend& be, const Plan& plan, std::int64_t len) {
 constexpr std::int64_t kReadShareSeqs = 32;
 double attention_read_share(Backend& be, const Plan& plan) {
   const std::int64_t m = kReadShareSeqs, len = plan.attn_decode_lens.back(), h = plan.heads * plan.head_dim;
-  const std::int64_t slots = m * plan.kv_heads * len;
-  std::vector<float> values(static_cast<std::size_t>(slots * plan.head_dim));
-  fill(values.data(), slots * plan.head_dim, 8);
-  const std::int64_t bytes = slots * kernels::kv_slot_bytes(plan.cache_dtype, plan.head_dim);
-  std::vector<std::byte> stored(static_cast<std::size_t>(bytes));
-  kernels::convert_rows(values.data(), kernels::DType::F32, stored.data(), plan.cache_dtype, slots, plan.head_dim);
+  const std::vector<std::byte> stored = stored_slots(plan, m * plan.kv_heads * len, 8);
+  const auto bytes = static_cast<std::int64_t>(stored.size());
   const std::int64_t layers = std::clamp<std::int64_t>(plan.memory_bytes / (2 * bytes), 2, 64);
   std::vector<DeviceBuffer> caches;
   for (std::int64_t i = 0; i < 2 * layers; ++i) {
@@ -293,8 +297,7 @@ double attention_read_share(Backend& be, const Plan& plan) {
   const std::vector<kernels::SharedPrefix> prefix = {{0, len - 1}};
   auto pass = [&](bool shared) {
     for (std::int64_t l = 0; l < layers; ++l) {
-      kernels::AttentionDecodeArgs a{.shape = {plan.heads, plan.kv_heads, plan.head_dim,
-                                               1.0f / std::sqrt(static_cast<float>(plan.head_dim))},
+      kernels::AttentionDecodeArgs a{.shape = decode_shape(plan),
                                      .q = q.as<float>(),
                                      .k_cache = caches[static_cast<std::size_t>(2 * l)].data(),
                                      .v_cache = caches[static_cast<std::size_t>(2 * l + 1)].data(),
