@@ -45,14 +45,22 @@ mkdir -p "$work/src"
 git clone -q "$repo" "$work/src/project"     # committed work only, as a clean clone
 [[ -n $shared ]] && cp -a "$shared" "$work/src/shared"
 
-# Runs one command inside the root, with /proc, /sys and /dev mounted in a private namespace.
+# The host's compiler cache, shared with the root: objects are keyed by the preprocessed source
+# and the compiler (CMakeLists.txt hashes paths relative to the tree), so a header or library
+# missing in the root still fails there, and the build after this one reuses the root's objects.
+cache=$( (command -v ccache >/dev/null && ccache -k cache_dir) || true)
+if [[ -n $cache ]]; then mkdir -p "$cache" "$work/root/.cache/ccache"; fi
+
+# Runs one command inside the root, with /proc, /sys and /dev (and the compiler cache) mounted in
+# a private namespace.
 in_root() {
   unshare --mount --propagation private bash -c '
-    set -e; w=$1; shift
+    set -e; w=$1; cache=$2; shift 2
     for m in proc sys dev; do mount --rbind "/$m" "$w/$m"; done
+    [[ -z $cache ]] || mount --bind "$cache" "$w/root/.cache/ccache"
     exec chroot "$w" /usr/bin/env -i HOME=/root CI=true \
       PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin bash -c "cd /src/project && $*"
-  ' in_root "$work" "$@"
+  ' in_root "$work" "$cache" "$@"
 }
 
 echo "== fresh-root: scripts/setup.sh in a fresh Debian 12 root (HEAD $(git -C "$repo" rev-parse --short HEAD))"
