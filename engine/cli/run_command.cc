@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include "engine/cli/file_roles.h"
 #include "engine/cli/number_checks.h"
 #include "engine/cli/run_job.h"
 #include "engine/serving/interrupts.h"
@@ -188,6 +189,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       ->group(dist);
   run->add_option("--metrics", o.metrics_file, "write throughput, peak bytes per tier and time per primitive as JSON");
   run->add_option("--trace", o.trace_file, "write a Chrome trace (open in Perfetto), one track per stream");
+  run->add_flag("--quiet", o.quiet,
+                "no progress line (on a terminal a bar redrawn each step, else a line each 30 s and each tenth of "
+                "the requests: done, prompt and generated tok/s, elapsed, time left)");
   run->add_flag("--explain", o.explain,
                 "after the run, the planner's predicted throughput, step time and memory per tier next to the "
                 "measured ones (--metrics has them under \"predicted\" either way)");
@@ -223,7 +227,7 @@ std::vector<serving::Request> plan_and_gather(const RunOptions& o, RunSetup& s, 
         plan_options(o, s, prompts));
     adopt_plan(o, s, e.policy, hw);
     s.predicted = e;
-    fmt::print(stderr, "{}\n", planned_line(hw, e));
+    fmt::print(stderr, "{}\n{}", planned_line(hw, e), o.hardware.empty() ? uncalibrated_note(o) : "");
   }
   if (requests.empty())
     requests = make_requests(o, s, gather_prompts(o, s.model, o.batch.value_or(s.placed ? s.policy.block_size() : 1)));
@@ -252,7 +256,10 @@ int run_one_process(const RunOptions& o) {
 
   settle_compute_dtype(o, s);
   serving::EngineOptions eo = engine_options(o, s);
-  eo.progress = ::isatty(STDERR_FILENO) == 1;
+  if (!o.quiet)
+    eo.progress = serving::ProgressOptions{
+        .planned_tokens_per_second = s.predicted && s.predicted->continuous ? s.predicted->total_throughput : 0,
+        .terminal = ::isatty(STDERR_FILENO) == 1};
   serving::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
   JobResults results(o, s, out, oj ? &*oj : nullptr);
   const serving::JobOutcome done = engine.run(todo, [&](std::span<const std::size_t> at, const GenerationResult& r) {
@@ -275,6 +282,10 @@ int run_one_process(const RunOptions& o) {
 }  // namespace
 
 int run_command(const RunOptions& o) {
+  const FileRole reads[] = {{"--prompts", o.prompts_file}, {"--model", o.model}, {"--tokenizer", o.tokenizer},
+                            {"--policy", o.policy_file == "auto" ? "" : o.policy_file}, {"--hardware", o.hardware}};
+  const FileRole writes[] = {{"--out", o.out_file}, {"--metrics", o.metrics_file}, {"--trace", o.trace_file}};
+  check_files_apart(reads, writes);
   if (const auto launch = distributed::mpi_launch()) {
 #ifdef FLEXH2O_HAVE_MPI
     return run_distributed(o, [&] { return run_one_process(o); });

@@ -61,6 +61,7 @@ struct RunOptions {
   std::string metrics_file;
   std::string trace_file;
   bool explain = false;  // the planner's prediction next to what the run measured
+  bool quiet = false;    // no progress line
 };
 
 CLI::App* add_run_command(CLI::App& app, RunOptions& opt);

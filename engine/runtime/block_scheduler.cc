@@ -306,6 +306,7 @@ KvHeld BlockScheduler::held_bytes(const BlockState& st, const GenerationRequest&
 }
 
 bool BlockScheduler::active(const Block& b) const { return b.log.active(); }
+std::int64_t BlockScheduler::rows_computed(const Block& b) const { return b.log.rows_computed(); }
 
 // FlexGen's loop (docs/offloading.md, "The block schedule"): for every unit j and GPU batch k,
 // load weight j+1, load cache and hidden k+1, compute (j, k), store cache and hidden k.

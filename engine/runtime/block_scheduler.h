@@ -96,6 +96,8 @@ class BlockScheduler {
   // and takes the first plan of the planner make_planner makes for it.
   BlockPtr begin(const GenerationRequest& req, const PlannerFactory& make_planner);
   bool active(const Block& b) const;
+  // The sequence rows the block's steps computed so far (each sampled a token).
+  std::int64_t rows_computed(const Block& b) const;
   // This scheduler's layers over every GPU batch of the block's current step; with the output
   // head here the step's tokens are then sampled into next_tokens().
   void run_step(Block& b, const StageLinks& links = {});

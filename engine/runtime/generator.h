@@ -160,6 +160,7 @@ class GenerationLog {
   // Tokens sequence b has generated so far: the index (sampling step) of its next one.
   std::int64_t generated(std::size_t b) const { return seqs_[b].generated(); }
   bool active() const { return active_ > 0; }
+  std::int64_t rows_computed() const { return res_.sequence_steps; }
   // Stops the decode clock; the result, its per-sequence parts taken from the states.
   GenerationResult finish();
 

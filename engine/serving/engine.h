@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/serving/interrupts.h"
+#include "engine/serving/progress.h"
 #include "engine/serving/request.h"
 #include "engine/serving/request_source.h"
 #include "engine/serving/result_file.h"
@@ -84,7 +85,9 @@ struct EngineOptions {
   // Null: stop strings are not watched.
   StopStringSeen stop_string_seen;
   std::string results_in;  // where finished results are, for the messages ("": the output)
-  bool progress = false;   // "requests d/n done, step s" on stderr between steps
+  // The progress line on stderr between steps (none: quiet); Engine::start fills in the job's
+  // requests and their limits.
+  std::optional<ProgressOptions> progress;
 };
 
 struct JobOutcome {
@@ -191,7 +194,10 @@ class Engine {
   bool stop_now();
   // Several flights: the request the job's queue gives flight f, asked from `from` on.
   std::size_t queue_next(Flight& f, std::size_t from);
-  void between_steps(const std::string& where) const;
+  void between_steps() const;
+  // Requests at `at` ended with result r (tokens in that order): the outcome's and the
+  // progress line's counts.
+  void count_finished(std::span<const std::size_t> at, const engine::GenerationResult& r);
 
   const engine::ModelConfig& config_;
   EngineOptions o_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,15 +21,15 @@ struct Engine::Flight {
   bool continuous = false;  // its block serves the whole job through its slots
   bool pending = false;     // its block ran a step not recorded yet
   // Fixed blocks: the block's requests (its request keeps a view of them), their indices into
-  // the job's, the block's number in the job (from 0) and when it began (seconds into the job).
+  // the job's and when it began (seconds into the job).
   std::vector<Request> these;
   std::vector<std::size_t> at;
-  std::size_t number = 0;
   double begun_at = 0;
   // Continuous: its one block began; under several flights, the request the job's queue gave
   // it, kept until it takes it (with the requests sharing its prefill).
   bool started = false;
   std::size_t given = kNoRequest;
+  std::int64_t rows_counted = 0;  // its block's sequence rows the progress line has counted
 };
 
 struct Engine::Job {
@@ -40,10 +41,9 @@ struct Engine::Job {
   // The job's first request no flight took yet: fixed blocks, and the queue of several
   // continuous flights.
   std::size_t next = 0;
-  std::size_t blocks = 0;    // fixed blocks begun
-  std::string of_blocks;     // "/N" when the fixed blocks are known in advance (no source)
   bool stop_seen = false;    // continuous: a poll of JobFeed::stop said to stop
   std::chrono::steady_clock::time_point t0;
+  std::optional<Progress> progress;
 };
 
 }  // namespace flexh2o::serving

@@ -68,8 +68,13 @@ void Engine::start(std::span<const Request> requests, RequestsFinished finished,
   j.feed = std::move(feed);
   for (std::size_t f = 0; f < j.feed.flights; ++f) j.flights.push_back(std::make_unique<Flight>());
   j.outcome.requests = requests.size();
-  const auto block = static_cast<std::size_t>(o_.policy.block_size());
-  if (!j.feed.source) j.of_blocks = fmt::format("/{}", (requests.size() + block - 1) / block);
+  if (o_.progress) {
+    ProgressOptions po = *o_.progress;
+    po.requests = requests.size();
+    po.max_new_tokens = 0;
+    for (const Request& r : requests) po.max_new_tokens += r.max_tokens;
+    j.progress.emplace(po, stderr);
+  }
   j.t0 = std::chrono::steady_clock::now();
 }
 
@@ -97,6 +102,7 @@ JobOutcome Engine::end() {
   if (o_.continuous && !job_->requests.empty())
     outcome.stopped = job_->stop_seen && outcome.finished_requests < outcome.requests;
   outcome.wall_seconds = seconds_since(job_->t0);
+  if (job_->progress) job_->progress->close(outcome.wall_seconds);
   job_.reset();
   return outcome;
 }
@@ -107,6 +113,11 @@ void Engine::record_step(Flight& f, const StepLinks& links) {
   if (links.receive_tokens) links.receive_tokens(sched_->next_tokens(*f.block));
   sched_->end_step(*f.block);
   f.pending = false;
+  if (job_->progress) {
+    const std::int64_t rows = sched_->rows_computed(*f.block);
+    job_->progress->sampled(rows - f.rows_counted, seconds_since(job_->t0));
+    f.rows_counted = rows;
+  }
 }
 
 // A block whose first step has work: the flight's one continuous block, or the job's next
@@ -116,6 +127,7 @@ bool Engine::begin_block(Flight& f) {
   while (continuous ? !f.started : begin_fixed(f)) {
     if (continuous) begin_continuous(f);
     f.block = sched_->begin(f.req, make_step_scheduler);
+    f.rows_counted = 0;
     if (sched_->active(*f.block)) return true;
     finish_block(f);
   }
@@ -156,12 +168,9 @@ void Engine::begin_continuous(Flight& f) {
   f.req.on_finished = [this](std::size_t b, const engine::GenerationResult& own) {
     const std::size_t at[] = {b};
     job_->finished(at, own);
-    ++job_->outcome.finished_requests;
+    count_finished(at, own);
   };
-  f.req.on_step = [this](std::int64_t step, std::int64_t) {
-    between_steps(
-        fmt::format("requests {}/{} done, step {}", job_->outcome.finished_requests, job_->requests.size(), step + 1));
-  };
+  f.req.on_step = [this](std::int64_t, std::int64_t) { between_steps(); };
 }
 
 // The job's next fixed block for flight f, unless none is left or the job stops taking them.
@@ -176,10 +185,7 @@ bool Engine::begin_fixed(Flight& f) {
   if (f.at.empty()) return false;
   f.these = requests_at(j.requests, f.at);
   f.req = block_request(f.these);
-  f.number = j.blocks++;
-  f.req.on_step = [this, &f](std::int64_t step, std::int64_t steps) {
-    between_steps(fmt::format("block {}{}, step {}/{}", f.number + 1, job_->of_blocks, step + 1, steps));
-  };
+  f.req.on_step = [this](std::int64_t, std::int64_t) { between_steps(); };
   f.begun_at = seconds_since(j.t0);
   return true;
 }
@@ -187,7 +193,6 @@ bool Engine::begin_fixed(Flight& f) {
 void Engine::finish_block(Flight& f) {
   const engine::GenerationResult r = sched_->finish(*f.block);
   f.block.reset();
-  if (o_.progress) fmt::print(stderr, "\r\033[K");
   Job& j = *job_;
   j.outcome.total.add(r);
   if (f.continuous) {  // each request was handed on as it ended
@@ -195,7 +200,7 @@ void Engine::finish_block(Flight& f) {
     return;
   }
   j.finished(f.at, r);
-  j.outcome.finished_requests += f.at.size();
+  count_finished(f.at, r);
   add_timings(j.outcome, f.these, r, f.begun_at);
 }
 
@@ -215,10 +220,22 @@ std::size_t Engine::queue_next(Flight& f, std::size_t from) {
 }
 
 // Between steps: a second interrupt abandons the run, progress, the job's hook.
-void Engine::between_steps(const std::string& where) const {
+void Engine::between_steps() const {
   check_abandon();
-  if (o_.progress) fmt::print(stderr, "\r{}   ", where);
+  if (job_->progress) job_->progress->show(seconds_since(job_->t0));
   if (job_->feed.between_steps) job_->feed.between_steps();
+}
+
+void Engine::count_finished(std::span<const std::size_t> at, const engine::GenerationResult& r) {
+  Job& j = *job_;
+  j.outcome.finished_requests += at.size();
+  if (!j.progress) return;
+  const double now = seconds_since(j.t0);
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    const Request& req = j.requests[at[i]];
+    j.progress->finished(static_cast<std::int64_t>(req.prompt.size()), static_cast<std::int64_t>(r.tokens[i].size()),
+                         req.max_tokens, now);
+  }
 }
 
 }  // namespace flexh2o::serving

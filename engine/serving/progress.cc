@@ -1,0 +1,112 @@
+#include "engine/serving/progress.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace flexh2o::serving {
+
+namespace {
+
+// A window shorter than this, or with fewer tokens, measures nothing yet (the first step's
+// prefill would stand for the rate).
+constexpr double kMinWindowSeconds = 2.0;
+constexpr std::int64_t kMinWindowTokens = 16;
+
+std::string rate_text(double rate) { return rate >= 100 ? fmt::format("{:.0f}", rate) : fmt::format("{:.1f}", rate); }
+
+}  // namespace
+
+std::string clock_text(double seconds) {
+  const auto s = static_cast<std::int64_t>(std::max(0.0, std::round(seconds)));
+  if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+  return fmt::format("{:02}:{:02}", s / 60, s % 60);
+}
+
+Progress::Progress(ProgressOptions options, std::FILE* out) : o_(options), out_(out) { window_.push_back({}); }
+
+void Progress::sampled(std::int64_t rows, double now) {
+  sampled_ += rows;
+  record(now);
+}
+
+void Progress::finished(std::int64_t prompt_tokens, std::int64_t generated_tokens, std::int64_t max_tokens,
+                        double now) {
+  ++done_;
+  prompt_done_ += prompt_tokens;
+  generated_done_ += generated_tokens;
+  limits_done_ += max_tokens;
+  record(now);
+}
+
+void Progress::record(double now) {
+  window_.push_back({now, prompt_done_, sampled_});
+  // Keep one sample at or before the window's start, so the window spans it whole.
+  while (window_.size() > 2 && window_[1].at <= now - o_.window_seconds) window_.pop_front();
+}
+
+double Progress::expected_tokens_left() const {
+  const double share = limits_done_ > 0 ? static_cast<double>(generated_done_) / static_cast<double>(limits_done_) : 1.0;
+  const double expected = share * static_cast<double>(o_.max_new_tokens - limits_done_) +
+                          static_cast<double>(generated_done_);
+  return std::max(0.0, expected - static_cast<double>(sampled_));
+}
+
+ProgressFigures Progress::figures(double now) const {
+  ProgressFigures f{.done = done_, .requests = o_.requests, .elapsed = now};
+  const Sample& first = window_.front();
+  const Sample& last = window_.back();
+  const double span = now - first.at;
+  const bool measured = span >= kMinWindowSeconds && last.sampled - first.sampled >= kMinWindowTokens;
+  if (span > 0) {
+    f.prompt_rate = static_cast<double>(last.prompt - first.prompt) / span;
+    f.generated_rate = static_cast<double>(last.sampled - first.sampled) / span;
+  }
+  if (done_ >= o_.requests) {
+    f.seconds_left = 0.0;
+  } else if (measured && f.generated_rate > 0) {
+    f.seconds_left = expected_tokens_left() / f.generated_rate;
+  } else if (o_.planned_tokens_per_second > 0) {
+    f.seconds_left = expected_tokens_left() / o_.planned_tokens_per_second;
+    f.planned = true;
+  }
+  return f;
+}
+
+std::string Progress::text(const ProgressFigures& f) {
+  const double percent = f.requests ? 100.0 * static_cast<double>(f.done) / static_cast<double>(f.requests) : 100.0;
+  std::string left = "? left";
+  if (f.seconds_left) left = clock_text(*f.seconds_left) + (f.planned ? " left (planned)" : " left");
+  return fmt::format("requests {}/{} ({:.0f}%) | prompt {} tok/s, generated {} tok/s | {} elapsed, {}", f.done,
+                     f.requests, std::floor(percent), rate_text(f.prompt_rate), rate_text(f.generated_rate),
+                     clock_text(f.elapsed), left);
+}
+
+std::string Progress::bar_text(const ProgressFigures& f, int width) {
+  const double part = f.requests ? static_cast<double>(f.done) / static_cast<double>(f.requests) : 1.0;
+  const int filled = std::clamp(static_cast<int>(std::floor(part * width)), 0, width);
+  return fmt::format("|{:#<{}}{:<{}}| {}", "", filled, "", width - filled, text(f));
+}
+
+void Progress::show(double now) {
+  if (o_.terminal) {
+    fmt::print(out_, "\r\033[K{}", bar_text(figures(now), 20));
+    std::fflush(out_);
+    return;
+  }
+  const std::size_t tenth = o_.requests ? done_ * 10 / o_.requests : 10;
+  if (last_line_ >= 0 && now - last_line_ < o_.line_seconds && tenth == last_tenth_) return;
+  last_line_ = now;
+  last_tenth_ = tenth;
+  fmt::print(out_, "{}\n", text(figures(now)));
+  std::fflush(out_);
+}
+
+void Progress::close(double now) {
+  if (o_.terminal) fmt::print(out_, "\r\033[K{}\n", bar_text(figures(now), 20));
+  else fmt::print(out_, "{}\n", text(figures(now)));
+  std::fflush(out_);
+}
+
+}  // namespace flexh2o::serving

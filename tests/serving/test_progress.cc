@@ -1,0 +1,108 @@
+// The progress line: its rates over the window, the time left from the requests' limits and the
+// share of them finished requests generated, the planner's rate before a measurement, and when a
+// plain line is written.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "engine/serving/progress.h"
+
+namespace flexh2o::serving {
+namespace {
+
+// The text `p` wrote to `f` so far.
+std::string written(std::FILE* f) {
+  std::fflush(f);
+  std::string s(static_cast<std::size_t>(std::ftell(f)), '\0');
+  std::rewind(f);
+  EXPECT_EQ(std::fread(s.data(), 1, s.size(), f), s.size());
+  return s;
+}
+
+TEST(Progress, ClockText) {
+  EXPECT_EQ(clock_text(0), "00:00");
+  EXPECT_EQ(clock_text(65.4), "01:05");
+  EXPECT_EQ(clock_text(3725), "1:02:05");
+}
+
+TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
+  // 10 requests of 100 new tokens each; 4 slots generate 40 tok/s.
+  Progress p({.requests = 10, .max_new_tokens = 1000, .window_seconds = 5}, std::tmpfile());
+  for (int s = 1; s <= 20; ++s) p.sampled(4, s * 0.1);  // 2 s, 80 tokens
+  // Two requests ended having generated half their limit: the other 8 are expected to
+  // generate 400 in all, less the 80 - 100 = -20 of theirs sampled so far (none).
+  p.finished(30, 50, 100, 2.0);
+  p.finished(30, 50, 100, 2.0);
+  const ProgressFigures f = p.figures(2.0);
+  EXPECT_EQ(f.done, 2u);
+  EXPECT_FALSE(f.planned);
+  ASSERT_TRUE(f.seconds_left);
+  EXPECT_NEAR(f.generated_rate, 40.0, 1e-9);
+  EXPECT_NEAR(f.prompt_rate, 30.0, 1e-9);
+  // expected: 0.5 x (1000 - 200) + 100 = 500 tokens in all, 80 sampled: 420 at 40 tok/s.
+  EXPECT_NEAR(*f.seconds_left, 420.0 / 40.0, 1e-9);
+}
+
+TEST(Progress, TheWindowForgetsWhatCameBeforeIt) {
+  Progress p({.requests = 100, .max_new_tokens = 100000, .window_seconds = 10}, std::tmpfile());
+  for (int s = 1; s <= 100; ++s) p.sampled(s <= 50 ? 100 : 10, s * 1.0);  // 100 tok/s, then 10
+  EXPECT_NEAR(p.figures(100.0).generated_rate, 10.0, 1e-9);
+}
+
+TEST(Progress, ThePlannersRateUntilAMeasurement) {
+  Progress p({.requests = 4, .max_new_tokens = 400, .planned_tokens_per_second = 100}, std::tmpfile());
+  ProgressFigures f = p.figures(0.5);
+  ASSERT_TRUE(f.seconds_left);
+  EXPECT_TRUE(f.planned);
+  EXPECT_NEAR(*f.seconds_left, 4.0, 1e-9);
+  Progress unplanned({.requests = 4, .max_new_tokens = 400}, std::tmpfile());
+  EXPECT_FALSE(unplanned.figures(0.5).seconds_left);
+  EXPECT_NE(Progress::text(unplanned.figures(0.5)).find("? left"), std::string::npos);
+  p.sampled(50, 2.5);  // a window of 2.5 s with 50 tokens measures
+  f = p.figures(2.5);
+  EXPECT_FALSE(f.planned);
+  EXPECT_NEAR(*f.seconds_left, 350.0 / 20.0, 1e-9);
+}
+
+TEST(Progress, TextNamesEveryFigure) {
+  const ProgressFigures f{.done = 90, .requests = 200, .elapsed = 10, .prompt_rate = 512.4, .generated_rate = 12.34,
+                          .seconds_left = 12.0};
+  EXPECT_EQ(Progress::text(f),
+            "requests 90/200 (45%) | prompt 512 tok/s, generated 12.3 tok/s | 00:10 elapsed, 00:12 left");
+  EXPECT_EQ(Progress::bar_text(f, 10).substr(0, 13), "|####      | ");
+}
+
+TEST(Progress, PlainLinesAtEachTenthAndAfterThePeriodOnly) {
+  std::FILE* f = std::tmpfile();
+  Progress p({.requests = 20, .max_new_tokens = 2000, .line_seconds = 30}, f);
+  p.show(0.0);  // the first line
+  p.show(1.0);  // neither a tenth nor 30 s on
+  p.finished(1, 1, 100, 2.0);
+  p.show(2.0);  // 1/20: still the first tenth
+  p.finished(1, 1, 100, 3.0);
+  p.show(3.0);  // 2/20: the second tenth
+  p.show(40.0);  // 30 s on
+  p.close(41.0);
+  const std::string out = written(f);
+  std::size_t lines = 0;
+  for (const char c : out) lines += c == '\n';
+  EXPECT_EQ(lines, 4u) << out;
+  EXPECT_EQ(out.find('\r'), std::string::npos);
+  std::fclose(f);
+}
+
+TEST(Progress, ATerminalRedrawsOneLine) {
+  std::FILE* f = std::tmpfile();
+  Progress p({.requests = 2, .max_new_tokens = 20, .terminal = true}, f);
+  p.show(0.0);
+  p.show(0.1);
+  p.close(0.2);
+  const std::string out = written(f);
+  EXPECT_EQ(out.find('\n'), out.size() - 1) << out;
+  EXPECT_EQ(out.rfind("\r\033[K|", 0), 0u);
+  std::fclose(f);
+}
+
+}  // namespace
+}  // namespace flexh2o::serving
