@@ -1,6 +1,7 @@
 // The flexh2o command line. Errors inside are exceptions; here they become one line on
 // stderr and a non-zero exit.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <exception>
 #include <new>
 #include <fmt/format.h>
@@ -16,6 +17,8 @@
 #include "engine/cli/tokenize_command.h"
 
 int main(int argc, char** argv) {
+  // A closed stdout pipe is a write error the run reports (and cleans up after), not a kill.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"flexh2o: throughput-oriented offline LLM inference with offloading and KV eviction"};
   app.require_subcommand(0, 1);
   flexh2o::cli::RunOptions run;

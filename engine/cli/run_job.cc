@@ -237,6 +237,15 @@ std::string planned_line(const policy::HardwareProfile& hw, const policy::Estima
                      e.continuous ? "generated" : "total", e.total_throughput);
 }
 
+std::string uncalibrated_note(const RunOptions& o) {
+  const std::string model = o.model.empty() ? "" : " --model " + o.model;
+  return fmt::format(
+      "  (uncalibrated: a built-in profile's rates, scaled by one GEMM measured now; for a prediction of this "
+      "machine and model run `flexh2o calibrate{} --out this-machine.yaml` once and pass --hardware "
+      "this-machine.yaml)\n",
+      model);
+}
+
 void open_out(const RunOptions& o, std::optional<serving::ResultFile>& out, serving::ResultFormat format) {
   if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
   if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file, format);
@@ -312,7 +321,9 @@ std::string result_line(const RunOptions& o, const ModelSource& m, const serving
     all.insert(all.end(), new_tokens.begin(), new_tokens.end());
     text = m.tokenizer->decode(all).substr(prompt_bytes);
   }
-  if (!o.out_file.empty()) return serving::ResultFile::line(r.id_json, text, new_tokens);
+  // A prompts file's results are JSONL wherever they go (stdout without --out): their ids say
+  // which is which, as they come in the order requests end.
+  if (!o.out_file.empty() || !o.prompts_file.empty()) return serving::ResultFile::line(r.id_json, text, new_tokens);
   if (m.tokenizer) return r.text.value_or("") + text + "\n";
   return fmt::format("[{}]\n", fmt::join(new_tokens, ", "));
 }
@@ -352,8 +363,7 @@ serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .trace = !o.metrics_file.empty() || !o.trace_file.empty(),
           .stage = std::nullopt,
           .stop_string_seen = stop_string_watch(s),
-          .results_in = o.out_file,
-          .progress = false};
+          .results_in = o.out_file};
 }
 
 JobResults::JobResults(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out,

@@ -83,6 +83,8 @@ void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const serv
 void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw);
 // "planned for <hw>: gpu batch ..." (no newline).
 std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e);
+// The line after it when the rates are not this machine's own (no --hardware): how to calibrate.
+std::string uncalibrated_note(const RunOptions& o);
 
 // Opens --out into `out` (nothing without --out), checked before anything loads (job/result_file.h).
 void open_out(const RunOptions& o, std::optional<serving::ResultFile>& out,

@@ -20,7 +20,7 @@ namespace flexh2o::engine {
 class LineReader {
  public:
   LineReader(const std::string& path, std::size_t max_line_bytes) : path_(path), max_line_bytes_(max_line_bytes) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = offload::open_rereadable(path, max_line_bytes);
     if (fd_ < 0) throw std::runtime_error(path + ": cannot open prompts file: " + std::strerror(errno));
     try {
       offload::require_regular_or_pipe(fd_, path);

@@ -212,13 +212,16 @@ void ResultFile::flush() {
 }
 
 void write_results(std::optional<ResultFile>& out, std::span<const std::string> lines) {
-  for (const std::string& l : lines)
-    if (out)
-      out->add_line(l);
-    else
-      std::fwrite(l.data(), 1, l.size(), stdout);
-  if (out) out->flush();
-  std::fflush(stdout);
+  if (out) {
+    for (const std::string& l : lines) out->add_line(l);
+    out->flush();
+    return;
+  }
+  bool ok = true;
+  for (const std::string& l : lines) ok = ok && std::fwrite(l.data(), 1, l.size(), stdout) == l.size();
+  if (!(ok && std::fflush(stdout) == 0))
+    throw std::runtime_error(std::string("cannot write the results to stdout: ") + std::strerror(errno) +
+                             (errno == EPIPE ? " (the program reading them ended); give --out FILE to keep them" : ""));
 }
 
 }  // namespace flexh2o::serving

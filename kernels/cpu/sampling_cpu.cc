@@ -313,9 +313,19 @@ void top_tokens(const float* z, std::int64_t vocab, std::int32_t k, Scratch& s) 
   }
 }
 
+// Whether any of the n values is NaN (a max over them would skip it, silently).
+bool holds_nan(const float* z, std::int64_t n) {
+  bool nan = false;
+  for (std::int64_t i = 0; i < n; ++i) nan |= std::isnan(z[i]);
+  return nan;
+}
+
 void sample_row(const SampleArgs& a, std::size_t r, Scratch& s) {
   const SamplingParams& p = a.params[r];
   const float* z = a.logits + static_cast<std::int64_t>(r) * a.vocab;
+  if (holds_nan(z, a.vocab))
+    throw std::runtime_error("sample: the model's logits of row " + std::to_string(r) +
+                             " hold NaN (corrupt weights, or values beyond the compute dtype's range)");
   if (p.adjusts_logits()) {
     adjust(z, a.vocab, p, a.history.empty() ? std::span<const std::int32_t>() : a.history[r], a.steps[r], a.eos_ids, s);
     z = s.logits.data();
