@@ -99,13 +99,14 @@ void Progress::show(double now) {
   if (last_line_ >= 0 && now - last_line_ < o_.line_seconds && tenth == last_tenth_) return;
   last_line_ = now;
   last_tenth_ = tenth;
+  done_written_ = done_;
   fmt::print(out_, "{}\n", text(figures(now)));
   std::fflush(out_);
 }
 
 void Progress::close(double now) {
   if (o_.terminal) fmt::print(out_, "\r\033[K{}\n", bar_text(figures(now), 20));
-  else fmt::print(out_, "{}\n", text(figures(now)));
+  else if (done_written_ != done_ || done_ < o_.requests) fmt::print(out_, "{}\n", text(figures(now)));
   std::fflush(out_);
 }
 

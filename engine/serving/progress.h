@@ -46,7 +46,8 @@ class Progress {
   void finished(std::int64_t prompt_tokens, std::int64_t generated_tokens, std::int64_t max_tokens, double now);
   // Draws (terminal) or writes (when one is due) the line for `now`.
   void show(double now);
-  // The last line, whatever is due (ended with a newline on a terminal too).
+  // The last line, whatever is due (ended with a newline on a terminal too); in a log, none
+  // when the last one written already had every request done.
   void close(double now);
 
   ProgressFigures figures(double now) const;
@@ -72,6 +73,7 @@ class Progress {
   std::deque<Sample> window_;
   double last_line_ = -1;
   std::size_t last_tenth_ = 0;
+  std::size_t done_written_ = static_cast<std::size_t>(-1);  // requests done at the last plain line
 };
 
 // "mm:ss", or "h:mm:ss" from an hour on.

@@ -83,12 +83,22 @@ TEST(Progress, PlainLinesAtEachTenthAndAfterThePeriodOnly) {
   p.finished(1, 1, 100, 3.0);
   p.show(3.0);  // 2/20: the second tenth
   p.show(40.0);  // 30 s on
-  p.close(41.0);
+  p.close(41.0);  // the last line
   const std::string out = written(f);
   std::size_t lines = 0;
   for (const char c : out) lines += c == '\n';
   EXPECT_EQ(lines, 4u) << out;
   EXPECT_EQ(out.find('\r'), std::string::npos);
+  std::fclose(f);
+}
+
+TEST(Progress, ALogGetsTheLastLineOnce) {
+  std::FILE* f = std::tmpfile();
+  Progress p({.requests = 1, .max_new_tokens = 10}, f);
+  p.finished(1, 10, 10, 1.0);
+  p.show(1.0);  // the last tenth
+  p.close(1.1);
+  EXPECT_EQ(written(f), "requests 1/1 (100%) | prompt 1.0 tok/s, generated 0.0 tok/s | 00:01 elapsed, 00:00 left\n");
   std::fclose(f);
 }
 
