@@ -12,6 +12,7 @@ KvEvictionLayer::KvEvictionLayer(kernels::Backend& be, const policy::KvPolicy& p
     : policy_(policy), layer_(layer), n_kv_heads_(cfg.n_kv_heads), head_dim_(cfg.head_dim) {
   for (const std::int64_t total : sizing_len) capacity_ = std::max(capacity_, policy::kv_slot_capacity(budget_of(total)));
   budget_.assign(static_cast<std::size_t>(slots), 0);
+  total_.assign(static_cast<std::size_t>(slots), 0);
   states_.resize(static_cast<std::size_t>(slots * n_kv_heads_));
   const auto f = sizeof(float);
   if (policy.uses_prefill_scores()) col_sums_ = {be, static_cast<std::size_t>(max_prompt_rows * n_kv_heads_) * f};
@@ -28,6 +29,7 @@ void KvEvictionLayer::reset(std::int64_t seq, std::int64_t total_len) {
     throw std::logic_error("KV eviction: a sequence of " + std::to_string(total_len) + " tokens needs " +
                            std::to_string(slots) + " slots, the cache was sized for " + std::to_string(capacity_));
   budget_[static_cast<std::size_t>(seq)] = budget;
+  total_[static_cast<std::size_t>(seq)] = total_len;
   for (std::int64_t g = 0; g < n_kv_heads_; ++g)
     states_[static_cast<std::size_t>(seq * n_kv_heads_ + g)] = policy_.make_state(slots);
 }
@@ -37,6 +39,7 @@ void KvEvictionLayer::copy_sequence(const KvEvictionLayer& from, std::int64_t fr
   if (&from.policy_ != &policy_ || from.layer_ != layer_ || policy::kv_slot_capacity(budget) > capacity_)
     throw std::logic_error("KV eviction: a sequence is copied only between slots of one policy and layer that fit it");
   budget_[static_cast<std::size_t>(seq)] = budget;
+  total_[static_cast<std::size_t>(seq)] = from.total_[static_cast<std::size_t>(from_seq)];
   std::copy_n(from.states_.begin() + from_seq * n_kv_heads_, n_kv_heads_, states_.begin() + seq * n_kv_heads_);
 }
 
@@ -83,7 +86,8 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int
                                                 : std::span<const float>{};
       const std::span<const float> vn = norms ? std::span<const float>(value_norms_).subspan(static_cast<std::size_t>(g * T + t0), static_cast<std::size_t>(n))
                                               : std::span<const float>{};
-      policy_.on_prefill(layer_, n, col, budget_[static_cast<std::size_t>(seq0 + b)], st, vn);
+      const auto at = static_cast<std::size_t>(seq0 + b);
+      policy_.on_prefill(layer_, n, col, policy_.prefill_budget(budget_[at], total_[at] - n), st, vn);
       for (std::int64_t slot = 0; slot < st.capacity(); ++slot)
         if (st.occupied(slot)) head_slot_[static_cast<std::size_t>((t0 + st.position(slot)) * H + g)] = slot;
     }

@@ -47,7 +47,7 @@ class KvEvictionLayer {
 
   const policy::KvPolicy& policy_;
   std::int64_t layer_, n_kv_heads_, head_dim_, capacity_ = 0;
-  std::vector<std::int64_t> budget_;          // per sequence
+  std::vector<std::int64_t> budget_, total_;  // per sequence: its budget, prompt + new tokens
   std::vector<policy::KvHeadState> states_;   // [B * n_kv_heads]
   // Merging: each slot's logit bias for attention; the evicted keys' similarities.
   void upload_logit_biases(kernels::Backend& be, std::int64_t seq0, std::int64_t B, std::int64_t capacity);

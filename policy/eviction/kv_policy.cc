@@ -130,6 +130,12 @@ std::vector<float> KvPolicy::prefill_query_weights(std::int64_t layer, std::int6
   return std::vector<float>(static_cast<std::size_t>(n), 1.0f);
 }
 
+std::int64_t KvPolicy::prefill_budget(std::int64_t budget, std::int64_t new_tokens) const {
+  if (evicts_while_decoding()) return budget;
+  constexpr std::int64_t kLeast = 8;
+  return std::max(std::min(budget, kLeast), budget - new_tokens);
+}
+
 void KvPolicy::on_prefill(std::int64_t layer, std::int64_t n, std::span<const float> col_sums, std::int64_t budget,
                           KvHeadState& state, std::span<const float> value_norms) const {
   check_layer(layer);

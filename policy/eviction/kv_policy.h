@@ -128,6 +128,12 @@ class KvPolicy {
 
   const KvSpec& spec() const { return spec_; }
   const std::string& name() const { return spec_.name; }
+  // decode=0: the prefill keeps room for the new tokens and decoding evicts none while they fit.
+  bool evicts_while_decoding() const { return !spec_.params.count("decode") || spec_.params.at("decode") != 0; }
+  // What a prefill keeps of a sequence whose budget is `budget` and that will generate up to
+  // `new_tokens`: the budget, or under decode=0 the budget less the new tokens (at least
+  // min(budget, 8), the fewest a fraction's budget keeps).
+  std::int64_t prefill_budget(std::int64_t budget, std::int64_t new_tokens) const;
   std::int64_t n_layers() const { return n_layers_; }
 
   // Tokens kept per kv head of `layer` for a sequence of n_tokens (BOS included).

@@ -43,8 +43,16 @@ std::string cat(const A&... a) {
 
 const double kNoDefault = std::nan("");
 
+// Every policy with a budget: decode=0 keeps the budget's last slots for the new tokens (the
+// prompt is cut to budget - new tokens at prefill) and evicts nothing while they fit.
+std::vector<PolicyDef> with_decode_param(std::vector<PolicyDef> defs) {
+  for (PolicyDef& d : defs)
+    if (d.needs_budget) d.params.push_back({"decode", Kind::Count, 1, 0, 1});
+  return defs;
+}
+
 const std::vector<PolicyDef>& policy_defs() {
-  static const std::vector<PolicyDef> defs = {
+  static const std::vector<PolicyDef> defs = with_decode_param({
       {"full", false, {}},
       {"local", true, {}},
       {"streaming", true, {{"sink", Kind::Count, 4, 0}}},
@@ -70,7 +78,7 @@ const std::vector<PolicyDef>& policy_defs() {
         {"recent", Kind::Real, 0.15, 0.0, 1.0},
         {"sink", Kind::Count, 1, 0},
         {"merge", Kind::Count, 1, 0, 1}}},
-  };
+  });
   return defs;
 }
 

@@ -31,6 +31,11 @@
 //                 sink=1            first tokens always kept
 //                 merge=1           fold each evicted token into the most key-similar kept
 //                                   one (0: drop it)
+//   every policy but full:
+//                 decode=1          evict while decoding (0: at prefill keep the budget less
+//                                   the new tokens, then evict nothing while they fit, as
+//                                   kvpress's presses do at prefill: an answer copied from the
+//                                   prompt keeps what it copies)
 #pragma once
 #include <cstdint>
 #include <map>

@@ -115,7 +115,9 @@ TEST(KvSpec, BadSpecsNameTheTextAndWhatIsValid) {
   EXPECT_THAT(parse_error("h2o:0.2,0.3"), HasSubstr("must be key=value"));
   EXPECT_THAT(parse_error("h2o:0.2,,"), HasSubstr("empty item"));
   EXPECT_THAT(parse_error("h2o:0.2,sink=4"), HasSubstr("unknown parameter 'sink'; valid for h2o: heavy, recent"));
-  EXPECT_THAT(parse_error("local:0.2,sink=4"), HasSubstr("local takes no named parameters"));
+  EXPECT_THAT(parse_error("local:0.2,sink=4"), HasSubstr("unknown parameter 'sink'; valid for local: decode"));
+  EXPECT_THAT(parse_error("full:decode=0"), HasSubstr("full takes no named parameters"));
+  EXPECT_THAT(parse_error("tova:0.2,decode=2"), HasSubstr("decode=2 must be a whole number in [0, 1]"));
   EXPECT_THAT(parse_error("h2o:heavy=0.1"), HasSubstr("both heavy= and recent="));
   EXPECT_THAT(parse_error("h2o:0.2,heavy=0.1,recent=0.1"), HasSubstr("not both"));
   EXPECT_THAT(parse_error("h2o:heavy=1.5,recent=0.1"), HasSubstr("heavy=1.5 must be a fraction below 1"));
@@ -202,6 +204,18 @@ std::int64_t ref_pyramid_budget(std::int64_t b0, std::int64_t layer, std::int64_
   for (std::int64_t l = 1; l <= layer; ++l)
     kept *= (1 - r) * (std::cos(std::numbers::pi * static_cast<double>(l) / static_cast<double>(n_layers)) + 1) / 2 + r;
   return std::max<std::int64_t>(std::llround(kept), std::min(floor, b0));
+}
+
+TEST(KvBudget, DecodeZeroLeavesRoomForTheNewTokensAtPrefill) {
+  const auto evicting = make_kv_policy(parse_kv_spec("tova:0.1"), 4);
+  EXPECT_TRUE(evicting->evicts_while_decoding());
+  EXPECT_EQ(evicting->prefill_budget(300, 32), 300);
+  const auto at_prefill = make_kv_policy(parse_kv_spec("tova:0.1,decode=0"), 4);
+  EXPECT_FALSE(at_prefill->evicts_while_decoding());
+  EXPECT_EQ(at_prefill->prefill_budget(300, 32), 268);
+  EXPECT_EQ(at_prefill->prefill_budget(30, 32), 8);  // the new tokens outgrow it: decode evicts again
+  EXPECT_EQ(at_prefill->prefill_budget(5, 32), 5);
+  EXPECT_EQ(at_prefill->prefill_budget(40, 0), 40);
 }
 
 TEST(KvBudget, PyramidShrinksWithDepthDownToTheFloor) {
