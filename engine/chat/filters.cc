@@ -164,10 +164,9 @@ Value round_filter(const Value& v, const BoundArgs& b, int line) {
 
 Value indent_filter(const Value& v, const BoundArgs& b, int line) {
   const Value width = b.get_or(0, Value(std::int64_t{4}));
-  const std::string indention = width.is_string() ? width.as_string()
-                                                   : std::string(static_cast<std::size_t>(std::max<std::int64_t>(
-                                                                     0, b.int_or(0, 4, line))),
-                                                                 ' ');
+  const auto spaces = width.is_string() ? 0 : static_cast<std::uint64_t>(std::max<std::int64_t>(0, b.int_or(0, 4, line)));
+  check_text_bytes(spaces, line);
+  const std::string indention = width.is_string() ? width.as_string() : std::string(spaces, ' ');
   const bool first = b.bool_or(1, false);
   const bool blank = b.bool_or(2, false);
   std::vector<std::string> lines;
@@ -179,6 +178,7 @@ Value indent_filter(const Value& v, const BoundArgs& b, int line) {
     if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
     start = i + 1;
   }
+  check_text_bytes(s.size() + lines.size() * indention.size(), line);
   std::string out = lines.empty() ? "" : lines[0];
   for (std::size_t i = 1; i < lines.size(); ++i) {
     out += "\n";
@@ -469,7 +469,7 @@ const std::map<std::string, Simple>& simple_filters() {
        }}},
       {"replace", {{"old", "new", "count"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) -> Value {
          if (!b.has(0) || !b.has(1)) throw TemplateError("replace needs the old and the new text", l);
-         return py_replace(to_str(v, l), to_str(b.get(0), l), to_str(b.get(1), l), b.int_or(2, -1, l));
+         return py_replace(to_str(v, l), to_str(b.get(0), l), to_str(b.get(1), l), b.int_or(2, -1, l), l);
        }}},
       {"reverse", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return reverse_filter(v, l); }}},
       {"round", {{"precision", "method"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {

@@ -484,6 +484,7 @@ class PercentFormatter {
       spec.align = '<';
       spec.width = -spec.width;
     }
+    check_text_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(spec.width, 0)), line_);
     if (peek() == '.') {
       ++i_;
       spec.precision = std::max<std::int64_t>(0, star_or_number());

@@ -40,10 +40,13 @@ std::vector<std::string> affixes(const Value& v, const std::string& what, int li
   return {need_str(v, what, line)};
 }
 
-std::string pad(const std::string& s, std::int64_t width, const std::string& fill, char how) {
+std::string pad(const std::string& s, std::int64_t width, const std::string& fill, char how, int line) {
   const auto n = static_cast<std::int64_t>(to_code_points(s).size());
   if (width <= n) return s;
   const std::int64_t total = width - n;
+  const auto fill_bytes = static_cast<std::uint64_t>(total);  // each fill at least a byte; checked before multiplying
+  check_text_bytes(fill_bytes, line);
+  check_text_bytes(s.size() + fill_bytes * fill.size(), line);
   std::int64_t left = how == 'l' ? 0 : how == 'r' ? total : total / 2 + (total & width & 1);
   std::string out;
   for (std::int64_t i = 0; i < left; ++i) out += fill;
@@ -172,7 +175,8 @@ const std::map<std::string, Method>& methods() {
        }},
       {"replace", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
          BoundArgs b(a, {"old", "new", "count"}, w);
-         return py_replace(s, need_str(b.get(0), w, a.line), need_str(b.get(1), w, a.line), b.int_or(2, -1, a.line));
+         return py_replace(s, need_str(b.get(0), w, a.line), need_str(b.get(1), w, a.line), b.int_or(2, -1, a.line),
+                           a.line);
        }},
       {"find", [](const std::string& s, CallArgs& a, const std::string& w) { return find_like(s, a, w, false, false); }},
       {"rfind", [](const std::string& s, CallArgs& a, const std::string& w) { return find_like(s, a, w, true, false); }},
@@ -238,15 +242,15 @@ const std::map<std::string, Method>& methods() {
        }},
       {"center", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
          BoundArgs b(a, {"width", "fillchar"}, w);
-         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'c');
+         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'c', a.line);
        }},
       {"ljust", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
          BoundArgs b(a, {"width", "fillchar"}, w);
-         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'l');
+         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'l', a.line);
        }},
       {"rjust", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
          BoundArgs b(a, {"width", "fillchar"}, w);
-         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'r');
+         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'r', a.line);
        }},
       {"partition", [](const std::string& s, CallArgs& a, const std::string& w) { return partition(s, a, w, false); }},
       {"rpartition", [](const std::string& s, CallArgs& a, const std::string& w) { return partition(s, a, w, true); }},
@@ -372,9 +376,27 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, std::i
   return out;
 }
 
-std::string py_replace(const std::string& s, const std::string& old, const std::string& with, std::int64_t count) {
+namespace {
+
+// How many times py_replace puts in the new text (an empty `old`: before every character and
+// at the end).
+std::uint64_t replacements(const std::string& s, const std::string& old, std::int64_t count) {
+  std::uint64_t n = 0;
+  if (old.empty()) {
+    n = to_code_points(s).size() + 1;
+  } else {
+    for (std::size_t p = s.find(old); p != std::string::npos; p = s.find(old, p + old.size())) ++n;
+  }
+  return count < 0 ? n : std::min(n, static_cast<std::uint64_t>(count));
+}
+
+}  // namespace
+
+std::string py_replace(const std::string& s, const std::string& old, const std::string& with, std::int64_t count,
+                       int line) {
   std::string out;
   std::int64_t done = 0;
+  check_text_bytes(s.size() + replacements(s, old, count) * with.size(), line);
   if (old.empty()) {  // Python inserts `with` before every character and at the end
     const std::u32string cps = to_code_points(s);
     for (char32_t c : cps) {

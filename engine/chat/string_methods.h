@@ -16,7 +16,9 @@ Value string_method(const Value& self, const std::string& name);
 // Shared with the filters.
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right, int line);
 std::vector<std::string> py_split(const std::string& s, const Value& sep, std::int64_t maxsplit, int line);
-std::string py_replace(const std::string& s, const std::string& old, const std::string& with, std::int64_t count);
+// Throws TemplateError before making a string of more than kMaxTextBytes.
+std::string py_replace(const std::string& s, const std::string& old, const std::string& with, std::int64_t count,
+                       int line);
 std::string py_capitalize(const std::string& s);
 std::string py_title(const std::string& s);
 

@@ -6,6 +6,13 @@
 
 namespace flexh2o::engine::chat {
 
+void check_text_bytes(std::uint64_t bytes, int line) {
+  if (bytes > kMaxTextBytes)
+    throw TemplateError("the template would make a string of " + std::to_string(bytes) + " bytes, more than " +
+                            std::to_string(kMaxTextBytes) + "; stopped",
+                        line);
+}
+
 const Value* DictObj::find(const Value& key) const {
   for (const auto& [k, v] : items) {
     if (equals(k, key)) return &v;

@@ -24,6 +24,13 @@ class TemplateError : public std::runtime_error {
   int line_;
 };
 
+// The most bytes one string a template makes may take (RenderLimits::max_output's default):
+// padding, indenting and replacing check what they would make against it before allocating,
+// so that center(3e9) is an error, not 3 GB.
+constexpr std::uint64_t kMaxTextBytes = std::uint64_t{64} << 20;
+// Throws TemplateError when `bytes` is more than kMaxTextBytes.
+void check_text_bytes(std::uint64_t bytes, int line);
+
 class Value;
 class Interpreter;
 

@@ -284,7 +284,7 @@ grammar::Constraint checked_constraint(const RunSetup& s, const PromptItem& item
     throw std::invalid_argument(where + ": model '" + s.model.config.name +
                                 "' has no tokenizer, which structured output needs (the tokens' bytes)");
   try {
-    s.constraints->get(item.constraint->constraint);
+    s.constraints->get(item.constraint->constraint, item.max_tokens.value_or(s.gen_len));
   } catch (const std::exception& e) {
     throw std::invalid_argument(where + ": " + e.what());
   }

@@ -2,16 +2,24 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
+#include <stdexcept>
 
 namespace flexh2o::grammar {
 
 Automaton::Automaton(Grammar grammar)
     : grammar_(std::move(grammar)), position_distance_(position_distances(grammar_, kFarDistance)) {
+  if (widest_closure(grammar_, kMaxClosure) > kMaxClosure) throw std::invalid_argument(too_wide_message());
   std::vector<std::int32_t> stacks;
   bool accepts = false;
-  for (std::int32_t pos : grammar_.alternatives(grammar_.root())) close(node(pos, kNoParent), stacks, accepts);
+  std::unordered_set<std::int32_t> seen;  // nodes this transition expanded
+  for (std::int32_t pos : grammar_.alternatives(grammar_.root())) close(node(pos, kNoParent), seen, stacks, accepts);
   initial_ = intern_state(std::move(stacks), accepts);
+}
+
+std::string Automaton::too_wide_message() {
+  return "the grammar keeps more than " + std::to_string(kMaxClosure) +
+         " positions open at once (a counted repetition of something optional, like (a?){N}, or nested "
+         "repetitions); write it with fewer optional parts";
 }
 
 std::int32_t Automaton::node(std::int32_t pos, std::int32_t parent) {
@@ -29,14 +37,17 @@ std::int32_t Automaton::node(std::int32_t pos, std::int32_t parent) {
 }
 
 // Expands `start` until every stack's top is a byte class: enters rules, returns from ended
-// alternatives. The grammar has no left recursion (GrammarBuilder::build), so this ends.
-void Automaton::close(std::int32_t start, std::vector<std::int32_t>& stacks, bool& accepts) {
+// alternatives. The grammar has no left recursion (GrammarBuilder::build), so this ends. A node
+// the closure expanded before (for another stack of the same transition) adds nothing new.
+void Automaton::close(std::int32_t start, std::unordered_set<std::int32_t>& seen, std::vector<std::int32_t>& stacks,
+                      bool& accepts) {
   std::vector<std::int32_t> work = {start};
-  std::unordered_set<std::int32_t> seen;
   while (!work.empty()) {
     const std::int32_t n = work.back();
     work.pop_back();
     if (!seen.insert(n).second) continue;
+    // The static bound (widest_closure) leaves out returns through optional tails.
+    if (static_cast<std::int64_t>(seen.size()) > kMaxClosure) throw std::invalid_argument(too_wide_message());
     const std::int32_t pos = node_pos_[static_cast<std::size_t>(n)];
     const std::int32_t parent = node_parent_[static_cast<std::size_t>(n)];
     const std::int32_t e = grammar_.element(pos);
@@ -73,10 +84,11 @@ std::int32_t Automaton::intern_state(std::vector<std::int32_t> stacks, bool acce
 std::int32_t Automaton::compute_next(std::int32_t state, std::uint8_t byte) {
   std::vector<std::int32_t> stacks;
   bool accepts = false;
+  std::unordered_set<std::int32_t> seen;  // nodes this transition expanded
   for (std::int32_t n : states_[static_cast<std::size_t>(state)].stacks) {
     const std::int32_t pos = node_pos_[static_cast<std::size_t>(n)];
     if (!grammar_.byte_class(grammar_.element(pos)).contains(byte)) continue;
-    close(node(pos + 1, node_parent_[static_cast<std::size_t>(n)]), stacks, accepts);
+    close(node(pos + 1, node_parent_[static_cast<std::size_t>(n)]), seen, stacks, accepts);
   }
   return intern_state(std::move(stacks), accepts);
 }

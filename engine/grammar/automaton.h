@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/grammar/grammar.h"
@@ -38,6 +39,18 @@ class Automaton {
   // kFarDistance.
   std::int32_t distance(std::int32_t state) const { return states_[static_cast<std::size_t>(state)].distance; }
   static constexpr std::int32_t kFarDistance = 1 << 30;
+  // The most nodes one transition's closure may expand. A node costs ~0.1-0.25 us (hashing,
+  // then sorting and keying the state's stacks), and a mask walk creates a state for each trie
+  // node whose prefix leads somewhere new (a few per token): (a?){4000}b, ~24000 nodes a
+  // closure, took 85 ms for its first 2 tokens (34 states; 14 s before closures expanded each
+  // node once), so 2^15 bounds a new state at ~10 ms. Real grammars stay far
+  // below: the widest closure of the 212 JSONSchemaBench schemas compiled
+  // (bench/structured/schemas.jsonl) is 221; a JSON string of maxLength 100000 or [0-9]{1,20}
+  // needs a few (one optional part open at a time); (a?){N} needs ~6N (up to N = 5400). The
+  // constructor refuses a grammar whose static bound (widest_closure) exceeds it; a closure
+  // past it at run time (a return chain through optional tails, as deep as the input) throws.
+  static constexpr std::int64_t kMaxClosure = std::int64_t{1} << 15;
+  static std::string too_wide_message();
   std::size_t state_count() const { return states_.size(); }
   const Grammar& grammar() const { return grammar_; }
 
@@ -50,7 +63,8 @@ class Automaton {
     std::int32_t distance = 0;  // distance(): 0 when accepts, else the nearest stack's node_distance_
   };
   std::int32_t node(std::int32_t pos, std::int32_t parent);
-  void close(std::int32_t start, std::vector<std::int32_t>& stacks, bool& accepts);
+  void close(std::int32_t start, std::unordered_set<std::int32_t>& seen, std::vector<std::int32_t>& stacks,
+             bool& accepts);
   std::int32_t intern_state(std::vector<std::int32_t> stacks, bool accepts);
   std::int32_t compute_next(std::int32_t state, std::uint8_t byte);
 

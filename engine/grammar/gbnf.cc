@@ -185,6 +185,20 @@ class GbnfParser {
     return v;
   }
 
+  // The hex digits of a \u or \U escape: a Unicode scalar value (UTF-8 cannot write a
+  // surrogate, and nothing is above U+10FFFF).
+  std::uint32_t code_point(std::size_t digits) {
+    const std::size_t escape_at = at_ - 2;
+    const std::uint32_t cp = hex(digits);
+    if ((cp >= 0xD800 && cp <= 0xDFFF) || cp > kMaxCodePoint) {
+      const std::size_t line_start = text_.rfind('\n', escape_at);
+      const std::size_t column = escape_at - (line_start == std::string_view::npos ? 0 : line_start + 1) + 1;
+      fail("escape '" + std::string(text_.substr(escape_at, digits + 2)) + "' at column " + std::to_string(column) +
+           (cp > kMaxCodePoint ? " is above U+10FFFF" : " is a UTF-16 surrogate, not a character"));
+    }
+    return cp;
+  }
+
   Expr string_literal() {
     ++at_;
     std::string bytes;
@@ -202,8 +216,8 @@ class GbnfParser {
         case 'r': bytes += '\r'; break;
         case '\\': case '"': case '[': case ']': bytes += c; break;
         case 'x': bytes += utf8_encode(hex(2)); break;
-        case 'u': bytes += utf8_encode(hex(4)); break;
-        case 'U': bytes += utf8_encode(hex(8)); break;
+        case 'u': bytes += utf8_encode(code_point(4)); break;
+        case 'U': bytes += utf8_encode(code_point(8)); break;
         default: fail("unknown escape '\\" + std::string(1, c) + "'");
       }
     }

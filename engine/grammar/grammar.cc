@@ -197,6 +197,73 @@ std::vector<std::int32_t> rule_distances(const Grammar& g, std::int32_t cap) {
 
 }  // namespace
 
+namespace {
+
+// Rules in an order where each comes after the rules it calls before consuming a byte (the
+// left calls, acyclic once build() has refused left recursion); depth-first, explicit stack.
+std::vector<std::int32_t> left_call_order(const Grammar& g, const std::vector<bool>& nullable) {
+  std::vector<std::int32_t> order;
+  std::vector<bool> placed(g.rule_count(), false);
+  for (std::size_t start = 0; start < g.rule_count(); ++start) {
+    if (placed[start]) continue;
+    std::vector<std::pair<std::int32_t, bool>> work = {{static_cast<std::int32_t>(start), false}};
+    while (!work.empty()) {
+      const auto [rule, callees_done] = work.back();
+      work.pop_back();
+      if (placed[static_cast<std::size_t>(rule)]) continue;
+      if (callees_done) {
+        placed[static_cast<std::size_t>(rule)] = true;
+        order.push_back(rule);
+        continue;
+      }
+      work.emplace_back(rule, true);
+      for (std::int32_t pos : g.alternatives(rule))
+        for (std::int32_t e; (e = g.element(pos)) != Grammar::kEnd && !Grammar::is_bytes(e); ++pos) {
+          if (!placed[static_cast<std::size_t>(e)]) work.emplace_back(e, false);
+          if (!nullable[static_cast<std::size_t>(e)]) break;
+        }
+    }
+  }
+  return order;
+}
+
+}  // namespace
+
+std::int64_t widest_closure(const Grammar& g, std::int64_t cap) {
+  const std::vector<bool> nullable = fixed_point(g, true);
+  const auto add = [cap](std::int64_t a, std::int64_t b) { return std::min(a + b, cap + 1); };
+  // The nodes entered from a position up to its alternative's end or first byte class.
+  std::vector<std::int64_t> rule_cost(g.rule_count(), 0);
+  const auto from = [&](std::int32_t pos) {
+    std::int64_t cost = 1;
+    for (std::int32_t e; (e = g.element(pos)) != Grammar::kEnd && !Grammar::is_bytes(e); ++pos) {
+      cost = add(cost, rule_cost[static_cast<std::size_t>(e)]);
+      if (!nullable[static_cast<std::size_t>(e)]) break;
+      cost = add(cost, 1);  // the next position's node
+    }
+    return cost;
+  };
+  for (std::int32_t rule : left_call_order(g, nullable))
+    for (std::int32_t pos : g.alternatives(rule))
+      rule_cost[static_cast<std::size_t>(rule)] = add(rule_cost[static_cast<std::size_t>(rule)], from(pos));
+  // Every position, from each alternative's end back (a nullable call adds what follows it).
+  std::int64_t widest = 0;
+  for (std::size_t r = 0; r < g.rule_count(); ++r) {
+    for (std::int32_t start : g.alternatives(static_cast<std::int32_t>(r))) {
+      std::int32_t end = start;
+      while (g.element(end) != Grammar::kEnd) ++end;
+      std::int64_t after = 1;  // the end node
+      for (std::int32_t pos = end - 1; pos >= start; --pos) {
+        const std::int32_t e = g.element(pos);
+        after = Grammar::is_bytes(e) ? 1
+                : add(add(1, rule_cost[static_cast<std::size_t>(e)]), nullable[static_cast<std::size_t>(e)] ? after : 0);
+        widest = std::max(widest, after);
+      }
+    }
+  }
+  return widest;
+}
+
 std::vector<std::int32_t> position_distances(const Grammar& g, std::int32_t cap) {
   const std::vector<std::int32_t> shortest = rule_distances(g, cap);
   std::vector<std::int32_t> distance(g.element_count(), 0);

@@ -51,6 +51,12 @@ class Grammar {
 // it is the smallest candidate left.)
 std::vector<std::int32_t> position_distances(const Grammar& g, std::int32_t cap);
 
+// An upper bound on the nodes the automaton's closure expands from any one position before a
+// byte class or the end of the position's alternative (returns past it not counted), capped at
+// cap + 1. A nullable rule reference adds what follows it: `(a?){N}` has N optional parts
+// open at once, nested repetitions their product.
+std::int64_t widest_closure(const Grammar& g, std::int64_t cap);
+
 // Builds a Grammar from expressions; repetitions and nested alternatives become helper rules
 // (right-recursive, so the automaton's tail calls keep their stacks flat).
 class GrammarBuilder {

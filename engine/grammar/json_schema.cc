@@ -84,14 +84,47 @@ bool value_has_type(const Json& value, const std::string& type) {
   return value.is_number_integer() || (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>());
 }
 
+// `enum` and `const` values are written as text, an alternative each: past these the grammar
+// would take more memory than any output needs (about 80 bytes of expression per byte of text
+// while compiling), and the start state would hold more open positions (one per value) than a
+// closure may expand (Automaton::kMaxClosure).
+constexpr std::size_t kMaxEnumValues = 30000;  // below Automaton::kMaxClosure
+constexpr std::size_t kMaxEnumBytes = std::size_t{1} << 20;
+
+// Whether a const/enum value satisfies the schema's other keywords: by its type where those are
+// only `type` / `nullable`, else by whether the grammar they compile to takes its compact text.
+struct ValueCheck {
+  std::vector<std::string> types;     // empty: any type
+  std::optional<Automaton> automaton;  // set: the other keywords' grammar
+
+  bool operator()(const Json& value, const std::string& text) {
+    const auto has_type = [&](const std::string& t) { return value_has_type(value, t); };
+    if (!automaton) return types.empty() || std::any_of(types.begin(), types.end(), has_type);
+    std::int32_t state = automaton->initial();
+    for (std::size_t i = 0; i < text.size() && state != Automaton::kDead; ++i)
+      state = automaton->next(state, static_cast<std::uint8_t>(text[i]));
+    return state != Automaton::kDead && automaton->accepts(state);
+  }
+};
+
+std::string validation_keywords(const Json& schema) {
+  std::string names;
+  for (const auto& [key, value] : schema.items())
+    if (kValidation.count(key)) names += (names.empty() ? "" : ", ") + key;
+  return names;
+}
+
 class JsonSchemaCompiler {
  public:
   JsonSchemaCompiler(const Json& root, const JsonOptions& options)
       : root_(root), options_(options), strings_(builder_, options.max_whitespace) {}
 
-  Grammar schema_grammar() {
+  Grammar schema_grammar() { return value_grammar(root_, ""); }
+
+  // The grammar of `schema` (at `path`), its $refs resolved in the root schema.
+  Grammar value_grammar(const Json& schema, const std::string& path) {
     const std::uint32_t root = builder_.add_rule("root");
-    builder_.define(root, schema_expr(root_, ""));
+    builder_.define(root, schema_expr(schema, path));
     while (!pending_.empty()) {
       const auto [ref, rule] = pending_.back();
       pending_.pop_back();
@@ -123,6 +156,8 @@ class JsonSchemaCompiler {
   Json merge(Json into, const Json& other, const std::string& path);
   Expr schema_expr(const Json& schema, const std::string& path);
   Expr combined_expr(const Json& schema, const std::string& path);
+  Expr value_literals(const Json& schema, const std::string& path);
+  ValueCheck sibling_check(const Json& siblings, const std::string& path);
   Expr typed_expr(const Json& schema, const std::string& type, const std::string& path);
   std::vector<std::string> types_of(const Json& schema, const std::string& path);
   Expr number_expr(const Json& schema, bool integer, const std::string& path);
@@ -205,20 +240,56 @@ Expr JsonSchemaCompiler::schema_expr(const Json& schema, const std::string& path
   }
   if (schema.contains("allOf") || schema.contains("anyOf") || schema.contains("oneOf"))
     return combined_expr(schema, path);
-  if (schema.contains("const")) return literal(schema["const"].dump());
-  if (schema.contains("enum")) {
-    if (!schema["enum"].is_array()) fail(path, "'enum' is not an array");
-    const std::vector<std::string> types = schema.contains("type") ? type_list(schema["type"], path) : std::vector<std::string>{};
-    std::vector<Expr> values;
-    for (const Json& value : schema["enum"])
-      if (types.empty() || std::any_of(types.begin(), types.end(), [&](const std::string& t) { return value_has_type(value, t); }))
-        values.push_back(literal(value.dump()));
-    if (values.empty()) fail(path, "'enum' has no value of the schema's type");
-    return alt(std::move(values));
-  }
+  if (schema.contains("const") || schema.contains("enum")) return value_literals(schema, path);
   std::vector<Expr> options;
   for (const std::string& type : types_of(schema, path)) options.push_back(typed_expr(schema, type, path));
   return alt(std::move(options));
+}
+
+// const / enum (const first, as it is the stricter): the values that also satisfy the schema's
+// other keywords, as JSON Schema validates; a const that does not, or an enum left with none,
+// is an error naming the keywords.
+Expr JsonSchemaCompiler::value_literals(const Json& schema, const std::string& path) {
+  const std::string keyword = schema.contains("const") ? "const" : "enum";
+  if (keyword == "enum" && !schema["enum"].is_array()) fail(path, "'enum' is not an array");
+  const Json& given = schema[keyword];
+  std::vector<const Json*> values;
+  if (keyword == "const") {
+    values.push_back(&given);
+  } else {
+    for (const Json& v : given) values.push_back(&v);
+  }
+  if (values.size() > kMaxEnumValues)
+    fail(path, "'enum' has " + std::to_string(values.size()) + " values, more than " + std::to_string(kMaxEnumValues));
+  const Json siblings = without(schema, keyword);
+  ValueCheck fits = sibling_check(siblings, path);
+  std::vector<Expr> kept;
+  std::size_t bytes = 0;
+  for (const Json* v : values) {
+    const std::string text = v->dump();
+    if ((bytes += text.size()) > kMaxEnumBytes)
+      fail(path, "'" + keyword + "' values take more than " + std::to_string(kMaxEnumBytes) + " bytes written");
+    if (fits(*v, text)) kept.push_back(literal(text));
+  }
+  if (kept.empty())
+    fail(path, (keyword == "const" ? "'const' does not satisfy" : "'enum' has no value that satisfies") +
+                   std::string(" the schema's other keywords (") + validation_keywords(siblings) + ")");
+  return alt(std::move(kept));
+}
+
+ValueCheck JsonSchemaCompiler::sibling_check(const Json& siblings, const std::string& path) {
+  ValueCheck check;
+  if (!has_validation(siblings)) return check;
+  if (!has_validation(without(without(siblings, "type"), "nullable"))) {
+    check.types = types_of(siblings, path);
+    return check;
+  }
+  Json typed = siblings;  // keywords of one type say nothing about values of the others
+  if (!typed.contains("type")) typed["type"] = {"object", "array", "string", "number", "boolean", "null"};
+  JsonSchemaCompiler keywords(root_, options_);
+  keywords.nesting_ = nesting_;  // a $ref cycle through an enum's siblings still ends
+  check.automaton.emplace(keywords.value_grammar(typed, path));
+  return check;
 }
 
 // allOf: the branches merged into one schema. anyOf/oneOf: one branch, each merged with the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace flexh2o::grammar {
 
@@ -41,11 +42,10 @@ std::int32_t CompiledGrammar::distance(std::int32_t state) const {
 }
 
 // Walks the trie in preorder, keeping the state after each prefix of the current path; a
-// prefix the automaton rejects skips its subtree.
-void CompiledGrammar::walk_trie(std::int32_t state, std::int32_t reach, TokenMask& out) const {
-  out.bits.assign(mask_words(trie_->vocab_size()), 0);
-  out.farthest = 0;
-  out.nearest = kAnyDistance;
+// prefix the automaton rejects skips its subtree. Calls visit(node, state after its bytes) for
+// each node that ends tokens.
+template <typename Visit>
+void CompiledGrammar::walk_tokens(std::int32_t state, Visit visit) const {
   std::vector<std::int32_t> path(trie_->max_depth() + 1);
   path[0] = state;
   for (std::size_t node = 0; node < trie_->node_count();) {
@@ -56,15 +56,51 @@ void CompiledGrammar::walk_trie(std::int32_t state, std::int32_t reach, TokenMas
       continue;
     }
     path[depth] = next;
-    const std::int32_t after = automaton_.distance(next);
-    if (after <= reach && trie_->tokens_begin(node) != trie_->tokens_end(node)) {
-      out.farthest = std::max(out.farthest, after);
-      out.nearest = std::min(out.nearest, after);
-      for (const std::int32_t* t = trie_->tokens_begin(node); t != trie_->tokens_end(node); ++t)
-        out.bits[static_cast<std::size_t>(*t) >> 6] |= std::uint64_t{1} << (*t & 63);
-    }
+    if (trie_->tokens_begin(node) != trie_->tokens_end(node)) visit(node, next);
     ++node;
   }
+}
+
+void CompiledGrammar::walk_trie(std::int32_t state, std::int32_t reach, TokenMask& out) const {
+  out.bits.assign(mask_words(trie_->vocab_size()), 0);
+  out.farthest = 0;
+  out.nearest = kAnyDistance;
+  walk_tokens(state, [&](std::size_t node, std::int32_t next) {
+    const std::int32_t after = automaton_.distance(next);
+    if (after > reach) return;
+    out.farthest = std::max(out.farthest, after);
+    out.nearest = std::min(out.nearest, after);
+    for (const std::int32_t* t = trie_->tokens_begin(node); t != trie_->tokens_end(node); ++t)
+      out.bits[static_cast<std::size_t>(*t) >> 6] |= std::uint64_t{1} << (*t & 63);
+  });
+}
+
+bool CompiledGrammar::closes_within(std::int64_t tokens) const {
+  std::lock_guard lock(mutex_);
+  const auto known = closes_within_.find(tokens);
+  if (known != closes_within_.end()) return known->second;
+  return closes_within_[tokens] = search_closing(tokens);
+}
+
+// Breadth-first over tokens from the start: the output closes once a state is within one byte
+// a token of an end (docs/structured-output.md, "Closing within max_tokens"). States that even
+// the longest token each time could not close are dropped.
+bool CompiledGrammar::search_closing(std::int64_t tokens) const {
+  const std::int64_t longest = trie_->max_depth();
+  std::vector<std::int32_t> frontier = {initial_};
+  std::unordered_set<std::int32_t> seen = {initial_};
+  for (std::int64_t left = tokens; !frontier.empty(); --left) {
+    for (const std::int32_t s : frontier)
+      if (automaton_.distance(s) <= left) return true;
+    if (left == 0 || frontier.size() > kClosingSearchStates) return left > 0;  // too many to search: closing decides
+    std::vector<std::int32_t> next;
+    for (const std::int32_t s : frontier)
+      walk_tokens(s, [&](std::size_t, std::int32_t after) {
+        if (automaton_.distance(after) <= (left - 1) * longest && seen.insert(after).second) next.push_back(after);
+      });
+    frontier = std::move(next);
+  }
+  return false;
 }
 
 const CompiledGrammar::TokenMask& CompiledGrammar::token_mask(std::int32_t state, std::int32_t reach) const {

@@ -48,6 +48,12 @@ class CompiledGrammar {
   // Computes and keeps the mask fill_mask will give, so that a later fill_mask is a copy (a
   // worker thread calls it while the step that needs the mask computes).
   void prepare_mask(std::int32_t state, std::int64_t tokens_left = kNoLimit) const;
+  // Whether some output of at most `tokens` tokens is complete (the vocabulary spelling every
+  // byte): at once where the start's distance is at most `tokens`, else by a search over token
+  // sequences (kept per `tokens`). A search past kClosingSearchStates states at one length
+  // answers true: closing then decides at run time.
+  bool closes_within(std::int64_t tokens) const;
+  static constexpr std::size_t kClosingSearchStates = 256;
   const TokenTrie& trie() const { return *trie_; }
   std::size_t state_count() const;
   std::size_t rule_count() const { return rule_count_; }
@@ -64,11 +70,15 @@ class CompiledGrammar {
   const TokenMask& token_mask(std::int32_t state, std::int32_t reach) const;
   const TokenMask& mask_for(std::int32_t state, std::int64_t tokens_left) const;  // under mutex_
   void walk_trie(std::int32_t state, std::int32_t reach, TokenMask& out) const;
+  template <typename Visit>
+  void walk_tokens(std::int32_t state, Visit visit) const;
+  bool search_closing(std::int64_t tokens) const;  // under mutex_
 
   mutable std::mutex mutex_;
   mutable Automaton automaton_;
   std::shared_ptr<const TokenTrie> trie_;
   mutable std::unordered_map<std::uint64_t, TokenMask> masks_;
+  mutable std::unordered_map<std::int64_t, bool> closes_within_;  // closes_within per token count
   std::int32_t initial_;
   std::size_t rule_count_;
 };

@@ -112,7 +112,8 @@ std::vector<kernels::LogitBias> logit_bias(const Json& v) {
   return out;
 }
 
-void read_prompt(const Json& body, OpenAiLine& r) {
+// `ids`: body.prompt's token ids, read aside (parse_openai_line).
+void read_prompt(const Json& body, IdArray& ids, OpenAiLine& r) {
   if (r.endpoint == Endpoint::Chat) {
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
       bad("messages", "body.messages must be a non-empty array of messages");
@@ -125,7 +126,9 @@ void read_prompt(const Json& body, OpenAiLine& r) {
   if (!body.contains("prompt")) bad("prompt", "body.prompt is missing (a text or an array of token ids)");
   const Json& p = body["prompt"];
   if (p.is_string()) r.prompt_text = p.get<std::string>();
-  else if (p.is_array() && !p.empty() && p[0].is_number_integer()) r.prompt_tokens = token_ids(p, "prompt");
+  else if (p.is_array() && !ids.ids.empty() && p.empty()) r.prompt_tokens = std::move(ids.ids);
+  else if (p.is_array() && (!ids.ids.empty() || (!p.empty() && p[0].is_number_integer())))
+    bad("prompt", "body.prompt must hold non-negative integer token ids");
   else if (p.is_array() && p.size() == 1 && p[0].is_string()) r.prompt_text = p[0].get<std::string>();
   else
     bad("prompt", "body.prompt must be a text or an array of token ids; several prompts in one request are not "
@@ -207,7 +210,7 @@ Endpoint endpoint_of(const Json& j) {
                  "\"; this engine serves /v1/chat/completions and /v1/completions");
 }
 
-void read_line(const Json& j, OpenAiLine& r) {
+void read_line(const Json& j, IdArray& prompt_ids, OpenAiLine& r) {
   if (!j.is_object()) bad("", "a line must be an object {\"custom_id\", \"method\", \"url\", \"body\"}");
   if (!j.contains("custom_id") || !j["custom_id"].is_string())
     bad("custom_id", "\"custom_id\" is missing or not a string");
@@ -224,7 +227,7 @@ void read_line(const Json& j, OpenAiLine& r) {
     if (!takes(r.endpoint, key))
       bad(key, "body field \"" + engine::bounded_excerpt(key, 64) + "\" is not implemented for " +
                    j["url"].get<std::string>() + " (docs/batch-jobs.md lists the fields taken)");
-  read_prompt(body, r);
+  read_prompt(body, prompt_ids, r);
   read_limits(body, r);
   read_sampling(body, r);
   try {
@@ -241,8 +244,9 @@ OpenAiLine parse_openai_line(const std::string& text, std::int64_t line) {
   r.line = line;
   r.key = "line " + std::to_string(line);
   try {
-    const Json j = parse_linear_json(text, "the line");
-    read_line(j, r);
+    IdArray prompt_ids{.path = {"body", "prompt"}};
+    const Json j = parse_linear_json(text, "the line", &prompt_ids);
+    read_line(j, prompt_ids, r);
   } catch (const LineError& e) {
     r.error = e.message;
     r.error_param = e.param;
@@ -255,15 +259,8 @@ OpenAiLine parse_openai_line(const std::string& text, std::int64_t line) {
 bool is_openai_batch_file(const std::string& path) {
   engine::LineReader in(path, engine::kMaxPromptLineBytes);
   std::string line;
-  while (in.next(line)) {
-    Json j;
-    try {
-      j = parse_linear_json(line, path);
-    } catch (const std::runtime_error&) {
-      continue;
-    }
-    if (j.is_object()) return j.contains("custom_id");
-  }
+  while (in.next(line))
+    if (const std::optional<bool> has_custom_id = object_has_key(line, "custom_id")) return *has_custom_id;
   return false;
 }
 

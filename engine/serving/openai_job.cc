@@ -66,7 +66,7 @@ void check_constraint(const OpenAiLine& r, const OpenAiPromptContext& ctx) {
     throw FieldError(r.constraint->field, field + ": model '" + ctx.config->name +
                                               "' has no tokenizer, which structured output needs (the tokens' bytes)");
   try {
-    ctx.constraints->get(r.constraint->constraint);
+    ctx.constraints->get(r.constraint->constraint, r.max_tokens.value_or(ctx.gen_len));
   } catch (const std::exception& e) {
     throw FieldError(r.constraint->field, field + ": " + e.what());
   }

@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "engine/serving/line_reader.h"
-#include "engine/io/json_input.h"
+#include "engine/serving/linear_json.h"
 
 namespace flexh2o::engine {
 
@@ -19,8 +19,10 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
     in.count_line();
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(lineno);
-    // In key order: a schema's properties are written in the order it gives them.
-    const auto j = parse_json<nlohmann::ordered_json>(line, where);
+    // In key order: a schema's properties are written in the order it gives them. A key given
+    // twice is an error, as in OpenAI batch lines; the token ids are read aside.
+    serving::IdArray ids{.path = {"tokens"}};
+    const auto j = serving::parse_linear_json(line, where, &ids);
     if (!j.is_object()) throw std::runtime_error(where + ": expected an object with \"id\" and \"prompt\" or \"tokens\"");
     PromptItem item;
     if (!j.contains("id") || !(j["id"].is_string() || j["id"].is_number_integer()))
@@ -55,11 +57,8 @@ std::vector<PromptItem> read_prompts_jsonl(const std::string& path) {
       item.text = j["prompt"].get<std::string>();
     } else if (j.contains("tokens")) {
       if (!j["tokens"].is_array()) throw std::runtime_error(where + ": field 'tokens' must be an array of integers");
-      for (const auto& t : j["tokens"]) {
-        if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() > INT32_MAX)
-          throw std::runtime_error(where + ": field 'tokens' must hold non-negative integers");
-        item.tokens.push_back(t.get<std::int32_t>());
-      }
+      if (!j["tokens"].empty()) throw std::runtime_error(where + ": field 'tokens' must hold non-negative integers");
+      item.tokens = std::move(ids.ids);
     } else {
       throw std::runtime_error(where + ": needs a field 'prompt' (text) or 'tokens' (ids)");
     }

@@ -65,6 +65,14 @@ std::optional<grammar::Constraint> response_format(const Json& v, const std::str
   return grammar::Constraint{.kind = Kind::JsonSchema, .text = schema_text(js["schema"], inner + ".schema", "response_format")};
 }
 
+void check_size(const grammar::Constraint& c, const std::string& field, const std::string& where) {
+  std::size_t bytes = c.text.size();
+  for (const std::string& choice : c.choices) bytes += choice.size();
+  if (bytes > kMaxConstraintBytes)
+    bad(field, where + field + " is " + std::to_string(bytes) + " bytes of constraint, more than " +
+                   std::to_string(kMaxConstraintBytes));
+}
+
 grammar::Constraint guided(const std::string& field, const Json& v, const std::string& where) {
   const std::string name = where + field;
   if (field == "guided_json") return {.kind = Kind::JsonSchema, .text = schema_text(v, name, field)};
@@ -88,6 +96,7 @@ std::optional<RequestedConstraint> read_structured_output(const Json& fields, co
     std::optional<grammar::Constraint> c =
         field == "response_format" ? response_format(fields[field], where) : guided(field, fields[field], where);
     if (!c) continue;
+    check_size(*c, field, where);
     if (found) bad(field, where + field + " and " + where + found->field + " both constrain the output; give one");
     found = RequestedConstraint{field, std::move(*c)};
   }
@@ -173,14 +182,27 @@ class GrammarConstraint final : public engine::TokenConstraint {
 
 }  // namespace
 
-std::shared_ptr<const engine::TokenConstraint> JobConstraints::get(const grammar::Constraint& c) {
+std::shared_ptr<const grammar::CompiledGrammar> JobConstraints::compiled(const grammar::Constraint& c) {
   std::call_once(built_, [&] {
     const auto start = std::chrono::steady_clock::now();
     cache_ = std::make_unique<grammar::ConstraintCache>(
         std::make_shared<const grammar::TokenTrie>(model_vocabulary(tok_, vocab_size_, stop_ids_)));
     vocabulary_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
-  return std::make_shared<const GrammarConstraint>(cache_->get(c), ahead_);
+  return cache_->get(c);
+}
+
+std::shared_ptr<const engine::TokenConstraint> JobConstraints::get(const grammar::Constraint& c) {
+  return std::make_shared<const GrammarConstraint>(compiled(c), ahead_);
+}
+
+std::shared_ptr<const engine::TokenConstraint> JobConstraints::get(const grammar::Constraint& c,
+                                                                   std::int64_t max_tokens) {
+  std::shared_ptr<const grammar::CompiledGrammar> g = compiled(c);
+  if (!g->closes_within(max_tokens))
+    throw std::invalid_argument(fmt::format("no output it allows fits in max_tokens {} (the shortest takes {} bytes)",
+                                            max_tokens, g->distance(g->initial_state())));
+  return std::make_shared<const GrammarConstraint>(std::move(g), ahead_);
 }
 
 nlohmann::json JobConstraints::report() const {

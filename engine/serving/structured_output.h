@@ -24,6 +24,12 @@ namespace flexh2o::serving {
 // The request fields that ask for structured output.
 extern const std::vector<std::string> kStructuredOutputFields;
 
+// The most bytes of text a constraint may compile from (a schema written compactly, a regex, a
+// grammar, the choices together): compiling takes ~100 bytes a byte (an expression per byte of
+// a literal, the schema parsed again), so a 59 MB enum reached 6 GiB; the largest of the 270
+// JSONSchemaBench schemas (bench/structured/schemas.jsonl) is 162 KB.
+constexpr std::size_t kMaxConstraintBytes = std::size_t{4} << 20;
+
 // A structured-output field that is malformed: the message names it.
 struct StructuredOutputError : std::invalid_argument {
   StructuredOutputError(std::string field_name, const std::string& message)
@@ -68,6 +74,9 @@ class JobConstraints {
   // The constraint in its start state. Throws std::invalid_argument naming what is wrong or
   // not supported (a schema keyword, a regex construct, a grammar line). Thread-safe.
   std::shared_ptr<const engine::TokenConstraint> get(const grammar::Constraint& c);
+  // The same for a request that may write `max_tokens` tokens; throws std::invalid_argument too
+  // when no output the constraint allows fits in them (it would be cut short, not closed).
+  std::shared_ptr<const engine::TokenConstraint> get(const grammar::Constraint& c, std::int64_t max_tokens);
   // What compiling took, for --metrics: {"distinct": constraints compiled, "compile_ms":
   // {"median", "max"} over them, "vocabulary_ms": the trie}; null when none was asked for.
   nlohmann::json report() const;
@@ -75,6 +84,8 @@ class JobConstraints {
   std::string summary_line() const;
 
  private:
+  std::shared_ptr<const grammar::CompiledGrammar> compiled(const grammar::Constraint& c);
+
   const engine::Tokenizer& tok_;
   std::int64_t vocab_size_;
   std::vector<std::int32_t> stop_ids_;

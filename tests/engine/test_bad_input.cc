@@ -158,6 +158,24 @@ TEST(Prompts, BadLinesAreErrors) {
   EXPECT_EQ(items[1].id_json, "\"b\"");
 }
 
+// A field given twice is ambiguous: an error naming it, as in OpenAI batch lines (the last one
+// used to win). Token ids are read aside from the JSON value; a bad one is still an error.
+TEST(Prompts, RepeatedFieldsAndBadTokenIdsAreErrors) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("twice.jsonl"), "{\"id\": 1, \"prompt\": \"a\", \"prompt\": \"b\"}\n");
+  EXPECT_THAT(error_of([&] { engine::read_prompts_jsonl(dir.file("twice.jsonl")); }),
+              AllOf(HasSubstr("twice.jsonl:1"), HasSubstr("\"prompt\" appears twice")));
+  for (const char* tokens : {"[1, -2]", "[1, \"a\"]", "[4294967296]", "[[1]]"}) {
+    testing::write_file(dir.file("bad.jsonl"), std::string("{\"id\": 1, \"tokens\": ") + tokens + "}\n");
+    EXPECT_THAT(error_of([&] { engine::read_prompts_jsonl(dir.file("bad.jsonl")); }),
+                HasSubstr("field 'tokens' must hold non-negative integers")) << tokens;
+  }
+  testing::write_file(dir.file("ids.jsonl"), "{\"tokens\": [7, 0, 2147483647], \"id\": 2}\n");
+  const auto items = engine::read_prompts_jsonl(dir.file("ids.jsonl"));
+  ASSERT_EQ(items.size(), 1u);
+  EXPECT_EQ(items[0].tokens, (std::vector<std::int32_t>{7, 0, 2147483647}));
+}
+
 TEST(Prompts, ResumingOverADeepLineIsAnError) {
   testing::TempDir dir;
   testing::write_file(dir.file("out.jsonl"), deep_json(100000) + "\n");

@@ -19,6 +19,7 @@ using flexh2o::engine::chat::ChatInputs;
 using flexh2o::engine::chat::ChatTemplate;
 using flexh2o::engine::chat::ChatTemplateError;
 using flexh2o::engine::chat::RenderLimits;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -288,6 +289,21 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   ChatInputs deep = conversation();
   deep.messages = nlohmann::ordered_json::parse("[{\"content\": " + std::string(5000, '[') + std::string(5000, ']') + "}]");
   EXPECT_THAT([&] { render("x", deep); }, ::testing::ThrowsMessage<ChatTemplateError>(HasSubstr("levels deep")));
+}
+
+// A width or a replacement that would make a string past 64 MiB is an error before the string
+// is made (center(3e9) allocated 3 GB first), naming the template line.
+TEST(ChatTemplate, PaddingAndReplacingPastTheStringBoundAreErrorsBeforeAllocating) {
+  const std::string bound = "more than 67108864";
+  EXPECT_THAT(error_of("x\n{{ 'a'.center(3000000000) }}"),
+              AllOf(HasSubstr("t.jinja:2:"), HasSubstr("would make a string of"), HasSubstr(bound)));
+  EXPECT_THAT(error_of("{{ 'a' | center(3000000000) }}"), HasSubstr(bound));
+  EXPECT_THAT(error_of("{{ 'a'.rjust(9223372036854775807, 'x') }}"), HasSubstr(bound));
+  EXPECT_THAT(error_of("{{ 'a\nb' | indent(3000000000) }}"), HasSubstr(bound));
+  EXPECT_THAT(error_of("{{ ('a' * 1000000) | replace('a', 'b' * 100) }}"), HasSubstr(bound));
+  EXPECT_THAT(error_of("{{ ('a' * 1000000).replace('', 'b' * 100) }}"), HasSubstr(bound));
+  EXPECT_THAT(error_of("{{ '%*s' % (3000000000, 'x') }}"), HasSubstr(bound));
+  EXPECT_EQ(render("{{ 'ab'.center(6, '*') }}|{{ 'a' | center(3) }}|{{ 'aXa'.replace('a', 'bc') }}"), "**ab**| a |bcXbc");
 }
 
 TEST(ChatTemplate, GlobalsAndInputs) {

@@ -206,6 +206,44 @@ TEST(CliStructuredOutput, AConstraintNotSupportedIsThatRequestsErrorLine) {
   EXPECT_TRUE(got.at("ok")["error"].is_null());
 }
 
+// Constraints the engine used to run: a 16-byte regex that stalled the whole job, a const of
+// the wrong type written with status 200, a lone surrogate. Each is its request's error line,
+// and the job's other requests run.
+TEST(CliStructuredOutput, ConstraintsThatWouldStallOrCannotBeMetAreErrorLines) {
+  testing::TempDir dir;
+  testing::write_file(
+      dir.file("b.jsonl"),
+      completion("stall", {{"prompt", "The cat"}, {"guided_regex", "(a?){30000}b"}}) +
+          completion("const", {{"prompt", "The cat"}, {"guided_json", {{"type", "integer"}, {"const", "a"}}}}) +
+          completion("surrogate", {{"prompt", "The cat"}, {"guided_grammar", "root ::= \"\\uD800\""}}) +
+          completion("ok", {{"prompt", "The cat"}, {"max_tokens", 8}, {"guided_choice", {"up", "down"}}}));
+  const testing::CliOutput r = testing::run_cli("--prompts " + dir.file("b.jsonl") + " --out " + dir.file("out"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto got = results(dir.file("out"));
+  const auto error = [&](const std::string& id) { return got.at(id)["error"]["message"].get<std::string>(); };
+  EXPECT_THAT(error("stall"), HasSubstr("body.guided_regex: the grammar keeps more than 32768 positions open at once"));
+  EXPECT_EQ(got.at("stall")["error"]["param"], "guided_regex");
+  EXPECT_THAT(error("const"), HasSubstr("'const' does not satisfy the schema's other keywords (type)"));
+  EXPECT_THAT(error("surrogate"), HasSubstr("is a UTF-16 surrogate"));
+  EXPECT_TRUE(got.at("ok")["error"].is_null());
+}
+
+// A limit no output of the constraint fits in (`{}` is 2 bytes; the model has no `{}` token)
+// is an error line, not a truncated `{` with status 200.
+TEST(CliStructuredOutput, AConstraintThatCannotCloseWithinMaxTokensIsAnErrorLine) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("b.jsonl"),
+                      completion("short", {{"prompt", "The cat"}, {"max_tokens", 1}, {"response_format", {{"type", "json_object"}}}}) +
+                          completion("fits", {{"prompt", "The cat"}, {"max_tokens", 2}, {"response_format", {{"type", "json_object"}}}}));
+  const testing::CliOutput r = testing::run_cli("--prompts " + dir.file("b.jsonl") + " --out " + dir.file("out"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto got = results(dir.file("out"));
+  EXPECT_THAT(got.at("short")["error"]["message"].get<std::string>(),
+              HasSubstr("body.response_format: no output it allows fits in max_tokens 1 (the shortest takes 2 bytes)"));
+  EXPECT_EQ(got.at("short")["error"]["param"], "response_format");
+  EXPECT_TRUE(got.at("fits")["error"].is_null());
+}
+
 TEST(CliStructuredOutput, OwnPromptsLinesTakeTheFieldsAndABadOneFailsTheJobNamingIt) {
   testing::TempDir dir;
   testing::write_file(dir.file("p.jsonl"),

@@ -180,5 +180,28 @@ TEST(Closing, WithoutSingleByteTokensTheNearestTokensAreAllowed) {
   EXPECT_EQ(mask[0], 0b10000u);
 }
 
+// Whether a constraint can close within a request's max_tokens at all (JobConstraints::get
+// refuses the request when not): with the single bytes only, `{}` takes 2 tokens; a `{}` token
+// or a whole choice as one token closes in 1. Searched over tokens, not only by the distance.
+TEST(Closing, WhetherAnOutputFitsInTheTokensIsKnownBeforeDecoding) {
+  const auto compiled = [](std::vector<std::string> extra, const Constraint& c) {
+    Vocabulary v;
+    for (int b = 0; b < 256; ++b) v.token_bytes.push_back(std::string(1, static_cast<char>(b)));
+    v.token_bytes.insert(v.token_bytes.end(), extra.begin(), extra.end());
+    v.token_bytes.push_back("");
+    v.stop_tokens = {static_cast<std::int32_t>(v.token_bytes.size() - 1)};
+    return ConstraintCache(std::make_shared<const TokenTrie>(std::move(v))).get(c);
+  };
+  const Constraint object{.kind = Constraint::Kind::JsonObject};
+  EXPECT_FALSE(compiled({}, object)->closes_within(1));
+  EXPECT_TRUE(compiled({}, object)->closes_within(2));
+  EXPECT_TRUE(compiled({"{}"}, object)->closes_within(1));
+  const Constraint choice{.kind = Constraint::Kind::Choice, .choices = {"positive", "negative"}};
+  EXPECT_FALSE(compiled({"pos", "itive"}, choice)->closes_within(1));
+  EXPECT_TRUE(compiled({"pos", "itive"}, choice)->closes_within(2));
+  EXPECT_FALSE(compiled({"pos", "itive"}, choice)->closes_within(0));
+  EXPECT_TRUE(compiled({"negative"}, choice)->closes_within(1));
+}
+
 }  // namespace
 }  // namespace flexh2o::grammar

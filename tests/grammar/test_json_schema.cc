@@ -77,6 +77,52 @@ TEST(JsonSchema, CompactWhitespaceOption) {
   EXPECT_FALSE(testing::accepts(limited, "[    1]"));
 }
 
+// The error message of compiling `schema`; "" when it compiles.
+std::string schema_error(const char* schema) {
+  try {
+    json_schema_grammar(Json::parse(schema));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// JSON Schema validates an instance against const/enum and every other keyword beside them:
+// enum values the others refuse are left out, and a const they refuse is an error.
+TEST(JsonSchema, ConstAndEnumValuesMustSatisfyTheOtherKeywords) {
+  EXPECT_NE(schema_error(R"({"type":"integer","const":"a"})").find("'const' does not satisfy the schema's other keywords (type)"),
+            std::string::npos);
+  EXPECT_NE(schema_error(R"({"const":3,"minimum":5})").find("(minimum)"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"string","enum":["abcdef"],"maxLength":2})").find("'enum' has no value"),
+            std::string::npos);
+  const Grammar short_only = json_schema_grammar(Json::parse(R"({"type":"string","enum":["abcdef","xy"],"maxLength":2})"));
+  EXPECT_TRUE(testing::accepts(short_only, "\"xy\""));
+  EXPECT_FALSE(testing::accepts(short_only, "\"abcdef\""));
+  // maxLength says nothing about numbers; nullable adds null to the type.
+  const Grammar mixed = json_schema_grammar(Json::parse(R"({"enum":["abc",5,"x"],"maxLength":2})"));
+  EXPECT_TRUE(testing::accepts(mixed, "5"));
+  EXPECT_TRUE(testing::accepts(mixed, "\"x\""));
+  EXPECT_FALSE(testing::accepts(mixed, "\"abc\""));
+  const Grammar nullable = json_schema_grammar(Json::parse(R"({"type":"string","nullable":true,"enum":["a",null,1]})"));
+  EXPECT_TRUE(testing::accepts(nullable, "null"));
+  EXPECT_FALSE(testing::accepts(nullable, "1"));
+  const Grammar constant = json_schema_grammar(Json::parse(R"({"type":"object","properties":{"k":{"type":"integer"}},"const":{"k":2}})"));
+  EXPECT_TRUE(testing::accepts(constant, R"({"k":2})"));
+}
+
+// An enum's values are an alternative each: past 30000 values or 1 MiB of text, an error
+// before the grammar is built; up to them, it compiles (within Automaton::kMaxClosure).
+TEST(JsonSchema, EnumsBeyondTheBoundsAreErrors) {
+  Json many = {{"enum", Json::array()}};
+  for (int i = 0; i < 30000; ++i) many["enum"].push_back(i);
+  EXPECT_TRUE(testing::accepts(json_schema_grammar(many), "29999"));
+  many["enum"].push_back(30000);
+  EXPECT_NE(schema_error(many.dump().c_str()).find("'enum' has 30001 values, more than 30000"), std::string::npos);
+  Json long_values = {{"enum", Json::array()}};
+  for (int i = 0; i < 20; ++i) long_values["enum"].push_back(std::string(60000, static_cast<char>('a' + i)));
+  EXPECT_NE(schema_error(long_values.dump().c_str()).find("more than 1048576 bytes"), std::string::npos);
+}
+
 TEST(JsonObject, AcceptsAnyObjectOnly) {
   const Grammar g = json_object_grammar();
   for (const char* text : {"{}", R"({"a":[1,2.5e3,"x",{"b":null}],"c":true})", "{\n  \"k\": \"\\u00e9\"\n}"})

@@ -111,6 +111,32 @@ TEST(Regex, UnsupportedConstructsAreErrorsNamingThem) {
   EXPECT_THROW(regex_grammar("(a*)*"), std::invalid_argument);  // repeats something empty
 }
 
+// The automaton's closure bound (Automaton::kMaxClosure): a short pattern with many optional
+// parts open at once is an error when it compiles, before any state is built, whether or not
+// the start state reaches them; the same pattern below the bound walks in time linear per byte.
+TEST(Regex, ManyOptionalPartsOpenAtOnceAreAnErrorWhenCompiled) {
+  const auto error_of = [](const Grammar& g) -> std::string {
+    try {
+      Automaton automaton(g);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const char* pattern : {"(a?){30000}b", "b(a?){30000}", "((a?){300}){300}b"})
+    EXPECT_NE(error_of(regex_grammar(pattern)).find("positions open at once"), std::string::npos) << pattern;
+  EXPECT_NE(error_of(parse_gbnf("root ::= x{30000} \"b\"\nx ::= \"a\"?")).find("positions open at once"),
+            std::string::npos);
+  EXPECT_EQ(error_of(regex_grammar("[0-9]{1,20}")), "");
+  EXPECT_EQ(error_of(regex_grammar("(ab|c){0,100000}")), "");
+  // Below the bound: each byte expands the optional parts once, not once per open stack (which
+  // took ~500^3 steps for this walk).
+  const Grammar g = regex_grammar("(a?){500}b");
+  EXPECT_TRUE(accepts(g, std::string(500, 'a') + "b"));
+  EXPECT_TRUE(accepts(g, "b"));
+  EXPECT_FALSE(accepts(g, std::string(501, 'a') + "b"));
+}
+
 TEST(Gbnf, ParsesRulesAndAcceptsTheirLanguage) {
   const Grammar g = parse_gbnf(R"g(
     # arithmetic
@@ -136,7 +162,11 @@ TEST(Gbnf, ErrorsNameTheLine) {
       {"root ::= root \"x\" | \"y\"", "left-recursive"},
       {"root ::= \"x\" root", "can never complete"},
       {"root := \"x\"", "expected '::='"},
-      {"root ::= \"x\" | \"\\q\"", "unknown escape"}};
+      {"root ::= \"x\" | \"\\q\"", "unknown escape"},
+      {"root ::= \"x\"\n  | \"\\uD800\"", "line 2: escape '\\uD800' at column 6 is a UTF-16 surrogate"},
+      {"root ::= \"\\udfff\"", "line 1: escape '\\udfff' at column 11 is a UTF-16 surrogate"},
+      {"root ::= \"\\U00110000\"", "escape '\\U00110000' at column 11 is above U+10FFFF"},
+      {"root ::= \"\\UFFFFFFFF\"", "above U+10FFFF"}};
   for (const auto& [text, message] : cases) {
     try {
       parse_gbnf(text);

@@ -166,6 +166,49 @@ TEST(OpenAiBatch, LinesParseAsNlohmannParsesThem) {
             std::string::npos);
 }
 
+// A prompt's token ids are read straight into a vector (an id as 4 bytes, not a 16-byte JSON
+// value and more: a 250 MB line of ids took ~23 times its size and aborted); its other items
+// stay in the value, so that a bad item is still an error naming the field.
+TEST(OpenAiBatch, TokenIdsAreReadAsideNotAsJsonValues) {
+  serving::IdArray ids{.path = {"body", "prompt"}};
+  const auto j = serving::parse_linear_json(R"({"body": {"prompt": [1, 5, 9], "n": [7]}, "prompt": [3]})", "t", &ids);
+  EXPECT_TRUE(ids.found);
+  EXPECT_EQ(ids.ids, (std::vector<std::int32_t>{1, 5, 9}));
+  EXPECT_EQ(j.dump(), R"({"body":{"prompt":[],"n":[7]},"prompt":[3]})");
+  serving::IdArray mixed{.path = {"tokens"}};
+  EXPECT_EQ(serving::parse_linear_json(R"({"tokens": [1, -1, "a", [2], 2147483648, 3]})", "t", &mixed).dump(),
+            R"({"tokens":[-1,"a",[2],2147483648]})");
+  EXPECT_EQ(mixed.ids, (std::vector<std::int32_t>{1, 3}));
+  const auto with_prompt = [](const std::string& prompt) {
+    const std::string line = completion_line("x", "");
+    return parse_openai_line(std::string(line).replace(line.find("\"Once\""), 6, prompt), 1);
+  };
+  for (const char* prompt : {"[1, -5]", "[1, \"a\"]", "[2147483648]", "[[1]]"}) {
+    const OpenAiLine r = with_prompt(prompt);
+    EXPECT_EQ(r.error_param, "prompt") << prompt << ": " << r.error;
+  }
+  EXPECT_EQ(with_prompt("[\"Hi\"]").prompt_text, "Hi");
+  // Telling the formats apart builds no value at all.
+  EXPECT_EQ(serving::object_has_key(R"({"custom_id": 1, "x": [1, 2]})", "custom_id"), true);
+  EXPECT_EQ(serving::object_has_key(R"({"id": 1, "x": {"custom_id": 2}})", "custom_id"), false);
+  EXPECT_EQ(serving::object_has_key("[1]", "custom_id"), std::nullopt);
+  EXPECT_EQ(serving::object_has_key("{oops", "custom_id"), std::nullopt);
+}
+
+// A constraint's text is bounded before it compiles (compiling takes ~100 bytes a byte).
+TEST(OpenAiBatch, ConstraintsPastTheTextBoundAreErrorLinesNamingTheField) {
+  const std::string big(serving::kMaxConstraintBytes, 'a');
+  const OpenAiLine regex = parse_openai_line(completion_line("x", R"("guided_regex": ")" + big + "b\""), 1);
+  EXPECT_EQ(regex.error_param, "guided_regex");
+  EXPECT_NE(regex.error.find("body.guided_regex is 4194305 bytes of constraint, more than 4194304"), std::string::npos)
+      << regex.error.substr(0, 200);
+  std::string values = "[";
+  for (int i = 0; i < 400000; ++i) values += "\"abcdefghij\",";
+  const OpenAiLine schema = parse_openai_line(completion_line("x", R"("guided_json": {"enum": )" + values + "\"z\"]}"), 1);
+  EXPECT_EQ(schema.error_param, "guided_json");
+  EXPECT_EQ(parse_openai_line(completion_line("x", R"("guided_regex": ")" + big.substr(1) + "\""), 1).error, "");
+}
+
 // Bounds the model sets, each an error line naming its field, before anything renders.
 TEST(OpenAiBatch, ListsLongerThanTheModelAllowsAreErrorLinesNamingTheField) {
   testing::TempDir dir;
