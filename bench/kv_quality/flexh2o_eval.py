@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""flexh2o's KV policies on make_tasks.py's prompts (issue 61's peer harness).
+
+For each policy and kept fraction:
+  question tasks  `flexh2o run --prompts --kv POLICY:KEPT` (greedy, fp32 compute and cache);
+                  the generated tokens are decoded with the model's HF tokenizer and scored with
+                  scoring.is_correct, as kvpress_eval.py does. Eviction runs at prefill and decode.
+  fidelity        `flexh2o eval --text fidelity_<L>.txt --prefill L --kv full,POLICY:KEPT,...`:
+                  the first L tokens of each text are the prompt, the rest teacher-forced.
+
+Writes OUT_DIR/flexh2o_<policy>_<kept>.jsonl (the engine's outputs; reruns resume them),
+OUT_DIR/flexh2o_fidelity_<L>.csv and OUT_DIR/flexh2o.csv (scoring.CSV_COLUMNS). With
+--compare KVPRESS_GENERATIONS it prints how many full-cache answers equal transformers'.
+
+usage: flexh2o_eval.py --model MODEL_DIR --tasks-dir TASKS_DIR --out-dir OUT_DIR
+         [--policies full,local,...] [--kept 0.1,0.25] [--tasks passkey,multikey] [--lengths 1000,2000]
+         [--limit N] [--flexh2o build/engine/flexh2o] [--compare OUT_DIR/kvpress_generations.jsonl]
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+from transformers import AutoTokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import scoring  # noqa: E402
+
+ALL_POLICIES = "full,local,streaming,h2o,tova,scissorhands,pyramid,snapkv,flex"
+# fp32 everywhere, so the full cache's greedy answers can equal transformers' fp32 ones.
+FP32 = ["--compute-dtype", "f32", "--cache-dtype", "f32"]
+
+
+def select(records, tasks, lengths, limit):
+    per_cell = defaultdict(int)
+    out = []
+    for r in records:
+        key = (r.get("task", "fidelity"), r["length"])
+        if key[0] in tasks and key[1] in lengths and per_cell[key] < limit:
+            per_cell[key] += 1
+            out.append(r)
+    return out
+
+
+def kv_spec(policy, kept):
+    return "full" if policy == "full" else f"{policy}:{kept}"
+
+
+def run_policy(args, prompts_path, policy, kept, gen_len):
+    out = os.path.join(args.out_dir, f"flexh2o_{policy}_{kept}.jsonl")
+    cmd = [args.flexh2o, "run", "--model", args.model, "--prompts", prompts_path, "--out", out,
+           "--kv", kv_spec(policy, kept), "--gen-len", str(gen_len), "--temperature", "0", "--quiet"] + FP32
+    if os.path.exists(out):
+        cmd.append("--resume")
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return scoring.read_jsonl(out)
+
+
+def until_eos(tokens, eos_ids):
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[:i + 1]
+    return tokens
+
+
+def run_questions(args, tok, policies, kepts, eos_ids):
+    answers = {a["id"]: a for a in scoring.read_jsonl(os.path.join(args.tasks_dir, "answers.jsonl"))}
+    prompts = [p for p in scoring.read_jsonl(os.path.join(args.tasks_dir, "tasks.jsonl"))
+               if answers[p["id"]]["task"] in args.tasks.split(",")]
+    prompts = select([dict(p, **answers[p["id"]]) for p in prompts], args.tasks.split(","),
+                     [int(x) for x in args.lengths.split(",")], args.limit)
+    if not prompts:
+        return [], {}
+    # The engine refuses fields other than id, tokens, max_tokens.
+    sel = os.path.join(args.out_dir, "prompts_selected.jsonl")
+    with open(sel, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"id": p["id"], "tokens": p["tokens"], "max_tokens": p["max_tokens"]}) + "\n")
+    gen_len = max(p["max_tokens"] for p in prompts)
+    ids = {p["id"] for p in prompts}
+    results, full_tokens = [], {}
+    for policy in policies:
+        for kept in ([1.0] if policy == "full" else kepts):
+            for r in run_policy(args, sel, policy, kept, gen_len):
+                if r["id"] not in ids:
+                    continue
+                toks = until_eos(r["tokens"], eos_ids)
+                results.append({"method": policy, "kept": kept, "id": r["id"],
+                                "text": tok.decode(toks, skip_special_tokens=True)})
+                if policy == "full":
+                    full_tokens[r["id"]] = toks
+    return scoring.accuracy_rows(results, answers, "flexh2o"), full_tokens
+
+
+def compare_full(path, full_tokens, eos_ids):
+    """Prints how many full-cache generations equal kvpress's (transformers') token for token."""
+    theirs = {g["id"]: until_eos(g["tokens"], eos_ids) for g in scoring.read_jsonl(path) if g["method"] == "full"}
+    common = [i for i in full_tokens if i in theirs]
+    same = [i for i in common if full_tokens[i] == theirs[i]]
+    print(f"full cache: flexh2o == transformers on {len(same)} of {len(common)} prompts")
+    for i in sorted(set(common) - set(same)):
+        print(f"  differs: {i}: flexh2o {full_tokens[i]} transformers {theirs[i]}")
+
+
+def run_fidelity(args, policies, kepts):
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        text = os.path.join(args.tasks_dir, f"fidelity_{length}.txt")
+        n_items = min(args.limit, sum(1 for r in scoring.read_jsonl(os.path.join(args.tasks_dir, "fidelity.jsonl"))
+                                      if r["length"] == length))
+        specs = ["full"] + [kv_spec(p, k) for p in policies if p != "full" for k in kepts]
+        out = os.path.join(args.out_dir, f"flexh2o_fidelity_{length}.csv")
+        cmd = [args.flexh2o, "eval", "--model", args.model, "--text", text, "--chunks", str(n_items),
+               "--prefill", str(length), "--kv", ",".join(specs), "--csv", out]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            for rec in csv.DictReader(f):
+                label = rec["policy"]
+                if label == "full":
+                    continue
+                policy, kept = label.split(":", 1)
+                rows.append(scoring.fidelity_row("flexh2o", policy, float(kept), length, n_items,
+                                                 float(rec["mean_kl"]), float(rec["top1_agreement"])))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tasks-dir", required=True)
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--policies", default=ALL_POLICIES)
+    ap.add_argument("--kept", default="0.1,0.25")
+    ap.add_argument("--tasks", default="passkey,multikey,docqa,fidelity")
+    ap.add_argument("--lengths", default="1000,2000,4000")
+    ap.add_argument("--limit", type=int, default=10 ** 9, help="at most this many prompts per task and length")
+    ap.add_argument("--flexh2o", default=os.path.join(HERE, "..", "..", "build", "engine", "flexh2o"))
+    ap.add_argument("--compare", help="kvpress_generations.jsonl: check the full cache's answers against it")
+    args = ap.parse_args()
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    with open(os.path.join(args.model, "generation_config.json")) as f:
+        eos = json.load(f)["eos_token_id"]
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    policies, kepts = args.policies.split(","), [float(k) for k in args.kept.split(",")]
+    rows, full_tokens = run_questions(args, tok, policies, kepts, eos_ids)
+    if args.compare and full_tokens:
+        compare_full(args.compare, full_tokens, eos_ids)
+    if "fidelity" in args.tasks.split(","):
+        rows += run_fidelity(args, policies, kepts)
+    path = os.path.join(args.out_dir, "flexh2o.csv")
+    scoring.write_csv(path, rows)
+    print(f"wrote {path}: {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    main()
