@@ -132,14 +132,8 @@ def run_fidelity(args, policies, kepts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tasks-dir", required=True)
-    ap.add_argument("--out-dir", required=True)
+    scoring.add_common_args(ap)
     ap.add_argument("--policies", default=ALL_POLICIES)
-    ap.add_argument("--kept", default="0.1,0.25")
-    ap.add_argument("--tasks", default="passkey,multikey,docqa,fidelity")
-    ap.add_argument("--lengths", default="1000,2000,4000")
-    ap.add_argument("--limit", type=int, default=10 ** 9, help="at most this many prompts per task and length")
     ap.add_argument("--flexh2o", default=os.path.join(HERE, "..", "..", "build", "engine", "flexh2o"))
     ap.add_argument("--compare", help="kvpress_generations.jsonl: check the full cache's answers against it")
     args = ap.parse_args()

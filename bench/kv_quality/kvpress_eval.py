@@ -158,14 +158,8 @@ def run_fidelity(model, args, methods, kepts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tasks-dir", required=True)
-    ap.add_argument("--out-dir", required=True)
+    scoring.add_common_args(ap, kept_help="kept fractions (compression_ratio = 1 - kept)")
     ap.add_argument("--methods", default=ALL_METHODS)
-    ap.add_argument("--kept", default="0.1,0.25", help="kept fractions (compression_ratio = 1 - kept)")
-    ap.add_argument("--tasks", default="passkey,multikey,docqa,fidelity")
-    ap.add_argument("--lengths", default="1000,2000,4000")
-    ap.add_argument("--limit", type=int, default=10 ** 9, help="at most this many prompts per task and length")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--score-only", action="store_true",
                     help="generate nothing: score what kvpress_generations.jsonl holds (e.g. while a run goes on)")

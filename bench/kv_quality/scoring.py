@@ -59,6 +59,17 @@ def fidelity_row(engine, method, kept, length, n_items, kl, top1):
             "kl": round(kl, 5), "top1": round(top1, 4)}
 
 
+def add_common_args(ap, kept_help=None):
+    """The arguments both engines' evals take: the model, tasks and output dirs, what to run."""
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tasks-dir", required=True)
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--kept", default="0.1,0.25", help=kept_help)
+    ap.add_argument("--tasks", default="passkey,multikey,docqa,fidelity")
+    ap.add_argument("--lengths", default="1000,2000,4000")
+    ap.add_argument("--limit", type=int, default=10 ** 9, help="at most this many prompts per task and length")
+
+
 def write_csv(path, rows):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
