@@ -45,9 +45,9 @@ mkdir -p "$work/src"
 git clone -q "$repo" "$work/src/project"     # committed work only, as a clean clone
 [[ -n $shared ]] && cp -a "$shared" "$work/src/shared"
 
-# The host's compiler cache, shared with the root: objects are keyed by the preprocessed source
-# and the compiler (CMakeLists.txt hashes paths relative to the tree), so a header or library
-# missing in the root still fails there, and the build after this one reuses the root's objects.
+# The host's compiler cache, shared with the root: an object is reused only for the same
+# preprocessed source and compiler (CMakeLists.txt hashes paths relative to the tree), so a
+# header or library missing in the root still fails there.
 cache=$( (command -v ccache >/dev/null && ccache -k cache_dir) || true)
 if [[ -n $cache ]]; then mkdir -p "$cache" "$work/root/.cache/ccache"; fi
 
