@@ -43,6 +43,29 @@ void KvEvictionLayer::copy_sequence(const KvEvictionLayer& from, std::int64_t fr
   std::copy_n(from.states_.begin() + from_seq * n_kv_heads_, n_kv_heads_, states_.begin() + seq * n_kv_heads_);
 }
 
+void KvEvictionLayer::sum_prefill_scores(std::span<const std::int64_t> seq_offsets) {
+  const std::int64_t H = n_kv_heads_;
+  for (std::size_t b = 0; b + 1 < seq_offsets.size(); ++b) {
+    const std::int64_t t0 = seq_offsets[b], n = seq_offsets[b + 1] - t0;
+    float* col = host_scores_.data() + t0 * H;  // head g's sums at col[g * n + j]
+    for (std::int64_t j = 0; j < n; ++j) {
+      float sum = 0;
+      for (std::int64_t g = 0; g < H; ++g) sum += col[g * n + j];
+      for (std::int64_t g = 0; g < H; ++g) col[g * n + j] = sum;
+    }
+  }
+}
+
+void KvEvictionLayer::sum_decode_scores(std::int64_t B, std::int64_t capacity) {
+  const std::int64_t H = n_kv_heads_;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t slot = 0; slot < capacity; ++slot) {
+      float sum = 0;
+      for (std::int64_t g = 0; g < H; ++g) sum += host_scores_[static_cast<std::size_t>((b * H + g) * capacity + slot)];
+      for (std::int64_t g = 0; g < H; ++g) host_scores_[static_cast<std::size_t>((b * H + g) * capacity + slot)] = sum;
+    }
+}
+
 void KvEvictionLayer::compute_value_norms(kernels::Backend& be, const float* v, std::int64_t rows) {
   const std::int64_t H = n_kv_heads_, D = head_dim_;
   host_values_.resize(static_cast<std::size_t>(rows * H * D));
@@ -73,6 +96,7 @@ void KvEvictionLayer::prefill(kernels::Backend& be, const StepBatch& s, std::int
   if (scores) {
     host_scores_.resize(static_cast<std::size_t>(T * H));
     be.copy_to_host(host_scores_.data(), col_sums_.data(), host_scores_.size() * sizeof(float));
+    if (policy_.scores_per_layer()) sum_prefill_scores(s.seq_offsets);
   }
   const bool norms = policy_.uses_value_norms();
   if (norms) compute_value_norms(be, v, T);
@@ -130,6 +154,7 @@ void KvEvictionLayer::decode(kernels::Backend& be, const StepBatch& s, std::int6
   if (probs) {
     host_scores_.resize(static_cast<std::size_t>(B * H * capacity));
     be.copy_to_host(host_scores_.data(), probs_.data(), host_scores_.size() * sizeof(float));
+    if (policy_.scores_per_layer()) sum_decode_scores(B, capacity);
   }
   const bool norms = policy_.uses_value_norms();
   if (norms) compute_value_norms(be, v, B);

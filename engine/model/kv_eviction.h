@@ -42,6 +42,10 @@ class KvEvictionLayer {
 
  private:
   std::int64_t budget_of(std::int64_t total_len) const;
+  // layerwise: each kv head's scores replaced by their sum over the heads. Prefill: sequence
+  // runs `seq_offsets` of column sums laid out [t0 * H + g * n + j]; decode: [(b * H + g) * capacity + slot].
+  void sum_prefill_scores(std::span<const std::int64_t> seq_offsets);
+  void sum_decode_scores(std::int64_t B, std::int64_t capacity);
   // value_norms_[g * rows + r]: the L2 norm of row r's value vector of kv head g.
   void compute_value_norms(kernels::Backend& be, const float* v, std::int64_t rows);
 

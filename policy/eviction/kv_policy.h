@@ -134,6 +134,9 @@ class KvPolicy {
   // `new_tokens`: the budget, or under decode=0 the budget less the new tokens (at least
   // min(budget, 8), the fewest a fraction's budget keeps).
   std::int64_t prefill_budget(std::int64_t budget, std::int64_t new_tokens) const;
+  // layerwise=1: every kv head of a layer is given the scores summed over them, so they keep
+  // the same tokens in the same slots (in step from the prefill on).
+  bool scores_per_layer() const { return spec_.params.count("layerwise") && spec_.params.at("layerwise") != 0; }
   std::int64_t n_layers() const { return n_layers_; }
 
   // Tokens kept per kv head of `layer` for a sequence of n_tokens (BOS included).

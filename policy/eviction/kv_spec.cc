@@ -44,15 +44,21 @@ std::string cat(const A&... a) {
 const double kNoDefault = std::nan("");
 
 // Every policy with a budget: decode=0 keeps the budget's last slots for the new tokens (the
-// prompt is cut to budget - new tokens at prefill) and evicts nothing while they fit.
-std::vector<PolicyDef> with_decode_param(std::vector<PolicyDef> defs) {
-  for (PolicyDef& d : defs)
+// prompt is cut to budget - new tokens at prefill) and evicts nothing while they fit. Those that
+// rank by attention alone: layerwise=1 ranks by the attention summed over the layer's kv heads,
+// so every head of a layer keeps the same tokens (as kvpress's presses do).
+std::vector<PolicyDef> with_shared_params(std::vector<PolicyDef> defs) {
+  const std::string_view by_attention[] = {"h2o", "tova", "scissorhands", "pyramid", "snapkv"};
+  for (PolicyDef& d : defs) {
     if (d.needs_budget) d.params.push_back({"decode", Kind::Count, 1, 0, 1});
+    if (std::find(std::begin(by_attention), std::end(by_attention), d.name) != std::end(by_attention))
+      d.params.push_back({"layerwise", Kind::Count, 0, 0, 1});
+  }
   return defs;
 }
 
 const std::vector<PolicyDef>& policy_defs() {
-  static const std::vector<PolicyDef> defs = with_decode_param({
+  static const std::vector<PolicyDef> defs = with_shared_params({
       {"full", false, {}},
       {"local", true, {}},
       {"streaming", true, {{"sink", Kind::Count, 4, 0}}},

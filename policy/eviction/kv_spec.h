@@ -36,6 +36,9 @@
 //                                   the new tokens, then evict nothing while they fit, as
 //                                   kvpress's presses do at prefill: an answer copied from the
 //                                   prompt keeps what it copies)
+//   h2o, tova, scissorhands, pyramid, snapkv:
+//                 layerwise=0       1: rank by the attention summed over the layer's kv
+//                                   heads, so all of them keep the same tokens (kvpress)
 #pragma once
 #include <cstdint>
 #include <map>

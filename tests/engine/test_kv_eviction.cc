@@ -49,6 +49,40 @@ TEST(KvEviction, BudgetCoveringTheSequenceGeneratesWhatFullDoes) {
   }
 }
 
+// layerwise=1 ranks by the attention summed over a layer's kv heads: with one kv head that is
+// each head's own ranking, so nothing changes; with two the heads choose together, and what
+// attention reads differs (for some policies: on this random model h2o's and snapkv's heads
+// happen to agree).
+TEST(KvEviction, LayerwiseScoresSumTheLayersHeads) {
+  engine::ModelConfig one_head = testing::tiny_llama_config();
+  one_head.n_kv_heads = 1;
+  for (const engine::ModelConfig& cfg : {one_head, testing::tiny_llama_config()}) {
+    engine::DummyWeights src(cfg, 21);
+    auto be = kernels::make_cpu_backend();
+    const auto w = engine::load_weights(cfg, src);
+    engine::Generator gen(*be, cfg, w);
+    auto req = request(cfg, 40);
+    int differing = 0;
+    for (const char* name : {"h2o", "tova", "scissorhands", "pyramid", "snapkv"}) {
+      SCOPED_TRACE(std::to_string(cfg.n_kv_heads) + " kv heads, " + name);
+      const auto own = policy::make_kv_policy(policy::parse_kv_spec(std::string(name) + ":0.3"), cfg.n_layers);
+      const auto summed =
+          policy::make_kv_policy(policy::parse_kv_spec(std::string(name) + ":0.3,layerwise=1"), cfg.n_layers);
+      req.kv = own.get();
+      const auto alone = gen.generate(req).tokens;
+      req.kv = summed.get();
+      const auto together = gen.generate(req).tokens;
+      if (cfg.n_kv_heads == 1) {
+        EXPECT_EQ(together, alone);
+      }
+      differing += together != alone;
+    }
+    if (cfg.n_kv_heads > 1) {
+      EXPECT_GE(differing, 3);
+    }
+  }
+}
+
 TEST(KvEviction, SmallBudgetsEvictAndKeepGenerating) {
   auto m = engine::open_model({});
   auto be = kernels::make_cpu_backend();

@@ -218,6 +218,13 @@ TEST(KvBudget, DecodeZeroLeavesRoomForTheNewTokensAtPrefill) {
   EXPECT_EQ(at_prefill->prefill_budget(40, 0), 40);
 }
 
+TEST(KvSpec, LayerwiseIsForPoliciesThatRankByAttention) {
+  EXPECT_FALSE(make_kv_policy(parse_kv_spec("tova:0.1"), 4)->scores_per_layer());
+  EXPECT_TRUE(make_kv_policy(parse_kv_spec("tova:0.1,layerwise=1"), 4)->scores_per_layer());
+  EXPECT_THROW(parse_kv_spec("local:0.1,layerwise=1"), std::invalid_argument);
+  EXPECT_THROW(parse_kv_spec("flex:0.1,layerwise=1"), std::invalid_argument);
+}
+
 TEST(KvBudget, PyramidShrinksWithDepthDownToTheFloor) {
   for (std::int64_t L : {1, 2, 12, 32, 96}) {
     const auto p = make_kv_policy(parse_kv_spec("pyramid:0.5"), L);
