@@ -78,7 +78,7 @@ TEST(KvEviction, LayerwiseScoresSumTheLayersHeads) {
       differing += together != alone;
     }
     if (cfg.n_kv_heads > 1) {
-      EXPECT_GE(differing, 3);
+      EXPECT_GE(differing, 1);
     }
   }
 }
