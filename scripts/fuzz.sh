@@ -9,7 +9,7 @@ seconds="${FUZZ_SECONDS:-60}"
 jobs="$(nproc)"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DFLEXH2O_FUZZ=ON -DFLEXH2O_CUDA=OFF -DFLEXH2O_BENCH=OFF >/dev/null
-targets=(fuzz_safetensors fuzz_gguf fuzz_jsonl fuzz_openai_batch fuzz_configs fuzz_chat_template)
+targets=(fuzz_safetensors fuzz_gguf fuzz_jsonl fuzz_openai_batch fuzz_configs fuzz_chat_template fuzz_grammar)
 cmake --build build-fuzz -j"$jobs" --target "${targets[@]}"
 
 # Seeds: the repository's own files of each kind (work dirs get what the fuzzer adds).
@@ -20,6 +20,7 @@ seeds() {
     fuzz_jsonl) echo tests/fuzz/corpus-jsonl ;;
     fuzz_openai_batch) echo tests/fuzz/corpus-openai ;;
     fuzz_chat_template) echo tests/data/chat_templates ;;
+    fuzz_grammar) echo tests/fuzz/corpus-grammar ;;
     fuzz_configs)
       local d=build-fuzz/seeds-configs
       mkdir -p "$d"
