@@ -13,6 +13,7 @@ namespace {
 // prefill would stand for the rate).
 constexpr double kMinWindowSeconds = 2.0;
 constexpr std::int64_t kMinWindowTokens = 16;
+constexpr double kRedrawSeconds = 0.1;  // a terminal's line at most ten times a second
 
 std::string rate_text(double rate) { return rate >= 100 ? fmt::format("{:.0f}", rate) : fmt::format("{:.1f}", rate); }
 
@@ -91,6 +92,8 @@ std::string Progress::bar_text(const ProgressFigures& f, int width) {
 
 void Progress::show(double now) {
   if (o_.terminal) {
+    if (last_line_ >= 0 && now - last_line_ < kRedrawSeconds) return;  // steps can come hundreds a second
+    last_line_ = now;
     fmt::print(out_, "\r\033[K{}", bar_text(figures(now), 20));
     std::fflush(out_);
     return;

@@ -71,7 +71,7 @@ class Progress {
   // Finished requests: their generated tokens and their limits (the share a request generates).
   std::int64_t generated_done_ = 0, limits_done_ = 0;
   std::deque<Sample> window_;
-  double last_line_ = -1;
+  double last_line_ = -1;  // when the last line was written or drawn
   std::size_t last_tenth_ = 0;
   std::size_t done_written_ = static_cast<std::size_t>(-1);  // requests done at the last plain line
 };
