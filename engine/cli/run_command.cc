@@ -190,7 +190,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--metrics", o.metrics_file, "write throughput, peak bytes per tier and time per primitive as JSON");
   run->add_option("--trace", o.trace_file, "write a Chrome trace (open in Perfetto), one track per stream");
   run->add_flag("--quiet", o.quiet,
-                "no progress line (on a terminal a bar redrawn each step, else a line each 30 s and each tenth of "
+                "no progress line (on a terminal a bar redrawn as steps end, else a line each 30 s and each tenth of "
                 "the requests: done, prompt and generated tok/s, elapsed, time left)");
   run->add_flag("--explain", o.explain,
                 "after the run, the planner's predicted throughput, step time and memory per tier next to the "
