@@ -70,12 +70,23 @@ libcublas/libcublasLt (found through ldconfig or LD_LIBRARY_PATH).
   return()
 endif()
 
-set(_flexh2o_bundle_targets flexh2o)
-foreach(_t test_backend_ops test_kernels bench_attention bench_small_ops)
-  if(TARGET ${_t})
-    list(APPEND _flexh2o_bundle_targets ${_t})
+# The GPU check (bench/gpu/check.sh) runs every one of these: a build without one (tests or
+# benchmarks off) gets a bundle target that fails, naming what is missing.
+set(_flexh2o_bundle_targets flexh2o test_backend_ops test_kernels bench_attention bench_small_ops)
+set(_flexh2o_bundle_missing "")
+foreach(_t IN LISTS _flexh2o_bundle_targets)
+  if(NOT TARGET ${_t})
+    list(APPEND _flexh2o_bundle_missing ${_t})
   endif()
 endforeach()
+if(_flexh2o_bundle_missing)
+  string(REPLACE ";" ", " _flexh2o_bundle_missing "${_flexh2o_bundle_missing}")
+  add_custom_target(bundle
+    COMMAND "${CMAKE_COMMAND}" -E echo "bundle: this build has no ${_flexh2o_bundle_missing} (configure with FLEXH2O_BENCH=ON and the tests on)"
+    COMMAND "${CMAKE_COMMAND}" -E false
+    VERBATIM)
+  return()
+endif()
 set(_flexh2o_bundle_files "")
 foreach(_t IN LISTS _flexh2o_bundle_targets)
   set_property(TARGET ${_t} APPEND PROPERTY BUILD_RPATH "$ORIGIN/../lib")

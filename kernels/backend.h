@@ -105,6 +105,14 @@ class Backend {
   virtual void graph_step_end() {}
   virtual void graph_step_cancel() noexcept {}
 
+  // A batch's logits ([rows, vocab] fp32 at device memory `logits`) where the host reads them:
+  // one device-to-host copy for the whole batch, into memory the backend keeps until its next
+  // call, so that a step whose sequences sample one at a time (continuous batching) copies its
+  // logits once. Sample them with SampleArgs::logits_on_host. The CPU returns `logits` itself.
+  virtual const float* logits_on_host(const float* logits, std::int64_t /*rows*/, std::int64_t /*vocab*/) {
+    return logits;
+  }
+
   // The ops. Each checks its arguments here, once for every device (kernels/<op>.cc), then
   // runs the device's implementation (do_<op> in kernels/cpu/<op>_cpu.cc, kernels/cuda/<op>_gpu.cu).
   void gemm(const GemmArgs& a);

@@ -16,7 +16,9 @@ struct MatrixRef {
 
 // y[m, n] = x[m, k] @ w[n, k]^T + bias[n] + beta * y   (PyTorch Linear layout). `compute`
 // F32 multiplies in fp32; BF16 rounds x and w to bf16 and accumulates their (exact) products in
-// fp32, as bf16 matrix units do.
+// fp32, as bf16 matrix units do; F16 (f16 weights only) rounds x to fp16 likewise (beyond
+// 65504: inf), for an f16 matrix a backend would otherwise convert at every call under bf16
+// compute (a head tied to the f16 token table: Backend::gemm_weight_dtype).
 struct GemmArgs {
   const float* x = nullptr;
   std::int64_t m = 0;

@@ -62,7 +62,9 @@ struct TokenLogprob {
 // distribution over the allowed tokens (as vLLM reports them, its structured-output bitmask
 // being applied to the logits before its sampler), a masked token's log-probability -inf.
 struct SampleArgs {
-  const float* logits = nullptr;  // device, [batch, vocab]
+  const float* logits = nullptr;  // device, [batch, vocab] (host where logits_on_host)
+  // logits is host memory: what Backend::logits_on_host returned for them.
+  bool logits_on_host = false;
   std::int64_t batch = 0;
   std::int64_t vocab = 0;
   std::span<const SamplingParams> params;  // host, [batch]

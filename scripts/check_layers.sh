@@ -2,30 +2,47 @@
 # Fails when a source file includes a header of a layer above its own (docs/architecture.md
 # draws the layers). The CMake link lines already fail on most such includes; this also catches
 # the ones that use only a header (an inline function, a struct), which link anyway.
-# Usage: scripts/check_layers.sh [repository root]
+# Usage: scripts/check_layers.sh [--print: the table of what each layer may include]
 set -euo pipefail
-cd "${1:-$(dirname "$0")/..}"
+cd "$(dirname "$0")/.."
 
-# Each layer (a directory) and the directories its files may include besides its own.
-declare -A may_use=(
-  [kernels]=""
-  [offload]="kernels"
-  [policy]="kernels offload"
-  [engine/io]=""
-  [engine/tokenizer]="engine/io offload kernels"
-  [engine/chat]=""
-  [engine/grammar]="engine/io"
-  [engine/model]="kernels offload policy"
-  [engine/families]="engine/model engine/io kernels offload policy"
-  [engine/loaders]="engine/families engine/model engine/tokenizer engine/io kernels offload policy"
-  [engine/runtime]="engine/model kernels offload policy"
-  [engine/serving]="engine/runtime engine/loaders engine/families engine/model engine/tokenizer engine/chat engine/grammar
-                engine/io kernels offload policy"
-  [engine/distributed]="engine/serving engine/runtime engine/loaders engine/families engine/model engine/tokenizer
-                        engine/chat engine/grammar engine/io kernels offload policy"
-  [engine/cli]="engine/distributed engine/serving engine/runtime engine/loaders engine/families engine/model
-                engine/tokenizer engine/chat engine/grammar engine/io kernels offload policy"
+# Each layer (a directory) and the directories its files may include besides its own: the
+# libraries its CMake link line names (PUBLIC, PRIVATE or INTERFACE), and theirs in turn. The
+# link lines are the one table (docs/architecture.md draws it).
+declare -A dir_of=(
+  [flexh2o_kernels]=kernels [flexh2o_offload]=offload [flexh2o_policy]=policy [flexh2o_io]=engine/io
+  [flexh2o_tokenizer]=engine/tokenizer [flexh2o_chat]=engine/chat [flexh2o_grammar]=engine/grammar
+  [flexh2o_model]=engine/model [flexh2o_families]=engine/families [flexh2o_loaders]=engine/loaders
+  [flexh2o_safetensors]=engine/loaders [flexh2o_runtime]=engine/runtime [flexh2o_serving]=engine/serving
+  [flexh2o_distributed]=engine/distributed [flexh2o_mpi]=engine/distributed [flexh2o]=engine/cli
 )
+declare -A links=()  # layer -> the layers its libraries link (directly)
+for lib in "${!dir_of[@]}"; do
+  layer=${dir_of[$lib]}
+  # The target's target_link_libraries(...) calls, joined over their lines.
+  linked=$(tr '\n' ' ' <"$layer/CMakeLists.txt" | grep -oE "target_link_libraries\($lib [^)]*\)" |
+           grep -oE 'flexh2o_[a-z]+' | sort -u || true)
+  for l in $linked; do
+    to=${dir_of[$l]:-}
+    [[ -n $to && $to != "$layer" ]] && links[$layer]+=" $to"
+  done
+  links[$layer]+=""
+done
+declare -A may_use=()
+for layer in "${!links[@]}"; do  # everything reachable over the link lines
+  seen=" " todo=${links[$layer]}
+  while [[ -n ${todo// /} ]]; do
+    read -r next todo <<<"$todo"
+    [[ $seen == *" $next "* ]] && continue
+    seen+="$next "
+    todo+=" ${links[$next]:-}"
+  done
+  may_use[$layer]=$seen
+done
+if [[ ${1:-} == --print ]]; then
+  for layer in $(printf '%s\n' "${!may_use[@]}" | sort); do echo "$layer:${may_use[$layer]}"; done
+  exit 0
+fi
 
 # The layer a repository path belongs to: the longest key of may_use it starts with.
 layer_of() {
@@ -38,7 +55,7 @@ layer_of() {
 
 failures=0
 for layer in "${!may_use[@]}"; do
-  [[ -d $layer ]] || { echo "check_layers: no directory $layer (update scripts/check_layers.sh)"; failures=1; continue; }
+  [[ -d $layer ]] || { echo "check_layers: no directory $layer (update dir_of in scripts/check_layers.sh)"; failures=1; continue; }
   while IFS=: read -r file line target; do
     [[ $target == */* ]] || continue  # a file beside the includer
     # Only files directly in this layer (engine/ keys are deeper than kernels/ etc.).

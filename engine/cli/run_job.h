@@ -86,11 +86,11 @@ std::string planned_line(const policy::HardwareProfile& hw, const policy::Estima
 // The line after it when the rates are not this machine's own (no --hardware): how to calibrate.
 std::string uncalibrated_note(const RunOptions& o);
 
-// Opens --out into `out` (nothing without --out), checked before anything loads (job/result_file.h).
+// Opens --out into `out` (nothing without --out), checked before anything loads (serving/result_file.h).
 void open_out(const RunOptions& o, std::optional<serving::ResultFile>& out,
               serving::ResultFormat format = serving::ResultFormat::Simple);
 
-// Whether --prompts is an OpenAI batch file (job/openai_batch.h).
+// Whether --prompts is an OpenAI batch file (serving/openai_batch.h).
 bool is_openai_job(const RunOptions& o);
 // What an OpenAI batch job's lines are prepared with: the model, its tokenizer and chat
 // template (add_generation_prompt), --gen-len and --seed.
@@ -113,7 +113,7 @@ serving::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::
 // Whether request r's text so far holds one of its stop strings; null without a tokenizer.
 serving::StopStringSeen stop_string_watch(const RunSetup& s);
 
-// The engine of this run (job/engine.h): the policy and tiers of `s`, and what the flags say of
+// The engine of this run (serving/engine.h): the policy and tiers of `s`, and what the flags say of
 // batching, the prefill budget, shared prefills, tracing and stop strings.
 serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s);
 

@@ -53,7 +53,6 @@ class RootQueue {
     Hand hand_;
   };
   void take(int from, const nlohmann::json& msg);  // one message from a rank
-  void prune_sends();
 
   const Mpi& mpi_;
   DealQueue queue_;

@@ -523,6 +523,16 @@ class MoeMlp final : public Layer {
   std::int64_t layer_;
 };
 
+// The head's GEMM in the run's compute dtype, except an f16 matrix under bf16 on a backend
+// that holds its GEMMs' matrices in bf16 (Backend::gemm_weight_dtype): a head tied to the f16
+// token table (kept as stored: it is also gathered), which that backend would convert at every
+// step. It multiplies in f16 there (kernels/gemm.h): no conversion, 3 more mantissa bits.
+kernels::DType head_compute(const kernels::Backend& be, const ModelConfig& cfg, kernels::DType head) {
+  const kernels::DType c = cfg.compute_dtype;
+  const bool converted = c == kernels::DType::BF16 && head == kernels::DType::F16 && be.gemm_weight_dtype(head, c) != head;
+  return converted ? kernels::DType::F16 : c;
+}
+
 class OutputEmbed final : public Layer {
  public:
   OutputEmbed(const ModelConfig& cfg, const policy::ModelShape& m) : Layer(policy::head_tensors(m)), cfg_(cfg) {}
@@ -549,7 +559,7 @@ class OutputEmbed final : public Layer {
       head_in = act.embed.as<float>();
     }
     float* logits = act.logits.as<float>();
-    linear(be, cfg_, {head_in, B, w.head, nullptr, logits, 0.0f});
+    be.gemm({.x = head_in, .m = B, .w = w.head, .y = logits, .compute = head_compute(be, cfg_, w.head.dtype)});
     if (cfg_.final_softcap > 0) be.softcap(logits, B * cfg_.vocab_size, cfg_.final_softcap);
   }
 

@@ -158,7 +158,7 @@ class BlockScheduler {
                  KvCopyBytes& moved);
   // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index,
   // and those forked from its prefill from the same logits.
-  void sample_slot(BlockState& st, Activations& act, std::int64_t slot, std::int64_t i);
+  void sample_slot(BlockState& st, const float* logits, std::int64_t slot);
   void sample_sequence(BlockState& st, const float* logits, std::int64_t slot);
 
   kernels::Backend& be_;

@@ -405,7 +405,6 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
   act.hidden = hidden.as<float>();
 
   std::vector<std::int32_t> next(static_cast<std::size_t>(B));
-  std::vector<float> host_logits;
   const bool graphs = req.cuda_graphs && !req.kv && cfg_.moe.experts == 0;  // graph_step.h
   auto run_step = [&](const StepBatch& s, std::int64_t step) {
     GraphStepScope graph(be_, graphs ? decode_graph_key(s) : std::nullopt);
@@ -414,12 +413,11 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
       layers_[i]->forward(be_, weights_[i], s, act, c < 0 ? nullptr : &caches[static_cast<std::size_t>(c)].view);
     }
     graph.end();
-    if (req.on_logits) {
-      host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
-      be_.copy_to_host(host_logits.data(), act.logits.data(), host_logits.size() * sizeof(float));
-      req.on_logits(step, host_logits);
-    }
-    be_.sample(log.sample_args(act.logits.as<float>(), 0, next));
+    const float* logits = be_.logits_on_host(act.logits.as<float>(), B, cfg_.vocab_size);  // one copy
+    if (req.on_logits) req.on_logits(step, std::span(logits, static_cast<std::size_t>(B * cfg_.vocab_size)));
+    kernels::SampleArgs args = log.sample_args(logits, 0, next);
+    args.logits_on_host = true;
+    be_.sample(args);
     log.record(step, next);
   };
 

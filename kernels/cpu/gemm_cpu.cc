@@ -225,6 +225,15 @@ std::optional<std::int64_t> CpuBackend::bf16_faster_from_rows(DType weights) con
 
 void CpuBackend::do_gemm(const GemmArgs& a) {
   if (a.m == 0 || a.w.rows == 0) return;
+  if (a.compute == DType::F16) {
+    // x rounded to fp16, then fp32 arithmetic: the f16 products are exact in fp32.
+    std::vector<float> x(a.x, a.x + a.m * a.w.cols);
+    for (float& v : x) v = round_to(DType::F16, v);
+    GemmArgs rounded = a;
+    rounded.x = x.data();
+    rounded.compute = DType::F32;
+    return run_cpu_gemm_path(choose_cpu_gemm_path(rounded), rounded);
+  }
   if (!a.x_bf16) return run_cpu_gemm_path(choose_cpu_gemm_path(a), a);
   // x already rounded to bf16: widened to fp32 (exactly), every path rounds it to itself again.
   const std::int64_t k = a.w.cols, stride = a.x_stride ? a.x_stride : k;

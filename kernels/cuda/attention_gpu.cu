@@ -981,38 +981,7 @@ std::int64_t scratch_of(std::int64_t bytes) {
   return bytes <= 0 ? 0 : std::max<std::int64_t>(bytes, static_cast<std::int64_t>(kMinScratch));
 }
 
-// Chunks of at most kDecodeMaxHeadsPerBlock query heads (one above kDecodeWideHeadDim) a
-// group is read in.
-std::int64_t decode_head_chunks(const AttentionShape& s) {
-  const std::int64_t group = s.n_heads / s.n_kv_heads;
-  const std::int64_t most_heads = s.head_dim > kDecodeWideHeadDim ? 1 : kDecodeMaxHeadsPerBlock;
-  return (group + most_heads - 1) / most_heads;
-}
-
-// The splits plan_decode asks for before rounding them to whole tiles (which never adds one):
-// enough for kDecodeBlocksPerSm blocks per SM, each of at least kDecodeMinKeys keys. It grows
-// with max_len, so the bound at a cache's capacity covers every shorter decode.
-std::int64_t decode_splits_bound(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count) {
-  const std::int64_t blocks = std::max<std::int64_t>(batch * s.n_kv_heads * decode_head_chunks(s), 1);
-  const std::int64_t target = kDecodeBlocksPerSm * static_cast<std::int64_t>(std::max(sm_count, 1));
-  const std::int64_t most = (std::max<std::int64_t>(max_len, 1) + kDecodeMinKeys - 1) / kDecodeMinKeys;
-  return std::clamp<std::int64_t>((target + blocks - 1) / blocks, 1, most);
-}
-
 }  // namespace
-
-DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count) {
-  DecodePlan p;
-  const std::int64_t group = s.n_heads / s.n_kv_heads;
-  p.head_chunks = decode_head_chunks(s);
-  p.heads_per_block = (group + p.head_chunks - 1) / p.head_chunks;  // chunks of even size
-  max_len = std::max<std::int64_t>(max_len, 1);
-  const std::int64_t splits = decode_splits_bound(s, batch, max_len, sm_count);
-  const std::int64_t per = (max_len + splits - 1) / splits;
-  p.keys_per_split = (per + kDecodeKeyTile - 1) / kDecodeKeyTile * kDecodeKeyTile;
-  p.splits = (max_len + p.keys_per_split - 1) / p.keys_per_split;  // none empty for the longest sequence
-  return p;
-}
 
 std::int64_t attention_scratch(const AttentionShape& s, std::int64_t rows, std::int64_t batch, std::int64_t capacity,
                                bool scores, int sm_count) {
@@ -1092,12 +1061,6 @@ void CudaBackend::do_attention_prefill(const AttentionPrefillArgs& a) {
   }
 }
 
-DecodePlan plan_decode(const AttentionDecodeArgs& a, int sm_count) {
-  std::int64_t max_len = 0;  // the most keys a sequence sees
-  for (const std::int64_t n : a.lens) max_len = std::max(max_len, n - first_visible(n - 1, a.shape.window));
-  return plan_decode(a.shape, static_cast<std::int64_t>(a.lens.size()), max_len, sm_count);
-}
-
 namespace {
 
 // The plan of the decode kernel for `queries` of a: as a call of those queries alone.
@@ -1107,7 +1070,8 @@ DecodePlan plan_decode_queries(const AttentionDecodeArgs& a, std::span<const std
     const std::int64_t n = a.lens[static_cast<std::size_t>(q)];
     max_len = std::max(max_len, n - first_visible(n - 1, a.shape.window));
   }
-  return plan_decode(a.shape, static_cast<std::int64_t>(queries.size()), max_len, sm_count);
+  return plan_decode(a.shape, static_cast<std::int64_t>(queries.size()), decode_planned_keys(max_len, a.capacity),
+                     sm_count);
 }
 
 }  // namespace
@@ -1128,7 +1092,8 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   if (!split.tiles.empty() || cascade) graph_interrupt();
   if (graph_active() &&
       graph_op(decode_signature(a), a, [this](const AttentionDecodeArgs& d) { do_attention_decode(d); },
-               &AttentionDecodeArgs::lens, &AttentionDecodeArgs::cache_rows))
+               &AttentionDecodeArgs::lens, &AttentionDecodeArgs::cache_rows, &AttentionDecodeArgs::shared_prefixes,
+               &AttentionDecodeArgs::prefix_of, &AttentionDecodeArgs::row_base))
     return;
   if (a.lens.empty()) return;
   const std::int64_t D = a.shape.head_dim;

@@ -144,6 +144,7 @@ CudaBackend::~CudaBackend() {
   release_graphs();
   if (graph_.uploads_read) (void)cudaEventDestroy(graph_.uploads_read);
   if (graph_.host_uploads) (void)cudaFreeHost(graph_.host_uploads);
+  if (host_logits_) (void)cudaFreeHost(host_logits_);
   if (graph_.scratch) (void)cudaFreeAsync(graph_.scratch, stream_);
   if (graph_.uploads) (void)cudaFreeAsync(graph_.uploads, stream_);
   (void)cudaStreamSynchronize(stream_);

@@ -42,8 +42,10 @@
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_cascade.h"
+#include "kernels/cuda/decode_plan.h"
 #include "kernels/cuda/decode_runs.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/graph_steps.h"
 
 namespace flexh2o::kernels::cuda {
@@ -57,41 +59,6 @@ class CudaOutOfMemory : public std::bad_alloc {
  private:
   std::string what_;
 };
-
-// How gemm runs y[m, n] = x[m, k] @ w[n, k]^T for a weight dtype and a compute dtype, and the
-// device scratch it allocates at most: cuBLAS multiplies `inputs` (F32: cublasSgemm; BF16:
-// GemmEx with fp32 accumulation); under BF16, x is converted x_rows rows at a time; a weight
-// not stored as `inputs` is converted (dequantized) w_rows rows at a time (0: used in place);
-// with a bias, cuBLASLt's workspace (gemm_lt.h) too.
-struct GemmPlan {
-  DType inputs = DType::F32;
-  std::int64_t x_rows = 0, w_rows = 0;
-  std::int64_t workspace_bytes = 0;
-  std::int64_t scratch_bytes = 0;
-};
-constexpr std::int64_t kGemmXPanelBytes = std::int64_t{32} << 20;  // converted x per cuBLAS call, at most
-constexpr std::int64_t kGemmWPanelBytes = std::int64_t{64} << 20;  // converted weight per cuBLAS call, at most
-GemmPlan plan_gemm(std::int64_t m, std::int64_t k, std::int64_t n, DType w, DType compute);
-
-// Flash-decoding (attention_gpu.cu): a block per (sequence, kv head, chunk of the group's query
-// heads, split of the keys) reads each key and value once for the chunk's heads; enough splits
-// for kDecodeBlocksPerSm blocks per SM, each of at least kDecodeMinKeys keys (in whole
-// kDecodeKeyTile tiles). Chunks hold at most kDecodeMaxHeadsPerBlock heads, one above
-// kDecodeWideHeadDim (the per-lane registers grow with head_dim); head_dim up to
-// kDecodeMaxHeadDim.
-struct DecodePlan {
-  std::int64_t heads_per_block = 1, head_chunks = 1;
-  std::int64_t splits = 1, keys_per_split = 1;
-};
-constexpr std::int64_t kDecodeMaxHeadsPerBlock = 8;
-constexpr std::int64_t kDecodeKeyTile = 32;
-constexpr std::int64_t kDecodeMinKeys = 64;
-constexpr std::int64_t kDecodeBlocksPerSm = 8;
-constexpr std::int64_t kDecodeWideHeadDim = 256;
-constexpr std::int64_t kDecodeMaxHeadDim = 1024;
-DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t max_len, int sm_count);
-// The plan attention_decode runs `a` with (from its lens: the most keys a sequence sees).
-DecodePlan plan_decode(const AttentionDecodeArgs& a, int sm_count);
 
 // Device bytes the attention ops (KV writes and moves, prefill, decode) allocate, at most: the
 // larger of a prefill of `rows` rows (of at most `rows` sequences) and a decode of `batch`
@@ -117,8 +84,8 @@ class CudaBackend final : public Backend {
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override;
   bool native_bf16() const override { return true; }  // tensor cores (sm_80+)
-  // Under bf16 compute cuBLAS multiplies bf16 (GemmPlan): f16 weights are rounded to bf16 once
-  // at load instead of a panel at a time in every GEMM. f32 weights stay (half the bytes would
+  // Under bf16 compute cuBLAS multiplies bf16 (gemm_plan.h): f16 weights are rounded to bf16
+  // once at load instead of a panel at a time in every GEMM. f32 weights stay (half the bytes would
   // change what the budgets hold); q4/q8 are dequantized per GEMM.
   DType gemm_weight_dtype(DType stored, DType compute) const override {
     return stored == DType::F16 && compute == DType::BF16 ? DType::BF16 : stored;
@@ -129,6 +96,8 @@ class CudaBackend final : public Backend {
   // one block per 8 of its members' query heads (from memory once, the blocks beside it mostly
   // from L2), and no member's own row below the prefix's len.
   bool reads_shared_prefixes_once() const override { return true; }
+  // One copy into a pinned buffer kept for the next step (sampling_gpu.cu).
+  const float* logits_on_host(const float* logits, std::int64_t rows, std::int64_t vocab) override;
   std::shared_ptr<const Fence> fence() override;
   void copy_regions(CopyDirection dir, std::span<const CopyRegion> regions, const Fence* after) override;
   bool pin_host(void* p, std::size_t bytes) override;
@@ -152,8 +121,8 @@ class CudaBackend final : public Backend {
   void do_kv_move(const KvMoveArgs& a) override;
   void do_kv_similarity(const KvSimilarityArgs& a) override;
   void do_kv_merge(const KvMergeArgs& a) override;
-  // Copies the logits to the host and runs CpuBackend::sample on them: sampling is a small
-  // part of a step, and this keeps every backend's draws identical bit for bit.
+  // Runs CpuBackend::sample on the logits, copied to the host first unless they are there
+  // (logits_on_host): this keeps every backend's draws identical bit for bit.
   void do_sample(const SampleArgs& a) override;
   void do_route(const RouteArgs& a) override;
   void do_moe_experts(const MoeArgs& a) override;
@@ -324,6 +293,8 @@ class CudaBackend final : public Backend {
   std::once_flag pin_warning_;
   void* cublas_workspace_ = nullptr;  // fixed (cublasSetWorkspace), so that captured GEMMs use it
   CpuBackend cpu_;  // for sample
+  float* host_logits_ = nullptr;  // pinned, logits_on_host's
+  std::size_t host_logits_capacity_ = 0;
 };
 
 template <class T>

@@ -7,11 +7,11 @@
 //   bf16:  x rounded to bf16 (a panel of rows at a time) and the weight too; cublasGemmEx with
 //          bf16 inputs and fp32 accumulation and output, as bf16 matrix units do. bf16 weights
 //          are read in place: the engine holds f16 matrices as bf16 under bf16 compute
-//          (CudaBackend::gemm_weight_dtype), rounded once at load, so only what it could not
-//          (a head tied to the f16 token table, q4/q8 codes) is converted a panel at a time.
-//          x is rounded in a pass of its own unless the op before wrote it in bf16
-//          (GemmArgs::x_bf16, read in place at its row stride): cuBLAS multiplies bf16 only by
-//          bf16.
+//          (CudaBackend::gemm_weight_dtype), rounded once at load; q4/q8 codes are converted a
+//          panel at a time. x is rounded in a pass of its own unless the op before wrote it
+//          in bf16 (GemmArgs::x_bf16, read in place at its row stride): cuBLAS multiplies bf16
+//          only by bf16.
+//   f16:   f16 weights (a tied head under bf16 compute) read in place, x rounded to f16.
 // The panels bound the device scratch (plan_gemm), which the caller's budget counts.
 // Bias and beta follow gemm_cpu.cc: y = x w^T + beta * y (y not read when beta == 0), then
 // y += bias; the bias is added in cuBLASLt's epilogue where it takes the shape (gemm_lt.h),
@@ -28,16 +28,18 @@ namespace flexh2o::kernels::cuda {
 
 namespace {
 
-// rows x n values of a matrix stored as `t` (row stride rbytes) -> fp32, or bf16 rounded as
-// kernels::f32_to_bf16 does.
+// rows x n values of a matrix stored as `t` (row stride rbytes) -> `to` (F32, BF16 or F16),
+// rounded as kernels::f32_to_bf16 / f32_to_f16 do.
 __global__ void convert_kernel(const std::uint8_t* in, DType t, std::int64_t rbytes, std::int64_t rows,
-                               std::int64_t n, void* out, bool to_bf16) {
+                               std::int64_t n, void* out, DType to) {
   const std::int64_t total = rows * n;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const float v = load_elem(in + (e / n) * rbytes, t, n, e % n);
-    if (to_bf16)
+    if (to == DType::BF16)
       static_cast<std::uint16_t*>(out)[e] = f32_to_bf16_bits(v);
+    else if (to == DType::F16)
+      static_cast<std::uint16_t*>(out)[e] = f32_to_f16_bits(v);
     else
       static_cast<float*>(out)[e] = v;
   }
@@ -58,26 +60,17 @@ __global__ void scale_kernel(float* y, float beta, std::int64_t total) {
     y[e] = beta == 0.0f ? 0.0f : beta * y[e];
 }
 
-void convert(const void* in, DType t, std::int64_t rows, std::int64_t n, void* out, bool to_bf16,
+// `rows` rows of n values stored as `t` at row stride rbytes -> `to`, packed.
+void convert(const void* in, DType t, std::int64_t rbytes, std::int64_t rows, std::int64_t n, void* out, DType to,
              cudaStream_t stream) {
-  convert_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(static_cast<const std::uint8_t*>(in), t,
-                                                                row_bytes(t, n), rows, n, out, to_bf16);
+  convert_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(static_cast<const std::uint8_t*>(in), t, rbytes,
+                                                                rows, n, out, to);
   FLEXH2O_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
+cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
-GemmPlan plan_gemm(std::int64_t m, std::int64_t k, std::int64_t n, DType w, DType compute) {
-  GemmPlan p;
-  p.inputs = compute == DType::BF16 ? DType::BF16 : DType::F32;
-  if (m <= 0 || n <= 0 || k <= 0) return p;
-  const std::int64_t elem = p.inputs == DType::BF16 ? 2 : 4;
-  if (p.inputs == DType::BF16) p.x_rows = std::clamp<std::int64_t>(kGemmXPanelBytes / (2 * k), 1, m);
-  if (w != p.inputs) p.w_rows = std::clamp<std::int64_t>(kGemmWPanelBytes / (elem * k), 1, n);
-  p.workspace_bytes = kGemmLtWorkspaceBytes;
-  p.scratch_bytes = (p.x_rows + p.w_rows) * k * elem + p.workspace_bytes;
-  return p;
-}
+}  // namespace
 
 // One cuBLAS call: rows [m0, m0 + mr) of y from x (as the plan's inputs), columns [n0, n0 + nr)
 // from w (likewise), the bias of those columns (if any) in the epilogue or by a pass after.
@@ -90,10 +83,10 @@ void CudaBackend::gemm_panel(const GemmArgs& a, const GemmPlan& plan, const Gemm
   if (bias && lt_->run({plan.inputs, p.mr, p.nr, k, p.ldx, n, p.w, p.x, y, bias, beta}, p.workspace, stream_)) return;
   const int N = static_cast<int>(n), K = static_cast<int>(k), nr = static_cast<int>(p.nr), mr = static_cast<int>(p.mr);
   const int ldx = static_cast<int>(p.ldx);
-  if (plan.inputs == DType::BF16)
-    FLEXH2O_CUBLAS_CHECK(blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, mr, K, &one, p.w, CUDA_R_16BF, K, p.x,
-                                        CUDA_R_16BF, ldx, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
+  if (plan.inputs != DType::F32)
+    FLEXH2O_CUBLAS_CHECK(blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, mr, K, &one, p.w, cuda_type(plan.inputs),
+                                        K, p.x, cuda_type(plan.inputs), ldx, &beta, y, CUDA_R_32F, N,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   else
     FLEXH2O_CUBLAS_CHECK(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, mr, K, &one, static_cast<const float*>(p.w),
                                       K, static_cast<const float*>(p.x), ldx, &beta, y, N));
@@ -119,8 +112,8 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
     return;
   }
   const GemmPlan plan = plan_gemm(m, k, n, a.w.dtype, a.compute);
-  const bool bf16 = plan.inputs == DType::BF16, convert_x = bf16 && !a.x_bf16;
-  const std::int64_t elem = bf16 ? 2 : 4;
+  const bool half = plan.inputs != DType::F32, convert_x = half && !a.x_bf16;
+  const std::int64_t elem = half ? 2 : 4;
   // cuBLASLt's workspace (for a bias) first, at the pool's alignment, then the panels.
   const std::int64_t workspace = a.bias ? plan.workspace_bytes : 0;
   const std::int64_t x_panel_bytes = convert_x ? plan.x_rows * k * elem : 0;
@@ -128,7 +121,7 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
                                                        plan.x_rows * k * elem + x_panel_bytes));
   GemmPanel p;
   p.workspace = scratch.data();
-  auto* x_panel = scratch.as<std::byte>() + workspace;  // plan.x_rows rows of bf16 x
+  auto* x_panel = scratch.as<std::byte>() + workspace;  // plan.x_rows rows of x as the plan's inputs
   auto* w_panel = x_panel + x_panel_bytes;              // plan.w_rows converted weight rows
   const std::int64_t x_step = convert_x ? plan.x_rows : m, w_step = plan.w_rows > 0 ? plan.w_rows : n;
   const std::int64_t wrow = row_bytes(a.w.dtype, k);
@@ -138,7 +131,7 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
     if (a.x_bf16) {
       p.x = a.x_bf16 + p.m0 * p.ldx;
     } else if (convert_x) {
-      convert(a.x + p.m0 * k, DType::F32, p.mr, k, x_panel, true, stream_);
+      convert(a.x + p.m0 * k, DType::F32, k * 4, p.mr, k, x_panel, plan.inputs, stream_);
       p.x = x_panel;
     } else {
       p.x = a.x + p.m0 * k;
@@ -147,7 +140,7 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
       p.nr = std::min(w_step, n - p.n0);
       p.w = static_cast<const std::uint8_t*>(a.w.data) + p.n0 * wrow;
       if (plan.w_rows > 0) {
-        convert(p.w, a.w.dtype, p.nr, k, w_panel, bf16, stream_);
+        convert(p.w, a.w.dtype, wrow, p.nr, k, w_panel, plan.inputs, stream_);
         p.w = w_panel;
       }
       gemm_panel(a, plan, p);

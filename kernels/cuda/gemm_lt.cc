@@ -24,7 +24,10 @@ std::uint32_t alignment(const void* p) {
   return static_cast<std::uint32_t>(a == 0 ? 256 : std::min<std::uintptr_t>(low, 256));
 }
 
-cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t cuda_type(DType t) {
+  if (t == DType::BF16) return CUDA_R_16BF;
+  return t == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
+}
 
 }  // namespace
 

@@ -18,16 +18,13 @@
 #include <tuple>
 
 #include "kernels/cuda/cublas_api.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/dtype.h"
 
 namespace flexh2o::kernels::cuda {
 
-// Device workspace a biased GEMM may use (the most cuBLASLt's algorithms are offered; 32 MiB is
-// what cuBLAS itself keeps on Hopper).
-constexpr std::int64_t kGemmLtWorkspaceBytes = std::int64_t{32} << 20;
-
 struct LtBiasGemm {
-  DType inputs = DType::BF16;  // of w and x: BF16 or F32
+  DType inputs = DType::BF16;  // of w and x: BF16, F16 or F32
   std::int64_t m = 0, n = 0, k = 0, ldx = 0, ldy = 0;
   const void* w = nullptr;  // n rows of k
   const void* x = nullptr;  // m rows of k, row stride ldx

@@ -134,7 +134,10 @@ void GraphKeys::missed(std::uint64_t key) {
   s.next = s.misses >= kMaxMisses ? GraphMode::None : GraphMode::Capture;
 }
 
-void GraphKeys::give_up(std::uint64_t key) { keys_[key].next = GraphMode::None; }
+void GraphKeys::give_up(std::uint64_t key) {
+  State& s = keys_[key];
+  s.next = ++s.failures >= kMaxFailures ? GraphMode::None : GraphMode::Record;
+}
 
 void GraphKeys::dropped_graphs() {
   for (auto& [key, s] : keys_)

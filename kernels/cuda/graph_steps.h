@@ -100,12 +100,14 @@ enum class GraphMode : std::uint8_t {
 
 // Per key, what its next step does: a key's first step records, its second captures, later
 // ones replay. A replay whose ops differ from the captured ones (a decode split plan that
-// changed as contexts grew) runs eagerly and records again: the next captures anew. A key is
-// given up on (None from then on) where a step cannot be captured at all (an op that needs the
-// host, or a capture that failed), or after kMaxMisses graphs in a row that no replay used.
+// changed as contexts grew) runs eagerly and records again: the next captures anew. A step
+// that cannot be captured (an op that needs the host, a capture that failed) runs eagerly and
+// the key records again at its next step; a key is given up on (None from then on) after
+// kMaxFailures such steps, or after kMaxMisses graphs in a row that no replay used.
 class GraphKeys {
  public:
   static constexpr int kMaxMisses = 3;
+  static constexpr int kMaxFailures = 3;
   static constexpr std::size_t kMaxKeys = 16;  // past this, new keys run eagerly
 
   GraphMode begin(std::uint64_t key);
@@ -113,7 +115,7 @@ class GraphKeys {
   void captured(std::uint64_t key);  // a Capture step ended with a graph: the next replays
   void replayed(std::uint64_t key);  // a Replay step launched the graph
   void missed(std::uint64_t key);    // a replay differed: the step ran eagerly, recording
-  void give_up(std::uint64_t key);   // the step cannot be captured
+  void give_up(std::uint64_t key);   // the step could not be captured
   void dropped_graphs();             // the graphs are gone: keys that replayed capture again
   GraphMode next(std::uint64_t key) const;
 
@@ -122,6 +124,7 @@ class GraphKeys {
     GraphMode next = GraphMode::Record;
     bool replayed = false;  // the current graph replayed at least once
     int misses = 0;         // graphs in a row that no replay used
+    int failures = 0;       // steps that could not be captured
   };
   std::map<std::uint64_t, State> keys_;
 };

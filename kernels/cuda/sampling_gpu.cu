@@ -1,24 +1,34 @@
-// Sampling: the logits are copied to the host and CpuBackend::sample picks the tokens.
-// A step samples batch x vocab values once, so the copy is small next to the step, and the
-// draws are the CPU backend's bit for bit (counter-based streams, same ordering and sums). An
-// allowed-token mask (SampleArgs::allowed) is a host array: the CPU sampler applies it there.
-#include <stdexcept>
-#include <vector>
-
+// Sampling: the logits are copied to the host and CpuBackend::sample picks the tokens, so the
+// draws are the CPU backend's bit for bit (counter-based streams, same ordering and sums). A
+// step's logits cross once, into a pinned buffer kept from step to step (logits_on_host),
+// however many calls sample them. An allowed-token mask (SampleArgs::allowed) is a host
+// array: the CPU sampler applies it there.
 #include "kernels/cuda/cuda_backend.h"
 
 namespace flexh2o::kernels::cuda {
 
-void CudaBackend::do_sample(const SampleArgs& a) {
+const float* CudaBackend::logits_on_host(const float* logits, std::int64_t rows, std::int64_t vocab) {
   graph_interrupt();  // the logits come to the host
-  if (a.batch <= 0) return;
-  std::vector<float> logits(static_cast<std::size_t>(a.batch * a.vocab));
+  const std::size_t bytes = static_cast<std::size_t>(rows * vocab) * sizeof(float);
+  if (bytes == 0) return host_logits_;
+  if (host_logits_capacity_ < bytes) {
+    if (host_logits_) FLEXH2O_CUDA_CHECK(cudaFreeHost(host_logits_));
+    host_logits_ = nullptr;
+    host_logits_capacity_ = 0;
+    FLEXH2O_CUDA_CHECK(cudaMallocHost(&host_logits_, bytes));
+    host_logits_capacity_ = bytes;
+  }
   // On the compute stream, after the ops that produced the logits.
-  FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(logits.data(), a.logits, logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream_));
+  FLEXH2O_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits, bytes, cudaMemcpyDeviceToHost, stream_));
   FLEXH2O_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host_logits_;
+}
+
+void CudaBackend::do_sample(const SampleArgs& a) {
+  if (a.batch <= 0) return;
   SampleArgs host = a;
-  host.logits = logits.data();
+  if (!a.logits_on_host) host.logits = logits_on_host(a.logits, a.batch, a.vocab);
+  host.logits_on_host = true;
   cpu_.sample(host);
 }
 

@@ -122,13 +122,13 @@ std::string unavailable(const std::string& name) {
 double max_abs(const std::vector<float>& v) { return flexh2o::testing::max_abs(v); }
 
 // GEMM y = x w^T + beta y + bias with |x| <= xmax, |w| <= wmax. Both backends multiply the
-// same inputs (fp32, or under bf16 compute x and w rounded to bf16 the same way, whose
+// same inputs (fp32, or under bf16/f16 compute x and w rounded the same way, whose
 // products are exact in fp32), so they differ only in the order of the k-term fp32 sums
 // (partial sums of random-walk size sqrt(k) xmax wmax, plus what beta y and the bias add).
 // Matrix units may truncate instead of round when they accumulate: a unit error of 2u there.
 double gemm_tolerance(DType compute, std::int64_t k, double xmax, double wmax, double ymax, double bmax) {
   const double partial = std::sqrt(static_cast<double>(std::max<std::int64_t>(k, 1))) * xmax * wmax + ymax + bmax;
-  return sum_tolerance((compute == DType::BF16 ? 2 : 1) * kF32Eps, k + 2, partial);
+  return sum_tolerance((compute == DType::F32 ? 1 : 2) * kF32Eps, k + 2, partial);
 }
 
 // Attention over n keys with |q| <= qmax, |k| <= kmax, |v| <= vmax: a score (a sum of D
@@ -260,9 +260,9 @@ void BackendOpsTest::check_gemm(DType dtype, DType compute, std::int64_t m, std:
   cpu_->gemm(args(true));
   dev_->gemm(args(false));
   const auto [want, got] = download(y);
-  // Stored weights decode to at most 1 in magnitude plus a quantization step; bf16 rounding
-  // adds at most 2^-8 relative to x and w.
-  const double round = compute == DType::BF16 ? 1.0 + kBF16Eps : 1.0;
+  // Stored weights decode to at most 1 in magnitude plus a quantization step; bf16 (f16) rounding
+  // adds at most 2^-8 (2^-11) relative to x and w.
+  const double round = compute == DType::BF16 ? 1.0 + kBF16Eps : compute == DType::F16 ? 1.0 + flexh2o::testing::kF16Eps : 1.0;
   const double wmax = (1.0 + (is_quantized(dtype) ? 2.0 / 15.0 : 0.0)) * round;
   EXPECT_TRUE(within(want, got, gemm_tolerance(compute, k, max_abs(xh) * round, wmax, beta == 0.0f ? 0.0 : 1.0,
                                                with_bias ? 1.0 : 0.0)));
@@ -275,6 +275,14 @@ TEST_P(BackendOpsTest, GemmAllWeightDtypes) {
                {1, 77, 131}, {37, 200, 65}, {5, 1, 3}})
         for (bool bias : {false, true})
           for (float beta : {0.0f, 1.0f}) check_gemm(t, compute, m, k, n, bias, beta);
+}
+
+// f16 compute (an f16 head under bf16 runs, gemm.h): x rounded to f16 on both, the weight read as
+// stored; |x| <= 100 keeps x in fp16's range.
+TEST_P(BackendOpsTest, GemmF16ComputeForF16Weights) {
+  for (const auto& [m, k, n] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {1, 77, 131}, {37, 200, 65}, {256, 2048, 300}})
+    for (bool bias : {false, true}) check_gemm(DType::F16, DType::F16, m, k, n, bias, 0.0f, 100.0f);
 }
 
 // Activations beyond fp16's range (65504), with every weight dtype: nothing is rounded to fp16
@@ -1619,74 +1627,6 @@ TEST_P(BackendOpsTest, DeviceUsesBlockingSync) {
 }
 
 // ---------------------------------------------------------------------------- CUDA plans (no GPU needed)
-
-// GEMM scratch is one conversion panel of x and of the weight, bounded whatever the shape, and
-// the panels cover it; nothing is converted that cuBLAS can read as it is.
-TEST(CudaPlans, GemmScratchIsBoundedPanels) {
-  for (const auto& [m, k, n] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
-           {1, 4096, 4096}, {16384, 12288, 49152}, {3, 1, 5}, {100000, 3, 7}, {7, 1 << 26, 2}})
-    for (DType compute : {DType::F32, DType::BF16})
-      for (DType t : kAllDTypes) {
-        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " compute " << dtype_name(compute) << " m=" << m
-                                          << " k=" << k << " n=" << n);
-        const cuda::GemmPlan p = cuda::plan_gemm(m, k, n, t, compute);
-        const std::int64_t elem = compute == DType::BF16 ? 2 : 4;
-        EXPECT_EQ(p.inputs, compute);
-        EXPECT_EQ(p.x_rows, compute == DType::BF16 ? std::clamp<std::int64_t>(cuda::kGemmXPanelBytes / (2 * k), 1, m) : 0);
-        if (t == compute) {
-          EXPECT_EQ(p.w_rows, 0);  // read in place
-        } else {
-          EXPECT_GE(p.w_rows, 1);
-          EXPECT_LE(p.w_rows, n);
-          EXPECT_TRUE(p.w_rows * k * elem <= cuda::kGemmWPanelBytes || p.w_rows == 1);
-        }
-        EXPECT_TRUE(p.x_rows * k * 2 <= cuda::kGemmXPanelBytes || p.x_rows == 1);
-        EXPECT_EQ(p.workspace_bytes, cuda::kGemmLtWorkspaceBytes);  // cuBLASLt's, for a bias
-        EXPECT_EQ(p.scratch_bytes, (p.x_rows + p.w_rows) * k * elem + p.workspace_bytes);
-      }
-  // OPT-175B's prefill at gbs 32 x 512 tokens under bf16: x alone would be 400 MB in 16 bits.
-  EXPECT_EQ(cuda::plan_gemm(16384, 12288, 49152, DType::BF16, DType::BF16).scratch_bytes,
-            (32 << 20) / (2 * 12288) * 12288 * 2 + cuda::kGemmLtWorkspaceBytes);
-}
-
-// Flash-decoding's plan: the splits cover the longest sequence with no empty one, each at
-// least kDecodeMinKeys keys (tile-aligned), and fill the GPU when the keys allow; head chunks
-// of at most kDecodeMaxHeadsPerBlock (one above kDecodeWideHeadDim), of even size, cover the
-// group.
-TEST(CudaPlans, DecodeSplitsFillTheGpu) {
-  for (const auto& [H, Hkv, D, B, len] : std::vector<std::array<std::int64_t, 5>>{
-           {32, 8, 128, 1, 2048}, {32, 8, 128, 1, 1}, {32, 8, 128, 64, 2048}, {96, 96, 128, 32, 544},
-           {24, 1, 128, 2, 400}, {12, 1, 128, 1, 257}, {64, 8, 128, 1, 100000}, {32, 32, 64, 16, 520},
-           {32, 32, 64, 256, 4096}, {8, 2, 512, 3, 1000}})
-    for (int sms : {1, 132}) {
-      SCOPED_TRACE(::testing::Message() << "H=" << H << " Hkv=" << Hkv << " D=" << D << " B=" << B << " len=" << len
-                                        << " sms=" << sms);
-      const AttentionShape s{H, Hkv, D, 1.0f};
-      const cuda::DecodePlan p = cuda::plan_decode(s, B, len, sms);
-      const std::int64_t group = H / Hkv;
-      EXPECT_LE(p.heads_per_block, D > cuda::kDecodeWideHeadDim ? 1 : cuda::kDecodeMaxHeadsPerBlock);
-      EXPECT_GE(p.heads_per_block * p.head_chunks, group);
-      EXPECT_LT((p.head_chunks - 1) * p.heads_per_block, group);
-      EXPECT_EQ(p.keys_per_split % cuda::kDecodeKeyTile, 0);
-      EXPECT_GE(p.splits * p.keys_per_split, len);
-      EXPECT_LT((p.splits - 1) * p.keys_per_split, len);
-      if (p.splits > 1) {
-        EXPECT_GE(p.keys_per_split, cuda::kDecodeMinKeys);
-      }
-      // Splits for kDecodeBlocksPerSm blocks per SM, as far as kDecodeMinKeys keys each allow
-      // (the rounding of a split to whole tiles may take up to a third of them away).
-      const std::int64_t base = B * Hkv * p.head_chunks, target = cuda::kDecodeBlocksPerSm * sms;
-      const std::int64_t wanted =
-          std::min((target + base - 1) / base, (len + cuda::kDecodeMinKeys - 1) / cuda::kDecodeMinKeys);
-      EXPECT_GE(3 * p.splits, 2 * wanted);
-    }
-  // LLaMA-3-8B at batch 1 over 2048 keys on 132 SMs: 8 x 32 blocks of 64 keys.
-  EXPECT_EQ(cuda::plan_decode({32, 8, 128, 1.0f}, 1, 2048, 132).splits, 32);
-  // OPT-1.3B, 16 sequences of 520 keys (issue 43's step): 512 (sequence, head) pairs in 3 splits.
-  EXPECT_EQ(cuda::plan_decode({32, 32, 64, 1.0f}, 16, 520, 132).splits, 3);
-  // 256 sequences fill the GPU without splitting.
-  EXPECT_EQ(cuda::plan_decode({32, 32, 64, 1.0f}, 256, 4096, 132).splits, 1);
-}
 
 // The attention scratch bound covers the decode partials and kept scores it is made of, for
 // every length up to the capacity (the splits' rounding to whole tiles makes them not grow

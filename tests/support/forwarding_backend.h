@@ -37,6 +37,9 @@ class ForwardingBackend : public kernels::Backend {
   }
   bool takes_bf16_gemm_inputs() const override { return inner_->takes_bf16_gemm_inputs(); }
   bool reads_shared_prefixes_once() const override { return inner_->reads_shared_prefixes_once(); }
+  const float* logits_on_host(const float* logits, std::int64_t rows, std::int64_t vocab) override {
+    return inner_->logits_on_host(logits, rows, vocab);
+  }
   std::int64_t gemm_scratch_bytes(std::int64_t m, std::int64_t k, std::int64_t n, kernels::DType w,
                                   kernels::DType compute) const override {
     return inner_->gemm_scratch_bytes(m, k, n, w, compute);
