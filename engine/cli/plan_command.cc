@@ -151,6 +151,16 @@ std::string items_text(const std::vector<std::pair<std::string, std::int64_t>>& 
   return out.empty() ? "nothing" : out;
 }
 
+// --policy's file with --kv and the compression flags over it, validated; po.kv set to its KV spec.
+policy::Policy given_policy(const PlanCliOptions& o, policy::PlanOptions& po) {
+  policy::Policy fixed = policy::load_policy_file(o.policy_file);
+  if (o.kv != "full") fixed.kv = o.kv;
+  o.compress.apply(fixed);
+  fixed.validate(o.policy_file);
+  po.kv = policy::parse_kv_spec(fixed.kv);
+  return fixed;
+}
+
 // plan --pipeline N: the split, each stage's placement and the pipeline's throughput.
 int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cfg, const policy::HardwareProfile& hw,
                           policy::PlanOptions po) {
@@ -165,11 +175,7 @@ int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cf
   if (o.policy_file.empty()) {
     e = policy::plan_pipeline(shape, hws, w, M, po);
   } else {
-    policy::Policy fixed = policy::load_policy_file(o.policy_file);
-    if (o.kv != "full") fixed.kv = o.kv;
-    o.compress.apply(fixed);
-    fixed.validate(o.policy_file);
-    po.kv = policy::parse_kv_spec(fixed.kv);
+    const policy::Policy fixed = given_policy(o, po);
     e = policy::estimate_pipeline(shape, hws, w, fixed, M, po);
   }
   const auto& p0 = e.stages.front().policy;
@@ -300,11 +306,7 @@ int plan_command(const PlanCliOptions& o) {
     ranked = policy::plan_ranked(shape, hw, w, po, kExplained);
     e = ranked.front();
   } else {
-    policy::Policy fixed = policy::load_policy_file(o.policy_file);
-    if (o.kv != "full") fixed.kv = o.kv;
-    o.compress.apply(fixed);
-    fixed.validate(o.policy_file);
-    po.kv = policy::parse_kv_spec(fixed.kv);
+    const policy::Policy fixed = given_policy(o, po);
     e = policy::estimate_or_throw(shape, hw, w, fixed, po, "the policy in " + o.policy_file);
   }
   print_estimate(cfg, hw, w, e);

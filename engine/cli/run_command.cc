@@ -6,8 +6,6 @@
 #include <cstdio>
 #include <optional>
 
-#include <unistd.h>
-
 #include "engine/cli/file_roles.h"
 #include "engine/cli/number_checks.h"
 #include "engine/cli/run_job.h"
@@ -256,10 +254,7 @@ int run_one_process(const RunOptions& o) {
 
   settle_compute_dtype(o, s);
   serving::EngineOptions eo = engine_options(o, s);
-  if (!o.quiet)
-    eo.progress = serving::ProgressOptions{
-        .planned_tokens_per_second = s.predicted && s.predicted->continuous ? s.predicted->total_throughput : 0,
-        .terminal = ::isatty(STDERR_FILENO) == 1};
+  eo.progress = progress_options(o, s);
   serving::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
   JobResults results(o, s, out, oj ? &*oj : nullptr);
   const serving::JobOutcome done = engine.run(todo, [&](std::span<const std::size_t> at, const GenerationResult& r) {

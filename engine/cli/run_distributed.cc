@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "engine/distributed/pipeline_rank.h"
 #include "engine/distributed/rank_plan.h"
 #include "engine/model/model_shape.h"
+#include "engine/serving/progress.h"
 #include "engine/serving/run_report.h"
 
 namespace flexh2o::cli {
@@ -36,6 +38,10 @@ struct RankJob {
   std::optional<serving::OpenAiJob> openai;
   std::vector<serving::Request> todo;
   std::optional<JobResults> results;
+  // Data parallel: rank 0's line over every rank's finished requests (a pipeline's is rank 0's
+  // engine's: it steps every block).
+  std::optional<serving::Progress> progress;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
   void open_on_rank_zero(const RunOptions& o);
   // Where rank 0 writes requests [first, first + r.tokens.size()) of `requests` once finished.
@@ -43,9 +49,35 @@ struct RankJob {
     results.emplace(o, *setup, out, openai ? &*openai : nullptr);
     return [this, requests](std::size_t first, const GenerationResult& r) {
       results->add(requests.subspan(first, r.tokens.size()), r);
+      if (progress) count(requests.subspan(first, r.tokens.size()), r);
     };
   }
+  void start_progress(const serving::ProgressOptions& po, std::span<const serving::Request> requests);
+  void count(std::span<const serving::Request> done, const GenerationResult& r);
+  void end_progress() {
+    if (progress) progress->close(seconds());
+  }
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };
+
+void RankJob::start_progress(const serving::ProgressOptions& options, std::span<const serving::Request> requests) {
+  serving::ProgressOptions po = options;
+  po.requests = requests.size();
+  for (const serving::Request& r : requests) po.max_new_tokens += r.max_tokens;
+  t0 = std::chrono::steady_clock::now();
+  progress.emplace(po, stderr);
+}
+
+// The other ranks' tokens are seen when their requests end: each counts then.
+void RankJob::count(std::span<const serving::Request> done, const GenerationResult& r) {
+  const double now = seconds();
+  for (std::size_t i = 0; i < done.size(); ++i) {
+    const auto generated = static_cast<std::int64_t>(r.tokens[i].size());
+    progress->sampled(generated, now);
+    progress->finished(static_cast<std::int64_t>(done[i].prompt.size()), generated, done[i].max_tokens, now);
+  }
+  progress->show(now);
+}
 
 void RankJob::open_on_rank_zero(const RunOptions& o) {
   open_out(o, out, is_openai_job(o) ? serving::ResultFormat::OpenAi : serving::ResultFormat::Simple);
@@ -122,8 +154,11 @@ int run_data_parallel(const Mpi& mpi, const RunOptions& o) {
   RunSetup& s = *job.setup;
   plan_rank(mpi, o, s, todo);
   settle_compute_dtype(o, s);
-  return finish_ranks(o, s,
-                      distributed::run_data_parallel(mpi, job_engine(o, s), todo, interrupts, job.writer(o, todo)));
+  if (const auto po = progress_options(o, s); po && mpi.rank() == 0) job.start_progress(*po, todo);
+  distributed::RanksOutcome done =
+      distributed::run_data_parallel(mpi, job_engine(o, s), todo, interrupts, job.writer(o, todo));
+  job.end_progress();
+  return finish_ranks(o, s, std::move(done));
 }
 
 // The stages' plan: the given policy, or the planner's over every rank's part of the machine,
@@ -158,7 +193,9 @@ int run_pipeline(const Mpi& mpi, const RunOptions& o) {
   s.policy = pipeline.stages.at(static_cast<std::size_t>(mpi.rank())).policy;
   if (s.auto_policy) adopt_plan(o, s, s.policy, distributed::rank_share(planning.host, mpi.ranks_on_host()));
   settle_compute_dtype(o, s);
-  return finish_ranks(o, s, distributed::run_pipeline_rank(mpi, job_engine(o, s), pipeline, interrupts,
+  distributed::RankEngine stage = job_engine(o, s);
+  if (mpi.rank() == 0) stage.options.progress = progress_options(o, s);  // its engine steps every block
+  return finish_ranks(o, s, distributed::run_pipeline_rank(mpi, stage, pipeline, interrupts,
                                                            job.writer(o, pipeline.requests)));
 }
 

@@ -6,6 +6,8 @@
 #include <ctime>
 #include <random>
 
+#include <unistd.h>
+
 #include "engine/chat/chat_template.h"
 #include "engine/cli/option_flags.h"
 #include "engine/loaders/template_source.h"
@@ -37,14 +39,9 @@ policy::Policy make_policy(const RunOptions& o) {
   if (o.gpu_batch_size) p.gpu_batch_size = *o.gpu_batch_size;
   else if (o.policy_file.empty()) p.gpu_batch_size = o.batch.value_or(1);
   if (o.num_gpu_batches) p.num_gpu_batches = *o.num_gpu_batches;
-  if (o.overlap) p.overlap = *o.overlap != 0;
-  if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
-  if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
   if (o.cpu_cache_compute) p.cpu_cache_compute = true;
   if (!o.kv.empty()) p.kv = o.kv;
-  if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
-  if (o.expert_slots) p.expert_slots = *o.expert_slots;
-  if (!o.prefix_pool.empty()) p.prefix_pool = o.prefix_pool;
+  p = with_schedule_flags(o, std::move(p));
   o.compress.apply(p);
   p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
   return p;
@@ -364,6 +361,13 @@ serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .stage = std::nullopt,
           .stop_string_seen = stop_string_watch(s),
           .results_in = o.out_file};
+}
+
+std::optional<serving::ProgressOptions> progress_options(const RunOptions& o, const RunSetup& s) {
+  if (o.quiet) return std::nullopt;
+  return serving::ProgressOptions{
+      .planned_tokens_per_second = s.predicted && s.predicted->continuous ? s.predicted->total_throughput : 0,
+      .terminal = ::isatty(STDERR_FILENO) == 1};
 }
 
 JobResults::JobResults(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out,

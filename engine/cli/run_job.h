@@ -113,6 +113,10 @@ serving::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::
 // Whether request r's text so far holds one of its stop strings; null without a tokenizer.
 serving::StopStringSeen stop_string_watch(const RunSetup& s);
 
+// The progress line's options (none under --quiet): the planner's rate until there is a
+// measurement, a bar on a terminal.
+std::optional<serving::ProgressOptions> progress_options(const RunOptions& o, const RunSetup& s);
+
 // The engine of this run (serving/engine.h): the policy and tiers of `s`, and what the flags say of
 // batching, the prefill budget, shared prefills, tracing and stop strings.
 serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s);

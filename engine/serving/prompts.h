@@ -1,5 +1,5 @@
 // Batch job input: JSON lines, {"id": ..., "prompt": "text"} or {"id": ..., "tokens": [1, 2, 3]},
-// optionally with "max_tokens" and a structured-output field (job/structured_output.h).
+// optionally with "max_tokens" and a structured-output field (structured_output.h).
 // (The results file is engine/serving/result_file.h.)
 #pragma once
 #include <cstdint>

@@ -857,7 +857,8 @@ __global__ void kv_write_float_kernel(const float* src, std::uint8_t* cache, std
   const std::int64_t total = rows * Hkv * D;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = e / (Hkv * D), g = (e / D) % Hkv, d = e % D;
+    const QuotRem rd = div_rem(e, D), rg = div_rem(rd.quot, Hkv);
+    const std::int64_t r = rg.quot, g = rg.rem, d = rd.rem;
     const std::int64_t s = head_slot != nullptr ? head_slot[r * Hkv + g] : slot[r];
     if (s < 0) continue;
     std::uint8_t* dst = cache + ((seq[r] * Hkv + g) * capacity + s) * slot_bytes;
@@ -1091,7 +1092,7 @@ void CudaBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   if (cascade) keep_members_off_tiles(a, split);
   if (!split.tiles.empty() || cascade) graph_interrupt();
   if (graph_active() &&
-      graph_op(decode_signature(a), a, [this](const AttentionDecodeArgs& d) { do_attention_decode(d); },
+      graph_op(decode_signature(a, sm_count_), a, [this](const AttentionDecodeArgs& d) { do_attention_decode(d); },
                &AttentionDecodeArgs::lens, &AttentionDecodeArgs::cache_rows, &AttentionDecodeArgs::shared_prefixes,
                &AttentionDecodeArgs::prefix_of, &AttentionDecodeArgs::row_base))
     return;

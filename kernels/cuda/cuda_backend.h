@@ -274,7 +274,6 @@ class CudaBackend final : public Backend {
   bool in_arena(const void* p) const;
   // upload()'s work inside an open step: records (Record), or stages in the upload arena (Capture).
   DeviceBuffer graph_upload(const void* host, std::size_t bytes);
-  OpSignature decode_signature(const AttentionDecodeArgs& a) const;
   GraphState graph_;
 
   int device_ = 0;

@@ -278,10 +278,4 @@ DeviceBuffer CudaBackend::graph_upload(const void* host, std::size_t bytes) {
   return buf;
 }
 
-OpSignature CudaBackend::decode_signature(const AttentionDecodeArgs& a) const {
-  OpSignature s = signature(a);
-  const DecodePlan p = plan_decode(a, sm_count_);
-  return s.add(p.heads_per_block).add(p.head_chunks).add(p.splits).add(p.keys_per_split);
-}
-
 }  // namespace flexh2o::kernels::cuda

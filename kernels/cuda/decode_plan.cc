@@ -46,4 +46,10 @@ DecodePlan plan_decode(const AttentionDecodeArgs& a, int sm_count) {
                      sm_count);
 }
 
+OpSignature decode_signature(const AttentionDecodeArgs& a, int sm_count) {
+  OpSignature s = signature(a);
+  const DecodePlan p = plan_decode(a, sm_count);
+  return s.add(p.heads_per_block).add(p.head_chunks).add(p.splits).add(p.keys_per_split);
+}
+
 }  // namespace flexh2o::kernels::cuda

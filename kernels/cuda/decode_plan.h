@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/graph_steps.h"
 
 namespace flexh2o::kernels::cuda {
 
@@ -46,5 +47,7 @@ DecodePlan plan_decode(const AttentionShape& s, std::int64_t batch, std::int64_t
 std::int64_t decode_planned_keys(std::int64_t max_len, std::int64_t capacity);
 // The plan attention_decode runs `a` with (from its lens: the most keys a sequence sees, bucketed).
 DecodePlan plan_decode(const AttentionDecodeArgs& a, int sm_count);
+// What a CUDA graph step keys attention_decode's call on: its signature and its plan.
+OpSignature decode_signature(const AttentionDecodeArgs& a, int sm_count);
 
 }  // namespace flexh2o::kernels::cuda

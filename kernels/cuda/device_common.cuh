@@ -29,6 +29,19 @@ inline unsigned blocks_for(std::int64_t n, std::int64_t per_block = kThreads) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > (1 << 20) ? (1 << 20) : b));
 }
 
+// e / n and e % n of an element loop's index: in 32 bits where both fit, which is every loop but
+// the largest (a 64-bit division is a software routine several times as long).
+struct QuotRem {
+  std::int64_t quot, rem;
+};
+__device__ __forceinline__ QuotRem div_rem(std::int64_t e, std::int64_t n) {
+  if (((e | n) >> 31) == 0) {
+    const auto a = static_cast<std::uint32_t>(e), b = static_cast<std::uint32_t>(n);
+    return {static_cast<std::int64_t>(a / b), static_cast<std::int64_t>(a % b)};
+  }
+  return {e / n, e % n};
+}
+
 // ---------------------------------------------------------------- float types
 
 __device__ __forceinline__ float f16_bits_to_f32(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }

@@ -17,7 +17,8 @@ __global__ void embedding_kernel(const std::int32_t* ids, std::int64_t n, std::i
   const std::int64_t total = n * cols;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = e / cols, c = e % cols;
+    const QuotRem ic = div_rem(e, cols);
+    const std::int64_t i = ic.quot, c = ic.rem;
     const std::int64_t row = static_cast<std::int64_t>(ids[i]) + offset;
     const float v = scale * load_elem(table + row * rbytes, dtype, cols, c);
     out[e] = accumulate ? out[e] + v : v;

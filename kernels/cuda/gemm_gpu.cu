@@ -35,7 +35,8 @@ __global__ void convert_kernel(const std::uint8_t* in, DType t, std::int64_t rby
   const std::int64_t total = rows * n;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float v = load_elem(in + (e / n) * rbytes, t, n, e % n);
+    const QuotRem rc = div_rem(e, n);
+    const float v = load_elem(in + rc.quot * rbytes, t, n, rc.rem);
     if (to == DType::BF16)
       static_cast<std::uint16_t*>(out)[e] = f32_to_bf16_bits(v);
     else if (to == DType::F16)
@@ -49,8 +50,10 @@ __global__ void convert_kernel(const std::uint8_t* in, DType t, std::int64_t rby
 __global__ void add_bias_kernel(float* y, std::int64_t ldy, const float* bias, std::int64_t m, std::int64_t n) {
   const std::int64_t total = m * n;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    y[(e / n) * ldy + e % n] += bias[e % n];
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const QuotRem rc = div_rem(e, n);
+    y[rc.quot * ldy + rc.rem] += bias[rc.rem];
+  }
 }
 
 // k == 0: the product is empty, y = beta * y (0 when beta == 0, y not read).

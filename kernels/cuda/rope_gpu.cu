@@ -14,7 +14,8 @@ __global__ void rope_kernel(float* x, std::int64_t tokens, std::int64_t heads, s
   const std::int64_t half = rotary_dim / 2, total = tokens * half;
   for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t t = e / half, i = e % half;
+    const QuotRem ti = div_rem(e, half);
+    const std::int64_t t = ti.quot, i = ti.rem;
     const float angle = static_cast<float>(positions[t]) * inv_freq[i];
     // cos/sin of the fp32 angle in double, rounded to fp32: the correctly rounded values
     // that the CPU's std::cos/std::sin(float) return.

@@ -355,6 +355,39 @@ TEST(Mpi, StructuredOutputGivesTheOneProcessResults) {
   expect_every_two_rank_form_gives(job, expected, dir, [&](const std::string& err) { EXPECT_THAT(err, HasSubstr(compiled)); });
 }
 
+// The progress line in every run mode: a log (stderr is a file here) gets plain lines and ends
+// with the whole job done, once, as the one-process run's does; --quiet writes none.
+TEST(Mpi, ProgressLinesAsOneProcess) {
+  testing::TempDir dir;
+  testing::write_file(dir.file("in.jsonl"), kStoryPrompts);
+  const std::string job = "--prompts " + dir.file("in.jsonl") + " --gen-len 24";
+  const Result one = run("", "run " + job + " --out " + dir.file("one.jsonl"), dir);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const std::string done = "requests 7/7 (100%)";
+  const auto count = [](const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  ASSERT_EQ(count(one.err, done), 1u) << one.err;
+  const std::vector<std::string> want = sorted_lines(testing::read_file(dir.file("one.jsonl")));
+  for (const std::string form : {"", " --batching fixed", " --pipeline 2", " --pipeline 2 --batching fixed"}) {
+    SCOPED_TRACE("mpirun -np 2" + form);
+    std::filesystem::remove(dir.file("np2.jsonl"));
+    const Result r = run(mpirun(2), "run " + job + form + " --out " + dir.file("np2.jsonl"), dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(sorted_lines(testing::read_file(dir.file("np2.jsonl"))), want);
+    EXPECT_EQ(count(r.err, done), 1u) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("generated"));
+  }
+  for (const std::string form : {"", " --pipeline 2"}) {
+    const Result quiet = run(mpirun(2), "run " + job + form + " --quiet --out " + dir.file("q.jsonl"), dir);
+    ASSERT_EQ(quiet.code, 0) << quiet.err;
+    EXPECT_EQ(count(quiet.err, "requests "), 0u) << quiet.err;
+    std::filesystem::remove(dir.file("q.jsonl"));
+  }
+}
+
 // The pid of `rank` among the processes mpirun (pid `launcher`) started, or -1.
 pid_t rank_pid(pid_t launcher, int rank) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
