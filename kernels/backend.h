@@ -14,6 +14,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/kernel_use.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -104,6 +105,9 @@ class Backend {
   virtual void graph_step_begin(std::uint64_t /*key*/) {}
   virtual void graph_step_end() {}
   virtual void graph_step_cancel() noexcept {}
+
+  // What this backend's kernels have run so far (kernel_use.h); empty where it does not say.
+  virtual KernelUse kernel_use() const { return {}; }
 
   // A batch's logits ([rows, vocab] fp32 at device memory `logits`) where the host reads them:
   // one device-to-host copy for the whole batch, into memory the backend keeps until its next

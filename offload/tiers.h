@@ -32,6 +32,7 @@ class Tiers {
   Tiers& operator=(const Tiers&) = delete;
 
   kernels::Backend& backend() { return backend_; }
+  const kernels::Backend& backend() const { return backend_; }
   Budget& budget(Tier t) { return *budgets_[static_cast<std::size_t>(t)]; }
   const Budget& budget(Tier t) const { return *budgets_[static_cast<std::size_t>(t)]; }
   const TierOptions& options() const { return opts_; }

@@ -206,8 +206,8 @@ def main():
     ap.add_argument("--tasks", default="passkey,multikey,docqa,fidelity")
     ap.add_argument("--haystack", default="tinystories", choices=["tinystories", "wikitext", "shakespeare"])
     ap.add_argument("--continuation", type=int, default=128, help="fidelity: teacher-forced tokens")
-    ap.add_argument("--keys", type=int, default=2, help="multikey: key-value lines per prompt (3: 70%, 4: 65% uncompressed at 1000)")
-    ap.add_argument("--people", type=int, default=1, help="docqa: people with 3 facts each (2: 75% uncompressed at 1000)")
+    ap.add_argument("--keys", type=int, default=2, help="multikey: key-value lines per prompt (3: 70%%, 4: 65%% uncompressed at 1000)")
+    ap.add_argument("--people", type=int, default=1, help="docqa: people with 3 facts each (2: 75%% uncompressed at 1000)")
     ap.add_argument("--seed", type=int, default=61)
     args = ap.parse_args()
 

@@ -113,6 +113,7 @@ RunReport Engine::report(const std::string& description, std::span<const Request
   r.batching = o_.continuous ? "continuous" : "fixed";
   r.wall_seconds = outcome.wall_seconds;
   r.timings = outcome.timings;
+  r.kernels = tiers_.backend().kernel_use();
   return r;
 }
 

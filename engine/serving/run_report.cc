@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "engine/model/weights.h"
+#include "engine/serving/kernels_report.h"
 #include "policy/policy_text.h"
 
 namespace flexh2o::serving {
@@ -353,6 +354,7 @@ std::string RunReport::one_process_text() const {
                      fmt::join(experts.experts_by_step, " "), moe_layers * moe.experts, moe_layers, moe.experts,
                      format_bytes(decode_expert_bytes_per_token()));
   }
+  s += kernels_text(kernels);
   if (explain) s += explain_text();
   return s;
 }
@@ -379,6 +381,7 @@ nlohmann::json RunReport::one_process_json() const {
   j["kv_read_bytes"] = kv_reads_json(kv_reads, steps());
   j["kv_copy_bytes"] = kv_copies_json(kv_copies);
   j["kv_held"] = kv_held_json(kv_held);
+  if (!kernels.isa.empty()) j["kernels"] = kernels_json(kernels);
   nlohmann::json requests = nlohmann::json::array();
   for (const auto& t : timings)
     requests.push_back({{"id", nlohmann::json::parse(t.id_json)},

@@ -141,6 +141,7 @@ struct RunReport {
   std::optional<Prediction> predicted;  // in --metrics; in the text with `explain`
   bool explain = false;
   nlohmann::json structured_output;  // JobConstraints::report() in --metrics (null: none)
+  kernels::KernelUse kernels;        // one process: what the backend's kernels ran (a line, "kernels")
 
   // The lines for stderr, newline included.
   std::string text() const;

@@ -3,6 +3,10 @@
 // OpenBLAS only for prefill attention's small products (attention_cpu.cc).
 // Each op family lives in its own *_cpu.cc next to this header.
 #pragma once
+#include <array>
+#include <atomic>
+#include <cstdint>
+
 #include "kernels/backend.h"
 
 namespace flexh2o::kernels {
@@ -22,6 +26,8 @@ class CpuBackend final : public Backend {
   bool native_bf16() const override;
   std::optional<std::int64_t> bf16_faster_from_rows(DType weights) const override;
   bool reads_shared_prefixes_once() const override { return true; }
+  // oneDNN's ISA, the GEMM paths taken (gemm_cpu.h) and oneDNN's matmul implementations.
+  KernelUse kernel_use() const override;
 
  protected:
   void do_gemm(const GemmArgs& a) override;
@@ -44,6 +50,11 @@ class CpuBackend final : public Backend {
   void do_sample(const SampleArgs& a) override;
   void do_route(const RouteArgs& a) override;
   void do_moe_experts(const MoeArgs& a) override;
+
+ private:
+  void run_gemm(const GemmArgs& a);
+  // Per CpuGemmPath: calls and FLOPs.
+  std::array<std::atomic<std::int64_t>, 5> gemm_calls_{}, gemm_flops_{};
 };
 
 }  // namespace flexh2o::kernels

@@ -17,6 +17,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -223,6 +224,15 @@ std::optional<std::int64_t> CpuBackend::bf16_faster_from_rows(DType weights) con
   return gemm_tiled_supported(f32_decode) ? 64 : 1;
 }
 
+// The path `a` takes, counted (kernel_use), then run.
+void CpuBackend::run_gemm(const GemmArgs& a) {
+  const CpuGemmPath p = choose_cpu_gemm_path(a);
+  const auto i = static_cast<std::size_t>(p);
+  gemm_calls_[i].fetch_add(1, std::memory_order_relaxed);
+  gemm_flops_[i].fetch_add(2 * a.m * a.w.rows * a.w.cols, std::memory_order_relaxed);
+  run_cpu_gemm_path(p, a);
+}
+
 void CpuBackend::do_gemm(const GemmArgs& a) {
   if (a.m == 0 || a.w.rows == 0) return;
   if (a.compute == DType::F16) {
@@ -232,9 +242,9 @@ void CpuBackend::do_gemm(const GemmArgs& a) {
     GemmArgs rounded = a;
     rounded.x = x.data();
     rounded.compute = DType::F32;
-    return run_cpu_gemm_path(choose_cpu_gemm_path(rounded), rounded);
+    return run_gemm(rounded);
   }
-  if (!a.x_bf16) return run_cpu_gemm_path(choose_cpu_gemm_path(a), a);
+  if (!a.x_bf16) return run_gemm(a);
   // x already rounded to bf16: widened to fp32 (exactly), every path rounds it to itself again.
   const std::int64_t k = a.w.cols, stride = a.x_stride ? a.x_stride : k;
   std::vector<float> x(static_cast<std::size_t>(a.m * k));
@@ -244,7 +254,19 @@ void CpuBackend::do_gemm(const GemmArgs& a) {
   widened.x = x.data();
   widened.x_bf16 = nullptr;
   widened.x_stride = 0;
-  run_cpu_gemm_path(choose_cpu_gemm_path(widened), widened);
+  run_gemm(widened);
+}
+
+static_assert(static_cast<int>(CpuGemmPath::OnednnPanels) == 4, "gemm_calls_ has a counter per path");
+
+KernelUse CpuBackend::kernel_use() const {
+  KernelUse u{.isa = onednn_isa_name(), .gemm = {}, .primitives = onednn_impls_used()};
+  for (std::size_t i = 0; i < gemm_calls_.size(); ++i)
+    if (const std::int64_t calls = gemm_calls_[i].load(std::memory_order_relaxed); calls > 0)
+      u.gemm.push_back({std::string(cpu_gemm_path_name(static_cast<CpuGemmPath>(i))), calls,
+                        gemm_flops_[i].load(std::memory_order_relaxed)});
+  std::ranges::sort(u.gemm, std::greater{}, &KernelUse::Path::flops);
+  return u;
 }
 
 }  // namespace flexh2o::kernels

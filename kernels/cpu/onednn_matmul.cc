@@ -3,6 +3,9 @@
 #include <omp.h>
 
 #include <map>
+#include <mutex>
+#include <set>
+#include <string>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
 #include <tuple>
@@ -27,6 +30,16 @@ memory::data_type onednn_type(DType t) {
   }
 }
 
+// Every implementation a primitive of this process took (rarely added: primitives are cached).
+struct Impls {
+  std::mutex mu;
+  std::set<std::string> names;
+};
+Impls& impls() {
+  static Impls i;
+  return i;
+}
+
 using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, DType, bool, bool>;
 
 // The primitive of one shape, with its memory descriptors.
@@ -48,7 +61,13 @@ Prepared prepare(const PanelShape& s) {
     attr.set_post_ops(ops);
   }
   const dnnl::matmul::desc desc = s.bias ? dnnl::matmul::desc(p.x, p.w, p.bias, p.y) : dnnl::matmul::desc(p.x, p.w, p.y);
-  p.matmul = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+  {
+    Impls& i = impls();
+    const std::lock_guard lock(i.mu);
+    i.names.insert(pd.impl_info_str());
+  }
+  p.matmul = dnnl::matmul(pd);
   return p;
 }
 
@@ -87,6 +106,27 @@ bool onednn_native_bf16() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
   return (isa & bf16) == bf16;
+}
+
+std::string onednn_isa_name() {
+  using dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case cpu_isa::sse41: return "sse41";
+    case cpu_isa::avx: return "avx";
+    case cpu_isa::avx2: return "avx2";
+    case cpu_isa::avx2_vnni: return "avx2_vnni";
+    case cpu_isa::avx512_core: return "avx512_core";
+    case cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "isa " + std::to_string(static_cast<unsigned>(dnnl::get_effective_cpu_isa()));
+  }
+}
+
+std::vector<std::string> onednn_impls_used() {
+  Impls& i = impls();
+  const std::lock_guard lock(i.mu);
+  return {i.names.begin(), i.names.end()};
 }
 
 }  // namespace flexh2o::kernels

@@ -4,6 +4,8 @@
 // the cores. Primitives are created once per shape and kept per thread.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -24,5 +26,10 @@ void onednn_matmul(const PanelShape& shape, const void* x, const void* w, const 
 // Whether oneDNN multiplies bf16 natively here (AVX-512 BF16 or AMX), honouring
 // ONEDNN_MAX_CPU_ISA.
 bool onednn_native_bf16();
+// oneDNN's effective ISA on this machine (ONEDNN_MAX_CPU_ISA applied), e.g. "avx512_core_bf16".
+std::string onednn_isa_name();
+// The implementations (impl_info_str, e.g. "brg:avx512_core") of the matmul primitives made so
+// far in this process, sorted.
+std::vector<std::string> onednn_impls_used();
 
 }  // namespace flexh2o::kernels

@@ -37,6 +37,7 @@ class ForwardingBackend : public kernels::Backend {
   }
   bool takes_bf16_gemm_inputs() const override { return inner_->takes_bf16_gemm_inputs(); }
   bool reads_shared_prefixes_once() const override { return inner_->reads_shared_prefixes_once(); }
+  kernels::KernelUse kernel_use() const override { return inner_->kernel_use(); }
   const float* logits_on_host(const float* logits, std::int64_t rows, std::int64_t vocab) override {
     return inner_->logits_on_host(logits, rows, vocab);
   }
