@@ -26,7 +26,7 @@ def status(name):
 
 
 def last_match(pattern, s, default="-"):
-    m = re.findall(pattern, s)
+    m = re.findall(pattern, s, re.M)
     return m[-1] if m else default
 
 
@@ -103,6 +103,9 @@ if times:
     print(f"\nprefill attention (bf16, 64 x 512, ncu): {t * 1e6:,.0f} us a layer, {flops / t / 1e12:.0f} TFLOP/s")
 else:
     print(f"\nprefill attention (ncu): no kernel time ({status('ncu_prefill')})")
+kernels = last_match(r"^kernels: (.*)$", text("opt13_b256_fixed_off"), "")
+if kernels:
+    print(f"\nkernels (B 256 fixed, graphs off): {kernels}")
 skipped = [n for n, (rc, _) in steps.items() if rc == "skipped"]
 if skipped:
     print("skipped for time: " + ", ".join(skipped))

@@ -96,6 +96,9 @@ class CudaBackend final : public Backend {
   // one block per 8 of its members' query heads (from memory once, the blocks beside it mostly
   // from L2), and no member's own row below the prefix's len.
   bool reads_shared_prefixes_once() const override { return true; }
+  // The device, and the GEMMs run eagerly or captured (a replayed graph's are not counted) by
+  // the dtype cuBLAS multiplied and whether the weight was converted in the call.
+  KernelUse kernel_use() const override;
   // One copy into a pinned buffer kept for the next step (sampling_gpu.cu).
   const float* logits_on_host(const float* logits, std::int64_t rows, std::int64_t vocab) override;
   std::shared_ptr<const Fence> fence() override;
@@ -292,6 +295,8 @@ class CudaBackend final : public Backend {
   std::once_flag pin_warning_;
   void* cublas_workspace_ = nullptr;  // fixed (cublasSetWorkspace), so that captured GEMMs use it
   CpuBackend cpu_;  // for sample
+  // kernel_use's GEMM counts: [inputs F32, BF16, F16][weight read in place, converted].
+  std::array<std::array<std::int64_t, 2>, 3> gemm_calls_{}, gemm_flops_{};
   float* host_logits_ = nullptr;  // pinned, logits_on_host's
   std::size_t host_logits_capacity_ = 0;
 };

@@ -18,6 +18,8 @@
 // else by a pass over y.
 #include <algorithm>
 #include <climits>
+#include <functional>
+#include <string>
 #include <mutex>
 #include <stdexcept>
 
@@ -115,6 +117,11 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
     return;
   }
   const GemmPlan plan = plan_gemm(m, k, n, a.w.dtype, a.compute);
+  {
+    const std::size_t in = plan.inputs == DType::F32 ? 0 : plan.inputs == DType::BF16 ? 1 : 2, conv = plan.w_rows > 0;
+    ++gemm_calls_[in][conv];
+    gemm_flops_[in][conv] += 2 * m * n * k;
+  }
   const bool half = plan.inputs != DType::F32, convert_x = half && !a.x_bf16;
   const std::int64_t elem = half ? 2 : 4;
   // cuBLASLt's workspace (for a bias) first, at the pool's alignment, then the panels.
@@ -149,6 +156,18 @@ void CudaBackend::do_gemm(const GemmArgs& a) {
       gemm_panel(a, plan, p);
     }
   }
+}
+
+KernelUse CudaBackend::kernel_use() const {
+  KernelUse u{.isa = name_ + ", " + std::to_string(sm_count_) + " SMs", .gemm = {}, .primitives = {}};
+  constexpr const char* kInputs[] = {"cuBLAS f32", "cuBLAS bf16", "cuBLAS f16"};
+  for (std::size_t in = 0; in < 3; ++in)
+    for (std::size_t conv = 0; conv < 2; ++conv)
+      if (gemm_calls_[in][conv] > 0)
+        u.gemm.push_back({std::string(kInputs[in]) + (conv ? ", weight converted per call" : ""), gemm_calls_[in][conv],
+                          gemm_flops_[in][conv]});
+  std::ranges::sort(u.gemm, std::greater{}, &KernelUse::Path::flops);
+  return u;
 }
 
 }  // namespace flexh2o::kernels::cuda
