@@ -63,7 +63,7 @@ const std::vector<PolicyDef>& policy_defs() {
       {"local", true, {}},
       {"streaming", true, {{"sink", Kind::Count, 4, 0}}},
       {"h2o", true, {{"heavy", Kind::Amount, kNoDefault}, {"recent", Kind::Amount, kNoDefault}}},
-      {"tova", true, {}},
+      {"tova", true, {{"pool", Kind::OddCount, 1, 1}}},
       {"scissorhands",
        true,
        {{"history", Kind::Count, 400, 1, 65536},

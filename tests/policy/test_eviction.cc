@@ -349,7 +349,17 @@ struct PrefillRef {
       keep = iota(n - r, n);
       ref_top(iota(0, n - r), B - r, column(0, one), keep);
     } else if (name == "tova") {
-      ref_top(iota(0, n), B, column(n - 1, one), keep);  // the last query's attention
+      // The last query's attention, max-pooled over pool / 2 neighbours each side (ties: its own).
+      const std::vector<double> own = column(n - 1, one);
+      const auto half = static_cast<std::int64_t>(spec.param("pool")) / 2;
+      std::vector<double> pooled(own.size());
+      for (std::int64_t j = 0; j < n; ++j) {
+        double most = 0;
+        for (std::int64_t i = std::max<std::int64_t>(0, j - half); i <= std::min(n - 1, j + half); ++i)
+          most = std::max(most, static_cast<double>(static_cast<float>(own[i])));
+        pooled[j] = half > 0 ? most + 1e-6 * static_cast<float>(own[j]) : own[j];
+      }
+      ref_top(iota(0, n), B, pooled, keep);
     } else if (name == "scissorhands") {
       const std::int64_t r = std::min<std::int64_t>(static_cast<std::int64_t>(spec.param("recent")), B);
       const std::int64_t s = std::clamp<std::int64_t>(static_cast<std::int64_t>(spec.param("sink")), 0, B - r);
@@ -409,7 +419,7 @@ struct PrefillRef {
 };
 
 const std::vector<std::string> kAllPolicies = {"full", "local:0.2", "streaming:0.2", "h2o:0.2",
-                                               "tova:0.2", "scissorhands:0.2,history=16,recent=3",
+                                               "tova:0.2", "tova:0.2,pool=5", "scissorhands:0.2,history=16,recent=3",
                                                "scissorhands:0.2,history=16,recent=2,sink=2",
                                                "snapkv:0.2,window=6,kernel=3", "pyramid:0.2",
                                                "flex:0.2,sink=2", "flex:0.2,value=0"};
