@@ -8,6 +8,9 @@ For each policy and kept fraction:
   fidelity        `flexh2o eval --text fidelity_<L>.txt --prefill L --kv full,POLICY:KEPT,...`:
                   the first L tokens of each text are the prompt, the rest teacher-forced.
 
+A policy may carry the engine's spec keys joined by "+": `tova+layerwise=1+decode=0` runs
+`--kv tova:KEPT,layerwise=1,decode=0` (docs/kv-eviction.md) and is named so in the CSV.
+
 Writes OUT_DIR/flexh2o_<policy>_<kept>.jsonl (the engine's outputs; reruns resume them),
 OUT_DIR/flexh2o_fidelity_<L>.csv and OUT_DIR/flexh2o.csv (scoring.CSV_COLUMNS). With
 --compare KVPRESS_GENERATIONS it prints how many full-cache answers equal transformers'.
@@ -15,6 +18,7 @@ OUT_DIR/flexh2o_fidelity_<L>.csv and OUT_DIR/flexh2o.csv (scoring.CSV_COLUMNS). 
 usage: flexh2o_eval.py --model MODEL_DIR --tasks-dir TASKS_DIR --out-dir OUT_DIR
          [--policies full,local,...] [--kept 0.1,0.25] [--tasks passkey,multikey] [--lengths 1000,2000]
          [--limit N] [--flexh2o build/engine/flexh2o] [--compare OUT_DIR/kvpress_generations.jsonl]
+         [--score-only]
 """
 import argparse
 import csv
@@ -22,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import defaultdict
 
 from transformers import AutoTokenizer
@@ -47,17 +52,25 @@ def select(records, tasks, lengths, limit):
 
 
 def kv_spec(policy, kept):
-    return "full" if policy == "full" else f"{policy}:{kept}"
+    """`tova+layerwise=1+decode=0`, 0.1 -> `tova:0.1,layerwise=1,decode=0`."""
+    if policy == "full":
+        return "full"
+    name, *keys = policy.split("+")
+    return ",".join([f"{name}:{kept}"] + keys)
 
 
 def run_policy(args, prompts_path, policy, kept, gen_len):
     out = os.path.join(args.out_dir, f"flexh2o_{policy}_{kept}.jsonl")
     cmd = [args.flexh2o, "run", "--model", args.model, "--prompts", prompts_path, "--out", out,
            "--kv", kv_spec(policy, kept), "--gen-len", str(gen_len), "--temperature", "0", "--quiet"] + FP32
+    if args.score_only:
+        return scoring.read_jsonl(out) if os.path.exists(out) else []
     if os.path.exists(out):
         cmd.append("--resume")
     print(" ".join(cmd), flush=True)
+    t0 = time.time()
     subprocess.run(cmd, check=True)
+    print(f"{kv_spec(policy, kept)}: {time.time() - t0:.0f} s", flush=True)
     return scoring.read_jsonl(out)
 
 
@@ -113,7 +126,8 @@ def run_fidelity(args, policies, kepts):
         text = os.path.join(args.tasks_dir, f"fidelity_{length}.txt")
         n_items = min(args.limit, sum(1 for r in scoring.read_jsonl(os.path.join(args.tasks_dir, "fidelity.jsonl"))
                                       if r["length"] == length))
-        specs = ["full"] + [kv_spec(p, k) for p in policies if p != "full" for k in kepts]
+        labels = {kv_spec(p, k): (p, k) for p in policies if p != "full" for k in kepts}
+        specs = ["full"] + list(labels)
         out = os.path.join(args.out_dir, f"flexh2o_fidelity_{length}.csv")
         cmd = [args.flexh2o, "eval", "--model", args.model, "--text", text, "--chunks", str(n_items),
                "--prefill", str(length), "--kv", ",".join(specs), "--csv", out]
@@ -124,8 +138,8 @@ def run_fidelity(args, policies, kepts):
                 label = rec["policy"]
                 if label == "full":
                     continue
-                policy, kept = label.split(":", 1)
-                rows.append(scoring.fidelity_row("flexh2o", policy, float(kept), length, n_items,
+                policy, kept = labels[label]
+                rows.append(scoring.fidelity_row("flexh2o", policy, kept, length, n_items,
                                                  float(rec["mean_kl"]), float(rec["top1_agreement"])))
     return rows
 
@@ -136,6 +150,8 @@ def main():
     ap.add_argument("--policies", default=ALL_POLICIES)
     ap.add_argument("--flexh2o", default=os.path.join(HERE, "..", "..", "build", "engine", "flexh2o"))
     ap.add_argument("--compare", help="kvpress_generations.jsonl: check the full cache's answers against it")
+    ap.add_argument("--score-only", action="store_true",
+                    help="run nothing: score what the outputs in OUT_DIR hold for the prompts selected")
     args = ap.parse_args()
 
     os.makedirs(args.out_dir, exist_ok=True)
@@ -147,7 +163,7 @@ def main():
     rows, full_tokens = run_questions(args, tok, policies, kepts, eos_ids)
     if args.compare and full_tokens:
         compare_full(args.compare, full_tokens, eos_ids)
-    if "fidelity" in args.tasks.split(","):
+    if "fidelity" in args.tasks.split(",") and not args.score_only:
         rows += run_fidelity(args, policies, kepts)
     path = os.path.join(args.out_dir, "flexh2o.csv")
     scoring.write_csv(path, rows)

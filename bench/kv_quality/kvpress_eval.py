@@ -10,6 +10,14 @@ For each method and kept fraction (kvpress's compression_ratio = 1 - kept):
                   one pass. KL(full || method) and top-1 agreement over every continuation
                   token's prediction (the first comes from the prefill, before compression).
 
+--shared-prefill (a speed-up for one CPU core, the same tokens): per prompt one prefill serves
+the full cache and every ScorerPress method (tova, snapkv, ...) at every kept fraction: each
+press's score() runs in the prefill's hook on the layer's whole keys, as ScorerPress.compress runs
+it, and each cache is then cut as compress cuts it (a press does not change the prefill's hidden
+states, so the first token is the same); KVzip scores once per prompt and prunes at each kept
+fraction from those scores (compress_post), decoding each from a copy of the uncut cache. Other
+methods take the usual path. `--check-shared N` compares both paths' caches on N prompts.
+
 Writes OUT_DIR/kvpress_generations.jsonl (one line per request and method, resumable) and
 OUT_DIR/kvpress.csv (scoring.CSV_COLUMNS).
 
@@ -18,6 +26,7 @@ usage: kvpress_eval.py --model MODEL_DIR --tasks-dir TASKS_DIR --out-dir OUT_DIR
          [--limit N]
 """
 import argparse
+import copy
 import json
 import os
 import sys
@@ -78,14 +87,7 @@ def prefill(model, ids, press, method):
 def generate(model, ids, press, method, max_tokens, eos_ids):
     """Greedy tokens after ids; positions continue the original prompt's, whatever was kept."""
     cache, logits = prefill(model, ids, press, method)
-    out = [int(logits.argmax())]
-    pos = len(ids)
-    while len(out) < max_tokens and out[-1] not in eos_ids:
-        step = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache,
-                     position_ids=torch.tensor([[pos]]))
-        out.append(int(step.logits[0, -1].argmax()))
-        pos += 1
-    return out
+    return decode(model, cache, logits, len(ids), max_tokens, eos_ids)
 
 
 @torch.inference_mode()
@@ -98,6 +100,133 @@ def continuation_logprobs(model, context, continuation, press, method):
     pos = torch.arange(n, n + len(continuation) - 1).unsqueeze(0)
     logits = model(input_ids=x, past_key_values=cache, position_ids=pos).logits[0]
     return torch.log_softmax(torch.cat([first[None], logits]).double(), dim=-1)
+
+
+def decode(model, cache, first_logits, pos, max_tokens, eos_ids):
+    """Greedy: the first token from the prefill's logits, the rest decoded from position pos."""
+    out = [int(first_logits.argmax())]
+    while len(out) < max_tokens and out[-1] not in eos_ids:
+        step = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache,
+                     position_ids=torch.tensor([[pos]]))
+        out.append(int(step.logits[0, -1].argmax()))
+        pos += 1
+    return out
+
+
+def is_plain_scorer(press):
+    """A ScorerPress whose compress is ScorerPress's: score, keep the top n_kept per kv head."""
+    from kvpress.presses.scorer_press import ScorerPress
+    return isinstance(press, ScorerPress) and type(press).compress is ScorerPress.compress
+
+
+def shared_scorer_caches(model, ids, methods, kepts):
+    """One prefill; returns (first logits, full cache, {(method, kept): cache}) for the scorer
+    methods, each cut as ScorerPress.compress cuts it."""
+    from kvpress.utils import compute_n_kept
+    presses = {m: make_press(m, kepts[0]) for m in methods}
+    stash = {}  # layer -> (keys, values, {method: scores})
+    host = next(iter(presses.values()))
+
+    def compress(module, hidden_states, keys, values, attentions, kwargs):
+        scores = {m: p.score(module, hidden_states, keys, values, attentions, kwargs) for m, p in presses.items()}
+        stash[module.layer_idx] = (keys, values, scores)
+        return keys, values  # the cache stays whole: it serves the full method
+
+    for p in presses.values():
+        p.post_init_from_model(model)
+    host.compress = compress
+    model.config._attn_implementation = "sdpa"
+    cache = DynamicCache()
+    with host(model):
+        out = model(input_ids=torch.tensor([ids]), past_key_values=cache, logits_to_keep=1)
+    cut = {}
+    for m in methods:
+        for kept in kepts:
+            c = DynamicCache()
+            for layer in sorted(stash):
+                keys, values, scores = stash[layer]
+                n_kept = compute_n_kept(keys.shape[2], round(1.0 - kept, 6))
+                idx = scores[m].topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+                c.update(keys.gather(2, idx).contiguous(), values.gather(2, idx).contiguous(), layer)
+            cut[(m, kept)] = c
+    return out.logits[0, -1], cache, cut
+
+
+@torch.inference_mode()
+def generate_shared_scorers(model, ids, methods, kepts, max_tokens, eos_ids):
+    """{(method, kept): tokens} for "full" (kept 1.0) and scorer methods from one prefill."""
+    scorers = [m for m in methods if m != "full"]
+    if scorers:
+        logits, cache, cut = shared_scorer_caches(model, ids, scorers, kepts)
+    else:
+        (cache, logits), cut = prefill(model, ids, None, "full"), {}
+    res = {key: decode(model, c, logits, len(ids), max_tokens, eos_ids) for key, c in cut.items()}
+    if "full" in methods:
+        res[("full", 1.0)] = decode(model, cache, logits, len(ids), max_tokens, eos_ids)
+    return res
+
+
+def kvzip_scored(model, ids, kepts):
+    """KVzip's prefill and scoring once; returns (press, saved scores, first logits, uncut cache),
+    the modules masked for kepts[0]."""
+    press = make_press("kvzip", kepts[0])
+    saved = {}
+    compress_post = press.compress_post
+
+    def keep_scores(m):
+        saved["scores"] = press.score_val.clone()
+        compress_post(m)
+
+    press.compress_post = keep_scores
+    cache, logits = prefill(model, ids, press, "kvzip")
+    return press, compress_post, saved["scores"], logits, cache
+
+
+def kvzip_mask(press, compress_post, scores, model, kept):
+    press.compression_ratio = round(1.0 - kept, 6)
+    press.score_val = scores.clone()
+    compress_post(model)
+    press.score_val = None
+
+
+@torch.inference_mode()
+def generate_shared_kvzip(model, ids, kepts, max_tokens, eos_ids):
+    press, compress_post, scores, logits, cache = kvzip_scored(model, ids, kepts)
+    res = {}
+    for kept in kepts:
+        kvzip_mask(press, compress_post, scores, model, kept)
+        res[("kvzip", kept)] = decode(model, copy.deepcopy(cache), logits, len(ids), max_tokens, eos_ids)
+    return res
+
+
+@torch.inference_mode()
+def check_shared(model, prompts, methods, kepts):
+    """Both paths' caches (and KVzip's masks) equal on these prompts, or an AssertionError."""
+    scorers = [m for m in methods if m not in ("full", "kvzip") and is_plain_scorer(make_press(m, kepts[0]))]
+    for p in prompts:
+        ids = p["tokens"]
+        if scorers:
+            logits, full, cut = shared_scorer_caches(model, ids, scorers, kepts)
+            ref_full, ref_logits = prefill(model, ids, None, "full")
+            assert torch.equal(logits, ref_logits), "first logits differ from the full prefill"
+            for (m, kept), c in cut.items():
+                ref, ref_logits = prefill(model, ids, make_press(m, kept), m)
+                assert torch.equal(logits, ref_logits), (m, kept, "first logits")
+                for layer in range(len(ref.layers)):
+                    assert torch.equal(ref.layers[layer].keys, c.layers[layer].keys), (m, kept, layer, "keys")
+                    assert torch.equal(ref.layers[layer].values, c.layers[layer].values), (m, kept, layer, "values")
+                print(f"check {p['id']} {m} {kept}: caches equal", flush=True)
+        if "kvzip" in methods:
+            press, compress_post, scores, _, cache = kvzip_scored(model, ids, kepts)
+            for kept in kepts:
+                kvzip_mask(press, compress_post, scores, model, kept)
+                mine = [tuple(t.clone() for t in l.self_attn.masked_key_indices) for l in model.model.layers]
+                ref_cache, _ = prefill(model, ids, make_press("kvzip", kept), "kvzip")
+                for l, m_idx in zip(model.model.layers, mine):
+                    assert all(torch.equal(a, b) for a, b in zip(m_idx, l.self_attn.masked_key_indices)), (kept, "mask")
+                for layer in range(len(ref_cache.layers)):
+                    assert torch.equal(ref_cache.layers[layer].keys, cache.layers[layer].keys), (kept, layer, "kvzip keys")
+                print(f"check {p['id']} kvzip {kept}: masks and caches equal", flush=True)
 
 
 def select(records, args):
@@ -119,7 +248,32 @@ def run_questions(model, tok, args, methods, kepts, eos_ids):
     gen_path = os.path.join(args.out_dir, "kvpress_generations.jsonl")
     done = {(g["method"], g["kept"], g["id"]) for g in scoring.read_jsonl(gen_path)} \
         if os.path.exists(gen_path) else set()
+    if args.check_shared:
+        check_shared(model, prompts[:args.check_shared], methods, kepts)
     with open(gen_path, "a") as f:
+        if args.shared_prefill and not args.score_only:
+            shared = [m for m in methods if m == "full" or (m != "kvzip" and is_plain_scorer(make_press(m, kepts[0])))]
+            groups = [g for g in (shared, ["kvzip"] if "kvzip" in methods else []) if g]
+            for group in groups:
+                keys = [(m, k) for m in group for k in ([1.0] if m == "full" else kepts)]
+                t0, n = time.time(), 0
+                for p in prompts:
+                    todo = [key for key in keys if (key[0], key[1], p["id"]) not in done]
+                    if not todo:
+                        continue
+                    if group == ["kvzip"]:
+                        res = generate_shared_kvzip(model, p["tokens"], kepts, p["max_tokens"], eos_ids)
+                    else:
+                        res = generate_shared_scorers(model, p["tokens"], group, kepts, p["max_tokens"], eos_ids)
+                    for (method, kept) in todo:
+                        toks = res[(method, kept)]
+                        f.write(json.dumps({"method": method, "kept": kept, "id": p["id"], "tokens": toks,
+                                            "text": tok.decode(toks, skip_special_tokens=True)}) + "\n")
+                        done.add((method, kept, p["id"]))
+                    f.flush()
+                    n += 1
+                print(f"shared prefill {'+'.join(group)} at kept {kepts}: {n} prompts in {time.time() - t0:.0f} s",
+                      flush=True)
         for method in methods:
             for kept in ([1.0] if method == "full" else kepts):
                 t0, todo = time.time(), [p for p in prompts if (method, kept, p["id"]) not in done]
@@ -161,6 +315,10 @@ def main():
     scoring.add_common_args(ap, kept_help="kept fractions (compression_ratio = 1 - kept)")
     ap.add_argument("--methods", default=ALL_METHODS)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--shared-prefill", action="store_true",
+                    help="one prefill per prompt for full + scorer presses, one KVzip scoring per prompt (above)")
+    ap.add_argument("--check-shared", type=int, default=0, metavar="N",
+                    help="first assert that --shared-prefill's caches equal the presses' own on N prompts")
     ap.add_argument("--score-only", action="store_true",
                     help="generate nothing: score what kvpress_generations.jsonl holds (e.g. while a run goes on)")
     args = ap.parse_args()
