@@ -2,10 +2,13 @@
 // cache over the tiers, the activations and staging ring, and the pool that holds shared
 // prefixes once, each reserved against the tiers' budgets before the first step.
 #include <algorithm>
+#include <array>
+#include <memory>
 #include <string>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/model/kv_eviction.h"
 #include "engine/model/rope_scaling.h"
+#include "engine/runtime/block_scheduler.h"
 #include "engine/runtime/block_state.h"
 
 namespace flexh2o::engine {

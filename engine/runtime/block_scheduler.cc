@@ -1,20 +1,17 @@
 #include "engine/runtime/block_scheduler.h"
 
 #include "engine/model/kv_eviction.h"
-#include "engine/model/rope_scaling.h"
 #include "engine/runtime/block_state.h"
 #include "engine/runtime/graph_step.h"
 #include "engine/runtime/prefix_match.h"
 #include "kernels/option_error.h"
 
 #include <algorithm>
-#include <array>
 #include <stdexcept>
 #include <utility>
 
 namespace flexh2o::engine {
 
-using offload::CopyTicket;
 using offload::Tier;
 using offload::TieredTensor;
 
