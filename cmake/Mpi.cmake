@@ -1,6 +1,6 @@
 # FLEXH2O_MPI=AUTO builds `flexh2o run` over several ranks (mpirun, srun) when an MPI C library
 # is found (Debian: libopenmpi-dev + openmpi-bin); ON requires it; OFF leaves it out. Only the
-# flexh2o binary links MPI (engine/distributed's MPI part and engine/cli/run_distributed.cc).
+# flexh2o binary and the Python module link MPI (engine/distributed's MPI part, engine/job/run_ranks.cc).
 set(FLEXH2O_MPI AUTO CACHE STRING "Runs over several ranks with MPI: AUTO (when MPI is found), ON or OFF")
 set_property(CACHE FLEXH2O_MPI PROPERTY STRINGS AUTO ON OFF)
 set(FLEXH2O_HAVE_MPI OFF)

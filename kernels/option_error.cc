@@ -19,6 +19,23 @@ std::string_view option_meaning(Option o) {
     case Option::OffloadDir: return "an offload directory";
     case Option::CpuCacheCompute: return "attention on the CPU over a cpu-homed KV cache";
     case Option::EvalPrefill: return "the evaluation's prefill";
+    case Option::Placement: return "the placement percentages";
+    case Option::Policy: return "the policy";
+    case Option::GpuBatchSize: return "the GPU batch size";
+    case Option::Resume: return "resuming";
+    case Option::Results: return "a results file";
+    case Option::Pipeline: return "pipeline stages";
+    case Option::MicroBatches: return "micro-batches";
+    case Option::Hardware: return "the hardware profile";
+    case Option::Prompts: return "the prompts";
+    case Option::Metrics: return "the metrics";
+    case Option::Trace: return "the trace";
+    case Option::Batching: return "the batching";
+    case Option::PromptLen: return "the prompt length";
+    case Option::MeanPromptLen: return "the mean prompt length";
+    case Option::MeanGenLen: return "the mean new tokens";
+    case Option::SharedPrefix: return "the shared prefix";
+    case Option::PrefixFamilies: return "the prefix families";
   }
   return "an option";
 }

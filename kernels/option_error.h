@@ -30,6 +30,23 @@ enum class Option {
   OffloadDir,       // the disk tier's directory
   CpuCacheCompute,  // attention over a cpu-homed KV cache on the CPU
   EvalPrefill,      // the prompt tokens an evaluation prefills before it scores
+  Placement,        // where weights, KV cache and activations go, in percent per tier
+  Policy,           // a policy file, or the planner's choice
+  GpuBatchSize,     // sequences per GPU batch
+  Resume,           // skip the requests already in the results file
+  Results,          // the results file
+  Pipeline,         // pipeline stages over the launcher's ranks
+  MicroBatches,     // blocks in flight in a pipeline
+  Hardware,         // the hardware profile the planner plans with
+  Prompts,          // the prompts file
+  Metrics,          // the metrics file
+  Trace,            // the trace file
+  Batching,         // continuous batching or fixed blocks
+  PromptLen,        // the longest prompt a plan is for
+  MeanPromptLen,    // a plan's mean prompt
+  MeanGenLen,       // a plan's mean new tokens
+  SharedPrefix,     // a plan's prefix shared by every prompt
+  PrefixFamilies,   // how many such prefixes a plan's job mixes
 };
 
 // What an option means, as the libraries name it: "the new tokens limit", ...

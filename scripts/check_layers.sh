@@ -14,7 +14,8 @@ declare -A dir_of=(
   [flexh2o_tokenizer]=engine/tokenizer [flexh2o_chat]=engine/chat [flexh2o_grammar]=engine/grammar
   [flexh2o_model]=engine/model [flexh2o_families]=engine/families [flexh2o_loaders]=engine/loaders
   [flexh2o_safetensors]=engine/loaders [flexh2o_runtime]=engine/runtime [flexh2o_serving]=engine/serving
-  [flexh2o_distributed]=engine/distributed [flexh2o_mpi]=engine/distributed [flexh2o]=engine/cli
+  [flexh2o_distributed]=engine/distributed [flexh2o_mpi]=engine/distributed [flexh2o_job]=engine/job
+  [flexh2o]=engine/cli [_flexh2o]=python
 )
 declare -A links=()  # layer -> the layers its libraries link (directly)
 for lib in "${!dir_of[@]}"; do

@@ -18,6 +18,7 @@ packages=(
   libcli11-dev          # the command line
   libopenmpi-dev openmpi-bin   # runs over several ranks/machines (mpirun, srun); optional (FLEXH2O_MPI)
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and micro-benchmarks
+  python3-dev pybind11-dev python3-pytest      # the Python API (python/) and its tests
   clang libclang-rt-14-dev                     # libFuzzer target (optional build)
   fio                                          # disk benchmark reference
   gnuplot-nox                                  # flexh2o bench's chart

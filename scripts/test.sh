@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
 
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLEXH2O_SANITIZE=ON -DFLEXH2O_CUDA=OFF \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLEXH2O_SANITIZE=ON -DFLEXH2O_CUDA=OFF -DFLEXH2O_PYTHON=OFF \
   -DFLEXH2O_BENCH=OFF >/dev/null
 sanitized=(test_safetensors test_gguf test_tokenizer test_loaders test_offload test_scheduler test_step_scheduler test_kv_eviction test_serving test_chat_template test_grammar)
 cmake --build build-asan -j"$jobs" --target "${sanitized[@]}"

@@ -533,7 +533,7 @@ Plan plan_of(const CalibrateOptions& o) {
   Plan plan = make_plan(o.quick);
   if (!o.model.empty()) {
     // GEMMs at the model's width, attention at its heads, the KV in its float dtype.
-    const engine::ModelConfig cfg = model_config_of(o.model);
+    const engine::ModelConfig cfg = job::model_config_of(o.model);
     plan.gemm_n = plan.gemm_k = cfg.hidden;
     plan.heads = cfg.n_heads;
     plan.kv_heads = cfg.n_kv_heads;
@@ -570,7 +570,7 @@ void measure_compute(kernels::Backend& be, const Plan& plan, const CalibrateOpti
   if (!o.model.empty()) {
     // The model's own decoder layer and head as the engine runs them (what a step pays
     // around its GEMMs), in the compute dtype a run would choose.
-    const engine::ModelConfig cfg = model_config_of(o.model);
+    const engine::ModelConfig cfg = job::model_config_of(o.model);
     const UnitCurves units = measure_unit_curves(
         be, cfg, on_cpu ? (o.quick ? 64 : 1024) : curve_rows,
         on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,

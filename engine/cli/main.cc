@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"flexh2o: throughput-oriented offline LLM inference with offloading and KV eviction"};
   app.require_subcommand(0, 1);
-  flexh2o::cli::RunOptions run;
+  flexh2o::job::JobOptions run;
   CLI::App* run_cmd = flexh2o::cli::add_run_command(app, run);
   flexh2o::cli::EvalOptions eval;
   CLI::App* eval_cmd = flexh2o::cli::add_eval_command(app, eval);

@@ -20,6 +20,23 @@ std::string flag_of(kernels::Option o) {
     case Option::OffloadDir: return "--offload-dir";
     case Option::CpuCacheCompute: return "--cpu-cache-compute";
     case Option::EvalPrefill: return "--prefill";
+    case Option::Placement: return "--percent";
+    case Option::Policy: return "--policy";
+    case Option::GpuBatchSize: return "--gpu-batch-size";
+    case Option::Resume: return "--resume";
+    case Option::Results: return "--out";
+    case Option::Pipeline: return "--pipeline";
+    case Option::MicroBatches: return "--micro-batches";
+    case Option::Hardware: return "--hardware";
+    case Option::Prompts: return "--prompts";
+    case Option::Metrics: return "--metrics";
+    case Option::Trace: return "--trace";
+    case Option::Batching: return "--batching";
+    case Option::PromptLen: return "--prompt-len";
+    case Option::MeanPromptLen: return "--mean-prompt-len";
+    case Option::MeanGenLen: return "--mean-gen-len";
+    case Option::SharedPrefix: return "--shared-prefix";
+    case Option::PrefixFamilies: return "--prefix-families";
   }
   return std::string(kernels::option_meaning(o));
 }

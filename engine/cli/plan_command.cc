@@ -2,25 +2,13 @@
 
 #include <fmt/format.h>
 
-
-#include "engine/runtime/machine_profile.h"
-#include "engine/runtime/prefix_match.h"
-#include "engine/model/model_shape.h"
-#include "engine/loaders/model_source.h"
-#include "offload/text_file.h"
+#include "engine/cli/compression_flags.h"
+#include "engine/model/weights.h"
 #include "offload/budget.h"
-#include "policy/eviction/kv_spec.h"
-#include "policy/pipeline.h"
+#include "offload/text_file.h"
 #include "policy/policy_text.h"
 
 namespace flexh2o::cli {
-
-engine::ModelConfig model_config_of(const std::string& model) {
-  engine::ModelOptions mo;
-  mo.model = model;
-  mo.dummy = true;  // only the shape is needed; nothing is read
-  return engine::open_model(mo).config;
-}
 
 CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   auto* plan = app.add_subcommand("plan", "Choose placement and batch sizes with the cost model (dry run, no GPU needed)");
@@ -63,7 +51,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
   plan->add_flag("--explain", o.explain,
                  "also print sizes, memory per tier and (when searching) the 5 best policies evaluated with their times");
   plan->add_option("--policy", o.policy_file, "predict this policy YAML instead of searching (placement and batch)");
-  o.compress.add_to(plan, "Compression");
+  add_compression_flags(plan, o.compress, "Compression");
   plan->add_option("--pipeline", o.pipeline,
                    "predict pipeline parallelism over N ranks, each with this hardware (as run --pipeline N under mpirun)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
@@ -73,63 +61,6 @@ CLI::App* add_plan_command(CLI::App& app, PlanCliOptions& o) {
 }
 
 namespace {
-
-// This machine as run plans for it: each row count's GEMMs timed in the dtype run's --compute-dtype auto
-// settles for a job of that many rows per GPU batch.
-policy::HardwareProfile this_machine(const PlanCliOptions& o, const engine::ModelConfig& cfg) {
-  const auto be = kernels::make_backend(o.backend);
-  const engine::Bf16Speed bf16 = engine::bf16_speed(*be, cfg.dtype);
-  return engine::this_machine_profile(*be, o.offload_dir, [&](std::int64_t rows) {
-    return engine::job_compute_dtype("auto", cfg.dtype, bf16, rows).dtype;  // a job of `rows` per GPU batch
-  });
-}
-
-// The job plan predicts: the maxima (what must fit) and, under continuous batching, the means.
-policy::Workload plan_workload(const PlanCliOptions& o) {
-  const bool means = o.mean_prompt_len || o.mean_gen_len;
-  if (o.pipeline > 1 && (o.batching == "continuous" || means))
-    throw std::invalid_argument(
-        "--pipeline plans every slot at its longest request, as for fixed blocks: --batching continuous and --mean-* "
-        "do not apply");
-  const bool continuous = o.pipeline <= 1 && o.batching.value_or("continuous") == "continuous";
-  if (!continuous && means)
-    throw std::invalid_argument(std::string(o.mean_prompt_len ? "--mean-prompt-len" : "--mean-gen-len") +
-                                " is for continuous batching: fixed blocks run every sequence to the longest");
-  auto check_mean = [](const std::optional<double>& mean, std::int64_t most, const char* flag, const char* max_flag) {
-    if (mean && *mean > static_cast<double>(most))
-      throw std::invalid_argument(fmt::format("{} {} is above {} {} (the longest)", flag, *mean, max_flag, most));
-  };
-  check_mean(o.mean_prompt_len, o.prompt_len, "--mean-prompt-len", "--prompt-len");
-  check_mean(o.mean_gen_len, o.gen_len, "--mean-gen-len", "--gen-len");
-  policy::Workload w{o.prompt_len, o.gen_len};
-  w.continuous = continuous;
-  w.mean_prompt_len = o.mean_prompt_len.value_or(0);
-  w.mean_gen_len = o.mean_gen_len.value_or(0);
-  w.prefill_budget = o.prefill_budget.value_or(0);
-  return w;
-}
-
-// plan --shared-prefix: each request takes its prefix from its family's first (which the steady
-// state leaves out), and the families are held once, as run plans a job whose prompts share them.
-void add_shared_prefix(const PlanCliOptions& o, const engine::ModelConfig& cfg, policy::Workload& w) {
-  if (o.shared_prefix == 0) {
-    if (o.prefix_families != 1) throw std::invalid_argument("--prefix-families needs --shared-prefix");
-    return;
-  }
-  if (!w.continuous) throw std::invalid_argument("--shared-prefix is for continuous batching (fixed blocks share none)");
-  const std::string off = engine::prefix_sharing_off_reason(cfg, o.kv != "full");
-  if (!off.empty()) throw std::invalid_argument("--shared-prefix: prefix sharing is off here: " + off);
-  const double mean_prompt = w.mean_prompt_len > 0 ? w.mean_prompt_len : static_cast<double>(w.prompt_len);
-  if (static_cast<double>(o.shared_prefix) >= mean_prompt)
-    throw std::invalid_argument(fmt::format("--shared-prefix {} must be below the mean prompt ({:.1f} tokens): a prompt "
-                                            "computes at least its last token",
-                                            o.shared_prefix, mean_prompt));
-  w.mean_shared = static_cast<double>(o.shared_prefix);
-  w.held = {.families = o.prefix_families,
-            .prefix = o.shared_prefix,
-            .rest = w.sequence_capacity() - o.shared_prefix,
-            .mean_prefix = static_cast<double>(o.shared_prefix)};
-}
 
 // "prompt 512 + gen 32" or, continuous, "prompt 512 (mean 69) + gen 501 (mean 247), continuous batching".
 std::string workload_text(const policy::Workload& w) {
@@ -151,33 +82,12 @@ std::string items_text(const std::vector<std::pair<std::string, std::int64_t>>& 
   return out.empty() ? "nothing" : out;
 }
 
-// --policy's file with --kv and the compression flags over it, validated; po.kv set to its KV spec.
-policy::Policy given_policy(const PlanCliOptions& o, policy::PlanOptions& po) {
-  policy::Policy fixed = policy::load_policy_file(o.policy_file);
-  if (o.kv != "full") fixed.kv = o.kv;
-  o.compress.apply(fixed);
-  fixed.validate(o.policy_file);
-  po.kv = policy::parse_kv_spec(fixed.kv);
-  return fixed;
-}
-
 // plan --pipeline N: the split, each stage's placement and the pipeline's throughput.
-int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cfg, const policy::HardwareProfile& hw,
-                          policy::PlanOptions po) {
-  if (!o.out_file.empty())
-    throw std::invalid_argument("--out writes one policy, but each pipeline stage has its own; run --pipeline N plans "
-                                "them itself (or give every stage the same --policy)");
-  const policy::ModelShape shape = engine::model_shape(cfg);
-  const policy::Workload w{o.prompt_len, o.gen_len};
-  const std::int64_t M = o.micro_batches.value_or(o.pipeline);
-  const std::vector<policy::HardwareProfile> hws(static_cast<std::size_t>(o.pipeline), hw);
-  policy::PipelineEstimate e;
-  if (o.policy_file.empty()) {
-    e = policy::plan_pipeline(shape, hws, w, M, po);
-  } else {
-    const policy::Policy fixed = given_policy(o, po);
-    e = policy::estimate_pipeline(shape, hws, w, fixed, M, po);
-  }
+void print_pipeline(const PlanCliOptions& o, const job::PlannedJob& p) {
+  const policy::PipelineEstimate& e = *p.pipeline;
+  const engine::ModelConfig& cfg = p.config;
+  const policy::HardwareProfile& hw = p.hw;
+  const std::int64_t M = p.micro_batches;
   const auto& p0 = e.stages.front().policy;
   fmt::print("model: {} on {} x {} ({}), prompt {} + gen {}, kv {}, weights {}, cache {}\n", cfg.name, o.pipeline,
              hw.name, hw.source, o.prompt_len, o.gen_len, p0.kv, kernels::dtype_name(p0.weight_dtype(cfg.dtype)),
@@ -198,24 +108,6 @@ int plan_pipeline_command(const PlanCliOptions& o, const engine::ModelConfig& cf
              "micro-batches); bubble share {:.1f}%\n",
              e.prefill_throughput, e.decode_throughput, e.total_throughput, e.prefill_seconds + e.decode_seconds, M,
              100 * e.bubble_share);
-  return 0;
-}
-
-// The profile to plan with: --hardware or this machine, its capacities lowered by --*-mem.
-policy::HardwareProfile plan_profile(const PlanCliOptions& o, const engine::ModelConfig& cfg) {
-  policy::HardwareProfile hw = o.hardware.empty() ? this_machine(o, cfg) : engine::hardware_profile(o.hardware);
-  auto override_mem = [](const std::string& text, std::int64_t& field, const char* flag) {
-    if (text.empty()) return;
-    try {
-      field = offload::parse_bytes(text);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(std::string(flag) + ": " + e.what());
-    }
-  };
-  override_mem(o.gpu_mem, hw.gpu_mem, "--gpu-mem");
-  override_mem(o.cpu_mem, hw.cpu_mem, "--cpu-mem");
-  override_mem(o.disk_mem, hw.disk_mem, "--disk-mem");
-  return hw;
 }
 
 // The sizes, capacities, each tier's items and the step or block times behind an estimate.
@@ -285,36 +177,21 @@ void print_estimate(const engine::ModelConfig& cfg, const policy::HardwareProfil
 }  // namespace
 
 int plan_command(const PlanCliOptions& o) {
-  const engine::ModelConfig cfg = model_config_of(o.model);
-  const policy::HardwareProfile hw = plan_profile(o, cfg);
-  policy::PlanOptions po;
-  po.kv = policy::parse_kv_spec(o.kv);
-  o.compress.apply(po);
-  // As run plans: attention over a cpu-homed KV in place (cpu_cache_compute) runs on the CPU
-  // backend only, whose profiles have the gpu tier in host memory.
-  po.allow_cpu_cache_compute = hw.gpu_is_host_memory;
-  if (o.batch) po.max_block = *o.batch;
-  const policy::ModelShape shape = engine::model_shape(cfg);
-  policy::Workload w = plan_workload(o);
-  add_shared_prefix(o, cfg, w);
-  if (o.pipeline > 1) return plan_pipeline_command(o, cfg, hw, po);
-  if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipelines (--pipeline N)");
+  if (o.pipeline > 1 && !o.out_file.empty())
+    throw std::invalid_argument("--out writes one policy, but each pipeline stage has its own; run --pipeline N plans "
+                                "them itself (or give every stage the same --policy)");
   constexpr std::size_t kExplained = 5;
-  std::vector<policy::Estimate> ranked;  // the search's best, when it searched
-  policy::Estimate e;
-  if (o.policy_file.empty()) {
-    ranked = policy::plan_ranked(shape, hw, w, po, kExplained);
-    e = ranked.front();
-  } else {
-    const policy::Policy fixed = given_policy(o, po);
-    e = policy::estimate_or_throw(shape, hw, w, fixed, po, "the policy in " + o.policy_file);
+  const job::PlannedJob p = job::plan_job(o, kExplained);
+  if (p.pipeline) {
+    print_pipeline(o, p);
+    return 0;
   }
-  print_estimate(cfg, hw, w, e);
+  print_estimate(p.config, p.hw, p.workload, p.estimate);
   if (o.explain) {
-    print_explanation(shape, hw, w, po, e);
-    if (!ranked.empty()) print_ranked(ranked, e.continuous);
+    print_explanation(p.shape, p.hw, p.workload, p.options, p.estimate);
+    if (!p.ranked.empty()) print_ranked(p.ranked, p.estimate.continuous);
   }
-  if (!o.out_file.empty()) offload::write_file_atomically(o.out_file, policy::policy_to_yaml(e.policy));
+  if (!o.out_file.empty()) offload::write_file_atomically(o.out_file, policy::policy_to_yaml(p.estimate.policy));
   return 0;
 }
 

@@ -2,50 +2,20 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <optional>
 
-#include "engine/cli/file_roles.h"
+#include "engine/cli/compression_flags.h"
 #include "engine/cli/number_checks.h"
-#include "engine/cli/run_job.h"
-#include "engine/serving/interrupts.h"
-#include "engine/serving/engine.h"
-#include "engine/serving/run_report.h"
-#include "engine/distributed/launch.h"
-#include "engine/model/model_shape.h"
-#include "engine/loaders/model_source.h"
-#include "engine/serving/prompts.h"
-#include "kernels/backend.h"
-#if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
-#include "kernels/cuda/cuda_backend.h"
-#endif
-#ifdef FLEXH2O_HAVE_MPI
-#include "engine/cli/run_distributed.h"
-#endif
+#include "engine/cli/option_flags.h"
+#include "engine/job/file_roles.h"
+#include "engine/job/job.h"
 
 namespace flexh2o::cli {
 
-using namespace flexh2o::engine;
-
 namespace {
 
-// How the decode steps ran under --cuda-graphs on (docs/backends.md, "Decode steps in CUDA
-// graphs"), for the GPU runs that measure it.
-void print_graph_steps(const kernels::Backend& be) {
-#if defined(FLEXH2O_HAVE_CUDA) && FLEXH2O_HAVE_CUDA
-  if (const auto* cuda = dynamic_cast<const kernels::cuda::CudaBackend*>(&be)) {
-    const kernels::cuda::CudaBackend::GraphCounts c = cuda->graph_counts();
-    fmt::print(stderr, "cuda graphs: {} decode steps replayed, {} captured, {} recorded, {} missed, {} interrupted\n",
-               c.replayed, c.captured, c.recorded, c.missed, c.interrupted);
-  }
-#else
-  (void)be;
-#endif
-}
-
 // Where the placement goes: the policy, the tiers' shares and the schedule.
-void add_placement_options(CLI::App* run, RunOptions& o) {
+void add_placement_options(CLI::App* run, job::JobOptions& o) {
   const char* sched = "Placement and schedule";
   run->add_option("--policy", o.policy_file,
                   "policy YAML (flags below override its fields), or auto: plan with --hardware, then run")
@@ -111,11 +81,11 @@ void add_placement_options(CLI::App* run, RunOptions& o) {
                   "pool fits, from the one named (default auto: from gpu, or from the planner's choice)")
       ->check(CLI::IsMember({"auto", "gpu", "cpu", "disk"}))
       ->group(sched);
-  o.compress.add_to(run, sched);
+  add_compression_flags(run, o.compress, sched);
 }
 
 // How requests share the slots, and the tiers' capacities.
-void add_batching_options(CLI::App* run, RunOptions& o) {
+void add_batching_options(CLI::App* run, job::JobOptions& o) {
   const char* sched = "Placement and schedule";
   run->add_option("--batching", o.batching,
                   "continuous (default): a request that ends frees its slot for the next one at the next step; "
@@ -142,7 +112,7 @@ void add_batching_options(CLI::App* run, RunOptions& o) {
 
 }  // namespace
 
-CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
+CLI::App* add_run_command(CLI::App& app, job::JobOptions& o) {
   auto* run = app.add_subcommand("run", "Generate text for a batch of prompts (default: the embedded stories260K model)");
   run->add_option("--model", o.model,
                   "Hugging Face directory, llama2.c .bin, model YAML or built-in config name (with --dummy); "
@@ -152,7 +122,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--prompts", o.prompts_file, "JSONL file of {\"id\", \"prompt\"|\"tokens\"}")->excludes(p);
   run->add_option("--out", o.out_file, "JSONL output of {\"id\", \"text\", \"tokens\"}, one line per prompt");
   run->add_option("--gen-len", o.gen_len,
-                  fmt::format("new tokens per prompt (default {} for the embedded model, else {})", kEmbeddedGenLen,
+                  fmt::format("new tokens per prompt (default {} for the embedded model, else {})", job::kEmbeddedGenLen,
                               policy::kDefaultGenLen))
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   run->add_option("--batch", o.batch, "number of prompts for --prompt or synthetic prompts (default: one block)")
@@ -196,101 +166,13 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
   return run;
 }
 
-namespace {
-
-void check_one_process_flags(const RunOptions& o) {
-  if (o.pipeline > 1)
-    throw std::invalid_argument("--pipeline " + std::to_string(o.pipeline) + " runs over " + std::to_string(o.pipeline) +
-                                " ranks: start it with mpirun -np " + std::to_string(o.pipeline) + " (or srun)");
-  if (o.micro_batches) throw std::invalid_argument("--micro-batches is for pipeline runs (--pipeline N under mpirun)");
-}
-
-// The job's requests (`given`: an OpenAI batch job's); with an automatic policy, first plans for
-// their length (synthetic prompts: --prompt-len), then runs the plan within the profile's
-// capacities unless --*-mem say otherwise.
-std::vector<serving::Request> plan_and_gather(const RunOptions& o, RunSetup& s, const std::vector<serving::Request>* given) {
-  std::vector<serving::Request> requests;
-  if (given) requests = *given;
-  if (s.auto_policy) {
-    const bool synthetic = o.prompts_file.empty() && o.prompt.empty() && !s.model.tokenizer;
-    std::int64_t prompts = o.batch.value_or(1);
-    if (!synthetic) {
-      if (!given) requests = make_requests(o, s, gather_prompts(o, s.model, prompts));
-      prompts = static_cast<std::int64_t>(requests.size());
-    }
-    const policy::HardwareProfile hw = planning_profile(o, s);
-    const policy::Estimate e = policy::plan(
-        engine::model_shape(s.model.config), hw,
-        synthetic ? synthetic_workload(o, prompts, s.gen_len) : job_workload(o, s.model.config, requests, s.gen_len),
-        plan_options(o, s, prompts));
-    adopt_plan(o, s, e.policy, hw);
-    s.predicted = e;
-    fmt::print(stderr, "{}\n{}", planned_line(hw, e), o.hardware.empty() ? uncalibrated_note(o) : "");
-  }
-  if (requests.empty())
-    requests = make_requests(o, s, gather_prompts(o, s.model, o.batch.value_or(s.placed ? s.policy.block_size() : 1)));
-  return requests;
-}
-
-int run_one_process(const RunOptions& o) {
-  check_one_process_flags(o);
-  const serving::InterruptWatch interrupts;  // before any thread starts
-  const bool openai = is_openai_job(o);
-  std::optional<serving::ResultFile> out;
-  open_out(o, out, openai ? serving::ResultFormat::OpenAi : serving::ResultFormat::Simple);
-  RunSetup s = open_run(o);
-  std::optional<serving::OpenAiJob> oj;
-  if (openai) {
-    oj = open_openai_run(o, s, out);
-    if (oj->requests.empty()) {
-      fmt::print(stderr, "{}: no request to run\n", o.prompts_file);
-      return 0;
-    }
-  }
-  const std::vector<serving::Request> requests = plan_and_gather(o, s, oj ? &oj->requests : nullptr);
-  serving::check_requests(s.model.config, requests);  // fail before loading weights
-  if (!s.auto_policy) check_placement_fits(o, s, requests, planning_profile(o, s));  // within this machine's memory
-  const std::vector<serving::Request> todo = serving::requests_to_run(requests, out, o.resume, o.out_file);
-
-  settle_compute_dtype(o, s);
-  serving::EngineOptions eo = engine_options(o, s);
-  eo.progress = progress_options(o, s);
-  serving::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
-  JobResults results(o, s, out, oj ? &*oj : nullptr);
-  const serving::JobOutcome done = engine.run(todo, [&](std::span<const std::size_t> at, const GenerationResult& r) {
-    results.add(serving::requests_at(todo, at), r);
-  });
-  if (done.stopped)
-    fmt::print(stderr, "{}", serving::stopped_message("the run", done.finished_requests, done.requests, o.out_file));
-
-  serving::RunReport report = engine.report(s.model.description, requests, s.gen_len, done);
-  report.compute_why = s.compute_why;
-  if (s.predicted) report.predicted = serving::prediction_of(*s.predicted);
-  report.explain = o.explain;
-  if (s.constraints) report.structured_output = s.constraints->report();
-  fmt::print(stderr, "{}{}", report.text(), s.constraints ? s.constraints->summary_line() : "");
-  if (o.cuda_graphs == "on") print_graph_steps(*s.backend);
-  report.write_files(o.metrics_file, o.trace_file, engine.trace());
-  return done.stopped ? 130 : 0;
-}
-
-}  // namespace
-
-int run_command(const RunOptions& o) {
-  const FileRole reads[] = {{"--prompts", o.prompts_file}, {"--model", o.model}, {"--tokenizer", o.tokenizer},
-                            {"--policy", o.policy_file == "auto" ? "" : o.policy_file}, {"--hardware", o.hardware}};
-  const FileRole writes[] = {{"--out", o.out_file}, {"--metrics", o.metrics_file}, {"--trace", o.trace_file}};
-  check_files_apart(reads, writes);
-  if (const auto launch = distributed::mpi_launch()) {
-#ifdef FLEXH2O_HAVE_MPI
-    return run_distributed(o, [&] { return run_one_process(o); });
-#else
-    if (launch->ranks != 1 || o.pipeline > 1)
-      throw std::invalid_argument("this flexh2o was built without MPI, so under mpirun/srun every rank would run the "
-                                  "whole job; rebuild with -DFLEXH2O_MPI=ON (Open MPI: libopenmpi-dev) or run one process");
-#endif
-  }
-  return run_one_process(o);
+int run_command(const job::JobOptions& o) {
+  job::check_job_files_apart(o);
+  const job::FrontEnd front{.say = [](const std::string& text) { fmt::print(stderr, "{}\n", text); },
+                            .option_name = flag_of};
+  const job::JobEnd end = job::run_job(o, front);
+  fmt::print(stderr, "{}", end.text);
+  return end.status;
 }
 
 }  // namespace flexh2o::cli

@@ -8,7 +8,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -78,7 +81,7 @@ class DecodeGemm {
   static constexpr std::int64_t kN = 8192, kK = 4096;
   DecodeGemm(kernels::Backend& be, std::int64_t max_rows)
       : be_(be),
-        w_(be, static_cast<std::size_t>(kN * kK) * 2),
+        w_(be, static_cast<std::size_t>(kWeightBytes)),
         x_(be, static_cast<std::size_t>(max_rows * kK) * sizeof(float)),
         y_(be, static_cast<std::size_t>(max_rows * kN) * sizeof(float)) {
     const std::vector<std::uint16_t> w(static_cast<std::size_t>(kN * kK), 0x2e66);  // 0.1 in f16
@@ -96,8 +99,8 @@ class DecodeGemm {
       be.copy_to_device(x_bf16_.data(), x_bf16.data(), x_bf16_.bytes());
     }
   }
-  std::int64_t weight_bytes() const { return static_cast<std::int64_t>(w_.bytes()); }
-  double flops(std::int64_t m) const { return 2.0 * static_cast<double>(m * kN * kK); }
+  static constexpr std::int64_t kWeightBytes = kN * kK * 2;
+  static double flops(std::int64_t m) { return 2.0 * static_cast<double>(m * kN * kK); }
   double seconds(std::int64_t m, kernels::DType compute) {
     kernels::GemmArgs a;
     if (compute == kernels::DType::BF16 && be_.takes_bf16_gemm_inputs())
@@ -165,12 +168,25 @@ void scale_to_measured(policy::HardwareProfile& hw, const policy::RateCurve& mea
   hw.gpu_gemm_prefill = measured.back().second;
 }
 
+// The GEMM times of one backend kind and dtype per row count, measured once per process: a
+// process that runs many jobs (the Python API) plans each without measuring again.
+std::vector<double> measured_once(kernels::DeviceKind kind, const std::vector<std::int64_t>& rows,
+                                  const GemmDtypeAt& dtype_at, const std::function<std::vector<double>()>& measure) {
+  static std::mutex mutex;
+  static std::map<std::pair<kernels::DeviceKind, std::vector<kernels::DType>>, std::vector<double>> seconds;
+  std::vector<kernels::DType> dtypes;
+  for (std::int64_t r : rows) dtypes.push_back(dtype_at(r));
+  const std::lock_guard lock(mutex);
+  auto [it, fresh] = seconds.try_emplace({kind, dtypes});
+  if (fresh) it->second = measure();
+  return it->second;
+}
+
 }  // namespace
 
 double weight_read_rate(kernels::Backend& be) {
-  DecodeGemm g(be, 1);
-  return static_cast<double>(g.weight_bytes()) /
-         g.median_seconds({1}, [](std::int64_t) { return kernels::DType::F32; })[0];
+  return static_cast<double>(DecodeGemm::kWeightBytes) /
+         DecodeGemm(be, 1).median_seconds({1}, [](std::int64_t) { return kernels::DType::F32; })[0];
 }
 
 policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::string& offload_dir,
@@ -187,11 +203,12 @@ policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::st
   hw.cpu_mem = memory;
   hw.disk_mem = free_disk(offload_dir);
   const std::vector<std::int64_t> rows = measured_rows(cpu);
-  DecodeGemm g(be, rows.back());
-  const std::vector<double> seconds = g.median_seconds(rows, dtype_at);
+  const std::vector<double> seconds = measured_once(be.kind(), rows, dtype_at, [&] {
+    return DecodeGemm(be, rows.back()).median_seconds(rows, dtype_at);
+  });
   policy::RateCurve measured;
-  for (std::size_t i = 0; i < rows.size(); ++i) measured.emplace_back(rows[i], g.flops(rows[i]) / seconds[i]);
-  if (hw.gpu_memory == 0) hw.gpu_memory = static_cast<double>(g.weight_bytes()) / seconds[0];
+  for (std::size_t i = 0; i < rows.size(); ++i) measured.emplace_back(rows[i], DecodeGemm::flops(rows[i]) / seconds[i]);
+  if (hw.gpu_memory == 0) hw.gpu_memory = static_cast<double>(DecodeGemm::kWeightBytes) / seconds[0];
   scale_to_measured(hw, measured);
   std::string points;
   for (std::size_t i = 0; i < rows.size(); ++i)

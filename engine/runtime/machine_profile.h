@@ -34,7 +34,8 @@ using GemmDtypeAt = std::function<kernels::DType(std::int64_t rows)>;
 // still climbs past a few hundred): the built-in curves, from a small model whose weights stay
 // in cache on another CPU, are scaled to them (h100-pcie has none: the measured curve is the
 // GEMM curve), and the weight read rate (one row) bounds every GEMM over few rows, once per
-// GPU batch, where the built-in profile gives none.
+// GPU batch, where the built-in profile gives none. The GEMMs are measured once per process
+// (per backend kind and dtypes); the capacities each call.
 policy::HardwareProfile this_machine_profile(kernels::Backend& be, const std::string& offload_dir,
                                              const GemmDtypeAt& dtype_at);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
@@ -264,13 +265,15 @@ bool is_openai_batch_file(const std::string& path) {
   return false;
 }
 
-std::vector<OpenAiLine> read_openai_batch(const std::string& path) {
-  engine::LineReader in(path, engine::kMaxPromptLineBytes);
+namespace {
+
+// Numbers and parses each non-blank line that `next` gives; a custom_id repeated is an error on
+// the later line.
+std::vector<OpenAiLine> read_lines(const std::function<bool(std::string&)>& next) {
   std::vector<OpenAiLine> lines;
   std::map<std::string, std::int64_t> line_of_key;
   std::string text;
-  for (std::int64_t n = 1; in.next(text); ++n) {
-    in.count_line();
+  for (std::int64_t n = 1; next(text); ++n) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     OpenAiLine r = parse_openai_line(text, n);
     if (const auto [it, fresh] = line_of_key.emplace(r.key, n); !fresh && r.error.empty()) {
@@ -282,6 +285,26 @@ std::vector<OpenAiLine> read_openai_batch(const std::string& path) {
     lines.push_back(std::move(r));
   }
   return lines;
+}
+
+}  // namespace
+
+std::vector<OpenAiLine> read_openai_batch(const std::string& path) {
+  engine::LineReader in(path, engine::kMaxPromptLineBytes);
+  return read_lines([&](std::string& text) {
+    if (!in.next(text)) return false;
+    in.count_line();
+    return true;
+  });
+}
+
+std::vector<OpenAiLine> read_openai_batch(std::span<const std::string> texts) {
+  std::size_t i = 0;
+  return read_lines([&](std::string& text) {
+    if (i == texts.size()) return false;
+    text = texts[i++];
+    return true;
+  });
 }
 
 }  // namespace flexh2o::serving

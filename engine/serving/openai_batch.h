@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,8 @@ bool is_openai_batch_file(const std::string& path);
 // error on the later line (results and --resume go by custom_id). Throws only when the file
 // cannot be read.
 std::vector<OpenAiLine> read_openai_batch(const std::string& path);
+// The same over lines given in memory (the Python API's requests), numbered from 1.
+std::vector<OpenAiLine> read_openai_batch(std::span<const std::string> texts);
 
 // One line parsed (exposed for tests); `line` numbers it in messages.
 OpenAiLine parse_openai_line(const std::string& text, std::int64_t line);

@@ -86,8 +86,12 @@ std::vector<std::int32_t> prepare(const OpenAiLine& r, const OpenAiPromptContext
 }  // namespace
 
 OpenAiJob open_openai_job(const std::string& path, const OpenAiPromptContext& ctx) {
+  return open_openai_job(read_openai_batch(path), ctx);
+}
+
+OpenAiJob open_openai_job(std::vector<OpenAiLine> lines, const OpenAiPromptContext& ctx) {
   OpenAiJob job;
-  job.lines = read_openai_batch(path);
+  job.lines = std::move(lines);
   job.prompts.resize(job.lines.size());
   for (std::size_t i = 0; i < job.lines.size(); ++i) {
     OpenAiLine& r = job.lines[i];
@@ -122,8 +126,8 @@ OpenAiJob open_openai_job(const std::string& path, const OpenAiPromptContext& ct
   return job;
 }
 
-std::vector<std::string> OpenAiCollector::add(std::span<const Request> block, const engine::GenerationResult& r) {
-  std::vector<std::string> lines;
+std::vector<FinishedLine> OpenAiCollector::add(std::span<const Request> block, const engine::GenerationResult& r) {
+  std::vector<FinishedLine> lines;
   for (std::size_t b = 0; b < block.size(); ++b) {
     const Request& q = block[b];
     const OpenAiLine& line = job_.lines[q.source];
@@ -136,9 +140,10 @@ std::vector<std::string> OpenAiCollector::add(std::span<const Request> block, co
     }
     choices[static_cast<std::size_t>(q.choice)] = std::move(c);
     if (std::any_of(choices.begin(), choices.end(), [](const auto& o) { return !o.has_value(); })) continue;
-    std::vector<ChoiceOutcome> done;
-    for (auto& o : choices) done.push_back(std::move(*o));
-    lines.push_back(openai_result_line(line, job_.prompts[q.source], done, ctx_));
+    FinishedLine done{.index = q.source};
+    for (auto& o : choices) done.choices.push_back(std::move(*o));
+    done.text = openai_result_line(line, job_.prompts[q.source], done.choices, ctx_);
+    lines.push_back(std::move(done));
     pending_.erase(q.source);
   }
   return lines;

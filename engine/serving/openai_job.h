@@ -38,13 +38,22 @@ struct OpenAiJob {
 
 // Reads and prepares the file; lines whose preparation fails get that error.
 OpenAiJob open_openai_job(const std::string& path, const OpenAiPromptContext& ctx);
+// Prepares lines read already (read_openai_batch), as the file's.
+OpenAiJob open_openai_job(std::vector<OpenAiLine> lines, const OpenAiPromptContext& ctx);
+
+// A request (line) whose n choices have all finished.
+struct FinishedLine {
+  std::size_t index = 0;  // into OpenAiJob::lines
+  std::vector<ChoiceOutcome> choices;
+  std::string text;  // its result line, newline included
+};
 
 // Collects the choices of each request as blocks finish; a request's result line is ready
 // when its last choice is.
 class OpenAiCollector {
  public:
   OpenAiCollector(const OpenAiJob& job, ResultContext ctx) : job_(job), ctx_(std::move(ctx)) {}
-  std::vector<std::string> add(std::span<const Request> block, const engine::GenerationResult& r);
+  std::vector<FinishedLine> add(std::span<const Request> block, const engine::GenerationResult& r);
 
  private:
   const OpenAiJob& job_;

@@ -6,16 +6,23 @@
 #include <span>
 #include <string>
 
-namespace flexh2o::cli {
+#include "engine/job/job_options.h"
+#include "kernels/option_error.h"
+
+namespace flexh2o::job {
 
 struct FileRole {
-  std::string flag;  // "--metrics"
-  std::string path;  // "" when not given
+  kernels::Option option;  // the results file, the metrics file, ...
+  std::string path;        // "" when not given
 };
 
-// Throws std::invalid_argument naming both flags when an output is the same file as an input
+// Throws a kernels::OptionError naming both options when an output is the same file as an input
 // (the same inode, whatever the path says) or as another output (the same path once resolved,
 // or the same inode where it exists).
 void check_files_apart(std::span<const FileRole> reads, std::span<const FileRole> writes);
 
-}  // namespace flexh2o::cli
+// check_files_apart over a job's files: the prompts, model, tokenizer, policy and hardware
+// profile it reads; the results, metrics and trace it writes.
+void check_job_files_apart(const JobOptions& o);
+
+}  // namespace flexh2o::job

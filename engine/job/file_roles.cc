@@ -1,4 +1,4 @@
-#include "engine/cli/file_roles.h"
+#include "engine/job/file_roles.h"
 
 #include <sys/stat.h>
 
@@ -6,7 +6,7 @@
 #include <optional>
 #include <stdexcept>
 
-namespace flexh2o::cli {
+namespace flexh2o::job {
 
 namespace {
 
@@ -35,8 +35,8 @@ bool replaceable(const std::string& path) {
 }
 
 [[noreturn]] void refuse(const FileRole& out, const FileRole& other, const char* what) {
-  throw std::invalid_argument(out.flag + " " + out.path + " is the " + other.flag + " file " + other.path + ": " +
-                              what + "; name another file");
+  throw kernels::OptionError{out.option, " " + out.path + " is the ", other.option, " file " + other.path + ": " + what +
+                                             "; name another file"};
 }
 
 }  // namespace
@@ -58,4 +58,12 @@ void check_files_apart(std::span<const FileRole> reads, std::span<const FileRole
   }
 }
 
-}  // namespace flexh2o::cli
+void check_job_files_apart(const JobOptions& o) {
+  using kernels::Option;
+  const FileRole reads[] = {{Option::Prompts, o.prompts_file}, {Option::Model, o.model}, {Option::Tokenizer, o.tokenizer},
+                            {Option::Policy, o.policy_file == "auto" ? "" : o.policy_file}, {Option::Hardware, o.hardware}};
+  const FileRole writes[] = {{Option::Results, o.out_file}, {Option::Metrics, o.metrics_file}, {Option::Trace, o.trace_file}};
+  check_files_apart(reads, writes);
+}
+
+}  // namespace flexh2o::job

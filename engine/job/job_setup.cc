@@ -1,65 +1,77 @@
-#include "engine/cli/run_job.h"
+#include "engine/job/job_setup.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <ctime>
 #include <random>
 
 #include <unistd.h>
 
 #include "engine/chat/chat_template.h"
-#include "engine/cli/option_flags.h"
 #include "engine/loaders/template_source.h"
-#include "engine/serving/result_file.h"
+#include "kernels/option_error.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/prefix_match.h"
 #include "engine/model/model_shape.h"
 #include "policy/policy_text.h"
 
-namespace flexh2o::cli {
+namespace flexh2o::job {
 
 using namespace flexh2o::engine;
 namespace chat = flexh2o::engine::chat;
+using kernels::Option;
+using kernels::OptionError;
 
 namespace {
 
-policy::Policy make_policy(const RunOptions& o) {
+// A policy with the schedule options (overlap, sep_layer, pin_weight, MoE loading, prefix pool)
+// applied.
+policy::Policy with_schedule_options(const JobOptions& o, policy::Policy p) {
+  if (o.overlap) p.overlap = *o.overlap != 0;
+  if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
+  if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
+  if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
+  if (o.expert_slots) p.expert_slots = *o.expert_slots;
+  if (!o.prefix_pool.empty()) p.prefix_pool = o.prefix_pool;
+  return p;
+}
+
+policy::Policy make_policy(const JobOptions& o) {
   policy::Policy p = o.policy_file.empty() ? policy::Policy{} : policy::load_policy_file(o.policy_file);
   if (!o.percent.empty()) {
     try {
       p.set_percent({o.percent[0], o.percent[1], o.percent[2], o.percent[3], o.percent[4], o.percent[5]});
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(std::string("--percent: ") + e.what());
+      throw OptionError{Option::Placement, std::string(": ") + e.what()};
     }
   }
   if (o.resident_embeddings) p.resident_embeddings = *o.resident_embeddings != 0;
-  // Without a policy file or --gpu-batch-size, all prompts of --batch form one GPU batch.
+  // Without a policy file or a GPU batch size, all prompts of the batch form one GPU batch.
   if (o.gpu_batch_size) p.gpu_batch_size = *o.gpu_batch_size;
   else if (o.policy_file.empty()) p.gpu_batch_size = o.batch.value_or(1);
   if (o.num_gpu_batches) p.num_gpu_batches = *o.num_gpu_batches;
   if (o.cpu_cache_compute) p.cpu_cache_compute = true;
   if (!o.kv.empty()) p.kv = o.kv;
-  p = with_schedule_flags(o, std::move(p));
+  p = with_schedule_options(o, std::move(p));
   o.compress.apply(p);
   p.validate(o.policy_file.empty() ? "policy flags" : o.policy_file);
   return p;
 }
 
-std::int64_t capacity(const std::string& text, const char* flag) {
+std::int64_t capacity(const std::string& text, Option option) {
   if (text.empty()) return offload::Budget::kUnlimited;
   try {
     return offload::parse_bytes(text);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string(flag) + ": " + e.what());
+    throw OptionError{option, std::string(": ") + e.what()};
   }
 }
 
 }  // namespace
 
-RunSetup open_run(const RunOptions& o) {
-  RunSetup s;
+JobSetup open_setup(const JobOptions& o) {
+  JobSetup s;
   ModelOptions mo;
   mo.model = o.model;
   mo.tokenizer = o.tokenizer;
@@ -67,15 +79,15 @@ RunSetup open_run(const RunOptions& o) {
   mo.seed = o.seed;
   if (!o.dtype.empty()) mo.dtype = kernels::parse_dtype(o.dtype);
   // Throughput first: a batch job without placement flags runs the planner's policy (as large a
-  // batch as fits this machine or --hardware, and the --*-mem limits); so does --policy auto.
+  // batch as fits this machine or the hardware profile, and the tier capacities); so does policy auto.
   s.placed = (!o.policy_file.empty() && o.policy_file != "auto") || !o.percent.empty() || o.gpu_batch_size ||
              o.num_gpu_batches || o.resident_embeddings;
-  const bool batch_job = !o.prompts_file.empty() || o.batch.value_or(1) > 1;
+  const bool batch_job = !o.prompts_file.empty() || !o.request_lines.empty() || o.batch.value_or(1) > 1;
   s.auto_policy = o.policy_file == "auto" || (!s.placed && batch_job);
   if (!s.auto_policy) s.policy = make_policy(o);
-  s.tiers.gpu_bytes = capacity(o.gpu_mem, "--gpu-mem");
-  s.tiers.cpu_bytes = capacity(o.cpu_mem, "--cpu-mem");
-  s.tiers.disk_bytes = capacity(o.disk_mem, "--disk-mem");
+  s.tiers.gpu_bytes = capacity(o.gpu_mem, Option::GpuMem);
+  s.tiers.cpu_bytes = capacity(o.cpu_mem, Option::CpuMem);
+  s.tiers.disk_bytes = capacity(o.disk_mem, Option::DiskMem);
   s.tiers.offload_dir = o.offload_dir;
   s.model = open_model(mo);
   s.backend = kernels::make_backend(o.backend);
@@ -87,7 +99,7 @@ RunSetup open_run(const RunOptions& o) {
   return s;
 }
 
-void settle_compute_dtype(const RunOptions& o, RunSetup& s) {
+void settle_compute_dtype(const JobOptions& o, JobSetup& s) {
   // The matrices as the run stores them (compress_weight: q4/q8, which the CPU multiplies by int8).
   const kernels::DType matrices = s.policy.weight_dtype(s.model.config.dtype);
   const ComputeChoice c =
@@ -96,7 +108,130 @@ void settle_compute_dtype(const RunOptions& o, RunSetup& s) {
   s.compute_why = c.why;
 }
 
-std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m, std::int64_t count) {
+policy::HardwareProfile planning_profile(const JobOptions& o, const JobSetup& s) {
+  policy::HardwareProfile hw =
+      o.hardware.empty()
+          ? this_machine_profile(*s.backend, o.offload_dir,
+                                 [&, bf16 = bf16_speed(*s.backend, s.model.config.dtype)](std::int64_t rows) {
+                                   // a job of `rows` per GPU batch multiplies every step in this dtype
+                                   return job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16, rows).dtype;
+                                 })
+          : hardware_profile(o.hardware);
+  for (auto [bytes, field] : {std::pair{s.tiers.gpu_bytes, &hw.gpu_mem}, std::pair{s.tiers.cpu_bytes, &hw.cpu_mem},
+                              std::pair{s.tiers.disk_bytes, &hw.disk_mem}})
+    if (bytes != offload::Budget::kUnlimited) *field = bytes;
+  return hw;
+}
+
+policy::PlanOptions plan_options(const JobOptions& o, const JobSetup& s, std::int64_t max_block) {
+  policy::PlanOptions po;
+  po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
+  o.compress.apply(po);
+  // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
+  po.allow_cpu_cache_compute = s.backend->kind() == kernels::DeviceKind::Cpu;
+  po.max_block = std::max<std::int64_t>(max_block, 1);  // no block larger than the job
+  return po;
+}
+
+namespace {
+
+policy::Workload workload_of(const JobOptions& o, std::vector<policy::RequestLength> lengths) {
+  if (o.batching == "continuous" && o.pipeline <= 1)
+    return policy::continuous_workload(std::move(lengths), o.prefill_budget.value_or(0));
+  policy::Workload w;
+  w.prompt_len = w.gen_len = 0;
+  for (const auto& r : lengths) {
+    w.prompt_len = std::max(w.prompt_len, r.prompt);
+    w.gen_len = std::max(w.gen_len, r.gen);
+  }
+  return w;
+}
+
+// Prefix sharing as the step scheduler applies it to this job (docs/prefix-sharing.md): under
+// continuous batching with prefix sharing on, every request of a prefix family but the first in
+// the job takes the family's prefix (RequestLength::shared); with `on`, the families may be held
+// once (Workload::held; the planner decides where a block would).
+void add_shared_prefixes(const JobOptions& o, const engine::ModelConfig& cfg, std::span<const serving::Request> requests,
+                         policy::Workload& w) {
+  const bool evicting = !o.kv.empty() && o.kv != "full";
+  if (!w.continuous || o.prefix_sharing == "off" || !engine::prefix_sharing_off_reason(cfg, evicting).empty()) return;
+  std::vector<std::span<const std::int32_t>> prompts;
+  for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
+  const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
+  engine::add_families(f, w.requests);
+  if (o.prefix_sharing == "on") w.held = engine::held_prefixes(f, w.requests);
+}
+
+}  // namespace
+
+policy::Workload job_workload(const JobOptions& o, const engine::ModelConfig& cfg,
+                              std::span<const serving::Request> requests, std::int64_t gen_len) {
+  std::vector<policy::RequestLength> lengths;
+  for (const serving::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
+  if (lengths.empty()) lengths.push_back({0, gen_len});  // as longest_limit: the new tokens limit for none
+  policy::Workload w = workload_of(o, std::move(lengths));
+  if (!requests.empty()) add_shared_prefixes(o, cfg, requests, w);
+  return w;
+}
+
+policy::Workload synthetic_workload(const JobOptions& o, std::int64_t count, std::int64_t gen_len) {
+  return workload_of(o, std::vector<policy::RequestLength>(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)),
+                                                           {o.prompt_len, gen_len}));
+}
+
+void check_placement_fits(const JobOptions& o, JobSetup& s, std::span<const serving::Request> requests,
+                          const policy::HardwareProfile& hw) {
+  const auto prompts = static_cast<std::int64_t>(requests.size());
+  try {
+    s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw,
+                                            job_workload(o, s.model.config, requests, s.gen_len), s.policy,
+                                            plan_options(o, s, prompts), "");
+  } catch (const OptionError& e) {
+    // "the placement given (--percent, ...) does not fit ...", the options named by the front end.
+    std::vector<kernels::OptionText::Piece> text =
+        s.placed ? std::vector<kernels::OptionText::Piece>{"the placement given (", Option::Placement, ", ",
+                                                           Option::Policy, " or ", Option::GpuBatchSize, ")"}
+                 : std::vector<kernels::OptionText::Piece>{"the default placement (", Option::Policy,
+                                                           " auto lets the planner fit the run)"};
+    text.insert(text.end(), e.pieces().begin(), e.pieces().end());
+    throw OptionError(std::move(text));
+  }
+  // The tiers' budgets default to what was checked, so what the estimate missed is still a
+  // budget error naming the tier, not the kernel's kill.
+  for (auto [bytes, capacity] : {std::pair{&s.tiers.gpu_bytes, hw.gpu_mem}, std::pair{&s.tiers.cpu_bytes, hw.cpu_mem}})
+    if (*bytes == offload::Budget::kUnlimited) *bytes = capacity;
+}
+
+void adopt_plan(const JobOptions& o, JobSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw) {
+  s.policy = with_schedule_options(o, planned);
+  s.tiers.gpu_bytes = hw.gpu_mem;
+  s.tiers.cpu_bytes = hw.cpu_mem;
+  s.tiers.disk_bytes = hw.disk_mem;
+}
+
+std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e) {
+  const auto& pol = e.policy;
+  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}]{}, cpu_cache_compute {}{}; predicted {} {:.2f} tok/s",
+                     hw.name, pol.gpu_batch_size, pol.num_gpu_batches, policy::percent_text(pol, 1),
+                     pol.resident_embeddings ? " (embeddings and head resident)" : "", pol.cpu_cache_compute,
+                     pol.prefix_pool == "auto" ? "" : ", prefix pool on " + pol.prefix_pool,
+                     e.continuous ? "generated" : "total", e.total_throughput);
+}
+
+std::string uncalibrated_note(const JobOptions& o) {
+  const std::string model = o.model.empty() ? "" : " --model " + o.model;
+  return fmt::format(
+      "  (uncalibrated: a built-in profile's rates, scaled by one GEMM measured now; for a prediction of this "
+      "machine and model run `flexh2o calibrate{} --out this-machine.yaml` once and pass --hardware "
+      "this-machine.yaml)",
+      model);
+}
+
+namespace {
+
+// The prompts of the job: the prompts file, else the prompt text or synthetic ones, `count` of
+// them; tokenized.
+std::vector<PromptItem> gather_prompts(const JobOptions& o, const ModelSource& m, std::int64_t count) {
   std::vector<PromptItem> items;
   if (!o.prompts_file.empty()) {
     items = read_prompts_jsonl(o.prompts_file);
@@ -118,143 +253,9 @@ std::vector<PromptItem> gather_prompts(const RunOptions& o, const ModelSource& m
   return items;
 }
 
-policy::HardwareProfile planning_profile(const RunOptions& o, const RunSetup& s) {
-  policy::HardwareProfile hw =
-      o.hardware.empty()
-          ? this_machine_profile(*s.backend, o.offload_dir,
-                                 [&, bf16 = bf16_speed(*s.backend, s.model.config.dtype)](std::int64_t rows) {
-                                   // a job of `rows` per GPU batch multiplies every step in this dtype
-                                   return job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16, rows).dtype;
-                                 })
-          : hardware_profile(o.hardware);
-  for (auto [bytes, field] : {std::pair{s.tiers.gpu_bytes, &hw.gpu_mem}, std::pair{s.tiers.cpu_bytes, &hw.cpu_mem},
-                              std::pair{s.tiers.disk_bytes, &hw.disk_mem}})
-    if (bytes != offload::Budget::kUnlimited) *field = bytes;
-  return hw;
-}
-
-policy::PlanOptions plan_options(const RunOptions& o, const RunSetup& s, std::int64_t max_block) {
-  policy::PlanOptions po;
-  po.kv = policy::parse_kv_spec(o.kv.empty() ? "full" : o.kv);
-  o.compress.apply(po);
-  // Attention over a cpu-homed KV in place needs a CPU backend beside a device one (not yet).
-  po.allow_cpu_cache_compute = s.backend->kind() == kernels::DeviceKind::Cpu;
-  po.max_block = std::max<std::int64_t>(max_block, 1);  // no block larger than the job
-  return po;
-}
-
-namespace {
-
-policy::Workload workload_of(const RunOptions& o, std::vector<policy::RequestLength> lengths) {
-  if (o.batching == "continuous" && o.pipeline <= 1)
-    return policy::continuous_workload(std::move(lengths), o.prefill_budget.value_or(0));
-  policy::Workload w;
-  w.prompt_len = w.gen_len = 0;
-  for (const auto& r : lengths) {
-    w.prompt_len = std::max(w.prompt_len, r.prompt);
-    w.gen_len = std::max(w.gen_len, r.gen);
-  }
-  return w;
-}
-
-// Prefix sharing as the step scheduler applies it to this job (docs/prefix-sharing.md): under
-// continuous batching with prefix sharing on, every request of a prefix family but the first in
-// the job takes the family's prefix (RequestLength::shared); with `on`, the families may be held
-// once (Workload::held; the planner decides where a block would).
-void add_shared_prefixes(const RunOptions& o, const engine::ModelConfig& cfg, std::span<const serving::Request> requests,
-                         policy::Workload& w) {
-  const bool evicting = !o.kv.empty() && o.kv != "full";
-  if (!w.continuous || o.prefix_sharing == "off" || !engine::prefix_sharing_off_reason(cfg, evicting).empty()) return;
-  std::vector<std::span<const std::int32_t>> prompts;
-  for (const serving::Request& r : requests) prompts.emplace_back(r.prompt);
-  const engine::PrefixFamilies f = engine::prefix_families(prompts, engine::GenerationRequest{}.min_shared_prefix);
-  engine::add_families(f, w.requests);
-  if (o.prefix_sharing == "on") w.held = engine::held_prefixes(f, w.requests);
-}
-
-}  // namespace
-
-policy::Workload job_workload(const RunOptions& o, const engine::ModelConfig& cfg,
-                              std::span<const serving::Request> requests, std::int64_t gen_len) {
-  std::vector<policy::RequestLength> lengths;
-  for (const serving::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
-  if (lengths.empty()) lengths.push_back({0, gen_len});  // as longest_limit: --gen-len for none
-  policy::Workload w = workload_of(o, std::move(lengths));
-  if (!requests.empty()) add_shared_prefixes(o, cfg, requests, w);
-  return w;
-}
-
-policy::Workload synthetic_workload(const RunOptions& o, std::int64_t count, std::int64_t gen_len) {
-  return workload_of(o, std::vector<policy::RequestLength>(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)),
-                                                           {o.prompt_len, gen_len}));
-}
-
-std::int64_t prefill_budget_of(const RunOptions& o, const RunSetup& s) {
-  if (o.prefill_budget) return *o.prefill_budget;
-  return s.predicted && s.predicted->prefill_budget > 0 ? s.predicted->prefill_budget : policy::kHostPrefillBudget;
-}
-
-policy::Policy with_schedule_flags(const RunOptions& o, policy::Policy p) {
-  if (o.overlap) p.overlap = *o.overlap != 0;
-  if (o.sep_layer) p.sep_layer = *o.sep_layer != 0;
-  if (o.pin_weight) p.pin_weight = *o.pin_weight != 0;
-  if (!o.expert_loading.empty()) p.expert_loading = o.expert_loading;
-  if (o.expert_slots) p.expert_slots = *o.expert_slots;
-  if (!o.prefix_pool.empty()) p.prefix_pool = o.prefix_pool;
-  return p;
-}
-
-void check_placement_fits(const RunOptions& o, RunSetup& s, std::span<const serving::Request> requests,
-                          const policy::HardwareProfile& hw) {
-  const auto prompts = static_cast<std::int64_t>(requests.size());
-  s.predicted = policy::estimate_or_throw(engine::model_shape(s.model.config), hw,
-                                          job_workload(o, s.model.config, requests, s.gen_len), s.policy,
-                                          plan_options(o, s, prompts),
-                                          s.placed ? "the placement given (--percent, --policy or --gpu-batch-size)"
-                                                   : "the default placement (--policy auto lets the planner fit the run)");
-  // The tiers' budgets default to what was checked, so what the estimate missed is still a
-  // budget error naming the tier, not the kernel's kill.
-  for (auto [bytes, capacity] : {std::pair{&s.tiers.gpu_bytes, hw.gpu_mem}, std::pair{&s.tiers.cpu_bytes, hw.cpu_mem}})
-    if (*bytes == offload::Budget::kUnlimited) *bytes = capacity;
-}
-
-void adopt_plan(const RunOptions& o, RunSetup& s, const policy::Policy& planned, const policy::HardwareProfile& hw) {
-  s.policy = with_schedule_flags(o, planned);
-  s.tiers.gpu_bytes = hw.gpu_mem;
-  s.tiers.cpu_bytes = hw.cpu_mem;
-  s.tiers.disk_bytes = hw.disk_mem;
-}
-
-std::string planned_line(const policy::HardwareProfile& hw, const policy::Estimate& e) {
-  const auto& pol = e.policy;
-  return fmt::format("planned for {}: gpu batch {} x {}, percent [{}]{}, cpu_cache_compute {}{}; predicted {} {:.2f} tok/s",
-                     hw.name, pol.gpu_batch_size, pol.num_gpu_batches, policy::percent_text(pol, 1),
-                     pol.resident_embeddings ? " (embeddings and head resident)" : "", pol.cpu_cache_compute,
-                     pol.prefix_pool == "auto" ? "" : ", prefix pool on " + pol.prefix_pool,
-                     e.continuous ? "generated" : "total", e.total_throughput);
-}
-
-std::string uncalibrated_note(const RunOptions& o) {
-  const std::string model = o.model.empty() ? "" : " --model " + o.model;
-  return fmt::format(
-      "  (uncalibrated: a built-in profile's rates, scaled by one GEMM measured now; for a prediction of this "
-      "machine and model run `flexh2o calibrate{} --out this-machine.yaml` once and pass --hardware "
-      "this-machine.yaml)\n",
-      model);
-}
-
-void open_out(const RunOptions& o, std::optional<serving::ResultFile>& out, serving::ResultFormat format) {
-  if (o.resume && o.out_file.empty()) throw std::invalid_argument("--resume needs --out (the results to resume from)");
-  if (!o.out_file.empty()) out.emplace(o.out_file, o.resume, o.prompts_file, format);
-}
-
-bool is_openai_job(const RunOptions& o) { return !o.prompts_file.empty() && serving::is_openai_batch_file(o.prompts_file); }
-
-namespace {
-
 // The model's chat template over a request's messages; a model without one gives a renderer
 // that throws why (the error of every chat line, while completions still run).
-std::function<std::string(const nlohmann::ordered_json&)> chat_renderer(const RunOptions& o) {
+std::function<std::string(const nlohmann::ordered_json&)> chat_renderer(const JobOptions& o, const FrontEnd& front) {
   try {
     const auto src = std::make_shared<const chat::TemplateSource>(chat::load_model_template(o.model, "", false));
     const auto tmpl = std::make_shared<const chat::ChatTemplate>(src->text, src->name);
@@ -267,7 +268,8 @@ std::function<std::string(const nlohmann::ordered_json&)> chat_renderer(const Ru
       return tmpl->render(in);
     };
   } catch (const std::exception& e) {
-    return [why = error_text(e)](const nlohmann::ordered_json&) -> std::string {
+    const auto* t = dynamic_cast<const kernels::OptionText*>(&e);
+    return [why = t ? t->text(front.option_name) : std::string(e.what())](const nlohmann::ordered_json&) -> std::string {
       throw std::invalid_argument("no chat template: " + why);
     };
   }
@@ -275,7 +277,7 @@ std::function<std::string(const nlohmann::ordered_json&)> chat_renderer(const Ru
 
 // A prompts line's constraint, compiled once here so that one not supported fails the job
 // before the model loads, naming the line's id and field.
-grammar::Constraint checked_constraint(const RunSetup& s, const PromptItem& item) {
+grammar::Constraint checked_constraint(const JobSetup& s, const PromptItem& item) {
   const std::string where = "prompt " + item.id_json + ": " + item.constraint->field;
   if (!s.constraints)
     throw std::invalid_argument(where + ": model '" + s.model.config.name +
@@ -290,16 +292,17 @@ grammar::Constraint checked_constraint(const RunSetup& s, const PromptItem& item
 
 }  // namespace
 
-serving::OpenAiPromptContext openai_prompt_context(const RunOptions& o, const RunSetup& s) {
+serving::OpenAiPromptContext openai_prompt_context(const JobOptions& o, const JobSetup& s, const FrontEnd& front) {
   return {.config = &s.model.config,
           .tok = s.model.tokenizer.get(),
-          .render_chat = chat_renderer(o),
+          .render_chat = chat_renderer(o, front),
           .gen_len = s.gen_len,
           .default_seed = o.seed,
           .constraints = s.constraints.get()};
 }
 
-std::vector<serving::Request> make_requests(const RunOptions& o, const RunSetup& s, const std::vector<PromptItem>& items) {
+std::vector<serving::Request> make_requests(const JobOptions& o, const JobSetup& s, std::int64_t count) {
+  const std::vector<PromptItem> items = gather_prompts(o, s.model, count);
   std::vector<serving::Request> requests;
   for (std::size_t i = 0; i < items.size(); ++i) {
     requests.push_back({items[i].id_json, items[i].text, items[i].tokens, items[i].max_tokens.value_or(s.gen_len),
@@ -309,33 +312,17 @@ std::vector<serving::Request> make_requests(const RunOptions& o, const RunSetup&
   return requests;
 }
 
-std::string result_line(const RunOptions& o, const ModelSource& m, const serving::Request& r,
-                        std::span<const std::int32_t> new_tokens) {
-  std::string text;
-  if (m.tokenizer) {
-    std::vector<std::int32_t> all = r.prompt;
-    const std::size_t prompt_bytes = m.tokenizer->decode(all).size();
-    all.insert(all.end(), new_tokens.begin(), new_tokens.end());
-    text = m.tokenizer->decode(all).substr(prompt_bytes);
-  }
-  // A prompts file's results are JSONL wherever they go (stdout without --out): their ids say
-  // which is which, as they come in the order requests end.
-  if (!o.out_file.empty() || !o.prompts_file.empty()) return serving::ResultFile::line(r.id_json, text, new_tokens);
-  if (m.tokenizer) return r.text.value_or("") + text + "\n";
-  return fmt::format("[{}]\n", fmt::join(new_tokens, ", "));
+namespace {
+
+// Continuous batching's prefill budget: the one given, else the one the policy run was planned
+// or checked with (policy::default_prefill_budget for its GPU batch and the profile).
+std::int64_t prefill_budget_of(const JobOptions& o, const JobSetup& s) {
+  if (o.prefill_budget) return *o.prefill_budget;
+  return s.predicted && s.predicted->prefill_budget > 0 ? s.predicted->prefill_budget : policy::kHostPrefillBudget;
 }
 
-serving::OpenAiJob open_openai_run(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out) {
-  serving::OpenAiJob oj = serving::open_openai_job(o.prompts_file, openai_prompt_context(o, s));
-  std::vector<std::string> errors;
-  for (const serving::OpenAiLine& l : oj.lines)
-    if (!l.error.empty() && !(out && out->done_ids().count(l.key))) errors.push_back(serving::openai_error_line(l));
-  serving::write_results(out, errors);
-  if (!errors.empty()) fmt::print(stderr, "{} bad request lines: error result lines written\n", errors.size());
-  return oj;
-}
-
-serving::StopStringSeen stop_string_watch(const RunSetup& s) {
+// Whether request r's text so far holds one of its stop strings; null without a tokenizer.
+serving::StopStringSeen stop_string_watch(const JobSetup& s) {
   if (!s.model.tokenizer) return {};
   // The text of the new tokens after the prompt's last token (enough context for the
   // tokenizer's spacing).
@@ -345,9 +332,11 @@ serving::StopStringSeen stop_string_watch(const RunSetup& s) {
   };
 }
 
+}  // namespace
+
 // Pipeline stages copy shared prefixes: each places its own memory, and a pool held on some
 // stages but not on others (BlockScheduler::place_with_pool) would admit requests apart.
-serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
+serving::EngineOptions engine_options(const JobOptions& o, const JobSetup& s) {
   return {.policy = s.policy,
           .tiers = s.tiers,
           .continuous = o.batching == "continuous",
@@ -363,28 +352,11 @@ serving::EngineOptions engine_options(const RunOptions& o, const RunSetup& s) {
           .results_in = o.out_file};
 }
 
-std::optional<serving::ProgressOptions> progress_options(const RunOptions& o, const RunSetup& s) {
+std::optional<serving::ProgressOptions> progress_options(const JobOptions& o, const JobSetup& s) {
   if (o.quiet) return std::nullopt;
   return serving::ProgressOptions{
       .planned_tokens_per_second = s.predicted && s.predicted->continuous ? s.predicted->total_throughput : 0,
       .terminal = ::isatty(STDERR_FILENO) == 1};
 }
 
-JobResults::JobResults(const RunOptions& o, const RunSetup& s, std::optional<serving::ResultFile>& out,
-                       const serving::OpenAiJob* openai)
-    : o_(o), s_(s), out_(out) {
-  if (openai)
-    collector_.emplace(*openai, serving::ResultContext{.tok = s.model.tokenizer.get(),
-                                                   .model = o.model.empty() ? s.model.config.name : o.model,
-                                                   .created = static_cast<std::int64_t>(std::time(nullptr))});
-}
-
-void JobResults::add(std::span<const serving::Request> done, const GenerationResult& r) {
-  std::vector<std::string> lines;
-  if (collector_) lines = collector_->add(done, r);
-  else
-    for (std::size_t t = 0; t < done.size(); ++t) lines.push_back(result_line(o_, s_.model, done[t], r.tokens[t]));
-  serving::write_results(out_, lines);
-}
-
-}  // namespace flexh2o::cli
+}  // namespace flexh2o::job
