@@ -23,13 +23,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   flexh2o::job::JobOptions run;
   CLI::App* run_cmd = flexh2o::cli::add_run_command(app, run);
-  flexh2o::cli::EvalOptions eval;
+  flexh2o::cli::EvalCliOptions eval;
   CLI::App* eval_cmd = flexh2o::cli::add_eval_command(app, eval);
   flexh2o::cli::PlanCliOptions plan;
   CLI::App* plan_cmd = flexh2o::cli::add_plan_command(app, plan);
-  flexh2o::cli::CalibrateOptions calibrate;
+  flexh2o::cli::CalibrateCliOptions calibrate;
   CLI::App* calibrate_cmd = flexh2o::cli::add_calibrate_command(app, calibrate);
-  flexh2o::cli::BenchOptions bench;
+  flexh2o::cli::BenchCliOptions bench;
   CLI::App* bench_cmd = flexh2o::cli::add_bench_command(app, bench);
   flexh2o::cli::TokenizeOptions tokenize;
   CLI::App* tokenize_cmd = flexh2o::cli::add_tokenize_command(app, tokenize);

@@ -1,4 +1,4 @@
-#include "engine/cli/calibrate_units.h"
+#include "engine/job/calibrate_units.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include "engine/model/step.h"
 #include "policy/cost_model.h"
 
-namespace flexh2o::cli {
+namespace flexh2o::job {
 
 namespace {
 
@@ -103,4 +103,4 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
   return c;
 }
 
-}  // namespace flexh2o::cli
+}  // namespace flexh2o::job

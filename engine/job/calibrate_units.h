@@ -11,7 +11,7 @@
 #include "kernels/backend.h"
 #include "policy/hardware_profile.h"
 
-namespace flexh2o::cli {
+namespace flexh2o::job {
 
 struct UnitCurves {
   policy::RateCurve layer_by_rows;  // flop/s of decoder layer 0, counted as 2 x its matrix elements per row
@@ -32,4 +32,4 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
                                std::int64_t max_bytes, const TimeCall& time_call,
                                const std::function<void(const std::string&, const std::string&)>& progress);
 
-}  // namespace flexh2o::cli
+}  // namespace flexh2o::job
