@@ -126,7 +126,7 @@ class Logprob:
 class CompletionOutput:
     index: int
     text: str
-    token_ids: List[int]
+    token_ids: Optional[List[int]]  # None: resumed from an earlier run's results file
     cumulative_logprob: Optional[float]
     logprobs: Optional[List[Dict[int, Logprob]]]
     finish_reason: Optional[str]  # "stop" or "length"
@@ -144,7 +144,7 @@ class RequestMetrics:
 class RequestOutput:
     request_id: str
     prompt: Optional[str]
-    prompt_token_ids: List[int]
+    prompt_token_ids: Optional[List[int]]  # None: resumed from an earlier run's results file
     outputs: List[CompletionOutput]
     finished: bool = True
     metrics: Optional[RequestMetrics] = None
@@ -232,6 +232,19 @@ class Plan:
     predicted: Optional[Dict[str, Any]]
 
 
+def _resumed_output(prompt: PromptType, line: Dict[str, Any]) -> RequestOutput:
+    """A request done by an earlier run of a resumed job, from its result line: the file holds
+    no token ids (token_ids None), nor the prompt's."""
+    if line.get("error"):
+        raise ValueError(f"request {line['custom_id']}: {line['error']['message']}")
+    body = line["response"]["body"]
+    outputs = [CompletionOutput(index=c["index"], text=c["message"]["content"] if "message" in c else c["text"],
+                                token_ids=None, cumulative_logprob=None, logprobs=None,
+                                finish_reason=c["finish_reason"]) for c in body["choices"]]
+    text = prompt if isinstance(prompt, str) else (prompt.get("prompt") if isinstance(prompt, dict) else None)
+    return RequestOutput(line["custom_id"], text if isinstance(text, str) else None, None, outputs, True, None)
+
+
 class LLM:
     """A model and the options of the jobs run on it (every option of ``flexh2o run``, by its
     meaning: ``policy``, ``kv``, ``compress_weight``, ``gpu_mem``, ``offload_dir``, ``hardware``,
@@ -301,7 +314,25 @@ class LLM:
     def _run(self, items: List[Any], lines: List[str], use_tqdm: bool) -> List[RequestOutput]:
         done: Dict[int, tuple] = {}
         timings = self._job(lines, use_tqdm, lambda d: done.__setitem__(int(json.loads(d[0])), d))
-        return [self._output(items, i, done[i], timings) for i in range(len(items)) if i in done]
+        earlier = self._earlier_results(len(items), done)
+        return [self._output(items, i, done[i], timings) if i in done else _resumed_output(items[i], earlier[i])
+                for i in range(len(items))]
+
+    def _earlier_results(self, count: int, done: Dict[int, tuple]) -> Dict[int, Dict[str, Any]]:
+        """The result lines of the requests a resumed job found done (in the out file)."""
+        if len(done) == count:
+            return {}
+        earlier = {}
+        with open(self.options["out"]) as f:
+            for line in f:
+                d = json.loads(line)
+                i = int(d["custom_id"])
+                if i < count and i not in done:
+                    earlier[i] = d
+        missing = sorted(set(range(count)) - set(done) - set(earlier))
+        if missing:
+            raise RuntimeError(f"requests {missing[:5]} neither ran nor are in {self.options['out']}")
+        return earlier
 
     def _stream(self, items: List[Any], lines: List[str], use_tqdm: bool) -> Iterator[RequestOutput]:
         finished: "queue.Queue[Any]" = queue.Queue()

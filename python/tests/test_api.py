@@ -148,19 +148,30 @@ def test_threads_on_separate_llms():
 def test_interrupted_job_resumes_to_the_uninterrupted_result(tmp_path):
     prompts = [f"Story {i}:" for i in range(64)]
     sp = SamplingParams(temperature=0.8, seed=5, max_tokens=200)
-    t0 = time.perf_counter()
     LLM(out=str(tmp_path / "whole.jsonl"), gpu_batch_size=2).generate(prompts, sp, use_tqdm=False)
     llm = LLM(out=str(tmp_path / "part.jsonl"), gpu_batch_size=2)
-    # Interrupted about halfway: some requests are done, others not started.
-    timer = threading.Timer((time.perf_counter() - t0) / 2, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+
+    def interrupt_once_some_are_done():  # SIGINT once the results file holds 4 lines
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "part.jsonl").exists() or len((tmp_path / "part.jsonl").read_text().splitlines()) < 4:
+            if time.monotonic() > deadline:
+                return  # the job failed another way: pytest.raises says so
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=interrupt_once_some_are_done)
+    watcher.start()
     with pytest.raises(KeyboardInterrupt, match="stopped after"):
         llm.generate(prompts, sp, use_tqdm=False)
-    timer.join()
+    watcher.join()
     part = len(Path(tmp_path / "part.jsonl").read_text().splitlines())
     assert 0 < part < len(prompts)
-    LLM(out=str(tmp_path / "part.jsonl"), gpu_batch_size=2, resume=True).generate(prompts, sp, use_tqdm=False)
+    outs = LLM(out=str(tmp_path / "part.jsonl"), gpu_batch_size=2, resume=True).generate(prompts, sp, use_tqdm=False)
     assert without_times(tmp_path / "part.jsonl") == without_times(tmp_path / "whole.jsonl")
+    # Every prompt's output, those of the first run from the file (without token ids).
+    whole = {d["custom_id"]: d["response"]["body"]["choices"][0]["text"] for d in without_times(tmp_path / "whole.jsonl")}
+    assert [o.outputs[0].text for o in outs] == [whole[str(i)] for i in range(len(prompts))]
+    assert sum(o.outputs[0].token_ids is None for o in outs) == part
 
 
 def test_no_leak_over_many_calls():
