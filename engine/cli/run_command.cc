@@ -161,8 +161,9 @@ CLI::App* add_run_command(CLI::App& app, job::JobOptions& o) {
                 "no progress line (on a terminal a bar redrawn as steps end, else a line each 30 s and each tenth of "
                 "the requests: done, prompt and generated tok/s, elapsed, time left)");
   run->add_flag("--explain", o.explain,
-                "after the run, the planner's predicted throughput, step time and memory per tier next to the "
-                "measured ones (--metrics has them under \"predicted\" either way)");
+                "after the run, the planner's predicted throughput, step time, phases (a fixed block's prefill and "
+                "decode) and memory per tier next to the measured ones (--metrics has them under \"predicted\" "
+                "either way)");
   return run;
 }
 

@@ -236,6 +236,8 @@ Prediction prediction_of(const policy::Estimate& e) {
           .throughput = e.total_throughput,
           .step_seconds = e.decode_step_seconds,
           .block_seconds = e.prefill_seconds + e.decode_seconds,
+          .prefill_seconds = e.continuous ? 0 : e.prefill_seconds,
+          .decode_seconds = e.continuous ? 0 : e.decode_seconds,
           .peaks = {e.peak_bytes[0], e.peak_bytes[1], e.peak_bytes[2]}};
 }
 
@@ -248,11 +250,16 @@ Prediction RunReport::measured() const {
     m.throughput = seconds > 0 ? static_cast<double>(total.generated_tokens) / seconds : 0;
     m.step_seconds = seconds / static_cast<double>(std::max<std::int64_t>(total.prefill_steps + total.decode_steps, 1));
     m.block_seconds = seconds;
+    m.prefill_seconds = total.prefill_seconds;
+    m.decode_seconds = total.decode_seconds;
   } else {
     m.throughput = total.total_throughput();
     m.step_seconds = total.decode_steps > 0 ? total.decode_seconds / static_cast<double>(total.decode_steps) : 0;
     const std::int64_t blocks = (total.sequences + policy.block_size() - 1) / std::max<std::int64_t>(policy.block_size(), 1);
-    m.block_seconds = blocks > 0 ? seconds / static_cast<double>(blocks) : 0;
+    const double per_block = blocks > 0 ? 1.0 / static_cast<double>(blocks) : 0;
+    m.block_seconds = seconds * per_block;
+    m.prefill_seconds = total.prefill_seconds * per_block;
+    m.decode_seconds = total.decode_seconds * per_block;
   }
   m.peaks = peaks;
   return m;
@@ -272,6 +279,14 @@ std::string RunReport::explain_text() const {
                    m.step_seconds, ratio(m.step_seconds, p.step_seconds));
   s += fmt::format("  {}: {:.3f} s | {:.3f} s{}\n", p.continuous ? "job (prefill + decode)" : "block (prefill + decode)",
                    p.block_seconds, m.block_seconds, ratio(m.block_seconds, p.block_seconds));
+  if (p.continuous)
+    s += fmt::format("  of the job: steps that prefilled {:.3f} s, decode-only steps {:.3f} s (measured; predicted as "
+                     "one mean step)\n",
+                     m.prefill_seconds, m.decode_seconds);
+  else
+    s += fmt::format("  per block: prefill {:.3f} s | {:.3f} s{}, decode {:.3f} s | {:.3f} s{}\n", p.prefill_seconds,
+                     m.prefill_seconds, ratio(m.prefill_seconds, p.prefill_seconds), p.decode_seconds,
+                     m.decode_seconds, ratio(m.decode_seconds, p.decode_seconds));
   s += fmt::format("  peak memory: gpu {} | {}, cpu {} | {}, disk {} | {}\n", format_bytes(p.peaks.gpu),
                    format_bytes(m.peaks.gpu), format_bytes(p.peaks.cpu), format_bytes(m.peaks.cpu),
                    format_bytes(p.peaks.disk), format_bytes(m.peaks.disk));
@@ -395,6 +410,8 @@ nlohmann::json RunReport::one_process_json() const {
       return nlohmann::json{{"throughput", p.throughput},
                             {"step_seconds", p.step_seconds},
                             {p.continuous ? "job_seconds" : "block_seconds", p.block_seconds},
+                            {"prefill_seconds", p.prefill_seconds},
+                            {"decode_seconds", p.decode_seconds},
                             {"peak_bytes", serving::to_json(p.peaks)}};
     };
     j["predicted"] = as_json(*predicted);

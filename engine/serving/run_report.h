@@ -73,6 +73,10 @@ struct Prediction {
   double throughput = 0;    // generated tokens/s (fixed blocks: FlexGen's total tok/s)
   double step_seconds = 0;  // a decode step of a block (continuous: the mean step)
   double block_seconds = 0; // fixed: one block's prefill + decode; continuous: the job's steps
+  // The phases of block_seconds: fixed, one block's prefill and decode; continuous, the steps
+  // that prefilled and those that only decoded (measured only: the cost model predicts the
+  // mean step, prefill rows and decode rows together).
+  double prefill_seconds = 0, decode_seconds = 0;
   TierPeaks peaks;
 };
 Prediction prediction_of(const policy::Estimate& e);

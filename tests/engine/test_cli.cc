@@ -372,6 +372,7 @@ TEST(Cli, RunExplainSetsThePredictionBesideTheMeasurement) {
   EXPECT_THAT(r.err, HasSubstr("predicted vs measured (measured / predicted):"));
   EXPECT_THAT(r.err, HasSubstr("  generated tok/s: "));
   EXPECT_THAT(r.err, HasSubstr("  mean step: "));
+  EXPECT_THAT(r.err, HasSubstr("  of the job: steps that prefilled "));
   EXPECT_THAT(r.err, HasSubstr("  peak memory: gpu "));
   const auto m = nlohmann::json::parse(testing::read_file(dir.file("m.json")));
   EXPECT_EQ(m.at("predicted").at("batching"), "continuous");
@@ -380,9 +381,12 @@ TEST(Cli, RunExplainSetsThePredictionBesideTheMeasurement) {
     EXPECT_GT(m.at(side).at("step_seconds").get<double>(), 0) << side;
     EXPECT_GT(m.at(side).at("peak_bytes").at("gpu").get<std::int64_t>(), 0) << side;
   }
+  EXPECT_GT(m.at("measured").at("prefill_seconds").get<double>(), 0);  // the steps that prefilled
+  EXPECT_GT(m.at("measured").at("decode_seconds").get<double>(), 0);
   const Result fixed = run("run --prompts " + dir.file("in.jsonl") + " --gen-len 24 --batching fixed --explain");
   ASSERT_EQ(fixed.code, 0) << fixed.err;
   EXPECT_THAT(fixed.err, HasSubstr("  total tok/s: "));
+  EXPECT_THAT(fixed.err, HasSubstr("  per block: prefill "));
   EXPECT_THAT(fixed.err, HasSubstr("  decode step: "));
 
   const std::string plan = "plan --model opt-1.3b --hardware ci-cpu --cpu-mem 4GiB --gpu-mem 4GiB --prompt-len 512 --gen-len 512";
