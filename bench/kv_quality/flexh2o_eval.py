@@ -120,6 +120,22 @@ def compare_full(path, full_tokens, eos_ids):
         print(f"  differs: {i}: flexh2o {full_tokens[i]} transformers {theirs[i]}")
 
 
+def eval_group(args, text, length, skip, count, specs, out):
+    """`flexh2o eval` on chunks skip .. skip + count - 1 (one batch); {label: (mean_kl, top1, tokens)}."""
+    if not os.path.exists(out) or not args.fidelity_batch:
+        cmd = [args.flexh2o, "eval", "--model", args.model, "--text", text, "--chunks", str(count),
+               "--prefill", str(length), "--kv", ",".join(specs), "--csv", out]
+        if args.fidelity_batch:
+            cmd += ["--skip", str(skip), "--batch", str(count)]
+        print(" ".join(cmd), flush=True)
+        t0 = time.time()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        print(f"eval chunks {skip}-{skip + count - 1}: {time.time() - t0:.0f} s", flush=True)
+    with open(out) as f:
+        return {r["policy"]: (float(r["mean_kl"]), float(r["top1_agreement"]), int(r["tokens"]))
+                for r in csv.DictReader(f)}
+
+
 def run_fidelity(args, policies, kepts):
     rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
@@ -128,19 +144,35 @@ def run_fidelity(args, policies, kepts):
                                       if r["length"] == length))
         labels = {kv_spec(p, k): (p, k) for p in policies if p != "full" for k in kepts}
         specs = ["full"] + list(labels)
-        out = os.path.join(args.out_dir, f"flexh2o_fidelity_{length}.csv")
-        cmd = [args.flexh2o, "eval", "--model", args.model, "--text", text, "--chunks", str(n_items),
-               "--prefill", str(length), "--kv", ",".join(specs), "--csv", out]
-        print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(out) as f:
-            for rec in csv.DictReader(f):
-                label = rec["policy"]
-                if label == "full":
-                    continue
-                policy, kept = labels[label]
-                rows.append(scoring.fidelity_row("flexh2o", policy, kept, length, n_items,
-                                                 float(rec["mean_kl"]), float(rec["top1_agreement"])))
+        sums = defaultdict(lambda: [0.0, 0.0, 0])  # label -> kl sum, top-1 sum, tokens
+        if args.fidelity_batch:
+            # Groups of --fidelity-batch chunks, each one `eval` call (one batch) of the policies its
+            # CSVs lack: a rerun with a larger --limit or more policies runs only what is missing.
+            for skip in range(0, n_items, args.fidelity_batch):
+                count = min(args.fidelity_batch, n_items - skip)
+                stem = f"flexh2o_fidelity_{length}_{skip}-{skip + count - 1}"
+                have = {}
+                for name in sorted(os.listdir(args.out_dir)):
+                    if name.startswith(stem + "_") and name.endswith(".csv"):
+                        have.update(eval_group(args, text, length, skip, count, [], os.path.join(args.out_dir, name)))
+                missing = [spec for spec in specs[1:] if spec not in have]
+                if missing:
+                    n_csv = sum(1 for name in os.listdir(args.out_dir) if name.startswith(stem + "_"))
+                    out = os.path.join(args.out_dir, f"{stem}_{n_csv}.csv")
+                    have.update(eval_group(args, text, length, skip, count, ["full"] + missing, out))
+                for spec in specs[1:]:
+                    kl, top1, tokens = have[spec]
+                    sums[spec][0] += kl * tokens
+                    sums[spec][1] += top1 * tokens
+                    sums[spec][2] += tokens
+        else:
+            out = os.path.join(args.out_dir, f"flexh2o_fidelity_{length}.csv")
+            for spec, (kl, top1, tokens) in eval_group(args, text, length, 0, n_items, specs, out).items():
+                sums[spec] = [kl * tokens, top1 * tokens, tokens]
+        for label, (policy, kept) in labels.items():
+            s = sums[label]
+            if s[2]:
+                rows.append(scoring.fidelity_row("flexh2o", policy, kept, length, n_items, s[0] / s[2], s[1] / s[2]))
     return rows
 
 
@@ -149,6 +181,9 @@ def main():
     scoring.add_common_args(ap)
     ap.add_argument("--policies", default=ALL_POLICIES)
     ap.add_argument("--flexh2o", default=os.path.join(HERE, "..", "..", "build", "engine", "flexh2o"))
+    ap.add_argument("--fidelity-batch", type=int, default=0, metavar="N",
+                    help="fidelity: one `flexh2o eval` per policy and group of N chunks (its --batch), each "
+                         "kept in its own CSV and not rerun (default 0: one call for every policy and chunk)")
     ap.add_argument("--compare", help="kvpress_generations.jsonl: check the full cache's answers against it")
     ap.add_argument("--score-only", action="store_true",
                     help="run nothing: score what the outputs in OUT_DIR hold for the prompts selected")

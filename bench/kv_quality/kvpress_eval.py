@@ -8,7 +8,8 @@ For each method and kept fraction (kvpress's compression_ratio = 1 - kept):
                   further (kvpress presses act at prefill only).
   fidelity        the context is prefilled under the press; the continuation is teacher-forced in
                   one pass. KL(full || method) and top-1 agreement over every continuation
-                  token's prediction (the first comes from the prefill, before compression).
+                  token's prediction (the first comes from the prefill, before compression),
+                  per text into kvpress_fidelity.jsonl (resumable), pooled over the texts' tokens.
 
 --shared-prefill (a speed-up for one CPU core, the same tokens): per prompt one prefill serves
 the full cache and every ScorerPress method (tova, snapkv, ...) at every kept fraction: each
@@ -16,7 +17,8 @@ press's score() runs in the prefill's hook on the layer's whole keys, as ScorerP
 it, and each cache is then cut as compress cuts it (a press does not change the prefill's hidden
 states, so the first token is the same); KVzip scores once per prompt and prunes at each kept
 fraction from those scores (compress_post), decoding each from a copy of the uncut cache. Other
-methods take the usual path. `--check-shared N` compares both paths' caches on N prompts.
+methods (PyramidKV, ObservedAttention: eager) take the usual path. `--check-shared N` compares
+both paths' caches on N prompts (fidelity: both paths' log-probs on N texts).
 
 Writes OUT_DIR/kvpress_generations.jsonl (one line per request and method, resumable) and
 OUT_DIR/kvpress.csv (scoring.CSV_COLUMNS).
@@ -121,14 +123,15 @@ def is_plain_scorer(press):
 
 def shared_scorer_caches(model, ids, methods, kepts):
     """One prefill; returns (first logits, full cache, {(method, kept): cache}) for the scorer
-    methods, each cut as ScorerPress.compress cuts it."""
+    methods, each cut as ScorerPress.compress cuts it. Each (method, kept) has its own press and
+    scores: StreamingLLM's scores depend on the compression ratio."""
     from kvpress.utils import compute_n_kept
-    presses = {m: make_press(m, kepts[0]) for m in methods}
-    stash = {}  # layer -> (keys, values, {method: scores})
+    presses = {(m, k): make_press(m, k) for m in methods for k in kepts}
+    stash = {}  # layer -> (keys, values, {(method, kept): scores})
     host = next(iter(presses.values()))
 
     def compress(module, hidden_states, keys, values, attentions, kwargs):
-        scores = {m: p.score(module, hidden_states, keys, values, attentions, kwargs) for m, p in presses.items()}
+        scores = {key: p.score(module, hidden_states, keys, values, attentions, kwargs) for key, p in presses.items()}
         stash[module.layer_idx] = (keys, values, scores)
         return keys, values  # the cache stays whole: it serves the full method
 
@@ -140,15 +143,14 @@ def shared_scorer_caches(model, ids, methods, kepts):
     with host(model):
         out = model(input_ids=torch.tensor([ids]), past_key_values=cache, logits_to_keep=1)
     cut = {}
-    for m in methods:
-        for kept in kepts:
-            c = DynamicCache()
-            for layer in sorted(stash):
-                keys, values, scores = stash[layer]
-                n_kept = compute_n_kept(keys.shape[2], round(1.0 - kept, 6))
-                idx = scores[m].topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
-                c.update(keys.gather(2, idx).contiguous(), values.gather(2, idx).contiguous(), layer)
-            cut[(m, kept)] = c
+    for (m, kept) in presses:
+        c = DynamicCache()
+        for layer in sorted(stash):
+            keys, values, scores = stash[layer]
+            n_kept = compute_n_kept(keys.shape[2], round(1.0 - kept, 6))
+            idx = scores[(m, kept)].topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+            c.update(keys.gather(2, idx).contiguous(), values.gather(2, idx).contiguous(), layer)
+        cut[(m, kept)] = c
     return out.logits[0, -1], cache, cut
 
 
@@ -202,7 +204,7 @@ def generate_shared_kvzip(model, ids, kepts, max_tokens, eos_ids):
 @torch.inference_mode()
 def check_shared(model, prompts, methods, kepts):
     """Both paths' caches (and KVzip's masks) equal on these prompts, or an AssertionError."""
-    scorers = [m for m in methods if m not in ("full", "kvzip") and is_plain_scorer(make_press(m, kepts[0]))]
+    scorers = shareable(methods, kepts)
     for p in prompts:
         ids = p["tokens"]
         if scorers:
@@ -252,7 +254,7 @@ def run_questions(model, tok, args, methods, kepts, eos_ids):
         check_shared(model, prompts[:args.check_shared], methods, kepts)
     with open(gen_path, "a") as f:
         if args.shared_prefill and not args.score_only:
-            shared = [m for m in methods if m == "full" or (m != "kvzip" and is_plain_scorer(make_press(m, kepts[0])))]
+            shared = [m for m in methods if m == "full" or m in shareable(methods, kepts)]
             groups = [g for g in (shared, ["kvzip"] if "kvzip" in methods else []) if g]
             for group in groups:
                 keys = [(m, k) for m in group for k in ([1.0] if m == "full" else kepts)]
@@ -291,21 +293,107 @@ def run_questions(model, tok, args, methods, kepts, eos_ids):
     return scoring.accuracy_rows(results, answers, "kvpress")
 
 
-def run_fidelity(model, args, methods, kepts):
-    items = select(scoring.read_jsonl(os.path.join(args.tasks_dir, "fidelity.jsonl")), args)
-    sums = defaultdict(lambda: [0.0, 0, 0, 0])  # (method, kept, length) -> kl, top1, tokens, items
-    for it in items:
-        ctx, cont = it["context"], it["continuation"]
+def clear_masks(model):
+    """Drops KVzip's per-head key masks from the attention modules."""
+    for layer in model.model.layers:
+        layer.self_attn.masked_key_indices = None
+
+
+@torch.inference_mode()
+def teacher_forced(model, cache, first, n, continuation, method):
+    """Log-probs predicting each continuation token after a (compressed) cache of a context of
+    n tokens: the first from the prefill's logits, the rest teacher-forced at positions n, n+1, ..."""
+    model.config._attn_implementation = attention_for(method)
+    x = torch.tensor([continuation[:-1]])
+    pos = torch.arange(n, n + len(continuation) - 1).unsqueeze(0)
+    logits = model(input_ids=x, past_key_values=cache, position_ids=pos).logits[0]
+    return torch.log_softmax(torch.cat([first[None], logits]).double(), dim=-1)
+
+
+def kl_top1(full, lp):
+    """Sums over the predictions: KL(full || lp) and argmax agreement."""
+    kl = (full.exp() * (full - lp)).sum(-1)
+    return float(kl.sum()), int((full.argmax(-1) == lp.argmax(-1)).sum()), kl.numel()
+
+
+def shareable(methods, kepts):
+    """Methods one prefill serves (--shared-prefill): plain ScorerPresses that run under SDPA."""
+    return [m for m in methods if m not in ("full", "kvzip") and attention_for(m) == "sdpa"
+            and is_plain_scorer(make_press(m, kepts[0]))]
+
+
+@torch.inference_mode()
+def fidelity_item(model, ctx, cont, todo, kepts, shared_prefill, check=False):
+    """{(method, kept): (kl_sum, top1_sum, tokens)} for the (method, kept) pairs in todo."""
+    out, n = {}, len(ctx)
+    methods = sorted({m for m, _ in todo})
+    shared = shareable(methods, kepts) if shared_prefill else []
+    if shared:
+        first, full_cache, cut = shared_scorer_caches(model, ctx, shared, kepts)
+        for (m, k), c in cut.items():
+            if (m, k) in todo:
+                out[(m, k)] = teacher_forced(model, c, first, n, cont, m)
+        full = teacher_forced(model, full_cache, first, n, cont, "full")
+        if check:  # the ordinary path must give the same log-probs
+            ref_full = continuation_logprobs(model, ctx, cont, None, "full")
+            assert torch.allclose(ref_full, full, atol=1e-6), "full log-probs differ"
+            for (m, k), lp in out.items():
+                ref = continuation_logprobs(model, ctx, cont, make_press(m, k), m)
+                assert torch.allclose(ref, lp, atol=1e-6), (m, k, float((ref - lp).abs().max()))
+                print(f"check {m} {k}: shared == ordinary (max diff {float((ref - lp).abs().max()):.2e})", flush=True)
+    else:
         full = continuation_logprobs(model, ctx, cont, None, "full")
-        for method in [m for m in methods if m != "full"]:
-            for kept in kepts:
-                lp = continuation_logprobs(model, ctx, cont, make_press(method, kept), method)
-                kl = (full.exp() * (full - lp)).sum(-1)
-                s = sums[(method, kept, it["length"])]
-                s[0] += float(kl.sum())
-                s[1] += int((full.argmax(-1) == lp.argmax(-1)).sum())
-                s[2] += kl.numel()
-                s[3] += 1
+    if shared_prefill and "kvzip" in methods:
+        press, compress_post, scores, first, cache = kvzip_scored(model, ctx, kepts)
+        for k in kepts:
+            if ("kvzip", k) in todo:
+                kvzip_mask(press, compress_post, scores, model, k)
+                out[("kvzip", k)] = teacher_forced(model, copy.deepcopy(cache), first, n, cont, "kvzip")
+                if check:
+                    ref = continuation_logprobs(model, ctx, cont, make_press("kvzip", k), "kvzip")
+                    diff = float((ref - out[("kvzip", k)]).abs().max())
+                    assert diff < 1e-6, ("kvzip", k, diff)
+                    print(f"check kvzip {k}: shared == ordinary (max diff {diff:.2e})", flush=True)
+                    kvzip_mask(press, compress_post, scores, model, k)
+        clear_masks(model)
+    for (m, k) in todo:
+        if (m, k) not in out:
+            out[(m, k)] = continuation_logprobs(model, ctx, cont, make_press(m, k), m)
+            clear_masks(model)
+    return {key: kl_top1(full, lp) for key, lp in out.items()}
+
+
+def run_fidelity(model, args, methods, kepts):
+    """Per text and method: KL and top-1 sums into kvpress_fidelity.jsonl (resumable); rows pool
+    them over every predicted token of the texts selected, as `flexh2o eval` averages."""
+    items = select(scoring.read_jsonl(os.path.join(args.tasks_dir, "fidelity.jsonl")), args)
+    path = os.path.join(args.out_dir, "kvpress_fidelity.jsonl")
+    done = {(r["id"], r["method"], r["kept"]) for r in scoring.read_jsonl(path)} if os.path.exists(path) else set()
+    keys = [(m, k) for m in methods if m != "full" for k in kepts]
+    with open(path, "a") as f:
+        for i, it in enumerate(items):
+            todo = [key for key in keys if (it["id"], key[0], key[1]) not in done]
+            if not todo or args.score_only:
+                continue
+            t0 = time.time()
+            res = fidelity_item(model, it["context"], it["continuation"], todo, kepts, args.shared_prefill,
+                                check=i < args.check_shared)
+            dt = time.time() - t0
+            for (m, k), (kl, top1, tokens) in res.items():
+                f.write(json.dumps({"id": it["id"], "length": it["length"], "method": m, "kept": k,
+                                    "kl_sum": kl, "top1": top1, "tokens": tokens,
+                                    "mean_kl": kl / tokens, "seconds_item": round(dt, 1)}) + "\n")
+            f.flush()
+            print(f"{it['id']}: {len(res)} methods in {dt:.0f} s", flush=True)
+    ids = {it["id"] for it in items}
+    sums = defaultdict(lambda: [0.0, 0, 0, 0])  # (method, kept, length) -> kl, top1, tokens, texts
+    for r in scoring.read_jsonl(path) if os.path.exists(path) else []:
+        if r["id"] in ids and r["method"] in methods and r["kept"] in kepts:
+            s = sums[(r["method"], r["kept"], r["length"])]
+            s[0] += r["kl_sum"]
+            s[1] += r["top1"]
+            s[2] += r["tokens"]
+            s[3] += 1
     return [scoring.fidelity_row("kvpress", m, k, length, s[3], s[0] / s[2], s[1] / s[2])
             for (m, k, length), s in sorted(sums.items())]
 
@@ -331,7 +419,7 @@ def main():
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     methods, kepts = args.methods.split(","), [float(k) for k in args.kept.split(",")]
     rows = run_questions(model, tok, args, methods, kepts, eos_ids)
-    if "fidelity" in args.tasks.split(",") and not args.score_only:
+    if "fidelity" in args.tasks.split(","):
         rows += run_fidelity(model, args, methods, kepts)
     path = os.path.join(args.out_dir, "kvpress.csv")
     scoring.write_csv(path, rows)

@@ -12,7 +12,8 @@ Tasks (question tasks use SmolLM2's chat template, the answer's lead-in ends the
   passkey   a 5-6 digit pass key hidden at depth 10/50/90% of a haystack
   multikey  --keys (2) "The value of key <word> is <number>." lines at random depths; one is asked
   docqa     3 facts about each of --people (1) people at random depths; one fact is asked
-  fidelity  a long Wikipedia text: L context tokens, then `--continuation` teacher-forced tokens
+  fidelity  a long text (--fidelity-text: Wikipedia by default): L context tokens, then
+            `--continuation` teacher-forced tokens
 
 usage: make_tasks.py --model MODEL_DIR --out OUT_DIR [--lengths 1000,2000,4000] [--per-cell 100]
 """
@@ -181,8 +182,8 @@ def fidelity_items(tok, text, rng, length, count, continuation):
     return items
 
 
-def write_fidelity(tok, out_dir, lengths, per_cell, continuation, seed):
-    text = load_text("wikitext")
+def write_fidelity(tok, out_dir, lengths, per_cell, continuation, seed, source="wikitext"):
+    text = load_text(source)
     with open(os.path.join(out_dir, "fidelity.jsonl"), "w") as f:
         for length in lengths:
             rng = random.Random(f"{seed}-fidelity-{length}")
@@ -206,6 +207,8 @@ def main():
     ap.add_argument("--tasks", default="passkey,multikey,docqa,fidelity")
     ap.add_argument("--haystack", default="tinystories", choices=["tinystories", "wikitext", "shakespeare"])
     ap.add_argument("--continuation", type=int, default=128, help="fidelity: teacher-forced tokens")
+    ap.add_argument("--fidelity-text", default="wikitext", choices=["tinystories", "wikitext", "shakespeare"],
+                    help="fidelity: the text the spans are cut from (issue 61's KL table: tinystories)")
     ap.add_argument("--keys", type=int, default=2, help="multikey: key-value lines per prompt (3: 70%%, 4: 65%% uncompressed at 1000)")
     ap.add_argument("--people", type=int, default=1, help="docqa: people with 3 facts each (2: 75%% uncompressed at 1000)")
     ap.add_argument("--seed", type=int, default=61)
@@ -231,7 +234,7 @@ def main():
                                          "answer": answer, "n_tokens": len(ids)}) + "\n")
                     n += 1
     if "fidelity" in tasks:
-        write_fidelity(tok, args.out, lengths, args.per_cell, args.continuation, args.seed)
+        write_fidelity(tok, args.out, lengths, args.per_cell, args.continuation, args.seed, args.fidelity_text)
     print(f"wrote {n} question prompts (+ fidelity: {'fidelity' in tasks}) to {args.out}")
 
 
