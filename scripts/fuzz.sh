@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-60}"
 jobs="$(nproc)"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DFLEXH2O_FUZZ=ON -DFLEXH2O_CUDA=OFF -DFLEXH2O_BENCH=OFF >/dev/null
+  -DFLEXH2O_FUZZ=ON -DFLEXH2O_CUDA=OFF -DFLEXH2O_BENCH=OFF -DFLEXH2O_PYTHON=OFF >/dev/null
 targets=(fuzz_safetensors fuzz_gguf fuzz_jsonl fuzz_openai_batch fuzz_configs fuzz_chat_template fuzz_grammar)
 cmake --build build-fuzz -j"$jobs" --target "${targets[@]}"
 
