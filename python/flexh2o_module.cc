@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "engine/job/file_roles.h"
 #include "engine/job/job.h"
 #include "engine/job/plan_job.h"
 #include "engine/serving/interrupts.h"
@@ -208,7 +207,6 @@ py::tuple run(const py::dict& options, std::vector<std::string> lines, bool quie
   job::JobOptions o = job_options(options);
   o.request_lines = std::move(lines);
   o.quiet = quiet;
-  job::check_job_files_apart(o);
   const job::FrontEnd front = python_front_end(notice, &done);
   job::JobEnd end;
   {

@@ -7,7 +7,6 @@
 #include "engine/cli/compression_flags.h"
 #include "engine/cli/number_checks.h"
 #include "engine/cli/option_flags.h"
-#include "engine/job/file_roles.h"
 #include "engine/job/job.h"
 
 namespace flexh2o::cli {
@@ -168,7 +167,6 @@ CLI::App* add_run_command(CLI::App& app, job::JobOptions& o) {
 }
 
 int run_command(const job::JobOptions& o) {
-  job::check_job_files_apart(o);
   const job::FrontEnd front{.say = [](const std::string& text) { fmt::print(stderr, "{}\n", text); },
                             .option_name = flag_of};
   const job::JobEnd end = job::run_job(o, front);

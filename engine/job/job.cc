@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "engine/distributed/launch.h"
+#include "engine/job/file_roles.h"
 #include "engine/job/job_results.h"
 #include "engine/model/model_shape.h"
 #include "engine/serving/engine.h"
@@ -27,15 +28,18 @@ std::string error_text(const FrontEnd& front, const std::exception& e) {
 namespace {
 
 // The results file first (checked and locked before anything loads), then the model and backend.
-JobSetup open_out_then_setup(const JobOptions& o, std::optional<serving::ResultFile>& out) {
-  open_out(o, out, is_openai_job(o) ? serving::ResultFormat::OpenAi : serving::ResultFormat::Simple);
+JobSetup open_out_then_setup(const JobOptions& o, bool openai_lines, std::optional<serving::ResultFile>& out) {
+  open_out(o, out, openai_lines ? serving::ResultFormat::OpenAi : serving::ResultFormat::Simple);
   return open_setup(o);
 }
 
 }  // namespace
 
-Job::Job(const JobOptions& o, const FrontEnd& front) : setup(open_out_then_setup(o, out)) {
-  if (is_openai_job(o)) {
+Job::Job(const JobOptions& o, const FrontEnd& front) : Job(o, front, is_openai_job(o)) {}
+
+Job::Job(const JobOptions& o, const FrontEnd& front, bool openai_lines)
+    : setup(open_out_then_setup(o, openai_lines, out)) {
+  if (openai_lines) {
     std::size_t bad_lines = 0;
     openai = open_openai_run(o, setup, front, out, bad_lines);
     if (bad_lines > 0) front.say(fmt::format("{} bad request lines: error result lines written", bad_lines));
@@ -137,6 +141,7 @@ JobEnd run_in_process(const JobOptions& o, const FrontEnd& front) {
 }  // namespace
 
 JobEnd run_job(const JobOptions& o, const FrontEnd& front) {
+  check_job_files_apart(o);
   if (const auto launch = distributed::mpi_launch()) {
 #ifdef FLEXH2O_HAVE_MPI
     return run_ranks(o, front, [&] { return run_in_process(o, front); });

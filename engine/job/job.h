@@ -26,6 +26,10 @@ std::string error_text(const FrontEnd& front, const std::exception& e);
 struct Job {
   Job(const JobOptions& o, const FrontEnd& front);
 
+ private:
+  Job(const JobOptions& o, const FrontEnd& front, bool openai_lines);  // the file's first line read once
+
+ public:
   std::optional<serving::ResultFile> out;  // first: opened before the model (setup)
   JobSetup setup;
   std::optional<serving::OpenAiJob> openai;  // an OpenAI batch file's lines
@@ -59,7 +63,8 @@ struct JobEnd {
   std::string text;
 };
 
-// Runs the job in this process, or over the ranks a launcher (mpirun, srun) started.
+// Runs the job in this process, or over the ranks a launcher (mpirun, srun) started, its output
+// files first checked apart from its inputs (file_roles.h).
 JobEnd run_job(const JobOptions& o, const FrontEnd& front);
 
 }  // namespace flexh2o::job
