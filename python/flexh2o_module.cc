@@ -161,7 +161,6 @@ job::JobOptions job_options(const py::dict& options) {
   return o;
 }
 
-
 // A finished request as Python gets it: (key, prompt ids, a choice each, result line); a
 // choice is (token ids, each one's log-probability, each one's top alternatives as (id,
 // log-probability)), the log-probabilities empty unless asked for.

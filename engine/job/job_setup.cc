@@ -59,7 +59,9 @@ policy::Policy make_policy(const JobOptions& o) {
   return p;
 }
 
-std::int64_t capacity(const std::string& text, Option option) {
+}  // namespace
+
+std::int64_t tier_capacity(const std::string& text, Option option) {
   if (text.empty()) return offload::Budget::kUnlimited;
   try {
     return offload::parse_bytes(text);
@@ -67,8 +69,6 @@ std::int64_t capacity(const std::string& text, Option option) {
     throw OptionError{option, std::string(": ") + e.what()};
   }
 }
-
-}  // namespace
 
 JobSetup open_setup(const JobOptions& o) {
   JobSetup s;
@@ -85,9 +85,9 @@ JobSetup open_setup(const JobOptions& o) {
   const bool batch_job = !o.prompts_file.empty() || !o.request_lines.empty() || o.batch.value_or(1) > 1;
   s.auto_policy = o.policy_file == "auto" || (!s.placed && batch_job);
   if (!s.auto_policy) s.policy = make_policy(o);
-  s.tiers.gpu_bytes = capacity(o.gpu_mem, Option::GpuMem);
-  s.tiers.cpu_bytes = capacity(o.cpu_mem, Option::CpuMem);
-  s.tiers.disk_bytes = capacity(o.disk_mem, Option::DiskMem);
+  s.tiers.gpu_bytes = tier_capacity(o.gpu_mem, Option::GpuMem);
+  s.tiers.cpu_bytes = tier_capacity(o.cpu_mem, Option::CpuMem);
+  s.tiers.disk_bytes = tier_capacity(o.disk_mem, Option::DiskMem);
   s.tiers.offload_dir = o.offload_dir;
   s.model = open_model(mo);
   s.backend = kernels::make_backend(o.backend);

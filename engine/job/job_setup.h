@@ -41,6 +41,9 @@ struct JobSetup {
   std::unique_ptr<serving::JobConstraints> constraints;
 };
 
+// A tier's capacity as given ("16GiB"; empty: unlimited), or an error naming `option`.
+std::int64_t tier_capacity(const std::string& text, kernels::Option option);
+
 // Checks the options, builds the given policy, opens the model and the backend.
 JobSetup open_setup(const JobOptions& o);
 

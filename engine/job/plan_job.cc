@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
+
+#include "engine/job/job_setup.h"
 #include "engine/loaders/model_source.h"
 #include "engine/model/model_shape.h"
 #include "engine/runtime/machine_profile.h"
@@ -38,17 +41,10 @@ policy::HardwareProfile this_machine(const PlanJobOptions& o, const engine::Mode
 // The profile to plan with: the one given or this machine, its capacities lowered by those given.
 policy::HardwareProfile plan_profile(const PlanJobOptions& o, const engine::ModelConfig& cfg) {
   policy::HardwareProfile hw = o.hardware.empty() ? this_machine(o, cfg) : engine::hardware_profile(o.hardware);
-  auto override_mem = [](const std::string& text, std::int64_t& field, Option option) {
-    if (text.empty()) return;
-    try {
-      field = offload::parse_bytes(text);
-    } catch (const std::invalid_argument& e) {
-      throw OptionError{option, std::string(": ") + e.what()};
-    }
-  };
-  override_mem(o.gpu_mem, hw.gpu_mem, Option::GpuMem);
-  override_mem(o.cpu_mem, hw.cpu_mem, Option::CpuMem);
-  override_mem(o.disk_mem, hw.disk_mem, Option::DiskMem);
+  for (auto [text, field, option] : {std::tuple{&o.gpu_mem, &hw.gpu_mem, Option::GpuMem},
+                                     std::tuple{&o.cpu_mem, &hw.cpu_mem, Option::CpuMem},
+                                     std::tuple{&o.disk_mem, &hw.disk_mem, Option::DiskMem}})
+    if (!text->empty()) *field = tier_capacity(*text, option);
   return hw;
 }
 
