@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/loaders/model_source.h"
 #include "engine/serving/prompts.h"
@@ -62,7 +62,7 @@ Result measure(const engine::ModelSource& m, const std::string& kv, bool compres
   {
     offload::Tiers tiers(*be, to);
     p.gpu_batch_size = r.batch + 1;
-    engine::BlockScheduler sched(*be, tiers, c, *m.weights, p);
+    engine::BlockExecutor sched(*be, tiers, c, *m.weights, p);
     try {
       serving::generate(sched, request(c, r.batch + 1, kGen));
       throw std::runtime_error("batch " + std::to_string(r.batch + 1) + " fit the cpu budget unexpectedly");
@@ -71,7 +71,7 @@ Result measure(const engine::ModelSource& m, const std::string& kv, bool compres
   }
   offload::Tiers tiers(*be, to);
   p.gpu_batch_size = r.batch;
-  engine::BlockScheduler sched(*be, tiers, c, *m.weights, p);
+  engine::BlockExecutor sched(*be, tiers, c, *m.weights, p);
   const auto res = serving::generate(sched, request(c, r.batch, kGen));
   r.decode_tok_s = res.decode_throughput();
   r.total_tok_s = res.total_throughput();

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "bench/timing.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/kv_staging.h"
 #include "engine/loaders/model_source.h"
@@ -43,7 +43,7 @@ struct SchedulerRun {
       : be(kernels::make_cpu_backend()), tiers(*be, {}), sched(*be, tiers, m.config, *m.weights, p) {}
   std::unique_ptr<kernels::Backend> be;
   offload::Tiers tiers;
-  engine::BlockScheduler sched;
+  engine::BlockExecutor sched;
 };
 
 // (1): the pieces of one layer-batch, old layout vs new, both directions.

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/timing.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/families/model_yaml.h"
 #include "engine/loaders/dummy_weights.h"
@@ -50,7 +50,7 @@ struct Runner {
         staging_bytes(tiers.budget(offload::Tier::Gpu).used()) {}
   std::unique_ptr<kernels::Backend> be;
   offload::Tiers tiers;
-  engine::BlockScheduler sched;
+  engine::BlockExecutor sched;
   std::int64_t staging_bytes;  // no weights on the gpu tier: its two staging slots
   std::vector<double> tok_s, bytes_per_token, experts_per_step;
 };

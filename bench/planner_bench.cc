@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/model/model_shape.h"
 #include "engine/families/model_yaml.h"
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   struct Runner {
     std::optional<policy::Estimate> est;
     std::unique_ptr<offload::Tiers> tiers;
-    std::unique_ptr<engine::BlockScheduler> sched;
+    std::unique_ptr<engine::BlockExecutor> sched;
     engine::GenerationRequest req;
     std::vector<engine::GenerationResult> runs;
   };
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     Runner& r = runners[i];
     r.est = policy::estimate(shape, hw, w, p);
     r.tiers = std::make_unique<offload::Tiers>(*be, offload::TierOptions{});
-    r.sched = std::make_unique<engine::BlockScheduler>(*be, *r.tiers, m.config, *m.weights, p);
+    r.sched = std::make_unique<engine::BlockExecutor>(*be, *r.tiers, m.config, *m.weights, p);
     r.req.sequences = engine::sequences_of(engine::synthetic_prompts(p.block_size(), prompt, m.config.vocab_size));
     r.req.max_new_tokens = gen;
     serving::generate(*r.sched, r.req);  // warm-up

@@ -12,7 +12,7 @@
 #include <map>
 
 #include "bench/timing.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/loaders/model_source.h"
 #include "engine/serving/prompts.h"
@@ -41,7 +41,7 @@ struct Runner {
   std::unique_ptr<kernels::Backend> be;
   offload::Tiers tiers;
   offload::Trace trace;
-  engine::BlockScheduler sched;
+  engine::BlockExecutor sched;
 };
 
 Measured run_once(Runner& run, std::int64_t prompt_len, std::int64_t gen_len) {

@@ -484,7 +484,7 @@ Policy experts_policy_of(const Block& blk) {
 // Weights moved per layer and step when `rows_per_sequence` rows of each sequence compute:
 // the layer plus its share of the embeddings, a tied head's matrix again (the input embedding
 // unit and the head unit each stage it); the layer alone when the embeddings are resident.
-// MoE (as BlockScheduler loads them): a unit load brings the experts the block's rows are
+// MoE (as BlockExecutor loads them): a unit load brings the experts the block's rows are
 // expected to route to, or all of them as the policy's expert loading says. When more are
 // routed to than the staging slot holds, each GPU batch runs its routed experts in chunks,
 // fetched again per batch: its own expected active experts, K times.
@@ -503,7 +503,7 @@ double weights_moved(const ModelShape& m, const ModelSizes& z, const Block& blk,
   return all - static_cast<double>(z.layer_expert_weights) * (1 - active / static_cast<double>(m.experts));
 }
 
-// Memory: homes, plus what the engine allocates to move and compute (see BlockScheduler):
+// Memory: homes, plus what the engine allocates to move and compute (see BlockExecutor):
 // one GPU batch's activations (engine::Activations), two weight staging slots of the
 // largest scheduling unit, rings of three slots for staged KV and hidden states. Each block
 // in flight (a pipeline stage's micro-batches) has its own caches, states, scratch and rings.
@@ -521,7 +521,7 @@ void add_memory_items(Terms& t, const ModelShape& m, const ModelSizes& z, const 
   const double w_all = static_cast<double>(z.total_weights) - resident, kv_all = blocks * kv_token * layers * block * kv_slots;
   // A GPU batch's step rows: fixed blocks prefill every prompt at once; under continuous
   // batching the other slots decode while newcomers prefill up to the budget, or one longer
-  // prompt (BlockScheduler::continuous_rows).
+  // prompt (BlockExecutor::continuous_rows).
   const std::int64_t longest = std::max<std::int64_t>(w.prompt_len, 1);
   const std::int64_t step_rows = w.continuous ? std::max(blk.gbs - 1 + std::max(w.prefill_budget, longest), blk.gbs)
                                               : blk.gbs * longest;

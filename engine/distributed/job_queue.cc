@@ -30,6 +30,7 @@ void prune(std::vector<PendingSend>& sends) { std::erase_if(sends, [](PendingSen
 
 json to_json(const engine::GenerationResult& one) {
   json j = {{"tokens", one.tokens.at(0)}, {"stop", one.finish_reasons.at(0) == engine::FinishReason::Stop}};
+  if (one.finish_reasons.at(0) == engine::FinishReason::Error) j["error"] = one.errors.at(0);
   if (!one.logprobs.empty()) {
     json top = json::array();
     for (const auto& alternatives : one.top_logprobs.at(0)) {
@@ -47,6 +48,8 @@ engine::GenerationResult sequence_from_json(const json& j) {
   engine::GenerationResult one;
   one.tokens = {j.at("tokens").get<std::vector<std::int32_t>>()};
   one.finish_reasons = {j.at("stop").get<bool>() ? engine::FinishReason::Stop : engine::FinishReason::Length};
+  one.errors = {j.value("error", std::string())};
+  if (j.contains("error")) one.finish_reasons = {engine::FinishReason::Error};
   if (j.contains("logprobs")) {
     one.logprobs = {j["logprobs"].get<std::vector<float>>()};
     one.top_logprobs.emplace_back();

@@ -178,8 +178,8 @@ class StageLoop {
 
 StageStats run_pipeline_stage(const Mpi& mpi, serving::Engine& engine, std::span<const serving::Request> requests,
                               std::int64_t micro_batches, const PromptsFinished& finished) {
-  const engine::BlockScheduler& sched = engine.scheduler();
-  if (sched.holds_input() != (mpi.rank() == 0) || sched.holds_head() != (mpi.rank() == mpi.size() - 1))
+  const engine::BlockExecutor& exec = engine.executor();
+  if (exec.holds_input() != (mpi.rank() == 0) || exec.holds_head() != (mpi.rank() == mpi.size() - 1))
     throw std::logic_error("pipeline rank " + std::to_string(mpi.rank()) + " holds the wrong end of the model");
   if (micro_batches < 1) throw std::invalid_argument("a pipeline needs micro-batches");
   if (requests.empty()) return {};

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/machine_profile.h"
 #include "engine/model/model_shape.h"
@@ -157,7 +157,7 @@ BenchRuns bench_systems(const BenchOptions& o) {
         engine::job_compute_dtype(o.compute_dtype, m.config.dtype, engine::bf16_speed(*be, r.policy.weight_dtype(m.config.dtype)),
                                   r.policy.gpu_batch_size)
             .dtype;
-    engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, r.policy);
+    engine::BlockExecutor sched(*be, tiers, m.config, *m.weights, r.policy);
     engine::GenerationRequest req;
     req.sequences =
         engine::sequences_of(engine::synthetic_prompts(r.policy.block_size(), o.prompt_len, m.config.vocab_size));

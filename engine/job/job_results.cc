@@ -20,7 +20,7 @@ bool is_openai_job(const JobOptions& o) {
 }
 
 std::string result_line(const JobOptions& o, const engine::ModelSource& m, const serving::Request& r,
-                        std::span<const std::int32_t> new_tokens) {
+                        std::span<const std::int32_t> new_tokens, const std::string& error) {
   std::string text;
   if (m.tokenizer) {
     std::vector<std::int32_t> all = r.prompt;
@@ -30,7 +30,9 @@ std::string result_line(const JobOptions& o, const engine::ModelSource& m, const
   }
   // A prompts file's results are JSONL wherever they go (stdout without a results file): their ids say
   // which is which, as they come in the order requests end.
-  if (!o.out_file.empty() || !o.prompts_file.empty()) return serving::ResultFile::line(r.id_json, text, new_tokens);
+  if (!o.out_file.empty() || !o.prompts_file.empty())
+    return serving::ResultFile::line(r.id_json, text, new_tokens, error);
+  if (!error.empty()) return "error: " + error + "\n";
   if (m.tokenizer) return r.text.value_or("") + text + "\n";
   return fmt::format("[{}]\n", fmt::join(new_tokens, ", "));
 }
@@ -82,7 +84,8 @@ void JobResults::add(std::span<const serving::Request> done, const engine::Gener
     }
     if (front_.request_done && !out_) return;  // the front end took them
   } else {
-    for (std::size_t t = 0; t < done.size(); ++t) lines.push_back(result_line(o_, s_.model, done[t], r.tokens[t]));
+    for (std::size_t t = 0; t < done.size(); ++t)
+      lines.push_back(result_line(o_, s_.model, done[t], r.tokens[t], t < r.errors.size() ? r.errors[t] : ""));
   }
   serving::write_results(out_, lines);
 }

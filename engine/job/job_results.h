@@ -31,9 +31,10 @@ serving::OpenAiJob open_openai_run(const JobOptions& o, const JobSetup& s, const
 
 // What the job writes for one finished request, newline included: its results line with a
 // results file or a prompts file, else the prompt and its continuation (or the token ids
-// without a tokenizer).
+// without a tokenizer). `error`: why its generation failed ("": it did not); the line then
+// says so (an "error" field; the text output a line "error: ...").
 std::string result_line(const JobOptions& o, const engine::ModelSource& m, const serving::Request& r,
-                        std::span<const std::int32_t> new_tokens);
+                        std::span<const std::int32_t> new_tokens, const std::string& error = {});
 
 // Where a job's finished requests go, as they finish (in any order): their result lines (an
 // OpenAI line's once its n choices are done) appended to the results file and fsynced, and handed

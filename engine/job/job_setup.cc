@@ -335,7 +335,7 @@ serving::StopStringSeen stop_string_watch(const JobSetup& s) {
 }  // namespace
 
 // Pipeline stages copy shared prefixes: each places its own memory, and a pool held on some
-// stages but not on others (BlockScheduler::place_with_pool) would admit requests apart.
+// stages but not on others (BlockExecutor::place_with_pool) would admit requests apart.
 serving::EngineOptions engine_options(const JobOptions& o, const JobSetup& s) {
   return {.policy = s.policy,
           .tiers = s.tiers,

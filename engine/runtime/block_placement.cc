@@ -1,4 +1,4 @@
-// Where a block's memory goes (BlockScheduler::begin): its GPU batches' hidden states and KV
+// Where a block's memory goes (BlockExecutor::begin): its GPU batches' hidden states and KV
 // cache over the tiers, the activations and staging ring, and the pool that holds shared
 // prefixes once, each reserved against the tiers' budgets before the first step.
 #include <algorithm>
@@ -8,7 +8,7 @@
 
 #include "engine/model/kv_eviction.h"
 #include "engine/model/rope_scaling.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/runtime/block_state.h"
 
 namespace flexh2o::engine {
@@ -16,8 +16,8 @@ namespace flexh2o::engine {
 using offload::Tier;
 using offload::TieredTensor;
 
-void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
-  place_batches(st, *st.log, req);
+void BlockExecutor::place(BlockState& st, const GenerationRequest& req) {
+  place_batches(st, req);
   std::int64_t max_rows = 0;
   for (const auto& b : st.batches) max_rows = std::max(max_rows, b.hidden->rows());
   const std::int64_t kv_row_bytes = st.capacity * kv_token_bytes();
@@ -45,7 +45,7 @@ void BlockScheduler::place(BlockState& st, const GenerationRequest& req) {
 
 // Nothing is in flight yet: a try's buffers go, their budgets freed and their peaks as before,
 // for the next tier (or the copies). A tier the policy names comes first, then the slower ones.
-bool BlockScheduler::place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool) {
+bool BlockExecutor::place_with_pool(BlockState& st, const GenerationRequest& req, const PrefixPool& pool) {
   std::array<std::int64_t, 3> peaks{};
   for (const Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) peaks[static_cast<std::size_t>(t)] = tiers_.budget(t).peak();
   bool tried_named = policy_.prefix_pool == "auto";
@@ -73,13 +73,13 @@ bool BlockScheduler::place_with_pool(BlockState& st, const GenerationRequest& re
   return false;
 }
 
-std::int64_t BlockScheduler::continuous_capacity(const GenerationRequest& req) const {
+std::int64_t BlockExecutor::continuous_capacity(const GenerationRequest& req) const {
   std::int64_t most = 0;
   for (std::size_t b = 0; b < req.sequences.size(); ++b) most = std::max(most, sequence_tokens(req, b));
   return most;
 }
 
-std::int64_t BlockScheduler::continuous_rows(const GenerationRequest& req, std::int64_t slots) const {
+std::int64_t BlockExecutor::continuous_rows(const GenerationRequest& req, std::int64_t slots) const {
   std::int64_t longest = 0;
   for (const Sequence& s : req.sequences)
     longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(s.prompt.size()));
@@ -90,7 +90,7 @@ std::int64_t BlockScheduler::continuous_rows(const GenerationRequest& req, std::
   return std::max(rows, slots);
 }
 
-void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req) {
+void BlockExecutor::place_batches(BlockState& st, const GenerationRequest& req) {
   const bool continuous = st.continuous;
   const std::int64_t B = static_cast<std::int64_t>(st.next.size());
   const std::int64_t gbs = policy_.gpu_batch_size;
@@ -98,7 +98,7 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
   const policy::KvPolicy* kv = req.kv ? req.kv : kv_policy_.get();
   std::vector<std::vector<std::unique_ptr<KvEvictionLayer>>> evictions;
   // Continuous batching: a slot holds whichever request comes, up to the longest.
-  const std::int64_t longest = continuous ? continuous_capacity(req) : log.max_prompt() + req.max_new_tokens;
+  const std::int64_t longest = continuous ? continuous_capacity(req) : longest_prompt(req) + req.max_new_tokens;
   st.capacity = kv ? 0 : st.pool.rows > 0 ? st.pool.row_capacity : longest;
   if (kv) check_kv_policy_fits(cfg_, longest);
   std::vector<std::int64_t> all_totals;
@@ -156,15 +156,15 @@ void BlockScheduler::place_batches(BlockState& st, const GenerationLog& log, con
   }
 }
 
-bool BlockScheduler::can_hold_prefixes(const GenerationRequest& req) const {
+bool BlockExecutor::can_hold_prefixes(const GenerationRequest& req) const {
   return req.slots > 0 && req.hold_prefixes && be_.reads_shared_prefixes_once();
 }
 
-std::int64_t BlockScheduler::kv_token_bytes() const {
+std::int64_t BlockExecutor::kv_token_bytes() const {
   return cfg_.n_kv_heads * kernels::kv_slot_bytes(cache_dtype_, cfg_.head_dim);
 }
 
-void BlockScheduler::place_pool(BlockState& st, Tier tier) {
+void BlockExecutor::place_pool(BlockState& st, Tier tier) {
   PoolHome& home = st.pool_home;
   home.capacity = st.pool.capacity;
   home.tier = tier;
@@ -187,7 +187,7 @@ void BlockScheduler::place_pool(BlockState& st, Tier tier) {
 }
 
 // The pool and the rows by the tiers they live on, against those rows sized for whole sequences.
-KvHeld BlockScheduler::held_bytes(const BlockState& st, const GenerationRequest& req) const {
+KvHeld BlockExecutor::held_bytes(const BlockState& st, const GenerationRequest& req) const {
   const std::int64_t kv = 2 * static_cast<std::int64_t>(units_.cache_layers.size()) * kv_token_bytes();
   const std::int64_t whole = continuous_capacity(req);
   KvHeld held{.prefixes = st.pool.families, .rows = st.pool.rows};

@@ -1,24 +1,24 @@
-// The state of one block between the steps of a BlockScheduler: its GPU batches, ring slots,
-// activations, and the StepPlanner that plans its steps (block_scheduler.cc runs a step;
-// step_plan_run.cc carries out a plan's copies and records the step). Private to engine/runtime.
+// The state of one block between the steps of a BlockExecutor: its GPU batches, ring slots,
+// activations (block_executor.cc runs a step; step_plan_run.cc carries out a plan's copies and
+// lays out its GPU batches). Private to engine/runtime.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/runtime/gpu_buffer.h"
 #include "engine/runtime/step_plan.h"
 
 namespace flexh2o::engine {
 
-struct BlockScheduler::BlockState {
+struct BlockExecutor::BlockState {
   std::vector<GpuBatch> batches;
   std::vector<RingSlot> ring;  // compute c uses ring[c % 3]
   std::unique_ptr<Activations> act;
   offload::Reservation act_reserved;  // its charge to the gpu-tier budget
   std::int64_t capacity = 0;          // KV slots per (sequence, kv head)
-  // Prefixes held once (StepPlanner::hold_prefixes): their pool rows and, per decoder layer of
+  // Prefixes held once (BlockExecutor::begin's pool): their pool rows and, per decoder layer of
   // this scheduler, the pool's K and V rows of pool.capacity slots where they live; pool.rows == 0: none.
   PrefixPool pool;
   PoolHome pool_home;
@@ -28,14 +28,9 @@ struct BlockScheduler::BlockState {
   bool hidden_resident = true;
   bool evicting = false;  // a KV policy keeps budget-sized rows
   const GenerationRequest* req = nullptr;
-  GenerationLog* log = nullptr;  // the block's: what the sampler needs per sequence
   bool continuous = false;
-  // Who runs each step (step_plan.h; the serving layer's StepScheduler) and its plan of the
-  // current step.
-  std::unique_ptr<StepPlanner> planner;
-  StepPlan plan;
-  std::vector<std::int32_t> next;          // per block sequence
-  std::vector<float> host_logits;
+  std::vector<std::int32_t> next;   // per slot: the token it sampled in the last step
+  std::vector<float> host_logits;   // per slot, its logits row of the last step (StepInput::keep_logits)
   RingSlot& slot(std::int64_t counter) { return ring[static_cast<std::size_t>(counter % 3)]; }
   GpuBatch& batch(std::int64_t k) { return batches[static_cast<std::size_t>(k)]; }
   // Outstanding copies touch the buffers above: wait for all of them before those go,

@@ -116,6 +116,7 @@ GenerationResult GenerationResult::sequence(std::size_t b) const {
   GenerationResult one;
   one.tokens = {tokens[b]};
   one.finish_reasons = {finish_reasons[b]};
+  if (b < errors.size()) one.errors = {errors[b]};
   if (!logprobs.empty()) {
     one.logprobs = {logprobs[b]};
     one.top_logprobs = {top_logprobs[b]};
@@ -140,6 +141,12 @@ std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b) {
          (s.forced.empty() ? new_tokens_limit(req, b) : static_cast<std::int64_t>(s.forced.size()));
 }
 
+std::int64_t longest_prompt(const GenerationRequest& req) {
+  std::int64_t most = 0;
+  for (const Sequence& s : req.sequences) most = std::max<std::int64_t>(most, static_cast<std::int64_t>(s.prompt.size()));
+  return most;
+}
+
 namespace {
 
 // Each sequence's own limit within [1, the request's], then each prompt with its limit
@@ -157,8 +164,9 @@ void check_limits(const ModelConfig& cfg, const GenerationRequest& req) {
 
 }  // namespace
 
-GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req)
-    : be_(be), cfg_(cfg), req_(req), start_(now_seconds()), t0_(start_) {
+GenerationLog::GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req,
+                             const GenerationHooks& hooks)
+    : be_(be), cfg_(cfg), req_(req), hooks_(hooks), start_(now_seconds()), t0_(start_) {
   const std::size_t B = req.sequences.size();
   check_limits(cfg, req);
   for (std::size_t b = 0; b < B; ++b) {
@@ -190,15 +198,22 @@ SequenceState GenerationLog::start_sequence(std::size_t b) const {
   if (s.constraint) {
     if (!s.forced.empty()) throw std::invalid_argument("a constrained sequence cannot be forced");
     state.constraint = s.constraint->clone();
-    state.constraint->prepare(new_tokens_limit(req_, b));
+    try {
+      state.constraint->prepare(new_tokens_limit(req_, b));
+    } catch (const std::invalid_argument& e) {  // ends at its first token, as in fill_allowed
+      state.error = e.what();
+    }
   }
   return state;
 }
 
-// Rows of unconstrained or finished sequences allow everything (a fixed block samples the
-// latter and drops their tokens).
+// Rows of unconstrained, finished or failed sequences allow everything (a fixed block samples
+// the finished ones and drops their tokens; a failed one ends without its token). A constraint
+// that throws (a grammar past what can be followed here) fails its sequence alone.
 std::span<const std::uint32_t> GenerationLog::fill_allowed(std::size_t first, std::size_t n) {
-  const auto constrained = [&](std::size_t b) { return seqs_[b].constraint && !seqs_[b].ended(); };
+  const auto constrained = [&](std::size_t b) {
+    return seqs_[b].constraint && !seqs_[b].ended() && seqs_[b].error.empty();
+  };
   bool any = false;
   for (std::size_t b = first; b < first + n; ++b) any = any || constrained(b);
   if (!any) return {};
@@ -206,9 +221,15 @@ std::span<const std::uint32_t> GenerationLog::fill_allowed(std::size_t first, st
   rows_.allowed.assign(n * words, ~0u);
   for (std::size_t i = 0; i < n; ++i)
     if (constrained(first + i)) {
-      const SequenceState& s = seqs_[first + i];
+      SequenceState& s = seqs_[first + i];
       const std::int64_t tokens_left = new_tokens_limit(req_, first + i) - s.generated();
-      s.constraint->fill_allowed(std::span(rows_.allowed).subspan(i * words, words), tokens_left);
+      const auto row = std::span(rows_.allowed).subspan(i * words, words);
+      try {
+        s.constraint->fill_allowed(row, tokens_left);
+      } catch (const std::invalid_argument& e) {
+        s.error = e.what();
+        std::ranges::fill(row, ~0u);
+      }
     }
   return rows_.allowed;
 }
@@ -261,12 +282,19 @@ void GenerationLog::record(std::int64_t step, std::span<std::int32_t> next) {
   for (std::size_t b = 0; b < seqs_.size(); ++b) {
     const auto& forced = req_.sequences[b].forced;
     if (step < static_cast<std::int64_t>(forced.size())) next[b] = forced[static_cast<std::size_t>(step)];
+    if (next[b] == kFailedToken) next[b] = 0;  // its row computes on, as a finished one's: any id
   }
   end_step(step, static_cast<std::int64_t>(seqs_.size()), step == 0);  // finished sequences are computed too
 }
 
 bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   SequenceState& s = seqs_[b];
+  if (token == kFailedToken && s.error.empty())
+    s.error = "its constraint failed on the pipeline stage holding the output head";
+  if (!s.error.empty()) {  // drawn without its constraint's mask: not its token
+    end_sequence(b, FinishReason::Error);
+    return true;
+  }
   const std::int64_t index = s.generated();
   s.tokens.push_back(token);
   ++step_tokens_;
@@ -282,32 +310,42 @@ bool GenerationLog::record_token(std::size_t b, std::int32_t& token) {
   // A forced sequence runs until its forced tokens are used up, whatever it samples.
   const auto& forced = req_.sequences[b].forced;
   const bool forcing = index < static_cast<std::int64_t>(forced.size());
-  bool stop = !forcing && (is_stop_id(cfg_, s.sampling, token) || (req_.stop_here && req_.stop_here(b, s.tokens)));
+  bool stop = !forcing && (is_stop_id(cfg_, s.sampling, token) || (hooks_.stop_here && hooks_.stop_here(b, s.tokens)));
   const std::int64_t limit = new_tokens_limit(req_, b);
-  if (s.constraint) {
-    if (!s.constraint->accept(token, limit - index))
-      throw std::logic_error("sequence " + std::to_string(b) + " drew token " + std::to_string(token) +
-                             ", which its constraint does not allow");
-    stop = stop || s.constraint->finished();
+  try {
+    if (s.constraint) {
+      if (!s.constraint->accept(token, limit - index))
+        throw std::logic_error("sequence " + std::to_string(b) + " drew token " + std::to_string(token) +
+                               ", which its constraint does not allow");
+      stop = stop || s.constraint->finished();
+    }
+    if (forcing) token = forced[static_cast<std::size_t>(index)];
+    s.history.push_back(token);  // the inputs, for penalties
+    if (!stop && s.generated() < limit) {
+      if (s.constraint) s.constraint->prepare(limit - s.generated());
+      return false;
+    }
+  } catch (const std::invalid_argument& e) {
+    fail_sequence(b, e);
+    return true;
   }
-  if (forcing) token = forced[static_cast<std::size_t>(index)];
-  s.history.push_back(token);  // the inputs, for penalties
-  if (!stop && s.generated() < limit) {
-    if (s.constraint) s.constraint->prepare(limit - s.generated());
-    return false;
-  }
-  end_sequence(b, stop);
+  const bool closed_by_limit = s.constraint && s.constraint->closed_by_limit();
+  end_sequence(b, stop && !closed_by_limit ? FinishReason::Stop : FinishReason::Length);
   return true;
 }
 
-void GenerationLog::end_sequence(std::size_t b, bool stop) {
+void GenerationLog::fail_sequence(std::size_t b, const std::exception& e) {
+  seqs_[b].error = e.what();
+  end_sequence(b, FinishReason::Error);
+}
+
+void GenerationLog::end_sequence(std::size_t b, FinishReason why) {
   SequenceState& s = seqs_[b];
-  const bool closed_by_limit = s.constraint && s.constraint->closed_by_limit();
-  s.finish_reason = stop && !closed_by_limit ? FinishReason::Stop : FinishReason::Length;
+  s.finish_reason = why;
   s.phase = SequenceState::Phase::Finished;
   --active_;
   s.finished_at = now_seconds() - start_;
-  if (req_.on_finished) req_.on_finished(b, own_result(b));
+  if (hooks_.on_finished) hooks_.on_finished(b, own_result(b));
 }
 
 GenerationResult GenerationLog::own_result(std::size_t b) const {
@@ -315,6 +353,7 @@ GenerationResult GenerationLog::own_result(std::size_t b) const {
   GenerationResult one;
   one.tokens = {s.tokens};
   one.finish_reasons = {s.finish_reason};
+  one.errors = {s.error};
   if (logprobs_) {
     one.logprobs = {s.logprobs};
     one.top_logprobs = {s.top_logprobs};
@@ -348,7 +387,7 @@ void GenerationLog::share_prefix(std::size_t b, std::int64_t tokens) {
 
 void GenerationLog::end_step(std::int64_t step, std::int64_t sequences, bool prefilled) {
   res_.sequence_steps += sequences;
-  if (req_.on_step) req_.on_step(step, req_.max_new_tokens);
+  if (hooks_.on_step) hooks_.on_step(step, req_.max_new_tokens);
   be_.synchronize();
   const double now = now_seconds();
   (prefilled ? res_.prefill_seconds : res_.decode_seconds) += now - t0_;
@@ -367,6 +406,7 @@ GenerationResult GenerationLog::finish() {
     res_.generated_tokens += s.generated();
     res_.tokens.push_back(std::move(s.tokens));
     res_.finish_reasons.push_back(s.finish_reason);
+    res_.errors.push_back(std::move(s.error));
     res_.first_token_at.push_back(s.first_token_at);
     res_.finished_at.push_back(s.finished_at);
     if (logprobs_) {
@@ -377,8 +417,8 @@ GenerationResult GenerationLog::finish() {
   return std::move(res_);
 }
 
-GenerationResult Generator::generate(const GenerationRequest& req) {
-  GenerationLog log(be_, cfg_, req);
+GenerationResult Generator::generate(const GenerationRequest& req, const GenerationHooks& hooks) {
+  GenerationLog log(be_, cfg_, req, hooks);
   const std::int64_t B = static_cast<std::int64_t>(req.sequences.size());
   if (B == 0) return log.finish();
   const std::vector<std::vector<std::int32_t>> prompts = prompts_of(req.sequences);
@@ -414,7 +454,7 @@ GenerationResult Generator::generate(const GenerationRequest& req) {
     }
     graph.end();
     const float* logits = be_.logits_on_host(act.logits.as<float>(), B, cfg_.vocab_size);  // one copy
-    if (req.on_logits) req.on_logits(step, std::span(logits, static_cast<std::size_t>(B * cfg_.vocab_size)));
+    if (hooks.on_logits) hooks.on_logits(step, std::span(logits, static_cast<std::size_t>(B * cfg_.vocab_size)));
     kernels::SampleArgs args = log.sample_args(logits, 0, next);
     args.logits_on_host = true;
     be_.sample(args);

@@ -26,23 +26,10 @@ struct GenerationRequest {
   // The most new tokens of any sequence: its default limit, and what sizes the cache and activations.
   std::int64_t max_new_tokens = policy::kDefaultGenLen;
   kernels::SamplingParams sampling;  // of every sequence that sets none
-  // Called after each new token of sequence b with all its generated tokens; returning true
-  // ends the sequence there (finish reason stop): stop strings, which need the tokenizer.
-  std::function<bool(std::size_t b, std::span<const std::int32_t> generated)> stop_here;
-  // Called after every step with that step's logits [batch, vocab] (host copy), for tests
-  // and quality evaluation; step 0 is the prefill.
-  std::function<void(std::int64_t step, std::span<const float> logits)> on_logits;
-  // Called after every step (0 is the prefill) with the number of steps the request can take;
-  // progress reports, and cancellation by throwing.
-  std::function<void(std::int64_t step, std::int64_t max_steps)> on_step;
   // KV eviction (null: the full cache). The budget of a sequence is taken of its prompt + its
   // new tokens limit (+ its forced tokens instead, when forced).
   const policy::KvPolicy* kv = nullptr;
-  // Called when sequence b has ended (in the order sequences end), with its own result (as
-  // GenerationResult::sequence gives it): its tokens, finish reason and log-probabilities.
-  std::function<void(std::size_t b, const GenerationResult& own)> on_finished;
-
-  // Continuous batching (BlockScheduler only), when slots > 0: the sequences are a queue
+  // Continuous batching (BlockExecutor only), when slots > 0: the sequences are a queue
   // served by this many slots (at most the policy's block size). A sequence that ends frees its
   // slot; at the next step the next one takes it and its prompt is prefilled beside the other
   // slots' decode rows. Each sequence samples with its own token index as the step, so its tokens do not
@@ -52,19 +39,13 @@ struct GenerationRequest {
   // that a long prompt does not stall the decode rows (a step with no newcomer yet takes one
   // whatever its length).
   std::int64_t prefill_budget = 512;
-  // Continuous batching: whether waiting sequences are still admitted, and which one a free
-  // slot takes (engine/runtime/sequence.h). Null: every one, in order. Must outlive the run.
-  SequenceFeed* feed = nullptr;
-  // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
-  // `index` of sequence b (on_logits needs a fixed block).
-  std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;
-  // Continuous batching (BlockScheduler only): a newcomer whose prompt begins with tokens a
+  // Continuous batching (BlockExecutor only): a newcomer whose prompt begins with tokens a
   // slot's cache row holds (another request's prompt or its own slot's last request) copies
   // that row's KV of the longest such prefix of at least min_shared_prefix tokens and computes
   // only the rest (docs/prefix-sharing.md). Tokens do not depend on it. Off under KV eviction
   // and with RoPE frequencies that follow a sequence's length.
   bool share_prefixes = true;
-  // Shared prefixes held once where the run allows (StepPlanner::hold_prefixes); false: each
+  // Shared prefixes held once where the run allows (serving::StepScheduler::hold_prefixes); false: each
   // row holds its own copy of its prefix (the ablation, --prefix-sharing copy).
   bool hold_prefixes = true;
   std::int64_t min_shared_prefix = 16;
@@ -74,9 +55,34 @@ struct GenerationRequest {
   bool cuda_graphs = false;
 };
 
+// What the driver of a generation (Generator::generate, serving::generate, the serving
+// Engine) tells its caller and asks of it between steps. The executor sees none of it: its
+// steps return tokens (and logits when asked), the driver records them in a GenerationLog,
+// which calls these.
+struct GenerationHooks {
+  // Called after each new token of sequence b with all its generated tokens; returning true
+  // ends the sequence there (finish reason stop): stop strings, which need the tokenizer.
+  std::function<bool(std::size_t b, std::span<const std::int32_t> generated)> stop_here;
+  // A fixed block: called after every step with that step's logits [batch, vocab] (host
+  // copy), for tests and quality evaluation; step 0 is the prefill.
+  std::function<void(std::int64_t step, std::span<const float> logits)> on_logits;
+  // Continuous batching: called with the logits (host copy, [vocab]) that sampled token
+  // `index` of sequence b.
+  std::function<void(std::size_t b, std::int64_t index, std::span<const float> logits)> on_sequence_logits;
+  // Called after every step (0 is the prefill) with the number of steps the request can take;
+  // progress reports, and cancellation by throwing.
+  std::function<void(std::int64_t step, std::int64_t max_steps)> on_step;
+  // Called when sequence b has ended (in the order sequences end), with its own result (as
+  // GenerationResult::sequence gives it): its tokens, finish reason and log-probabilities.
+  std::function<void(std::size_t b, const GenerationResult& own)> on_finished;
+  // Whether a step's logits must come back to the driver.
+  bool wants_logits() const { return on_logits || on_sequence_logits; }
+};
+
 struct GenerationResult {
   std::vector<std::vector<std::int32_t>> tokens;  // generated tokens, stop token included
   std::vector<FinishReason> finish_reasons;       // per sequence
+  std::vector<std::string> errors;                // per sequence: why it failed ("" unless FinishReason::Error)
   // Per sequence whose sampling asks (logprobs >= 0; else empty), per generated token: the
   // chosen token's log-probability and the top alternatives (sampling.h).
   std::vector<std::vector<float>> logprobs;
@@ -123,14 +129,17 @@ const kernels::SamplingParams& sampling_of(const GenerationRequest& req, std::si
 // Tokens sequence b of a request holds at most: its prompt plus its forced tokens when forced,
 // else plus its new tokens limit. A KV eviction budget is a fraction of this.
 std::int64_t sequence_tokens(const GenerationRequest& req, std::size_t b);
+// The longest prompt of the request's sequences (0: none).
+std::int64_t longest_prompt(const GenerationRequest& req);
 
-// What a generation records between steps, shared by Generator and BlockScheduler so that both
+// What a generation records between steps, shared by Generator and BlockExecutor so that both
 // end, force and time sequences identically: one SequenceState per sequence of the request.
 class GenerationLog {
  public:
   // Checks the request (prompts, limits, sampling, shared prefills, constraints) and starts the
-  // prefill clock.
-  GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req);
+  // prefill clock. `req` and `hooks` outlive the log.
+  GenerationLog(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req,
+                const GenerationHooks& hooks);
   // The sampler's arguments for sequences [first, first + out.size()) of the current step,
   // whose logits are `logits` ([rows, vocab] on the device): their sampling, streams, new-token
   // indices, histories, allowed tokens (when any is constrained), and this log's buffers for
@@ -144,7 +153,9 @@ class GenerationLog {
   // ends, or that are full, puts the forced inputs into next, and calls on_step.
   void record(std::int64_t step, std::span<std::int32_t> next);
   // Continuous batching, sequence by sequence: records `token` as sequence b's next one; true
-  // when that ended it (stop id unless forced, or its limit); a forced input replaces `token`.
+  // when that ended it (stop id unless forced, its limit, or its constraint failing: then
+  // `token` is kFailedToken or its constraint failed before or after taking it); a forced
+  // input replaces `token`.
   bool record_token(std::size_t b, std::int32_t& token);
   // After every sequence of step `step` was recorded (clocks, on_step); `sequences`: the
   // sequence rows the step computed; `prefilled`: it computed prompt rows (its time counts as
@@ -157,6 +168,8 @@ class GenerationLog {
   void share_prefill(std::size_t b);
   // Sequence b takes the KV of its prompt's first `tokens` from a cache row: they are not computed.
   void share_prefix(std::size_t b, std::int64_t tokens);
+  // Sequence b's constraint failed (SequenceState::error) before its next token was drawn.
+  bool failed(std::size_t b) const { return !seqs_[b].error.empty(); }
   // Tokens sequence b has generated so far: the index (sampling step) of its next one.
   std::int64_t generated(std::size_t b) const { return seqs_[b].generated(); }
   bool active() const { return active_ > 0; }
@@ -166,8 +179,10 @@ class GenerationLog {
 
  private:
   SequenceState start_sequence(std::size_t b) const;
-  // Sequence b's last token ended it (a stop, else its limit): its finish reason and time.
-  void end_sequence(std::size_t b, bool stop);
+  // Sequence b ended, for `why`: its finish reason and time.
+  void end_sequence(std::size_t b, FinishReason why);
+  // Sequence b's constraint threw (a grammar past what can be followed): it ends in error.
+  void fail_sequence(std::size_t b, const std::exception& e);
   // Sequence b's result as GenerationResult::sequence gives it (on_finished's).
   GenerationResult own_result(std::size_t b) const;
   // The allowed-token masks of sequences [first, first + n), or none when none is constrained.
@@ -176,6 +191,7 @@ class GenerationLog {
   kernels::Backend& be_;
   const ModelConfig& cfg_;
   const GenerationRequest& req_;
+  const GenerationHooks& hooks_;
   std::vector<SequenceState> seqs_;  // sequence b's is seqs_[b]
   // The sampler's inputs for the rows of the current sample_args, gathered from the states
   // (it takes each as one span over the rows).
@@ -205,7 +221,7 @@ class Generator {
   // is kept in `cache_dtype` (q4/q8: compress_cache).
   Generator(kernels::Backend& be, const ModelConfig& cfg, const HostWeights& weights,
             kernels::DType cache_dtype = kernels::DType::F32);
-  GenerationResult generate(const GenerationRequest& req);
+  GenerationResult generate(const GenerationRequest& req, const GenerationHooks& hooks = {});
   const ModelConfig& config() const { return cfg_; }
   kernels::DType cache_dtype() const { return cache_dtype_; }
 

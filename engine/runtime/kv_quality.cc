@@ -110,8 +110,9 @@ std::vector<KvQuality> evaluate_variants(Generator& reference, const std::vector
     auto run = [&](Generator& gen, const policy::KvPolicy* kv) {
       std::vector<std::vector<float>> logits;
       req.kv = kv;
-      req.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
-      gen.generate(req);
+      GenerationHooks keep;
+      keep.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
+      gen.generate(req, keep);
       return logits;
     };
     const auto full = run(reference, nullptr);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/runtime/token_constraint.h"
@@ -26,7 +27,7 @@ struct Sequence {
   // stream, not on the batch it runs in.
   std::optional<kernels::SamplingParams> sampling;
   std::optional<std::uint64_t> stream;  // its sampling stream; unset: its index in the request
-  // n samples of one prompt (BlockScheduler only; Generator prefills each): this sequence is
+  // n samples of one prompt (BlockExecutor only; Generator prefills each): this sequence is
   // the one before it again, with the same prompt and new tokens limit. Such a run is
   // prefilled once and the others fork that slot (engine/runtime/prefill_fork.h); each still
   // samples its own tokens, those its own prefill would give.
@@ -40,8 +41,14 @@ struct Sequence {
   std::vector<std::int32_t> forced;
 };
 
-// Why a sequence ended: a stop id or stop_here (stop), or its new tokens limit (length).
-enum class FinishReason : std::uint8_t { Length, Stop };
+// Why a sequence ended: a stop id or stop_here (stop), its new tokens limit (length), or its
+// constraint failing (error: a grammar that grew past what can be followed at this point of
+// the output; SequenceState::error says why). Only that sequence ends; the run goes on.
+enum class FinishReason : std::uint8_t { Length, Stop, Error };
+
+// In place of a sampled token: the sequence's constraint failed before it could be drawn (the
+// stage with the head of a pipeline hands this on, so that every stage ends it alike).
+constexpr std::int32_t kFailedToken = -1;
 
 // One sequence's state in a run (GenerationLog holds one per sequence of the request).
 struct SequenceState {
@@ -62,26 +69,11 @@ struct SequenceState {
   std::unique_ptr<TokenConstraint> constraint;  // its constraint's live copy; null: none
   Phase phase = Phase::Waiting;
   FinishReason finish_reason = FinishReason::Length;
+  std::string error;  // why its constraint failed ("": it did not)
   double first_token_at = 0, finished_at = 0;  // seconds from the start of the run
 
   bool ended() const { return phase == Phase::Finished || phase == Phase::Dropped; }
   std::int64_t generated() const { return static_cast<std::int64_t>(tokens.size()); }
-};
-
-// Continuous batching: what the StepScheduler asks before free slots take waiting sequences.
-// The defaults admit every sequence of the request in order.
-class SequenceFeed {
- public:
-  virtual ~SequenceFeed() = default;
-  // Polled before waiting sequences take free slots; once true, no waiting one is admitted any
-  // more (they end without tokens) and the run ends as the slots empty.
-  virtual bool stop_admitting() { return false; }
-  // Which waiting sequence a free slot takes, asked with the first one not yet taken or passed
-  // (`from`) and whether no slot is running (`idle`: the answer may then wait, and must come).
-  // Returns `from` or a later one (those passed are not this run's: data-parallel ranks share
-  // a job's queue; they end without tokens, as dropped), the request's sequence count for none
-  // left, or nullopt for none yet (the slot idles this step).
-  virtual std::optional<std::size_t> next_sequence(std::size_t from, bool /*idle*/) { return from; }
 };
 
 // One sequence per prompt, in order, with nothing else set.

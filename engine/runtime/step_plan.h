@@ -1,15 +1,12 @@
 // The seam between the decision half of a block's steps and the executor (vLLM's scheduler /
-// executor seam). A StepPlanner decides which sequence each slot runs at each step and which
-// cache rows are copied before it, from what the request says and from which sequences ended;
-// BlockScheduler executes each plan (the copies, the compute over units x GPU batches, the
-// sampling) and reports back the tokens each slot sampled and which sequences ended. The
-// plans are plain values. The serving layer implements the planner
-// (engine/serving/step_scheduler.h); the executor knows only this interface.
+// executor seam), as plain values. The serving layer's scheduler (engine/serving/block_run.h)
+// decides which sequence each slot runs at each step and which cache rows are copied before it
+// (a StepPlan); BlockExecutor::run_step carries it out (the copies, the compute over units x
+// GPU batches, the sampling) and returns the tokens each slot sampled (a StepOutput), which
+// the scheduler then records. The executor calls nothing of the scheduler's.
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <span>
 #include <vector>
 
@@ -34,7 +31,7 @@ struct SlotStep {
   // rewritten since) share prefix_group, the group's first slot; their attention may read
   // those slots once for all (cascade attention). -1: none.
   std::int64_t prefix_group = -1, prefix_len = 0;
-  // A prefix held once (StepPlanner::hold_prefixes): the pool row holding the first `base`
+  // A prefix held once (the scheduler's PrefixPool, placed by BlockExecutor::begin): the pool row holding the first `base`
   // tokens of its sequence, its own row holding the tokens from `base` on; -1: its row holds
   // all. A Prefill with a pool row writes its first `base` tokens there (filling the row for
   // its family); Extend and Decode read them from there (prefix_len = base).
@@ -67,34 +64,32 @@ struct StepPlan {
   bool operator==(const StepPlan&) const = default;
 };
 
-// What the executor asks of the planner of one block.
-class StepPlanner {
- public:
-  virtual ~StepPlanner() = default;
-  // The block's slots: min(req.slots, prompts) under continuous batching, else every prompt.
-  virtual std::size_t slots() const = 0;
-  // The plan of the next step (the first call: step 0).
-  virtual StepPlan next_step() = 0;
-  // Continuous batching, after the step planned last: slot `slot` computed `token` (the
-  // sampled one, or a forced input in its place); `ended`: that ended its sequence.
-  virtual void record(std::size_t slot, std::int32_t token, bool ended) = 0;
-  // A fixed block, after the step: every slot's next input (its finished sequences compute on).
-  virtual void record_all(std::span<const std::int32_t> next) = 0;
-  // Slot `slot`'s tokens so far, its prompt first: what Prefill and Extend compute from, and
+class GenerationLog;
+
+// What the executor runs in one step. The views stay valid through the step.
+struct StepInput {
+  const StepPlan* plan = nullptr;
+  // Per slot: its tokens so far, its prompt first: what Prefill and Extend compute from, and
   // whose last one Decode computes.
-  virtual const std::vector<std::int32_t>& tokens(std::size_t slot) const = 0;
-  // Asked once, before step 0, where the executor can hold prefixes once (the attention reading
-  // shared prefixes apart): the pool the plans would use (SlotStep::pool_row), none by default.
-  virtual PrefixPool prefix_pool() { return {}; }
-  // Then, where the executor placed that pool: the plans use it from step 0 on (else they
-  // copy prefixes between rows, as without it).
-  virtual void hold_prefixes() {}
+  std::span<const std::vector<std::int32_t>> tokens;
+  // The sequences' sampling state (GenerationLog::sample_args): their sampling, streams,
+  // histories, constraints.
+  GenerationLog* log = nullptr;
+  bool keep_logits = false;  // hand the step's logits back (StepOutput::logits)
 };
 
-// Makes the planner of a block of `req` (which outlives it) over GPU batches of
-// gpu_batch_size; share_prefixes: newcomers may take prompt prefixes the rows hold (the
-// executor knows when the model allows it: prefix_sharing_off_reason).
-using PlannerFactory = std::function<std::unique_ptr<StepPlanner>(const GenerationRequest& req,
-                                                                  std::int64_t gpu_batch_size, bool share_prefixes)>;
+// What a step gives back. Valid until the block's next step.
+struct StepOutput {
+  // Per slot: the token it sampled (idle slots: unchanged; a fork: its own first token, sampled
+  // from the logits of the slot it forks). A stage without the head samples nothing: its caller
+  // fills them with those the stage with the head sampled.
+  std::span<std::int32_t> tokens;
+  // keep_logits: per slot, the logits row [slots, vocab] that sampled its token, on the host
+  // (a fork's row: unset; it sampled from its parent's); else empty.
+  std::span<const float> logits;
+  // The step computed prompt rows (a newcomer's prefill or extension, or a sequence prefilled
+  // again): its time counts as prefill.
+  bool prefilled = false;
+};
 
 }  // namespace flexh2o::engine

@@ -1,8 +1,7 @@
-// Between two steps of a block: the executor's side of a StepPlan. record_slots reports the
-// step's tokens to the log and the StepPlanner (which frees the slots that ended);
-// next_steps takes the next plan, makes its copies (the forks of the last step's shared
-// prefills, then the shared prompt prefixes of its newcomers; docs/prefix-sharing.md) and lays
-// out every GPU batch's StepBatch from it.
+// Before a step of a block: the executor's side of a StepPlan. apply_plan makes its copies (the
+// forks of the last step's shared prefills, then the shared prompt prefixes of its newcomers;
+// docs/prefix-sharing.md), starts the KV policy over in a newcomer's slot, and lays out every
+// GPU batch's StepBatch from it.
 #include <span>
 #include <string>
 
@@ -13,49 +12,25 @@
 
 namespace flexh2o::engine {
 
-void BlockScheduler::record_slots(BlockState& st, GenerationLog& log) {
-  std::int64_t computed = 0;
-  bool prefilled = false;
-  for (GpuBatch& b : st.batches)
-    for (std::int64_t i = 0; i < b.n; ++i) {
-      const SeqStep kind = b.step.kinds[static_cast<std::size_t>(i)];
-      prefilled = prefilled || kind == SeqStep::Prefill || kind == SeqStep::Extend;
-      const auto slot = static_cast<std::size_t>(b.first_sequence + i);
-      const SlotStep& planned = st.plan.slots[slot];
-      // A fork sampled its first token from the prefill of this step it shares.
-      if (kind == SeqStep::Idle && planned.fork_of < 0) continue;
-      ++computed;
-      std::int32_t token = st.next[slot];
-      const bool ended = log.record_token(static_cast<std::size_t>(planned.seq), token);
-      st.planner->record(slot, token, ended);
-    }
-  log.end_step(st.step, computed, prefilled);
-}
-
-void BlockScheduler::next_steps(BlockState& st) {
-  st.plan = st.planner->next_step();
-  const StepPlan& plan = st.plan;
-  GenerationLog& log = *st.log;
-  for (const std::size_t seq : plan.dropped) log.drop(seq);
+void BlockExecutor::apply_plan(BlockState& st, const StepInput& in) {
+  const StepPlan& plan = *in.plan;
   copy_rows(st, plan.forks, st.evicting, "fork_cache", kv_copies_.forks);
   const auto gbs = static_cast<std::size_t>(policy_.gpu_batch_size);
   for (std::size_t slot = 0; slot < plan.slots.size(); ++slot) {
     const SlotStep& s = plan.slots[slot];
-    const auto seq = static_cast<std::size_t>(s.seq);
-    if (s.fork_of >= 0) log.share_prefill(seq);
-    if (s.kind == SeqStep::Extend) log.share_prefix(seq, s.cached);
-    if (s.kind == SeqStep::Prefill && s.pool_row >= 0) ++kv_held_.fills;
+    if (s.kind != SeqStep::Prefill) continue;
+    if (s.pool_row >= 0) ++kv_held_.fills;
     // A newcomer's KV policy starts over in its slot.
-    if (st.continuous && s.kind == SeqStep::Prefill)
+    if (st.continuous)
       for (auto& e : st.batches[slot / gbs].eviction)
-        e->reset(static_cast<std::int64_t>(slot % gbs), sequence_tokens(*st.req, seq));
+        e->reset(static_cast<std::int64_t>(slot % gbs), sequence_tokens(*st.req, static_cast<std::size_t>(s.seq)));
   }
   copy_rows(st, plan.prefixes, false, "share_prefix", kv_copies_.prefixes);
-  for (GpuBatch& b : st.batches) b.step = lay_out(st, b);
+  for (GpuBatch& b : st.batches) b.step = lay_out(st, b, in);
 }
 
-StepBatch BlockScheduler::lay_out(const BlockState& st, const GpuBatch& b) const {
-  const auto slots = std::span(st.plan.slots).subspan(static_cast<std::size_t>(b.first_sequence),
+StepBatch BlockExecutor::lay_out(const BlockState& st, const GpuBatch& b, const StepInput& in) const {
+  const auto slots = std::span(in.plan->slots).subspan(static_cast<std::size_t>(b.first_sequence),
                                                       static_cast<std::size_t>(b.n));
   // Phi-3 prefills a sequence whole again when it outgrows the original context; a fixed
   // block prefills the whole batch again then.
@@ -66,7 +41,7 @@ StepBatch BlockScheduler::lay_out(const BlockState& st, const GpuBatch& b) const
   StepBatch step;
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const SlotStep& s = slots[i];
-    const std::vector<std::int32_t>& tokens = st.planner->tokens(static_cast<std::size_t>(b.first_sequence) + i);
+    const std::vector<std::int32_t>& tokens = in.tokens[static_cast<std::size_t>(b.first_sequence) + i];
     if (s.kind == SeqStep::Idle) {
       step.add_idle();
     } else if (s.kind == SeqStep::Extend) {
@@ -87,7 +62,7 @@ StepBatch BlockScheduler::lay_out(const BlockState& st, const GpuBatch& b) const
 
 // Each copy, in order, before any compute of the step can write either row: under a KV
 // policy the whole row and its policy state (forks), else the first copy.tokens slots.
-void BlockScheduler::copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what,
+void BlockExecutor::copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what,
                                KvCopyBytes& moved) {
   const std::int64_t gbs = policy_.gpu_batch_size;
   auto slot_of = [&](std::int64_t s) { return ForkSlot{&st.batch(s / gbs), s % gbs}; };

@@ -59,18 +59,24 @@ Engine::Engine(kernels::Backend& backend, const engine::ModelConfig& config, con
       tiers_(backend, engine_tiers(o_)) {
   if (o_.trace) trace_.emplace();
   const engine::LayerRange layers = o_.stage ? engine::stage_layers(config, *o_.stage) : engine::LayerRange{};
-  sched_ = std::make_unique<engine::BlockScheduler>(backend, tiers_, config, weights, o_.policy, trace(),
-                                                    offload::CopyOptions{}, layers);
+  exec_ = std::make_unique<engine::BlockExecutor>(backend, tiers_, config, weights, o_.policy, trace(),
+                                                   offload::CopyOptions{}, layers);
 }
 
 Engine::~Engine() = default;
 
-engine::GenerationRequest Engine::block_request(std::span<const Request> requests) const {
-  engine::GenerationRequest req;
+engine::GenerationHooks Engine::block_hooks(std::span<const Request> requests) {
+  engine::GenerationHooks hooks;
   if (o_.stop_string_seen)
-    req.stop_here = [requests, &seen = o_.stop_string_seen](std::size_t b, std::span<const std::int32_t> generated) {
+    hooks.stop_here = [requests, &seen = o_.stop_string_seen](std::size_t b, std::span<const std::int32_t> generated) {
       return stop_string_ends(seen, requests[b], generated);
     };
+  hooks.on_step = [this](std::int64_t, std::int64_t) { between_steps(); };
+  return hooks;
+}
+
+engine::GenerationRequest Engine::block_request(std::span<const Request> requests) const {
+  engine::GenerationRequest req;
   req.max_new_tokens = 0;
   req.share_prefixes = o_.share_prefixes;
   req.hold_prefixes = o_.hold_prefixes;
@@ -109,7 +115,7 @@ RunReport Engine::report(const std::string& description, std::span<const Request
                          const JobOutcome& outcome) const {
   RunReport r = make_run_report(description, config_, o_.policy, static_cast<std::int64_t>(requests.size()),
                                 longest_prompt(requests), longest_limit(requests, gen_len), outcome.total, tiers_,
-                                *sched_, trace_ ? &*trace_ : nullptr);
+                                *exec_, trace_ ? &*trace_ : nullptr);
   r.batching = o_.continuous ? "continuous" : "fixed";
   r.wall_seconds = outcome.wall_seconds;
   r.timings = outcome.timings;
@@ -119,8 +125,8 @@ RunReport Engine::report(const std::string& description, std::span<const Request
 
 RunPart Engine::part(const std::string& name, int rank, const std::string& host,
                      const engine::GenerationResult& total) const {
-  RunPart p{.name = name, .rank = rank, .host = host, .result = total, .kv_reads = sched_->kv_reads(),
-            .kv_copies = sched_->kv_copies(), .kv_held = sched_->kv_held()};
+  RunPart p{.name = name, .rank = rank, .host = host, .result = total, .kv_reads = exec_->kv_reads(),
+            .kv_copies = exec_->kv_copies(), .kv_held = exec_->kv_held()};
   const auto& moe = config_.moe;
   p.placement = Placement{policy::to_json(o_.policy, moe.experts, moe.top_k), policy::to_text(o_.policy), peaks_of(tiers_)};
   if (trace_) p.spans = trace_->spans();

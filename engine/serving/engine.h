@@ -1,10 +1,11 @@
 // The engine every form of `flexh2o run` drives: the one-process run, each rank of a
 // data-parallel run and each stage of a pipeline. From its options (what a run means, no flag
-// names) it opens the tiers, the trace and the BlockScheduler (a pipeline stage: over its slice
-// of the layers); it makes the scheduler's GenerationRequests from the job's requests in one
+// names) it opens the tiers, the trace and the BlockExecutor (a pipeline stage: over its slice
+// of the layers); it makes the GenerationRequests of its blocks from the job's requests in one
 // place, so that limits, sampling, stop strings and shared prefills (a request's n choices)
-// mean the same in every mode; it runs the job a step at a time (Engine::step), checks
-// interrupts between steps, and fills the RunReport.
+// mean the same in every mode; it runs the job a step at a time (Engine::step: each flight's
+// BlockRun plans a step, the executor runs it, the BlockRun records it), checks interrupts
+// between steps, and fills the RunReport.
 //
 // A job runs through one or more flights: blocks in flight at once, each stepped in turn (a
 // pipeline stage keeps its micro-batches in flight; every other mode has one). A flight runs
@@ -30,7 +31,7 @@
 #include "engine/serving/result_file.h"
 #include "engine/serving/run_report.h"
 #include "engine/serving/structured_output.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "offload/tiers.h"
 #include "offload/trace.h"
 #include "policy/cost_model.h"
@@ -151,10 +152,10 @@ class Engine {
   // A job run step by step: start it, step its flights (in turn) until none has work, end it.
   // `requests` outlive the job.
   void start(std::span<const Request> requests, RequestsFinished finished, JobFeed feed = {});
-  // One step of flight `flight`: records the tokens of its last step (ending requests and
-  // handing on their results), finishes its block when no sequence runs, starts its next one
-  // when it has none (the job's next fixed block, or its one continuous block), checks the
-  // interrupts, and runs the block's next step (scheduler plan, then the executor over this
+  // One step of flight `flight`: records the tokens of its last step (ending requests, handing
+  // on their results, planning the next step), finishes its block when no sequence runs,
+  // starts its next one when it has none (the job's next fixed block, or its one continuous
+  // block), checks the interrupts, and runs the block's planned step on the executor (this
   // engine's layers). False: the flight has no work left (nothing ran).
   bool step(std::size_t flight = 0, const StepLinks& links = {});
   // After every flight's step returned false: the job's outcome.
@@ -165,7 +166,7 @@ class Engine {
   // Whether a first signal asked to stop taking requests.
   bool stop_requested() const;
 
-  engine::BlockScheduler& scheduler() { return *sched_; }
+  engine::BlockExecutor& executor() { return *exec_; }
   offload::Trace* trace() { return trace_ ? &*trace_ : nullptr; }
   const EngineOptions& options() const { return o_; }
 
@@ -180,9 +181,11 @@ class Engine {
   struct Flight;
   struct Job;
   class FlightFeed;
-  // The scheduler's request for a fixed block of requests, and for a job under continuous
-  // batching (the slots and budget; the queue's feed is the flight's). Both keep `requests`.
+  // The request for a fixed block of requests, and for a job under continuous batching (the
+  // slots and budget; the queue's feed is the flight's). Both keep `requests`, as do the
+  // hooks of either (stop strings; between steps).
   engine::GenerationRequest block_request(std::span<const Request> requests) const;
+  engine::GenerationHooks block_hooks(std::span<const Request> requests);
   engine::GenerationRequest continuous_request(std::span<const Request> requests) const;
   // engine_step.cc: a flight's next block (false: none), its end, its step's tokens recorded.
   bool begin_block(Flight& f);
@@ -204,7 +207,7 @@ class Engine {
   const InterruptWatch* interrupts_;
   offload::Tiers tiers_;
   std::optional<offload::Trace> trace_;
-  std::unique_ptr<engine::BlockScheduler> sched_;
+  std::unique_ptr<engine::BlockExecutor> exec_;
   std::unique_ptr<Job> job_;  // the job started, until it ends
 };
 

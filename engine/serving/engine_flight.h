@@ -9,17 +9,20 @@
 #include <string>
 #include <vector>
 
+#include "engine/serving/block_run.h"
 #include "engine/serving/engine.h"
 
 namespace flexh2o::serving {
 
 struct Engine::Flight {
   static constexpr std::size_t kNoRequest = static_cast<std::size_t>(-1);
-  engine::GenerationRequest req;  // its block's; the block keeps a reference to it
-  std::unique_ptr<engine::SequenceFeed> feed;  // continuous: req.feed
-  engine::BlockScheduler::BlockPtr block;
+  engine::GenerationRequest req;   // its block's; the block keeps a reference to it
+  engine::GenerationHooks hooks;   // its block's
+  std::unique_ptr<SequenceFeed> feed;  // continuous: who its block admits
+  std::unique_ptr<BlockRun> run;   // its block (null: none begun)
+  engine::StepOutput out;          // of the block's last step
   bool continuous = false;  // its block serves the whole job through its slots
-  bool pending = false;     // its block ran a step not recorded yet
+  bool pending = false;     // its block ran a step not recorded yet (out)
   // Fixed blocks: the block's requests (its request keeps a view of them), their indices into
   // the job's and when it began (seconds into the job).
   std::vector<Request> these;

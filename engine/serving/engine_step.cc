@@ -80,15 +80,15 @@ void Engine::start(std::span<const Request> requests, RequestsFinished finished,
 
 bool Engine::step(std::size_t flight, const StepLinks& links) {
   if (!job_) throw std::logic_error("Engine::step needs a job started");
-  if (!sched_->holds_head() && !links.receive_tokens)
+  if (!exec_->holds_head() && !links.receive_tokens)
     throw std::logic_error("an engine without the output head needs the sampled tokens from the stage with it");
   Flight& f = *job_->flights.at(flight);
   if (f.pending) record_step(f, links);
-  if (f.block && !sched_->active(*f.block)) finish_block(f);
-  if (!f.block && !begin_block(f)) return false;
+  if (f.run && !f.run->active()) finish_block(f);
+  if (!f.run && !begin_block(f)) return false;
   check_abandon();
-  sched_->run_step(*f.block, links.hidden);
-  if (links.send_tokens) links.send_tokens(sched_->next_tokens(*f.block));
+  f.out = exec_->run_step(f.run->block(), f.run->next_step(), links.hidden);
+  if (links.send_tokens) links.send_tokens(f.out.tokens);
   f.pending = true;
   return true;
 }
@@ -96,7 +96,7 @@ bool Engine::step(std::size_t flight, const StepLinks& links) {
 JobOutcome Engine::end() {
   if (!job_) throw std::logic_error("Engine::end needs a job started");
   for (const auto& f : job_->flights)
-    if (f->block) throw std::logic_error("Engine::end with a block in flight");
+    if (f->run) throw std::logic_error("Engine::end with a block in flight");
   JobOutcome outcome = std::move(job_->outcome);
   // Continuous: a poll said to stop while requests were left that this engine did not finish.
   if (o_.continuous && !job_->requests.empty())
@@ -110,11 +110,11 @@ JobOutcome Engine::end() {
 // The step's tokens (a stage without the head takes them from the one with it) recorded: ends,
 // results handed on, the next step planned.
 void Engine::record_step(Flight& f, const StepLinks& links) {
-  if (links.receive_tokens) links.receive_tokens(sched_->next_tokens(*f.block));
-  sched_->end_step(*f.block);
+  if (links.receive_tokens) links.receive_tokens(f.out.tokens);
   f.pending = false;
+  f.run->update(f.out);
   if (job_->progress) {
-    const std::int64_t rows = sched_->rows_computed(*f.block);
+    const std::int64_t rows = f.run->rows_computed();
     job_->progress->sampled(rows - f.rows_counted, seconds_since(job_->t0));
     f.rows_counted = rows;
   }
@@ -126,9 +126,9 @@ bool Engine::begin_block(Flight& f) {
   const bool continuous = o_.continuous && !job_->requests.empty();
   while (continuous ? !f.started : begin_fixed(f)) {
     if (continuous) begin_continuous(f);
-    f.block = sched_->begin(f.req, make_step_scheduler);
+    f.run = std::make_unique<BlockRun>(*exec_, f.req, f.hooks, f.feed.get());
     f.rows_counted = 0;
-    if (sched_->active(*f.block)) return true;
+    if (f.run->active()) return true;
     finish_block(f);
   }
   return false;
@@ -137,7 +137,7 @@ bool Engine::begin_block(Flight& f) {
 // A continuous flight's admissions: none once the job stops taking requests; those the job's
 // source deals this engine, else those the job's queue gives the flight among several, else
 // every request in order.
-class Engine::FlightFeed final : public engine::SequenceFeed {
+class Engine::FlightFeed final : public SequenceFeed {
  public:
   FlightFeed(Engine& engine, Flight& flight) : e_(engine), f_(flight) {}
   bool stop_admitting() override {
@@ -164,13 +164,12 @@ void Engine::begin_continuous(Flight& f) {
   f.started = f.continuous = true;
   f.req = continuous_request(j.requests);
   f.feed = std::make_unique<FlightFeed>(*this, f);
-  f.req.feed = f.feed.get();
-  f.req.on_finished = [this](std::size_t b, const engine::GenerationResult& own) {
+  f.hooks = block_hooks(j.requests);
+  f.hooks.on_finished = [this](std::size_t b, const engine::GenerationResult& own) {
     const std::size_t at[] = {b};
     job_->finished(at, own);
     count_finished(at, own);
   };
-  f.req.on_step = [this](std::int64_t, std::int64_t) { between_steps(); };
 }
 
 // The job's next fixed block for flight f, unless none is left or the job stops taking them.
@@ -185,14 +184,14 @@ bool Engine::begin_fixed(Flight& f) {
   if (f.at.empty()) return false;
   f.these = requests_at(j.requests, f.at);
   f.req = block_request(f.these);
-  f.req.on_step = [this](std::int64_t, std::int64_t) { between_steps(); };
+  f.hooks = block_hooks(f.these);
   f.begun_at = seconds_since(j.t0);
   return true;
 }
 
 void Engine::finish_block(Flight& f) {
-  const engine::GenerationResult r = sched_->finish(*f.block);
-  f.block.reset();
+  const engine::GenerationResult r = f.run->finish();
+  f.run.reset();
   Job& j = *job_;
   j.outcome.total.add(r);
   if (f.continuous) {  // each request was handed on as it ended

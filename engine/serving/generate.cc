@@ -2,19 +2,17 @@
 
 #include <stdexcept>
 
-#include "engine/serving/step_scheduler.h"
+#include "engine/serving/block_run.h"
 
 namespace flexh2o::serving {
 
-engine::GenerationResult generate(engine::BlockScheduler& sched, const engine::GenerationRequest& req) {
-  if (!sched.holds_input() || !sched.holds_head())
+engine::GenerationResult generate(engine::BlockExecutor& exec, const engine::GenerationRequest& req,
+                                  const engine::GenerationHooks& hooks, SequenceFeed* feed) {
+  if (!exec.holds_input() || !exec.holds_head())
     throw std::logic_error("serving::generate needs the whole model; step a stage's blocks");
-  const engine::BlockScheduler::BlockPtr blk = sched.begin(req, make_step_scheduler);
-  while (sched.active(*blk)) {
-    sched.run_step(*blk);
-    sched.end_step(*blk);
-  }
-  return sched.finish(*blk);
+  BlockRun run(exec, req, hooks, feed);
+  while (run.active()) run.update(exec.run_step(run.block(), run.next_step()));
+  return run.finish();
 }
 
 }  // namespace flexh2o::serving

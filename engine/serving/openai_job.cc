@@ -133,7 +133,7 @@ std::vector<FinishedLine> OpenAiCollector::add(std::span<const Request> block, c
     const OpenAiLine& line = job_.lines[q.source];
     auto& choices = pending_[q.source];
     choices.resize(static_cast<std::size_t>(line.n));
-    ChoiceOutcome c{r.tokens[b], r.finish_reasons[b], {}, {}};
+    ChoiceOutcome c{r.tokens[b], r.finish_reasons[b], {}, {}, b < r.errors.size() ? r.errors[b] : std::string()};
     if (!r.logprobs.empty()) {
       c.logprobs = r.logprobs[b];
       c.top_logprobs = r.top_logprobs[b];
@@ -142,7 +142,9 @@ std::vector<FinishedLine> OpenAiCollector::add(std::span<const Request> block, c
     if (std::any_of(choices.begin(), choices.end(), [](const auto& o) { return !o.has_value(); })) continue;
     FinishedLine done{.index = q.source};
     for (auto& o : choices) done.choices.push_back(std::move(*o));
-    done.text = openai_result_line(line, job_.prompts[q.source], done.choices, ctx_);
+    const auto failed = std::ranges::find(done.choices, engine::FinishReason::Error, &ChoiceOutcome::finish);
+    done.text = failed != done.choices.end() ? openai_failed_line(line, failed->error)
+                                             : openai_result_line(line, job_.prompts[q.source], done.choices, ctx_);
     lines.push_back(std::move(done));
     pending_.erase(q.source);
   }

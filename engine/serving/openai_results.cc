@@ -141,6 +141,11 @@ std::string openai_error_line(const OpenAiLine& r) {
   return dump({{"id", result_id(r)}, {"custom_id", r.custom_id}, {"response", nullptr}, {"error", error}});
 }
 
+std::string openai_failed_line(const OpenAiLine& r, const std::string& message) {
+  const Json error = {{"code", "generation_failed"}, {"message", "line " + std::to_string(r.line) + ": " + message}};
+  return dump({{"id", result_id(r)}, {"custom_id", r.custom_id}, {"response", nullptr}, {"error", error}});
+}
+
 std::optional<std::string> openai_result_key(const std::string& line) {
   // Looked up, never echoed: a std::map object (ordered_json's would parse in quadratic time).
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);

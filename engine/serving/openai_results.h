@@ -29,6 +29,7 @@ struct ChoiceOutcome {
   engine::FinishReason finish = engine::FinishReason::Length;
   std::vector<float> logprobs;  // per token, when asked
   std::vector<std::vector<kernels::TokenLogprob>> top_logprobs;
+  std::string error;  // finish == Error: why
 };
 
 // The text of tokens generated after `prompt`: decode(prompt + tokens) minus decode(prompt),
@@ -59,6 +60,8 @@ std::string openai_result_line(const OpenAiLine& r, std::span<const std::int32_t
                                std::span<const ChoiceOutcome> choices, const ResultContext& ctx);
 // The error line of a bad request line.
 std::string openai_error_line(const OpenAiLine& r);
+// The error line of request `r` whose generation failed with `message` (its constraint).
+std::string openai_failed_line(const OpenAiLine& r, const std::string& message);
 // The key (OpenAiLine::key) of a result line, or nullopt when `line` is none.
 std::optional<std::string> openai_result_key(const std::string& line);
 

@@ -40,8 +40,10 @@ class ResultFile {
 
   // Ids (as compact JSON) of the results found when resuming.
   const std::set<std::string>& done_ids() const { return done_ids_; }
-  // The line of one result, newline included.
-  static std::string line(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens);
+  // The line of one result, newline included; `error`: why the request's generation failed
+  // ("": it did not), an "error" field beside its text and tokens so far.
+  static std::string line(const std::string& id_json, const std::string& text, std::span<const std::int32_t> tokens,
+                          const std::string& error = {});
   // Queues whole lines made by line() (here or on another rank).
   void add_line(const std::string& line) { pending_ += line; }
   // Writes the queued lines and fsyncs them (a regular file); on failure cuts the file back to

@@ -432,7 +432,7 @@ nlohmann::json RunReport::one_process_json() const {
 RunReport make_run_report(const std::string& description, const engine::ModelConfig& cfg, const policy::Policy& pol,
                           std::int64_t prompts, std::int64_t longest_prompt, std::int64_t gen_len,
                           const engine::GenerationResult& total, const offload::Tiers& tiers,
-                          const engine::BlockScheduler& sched, const offload::Trace* trace) {
+                          const engine::BlockExecutor& sched, const offload::Trace* trace) {
   RunReport r;
   r.model = description;
   r.stored = engine::with_weight_dtype(cfg, pol.weight_dtype(cfg.dtype));

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/runtime/generator.h"
 #include "engine/model/model_config.h"
 #include "offload/tiers.h"
@@ -179,6 +179,6 @@ struct RunReport {
 RunReport make_run_report(const std::string& description, const engine::ModelConfig& cfg, const policy::Policy& pol,
                           std::int64_t prompts, std::int64_t longest_prompt, std::int64_t gen_len,
                           const engine::GenerationResult& total, const offload::Tiers& tiers,
-                          const engine::BlockScheduler& sched, const offload::Trace* trace);
+                          const engine::BlockExecutor& sched, const offload::Trace* trace);
 
 }  // namespace flexh2o::serving

@@ -21,17 +21,18 @@ using engine::StepPlan;
 
 namespace {
 
-// The request's feed, or SequenceFeed's defaults (every sequence, in order) without one.
-engine::SequenceFeed& feed_of(const GenerationRequest& req) {
-  static engine::SequenceFeed in_order;  // stateless: one serves every scheduler
-  return req.feed ? *req.feed : in_order;
+// `feed`, or SequenceFeed's defaults (every sequence, in order) without one.
+SequenceFeed& feed_or_in_order(SequenceFeed* feed) {
+  static SequenceFeed in_order;  // stateless: one serves every scheduler
+  return feed ? *feed : in_order;
 }
 
 }  // namespace
 
-StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes)
+StepScheduler::StepScheduler(const GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes,
+                             SequenceFeed* feed)
     : req_(req),
-      feed_(feed_of(req)),
+      feed_(feed_or_in_order(feed)),
       gpu_batch_size_(static_cast<std::size_t>(gpu_batch_size)),
       continuous_(req.slots > 0),
       sharing_(continuous_ && share_prefixes) {
@@ -373,11 +374,6 @@ bool StepScheduler::prefix_in_flight(std::span<const std::int32_t> prompt, const
     if (n >= least && n >= now.tokens + least) return true;
   }
   return false;
-}
-
-std::unique_ptr<engine::StepPlanner> make_step_scheduler(const GenerationRequest& req, std::int64_t gpu_batch_size,
-                                                         bool share_prefixes) {
-  return std::make_unique<StepScheduler>(req, gpu_batch_size, share_prefixes);
 }
 
 }  // namespace flexh2o::serving

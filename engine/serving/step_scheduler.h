@@ -1,7 +1,7 @@
-// The decision half of a block's steps, the StepPlanner the executor takes its plans from
-// (engine/runtime/step_plan.h): which sequence each slot runs at each step and which cache
-// rows are copied before it, decided from what the request says (its sequences' prompts and
-// shared prefills, prefill budget, its SequenceFeed) and from which sequences ended. No model,
+// Who runs each step of a block: which sequence each slot runs at each step and which cache
+// rows are copied before it (a StepPlan, engine/runtime/step_plan.h), decided from what the
+// request says (its sequences' prompts and shared prefills, prefill budget), what the
+// SequenceFeed admits, and which sequences ended (BlockRun, block_run.h, records them). No model,
 // no backend, no memory here: the plans are plain values.
 //
 // Continuous batching (req.slots > 0): free slots take the waiting sequences in order; each
@@ -26,26 +26,54 @@
 
 namespace flexh2o::serving {
 
-class StepScheduler final : public engine::StepPlanner {
+// Continuous batching: what a StepScheduler asks before free slots take waiting sequences.
+// The defaults admit every sequence of the request in order.
+class SequenceFeed {
+ public:
+  virtual ~SequenceFeed() = default;
+  // Polled before waiting sequences take free slots; once true, no waiting one is admitted any
+  // more (they end without tokens) and the run ends as the slots empty.
+  virtual bool stop_admitting() { return false; }
+  // Which waiting sequence a free slot takes, asked with the first one not yet taken or passed
+  // (`from`) and whether no slot is running (`idle`: the answer may then wait, and must come).
+  // Returns `from` or a later one (those passed are not this run's: data-parallel ranks share
+  // a job's queue; they end without tokens, as dropped), the request's sequence count for none
+  // left, or nullopt for none yet (the slot idles this step).
+  virtual std::optional<std::size_t> next_sequence(std::size_t from, bool /*idle*/) { return from; }
+};
+
+
+class StepScheduler {
  public:
   // Over min(req.slots, prompts) slots under continuous batching, else over every prompt.
   // share_prefixes: newcomers may take prompt prefixes the rows hold (the executor knows when
-  // the model allows it: prefix_sharing_off_reason). `req` must outlive this.
-  StepScheduler(const engine::GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes);
-  std::size_t slots() const override { return slot_seq_.size(); }
-  // Under continuous batching it polls the feed's stop_admitting and asks it for the
-  // sequences free slots take (req.feed, or every sequence in order without one).
-  engine::StepPlan next_step() override;
-  void record(std::size_t slot, std::int32_t token, bool ended) override;
-  void record_all(std::span<const std::int32_t> next) override;
-  const std::vector<std::int32_t>& tokens(std::size_t slot) const override { return tokens_[slot]; }
-  // With shared prefixes: the job's prefix families (prefix_families) held in pool rows, as
-  // many as the most families the running requests hold at once (policy::Workload::pool_rows),
-  // when that takes less memory than every row holding its whole sequence. Once held, a family's newcomer finding no row of its family
-  // takes a free one (none of the running requests reads it; the least recently taken) and
-  // prefills its prefix into it; the family's others extend after it while it stays theirs.
-  engine::PrefixPool prefix_pool() override;
-  void hold_prefixes() override;
+  // the model allows it: BlockExecutor::shares_prefixes). `req` and `feed` (null: every
+  // sequence in order) must outlive this.
+  StepScheduler(const engine::GenerationRequest& req, std::int64_t gpu_batch_size, bool share_prefixes,
+                SequenceFeed* feed = nullptr);
+  // The block's slots: min(req.slots, prompts) under continuous batching, else every prompt.
+  std::size_t slots() const { return slot_seq_.size(); }
+  // The plan of the next step (the first call: step 0). Under continuous batching it polls the
+  // feed's stop_admitting and asks it for the sequences free slots take.
+  engine::StepPlan next_step();
+  // Continuous batching, after the step planned last: slot `slot` computed `token` (the
+  // sampled one, or a forced input in its place); `ended`: that ended its sequence.
+  void record(std::size_t slot, std::int32_t token, bool ended);
+  // A fixed block, after the step: every slot's next input (its finished sequences compute on).
+  void record_all(std::span<const std::int32_t> next);
+  // Per slot, its tokens so far, its prompt first (StepInput::tokens).
+  std::span<const std::vector<std::int32_t>> tokens() const { return tokens_; }
+  // Asked once, before step 0, where the executor can hold prefixes once: with shared
+  // prefixes, the job's prefix families (prefix_families) held in pool rows, as many as the
+  // most families the running requests hold at once (policy::Workload::pool_rows), when that
+  // takes less memory than every row holding its whole sequence; else none. Once held, a
+  // family's newcomer finding no row of its family takes a free one (none of the running
+  // requests reads it; the least recently taken) and prefills its prefix into it; the
+  // family's others extend after it while it stays theirs.
+  engine::PrefixPool prefix_pool();
+  // Then, where the executor placed that pool: the plans use it from step 0 on (else they copy
+  // prefixes between rows, as without it).
+  void hold_prefixes();
 
  private:
   // Whether a prompt waits for a free slot (waiting_): the next one the feed says this run
@@ -83,7 +111,7 @@ class StepScheduler final : public engine::StepPlanner {
   std::int64_t held_tokens(std::size_t seq) const;
 
   const engine::GenerationRequest& req_;
-  engine::SequenceFeed& feed_;  // req_.feed, or one that admits every sequence in order
+  SequenceFeed& feed_;  // the one given, or one that admits every sequence in order
   std::size_t gpu_batch_size_;
   bool continuous_;
   bool sharing_;          // shared prompt prefixes apply
@@ -122,9 +150,5 @@ class StepScheduler final : public engine::StepPlanner {
   std::vector<PoolRow> pool_;
   std::int64_t takes_ = 0;
 };
-
-// The executor's PlannerFactory: a StepScheduler for each block.
-std::unique_ptr<engine::StepPlanner> make_step_scheduler(const engine::GenerationRequest& req,
-                                                         std::int64_t gpu_batch_size, bool share_prefixes);
 
 }  // namespace flexh2o::serving

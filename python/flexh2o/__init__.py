@@ -206,7 +206,10 @@ def _logprobs_of(choice: Dict[str, Any], tokens: List[int], logprobs: List[float
 
 def _request_output(prompt: PromptType, done: tuple, timing: Optional[tuple]) -> RequestOutput:
     key, prompt_ids, choices, line = done
-    body = json.loads(line)["response"]["body"]
+    result = json.loads(line)
+    if result.get("error"):  # its generation failed (a grammar past what can be followed)
+        raise ValueError(f"request {result['custom_id']}: {result['error']['message']}")
+    body = result["response"]["body"]
     outputs = []
     for c, (tokens, logprobs, top) in zip(body["choices"], choices):
         text = c["message"]["content"] if "message" in c else c["text"]

@@ -46,8 +46,9 @@ Generated run(kernels::Backend& be, const ModelConfig& cfg) {
   for (std::int32_t p = 0; p < 3; ++p) req.sequences.push_back({.prompt = {1, 7 * p + 3, 11 * p + 5, 2}});
   req.max_new_tokens = 5;
   Generated r;
-  req.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
-  r.tokens = engine::Generator(be, cfg, engine::load_weights(cfg, src)).generate(req).tokens;
+  engine::GenerationHooks hooks;
+  hooks.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+  r.tokens = engine::Generator(be, cfg, engine::load_weights(cfg, src)).generate(req, hooks).tokens;
   return r;
 }
 

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/runtime/generator.h"
 #include "engine/loaders/hf_checkpoint.h"
 #include "tests/support/fp_tolerance.h"
@@ -74,8 +74,9 @@ TEST_P(HfParity, GreedyTokensAndLogitsEqualTransformers) {
     GenerationRequest req;
     req.sequences = engine::sequences_of({all[p]});
     req.max_new_tokens = new_tokens();
-    req.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
-    const auto got = gen.generate(req).tokens[0];
+    engine::GenerationHooks hooks;
+    hooks.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
+    const auto got = gen.generate(req, hooks).tokens[0];
     ASSERT_EQ(got.size(), want.size());
     const std::int64_t tokens = static_cast<std::int64_t>(all[p].size() + want.size());
     EXPECT_LE(max_diff(logits.front(), first), testing::forward_tolerance(cfg, tokens, first)) << "prefill logits";
@@ -180,8 +181,9 @@ TEST(HfParityCanFail, Llama31ConfigWithoutItsRopeScaling) {
   GenerationRequest req;
   req.sequences = engine::sequences_of({prompt});
   req.max_new_tokens = 1;
-  req.on_logits = [&](std::int64_t, std::span<const float> l) { got.assign(l.begin(), l.end()); };
-  gen.generate(req);
+  engine::GenerationHooks hooks;
+  hooks.on_logits = [&](std::int64_t, std::span<const float> l) { got.assign(l.begin(), l.end()); };
+  gen.generate(req, hooks);
   EXPECT_GT(max_diff(got, want), 100 * testing::forward_tolerance(hf.config(), 25, want));
 }
 

@@ -13,7 +13,7 @@
 #include <optional>
 #include <random>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_blocks.h"
@@ -445,10 +445,11 @@ TEST_F(TinyLlama, GreedyTokensEqualTransformers) {
     engine::GenerationRequest req;
     req.sequences = engine::sequences_of({prompt});
     req.max_new_tokens = static_cast<std::int64_t>(greedy.size());
-    req.on_logits = [&](std::int64_t step, std::span<const float> l) {
+    engine::GenerationHooks hooks;
+    hooks.on_logits = [&](std::int64_t step, std::span<const float> l) {
       if (step == 0) first.assign(l.begin(), l.end());
     };
-    EXPECT_EQ(gen.generate(req).tokens[0], greedy);
+    EXPECT_EQ(gen.generate(req, hooks).tokens[0], greedy);
     // The prefill's last position against transformers' logits, within fp32 rounding.
     const std::vector<float> all = base64_floats(c["prefill_logits_f32_b64"]);
     const std::vector<float> last(all.end() - cfg.vocab_size, all.end());
@@ -509,7 +510,7 @@ TEST_F(TinyLlama, CompressedKeepsTheFileBlocks) {
   offload::TierOptions to;
   to.offload_dir = dir.path();
   offload::Tiers tiers(*be, to);
-  engine::BlockScheduler sched(*be, tiers, f32, ckpt_, pol, nullptr, {true});
+  engine::BlockExecutor sched(*be, tiers, f32, ckpt_, pol, nullptr, {true});
   EXPECT_EQ(serving::generate(sched, req).tokens, in_memory);
 }
 

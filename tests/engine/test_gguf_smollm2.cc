@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/runtime/generator.h"
 #include "engine/loaders/gguf_checkpoint.h"
 #include "engine/loaders/gguf_tokenizer_keys.h"

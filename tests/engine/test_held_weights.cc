@@ -12,7 +12,7 @@
 
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/model_source.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/generator.h"
 #include "kernels/cpu/gemm_cpu.h"
@@ -64,21 +64,23 @@ GenerationRequest request(const ModelConfig& cfg, std::int64_t prompts, std::int
 // Weights, KV and activations over the gpu/cpu/disk tiers (staged weight copies included).
 Generated tiered_run(kernels::Backend& be, const ModelConfig& cfg, const engine::WeightSource& src, GenerationRequest req) {
   Generated r;
-  req.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+  engine::GenerationHooks hooks;
+  hooks.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
   testing::TempDir dir;
   offload::TierOptions to;
   to.offload_dir = dir.path();
   offload::Tiers tiers(be, to);
-  engine::BlockScheduler sched(be, tiers, cfg, src, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), nullptr, {true});
-  r.tokens = serving::generate(sched, req).tokens;
+  engine::BlockExecutor sched(be, tiers, cfg, src, testing::spread_policy(2, 2, {0.3, 0.3, 0.4}), nullptr, {true});
+  r.tokens = serving::generate(sched, req, hooks).tokens;
   return r;
 }
 
 Generated in_memory_run(kernels::Backend& be, const ModelConfig& cfg, const engine::WeightSource& src,
                   GenerationRequest req) {
   Generated r;
-  req.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
-  r.tokens = engine::Generator(be, cfg, engine::load_weights(cfg, src)).generate(req).tokens;
+  engine::GenerationHooks hooks;
+  hooks.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+  r.tokens = engine::Generator(be, cfg, engine::load_weights(cfg, src)).generate(req, hooks).tokens;
   return r;
 }
 

@@ -1,4 +1,4 @@
-// The KV bytes row copies moved (BlockScheduler::kv_copies, docs/prefix-sharing.md), exactly: a
+// The KV bytes row copies moved (BlockExecutor::kv_copies, docs/prefix-sharing.md), exactly: a
 // newcomer taking a shared prefix copies K and V of its first tokens from the donor's row in
 // every decoder layer, a forked prefill its prompt's; each byte read from the donor row's tier
 // and written to the receiving row's, as stored (compressed or not). Nothing is copied with
@@ -7,7 +7,7 @@
 
 #include <random>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "kernels/backend.h"
 #include "tests/support/test_models.h"
 #include "tests/support/tiered_run.h"

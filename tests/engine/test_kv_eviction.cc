@@ -6,7 +6,7 @@
 #include <cmath>
 #include <optional>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/kv_quality.h"
@@ -98,7 +98,7 @@ TEST(KvEviction, SmallBudgetsEvictAndKeepGenerating) {
     p.set_percent({100, 0, 0, 100, 100, 0});
     p.kv = kv;
     offload::Tiers tiers(*be, {});
-    engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, p);
+    engine::BlockExecutor sched(*be, tiers, m.config, *m.weights, p);
     engine::GenerationRequest tiered = req;
     tiered.kv = nullptr;  // the scheduler takes the policy's kv
     serving::generate(sched, tiered);
@@ -148,7 +148,7 @@ TEST(KvEviction, BytesPerTokenFromTheTierBudgets) {
     p.cache_storage = storage;
     p.compress_cache = compress;
     offload::Tiers tiers(*be, {});
-    engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+    engine::BlockExecutor sched(*be, tiers, cfg, src, p);
     serving::generate(sched, req);
     const std::int64_t slots = kv == "full" ? tokens : policy::kv_slot_capacity(std::llround(0.2 * tokens));
     const std::int64_t want = 2 * cfg.n_layers * B * cfg.n_kv_heads * slots * kernels::kv_slot_bytes(p.cache_dtype(cfg.dtype), 64);

@@ -9,7 +9,7 @@
 #include <memory>
 #include <random>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "kernels/backend.h"
 #include "tests/support/forwarding_backend.h"
 #include "tests/support/test_models.h"

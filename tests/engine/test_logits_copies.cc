@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine/loaders/dummy_weights.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/runtime/generator.h"
 #include "engine/serving/generate.h"
 #include "offload/tiers.h"
@@ -58,17 +58,18 @@ struct Run {
 
 Run run(kernels::Backend& be, const engine::ModelConfig& cfg, GenerationRequest req, std::int64_t gbs) {
   Run r;
+  engine::GenerationHooks hooks;
   if (req.slots > 0)
-    req.on_sequence_logits = [&](std::size_t, std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+    hooks.on_sequence_logits = [&](std::size_t, std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
   else
-    req.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+    hooks.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
   const engine::DummyWeights src(cfg, 41);
   testing::TempDir dir;
   offload::TierOptions to;
   to.offload_dir = dir.path();
   offload::Tiers tiers(be, to);
-  engine::BlockScheduler sched(be, tiers, cfg, src, testing::spread_policy(gbs, 1, {1.0, 0.0, 0.0}), nullptr, {true});
-  r.result = serving::generate(sched, req);
+  engine::BlockExecutor sched(be, tiers, cfg, src, testing::spread_policy(gbs, 1, {1.0, 0.0, 0.0}), nullptr, {true});
+  r.result = serving::generate(sched, req, hooks);
   return r;
 }
 

@@ -28,8 +28,9 @@ std::vector<std::vector<float>> step_logits(Generator& gen, const std::vector<st
   GenerationRequest req;
   req.sequences = engine::sequences_of(prompts);
   req.max_new_tokens = new_tokens;
-  req.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
-  auto r = gen.generate(req);
+  engine::GenerationHooks hooks;
+  hooks.on_logits = [&](std::int64_t, std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
+  auto r = gen.generate(req, hooks);
   if (out) *out = r.tokens;
   return logits;
 }
@@ -318,11 +319,12 @@ TEST(Generation, EachEndingSequenceIsHandedItsOwnResult) {
   req.sequences[1].sampling = kernels::SamplingParams{.temperature = 0.9f, .seed = 3, .ignore_eos = true, .logprobs = 2};
   std::vector<std::size_t> order;
   std::vector<engine::GenerationResult> own(req.sequences.size());
-  req.on_finished = [&](std::size_t b, const engine::GenerationResult& r) {
+  engine::GenerationHooks hooks;
+  hooks.on_finished = [&](std::size_t b, const engine::GenerationResult& r) {
     order.push_back(b);
     own[b] = r;
   };
-  const engine::GenerationResult all = gen.generate(req);
+  const engine::GenerationResult all = gen.generate(req, hooks);
   EXPECT_EQ(order, (std::vector<std::size_t>{0, 2, 1})) << "in the order their limits end them";
   for (std::size_t b = 0; b < own.size(); ++b) {
     const engine::GenerationResult want = all.sequence(b);

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/loaders/dummy_weights.h"
 #include "engine/model/model_shape.h"
@@ -62,7 +62,7 @@ void expect_planned_peaks(const engine::ModelConfig& cfg, const Case& c) {
   engine::DummyWeights src(cfg, 3);
   auto be = kernels::make_cpu_backend();
   offload::Tiers tiers(*be, {});
-  engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+  engine::BlockExecutor sched(*be, tiers, cfg, src, p);
   engine::GenerationRequest req;
   req.sequences = engine::sequences_of(engine::synthetic_prompts(p.block_size(), prompt, cfg.vocab_size));
   req.max_new_tokens = gen;
@@ -167,7 +167,7 @@ TEST(PlanMemory, PredictedPeaksAreTheEnginesUnderContinuousBatching) {
     engine::DummyWeights src(cfg, 3);
     auto be = kernels::make_cpu_backend();
     offload::Tiers tiers(*be, {});
-    engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+    engine::BlockExecutor sched(*be, tiers, cfg, src, p);
     serving::generate(sched, req);
     std::int64_t longest = 0;
     for (const auto& l : lengths) longest = std::max(longest, l.prompt + l.gen);

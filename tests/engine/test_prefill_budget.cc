@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/loaders/model_source.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "kernels/backend.h"
 #include "offload/tiers.h"
@@ -35,7 +35,7 @@ Steps run_continuous(const Job& j, std::int64_t prefill_budget) {
   policy::Policy p;
   p.gpu_batch_size = j.gbs;
   p.num_gpu_batches = j.k;
-  engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, p);
+  engine::BlockExecutor sched(*be, tiers, m.config, *m.weights, p);
   engine::GenerationRequest req;
   std::mt19937 rng(static_cast<std::uint32_t>(j.prompts * 31 + j.prompt));
   std::uniform_int_distribution<std::int32_t> token(3, static_cast<std::int32_t>(m.config.vocab_size - 1));
@@ -48,8 +48,9 @@ Steps run_continuous(const Job& j, std::int64_t prefill_budget) {
   req.slots = j.gbs * j.k;
   req.prefill_budget = prefill_budget;
   Steps s;
-  req.on_step = [&](std::int64_t, std::int64_t) { ++s.all; };
-  const engine::GenerationResult r = serving::generate(sched, req);
+  engine::GenerationHooks hooks;
+  hooks.on_step = [&](std::int64_t, std::int64_t) { ++s.all; };
+  const engine::GenerationResult r = serving::generate(sched, req, hooks);
   EXPECT_EQ(r.generated_tokens, j.prompts * j.gen);
   s.prefilled = r.prefill_steps;
   s.decoded = r.decode_steps;

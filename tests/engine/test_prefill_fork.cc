@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <random>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/prefill_fork.h"
 #include "engine/loaders/model_source.h"
@@ -69,7 +69,7 @@ struct Placement {
 };
 
 GenerationResult run_scheduler(const ModelConfig& cfg, const engine::WeightSource& src, const Placement& s,
-                               const GenerationRequest& req) {
+                               const GenerationRequest& req, const engine::GenerationHooks& hooks = {}) {
   auto be = kernels::make_cpu_backend();
   testing::TempDir dir;
   offload::TierOptions to;
@@ -77,8 +77,8 @@ GenerationResult run_scheduler(const ModelConfig& cfg, const engine::WeightSourc
   offload::Tiers tiers(*be, to);
   GenerationResult r;
   {
-    engine::BlockScheduler sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
-    r = serving::generate(sched, req);
+    engine::BlockExecutor sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
+    r = serving::generate(sched, req, hooks);
   }
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
     EXPECT_EQ(tiers.budget(t).used(), 0) << tier_name(t);
@@ -102,14 +102,15 @@ bool expect_shared_equals_separate(const ModelConfig& cfg, const engine::WeightS
   }
   // The logits that picked each token of the separate run: what bounds the log-probabilities.
   std::vector<std::vector<std::vector<float>>> logits(separate.sequences.size());
+  engine::GenerationHooks keep;
   if (continuous)
-    separate.on_sequence_logits = [&](std::size_t q, std::int64_t, std::span<const float> l) { logits[q].emplace_back(l.begin(), l.end()); };
+    keep.on_sequence_logits = [&](std::size_t q, std::int64_t, std::span<const float> l) { logits[q].emplace_back(l.begin(), l.end()); };
   else
-    separate.on_logits = [&](std::int64_t, std::span<const float> l) {
+    keep.on_logits = [&](std::int64_t, std::span<const float> l) {
       const auto vocab = static_cast<std::size_t>(cfg.vocab_size);
       for (std::size_t q = 0; q < logits.size(); ++q) logits[q].emplace_back(l.begin() + q * vocab, l.begin() + (q + 1) * vocab);
     };
-  const GenerationResult a = run_scheduler(cfg, src, s, shared), b = run_scheduler(cfg, src, s, separate);
+  const GenerationResult a = run_scheduler(cfg, src, s, shared), b = run_scheduler(cfg, src, s, separate, keep);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.finish_reasons, b.finish_reasons);
   // The forked KV is the prefilled slot's, computed in a step of other rows than the sibling's
@@ -230,7 +231,7 @@ TEST(PrefillFork, SharedPromptsAreChecked) {
   auto be = kernels::make_cpu_backend();
   offload::Tiers tiers(*be, {});
   Placement s = placements()[0];
-  engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, s.policy);
+  engine::BlockExecutor sched(*be, tiers, m.config, *m.weights, s.policy);
   const std::int64_t choices[] = {2, 2};
   GenerationRequest req = choices_request(m.config, choices, 980, true);
   GenerationRequest bad = req;
@@ -242,9 +243,9 @@ TEST(PrefillFork, SharedPromptsAreChecked) {
   bad = req;
   bad.sequences[0].shares_prompt = true;
   EXPECT_THROW(serving::generate(sched, bad), std::invalid_argument);
-  bad = req;
-  bad.on_logits = [](std::int64_t, std::span<const float>) {};
-  EXPECT_THROW(serving::generate(sched, bad), std::invalid_argument);
+  engine::GenerationHooks logits;
+  logits.on_logits = [](std::int64_t, std::span<const float>) {};
+  EXPECT_THROW(serving::generate(sched, req, logits), std::invalid_argument);
   EXPECT_EQ(engine::shared_prompt_run(req, 0), 2);
   EXPECT_EQ(engine::shared_prompt_run(req, 1), 1);
   EXPECT_EQ(engine::shared_prompt_run(req, 2), 2);

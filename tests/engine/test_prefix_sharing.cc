@@ -15,7 +15,7 @@
 
 #include "engine/loaders/dummy_weights.h"
 #include "engine/loaders/model_source.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/prefix_match.h"
 #include "tests/support/forwarding_backend.h"
@@ -128,7 +128,7 @@ GenerationResult run_scheduler(const engine::ModelConfig& cfg, const engine::Wei
   offload::Tiers tiers(be, to);
   GenerationResult r;
   {
-    engine::BlockScheduler sched(be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
+    engine::BlockExecutor sched(be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
     r = serving::generate(sched, req);
     if (kv_held) *kv_held = sched.kv_held();
   }
@@ -510,7 +510,7 @@ GpuTierRun run_with_gpu_bytes(const engine::ModelConfig& cfg, const engine::Weig
   auto be = kernels::make_cpu_backend();
   testing::TempDir dir;
   offload::Tiers tiers(*be, {.gpu_bytes = gpu_bytes, .disk_bytes = disk_bytes, .offload_dir = dir.path()});
-  engine::BlockScheduler sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
+  engine::BlockExecutor sched(*be, tiers, cfg, src, s.policy, nullptr, {s.always_stage});
   GpuTierRun r{.result = serving::generate(sched, req)};
   r.gpu_peak = tiers.budget(offload::Tier::Gpu).peak();
   r.held = sched.kv_held();

@@ -14,7 +14,7 @@
 #include <iterator>
 #include <random>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "engine/runtime/kv_staging.h"
 #include "engine/loaders/dummy_weights.h"
@@ -149,7 +149,7 @@ void expect_same_tokens(const Case& c, const ModelConfig& cfg, const engine::Wei
   to.pin_host = c.policy.pin_weight;
   offload::Tiers tiers(*be, to);
   {
-    engine::BlockScheduler sched(*be, tiers, cfg, src, c.policy, nullptr, {c.always_stage});
+    engine::BlockExecutor sched(*be, tiers, cfg, src, c.policy, nullptr, {c.always_stage});
     EXPECT_EQ(serving::generate(sched, req).tokens, want);
   }
   for (offload::Tier t : {offload::Tier::Gpu, offload::Tier::Cpu, offload::Tier::Disk})
@@ -286,7 +286,7 @@ TEST(Scheduler, SmallExpertSlotsRunInChunks) {
       p.expert_loading = "routed";
       p.expert_slots = slots;
       offload::Tiers tiers(*be, {});
-      engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+      engine::BlockExecutor sched(*be, tiers, cfg, src, p);
       const auto z = policy::model_sizes(policy::with_compression(engine::model_shape(cfg), p));
       EXPECT_EQ(tiers.budget(offload::Tier::Gpu).used(), 2 * z.staging_slot(slots, sep_layer));
       tokens.push_back(serving::generate(sched, req).tokens);
@@ -331,7 +331,7 @@ TEST(Scheduler, RoutedExpertLoadingFetchesOnlyTheRoutedExperts) {
     offload::TierOptions to;
     to.offload_dir = dir.path();
     offload::Tiers tiers(*be, to);
-    engine::BlockScheduler sched(*be, tiers, cfg, src, p);
+    engine::BlockExecutor sched(*be, tiers, cfg, src, p);
     tokens.push_back(serving::generate(sched, req).tokens[0]);
     const auto& s = sched.expert_loads();
     ASSERT_EQ(static_cast<std::int64_t>(s.experts_by_step.size()), req.max_new_tokens);
@@ -351,7 +351,7 @@ TEST(Scheduler, RoutedExpertLoadingFetchesOnlyTheRoutedExperts) {
   policy::Policy resident;
   resident.expert_loading = "routed";
   offload::Tiers tiers(*be, {});
-  engine::BlockScheduler sched(*be, tiers, cfg, src, resident);
+  engine::BlockExecutor sched(*be, tiers, cfg, src, resident);
   EXPECT_EQ(serving::generate(sched, req).tokens[0], tokens[0]);
   EXPECT_EQ(sched.expert_loads().experts(), 0);
 }
@@ -501,7 +501,7 @@ TEST(Scheduler, ReservesTheBackendsOpScratch) {
       to.gpu_bytes = gpu_bytes;
       offload::Tiers tiers(be, to);
       {
-        engine::BlockScheduler sched(be, tiers, cfg, src, p);
+        engine::BlockExecutor sched(be, tiers, cfg, src, p);
         serving::generate(sched, req);
       }
       return tiers.budget(offload::Tier::Gpu).peak();
@@ -636,7 +636,7 @@ TEST(Scheduler, RefillTakesOnlyThePromptsTheFeedGives) {
     req.sequences[b].max_new_tokens = 1 + static_cast<std::int64_t>(b % 7);
   req.max_new_tokens = 7;
   // This runner's prompts, every other answer "none yet" while other slots run.
-  struct MineFeed final : engine::SequenceFeed {
+  struct MineFeed final : serving::SequenceFeed {
     std::vector<std::size_t> mine = {0, 2, 3, 7, 8, 12};
     std::size_t none_left = 0, answers = 0, last_from = 0, idle_asks = 0;
     std::optional<std::size_t> next_sequence(std::size_t from, bool idle) override {
@@ -649,9 +649,8 @@ TEST(Scheduler, RefillTakesOnlyThePromptsTheFeedGives) {
     }
   } feed;
   feed.none_left = req.sequences.size();
-  req.feed = &feed;
   auto be = kernels::make_cpu_backend();
-  const auto r = testing::expect_refill_matches_solo(*be, m.config, *m.weights, c.policy, req);
+  const auto r = testing::expect_refill_matches_solo(*be, m.config, *m.weights, c.policy, req, {}, &feed);
   EXPECT_EQ(r.requests, feed.mine.size());
   EXPECT_GE(feed.idle_asks, 1u) << "the first answer comes while no slot runs";
 }
@@ -665,7 +664,7 @@ TEST(Scheduler, RefillWithFewPromptsAndBadSlots) {
   expect_refill_matches_solo(c, m.config, *m.weights, 800, 0.0f);
   auto be = kernels::make_cpu_backend();
   offload::Tiers tiers(*be, {});
-  engine::BlockScheduler sched(*be, tiers, m.config, *m.weights, c.policy);
+  engine::BlockExecutor sched(*be, tiers, m.config, *m.weights, c.policy);
   GenerationRequest req;
   req.sequences = engine::sequences_of(random_prompts(m.config, 3, 801));
   req.max_new_tokens = 4;
@@ -675,8 +674,9 @@ TEST(Scheduler, RefillWithFewPromptsAndBadSlots) {
   req.prefill_budget = 0;
   EXPECT_THROW(serving::generate(sched, req), std::invalid_argument);
   req.prefill_budget = 4;
-  req.on_logits = [](std::int64_t, std::span<const float>) {};
-  EXPECT_THROW(serving::generate(sched, req), std::invalid_argument);
+  engine::GenerationHooks logits;
+  logits.on_logits = [](std::int64_t, std::span<const float>) {};
+  EXPECT_THROW(serving::generate(sched, req, logits), std::invalid_argument);
 }
 
 // A backend that says it is a device: cpu_cache_compute is refused there, naming the option so
@@ -692,7 +692,7 @@ TEST(Scheduler, CpuCacheComputeOnADeviceNamesTheOption) {
   p.cpu_cache_compute = true;
   offload::Tiers tiers(be, {});
   try {
-    engine::BlockScheduler sched(be, tiers, cfg, src, p);
+    engine::BlockExecutor sched(be, tiers, cfg, src, p);
     ADD_FAILURE() << "cpu_cache_compute accepted on a device backend";
   } catch (const kernels::OptionError& e) {
     const std::string as_flag = e.text([](kernels::Option o) {

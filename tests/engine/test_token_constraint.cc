@@ -1,9 +1,9 @@
 // The runtime's constraint seam (engine/runtime/token_constraint.h) on stories260K, with a
-// constraint of its own (no grammar): in the in-memory Generator, BlockScheduler's fixed blocks
+// constraint of its own (no grammar): in the in-memory Generator, BlockExecutor's fixed blocks
 // and continuous batching with n choices forked from one prefill, every token a constrained
 // sequence draws is one its state allowed, each ends (finish reason stop) exactly when its state
-// says it is finished, unconstrained sequences beside it draw what they draw without it, and a
-// constraint allowing every token changes nothing. Each mask is asked for with the tokens the
+// says it is finished, unconstrained sequences beside it draw what they draw without it, a
+// constraint allowing every token changes nothing, and one that throws ends its sequence alone. Each mask is asked for with the tokens the
 // sequence may still draw.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <random>
 
 #include "engine/loaders/model_source.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "tests/support/test_models.h"
 
@@ -92,7 +92,7 @@ std::vector<std::pair<std::string, std::function<GenerationResult(GenerationRequ
       p.cache = {0.5, 0.5, 0};
       p.activations = {1, 0, 0};
       req.slots = slots;
-      engine::BlockScheduler sched(be, tiers, m.config, *m.weights, p);
+      engine::BlockExecutor sched(be, tiers, m.config, *m.weights, p);
       return serving::generate(sched, req);
     };
   };
@@ -137,6 +137,75 @@ TEST(TokenConstraint, ConstrainedSequencesDrawAllowedTokensAndEndWhenFinished) {
     EXPECT_EQ(open.tokens, plain.tokens);
     EXPECT_EQ(open.finish_reasons, plain.finish_reasons);
     EXPECT_EQ(open.logprobs, plain.logprobs);
+  }
+}
+
+// Allows every token and throws what a grammar past Automaton::kMaxClosure throws once it has
+// taken `after` tokens: when asked for its mask, when fed a token, or when told to prepare.
+class FailingConstraint final : public engine::TokenConstraint {
+ public:
+  enum class At : std::uint8_t { Mask, Accept, Prepare };
+  FailingConstraint(At at, std::size_t after) : at_(at), after_(after) {}
+  std::unique_ptr<engine::TokenConstraint> clone() const override { return std::make_unique<FailingConstraint>(*this); }
+  void fill_allowed(std::span<std::uint32_t> mask, std::int64_t) const override {
+    fail_if(At::Mask);
+    std::fill(mask.begin(), mask.end(), ~0u);
+  }
+  bool accept(std::int32_t, std::int64_t) override {
+    fail_if(At::Accept);
+    ++taken_;
+    return true;
+  }
+  void prepare(std::int64_t) const override { fail_if(At::Prepare); }
+  bool finished() const override { return false; }
+
+ private:
+  void fail_if(At at) const {
+    if (at == at_ && taken_ == after_) throw std::invalid_argument("the grammar keeps too many positions open");
+  }
+  At at_;
+  std::size_t after_;
+  std::size_t taken_ = 0;
+};
+
+// A constraint that throws (a grammar grown past what can be followed) ends its own sequence
+// with FinishReason::Error and the message, keeping the tokens it accepted; every other
+// sequence draws what it draws without it, and the run goes on.
+TEST(TokenConstraint, AConstraintThatThrowsEndsItsSequenceInErrorAlone) {
+  const engine::ModelSource m = engine::open_model({});
+  auto be = kernels::make_cpu_backend();
+  const engine::HostWeights host = engine::load_weights(m.config, *m.weights);
+  using At = FailingConstraint::At;
+  struct Case {
+    At at;
+    std::size_t after, kept;  // fails once `after` tokens were taken, keeping `kept`
+  };
+  for (const auto& [name, run] : runners(m, *be, host)) {
+    SCOPED_TRACE(name);
+    GenerationRequest req = choices_request(m.config, 7);
+    for (engine::Sequence& s : req.sequences) s.sampling->ignore_eos = true;  // every sequence runs to its limit
+    const GenerationResult plain = run(req);
+    for (const Case c : {Case{At::Mask, 0, 0}, Case{At::Mask, 4, 4}, Case{At::Accept, 2, 3}, Case{At::Prepare, 0, 0},
+                         Case{At::Prepare, 5, 5}}) {
+      SCOPED_TRACE("fails at " + std::to_string(static_cast<int>(c.at)) + " after " + std::to_string(c.after));
+      GenerationRequest failing = req;
+      failing.sequences[1].constraint = std::make_shared<FailingConstraint>(c.at, c.after);
+      failing.sequences[3].constraint = std::make_shared<FailingConstraint>(c.at, c.after);  // the first of 2 choices
+      const GenerationResult got = run(failing);
+      for (std::size_t b = 0; b < req.sequences.size(); ++b) {
+        if (b != 1 && b != 3) {
+          EXPECT_EQ(got.tokens[b], plain.tokens[b]) << "sequence " << b;
+          EXPECT_EQ(got.finish_reasons[b], FinishReason::Length) << "sequence " << b;
+          EXPECT_EQ(got.errors[b], "") << "sequence " << b;
+          continue;
+        }
+        EXPECT_EQ(got.finish_reasons[b], FinishReason::Error) << "sequence " << b;
+        EXPECT_EQ(got.errors[b], "the grammar keeps too many positions open") << "sequence " << b;
+        const std::vector<std::int32_t> kept(plain.tokens[b].begin(),
+                                             plain.tokens[b].begin() + static_cast<std::ptrdiff_t>(c.kept));
+        EXPECT_EQ(got.tokens[b], kept) << "sequence " << b;
+      }
+    }
   }
 }
 

@@ -288,6 +288,33 @@ TEST(OpenAiResults, ErrorLinesNameTheLineAndAreKeyedForResume) {
   EXPECT_EQ(serving::openai_result_key(k.dump()), "\"u\"");
 }
 
+// A line one of whose choices failed (its constraint: a grammar past what can be followed) is
+// an error line naming the line and why; a line beside it is a result line as ever.
+TEST(OpenAiResults, ALineWhoseGenerationFailedIsAnErrorLine) {
+  const engine::ModelConfig cfg = testing::tiny_opt_config();
+  const std::vector<std::string> texts = {
+      R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2], "n": 2}})",
+      R"({"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"prompt": [3]}})"};
+  const serving::OpenAiJob oj =
+      serving::open_openai_job(serving::read_openai_batch(texts), {.config = &cfg, .gen_len = 4});
+  ASSERT_EQ(oj.requests.size(), 3u);
+  engine::GenerationResult r;
+  r.tokens = {{5, 6}, {7}, {8, 9}};
+  r.finish_reasons = {engine::FinishReason::Length, engine::FinishReason::Error, engine::FinishReason::Stop};
+  r.errors = {"", "the grammar keeps too many positions open", ""};
+  serving::OpenAiCollector collector(oj, {.tok = nullptr, .model = "x", .created = 1});
+  const std::vector<serving::FinishedLine> lines = collector.add(oj.requests, r);
+  ASSERT_EQ(lines.size(), 2u);
+  const auto failed = nlohmann::json::parse(lines[0].text), fine = nlohmann::json::parse(lines[1].text);
+  EXPECT_EQ(failed["custom_id"], "a");
+  EXPECT_TRUE(failed["response"].is_null());
+  EXPECT_EQ(failed["error"]["code"], "generation_failed");
+  EXPECT_EQ(failed["error"]["message"], "line 1: the grammar keeps too many positions open");
+  EXPECT_EQ(serving::openai_result_key(failed.dump()), "\"a\"");
+  EXPECT_EQ(fine["custom_id"], "b");
+  EXPECT_EQ(fine["response"]["body"]["choices"][0]["finish_reason"], "stop");
+}
+
 TEST(OpenAiResults, StopStringsEndTheTextAtTheEarliest) {
   const std::vector<std::string> stop = {"END", "\n\n"};
   EXPECT_EQ(serving::stop_position("abc\n\nxEND", stop), 3u);

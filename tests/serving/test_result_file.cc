@@ -9,9 +9,12 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/serving/request.h"
 #include "engine/serving/result_file.h"
 #include "tests/support/error_of.h"
+
 #include "tests/support/test_models.h"
 
 namespace flexh2o {
@@ -56,6 +59,22 @@ TEST(ResultFile, ResumeKeepsResultsAndCutsAnUnfinishedLineOnlyWhenWriting) {
   out.add_line(result("\"c\""));
   out.flush();
   EXPECT_EQ(testing::read_file(path), result("\"a\"") + result("2") + result("\"c\""));
+}
+
+// A request whose generation failed gets a line saying why beside its tokens so far; a resumed
+// run counts it done, as any result.
+TEST(ResultFile, AFailedRequestsLineSaysWhyAndCountsAsDone) {
+  const std::int32_t tokens[] = {4};
+  const std::string failed = ResultFile::line("\"f\"", "x", tokens, "the grammar keeps too many positions open");
+  const auto j = nlohmann::json::parse(failed);
+  EXPECT_EQ(j["error"], "the grammar keeps too many positions open");
+  EXPECT_EQ(j["tokens"], nlohmann::json::array({4}));
+  EXPECT_FALSE(nlohmann::json::parse(result("1")).contains("error"));
+  testing::TempDir dir;
+  const std::string path = dir.file("out.jsonl");
+  testing::write_file(path, result("1") + failed);
+  ResultFile out(path, true, "");
+  EXPECT_EQ(out.done_ids(), (std::set<std::string>{"1", "\"f\""}));
 }
 
 TEST(ResultFile, AnExistingFileIsReplacedOnlyByTheFirstResults) {

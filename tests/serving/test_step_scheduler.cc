@@ -100,12 +100,12 @@ TEST(StepScheduler, AdmitsInOrderAndRefillsFreedSlots) {
   StepScheduler s(req, 2, true);
   ASSERT_EQ(s.slots(), 2u);
   EXPECT_EQ(s.next_step(), plan({prefill(0), prefill(1)}));
-  EXPECT_EQ(s.tokens(1), req.sequences[1].prompt);
+  EXPECT_EQ(s.tokens()[1], req.sequences[1].prompt);
   s.record(0, 7, false);
   s.record(1, 8, true);
   EXPECT_EQ(s.next_step(), plan({decode(0, 3), prefill(2)}));
-  EXPECT_EQ(s.tokens(0), join(req.sequences[0].prompt, {7}));
-  EXPECT_EQ(s.tokens(1), req.sequences[2].prompt);
+  EXPECT_EQ(s.tokens()[0], join(req.sequences[0].prompt, {7}));
+  EXPECT_EQ(s.tokens()[1], req.sequences[2].prompt);
   s.record(0, 9, true);
   s.record(1, 10, false);
   EXPECT_EQ(s.next_step(), plan({prefill(3), decode(2, 5)}));
@@ -152,7 +152,7 @@ TEST(StepScheduler, PrefillBudgetIsPerGpuBatch) {
 
 // A feed that answers next_sequence as `answer` does (in order when it is null) and stops
 // admitting once `stop` is set, counting the polls.
-struct TestFeed final : SequenceFeed {
+struct TestFeed final : serving::SequenceFeed {
   std::function<std::optional<std::size_t>(std::size_t from, bool idle)> answer;
   bool stop = false;
   int polls = 0;
@@ -168,8 +168,7 @@ struct TestFeed final : SequenceFeed {
 TEST(StepScheduler, StopAdmittingDropsTheWaitingPrompts) {
   GenerationRequest req = queue({3, 3, 3, 3}, 2);
   TestFeed feed;
-  req.feed = &feed;
-  StepScheduler s(req, 2, true);
+  StepScheduler s(req, 2, true, &feed);
   EXPECT_EQ(s.next_step(), plan({prefill(0), prefill(1)}));
   EXPECT_EQ(feed.polls, 1);
   feed.stop = true;
@@ -191,8 +190,7 @@ TEST(StepScheduler, NextSequencePicksSkipsAndWaits) {
     const auto a = answers.at(asked.size() - 1);
     return a;
   };
-  req.feed = &feed;
-  StepScheduler s(req, 2, true);
+  StepScheduler s(req, 2, true, &feed);
   EXPECT_EQ(s.next_step(), plan({prefill(0), idle()}));  // none yet for slot 1
   s.record(0, 1, false);
   // Prompts 1 and 2 are another rank's: dropped on the way to 3.
@@ -211,8 +209,7 @@ TEST(StepScheduler, NextSequenceMustAnswerWhenNoSlotRuns) {
   GenerationRequest req = queue({3}, 1);
   TestFeed feed;
   feed.answer = [](std::size_t, bool) -> std::optional<std::size_t> { return std::nullopt; };
-  req.feed = &feed;
-  StepScheduler s(req, 1, true);
+  StepScheduler s(req, 1, true, &feed);
   EXPECT_THROW(s.next_step(), std::logic_error);
 }
 
@@ -220,8 +217,7 @@ TEST(StepScheduler, NextSequenceMayNotGoBack) {
   GenerationRequest req = queue({3, 3}, 1);
   TestFeed feed;
   feed.answer = [](std::size_t, bool) -> std::optional<std::size_t> { return 0; };
-  req.feed = &feed;
-  StepScheduler s(req, 1, true);
+  StepScheduler s(req, 1, true, &feed);
   EXPECT_EQ(s.next_step(), plan({prefill(0)}));
   s.record(0, 1, true);
   EXPECT_THROW(s.next_step(), std::logic_error);  // asked from 1, answered 0
@@ -240,7 +236,7 @@ TEST(StepScheduler, SharedPrefillRunsFork) {
   s.record(2, 3, true);  // ended with its first token: nothing to copy
   s.record(3, 4, false);
   EXPECT_EQ(s.next_step(), plan({decode(0, 5), decode(1, 5), idle(), decode(3, 4)}, {{0, 1, 5}}));
-  EXPECT_EQ(s.tokens(1), join(req.sequences[1].prompt, {2}));
+  EXPECT_EQ(s.tokens()[1], join(req.sequences[1].prompt, {2}));
 }
 
 TEST(StepScheduler, SharedPrefillRunWaitsForFreeSlots) {
@@ -265,7 +261,7 @@ TEST(StepScheduler, FixedBlockPrefillsThenDecodesAndForks) {
   EXPECT_EQ(s.next_step(), plan({decode(0, 5), decode(1, 5), decode(2, 3)}, {{0, 1, 5}}));
   s.record_all(next);
   EXPECT_EQ(s.next_step(), plan({decode(0, 6), decode(1, 6), decode(2, 4)}));
-  EXPECT_EQ(s.tokens(2), join(req.sequences[2].prompt, {9, 9}));
+  EXPECT_EQ(s.tokens()[2], join(req.sequences[2].prompt, {9, 9}));
 }
 
 // Shared prompt prefixes (docs/prefix-sharing.md), at least min_shared_prefix = 16 tokens,

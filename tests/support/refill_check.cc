@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "offload/tiers.h"
 #include "policy/eviction/kv_spec.h"
@@ -44,8 +44,9 @@ std::vector<Run> solo_runs(kernels::Backend& be, const engine::ModelConfig& cfg,
     one.sampling = engine::sampling_of(req, b);
     one.kv = kv.get();
     Run r;
-    one.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
-    r.tokens = plain.generate(one).tokens[0];
+    engine::GenerationHooks keep;
+    keep.on_logits = [&](std::int64_t, std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+    r.tokens = plain.generate(one, keep).tokens[0];
     out.push_back(std::move(r));
   }
   return out;
@@ -76,18 +77,20 @@ double tolerance(const policy::Policy& pol, const engine::ModelConfig& cfg, std:
 
 RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::ModelConfig& cfg,
                                             const engine::WeightSource& source, const policy::Policy& pol,
-                                            const engine::GenerationRequest& req, offload::CopyOptions copy) {
+                                            const engine::GenerationRequest& req, offload::CopyOptions copy,
+                                            serving::SequenceFeed* feed) {
   const std::vector<Run> want = solo_runs(be, cfg, source, pol, req);
   const std::size_t n = req.sequences.size();
   std::vector<Run> got(n);
   std::vector<int> finished(n, 0);
   engine::GenerationRequest refill = req;
   refill.slots = pol.block_size();
-  refill.on_sequence_logits = [&](std::size_t b, std::int64_t index, std::span<const float> l) {
+  engine::GenerationHooks hooks;
+  hooks.on_sequence_logits = [&](std::size_t b, std::int64_t index, std::span<const float> l) {
     EXPECT_EQ(index, static_cast<std::int64_t>(got[b].logits.size())) << "request " << b;
     got[b].logits.emplace_back(l.begin(), l.end());
   };
-  refill.on_finished = [&](std::size_t b, const engine::GenerationResult& own) {
+  hooks.on_finished = [&](std::size_t b, const engine::GenerationResult& own) {
     ++finished[b];
     ASSERT_EQ(own.tokens.size(), 1u) << "request " << b;
     got[b].tokens = own.tokens[0];
@@ -97,8 +100,8 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
   to.offload_dir = dir.path();
   offload::Tiers tiers(be, to);
   {
-    engine::BlockScheduler sched(be, tiers, cfg, source, pol, nullptr, copy);
-    const auto result = serving::generate(sched, refill);
+    engine::BlockExecutor sched(be, tiers, cfg, source, pol, nullptr, copy);
+    const auto result = serving::generate(sched, refill, hooks, feed);
     for (std::size_t b = 0; b < n; ++b) EXPECT_EQ(result.tokens[b], got[b].tokens) << "request " << b;
     EXPECT_EQ(result.sequences, std::ranges::count(finished, 1)) << "only the requests taken count";
     std::int64_t generated = 0;
@@ -112,7 +115,7 @@ RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::
   RefillComparison c;
   for (std::size_t b = 0; b < n; ++b) {
     SCOPED_TRACE("request " + std::to_string(b));
-    if (req.feed && finished[b] == 0) {  // another runner's
+    if (feed && finished[b] == 0) {  // another runner's
       EXPECT_TRUE(got[b].tokens.empty() && got[b].logits.empty());
       continue;
     }

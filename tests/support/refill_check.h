@@ -1,5 +1,5 @@
 // Continuous batching against each request alone: a request's tokens under refill (the
-// BlockScheduler with GenerationRequest::slots) must be those of its solo in-memory run
+// BlockExecutor with GenerationRequest::slots) must be those of its solo in-memory run
 // (Generator, the same compression and KV policy). Where a kernel's summation order depends on
 // the rows of a step (the CPU GEMM's paths by row count), the logits that picked each token
 // must stay within fp32 rounding of the solo run's, and a differing token is accepted only at
@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "engine/runtime/generator.h"
+#include "engine/serving/step_scheduler.h"
 #include "engine/model/weights.h"
 #include "kernels/backend.h"
 #include "offload/copy_engine.h"
@@ -24,10 +25,11 @@ struct RefillComparison {
 
 // Runs `req` (prompts, limits, sampling, streams) under continuous batching over the policy's
 // tiers with block-size slots, each prompt alone in memory, and checks them with gtest
-// expectations; under req.feed only the prompts the run took are compared (the others must
+// expectations; under a `feed` only the prompts the run took are compared (the others must
 // end without tokens). Needs a CPU backend.
 RefillComparison expect_refill_matches_solo(kernels::Backend& be, const engine::ModelConfig& cfg,
                                             const engine::WeightSource& source, const policy::Policy& pol,
-                                            const engine::GenerationRequest& req, offload::CopyOptions copy = {});
+                                            const engine::GenerationRequest& req, offload::CopyOptions copy = {},
+                                            serving::SequenceFeed* feed = nullptr);
 
 }  // namespace flexh2o::testing

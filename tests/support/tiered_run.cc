@@ -1,7 +1,7 @@
 #include "tests/support/tiered_run.h"
 
 #include "engine/loaders/dummy_weights.h"
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/serving/generate.h"
 #include "offload/tiers.h"
 #include "tests/support/test_models.h"
@@ -25,7 +25,7 @@ std::vector<std::vector<std::int32_t>> generate_tiered(kernels::Backend& be, con
   offload::TierOptions to;
   to.offload_dir = dir.path();
   offload::Tiers tiers(be, to);
-  engine::BlockScheduler sched(be, tiers, cfg, source, pol, nullptr, copy);
+  engine::BlockExecutor sched(be, tiers, cfg, source, pol, nullptr, copy);
   return serving::generate(sched, req).tokens;
 }
 
@@ -36,7 +36,7 @@ KvTraffic kv_traffic(kernels::Backend& be, const engine::ModelConfig& cfg, const
   to.offload_dir = dir.path();
   offload::Tiers tiers(be, to);
   engine::DummyWeights src(cfg, 46);
-  engine::BlockScheduler sched(be, tiers, cfg, src, pol, nullptr);
+  engine::BlockExecutor sched(be, tiers, cfg, src, pol, nullptr);
   KvTraffic r;
   r.result = serving::generate(sched, req);
   r.reads = sched.kv_reads();

@@ -1,4 +1,4 @@
-// The engine's tiered run as the parity tests use it: a BlockScheduler over fresh tiers whose
+// The engine's tiered run as the parity tests use it: a BlockExecutor over fresh tiers whose
 // offload directory is removed afterwards, with a policy that spreads weights, KV cache and
 // activations over the gpu, cpu and disk tiers.
 #pragma once
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 #include "engine/runtime/generator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"

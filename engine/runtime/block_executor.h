@@ -1,7 +1,7 @@
 // FlexGen's zig-zag block schedule over the tiers: a block of gpu_batch_size x num_gpu_batches
 // sequences runs token step i x scheduling unit j x GPU batch k. Who runs each step is decided
-// by the block's StepPlanner (step_plan.h), which the caller's PlannerFactory makes (the
-// serving layer's StepScheduler); this executes its plans. With overlap on, the next unit's
+// above (the serving layer's BlockRun); this carries out each step's plan (step_plan.h) and
+// returns what it sampled. With overlap on, the next unit's
 // weights are fetched while the K batches of this unit compute, and batch k+1's
 // activations/KV are fetched (batch k-1's written back) while batch k computes, each on its
 // own copy lane; tickets order them (no global barrier). With overlap off the same copies
@@ -22,8 +22,8 @@
 // (LayerRange) with only their weights and KV caches; its first unit then takes each GPU
 // batch's hidden states from StageLinks::receive and its last one hands them to
 // StageLinks::send. A stage keeps several blocks in flight and advances each a step at a time
-// (begin, run_step, end_step, finish); serving::generate (engine/serving/generate.h) is the
-// same loop for one block.
+// (begin, then run_step per step); serving::generate (engine/serving/generate.h) is the same
+// loop for one block.
 //
 // Mixture-of-experts: every expert is its own group of tiered tensors. Under routed expert
 // loading (Policy::routed_expert_loading) a MoE unit's load brings its router, norm and
@@ -76,38 +76,37 @@ struct StageLinks {
   std::function<void(std::int64_t k, std::span<const float> hidden)> send;
 };
 
-class BlockScheduler {
+class BlockExecutor {
  public:
   // Loads the weights of `layers` into their tiers. Throws BudgetExceeded when they do not fit.
-  BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg, const WeightSource& source,
+  BlockExecutor(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg, const WeightSource& source,
                  const policy::Policy& policy, offload::Trace* trace = nullptr, offload::CopyOptions copy = {},
                  LayerRange layers = {});
-  ~BlockScheduler();
+  ~BlockExecutor();
 
   // One block stepped from outside: at most gpu_batch_size x num_gpu_batches prompts, cut into
   // GPU batches in order, or with req.slots > 0 (continuous batching) any number of prompts
-  // flowing through that many slots. `req` must outlive the block, and blocks the scheduler.
+  // flowing through that many slots. `req` must outlive the block, and blocks the executor.
   struct Block;
   struct BlockDeleter {
     void operator()(Block* b) const;
   };
   using BlockPtr = std::unique_ptr<Block, BlockDeleter>;
-  // Places the block's KV caches and hidden states (throws BudgetExceeded), checks its prompts
-  // and takes the first plan of the planner make_planner makes for it.
-  BlockPtr begin(const GenerationRequest& req, const PlannerFactory& make_planner);
-  bool active(const Block& b) const;
-  // The sequence rows the block's steps computed so far (each sampled a token).
-  std::int64_t rows_computed(const Block& b) const;
-  // This scheduler's layers over every GPU batch of the block's current step; with the output
-  // head here the step's tokens are then sampled into next_tokens().
-  void run_step(Block& b, const StageLinks& links = {});
-  // The tokens of the current step: sampled by run_step, or set here by the caller (a stage
-  // without the head gets them from the one with it) before end_step.
-  std::span<std::int32_t> next_tokens(Block& b);
-  // Records the step's tokens (stops, forcing, on_step) and moves the block to its next step.
-  void end_step(Block& b);
-  GenerationResult finish(Block& b);
+  // Whether the block's newcomers may take prompt prefixes the rows hold (the request asks and
+  // the model and KV policy allow it: prefix_sharing_off_reason).
+  bool shares_prefixes(const GenerationRequest& req) const;
+  // Whether prefixes may be held once for the request (continuous batching, the request asks,
+  // the backend reads shared prefixes apart): the scheduler then offers a PrefixPool.
+  bool can_hold_prefixes(const GenerationRequest& req) const;
+  // Places `slots` slots' KV caches and hidden states (throws BudgetExceeded), and the prefix
+  // pool `pool` (rows == 0: none) beside them where it fits (holds_prefixes says whether).
+  BlockPtr begin(const GenerationRequest& req, std::size_t slots, const PrefixPool& pool = {});
+  bool holds_prefixes(const Block& b) const;
+  // One step of `in.plan`: its row copies, then this executor's layers over every GPU batch
+  // (FlexGen's loop), then, with the output head here, the sampling of each slot's token.
+  StepOutput run_step(Block& b, const StepInput& in, const StageLinks& links = {});
 
+  kernels::Backend& backend() const { return be_; }
   const ModelConfig& config() const { return cfg_; }
   const policy::Policy& policy() const { return policy_; }
   // Whether the input embedding / the output head are among this scheduler's layers.
@@ -123,18 +122,16 @@ class BlockScheduler {
   // FlexGen's loop body for unit u and GPU batch k (compute number `counter` of the block).
   void load_inputs(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k, const StageLinks& links);
   void prefetch_next(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k, std::int64_t instance);
-  void compute(BlockState& st, std::int64_t u, std::int64_t k, RingSlot& slot, std::int64_t instance);
+  void compute(BlockState& st, std::int64_t u, std::int64_t k, RingSlot& slot, std::int64_t instance,
+               const StepInput& in);
   void route_next_unit(std::int64_t u, const GpuBatch& b, Activations& act, std::int64_t instance);
-  void sample(BlockState& st, const GpuBatch& b, Activations& act);
+  void sample(BlockState& st, const GpuBatch& b, Activations& act, const StepInput& in);
   void receive(BlockState& st, std::int64_t k, const StageLinks& links);
   void send(BlockState& st, std::int64_t k, const StageLinks& links);
   // begin(): the block's GPU batches with their KV caches and hidden states in their tiers, the
   // pool of st.pool, the activations and the ring slots (throws BudgetExceeded).
   void place(BlockState& st, const GenerationRequest& req);
-  void place_batches(BlockState& st, const GenerationLog& log, const GenerationRequest& req);
-  // Whether the block's prefixes may be held once (StepPlanner::prefix_pool): continuous
-  // batching, the backend reading shared prefixes apart.
-  bool can_hold_prefixes(const GenerationRequest& req) const;
+  void place_batches(BlockState& st, const GenerationRequest& req);
   // The bytes of one token's K (or V) over the kv heads of one layer, in the cache dtype.
   std::int64_t kv_token_bytes() const;
   // place() with `pool` on the first tier of gpu, cpu, disk (from the one the policy's
@@ -148,18 +145,17 @@ class BlockScheduler {
   // batch's step, for any request of the queue.
   std::int64_t continuous_capacity(const GenerationRequest& req) const;
   std::int64_t continuous_rows(const GenerationRequest& req, std::int64_t slots) const;
-  // Between steps (step_plan_run.cc): records the step's tokens slot by slot (continuous
-  // batching); takes the StepPlanner's next plan, makes its row copies and lays out each
-  // GPU batch's step from it; the rows `copies` name copied in order, their bytes added to `moved`.
-  void record_slots(BlockState& st, GenerationLog& log);
-  void next_steps(BlockState& st);
-  StepBatch lay_out(const BlockState& st, const GpuBatch& b) const;
+  // Before a step (step_plan_run.cc): the plan's row copies made and each GPU batch's step
+  // laid out from it (each slot's tokens in `tokens`); the rows `copies` name copied in order,
+  // their bytes added to `moved`.
+  void apply_plan(BlockState& st, const StepInput& in);
+  StepBatch lay_out(const BlockState& st, const GpuBatch& b, const StepInput& in) const;
   void copy_rows(BlockState& st, std::span<const RowCopy> copies, bool evicting, const char* what,
                  KvCopyBytes& moved);
   // Samples one sequence (slot `slot`, row i of the batch's logits) with its own token index,
   // and those forked from its prefill from the same logits.
-  void sample_slot(BlockState& st, const float* logits, std::int64_t slot);
-  void sample_sequence(BlockState& st, const float* logits, std::int64_t slot);
+  void sample_slot(BlockState& st, const float* logits, std::int64_t slot, const StepInput& in);
+  void sample_sequence(BlockState& st, const float* logits, std::int64_t slot, const StepInput& in);
 
   kernels::Backend& be_;
   offload::Tiers& tiers_;

@@ -1,4 +1,4 @@
-#include "engine/runtime/block_scheduler.h"
+#include "engine/runtime/block_executor.h"
 
 #include "engine/model/kv_eviction.h"
 #include "engine/runtime/block_state.h"
@@ -25,7 +25,7 @@ LayerRange stage_layers(const ModelConfig& cfg, const policy::StageSlice& s) {
   return {s.input ? 0 : 1 + 2 * s.first_layer, s.head ? 2 + 2 * cfg.n_layers : 1 + 2 * (s.first_layer + s.layers)};
 }
 
-BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg,
+BlockExecutor::BlockExecutor(kernels::Backend& be, offload::Tiers& tiers, const ModelConfig& cfg,
                                const WeightSource& source, const policy::Policy& policy, offload::Trace* trace,
                                offload::CopyOptions copy, LayerRange range)
     : be_(be),
@@ -58,21 +58,23 @@ BlockScheduler::BlockScheduler(kernels::Backend& be, offload::Tiers& tiers, cons
   host_staging_ = std::make_unique<offload::Staging>(&tiers_.backend());
 }
 
-BlockScheduler::~BlockScheduler() = default;
+BlockExecutor::~BlockExecutor() = default;
 
-struct BlockScheduler::Block {
-  Block(kernels::Backend& be, const ModelConfig& cfg, const GenerationRequest& req) : log(be, cfg, req) {}
-  GenerationLog log;
+struct BlockExecutor::Block {
   BlockState st;
   std::int64_t computes = 0;  // so far: compute c uses ring slot c % 3
 };
 
-void BlockScheduler::BlockDeleter::operator()(Block* b) const { delete b; }
+void BlockExecutor::BlockDeleter::operator()(Block* b) const { delete b; }
 
-bool BlockScheduler::holds_input() const { return units_.units.front().first; }
+bool BlockExecutor::holds_input() const { return units_.units.front().first; }
 
-BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, const PlannerFactory& make_planner) {
-  BlockPtr blk(new Block(be_, cfg_, req));
+bool BlockExecutor::shares_prefixes(const GenerationRequest& req) const {
+  return req.share_prefixes && prefix_sharing_off_reason(cfg_, req.kv != nullptr || kv_policy_ != nullptr).empty();
+}
+
+BlockExecutor::BlockPtr BlockExecutor::begin(const GenerationRequest& req, std::size_t slots, const PrefixPool& pool) {
+  BlockPtr blk(new Block);
   const bool continuous = req.slots > 0;
   const std::int64_t prompts = static_cast<std::int64_t>(req.sequences.size());
   const std::int64_t B = continuous ? std::min(req.slots, prompts) : prompts;
@@ -82,48 +84,42 @@ BlockScheduler::BlockPtr BlockScheduler::begin(const GenerationRequest& req, con
   if (continuous && req.slots > policy_.block_size())
     throw std::invalid_argument("continuous batching runs at most " + block + " slots, asked for " +
                                 std::to_string(req.slots));
-  if (continuous && req.on_logits)
-    throw std::invalid_argument("on_logits needs a fixed block; under continuous batching use on_sequence_logits");
   if (continuous && req.prefill_budget < 1) throw std::invalid_argument("the prefill token budget must be at least 1");
-  if (req.on_logits && std::ranges::any_of(req.sequences, &Sequence::shares_prompt))
-    throw std::invalid_argument("on_logits needs each prompt prefilled on its own (no shares_prompt)");
+  // The plans index the block's slots (st.next, the GPU batches' rows).
+  if (slots != static_cast<std::size_t>(B))
+    throw std::logic_error("the scheduler plans " + std::to_string(slots) + " slots for a block of " +
+                           std::to_string(B));
   if (B == 0) return blk;
   staging_->forget();
   BlockState& st = blk->st;
   st.req = &req;
-  st.log = &blk->log;
   st.continuous = continuous;
   st.next.resize(static_cast<std::size_t>(B));
-  if (req.on_logits) st.host_logits.resize(static_cast<std::size_t>(B * cfg_.vocab_size));
   st.evicting = req.kv != nullptr || kv_policy_ != nullptr;
-  const bool sharing = req.share_prefixes && prefix_sharing_off_reason(cfg_, st.evicting).empty();
-  st.planner = make_planner(req, policy_.gpu_batch_size, sharing);
-  // Its plans index the block's slots (st.next, the GPU batches' rows).
-  if (st.planner->slots() != static_cast<std::size_t>(B))
-    throw std::logic_error("the step planner plans " + std::to_string(st.planner->slots()) + " slots for a block of " +
-                           std::to_string(B));
   // A pool of prefixes held once where it fits beside the rows it shrinks, else rows that copy them.
-  const PrefixPool pool = sharing && can_hold_prefixes(req) ? st.planner->prefix_pool() : PrefixPool{};
+  if (pool.rows > 0 && !(shares_prefixes(req) && can_hold_prefixes(req)))
+    throw std::logic_error("a prefix pool offered for a block that cannot hold prefixes once");
   if (pool.rows > 0 && place_with_pool(st, req, pool)) {
-    st.planner->hold_prefixes();
     kv_held_.add(held_bytes(st, req));
   } else {
     place(st, req);
   }
-  next_steps(st);
   return blk;
 }
 
-bool BlockScheduler::active(const Block& b) const { return b.log.active(); }
-std::int64_t BlockScheduler::rows_computed(const Block& b) const { return b.log.rows_computed(); }
+bool BlockExecutor::holds_prefixes(const Block& b) const { return b.st.pool.rows > 0; }
 
 // FlexGen's loop (docs/offloading.md, "The block schedule"): for every unit j and GPU batch k,
 // load weight j+1, load cache and hidden k+1, compute (j, k), store cache and hidden k.
-void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
-  if (!blk.log.active()) throw std::logic_error("run_step on a finished block");
-  if ((!holds_input() && !links.receive) || (!holds_head_ && !links.send))
-    throw std::logic_error("a scheduler holding part of the model needs the links to its neighbours");
+StepOutput BlockExecutor::run_step(Block& blk, const StepInput& in, const StageLinks& links) {
   BlockState& st = blk.st;
+  if (st.batches.empty()) throw std::logic_error("run_step on a block without slots");
+  if (!in.plan || !in.log || in.plan->slots.size() != st.next.size() || in.tokens.size() != st.next.size())
+    throw std::logic_error("a step's plan, tokens and log must cover the block's slots");
+  if ((!holds_input() && !links.receive) || (!holds_head_ && !links.send))
+    throw std::logic_error("an executor holding part of the model needs the links to its neighbours");
+  apply_plan(st, in);
+  if (in.keep_logits && holds_head_) st.host_logits.resize(st.next.size() * static_cast<std::size_t>(cfg_.vocab_size));
   const auto& units = units_.units;
   const std::int64_t K = static_cast<std::int64_t>(st.batches.size());
   const std::int64_t U = static_cast<std::int64_t>(units.size());
@@ -145,18 +141,24 @@ void BlockScheduler::run_step(Block& blk, const StageLinks& links) {
       const std::int64_t counter = blk.computes++;
       load_inputs(st, counter, u, k, links);                // unless fetched ahead
       prefetch_next(st, counter, u, k, instance);           // weight j+1, cache and hidden k+1
-      compute(st, u, k, st.slot(counter), instance);
+      compute(st, u, k, st.slot(counter), instance, in);
       ring_->store(units[static_cast<std::size_t>(u)], k, st.batch(k), st.slot(counter), st.capacity,
                    st.hidden_resident, st.pool_home);
       if (u == U - 1 && !holds_head_) send(st, k, links);
     }
   }
   graph.end();
+  ++st.step;
+  const bool prefilled = std::ranges::any_of(st.batches, [](const GpuBatch& b) {
+    return std::ranges::any_of(b.step.kinds, [](SeqStep k) { return k == SeqStep::Prefill || k == SeqStep::Extend; });
+  });
+  const bool logits = in.keep_logits && holds_head_;
+  return {st.next, logits ? std::span<const float>(st.host_logits) : std::span<const float>(), prefilled};
 }
 
 // Batch k's hidden states and KV cache for unit u into the compute's ring slot, unless the
 // previous compute fetched them ahead; a stage after the first receives them first.
-void BlockScheduler::load_inputs(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k,
+void BlockExecutor::load_inputs(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k,
                                  const StageLinks& links) {
   RingSlot& slot = st.slot(counter);
   if (slot.assigned == counter) return;
@@ -170,7 +172,7 @@ void BlockScheduler::load_inputs(BlockState& st, std::int64_t counter, std::int6
 // last; fetched in vain only after the very last step) and the next compute's inputs, when
 // they do not depend on this compute nor on a neighbour stage (received in line). Without
 // overlap only a MoE unit's router comes ahead: this unit routes for it.
-void BlockScheduler::prefetch_next(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k,
+void BlockExecutor::prefetch_next(BlockState& st, std::int64_t counter, std::int64_t u, std::int64_t k,
                                    std::int64_t instance) {
   const auto& units = units_.units;
   const std::int64_t K = static_cast<std::int64_t>(st.batches.size());
@@ -191,8 +193,8 @@ void BlockScheduler::prefetch_next(BlockState& st, std::int64_t counter, std::in
   }
 }
 
-void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot,
-                             std::int64_t instance) {
+void BlockExecutor::compute(BlockState& st, std::int64_t unit, std::int64_t k, RingSlot& slot,
+                            std::int64_t instance, const StepInput& in) {
   const SchedulingUnit& u = units_.units[static_cast<std::size_t>(unit)];
   GpuBatch& b = st.batch(k);
   const std::vector<LayerWeights>& w = staging_->weights(unit, instance);
@@ -230,12 +232,12 @@ void BlockScheduler::compute(BlockState& st, std::int64_t unit, std::int64_t k, 
     l->forward(be_, w[i], b.step, act, u.cache_layer >= 0 ? &view : nullptr);
   }
   if (staging_->staged() && st.routed_experts && !u.last) route_next_unit(unit, b, act, instance);
-  if (u.last && holds_head_) sample(st, b, act);
+  if (u.last && holds_head_) sample(st, b, act, in);
 }
 
 // Routes the batch for the next unit's MoE layer now that its input is here, so the experts
 // it needs stream in while the next batches compute.
-void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activations& act,
+void BlockExecutor::route_next_unit(std::int64_t unit, const GpuBatch& b, Activations& act,
                                      std::int64_t instance) {
   const SchedulingUnit& next = units_.units[static_cast<std::size_t>(unit + 1)];
   if (!next.routed_before || !staging_->routes(instance + 1)) return;
@@ -246,74 +248,57 @@ void BlockScheduler::route_next_unit(std::int64_t unit, const GpuBatch& b, Activ
 
 // The batch's next tokens from the head's logits (and a host copy of them when asked). The
 // logits cross to the host once for the batch, however many calls sample them.
-void BlockScheduler::sample(BlockState& st, const GpuBatch& b, Activations& act) {
+void BlockExecutor::sample(BlockState& st, const GpuBatch& b, Activations& act, const StepInput& in) {
   be_.graph_step_end();  // the logits are complete on the device
   const float* logits = be_.logits_on_host(act.logits.as<float>(), b.n, cfg_.vocab_size);
-  const bool forking = std::ranges::any_of(st.plan.slots, [](const SlotStep& s) { return s.fork_of >= 0; });
+  if (in.keep_logits)
+    std::copy_n(logits, b.n * cfg_.vocab_size, st.host_logits.begin() + b.first_sequence * cfg_.vocab_size);
+  const auto& slots = in.plan->slots;
+  const bool forking = std::ranges::any_of(slots, [](const SlotStep& s) { return s.fork_of >= 0; });
   if (st.continuous || forking) {
     for (std::int64_t i = 0; i < b.n; ++i)
       if (b.step.kinds[static_cast<std::size_t>(i)] != SeqStep::Idle)
-        sample_slot(st, logits + i * cfg_.vocab_size, b.first_sequence + i);
+        sample_slot(st, logits + i * cfg_.vocab_size, b.first_sequence + i, in);
     return;
   }
-  const GenerationRequest& req = *st.req;
   const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);
-  kernels::SampleArgs args = st.log->sample_args(logits, first, std::span(st.next).subspan(first, n));
+  kernels::SampleArgs args = in.log->sample_args(logits, first, std::span(st.next).subspan(first, n));
   args.logits_on_host = true;
   be_.sample(args);
-  if (req.on_logits)
-    std::copy_n(logits, b.n * cfg_.vocab_size, st.host_logits.begin() + b.first_sequence * cfg_.vocab_size);
+  for (std::size_t seq = first; seq < first + n; ++seq)
+    if (in.log->failed(seq)) st.next[seq] = kFailedToken;
 }
 
-void BlockScheduler::sample_slot(BlockState& st, const float* logits, std::int64_t slot) {
-  sample_sequence(st, logits, slot);
-  for (std::size_t f = 0; f < st.plan.slots.size(); ++f)
-    if (st.plan.slots[f].fork_of == slot) sample_sequence(st, logits, static_cast<std::int64_t>(f));
+void BlockExecutor::sample_slot(BlockState& st, const float* logits, std::int64_t slot, const StepInput& in) {
+  sample_sequence(st, logits, slot, in);
+  for (std::size_t f = 0; f < in.plan->slots.size(); ++f)
+    if (in.plan->slots[f].fork_of == slot) sample_sequence(st, logits, static_cast<std::int64_t>(f), in);
 }
 
 // `logits`: the slot's row, on the host.
-void BlockScheduler::sample_sequence(BlockState& st, const float* logits, std::int64_t slot) {
-  const GenerationRequest& req = *st.req;
-  const auto seq = static_cast<std::size_t>(st.plan.slots[static_cast<std::size_t>(slot)].seq);
+void BlockExecutor::sample_sequence(BlockState& st, const float* logits, std::int64_t slot, const StepInput& in) {
+  const auto seq = static_cast<std::size_t>(in.plan->slots[static_cast<std::size_t>(slot)].seq);
   // The sampler's step for this sequence is its own new-token index (GenerationLog's).
   kernels::SampleArgs args =
-      st.log->sample_args(logits, seq, std::span(st.next).subspan(static_cast<std::size_t>(slot), 1));
+      in.log->sample_args(logits, seq, std::span(st.next).subspan(static_cast<std::size_t>(slot), 1));
   args.logits_on_host = true;
   be_.sample(args);
-  if (st.continuous && req.on_sequence_logits) {
-    req.on_sequence_logits(seq, st.log->generated(seq), std::span(logits, static_cast<std::size_t>(cfg_.vocab_size)));
-  }
+  // Its constraint failed while filling its mask: the token drawn is not its.
+  if (in.log->failed(seq)) st.next[static_cast<std::size_t>(slot)] = kFailedToken;
 }
 
-void BlockScheduler::receive(BlockState& st, std::int64_t k, const StageLinks& links) {
+void BlockExecutor::receive(BlockState& st, std::int64_t k, const StageLinks& links) {
   GpuBatch& b = st.batch(k);
   boundary_.resize(static_cast<std::size_t>(b.step.rows() * cfg_.hidden));
   links.receive(k, boundary_);
   b.hidden->write_rows(0, b.step.rows(), boundary_.data(), *host_staging_);
 }
 
-void BlockScheduler::send(BlockState& st, std::int64_t k, const StageLinks& links) {
+void BlockExecutor::send(BlockState& st, std::int64_t k, const StageLinks& links) {
   const GpuBatch& b = st.batch(k);
   boundary_.resize(static_cast<std::size_t>(b.step.rows() * cfg_.hidden));
   be_.copy_to_host(boundary_.data(), st.act->hidden, boundary_.size() * sizeof(float));
   links.send(k, boundary_);
 }
-
-std::span<std::int32_t> BlockScheduler::next_tokens(Block& b) { return b.st.next; }
-
-void BlockScheduler::end_step(Block& blk) {
-  BlockState& st = blk.st;
-  if (st.continuous) {
-    record_slots(st, blk.log);
-  } else {
-    if (holds_head_ && st.req->on_logits) st.req->on_logits(st.step, st.host_logits);
-    blk.log.record(st.step, st.next);  // finished sequences are computed on
-    st.planner->record_all(st.next);
-  }
-  ++st.step;
-  if (st.continuous || blk.log.active()) next_steps(st);
-}
-
-GenerationResult BlockScheduler::finish(Block& b) { return b.log.finish(); }
 
 }  // namespace flexh2o::engine
