@@ -78,9 +78,6 @@ Plan make_plan(bool quick) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Seconds per call of fn: one warm-up call, then three windows of calls, each until a third
-// of min_seconds has passed; the fastest window counts (on a shared machine the others
-// measure the neighbours).
 template <class F>
 double time_per_call(F&& fn, double min_seconds) {
   fn();
@@ -108,9 +105,12 @@ double round_sig(double v) {
 
 std::string mib(std::int64_t bytes) { return fmt::format("{} MiB", bytes / kMiB); }
 
+// Measurements taken for a run's planner (decode_attention_curve) say nothing.
+thread_local bool silent = false;
+
 // One line per measurement on stderr, e.g. "calibrate: disk->cpu 512 MiB ... 0.91 GB/s".
 void progress(const std::string& what, const std::string& result) {
-  fmt::print(stderr, "calibrate: {} ... {}\n", what, result);
+  if (!silent) fmt::print(stderr, "calibrate: {} ... {}\n", what, result);
 }
 
 std::string gflops(double flops_per_s) { return fmt::format("{:.3g} GFLOP/s", flops_per_s / 1e9); }
@@ -509,19 +509,20 @@ std::string utc_now() {
   return buf.data();
 }
 
+// GEMMs at the model's width, attention at its heads, the KV in its float dtype.
+void shape_for(Plan& plan, const engine::ModelConfig& cfg) {
+  plan.gemm_n = plan.gemm_k = cfg.hidden;
+  plan.heads = cfg.n_heads;
+  plan.kv_heads = cfg.n_kv_heads;
+  plan.head_dim = cfg.head_dim;
+  plan.cache_dtype = cfg.dtype;
+  plan.weight_dtype = cfg.dtype;
+}
+
 // The shapes to measure at: the model's (--model) or the defaults.
 Plan plan_of(const CalibrateOptions& o) {
   Plan plan = make_plan(o.quick);
-  if (!o.model.empty()) {
-    // GEMMs at the model's width, attention at its heads, the KV in its float dtype.
-    const engine::ModelConfig cfg = job::model_config_of(o.model);
-    plan.gemm_n = plan.gemm_k = cfg.hidden;
-    plan.heads = cfg.n_heads;
-    plan.kv_heads = cfg.n_kv_heads;
-    plan.head_dim = cfg.head_dim;
-    plan.cache_dtype = cfg.dtype;
-    plan.weight_dtype = cfg.dtype;
-  }
+  if (!o.model.empty()) shape_for(plan, job::model_config_of(o.model));
   return plan;
 }
 
@@ -707,6 +708,25 @@ policy::HardwareProfile calibrate(const CalibrateOptions& o) {
   measure_capacities(*be, disk_dir, hw);
   hw.source = profile_source(o, *be, plan, threads, compute_at, hw);
   return hw;
+}
+
+double seconds_per_call(const std::function<void()>& fn, double min_seconds) { return time_per_call(fn, min_seconds); }
+
+policy::RateCurve decode_attention_curve(kernels::Backend& be, const engine::ModelConfig& cfg,
+                                         std::vector<std::int64_t> lens, double seconds) {
+  Plan plan = make_plan(true);
+  shape_for(plan, cfg);
+  plan.attn_decode_lens = std::move(lens);
+  plan.min_seconds = seconds;
+  silent = true;
+  try {
+    policy::RateCurve curve = attention_decode_curve(be, plan);
+    silent = false;
+    return curve;
+  } catch (...) {
+    silent = false;
+    throw;
+  }
 }
 
 }  // namespace flexh2o::job

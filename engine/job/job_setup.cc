@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "engine/chat/chat_template.h"
+#include "engine/job/model_rates.h"
 #include "engine/loaders/template_source.h"
 #include "kernels/option_error.h"
 #include "engine/runtime/machine_profile.h"
@@ -117,6 +118,7 @@ policy::HardwareProfile planning_profile(const JobOptions& o, const JobSetup& s)
                                    return job_compute_dtype(o.compute_dtype, s.model.config.dtype, bf16, rows).dtype;
                                  })
           : hardware_profile(o.hardware);
+  if (o.hardware.empty()) add_model_rates(*s.backend, s.model.config, hw);
   for (auto [bytes, field] : {std::pair{s.tiers.gpu_bytes, &hw.gpu_mem}, std::pair{s.tiers.cpu_bytes, &hw.cpu_mem},
                               std::pair{s.tiers.disk_bytes, &hw.disk_mem}})
     if (bytes != offload::Budget::kUnlimited) *field = bytes;
@@ -221,10 +223,10 @@ std::string planned_line(const policy::HardwareProfile& hw, const policy::Estima
 std::string uncalibrated_note(const JobOptions& o) {
   const std::string model = o.model.empty() ? "" : " --model " + o.model;
   return fmt::format(
-      "  (uncalibrated: a built-in profile's rates, scaled by one GEMM measured now; for a prediction of this "
-      "machine and model run `flexh2o calibrate{} --out this-machine.yaml` once and pass --hardware "
-      "this-machine.yaml)",
-      model);
+      "  (partly calibrated: a built-in profile's rates, scaled by GEMMs measured now, and this model's layers "
+      "and head as measured on this machine by its first run (kept in {}); to measure the rest too (attention, "
+      "copies, disk) run `flexh2o calibrate{} --out this-machine.yaml` once and pass --hardware this-machine.yaml)",
+      model_rates_dir(), model);
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "engine/job/job_setup.h"
+#include "engine/job/model_rates.h"
 #include "engine/loaders/model_source.h"
 #include "engine/model/model_shape.h"
 #include "engine/runtime/machine_profile.h"
@@ -29,13 +30,15 @@ engine::ModelConfig model_config_of(const std::string& model) {
 namespace {
 
 // This machine as run plans for it: each row count's GEMMs timed in the dtype run's compute
-// dtype auto settles for a job of that many rows per GPU batch.
+// dtype auto settles for a job of that many rows per GPU batch, and the model's rates.
 policy::HardwareProfile this_machine(const PlanJobOptions& o, const engine::ModelConfig& cfg) {
   const auto be = kernels::make_backend(o.backend);
   const engine::Bf16Speed bf16 = engine::bf16_speed(*be, cfg.dtype);
-  return engine::this_machine_profile(*be, o.offload_dir, [&](std::int64_t rows) {
+  policy::HardwareProfile hw = engine::this_machine_profile(*be, o.offload_dir, [&](std::int64_t rows) {
     return engine::job_compute_dtype("auto", cfg.dtype, bf16, rows).dtype;  // a job of `rows` per GPU batch
   });
+  add_model_rates(*be, cfg, hw);
+  return hw;
 }
 
 // The profile to plan with: the one given or this machine, its capacities lowered by those given.

@@ -321,6 +321,42 @@ TEST(Cli, PlanIsADryRunWhosePolicyRunAccepts) {
   expect_clean_error(run("plan --model opt-30b --hardware " + dir.file("nope.yaml")), "nope.yaml");
 }
 
+// Without --hardware the first run (or plan) of a model on a machine measures that model's
+// layer, head and decode attention rates and keeps them per machine and model shape in
+// $XDG_CACHE_HOME/flexh2o/calibration; the next one reads them; a cache that cannot be written
+// is measured around, and the run goes on.
+TEST(Cli, FirstRunMeasuresTheModelsRatesAndLaterRunsReuseThem) {
+  testing::TempDir dir;
+  const std::string cache = "XDG_CACHE_HOME=" + dir.file("cache") + " ";
+  const std::string kept = dir.file("cache") + "/flexh2o/calibration";
+  const Result first = run("plan --model stories260k --prompt-len 16 --gen-len 8", cache);
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_THAT(first.out, HasSubstr("decode attention rates measured now in"));
+  EXPECT_THAT(first.out, HasSubstr("kept in " + kept + "/"));
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(kept)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const std::string rates = testing::read_file(files[0].string());
+  EXPECT_THAT(rates, HasSubstr("hidden 64 "));
+  EXPECT_THAT(rates, HasSubstr("\"attn_decode_by_len\""));
+  const Result ran = run("run --batch 2 --gen-len 4", cache);
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  EXPECT_THAT(ran.err, HasSubstr("partly calibrated"));
+  EXPECT_EQ(testing::read_file(files[0].string()), rates) << "read, not measured again";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(kept), std::filesystem::directory_iterator()), 1)
+      << "the embedded model and the built-in config of its shape share their rates";
+  const Result again = run("plan --model stories260k --prompt-len 16 --gen-len 8", cache);
+  EXPECT_THAT(again.out, HasSubstr("measured on this machine before (" + files[0].string() + ")"));
+  // A cache where no directory can be made: measured, said, and the run goes on.
+  testing::write_file(dir.file("a-file"), "");
+  const Result unwritable = run("run --batch 2 --gen-len 4 --metrics " + dir.file("m.json"),
+                                "XDG_CACHE_HOME=" + dir.file("a-file") + " ");
+  ASSERT_EQ(unwritable.code, 0) << unwritable.err;
+  const Result plan = run("plan --model stories260k --prompt-len 16 --gen-len 8",
+                          "XDG_CACHE_HOME=" + dir.file("a-file") + " ");
+  EXPECT_THAT(plan.out, HasSubstr("could not be written: they are measured again next run"));
+}
+
 // Under continuous batching the report's prefill is every step that prefilled (a newcomer's
 // prompt rows, the other slots' decode rows beside them), not the first step alone: 12 prompts
 // of 40 tokens in 4 slots at 40 prompt tokens a step join one a step, each in a step of its own.
