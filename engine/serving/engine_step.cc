@@ -115,7 +115,7 @@ void Engine::record_step(Flight& f, const StepLinks& links) {
   f.run->update(f.out);
   if (job_->progress) {
     const std::int64_t rows = f.run->rows_computed();
-    job_->progress->sampled(rows - f.rows_counted, seconds_since(job_->t0));
+    job_->progress->sampled(rows - f.rows_counted, seconds_since(job_->t0), f.out.prefilled);
     f.rows_counted = rows;
   }
 }

@@ -27,9 +27,10 @@ std::string clock_text(double seconds) {
 
 Progress::Progress(ProgressOptions options, std::FILE* out) : o_(options), out_(out) { window_.push_back({}); }
 
-void Progress::sampled(std::int64_t rows, double now) {
+void Progress::sampled(std::int64_t rows, double now, bool prefilled) {
   sampled_ += rows;
   record(now);
+  if (!prefilled) steady_from(now);
 }
 
 void Progress::finished(std::int64_t prompt_tokens, std::int64_t generated_tokens, std::int64_t max_tokens,
@@ -39,6 +40,11 @@ void Progress::finished(std::int64_t prompt_tokens, std::int64_t generated_token
   generated_done_ += generated_tokens;
   limits_done_ += max_tokens;
   record(now);
+  steady_from(now);
+}
+
+void Progress::steady_from(double now) {
+  if (!steady_) steady_ = Sample{now, prompt_done_, sampled_};
 }
 
 void Progress::record(double now) {
@@ -59,15 +65,19 @@ ProgressFigures Progress::figures(double now) const {
   const Sample& first = window_.front();
   const Sample& last = window_.back();
   const double span = now - first.at;
-  const bool measured = span >= kMinWindowSeconds && last.sampled - first.sampled >= kMinWindowTokens;
   if (span > 0) {
     f.prompt_rate = static_cast<double>(last.prompt - first.prompt) / span;
     f.generated_rate = static_cast<double>(last.sampled - first.sampled) / span;
   }
+  // The time left: the rate over the window's part since the steady state began.
+  const Sample& from = steady_ && steady_->at > first.at ? *steady_ : first;
+  const double steady_span = now - from.at;
+  const auto steady_tokens = last.sampled - from.sampled;
+  const bool measured = steady_ && steady_span >= kMinWindowSeconds && steady_tokens >= kMinWindowTokens;
   if (done_ >= o_.requests) {
     f.seconds_left = 0.0;
-  } else if (measured && f.generated_rate > 0) {
-    f.seconds_left = expected_tokens_left() / f.generated_rate;
+  } else if (measured) {
+    f.seconds_left = expected_tokens_left() * steady_span / static_cast<double>(steady_tokens);
   } else if (o_.planned_tokens_per_second > 0) {
     f.seconds_left = expected_tokens_left() / o_.planned_tokens_per_second;
     f.planned = true;

@@ -7,8 +7,10 @@
 // request still to run is expected to generate its max_tokens times the share of their
 // max_tokens the finished requests generated (1 before any finished; stop ids end requests
 // early). The rate counts every token sampled (the engine's sequence rows), so the requests in
-// flight count before they end. Until the window holds a measurement, the planner's predicted
-// rate stands in, marked "planned".
+// flight count before they end. It is measured from the job's steady state on: the first step
+// that only decoded or the first request that ended (before, the first prompts' prefill
+// samples few tokens a second, and a 30-second job said 17 minutes left). Until the window
+// holds a measurement, the planner's predicted rate stands in, marked "planned".
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -40,8 +42,9 @@ class Progress {
  public:
   Progress(ProgressOptions options, std::FILE* out);
 
-  // `rows` more tokens were sampled (a step's sequence rows) at `now` (seconds into the job).
-  void sampled(std::int64_t rows, double now);
+  // `rows` more tokens were sampled (a step's sequence rows) at `now` (seconds into the job);
+  // `prefilled`: the step computed prompt rows.
+  void sampled(std::int64_t rows, double now, bool prefilled = false);
   // A request ended at `now` with these counts.
   void finished(std::int64_t prompt_tokens, std::int64_t generated_tokens, std::int64_t max_tokens, double now);
   // Draws (terminal) or writes (when one is due) the line for `now`.
@@ -62,6 +65,8 @@ class Progress {
     std::int64_t prompt = 0, sampled = 0;
   };
   void record(double now);
+  // The job's steady state begins at `now` (once): the time left is measured from there.
+  void steady_from(double now);
   double expected_tokens_left() const;
 
   ProgressOptions o_;
@@ -71,6 +76,9 @@ class Progress {
   // Finished requests: their generated tokens and their limits (the share a request generates).
   std::int64_t generated_done_ = 0, limits_done_ = 0;
   std::deque<Sample> window_;
+  // Where the steady state began (a step only decoded, or a request ended); none yet: the
+  // time left is the planner's.
+  std::optional<Sample> steady_;
   double last_line_ = -1;  // when the last line was written or drawn
   std::size_t last_tenth_ = 0;
   std::size_t done_written_ = static_cast<std::size_t>(-1);  // requests done at the last plain line

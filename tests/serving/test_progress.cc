@@ -29,6 +29,7 @@ TEST(Progress, ClockText) {
 TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
   // 10 requests of 100 new tokens each; 4 slots generate 40 tok/s.
   Progress p({.requests = 10, .max_new_tokens = 1000, .window_seconds = 5}, std::tmpfile());
+  p.sampled(0, 0.0);  // a step that only decoded: measured from here on
   for (int s = 1; s <= 20; ++s) p.sampled(4, s * 0.1);  // 2 s, 80 tokens
   // Two requests ended having generated half their limit: the other 8 are expected to
   // generate 400 in all, less the 80 - 100 = -20 of theirs sampled so far (none).
@@ -46,11 +47,11 @@ TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
 
 TEST(Progress, TheWindowForgetsWhatCameBeforeIt) {
   Progress p({.requests = 100, .max_new_tokens = 100000, .window_seconds = 10}, std::tmpfile());
-  for (int s = 1; s <= 100; ++s) p.sampled(s <= 50 ? 100 : 10, s * 1.0);  // 100 tok/s, then 10
+  for (int s = 0; s <= 100; ++s) p.sampled(s <= 50 ? 100 : 10, s * 1.0);  // 100 tok/s, then 10
   EXPECT_NEAR(p.figures(100.0).generated_rate, 10.0, 1e-9);
 }
 
-TEST(Progress, ThePlannersRateUntilAMeasurement) {
+TEST(Progress, ThePlannersRateUntilTheSteadyStateIsMeasured) {
   Progress p({.requests = 4, .max_new_tokens = 400, .planned_tokens_per_second = 100}, std::tmpfile());
   ProgressFigures f = p.figures(0.5);
   ASSERT_TRUE(f.seconds_left);
@@ -59,10 +60,28 @@ TEST(Progress, ThePlannersRateUntilAMeasurement) {
   Progress unplanned({.requests = 4, .max_new_tokens = 400}, std::tmpfile());
   EXPECT_FALSE(unplanned.figures(0.5).seconds_left);
   EXPECT_NE(Progress::text(unplanned.figures(0.5)).find("? left"), std::string::npos);
-  p.sampled(50, 2.5);  // a window of 2.5 s with 50 tokens measures
-  f = p.figures(2.5);
+  // The first prompts' prefill: 3 s of steps with prompt rows sample 3 tokens, which says
+  // nothing of the decode to come (the planner's rate stands).
+  for (int s = 1; s <= 3; ++s) p.sampled(1, s * 1.0, true);
+  f = p.figures(3.0);
+  EXPECT_TRUE(f.planned);
+  EXPECT_NEAR(*f.seconds_left, 397.0 / 100.0, 1e-9);
+  p.sampled(4, 3.5);  // the first step that only decoded: measured from here on
+  EXPECT_TRUE(p.figures(4.0).planned) << "not 2 s of it yet";
+  p.sampled(50, 5.5);  // 50 tokens in the 2 s since
+  f = p.figures(5.5);
   EXPECT_FALSE(f.planned);
-  EXPECT_NEAR(*f.seconds_left, 350.0 / 20.0, 1e-9);
+  EXPECT_NEAR(*f.seconds_left, (400.0 - 57.0) / 25.0, 1e-9);
+  // A request that ends also starts the measured window (the steady state of a job whose
+  // every step admits a newcomer).
+  Progress busy({.requests = 4, .max_new_tokens = 400, .planned_tokens_per_second = 100}, std::tmpfile());
+  busy.sampled(50, 1.0, true);
+  busy.finished(5, 50, 100, 1.0);
+  busy.sampled(40, 3.0, true);
+  f = busy.figures(3.0);
+  EXPECT_FALSE(f.planned);
+  // 0.5 x (400 - 100) + 50 = 200 expected in all, 90 sampled: 110 at the 20 tok/s since 1 s.
+  EXPECT_NEAR(*f.seconds_left, 110.0 / 20.0, 1e-9);
 }
 
 TEST(Progress, TextNamesEveryFigure) {
