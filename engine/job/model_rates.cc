@@ -51,7 +51,7 @@ int usable_cores() {
 std::string rates_key(const kernels::Backend& be, const engine::ModelConfig& c) {
   return fmt::format(
       "cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "
-      "norm {} bias {}{}{} qk_norm {} experts {}/{} tied {}",
+      "norm {} bias {}/{}/{} qk_norm {} experts {}/{} tied {}",
       cpu_model(), usable_cores(), be.name(), c.hidden, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
       kernels::dtype_name(c.dtype), c.gated_mlp, static_cast<int>(c.mlp_act),
       static_cast<int>(c.norm), c.qkv_bias, c.o_bias, c.mlp_bias, c.qk_norm, c.moe.experts, c.moe.top_k,
