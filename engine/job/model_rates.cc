@@ -13,7 +13,11 @@
 
 #include "engine/job/calibrate.h"
 #include "engine/job/calibrate_units.h"
+#include "engine/model/model_shape.h"
+#include "engine/runtime/machine_profile.h"
 #include "engine/serving/openai_results.h"
+#include "offload/budget.h"
+#include "policy/cost_model.h"
 
 namespace flexh2o::job {
 
@@ -129,6 +133,17 @@ std::string model_rates_dir() {
 }
 
 void add_model_rates(kernels::Backend& be, const engine::ModelConfig& cfg, policy::HardwareProfile& hw) {
+  // The measurement makes one decoder layer's weights and the head's on the device: never more
+  // than an eighth of the memory free now (a job in a tight cgroup is not killed for it).
+  const policy::ModelSizes sizes = policy::model_sizes(engine::model_shape(cfg));
+  const std::int64_t made = sizes.layer_weights + sizes.head_weights;
+  const std::int64_t free = be.kind() == kernels::DeviceKind::Cpu ? engine::available_memory() : be.memory_capacity();
+  if (made > free / 8) {
+    hw.source += fmt::format("; this model's rates not measured (a layer and the head take {}, more than an eighth of "
+                             "the {} free now)",
+                             offload::format_bytes(made), offload::format_bytes(free));
+    return;
+  }
   const std::string key = rates_key(be, cfg);
   const std::string path = fmt::format("{}/{:016x}.json", model_rates_dir(), serving::stable_hash(key));
   ModelRates rates;

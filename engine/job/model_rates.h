@@ -20,7 +20,8 @@ std::string model_rates_dir();
 // curve and constant; on the CPU backend the cpu tier's too): read from the
 // cache, else measured now (about a second for a small model) and written there; a cache that
 // cannot be read or written is measured around, and says so in hw.source, which tells where
-// the curves came from.
+// the curves came from. Not measured (the built-in rates stand, and hw.source says why) where
+// a layer and the head would take more than an eighth of the memory free now.
 void add_model_rates(kernels::Backend& be, const engine::ModelConfig& cfg, policy::HardwareProfile& hw);
 
 }  // namespace flexh2o::job

@@ -1155,6 +1155,20 @@ TEST(Cli, APlacementBeyondTheCgroupsMemoryIsAnErrorNotAKill) {
   EXPECT_EQ(ok.code, 0) << ok.err;
 }
 
+// The first run's measurement of a model's rates never takes much of the memory a cgroup
+// leaves the job: OPT-125M's layer and head (91 MiB) are more than an eighth of 512 MiB, so
+// they are not made, and the plan says why.
+TEST(Cli, TheModelsRatesAreNotMeasuredBeyondAnEighthOfTheMemoryFree) {
+  LiveMemoryCgroup cgroup(512LL << 20);
+  if (cgroup.path().empty()) GTEST_SKIP() << "cannot make a memory cgroup here (needs root and a memory controller)";
+  testing::TempDir dir;
+  const Result r = run("plan --model opt-125m --prompt-len 16 --gen-len 4",
+                       "XDG_CACHE_HOME=" + dir.file("cache") + " " + cgroup.launcher());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("this model's rates not measured (a layer and the head take"));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("cache") + "/flexh2o/calibration"));
+}
+
 TEST(Cli, AKilledRunsOffloadFilesAreReclaimedByTheNext) {
   testing::TempDir dir;
   const std::string off = dir.file("off");
