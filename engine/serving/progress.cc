@@ -39,6 +39,7 @@ void Progress::finished(std::int64_t prompt_tokens, std::int64_t generated_token
   prompt_done_ += prompt_tokens;
   generated_done_ += generated_tokens;
   limits_done_ += max_tokens;
+  if (generated_tokens < max_tokens) ++stopped_;
   record(now);
   steady_from(now);
 }
@@ -54,10 +55,16 @@ void Progress::record(double now) {
 }
 
 double Progress::expected_tokens_left() const {
-  const double share = limits_done_ > 0 ? static_cast<double>(generated_done_) / static_cast<double>(limits_done_) : 1.0;
-  const double expected = share * static_cast<double>(o_.max_new_tokens - limits_done_) +
-                          static_cast<double>(generated_done_);
-  return std::max(0.0, expected - static_cast<double>(sampled_));
+  // What the unfinished requests may still generate: their limits less what they sampled.
+  const double in_flight = static_cast<double>(sampled_ - generated_done_);
+  const double room = std::max(0.0, static_cast<double>(o_.max_new_tokens - limits_done_) - in_flight);
+  if (stopped_ == 0 || sampled_ == 0) return room;
+  // Stop ids end requests early, at a chance per token p (requests a stop ended over the tokens
+  // sampled): each unfinished request is expected to generate 1 / p more, whatever it has so
+  // far (the share of their limits the finished ones used read the short ones that end first
+  // as the rest, and a ShareGPT job said 00:00 left at 11%).
+  const double p = static_cast<double>(stopped_) / static_cast<double>(sampled_);
+  return std::min(room, static_cast<double>(o_.requests - std::min(done_, o_.requests)) / p);
 }
 
 ProgressFigures Progress::figures(double now) const {

@@ -3,10 +3,10 @@
 // (as tqdm does for vLLM's offline users); to a file or a pipe it writes a plain line now and
 // then, so a log of a two-hour job says in its first minute how long the job will take.
 //
-// The time left is the generated tokens still to come over the window's generated rate: a
-// request still to run is expected to generate its max_tokens times the share of their
-// max_tokens the finished requests generated (1 before any finished; stop ids end requests
-// early). The rate counts every token sampled (the engine's sequence rows), so the requests in
+// The time left is the generated tokens still to come over the window's generated rate: the
+// unfinished requests' limits less what they sampled, or where stop ids end requests early,
+// 1 / p more tokens each, p the chance per token seen so far (requests a stop ended over the
+// tokens sampled), whichever is less. The rate counts every token sampled (the engine's sequence rows), so the requests in
 // flight count before they end. It is measured from the job's steady state on: the first step
 // that only decoded or the first request that ended (before, the first prompts' prefill
 // samples few tokens a second, and a 30-second job said 17 minutes left). Until the window
@@ -75,6 +75,7 @@ class Progress {
   std::int64_t prompt_done_ = 0, sampled_ = 0;
   // Finished requests: their generated tokens and their limits (the share a request generates).
   std::int64_t generated_done_ = 0, limits_done_ = 0;
+  std::int64_t stopped_ = 0;  // finished requests a stop ended before their limit
   std::deque<Sample> window_;
   // Where the steady state began (a step only decoded, or a request ended); none yet: the
   // time left is the planner's.

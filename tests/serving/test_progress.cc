@@ -31,18 +31,26 @@ TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
   Progress p({.requests = 10, .max_new_tokens = 1000, .window_seconds = 5}, std::tmpfile());
   p.sampled(0, 0.0);  // a step that only decoded: measured from here on
   for (int s = 1; s <= 20; ++s) p.sampled(4, s * 0.1);  // 2 s, 80 tokens
-  // Two requests ended having generated half their limit: the other 8 are expected to
-  // generate 400 in all, less the 80 - 100 = -20 of theirs sampled so far (none).
-  p.finished(30, 50, 100, 2.0);
-  p.finished(30, 50, 100, 2.0);
-  const ProgressFigures f = p.figures(2.0);
+  // Two requests ended by a stop after 20 of their 100, their 40 tokens among the 80 + 40
+  // sampled: a stop every 60 tokens, so each of the other 8 is expected to generate 60 more
+  // (480, within their limits' 800 less the 80 they sampled), at 120 / 2 s.
+  p.sampled(40, 2.0);
+  p.finished(30, 20, 100, 2.0);
+  p.finished(30, 20, 100, 2.0);
+  ProgressFigures f = p.figures(2.0);
   EXPECT_EQ(f.done, 2u);
   EXPECT_FALSE(f.planned);
   ASSERT_TRUE(f.seconds_left);
-  EXPECT_NEAR(f.generated_rate, 40.0, 1e-9);
+  EXPECT_NEAR(f.generated_rate, 60.0, 1e-9);
   EXPECT_NEAR(f.prompt_rate, 30.0, 1e-9);
-  // expected: 0.5 x (1000 - 200) + 100 = 500 tokens in all, 80 sampled: 420 at 40 tok/s.
-  EXPECT_NEAR(*f.seconds_left, 420.0 / 40.0, 1e-9);
+  EXPECT_NEAR(*f.seconds_left, 480.0 / 60.0, 1e-9);
+  // Requests that run to their limits (no stop): what the limits leave.
+  Progress full({.requests = 10, .max_new_tokens = 1000}, std::tmpfile());
+  full.sampled(0, 0.0);
+  full.sampled(300, 2.0);
+  full.finished(1, 100, 100, 2.0);
+  f = full.figures(2.0);
+  EXPECT_NEAR(*f.seconds_left, (900.0 - 200.0) / 150.0, 1e-9);
 }
 
 TEST(Progress, TheWindowForgetsWhatCameBeforeIt) {
@@ -80,8 +88,9 @@ TEST(Progress, ThePlannersRateUntilTheSteadyStateIsMeasured) {
   busy.sampled(40, 3.0, true);
   f = busy.figures(3.0);
   EXPECT_FALSE(f.planned);
-  // 0.5 x (400 - 100) + 50 = 200 expected in all, 90 sampled: 110 at the 20 tok/s since 1 s.
-  EXPECT_NEAR(*f.seconds_left, 110.0 / 20.0, 1e-9);
+  // One stop in 90 tokens: the other 3 would generate 270 more; their limits leave 300 less the
+  // 40 they sampled, 260: at the 20 tok/s since 1 s.
+  EXPECT_NEAR(*f.seconds_left, 260.0 / 20.0, 1e-9);
 }
 
 TEST(Progress, TextNamesEveryFigure) {
