@@ -108,6 +108,14 @@ std::string mib(std::int64_t bytes) { return fmt::format("{} MiB", bytes / kMiB)
 // Measurements taken for a run's planner (decode_attention_curve) say nothing.
 thread_local bool silent = false;
 
+// Silent while it lives (also when a measurement throws).
+struct Silence {
+  Silence() { silent = true; }
+  ~Silence() { silent = false; }
+  Silence(const Silence&) = delete;
+  Silence& operator=(const Silence&) = delete;
+};
+
 // One line per measurement on stderr, e.g. "calibrate: disk->cpu 512 MiB ... 0.91 GB/s".
 void progress(const std::string& what, const std::string& result) {
   if (!silent) fmt::print(stderr, "calibrate: {} ... {}\n", what, result);
@@ -718,15 +726,8 @@ policy::RateCurve decode_attention_curve(kernels::Backend& be, const engine::Mod
   shape_for(plan, cfg);
   plan.attn_decode_lens = std::move(lens);
   plan.min_seconds = seconds;
-  silent = true;
-  try {
-    policy::RateCurve curve = attention_decode_curve(be, plan);
-    silent = false;
-    return curve;
-  } catch (...) {
-    silent = false;
-    throw;
-  }
+  const Silence quiet;
+  return attention_decode_curve(be, plan);
 }
 
 }  // namespace flexh2o::job

@@ -69,8 +69,10 @@ void BlockExecutor::BlockDeleter::operator()(Block* b) const { delete b; }
 
 bool BlockExecutor::holds_input() const { return units_.units.front().first; }
 
+bool BlockExecutor::evicts(const GenerationRequest& req) const { return req.kv != nullptr || kv_policy_ != nullptr; }
+
 bool BlockExecutor::shares_prefixes(const GenerationRequest& req) const {
-  return req.share_prefixes && prefix_sharing_off_reason(cfg_, req.kv != nullptr || kv_policy_ != nullptr).empty();
+  return req.share_prefixes && prefix_sharing_off_reason(cfg_, evicts(req)).empty();
 }
 
 BlockExecutor::BlockPtr BlockExecutor::begin(const GenerationRequest& req, std::size_t slots, const PrefixPool& pool) {
@@ -95,7 +97,7 @@ BlockExecutor::BlockPtr BlockExecutor::begin(const GenerationRequest& req, std::
   st.req = &req;
   st.continuous = continuous;
   st.next.resize(static_cast<std::size_t>(B));
-  st.evicting = req.kv != nullptr || kv_policy_ != nullptr;
+  st.evicting = evicts(req);
   // A pool of prefixes held once where it fits beside the rows it shrinks, else rows that copy them.
   if (pool.rows > 0 && !(shares_prefixes(req) && can_hold_prefixes(req)))
     throw std::logic_error("a prefix pool offered for a block that cannot hold prefixes once");

@@ -128,6 +128,8 @@ class BlockExecutor {
   void sample(BlockState& st, const GpuBatch& b, Activations& act, const StepInput& in);
   void receive(BlockState& st, std::int64_t k, const StageLinks& links);
   void send(BlockState& st, std::int64_t k, const StageLinks& links);
+  // Whether the request's rows keep budget-sized KV (its KV policy, else the policy's --kv).
+  bool evicts(const GenerationRequest& req) const;
   // begin(): the block's GPU batches with their KV caches and hidden states in their tiers, the
   // pool of st.pool, the activations and the ring slots (throws BudgetExceeded).
   void place(BlockState& st, const GenerationRequest& req);

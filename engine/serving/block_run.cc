@@ -27,7 +27,7 @@ BlockRun::BlockRun(engine::BlockExecutor& exec, const engine::GenerationRequest&
       log_(exec.backend(), exec.config(), req, hooks_),
       sched_(req, exec.policy().gpu_batch_size, exec.shares_prefixes(req), feed) {
   check_hooks(req, hooks_);
-  const bool pool = sched_.slots() > 0 && exec.shares_prefixes(req) && exec.can_hold_prefixes(req);
+  const bool pool = sched_.slots() > 0 && sched_.shares_prefixes() && exec.can_hold_prefixes(req);
   block_ = exec.begin(req, sched_.slots(), pool ? sched_.prefix_pool() : engine::PrefixPool{});
   if (exec.holds_prefixes(*block_)) sched_.hold_prefixes();
   if (sched_.slots() > 0) plan_next();

@@ -135,15 +135,21 @@ std::string openai_result_line(const OpenAiLine& r, std::span<const std::int32_t
   return dump(line);
 }
 
-std::string openai_error_line(const OpenAiLine& r) {
-  Json error = {{"code", "invalid_request"}, {"message", "line " + std::to_string(r.line) + ": " + r.error}};
-  if (!r.error_param.empty()) error["param"] = r.error_param;
+namespace {
+
+// {"response": null, "error": {"code", "message": "line N: ...", "param" when given}}.
+std::string error_result(const OpenAiLine& r, const char* code, const std::string& message, const std::string& param) {
+  Json error = {{"code", code}, {"message", "line " + std::to_string(r.line) + ": " + message}};
+  if (!param.empty()) error["param"] = param;
   return dump({{"id", result_id(r)}, {"custom_id", r.custom_id}, {"response", nullptr}, {"error", error}});
 }
 
+}  // namespace
+
+std::string openai_error_line(const OpenAiLine& r) { return error_result(r, "invalid_request", r.error, r.error_param); }
+
 std::string openai_failed_line(const OpenAiLine& r, const std::string& message) {
-  const Json error = {{"code", "generation_failed"}, {"message", "line " + std::to_string(r.line) + ": " + message}};
-  return dump({{"id", result_id(r)}, {"custom_id", r.custom_id}, {"response", nullptr}, {"error", error}});
+  return error_result(r, "generation_failed", message, "");
 }
 
 std::optional<std::string> openai_result_key(const std::string& line) {

@@ -53,6 +53,8 @@ class StepScheduler {
                 SequenceFeed* feed = nullptr);
   // The block's slots: min(req.slots, prompts) under continuous batching, else every prompt.
   std::size_t slots() const { return slot_seq_.size(); }
+  // Whether newcomers take prompt prefixes the rows hold (continuous batching, share_prefixes).
+  bool shares_prefixes() const { return sharing_; }
   // The plan of the next step (the first call: step 0). Under continuous batching it polls the
   // feed's stop_admitting and asks it for the sequences free slots take.
   engine::StepPlan next_step();
