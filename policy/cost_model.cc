@@ -320,165 +320,199 @@ struct StepLoad {
   double busy = 1;              // share of the sequences holding a request (disk requests)
 };
 
-// The model of one block, as linear forms of the fractions.
-Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
-                  const Block& blk) {
-  const ModelSizes z = model_sizes(m);
-  const double l = static_cast<double>(m.layers), g = static_cast<double>(blk.gbs), k = static_cast<double>(blk.k);
-  const double bls = g * k;
-  const double s = static_cast<double>(w.prompt_len), n = static_cast<double>(w.gen_len);
-  const double kvtok = static_cast<double>(kv_tokens(m, w, o.kv));
-  const bool evicting = o.kv.name != "full";
-  const double h1 = static_cast<double>(m.hidden), vocab = static_cast<double>(m.vocab);
-  const double act = static_cast<double>(kernels::dtype_size(hw.activation_dtype));
-  const double wl = weights_moved(m, z, blk, s);
-  const double kvt = static_cast<double>(z.kv_per_token_layer), hid = h1 * act;
-  const double hid_pre = hid * bls * s;
-  const double kv_pre = kvt * bls * std::min(s, kvtok);
-  const double cg_bw = hw.cpu_to_gpu, gc_bw = hw.gpu_to_cpu, dc_bw = hw.disk_to_cpu, cd_bw = hw.cpu_to_disk;
+// The model of one block, as linear forms of the fractions: what a prefill and a decode step
+// compute and move per layer (StepLoad), then the transfer and compute terms they give.
+class TermBuilder {
+ public:
+  TermBuilder(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o, const Block& blk)
+      : m_(m), hw_(hw), w_(w), o_(o), blk_(blk), z_(model_sizes(m)) {}
+  Terms build() const;
 
+ private:
   // A GEMM over `rows` rows costs its flops at the rate for that many rows, but no less than
-  // reading its weight matrix from device memory once (each GPU batch reads it again).
-  // A unit's own measured curve (a decoder layer, the head), where the profile has it, counts
+  // reading its weight matrix from device memory once (each GPU batch reads it again). A
+  // unit's own measured curve (a decoder layer, the head), where the profile has it, counts
   // what the engine pays around the GEMMs too.
-  auto rate = [&](const RateCurve& unit, double rows, double fallback_rate) {
-    return hw.rows_rate(unit, rows, fallback_rate);
-  };
-  auto read_floor = [&](double weight_bytes) { return hw.gpu_memory > 0 ? weight_bytes / hw.gpu_memory : 0.0; };
-  auto gemm = [&](const RateCurve& unit, double rows, double flops_per_row, double weight_bytes, double fallback_rate) {
-    return std::max(rows * flops_per_row / rate(unit, rows, fallback_rate), read_floor(weight_bytes));
-  };
-  const double layer_flops = 2.0 * static_cast<double>(z.layer_params);
-  const double head_flops = m.output_head ? 2.0 * vocab * h1 : 0.0;
-  const double layer_bytes = static_cast<double>(z.layer_weights), head_bytes = static_cast<double>(z.head_weights);
-  // Per layer: K GPU batches each run the layer's GEMMs; the output head runs once per batch
-  // and step for the last row of every sequence (spread over the layers here).
-  const double head = k * gemm(hw.head_by_rows, g, head_flops, head_bytes, hw.gpu_gemm_decode) / l;
-  const double gemm_pre = k * gemm(hw.layer_by_rows, g * s, layer_flops, layer_bytes, hw.gpu_gemm_prefill) + head;
-
-  StepLoad d;
-  if (!w.continuous) {
-    d.kv_len = std::min(kvtok, s + n / 2);  // average cache length during decode
-    d.kv_read = d.kv_moved = kvt * bls * d.kv_len;
-    d.kv_values_read = 2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * d.kv_len;
-    d.attn_flops = 4 * bls * d.kv_len * h1;
-    d.hidden = hid * bls;
-    d.gemm = k * gemm(hw.layer_by_rows, g, layer_flops, layer_bytes, hw.gpu_gemm_decode);
-    d.head = head;
-    // Under eviction the engine writes back whole budget-sized rows of staged sequences.
-    d.kv_store = evicting ? d.kv_read : kvt * bls;
-  } else {
-    // A mean slot-step: its decode rows run at the rate of a step's decode rows (one per busy
-    // sequence of the GPU batch), its newcomers' prompt rows at the rate of a step that also
-    // prefills one mean prompt; the weights are read once per GPU batch and step either way.
-    const SlotStep& ss = blk.slot_step;
-    const double mean_prompt = w.mean_prompt_len > 0 ? w.mean_prompt_len : s;
-    const double step_rows = std::max(g * ss.busy, 1.0);
-    d.busy = ss.busy;
-    d.rows_per_seq = ss.rows();
-    d.kv_len = ss.decode_rows > 0 ? std::min(kvtok, ss.kv_attended / ss.decode_rows) : 0.0;
-    d.kv_read = kvt * bls * ss.decode_rows * d.kv_len;
-    // A held prefix is read from the pool (in place, or staged: pool_moved); the rows hold what follows it.
-    const double held = blk.pool_rows > 0 ? std::min(w.held.mean_prefix, d.kv_len) : 0.0;
-    d.kv_moved = kvt * bls * ss.decode_rows * (d.kv_len - held);
-    // A staged pool: each GPU batch loads the rows of the families it holds, each prefix once.
-    if (blk.pool_rows > 0 && blk.pool_staged())
-      d.pool_moved = k * std::min(static_cast<double>(blk.pool_rows), g * ss.busy) * kvt * held;
-    // A group's prefix is read (and dequantized) once: the other members only compute over it.
-    const double read_by_others = std::min(ss.kv_prefix_read_by_others, ss.decode_rows * d.kv_len);
-    d.kv_values_read =
-        2.0 * static_cast<double>(m.kv_heads * m.head_dim) * bls * (ss.decode_rows * d.kv_len - read_by_others);
-    d.attn_flops = 4 * bls * ss.decode_rows * d.kv_len * h1;
-    d.attn_shared_flops = 4 * bls * read_by_others * h1;
-    d.prefill_attn = bls * 4 * ss.prompt_sq * h1 / hw.gpu_attn_prefill;
-    d.hidden = hid * bls * ss.rows();
-    const double compute = g * ss.decode_rows * layer_flops / rate(hw.layer_by_rows, step_rows, hw.gpu_gemm_decode) +
-                           g * ss.prefill_rows * layer_flops /
-                               rate(hw.layer_by_rows, step_rows + mean_prompt, hw.gpu_gemm_prefill);
-    d.gemm = k * std::max(compute, read_floor(layer_bytes));
-    d.head = k * gemm(hw.head_by_rows, step_rows, head_flops, head_bytes, hw.gpu_gemm_decode) / l;
-    d.kv_store = evicting ? d.kv_read : kvt * bls * ss.rows();
+  double rate(const RateCurve& unit, double rows, double fallback_rate) const {
+    return hw_.rows_rate(unit, rows, fallback_rate);
   }
-  const double wl_gen = weights_moved(m, z, blk, d.rows_per_seq);
-  const double gemm_gen = d.gemm + d.head;
+  double read_floor(double weight_bytes) const { return hw_.gpu_memory > 0 ? weight_bytes / hw_.gpu_memory : 0.0; }
+  double gemm(const RateCurve& unit, double rows, double flops_per_row, double weight_bytes, double fallback_rate) const {
+    return std::max(rows * flops_per_row / rate(unit, rows, fallback_rate), read_floor(weight_bytes));
+  }
+  // The output head runs once per GPU batch and step for the last row of every sequence
+  // (spread over the layers here).
+  double head_per_layer(double rows) const {
+    return k_ * gemm(hw_.head_by_rows, rows, head_flops_, head_bytes_, hw_.gpu_gemm_decode) / l_;
+  }
+  StepLoad fixed_decode() const;
+  StepLoad continuous_step() const;
+  // Fixed blocks' prefill step (continuous batching has none of its own: newcomers prefill within the steps).
+  void add_prefill_terms(Terms& t, double w_dequant) const;
+  void add_decode_terms(Terms& t, const StepLoad& d, double w_dequant) const;
 
-  // Dequantization where the profile measures it (bytes/s of q4 = 2 values per byte): every
-  // GEMM call (once per GPU batch) expands its weight matrices, the head's included (embedding
-  // lookups only gather rows); every decode step expands the compressed KV it reads. Writing
-  // (quantizing) the cache is left out: one new token per step.
-  const double dq_per_value = hw.dequant > 0 ? 0.5 / hw.dequant : 0.0;
-  const double w_dequant = kernels::is_quantized(m.weight_dtype)
-                               ? k * (static_cast<double>(z.layer_params) + head_flops / 2 / l) * dq_per_value
-                               : 0.0;
-  const double kv_dequant = kernels::is_quantized(m.cache_dtype) ? d.kv_values_read * dq_per_value : 0.0;
-
-  Terms t;
-  t.overlap = blk.overlap;
-  t.slot_step = blk.slot_step;
-  const auto lin = linear_form;
+  const ModelShape& m_;
+  const HardwareProfile& hw_;
+  const Workload& w_;
+  const PlanOptions& o_;
+  const Block& blk_;
+  const ModelSizes z_;
+  const double l_ = static_cast<double>(m_.layers), g_ = static_cast<double>(blk_.gbs), k_ = static_cast<double>(blk_.k);
+  const double bls_ = g_ * k_;
+  const double s_ = static_cast<double>(w_.prompt_len), n_ = static_cast<double>(w_.gen_len);
+  const double kvtok_ = static_cast<double>(kv_tokens(m_, w_, o_.kv));
+  const bool evicting_ = o_.kv.name != "full";
+  const double h1_ = static_cast<double>(m_.hidden);
+  const double kvt_ = static_cast<double>(z_.kv_per_token_layer);
+  const double hid_ = h1_ * static_cast<double>(kernels::dtype_size(hw_.activation_dtype));
+  const double layer_flops_ = 2.0 * static_cast<double>(z_.layer_params);
+  const double head_flops_ = m_.output_head ? 2.0 * static_cast<double>(m_.vocab) * h1_ : 0.0;
+  const double layer_bytes_ = static_cast<double>(z_.layer_weights), head_bytes_ = static_cast<double>(z_.head_weights);
   // A disk-homed KV cache moves as one request per (sequence, kv head) and K/V, each a small
   // piece (a slot, or a head's rows) that pays a request time beyond its bytes.
-  const double kv_requests = 2 * bls * static_cast<double>(m.kv_heads);
-  const double kv_disk_write_pre = kv_requests * hw.disk_rows_write_request;
-  const double kv_disk_write_gen =
-      d.busy * kv_requests * (evicting ? hw.disk_rows_write_request : hw.disk_write_request);
-  const double kv_disk_read = d.busy * kv_requests * hw.disk_read_request;
-  // Continuous batching has no prefill phase of its own: newcomers prefill within the steps.
-  if (!w.continuous) {
-    t.ctog_pre = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_pre / cg_bw}, {HN, hid_pre / cg_bw}});
-    t.dtoc_pre = lin(0, {{WN, wl / dc_bw}, {HN, hid_pre / dc_bw}});
-    t.gtoc_pre = lin(0, {{CC, kv_pre / gc_bw}, {CN, kv_pre / gc_bw}, {HC, hid_pre / gc_bw}, {HN, hid_pre / gc_bw}});
-    t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw + kv_disk_write_pre}, {HN, hid_pre / cd_bw}});
-    t.comp_pre = lin(gemm_pre + bls * 4 * s * s * h1 / hw.gpu_attn_prefill + w_dequant, {});
-  }
+  const double kv_requests_ = 2 * bls_ * static_cast<double>(m_.kv_heads);
+};
 
-  const double cache_in = blk.ccc ? 0 : d.kv_moved / cg_bw;
-  const double hid_gen = d.hidden, kv_moved = d.kv_moved, kv_store = d.kv_store;
+StepLoad TermBuilder::fixed_decode() const {
+  StepLoad d;
+  d.kv_len = std::min(kvtok_, s_ + n_ / 2);  // average cache length during decode
+  d.kv_read = d.kv_moved = kvt_ * bls_ * d.kv_len;
+  d.kv_values_read = 2.0 * static_cast<double>(m_.kv_heads * m_.head_dim) * bls_ * d.kv_len;
+  d.attn_flops = 4 * bls_ * d.kv_len * h1_;
+  d.hidden = hid_ * bls_;
+  d.gemm = k_ * gemm(hw_.layer_by_rows, g_, layer_flops_, layer_bytes_, hw_.gpu_gemm_decode);
+  d.head = head_per_layer(g_);
+  // Under eviction the engine writes back whole budget-sized rows of staged sequences.
+  d.kv_store = evicting_ ? d.kv_read : kvt_ * bls_;
+  return d;
+}
+
+// A mean slot-step: its decode rows run at the rate of a step's decode rows (one per busy
+// sequence of the GPU batch), its newcomers' prompt rows at the rate of a step that also
+// prefills one mean prompt; the weights are read once per GPU batch and step either way.
+StepLoad TermBuilder::continuous_step() const {
+  const SlotStep& ss = blk_.slot_step;
+  const double mean_prompt = w_.mean_prompt_len > 0 ? w_.mean_prompt_len : s_;
+  const double step_rows = std::max(g_ * ss.busy, 1.0);
+  StepLoad d;
+  d.busy = ss.busy;
+  d.rows_per_seq = ss.rows();
+  d.kv_len = ss.decode_rows > 0 ? std::min(kvtok_, ss.kv_attended / ss.decode_rows) : 0.0;
+  d.kv_read = kvt_ * bls_ * ss.decode_rows * d.kv_len;
+  // A held prefix is read from the pool (in place, or staged: pool_moved); the rows hold what follows it.
+  const double held = blk_.pool_rows > 0 ? std::min(w_.held.mean_prefix, d.kv_len) : 0.0;
+  d.kv_moved = kvt_ * bls_ * ss.decode_rows * (d.kv_len - held);
+  // A staged pool: each GPU batch loads the rows of the families it holds, each prefix once.
+  if (blk_.pool_rows > 0 && blk_.pool_staged())
+    d.pool_moved = k_ * std::min(static_cast<double>(blk_.pool_rows), g_ * ss.busy) * kvt_ * held;
+  // A group's prefix is read (and dequantized) once: the other members only compute over it.
+  const double read_by_others = std::min(ss.kv_prefix_read_by_others, ss.decode_rows * d.kv_len);
+  d.kv_values_read =
+      2.0 * static_cast<double>(m_.kv_heads * m_.head_dim) * bls_ * (ss.decode_rows * d.kv_len - read_by_others);
+  d.attn_flops = 4 * bls_ * ss.decode_rows * d.kv_len * h1_;
+  d.attn_shared_flops = 4 * bls_ * read_by_others * h1_;
+  d.prefill_attn = bls_ * 4 * ss.prompt_sq * h1_ / hw_.gpu_attn_prefill;
+  d.hidden = hid_ * bls_ * ss.rows();
+  const double compute =
+      g_ * ss.decode_rows * layer_flops_ / rate(hw_.layer_by_rows, step_rows, hw_.gpu_gemm_decode) +
+      g_ * ss.prefill_rows * layer_flops_ / rate(hw_.layer_by_rows, step_rows + mean_prompt, hw_.gpu_gemm_prefill);
+  d.gemm = k_ * std::max(compute, read_floor(layer_bytes_));
+  d.head = head_per_layer(step_rows);
+  d.kv_store = evicting_ ? d.kv_read : kvt_ * bls_ * ss.rows();
+  return d;
+}
+
+void TermBuilder::add_prefill_terms(Terms& t, double w_dequant) const {
+  const auto lin = linear_form;
+  const double cg_bw = hw_.cpu_to_gpu, gc_bw = hw_.gpu_to_cpu, dc_bw = hw_.disk_to_cpu, cd_bw = hw_.cpu_to_disk;
+  const double wl = weights_moved(m_, z_, blk_, s_);
+  const double hid_pre = hid_ * bls_ * s_;
+  const double kv_pre = kvt_ * bls_ * std::min(s_, kvtok_);
+  const double kv_disk_write_pre = kv_requests_ * hw_.disk_rows_write_request;
+  const double gemm_pre =
+      k_ * gemm(hw_.layer_by_rows, g_ * s_, layer_flops_, layer_bytes_, hw_.gpu_gemm_prefill) + head_per_layer(g_);
+  t.ctog_pre = lin(0, {{WC, wl / cg_bw}, {WN, wl / cg_bw}, {HC, hid_pre / cg_bw}, {HN, hid_pre / cg_bw}});
+  t.dtoc_pre = lin(0, {{WN, wl / dc_bw}, {HN, hid_pre / dc_bw}});
+  t.gtoc_pre = lin(0, {{CC, kv_pre / gc_bw}, {CN, kv_pre / gc_bw}, {HC, hid_pre / gc_bw}, {HN, hid_pre / gc_bw}});
+  t.ctod_pre = lin(0, {{CN, kv_pre / cd_bw + kv_disk_write_pre}, {HN, hid_pre / cd_bw}});
+  t.comp_pre = lin(gemm_pre + bls_ * 4 * s_ * s_ * h1_ / hw_.gpu_attn_prefill + w_dequant, {});
+  // Where copies take the cores that compute (the CPU backend), the part of the cpu<->gpu
+  // copies that does not hide behind compute adds to it.
+  const double exposed = 1 - hw_.copy_overlap;
+  t.comp_pre = t.comp_pre.plus(t.ctog_pre, exposed).plus(t.gtoc_pre, exposed);
+  // On one host the disk's small KV requests also take the cores that compute (add_decode_terms).
+  if (hw_.gpu_is_host_memory) t.comp_pre = t.comp_pre.plus(lin(0, {{CN, kv_disk_write_pre}}), 1);
+}
+
+void TermBuilder::add_decode_terms(Terms& t, const StepLoad& d, double w_dequant) const {
+  const auto lin = linear_form;
+  const double cg_bw = hw_.cpu_to_gpu, gc_bw = hw_.gpu_to_cpu, dc_bw = hw_.disk_to_cpu, cd_bw = hw_.cpu_to_disk;
+  const double wl_gen = weights_moved(m_, z_, blk_, d.rows_per_seq);
+  const double kv_disk_write_gen =
+      d.busy * kv_requests_ * (evicting_ ? hw_.disk_rows_write_request : hw_.disk_write_request);
+  const double kv_disk_read = d.busy * kv_requests_ * hw_.disk_read_request;
+  const double cache_in = blk_.ccc ? 0 : d.kv_moved / cg_bw;
   // A staged pool's rows come in each step (from disk through the cpu); a filled row's write
   // back, once a family's, is left out.
-  const double pool_from_disk = blk.pool_tier == offload::Tier::Disk ? d.pool_moved / dc_bw : 0.0;
+  const double pool_from_disk = blk_.pool_tier == offload::Tier::Disk ? d.pool_moved / dc_bw : 0.0;
   t.ctog_gen = lin(d.pool_moved / cg_bw, {{WC, wl_gen / cg_bw},
                                           {WN, wl_gen / cg_bw},
-                                          {HC, hid_gen / cg_bw},
-                                          {HN, hid_gen / cg_bw},
+                                          {HC, d.hidden / cg_bw},
+                                          {HN, d.hidden / cg_bw},
                                           {CC, cache_in},
                                           {CN, cache_in}});
   // With cpu_cache_compute the cpu-homed cache is attended in place: only the new tokens move.
-  const double kv_store_cpu = blk.ccc ? kvt * bls * d.rows_per_seq : kv_store;
-  t.gtoc_gen = lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, kv_store / gc_bw}, {HC, hid_gen / gc_bw}, {HN, hid_gen / gc_bw}});
+  const double kv_store_cpu = blk_.ccc ? kvt_ * bls_ * d.rows_per_seq : d.kv_store;
+  t.gtoc_gen =
+      lin(0, {{CC, kv_store_cpu / gc_bw}, {CN, d.kv_store / gc_bw}, {HC, d.hidden / gc_bw}, {HN, d.hidden / gc_bw}});
   t.dtoc_gen = lin(pool_from_disk,
-                   {{CN, kv_moved / dc_bw + kv_disk_read}, {HN, hid_gen / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
-  t.ctod_gen = lin(0, {{CN, kv_store / cd_bw + kv_disk_write_gen}, {HN, hid_gen / cd_bw}});
+                   {{CN, d.kv_moved / dc_bw + kv_disk_read}, {HN, d.hidden / dc_bw}, {WN, wl_gen / (0.95 * dc_bw)}});
+  t.ctod_gen = lin(0, {{CN, d.kv_store / cd_bw + kv_disk_write_gen}, {HN, d.hidden / cd_bw}});
+  // Dequantization where the profile measures it (bytes/s of q4 = 2 values per byte): every
+  // decode step expands the compressed KV it reads. Writing (quantizing) it is left out: one
+  // new token per step.
+  const double kv_dequant =
+      kernels::is_quantized(m_.cache_dtype) && hw_.dequant > 0 ? d.kv_values_read * 0.5 / hw_.dequant : 0.0;
   // Decode attention at the rate for its cache length, less the read share of the flops over
   // prefixes another member of the group reads.
-  const double kv_len = d.kv_len;
-  const double gpu_attn = (d.attn_flops - hw.gpu_attn_decode_read_share * d.attn_shared_flops) /
-                              rate_at(hw.gpu_attn_decode_by_len, kv_len, hw.gpu_attn_decode) +
+  const double gpu_attn = (d.attn_flops - hw_.gpu_attn_decode_read_share * d.attn_shared_flops) /
+                              rate_at(hw_.gpu_attn_decode_by_len, d.kv_len, hw_.gpu_attn_decode) +
                           kv_dequant;
-  const double cpu_attn = (d.attn_flops - hw.cpu_attn_decode_read_share * d.attn_shared_flops) /
-                              rate_at(hw.cpu_attn_decode_by_len, kv_len, hw.cpu_attn_decode) +
+  const double cpu_attn = (d.attn_flops - hw_.cpu_attn_decode_read_share * d.attn_shared_flops) /
+                              rate_at(hw_.cpu_attn_decode_by_len, d.kv_len, hw_.cpu_attn_decode) +
                           kv_dequant;
-  t.comp_gen = lin(gemm_gen + w_dequant + d.prefill_attn,
-                   {{CG, gpu_attn}, {CC, blk.ccc ? cpu_attn : gpu_attn}, {CN, blk.ccc ? cpu_attn : gpu_attn}});
-  // Where copies take the cores that compute (the CPU backend), the part of the cpu<->gpu
-  // copies that does not hide behind compute adds to it. (At decode the copy in already
-  // precedes the compute.)
-  const double exposed = 1 - hw.copy_overlap;
-  t.comp_pre = t.comp_pre.plus(t.ctog_pre, exposed).plus(t.gtoc_pre, exposed);
-  t.comp_gen = t.comp_gen.plus(t.gtoc_gen, exposed);
+  t.comp_gen = lin(d.gemm + d.head + w_dequant + d.prefill_attn,
+                   {{CG, gpu_attn}, {CC, blk_.ccc ? cpu_attn : gpu_attn}, {CN, blk_.ccc ? cpu_attn : gpu_attn}});
+  // Copies that take the cores that compute (the CPU backend): the gpu->cpu part that does not
+  // hide (at decode the copy in already precedes the compute).
+  t.comp_gen = t.comp_gen.plus(t.gtoc_gen, 1 - hw_.copy_overlap);
   // On one host the small requests of a disk-homed KV also take the cores that compute: the
   // kernel spends them pinning pages and completing O_DIRECT requests (measured: a KV on disk
   // adds ~1.4 s of system time to a 4 s run, and a prefill takes its compute plus the head-row
   // writes). Their bytes still stream beside the compute.
-  if (hw.gpu_is_host_memory) {
-    if (!w.continuous) t.comp_pre = t.comp_pre.plus(lin(0, {{CN, kv_disk_write_pre}}), 1);
-    t.comp_gen = t.comp_gen.plus(lin(0, {{CN, kv_disk_read + kv_disk_write_gen}}), 1);
-  }
+  if (hw_.gpu_is_host_memory) t.comp_gen = t.comp_gen.plus(lin(0, {{CN, kv_disk_read + kv_disk_write_gen}}), 1);
+}
 
+Terms TermBuilder::build() const {
+  // Dequantization where the profile measures it: every GEMM call (once per GPU batch)
+  // expands its weight matrices, the head's included (embedding lookups only gather rows).
+  const double w_dequant = kernels::is_quantized(m_.weight_dtype) && hw_.dequant > 0
+                               ? k_ * (static_cast<double>(z_.layer_params) + head_flops_ / 2 / l_) * 0.5 / hw_.dequant
+                               : 0.0;
+  Terms t;
+  t.overlap = blk_.overlap;
+  t.slot_step = blk_.slot_step;
+  if (!w_.continuous) add_prefill_terms(t, w_dequant);
+  add_decode_terms(t, w_.continuous ? continuous_step() : fixed_decode(), w_dequant);
   // Held prefixes: rows sized for what follows a prefix (the pool is a memory item of its own);
   // the decodes still attend over every token.
-  add_memory_items(t, m, z, hw, w, o, blk, blk.pool_rows > 0 ? static_cast<double>(w.held.rest) : kvtok);
+  add_memory_items(t, m_, z_, hw_, w_, o_, blk_, blk_.pool_rows > 0 ? static_cast<double>(w_.held.rest) : kvtok_);
   return t;
+}
+
+Terms build_terms(const ModelShape& m, const HardwareProfile& hw, const Workload& w, const PlanOptions& o,
+                  const Block& blk) {
+  return TermBuilder(m, hw, w, o, blk).build();
 }
 
 struct Solved {
@@ -512,93 +546,102 @@ std::pair<double, double> steps_of(const Workload& w) {
   return {1.0, std::max(static_cast<double>(w.gen_len) - 1, 0.0)};
 }
 
+// A block's linear program over the nine fractions and the two step times (Var), its rows
+// added one by one: sums of linear forms plus a step time against a bound.
+class Lp {
+ public:
+  Lp() : lp_(glp_create_prob(), glp_delete_prob) {
+    glp_set_obj_dir(lp_.get(), GLP_MIN);
+    glp_add_cols(lp_.get(), kVars);
+    for (int v = 0; v < kVars; ++v) glp_set_col_bnds(lp_.get(), v + 1, v < 9 ? GLP_DB : GLP_LO, 0.0, v < 9 ? 1.0 : 0.0);
+  }
+  void fix(Var v, double value) { glp_set_col_bnds(lp_.get(), v + 1, GLP_FX, value, value); }
+  void objective(Var v, double coef) { glp_set_obj_coef(lp_.get(), v + 1, coef); }
+  // sum of `forms` + tcoef x T (>=, <= or = by `type`) bound.
+  void add(std::initializer_list<const Linear*> forms, Var tvar, double tcoef, int type, double bound) {
+    glp_add_rows(lp_.get(), 1);
+    ++row_;
+    Fractions a{};
+    double c0 = 0;
+    for (const Linear* f : forms) {
+      c0 += f->c0;
+      for (std::size_t i = 0; i < 9; ++i) a[i] += f->a[i];
+    }
+    for (std::size_t i = 0; i < 9; ++i)
+      if (a[i] != 0) entry(static_cast<int>(i), a[i]);
+    if (tcoef != 0) entry(tvar, tcoef);
+    const double lo = type == GLP_UP ? 0.0 : bound - c0, hi = type == GLP_LO ? 0.0 : bound - c0;
+    glp_set_row_bnds(lp_.get(), row_, type, lo, hi);
+  }
+  // T >= the sum of `forms`, i.e. T - (a.x) >= c0.
+  void time_row(std::initializer_list<const Linear*> forms, Var tvar) {
+    Linear neg;
+    for (const Linear* f : forms) {
+      neg.c0 -= f->c0;
+      for (std::size_t i = 0; i < 9; ++i) neg.a[i] -= f->a[i];
+    }
+    add({&neg}, tvar, 1.0, GLP_LO, 0.0);
+  }
+  std::optional<Fractions> solve() {
+    glp_load_matrix(lp_.get(), static_cast<int>(ia_.size()) - 1, ia_.data(), ja_.data(), ar_.data());
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    if (glp_simplex(lp_.get(), &parm) != 0 || glp_get_status(lp_.get()) != GLP_OPT) return std::nullopt;
+    Fractions x{};
+    for (int i = 0; i < 9; ++i) x[static_cast<std::size_t>(i)] = std::clamp(glp_get_col_prim(lp_.get(), i + 1), 0.0, 1.0);
+    return x;
+  }
+
+ private:
+  void entry(int column, double value) {
+    ia_.push_back(row_);
+    ja_.push_back(column + 1);
+    ar_.push_back(value);
+  }
+  std::unique_ptr<glp_prob, decltype(&glp_delete_prob)> lp_;
+  std::vector<int> ia_{0}, ja_{0};
+  std::vector<double> ar_{0};
+  int row_ = 0;
+};
+
 // min l * (prefill steps x Tpre + decode steps x Tgen) subject to the (overlapped) step-time
 // and memory constraints.
 std::optional<Solved> solve(const Terms& t, double layers, const Workload& w, bool weights_on_gpu, bool hidden_on_gpu) {
-  std::unique_ptr<glp_prob, decltype(&glp_delete_prob)> lp(glp_create_prob(), glp_delete_prob);
-  glp_set_obj_dir(lp.get(), GLP_MIN);
-  glp_add_cols(lp.get(), kVars);
-  for (int v = 0; v < kVars; ++v) {
-    if (v < 9)
-      glp_set_col_bnds(lp.get(), v + 1, GLP_DB, 0.0, 1.0);
-    else
-      glp_set_col_bnds(lp.get(), v + 1, GLP_LO, 0.0, 0.0);
-  }
-  if (weights_on_gpu) glp_set_col_bnds(lp.get(), WG + 1, GLP_FX, 1.0, 1.0);
-  if (hidden_on_gpu) glp_set_col_bnds(lp.get(), HG + 1, GLP_FX, 1.0, 1.0);
+  Lp lp;
+  if (weights_on_gpu) lp.fix(WG, 1.0);
+  if (hidden_on_gpu) lp.fix(HG, 1.0);
   // On one host a disk-homed hidden state is a small request per GPU batch and layer that
   // queues behind the weights streaming from the same disk, and the compute waits for it
   // (measured, Llama-3.2-1B-shaped f16 model in a 1.5 GiB cgroup, gpu batch 1 x 16: 8448
   // loads and as many stores of 8 KiB took 71 s and 74 s, against 56 s for all weight loads),
   // while it frees at most a block's hidden states (MiBs) for weights: never worth it.
-  if (t.shared_host) glp_set_col_bnds(lp.get(), HN + 1, GLP_FX, 0.0, 0.0);
+  if (t.shared_host) lp.fix(HN, 0.0);
   const auto [prefill_steps, decode_steps] = steps_of(w);
-  glp_set_obj_coef(lp.get(), TPRE + 1, layers * prefill_steps);
-  glp_set_obj_coef(lp.get(), TGEN + 1, layers * decode_steps);
-  std::vector<int> ia{0};
-  std::vector<int> ja{0};
-  std::vector<double> ar{0};
-  int row = 0;
-  // sum of linear forms + coef_t * T  (>= or <=) bound
-  auto add = [&](std::initializer_list<const Linear*> forms, Var tvar, double tcoef, int type, double bound) {
-    glp_add_rows(lp.get(), 1);
-    ++row;
-    Fractions a{};
-    double c0 = 0;
-    for (const Linear* f : forms) {
-      c0 += f->c0;
-      for (int i = 0; i < 9; ++i) a[static_cast<std::size_t>(i)] += f->a[static_cast<std::size_t>(i)];
-    }
-    for (int i = 0; i < 9; ++i)
-      if (a[static_cast<std::size_t>(i)] != 0) {
-        ia.push_back(row);
-        ja.push_back(i + 1);
-        ar.push_back(a[static_cast<std::size_t>(i)]);
-      }
-    if (tcoef != 0) {
-      ia.push_back(row);
-      ja.push_back(tvar + 1);
-      ar.push_back(tcoef);
-    }
-    glp_set_row_bnds(lp.get(), row, type, type == GLP_UP ? 0.0 : bound - c0, type == GLP_UP ? bound - c0 : 0.0);
-  };
-  // Step times: T - (forms) >= c0  i.e.  -(a.x) + T >= c0
-  auto time_row = [&](std::initializer_list<const Linear*> forms, Var tvar) {
-    Linear neg;
-    for (const Linear* f : forms) {
-      neg.c0 -= f->c0;
-      for (int i = 0; i < 9; ++i) neg.a[static_cast<std::size_t>(i)] -= f->a[static_cast<std::size_t>(i)];
-    }
-    add({&neg}, tvar, 1.0, GLP_LO, 0.0);
-  };
-  time_row({&t.ctog_pre, &t.dtoc_pre}, TPRE);
-  time_row({&t.gtoc_pre, &t.ctod_pre}, TPRE);
-  time_row({&t.comp_pre}, TPRE);
-  for (const Linear* other : {&t.gtoc_gen, &t.dtoc_gen, &t.ctod_gen, &t.comp_gen}) time_row({&t.ctog_gen, other}, TGEN);
+  lp.objective(TPRE, layers * prefill_steps);
+  lp.objective(TGEN, layers * decode_steps);
+  lp.time_row({&t.ctog_pre, &t.dtoc_pre}, TPRE);
+  lp.time_row({&t.gtoc_pre, &t.ctod_pre}, TPRE);
+  lp.time_row({&t.comp_pre}, TPRE);
+  for (const Linear* other : {&t.gtoc_gen, &t.dtoc_gen, &t.ctod_gen, &t.comp_gen}) lp.time_row({&t.ctog_gen, other}, TGEN);
   if (t.shared_host) {  // one host's disk: reads and writes add up (step_time_pre/gen)
-    time_row({&t.dtoc_pre, &t.ctod_pre}, TPRE);
-    time_row({&t.ctog_gen, &t.dtoc_gen, &t.ctod_gen}, TGEN);
+    lp.time_row({&t.dtoc_pre, &t.ctod_pre}, TPRE);
+    lp.time_row({&t.ctog_gen, &t.dtoc_gen, &t.ctod_gen}, TGEN);
   }
   std::array<Linear, 3> memory;
-  for (int tier = 0; tier < 3; ++tier) {
-    memory[static_cast<std::size_t>(tier)] = t.memory(tier);
-    add({&memory[static_cast<std::size_t>(tier)]}, TPRE, 0.0, GLP_UP, t.capacity[static_cast<std::size_t>(tier)]);
+  for (std::size_t tier = 0; tier < 3; ++tier) {
+    memory[tier] = t.memory(static_cast<int>(tier));
+    lp.add({&memory[tier]}, TPRE, 0.0, GLP_UP, t.capacity[tier]);
   }
-  if (t.shared_host) add({&memory[0], &memory[1]}, TPRE, 0.0, GLP_UP, std::max(t.capacity[0], t.capacity[1]));
-  for (Var first : {WG, CG, HG}) {
+  if (t.shared_host) lp.add({&memory[0], &memory[1]}, TPRE, 0.0, GLP_UP, std::max(t.capacity[0], t.capacity[1]));
+  for (Var first : {WG, CG, HG}) {  // each kind's three fractions sum to one
     Linear sum;
     for (int i = 0; i < 3; ++i) sum.a[static_cast<std::size_t>(first + i)] = 1;
-    add({&sum}, TPRE, 0.0, GLP_FX, 1.0);
-    glp_set_row_bnds(lp.get(), row, GLP_FX, 1.0, 1.0);
+    lp.add({&sum}, TPRE, 0.0, GLP_FX, 1.0);
   }
-  glp_load_matrix(lp.get(), static_cast<int>(ia.size()) - 1, ia.data(), ja.data(), ar.data());
-  glp_smcp parm;
-  glp_init_smcp(&parm);
-  parm.msg_lev = GLP_MSG_OFF;
-  if (glp_simplex(lp.get(), &parm) != 0 || glp_get_status(lp.get()) != GLP_OPT) return std::nullopt;
-  Solved out;
-  for (int i = 0; i < 9; ++i) out.x[static_cast<std::size_t>(i)] = std::clamp(glp_get_col_prim(lp.get(), i + 1), 0.0, 1.0);
-  return out;
+  const std::optional<Fractions> x = lp.solve();
+  if (!x) return std::nullopt;
+  return Solved{*x};
 }
 
 Fractions fractions_of(const Policy& p) {

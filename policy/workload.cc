@@ -4,7 +4,11 @@
 #include <cmath>
 #include <map>
 #include <queue>
+#include <optional>
 #include <set>
+#include <span>
+
+#include "policy/admission.h"
 
 namespace flexh2o::policy {
 
@@ -48,31 +52,22 @@ Workload with_prefill_budget(Workload w, const HardwareProfile& hw, std::int64_t
 
 namespace {
 
-// A continuous job admitted as StepScheduler::admit admits: at each step each GPU batch in
-// turn gives its free slots to the waiting requests in order, while their prompts fit the
-// prefill budget (the first newcomer of a batch always joins); a request holds its slot for
-// its max_tokens steps (its prefill gives the first token). The steps the job takes, and the
-// most prefix families (RequestLength::family) its running requests hold at once. With
-// `pool_rows` > 0 the families take turns in that many pool rows as StepScheduler gives them: a
-// newcomer whose family holds no row takes the free row (none of whose requests runs) taken
-// least recently (by a newcomer of its family), computing its whole prompt where the row is not still its family's (a fill
-// again: `refills`), and waits, with admission, where no row is free. In each step a GPU
-// batch's decode rows of one family read its prefix (the longest a request of the family takes)
-// once for all: `prefix_read_by_others` sums, over steps and batches, the prefix tokens of all
-// but one of each family's decode rows.
+// A continuous job's admission (JobAdmission): its steps, the most prefix families its running
+// requests hold at once, each request's computed prompt rows, and the prefix tokens a GPU
+// batch's decode rows of one family leave to one of them (summed over steps and batches).
 struct Admission {
   std::int64_t steps = 0, families = 0;
-  std::vector<bool> refills;  // per request, with pool rows: it fills a row again
+  std::vector<std::int64_t> computed;
   double prefix_read_by_others = 0;
 };
 
-// Pool rows taken in turn by the families of admitted requests (admit_in_order).
+// Pool rows taken in turn by the families of admitted requests, as StepScheduler gives them.
 class PoolRows {
  public:
   explicit PoolRows(std::int64_t rows) : rows_(static_cast<std::size_t>(rows)) {}
   bool held() const { return !rows_.empty(); }
   // The row a newcomer of `family` would have: its family's (running, or still filled), or the
-  // free one taken least recently; -1: none is free.
+  // free one (none of whose requests runs) taken least recently; -1: none is free.
   std::int64_t row_for(std::int64_t family, const std::map<std::int64_t, std::int64_t>& running) const {
     std::int64_t free = -1;
     for (std::size_t i = 0; i < rows_.size(); ++i) {
@@ -83,39 +78,27 @@ class PoolRows {
     }
     return free;
   }
-  // Whether taking `row` fills it again: its family filled one before and this is not still it.
-  bool refills(std::int64_t row, std::int64_t family) const {
-    return rows_[static_cast<std::size_t>(row)].family != family && filled_.contains(family);
-  }
-  // A newcomer of `family` takes `row`: every newcomer marks it taken, as StepScheduler does.
-  void take(std::int64_t row, std::int64_t family) {
-    rows_[static_cast<std::size_t>(row)] = {family, ++takes_};
-    filled_.insert(family);
+  // Whether `row` is being filled at step t (its family's newcomers wait a step).
+  bool filling(std::int64_t row, std::int64_t t) const { return rows_[static_cast<std::size_t>(row)].filled_at == t; }
+  // Whether a newcomer of `family` fills `row` (it is not its family's yet).
+  bool fills(std::int64_t row, std::int64_t family) const { return rows_[static_cast<std::size_t>(row)].family != family; }
+  // A newcomer of `family` takes `row` at step t: every newcomer marks it taken, as StepScheduler does.
+  void take(std::int64_t row, std::int64_t family, std::int64_t t) {
+    Row& r = rows_[static_cast<std::size_t>(row)];
+    if (r.family != family) r = {.family = family, .filled_at = t};
+    r.taken = ++takes_;
   }
 
  private:
   struct Row {
-    std::int64_t family = -1, taken = -1;
+    std::int64_t family = -1, taken = 0, filled_at = -1;
   };
   std::vector<Row> rows_;
   std::int64_t takes_ = 0;
-  std::set<std::int64_t> filled_;  // families that filled a row
 };
 
-// Per family (RequestLength::family), the longest prefix one of its requests takes.
-std::vector<double> family_prefixes(const Workload& w) {
-  std::vector<double> prefix;
-  for (const RequestLength& r : w.requests) {
-    if (r.family < 0) continue;
-    const auto f = static_cast<std::size_t>(r.family);
-    if (f >= prefix.size()) prefix.resize(f + 1, 0.0);
-    prefix[f] = std::max(prefix[f], static_cast<double>(r.shared));
-  }
-  return prefix;
-}
-
-// The running requests of each prefix family in one GPU batch (admit_in_order): in a step its
-// decode rows read the family's prefix once for all.
+// The running requests of each prefix family in one GPU batch: in a step its decode rows read
+// the family's prefix once for all.
 class FamilyRows {
  public:
   explicit FamilyRows(const std::vector<double>& prefix) : prefix_(&prefix) {}
@@ -147,81 +130,197 @@ class FamilyRows {
   std::map<std::int64_t, std::int64_t> running_, admitted_;
 };
 
-Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0) {
-  gpu_batch = std::clamp<std::int64_t>(gpu_batch, 1, std::max<std::int64_t>(slots, 1));
-  using Busy = std::pair<std::int64_t, std::int64_t>;  // the step a slot frees at, its request's family
-  using Heap = std::priority_queue<Busy, std::vector<Busy>, std::greater<>>;
-  struct Batch {
-    std::int64_t free = 0;
-    Heap busy;
-    FamilyRows families;
-  };
-  const std::vector<double> prefix = family_prefixes(w);
-  std::vector<Batch> batches;
-  for (std::int64_t s0 = 0; s0 < std::max<std::int64_t>(slots, 1); s0 += gpu_batch)
-    batches.push_back({std::min(gpu_batch, slots - s0), {}, FamilyRows(prefix)});
-  std::map<std::int64_t, std::int64_t> running;  // per family: its requests running
-  std::size_t next = 0;
-  std::int64_t t = 0;
-  Admission a;
-  a.refills.assign(w.requests.size(), false);
-  PoolRows pool(pool_rows);
-  auto free_ended = [&] {  // at step t
-    for (Batch& b : batches) {
-      b.families.next_step();
-      for (; !b.busy.empty() && b.busy.top().first <= t; b.busy.pop(), ++b.free) {
-        const std::int64_t family = b.busy.top().second;
-        b.families.leave(family);
-        if (family >= 0 && --running[family] == 0) running.erase(family);
-      }
-    }
-  };
-  auto run_until = [&](std::int64_t until) {  // steps [t, until)
-    for (const Batch& b : batches) a.prefix_read_by_others += b.families.read_by_others(until - t);
-    t = until;
-  };
-  while (next < w.requests.size()) {
-    bool blocked = false;  // a batch has a free slot the budget kept empty
-    std::int64_t soonest = std::numeric_limits<std::int64_t>::max();
+// Per family (RequestLength::family), the longest prefix one of its requests takes.
+std::vector<double> family_prefixes(const Workload& w) {
+  std::vector<double> prefix;
+  for (const RequestLength& r : w.requests) {
+    if (r.family < 0) continue;
+    const auto f = static_cast<std::size_t>(r.family);
+    if (f >= prefix.size()) prefix.resize(f + 1, 0.0);
+    prefix[f] = std::max(prefix[f], static_cast<double>(r.shared));
+  }
+  return prefix;
+}
+
+// A continuous job admitted step by step as the engine admits it (policy::admit_step), on its
+// lengths: a request holds its slot for its max_tokens steps (its prefill gives the first token).
+// What the engine decides from tokens is decided here from prefix families (RequestLength::
+// family), exactly where prompts share nothing but their family's prefix:
+//  - a request takes its family's prefix where a cache row holds it now (a running or ended
+//    request of the family, a newcomer of this step that took it; a row another request took
+//    holds it no more), and waits a step where only a newcomer of this step prefills it;
+//  - with `pool_rows` > 0 the families take turns in that many pool rows: a newcomer whose
+//    family holds no row takes the free one taken least recently and computes its whole
+//    prompt (a fill), one whose family's row is being filled waits a step, as does one that
+//    finds no row free;
+//  - a run of requests sharing one prefill (RequestLength::shares_prompt) takes a slot each, the
+//    forks computing no prompt rows.
+// Steps where nothing is admitted or ends are skipped over.
+class JobAdmission {
+ public:
+  JobAdmission(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows);
+  // The job's steps; per step its rows into `trace` when given.
+  Admission run(std::vector<StepRows>* trace);
+
+ private:
+  // The next request as a free slot would take it (admit_step's `next`).
+  std::optional<Newcomer> next();
+  void take(std::size_t slot, std::span<const std::size_t> forks);
+  // Request i starts in `slot` at step t_ (computing `computed` prompt rows).
+  void start(std::size_t i, std::size_t slot, std::int64_t computed);
+  // At step t_: the slots whose requests ended are free; the rows filled last step hold their prefixes.
+  void free_ended();
+  void set_row(std::size_t slot, std::int64_t family, bool now);
+  // Runs steps [t_, until) (their rows into `trace`).
+  void advance(std::int64_t until, std::vector<StepRows>* trace);
+
+  const Workload& w_;
+  std::size_t slots_, gpu_batch_;
+  std::int64_t t_ = 0;
+  std::size_t next_ = 0;  // the first request not admitted
+  std::vector<double> family_prefix_;
+  std::vector<FamilyRows> batches_;
+  std::vector<std::int64_t> slot_request_;  // per slot: its running request (-1: free)
+  std::set<std::size_t> free_;
+  std::priority_queue<std::pair<std::int64_t, std::size_t>, std::vector<std::pair<std::int64_t, std::size_t>>,
+                      std::greater<>>
+      ends_;  // (the step a slot frees at, the slot)
+  std::map<std::int64_t, std::int64_t> running_;  // per family: its requests running
+  // Shared prefixes: per slot the family whose prefix its row holds (-1: none) and whether
+  // from this step or the next; per family its rows holding it now and from the next step.
+  std::vector<std::int64_t> row_family_;
+  std::vector<bool> row_next_;
+  std::map<std::int64_t, std::int64_t> holding_, filling_;
+  PoolRows pool_;
+  // This step: the rows its newcomers compute and the slots it started; what next() said last.
+  std::int64_t prefilled_ = 0, started_ = 0;
+  Newcomer offered_;
+  Admission a_;
+};
+
+JobAdmission::JobAdmission(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows)
+    : w_(w),
+      slots_(static_cast<std::size_t>(std::clamp<std::int64_t>(slots, 1, std::max<std::int64_t>(
+                                                                            static_cast<std::int64_t>(w.requests.size()), 1)))),
+      gpu_batch_(static_cast<std::size_t>(std::clamp<std::int64_t>(gpu_batch, 1, std::max<std::int64_t>(slots, 1)))),
+      family_prefix_(family_prefixes(w)),
+      slot_request_(slots_, -1),
+      row_family_(slots_, -1),
+      row_next_(slots_, false),
+      pool_(pool_rows) {
+  for (std::size_t s = 0; s < slots_; s += gpu_batch_) batches_.emplace_back(family_prefix_);
+  for (std::size_t s = 0; s < slots_; ++s) free_.insert(s);
+  a_.computed.assign(w.requests.size(), 0);
+}
+
+std::optional<Newcomer> JobAdmission::next() {
+  if (next_ >= w_.requests.size()) return std::nullopt;
+  const RequestLength& r = w_.requests[next_];
+  std::int64_t run = 1;
+  while (next_ + static_cast<std::size_t>(run) < w_.requests.size() &&
+         w_.requests[next_ + static_cast<std::size_t>(run)].shares_prompt)
+    ++run;
+  run = std::min(run, static_cast<std::int64_t>(slots_));
+  bool takes_prefix = true;  // a prefix given without a family is taken as given
+  if (r.family >= 0 && pool_.held()) {
+    const std::int64_t row = pool_.row_for(r.family, running_);
+    if (row < 0 || pool_.filling(row, t_)) return std::nullopt;
+    takes_prefix = !pool_.fills(row, r.family);
+  } else if (r.family >= 0) {
+    if (holding_[r.family] == 0 && filling_[r.family] > 0) return std::nullopt;  // a newcomer of this step prefills it
+    takes_prefix = holding_[r.family] > 0;
+  }
+  offered_ = {.computed = takes_prefix ? r.prompt - r.shared : r.prompt, .run = run};
+  return offered_;
+}
+
+void JobAdmission::take(std::size_t slot, std::span<const std::size_t> forks) {
+  const RequestLength& r = w_.requests[next_];
+  const std::int64_t computed = offered_.computed;
+  if (pool_.held() && r.family >= 0) pool_.take(pool_.row_for(r.family, running_), r.family, t_);
+  // Its row holds the family's prefix now where it took it, after this step where it computes it.
+  set_row(slot, r.family, r.family >= 0 && !pool_.held() && computed < r.prompt);
+  start(next_, slot, computed);
+  prefilled_ += computed;
+  for (const std::size_t fork : forks) {
+    const RequestLength& f = w_.requests[next_];
+    set_row(fork, f.gen > 1 ? f.family : -1, false);  // a fork that ends with its first token keeps nothing
+    start(next_, fork, 0);
+  }
+}
+
+void JobAdmission::start(std::size_t i, std::size_t slot, std::int64_t computed) {
+  const RequestLength& r = w_.requests[i];
+  a_.computed[i] = computed;
+  slot_request_[slot] = static_cast<std::int64_t>(i);
+  free_.erase(slot);
+  const std::int64_t end = t_ + std::max<std::int64_t>(r.gen, 1);
+  ends_.emplace(end, slot);
+  a_.steps = std::max(a_.steps, end);
+  batches_[slot / gpu_batch_].admit(r.family);
+  if (r.family >= 0) ++running_[r.family];
+  ++started_;
+  ++next_;
+}
+
+void JobAdmission::set_row(std::size_t slot, std::int64_t family, bool now) {
+  if (const std::int64_t old = row_family_[slot]; old >= 0) --(row_next_[slot] ? filling_ : holding_)[old];
+  row_family_[slot] = family;
+  row_next_[slot] = !now;
+  if (family >= 0) ++(now ? holding_ : filling_)[family];
+}
+
+void JobAdmission::free_ended() {
+  for (auto& [family, rows] : filling_) holding_[family] += rows;
+  filling_.clear();
+  std::fill(row_next_.begin(), row_next_.end(), false);
+  for (FamilyRows& b : batches_) b.next_step();
+  for (; !ends_.empty() && ends_.top().first <= t_; ends_.pop()) {
+    const std::size_t slot = ends_.top().second;
+    const std::int64_t family = w_.requests[static_cast<std::size_t>(slot_request_[slot])].family;
+    batches_[slot / gpu_batch_].leave(family);
+    if (family >= 0 && --running_[family] == 0) running_.erase(family);
+    slot_request_[slot] = -1;
+    free_.insert(slot);
+  }
+  prefilled_ = started_ = 0;
+}
+
+void JobAdmission::advance(std::int64_t until, std::vector<StepRows>* trace) {
+  for (const FamilyRows& b : batches_) a_.prefix_read_by_others += b.read_by_others(until - t_);
+  if (trace) {
+    const auto busy = static_cast<std::int64_t>(slots_ - free_.size());
+    trace->push_back({prefilled_, busy - started_});
+    trace->resize(static_cast<std::size_t>(until), StepRows{0, busy});
+  }
+  t_ = until;
+}
+
+Admission JobAdmission::run(std::vector<StepRows>* trace) {
+  while (next_ < w_.requests.size()) {
     free_ended();
-    for (Batch& b : batches) {
-      std::int64_t admitted = 0;
-      while (b.free > 0 && next < w.requests.size()) {
-        const RequestLength& r = w.requests[next];
-        const bool in_pool = pool.held() && r.family >= 0;
-        const std::int64_t row = in_pool ? pool.row_for(r.family, running) : -1;
-        if (in_pool && row < 0) break;  // no free pool row: it waits
-        const bool refill = in_pool && pool.refills(row, r.family);
-        const std::int64_t computed = refill ? r.prompt : r.prompt - r.shared;
-        if (admitted > 0 && admitted + computed > w.prefill_budget) break;
-        if (in_pool) pool.take(row, r.family);
-        a.refills[next] = refill;
-        admitted += computed;
-        --b.free;
-        const std::int64_t at = t + std::max<std::int64_t>(r.gen, 1);
-        b.busy.emplace(at, r.family);
-        b.families.admit(r.family);
-        if (r.family >= 0) ++running[r.family];
-        a.steps = std::max(a.steps, at);
-        ++next;
-      }
-      blocked = blocked || b.free > 0;
-      if (!b.busy.empty()) soonest = std::min(soonest, b.busy.top().first);
-    }
-    a.families = std::max(a.families, static_cast<std::int64_t>(running.size()));
-    run_until(blocked ? t + 1 : soonest);
+    const std::vector<std::size_t> free(free_.begin(), free_.end());
+    admit_step(free, gpu_batch_, w_.prefill_budget, [&](std::size_t) { return next(); },
+               [&](std::size_t slot, std::span<const std::size_t> forks) { take(slot, forks); });
+    a_.families = std::max(a_.families, static_cast<std::int64_t>(running_.size()));
+    advance(next_ < w_.requests.size() && !free_.empty() ? t_ + 1 : std::max(ends_.top().first, t_ + 1), trace);
   }
-  // The requests still running decode to their ends.
-  for (free_ended(); t < a.steps; free_ended()) {
-    std::int64_t soonest = a.steps;
-    for (const Batch& b : batches)
-      if (!b.busy.empty()) soonest = std::min(soonest, b.busy.top().first);
-    run_until(soonest);
-  }
-  return a;
+  for (free_ended(); !ends_.empty(); free_ended()) advance(ends_.top().first, trace);  // the rest decode to their ends
+  return a_;
+}
+
+Admission admit_in_order(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0,
+                         std::vector<StepRows>* trace = nullptr) {
+  return JobAdmission(w, slots, gpu_batch, pool_rows).run(trace);
 }
 
 }  // namespace
+
+std::vector<StepRows> job_steps(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows) {
+  std::vector<StepRows> steps;
+  admit_in_order(w, slots, gpu_batch, pool_rows, &steps);
+  return steps;
+}
 
 SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows) {
   SlotStep s;
@@ -249,7 +348,7 @@ SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch
     const Admission a = admit_in_order(w, slots, gpu_batch, pool_rows);
     for (std::size_t i = 0; i < w.requests.size(); ++i) {
       const RequestLength& r = w.requests[i];
-      add(static_cast<double>(r.prompt), static_cast<double>(a.refills[i] ? r.prompt : r.prompt - r.shared),
+      add(static_cast<double>(r.prompt), static_cast<double>(a.computed[i]),
           static_cast<double>(std::max<std::int64_t>(r.gen, 1)));
     }
     s.steps = static_cast<double>(a.steps);

@@ -15,11 +15,14 @@ namespace flexh2o::policy {
 constexpr std::int64_t kHostPrefillBudget = 512;
 
 // One request of a job: its prompt tokens and its max_tokens, and the first `shared` of its
-// prompt tokens that another request computed (a shared prefix, docs/prefix-sharing.md): its
-// prefill computes only the rest, which alone counts against the prefill budget.
+// prompt tokens it may take from a prefix another request computed (docs/prefix-sharing.md):
+// its prefill then computes only the rest, which alone counts against the prefill budget. In a
+// prefix family (`family` >= 0) it takes them only where a cache row (or the family's pool
+// row) holds them when it is admitted (JobAdmission, workload.cc); without one, always.
 struct RequestLength {
   std::int64_t prompt = 0, gen = 0, shared = 0;
-  std::int64_t family = -1;  // its prefix family where prefixes are held once (Workload::held), -1: none
+  std::int64_t family = -1;  // its prefix family where the job's prompts share prefixes, -1: none
+  bool shares_prompt = false;  // one of n choices: it takes the previous request's prefill (a fork)
 };
 
 // Prefixes held once (docs/prefix-sharing.md, "Holding a prefix once"): a job's prefix
@@ -82,7 +85,7 @@ struct SlotStep {
   double steps = 0;          // steps of the whole job (0: requests not known; steady state)
   double rows() const { return prefill_rows + decode_rows; }
 };
-// From the requests: admitted in order as the engine admits them (at each step, each GPU
+// From the requests: admitted step by step by the engine's rule (policy::admit_step: each GPU
 // batch of `gpu_batch` slots takes newcomers into its free slots within the prefill budget),
 // each holding its slot for its max_tokens steps (its prefill step gives its first token); from
 // the means: every slot busy (steady state). `pool_rows` > 0: the job's prefix families take
@@ -91,6 +94,14 @@ struct SlotStep {
 // (RequestLength::family; at the means, the held families spread evenly over a GPU batch's
 // slots) read their prefix once for all (SlotStep::kv_prefix_read_by_others).
 SlotStep slot_step(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0);
+// One step of a continuous job: the prompt rows its newcomers compute and its decode rows.
+struct StepRows {
+  std::int64_t prefill = 0, decode = 0;
+  bool operator==(const StepRows&) const = default;
+};
+// The steps of a continuous job of known requests (w.requests), admitted as slot_step admits
+// them: what the engine's steps compute, step by step (tests/policy/test_admission_agrees.cc).
+std::vector<StepRows> job_steps(const Workload& w, std::int64_t slots, std::int64_t gpu_batch, std::int64_t pool_rows = 0);
 // The job's requests as a continuous workload (maxima and means from them).
 Workload continuous_workload(std::vector<RequestLength> requests, std::int64_t prefill_budget);
 // Continuous batching's prefill budget when none is given, for GPU batches of `gpu_batch`

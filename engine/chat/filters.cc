@@ -413,6 +413,20 @@ std::string jinja_title(const std::string& s) {
   return out;
 }
 
+Value center_filter(Interpreter& in, const Value& v, const BoundArgs& b, int l) {
+  CallArgs a;
+  a.line = l;
+  a.positional.push_back(b.get_or(0, Value(std::int64_t{80})));
+  return same_kind(v, string_method(Value(to_str(v, l)), "center").as_callable().call(in, a).as_string());
+}
+
+Value sort_filter(Interpreter&, const Value& v, const BoundArgs& b, int l) {
+  const bool case_sensitive = b.bool_or(1, false);
+  const auto getter = attribute_getter(b.get_or(2, None{}), l);
+  return Value::list(sorted_values(
+      iterate(v, l), [&](const Value& x) { return fold_case(getter(x), case_sensitive); }, b.bool_or(0, false), l));
+}
+
 // Filters whose parameters bind by Python's rules (the value is the first argument).
 struct Simple {
   std::vector<std::string> params;
@@ -428,12 +442,7 @@ const std::map<std::string, Simple>& simple_filters() {
       {"capitalize", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) {
          return same_kind(v, py_capitalize(to_str(v, l)));
        }}},
-      {"center", {{"width"}, [](Interpreter& in, const Value& v, const BoundArgs& b, int l) -> Value {
-         CallArgs a;
-         a.line = l;
-         a.positional.push_back(b.get_or(0, Value(std::int64_t{80})));
-         return same_kind(v, string_method(Value(to_str(v, l)), "center").as_callable().call(in, a).as_string());
-       }}},
+      {"center", {{"width"}, center_filter}},
       {"count", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return length_of(v, l); }}},
       {"length", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return length_of(v, l); }}},
       {"default", {{"default_value", "boolean"}, [](Interpreter&, const Value& v, const BoundArgs& b, int) {
@@ -476,12 +485,7 @@ const std::map<std::string, Simple>& simple_filters() {
          return round_filter(v, b, l);
        }}},
       {"safe", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) { return Value::markup(to_str(v, l)); }}},
-      {"sort", {{"reverse", "case_sensitive", "attribute"}, [](Interpreter&, const Value& v, const BoundArgs& b, int l) {
-         const bool case_sensitive = b.bool_or(1, false);
-         const auto getter = attribute_getter(b.get_or(2, None{}), l);
-         return Value::list(sorted_values(
-             iterate(v, l), [&](const Value& x) { return fold_case(getter(x), case_sensitive); }, b.bool_or(0, false), l));
-       }}},
+      {"sort", {{"reverse", "case_sensitive", "attribute"}, sort_filter}},
       {"string", {{}, [](Interpreter&, const Value& v, const BoundArgs&, int l) {
          return v.is_string() ? v : Value(to_str(v, l));  // soft_str: a Markup stays one
        }}},

@@ -109,164 +109,142 @@ Value partition(const std::string& self, CallArgs& a, const std::string& what, b
   return Value::tuple({self.substr(0, pos), sep, self.substr(pos + sep.size())});
 }
 
+// A method that takes no arguments.
+Method no_args(std::function<Value(const std::string&)> f) {
+  return [f = std::move(f)](const std::string& s, CallArgs& a, const std::string& w) -> Value {
+    BoundArgs b(a, {}, w);
+    return f(s);
+  };
+}
+
+Method strip_method(bool left, bool right) {
+  return [=](const std::string& s, CallArgs& a, const std::string& w) -> Value {
+    BoundArgs b(a, {"chars"}, w);
+    return py_strip(s, b.get_or(0, None{}), left, right, a.line);
+  };
+}
+
+Method pad_method(char how) {
+  return [=](const std::string& s, CallArgs& a, const std::string& w) -> Value {
+    BoundArgs b(a, {"width", "fillchar"}, w);
+    return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), how, a.line);
+  };
+}
+
+// startswith (suffix false) and endswith (true): any of the affixes given.
+Method affix_method(bool suffix) {
+  return [=](const std::string& s, CallArgs& a, const std::string& w) -> Value {
+    BoundArgs b(a, {suffix ? "suffix" : "prefix"}, w);
+    for (const auto& p : affixes(b.get(0), w, a.line)) {
+      if (p.size() > s.size()) continue;
+      if (s.compare(suffix ? s.size() - p.size() : 0, p.size(), p) == 0) return true;
+    }
+    return false;
+  };
+}
+
+Value swapcase_method(const std::string& s) {
+  const std::u32string cps = to_code_points(s);
+  std::u32string out;
+  for (std::size_t i = 0; i < cps.size(); ++i) {
+    const std::u32string up = upper_full(cps[i]);
+    out += up != std::u32string(1, cps[i]) ? up : lower_at(cps, i);
+  }
+  return to_utf8(out);
+}
+
+Value count_method(const std::string& s, CallArgs& a, const std::string& w) {
+  BoundArgs b(a, {"sub"}, w);
+  const std::string sub = need_str(b.get(0), w, a.line);
+  if (sub.empty()) return static_cast<std::int64_t>(to_code_points(s).size()) + 1;
+  std::int64_t n = 0;
+  for (std::size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+  return n;
+}
+
+Value join_method(const std::string& s, CallArgs& a, const std::string& w) {
+  BoundArgs b(a, {"iterable"}, w);
+  std::string out;
+  bool first = true;
+  for (const Value& v : iterate(b.get(0), a.line)) {
+    if (!first) out += s;
+    first = false;
+    out += need_str(v, w, a.line);
+  }
+  return out;
+}
+
+Value splitlines_method(const std::string& s, CallArgs& a, const std::string& w) {
+  BoundArgs b(a, {"keepends"}, w);
+  const bool keep = b.bool_or(0, false);
+  std::vector<Value> out;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\n' && s[i] != '\r') continue;
+    std::size_t end = i;
+    if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
+    out.emplace_back(s.substr(start, (keep ? i + 1 : end) - start));
+    start = i + 1;
+  }
+  if (start < s.size()) out.emplace_back(s.substr(start));
+  return Value::list(std::move(out));
+}
+
+Value remove_affix(const std::string& s, CallArgs& a, const std::string& w, bool suffix) {
+  BoundArgs b(a, {suffix ? "suffix" : "prefix"}, w);
+  const std::string p = need_str(b.get(0), w, a.line);
+  if (!suffix) return s.compare(0, p.size(), p) == 0 ? s.substr(p.size()) : s;
+  const bool ends = !p.empty() && p.size() <= s.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+  return ends ? s.substr(0, s.size() - p.size()) : s;
+}
+
 const std::map<std::string, Method>& methods() {
+  using S = const std::string&;
   static const std::map<std::string, Method> m = {
-      {"strip", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"chars"}, w);
-         return py_strip(s, b.get_or(0, None{}), true, true, a.line);
-       }},
-      {"lstrip", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"chars"}, w);
-         return py_strip(s, b.get_or(0, None{}), true, false, a.line);
-       }},
-      {"rstrip", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"chars"}, w);
-         return py_strip(s, b.get_or(0, None{}), false, true, a.line);
-       }},
-      {"split", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
+      {"strip", strip_method(true, true)},
+      {"lstrip", strip_method(true, false)},
+      {"rstrip", strip_method(false, true)},
+      {"split", [](S s, CallArgs& a, S w) -> Value {
          BoundArgs b(a, {"sep", "maxsplit"}, w);
          std::vector<Value> out;
          for (auto& part : py_split(s, b.get_or(0, None{}), b.int_or(1, -1, a.line), a.line)) out.emplace_back(part);
          return Value::list(std::move(out));
        }},
-      {"startswith", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"prefix"}, w);
-         for (const auto& p : affixes(b.get(0), w, a.line)) {
-           if (s.compare(0, p.size(), p) == 0) return true;
-         }
-         return false;
-       }},
-      {"endswith", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"suffix"}, w);
-         for (const auto& p : affixes(b.get(0), w, a.line)) {
-           if (p.size() <= s.size() && s.compare(s.size() - p.size(), p.size(), p) == 0) return true;
-         }
-         return false;
-       }},
-      {"upper", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return upper(s);
-       }},
-      {"lower", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return lower(s);
-       }},
-      {"casefold", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return lower(s);
-       }},
-      {"swapcase", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         const std::u32string cps = to_code_points(s);
-         std::u32string out;
-         for (std::size_t i = 0; i < cps.size(); ++i) {
-           const std::u32string up = upper_full(cps[i]);
-           out += up != std::u32string(1, cps[i]) ? up : lower_at(cps, i);
-         }
-         return to_utf8(out);
-       }},
-      {"title", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return py_title(s);
-       }},
-      {"capitalize", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return py_capitalize(s);
-       }},
-      {"replace", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
+      {"startswith", affix_method(false)},
+      {"endswith", affix_method(true)},
+      {"upper", no_args([](S s) -> Value { return upper(s); })},
+      {"lower", no_args([](S s) -> Value { return lower(s); })},
+      {"casefold", no_args([](S s) -> Value { return lower(s); })},
+      {"swapcase", no_args(swapcase_method)},
+      {"title", no_args([](S s) -> Value { return py_title(s); })},
+      {"capitalize", no_args([](S s) -> Value { return py_capitalize(s); })},
+      {"replace", [](S s, CallArgs& a, S w) -> Value {
          BoundArgs b(a, {"old", "new", "count"}, w);
          return py_replace(s, need_str(b.get(0), w, a.line), need_str(b.get(1), w, a.line), b.int_or(2, -1, a.line),
                            a.line);
        }},
-      {"find", [](const std::string& s, CallArgs& a, const std::string& w) { return find_like(s, a, w, false, false); }},
-      {"rfind", [](const std::string& s, CallArgs& a, const std::string& w) { return find_like(s, a, w, true, false); }},
-      {"index", [](const std::string& s, CallArgs& a, const std::string& w) { return find_like(s, a, w, false, true); }},
-      {"rindex", [](const std::string& s, CallArgs& a, const std::string& w) { return find_like(s, a, w, true, true); }},
-      {"count", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"sub"}, w);
-         const std::string sub = need_str(b.get(0), w, a.line);
-         if (sub.empty()) return static_cast<std::int64_t>(to_code_points(s).size()) + 1;
-         std::int64_t n = 0;
-         for (std::size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
-         return n;
-       }},
-      {"join", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"iterable"}, w);
-         std::string out;
-         bool first = true;
-         for (const Value& v : iterate(b.get(0), a.line)) {
-           if (!first) out += s;
-           first = false;
-           out += need_str(v, w, a.line);
-         }
-         return out;
-       }},
-      {"splitlines", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"keepends"}, w);
-         const bool keep = b.bool_or(0, false);
-         std::vector<Value> out;
-         std::size_t start = 0;
-         for (std::size_t i = 0; i < s.size(); ++i) {
-           if (s[i] != '\n' && s[i] != '\r') continue;
-           std::size_t end = i;
-           if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
-           out.emplace_back(s.substr(start, (keep ? i + 1 : end) - start));
-           start = i + 1;
-         }
-         if (start < s.size()) out.emplace_back(s.substr(start));
-         return Value::list(std::move(out));
-       }},
-      {"isdigit", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return all_of_cps(s, py_isdigit);
-       }},
-      {"isalpha", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return all_of_cps(s, py_isalpha);
-       }},
-      {"isalnum", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return all_of_cps(s, py_isalnum);
-       }},
-      {"isspace", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return all_of_cps(s, py_isspace);
-       }},
-      {"isupper", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return case_test(s, true);
-       }},
-      {"islower", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {}, w);
-         return case_test(s, false);
-       }},
-      {"center", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"width", "fillchar"}, w);
-         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'c', a.line);
-       }},
-      {"ljust", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"width", "fillchar"}, w);
-         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'l', a.line);
-       }},
-      {"rjust", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"width", "fillchar"}, w);
-         return pad(s, b.int_or(0, 0, a.line), b.string_or(1, " ", a.line), 'r', a.line);
-       }},
-      {"partition", [](const std::string& s, CallArgs& a, const std::string& w) { return partition(s, a, w, false); }},
-      {"rpartition", [](const std::string& s, CallArgs& a, const std::string& w) { return partition(s, a, w, true); }},
-      {"format", [](const std::string& s, CallArgs& a, const std::string&) { return format_method(s, a, false); }},
-      {"format_map", [](const std::string& s, CallArgs& a, const std::string&) { return format_map_method(s, a, false); }},
-      {"removeprefix", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"prefix"}, w);
-         const std::string p = need_str(b.get(0), w, a.line);
-         return s.compare(0, p.size(), p) == 0 ? s.substr(p.size()) : s;
-       }},
-      {"removesuffix", [](const std::string& s, CallArgs& a, const std::string& w) -> Value {
-         BoundArgs b(a, {"suffix"}, w);
-         const std::string p = need_str(b.get(0), w, a.line);
-         const bool ends = !p.empty() && p.size() <= s.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-         return ends ? s.substr(0, s.size() - p.size()) : s;
-       }},
+      {"find", [](S s, CallArgs& a, S w) { return find_like(s, a, w, false, false); }},
+      {"rfind", [](S s, CallArgs& a, S w) { return find_like(s, a, w, true, false); }},
+      {"index", [](S s, CallArgs& a, S w) { return find_like(s, a, w, false, true); }},
+      {"rindex", [](S s, CallArgs& a, S w) { return find_like(s, a, w, true, true); }},
+      {"count", count_method},
+      {"join", join_method},
+      {"splitlines", splitlines_method},
+      {"isdigit", no_args([](S s) -> Value { return all_of_cps(s, py_isdigit); })},
+      {"isalpha", no_args([](S s) -> Value { return all_of_cps(s, py_isalpha); })},
+      {"isalnum", no_args([](S s) -> Value { return all_of_cps(s, py_isalnum); })},
+      {"isspace", no_args([](S s) -> Value { return all_of_cps(s, py_isspace); })},
+      {"isupper", no_args([](S s) -> Value { return case_test(s, true); })},
+      {"islower", no_args([](S s) -> Value { return case_test(s, false); })},
+      {"center", pad_method('c')},
+      {"ljust", pad_method('l')},
+      {"rjust", pad_method('r')},
+      {"partition", [](S s, CallArgs& a, S w) { return partition(s, a, w, false); }},
+      {"rpartition", [](S s, CallArgs& a, S w) { return partition(s, a, w, true); }},
+      {"format", [](S s, CallArgs& a, S) { return format_method(s, a, false); }},
+      {"format_map", [](S s, CallArgs& a, S) { return format_map_method(s, a, false); }},
+      {"removeprefix", [](S s, CallArgs& a, S w) { return remove_affix(s, a, w, false); }},
+      {"removesuffix", [](S s, CallArgs& a, S w) { return remove_affix(s, a, w, true); }},
   };
   return m;
 }

@@ -14,6 +14,7 @@
 #include "engine/runtime/machine_profile.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/prefix_match.h"
+#include "engine/serving/engine.h"
 #include "engine/model/model_shape.h"
 #include "policy/policy_text.h"
 
@@ -169,7 +170,10 @@ void add_shared_prefixes(const JobOptions& o, const engine::ModelConfig& cfg, st
 policy::Workload job_workload(const JobOptions& o, const engine::ModelConfig& cfg,
                               std::span<const serving::Request> requests, std::int64_t gen_len) {
   std::vector<policy::RequestLength> lengths;
-  for (const serving::Request& r : requests) lengths.push_back({static_cast<std::int64_t>(r.prompt.size()), r.max_tokens});
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    lengths.push_back({.prompt = static_cast<std::int64_t>(requests[i].prompt.size()),
+                       .gen = requests[i].max_tokens,
+                       .shares_prompt = o.share_prefill == 1 && serving::shares_prompt_of_previous(requests, i)});
   if (lengths.empty()) lengths.push_back({0, gen_len});  // as longest_limit: the new tokens limit for none
   policy::Workload w = workload_of(o, std::move(lengths));
   if (!requests.empty()) add_shared_prefixes(o, cfg, requests, w);

@@ -108,14 +108,10 @@ policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<con
 }
 
 void add_families(const PrefixFamilies& families, std::span<policy::RequestLength> requests) {
-  std::vector<bool> computed(families.prefix.size(), false);
   for (std::size_t b = 0; b < requests.size(); ++b) {
     const std::int64_t family = families.family_of[b];
     requests[b].family = family;
-    if (family < 0) continue;
-    const auto f = static_cast<std::size_t>(family);
-    if (computed[f]) requests[b].shared = families.prefix[f];
-    computed[f] = true;
+    if (family >= 0) requests[b].shared = families.prefix[static_cast<std::size_t>(family)];
   }
 }
 

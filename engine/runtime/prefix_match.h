@@ -51,8 +51,8 @@ PrefixFamilies prefix_families(std::span<const std::span<const std::int32_t>> pr
 policy::HeldPrefixes held_prefixes(const PrefixFamilies& families, std::span<const policy::RequestLength> requests);
 
 // The job's requests (requests[b]: prompt b's) as the planner counts them under `families`:
-// each in its family (RequestLength::family), and each but a family's first taking its prefix
-// (RequestLength::shared).
+// each in its family (RequestLength::family), sharing its prefix (RequestLength::shared) where
+// a row holds it when it is admitted.
 void add_families(const PrefixFamilies& families, std::span<policy::RequestLength> requests);
 
 // Why a prefix's KV computed in one sequence is not the KV another sequence would compute for

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "engine/runtime/prefill_fork.h"
+#include "policy/admission.h"
 
 namespace flexh2o::serving {
 
@@ -218,14 +219,12 @@ bool StepScheduler::prompt_waiting(bool idle, StepPlan& plan) {
   return waiting_ < queued;
 }
 
-// Free slots take the waiting prompts in order, first come first served. A newcomer's prompt
-// counts against its GPU batch's prefill budget (a batch's first newcomer joins whatever its
-// length; after one that does not fit, the batch takes no more this step), less the prefix it
-// takes from a cache row. A prompt whose longest prefix is being prefilled in this step by
-// another newcomer waits for the next step, when that row holds it (admission stops there).
-// The prompts sharing its prefill (shared_prompt_run, at most the block's slots) take the
-// first other free slots, wherever they are, as forks of it; a run waits until there are free
-// slots for all of it.
+// Free slots take the waiting prompts as policy::admit_step admits them (the planner runs the
+// same rule on the job's lengths). A newcomer computes its prompt less the prefix it takes from
+// a cache row (copied before the step) or from its family's pool row. A prompt whose longest
+// prefix is being prefilled in this step by another newcomer waits for the next step, when that
+// row holds it, as does one whose family's pool row is being filled or finds none free. The
+// prompts sharing its prefill (shared_prompt_run, at most the block's slots) are its forks.
 std::vector<bool> StepScheduler::admit(StepPlan& plan) {
   const std::size_t n = slots();
   std::vector<bool> newcomer(n, false);
@@ -233,56 +232,50 @@ std::vector<bool> StepScheduler::admit(StepPlan& plan) {
   for (std::size_t s = 0; s < n; ++s)
     if (slot_seq_[s] < 0) free.push_back(s);
   std::ranges::fill(prefix_, 0);
-  std::size_t left = free.size();
-  const std::size_t batches = (n + gpu_batch_size_ - 1) / gpu_batch_size_;
-  std::vector<std::int64_t> prefilled(batches, 0);  // prompt tokens per GPU batch
-  std::vector<bool> batch_full(batches, false);
-  auto take = [&](std::size_t slot, std::int64_t fork_of) {
-    slot_seq_[slot] = static_cast<std::int64_t>(waiting_);
-    fork_of_[slot] = fork_of;
-    tokens_[slot] = req_.sequences[waiting_].prompt;
-    held_[slot] = 0;  // its row is rewritten (or copied into) from here on
-    ++waiting_;
-    --left;
-  };
-  bool idle = left == n;
-  for (const std::size_t f : free) {
-    if (!prompt_waiting(idle, plan)) break;
-    if (slot_seq_[f] >= 0) continue;  // a fork of a newcomer before it
-    const std::size_t k = f / gpu_batch_size_;
+  bool idle = free.size() == n;
+  struct Start {
+    PoolStart pool = PoolStart::Alone;
+    PrefixMatch match;
+    std::int64_t taken = 0;  // from its family's pool row
+  } start;  // of the newcomer next() described last
+  auto next = [&](std::size_t f) -> std::optional<policy::Newcomer> {
+    if (!prompt_waiting(idle, plan)) return std::nullopt;
     const std::vector<std::int32_t>& prompt = req_.sequences[waiting_].prompt;
-    const PoolStart start = holding_ ? pool_start(waiting_) : PoolStart::Alone;
-    if (start == PoolStart::Waits) break;
-    const PrefixMatch match =
-        sharing_ && !holding_
-            ? longest_prefix(prompt, held_rows(), static_cast<std::int64_t>(f), req_.min_shared_prefix)
-            : PrefixMatch{};
-    if (sharing_ && !holding_ && prefix_in_flight(prompt, match, newcomer)) break;
-    const std::int64_t taken = start == PoolStart::Extends ? held_tokens(waiting_) : 0;
-    const auto len = static_cast<std::int64_t>(prompt.size()) - match.tokens - taken;
-    batch_full[k] = batch_full[k] || (prefilled[k] > 0 && prefilled[k] + len > req_.prefill_budget);
-    if (batch_full[k]) continue;
-    const auto run = static_cast<std::size_t>(
-        std::min<std::int64_t>(shared_prompt_run(req_, waiting_), static_cast<std::int64_t>(n)));
-    if (run > left) break;
+    start.pool = holding_ ? pool_start(waiting_) : PoolStart::Alone;
+    if (start.pool == PoolStart::Waits) return std::nullopt;
+    const bool matching = sharing_ && !holding_;
+    start.match = matching ? longest_prefix(prompt, held_rows(), static_cast<std::int64_t>(f), req_.min_shared_prefix)
+                           : PrefixMatch{};
+    if (matching && prefix_in_flight(prompt, start.match, newcomer)) return std::nullopt;
+    start.taken = start.pool == PoolStart::Extends ? held_tokens(waiting_) : 0;
+    const std::int64_t run = std::min<std::int64_t>(shared_prompt_run(req_, waiting_), static_cast<std::int64_t>(n));
+    return policy::Newcomer{.computed = static_cast<std::int64_t>(prompt.size()) - start.match.tokens - start.taken,
+                            .run = run};
+  };
+  auto take = [&](std::size_t f, std::span<const std::size_t> forks) {
     newcomer[f] = true;
-    prefilled[k] += len;
-    if (holding_) take_pool_row(waiting_, start);
-    take(f, -1);
-    if (match.tokens > 0) {  // copied before the step computes (none when its own row holds it)
-      prefix_[f] = held_[f] = match.tokens;
-      if (match.slot != static_cast<std::int64_t>(f))
-        plan.prefixes.push_back({match.slot, static_cast<std::int64_t>(f), match.tokens});
+    if (holding_) take_pool_row(waiting_, start.pool);
+    take_slot(f, -1);
+    if (start.match.tokens > 0) {  // copied before the step computes (none when its own row holds it)
+      prefix_[f] = held_[f] = start.match.tokens;
+      if (start.match.slot != static_cast<std::int64_t>(f))
+        plan.prefixes.push_back({start.match.slot, static_cast<std::int64_t>(f), start.match.tokens});
     }
-    if (taken > 0) prefix_[f] = taken;  // it extends after its family's pool row
-    copy_kv_runs(f, match.tokens > 0 ? static_cast<std::size_t>(match.slot) : f, match.tokens);
+    if (start.taken > 0) prefix_[f] = start.taken;  // it extends after its family's pool row
+    copy_kv_runs(f, start.match.tokens > 0 ? static_cast<std::size_t>(start.match.slot) : f, start.match.tokens);
     idle = false;
-    for (std::size_t j = 1, s = 0; j < run; ++j) {
-      while (slot_seq_[free[s]] >= 0) ++s;
-      take(free[s], static_cast<std::int64_t>(f));
-    }
-  }
+    for (const std::size_t fork : forks) take_slot(fork, static_cast<std::int64_t>(f));
+  };
+  policy::admit_step(free, gpu_batch_size_, req_.prefill_budget, next, take);
   return newcomer;
+}
+
+void StepScheduler::take_slot(std::size_t slot, std::int64_t fork_of) {
+  slot_seq_[slot] = static_cast<std::int64_t>(waiting_);
+  fork_of_[slot] = fork_of;
+  tokens_[slot] = req_.sequences[waiting_].prompt;
+  held_[slot] = 0;  // its row is rewritten (or copied into) from here on
+  ++waiting_;
 }
 
 engine::PrefixPool StepScheduler::prefix_pool() {
@@ -292,7 +285,9 @@ engine::PrefixPool StepScheduler::prefix_pool() {
   for (std::size_t b = 0; b < req_.sequences.size(); ++b) {
     const auto prompt = static_cast<std::int64_t>(req_.sequences[b].prompt.size());
     prompts.emplace_back(req_.sequences[b].prompt);
-    lengths.push_back({prompt, engine::sequence_tokens(req_, b) - prompt});
+    lengths.push_back({.prompt = prompt,
+                       .gen = engine::sequence_tokens(req_, b) - prompt,
+                       .shares_prompt = req_.sequences[b].shares_prompt});
   }
   engine::PrefixFamilies families = engine::prefix_families(prompts, req_.min_shared_prefix);
   policy::Workload w = policy::continuous_workload(std::move(lengths), req_.prefill_budget);

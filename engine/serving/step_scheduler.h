@@ -83,6 +83,8 @@ class StepScheduler {
   bool prompt_waiting(bool idle, engine::StepPlan& plan);
   // Free slots take waiting prompts; which slots prefill a newcomer this step.
   std::vector<bool> admit(engine::StepPlan& plan);
+  // The first waiting prompt takes `slot` (fork_of >= 0: as a fork of that slot's newcomer).
+  void take_slot(std::size_t slot, std::int64_t fork_of);
   // Per slot, the tokens its cache row holds.
   std::vector<std::span<const std::int32_t>> held_rows() const;
   // Whether a newcomer of this step prefills a longer prefix of `prompt` than the rows hold now.

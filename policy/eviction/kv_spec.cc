@@ -163,90 +163,90 @@ double KvSpec::param(const std::string& key) const {
   return it->second;
 }
 
-KvSpec parse_kv_spec(std::string_view raw) {
-  const std::string_view text = trim(raw);
-  if (text.empty()) fail(text, cat("empty; valid policies: ", join_names(), " (e.g. h2o:0.2)"));
-  KvSpec spec;
-  spec.text = std::string(text);
+namespace {
 
-  const std::size_t colon = text.find(':');
-  spec.name = lower(trim(text.substr(0, colon)));
-  const auto def_it = std::find_if(policy_defs().begin(), policy_defs().end(),
-                                   [&](const PolicyDef& d) { return spec.name == d.name; });
-  if (def_it == policy_defs().end())
-    fail(text, cat("unknown policy '", spec.name, "'; valid: ", join_names()));
-  const PolicyDef& def = *def_it;
-  const std::string budget_help =
-      cat("use a fraction in (0, 1] like ", spec.name, ":0.2 or a token count like ", spec.name, ":128");
-
-  if (colon != std::string_view::npos) {
-    std::string_view rest = text.substr(colon + 1);
-    if (trim(rest).empty()) fail(text, cat("nothing after ':'; ", budget_help));
-    bool first = true;
-    while (true) {
-      const std::size_t comma = rest.find(',');
-      const std::string_view item = trim(rest.substr(0, comma));
-      if (item.empty()) fail(text, "empty item between commas");
-      const std::size_t eq = item.find('=');
-      if (eq == std::string_view::npos) {
-        // A bare number: the budget, only as the first item.
-        if (!first) fail(text, cat("'", item, "' must be key=value (only the first item is a budget)"));
-        if (!def.needs_budget) fail(text, "full keeps every token and takes no budget");
-        const auto num = parse_number(item);
-        if (!num) fail(text, cat("'", item, "' is not a number; ", budget_help));
-        if (num->whole) {
-          if (num->value < 1) fail(text, cat("a token budget must be at least 1; ", budget_help));
-          if (num->value > 1e15) fail(text, cat("token budget '", item, "' is too large"));
-          spec.tokens = static_cast<std::int64_t>(num->value);
-        } else {
-          if (!(num->value > 0 && num->value <= 1))
-            fail(text, cat("fraction '", item, "' is outside (0, 1]; ", budget_help));
-          spec.fraction = num->value;
-        }
-      } else {
-        const std::string key = lower(trim(item.substr(0, eq)));
-        const std::string_view value = trim(item.substr(eq + 1));
-        const auto p = std::find_if(def.params.begin(), def.params.end(),
-                                    [&](const ParamDef& d) { return key == d.key; });
-        if (p == def.params.end()) fail(text, cat("unknown parameter '", key, "'; ", valid_params(def)));
-        if (spec.params.count(key)) fail(text, cat("parameter '", key, "' given twice"));
-        const auto num = parse_number(value);
-        if (!num) fail(text, cat(key, "='", value, "' is not a number"));
-        const double v = num->value;
-        switch (p->kind) {
-          case Kind::Count:
-            if (v != std::floor(v) || v < p->min || v > p->max)
-              fail(text, cat(key, "=", value, " must be a whole number in [",
-                             std::to_string(static_cast<long long>(p->min)), ", ",
-                             std::to_string(static_cast<long long>(p->max)), "]"));
-            break;
-          case Kind::OddCount:
-            if (v != std::floor(v) || v < 1 || v > 1e6 || static_cast<long long>(v) % 2 == 0)
-              fail(text, cat(key, "=", value, " must be an odd whole number >= 1"));
-            break;
-          case Kind::Real:
-            if (!(v >= p->min && v <= p->max))
-              fail(text, cat(key, "=", value, " must be in [", fmt_real(p->min), ", ", fmt_real(p->max), "]"));
-            break;
-          case Kind::Fraction:
-            if (!(v > 0 && v <= 1)) fail(text, cat(key, "=", value, " must be a fraction in (0, 1]"));
-            break;
-          case Kind::Amount:
-            if (!(num->whole || (v >= 0 && v < 1)) || v > 1e15)
-              fail(text, cat(key, "=", value,
-                             " must be a fraction below 1 (of the sequence, or for drop of the budget) or a whole "
-                             "number of tokens"));
-            break;
-        }
-        spec.params[key] = v;
-      }
-      first = false;
-      if (comma == std::string_view::npos) break;
-      rest = rest.substr(comma + 1);
-    }
+// The first item of the text after ':' when it is a bare number: the budget, a fraction of the
+// sequence or a token count.
+void parse_budget(std::string_view text, std::string_view item, const PolicyDef& def, const std::string& help,
+                  KvSpec& spec) {
+  if (!def.needs_budget) fail(text, "full keeps every token and takes no budget");
+  const auto num = parse_number(item);
+  if (!num) fail(text, cat("'", item, "' is not a number; ", help));
+  if (num->whole) {
+    if (num->value < 1) fail(text, cat("a token budget must be at least 1; ", help));
+    if (num->value > 1e15) fail(text, cat("token budget '", item, "' is too large"));
+    spec.tokens = static_cast<std::int64_t>(num->value);
+  } else {
+    if (!(num->value > 0 && num->value <= 1)) fail(text, cat("fraction '", item, "' is outside (0, 1]; ", help));
+    spec.fraction = num->value;
   }
+}
 
-  // Budget presence rules.
+// Throws where `value` (given as `shown`) is outside what parameter `p` takes.
+void check_param(std::string_view text, const ParamDef& p, const std::string& key, std::string_view shown, double v,
+                 bool whole) {
+  switch (p.kind) {
+    case Kind::Count:
+      if (v != std::floor(v) || v < p.min || v > p.max)
+        fail(text, cat(key, "=", shown, " must be a whole number in [", std::to_string(static_cast<long long>(p.min)),
+                       ", ", std::to_string(static_cast<long long>(p.max)), "]"));
+      break;
+    case Kind::OddCount:
+      if (v != std::floor(v) || v < 1 || v > 1e6 || static_cast<long long>(v) % 2 == 0)
+        fail(text, cat(key, "=", shown, " must be an odd whole number >= 1"));
+      break;
+    case Kind::Real:
+      if (!(v >= p.min && v <= p.max))
+        fail(text, cat(key, "=", shown, " must be in [", fmt_real(p.min), ", ", fmt_real(p.max), "]"));
+      break;
+    case Kind::Fraction:
+      if (!(v > 0 && v <= 1)) fail(text, cat(key, "=", shown, " must be a fraction in (0, 1]"));
+      break;
+    case Kind::Amount:
+      if (!(whole || (v >= 0 && v < 1)) || v > 1e15)
+        fail(text, cat(key, "=", shown,
+                       " must be a fraction below 1 (of the sequence, or for drop of the budget) or a whole number of "
+                       "tokens"));
+      break;
+  }
+}
+
+// A key=value item.
+void parse_param(std::string_view text, std::string_view item, std::size_t eq, const PolicyDef& def, KvSpec& spec) {
+  const std::string key = lower(trim(item.substr(0, eq)));
+  const std::string_view value = trim(item.substr(eq + 1));
+  const auto p = std::find_if(def.params.begin(), def.params.end(), [&](const ParamDef& d) { return key == d.key; });
+  if (p == def.params.end()) fail(text, cat("unknown parameter '", key, "'; ", valid_params(def)));
+  if (spec.params.count(key)) fail(text, cat("parameter '", key, "' given twice"));
+  const auto num = parse_number(value);
+  if (!num) fail(text, cat(key, "='", value, "' is not a number"));
+  check_param(text, *p, key, value, num->value, num->whole);
+  spec.params[key] = num->value;
+}
+
+// The items after ':': a budget first, or key=value ones.
+void parse_items(std::string_view text, std::string_view rest, const PolicyDef& def, const std::string& help,
+                 KvSpec& spec) {
+  if (trim(rest).empty()) fail(text, cat("nothing after ':'; ", help));
+  for (bool first = true;; first = false) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    if (item.empty()) fail(text, "empty item between commas");
+    const std::size_t eq = item.find('=');
+    if (eq != std::string_view::npos) {
+      parse_param(text, item, eq, def, spec);
+    } else if (first) {
+      parse_budget(text, item, def, help, spec);
+    } else {
+      fail(text, cat("'", item, "' must be key=value (only the first item is a budget)"));
+    }
+    if (comma == std::string_view::npos) return;
+    rest = rest.substr(comma + 1);
+  }
+}
+
+// Which policies need a budget, and h2o's two ways of giving one.
+void check_budget(std::string_view text, const PolicyDef& def, const std::string& help, const KvSpec& spec) {
   if (spec.name == "h2o") {
     const bool heavy = spec.params.count("heavy") > 0, recent = spec.params.count("recent") > 0;
     const bool budget = spec.fraction || spec.tokens;
@@ -257,11 +257,29 @@ KvSpec parse_kv_spec(std::string_view raw) {
       fail(text, "needs a budget: h2o:0.2 (fraction of the sequence), h2o:128 (tokens) or h2o:heavy=0.1,recent=0.1");
     if (recent && spec.params.at("recent") == 0) fail(text, "recent= must be positive (it includes the current token)");
   } else if (def.needs_budget && !spec.fraction && !spec.tokens) {
-    fail(text, cat("needs a budget; ", budget_help));
+    fail(text, cat("needs a budget; ", help));
   }
   if (spec.name == "scissorhands" && spec.params.count("drop") && spec.params.at("drop") == 0)
     fail(text, "drop= must be positive");
+}
 
+}  // namespace
+
+KvSpec parse_kv_spec(std::string_view raw) {
+  const std::string_view text = trim(raw);
+  if (text.empty()) fail(text, cat("empty; valid policies: ", join_names(), " (e.g. h2o:0.2)"));
+  KvSpec spec;
+  spec.text = std::string(text);
+  const std::size_t colon = text.find(':');
+  spec.name = lower(trim(text.substr(0, colon)));
+  const auto def_it = std::find_if(policy_defs().begin(), policy_defs().end(),
+                                   [&](const PolicyDef& d) { return spec.name == d.name; });
+  if (def_it == policy_defs().end()) fail(text, cat("unknown policy '", spec.name, "'; valid: ", join_names()));
+  const PolicyDef& def = *def_it;
+  const std::string help =
+      cat("use a fraction in (0, 1] like ", spec.name, ":0.2 or a token count like ", spec.name, ":128");
+  if (colon != std::string_view::npos) parse_items(text, text.substr(colon + 1), def, help, spec);
+  check_budget(text, def, help, spec);
   for (const auto& p : def.params)
     if (!std::isnan(p.default_value)) spec.params.emplace(p.key, p.default_value);
   return spec;

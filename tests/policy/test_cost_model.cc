@@ -707,14 +707,15 @@ TEST(ContinuousPlan, HeldPrefixesInTheMemoryTerms) {
 }
 
 // The pool rows are the most families the running requests hold at once, as the engine admits
-// them (2 slots: R0 and R1 of family 0 at step 0, R1 leaves at 1 for R2 of family 1, R0 and
-// R2 leave at 3 for R3 of family 1 and R4 of family 2: at most 2 families; one slot: one at a
-// time), where those rows save memory (rows of 40 and 2 x 10 < 2 x 53); at the means, as many
-// as the families or the slots.
+// them (2 slots: R0 of family 0 at step 0, R1 of family 0 at 1, after R0's prefill of their
+// prefix; R1 leaves at 2 for R2 of family 1 while R0 runs: 2 families; R0 leaves at 3 for R3
+// of family 1, R2 at 4 for R4 of family 2: 6 steps; one slot: one at a time), where those rows
+// save memory (rows of 40 and 2 x 10 < 2 x 53); at the means, as many as the families or the
+// slots.
 TEST(ContinuousPlan, PoolRowsAreTheFamiliesRunningAtOnce) {
   Workload w = continuous_workload({{50, 3, 0, 0}, {50, 1, 40, 0}, {50, 2, 0, 1}, {50, 2, 40, 1}, {50, 2, 0, 2}}, 512);
   w.held = {.families = 3, .prefix = 40, .rest = 10};
-  EXPECT_EQ(slot_step(w, 2, 2).steps, 5);
+  EXPECT_EQ(slot_step(w, 2, 2).steps, 6);
   EXPECT_EQ(w.pool_rows(2, 2), 2);
   EXPECT_EQ(w.pool_rows(1, 1), 1);
   w.held.rest = 13;  // 2 x 40 + 2 x 13 is no less than 2 x 53
@@ -728,28 +729,33 @@ TEST(ContinuousPlan, PoolRowsAreTheFamiliesRunningAtOnce) {
   EXPECT_EQ(means.pool_rows(8, 8), 0);
 }
 
-// Rows taken in turn, by hand (3 slots, 2 pool rows): A's two requests and B's first at step 0
-// (A fills row 0, B row 1); at step 1 A's have ended, C takes A's row and B's second joins B;
-// at step 2 A comes back to rows C and B took: it takes C's (taken least recently: B's second
-// took B's after it) and computes its whole prompt again, 40 prompt rows more than each family computing its prefix
-// once. With a row for each family nothing is filled again.
+// Rows taken in turn, by hand (3 slots, one GPU batch). Families A, B, C, requests (family,
+// max_tokens): A1 A1 B2 C1 B1 A1, each of 50 tokens behind its family's 40. Held in 2 pool
+// rows: A0 fills row 0 at step 0 (A1 waits while it fills); at step 1 A1 extends and B0 fills
+// row 1; C0 finds no row free (both read by running requests) and waits; at step 2 C0 takes row 0
+// (A's, read by none now) and fills it, B1 extends after B's row; A2 waits for a free row and at
+// step 3 takes row 0 again (taken before row 1) and computes its whole prompt: 220 prompt rows in
+// 4 steps. With 3 rows A2 extends after A's row, still A's: 180 rows in 3 steps. Copied between
+// rows, A2's prefix is gone too (the row that held it took B1): 220 rows in 3 steps.
 TEST(ContinuousPlan, AFamilyWhoseRowWentToAnotherFillsItAgain) {
   Workload w = continuous_workload(
-      {{50, 1, 0, 0}, {50, 1, 40, 0}, {50, 2, 0, 1}, {50, 1, 0, 2}, {50, 1, 40, 1}, {50, 1, 40, 0}}, 512);
-  w.held = {.families = 3, .prefix = 40, .rest = 12};
-  ASSERT_EQ(w.pool_rows(3, 3), 2);
-  const SlotStep copied = slot_step(w, 3, 3), held = slot_step(w, 3, 3, 2);
+      {{50, 1, 40, 0}, {50, 1, 40, 0}, {50, 2, 40, 1}, {50, 1, 40, 2}, {50, 1, 40, 1}, {50, 1, 40, 0}}, 512);
+  w.held = {.families = 3, .prefix = 40, .rest = 10};
+  const SlotStep copied = slot_step(w, 3, 3), held2 = slot_step(w, 3, 3, 2), held3 = slot_step(w, 3, 3, 3);
+  EXPECT_EQ(held2.steps, 4);
+  EXPECT_NEAR(held2.prefill_rows * 4 * 3, 220, 1e-9);
+  EXPECT_EQ(held3.steps, 3);
+  EXPECT_NEAR(held3.prefill_rows * 3 * 3, 180, 1e-9);
   EXPECT_EQ(copied.steps, 3);
-  EXPECT_EQ(held.steps, 3);
-  EXPECT_NEAR(copied.prefill_rows * 9, 180, 1e-9);
-  EXPECT_NEAR(held.prefill_rows * 9, 220, 1e-9);
-  EXPECT_NEAR(slot_step(w, 3, 3, 3).prefill_rows * 9, 180, 1e-9);
+  EXPECT_NEAR(copied.prefill_rows * 3 * 3, 220, 1e-9);
+  EXPECT_EQ(w.pool_rows(3, 3), 3);  // the three families run at once at step 1
 }
 
 // A GPU batch's decode rows of one family read its prefix once (cascade attention). By hand, one
-// GPU batch of 2 slots, requests (prompt, max_tokens, shared) of family 0: (12, 3, 0) and
-// (12, 3, 10) from step 0 (both decode in steps 1 and 2: the second leaves its 10 prefix tokens
-// to the first each step), then (12, 3, 10) alone from step 3: 20 tokens over 6 x 2 slot-steps.
+// GPU batch of 2 slots, requests (prompt, max_tokens, shared) of family 0: (12, 3, 0) from step
+// 0 and (12, 3, 10) from step 1 (after the first's prefill of their prefix; both decode in step
+// 2: the second leaves its 10 prefix tokens to the first), then (12, 3, 10) from step 3, beside
+// the second's last decode but extending: 10 tokens over 6 x 2 slot-steps.
 // Two GPU batches of one slot each, or no family: none. At the means, 2 families spread over a
 // GPU batch of 8: 6 of 8 decode rows leave their prefix to another. A block of 8 requests behind
 // one 990-token prefix on the gpu tier: the profile's read share of the attention over what
@@ -758,7 +764,7 @@ TEST(ContinuousPlan, AGroupReadsItsPrefixOnce) {
   const Workload w = continuous_workload({{12, 3, 0, 0}, {12, 3, 10, 0}, {12, 3, 10, 0}}, 512);
   const SlotStep s = slot_step(w, 2, 2);
   EXPECT_EQ(s.steps, 6);
-  EXPECT_DOUBLE_EQ(s.kv_prefix_read_by_others, 20.0 / 12);
+  EXPECT_DOUBLE_EQ(s.kv_prefix_read_by_others, 10.0 / 12);
   EXPECT_EQ(slot_step(w, 2, 1).kv_prefix_read_by_others, 0);
   Workload no_family = w;
   for (RequestLength& r : no_family.requests) r.family = -1;

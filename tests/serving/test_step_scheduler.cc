@@ -393,39 +393,35 @@ TEST(StepScheduler, HeldPrefixesWithASharedPrefill) {
 }
 
 // Families A, B, C (40 tokens each) two requests each, one family after another, then A again;
-// 2 new tokens each, 2 slots. Admitted as the planner admits (policy::Workload::pool_rows: each
-// request for its 2 steps), one family runs at a time: one pool row, of 40 slots beside rows
-// of 3 (46 slots against 86). A family finding no row of its own takes the free one (none of
-// the running requests reads it) and fills it, A twice; it waits while the row is read by
-// another family's request (step 2: A's second request still decodes, its extend having
-// waited for the fill; step 6).
+// 2 slots. Each family's first request makes 3 new tokens and its second, which waits a step
+// for the first's prefill of their prefix, 2, so both end together. Admitted as the planner
+// admits (policy::Workload::pool_rows), one family runs at a time: one pool row, of 40 slots
+// beside rows of 4 (48 slots against 88). A family finding no row of its own takes the free
+// one (none of the running requests reads it) and fills it, A twice; its second request waits
+// while the row is being filled (steps 0, 3, 6).
 TEST(StepScheduler, HeldPrefixesTakeTurnsInThePoolRows) {
   const Tokens a = run_of(1, 40), b = run_of(500, 40), c = run_of(800, 40);
   GenerationRequest req;
   req.sequences = sequences_of({join(a, {100}), join(a, {101}), join(b, {200}), join(b, {201}), join(c, {300}),
                                 join(c, {301}), join(a, {102})});
-  req.max_new_tokens = 2;
+  for (std::size_t i = 0; i < req.sequences.size(); ++i) req.sequences[i].max_new_tokens = i % 2 == 0 ? 3 : 2;
+  req.max_new_tokens = 3;
   req.slots = 2;
   StepScheduler s(req, 2, true);
-  EXPECT_EQ(hold(s), (PrefixPool{.families = 3, .rows = 1, .capacity = 40, .row_capacity = 3}));
-  EXPECT_EQ(s.next_step(), plan({held(prefill(0), 0, 40), idle()}));
-  s.record(0, 50, false);
-  EXPECT_EQ(s.next_step(),
-            plan({shares(held(decode(0, 41), 0, 40), 0, 40), shares(held(extend(1, 40), 0, 40), 0, 40)}));
-  s.record(0, 51, true);
-  s.record(1, 52, false);
-  EXPECT_EQ(s.next_step(), plan({idle(), shares(held(decode(1, 41), 0, 40), 1, 40)}));
-  s.record(1, 53, true);
-  EXPECT_EQ(s.next_step(), plan({held(prefill(2), 0, 40), idle()}));
-  s.record(0, 54, false);
-  EXPECT_EQ(s.next_step(),
-            plan({shares(held(decode(2, 41), 0, 40), 0, 40), shares(held(extend(3, 40), 0, 40), 0, 40)}));
-  s.record(0, 55, true);
-  s.record(1, 56, true);
-  EXPECT_EQ(s.next_step(), plan({held(prefill(4), 0, 40), idle()}));
-  s.record(0, 57, true);  // ends with its first token: the row is C's, read by none
-  EXPECT_EQ(s.next_step(), plan({shares(held(extend(5, 40), 0, 40), 0, 40), idle()}));
-  s.record(0, 58, true);
+  EXPECT_EQ(hold(s), (PrefixPool{.families = 3, .rows = 1, .capacity = 40, .row_capacity = 4}));
+  std::int32_t token = 50;
+  for (std::int64_t first = 0; first < 6; first += 2) {  // each family: fill, extend, decode
+    EXPECT_EQ(s.next_step(), plan({held(prefill(first), 0, 40), idle()}));
+    s.record(0, token++, false);
+    EXPECT_EQ(s.next_step(), plan({shares(held(decode(first, 41), 0, 40), 0, 40),
+                                   shares(held(extend(first + 1, 40), 0, 40), 0, 40)}));
+    s.record(0, token++, false);
+    s.record(1, token++, false);
+    EXPECT_EQ(s.next_step(), plan({shares(held(decode(first, 42), 0, 40), 0, 40),
+                                   shares(held(decode(first + 1, 41), 0, 40), 0, 40)}));
+    s.record(0, token++, true);
+    s.record(1, token++, true);
+  }
   EXPECT_EQ(s.next_step(), plan({held(prefill(6), 0, 40), idle()}));  // A fills it again
 }
 
