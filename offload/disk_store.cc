@@ -282,6 +282,24 @@ struct DiskStore::Impl final : CompletionSink {
     budget->release(align_up(e.bytes));
   }
 
+  // A free chunk slot, its first n_lock blocks of `lock_blocks` locked. Waiting here bounds the
+  // I/O in flight; blocks under a read-modify-write are taken one chunk at a time so two
+  // partial writes to one block cannot interleave.
+  Chunk& take_chunk(const std::array<std::int64_t, 2>& lock_blocks, int n_lock) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] {
+      if (free_slots.empty()) return false;
+      for (int i = 0; i < n_lock; ++i) {
+        if (locked_blocks.count(lock_blocks[static_cast<std::size_t>(i)]) != 0) return false;
+      }
+      return true;
+    });
+    Chunk& c = chunks[static_cast<std::size_t>(free_slots.back())];
+    free_slots.pop_back();
+    for (int i = 0; i < n_lock; ++i) locked_blocks.insert(lock_blocks[static_cast<std::size_t>(i)]);
+    return c;
+  }
+
   Ticket submit(bool write, Extent e, std::int64_t offset, const std::byte* src, std::byte* dst, std::int64_t bytes) {
     const char* op_name = write ? "write" : "read";
     if (offset < 0 || bytes < 0 || offset > e.bytes - bytes) {
@@ -328,22 +346,7 @@ struct DiskStore::Impl final : CompletionSink {
       if (head_rmw) lock_blocks[static_cast<std::size_t>(n_lock++)] = p;
       if (tail_rmw && !(head_rmw && pe - kBlock == p)) lock_blocks[static_cast<std::size_t>(n_lock++)] = pe - kBlock;
 
-      Chunk* c = nullptr;
-      {
-        // Waiting here bounds the I/O in flight; blocks under a read-modify-write are
-        // taken one chunk at a time so two partial writes to one block cannot interleave.
-        std::unique_lock lock(mu);
-        cv.wait(lock, [&] {
-          if (free_slots.empty()) return false;
-          for (int i = 0; i < n_lock; ++i) {
-            if (locked_blocks.count(lock_blocks[static_cast<std::size_t>(i)]) != 0) return false;
-          }
-          return true;
-        });
-        c = &chunks[static_cast<std::size_t>(free_slots.back())];
-        free_slots.pop_back();
-        for (int i = 0; i < n_lock; ++i) locked_blocks.insert(lock_blocks[static_cast<std::size_t>(i)]);
-      }
+      Chunk* c = &take_chunk(lock_blocks, n_lock);
       c->ticket = state;
       c->write = write;
       c->staged = staged;
