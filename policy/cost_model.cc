@@ -318,6 +318,7 @@ struct StepLoad {
   double prefill_attn = 0;      // seconds of newcomers' prefill attention
   double hidden = 0;            // hidden-state bytes in and out
   double busy = 1;              // share of the sequences holding a request (disk requests)
+  double host = 0;              // seconds of the step's host work (HardwareProfile::host_row), the whole step's
 };
 
 // The model of one block, as linear forms of the fractions: what a prefill and a decode step
@@ -419,6 +420,7 @@ StepLoad TermBuilder::continuous_step() const {
   d.gemm = k_ * std::max(compute, read_floor(layer_bytes_));
   d.head = head_per_layer(step_rows);
   d.kv_store = evicting_ ? d.kv_read : kvt_ * bls_ * ss.rows();
+  d.host = hw_.host_row * bls_ * ss.busy;  // each busy slot's token sampled and recorded on its own
   return d;
 }
 
@@ -481,7 +483,7 @@ void TermBuilder::add_decode_terms(Terms& t, const StepLoad& d, double w_dequant
   const double cpu_attn = (d.attn_flops - hw_.cpu_attn_decode_read_share * d.attn_shared_flops) /
                               rate_at(hw_.cpu_attn_decode_by_len, d.kv_len, hw_.cpu_attn_decode) +
                           kv_dequant;
-  t.comp_gen = lin(d.gemm + d.head + w_dequant + d.prefill_attn,
+  t.comp_gen = lin(d.gemm + d.head + w_dequant + d.prefill_attn + d.host / l_,
                    {{CG, gpu_attn}, {CC, blk_.ccc ? cpu_attn : gpu_attn}, {CN, blk_.ccc ? cpu_attn : gpu_attn}});
   // Copies that take the cores that compute (the CPU backend): the gpu->cpu part that does not
   // hide (at decode the copy in already precedes the compute).

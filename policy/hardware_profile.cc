@@ -67,11 +67,13 @@ struct NamedField {
   const char* key;
   double HardwareProfile::*field;
 };
-// Per-request disk times: microseconds in the file, seconds in the struct.
-constexpr std::array<NamedField, 3> kRequests{{
+// Per-request disk times and the host's per-row time: microseconds in the file, seconds in
+// the struct.
+constexpr std::array<NamedField, 4> kRequests{{
     {"disk_read_request_us", &HardwareProfile::disk_read_request},
     {"disk_write_request_us", &HardwareProfile::disk_write_request},
     {"disk_rows_write_request_us", &HardwareProfile::disk_rows_write_request},
+    {"host_row_us", &HardwareProfile::host_row},
 }};
 // Fractions of decode attention's time (HardwareProfile::gpu_attn_decode_read_share).
 constexpr std::array<NamedField, 2> kReadShares{{

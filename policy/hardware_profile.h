@@ -70,6 +70,10 @@ struct HardwareProfile {
   // slot into a partly kept 4 KiB block (read-modify-write); a write of a head's prompt rows,
   // whose partial blocks its neighbours share (the store orders those). 0: not modelled.
   double disk_read_request = 0, disk_write_request = 0, disk_rows_write_request = 0;
+  // Optional: seconds of host work per sequence and step under continuous batching, beyond the
+  // units' compute: the engine plans the step, samples each slot's token in a call of its own
+  // and records it (measured for a model by its first run, calibrate_units.h). 0: not modelled.
+  double host_row = 0;
   // The fraction of a cpu<->gpu copy's time that hides behind compute: 1 where a copy engine
   // moves the bytes (a GPU), less where the copies take the cores that compute (the CPU
   // backend's memcpy).
@@ -98,7 +102,7 @@ struct HardwareProfile {
 // memory_safety (default 0.9, in (0, 1]), gpu_is_host_memory (default false),
 // activation_dtype (f32 default, f16 or bf16),
 // gpu_memory_gbps, copy_overlap (default 1, in [0, 1]), dequant_gbps (GB/s of q4 input),
-// disk_read_request_us, disk_write_request_us, disk_rows_write_request_us, and the curves
+// disk_read_request_us, disk_write_request_us, disk_rows_write_request_us, host_row_us, and the curves
 // gemm_tflops_by_rows, layer_tflops_by_rows and head_tflops_by_rows {rows: TFLOP/s},
 // gpu_attn_decode_tflops_by_len and cpu_attn_decode_tflops_by_len {cached tokens: TFLOP/s},
 // gpu_attn_decode_read_share and cpu_attn_decode_read_share (in [0, 1]) (what calibrate

@@ -567,6 +567,9 @@ void measure_compute(kernels::Backend& be, const Plan& plan, const CalibrateOpti
         [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); }, progress);
     for (const auto& [rows, rate] : units.layer_by_rows) hw.layer_by_rows.emplace_back(rows, round_sig(rate));
     for (const auto& [rows, rate] : units.head_by_rows) hw.head_by_rows.emplace_back(rows, round_sig(rate));
+    hw.host_row = host_seconds_per_row(
+        be, cfg, [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); });
+    progress("host work per sequence and step (continuous batching)", fmt::format("{:.3g} us", hw.host_row * 1e6));
   }
   hw.gpu_attn_prefill = round_sig(attention_prefill_rate(be, plan, compute_at));
   // Decode attention by cached tokens; the constant is the rate at the longest.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "engine/model/layers.h"
@@ -11,6 +12,8 @@
 #include "engine/model/model_shape.h"
 #include "engine/loaders/model_source.h"
 #include "engine/model/step.h"
+#include "engine/runtime/generation_log.h"
+#include "engine/serving/step_scheduler.h"
 #include "policy/cost_model.h"
 
 namespace flexh2o::job {
@@ -101,6 +104,52 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
     c.head_by_rows.emplace_back(rows, head_rate);
   }
   return c;
+}
+
+namespace {
+
+// One continuous block of `req` without a model: every step planned, each slot's token sampled
+// from `logits` on its own and recorded; the rows sampled.
+std::int64_t run_host_loop(kernels::Backend& be, const engine::ModelConfig& cfg, const engine::GenerationRequest& req,
+                           std::span<const float> logits) {
+  serving::StepScheduler sched(req, req.slots, false);
+  const engine::GenerationHooks hooks;
+  engine::GenerationLog log(be, cfg, req, hooks);
+  std::vector<std::int32_t> token(1);
+  std::int64_t rows = 0;
+  for (std::int64_t step = 0; log.active(); ++step) {
+    const engine::StepPlan plan = sched.next_step();
+    std::int64_t computed = 0;
+    for (std::size_t slot = 0; slot < plan.slots.size(); ++slot) {
+      const engine::SlotStep& s = plan.slots[slot];
+      if (s.seq < 0) continue;
+      const auto seq = static_cast<std::size_t>(s.seq);
+      kernels::SampleArgs args = log.sample_args(logits.data(), seq, token);
+      args.logits_on_host = true;
+      be.sample(args);
+      sched.record(slot, token[0], log.record_token(seq, token[0]));
+      ++computed;
+    }
+    log.end_step(step, computed, step == 0);
+    rows += computed;
+  }
+  return rows;
+}
+
+}  // namespace
+
+double host_seconds_per_row(kernels::Backend& be, const engine::ModelConfig& cfg, const TimeCall& time_call) {
+  engine::GenerationRequest req;
+  req.max_new_tokens = 8;
+  req.slots = 64;
+  kernels::SamplingParams greedy;
+  greedy.ignore_eos = true;  // every sequence runs to its limit
+  for (std::int64_t i = 0; i < req.slots; ++i) req.sequences.push_back({.prompt = {1}, .sampling = greedy});
+  std::vector<float> logits(static_cast<std::size_t>(cfg.vocab_size));
+  for (std::size_t v = 0; v < logits.size(); ++v) logits[v] = static_cast<float>((v * 7919) % 1000) * 1e-3f;
+  std::int64_t rows = 0;
+  const double seconds = time_call([&] { rows = run_host_loop(be, cfg, req, logits); });
+  return seconds / static_cast<double>(std::max<std::int64_t>(rows, 1));
 }
 
 }  // namespace flexh2o::job

@@ -32,4 +32,10 @@ UnitCurves measure_unit_curves(kernels::Backend& be, const engine::ModelConfig& 
                                std::int64_t max_bytes, const TimeCall& time_call,
                                const std::function<void(const std::string&, const std::string&)>& progress);
 
+// Seconds of host work per sequence and step under continuous batching (HardwareProfile::
+// host_row): the engine's StepScheduler planning a block of 64 one-token prompts, each slot's
+// token sampled in a call of its own (greedy, over logits of `cfg`'s vocabulary already on the
+// host) and recorded by the GenerationLog, as BlockRun and the executor do around the units.
+double host_seconds_per_row(kernels::Backend& be, const engine::ModelConfig& cfg, const TimeCall& time_call);
+
 }  // namespace flexh2o::job

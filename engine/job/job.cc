@@ -98,6 +98,19 @@ std::string graph_steps_line(const kernels::Backend& be) {
   return "";
 }
 
+// The plan's figures for the requests at the lengths they generated (RunReport::
+// predicted_at_lengths); none where the cost model cannot say (it only explains).
+std::optional<serving::Prediction> prediction_at_lengths(const JobOptions& o, const JobSetup& s,
+                                                         std::span<const serving::Request> generated) {
+  try {
+    return serving::prediction_of(policy::estimate_or_throw(
+        engine::model_shape(s.model.config), planning_profile(o, s), job_workload(o, s.model.config, generated, s.gen_len),
+        s.policy, plan_options(o, s, static_cast<std::int64_t>(generated.size())), "the plan"));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 void check_one_process(const JobOptions& o) {
   if (o.pipeline > 1)
     throw OptionError{Option::Pipeline,
@@ -121,14 +134,19 @@ JobEnd run_in_process(const JobOptions& o, const FrontEnd& front) {
   serving::Engine engine(*s.backend, s.model.config, *s.model.weights, std::move(eo), &interrupts);
   JobResults results(o, s, front, job.out, job.openai ? &*job.openai : nullptr);
   const std::vector<serving::Request>& todo = job.todo;
+  std::vector<serving::Request> generated = todo;  // max_tokens: what each generated (as far as it ran)
   const serving::JobOutcome done = engine.run(todo, [&](std::span<const std::size_t> at, const engine::GenerationResult& r) {
     results.add(serving::requests_at(todo, at), r);
+    for (std::size_t i = 0; i < at.size(); ++i)
+      generated[at[i]].max_tokens = std::max<std::int64_t>(static_cast<std::int64_t>(r.tokens[i].size()), 1);
   });
 
   JobEnd end{.status = done.stopped ? 130 : 0, .report = engine.report(s.model.description, job.requests, s.gen_len, done)};
   serving::RunReport& report = *end.report;
   report.compute_why = s.compute_why;
   if (s.predicted) report.predicted = serving::prediction_of(*s.predicted);
+  if (o.explain && s.predicted && s.predicted->continuous && !done.stopped)
+    report.predicted_at_lengths = prediction_at_lengths(o, s, generated);
   report.explain = o.explain;
   if (s.constraints) report.structured_output = s.constraints->report();
   end.text = report.text() + (s.constraints ? s.constraints->summary_line() : "");

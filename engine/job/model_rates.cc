@@ -28,10 +28,12 @@ namespace {
 // Seconds each point is timed over: calibrate --quick's.
 constexpr double kSecondsPerPoint = 0.025;
 
-// What is measured and kept: the unit curves and decode attention by cached tokens.
+// What is measured and kept: the unit curves, decode attention by cached tokens and the host's
+// work per sequence and step.
 struct ModelRates {
   UnitCurves units;
   policy::RateCurve attn_decode_by_len;
+  double host_row = 0;
 };
 
 // The CPU's model name (/proc/cpuinfo), or "" where there is none.
@@ -54,7 +56,7 @@ int usable_cores() {
 // Two models of one shape share their rates.
 std::string rates_key(const kernels::Backend& be, const engine::ModelConfig& c) {
   return fmt::format(
-      "cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "
+      "rates 2 | cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "
       "norm {} bias {}/{}/{} qk_norm {} experts {}/{} tied {}",
       cpu_model(), usable_cores(), be.name(), c.hidden, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
       kernels::dtype_name(c.dtype), c.gated_mlp, static_cast<int>(c.mlp_act),
@@ -82,7 +84,9 @@ bool read_cached(const std::string& path, const std::string& key, ModelRates& ou
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object() || j.value("key", "") != key) return false;
   try {
-    out = {{curve_of(j.at("layer_by_rows")), curve_of(j.at("head_by_rows"))}, curve_of(j.at("attn_decode_by_len"))};
+    out = {{curve_of(j.at("layer_by_rows")), curve_of(j.at("head_by_rows"))},
+           curve_of(j.at("attn_decode_by_len")),
+           j.at("host_row_seconds").get<double>()};
   } catch (const std::exception&) {
     return false;
   }
@@ -99,7 +103,8 @@ bool write_cached(const std::string& path, const std::string& key, const ModelRa
     out << nlohmann::json{{"key", key},
                           {"layer_by_rows", curve_json(r.units.layer_by_rows)},
                           {"head_by_rows", curve_json(r.units.head_by_rows)},
-                          {"attn_decode_by_len", curve_json(r.attn_decode_by_len)}}
+                          {"attn_decode_by_len", curve_json(r.attn_decode_by_len)},
+                          {"host_row_seconds", r.host_row}}
                .dump(1)
         << "\n";
     if (!out.flush()) {
@@ -120,6 +125,7 @@ ModelRates measure(kernels::Backend& be, const engine::ModelConfig& cfg) {
       [](const std::function<void()>& fn) { return seconds_per_call(fn, kSecondsPerPoint); },
       [](const std::string&, const std::string&) {});
   r.attn_decode_by_len = decode_attention_curve(be, cfg, {64, 256, 1024}, kSecondsPerPoint);
+  r.host_row = host_seconds_per_row(be, cfg, [](const std::function<void()>& fn) { return seconds_per_call(fn, kSecondsPerPoint); });
   return r;
 }
 
@@ -148,20 +154,21 @@ void add_model_rates(kernels::Backend& be, const engine::ModelConfig& cfg, polic
   const std::string path = fmt::format("{}/{:016x}.json", model_rates_dir(), serving::stable_hash(key));
   ModelRates rates;
   if (read_cached(path, key, rates)) {
-    hw.source += "; this model's layer, head and decode attention rates measured on this machine before (" + path + ")";
+    hw.source += "; this model's layer, head, decode attention and host rates measured on this machine before (" + path + ")";
   } else {
     const auto t0 = std::chrono::steady_clock::now();
     rates = measure(be, cfg);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     hw.source += write_cached(path, key, rates)
-                     ? fmt::format("; this model's layer, head and decode attention rates measured now in {:.1f} s, kept in {}", seconds, path)
-                     : fmt::format("; this model's layer, head and decode attention rates measured now in {:.1f} s ({} could not be "
+                     ? fmt::format("; this model's layer, head, decode attention and host rates measured now in {:.1f} s, kept in {}", seconds, path)
+                     : fmt::format("; this model's layer, head, decode attention and host rates measured now in {:.1f} s ({} could not be "
                                    "written: they are measured again next run)",
                                    seconds, path);
   }
   hw.layer_by_rows = std::move(rates.units.layer_by_rows);
   hw.head_by_rows = std::move(rates.units.head_by_rows);
   hw.gpu_attn_decode_by_len = std::move(rates.attn_decode_by_len);
+  hw.host_row = rates.host_row;
   hw.gpu_attn_decode = hw.gpu_attn_decode_by_len.back().second;
   if (hw.gpu_is_host_memory) {  // the CPU backend: attention in place on the cpu tier is the same
     hw.cpu_attn_decode_by_len = hw.gpu_attn_decode_by_len;

@@ -63,7 +63,7 @@ struct RankJob {
 void RankJob::start_progress(const serving::ProgressOptions& options, std::span<const serving::Request> requests) {
   serving::ProgressOptions po = options;
   po.requests = requests.size();
-  for (const serving::Request& r : requests) po.max_new_tokens += r.max_tokens;
+  for (const serving::Request& r : requests) po.limits.push_back(r.max_tokens);
   t0 = std::chrono::steady_clock::now();
   progress.emplace(po, stderr);
 }

@@ -269,6 +269,13 @@ void GenerationLog::end_step(std::int64_t step, std::int64_t sequences, bool pre
   t0_ = now;
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> GenerationLog::running() const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::size_t b = 0; b < seqs_.size(); ++b)
+    if (seqs_[b].phase == SequenceState::Phase::Running) out.emplace_back(seqs_[b].generated(), new_tokens_limit(req_, b));
+  return out;
+}
+
 GenerationResult GenerationLog::finish() {
   be_.synchronize();
   if (res_.prefill_steps + res_.decode_steps > 0)  // the time since the last step

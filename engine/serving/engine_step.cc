@@ -71,9 +71,16 @@ void Engine::start(std::span<const Request> requests, RequestsFinished finished,
   if (o_.progress) {
     ProgressOptions po = *o_.progress;
     po.requests = requests.size();
-    po.max_new_tokens = 0;
-    for (const Request& r : requests) po.max_new_tokens += r.max_tokens;
-    j.progress.emplace(po, stderr);
+    po.limits.clear();
+    for (const Request& r : requests) po.limits.push_back(r.max_tokens);
+    po.running = [&j] {  // the flights' running requests
+      std::vector<std::pair<std::int64_t, std::int64_t>> counts;
+      for (const auto& f : j.flights)
+        if (f->run)
+          for (const auto& c : f->run->running()) counts.push_back(c);
+      return counts;
+    };
+    j.progress.emplace(std::move(po), stderr);
   }
   j.t0 = std::chrono::steady_clock::now();
 }

@@ -3,26 +3,43 @@
 // (as tqdm does for vLLM's offline users); to a file or a pipe it writes a plain line now and
 // then, so a log of a two-hour job says in its first minute how long the job will take.
 //
-// The time left is the generated tokens still to come over the window's generated rate: the
-// unfinished requests' limits less what they sampled, or where stop ids end requests early,
-// 1 / p more tokens each, p the chance per token seen so far (requests a stop ended over the
-// tokens sampled), whichever is less. The rate counts every token sampled (the engine's sequence rows), so the requests in
-// flight count before they end. It is measured from the job's steady state on: the first step
-// that only decoded or the first request that ended (before, the first prompts' prefill
-// samples few tokens a second, and a 30-second job said 17 minutes left). Until the window
-// holds a measurement, the planner's predicted rate stands in, marked "planned".
+// The time left is the generated tokens still to come over the window's generated rate. The
+// tokens to come: each unfinished request's expected tokens within its limit, given what it has
+// generated so far, from the chance that a request that generated t tokens stops at the next
+// (a Kaplan-Meier estimate over the requests seen: those a stop ended are the events, those
+// that reached their limit and those still running count as at risk up to their lengths), so
+// that the short requests that end first do not stand for the long ones still running. Past
+// the lengths enough requests reached, the chance per token over the longer half of those
+// stands in (before any, the job's: stops over tokens sampled); with no stop seen, every
+// request runs to its limit. The rate counts every
+// token sampled (the engine's sequence rows), so the requests in flight count before they end.
+// It is measured from the job's steady state on: the first step that only decoded, or the first
+// after which no more requests ran than after the one before (the slots as full as they get;
+// where the running requests are not known, the first request that ended). Before, the first
+// prompts' prefill samples few tokens a second while the slots fill:
+// a 30-second job said 17 minutes left, and a ShareGPT job whose first short replies ended
+// after 10 s took the filling slots' 30 tok/s for its rate. Until the window holds a
+// measurement, the planner's predicted rate stands in, marked "planned".
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace flexh2o::serving {
 
+// Per running request: its tokens so far and its limit (GenerationLog::running).
+using RunningCounts = std::function<std::vector<std::pair<std::int64_t, std::int64_t>>()>;
+
 struct ProgressOptions {
   std::size_t requests = 0;           // of the job (those done before a resume not counted)
-  std::int64_t max_new_tokens = 0;    // the job's requests' limits, summed
+  std::vector<std::int64_t> limits;   // each request's max_tokens
+  RunningCounts running;              // null: not known (the running requests count as waiting)
   double planned_tokens_per_second = 0;  // the planner's generated tok/s (0: none)
   bool terminal = false;              // redraw one line with a bar, else plain lines
   double line_seconds = 30;           // plain lines: at most one per this long (and at each tenth)
@@ -67,15 +84,27 @@ class Progress {
   void record(double now);
   // The job's steady state begins at `now` (once): the time left is measured from there.
   void steady_from(double now);
+  // The tokens the unfinished requests are expected to generate.
   double expected_tokens_left() const;
 
   ProgressOptions o_;
   std::FILE* out_;
   std::size_t done_ = 0;
   std::int64_t prompt_done_ = 0, sampled_ = 0;
-  // Finished requests: their generated tokens and their limits (the share a request generates).
-  std::int64_t generated_done_ = 0, limits_done_ = 0;
+  // Over lengths [0, the longest open limit + 1]: the chance a request generates a t-th token
+  // (reach[t], 1 for t <= 1) and the sum of those chances up to t (sum[t]).
+  struct Reach {
+    std::vector<double> reach, sum;
+  };
+  Reach reach(const std::vector<std::pair<std::int64_t, std::int64_t>>& running) const;
+
+  std::int64_t generated_done_ = 0;
   std::int64_t stopped_ = 0;  // finished requests a stop ended before their limit
+  // Finished requests' generated tokens, and whether a stop ended them; the limits of those not
+  // finished (a count per limit).
+  std::vector<std::pair<std::int64_t, bool>> ends_;
+  std::map<std::int64_t, std::int64_t> open_limits_;
+  std::size_t last_running_ = 0;  // requests running after the last step (until the steady state)
   std::deque<Sample> window_;
   // Where the steady state began (a step only decoded, or a request ended); none yet: the
   // time left is the planner's.

@@ -132,6 +132,13 @@ std::string RunReport::explain_text() const {
                    m.step_seconds, ratio(m.step_seconds, p.step_seconds));
   s += fmt::format("  {}: {:.3f} s | {:.3f} s{}\n", p.continuous ? "job (prefill + decode)" : "block (prefill + decode)",
                    p.block_seconds, m.block_seconds, ratio(m.block_seconds, p.block_seconds));
+  if (predicted_at_lengths) {
+    const Prediction& l = *predicted_at_lengths;
+    s += fmt::format("  at the lengths the requests generated (the plan counts each to its max_tokens): generated "
+                     "tok/s {:.2f} | {:.2f}{}, job {:.3f} s | {:.3f} s{}\n",
+                     l.throughput, m.throughput, ratio(m.throughput, l.throughput), l.block_seconds, m.block_seconds,
+                     ratio(m.block_seconds, l.block_seconds));
+  }
   if (p.continuous)
     s += fmt::format("  of the job: steps that prefilled {:.3f} s, decode-only steps {:.3f} s (measured; predicted as "
                      "one mean step)\n",
@@ -270,6 +277,7 @@ nlohmann::json RunReport::one_process_json() const {
     j["predicted"] = as_json(*predicted);
     j["predicted"]["batching"] = predicted->continuous ? "continuous" : "fixed";
     j["measured"] = as_json(measured());
+    if (predicted_at_lengths) j["predicted_at_lengths"] = as_json(*predicted_at_lengths);
   }
   if (moe.experts > 0)
     j["experts"] = {{"experts", moe.experts},

@@ -124,6 +124,10 @@ struct RunReport {
   double wall_seconds = 0;              // of the job's loop (0: not measured)
   std::vector<RequestTiming> timings;   // of the finished requests
   std::optional<Prediction> predicted;  // in --metrics; in the text with `explain`
+  // Continuous batching: the planner's figures for the job's requests at the lengths they
+  // generated (the plan counts each to its max_tokens; stop ids end them earlier), so that
+  // the cost model's error shows apart from the lengths it could not know.
+  std::optional<Prediction> predicted_at_lengths;
   bool explain = false;
   nlohmann::json structured_output;  // JobConstraints::report() in --metrics (null: none)
   kernels::KernelUse kernels;        // one process: what the backend's kernels ran (a line, "kernels")

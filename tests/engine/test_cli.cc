@@ -331,7 +331,7 @@ TEST(Cli, FirstRunMeasuresTheModelsRatesAndLaterRunsReuseThem) {
   const std::string kept = dir.file("cache") + "/flexh2o/calibration";
   const Result first = run("plan --model stories260k --prompt-len 16 --gen-len 8", cache);
   ASSERT_EQ(first.code, 0) << first.err;
-  EXPECT_THAT(first.out, HasSubstr("decode attention rates measured now in"));
+  EXPECT_THAT(first.out, HasSubstr("decode attention and host rates measured now in"));
   EXPECT_THAT(first.out, HasSubstr("kept in " + kept + "/"));
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::directory_iterator(kept)) files.push_back(e.path());
@@ -419,6 +419,11 @@ TEST(Cli, RunExplainSetsThePredictionBesideTheMeasurement) {
   }
   EXPECT_GT(m.at("measured").at("prefill_seconds").get<double>(), 0);  // the steps that prefilled
   EXPECT_GT(m.at("measured").at("decode_seconds").get<double>(), 0);
+  // The plan again at the lengths the requests generated: no more than their limits take.
+  EXPECT_THAT(r.err, HasSubstr("  at the lengths the requests generated (the plan counts each to its max_tokens): "));
+  const auto& at_lengths = m.at("predicted_at_lengths");
+  EXPECT_GT(at_lengths.at("throughput").get<double>(), 0);
+  EXPECT_LE(at_lengths.at("job_seconds").get<double>(), m.at("predicted").at("job_seconds").get<double>() * (1 + 1e-9));
   const Result fixed = run("run --prompts " + dir.file("in.jsonl") + " --gen-len 24 --batching fixed --explain");
   ASSERT_EQ(fixed.code, 0) << fixed.err;
   EXPECT_THAT(fixed.err, HasSubstr("  total tok/s: "));

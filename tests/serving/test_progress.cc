@@ -3,6 +3,8 @@
 // plain line is written.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdio>
 #include <string>
 
@@ -28,12 +30,14 @@ TEST(Progress, ClockText) {
 
 TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
   // 10 requests of 100 new tokens each; 4 slots generate 40 tok/s.
-  Progress p({.requests = 10, .max_new_tokens = 1000, .window_seconds = 5}, std::tmpfile());
+  Progress p({.requests = 10, .limits = std::vector<std::int64_t>(10, 100), .window_seconds = 5}, std::tmpfile());
   p.sampled(0, 0.0);  // a step that only decoded: measured from here on
   for (int s = 1; s <= 20; ++s) p.sampled(4, s * 0.1);  // 2 s, 80 tokens
   // Two requests ended by a stop after 20 of their 100, their 40 tokens among the 80 + 40
-  // sampled: a stop every 60 tokens, so each of the other 8 is expected to generate 60 more
-  // (480, within their limits' 800 less the 80 they sampled), at 120 / 2 s.
+  // sampled. Too few requests reached any length to say where stops come: a stop every 60
+  // tokens, so each of the other 8 is expected to generate sum over t = 1..100 of (59/60)^(t-1)
+  // = 60 (1 - (59/60)^100) within its limit; the running ones not known, less the 80 the
+  // unfinished sampled; at 120 / 2 s.
   p.sampled(40, 2.0);
   p.finished(30, 20, 100, 2.0);
   p.finished(30, 20, 100, 2.0);
@@ -43,9 +47,9 @@ TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
   ASSERT_TRUE(f.seconds_left);
   EXPECT_NEAR(f.generated_rate, 60.0, 1e-9);
   EXPECT_NEAR(f.prompt_rate, 30.0, 1e-9);
-  EXPECT_NEAR(*f.seconds_left, 480.0 / 60.0, 1e-9);
+  EXPECT_NEAR(*f.seconds_left, (8 * 60 * (1 - std::pow(59.0 / 60, 100)) - 80) / 60.0, 1e-9);
   // Requests that run to their limits (no stop): what the limits leave.
-  Progress full({.requests = 10, .max_new_tokens = 1000}, std::tmpfile());
+  Progress full({.requests = 10, .limits = std::vector<std::int64_t>(10, 100)}, std::tmpfile());
   full.sampled(0, 0.0);
   full.sampled(300, 2.0);
   full.finished(1, 100, 100, 2.0);
@@ -53,19 +57,38 @@ TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
   EXPECT_NEAR(*f.seconds_left, (900.0 - 200.0) / 150.0, 1e-9);
 }
 
+// Where stops come by length: 50 requests of limit 100, 30 ended by a stop at their 10th token,
+// 20 running at 50 tokens, 50 waiting. At lengths 1-50, 50 or 20 requests reached each: the
+// chance of a stop is 30/50 at the 10th token, none elsewhere; past 50 none reached, and the
+// chance over lengths 26-50 stands in: none stopped there, so they run to their limits. A
+// running request is expected to generate 50 more, a waiting one 10 + 0.4 x 90 (the 2 of 5
+// that pass the 10th token go on to 100). At 100 tok/s. With the job's chance per token past
+// 50 instead (30 stops in 1,300 tokens), the short requests' stops would cut the long ones.
+TEST(Progress, TimeLeftFromWhereStopsComeByLength) {
+  ProgressOptions o{.requests = 100, .limits = std::vector<std::int64_t>(100, 100), .window_seconds = 100};
+  o.running = [] { return std::vector<std::pair<std::int64_t, std::int64_t>>(20, {50, 100}); };
+  Progress p(std::move(o), std::tmpfile());
+  p.sampled(0, 0.0);
+  p.sampled(1300, 13.0);
+  for (int i = 0; i < 30; ++i) p.finished(5, 10, 100, 13.0);
+  const ProgressFigures f = p.figures(13.0);
+  ASSERT_TRUE(f.seconds_left);
+  EXPECT_NEAR(*f.seconds_left, (50 * (10 + 0.4 * 90) + 20 * 50) / 100.0, 1e-9);
+}
+
 TEST(Progress, TheWindowForgetsWhatCameBeforeIt) {
-  Progress p({.requests = 100, .max_new_tokens = 100000, .window_seconds = 10}, std::tmpfile());
+  Progress p({.requests = 100, .limits = std::vector<std::int64_t>(100, 1000), .window_seconds = 10}, std::tmpfile());
   for (int s = 0; s <= 100; ++s) p.sampled(s <= 50 ? 100 : 10, s * 1.0);  // 100 tok/s, then 10
   EXPECT_NEAR(p.figures(100.0).generated_rate, 10.0, 1e-9);
 }
 
 TEST(Progress, ThePlannersRateUntilTheSteadyStateIsMeasured) {
-  Progress p({.requests = 4, .max_new_tokens = 400, .planned_tokens_per_second = 100}, std::tmpfile());
+  Progress p({.requests = 4, .limits = std::vector<std::int64_t>(4, 100), .planned_tokens_per_second = 100}, std::tmpfile());
   ProgressFigures f = p.figures(0.5);
   ASSERT_TRUE(f.seconds_left);
   EXPECT_TRUE(f.planned);
   EXPECT_NEAR(*f.seconds_left, 4.0, 1e-9);
-  Progress unplanned({.requests = 4, .max_new_tokens = 400}, std::tmpfile());
+  Progress unplanned({.requests = 4, .limits = std::vector<std::int64_t>(4, 100)}, std::tmpfile());
   EXPECT_FALSE(unplanned.figures(0.5).seconds_left);
   EXPECT_NE(Progress::text(unplanned.figures(0.5)).find("? left"), std::string::npos);
   // The first prompts' prefill: 3 s of steps with prompt rows sample 3 tokens, which says
@@ -82,15 +105,32 @@ TEST(Progress, ThePlannersRateUntilTheSteadyStateIsMeasured) {
   EXPECT_NEAR(*f.seconds_left, (400.0 - 57.0) / 25.0, 1e-9);
   // A request that ends also starts the measured window (the steady state of a job whose
   // every step admits a newcomer).
-  Progress busy({.requests = 4, .max_new_tokens = 400, .planned_tokens_per_second = 100}, std::tmpfile());
+  Progress busy({.requests = 4, .limits = std::vector<std::int64_t>(4, 100), .planned_tokens_per_second = 100}, std::tmpfile());
   busy.sampled(50, 1.0, true);
   busy.finished(5, 50, 100, 1.0);
   busy.sampled(40, 3.0, true);
   f = busy.figures(3.0);
   EXPECT_FALSE(f.planned);
-  // One stop in 90 tokens: the other 3 would generate 270 more; their limits leave 300 less the
-  // 40 they sampled, 260: at the 20 tok/s since 1 s.
-  EXPECT_NEAR(*f.seconds_left, 260.0 / 20.0, 1e-9);
+  // One stop in 90 tokens: each of the other 3 would generate 90 (1 - (89/90)^100) within its
+  // limit, less the 40 they sampled: at the 20 tok/s since 1 s.
+  EXPECT_NEAR(*f.seconds_left, (3 * 90 * (1 - std::pow(89.0 / 90, 100)) - 40) / 20.0, 1e-9);
+  // Where the running requests are known, the steady state is the first step after which no
+  // more ran than after the one before (the slots as full as they get), not the first request
+  // that ended while they were filling.
+  std::size_t running = 1;
+  ProgressOptions o{.requests = 4, .limits = std::vector<std::int64_t>(4, 100), .planned_tokens_per_second = 100};
+  o.running = [&] { return std::vector<std::pair<std::int64_t, std::int64_t>>(running, {10, 100}); };
+  Progress filling(std::move(o), std::tmpfile());
+  filling.sampled(50, 1.0, true);
+  filling.finished(5, 5, 100, 1.0);
+  running = 3;
+  filling.sampled(40, 4.0, true);
+  EXPECT_TRUE(filling.figures(4.0).planned);
+  filling.sampled(10, 5.0, true);  // still 3
+  filling.sampled(40, 7.0, true);
+  f = filling.figures(7.0);
+  EXPECT_FALSE(f.planned);
+  EXPECT_NEAR(f.generated_rate, 140.0 / 7.0, 1e-9);
 }
 
 TEST(Progress, TextNamesEveryFigure) {
@@ -103,7 +143,7 @@ TEST(Progress, TextNamesEveryFigure) {
 
 TEST(Progress, PlainLinesAtEachTenthAndAfterThePeriodOnly) {
   std::FILE* f = std::tmpfile();
-  Progress p({.requests = 20, .max_new_tokens = 2000, .line_seconds = 30}, f);
+  Progress p({.requests = 20, .limits = std::vector<std::int64_t>(20, 100), .line_seconds = 30}, f);
   p.show(0.0);  // the first line
   p.show(1.0);  // neither a tenth nor 30 s on
   p.finished(1, 1, 100, 2.0);
@@ -122,7 +162,7 @@ TEST(Progress, PlainLinesAtEachTenthAndAfterThePeriodOnly) {
 
 TEST(Progress, ALogGetsTheLastLineOnce) {
   std::FILE* f = std::tmpfile();
-  Progress p({.requests = 1, .max_new_tokens = 10}, f);
+  Progress p({.requests = 1, .limits = {10}}, f);
   p.finished(1, 10, 10, 1.0);
   p.show(1.0);  // the last tenth
   p.close(1.1);
@@ -132,7 +172,7 @@ TEST(Progress, ALogGetsTheLastLineOnce) {
 
 TEST(Progress, ATerminalRedrawsOneLine) {
   std::FILE* f = std::tmpfile();
-  Progress p({.requests = 2, .max_new_tokens = 20, .terminal = true}, f);
+  Progress p({.requests = 2, .limits = {10, 10}, .terminal = true}, f);
   p.show(0.0);
   p.show(0.1);
   p.close(0.2);
