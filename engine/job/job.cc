@@ -101,10 +101,11 @@ std::string graph_steps_line(const kernels::Backend& be) {
 // The plan's figures for the requests at the lengths they generated (RunReport::
 // predicted_at_lengths); none where the cost model cannot say (it only explains).
 std::optional<serving::Prediction> prediction_at_lengths(const JobOptions& o, const JobSetup& s,
+                                                         const policy::HardwareProfile& hw,
                                                          std::span<const serving::Request> generated) {
   try {
     return serving::prediction_of(policy::estimate_or_throw(
-        engine::model_shape(s.model.config), planning_profile(o, s), job_workload(o, s.model.config, generated, s.gen_len),
+        engine::model_shape(s.model.config), hw, job_workload(o, s.model.config, generated, s.gen_len),
         s.policy, plan_options(o, s, static_cast<std::int64_t>(generated.size())), "the plan"));
   } catch (const std::exception&) {
     return std::nullopt;
@@ -127,7 +128,8 @@ JobEnd run_in_process(const JobOptions& o, const FrontEnd& front) {
     front.say(o.prompts_file + ": no request to run");
     return {};
   }
-  settle_policy(o, s, job.requests, planning_profile(o, s), front);  // within this machine's memory
+  const policy::HardwareProfile hw = planning_profile(o, s);
+  settle_policy(o, s, job.requests, hw, front);  // within this machine's memory
   settle_compute_dtype(o, s);
   serving::EngineOptions eo = engine_options(o, s);
   eo.progress = progress_options(o, s);
@@ -146,7 +148,7 @@ JobEnd run_in_process(const JobOptions& o, const FrontEnd& front) {
   report.compute_why = s.compute_why;
   if (s.predicted) report.predicted = serving::prediction_of(*s.predicted);
   if (o.explain && s.predicted && s.predicted->continuous && !done.stopped)
-    report.predicted_at_lengths = prediction_at_lengths(o, s, generated);
+    report.predicted_at_lengths = prediction_at_lengths(o, s, hw, generated);
   report.explain = o.explain;
   if (s.constraints) report.structured_output = s.constraints->report();
   end.text = report.text() + (s.constraints ? s.constraints->summary_line() : "");
