@@ -544,23 +544,31 @@ class OutputEmbed final : public Layer {
     const std::int64_t B = s.batch(), H = cfg_.hidden;
     const float* h = act.hidden;
     float* last = act.last.as<float>();
-    // The rows that predict the next tokens, a run of consecutive rows per copy (a decode step's
-    // are one run: one copy instead of one per sequence).
+    // The rows that predict the next tokens, packed (idle slots have none), a run of
+    // consecutive rows per copy (a decode step's busy slots side by side are one run).
+    auto idle = [&](std::int64_t b) { return s.kinds[static_cast<std::size_t>(b)] == SeqStep::Idle; };
+    std::int64_t rows = 0;
     for (std::int64_t b = 0; b < B;) {
+      if (idle(b)) {
+        ++b;
+        continue;
+      }
       std::int64_t e = b + 1;
-      while (e < B && s.last_rows[e] == s.last_rows[e - 1] + 1) ++e;
-      be.copy_on_device(last + b * H, h + s.last_rows[b] * H, static_cast<std::size_t>((e - b) * H) * sizeof(float));
+      while (e < B && !idle(e) && s.last_rows[e] == s.last_rows[e - 1] + 1) ++e;
+      be.copy_on_device(last + rows * H, h + s.last_rows[b] * H, static_cast<std::size_t>((e - b) * H) * sizeof(float));
+      rows += e - b;
       b = e;
     }
-    if (cfg_.final_norm) norm(be, cfg_, w.norm, last, last, B);
+    if (rows == 0) return;
+    if (cfg_.final_norm) norm(be, cfg_, w.norm, last, last, rows);
     const float* head_in = last;
     if (cfg_.embedding_width() != H) {  // back to the embedding's width (OPT-350m)
-      linear(be, cfg_, {last, B, w.project_out, nullptr, act.embed.as<float>(), 0.0f});
+      linear(be, cfg_, {last, rows, w.project_out, nullptr, act.embed.as<float>(), 0.0f});
       head_in = act.embed.as<float>();
     }
     float* logits = act.logits.as<float>();
-    be.gemm({.x = head_in, .m = B, .w = w.head, .y = logits, .compute = head_compute(be, cfg_, w.head.dtype)});
-    if (cfg_.final_softcap > 0) be.softcap(logits, B * cfg_.vocab_size, cfg_.final_softcap);
+    be.gemm({.x = head_in, .m = rows, .w = w.head, .y = logits, .compute = head_compute(be, cfg_, w.head.dtype)});
+    if (cfg_.final_softcap > 0) be.softcap(logits, rows * cfg_.vocab_size, cfg_.final_softcap);
   }
 
  private:

@@ -68,8 +68,10 @@ struct Activations {
   kernels::DeviceBuffer ffn_a, ffn_b;   // [rows, ffn] (ffn_b: gated MLPs)
   kernels::DeviceBuffer embed;          // [max(rows, batch), embedding width] when it is not hidden
   kernels::DeviceBuffer router;         // [rows, experts]: router logits (MoE)
-  kernels::DeviceBuffer last;           // [batch, hidden]
-  kernels::DeviceBuffer logits;         // [batch, vocab]
+  // The head's rows: the sequences that predict a token (StepBatch::predicting), in batch
+  // order; an idle slot has none, so a step of a few requests in many slots multiplies few rows.
+  kernels::DeviceBuffer last;           // [predicting, hidden]
+  kernels::DeviceBuffer logits;         // [predicting, vocab]
 };
 
 // A mixture-of-experts layer's routing of one step's rows: each row's experts and weights

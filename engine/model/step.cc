@@ -56,6 +56,10 @@ void StepBatch::add_decode(std::int32_t token, std::int64_t cached) {
   last_rows.push_back(rows() - 1);
 }
 
+std::int64_t StepBatch::predicting() const {
+  return static_cast<std::int64_t>(std::ranges::count_if(kinds, [](SeqStep k) { return k != SeqStep::Idle; }));
+}
+
 void StepBatch::add_idle() {
   begin_sequence(*this, SeqStep::Idle);
   seq_offsets.push_back(rows());

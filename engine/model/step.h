@@ -42,6 +42,8 @@ struct StepBatch {
 
   std::int64_t rows() const { return static_cast<std::int64_t>(token_ids.size()); }
   std::int64_t batch() const { return static_cast<std::int64_t>(lens.size()); }
+  // The sequences that predict a next token (every one but the idle slots): the head's rows.
+  std::int64_t predicting() const;
 
   // The first row of sequence b.
   std::int64_t first_row(std::int64_t b) const { return seq_offsets[b]; }

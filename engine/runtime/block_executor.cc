@@ -151,11 +151,11 @@ StepOutput BlockExecutor::run_step(Block& blk, const StepInput& in, const StageL
   }
   graph.end();
   ++st.step;
-  const bool prefilled = std::ranges::any_of(st.batches, [](const GpuBatch& b) {
-    return std::ranges::any_of(b.step.kinds, [](SeqStep k) { return k == SeqStep::Prefill || k == SeqStep::Extend; });
-  });
+  std::int64_t prompt_rows = 0;  // every row but the decodes' one each
+  for (const GpuBatch& b : st.batches)
+    prompt_rows += b.step.rows() - std::ranges::count(b.step.kinds, SeqStep::Decode);
   const bool logits = in.keep_logits && holds_head_;
-  return {st.next, logits ? std::span<const float>(st.host_logits) : std::span<const float>(), prefilled};
+  return {st.next, logits ? std::span<const float>(st.host_logits) : std::span<const float>(), prompt_rows};
 }
 
 // Batch k's hidden states and KV cache for unit u into the compute's ring slot, unless the
@@ -249,18 +249,21 @@ void BlockExecutor::route_next_unit(std::int64_t unit, const GpuBatch& b, Activa
 }
 
 // The batch's next tokens from the head's logits (and a host copy of them when asked). The
-// logits cross to the host once for the batch, however many calls sample them.
+// logits cross to the host once for the batch, however many calls sample them; they hold a row
+// per sequence that predicts a token (Activations::logits), none for an idle slot.
 void BlockExecutor::sample(BlockState& st, const GpuBatch& b, Activations& act, const StepInput& in) {
   be_.graph_step_end();  // the logits are complete on the device
-  const float* logits = be_.logits_on_host(act.logits.as<float>(), b.n, cfg_.vocab_size);
+  const std::int64_t V = cfg_.vocab_size, rows = b.step.predicting();
+  const float* logits = be_.logits_on_host(act.logits.as<float>(), rows, V);
+  auto idle = [&](std::int64_t i) { return b.step.kinds[static_cast<std::size_t>(i)] == SeqStep::Idle; };
   if (in.keep_logits)
-    std::copy_n(logits, b.n * cfg_.vocab_size, st.host_logits.begin() + b.first_sequence * cfg_.vocab_size);
+    for (std::int64_t i = 0, row = 0; i < b.n; ++i)
+      if (!idle(i)) std::copy_n(logits + row++ * V, V, st.host_logits.begin() + (b.first_sequence + i) * V);
   const auto& slots = in.plan->slots;
   const bool forking = std::ranges::any_of(slots, [](const SlotStep& s) { return s.fork_of >= 0; });
-  if (st.continuous || forking) {
-    for (std::int64_t i = 0; i < b.n; ++i)
-      if (b.step.kinds[static_cast<std::size_t>(i)] != SeqStep::Idle)
-        sample_slot(st, logits + i * cfg_.vocab_size, b.first_sequence + i, in);
+  if (st.continuous || forking || rows < b.n) {
+    for (std::int64_t i = 0, row = 0; i < b.n; ++i)
+      if (!idle(i)) sample_slot(st, logits + row++ * V, b.first_sequence + i, in);
     return;
   }
   const auto first = static_cast<std::size_t>(b.first_sequence), n = static_cast<std::size_t>(b.n);

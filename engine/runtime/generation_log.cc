@@ -269,10 +269,13 @@ void GenerationLog::end_step(std::int64_t step, std::int64_t sequences, bool pre
   t0_ = now;
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> GenerationLog::running() const {
-  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+std::vector<RunningSequence> GenerationLog::running() const {
+  std::vector<RunningSequence> out;
   for (std::size_t b = 0; b < seqs_.size(); ++b)
-    if (seqs_[b].phase == SequenceState::Phase::Running) out.emplace_back(seqs_[b].generated(), new_tokens_limit(req_, b));
+    if (seqs_[b].phase == SequenceState::Phase::Running)
+      out.push_back({.generated = seqs_[b].generated(),
+                     .limit = new_tokens_limit(req_, b),
+                     .prompt = static_cast<std::int64_t>(req_.sequences[b].prompt.size())});
   return out;
 }
 

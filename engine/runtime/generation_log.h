@@ -55,8 +55,8 @@ class GenerationLog {
   // Tokens sequence b has generated so far: the index (sampling step) of its next one.
   std::int64_t generated(std::size_t b) const { return seqs_[b].generated(); }
   bool active() const { return active_ > 0; }
-  // Per running sequence (a token sampled, not ended): its tokens so far and its limit.
-  std::vector<std::pair<std::int64_t, std::int64_t>> running() const;
+  // Per running sequence (a token sampled, not ended): its tokens so far, its limit, its prompt.
+  std::vector<RunningSequence> running() const;
   std::int64_t rows_computed() const { return res_.sequence_steps; }
   // Stops the decode clock; the result, its per-sequence parts taken from the states.
   GenerationResult finish();

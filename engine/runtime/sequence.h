@@ -18,6 +18,14 @@
 
 namespace flexh2o::engine {
 
+// A sequence that sampled a token and has not ended (GenerationLog::running): what the progress
+// line's time left needs of it.
+struct RunningSequence {
+  std::int64_t generated = 0, limit = 0;  // tokens so far, max_tokens
+  std::int64_t prompt = 0;                // its prompt's tokens
+  bool operator==(const RunningSequence&) const = default;
+};
+
 struct Sequence {
   std::vector<std::int32_t> prompt;  // non-empty
   // Its own limit (at most the request's max_new_tokens, which sizes the cache and

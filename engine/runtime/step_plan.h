@@ -87,9 +87,10 @@ struct StepOutput {
   // keep_logits: per slot, the logits row [slots, vocab] that sampled its token, on the host
   // (a fork's row: unset; it sampled from its parent's); else empty.
   std::span<const float> logits;
-  // The step computed prompt rows (a newcomer's prefill or extension, or a sequence prefilled
-  // again): its time counts as prefill.
-  bool prefilled = false;
+  // The prompt rows the step computed (a newcomer's prefill or extension, or a sequence
+  // prefilled again); a step with any counts its time as prefill.
+  std::int64_t prompt_rows = 0;
+  bool prefilled() const { return prompt_rows > 0; }
 };
 
 }  // namespace flexh2o::engine

@@ -65,7 +65,7 @@ void BlockRun::record_slots(const engine::StepOutput& out) {
     const bool ended = log_.record_token(seq, token);
     sched_.record(slot, token, ended);
   }
-  log_.end_step(step_, computed, out.prefilled);
+  log_.end_step(step_, computed, out.prefilled());
 }
 
 void BlockRun::record_all(const engine::StepOutput& out) {

@@ -30,8 +30,8 @@ class BlockRun {
   bool active() const { return log_.active(); }
   // The sequence rows the block's steps computed so far (each sampled a token).
   std::int64_t rows_computed() const { return log_.rows_computed(); }
-  // Per running sequence: its tokens so far and its limit (the progress line's time left).
-  std::vector<std::pair<std::int64_t, std::int64_t>> running() const { return log_.running(); }
+  // Per running sequence: its tokens so far, limit and prompt (the progress line's time left).
+  std::vector<engine::RunningSequence> running() const { return log_.running(); }
   engine::BlockExecutor::Block& block() { return *block_; }
   // What the executor runs next (valid until update).
   engine::StepInput next_step();

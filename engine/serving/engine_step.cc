@@ -72,9 +72,13 @@ void Engine::start(std::span<const Request> requests, RequestsFinished finished,
     ProgressOptions po = *o_.progress;
     po.requests = requests.size();
     po.limits.clear();
-    for (const Request& r : requests) po.limits.push_back(r.max_tokens);
+    po.prompt_tokens = 0;
+    for (const Request& r : requests) {
+      po.limits.push_back(r.max_tokens);
+      po.prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
+    }
     po.running = [&j] {  // the flights' running requests
-      std::vector<std::pair<std::int64_t, std::int64_t>> counts;
+      std::vector<engine::RunningSequence> counts;
       for (const auto& f : j.flights)
         if (f->run)
           for (const auto& c : f->run->running()) counts.push_back(c);
@@ -122,7 +126,7 @@ void Engine::record_step(Flight& f, const StepLinks& links) {
   f.run->update(f.out);
   if (job_->progress) {
     const std::int64_t rows = f.run->rows_computed();
-    job_->progress->sampled(rows - f.rows_counted, seconds_since(job_->t0), f.out.prefilled);
+    job_->progress->sampled(rows - f.rows_counted, seconds_since(job_->t0), f.out.prompt_rows);
     f.rows_counted = rows;
   }
 }

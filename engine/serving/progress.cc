@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace flexh2o::serving {
@@ -17,6 +18,10 @@ constexpr double kRedrawSeconds = 0.1;  // a terminal's line at most ten times a
 // Fewer requests than this that reached a length: their stops there say too little, and the
 // job's chance per token stands in.
 constexpr std::int64_t kMinAtRisk = 20;
+// The context's cost per token is fitted from this many steps on, where its t statistic is at
+// least this (a ShareGPT job's filling slots gave 26x the cost it settled at, from 10 steps).
+constexpr std::size_t kMinContextSteps = 30;
+constexpr double kMinContextT = 5;
 
 std::string rate_text(double rate) { return rate >= 100 ? fmt::format("{:.0f}", rate) : fmt::format("{:.1f}", rate); }
 
@@ -33,9 +38,19 @@ Progress::Progress(ProgressOptions options, std::FILE* out) : o_(std::move(optio
   for (const std::int64_t limit : o_.limits) ++open_limits_[limit];
 }
 
-void Progress::sampled(std::int64_t rows, double now, bool prefilled) {
+void Progress::sampled(std::int64_t rows, double now, std::int64_t prompt_rows) {
   sampled_ += rows;
+  prompt_rows_ += prompt_rows;
   record(now);
+  if (steady_) {
+    double context = 0;  // the tokens the running requests attend over
+    if (o_.running)
+      for (const engine::RunningSequence& r : o_.running()) context += static_cast<double>(r.prompt + r.generated);
+    steps_.push_back({now, now - last_step_at_, static_cast<double>(prompt_rows), static_cast<double>(rows), context});
+    const double kept = std::max(o_.window_seconds, (now - steady_->at) / 2);
+    while (steps_.size() > 1 && steps_.front().at <= now - kept) steps_.pop_front();
+  }
+  last_step_at_ = now;
   // The slots are as full as they get once the running requests stop growing in number.
   bool full = false;
   if (!steady_ && o_.running) {
@@ -43,7 +58,7 @@ void Progress::sampled(std::int64_t rows, double now, bool prefilled) {
     full = running > 0 && running <= last_running_;
     last_running_ = running;
   }
-  if (!prefilled || full) steady_from(now);
+  if (prompt_rows == 0 || full) steady_from(now);
 }
 
 void Progress::finished(std::int64_t prompt_tokens, std::int64_t generated_tokens, std::int64_t max_tokens,
@@ -69,7 +84,7 @@ void Progress::record(double now) {
   while (window_.size() > 2 && window_[1].at <= now - o_.window_seconds) window_.pop_front();
 }
 
-Progress::Reach Progress::reach(const std::vector<std::pair<std::int64_t, std::int64_t>>& running) const {
+Progress::Reach Progress::reach(const std::vector<engine::RunningSequence>& running) const {
   const std::int64_t longest = open_limits_.empty() ? 0 : open_limits_.rbegin()->first;
   const auto n = static_cast<std::size_t>(longest + 2);
   // Per length t: the requests that generated at least t tokens (ended there or later, or
@@ -80,7 +95,7 @@ Progress::Reach Progress::reach(const std::vector<std::pair<std::int64_t, std::i
     ++reached[at(len)];
     if (stopped) ++stops[at(len)];
   }
-  for (const auto& [len, limit] : running) ++reached[at(len)];
+  for (const engine::RunningSequence& r : running) ++reached[at(r.generated)];
   for (std::size_t t = n; t-- > 0;) reached[t] += reached[t + 1];
   // Past the lengths enough requests reached: the chance of a stop over the longer half of
   // those lengths (the first tokens' stops, the short requests', would read the long ones as
@@ -98,8 +113,10 @@ Progress::Reach Progress::reach(const std::vector<std::pair<std::int64_t, std::i
   Reach r;
   r.reach.assign(n, 1.0);  // the first token always comes
   r.sum.assign(n, 0.0);
+  r.length_sum.assign(n, 0.0);
   for (std::size_t t = 1; t < n; ++t) {
     r.sum[t] = r.sum[t - 1] + r.reach[t];
+    r.length_sum[t] = r.length_sum[t - 1] + static_cast<double>(t) * r.reach[t];
     if (t + 1 == n) break;
     const double stop = reached[t] >= kMinAtRisk ? static_cast<double>(stops[t]) / static_cast<double>(reached[t]) : pooled;
     r.reach[t + 1] = r.reach[t] * (1 - std::clamp(stop, 0.0, 1.0));
@@ -107,27 +124,137 @@ Progress::Reach Progress::reach(const std::vector<std::pair<std::int64_t, std::i
   return r;
 }
 
-double Progress::expected_tokens_left() const {
-  if (open_limits_.empty()) return 0;
-  const std::vector<std::pair<std::int64_t, std::int64_t>> running =
-      o_.running ? o_.running() : std::vector<std::pair<std::int64_t, std::int64_t>>{};
+Progress::WorkLeft Progress::work_left(const std::vector<engine::RunningSequence>& running) const {
+  if (open_limits_.empty()) return {};
   const Reach r = reach(running);
   const auto last = static_cast<std::int64_t>(r.sum.size()) - 1;
-  auto sum = [&](std::int64_t t) { return r.sum[static_cast<std::size_t>(std::clamp<std::int64_t>(t, 0, last))]; };
-  // A request that generated g of its limit m and goes on: tokens g + 1 ... m, each as likely
-  // as reaching it from g + 1.
-  auto more = [&](std::int64_t g, std::int64_t m) {
-    if (g >= m) return 0.0;
-    const double from = r.reach[static_cast<std::size_t>(std::clamp<std::int64_t>(g + 1, 1, last))];
-    return from > 0 ? (sum(m) - sum(g)) / from : 0.0;
+  auto at = [&](const std::vector<double>& v, std::int64_t t) {
+    return v[static_cast<std::size_t>(std::clamp<std::int64_t>(t, 0, last))];
   };
-  double left = 0;
-  for (const auto& [limit, count] : open_limits_) left += static_cast<double>(count) * more(0, limit);
-  for (const auto& [g, m] : running) left += more(g, m) - more(0, m);  // counted above from no token
+  // A request of `prompt` tokens that generated g of its limit m and goes on: tokens g + 1 ...
+  // m, each as likely as reaching it from g + 1; the t-th attends over prompt + t tokens.
+  auto more = [&](double prompt, std::int64_t g, std::int64_t m) {
+    const double from = g < m ? at(r.reach, g + 1) : 0.0;
+    if (from <= 0) return WorkLeft{};
+    const double tokens = (at(r.sum, m) - at(r.sum, g)) / from;
+    return WorkLeft{tokens, prompt * tokens + (at(r.length_sum, m) - at(r.length_sum, g)) / from};
+  };
+  WorkLeft left;
+  auto add = [&](const WorkLeft& w, double times) {
+    left.tokens += times * w.tokens;
+    left.context += times * w.context;
+  };
+  // Every open request from no token at the mean prompt of those not started, then the running
+  // ones instead from where they are.
+  double open = 0;
+  for (const auto& [limit, count] : open_limits_) open += static_cast<double>(count);
+  const double prompt = waiting_prompt_tokens(running) / std::max(1.0, open - static_cast<double>(running.size()));
+  for (const auto& [limit, count] : open_limits_) add(more(prompt, 0, limit), static_cast<double>(count));
+  for (const engine::RunningSequence& s : running) {
+    add(more(prompt, 0, s.limit), -1);
+    add(more(static_cast<double>(s.prompt), s.generated, s.limit), 1);
+  }
   // Running requests not known (a rank's requests are seen when they end): less what the
   // unfinished ones sampled so far.
-  if (!o_.running) left = std::max(0.0, left - static_cast<double>(sampled_ - generated_done_));
+  if (!o_.running) left.tokens = std::max(0.0, left.tokens - static_cast<double>(sampled_ - generated_done_));
   return left;
+}
+
+double Progress::started_prompt_tokens(const std::vector<engine::RunningSequence>& running) const {
+  double started = static_cast<double>(prompt_done_);
+  for (const engine::RunningSequence& s : running) started += static_cast<double>(s.prompt);
+  return started;
+}
+
+double Progress::waiting_prompt_tokens(const std::vector<engine::RunningSequence>& running) const {
+  return std::max(0.0, static_cast<double>(o_.prompt_tokens) - started_prompt_tokens(running));
+}
+
+double Progress::prompt_rows_left(const std::vector<engine::RunningSequence>& running) const {
+  const double started = started_prompt_tokens(running);
+  const double computed_share = started > 0 ? static_cast<double>(prompt_rows_) / started : 1.0;
+  return waiting_prompt_tokens(running) * computed_share;
+}
+
+namespace {
+
+// Least squares of y on the columns `cols` of x (at most 3): their coefficients (the others 0)
+// and the t statistic of the last; none where the columns are (nearly) dependent.
+struct Fit {
+  std::array<double, 3> coef{};
+  double last_t = 0;
+};
+std::optional<Fit> least_squares(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y,
+                                 const std::vector<int>& cols) {
+  const int k = static_cast<int>(cols.size());
+  std::array<std::array<double, 3>, 3> a{}, inv{};  // x'x, then its inverse (for the variance)
+  std::array<double, 3> b{};                        // x'y
+  for (std::size_t i = 0; i < y.size(); ++i)
+    for (int r = 0; r < k; ++r) {
+      for (int c = 0; c < k; ++c) a[r][c] += x[i][cols[r]] * x[i][cols[c]];
+      b[r] += x[i][cols[r]] * y[i];
+    }
+  double size = 0;
+  for (int r = 0; r < k; ++r) {
+    size = std::max(size, a[r][r]);
+    inv[r][r] = 1;
+  }
+  for (int c = 0; c < k; ++c) {  // Gauss-Jordan; x'x is symmetric positive semi-definite
+    const double pivot = a[c][c];
+    if (pivot <= 1e-12 * size) return std::nullopt;
+    for (int r = 0; r < k; ++r) {
+      if (r == c) continue;
+      const double f = a[r][c] / pivot;
+      for (int j = 0; j < k; ++j) {
+        a[r][j] -= f * a[c][j];
+        inv[r][j] -= f * inv[c][j];
+      }
+      b[r] -= f * b[c];
+    }
+  }
+  Fit fit;
+  for (int r = 0; r < k; ++r) fit.coef[cols[r]] = b[r] / a[r][r];
+  double rss = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    double e = y[i];
+    for (const int c : cols) e -= fit.coef[c] * x[i][c];
+    rss += e * e;
+  }
+  const double dof = static_cast<double>(y.size()) - k, last = fit.coef[cols.back()];
+  const double variance = dof > 0 ? rss / dof * inv[k - 1][k - 1] / a[k - 1][k - 1] : 0;
+  fit.last_t = variance > 0 ? last / std::sqrt(variance) : std::copysign(HUGE_VAL, last);
+  return fit;
+}
+
+}  // namespace
+
+std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
+  if (!steady_ || steps_.empty()) return std::nullopt;
+  std::vector<std::array<double, 3>> x;
+  std::vector<double> y;
+  double t = 0, prompt = 0, sampled = 0;
+  for (const StepCost& s : steps_) {
+    x.push_back({s.prompt, s.sampled, s.context});
+    y.push_back(s.seconds);
+    t += s.seconds, prompt += s.prompt, sampled += s.sampled;
+  }
+  const double span = now - std::max(steady_->at, steps_.front().at - steps_.front().seconds);
+  if (span < kMinWindowSeconds || sampled < static_cast<double>(kMinWindowTokens)) return std::nullopt;
+  // The context's cost once the steps show it clearly (while the slots fill, the context grows
+  // with the rows and a fit of three costs reads noise); else prompt and sampled rows where the
+  // steps tell them apart; else a row is a row. Without prompt rows in the steps, a prompt row
+  // costs a sampled row.
+  std::vector<int> rows_cols = {1};
+  if (prompt > 0) rows_cols.insert(rows_cols.begin(), 0);
+  auto costs = [&](const Fit& f) { return RowCosts{prompt > 0 ? f.coef[0] : f.coef[1], f.coef[1], f.coef[2]}; };
+  std::vector<int> with_context = rows_cols;
+  with_context.push_back(2);
+  const std::optional<Fit> three = steps_.size() >= kMinContextSteps ? least_squares(x, y, with_context) : std::nullopt;
+  if (three && three->last_t >= kMinContextT && three->coef[0] >= 0 && three->coef[1] > 0) return costs(*three);
+  const std::optional<Fit> two = prompt > 0 ? least_squares(x, y, rows_cols) : std::nullopt;
+  if (two && two->coef[0] >= 0 && two->coef[1] > 0) return costs(*two);
+  const double row = t / (prompt + sampled);
+  return RowCosts{row, row, 0};
 }
 
 ProgressFigures Progress::figures(double now) const {
@@ -139,17 +266,16 @@ ProgressFigures Progress::figures(double now) const {
     f.prompt_rate = static_cast<double>(last.prompt - first.prompt) / span;
     f.generated_rate = static_cast<double>(last.sampled - first.sampled) / span;
   }
-  // The time left: the rate over the window's part since the steady state began.
-  const Sample& from = steady_ && steady_->at > first.at ? *steady_ : first;
-  const double steady_span = now - from.at;
-  const auto steady_tokens = last.sampled - from.sampled;
-  const bool measured = steady_ && steady_span >= kMinWindowSeconds && steady_tokens >= kMinWindowTokens;
   if (done_ >= o_.requests) {
     f.seconds_left = 0.0;
-  } else if (measured) {
-    f.seconds_left = expected_tokens_left() * steady_span / static_cast<double>(steady_tokens);
+    return f;
+  }
+  const std::vector<engine::RunningSequence> running = o_.running ? o_.running() : std::vector<engine::RunningSequence>{};
+  const WorkLeft work = work_left(running);
+  if (const std::optional<RowCosts> cost = row_costs(now)) {
+    f.seconds_left = cost->prompt * prompt_rows_left(running) + cost->sampled * work.tokens + cost->context * work.context;
   } else if (o_.planned_tokens_per_second > 0) {
-    f.seconds_left = expected_tokens_left() / o_.planned_tokens_per_second;
+    f.seconds_left = work.tokens / o_.planned_tokens_per_second;
     f.planned = true;
   }
   return f;

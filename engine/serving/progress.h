@@ -3,23 +3,29 @@
 // (as tqdm does for vLLM's offline users); to a file or a pipe it writes a plain line now and
 // then, so a log of a two-hour job says in its first minute how long the job will take.
 //
-// The time left is the generated tokens still to come over the window's generated rate. The
-// tokens to come: each unfinished request's expected tokens within its limit, given what it has
-// generated so far, from the chance that a request that generated t tokens stops at the next
-// (a Kaplan-Meier estimate over the requests seen: those a stop ended are the events, those
-// that reached their limit and those still running count as at risk up to their lengths), so
-// that the short requests that end first do not stand for the long ones still running. Past
-// the lengths enough requests reached, the chance per token over the longer half of those
-// stands in (before any, the job's: stops over tokens sampled); with no stop seen, every
-// request runs to its limit. The rate counts every
-// token sampled (the engine's sequence rows), so the requests in flight count before they end.
-// It is measured from the job's steady state on: the first step that only decoded, or the first
-// after which no more requests ran than after the one before (the slots as full as they get;
-// where the running requests are not known, the first request that ended). Before, the first
-// prompts' prefill samples few tokens a second while the slots fill:
-// a 30-second job said 17 minutes left, and a ShareGPT job whose first short replies ended
-// after 10 s took the filling slots' 30 tok/s for its rate. Until the window holds a
-// measurement, the planner's predicted rate stands in, marked "planned".
+// The time left is the work still to come at the measured cost of a row: the prompt rows the
+// waiting requests will compute and the tokens still to be sampled, each at its seconds per row
+// fitted to the recent steps (least squares over the steps' times, prompt rows and sampled
+// rows): a job whose slots are still filling spends its steps on prompts, and the tokens alone
+// would price the decode to come at the prefill's rate (a ShareGPT job said 9 minutes left of
+// 5 at 30%). Where the steps do not tell the two apart (no prompt rows, or always in the same
+// proportion), a row is a row.
+// The tokens to come: each unfinished request's expected tokens within its limit, given what
+// it has generated so far, from the chance that a request that generated t tokens stops at the
+// next (a Kaplan-Meier estimate over the requests seen: those a stop ended are the events,
+// those that reached their limit and those still running count as at risk up to their
+// lengths), so that the short requests that end first do not stand for the long ones still
+// running. Past the lengths enough requests reached, the chance per token over the longer half
+// of those stands in (before any, the job's: stops over tokens sampled); with no stop seen,
+// every request runs to its limit. The prompt rows to come: the waiting requests' prompt tokens
+// at the share of the started requests' prompt tokens the steps computed (shared prefixes and
+// forks compute fewer).
+// The costs are measured from the job's steady state on: the first step that only decoded, or
+// the first after which no more requests ran than after the one before (the slots as full as
+// they get; where the running requests are not known, the first request that ended), over the
+// steps of the last half of it (at least the window). Before, the first prompts' prefill
+// samples few tokens a second while the slots fill: a 30-second job said 17 minutes left. Until
+// there is a measurement, the planner's predicted rate stands in, marked "planned".
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -31,14 +37,17 @@
 #include <utility>
 #include <vector>
 
+#include "engine/runtime/sequence.h"
+
 namespace flexh2o::serving {
 
-// Per running request: its tokens so far and its limit (GenerationLog::running).
-using RunningCounts = std::function<std::vector<std::pair<std::int64_t, std::int64_t>>()>;
+// The running requests (GenerationLog::running).
+using RunningCounts = std::function<std::vector<engine::RunningSequence>()>;
 
 struct ProgressOptions {
   std::size_t requests = 0;           // of the job (those done before a resume not counted)
   std::vector<std::int64_t> limits;   // each request's max_tokens
+  std::int64_t prompt_tokens = 0;     // their prompts' tokens (0: not known, no prompt rows to come)
   RunningCounts running;              // null: not known (the running requests count as waiting)
   double planned_tokens_per_second = 0;  // the planner's generated tok/s (0: none)
   bool terminal = false;              // redraw one line with a bar, else plain lines
@@ -59,9 +68,9 @@ class Progress {
  public:
   Progress(ProgressOptions options, std::FILE* out);
 
-  // `rows` more tokens were sampled (a step's sequence rows) at `now` (seconds into the job);
-  // `prefilled`: the step computed prompt rows.
-  void sampled(std::int64_t rows, double now, bool prefilled = false);
+  // `rows` more tokens were sampled (a step's sequence rows) at `now` (seconds into the job) by
+  // a step that computed `prompt_rows` prompt rows.
+  void sampled(std::int64_t rows, double now, std::int64_t prompt_rows = 0);
   // A request ended at `now` with these counts.
   void finished(std::int64_t prompt_tokens, std::int64_t generated_tokens, std::int64_t max_tokens, double now);
   // Draws (terminal) or writes (when one is due) the line for `now`.
@@ -84,8 +93,23 @@ class Progress {
   void record(double now);
   // The job's steady state begins at `now` (once): the time left is measured from there.
   void steady_from(double now);
-  // The tokens the unfinished requests are expected to generate.
-  double expected_tokens_left() const;
+  // The tokens the unfinished requests are expected to generate, and the context their
+  // steps attend over (each token's prompt and the tokens before it, summed).
+  struct WorkLeft {
+    double tokens = 0, context = 0;
+  };
+  WorkLeft work_left(const std::vector<engine::RunningSequence>& running) const;
+  // The prompt tokens of the requests started (finished or running) and not started, and the
+  // prompt rows those not started are expected to compute.
+  double started_prompt_tokens(const std::vector<engine::RunningSequence>& running) const;
+  double waiting_prompt_tokens(const std::vector<engine::RunningSequence>& running) const;
+  double prompt_rows_left(const std::vector<engine::RunningSequence>& running) const;
+  // Seconds a prompt row, a sampled row and a token of context attended take over the measured
+  // steps; none before there is a measurement.
+  struct RowCosts {
+    double prompt = 0, sampled = 0, context = 0;
+  };
+  std::optional<RowCosts> row_costs(double now) const;
 
   ProgressOptions o_;
   std::FILE* out_;
@@ -94,9 +118,9 @@ class Progress {
   // Over lengths [0, the longest open limit + 1]: the chance a request generates a t-th token
   // (reach[t], 1 for t <= 1) and the sum of those chances up to t (sum[t]).
   struct Reach {
-    std::vector<double> reach, sum;
+    std::vector<double> reach, sum, length_sum;  // length_sum[t]: of u x reach[u] up to t
   };
-  Reach reach(const std::vector<std::pair<std::int64_t, std::int64_t>>& running) const;
+  Reach reach(const std::vector<engine::RunningSequence>& running) const;
 
   std::int64_t generated_done_ = 0;
   std::int64_t stopped_ = 0;  // finished requests a stop ended before their limit
@@ -106,6 +130,15 @@ class Progress {
   std::map<std::int64_t, std::int64_t> open_limits_;
   std::size_t last_running_ = 0;  // requests running after the last step (until the steady state)
   std::deque<Sample> window_;
+  // The steps since the steady state began, the last half of it kept (at least the window).
+  struct StepCost {
+    double at = 0, seconds = 0;
+    double prompt = 0, sampled = 0;  // rows
+    double context = 0;              // tokens the running requests attend over
+  };
+  std::deque<StepCost> steps_;
+  double last_step_at_ = 0;
+  std::int64_t prompt_rows_ = 0;  // computed by the steps so far
   // Where the steady state began (a step only decoded, or a request ended); none yet: the
   // time left is the planner's.
   std::optional<Sample> steady_;

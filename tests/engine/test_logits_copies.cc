@@ -1,7 +1,9 @@
 // A step's logits cross from the device to the host once per GPU batch, however its sequences
 // sample (one call for a fixed block, one per slot under continuous batching, forks), and the
 // tokens and logits are those of the plain CPU run. A CPU stand-in plays the device: it counts
-// Backend::logits_on_host calls and any sample call that would copy the logits itself.
+// Backend::logits_on_host calls and any sample call that would copy the logits itself. The
+// head multiplies only the sequences that predict a token: an idle slot (continuous batching's
+// tail, a slot waiting for a newcomer) adds no row to its GEMM nor to the copy.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -25,6 +27,7 @@ class CountingLogitsBackend final : public testing::ForwardingBackend {
  public:
   const float* logits_on_host(const float* logits, std::int64_t rows, std::int64_t vocab) override {
     ++copies;
+    rows_copied += rows;
     staged.assign(logits, logits + rows * vocab);  // the device keeps its buffer until the next call
     return staged.data();
   }
@@ -32,7 +35,13 @@ class CountingLogitsBackend final : public testing::ForwardingBackend {
     if (!a.logits_on_host) ++samples_from_device;
     ForwardingBackend::do_sample(a);
   }
+  void do_gemm(const kernels::GemmArgs& a) override {
+    if (a.w.rows == vocab) head_rows += a.m;
+    ForwardingBackend::do_gemm(a);
+  }
+  std::int64_t vocab = 0;  // the head's output rows
   int copies = 0;
+  std::int64_t rows_copied = 0, head_rows = 0;
   int samples_from_device = 0;
   std::vector<float> staged;
 };
@@ -77,12 +86,21 @@ void expect_one_copy_per_step(std::int64_t prompts, std::int64_t slots, std::int
   const engine::ModelConfig cfg = testing::tiny_llama_config();
   auto cpu = kernels::make_cpu_backend();
   CountingLogitsBackend device;
+  device.vocab = cfg.vocab_size;
   const Run want = run(*cpu, cfg, request(cfg, prompts, slots), gbs);
   const Run got = run(device, cfg, request(cfg, prompts, slots), gbs);
   EXPECT_EQ(got.result.tokens, want.result.tokens);
   EXPECT_EQ(got.logits, want.logits);
   EXPECT_EQ(device.samples_from_device, 0);
-  EXPECT_EQ(device.copies, got.result.prefill_steps + got.result.decode_steps);
+  const std::int64_t steps = got.result.prefill_steps + got.result.decode_steps;
+  EXPECT_EQ(device.copies, steps);
+  // One head row per sequence that sampled (no forks here), fewer than the slots' steps when
+  // some ran idle.
+  EXPECT_EQ(device.rows_copied, got.result.sequence_steps);
+  EXPECT_EQ(device.head_rows, got.result.sequence_steps);
+  if (slots > 0) {
+    EXPECT_LT(got.result.sequence_steps, steps * slots) << "no slot ran idle: the test shows nothing";
+  }
 }
 
 TEST(LogitsCopies, OnePerStepUnderContinuousBatching) { expect_one_copy_per_step(7, 3, 3); }

@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include <cstdio>
+#include <memory>
+#include <utility>
 #include <string>
 
 #include "engine/serving/progress.h"
@@ -66,7 +68,7 @@ TEST(Progress, TimeLeftFromTheWindowsRateAndTheLimitsLeft) {
 // 50 instead (30 stops in 1,300 tokens), the short requests' stops would cut the long ones.
 TEST(Progress, TimeLeftFromWhereStopsComeByLength) {
   ProgressOptions o{.requests = 100, .limits = std::vector<std::int64_t>(100, 100), .window_seconds = 100};
-  o.running = [] { return std::vector<std::pair<std::int64_t, std::int64_t>>(20, {50, 100}); };
+  o.running = [] { return std::vector<engine::RunningSequence>(20, {.generated = 50, .limit = 100}); };
   Progress p(std::move(o), std::tmpfile());
   p.sampled(0, 0.0);
   p.sampled(1300, 13.0);
@@ -74,6 +76,58 @@ TEST(Progress, TimeLeftFromWhereStopsComeByLength) {
   const ProgressFigures f = p.figures(13.0);
   ASSERT_TRUE(f.seconds_left);
   EXPECT_NEAR(*f.seconds_left, (50 * (10 + 0.4 * 90) + 20 * 50) / 100.0, 1e-9);
+}
+
+// 10 requests of 200 prompt tokens and 100 new (no stop seen: each runs to its limit), 4
+// running at 10 tokens. Steps at 0.01 s a prompt row and 0.05 s a sampled row: two that
+// prefilled 400 rows beside 2 and 4 sampled, five that sampled 4. The time left is the 6
+// waiting requests' 1,200 prompt rows and the 6 x 100 + 4 x 90 tokens to come at those costs;
+// at the rate of the tokens alone (26 in 9.3 s) it would be 343 s.
+TEST(Progress, TimeLeftPricesPromptRowsAndSampledRowsApart) {
+  auto job = [](double computed_share) {
+    ProgressOptions o{.requests = 10, .limits = std::vector<std::int64_t>(10, 100), .prompt_tokens = 2000};
+    o.running = [] { return std::vector<engine::RunningSequence>(4, {.generated = 10, .limit = 100, .prompt = 200}); };
+    auto p = std::make_unique<Progress>(std::move(o), std::tmpfile());
+    p->sampled(0, 0.0);  // the steady state from here
+    const double rows = 400 * computed_share;  // the rest of the 800 taken from shared prefixes
+    double at = 0;
+    for (const auto& [prompt, sampled] : {std::pair{rows, 2}, {rows, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}}) {
+      at += 0.01 * prompt + 0.05 * sampled;
+      p->sampled(sampled, at, static_cast<std::int64_t>(prompt));
+    }
+    return p->figures(at);
+  };
+  ProgressFigures f = job(1.0);
+  ASSERT_TRUE(f.seconds_left);
+  EXPECT_FALSE(f.planned);
+  EXPECT_NEAR(*f.seconds_left, 0.01 * 1200 + 0.05 * 960, 1e-6);
+  // Where the started requests computed half their prompt tokens, the waiting ones are expected to.
+  f = job(0.5);
+  EXPECT_NEAR(*f.seconds_left, 0.01 * 600 + 0.05 * 960, 1e-6);
+}
+
+// A step's time also grows with the context its rows attend over: 0.001 s a token here. With
+// 40 steps whose contexts vary apart from their rows, the time left adds the context to come:
+// 4 running requests (20 prompt tokens, 10 generated of 100) attend over 20 + t at their t-th
+// token, t = 11..100 (6,795 tokens each); the 6 waiting ones (at the 20 prompt tokens the 120
+// left make each) over 20 + t, t = 1..100 (7,050 each).
+TEST(Progress, TimeLeftCountsTheContextTheTokensToComeAttendOver) {
+  ProgressOptions o{.requests = 10, .limits = std::vector<std::int64_t>(10, 100), .prompt_tokens = 200, .window_seconds = 1000};
+  std::int64_t generated = 10;
+  o.running = [&] { return std::vector<engine::RunningSequence>(4, {.generated = generated, .limit = 100, .prompt = 20}); };
+  Progress p(std::move(o), std::tmpfile());
+  p.sampled(0, 0.0);
+  double at = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::int64_t prompt = i < 2 ? 40 : 0, sampled = 4 + i % 5;
+    generated = 10 + i % 3;  // the context the step sees: 4 x (20 + generated)
+    at += 0.01 * static_cast<double>(prompt) + 0.05 * static_cast<double>(sampled) + 0.001 * 4.0 * static_cast<double>(20 + generated);
+    p.sampled(sampled, at, prompt);
+  }
+  generated = 10;
+  const ProgressFigures f = p.figures(at);
+  ASSERT_TRUE(f.seconds_left);
+  EXPECT_NEAR(*f.seconds_left, 0.01 * 120 + 0.05 * 960 + 0.001 * (4 * 6795 + 6 * 7050), 1e-6);
 }
 
 TEST(Progress, TheWindowForgetsWhatCameBeforeIt) {
@@ -93,7 +147,7 @@ TEST(Progress, ThePlannersRateUntilTheSteadyStateIsMeasured) {
   EXPECT_NE(Progress::text(unplanned.figures(0.5)).find("? left"), std::string::npos);
   // The first prompts' prefill: 3 s of steps with prompt rows sample 3 tokens, which says
   // nothing of the decode to come (the planner's rate stands).
-  for (int s = 1; s <= 3; ++s) p.sampled(1, s * 1.0, true);
+  for (int s = 1; s <= 3; ++s) p.sampled(1, s * 1.0, 30);
   f = p.figures(3.0);
   EXPECT_TRUE(f.planned);
   EXPECT_NEAR(*f.seconds_left, 397.0 / 100.0, 1e-9);
@@ -106,28 +160,29 @@ TEST(Progress, ThePlannersRateUntilTheSteadyStateIsMeasured) {
   // A request that ends also starts the measured window (the steady state of a job whose
   // every step admits a newcomer).
   Progress busy({.requests = 4, .limits = std::vector<std::int64_t>(4, 100), .planned_tokens_per_second = 100}, std::tmpfile());
-  busy.sampled(50, 1.0, true);
+  busy.sampled(50, 1.0, 5);
   busy.finished(5, 50, 100, 1.0);
-  busy.sampled(40, 3.0, true);
+  busy.sampled(40, 3.0, 10);
   f = busy.figures(3.0);
   EXPECT_FALSE(f.planned);
   // One stop in 90 tokens: each of the other 3 would generate 90 (1 - (89/90)^100) within its
-  // limit, less the 40 they sampled: at the 20 tok/s since 1 s.
-  EXPECT_NEAR(*f.seconds_left, (3 * 90 * (1 - std::pow(89.0 / 90, 100)) - 40) / 20.0, 1e-9);
+  // limit, less the 40 they sampled. One step since 1 s cannot tell a prompt row's cost from a
+  // sampled row's: 2 s over its 50 rows each.
+  EXPECT_NEAR(*f.seconds_left, (3 * 90 * (1 - std::pow(89.0 / 90, 100)) - 40) * 2.0 / 50.0, 1e-9);
   // Where the running requests are known, the steady state is the first step after which no
   // more ran than after the one before (the slots as full as they get), not the first request
   // that ended while they were filling.
   std::size_t running = 1;
   ProgressOptions o{.requests = 4, .limits = std::vector<std::int64_t>(4, 100), .planned_tokens_per_second = 100};
-  o.running = [&] { return std::vector<std::pair<std::int64_t, std::int64_t>>(running, {10, 100}); };
+  o.running = [&] { return std::vector<engine::RunningSequence>(running, {.generated = 10, .limit = 100}); };
   Progress filling(std::move(o), std::tmpfile());
-  filling.sampled(50, 1.0, true);
+  filling.sampled(50, 1.0, 50);
   filling.finished(5, 5, 100, 1.0);
   running = 3;
-  filling.sampled(40, 4.0, true);
+  filling.sampled(40, 4.0, 40);
   EXPECT_TRUE(filling.figures(4.0).planned);
-  filling.sampled(10, 5.0, true);  // still 3
-  filling.sampled(40, 7.0, true);
+  filling.sampled(10, 5.0, 10);  // still 3
+  filling.sampled(40, 7.0, 40);
   f = filling.figures(7.0);
   EXPECT_FALSE(f.planned);
   EXPECT_NEAR(f.generated_rate, 140.0 / 7.0, 1e-9);
