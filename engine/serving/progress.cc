@@ -41,6 +41,10 @@ Progress::Progress(ProgressOptions options, std::FILE* out) : o_(std::move(optio
 void Progress::sampled(std::int64_t rows, double now, std::int64_t prompt_rows) {
   sampled_ += rows;
   prompt_rows_ += prompt_rows;
+  if (prompt_rows > 0) {
+    prefill_seconds_ += now - last_step_at_;
+    prefill_rows_ += static_cast<double>(prompt_rows);
+  }
   record(now);
   if (steady_) {
     double context = 0;  // the tokens the running requests attend over
@@ -243,10 +247,14 @@ std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
   // The context's cost once the steps show it clearly (while the slots fill, the context grows
   // with the rows and a fit of three costs reads noise); else prompt and sampled rows where the
   // steps tell them apart; else a row is a row. Without prompt rows in the steps, a prompt row
-  // costs a sampled row.
+  // costs what the job's steps with prompt rows took a row (a decode row over a long prompt's
+  // context can cost 5x a prompt row), or a sampled row before any.
   std::vector<int> rows_cols = {1};
   if (prompt > 0) rows_cols.insert(rows_cols.begin(), 0);
-  auto costs = [&](const Fit& f) { return RowCosts{prompt > 0 ? f.coef[0] : f.coef[1], f.coef[1], f.coef[2]}; };
+  auto costs = [&](const Fit& f) {
+    const double earlier = prefill_rows_ > 0 ? prefill_seconds_ / prefill_rows_ : f.coef[1];
+    return RowCosts{prompt > 0 ? f.coef[0] : earlier, f.coef[1], f.coef[2]};
+  };
   std::vector<int> with_context = rows_cols;
   with_context.push_back(2);
   const std::optional<Fit> three = steps_.size() >= kMinContextSteps ? least_squares(x, y, with_context) : std::nullopt;
@@ -254,7 +262,7 @@ std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
   const std::optional<Fit> two = prompt > 0 ? least_squares(x, y, rows_cols) : std::nullopt;
   if (two && two->coef[0] >= 0 && two->coef[1] > 0) return costs(*two);
   const double row = t / (prompt + sampled);
-  return RowCosts{row, row, 0};
+  return RowCosts{prompt > 0 || prefill_rows_ == 0 ? row : prefill_seconds_ / prefill_rows_, row, 0};
 }
 
 ProgressFigures Progress::figures(double now) const {

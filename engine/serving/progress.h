@@ -8,8 +8,11 @@
 // fitted to the recent steps (least squares over the steps' times, prompt rows and sampled
 // rows): a job whose slots are still filling spends its steps on prompts, and the tokens alone
 // would price the decode to come at the prefill's rate (a ShareGPT job said 9 minutes left of
-// 5 at 30%). Where the steps do not tell the two apart (no prompt rows, or always in the same
-// proportion), a row is a row.
+// 5 at 30%). Where the steps do not tell the two apart (always in the same proportion), a row
+// is a row; where they have no prompt rows, a prompt row costs what the job's steps with prompt
+// rows took a row (a decode over a 3,000-token context costs 5x a prompt row: 3:30 left of 0:48).
+// The context the running requests attend over is a third cost, fitted once the steps show it
+// clearly (the tokens to come attend over their prompts and the tokens before them).
 // The tokens to come: each unfinished request's expected tokens within its limit, given what
 // it has generated so far, from the chance that a request that generated t tokens stops at the
 // next (a Kaplan-Meier estimate over the requests seen: those a stop ended are the events,
@@ -139,6 +142,7 @@ class Progress {
   std::deque<StepCost> steps_;
   double last_step_at_ = 0;
   std::int64_t prompt_rows_ = 0;  // computed by the steps so far
+  double prefill_seconds_ = 0, prefill_rows_ = 0;  // the steps with prompt rows: their time and prompt rows
   // Where the steady state began (a step only decoded, or a request ended); none yet: the
   // time left is the planner's.
   std::optional<Sample> steady_;

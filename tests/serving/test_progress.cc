@@ -80,9 +80,9 @@ TEST(Progress, TimeLeftFromWhereStopsComeByLength) {
 
 // 10 requests of 200 prompt tokens and 100 new (no stop seen: each runs to its limit), 4
 // running at 10 tokens. Steps at 0.01 s a prompt row and 0.05 s a sampled row: two that
-// prefilled 400 rows beside 2 and 4 sampled, five that sampled 4. The time left is the 6
+// prefilled 400 rows beside 2 and 4 sampled, eight that sampled 4. The time left is the 6
 // waiting requests' 1,200 prompt rows and the 6 x 100 + 4 x 90 tokens to come at those costs;
-// at the rate of the tokens alone (26 in 9.3 s) it would be 343 s.
+// at the rate of the tokens alone (38 in 9.9 s) it would be 250 s.
 TEST(Progress, TimeLeftPricesPromptRowsAndSampledRowsApart) {
   auto job = [](double computed_share) {
     ProgressOptions o{.requests = 10, .limits = std::vector<std::int64_t>(10, 100), .prompt_tokens = 2000};
@@ -91,7 +91,7 @@ TEST(Progress, TimeLeftPricesPromptRowsAndSampledRowsApart) {
     p->sampled(0, 0.0);  // the steady state from here
     const double rows = 400 * computed_share;  // the rest of the 800 taken from shared prefixes
     double at = 0;
-    for (const auto& [prompt, sampled] : {std::pair{rows, 2}, {rows, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}}) {
+    for (const auto& [prompt, sampled] : {std::pair{rows, 2}, {rows, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}, {0.0, 4}}) {
       at += 0.01 * prompt + 0.05 * sampled;
       p->sampled(sampled, at, static_cast<std::int64_t>(prompt));
     }
@@ -111,6 +111,24 @@ TEST(Progress, TimeLeftPricesPromptRowsAndSampledRowsApart) {
 // 4 running requests (20 prompt tokens, 10 generated of 100) attend over 20 + t at their t-th
 // token, t = 11..100 (6,795 tokens each); the 6 waiting ones (at the 20 prompt tokens the 120
 // left make each) over 20 + t, t = 1..100 (7,050 each).
+// Steps that only decoded since the steady state price no prompt row: the steps that
+// prefilled before do (12 s for 4 prompts of 3,000 rows beside their first tokens: 1 ms a
+// row), not the decodes' 0.1 s a token (a long context each). 4 waiting requests of 3,000
+// prompt tokens and 4 running at 1 of 2 tokens.
+TEST(Progress, APromptRowCostsWhatTheStepsThatPrefilledTookWhenTheRecentOnesDidNot) {
+  ProgressOptions o{.requests = 8, .limits = std::vector<std::int64_t>(8, 2), .prompt_tokens = 24000};
+  std::size_t running = 0;
+  o.running = [&] { return std::vector<engine::RunningSequence>(running, {.generated = 1, .limit = 2, .prompt = 3000}); };
+  Progress p(std::move(o), std::tmpfile());
+  for (running = 1; running <= 4; ++running) p.sampled(1, 3.0 * static_cast<double>(running), 3000);  // the slots fill
+  running = 4;
+  p.sampled(4, 12.4);  // decode-only: the steady state from here
+  for (int s = 1; s <= 20; ++s) p.sampled(4, 12.4 + 0.4 * s);  // as the running ones (a test's stand-in)
+  const ProgressFigures f = p.figures(20.4);
+  ASSERT_TRUE(f.seconds_left);
+  EXPECT_NEAR(*f.seconds_left, 12000 * (12.0 / 12000) + (4 * 2 + 4 * 1) * 0.1, 1e-9);
+}
+
 TEST(Progress, TimeLeftCountsTheContextTheTokensToComeAttendOver) {
   ProgressOptions o{.requests = 10, .limits = std::vector<std::int64_t>(10, 100), .prompt_tokens = 200, .window_seconds = 1000};
   std::int64_t generated = 10;
