@@ -23,21 +23,16 @@ import scoring  # noqa: E402
 from cgroup import MemoryCgroup  # noqa: E402
 
 
-def accuracy(model, answers_path, results_path):
-    """Per task: [correct, scored], each answer cut at the model's end-of-sequence id."""
+def accuracy(model, answers_path, results_path, kv):
+    """Per task: "correct/scored", each answer cut at the model's end-of-sequence ids."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model)
+    eos = scoring.eos_ids(model)
     answers = {a["id"]: a for a in scoring.read_jsonl(answers_path)}
-    per_task = {}
-    for r in scoring.read_jsonl(results_path):
-        tokens = r["tokens"]
-        if tok.eos_token_id in tokens:
-            tokens = tokens[: tokens.index(tok.eos_token_id) + 1]
-        a = answers[r["id"]]
-        cell = per_task.setdefault(a["task"], [0, 0])
-        cell[0] += scoring.is_correct(tok.decode(tokens, skip_special_tokens=True), a["answer"])
-        cell[1] += 1
-    return per_task
+    results = [{"method": kv, "kept": "", "id": r["id"],
+                "text": tok.decode(scoring.until_eos(r["tokens"], eos), skip_special_tokens=True)}
+               for r in scoring.read_jsonl(results_path)]
+    return {row["task"]: f"{row['correct']}/{row['n']}" for row in scoring.accuracy_rows(results, answers, "flexh2o")}
 
 
 def main():
@@ -75,7 +70,7 @@ def main():
         with open(metrics) as f:
             m = json.load(f)
         result["useful_tok_s"] = m["useful_throughput"]
-        result["accuracy"] = accuracy(args.model, os.path.join(args.tasks_dir, "answers.jsonl"), out)
+        result["accuracy"] = accuracy(args.model, os.path.join(args.tasks_dir, "answers.jsonl"), out, args.kv)
     print(json.dumps(result))
     return 0 if rc == 0 else 1
 

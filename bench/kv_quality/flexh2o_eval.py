@@ -74,13 +74,6 @@ def run_policy(args, prompts_path, policy, kept, gen_len):
     return scoring.read_jsonl(out)
 
 
-def until_eos(tokens, eos_ids):
-    for i, t in enumerate(tokens):
-        if t in eos_ids:
-            return tokens[:i + 1]
-    return tokens
-
-
 def run_questions(args, tok, policies, kepts, eos_ids):
     answers = {a["id"]: a for a in scoring.read_jsonl(os.path.join(args.tasks_dir, "answers.jsonl"))}
     prompts = [p for p in scoring.read_jsonl(os.path.join(args.tasks_dir, "tasks.jsonl"))
@@ -102,7 +95,7 @@ def run_questions(args, tok, policies, kepts, eos_ids):
             for r in run_policy(args, sel, policy, kept, gen_len):
                 if r["id"] not in ids:
                     continue
-                toks = until_eos(r["tokens"], eos_ids)
+                toks = scoring.until_eos(r["tokens"], eos_ids)
                 results.append({"method": policy, "kept": kept, "id": r["id"],
                                 "text": tok.decode(toks, skip_special_tokens=True)})
                 if policy == "full":
@@ -112,7 +105,7 @@ def run_questions(args, tok, policies, kepts, eos_ids):
 
 def compare_full(path, full_tokens, eos_ids):
     """Prints how many full-cache generations equal kvpress's (transformers') token for token."""
-    theirs = {g["id"]: until_eos(g["tokens"], eos_ids) for g in scoring.read_jsonl(path) if g["method"] == "full"}
+    theirs = {g["id"]: scoring.until_eos(g["tokens"], eos_ids) for g in scoring.read_jsonl(path) if g["method"] == "full"}
     common = [i for i in full_tokens if i in theirs]
     same = [i for i in common if full_tokens[i] == theirs[i]]
     print(f"full cache: flexh2o == transformers on {len(same)} of {len(common)} prompts")
@@ -191,9 +184,7 @@ def main():
 
     os.makedirs(args.out_dir, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(args.model)
-    with open(os.path.join(args.model, "generation_config.json")) as f:
-        eos = json.load(f)["eos_token_id"]
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    eos_ids = scoring.eos_ids(args.model)
     policies, kepts = args.policies.split(","), [float(k) for k in args.kept.split(",")]
     rows, full_tokens = run_questions(args, tok, policies, kepts, eos_ids)
     if args.compare and full_tokens:

@@ -6,6 +6,7 @@ by the request's max_tokens (12 for digits, 8 for words), so the answer must com
 """
 import csv
 import json
+import os
 import math
 import re
 from collections import defaultdict
@@ -33,6 +34,21 @@ def wilson(correct, n, z=1.959964):
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def eos_ids(model_dir):
+    """The model's end-of-sequence ids (its generation_config.json)."""
+    with open(os.path.join(model_dir, "generation_config.json")) as f:
+        eos = json.load(f)["eos_token_id"]
+    return set(eos if isinstance(eos, list) else [eos])
+
+
+def until_eos(tokens, eos):
+    """The tokens up to and including the first end-of-sequence id."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i + 1]
+    return tokens
 
 
 def accuracy_rows(results, answers, engine):
