@@ -6,8 +6,8 @@ by the request's max_tokens (12 for digits, 8 for words), so the answer must com
 """
 import csv
 import json
-import os
 import math
+import os
 import re
 from collections import defaultdict
 

@@ -561,14 +561,13 @@ void measure_compute(kernels::Backend& be, const Plan& plan, const CalibrateOpti
     // The model's own decoder layer and head as the engine runs them (what a step pays
     // around its GEMMs), in the compute dtype a run would choose.
     const engine::ModelConfig cfg = job::model_config_of(o.model);
-    const UnitCurves units = measure_unit_curves(
-        be, cfg, on_cpu ? (o.quick ? 64 : 1024) : curve_rows,
-        on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,
-        [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); }, progress);
+    const TimeCall time_call = [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); };
+    const UnitCurves units =
+        measure_unit_curves(be, cfg, on_cpu ? (o.quick ? 64 : 1024) : curve_rows,
+                            on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8, time_call, progress);
     for (const auto& [rows, rate] : units.layer_by_rows) hw.layer_by_rows.emplace_back(rows, round_sig(rate));
     for (const auto& [rows, rate] : units.head_by_rows) hw.head_by_rows.emplace_back(rows, round_sig(rate));
-    hw.host_row = host_seconds_per_row(
-        be, cfg, [&](const std::function<void()>& fn) { return time_per_call(fn, plan.min_seconds / 2); });
+    hw.host_row = host_seconds_per_row(be, cfg, time_call);
     progress("host work per sequence and step (continuous batching)", fmt::format("{:.3g} us", hw.host_row * 1e6));
   }
   hw.gpu_attn_prefill = round_sig(attention_prefill_rate(be, plan, compute_at));

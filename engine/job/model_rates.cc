@@ -119,13 +119,12 @@ bool write_cached(const std::string& path, const std::string& key, const ModelRa
 
 ModelRates measure(kernels::Backend& be, const engine::ModelConfig& cfg) {
   const bool on_cpu = be.kind() == kernels::DeviceKind::Cpu;
+  const TimeCall time_call = [](const std::function<void()>& fn) { return seconds_per_call(fn, kSecondsPerPoint); };
   ModelRates r;
-  r.units = measure_unit_curves(
-      be, cfg, on_cpu ? 64 : 16384, on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,
-      [](const std::function<void()>& fn) { return seconds_per_call(fn, kSecondsPerPoint); },
-      [](const std::string&, const std::string&) {});
+  r.units = measure_unit_curves(be, cfg, on_cpu ? 64 : 16384, on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,
+                                time_call, [](const std::string&, const std::string&) {});
   r.attn_decode_by_len = decode_attention_curve(be, cfg, {64, 256, 1024}, kSecondsPerPoint);
-  r.host_row = host_seconds_per_row(be, cfg, [](const std::function<void()>& fn) { return seconds_per_call(fn, kSecondsPerPoint); });
+  r.host_row = host_seconds_per_row(be, cfg, time_call);
   return r;
 }
 

@@ -39,29 +39,27 @@ Progress::Progress(ProgressOptions options, std::FILE* out) : o_(std::move(optio
 }
 
 void Progress::sampled(std::int64_t rows, double now, std::int64_t prompt_rows) {
+  const double seconds = now - last_step_at_;
+  last_step_at_ = now;
   sampled_ += rows;
   prompt_rows_ += prompt_rows;
   if (prompt_rows > 0) {
-    prefill_seconds_ += now - last_step_at_;
+    prefill_seconds_ += seconds;
     prefill_rows_ += static_cast<double>(prompt_rows);
   }
   record(now);
+  const std::vector<engine::RunningSequence> running = o_.running ? o_.running() : std::vector<engine::RunningSequence>{};
   if (steady_) {
     double context = 0;  // the tokens the running requests attend over
-    if (o_.running)
-      for (const engine::RunningSequence& r : o_.running()) context += static_cast<double>(r.prompt + r.generated);
-    steps_.push_back({now, now - last_step_at_, static_cast<double>(prompt_rows), static_cast<double>(rows), context});
+    for (const engine::RunningSequence& r : running) context += static_cast<double>(r.prompt + r.generated);
+    steps_.push_back({now, seconds, static_cast<double>(prompt_rows), static_cast<double>(rows), context});
     const double kept = std::max(o_.window_seconds, (now - steady_->at) / 2);
     while (steps_.size() > 1 && steps_.front().at <= now - kept) steps_.pop_front();
+    return;
   }
-  last_step_at_ = now;
   // The slots are as full as they get once the running requests stop growing in number.
-  bool full = false;
-  if (!steady_ && o_.running) {
-    const std::size_t running = o_.running().size();
-    full = running > 0 && running <= last_running_;
-    last_running_ = running;
-  }
+  const bool full = !running.empty() && running.size() <= last_running_;
+  last_running_ = running.size();
   if (prompt_rows == 0 || full) steady_from(now);
 }
 
@@ -150,9 +148,8 @@ Progress::WorkLeft Progress::work_left(const std::vector<engine::RunningSequence
   };
   // Every open request from no token at the mean prompt of those not started, then the running
   // ones instead from where they are.
-  double open = 0;
-  for (const auto& [limit, count] : open_limits_) open += static_cast<double>(count);
-  const double prompt = waiting_prompt_tokens(running) / std::max(1.0, open - static_cast<double>(running.size()));
+  const double waiting = static_cast<double>(o_.requests - done_) - static_cast<double>(running.size());
+  const double prompt = waiting_prompt_tokens(running) / std::max(1.0, waiting);
   for (const auto& [limit, count] : open_limits_) add(more(prompt, 0, limit), static_cast<double>(count));
   for (const engine::RunningSequence& s : running) {
     add(more(prompt, 0, s.limit), -1);
