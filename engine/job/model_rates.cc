@@ -56,7 +56,7 @@ int usable_cores() {
 // Two models of one shape share their rates.
 std::string rates_key(const kernels::Backend& be, const engine::ModelConfig& c) {
   return fmt::format(
-      "rates 2 | cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "
+      "rates 3 | cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "
       "norm {} bias {}/{}/{} qk_norm {} experts {}/{} tied {}",
       cpu_model(), usable_cores(), be.name(), c.hidden, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
       kernels::dtype_name(c.dtype), c.gated_mlp, static_cast<int>(c.mlp_act),
@@ -121,7 +121,7 @@ ModelRates measure(kernels::Backend& be, const engine::ModelConfig& cfg) {
   const bool on_cpu = be.kind() == kernels::DeviceKind::Cpu;
   const TimeCall time_call = [](const std::function<void()>& fn) { return seconds_per_call(fn, kSecondsPerPoint); };
   ModelRates r;
-  r.units = measure_unit_curves(be, cfg, on_cpu ? 64 : 16384, on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,
+  r.units = measure_unit_curves(be, cfg, on_cpu ? 256 : 16384, on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,
                                 time_call, [](const std::string&, const std::string&) {});
   r.attn_decode_by_len = decode_attention_curve(be, cfg, {64, 256, 1024}, kSecondsPerPoint);
   r.host_row = host_seconds_per_row(be, cfg, time_call);

@@ -116,6 +116,9 @@ class BlockExecutor {
   const KvReads& kv_reads() const { return ring_->reads(); }  // over every run so far
   const KvCopies& kv_copies() const { return kv_copies_; }    // over every run so far
   const KvHeld& kv_held() const { return kv_held_; }          // over every run so far
+  // The most slots a sequence's KV row held in a block with a KV policy (its budget + 1), over
+  // every run so far; 0 where every block kept the full cache.
+  std::int64_t evicting_row_slots() const { return evicting_row_slots_; }
 
  private:
   struct BlockState;
@@ -177,6 +180,7 @@ class BlockExecutor {
   std::unique_ptr<CacheRing> ring_;
   KvCopies kv_copies_;
   KvHeld kv_held_;
+  std::int64_t evicting_row_slots_ = 0;
   // Declared last: destroyed first, so queued copies finish before the memory they touch goes.
   std::unique_ptr<offload::CopyEngine> copies_;
 };

@@ -119,6 +119,7 @@ void BlockExecutor::place_batches(BlockState& st, const GenerationRequest& req) 
     evictions.push_back(make_kv_eviction(be_, *kv, cfg_, total, rows));
     for (const auto& e : evictions.back()) st.capacity = std::max(st.capacity, e->capacity());
   }
+  if (kv) evicting_row_slots_ = std::max(evicting_row_slots_, st.capacity);
   // A KV row: one sequence's kv_heads x capacity slots.
   const std::int64_t kv_row = cfg_.n_kv_heads * st.capacity * cfg_.head_dim;
   const std::int64_t kv_row_bytes = st.capacity * kv_token_bytes();

@@ -302,8 +302,10 @@ RunReport make_run_report(const std::string& description, const engine::ModelCon
   r.prompts = prompts;
   r.total = total;
   const engine::ModelConfig& c = r.stored;
-  r.cache_bytes = 2 * c.n_layers * pol.block_size() * (longest_prompt + gen_len) * c.n_kv_heads *
-                  kernels::kv_slot_bytes(r.cache_dtype, c.head_dim);
+  // Under a KV policy a sequence's row holds its budget's slots, not all its tokens.
+  const std::int64_t longest = longest_prompt + gen_len, evicting = sched.evicting_row_slots();
+  const std::int64_t row_slots = evicting > 0 ? std::min(evicting, longest) : longest;
+  r.cache_bytes = 2 * c.n_layers * pol.block_size() * row_slots * c.n_kv_heads * kernels::kv_slot_bytes(r.cache_dtype, c.head_dim);
   r.hidden_bytes = pol.block_size() * longest_prompt * c.hidden * 4;
   r.peaks = peaks_of(tiers);
   r.experts = sched.expert_loads();

@@ -111,7 +111,7 @@ struct RunReport {
   std::string compute_why;  // what chose stored.compute_dtype under --compute-dtype auto ("": the flag)
   std::int64_t prompts = 0;  // of the job, those done before a resume included
   engine::GenerationResult total;
-  std::int64_t cache_bytes = 0;   // the KV cache of a block at its longest
+  std::int64_t cache_bytes = 0;   // the KV cache of a block at its longest (its budget under a KV policy)
   std::int64_t hidden_bytes = 0;  // a block's hidden states in the prefill
   TierPeaks peaks;
   engine::ExpertLoadStats experts;  // mixture-of-experts: what each step fetched

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
+#include <regex>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <map>
@@ -245,6 +246,22 @@ TEST(Cli, CompressedTieredRunGeneratesWhatTheCompressedInMemoryRunDoes) {
   const Result bits = run("run --compress-bits 3");
   EXPECT_NE(bits.code, 0);
   EXPECT_THAT(bits.err, HasSubstr("--compress-bits: 3 not in {4,8}"));
+}
+
+// Under a KV policy the report's cache size is what the rows hold: the budget's slots (h2o:8
+// keeps 8 tokens and a slot for the newest), not every token of the longest sequence.
+TEST(Cli, CacheSizeUnderEvictionIsTheBudgets) {
+  testing::TempDir dir;
+  const std::string common = "run --gen-len 16 --batch 2 --gpu-batch-size 2 --num-gpu-batches 1 --metrics ";
+  const Result full = run(common + dir.file("full.json"));
+  const Result evicting = run(common + dir.file("kv.json") + " --kv h2o:8");
+  ASSERT_EQ(full.code, 0) << full.err;
+  ASSERT_EQ(evicting.code, 0) << evicting.err;
+  const auto f = nlohmann::json::parse(testing::read_file(dir.file("full.json")));
+  const auto e = nlohmann::json::parse(testing::read_file(dir.file("kv.json")));
+  const std::int64_t longest = f["prompt_tokens"].get<std::int64_t>() / 2 + 16;  // one prompt, twice
+  ASSERT_GT(longest, 9);
+  EXPECT_EQ(e["cache_bytes"].get<std::int64_t>() * longest, f["cache_bytes"].get<std::int64_t>() * 9);
 }
 
 TEST(Cli, ZigZagBlocksGenerateWhatOneBatchDoes) {
@@ -488,6 +505,14 @@ TEST(Cli, CalibrateWritesAProfilePlanReads) {
   EXPECT_THAT(profile, HasSubstr("GEMMs of f16 weights in the compute dtype --compute-dtype auto gives each row count (" +
                                  by_rows + ")"));
   EXPECT_THAT(c.err, HasSubstr("decoder layer, 64 rows, "));
+  // Decode attention over as many sequences as the quick plan's 128 MiB copy size holds the K and
+  // V of (4 kv heads x 32 values in f16), read from memory as a job's batch reads them: 8
+  // sequences' fit a last-level cache, which reads them 2-3x faster.
+  const std::regex decode_line(R"(attention decode (\d+) seqs x (\d+) cached, 4 heads x 32, f16 cache)");
+  int decode_lines = 0;
+  for (std::sregex_iterator m(c.err.begin(), c.err.end(), decode_line), end; m != end; ++m, ++decode_lines)
+    EXPECT_GE(2 * std::stoll((*m)[1]) * std::stoll((*m)[2]) * 4 * 32 * 2, std::int64_t{128} << 20) << m->str();
+  EXPECT_GT(decode_lines, 0) << c.err;
   // The read share of decode attention, from 32 sequences reading one prefix once and plainly.
   EXPECT_THAT(c.err, HasSubstr("attention decode 32 seqs x 256 cached over "));
   EXPECT_THAT(c.err, HasSubstr("255 shared read once"));
