@@ -1,7 +1,8 @@
 // Attention on the CPU. Work is split by (sequence, kv head) so that the optional score
 // outputs, which sum over the query heads of a group, are written by one task only. Prefill
 // computes scores and outputs with single-threaded BLAS calls on tiles; decode reads the
-// cache's slots in place for all the query heads of a group (kernels/cpu/attention_vec.h).
+// cache's slots in place for all the query heads of a group (kernels/cpu/attention_vec.h), and
+// the runs of a prompt's rows among its queries (kernels/decode_runs.h) as prefill tiles.
 #include <cblas.h>
 #include <tbb/parallel_for.h>
 
@@ -14,6 +15,7 @@
 #include "kernels/cpu/attention_vec.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/decode_runs.h"
 
 namespace flexh2o::kernels {
 
@@ -168,10 +170,10 @@ void decode_head(const AttentionDecodeArgs& a, const SlotReader& read, std::int6
 // prefix's keys and values are loaded once for all their query heads.
 constexpr std::int64_t kMembersPerTask = 16;
 
-// The queries of each shared prefix with slots (its members), in query order.
-std::vector<std::vector<std::int64_t>> prefix_members(const AttentionDecodeArgs& a) {
+// The queries among `queries` of each shared prefix with slots (its members), in query order.
+std::vector<std::vector<std::int64_t>> prefix_members(const AttentionDecodeArgs& a, std::span<const std::int64_t> queries) {
   std::vector<std::vector<std::int64_t>> members(a.shared_prefixes.size());
-  for (std::int64_t b = 0; b < static_cast<std::int64_t>(a.lens.size()); ++b)
+  for (const std::int64_t b : queries)
     if (prefix_member(a, b)) members[static_cast<std::size_t>(a.prefix_of[static_cast<std::size_t>(b)])].push_back(b);
   return members;
 }
@@ -238,37 +240,126 @@ void decode_members_head(const AttentionDecodeArgs& a, const SlotReader& read, c
   }
 }
 
+// Runs of at least this many queries (a prompt's rows after KV already in their row) are
+// computed as prefill tiles of up to kQueryTile queries: BLAS over the tile's keys, read once per
+// tile instead of once per query. Below it the scalar loops' per-query reading costs no more.
+constexpr std::int64_t kMinRun = 8;
+
+// Keys or values of positions [from, to) of query q's kv head g, as fp32 rows of head_dim: in
+// place where its own f32 row holds them all, else read into `buffer`. Below a member's shared
+// prefix's len they come from the prefix's row (a member's own row need not hold them, and one
+// that starts after its prefix, row_base, does not).
+const float* read_positions(const AttentionDecodeArgs& a, std::int64_t q, std::int64_t g, bool values, std::int64_t from,
+                         std::int64_t to, std::vector<float>& buffer) {
+  const std::int64_t D = a.shape.head_dim, slot = kv_slot_bytes(a.cache_dtype, D), base = row_base_of(a, q);
+  const bool member = shared_prefix_applies(a) && prefix_member(a, q);
+  const SharedPrefix prefix = member ? a.shared_prefixes[static_cast<std::size_t>(a.prefix_of[static_cast<std::size_t>(q)])]
+                                     : SharedPrefix{};
+  const HeadKv own = head_kv(a, cache_row(a, q), g, slot);
+  const std::byte* own_row = values ? own.v : own.k;
+  if (a.cache_dtype == DType::F32 && from >= prefix.len)
+    return reinterpret_cast<const float*>(own_row + (from - base) * slot);
+  buffer.resize(static_cast<std::size_t>((to - from) * D));
+  const std::int64_t split = std::clamp(prefix.len, from, to);
+  if (split > from) {
+    const HeadKv p = prefix_kv(a, prefix.row, g, slot);
+    convert_rows((values ? p.v : p.k) + from * slot, a.cache_dtype, buffer.data(), DType::F32, split - from, D);
+  }
+  if (to > split)
+    convert_rows(own_row + (split - base) * slot, a.cache_dtype, buffer.data() + (split - from) * D, DType::F32,
+                 to - split, D);
+  return buffer.data();
+}
+
+// Tile t of a run, kv head g: its keys and values read once, then per query head the scores of
+// its queries, each query's causal softmax over the positions up to its own (within its
+// window), and their weighted sum, as do_attention_prefill computes a tile.
+void decode_run_tile(const AttentionDecodeArgs& a, const RunTile& t, std::int64_t g) {
+  const AttentionShape& s = a.shape;
+  const std::int64_t D = s.head_dim, group = s.n_heads / s.n_kv_heads, q_stride = s.n_heads * D;
+  const std::int64_t from = first_visible(t.position, s.window), keys = t.position + t.rows - from;
+  thread_local std::vector<float> k_buffer, v_buffer, scores;
+  const float* k = read_positions(a, t.first, g, false, from, from + keys, k_buffer);
+  const float* v = read_positions(a, t.first, g, true, from, from + keys, v_buffer);
+  scores.resize(static_cast<std::size_t>(t.rows * keys));
+  for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+    const float* q = a.q + t.first * q_stride + h * D;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t.rows), static_cast<int>(keys),
+                static_cast<int>(D), s.scale, q, static_cast<int>(q_stride), k, static_cast<int>(D), 0.0f,
+                scores.data(), static_cast<int>(keys));
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      float* row = scores.data() + r * keys;
+      const std::int64_t position = t.position + r;
+      const std::int64_t first = first_visible(position, s.window) - from, visible = position + 1 - from;
+      soft_cap(row + first, visible - first, s.softcap);
+      softmax(row + first, visible - first);
+      std::fill(row, row + first, 0.0f);
+      std::fill(row + visible, row + keys, 0.0f);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(t.rows), static_cast<int>(D),
+                static_cast<int>(keys), 1.0f, scores.data(), static_cast<int>(keys), v, static_cast<int>(D), 0.0f,
+                a.out + t.first * q_stride + h * D, static_cast<int>(q_stride));
+  }
+}
+
+// The runs of a's queries as tiles, and the queries left to read one at a time. A run's queries
+// read one row with one prefix (they are one sequence's rows); runs are not formed where the
+// call asks for probs or slot biases (per cache row, not with cache_rows anyway).
+DecodeQuerySplit split_runs(const AttentionDecodeArgs& a) {
+  if (a.probs != nullptr || a.slot_bias != nullptr) return split_decode_queries({}, a.lens, kMinRun, kQueryTile);
+  DecodeQuerySplit split = split_decode_queries(a.cache_rows, a.lens, kMinRun, kQueryTile);
+  std::erase_if(split.tiles, [&](const RunTile& t) {
+    for (std::int64_t q = t.first + 1; q < t.first + t.rows; ++q) {
+      const bool same = row_base_of(a, q) == row_base_of(a, t.first) &&
+                        (a.prefix_of.empty() || a.prefix_of[static_cast<std::size_t>(q)] == a.prefix_of[static_cast<std::size_t>(t.first)]);
+      if (same) continue;
+      for (std::int64_t r = t.first; r < t.first + t.rows; ++r) split.singles.push_back(r);
+      return true;
+    }
+    return false;
+  });
+  std::ranges::sort(split.singles);
+  return split;
+}
+
 }  // namespace
 
-// One task per (sequence, kv head) reads its slots kDecodeSlots at a time for all the group's
+// Runs of a prompt's rows go as prefill tiles (decode_run_tile); each other query, one task per
+// (query, kv head), reads its slots kDecodeSlots at a time for all the group's
 // query heads (kernels/cpu/attention_vec.h). With shared prefixes (cascade attention), a task
 // per (prefix, kv head, batch of its members) loads the prefix's slots once for all their query
 // heads and then reads each member's own slots after it; every query's result is that of its
 // row read whole, bit for bit.
 void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   const AttentionShape& s = a.shape;
-  const std::int64_t B = static_cast<std::int64_t>(a.lens.size()), H = s.n_kv_heads;
+  const std::int64_t H = s.n_kv_heads;
   const SlotReader read{a.cache_dtype, s.head_dim, kv_slot_bytes(a.cache_dtype, s.head_dim)};
+  const DecodeQuerySplit split = split_runs(a);
+  const auto tiles = static_cast<std::int64_t>(split.tiles.size());
+  tbb::parallel_for(std::int64_t{0}, tiles * H, [&](std::int64_t task) {
+    decode_run_tile(a, split.tiles[static_cast<std::size_t>(task / H)], task % H);
+  });
+  const std::vector<std::int64_t>& singles = split.singles;
   if (!shared_prefix_applies(a)) {
-    tbb::parallel_for(std::int64_t{0}, B * H, [&](std::int64_t task) { decode_head(a, read, task / H, task % H); });
+    tbb::parallel_for(std::int64_t{0}, static_cast<std::int64_t>(singles.size()) * H, [&](std::int64_t task) {
+      decode_head(a, read, singles[static_cast<std::size_t>(task / H)], task % H);
+    });
     return;
   }
-  const std::vector<std::vector<std::int64_t>> members = prefix_members(a);
+  const std::vector<std::vector<std::int64_t>> members = prefix_members(a, singles);
   struct Batch {
     std::size_t prefix;
     std::int64_t first, count;
   };
   std::vector<Batch> batches;
-  std::vector<bool> member(static_cast<std::size_t>(B), false);
   for (std::size_t i = 0; i < members.size(); ++i) {
     const auto n = static_cast<std::int64_t>(members[i].size());
     for (std::int64_t first = 0; first < n; first += kMembersPerTask)
       batches.push_back({i, first, std::min(kMembersPerTask, n - first)});
-    for (const std::int64_t b : members[i]) member[static_cast<std::size_t>(b)] = true;
   }
   std::vector<std::int64_t> others;  // queries of no prefix
-  for (std::int64_t b = 0; b < B; ++b)
-    if (!member[static_cast<std::size_t>(b)]) others.push_back(b);
+  for (const std::int64_t b : singles)
+    if (!prefix_member(a, b)) others.push_back(b);
   const auto grouped = static_cast<std::int64_t>(batches.size()) * H;
   tbb::parallel_for(std::int64_t{0}, grouped + static_cast<std::int64_t>(others.size()) * H, [&](std::int64_t task) {
     if (task >= grouped) {

@@ -526,6 +526,114 @@ TEST_F(SharedPrefixDecode, FallsBackToPerQueryReading) {
   }
 }
 
+using DecodeRuns = SeededTest;
+
+// Runs of a prompt's rows among a decode call's queries (kernels/decode_runs.h: consecutive
+// queries on one cache row, lens up by one) are computed as prefill tiles. Against each query
+// read alone (a call of one query, the per-query loops), in every cache dtype, GQA and MHA, head
+// dims on and off the vector widths, with a soft cap and a window: a run of 70 after 100 cached
+// slots (a tile of 64 and one of 6), one of 20 from position 0, one of 5 (below the run length:
+// per query) and decode rows between them. Then the same runs as members of shared prefixes,
+// held apart (row_base) and copied into their rows, whose own slots below the prefix hold NaN
+// bytes that a tile must not read.
+TEST_F(DecodeRuns, TilesMatchQueriesReadAlone) {
+  auto be = make_cpu_backend();
+  struct Run {
+    std::int64_t row, first_len, n;
+  };
+  const std::vector<Run> runs = {{0, 40, 1}, {2, 101, 70}, {1, 7, 1}, {3, 1, 20}, {4, 30, 5}, {5, 250, 1}};
+  std::vector<std::int64_t> rows, lens;
+  for (const Run& r : runs)
+    for (std::int64_t i = 0; i < r.n; ++i) {
+      rows.push_back(r.row);
+      lens.push_back(r.first_len + i);
+    }
+  const auto B = static_cast<std::int64_t>(lens.size());
+  const std::int64_t n_rows = 6, cap = 256;
+  for (const DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4G32})
+    for (const auto& [n_heads, H] : {std::pair<std::int64_t, std::int64_t>{9, 3}, {4, 4}})
+      for (const std::int64_t D : {20, 64})
+        for (const std::int64_t window : {0, 50}) {
+          const float softcap = window > 0 ? 5.0f : 0.0f;
+          const AttentionShape shape{n_heads, H, D, 1.0f / std::sqrt(static_cast<float>(D)), softcap, window};
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " heads " << n_heads << "/" << H << " head_dim " << D
+                                            << " window " << window);
+          const std::vector<std::uint8_t> kc = stored_rows(random_floats(n_rows * H * cap * D, -2, 2), t, n_rows * H * cap, D);
+          const std::vector<std::uint8_t> vc = stored_rows(random_floats(n_rows * H * cap * D, -2, 2), t, n_rows * H * cap, D);
+          const std::vector<float> q = random_floats(B * n_heads * D, -1, 1);
+          AttentionDecodeArgs a{.shape = shape, .q = q.data(), .k_cache = kc.data(), .v_cache = vc.data(),
+                                .capacity = cap, .lens = lens, .cache_dtype = t, .cache_rows = rows};
+          std::vector<float> got(q.size(), kNaN), alone(q.size(), kNaN);
+          a.out = got.data();
+          be->attention_decode(a);
+          for (std::int64_t b = 0; b < B; ++b) {
+            AttentionDecodeArgs one = a;
+            one.q = q.data() + b * n_heads * D;
+            one.out = alone.data() + b * n_heads * D;
+            one.lens = std::span(lens).subspan(static_cast<std::size_t>(b), 1);
+            one.cache_rows = std::span(rows).subspan(static_cast<std::size_t>(b), 1);
+            be->attention_decode(one);
+          }
+          // Both are fp32 computations of one value (DecodeBlocks' bound on each): a score's dot
+          // product over D with |q| <= 1, |k| <= 2, the cap's roundings, then sums over the keys.
+          const double score_max = 2 * std::sqrt(static_cast<double>(D));
+          const double score_tol = sum_tolerance(kF32Eps, D, score_max) + 4 * kF32Eps * (score_max + 1);
+          const double tol = 2 * (2 * score_tol + sum_tolerance(kF32Eps, cap, 2));
+          for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], alone[i], tol) << i;
+          // The 70-query run as members of a prefix: row 0's first P slots, copied into row 2
+          // (read from row 0; row 2's own bytes there NaN), then held apart in a prefix cache with
+          // row 2 holding its positions from P on at slot 0 (its slots past them NaN).
+          const std::int64_t P = 30, slot = kv_slot_bytes(t, D), head_bytes = cap * slot;
+          std::vector<std::int64_t> prefix_of(static_cast<std::size_t>(B), -1), bases(static_cast<std::size_t>(B), 0);
+          for (std::int64_t b = 0; b < B; ++b)
+            if (rows[static_cast<std::size_t>(b)] == 2) prefix_of[static_cast<std::size_t>(b)] = 0, bases[static_cast<std::size_t>(b)] = P;
+          auto row2 = [&](std::vector<std::uint8_t>& c, std::int64_t g) { return c.begin() + (2 * H + g) * head_bytes; };
+          std::vector<std::uint8_t> kcopy = kc, vcopy = vc;
+          for (std::int64_t g = 0; g < H; ++g) {
+            std::copy_n(kc.begin() + g * head_bytes, P * slot, row2(kcopy, g));
+            std::copy_n(vc.begin() + g * head_bytes, P * slot, row2(vcopy, g));
+          }
+          AttentionDecodeArgs plain = a;
+          plain.k_cache = kcopy.data();
+          plain.v_cache = vcopy.data();
+          std::vector<float> want(q.size(), kNaN);
+          plain.out = want.data();
+          be->attention_decode(plain);
+          const std::vector<SharedPrefix> prefixes = {{0, P}};
+          std::vector<std::uint8_t> kheld = kcopy, vheld = vcopy;
+          for (std::int64_t g = 0; g < H; ++g)
+            for (auto* c : {&kcopy, &vcopy}) std::fill_n(row2(*c, g), P * slot, std::uint8_t{0xff});
+          AttentionDecodeArgs copied = plain;
+          copied.k_cache = kcopy.data();
+          copied.v_cache = vcopy.data();
+          copied.shared_prefixes = prefixes;
+          copied.prefix_of = prefix_of;
+          std::vector<float> from_copies(q.size(), kNaN);
+          copied.out = from_copies.data();
+          be->attention_decode(copied);
+          for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(from_copies[i], want[i], tol) << "copied " << i;
+          std::vector<std::uint8_t> pk(static_cast<std::size_t>(H * head_bytes), 0xff), pv = pk;
+          for (std::int64_t g = 0; g < H; ++g) {
+            std::copy_n(kc.begin() + g * head_bytes, P * slot, pk.begin() + g * head_bytes);
+            std::copy_n(vc.begin() + g * head_bytes, P * slot, pv.begin() + g * head_bytes);
+            for (auto* c : {&kheld, &vheld}) {
+              const auto head = row2(*c, g);
+              std::copy(head + P * slot, head + head_bytes, head);
+              std::fill(head + head_bytes - P * slot, head + head_bytes, std::uint8_t{0xff});
+            }
+          }
+          AttentionDecodeArgs held = copied;
+          held.k_cache = kheld.data();
+          held.v_cache = vheld.data();
+          held.prefix_cache = {pk.data(), pv.data(), cap};
+          held.row_base = bases;
+          std::vector<float> from_held(q.size(), kNaN);
+          held.out = from_held.data();
+          be->attention_decode(held);
+          for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(from_held[i], want[i], tol) << "held " << i;
+        }
+}
+
 // Shared prefixes are checked on every backend: a member longer than its query, a prefix_of
 // entry naming none, or one entry short.
 TEST_F(SharedPrefixDecode, RejectsMalformedGroups) {

@@ -1247,8 +1247,8 @@ void BackendOpsTest::check_decode_runs(DType cache, std::int64_t H, std::int64_t
   // The device's split of the queries (the tile size does not change which queries are in tiles).
   std::vector<std::int64_t> tensor_core, decode_kernel;
   if (cuda::decode_runs_on_tensor_cores(on_device)) {
-    const cuda::DecodeQuerySplit split = cuda::split_decode_queries(cache_rows, lens, cuda::kMinTensorCoreRun, 64);
-    for (const cuda::RunTile& t : split.tiles)
+    const DecodeQuerySplit split = split_decode_queries(cache_rows, lens, cuda::kMinTensorCoreRun, 64);
+    for (const RunTile& t : split.tiles)
       for (std::int64_t i = 0; i < t.rows; ++i) tensor_core.push_back(t.first + i);
     decode_kernel = split.singles;
   } else {
