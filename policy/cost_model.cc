@@ -180,6 +180,7 @@ struct Terms {
   // Per layer: prefill and decode transfer and compute times (seconds).
   Linear ctog_pre, gtoc_pre, dtoc_pre, ctod_pre, comp_pre;
   Linear ctog_gen, gtoc_gen, dtoc_gen, ctod_gen, comp_gen;
+  Linear context_token;  // decode attention per token of context a row attends over
   bool overlap = true;
   std::array<std::vector<MemoryItem>, 3> memory_items;  // per tier: what lives or is staged there
   std::array<double, 3> capacity{};          // what a plan may use: safety x the tier's size
@@ -483,6 +484,9 @@ void TermBuilder::add_decode_terms(Terms& t, const StepLoad& d, double w_dequant
   const double cpu_attn = (d.attn_flops - hw_.cpu_attn_decode_read_share * d.attn_shared_flops) /
                               rate_at(hw_.cpu_attn_decode_by_len, d.kv_len, hw_.cpu_attn_decode) +
                           kv_dequant;
+  const double gpu_token = 4 * h1_ / rate_at(hw_.gpu_attn_decode_by_len, d.kv_len, hw_.gpu_attn_decode);
+  const double cpu_token = blk_.ccc ? 4 * h1_ / rate_at(hw_.cpu_attn_decode_by_len, d.kv_len, hw_.cpu_attn_decode) : gpu_token;
+  t.context_token = lin(0, {{CG, gpu_token}, {CC, cpu_token}, {CN, cpu_token}});
   t.comp_gen = lin(d.gemm + d.head + w_dequant + d.prefill_attn + d.host / l_,
                    {{CG, gpu_attn}, {CC, blk_.ccc ? cpu_attn : gpu_attn}, {CN, blk_.ccc ? cpu_attn : gpu_attn}});
   // Copies that take the cores that compute (the CPU backend): the gpu->cpu part that does not
@@ -690,6 +694,7 @@ Estimate make_estimate(const ModelShape& m, const Workload& w, const Terms& t, c
     e.decode_throughput = e.total_throughput = ss.busy * bls / e.decode_step_seconds;
     e.compute_seconds = l * steps * t.comp_gen.at(x);
     e.generated_tokens = ss.busy * bls * steps;
+    e.context_token_seconds = l * t.context_token.at(x);
   } else {
     e.prefill_seconds = l * step_time_pre(t, x);
     e.decode_seconds = static_cast<double>(std::max<std::int64_t>(w.gen_len - 1, 0)) * e.decode_step_seconds;

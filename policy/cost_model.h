@@ -68,6 +68,9 @@ struct Estimate {
   std::array<std::vector<std::pair<std::string, std::int64_t>>, 3> memory;
   std::string bottleneck;  // the decode term that sets the step time
   std::int64_t prefill_budget = 0;  // continuous batching: the prefill budget estimated with
+  // Continuous: a decode row's attention per token of context it attends over (all layers), at
+  // the mean step's context: what a longer context adds to a step.
+  double context_token_seconds = 0;
   double compute_seconds = 0;  // one block's compute terms alone (prefill + decode), hidden or not
   double generated_tokens = 0;  // the tokens those compute seconds give (a block's, or the job's steps')
   // What plans of different blocks compare: compute per generated token.

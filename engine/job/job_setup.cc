@@ -362,6 +362,7 @@ std::optional<serving::ProgressOptions> progress_options(const JobOptions& o, co
   if (o.quiet) return std::nullopt;
   return serving::ProgressOptions{
       .planned_tokens_per_second = s.predicted && s.predicted->continuous ? s.predicted->total_throughput : 0,
+      .planned_context_seconds = s.predicted && s.predicted->continuous ? s.predicted->context_token_seconds : 0,
       .terminal = ::isatty(STDERR_FILENO) == 1};
 }
 

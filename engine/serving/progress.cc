@@ -242,10 +242,10 @@ std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
   const double span = now - std::max(steady_->at, steps_.front().at - steps_.front().seconds);
   if (span < kMinWindowSeconds || sampled < static_cast<double>(kMinWindowTokens)) return std::nullopt;
   // The context's cost once the steps show it clearly (while the slots fill, the context grows
-  // with the rows and a fit of three costs reads noise); else prompt and sampled rows where the
-  // steps tell them apart; else a row is a row. Without prompt rows in the steps, a prompt row
-  // costs what the job's steps with prompt rows took a row (a decode row over a long prompt's
-  // context can cost 5x a prompt row), or a sampled row before any.
+  // with the rows and a fit of three costs reads noise), else the planner's; then prompt and
+  // sampled rows where the steps tell them apart; else a row is a row. Without prompt rows in
+  // the steps, a prompt row costs what the job's steps with prompt rows took a row (a decode row
+  // over a long prompt's context can cost 5x a prompt row), or a sampled row before any.
   std::vector<int> rows_cols = {1};
   if (prompt > 0) rows_cols.insert(rows_cols.begin(), 0);
   auto costs = [&](const Fit& f) {
@@ -256,6 +256,16 @@ std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
   with_context.push_back(2);
   const std::optional<Fit> three = steps_.size() >= kMinContextSteps ? least_squares(x, y, with_context) : std::nullopt;
   if (three && three->last_t >= kMinContextT && three->coef[0] >= 0 && three->coef[1] > 0) return costs(*three);
+  const double context = o_.planned_context_seconds;
+  if (context > 0) {  // the rows' costs of what the context's leaves
+    std::vector<double> rest = y;
+    for (std::size_t i = 0; i < rest.size(); ++i) rest[i] -= context * x[i][2];
+    std::optional<Fit> rows = least_squares(x, rest, rows_cols);
+    if (rows && rows->coef[0] >= 0 && rows->coef[1] > 0) {
+      rows->coef[2] = context;
+      return costs(*rows);
+    }
+  }
   const std::optional<Fit> two = prompt > 0 ? least_squares(x, y, rows_cols) : std::nullopt;
   if (two && two->coef[0] >= 0 && two->coef[1] > 0) return costs(*two);
   const double row = t / (prompt + sampled);

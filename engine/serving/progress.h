@@ -53,6 +53,9 @@ struct ProgressOptions {
   std::int64_t prompt_tokens = 0;     // their prompts' tokens (0: not known, no prompt rows to come)
   RunningCounts running;              // null: not known (the running requests count as waiting)
   double planned_tokens_per_second = 0;  // the planner's generated tok/s (0: none)
+  // The planner's seconds a step spends per token of context its rows attend over (0: none):
+  // the context's cost until the steps measure it.
+  double planned_context_seconds = 0;
   bool terminal = false;              // redraw one line with a bar, else plain lines
   double line_seconds = 30;           // plain lines: at most one per this long (and at each tenth)
   double window_seconds = 30;         // the rates' window

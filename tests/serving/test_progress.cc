@@ -148,6 +148,36 @@ TEST(Progress, TimeLeftCountsTheContextTheTokensToComeAttendOver) {
   EXPECT_NEAR(*f.seconds_left, 0.01 * 120 + 0.05 * 960 + 0.001 * (4 * 6795 + 6 * 7050), 1e-6);
 }
 
+// Fewer steps than the context's cost is fitted from: the planner's cost per token of context
+// stands for it, and the rows are priced from what it leaves of the steps' times. Without it the
+// rows would carry the context's cost, and the tokens to come attend over more context than the
+// ones the steps sampled.
+TEST(Progress, TheContextCostsWhatThePlannerSaysUntilTheStepsShowIt) {
+  std::int64_t generated = 10;
+  auto run = [&](double planned_context) {
+    ProgressOptions o{.requests = 10, .limits = std::vector<std::int64_t>(10, 100), .prompt_tokens = 200,
+                      .planned_context_seconds = planned_context, .window_seconds = 1000};
+    o.running = [&] { return std::vector<engine::RunningSequence>(4, {.generated = generated, .limit = 100, .prompt = 20}); };
+    Progress p(std::move(o), std::tmpfile());
+    p.sampled(0, 0.0);
+    double at = 0;
+    for (int i = 0; i < 10; ++i) {
+      const std::int64_t sampled = 4 + i % 5;
+      generated = 10 + i % 3;
+      at += 0.05 * static_cast<double>(sampled) + 0.002 * 4.0 * static_cast<double>(20 + generated);
+      p.sampled(sampled, at);
+    }
+    generated = 10;
+    return p.figures(at).seconds_left;
+  };
+  const std::optional<double> planned = run(0.002), unplanned = run(0);
+  ASSERT_TRUE(planned && unplanned);
+  // As TimeLeftCountsTheContextTheTokensToComeAttendOver: 960 tokens over that context.
+  const double context = 4 * 6795 + 6 * 7050;
+  EXPECT_NEAR(*planned, 0.05 * 960 + 0.002 * context, 1e-6);
+  EXPECT_LT(*unplanned, 0.9 * *planned);
+}
+
 TEST(Progress, TheWindowForgetsWhatCameBeforeIt) {
   Progress p({.requests = 100, .limits = std::vector<std::int64_t>(100, 1000), .window_seconds = 10}, std::tmpfile());
   for (int s = 0; s <= 100; ++s) p.sampled(s <= 50 ? 100 : 10, s * 1.0);  // 100 tok/s, then 10
