@@ -749,4 +749,12 @@ policy::RateCurve decode_attention_curve(kernels::Backend& be, const engine::Mod
   return attention_decode_curve(be, plan);
 }
 
+double decode_attention_read_share(kernels::Backend& be, const engine::ModelConfig& cfg, double seconds) {
+  Plan plan = make_plan(true);
+  shape_for(plan, cfg);
+  plan.min_seconds = seconds;
+  const Silence quiet;
+  return attention_read_share(be, plan);
+}
+
 }  // namespace flexh2o::job

@@ -36,4 +36,9 @@ double seconds_per_call(const std::function<void()>& fn, double min_seconds);
 policy::RateCurve decode_attention_curve(kernels::Backend& be, const engine::ModelConfig& cfg,
                                          std::vector<std::int64_t> lens, double seconds);
 
+// The share of `cfg`'s decode attention time on `be` that reading its K/V takes, from
+// sequences reading one shared prefix once and plainly over 256 cached tokens
+// (HardwareProfile::gpu_attn_decode_read_share), timed over `seconds`; silent.
+double decode_attention_read_share(kernels::Backend& be, const engine::ModelConfig& cfg, double seconds);
+
 }  // namespace flexh2o::job

@@ -33,6 +33,7 @@ constexpr double kSecondsPerPoint = 0.025;
 struct ModelRates {
   UnitCurves units;
   policy::RateCurve attn_decode_by_len;
+  double attn_read_share = 0;  // of decode attention's time, reading the K/V
   double host_row = 0;
 };
 
@@ -86,6 +87,7 @@ bool read_cached(const std::string& path, const std::string& key, ModelRates& ou
   try {
     out = {{curve_of(j.at("layer_by_rows")), curve_of(j.at("head_by_rows"))},
            curve_of(j.at("attn_decode_by_len")),
+           j.at("attn_decode_read_share").get<double>(),
            j.at("host_row_seconds").get<double>()};
   } catch (const std::exception&) {
     return false;
@@ -104,6 +106,7 @@ bool write_cached(const std::string& path, const std::string& key, const ModelRa
                           {"layer_by_rows", curve_json(r.units.layer_by_rows)},
                           {"head_by_rows", curve_json(r.units.head_by_rows)},
                           {"attn_decode_by_len", curve_json(r.attn_decode_by_len)},
+                          {"attn_decode_read_share", r.attn_read_share},
                           {"host_row_seconds", r.host_row}}
                .dump(1)
         << "\n";
@@ -124,6 +127,7 @@ ModelRates measure(kernels::Backend& be, const engine::ModelConfig& cfg) {
   r.units = measure_unit_curves(be, cfg, on_cpu ? 256 : 16384, on_cpu ? std::int64_t{1} << 30 : be.memory_capacity() / 8,
                                 time_call, [](const std::string&, const std::string&) {});
   r.attn_decode_by_len = decode_attention_curve(be, cfg, {64, 256, 1024}, kSecondsPerPoint);
+  r.attn_read_share = decode_attention_read_share(be, cfg, kSecondsPerPoint);
   r.host_row = host_seconds_per_row(be, cfg, time_call);
   return r;
 }
@@ -169,9 +173,11 @@ void add_model_rates(kernels::Backend& be, const engine::ModelConfig& cfg, polic
   hw.gpu_attn_decode_by_len = std::move(rates.attn_decode_by_len);
   hw.host_row = rates.host_row;
   hw.gpu_attn_decode = hw.gpu_attn_decode_by_len.back().second;
+  hw.gpu_attn_decode_read_share = rates.attn_read_share;
   if (hw.gpu_is_host_memory) {  // the CPU backend: attention in place on the cpu tier is the same
     hw.cpu_attn_decode_by_len = hw.gpu_attn_decode_by_len;
     hw.cpu_attn_decode = hw.gpu_attn_decode;
+    hw.cpu_attn_decode_read_share = hw.gpu_attn_decode_read_share;
   }
 }
 

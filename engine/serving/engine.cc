@@ -45,6 +45,19 @@ std::string stopped_message(const std::string& who, std::size_t finished, std::s
 
 namespace {
 
+// What a backend's kernels ran since an earlier reading `before`: the GEMMs' calls and FLOPs less
+// those, so that a job's figures leave out the machine's measurement at start. The primitives
+// are those used by then (the library does not count them).
+kernels::KernelUse used_since(const kernels::KernelUse& now, const kernels::KernelUse& before) {
+  kernels::KernelUse d{now.isa, {}, now.primitives};
+  for (kernels::KernelUse::Path p : now.gemm) {
+    for (const kernels::KernelUse::Path& b : before.gemm)
+      if (b.name == p.name) p.calls -= b.calls, p.flops -= b.flops;
+    if (p.calls > 0) d.gemm.push_back(p);
+  }
+  return d;
+}
+
 offload::TierOptions engine_tiers(const EngineOptions& o) {
   offload::TierOptions t = o.tiers;
   t.pin_host = o.policy.pin_weight;
@@ -58,6 +71,7 @@ Engine::Engine(kernels::Backend& backend, const engine::ModelConfig& config, con
     : config_(config), o_(std::move(options)), interrupts_(interrupts),
       tiers_(backend, engine_tiers(o_)) {
   if (o_.trace) trace_.emplace();
+  kernels_at_start_ = backend.kernel_use();
   const engine::LayerRange layers = o_.stage ? engine::stage_layers(config, *o_.stage) : engine::LayerRange{};
   exec_ = std::make_unique<engine::BlockExecutor>(backend, tiers_, config, weights, o_.policy, trace(),
                                                    offload::CopyOptions{}, layers);
@@ -119,7 +133,7 @@ RunReport Engine::report(const std::string& description, std::span<const Request
   r.batching = o_.continuous ? "continuous" : "fixed";
   r.wall_seconds = outcome.wall_seconds;
   r.timings = outcome.timings;
-  r.kernels = tiers_.backend().kernel_use();
+  r.kernels = used_since(tiers_.backend().kernel_use(), kernels_at_start_);
   return r;
 }
 

@@ -207,6 +207,7 @@ class Engine {
   const InterruptWatch* interrupts_;
   offload::Tiers tiers_;
   std::optional<offload::Trace> trace_;
+  kernels::KernelUse kernels_at_start_;  // the backend's kernels before this engine's (the machine's measurement)
   std::unique_ptr<engine::BlockExecutor> exec_;
   std::unique_ptr<Job> job_;  // the job started, until it ends
 };

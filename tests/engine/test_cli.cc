@@ -264,6 +264,22 @@ TEST(Cli, CacheSizeUnderEvictionIsTheBudgets) {
   EXPECT_EQ(e["cache_bytes"].get<std::int64_t>() * longest, f["cache_bytes"].get<std::int64_t>() * 9);
 }
 
+// A planned job measures the machine's GEMMs at start (tens of GFLOP on the CPU backend); the
+// report's kernels are the job's own: at most 2 x parameters FLOPs a token (the f32 embedded
+// model: model_bytes / 4 parameters).
+TEST(Cli, KernelsReportedAreTheJobsNotTheMeasurementsAtStart) {
+  testing::TempDir dir;
+  const Result r = run("run --batch 2 --gen-len 8 --metrics " + dir.file("m.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("GEMMs measured now"));
+  const auto m = nlohmann::json::parse(testing::read_file(dir.file("m.json")));
+  std::int64_t flops = 0;
+  for (const auto& path : m["kernels"]["gemm"]) flops += path["flops"].get<std::int64_t>();
+  const std::int64_t tokens = m["prompt_tokens"].get<std::int64_t>() + m["generated_tokens"].get<std::int64_t>();
+  EXPECT_GT(flops, 0);
+  EXPECT_LE(flops, 2 * m["model_bytes"].get<std::int64_t>() / 4 * tokens);
+}
+
 TEST(Cli, ZigZagBlocksGenerateWhatOneBatchDoes) {
   const std::string common = "run --prompt 'The dog' --temperature 0.8 --gen-len 30 --batch 5";
   const Result plain = run(common);
@@ -339,7 +355,7 @@ TEST(Cli, PlanIsADryRunWhosePolicyRunAccepts) {
 }
 
 // Without --hardware the first run (or plan) of a model on a machine measures that model's
-// layer, head and decode attention rates and keeps them per machine and model shape in
+// layer, head and decode attention rates (and that attention's read share) and keeps them per machine and model shape in
 // $XDG_CACHE_HOME/flexh2o/calibration; the next one reads them; a cache that cannot be written
 // is measured around, and the run goes on.
 TEST(Cli, FirstRunMeasuresTheModelsRatesAndLaterRunsReuseThem) {
@@ -356,6 +372,11 @@ TEST(Cli, FirstRunMeasuresTheModelsRatesAndLaterRunsReuseThem) {
   const std::string rates = testing::read_file(files[0].string());
   EXPECT_THAT(rates, HasSubstr("hidden 64 "));
   EXPECT_THAT(rates, HasSubstr("\"attn_decode_by_len\""));
+  // The share of decode attention's time that reads the K/V, this model's (a shared prefix read
+  // once saves it), not the built-in profile's.
+  const double read_share = nlohmann::json::parse(rates).at("attn_decode_read_share").get<double>();
+  EXPECT_GE(read_share, 0.0);
+  EXPECT_LE(read_share, 1.0);
   const Result ran = run("run --batch 2 --gen-len 4", cache);
   ASSERT_EQ(ran.code, 0) << ran.err;
   EXPECT_THAT(ran.err, HasSubstr("partly calibrated"));
