@@ -328,8 +328,9 @@ DecodeQuerySplit split_runs(const AttentionDecodeArgs& a) {
 // (query, kv head), reads its slots kDecodeSlots at a time for all the group's
 // query heads (kernels/cpu/attention_vec.h). With shared prefixes (cascade attention), a task
 // per (prefix, kv head, batch of its members) loads the prefix's slots once for all their query
-// heads and then reads each member's own slots after it; every query's result is that of its
-// row read whole, bit for bit.
+// heads and then reads each member's own slots after it; every such query's result is that of
+// its row read whole, bit for bit (a tile's reads the same values whether or not its rows are
+// members: equal too).
 void CpuBackend::do_attention_decode(const AttentionDecodeArgs& a) {
   const AttentionShape& s = a.shape;
   const std::int64_t H = s.n_kv_heads;
