@@ -257,7 +257,7 @@ std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
   const std::optional<Fit> three = steps_.size() >= kMinContextSteps ? least_squares(x, y, with_context) : std::nullopt;
   if (three && three->last_t >= kMinContextT && three->coef[0] >= 0 && three->coef[1] > 0) return costs(*three);
   const double context = o_.planned_context_seconds;
-  if (context > 0) {  // the rows' costs of what the context's leaves
+  if (context > 0) {  // the rows priced from what the planner's context cost leaves of each step
     std::vector<double> rest = y;
     for (std::size_t i = 0; i < rest.size(); ++i) rest[i] -= context * x[i][2];
     std::optional<Fit> rows = least_squares(x, rest, rows_cols);
