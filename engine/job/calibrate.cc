@@ -739,22 +739,29 @@ policy::HardwareProfile calibrate(const CalibrateOptions& o) {
 
 double seconds_per_call(const std::function<void()>& fn, double min_seconds) { return time_per_call(fn, min_seconds); }
 
-policy::RateCurve decode_attention_curve(kernels::Backend& be, const engine::ModelConfig& cfg,
-                                         std::vector<std::int64_t> lens, double seconds) {
+namespace {
+
+// calibrate --quick's plan at `cfg`'s shape, each point timed over `seconds`.
+Plan quick_plan_of(const engine::ModelConfig& cfg, double seconds) {
   Plan plan = make_plan(true);
   shape_for(plan, cfg);
-  plan.attn_decode_lens = std::move(lens);
   plan.min_seconds = seconds;
+  return plan;
+}
+
+}  // namespace
+
+policy::RateCurve decode_attention_curve(kernels::Backend& be, const engine::ModelConfig& cfg,
+                                         std::vector<std::int64_t> lens, double seconds) {
+  Plan plan = quick_plan_of(cfg, seconds);
+  plan.attn_decode_lens = std::move(lens);
   const Silence quiet;
   return attention_decode_curve(be, plan);
 }
 
 double decode_attention_read_share(kernels::Backend& be, const engine::ModelConfig& cfg, double seconds) {
-  Plan plan = make_plan(true);
-  shape_for(plan, cfg);
-  plan.min_seconds = seconds;
   const Silence quiet;
-  return attention_read_share(be, plan);
+  return attention_read_share(be, quick_plan_of(cfg, seconds));
 }
 
 }  // namespace flexh2o::job

@@ -248,10 +248,9 @@ std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
   // over a long prompt's context can cost 5x a prompt row), or a sampled row before any.
   std::vector<int> rows_cols = {1};
   if (prompt > 0) rows_cols.insert(rows_cols.begin(), 0);
-  auto costs = [&](const Fit& f) {
-    const double earlier = prefill_rows_ > 0 ? prefill_seconds_ / prefill_rows_ : f.coef[1];
-    return RowCosts{prompt > 0 ? f.coef[0] : earlier, f.coef[1], f.coef[2]};
-  };
+  // A prompt row where the window has none: what the job's steps with prompt rows took a row.
+  auto earlier_prompt_row = [&](double otherwise) { return prefill_rows_ > 0 ? prefill_seconds_ / prefill_rows_ : otherwise; };
+  auto costs = [&](const Fit& f) { return RowCosts{prompt > 0 ? f.coef[0] : earlier_prompt_row(f.coef[1]), f.coef[1], f.coef[2]}; };
   std::vector<int> with_context = rows_cols;
   with_context.push_back(2);
   const std::optional<Fit> three = steps_.size() >= kMinContextSteps ? least_squares(x, y, with_context) : std::nullopt;
@@ -269,7 +268,7 @@ std::optional<Progress::RowCosts> Progress::row_costs(double now) const {
   const std::optional<Fit> two = prompt > 0 ? least_squares(x, y, rows_cols) : std::nullopt;
   if (two && two->coef[0] >= 0 && two->coef[1] > 0) return costs(*two);
   const double row = t / (prompt + sampled);
-  return RowCosts{prompt > 0 || prefill_rows_ == 0 ? row : prefill_seconds_ / prefill_rows_, row, 0};
+  return RowCosts{prompt > 0 ? row : earlier_prompt_row(row), row, 0};
 }
 
 ProgressFigures Progress::figures(double now) const {

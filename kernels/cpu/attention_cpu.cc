@@ -308,7 +308,7 @@ void decode_run_tile(const AttentionDecodeArgs& a, const RunTile& t, std::int64_
 DecodeQuerySplit split_runs(const AttentionDecodeArgs& a) {
   if (a.probs != nullptr || a.slot_bias != nullptr) return split_decode_queries({}, a.lens, kMinRun, kQueryTile);
   DecodeQuerySplit split = split_decode_queries(a.cache_rows, a.lens, kMinRun, kQueryTile);
-  std::erase_if(split.tiles, [&](const RunTile& t) {
+  const auto broken = std::erase_if(split.tiles, [&](const RunTile& t) {
     for (std::int64_t q = t.first + 1; q < t.first + t.rows; ++q) {
       const bool same = row_base_of(a, q) == row_base_of(a, t.first) &&
                         (a.prefix_of.empty() || a.prefix_of[static_cast<std::size_t>(q)] == a.prefix_of[static_cast<std::size_t>(t.first)]);
@@ -318,7 +318,7 @@ DecodeQuerySplit split_runs(const AttentionDecodeArgs& a) {
     }
     return false;
   });
-  std::ranges::sort(split.singles);
+  if (broken > 0) std::ranges::sort(split.singles);
   return split;
 }
 
