@@ -46,10 +46,11 @@ int usable_cores() {
 // What the rates depend on: the machine (its CPU, the cores this process may use, the
 // backend and its device) and the shape of a decoder layer and the head in the dtype a run
 // holds them in (each is measured in the compute dtype --compute-dtype auto gives its rows).
-// Two models of one shape share their rates.
+// Two models of one shape share their rates. The leading version is raised where rates kept
+// before would mislead (4: those of one pass, which a slow second could set).
 std::string rates_key(const kernels::Backend& be, const engine::ModelConfig& c) {
   return fmt::format(
-      "rates 3 | cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "
+      "rates 4 | cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "
       "norm {} bias {}/{}/{} qk_norm {} experts {}/{} tied {}",
       cpu_model(), usable_cores(), be.name(), c.hidden, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
       kernels::dtype_name(c.dtype), c.gated_mlp, static_cast<int>(c.mlp_act),
