@@ -63,7 +63,7 @@ const std::vector<PolicyDef>& policy_defs() {
       {"local", true, {}},
       {"streaming", true, {{"sink", Kind::Count, 4, 0}}},
       {"h2o", true, {{"heavy", Kind::Amount, kNoDefault}, {"recent", Kind::Amount, kNoDefault}}},
-      {"tova", true, {{"pool", Kind::OddCount, 1, 1}}},
+      {"tova", true, {{"pool", Kind::OddCount, 1, 1}, {"ahead", Kind::Count, 0, 0}}},
       {"scissorhands",
        true,
        {{"history", Kind::Count, 400, 1, 65536},
@@ -282,6 +282,8 @@ KvSpec parse_kv_spec(std::string_view raw) {
   check_budget(text, def, help, spec);
   for (const auto& p : def.params)
     if (!std::isnan(p.default_value)) spec.params.emplace(p.key, p.default_value);
+  if (spec.name == "tova" && spec.params.at("ahead") > std::floor(spec.params.at("pool") / 2))
+    fail(text, "ahead= must be at most pool / 2 (the window must still hold the token it pools from)");
   return spec;
 }
 

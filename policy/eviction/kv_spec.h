@@ -12,7 +12,11 @@
 //   local         (budget only)
 //   streaming     sink=4            attention sinks (first tokens) always kept
 //   h2o           heavy=, recent=   instead of a budget; default split recent = floor(B/2)
-//   tova          (budget only)
+//   tova          pool=1            at prefill, rank each token by the largest score within
+//                                   pool / 2 tokens of it (odd; 1: its own score)
+//                 ahead=0           the pool's window moved this many tokens towards the
+//                                   tokens after a high score (at most pool / 2): a copied
+//                                   number keeps the digits after the one attended
 //   scissorhands  history=400       steps of "below the uniform share" bits kept per token
 //                 recent=10         newest tokens never dropped
 //                 drop=1            tokens dropped when the cache is full: a whole number, or a

@@ -278,7 +278,8 @@ class H2oPolicy final : public AccumulatedPolicy {
 // be evicted, as in TOVA.
 class TovaPolicy final : public KvPolicy {
  public:
-  TovaPolicy(const KvSpec& s, std::int64_t l) : KvPolicy(s, l), pool_(param_int(s, "pool")) {}
+  TovaPolicy(const KvSpec& s, std::int64_t l)
+      : KvPolicy(s, l), pool_(param_int(s, "pool")), ahead_(param_int(s, "ahead")) {}
   std::vector<float> prefill_query_weights(std::int64_t layer, std::int64_t n) const override {
     std::vector<float> w = KvPolicy::prefill_query_weights(layer, n);
     std::fill(w.begin(), w.end(), 0.0f);
@@ -289,14 +290,16 @@ class TovaPolicy final : public KvPolicy {
  protected:
   // pool > 1: each prompt token ranks by the largest score within pool / 2 tokens of it, so a
   // kept token keeps its neighbours (a number's digits, a name's pieces) where the budget allows;
-  // ties go to the token's own score.
+  // ties go to the token's own score. ahead > 0 moves that window: a high score keeps `ahead`
+  // more tokens after it and as many fewer before (what an answer copies follows what it
+  // attends to).
   void prefill_keep(std::int64_t, std::int64_t n, std::span<const float> sums, std::span<const float>, std::int64_t b,
                     std::vector<std::int64_t>& keep) const override {
     if (pool_ <= 1) {
       keep_top(range(0, n), b, [&](std::int64_t j) { return sums[static_cast<std::size_t>(j)]; }, keep);
       return;
     }
-    const std::vector<double> pooled = max_pooled(sums.first(static_cast<std::size_t>(n)), pool_ / 2);
+    const std::vector<double> pooled = max_pooled(sums.first(static_cast<std::size_t>(n)), pool_ / 2, ahead_);
     keep_top(range(0, n), b, [&](std::int64_t j) { return pooled[static_cast<std::size_t>(j)]; }, keep);
   }
   void observe(KvHeadState& st, std::span<const float> probs) const override {
@@ -311,19 +314,20 @@ class TovaPolicy final : public KvPolicy {
   }
 
  private:
-  // The largest of s within `half` of each index, plus a millionth of its own score (the tie-break).
-  static std::vector<double> max_pooled(std::span<const float> s, std::int64_t half) {
+  // The largest of s in [j - half - ahead, j + half - ahead] for each index j, plus a millionth
+  // of its own score (the tie-break).
+  static std::vector<double> max_pooled(std::span<const float> s, std::int64_t half, std::int64_t ahead) {
     const auto n = static_cast<std::int64_t>(s.size());
     std::vector<double> out(s.size());
     for (std::int64_t j = 0; j < n; ++j) {
       double most = 0.0;
-      for (std::int64_t i = std::max<std::int64_t>(0, j - half); i <= std::min(n - 1, j + half); ++i)
+      for (std::int64_t i = std::max<std::int64_t>(0, j - half - ahead); i <= std::min(n - 1, j + half - ahead); ++i)
         most = std::max(most, static_cast<double>(s[static_cast<std::size_t>(i)]));
       out[static_cast<std::size_t>(j)] = most + 1e-6 * s[static_cast<std::size_t>(j)];
     }
     return out;
   }
-  std::int64_t pool_;
+  std::int64_t pool_, ahead_;
 };
 
 // ---- scissorhands: persistence of importance ----

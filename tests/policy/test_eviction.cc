@@ -125,6 +125,8 @@ TEST(KvSpec, BadSpecsNameTheTextAndWhatIsValid) {
   EXPECT_THAT(parse_error("h2o:heavy=0.1,heavy=0.1"), HasSubstr("given twice"));
   EXPECT_THAT(parse_error("full:0.2"), HasSubstr("full keeps every token"));
   EXPECT_THAT(parse_error("snapkv:0.2,kernel=4"), HasSubstr("kernel=4 must be an odd whole number"));
+  EXPECT_THAT(parse_error("tova:0.2,pool=5,ahead=3"), HasSubstr("ahead= must be at most pool / 2"));
+  EXPECT_THAT(parse_error("tova:0.2,ahead=1"), HasSubstr("ahead= must be at most pool / 2"));
   EXPECT_THAT(parse_error("snapkv:0.2,window=0"), HasSubstr("window=0 must be a whole number in [1, "));
   EXPECT_THAT(parse_error("scissorhands:0.2,history=100000"), HasSubstr("history=100000 must be a whole number in [1, 65536]"));
   EXPECT_THAT(parse_error("scissorhands:0.2,history=2.5"), HasSubstr("history=2.5 must be a whole number"));
@@ -352,11 +354,12 @@ struct PrefillRef {
       // The last query's attention, max-pooled over pool / 2 neighbours each side (ties: its own).
       const std::vector<double> own = column(n - 1, one);
       const auto half = static_cast<std::int64_t>(spec.param("pool")) / 2;
+      const auto ahead = static_cast<std::int64_t>(spec.param("ahead"));  // the window moved to after a peak
       std::vector<double> pooled(own.size());
       for (std::int64_t j = 0; j < n; ++j) {
         double most = 0;
-        for (std::int64_t i = std::max<std::int64_t>(0, j - half); i <= std::min(n - 1, j + half); ++i)
-          most = std::max(most, static_cast<double>(static_cast<float>(own[i])));
+        for (std::int64_t i = j - half - ahead; i <= j + half - ahead; ++i)
+          if (i >= 0 && i < n) most = std::max(most, static_cast<double>(static_cast<float>(own[i])));
         pooled[j] = half > 0 ? most + 1e-6 * static_cast<float>(own[j]) : own[j];
       }
       ref_top(iota(0, n), B, pooled, keep);
@@ -419,7 +422,7 @@ struct PrefillRef {
 };
 
 const std::vector<std::string> kAllPolicies = {"full", "local:0.2", "streaming:0.2", "h2o:0.2",
-                                               "tova:0.2", "tova:0.2,pool=5", "scissorhands:0.2,history=16,recent=3",
+                                               "tova:0.2", "tova:0.2,pool=5", "tova:0.2,pool=7,ahead=2", "scissorhands:0.2,history=16,recent=3",
                                                "scissorhands:0.2,history=16,recent=2,sink=2",
                                                "snapkv:0.2,window=6,kernel=3", "pyramid:0.2",
                                                "flex:0.2,sink=2", "flex:0.2,value=0"};
