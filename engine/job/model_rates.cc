@@ -47,7 +47,7 @@ int usable_cores() {
 // backend and its device) and the shape of a decoder layer and the head in the dtype a run
 // holds them in (each is measured in the compute dtype --compute-dtype auto gives its rows).
 // Two models of one shape share their rates. The leading version is raised where rates kept
-// before would mislead (4: those of one pass, which a slow second could set).
+// before would mislead (4: rates of a single pass, which a slowed core could have set).
 std::string rates_key(const kernels::Backend& be, const engine::ModelConfig& c) {
   return fmt::format(
       "rates 4 | cpu {} | {} cores | backend {} | hidden {} ffn {} heads {}/{}x{} vocab {} dtype {} gated {} act {} "

@@ -1,6 +1,7 @@
 // The model's rates kept for later runs (engine/job/model_rates.h): a slow pass does not set them.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <vector>
 
 #include "engine/job/model_rates.h"
