@@ -30,20 +30,21 @@ def model_shape(model_dir):
     h, inter, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     layer_params = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * inter
     embed = vocab * h * (1 if c.get("tie_word_embeddings") else 2)
-    return {"layers": layers, "layer_flops": 2 * layers * layer_params, "head_flops": 2 * h * vocab,
+    return {"token_flops": 2 * layers * layer_params,  # a token through every layer
+            "head_flops": 2 * h * vocab,
             "pair_flops": 4 * heads * d * layers,  # QK and PV per (query, key) pair, all layers
             "params": layers * layer_params + embed, "kv_elems": 2 * layers * kv * d}
 
 
 def prefill_s(m, a):
     n = a.prompt_len
-    flops = n * m["layer_flops"] + m["pair_flops"] * n * (n + 1) / 2 + m["head_flops"]
+    flops = n * m["token_flops"] + m["pair_flops"] * n * (n + 1) / 2 + m["head_flops"]
     return a.requests * flops / (a.tflops * 1e12)
 
 
 def decode_s(m, a, batch, cache_tokens):
     """All the job's decode steps: ceil(requests / batch) waves of --new steps."""
-    flops = batch * (m["layer_flops"] + m["head_flops"] + m["pair_flops"] * cache_tokens)
+    flops = batch * (m["token_flops"] + m["head_flops"] + m["pair_flops"] * cache_tokens)
     data = m["params"] * a.weight_bytes + batch * cache_tokens * m["kv_elems"] * a.cache_bytes
     step = max(flops / (a.tflops * 1e12), data / (a.gbps * 1e9))
     return math.ceil(a.requests / batch) * a.new * step
